@@ -1,0 +1,162 @@
+"""The CPU backend: numpy kernels, the reference implementation.
+
+Every kernel writes into arrays it is given (views into the executor's arena). Elementwise work that would
+need a temporary as large as a tensor is done in fixed-size chunks, so kernels never allocate more than a
+small bounded scratch outside the pool: the memory budget is real, not bookkeeping. Larger scratch (im2col
+buffers) is declared as workspace by the layer and handed in by the executor.
+
+The kernels of each layer family live in their own module (`cpu_conv`, `cpu_pool`, `cpu_norm`); this class
+gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cpu_conv import ConvOps
+from .cpu_norm import NormOps
+from .cpu_pool import PoolOps
+from .kernel_specs import dropout_keep_mask
+
+CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporaries to ~512 KiB
+
+
+def _chunks(n: int):
+    for s in range(0, n, CHUNK):
+        yield slice(s, min(n, s + CHUNK))
+
+
+class CoreOps:
+    """Elementwise, dense, loss and optimizer kernels."""
+
+    name = "cpu"
+    xp = np
+
+    # -- memory helpers ---------------------------------------------------------------------------------------
+    def to_host(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def copy_in(self, dst: np.ndarray, src) -> None:
+        np.copyto(dst, np.asarray(src, dtype=dst.dtype).reshape(dst.shape))
+
+    def fill(self, dst: np.ndarray, value: float) -> None:
+        dst.fill(value)
+
+    def accumulate(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.add(dst, src, out=dst)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src)
+
+    # -- activation -------------------------------------------------------------------------------------------
+    def relu_forward(self, x: np.ndarray, y: np.ndarray) -> None:
+        np.maximum(x, 0, out=y)
+
+    def relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
+        # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it.
+        yf, dyf, dxf = y.reshape(-1), dy.reshape(-1), dx.reshape(-1)
+        for s in _chunks(yf.size):
+            np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
+
+    # -- joins ------------------------------------------------------------------------------------------------
+    def add_forward(self, xs: list[np.ndarray], y: np.ndarray) -> None:
+        np.add(xs[0], xs[1], out=y)
+        for x in xs[2:]:
+            np.add(y, x, out=y)
+
+    def concat_forward(self, xs: list[np.ndarray], y: np.ndarray) -> None:
+        c = 0
+        for x in xs:
+            y[:, c:c + x.shape[1]] = x
+            c += x.shape[1]
+
+    def concat_backward(self, dy: np.ndarray, dxs: list[np.ndarray | None], channels: list[int]) -> None:
+        c = 0
+        for dx, ch in zip(dxs, channels):
+            if dx is not None:
+                dx[...] = dy[:, c:c + ch]
+            c += ch
+
+    # -- dense ------------------------------------------------------------------------------------------------
+    def linear_forward(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray) -> None:
+        np.matmul(x.reshape(x.shape[0], -1), w.T, out=y)
+        if b is not None:
+            y += b
+
+    def linear_backward(self, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None,
+                        dw: np.ndarray | None, db: np.ndarray | None) -> None:
+        if dx is not None:
+            np.matmul(dy, w, out=dx.reshape(dx.shape[0], -1))
+        if dw is not None:
+            np.matmul(dy.T, x.reshape(x.shape[0], -1), out=dw)
+        if db is not None:
+            np.sum(dy, axis=0, out=db)
+
+    # -- dropout: the mask is replayed from a counter-based RNG, never stored ---------------------------------
+    def dropout_forward(self, x: np.ndarray, y: np.ndarray, p: float, key: int) -> None:
+        self._dropout(x, y, p, key)
+
+    def dropout_backward(self, dy: np.ndarray, dx: np.ndarray, p: float, key: int) -> None:
+        self._dropout(dy, dx, p, key)
+
+    def _dropout(self, src: np.ndarray, dst: np.ndarray, p: float, key: int) -> None:
+        scale = src.dtype.type(1.0 / (1.0 - p))
+        sf, df = src.reshape(-1), dst.reshape(-1)
+        for s in _chunks(sf.size):
+            keep = dropout_keep_mask(key, s.stop - s.start, p, start=s.start)
+            np.multiply(sf[s], keep * scale, out=df[s])
+
+    # -- loss -------------------------------------------------------------------------------------------------
+    def softmax_xent_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray) -> None:
+        z = logits - logits.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=1))
+        picked = z[np.arange(z.shape[0]), labels]
+        loss[...] = np.mean(lse - picked, dtype=logits.dtype)
+
+    def softmax_xent_backward(self, logits: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
+                              dlogits: np.ndarray) -> None:
+        n = logits.shape[0]
+        np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)
+        np.exp(dlogits, out=dlogits)
+        dlogits /= dlogits.sum(axis=1, keepdims=True)
+        dlogits[np.arange(n), labels] -= 1
+        dlogits *= dloss.reshape(()) / logits.dtype.type(n)
+
+    # -- optimizers (PyTorch semantics, chunked so no parameter-sized temporary is made) ----------------------
+    def sgd_update(self, p: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float, momentum: float,
+                   dampening: float, weight_decay: float, nesterov: bool, first_step: bool) -> None:
+        pf, gf = p.reshape(-1), g.reshape(-1)
+        bf = buf.reshape(-1) if buf is not None else None
+        t = p.dtype.type
+        for s in _chunks(pf.size):
+            d = gf[s]
+            if weight_decay:
+                d = d + t(weight_decay) * pf[s]
+            if bf is not None and momentum:
+                if first_step:
+                    bf[s] = d
+                else:
+                    bf[s] *= t(momentum)
+                    bf[s] += t(1 - dampening) * d
+                d = d + t(momentum) * bf[s] if nesterov else bf[s]
+            pf[s] -= t(lr) * d
+
+    def adam_update(self, p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float, beta1: float,
+                    beta2: float, eps: float, weight_decay: float, step: int) -> None:
+        pf, gf, mf, vf = p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1)
+        t = p.dtype.type
+        bc1 = 1 - beta1 ** step
+        bc2_sqrt = float(np.sqrt(1 - beta2 ** step))
+        step_size = t(lr / bc1)
+        for s in _chunks(pf.size):
+            d = gf[s]
+            if weight_decay:
+                d = d + t(weight_decay) * pf[s]
+            mf[s] += t(1 - beta1) * (d - mf[s])
+            vf[s] *= t(beta2)
+            vf[s] += t(1 - beta2) * d * d
+            denom = np.sqrt(vf[s]) / t(bc2_sqrt) + t(eps)
+            pf[s] -= step_size * (mf[s] / denom)
+
+
+class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps):
+    """numpy backend: the reference every other backend is tested against."""

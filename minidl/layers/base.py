@@ -1,0 +1,169 @@
+"""The layer contract: shape inference, parameters, FLOPs, backward needs, forward and backward.
+
+A layer is a description plus two kernels-calling methods. Everything the memory planner needs is *declared*
+here as class attributes or pure functions of the input shapes, never discovered by running code:
+
+- `needs_inputs` / `needs_output`: which of its inputs and its output the backward reads (Chainer's
+  `retain_inputs` / `retain_outputs`). Liveness, offload and recomputation all read this declaration, so a
+  layer must never keep an array in `self` between forward and backward: it would be invisible to the planner.
+- `param_specs`: parameters and persistent buffers, with their shapes.
+- `aux_specs`: small tensors forward saves for backward (BN's batch mean and inverse std), also planned.
+- `checkpoint`: whether recomputation keeps this layer's output (conv, linear, joins) or may drop it
+  (cheap layers: ReLU, BN, pooling, LRN, dropout).
+
+Forward and backward write into arrays they are given (outputs, deltas, gradients, workspace), all of which
+the executor has carved out of its tensor pool; they return nothing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+import numpy as np
+
+from ..errors import GraphError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Symbol
+
+Shape = tuple[int, ...]
+
+
+@dataclass(slots=True)
+class ParamSpec:
+    """A parameter or buffer of a layer. `init` names an initializer in `minidl.init`."""
+
+    shape: Shape
+    init: str
+    trainable: bool = True
+    fan_in: int = 1
+    fan_out: int = 1
+
+
+@dataclass(slots=True)
+class WorkspaceOption:
+    """One algorithm a layer can run a phase with: how much scratch it needs and what it is estimated to cost."""
+
+    algo: str
+    workspace_bytes: int
+    est_cost: float = 0.0  # relative cost (seconds once measured); lower is faster
+
+
+@dataclass(slots=True)
+class LayerContext:
+    """Per-call state handed to forward/backward by the executor (never stored in the layer).
+
+    `recompute` is True when forward runs again in backward to rebuild a dropped output: layers must then
+    produce exactly the same result without side effects (BN reuses its saved batch statistics and does
+    not touch its running statistics again; dropout replays the same mask from `rng_key`).
+    """
+
+    training: bool = True
+    aux: dict[str, np.ndarray] = field(default_factory=dict)
+    workspace: np.ndarray | None = None
+    algo: str | None = None
+    rng_key: int = 0
+    recompute: bool = False
+
+
+class Layer:
+    """Base class of every layer. Subclasses set the class attributes and override the hooks."""
+
+    type_name: ClassVar[str] = "layer"
+    num_inputs: ClassVar[int | None] = 1  # None: variadic (at least 2)
+    needs_inputs: ClassVar[tuple[int, ...]] = ()
+    needs_output: ClassVar[bool] = False
+    checkpoint: ClassVar[bool] = False
+    is_loss: ClassVar[bool] = False
+    # Inputs that never receive a gradient (labels of a loss).
+    nondiff_inputs: ClassVar[tuple[int, ...]] = ()
+
+    def __init__(self, name: str | None = None):
+        self.name = name
+        self._called = False
+
+    # -- graph building -------------------------------------------------------------------------------
+    def __call__(self, *inputs: "Symbol") -> "Symbol":
+        from ..graph import Symbol
+
+        if not inputs:
+            raise GraphError(f"{self.describe()}: called with no inputs")
+        for i, s in enumerate(inputs):
+            if not isinstance(s, Symbol):
+                raise GraphError(f"{self.describe()}: input {i} is {type(s).__name__}, expected a Symbol "
+                                 f"returned by net.input() or by another layer")
+        net = inputs[0].network
+        if any(s.network is not net for s in inputs):
+            raise GraphError(f"{self.describe()}: inputs come from different networks")
+        if self._called:
+            raise GraphError(f"{self.describe()}: this layer object was already called once; minidl does not "
+                             f"share weights between calls, create a new layer instead")
+        n = self.num_inputs
+        if n is None and len(inputs) < 2:
+            raise GraphError(f"{self.describe()}: needs at least 2 inputs, got {len(inputs)}")
+        if n is not None and len(inputs) != n:
+            raise GraphError(f"{self.describe()}: takes {n} input(s), got {len(inputs)}")
+        self._called = True
+        return net._add_layer(self, list(inputs))
+
+    def describe(self) -> str:
+        return f"layer '{self.name or '?'}' ({self.type_name})"
+
+    # -- declarations (pure functions of shapes) -------------------------------------------------------
+    def infer_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        """Return the output shape, or raise ValueError saying what is wrong (wrapped into a GraphError)."""
+        raise NotImplementedError
+
+    def infer_dtype(self, in_dtypes: Sequence[np.dtype], net_dtype: np.dtype) -> np.dtype:
+        return net_dtype
+
+    def check_input_dtypes(self, in_dtypes: Sequence[np.dtype]) -> None:
+        """Raise ValueError if an input dtype is wrong (default: all floating)."""
+        for i, dt in enumerate(in_dtypes):
+            if i in self.nondiff_inputs:
+                continue
+            if not np.issubdtype(dt, np.floating):
+                raise ValueError(f"input {i} has dtype {np.dtype(dt).name}, expected a floating dtype")
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        return {}
+
+    def aux_specs(self, in_shapes: Sequence[Shape], training: bool = True) -> dict[str, Shape]:
+        return {}
+
+    def flops(self, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
+        """Forward FLOPs (multiply-adds count as 2). Backward is estimated as twice this by default."""
+        return int(math.prod(out_shape))
+
+    def backward_flops(self, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
+        return 2 * self.flops(in_shapes, out_shape)
+
+    def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
+                          itemsize: int) -> list[WorkspaceOption]:
+        """Algorithms this layer can run `phase` ('fwd' or 'bwd') with; empty means no choice, no workspace."""
+        return []
+
+    def config(self) -> dict[str, Any]:
+        """Hyper-parameters, for summaries and checkpoints."""
+        return {}
+
+    # -- compute -------------------------------------------------------------------------------------------
+    def forward(self, be, inputs: list[np.ndarray], out: np.ndarray, params: dict[str, np.ndarray],
+                ctx: LayerContext) -> None:
+        raise NotImplementedError
+
+    def backward(self, be, inputs: list[np.ndarray | None], out: np.ndarray | None, dout: np.ndarray,
+                 dinputs: list[np.ndarray | None], grads: dict[str, np.ndarray], params: dict[str, np.ndarray],
+                 ctx: LayerContext) -> None:
+        raise NotImplementedError
+
+
+def pair(v, what: str = "value") -> tuple[int, int]:
+    """Normalize an int-or-pair hyper-parameter to a pair of ints."""
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    t = tuple(int(a) for a in v)
+    if len(t) != 2:
+        raise GraphError(f"{what} must be an int or a pair, got {v!r}")
+    return t  # type: ignore[return-value]

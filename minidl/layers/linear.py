@@ -1,0 +1,71 @@
+"""Linear (fully connected) and Flatten."""
+from __future__ import annotations
+
+import math
+
+from .base import Layer, ParamSpec
+
+
+class Linear(Layer):
+    """y = x W^T + b on the flattened input (N, F); W has PyTorch's layout (out_features, in_features)."""
+
+    type_name = "linear"
+    needs_inputs = (0,)
+    checkpoint = True
+
+    def __init__(self, out_features: int, bias: bool = True, name: str | None = None):
+        super().__init__(name)
+        self.out_features = int(out_features)
+        self.bias = bool(bias)
+
+    def infer_shape(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) < 2:
+            raise ValueError(f"expects a batched input (N, features...), got {s}")
+        if self.out_features <= 0:
+            raise ValueError(f"out_features must be positive, got {self.out_features}")
+        return (s[0], self.out_features)
+
+    def param_specs(self, in_shapes):
+        fin = math.prod(in_shapes[0][1:])
+        specs = {"weight": ParamSpec((self.out_features, fin), "kaiming_uniform", fan_in=fin,
+                                     fan_out=self.out_features)}
+        if self.bias:
+            specs["bias"] = ParamSpec((self.out_features,), "bias_uniform", fan_in=fin)
+        return specs
+
+    def flops(self, in_shapes, out_shape):
+        return 2 * math.prod(in_shapes[0]) * self.out_features
+
+    def config(self):
+        return {"out_features": self.out_features, "bias": self.bias}
+
+    def forward(self, be, inputs, out, params, ctx):
+        be.linear_forward(inputs[0], params["weight"], params.get("bias"), out)
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        be.linear_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"))
+
+
+class Flatten(Layer):
+    """(N, C, H, W) -> (N, C*H*W). A copy here (cheap), so every tensor keeps a single owner in the pool."""
+
+    type_name = "flatten"
+
+    def infer_shape(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) < 2:
+            raise ValueError(f"expects a batched input, got {s}")
+        return (s[0], math.prod(s[1:]))
+
+    def flops(self, in_shapes, out_shape):
+        return 0
+
+    def backward_flops(self, in_shapes, out_shape):
+        return 0
+
+    def forward(self, be, inputs, out, params, ctx):
+        be.copy(out, inputs[0].reshape(out.shape))
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        be.copy(dinputs[0], dout.reshape(dinputs[0].shape))

@@ -1,0 +1,192 @@
+"""The route: the execution order that every memory decision is expressed on.
+
+A training route is: one forward step per layer in topological order, then one backward step per layer that
+has something to differentiate, in reverse order, then one update step (the optimizer). Each step lists the
+tensors it reads and writes, derived from the layers' declared backward needs; from those lists alone, the
+liveness analysis can tell when every tensor is born and when it dies, and a plan can attach events
+(allocate, free, offload, prefetch, recompute...) to steps.
+
+Forks need no special layer: when a tensor feeds several layers, its delta receives several contributions in
+backward. The first consumer to run backward writes the delta directly; each later one writes a *partial
+delta* that is added into it and freed at once. Partials are planned tensors like any other, so the memory
+this costs is visible in every plan.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from .tensors import (Role, TensorSpec, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id,
+                      partial_delta_id, workspace_id)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Network, Node
+
+
+class Phase(str, enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    UPDATE = "update"
+
+
+@dataclass(slots=True)
+class Accumulation:
+    """After a backward step: `into += partial`, then `partial` is dead."""
+
+    partial: str
+    into: str
+
+
+@dataclass(slots=True)
+class Step:
+    """One step of the route: a layer's forward, a layer's backward, or the optimizer update."""
+
+    index: int
+    phase: Phase
+    node: int | None               # graph node index (None for the update step)
+    name: str                      # the layer name ("" for update)
+    reads: list[str]
+    writes: list[str]
+    workspace: str | None = None   # workspace tensor id, if the layer offers algorithms for this phase
+    dinputs: list[str | None] = field(default_factory=list)   # backward: where each input's delta goes
+    accumulate: list[Accumulation] = field(default_factory=list)
+    seed_delta: str | None = None  # backward of the loss: the delta set to 1.0 before compute
+
+    @property
+    def label(self) -> str:
+        if self.phase is Phase.UPDATE:
+            return "update"
+        return f"{'fwd' if self.phase is Phase.FORWARD else 'bwd'} {self.name}"
+
+
+@dataclass(slots=True)
+class Route:
+    network: "Network"
+    training: bool
+    steps: list[Step]
+    tensors: dict[str, TensorSpec]
+    optimizer_slots: tuple[str, ...] = ()
+    requires_grad: list[bool] = field(default_factory=list)
+
+    # -- queries ---------------------------------------------------------------------------------------------
+    @property
+    def forward_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.phase is Phase.FORWARD]
+
+    @property
+    def backward_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.phase is Phase.BACKWARD]
+
+    def tensors_of(self, *roles: Role) -> list[TensorSpec]:
+        return [t for t in self.tensors.values() if t.role in roles]
+
+    def persistent_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values() if t.role.persistent)
+
+    # -- construction ------------------------------------------------------------------------------------------
+    @staticmethod
+    def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = ()) -> "Route":
+        nodes = net.nodes
+        tensors: dict[str, TensorSpec] = {}
+
+        def add(tid: str, role: Role, shape, dtype, owner: str) -> str:
+            tensors[tid] = TensorSpec(tid, role, tuple(shape), np.dtype(dtype), owner)
+            return tid
+
+        # requires_grad: does the delta of this node's output have to be computed?
+        rg = [False] * len(nodes)
+        for n in nodes:
+            if n.layer is None:
+                continue
+            has_trainable = any(p.trainable for p in n.params.values())
+            rg[n.index] = has_trainable or any(
+                rg[i] for k, i in enumerate(n.inputs) if k not in n.layer.nondiff_inputs)
+
+        for n in nodes:
+            if n.layer is None:
+                role = Role.DATA if np.issubdtype(n.dtype, np.floating) else Role.LABEL
+                add(act_id(n.name), role, n.shape, n.dtype, n.name)
+            else:
+                add(act_id(n.name), Role.ACTIVATION, n.shape, n.dtype, n.name)
+                for pname, spec in n.params.items():
+                    role = Role.PARAMETER if spec.trainable else Role.BUFFER
+                    add(param_id(n.name, pname), role, spec.shape, n.dtype if np.issubdtype(
+                        n.dtype, np.floating) else net.dtype, n.name)
+
+        steps: list[Step] = []
+        for n in nodes:
+            if n.layer is None:
+                continue
+            layer = n.layer
+            in_shapes = [nodes[i].shape for i in n.inputs]
+            reads = [act_id(nodes[i].name) for i in n.inputs] + [param_id(n.name, p) for p in n.params]
+            writes = [act_id(n.name)] + [param_id(n.name, p) for p, s in n.params.items()
+                                         if not s.trainable and training]
+            if training and rg[n.index]:
+                for aname, ashape in layer.aux_specs(in_shapes, training=True).items():
+                    writes.append(add(aux_id(n.name, aname), Role.AUX, ashape, net.dtype, n.name))
+            ws = None
+            if layer.workspace_options("fwd", in_shapes, n.shape, net.dtype.itemsize):
+                ws = add(workspace_id(n.name, "fwd"), Role.WORKSPACE, (0,), np.uint8, n.name)
+            steps.append(Step(len(steps), Phase.FORWARD, n.index, n.name, reads, writes, ws))
+
+        if training:
+            seen_delta: set[str] = set()
+            for n in reversed(nodes):
+                if n.layer is None or not rg[n.index]:
+                    continue
+                layer = n.layer
+                in_shapes = [nodes[i].shape for i in n.inputs]
+                dout = add(delta_id(n.name), Role.DELTA, n.shape, n.dtype, n.name)
+                reads = [dout]
+                reads += [act_id(nodes[n.inputs[k]].name) for k in layer.needs_inputs]
+                if layer.needs_output:
+                    reads.append(act_id(n.name))
+                reads += [t for t in tensors if t.startswith(f"aux:{n.name}.")]
+                reads += [param_id(n.name, p) for p in n.params]
+                writes: list[str] = []
+                dinputs: list[str | None] = []
+                accs: list[Accumulation] = []
+                for k, i in enumerate(n.inputs):
+                    src = nodes[i]
+                    if k in layer.nondiff_inputs or not rg[i]:
+                        dinputs.append(None)
+                        continue
+                    d = delta_id(src.name)
+                    if d not in seen_delta:
+                        seen_delta.add(d)
+                        add(d, Role.DELTA, src.shape, src.dtype, src.name)
+                        target = d
+                    else:
+                        target = add(partial_delta_id(src.name, n.name, k), Role.DELTA, src.shape, src.dtype,
+                                     src.name)
+                        accs.append(Accumulation(target, d))
+                    dinputs.append(target)
+                    writes.append(target)
+                for pname, spec in n.params.items():
+                    if spec.trainable:
+                        writes.append(add(grad_id(n.name, pname), Role.GRADIENT, spec.shape, net.dtype, n.name))
+                ws = None
+                if layer.workspace_options("bwd", in_shapes, n.shape, net.dtype.itemsize):
+                    ws = add(workspace_id(n.name, "bwd"), Role.WORKSPACE, (0,), np.uint8, n.name)
+                step = Step(len(steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, dinputs, accs)
+                if layer.is_loss:
+                    step.seed_delta = dout
+                steps.append(step)
+            reads, writes = [], []
+            for n in nodes:
+                for pname, spec in n.params.items():
+                    if not spec.trainable:
+                        continue
+                    p = param_id(n.name, pname)
+                    reads += [p, grad_id(n.name, pname)]
+                    writes.append(p)
+                    for slot in optimizer_slots:
+                        s = add(opt_state_id(n.name, pname, slot), Role.OPTIMIZER, spec.shape, net.dtype, n.name)
+                        reads.append(s)
+                        writes.append(s)
+            steps.append(Step(len(steps), Phase.UPDATE, None, "", reads, writes))
+        return Route(net, training, steps, tensors, tuple(optimizer_slots), rg)

@@ -1,0 +1,81 @@
+"""Tensor roles and the tensor table: every byte a training step touches, named.
+
+The planner never sees arrays, only `TensorSpec`s: a name, a role, a shape and a dtype. Naming every tensor
+(activations, deltas, parameters, gradients, optimizer state, workspace, data) is what lets a plan say, per
+route step, which tensor is allocated, freed, moved or recomputed, and lets a report attribute every byte.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class Role(str, enum.Enum):
+    """What a tensor is for; memory reports break peak bytes down by role."""
+
+    PARAMETER = "parameter"      # trainable weights
+    BUFFER = "buffer"            # persistent non-trainable state (BN running statistics)
+    GRADIENT = "gradient"        # gradient of a parameter
+    OPTIMIZER = "optimizer"      # optimizer state (momentum, Adam moments)
+    ACTIVATION = "activation"    # a layer's output
+    AUX = "aux"                  # small per-step tensors a layer saves for its backward (BN batch mean/invstd)
+    DELTA = "delta"              # gradient of an activation
+    WORKSPACE = "workspace"      # scratch space of a kernel (im2col buffers, cuDNN workspace)
+    DATA = "data"                # network input
+    LABEL = "label"              # targets
+
+    @property
+    def persistent(self) -> bool:
+        """Persistent tensors survive from one training step to the next."""
+        return self in (Role.PARAMETER, Role.BUFFER, Role.OPTIMIZER)
+
+
+@dataclass(slots=True)
+class TensorSpec:
+    """A tensor as the planner sees it: no data, just what it needs to place it."""
+
+    id: str
+    role: Role
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    owner: str  # the layer (or input) the tensor belongs to
+
+    @property
+    def nbytes(self) -> int:
+        return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
+def act_id(node_name: str) -> str:
+    return f"act:{node_name}"
+
+
+def delta_id(node_name: str) -> str:
+    return f"delta:{node_name}"
+
+
+def partial_delta_id(node_name: str, consumer: str, slot: int) -> str:
+    """A second (third...) contribution to a fork's delta, accumulated into the delta then freed."""
+    return f"dpart:{node_name}@{consumer}.{slot}"
+
+
+def param_id(layer: str, pname: str) -> str:
+    return f"param:{layer}.{pname}"
+
+
+def grad_id(layer: str, pname: str) -> str:
+    return f"grad:{layer}.{pname}"
+
+
+def opt_state_id(layer: str, pname: str, slot: str) -> str:
+    return f"opt:{layer}.{pname}.{slot}"
+
+
+def aux_id(layer: str, name: str) -> str:
+    return f"aux:{layer}.{name}"
+
+
+def workspace_id(layer: str, phase: str) -> str:
+    return f"ws:{layer}.{phase}"
