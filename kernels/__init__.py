@@ -1,0 +1,1 @@
+"""CUDA C sources of the cuda backend, shipped as package data and loaded with cupy.RawModule."""

@@ -1,0 +1,242 @@
+"""The executor: runs a plan on a backend, one route step at a time.
+
+For each step it applies the step's `before` events (allocate, prefetch, recompute...), runs the layer's
+forward or backward (or the optimizer), adds partial deltas into forks, then applies the `after` events (free,
+offload...). Every array a kernel sees is a view into the tensor pool's arena, placed at the offset the plan
+chose; the pool checks each placement, so a plan that would overlap two live tensors fails loudly.
+
+Residency is enforced: a kernel can only be handed tensors that are resident at that moment, otherwise a
+`ResidencyError` names the tensor and the step. In debug mode freed blocks are also poisoned with NaN, so a
+layer that reads memory its declaration did not protect produces NaN instead of silently stale data.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ResidencyError
+from .graph import Network
+from .init import initialize, param_rng
+from .layers.base import LayerContext
+from .memory.plan import Event, EventKind, Plan
+from .memory.pool import NumpyArenaBacking, TensorPool
+from .optim import Optimizer
+from .route import Phase, Step
+from .tensors import Role, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id
+
+_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def dropout_key(seed: int, node_index: int, iteration: int) -> int:
+    """A 64-bit key per (run, layer, iteration): the mask of a dropout layer is a pure function of it."""
+    return (seed * _MIX[0] + (node_index + 1) * _MIX[1] + (iteration + 1) * _MIX[2]) & 0xFFFFFFFFFFFFFFFF
+
+
+@dataclass(slots=True)
+class TraceEvent:
+    """One timed event of a run, for the Perfetto trace and the memory timeline."""
+
+    name: str
+    track: str        # "compute" or "transfer"
+    start_s: float
+    dur_s: float
+    step: int
+    in_use: int
+
+
+@dataclass(slots=True)
+class StepStats:
+    loss: float = float("nan")
+    time_s: float = 0.0
+    trace: list[TraceEvent] = field(default_factory=list)
+
+
+class Executor:
+    """Trains a network by replaying a plan. Construct once; call `train_step` per batch."""
+
+    def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
+                 debug: bool = False, trace: bool = False):
+        from .backend.cpu import CPUBackend
+
+        if plan.route.network is not net:
+            raise ValueError("the plan was made for another network")
+        if tuple(optimizer.slots) != plan.route.optimizer_slots:
+            raise ValueError(f"the plan's route was built for optimizer slots {plan.route.optimizer_slots}, "
+                             f"but the optimizer keeps {tuple(optimizer.slots)}")
+        self.net, self.plan, self.route, self.opt = net, plan, plan.route, optimizer
+        self.be = backend or CPUBackend()
+        self.seed, self.debug, self.tracing = int(seed), debug, trace
+        self.iteration = 0
+        self.training = True
+        backing = getattr(self.be, "arena_backing", None)
+        self.pool = TensorPool(plan.arena_bytes, backing=backing() if backing else NumpyArenaBacking())
+        self.views: dict[str, np.ndarray] = {}
+        self.offsets: dict[str, int] = {}
+        self._t0 = time.perf_counter()
+        self.trace: list[TraceEvent] = []
+        for ev in plan.setup:
+            self._alloc(ev)
+        self._init_persistent()
+        self._aux_names = {n.index: list(n.layer.aux_specs([net.nodes[i].shape for i in n.inputs], True))
+                           for n in net.layer_nodes}
+        self._handlers = {EventKind.ALLOC: self._alloc, EventKind.FREE: self._free}
+        self.last_loss = float("nan")
+        self._logits: np.ndarray | None = None
+
+    # -- parameters -------------------------------------------------------------------------------------------
+    def _init_persistent(self) -> None:
+        for n in self.net.layer_nodes:
+            for pname, spec in n.params.items():
+                initialize(spec, self.views[param_id(n.name, pname)], param_rng(self.seed, f"{n.name}.{pname}"))
+                for slot in self.route.optimizer_slots if spec.trainable else ():
+                    self.views[opt_state_id(n.name, pname, slot)].fill(0)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every parameter and buffer under its layer-qualified name ("conv1.weight")."""
+        return {f"{n.name}.{p}": np.array(self.be.to_host(self.views[param_id(n.name, p)]))
+                for n in self.net.layer_nodes for p in n.params}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        return {f"{n.name}.{p}.{s}": np.array(self.be.to_host(self.views[opt_state_id(n.name, p, s)]))
+                for n in self.net.layer_nodes for p, spec in n.params.items() if spec.trainable
+                for s in self.route.optimizer_slots}
+
+    def load_state_dict(self, state: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None,
+                        strict: bool = True) -> None:
+        expected = {f"{n.name}.{p}": (param_id(n.name, p), spec.shape) for n in self.net.layer_nodes
+                    for p, spec in n.params.items()}
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if strict and (missing or unexpected):
+            raise KeyError(f"state mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for key, (tid, shape) in expected.items():
+            if key in state:
+                arr = np.asarray(state[key])
+                if tuple(arr.shape) != tuple(shape):
+                    raise ValueError(f"{key}: expected shape {shape}, got {arr.shape}")
+                self.be.copy_in(self.views[tid], arr)
+        for key, arr in (optimizer_state or {}).items():
+            layer, p, s = key.rsplit(".", 2)
+            self.be.copy_in(self.views[opt_state_id(layer, p, s)], arr)
+
+    # -- events -----------------------------------------------------------------------------------------------
+    def _alloc(self, ev: Event) -> None:
+        spec = self.route.tensors.get(ev.tensor)
+        self.pool.alloc_at(ev.offset, ev.nbytes, tag=ev.tensor)
+        self.offsets[ev.tensor] = ev.offset
+        if spec is None or spec.role is Role.WORKSPACE:
+            self.views[ev.tensor] = self.pool.view(ev.offset, (ev.nbytes,), np.uint8)
+        else:
+            self.views[ev.tensor] = self.pool.view(ev.offset, spec.shape, spec.dtype)
+
+    def _free(self, ev: Event) -> None:
+        view = self.views.pop(ev.tensor)
+        if self.debug and np.issubdtype(view.dtype, np.floating):
+            view.fill(np.nan)  # poison: a read after free now yields NaN, not stale numbers
+        self.pool.free(self.offsets.pop(ev.tensor))
+
+    def _apply(self, events: list[Event]) -> None:
+        for ev in events:
+            self._handlers[ev.kind](ev)
+
+    def get(self, tid: str, step: Step) -> np.ndarray:
+        try:
+            return self.views[tid]
+        except KeyError:
+            raise ResidencyError(f"step {step.index} ({step.label}) needs tensor '{tid}', which is not resident "
+                                 f"on the device at that point of plan '{self.plan.policy}'") from None
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def _load_batch(self, x: np.ndarray, y: np.ndarray, step: Step) -> None:
+        nodes = self.net.input_nodes
+        arrays = [x, y][:len(nodes)]
+        for node, arr in zip(nodes, arrays):
+            arr = np.asarray(arr)
+            if tuple(arr.shape) != tuple(node.shape):
+                raise ValueError(f"input '{node.name}' expects shape {node.shape}, got {arr.shape}")
+            self.be.copy_in(self.get(act_id(node.name), step), arr)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One training step: forward, backward, optimizer update. Returns the loss."""
+        self.training = True
+        for step, sp in zip(self.route.steps, self.plan.steps):
+            self._apply(sp.before)
+            if step.index == 0:
+                self._load_batch(x, y, step)
+            t = time.perf_counter()
+            self._compute(step, sp)
+            if self.tracing:
+                self.trace.append(TraceEvent(step.label, "compute", t - self._t0, time.perf_counter() - t,
+                                             step.index, self.pool.in_use))
+            for acc in step.accumulate:
+                self.be.accumulate(self.get(acc.into, step), self.get(acc.partial, step))
+            self._apply(sp.after)
+        self.iteration += 1
+        return self.last_loss
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+        """Forward only in inference mode (BN running statistics, no dropout): (loss, logits copy).
+
+        Runs the training plan's forward steps, then frees whatever the plan kept for the backward it skips,
+        so the pool is left exactly as it was.
+        """
+        self.training = False
+        persistent = set(self.offsets)
+        try:
+            for step, sp in zip(self.route.steps, self.plan.steps):
+                if step.phase is not Phase.FORWARD:
+                    break
+                self._apply(sp.before)
+                if step.index == 0:
+                    self._load_batch(x, y, step)
+                self._compute(step, sp)
+                self._apply(sp.after)
+        finally:
+            for tid in [t for t in self.offsets if t not in persistent]:
+                self._free(Event(EventKind.FREE, tid))
+            self.training = True
+        logits, self._logits = self._logits, None
+        return self.last_loss, logits
+
+    def _compute(self, step: Step, sp) -> None:
+        if step.phase is Phase.UPDATE:
+            self._update(step)
+            return
+        node = self.net.nodes[step.node]
+        layer = node.layer
+        get = self.get
+        params = {p: get(param_id(node.name, p), step) for p in node.params}
+        aux = {a: get(aux_id(node.name, a), step) for a in self._aux_names[node.index]
+               if aux_id(node.name, a) in self.route.tensors}
+        ws = get(step.workspace, step) if step.workspace else None
+        ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=sp.algo,
+                           rng_key=dropout_key(self.seed, node.index, self.iteration))
+        if step.phase is Phase.FORWARD:
+            inputs = [get(act_id(self.net.nodes[i].name), step) for i in node.inputs]
+            out = get(act_id(node.name), step)
+            layer.forward(self.be, inputs, out, params, ctx)
+            if layer.is_loss:
+                self.last_loss = float(self.be.to_host(out))
+                if not self.training:
+                    self._logits = np.array(self.be.to_host(inputs[0]))
+            return
+        dout = get(delta_id(node.name), step)
+        if step.seed_delta:
+            self.be.fill(dout, 1.0)
+        inputs = [get(act_id(self.net.nodes[i].name), step) if k in layer.needs_inputs else None
+                  for k, i in enumerate(node.inputs)]
+        out = get(act_id(node.name), step) if layer.needs_output else None
+        dinputs = [get(t, step) if t else None for t in step.dinputs]
+        grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
+        layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
+
+    def _update(self, step: Step) -> None:
+        for n in self.net.layer_nodes:
+            for pname, spec in n.params.items():
+                if not spec.trainable:
+                    continue
+                state = {s: self.get(opt_state_id(n.name, pname, s), step) for s in self.route.optimizer_slots}
+                self.opt.update(self.be, self.get(param_id(n.name, pname), step),
+                                self.get(grad_id(n.name, pname), step), state, self.iteration)

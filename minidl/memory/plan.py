@@ -1,0 +1,86 @@
+"""Plans: what happens to every tensor, at which step, at which arena offset.
+
+A plan is a list of events attached to route steps. The executor replays it on a backend; the simulator replays
+it on nothing but shapes. Because both consume the same plan, the peak the simulator predicts is the peak the
+executor's pool measures, byte for byte.
+
+Event kinds, one per mechanism (the executor dispatches on the kind; no mechanism is special-cased):
+- ALLOC / FREE: a tensor's device block is carved from / returned to the pool.
+- OFFLOAD / RELEASE / PREFETCH / WAIT: the tensor cache moving tensors to host memory and back.
+- RECOMPUTE: rebuild a dropped tensor by re-running its layer's forward.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ..route import Route
+from ..tensors import Role
+
+
+class EventKind(str, enum.Enum):
+    ALLOC = "alloc"
+    FREE = "free"
+    OFFLOAD = "offload"      # start copying a tensor to the host store (transfer stream)
+    RELEASE = "release"      # wait for that copy, then free the device block
+    PREFETCH = "prefetch"    # allocate the device block and start copying the tensor back
+    WAIT = "wait"            # wait until a prefetch has landed (before the step that reads it)
+    RECOMPUTE = "recompute"  # allocate the tensor and re-run its producer's forward
+
+
+@dataclass(slots=True)
+class Event:
+    kind: EventKind
+    tensor: str
+    offset: int = -1
+    nbytes: int = 0
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """Events around one route step, the algorithm its layer runs, and the pool's high point during it."""
+
+    before: list[Event] = field(default_factory=list)
+    after: list[Event] = field(default_factory=list)
+    algo: str | None = None
+    workspace_bytes: int = 0
+    in_use: int = 0          # bytes allocated while the step computes
+    refused: list[str] = field(default_factory=list)  # faster algorithms refused for lack of memory
+
+
+@dataclass(slots=True)
+class Plan:
+    route: Route
+    policy: str
+    arena_bytes: int               # size of the pool the executor allocates (the budget when one is given)
+    setup: list[Event]             # allocations made once, before the first step (persistent tensors)
+    steps: list[StepPlan]
+    peak_bytes: int                # max bytes in use at any moment (sum of live blocks)
+    min_budget_bytes: int          # smallest arena this exact plan fits in (peak plus fragmentation)
+    binding_step: int              # the step at which the peak is reached
+    peak_live: list[str] = field(default_factory=list)  # tensors live at the peak
+    lower_bound_bytes: int = 0
+    sizes: dict[str, int] = field(default_factory=dict)  # bytes of every planned tensor (workspace included)
+
+    def by_role_at_peak(self) -> dict[str, int]:
+        out = {r.value: 0 for r in Role}
+        for tid in self.peak_live:
+            out[self.role_of(tid).value] += self.sizes[tid]
+        return out
+
+    def role_of(self, tid: str) -> Role:
+        spec = self.route.tensors.get(tid)
+        return spec.role if spec is not None else Role.WORKSPACE
+
+    def timeline(self) -> list[int]:
+        return [s.in_use for s in self.steps]
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of the arena lost to holes at the worst moment: 1 - peak / arena needed."""
+        return 0.0 if not self.min_budget_bytes else 1.0 - self.peak_bytes / self.min_budget_bytes
+
+    @property
+    def binding_label(self) -> str:
+        return self.route.steps[self.binding_step].label if self.route.steps else "setup"

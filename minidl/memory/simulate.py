@@ -1,0 +1,115 @@
+"""The simulator: the planner on shape-only tensors, plus a roofline cost model of a device.
+
+It answers "what would this network need, and how fast would it run, on a GPU we do not have?". Peak memory
+needs no model at all: the plan is computed by the same planner the executor replays, so the simulated peak
+*is* the executor's pool peak (tests hold this byte for byte). Step time is an estimate: each route step takes
+max(FLOPs / (peak FLOP/s x efficiency), bytes touched / memory bandwidth), and host transfers run on the link
+at its bandwidth, overlapped with compute where the plan allows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..graph import Network
+from ..route import Phase, Route
+from .plan import Plan
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceProfile:
+    name: str
+    memory_bytes: int
+    flops: float          # peak float32 FLOP/s
+    mem_bw: float         # device memory bandwidth, bytes/s
+    link_bw: float        # host <-> device bandwidth, bytes/s (one direction)
+    efficiency: float = 0.5  # share of peak FLOP/s dense layers reach in practice
+    note: str = ""
+
+
+GiB = 1 << 30
+
+PROFILES: dict[str, DeviceProfile] = {
+    # Measured on the development machine (2 cores): numpy sgemm 2048^3 at ~65 GFLOP/s, np.copyto at ~22 GB/s
+    # read+write (so ~11 GB/s for a one-way host "transfer", which is a memcpy on the CPU).
+    "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured here, 2 cores, 2026-11-22"),
+    # SuperNeurons' GPU: Tesla K40c, 12 GB, 4.29 TFLOP/s fp32, 288 GB/s, PCIe 3 x16 ~10 GB/s effective.
+    "k40c": DeviceProfile("k40c", 12 * 10**9, 4.29e12, 288e9, 10e9, 0.5, "datasheet"),
+    # GeForce GTX TITAN X (Maxwell): 12 GB, 6.6 TFLOP/s, 336 GB/s, PCIe 3.
+    "titanx": DeviceProfile("titanx", 12 * 10**9, 6.6e12, 336e9, 10e9, 0.5, "datasheet"),
+    # Tesla V100 16 GB (PCIe): 14 TFLOP/s fp32, 900 GB/s, PCIe 3 ~12 GB/s.
+    "v100": DeviceProfile("v100", 16 * 10**9, 14e12, 900e9, 12e9, 0.5, "datasheet"),
+    # H100 80 GB SXM: 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s HBM3, PCIe 5 x16 ~50 GB/s.
+    "h100": DeviceProfile("h100", 80 * 10**9, 67e12, 3.35e12, 50e9, 0.5, "datasheet"),
+}
+
+
+def get_profile(name: str) -> DeviceProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown device profile {name!r}: expected one of {', '.join(PROFILES)}") from None
+
+
+@dataclass(slots=True)
+class StepCost:
+    flops: int
+    bytes: int
+    time_s: float
+
+
+@dataclass(slots=True)
+class SimResult:
+    plan: Plan
+    device: DeviceProfile
+    step_costs: list[StepCost] = field(default_factory=list)
+    compute_time_s: float = 0.0
+    transfer_time_s: float = 0.0
+    est_step_time_s: float = 0.0
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.plan.peak_bytes
+
+    @property
+    def fits_device(self) -> bool:
+        return self.plan.min_budget_bytes <= self.device.memory_bytes
+
+
+def step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
+    """Roofline estimate of each route step on `device`."""
+    net: Network = route.network
+    out: list[StepCost] = []
+    for step in route.steps:
+        touched = set(step.reads) | set(step.writes)
+        nbytes = sum(route.tensors[t].nbytes for t in touched)
+        if step.phase is Phase.UPDATE:
+            flops = 4 * sum(route.tensors[t].nbytes // route.tensors[t].dtype.itemsize for t in step.writes)
+        else:
+            node = net.nodes[step.node]
+            in_shapes = [net.nodes[i].shape for i in node.inputs]
+            fwd = node.layer.flops(in_shapes, node.shape)
+            flops = fwd if step.phase is Phase.FORWARD else node.layer.backward_flops(in_shapes, node.shape)
+        t = max(flops / (device.flops * device.efficiency), nbytes / device.mem_bw)
+        out.append(StepCost(int(flops), int(nbytes), t))
+    return out
+
+
+def simulate(plan: Plan, device: DeviceProfile | str = "k40c") -> SimResult:
+    """Estimate the step time of `plan` on `device`. The peak is the plan's own (exact)."""
+    dev = get_profile(device) if isinstance(device, str) else device
+    costs = step_costs(plan.route, dev)
+    compute = math.fsum(c.time_s for c in costs)
+    transfer = transfer_seconds(plan, dev)
+    # Transfers overlap compute on their own stream; only what cannot hide adds to the step.
+    exposed = getattr(plan, "exposed_transfer_s", None)
+    est = compute + (exposed(dev, costs) if callable(exposed) else 0.0)
+    return SimResult(plan, dev, costs, compute, transfer, est)
+
+
+def transfer_seconds(plan: Plan, dev: DeviceProfile) -> float:
+    from .plan import EventKind
+
+    moved = sum(ev.nbytes for sp in plan.steps for ev in sp.before + sp.after
+                if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH))
+    return moved / dev.link_bw
