@@ -57,7 +57,7 @@ class Executor:
     """Trains a network by replaying a plan. Construct once; call `train_step` per batch."""
 
     def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
-                 debug: bool = False, trace: bool = False):
+                 debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None):
         from .backend.cpu import CPUBackend
 
         if plan.route.network is not net:
@@ -73,15 +73,22 @@ class Executor:
         backing = getattr(self.be, "arena_backing", None)
         self.pool = TensorPool(plan.arena_bytes, backing=backing() if backing else NumpyArenaBacking())
         self.views: dict[str, np.ndarray] = {}
+        self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
         self.offsets: dict[str, int] = {}
         self._t0 = time.perf_counter()
         self.trace: list[TraceEvent] = []
         for ev in plan.setup:
-            self._alloc(ev)
+            self._alloc(ev, None)
         self._init_persistent()
         self._aux_names = {n.index: list(n.layer.aux_specs([net.nodes[i].shape for i in n.inputs], True))
                            for n in net.layer_nodes}
-        self._handlers = {EventKind.ALLOC: self._alloc, EventKind.FREE: self._free}
+        self._handlers = {EventKind.ALLOC: self._alloc, EventKind.FREE: self._free,
+                          EventKind.OFFLOAD: self._offload, EventKind.RELEASE: self._release,
+                          EventKind.PREFETCH: self._prefetch, EventKind.WAIT: self._wait,
+                          EventKind.RECOMPUTE: self._recompute}
+        self.host = None  # the host store + transfer engine, created on the first offload
+        self.host_limit_bytes = host_limit_bytes
+        self.recomputed_flops = 0
         self.last_loss = float("nan")
         self._logits: np.ndarray | None = None
 
@@ -122,7 +129,7 @@ class Executor:
             self.be.copy_in(self.views[opt_state_id(layer, p, s)], arr)
 
     # -- events -----------------------------------------------------------------------------------------------
-    def _alloc(self, ev: Event) -> None:
+    def _alloc(self, ev: Event, step: Step | None = None) -> None:
         spec = self.route.tensors.get(ev.tensor)
         self.pool.alloc_at(ev.offset, ev.nbytes, tag=ev.tensor)
         self.offsets[ev.tensor] = ev.offset
@@ -131,15 +138,49 @@ class Executor:
         else:
             self.views[ev.tensor] = self.pool.view(ev.offset, spec.shape, spec.dtype)
 
-    def _free(self, ev: Event) -> None:
+    def _free(self, ev: Event, step: Step | None = None) -> None:
         view = self.views.pop(ev.tensor)
         if self.debug and np.issubdtype(view.dtype, np.floating):
             view.fill(np.nan)  # poison: a read after free now yields NaN, not stale numbers
         self.pool.free(self.offsets.pop(ev.tensor))
 
-    def _apply(self, events: list[Event]) -> None:
+    def _apply(self, events: list[Event], step: Step) -> None:
         for ev in events:
-            self._handlers[ev.kind](ev)
+            self._handlers[ev.kind](ev, step)
+
+    # The tensor cache: offload to the host store and prefetch back, on the transfer engine's own thread.
+    def _host(self):
+        if self.host is None:
+            from .memory.host import HostStore
+
+            self.host = HostStore(limit_bytes=self.host_limit_bytes, t0=self._t0,
+                                  trace=self.trace if self.tracing else None)
+        return self.host
+
+    def _offload(self, ev: Event, step: Step) -> None:
+        self._host().offload(ev.tensor, self.get(ev.tensor, step), step.index)
+
+    def _release(self, ev: Event, step: Step) -> None:
+        self._host().wait_offload(ev.tensor)
+        self._free(ev, step)
+
+    def _prefetch(self, ev: Event, step: Step) -> None:
+        self._alloc(ev, step)
+        self._host().prefetch(ev.tensor, self.views[ev.tensor], step.index)
+
+    def _wait(self, ev: Event, step: Step) -> None:
+        self._host().wait_prefetch(ev.tensor)
+
+    def _recompute(self, ev: Event, step: Step) -> None:
+        """Rebuild a dropped activation by re-running its layer's forward (side-effect free, same result)."""
+        self._alloc(ev, step)
+        name = ev.tensor.split(":", 1)[1]
+        node = self.net.node(name)
+        fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
+        sp = self.plan.steps[self._forward_step_of[node.index]]
+        self._compute(fake, sp, recompute=True)
+        in_shapes = [self.net.nodes[i].shape for i in node.inputs]
+        self.recomputed_flops += node.layer.flops(in_shapes, node.shape)
 
     def get(self, tid: str, step: Step) -> np.ndarray:
         try:
@@ -162,7 +203,7 @@ class Executor:
         """One training step: forward, backward, optimizer update. Returns the loss."""
         self.training = True
         for step, sp in zip(self.route.steps, self.plan.steps):
-            self._apply(sp.before)
+            self._apply(sp.before, step)
             if step.index == 0:
                 self._load_batch(x, y, step)
             t = time.perf_counter()
@@ -172,7 +213,9 @@ class Executor:
                                              step.index, self.pool.in_use))
             for acc in step.accumulate:
                 self.be.accumulate(self.get(acc.into, step), self.get(acc.partial, step))
-            self._apply(sp.after)
+            self._apply(sp.after, step)
+        if self.host is not None:
+            self.host.end_iteration()
         self.iteration += 1
         return self.last_loss
 
@@ -188,19 +231,21 @@ class Executor:
             for step, sp in zip(self.route.steps, self.plan.steps):
                 if step.phase is not Phase.FORWARD:
                     break
-                self._apply(sp.before)
+                self._apply(sp.before, step)
                 if step.index == 0:
                     self._load_batch(x, y, step)
                 self._compute(step, sp)
-                self._apply(sp.after)
+                self._apply(sp.after, step)
         finally:
+            if self.host is not None:
+                self.host.end_iteration()
             for tid in [t for t in self.offsets if t not in persistent]:
                 self._free(Event(EventKind.FREE, tid))
             self.training = True
         logits, self._logits = self._logits, None
         return self.last_loss, logits
 
-    def _compute(self, step: Step, sp) -> None:
+    def _compute(self, step: Step, sp, recompute: bool = False) -> None:
         if step.phase is Phase.UPDATE:
             self._update(step)
             return
@@ -211,12 +256,16 @@ class Executor:
         aux = {a: get(aux_id(node.name, a), step) for a in self._aux_names[node.index]
                if aux_id(node.name, a) in self.route.tensors}
         ws = get(step.workspace, step) if step.workspace else None
-        ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=sp.algo,
-                           rng_key=dropout_key(self.seed, node.index, self.iteration))
+        if recompute:
+            ws = None  # a recomputed layer runs its zero-workspace path (recomputed layers are cheap ones)
+        ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=None if recompute else sp.algo,
+                           rng_key=dropout_key(self.seed, node.index, self.iteration), recompute=recompute)
         if step.phase is Phase.FORWARD:
             inputs = [get(act_id(self.net.nodes[i].name), step) for i in node.inputs]
             out = get(act_id(node.name), step)
             layer.forward(self.be, inputs, out, params, ctx)
+            if recompute:
+                return
             if layer.is_loss:
                 self.last_loss = float(self.be.to_host(out))
                 if not self.training:

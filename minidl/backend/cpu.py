@@ -102,7 +102,8 @@ class CoreOps:
         scale = src.dtype.type(1.0 / (1.0 - p))
         sf, df = src.reshape(-1), dst.reshape(-1)
         for s in _chunks(sf.size):
-            keep = dropout_keep_mask(key, s.stop - s.start, p, start=s.start)
+            # keep[i] depends only on (key + i): shifting the key by the chunk start continues the sequence.
+            keep = dropout_keep_mask((key + s.start) & 0xFFFFFFFFFFFFFFFF, s.stop - s.start, p)
             np.multiply(sf[s], keep * scale, out=df[s])
 
     # -- loss -------------------------------------------------------------------------------------------------

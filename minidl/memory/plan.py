@@ -58,7 +58,8 @@ class Plan:
     steps: list[StepPlan]
     peak_bytes: int                # max bytes in use at any moment (sum of live blocks)
     min_budget_bytes: int          # smallest arena this exact plan fits in (peak plus fragmentation)
-    binding_step: int              # the step at which the peak is reached
+    binding_step: int              # the step whose allocation needs the most arena (what a budget binds on)
+    peak_step: int = 0             # the step at which the most bytes are in use
     peak_live: list[str] = field(default_factory=list)  # tensors live at the peak
     lower_bound_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of every planned tensor (workspace included)
@@ -84,3 +85,7 @@ class Plan:
     @property
     def binding_label(self) -> str:
         return self.route.steps[self.binding_step].label if self.route.steps else "setup"
+
+    @property
+    def peak_label(self) -> str:
+        return self.route.steps[self.peak_step].label if self.route.steps else "setup"

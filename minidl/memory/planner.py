@@ -22,9 +22,6 @@ from .liveness import analyze
 from .plan import Event, EventKind, Plan, StepPlan
 from .pool import ALIGNMENT, TensorPool, format_bytes
 
-POLICIES = ("none", "liveness")
-
-
 def rounded(nbytes: int) -> int:
     return -(-max(int(nbytes), 1) // ALIGNMENT) * ALIGNMENT
 
@@ -63,12 +60,16 @@ class PlacementRecorder:
         self.offsets: dict[str, int] = {}
         self.high_water = 0
         self.high_water_step = -1
+        self.peak_step = -1
         self.step = -1
 
     def alloc(self, tid: str, nbytes: int, kind: EventKind = EventKind.ALLOC, reason: str = "") -> Event:
+        prev_peak = self.pool.peak
         off = self.pool.alloc(nbytes, tag=tid)
         self.offsets[tid] = off
         end = off + self.pool.size_of(off)
+        if self.pool.peak > prev_peak:
+            self.peak_step = self.step
         if end > self.high_water:
             self.high_water, self.high_water_step = end, self.step
         return Event(kind, tid, off, nbytes, reason)
@@ -108,12 +109,14 @@ def lower_bound(route: Route) -> int:
 
 
 def make_plan(route: Route, policy: str = "liveness", budget: int | None = None,
-              workspace: dict[int, WorkspaceChoice] | None = None) -> Plan:
-    """Plan `route` under `policy`; with a `budget`, fail early (BudgetError) if the plan does not fit."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICIES)}")
+              workspace: dict[int, WorkspaceChoice] | None = None, schedule: Schedule | None = None) -> Plan:
+    """Plan `route` under `policy`; with a `budget`, fail early (BudgetError) if the plan does not fit.
+
+    `schedule` (per-tensor residencies) is how other mechanisms (offload, recomputation) hand their decisions
+    to the one placement pass; without it, plain liveness.
+    """
     ws = default_workspace(route) if workspace is None else workspace
-    plan = _place(route, policy, ws)
+    plan = _place(route, policy, ws, schedule)
     plan.lower_bound_bytes = lower_bound(route)
     check_budget(plan, budget)
     plan.arena_bytes = budget if budget is not None else plan.min_budget_bytes
@@ -131,7 +134,57 @@ def check_budget(plan: Plan, budget: int | None) -> None:
         f"or a more frugal policy.", plan.min_budget_bytes, step)
 
 
-def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], stop_at: int | None = None) -> Plan:
+@dataclass(slots=True)
+class Residency:
+    """One stretch of device residency of a tensor, from a start event to an end event.
+
+    `start_at` / `end_at` say whether the event happens before or after the step computes. Plain liveness gives
+    every tensor one residency (ALLOC before its first use, FREE after its last); offload splits it in two
+    (... RELEASE, then PREFETCH ...); recomputation likewise (FREE after forward, RECOMPUTE before backward).
+    """
+
+    start: int
+    start_at: str
+    start_kind: EventKind
+    end: int
+    end_at: str
+    end_kind: EventKind
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Marker:
+    """An event that does not change residency: the start of an offload copy, a wait for a prefetch."""
+
+    step: int
+    at: str
+    kind: EventKind
+    tensor: str
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Schedule:
+    """The per-tensor decision a plan is made of: where each tensor is resident, plus transfer markers."""
+
+    residencies: dict[str, list[Residency]] = field(default_factory=dict)
+    markers: list[Marker] = field(default_factory=list)
+
+
+def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
+    """Every tensor resident from just before its first use to just after its last."""
+    sched = Schedule()
+    for tid, iv in analyze(route).items():
+        if route.tensors[tid].role is Role.WORKSPACE:
+            continue
+        sched.residencies[tid] = [Residency(iv.first, "before", EventKind.ALLOC, iv.last, "after", EventKind.FREE)]
+    for k in ws:
+        sched.residencies[route.steps[k].workspace] = [
+            Residency(k, "before", EventKind.ALLOC, k, "after", EventKind.FREE, f"workspace of {ws[k].algo}")]
+    return sched
+
+
+def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None) -> Plan:
     rec = PlacementRecorder(capacity_bound(route, ws))
     sizes = {tid: t.nbytes for tid, t in route.tensors.items()}
     for k, c in ws.items():
@@ -141,49 +194,76 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], stop_at: i
     for k, c in ws.items():
         steps[k].algo, steps[k].workspace_bytes, steps[k].refused = c.algo, c.nbytes, list(c.refused)
 
-    persistent = [t for t in route.tensors.values() if t.role.persistent]
-    for t in persistent:
-        setup.append(rec.alloc(t.id, t.nbytes, reason="persistent"))
+    for t in route.tensors.values():
+        if t.role.persistent:
+            setup.append(rec.alloc(t.id, t.nbytes, reason="persistent"))
 
-    intervals = analyze(route)
     if policy == "none":
         # Everything up front, in first-use order: nothing is ever freed.
+        intervals = analyze(route)
         for tid in sorted(intervals, key=lambda t: (intervals[t].first, t)):
-            if tid in sizes and route.tensors[tid].role is not Role.WORKSPACE:
+            if route.tensors[tid].role is not Role.WORKSPACE:
                 setup.append(rec.alloc(tid, sizes[tid], reason="policy none: lives for the whole step"))
         for k in sorted(ws):
             setup.append(rec.alloc(route.steps[k].workspace, ws[k].nbytes, reason="policy none"))
-    else:
-        born: dict[int, list[str]] = {}
-        dies: dict[int, list[str]] = {}
-        for tid, iv in intervals.items():
-            if route.tensors[tid].role is Role.WORKSPACE:
-                continue
-            born.setdefault(iv.first, []).append(tid)
-            dies.setdefault(iv.last, []).append(tid)
-        for step in route.steps:
-            k = step.index
-            rec.step = k
-            sp = steps[k]
-            # Largest first (MXNet's rule): big blocks claim the best holes before small ones split them.
-            for tid in sorted(born.get(k, ()), key=lambda t: (-sizes[t], t)):
-                sp.before.append(rec.alloc(tid, sizes[tid], reason="first use"))
-            if k in ws:
-                sp.before.append(rec.alloc(step.workspace, ws[k].nbytes, reason=f"workspace of {ws[k].algo}"))
-            sp.in_use = rec.pool.in_use
-            if k in ws:
-                sp.after.append(rec.free(step.workspace, reason="workspace dies with its step"))
-            for tid in sorted(dies.get(k, ())):
-                sp.after.append(rec.free(tid, reason="last use"))
-    if policy == "none":
         for sp in steps:
             sp.in_use = rec.pool.in_use
-    peak_step = max(range(len(steps)), key=lambda k: steps[k].in_use) if steps else -1
-    peak = steps[peak_step].in_use if steps else rec.pool.in_use
+    else:
+        sched = schedule if schedule is not None else liveness_schedule(route, ws)
+        _place_schedule(route, sched, sizes, steps, rec)
+    peak = rec.pool.peak
     plan = Plan(route=route, policy=policy, arena_bytes=0, setup=setup, steps=steps, peak_bytes=peak,
-                min_budget_bytes=rec.high_water, binding_step=max(rec.high_water_step, 0), sizes=sizes)
-    plan.peak_live = live_at(plan, peak_step)
+                min_budget_bytes=rec.high_water, binding_step=max(rec.high_water_step, 0),
+                peak_step=max(rec.peak_step, 0), sizes=sizes)
+    plan.peak_live = live_at(plan, plan.peak_step)
     return plan
+
+
+def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps: list[StepPlan],
+                    rec: "PlacementRecorder") -> None:
+    """Turn residencies and markers into ordered events with offsets, by replaying them on the pool.
+
+    At each step boundary the order is fixed and explained:
+    - before a step: ends (frees, releases) first so their memory is reusable, then starts (allocations,
+      prefetches, recomputations) largest first (big blocks claim the best holes before small ones split
+      them), then markers (waits: a prefetch must have landed before the step reads it);
+    - after a step: markers first (an offload copy starts while the tensor is still resident), then ends,
+      then starts (a prefetch issued early for a later step).
+    """
+    starts: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
+    ends: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
+    for tid, lst in sched.residencies.items():
+        for r in lst:
+            starts.setdefault((r.start, r.start_at), []).append((tid, r))
+            ends.setdefault((r.end, r.end_at), []).append((tid, r))
+    marks: dict[tuple[int, str], list[Marker]] = {}
+    for m in sched.markers:
+        marks.setdefault((m.step, m.at), []).append(m)
+
+    def do_ends(key, out):
+        for tid, r in sorted(ends.get(key, ()), key=lambda e: e[0]):
+            out.append(rec.free(tid, r.end_kind, reason=r.reason or "last use"))
+
+    def do_starts(key, out):
+        for tid, r in sorted(starts.get(key, ()), key=lambda e: (-sizes[e[0]], e[0])):
+            out.append(rec.alloc(tid, sizes[tid], r.start_kind, reason=r.reason or "first use"))
+
+    def do_marks(key, out):
+        for m in marks.get(key, ()):
+            off = rec.offsets.get(m.tensor, -1)
+            out.append(Event(m.kind, m.tensor, off, sizes[m.tensor], m.reason))
+
+    for step in route.steps:
+        k = step.index
+        rec.step = k
+        sp = steps[k]
+        do_ends((k, "before"), sp.before)
+        do_starts((k, "before"), sp.before)
+        do_marks((k, "before"), sp.before)
+        sp.in_use = rec.pool.in_use
+        do_marks((k, "after"), sp.after)
+        do_ends((k, "after"), sp.after)
+        do_starts((k, "after"), sp.after)
 
 
 def live_at(plan: Plan, k: int) -> list[str]:

@@ -22,7 +22,8 @@ class MemoryReport:
     min_budget_bytes: int
     lower_bound_bytes: int
     arena_bytes: int
-    binding_step: str
+    peak_at: str       # the step at which the most bytes are in use
+    binding_step: str  # the step whose allocation needs the most arena
     by_role: dict[str, int]
     largest_at_peak: list[tuple[str, str, int]] = field(default_factory=list)  # (tensor, role, bytes)
     fragmentation: float = 0.0
@@ -31,7 +32,7 @@ class MemoryReport:
         return {
             "policy": self.policy, "peak_bytes": self.peak_bytes, "min_budget_bytes": self.min_budget_bytes,
             "lower_bound_bytes": self.lower_bound_bytes, "arena_bytes": self.arena_bytes,
-            "binding_step": self.binding_step, "by_role": self.by_role,
+            "peak_at": self.peak_at, "binding_step": self.binding_step, "by_role": self.by_role,
             "largest_at_peak": [{"tensor": t, "role": r, "bytes": b} for t, r, b in self.largest_at_peak],
             "fragmentation": self.fragmentation,
         }
@@ -39,9 +40,9 @@ class MemoryReport:
     def format(self) -> str:
         lines = [
             f"memory report (policy '{self.policy}')",
-            f"  peak in use      {format_bytes(self.peak_bytes):>12}  ({self.peak_bytes:,} B) at {self.binding_step}",
-            f"  smallest budget  {format_bytes(self.min_budget_bytes):>12}  ({self.min_budget_bytes:,} B), "
-            f"fragmentation {self.fragmentation:.1%}",
+            f"  peak in use      {format_bytes(self.peak_bytes):>12}  ({self.peak_bytes:,} B) at {self.peak_at}",
+            f"  smallest budget  {format_bytes(self.min_budget_bytes):>12}  ({self.min_budget_bytes:,} B), bound at "
+            f"{self.binding_step}; fragmentation {self.fragmentation:.1%}",
             f"  lower bound      {format_bytes(self.lower_bound_bytes):>12}  (params + grads + optimizer state + "
             f"largest layer's working set)",
             "  at the peak, by role:",
@@ -59,7 +60,7 @@ class MemoryReport:
 def memory_report(plan: Plan, top: int = 8) -> MemoryReport:
     largest = [(t, plan.role_of(t).value, plan.sizes.get(t, 0)) for t in plan.peak_live[:top]]
     return MemoryReport(plan.policy, plan.peak_bytes, plan.min_budget_bytes, plan.lower_bound_bytes,
-                        plan.arena_bytes, plan.binding_label, plan.by_role_at_peak(), largest, plan.fragmentation)
+                        plan.arena_bytes, plan.peak_label, plan.binding_label, plan.by_role_at_peak(), largest, plan.fragmentation)
 
 
 def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
@@ -108,7 +109,7 @@ def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Pat
     order = [r for r in series if any(series[r])]
     ax.stackplot(xs, [[b / 2**20 for b in series[r]] for r in order], labels=order, alpha=0.85)
     k = plan.binding_step if plan.steps else 0
-    peak_k = max(range(len(plan.steps)), key=lambda i: plan.steps[i].in_use) if plan.steps else 0
+    peak_k = plan.peak_step
     ax.axvline(peak_k, color="k", lw=0.8, ls="--")
     ax.annotate(f"peak {format_bytes(plan.peak_bytes)}\n{labels[peak_k] if labels else ''}",
                 (peak_k, plan.peak_bytes / 2**20), textcoords="offset points", xytext=(8, -20), fontsize=8)

@@ -1,0 +1,216 @@
+"""The `minidl` command: info, plan, train. Every command takes --json and then prints one JSON object.
+
+    minidl info resnet --depth 50 --batch 32
+    minidl plan resnet --depth 2500 --batch 16 --policy liveness --budget 12GB --device k40c
+    minidl train resnet --depth 20 --data digits --batch 32 --steps 50 --policy liveness --budget 16MiB
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .errors import MinidlError
+from .memory.pool import format_bytes, parse_size
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model name (lenet, alexnet, vgg16, resnet, densenet121, inception_v4, ...)")
+    p.add_argument("--depth", type=int, default=None, help="depth for resnet/vgg/densenet")
+    p.add_argument("--batch", type=int, default=None, help="batch size")
+    p.add_argument("--image-size", type=int, default=None, help="input height = width")
+    p.add_argument("--num-classes", type=int, default=None)
+    p.add_argument("--in-channels", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None:
+    from .memory.policies import available_policies
+
+    p.add_argument("--policy", default=policy_default, choices=available_policies(),
+                   help="memory policy (default: liveness)")
+    p.add_argument("--budget", type=parse_size, default=None, help="device memory budget, e.g. 512MiB, 12GB")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the memory timeline")
+    p.add_argument("--trace", default=None, metavar="JSON", help="write a Chrome/Perfetto trace")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="minidl", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("info", help="layer table of a model")
+    _model_args(p)
+    p = sub.add_parser("plan", help="plan memory for a model (no compute)")
+    _model_args(p)
+    _memory_args(p, "liveness")
+    p.add_argument("--device", default="k40c", help="device profile for time estimates (cpu, k40c, titanx, v100, h100)")
+    p.add_argument("--explain", action="store_true", help="say step by step what is allocated and freed, and why")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+    p = sub.add_parser("train", help="train a model")
+    _model_args(p)
+    _memory_args(p, "liveness")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default="synthetic", help="synthetic | digits | cifar10:DIR | mnist:DIR")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--save", default=None, metavar="PATH.npz", help="write parameters and BN statistics")
+    p.add_argument("--resume", default=None, metavar="PATH.npz", help="resume from a checkpoint written by --save")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--debug", action="store_true", help="poison freed memory and check residency")
+    p.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def _build(args, image_shape=None, num_classes=None):
+    from minidl.models import build_model
+
+    kw = dict(depth=args.depth, batch=args.batch, image_size=args.image_size, num_classes=args.num_classes,
+              in_channels=args.in_channels)
+    if image_shape is not None:
+        kw["in_channels"] = kw["in_channels"] or image_shape[0]
+        kw["image_size"] = kw["image_size"] or image_shape[1]
+    if num_classes is not None:
+        kw["num_classes"] = kw["num_classes"] or num_classes
+    return build_model(args.model, **kw)
+
+
+def cmd_info(args) -> dict:
+    import math
+
+    net = _build(args)
+    rows = []
+    for n in net.nodes:
+        in_shapes = [net.nodes[i].shape for i in n.inputs]
+        params = sum(math.prod(p.shape) for p in n.params.values() if p.trainable)
+        flops = n.layer.flops(in_shapes, n.shape) if n.layer else 0
+        rows.append({"name": n.name, "type": n.type_name, "output_shape": list(n.shape), "params": params,
+                     "flops": flops, "output_bytes": math.prod(n.shape) * n.dtype.itemsize})
+    weighted = sum(1 for n in net.layer_nodes if n.type_name in ("conv", "linear"))
+    out = {"model": args.model, "params": net.num_params(), "layers": len(net.layer_nodes),
+           "weighted_layers": weighted, "forward_flops": net.forward_flops(),
+           "input_shape": list(net.input_nodes[0].shape), "table": rows}
+    if not args.json:
+        print(f"{'name':<28} {'type':<13} {'output shape':<22} {'params':>12} {'FLOPs':>15} {'out bytes':>12}")
+        for r in rows:
+            print(f"{r['name'][:28]:<28} {r['type']:<13} {str(tuple(r['output_shape'])):<22} {r['params']:>12,} "
+                  f"{r['flops']:>15,} {format_bytes(r['output_bytes']):>12}")
+        print(f"\n{args.model}: {out['params']:,} parameters, {out['layers']} layers ({weighted} weighted), "
+              f"{out['forward_flops'] / 1e9:.2f} GFLOPs forward")
+    return out
+
+
+def _memory_json(plan) -> dict:
+    from .memory.report import memory_report
+
+    rep = memory_report(plan)
+    return {"policy": plan.policy, "peak_bytes": plan.peak_bytes, "min_budget_bytes": plan.min_budget_bytes,
+            "lower_bound_bytes": plan.lower_bound_bytes, "arena_bytes": plan.arena_bytes,
+            "by_role": rep.by_role, "peak_at": rep.peak_at, "binding_step": rep.binding_step, "fragmentation": rep.fragmentation,
+            "largest_at_peak": rep.to_json()["largest_at_peak"]}
+
+
+def cmd_plan(args) -> dict:
+    from .memory.policies import plan_network
+    from .memory.report import explain, memory_report, plot_timeline, write_trace
+    from .memory.simulate import simulate
+    from .optim import make_optimizer
+
+    t = time.perf_counter()
+    net = _build(args)
+    opt = make_optimizer(args.optimizer, 0.01)
+    plan = plan_network(net, opt, args.policy, args.budget, device=args.device)
+    sim = simulate(plan, args.device)
+    out = _memory_json(plan)
+    out.update({"model": args.model, "device": args.device, "est_step_time_s": sim.est_step_time_s,
+                "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
+                "steps": len(plan.route.steps)})
+    if args.plot:
+        plot_timeline(plan, args.plot, title=f"{args.model} ({args.policy})")
+        out["plot"] = args.plot
+    if args.trace:
+        write_trace(args.trace, plan)
+        out["trace"] = args.trace
+    if args.explain:
+        text = explain(plan)
+        out["explain"] = text
+        if not args.json:
+            print(text)
+    if not args.json:
+        print(memory_report(plan).format())
+        print(f"  estimated step time on {args.device}: {sim.est_step_time_s * 1e3:.1f} ms "
+              f"(planned in {out['planning_time_s']:.1f} s)")
+    return out
+
+
+def cmd_train(args) -> dict:
+    from .backend import get_backend
+    from .data import load_data
+    from .memory.report import plot_timeline, write_trace
+    from .optim import make_optimizer
+    from .session import Session
+
+    batch = args.batch or 32
+    args.batch = batch
+    image_shape = num_classes = None
+    if args.data != "synthetic":
+        train, heldout = load_data(args.data, seed=args.seed)
+        image_shape, num_classes = train.image_shape, train.num_classes
+        net = _build(args, image_shape, num_classes)
+    else:
+        net = _build(args)
+        shape = net.input_nodes[0].shape[1:]
+        k = net.logits_node.shape[1]
+        train, heldout = load_data("synthetic", seed=args.seed, image_shape=shape, num_classes=k,
+                                   num_samples=max(4 * batch, 256))
+    opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
+    sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
+                   backend=get_backend(args.backend), debug=args.debug, trace=bool(args.trace))
+    if args.resume:
+        sess.load(args.resume)
+    res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json)
+    out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps,
+           "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
+           "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak}
+    out.update(_memory_json(sess.plan))
+    if heldout is not None and len(heldout) >= batch:
+        _, acc = sess.evaluate(heldout)
+        out["accuracy"] = acc
+    if args.save:
+        out["saved"] = str(sess.save(args.save))
+    if args.plot:
+        plot_timeline(sess.plan, args.plot, title=f"{args.model} ({args.policy})")
+    if args.trace:
+        write_trace(args.trace, sess.plan, sess.executor.trace)
+    if not args.json:
+        print(sess.report().format())
+        line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms, "
+                f"{res.images_per_s:.1f} images/s")
+        if "accuracy" in out:
+            line += f", held-out accuracy {out['accuracy']:.2%}"
+        print(line)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        out = {"info": cmd_info, "plan": cmd_plan, "train": cmd_train}[args.cmd](args)
+    except (MinidlError, ValueError, FileNotFoundError) as e:
+        if getattr(args, "json", False):
+            err = {"error": type(e).__name__, "message": str(e)}
+            if getattr(e, "min_budget_bytes", None) is not None:
+                err["min_budget_bytes"] = e.min_budget_bytes
+            print(json.dumps(err))
+        else:
+            print(f"minidl: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, default=float))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

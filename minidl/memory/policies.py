@@ -1,0 +1,67 @@
+"""One entry point from (network, optimizer, policy, budget) to a plan, and the registry of policies.
+
+Every command and the trainer go through `plan_network`, so a policy registered here is available everywhere
+at once (CLI choices included). A policy is a function `(route, budget, device) -> Plan`; mechanisms that
+change where tensors live between uses (offload, recomputation) express their decisions as a `Schedule`
+handed to the planner's single placement pass, never as special cases in the executor.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..graph import Network
+from ..optim import Optimizer
+from ..route import Route
+from .plan import Plan
+from .planner import make_plan
+
+PolicyFn = Callable[[Route, "int | None", str], Plan]
+
+POLICY_REGISTRY: dict[str, PolicyFn] = {}
+POLICY_HELP: dict[str, str] = {}
+
+
+def register_policy(name: str, help: str):
+    def deco(fn: PolicyFn) -> PolicyFn:
+        POLICY_REGISTRY[name] = fn
+        POLICY_HELP[name] = help
+        return fn
+    return deco
+
+
+@register_policy("none", "every tensor allocated up front, never freed: the baseline")
+def _none(route: Route, budget: int | None, device: str) -> Plan:
+    return make_plan(route, "none", budget)
+
+
+@register_policy("liveness", "allocate each tensor just before its first use, free it right after its last")
+def _liveness(route: Route, budget: int | None, device: str) -> Plan:
+    return make_plan(route, "liveness", budget)
+
+
+def _load_mechanisms() -> None:
+    """Import the modules that register more policies (each registers itself on import)."""
+    import importlib
+
+    for mod in ("offload", "recompute", "auto"):
+        try:
+            importlib.import_module(f"{__package__}.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__package__}.{mod}":
+                raise
+
+
+def available_policies() -> tuple[str, ...]:
+    _load_mechanisms()
+    return tuple(POLICY_REGISTRY)
+
+
+def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
+                 budget: int | None = None, device: str = "cpu", training: bool = True) -> Plan:
+    """Plan `net` (with `optimizer`'s state) under `policy` and `budget` for `device` (a simulator profile)."""
+    _load_mechanisms()
+    if policy not in POLICY_REGISTRY:
+        raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICY_REGISTRY)}")
+    slots = tuple(optimizer.slots) if optimizer is not None else ()
+    route = net.route(training=training, optimizer_slots=slots)
+    return POLICY_REGISTRY[policy](route, budget, device)
