@@ -1,0 +1,257 @@
+// minidl CUDA kernels: element-wise ops, dropout, channel concat, LRN.
+//
+// Loaded at run time with cupy.RawModule (NVRTC), so this file is device code
+// only: no host code, no #include (NVRTC has no standard headers), every entry
+// point is `extern "C" __global__` so its symbol is not C++-mangled.
+//
+// Conventions shared by every minidl kernel file:
+//   * data is float32, labels are int64 (`long long`);
+//   * outputs come first in the argument list, then inputs, then sizes, then
+//     scalar hyper-parameters;
+//   * sizes are `long long` and every kernel uses a grid-stride loop, so any
+//     grid (see minidl/backend/kernel_specs.py: launch_config) covers any n;
+//   * n == 0 is legal and does nothing.
+//
+// The argument lists here are mirrored in minidl/backend/kernel_specs.py and
+// tests/backend/test_kernels.py checks that they agree.
+
+// Grid-stride loop over [0, n) with a 64-bit index.
+#define GRID_STRIDE_LOOP(i, n)                                                 \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
+         i < (n); i += (long long)blockDim.x * gridDim.x)
+
+// ---------------------------------------------------------------------------
+// Basic element-wise ops
+// ---------------------------------------------------------------------------
+
+// out = a + b                                         (torch.add, same shapes)
+// `out` may alias `a` or `b` (in-place add), hence no __restrict__.
+extern "C" __global__ void add_forward(float* out, const float* a,
+                                       const float* b, long long n)
+{
+    GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
+}
+
+// dst += src                     (Tensor.add_, used for gradient accumulation)
+extern "C" __global__ void accumulate(float* __restrict__ dst,
+                                      const float* __restrict__ src,
+                                      long long n)
+{
+    GRID_STRIDE_LOOP(i, n) { dst[i] += src[i]; }
+}
+
+// out = x * scale                                       (torch.mul by scalar)
+// `out` may alias `x` (in-place scaling): one thread reads then writes the
+// same element, so the pointers are deliberately not __restrict__.
+extern "C" __global__ void scale_copy(float* out, const float* x, long long n,
+                                      float scale)
+{
+    GRID_STRIDE_LOOP(i, n) { out[i] = x[i] * scale; }
+}
+
+// y = max(x, 0)                                                 (torch.relu)
+// Written as `x <= 0 ? 0 : x` so a NaN input stays NaN, like torch.relu.
+// `y` may alias `x` (in-place ReLU).
+extern "C" __global__ void relu_forward(float* y, const float* x, long long n)
+{
+    GRID_STRIDE_LOOP(i, n)
+    {
+        const float v = x[i];
+        y[i] = (v <= 0.0f) ? 0.0f : v;
+    }
+}
+
+// dx = dy where y > 0, else 0       (torch threshold_backward(dy, y, 0), the
+// autograd formula of relu, which is expressed on the OUTPUT y). Like PyTorch
+// it is written `y <= 0 ? 0 : dy`, so a NaN y passes dy through.
+// `dx` may alias `dy`.
+extern "C" __global__ void relu_backward(float* dx, const float* __restrict__ y,
+                                         const float* dy, long long n)
+{
+    GRID_STRIDE_LOOP(i, n) { dx[i] = (y[i] <= 0.0f) ? 0.0f : dy[i]; }
+}
+
+// ---------------------------------------------------------------------------
+// Dropout with a counter-based RNG (torch.nn.functional.dropout, training)
+//
+// The keep mask is a pure function of (key, element index), so the backward
+// pass replays it instead of storing it, and the numpy CPU backend computes
+// the very same mask (minidl/backend/kernel_specs.py: splitmix64,
+// dropout_keep_mask). For element i (0-based, uint64 arithmetic mod 2^64):
+//     z    = splitmix64(key + i)
+//     keep = (z >> 40) >= threshold24        (top 24 bits of z vs threshold)
+// with threshold24 = round(p * 2^24) (kernel_specs.dropout_threshold24), so
+// P(drop) = threshold24 / 2^24 ~= p; p = 0 keeps everything, p = 1 (threshold
+// 2^24) drops everything. Kept elements are multiplied by scale = 1 / (1 - p)
+// (the host passes any finite value when p = 1: nothing is kept).
+// ---------------------------------------------------------------------------
+
+// SplitMix64 finaliser (Steele, Lea & Flood 2014), all arithmetic wrapping.
+static __device__ __forceinline__ unsigned long long
+splitmix64(unsigned long long x)
+{
+    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static __device__ __forceinline__ bool
+dropout_keep(unsigned long long key, long long i, unsigned int threshold24)
+{
+    const unsigned long long z = splitmix64(key + (unsigned long long)i);
+    return (unsigned int)(z >> 40) >= threshold24;
+}
+
+// out = keep(i) ? x * scale : 0.   `out` may alias `x`.
+extern "C" __global__ void dropout_forward(float* out, const float* x,
+                                           long long n, unsigned long long key,
+                                           unsigned int threshold24,
+                                           float scale)
+{
+    GRID_STRIDE_LOOP(i, n)
+    {
+        out[i] = dropout_keep(key, i, threshold24) ? x[i] * scale : 0.0f;
+    }
+}
+
+// dx = keep(i) ? dy * scale : 0 (same key/threshold as the forward pass).
+// `dx` may alias `dy`.
+extern "C" __global__ void dropout_backward(float* dx, const float* dy,
+                                            long long n, unsigned long long key,
+                                            unsigned int threshold24,
+                                            float scale)
+{
+    GRID_STRIDE_LOOP(i, n)
+    {
+        dx[i] = dropout_keep(key, i, threshold24) ? dy[i] * scale : 0.0f;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Channel concatenation (torch.cat(dim=1)), one input at a time.
+//
+// x is (N, Ci, *spatial) and out is (N, Ctotal, *spatial), both contiguous;
+// `inner` = prod(spatial) (H*W for NCHW, 1 for (N, C) features). The input
+// occupies channels [c0, c0 + Ci) of the output.
+// ---------------------------------------------------------------------------
+
+// out[n, c0 + c, s] = x[n, c, s]          (the host calls it once per input)
+extern "C" __global__ void concat_copy_forward(float* __restrict__ out,
+                                               const float* __restrict__ x,
+                                               long long N, long long Ci,
+                                               long long inner,
+                                               long long Ctotal, long long c0)
+{
+    const long long per_sample = Ci * inner;
+    GRID_STRIDE_LOOP(i, N * per_sample)
+    {
+        const long long n = i / per_sample;
+        const long long r = i - n * per_sample;  // = c * inner + s
+        out[(n * Ctotal + c0) * inner + r] = x[i];
+    }
+}
+
+// dx[n, c, s] = dout[n, c0 + c, s]      (slice of the gradient; overwrites dx)
+extern "C" __global__ void concat_copy_backward(float* __restrict__ dx,
+                                                const float* __restrict__ dout,
+                                                long long N, long long Ci,
+                                                long long inner,
+                                                long long Ctotal, long long c0)
+{
+    const long long per_sample = Ci * inner;
+    GRID_STRIDE_LOOP(i, N * per_sample)
+    {
+        const long long n = i / per_sample;
+        const long long r = i - n * per_sample;
+        dx[i] = dout[(n * Ctotal + c0) * inner + r];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Local response normalisation across channels (torch.nn.LocalResponseNorm).
+//
+// x, y are (N, C, *spatial) contiguous, inner = prod(spatial). PyTorch pads
+// the channel axis with size/2 zeros in front and (size-1)/2 behind and
+// average-pools with a window of `size` (always dividing by `size`):
+//     S[c]   = sum_{j = c - size/2}^{c + (size-1)/2} x[j]^2   (x[j] = 0 outside)
+//     div[c] = (k + alpha * S[c] / size) ^ beta
+//     y[c]   = x[c] / div[c]
+// ---------------------------------------------------------------------------
+
+// S[c] / size for the channel window of channel c at (n, s); `base` points at
+// x[n, 0, s].
+static __device__ __forceinline__ float
+lrn_window_mean_sq(const float* __restrict__ base, long long c, long long C,
+                   long long inner, int size)
+{
+    long long lo = c - size / 2;
+    long long hi = c + (size - 1) / 2;  // inclusive
+    if (lo < 0) lo = 0;
+    if (hi > C - 1) hi = C - 1;
+    float s = 0.0f;
+    for (long long j = lo; j <= hi; ++j) {
+        const float v = base[j * inner];
+        s += v * v;
+    }
+    return s / (float)size;
+}
+
+// y = x / (k + alpha * mean_window(x^2)) ^ beta
+extern "C" __global__ void lrn_forward(float* __restrict__ y,
+                                       const float* __restrict__ x,
+                                       long long N, long long C,
+                                       long long inner, int size, float alpha,
+                                       float beta, float k)
+{
+    GRID_STRIDE_LOOP(i, N * C * inner)
+    {
+        const long long s = i % inner;
+        const long long c = (i / inner) % C;
+        const long long n = i / (C * inner);
+        const float* base = x + n * C * inner + s;
+        const float div =
+            powf(lrn_window_mean_sq(base, c, C, inner, size) * alpha + k, beta);
+        y[i] = x[i] / div;
+    }
+}
+
+// Gradient of LocalResponseNorm (autograd of the PyTorch formula above).
+// With d[c] = k + alpha/size * S[c] and y[c] = x[c] * d[c]^-beta:
+//     dx[i] = dy[i] * d[i]^-beta
+//             - 2 * alpha * beta / size * x[i] * sum_{c : i in win(c)} dy[c] * y[c] / d[c]
+// where i in win(c)  <=>  i - (size-1)/2 <= c <= i + size/2. d is recomputed
+// from x (O(size^2) reads per element, cached); y is the forward output.
+extern "C" __global__ void lrn_backward(float* __restrict__ dx,
+                                        const float* __restrict__ x,
+                                        const float* __restrict__ y,
+                                        const float* __restrict__ dy,
+                                        long long N, long long C,
+                                        long long inner, int size, float alpha,
+                                        float beta, float k)
+{
+    GRID_STRIDE_LOOP(i, N * C * inner)
+    {
+        const long long s = i % inner;
+        const long long c = (i / inner) % C;
+        const long long n = i / (C * inner);
+        const long long plane = n * C * inner + s;  // offset of [n, 0, s]
+        const float* xbase = x + plane;
+
+        const float d_self = lrn_window_mean_sq(xbase, c, C, inner, size) * alpha + k;
+        float grad = dy[i] * powf(d_self, -beta);
+
+        long long lo = c - (size - 1) / 2;
+        long long hi = c + size / 2;  // inclusive
+        if (lo < 0) lo = 0;
+        if (hi > C - 1) hi = C - 1;
+        float acc = 0.0f;
+        for (long long cc = lo; cc <= hi; ++cc) {
+            const float d = lrn_window_mean_sq(xbase, cc, C, inner, size) * alpha + k;
+            const long long o = plane + cc * inner;
+            acc += dy[o] * y[o] / d;
+        }
+        grad -= 2.0f * alpha * beta / (float)size * x[i] * acc;
+        dx[i] = grad;
+    }
+}

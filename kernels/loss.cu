@@ -1,0 +1,133 @@
+// minidl CUDA kernels: softmax cross-entropy loss.
+//
+// Mirrors torch.nn.functional.cross_entropy(logits, labels) for logits of
+// shape (N, K) (float32, contiguous) and class-index labels of shape (N,)
+// (int64), i.e. log_softmax followed by nll_loss, with reduction='none'
+// (softmax_xent_forward) or 'mean' (+ softmax_xent_mean).
+//
+// Loaded with cupy.RawModule (NVRTC): device code only, no #include, every
+// entry point `extern "C" __global__`. See elementwise.cu for the shared
+// conventions (outputs first, `long long` sizes, grid-stride loops).
+//
+// Launch: ONE BLOCK PER ROW. Blocks grid-stride over rows (row = blockIdx.x,
+// blockIdx.x + gridDim.x, ...), so any grid size is correct; the threads of a
+// block stride over the K classes of the row and combine through a shared-
+// memory tree reduction. blockDim.x may be any value in [1, 1024] (a power of
+// two, as kernel_specs.launch_config picks, is the efficient choice).
+//
+// Invalid labels: a label outside [0, K) (PyTorch would raise, and there is
+// no ignore_index here) makes that row's loss NaN and that row's gradient
+// NaN, so the error is visible in the mean loss instead of silently reading
+// out of bounds. NaN logits propagate to the row's loss/gradient as well.
+
+#define LOSS_MAX_THREADS 1024
+
+static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
+static __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
+
+// max that propagates NaN (fmaxf would drop it).
+static __device__ __forceinline__ float nan_max(float a, float b)
+{
+    return (a > b || a != a) ? a : b;
+}
+
+// Tree reduction over the block through `smem` (LOSS_MAX_THREADS floats).
+// Works for any blockDim.x <= LOSS_MAX_THREADS, power of two or not. Every
+// thread of the block must call it; every thread receives the result.
+template <bool IS_MAX>
+static __device__ float block_reduce(float v, float* smem)
+{
+    const unsigned int tid = threadIdx.x;
+    const unsigned int nt = blockDim.x;
+    smem[tid] = v;
+    __syncthreads();
+    unsigned int p = 1;  // smallest power of two >= nt
+    while (p < nt) p <<= 1;
+    for (unsigned int s = p >> 1; s > 0; s >>= 1) {
+        if (tid < s && tid + s < nt) {
+            smem[tid] = IS_MAX ? nan_max(smem[tid], smem[tid + s])
+                               : smem[tid] + smem[tid + s];
+        }
+        __syncthreads();
+    }
+    const float r = smem[0];
+    __syncthreads();  // smem is reused by the caller's next reduction
+    return r;
+}
+
+// Row statistics of log_softmax: m = max_j x[j], log_s = log sum_j exp(x[j] - m).
+static __device__ void row_logsumexp(const float* xr, long long K, float* smem,
+                                     float* m_out, float* log_s_out)
+{
+    float m = neg_inf_f();
+    for (long long j = threadIdx.x; j < K; j += blockDim.x) m = nan_max(m, xr[j]);
+    m = block_reduce<true>(m, smem);
+
+    float s = 0.0f;
+    for (long long j = threadIdx.x; j < K; j += blockDim.x) s += expf(xr[j] - m);
+    s = block_reduce<false>(s, smem);
+
+    *m_out = m;
+    *log_s_out = logf(s);
+}
+
+// loss[r] = -log_softmax(logits[r])[labels[r]]
+//         = log(sum_j exp(x_j - m)) - (x_label - m),  m = max_j x_j
+// (F.cross_entropy(..., reduction='none')). NaN for an invalid label.
+extern "C" __global__ void softmax_xent_forward(float* __restrict__ loss,
+                                                const float* __restrict__ logits,
+                                                const long long* __restrict__ labels,
+                                                long long N, long long K)
+{
+    __shared__ float smem[LOSS_MAX_THREADS];
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const float* xr = logits + row * K;
+        float m, log_s;
+        row_logsumexp(xr, K, smem, &m, &log_s);
+        if (threadIdx.x == 0) {
+            const long long t = labels[row];
+            loss[row] = (t >= 0 && t < K) ? log_s - (xr[t] - m) : nan_f();
+        }
+    }
+}
+
+// out[0] = mean(loss[0:N])            (reduction='mean'; NaN when N == 0, as
+// torch's mean of an empty tensor). Single block: launch with grid (1,);
+// extra blocks return immediately. Any blockDim.x <= 1024.
+extern "C" __global__ void softmax_xent_mean(float* __restrict__ out,
+                                             const float* __restrict__ loss,
+                                             long long N)
+{
+    __shared__ float smem[LOSS_MAX_THREADS];
+    if (blockIdx.x != 0) return;
+    float s = 0.0f;
+    for (long long i = threadIdx.x; i < N; i += blockDim.x) s += loss[i];
+    s = block_reduce<false>(s, smem);
+    if (threadIdx.x == 0) out[0] = s / (float)N;
+}
+
+// dlogits[r, j] = (softmax(logits[r])[j] - (j == labels[r])) * scale
+// Backward of F.cross_entropy; scale = dloss / N for reduction='mean'
+// (dloss for 'sum'). softmax is computed as exp(x - m - log_s), like
+// PyTorch's log_softmax backward. A row with an invalid label gets NaN.
+// `dlogits` may alias `logits` (the row is fully read before it is written).
+extern "C" __global__ void softmax_xent_backward(float* dlogits,
+                                                 const float* logits,
+                                                 const long long* __restrict__ labels,
+                                                 long long N, long long K,
+                                                 float scale)
+{
+    __shared__ float smem[LOSS_MAX_THREADS];
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const float* xr = logits + row * K;
+        float* dr = dlogits + row * K;
+        float m, log_s;
+        row_logsumexp(xr, K, smem, &m, &log_s);
+        const long long t = labels[row];
+        const bool valid = (t >= 0 && t < K);
+        for (long long j = threadIdx.x; j < K; j += blockDim.x) {
+            const float p = expf((xr[j] - m) - log_s);
+            dr[j] = valid ? (p - (j == t ? 1.0f : 0.0f)) * scale : nan_f();
+        }
+    }
+}

@@ -1,0 +1,467 @@
+"""Host-side tests of the CUDA kernel sources and their Python description.
+
+No GPU is needed:
+  (a) every ``kernels/*.cu`` compiles with nvcc for sm_75 and sm_90 with all
+      warnings as errors (skipped, with the reason, when nvcc is absent);
+  (b) every kernel of ``minidl.backend.kernel_specs.KERNELS`` is an
+      ``extern "C" __global__`` function of its file with exactly the
+      registered parameters, both in the source text and in the PTX nvcc
+      emits (unmangled ``.entry`` with matching parameter widths), and every
+      entry point of the files is registered;
+  (c) ``launch_config`` (pure host arithmetic);
+  (d) the numpy reference of the dropout RNG (splitmix64) against pure-Python
+      64-bit integer arithmetic, plus mask statistics and determinism.
+The kernels' numerics are exercised on a GPU by the CUDA backend's tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KERNEL_SRC_DIR = REPO / "kernels"
+CU_FILES = sorted(p.name for p in KERNEL_SRC_DIR.glob("*.cu"))
+ARCHS = ("sm_75", "sm_90")  # CUDA 13 dropped sm_70; sm_75 is the oldest target
+MASK64 = (1 << 64) - 1
+
+
+def _load_kernel_specs():
+    """Import minidl.backend.kernel_specs; if the package's __init__ cannot be
+    imported right now, load the (self-contained) module from its file."""
+    try:
+        return importlib.import_module("minidl.backend.kernel_specs")
+    except Exception:  # e.g. another part of the package is mid-edit
+        path = REPO / "minidl" / "backend" / "kernel_specs.py"
+        name = "_minidl_kernel_specs_standalone"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+
+
+ks = _load_kernel_specs()
+
+
+# ---------------------------------------------------------------------------
+# Source parsing helpers
+# ---------------------------------------------------------------------------
+
+
+def _strip_comments(src: str) -> str:
+    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
+    return re.sub(r"//[^\n]*", "", src)
+
+
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+
+
+def _normalize_param(param: str) -> tuple[str, str]:
+    """``"const float* __restrict__ x"`` -> ``("x", "const float*")``."""
+    p = " ".join(param.replace("__restrict__", " ").split())
+    m = re.fullmatch(r"(.*?)\s*(\w+)", p)
+    assert m, f"cannot parse parameter {param!r}"
+    ctype = re.sub(r"\s*\*", "*", m.group(1).strip())
+    return m.group(2), ctype
+
+
+def _source_kernels(file: str) -> dict[str, list[tuple[str, str]]]:
+    """name -> [(param name, C type), ...] for every extern "C" kernel."""
+    src = _strip_comments((KERNEL_SRC_DIR / file).read_text())
+    out = {}
+    for name, params in _KERNEL_RE.findall(src):
+        assert name not in out, f"{file}: kernel {name} defined twice"
+        params = params.strip()
+        out[name] = [] if params in ("", "void") else [
+            _normalize_param(p) for p in params.split(",")]
+    return out
+
+
+def _top_level_function_heads(src: str) -> list[str]:
+    """Declaration text in front of every top-level ``{`` that opens a
+    function body (preprocessor lines and comments removed)."""
+    src = "\n".join(l for l in _strip_comments(src).splitlines()
+                    if not l.lstrip().startswith("#"))
+    heads, depth, start = [], 0, 0
+    for i, ch in enumerate(src):
+        if ch == "{":
+            if depth == 0:
+                head = " ".join(src[start:i].split())
+                if "(" in head:  # a function, not a struct
+                    heads.append(head)
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                start = i + 1
+        elif ch == ";" and depth == 0:
+            start = i + 1
+    return heads
+
+
+# PTX width of each C parameter type of the registry.
+_PTX_PARAM_TYPE = {
+    "float": "f32", "double": "f64",
+    "int": "u32", "unsigned int": "u32",
+    "long long": "u64", "unsigned long long": "u64",
+}
+
+
+def _ptx_param_type(ctype: str) -> str:
+    return "u64" if ctype.endswith("*") else _PTX_PARAM_TYPE[ctype]
+
+
+def _ptx_entries(ptx: str) -> dict[str, list[str]]:
+    """entry name -> list of PTX parameter types, from ``.visible .entry``."""
+    out = {}
+    for name, params in re.findall(r"\.visible\s+\.entry\s+(\w+)\s*\(([^)]*)\)", ptx):
+        out[name] = re.findall(r"\.param\s+\.(\w+)", params)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (a) nvcc compilation, once per session
+# ---------------------------------------------------------------------------
+
+
+def _find_nvcc() -> str | None:
+    for cand in (shutil.which("nvcc"), os.environ.get("CUDA_HOME") and
+                 os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"),
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xcompiler", "-Wall"]
+
+
+@pytest.fixture(scope="module")
+def nvcc_results():
+    """Compile every kernels/*.cu to a cubin for each arch, and to PTX for
+    sm_75, in parallel. -> {(file, target): CompletedProcess (+ .ptx)}."""
+    nvcc = _find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): "
+                    "cannot compile the CUDA kernels on this machine")
+    tmp = tempfile.mkdtemp(prefix="minidl_kernels_")
+    jobs = {}
+    for f in CU_FILES:
+        stem = f[:-3]
+        for arch in ARCHS:
+            jobs[(f, arch)] = [nvcc, f"-arch={arch}", "-cubin", *NVCC_WARNING_FLAGS,
+                               "-o", os.path.join(tmp, f"{stem}.{arch}.cubin"),
+                               str(KERNEL_SRC_DIR / f)]
+        jobs[(f, "ptx")] = [nvcc, "-arch=sm_75", "-ptx", *NVCC_WARNING_FLAGS,
+                            "-o", os.path.join(tmp, f"{stem}.ptx"), str(KERNEL_SRC_DIR / f)]
+
+    def run(cmd):
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        futures = {k: pool.submit(run, cmd) for k, cmd in jobs.items()}
+        results = {k: fut.result() for k, fut in futures.items()}
+    for f in CU_FILES:
+        ptx_path = Path(tmp, f"{f[:-3]}.ptx")
+        results[(f, "ptx")].ptx = ptx_path.read_text() if ptx_path.exists() else ""
+    yield results
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_kernel_sources_exist():
+    assert CU_FILES, f"no .cu files in {KERNEL_SRC_DIR}"
+    assert set(ks.kernel_files()) <= set(CU_FILES)
+    assert ks.KERNEL_DIR.resolve() == KERNEL_SRC_DIR.resolve()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("file", CU_FILES)
+def test_compiles_without_warnings(nvcc_results, file, arch):
+    r = nvcc_results[(file, arch)]
+    log = (r.stdout + r.stderr).strip()
+    assert r.returncode == 0, f"nvcc -arch={arch} {file} failed:\n{log}"
+    assert "warning" not in log.lower(), f"nvcc -arch={arch} {file} warned:\n{log}"
+
+
+# ---------------------------------------------------------------------------
+# (b) symbols and signatures
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ks.KERNELS))
+def test_spec_matches_source(name):
+    spec = ks.KERNELS[name]
+    found = _source_kernels(spec.file)
+    assert name in found, f'{spec.file} has no extern "C" __global__ void {name}(...)'
+    src_params = found[name]
+    assert len(src_params) == spec.nargs, (
+        f"{name}: {len(src_params)} parameters in {spec.file}, {spec.nargs} in kernel_specs")
+    assert src_params == [(a.name, a.ctype) for a in spec.args]
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_every_source_kernel_is_registered(file):
+    registered = {s.name for s in ks.kernels_in_file(file)}
+    assert set(_source_kernels(file)) == registered
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_every_global_is_extern_c(file):
+    src = _strip_comments((KERNEL_SRC_DIR / file).read_text())
+    n_global = len(re.findall(r"\b__global__\b", src))
+    assert n_global == len(_source_kernels(file)), (
+        f'{file}: every __global__ must be written `extern "C" __global__ void name(...)`')
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_source_is_device_only_and_nvrtc_friendly(file):
+    """cupy.RawModule compiles with NVRTC: no standard headers, so no
+    #include and no header-only macros/typedefs; and no host code."""
+    src = _strip_comments((KERNEL_SRC_DIR / file).read_text())
+    assert not re.search(r"^\s*#\s*include", src, re.M), f"{file}: #include"
+    banned = re.findall(r"\b(INFINITY|NAN|FLT_MAX|FLT_MIN|HUGE_VALF|u?int(?:8|16|32|64)_t"
+                        r"|std::\w+|printf|__host__|main)\b", src)
+    assert not banned, f"{file}: not available under NVRTC / host code: {sorted(set(banned))}"
+    for head in _top_level_function_heads(src):
+        assert "__global__" in head or "__device__" in head, (
+            f"{file}: host function (neither __global__ nor __device__): {head}")
+
+
+def test_ptx_entries_match_specs(nvcc_results):
+    """The compiled module exports every registered kernel under its plain
+    (unmangled) name with parameters of the registered widths, and nothing
+    else."""
+    for file in CU_FILES:
+        r = nvcc_results[(file, "ptx")]
+        assert r.returncode == 0, f"nvcc -ptx {file} failed:\n{r.stderr}"
+        entries = _ptx_entries(r.ptx)
+        specs = ks.kernels_in_file(file)
+        assert set(entries) == {s.name for s in specs}, f"{file}: PTX entries {sorted(entries)}"
+        for s in specs:
+            assert len(entries[s.name]) == s.nargs, f"{s.name}: PTX has {len(entries[s.name])} params"
+            assert entries[s.name] == [_ptx_param_type(a.ctype) for a in s.args], s.name
+
+
+def test_registry_shape():
+    assert len(ks.KERNELS) >= 20
+    for name, s in ks.KERNELS.items():
+        assert s.name == name and s.file in CU_FILES and s.launch in ks.LAUNCH_KINDS
+        assert len(set(s.arg_names)) == s.nargs, f"{name}: duplicate argument names"
+        for a in s.args:
+            if not a.is_pointer:
+                ks.scalar_type(a.ctype)  # every scalar type has a numpy twin
+        assert s.args[0].is_pointer and not s.args[0].ctype.startswith("const"), (
+            f"{name}: the output comes first")
+    expected = {
+        "loss.cu": {"softmax_xent_forward", "softmax_xent_mean", "softmax_xent_backward"},
+        "optim.cu": {"sgd_update", "adam_update"},
+        "pool.cu": {"maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward",
+                    "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward"},
+        "elementwise.cu": {"add_forward", "accumulate", "scale_copy", "relu_forward",
+                           "relu_backward", "dropout_forward", "dropout_backward",
+                           "concat_copy_forward", "concat_copy_backward", "lrn_forward",
+                           "lrn_backward"},
+    }
+    for file, names in expected.items():
+        assert {s.name for s in ks.kernels_in_file(file)} == names
+    assert ks.source_path("sgd_update") == ks.KERNEL_DIR / "optim.cu"
+
+
+def test_coerce_scalars():
+    args = ks.coerce_scalars("dropout_forward", ["out", "x", 10, -1, 5, 2.0])
+    assert args[:2] == ("out", "x")
+    assert type(args[2]) is np.int64 and args[2] == 10
+    assert type(args[3]) is np.uint64 and int(args[3]) == MASK64  # key wraps mod 2**64
+    assert type(args[4]) is np.uint32 and type(args[5]) is np.float32
+    args = ks.coerce_scalars("adam_update", [None] * 4 + [7, 1e-3, 0.9, 0.999, 1e-8, 0.0, 3])
+    assert [type(a) for a in args[4:]] == [np.int64] + [np.float64] * 5 + [np.int32]
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        ks.coerce_scalars("add_forward", [1, 2, 3])
+
+
+# ---------------------------------------------------------------------------
+# (c) launch_config
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 17, 255, 256])
+def test_launch_small_n_is_one_block(n):
+    assert ks.launch_config("add_forward", n) == ((1, 1, 1), (256, 1, 1))
+
+
+def test_launch_grid_stride_sizes():
+    assert ks.launch_config("add_forward", 257) == ((2, 1, 1), (256, 1, 1))
+    assert ks.launch_config("relu_forward", 256 * 1000) == ((1000, 1, 1), (256, 1, 1))
+    # a shape is flattened
+    assert ks.launch_config("relu_forward", (8, 64, 32, 32)) == ((2048, 1, 1), (256, 1, 1))
+
+
+def test_launch_huge_n_is_capped():
+    cap = 132 * 32
+    assert ks.launch_config("add_forward", 10**12) == ((cap, 1, 1), (256, 1, 1))
+    assert ks.launch_config("add_forward", 2**40, sm_count=80) == ((80 * 32, 1, 1), (256, 1, 1))
+    assert ks.launch_config("add_forward", 256 * cap) == ((cap, 1, 1), (256, 1, 1))
+    assert ks.launch_config("add_forward", 256 * cap + 1) == ((cap, 1, 1), (256, 1, 1))
+
+
+def test_launch_respects_device_max_threads():
+    grid, block = ks.launch_config("scale_copy", 1000, device_max_threads=128)
+    assert block == (128, 1, 1) and grid == (8, 1, 1)
+
+
+@pytest.mark.parametrize("k, threads", [(1, 1), (2, 2), (10, 16), (100, 128), (1000, 1024),
+                                        (1024, 1024), (1025, 1024), (50000, 1024)])
+def test_launch_loss_one_block_per_row(k, threads):
+    for name in ("softmax_xent_forward", "softmax_xent_backward"):
+        assert ks.launch_config(name, (64, k)) == ((64, 1, 1), (threads, 1, 1))
+
+
+def test_launch_loss_edge_cases():
+    # many rows: still one block per row (not capped at sm_count * 32)
+    assert ks.launch_config("softmax_xent_forward", (100000, 10)) == ((100000, 1, 1), (16, 1, 1))
+    # grid.x limit: the kernel grid-strides over the remaining rows
+    assert ks.launch_config("softmax_xent_forward", (2**40, 10))[0] == (2**31 - 1, 1, 1)
+    assert ks.launch_config("softmax_xent_forward", (0, 10))[0] == (1, 1, 1)
+    assert ks.launch_config("softmax_xent_forward", (8, 1000), device_max_threads=512)[1] == (512, 1, 1)
+    with pytest.raises(TypeError):
+        ks.launch_config("softmax_xent_forward", 64)  # needs (N, K)
+    assert ks.launch_config("softmax_xent_mean", 1000) == ((1, 1, 1), (256, 1, 1))
+    assert ks.launch_config("softmax_xent_mean", 5) == ((1, 1, 1), (8, 1, 1))
+
+
+def test_launch_warp_per_row():
+    # 8 warps (rows) per 256-thread block
+    assert ks.launch_config("global_avgpool_forward", (64 * 512, 49)) == ((4096, 1, 1), (256, 1, 1))
+    assert ks.launch_config("global_avgpool_forward", (3, 49)) == ((1, 1, 1), (256, 1, 1))
+    assert ks.launch_config("global_avgpool_forward", 10**9)[0] == (132 * 32, 1, 1)
+    grid, block = ks.launch_config("global_avgpool_forward", 100, device_max_threads=100)
+    assert block[0] % 32 == 0 and block[0] <= 100
+
+
+@pytest.mark.parametrize("name", sorted(ks.KERNELS))
+def test_launch_config_valid_for_every_kernel(name):
+    shape = (37, 1000) if ks.KERNELS[name].launch in ("row", "warp_row") else 123457
+    grid, block = ks.launch_config(name, shape)
+    assert len(grid) == 3 and len(block) == 3
+    assert 1 <= grid[0] <= 2**31 - 1 and grid[1:] == (1, 1)
+    assert 1 <= block[0] <= 1024 and block[1:] == (1, 1)
+
+
+# ---------------------------------------------------------------------------
+# (d) counter-based dropout RNG reference
+# ---------------------------------------------------------------------------
+
+
+def _py_splitmix64(x: int) -> int:
+    """SplitMix64 finaliser with Python ints, reduced mod 2**64 by hand."""
+    z = (x + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+SPLITMIX_INPUTS = [0, 1, 2, 3, 42, 0xDEADBEEF, 0x9E3779B97F4A7C15, 1 << 63,
+                   (1 << 64) - 0x9E3779B97F4A7C15, MASK64 - 1, MASK64,
+                   12345678901234567890]
+
+
+def test_splitmix64_published_value():
+    # First output of the reference SplitMix64 generator seeded with 0.
+    assert _py_splitmix64(0) == 0xE220A8397B1DCDAF
+    assert int(ks.splitmix64(np.uint64(0))) == 0xE220A8397B1DCDAF
+
+
+def test_splitmix64_matches_python_ints():
+    x = np.array(SPLITMIX_INPUTS, dtype=np.uint64)
+    x_before = x.copy()
+    z = ks.splitmix64(x)
+    assert z.dtype == np.uint64 and z.shape == x.shape
+    assert [int(v) for v in z] == [_py_splitmix64(v) for v in SPLITMIX_INPUTS]
+    assert np.array_equal(x, x_before), "input must not be modified"
+    # any shape, and 0-d
+    z2 = ks.splitmix64(x[:10].reshape(2, 5))
+    assert z2.shape == (2, 5) and np.array_equal(z2.ravel(), z[:10])
+    assert ks.splitmix64(np.uint64(42)).shape == ()
+    assert int(ks.splitmix64(np.uint64(42))) == _py_splitmix64(42)
+
+
+def test_splitmix64_constants_match_cuda_source():
+    src = (KERNEL_SRC_DIR / "elementwise.cu").read_text()
+    for const in ("0x9E3779B97F4A7C15ULL", "0xBF58476D1CE4E5B9ULL", "0x94D049BB133111EBULL",
+                  "z >> 30", "z >> 27", "z >> 31", "z >> 40"):
+        assert const in src, const
+
+
+def test_dropout_threshold24():
+    assert ks.dropout_threshold24(0.0) == 0
+    assert ks.dropout_threshold24(1.0) == 1 << 24
+    assert ks.dropout_threshold24(0.5) == 1 << 23
+    assert ks.dropout_threshold24(0.1) == round(0.1 * 2**24) == 1677722
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            ks.dropout_threshold24(bad)
+    assert ks.dropout_scale(0.5) == 2.0 and ks.dropout_scale(0.0) == 1.0
+
+
+@pytest.mark.parametrize("key, p", [(0, 0.5), (123456789, 0.1), (MASK64 - 3, 0.5),
+                                    ((1 << 63) + 5, 0.9)])
+def test_dropout_mask_matches_python_ints(key, p):
+    n = 16  # key near 2**64 checks that key + i wraps
+    thr = ks.dropout_threshold24(p)
+    expected = [(_py_splitmix64((key + i) & MASK64) >> 40) >= thr for i in range(n)]
+    mask = ks.dropout_keep_mask(key, n, p)
+    assert mask.dtype == np.bool_ and mask.shape == (n,)
+    assert mask.tolist() == expected
+
+
+@pytest.mark.parametrize("p", [0.1, 0.25, 0.5, 0.8])
+def test_dropout_mask_statistics(p):
+    n = 100_000
+    mask = ks.dropout_keep_mask(2024 + int(p * 100), n, p)
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(mask.mean() - (1 - p)) < 6 * sigma
+    # no obvious structure: halves and even/odd positions agree too
+    for part in (mask[: n // 2], mask[n // 2:], mask[0::2], mask[1::2]):
+        assert abs(part.mean() - (1 - p)) < 6 * sigma * math.sqrt(2)
+
+
+def test_dropout_mask_extremes():
+    assert ks.dropout_keep_mask(7, 1000, 0.0).all()
+    assert not ks.dropout_keep_mask(7, 1000, 1.0).any()
+    assert ks.dropout_keep_mask(7, 0, 0.5).shape == (0,)
+    with pytest.raises(ValueError):
+        ks.dropout_keep_mask(7, -1, 0.5)
+
+
+def test_dropout_mask_determinism():
+    a = ks.dropout_keep_mask(99, 5000, 0.5)
+    b = ks.dropout_keep_mask(99, 5000, 0.5)
+    assert np.array_equal(a, b)
+    # a prefix does not depend on n, and key + offset shifts the stream
+    assert np.array_equal(ks.dropout_keep_mask(99, 1234, 0.5), a[:1234])
+    assert np.array_equal(ks.dropout_keep_mask(99 + 1000, 4000, 0.5), a[1000:])
+    # a different key gives a different mask (~half the positions differ)
+    c = ks.dropout_keep_mask(100_000, 5000, 0.5)
+    assert 0.4 < (a != c).mean() < 0.6
+
+
+def test_dropout_mask_across_chunks():
+    n = (1 << 20) + 37  # crosses the internal chunk boundary
+    key = MASK64 - (1 << 20)  # and wraps past 2**64 in the second chunk
+    mask = ks.dropout_keep_mask(key, n, 0.3)
+    thr = ks.dropout_threshold24(0.3)
+    for i in list(range(0, 5)) + list(range((1 << 20) - 3, n)):
+        assert mask[i] == ((_py_splitmix64((key + i) & MASK64) >> 40) >= thr), i
