@@ -1,0 +1,544 @@
+"""The unified tensor pool: one preallocated device arena, carved up by a best-fit allocator.
+
+Why one arena? Asking the device allocator (cudaMalloc, or numpy here) for every tensor is slow, and - more
+important for a framework that *promises* a memory budget - it hides how much memory is really used. Like
+SuperNeurons' unified tensor pool, minidl grabs `budget` bytes once, up front, and places every tensor
+inside that arena itself. A plan that fits the pool fits the device; nothing else allocates behind our back.
+
+The pool deals in byte *offsets* only. What sits behind the offsets (a numpy buffer on the CPU, a device
+buffer on a GPU, or nothing at all when we only simulate a plan) is injected as a `backing`, so the same
+allocator serves the planner (shapes only), the tests (fake addresses) and the executor (real bytes).
+
+Concepts, briefly:
+
+* **Alignment.** Every block size is rounded up to `ALIGNMENT` (512) bytes and every block starts at a
+  multiple of it. Kernels want their inputs aligned (vector loads, cuDNN), and a coarse granularity keeps
+  the number of distinct hole sizes small, which makes holes more reusable. The cost is internal waste: a
+  1-byte tensor takes 512 bytes. A zero-byte request is rounded up to one full 512-byte block too: that way
+  every live block has a distinct start offset, so `free(offset)` can never be ambiguous.
+
+* **Best fit.** The free blocks are indexed in a list sorted by (size, offset). To serve a request of n
+  bytes, one binary search finds the *smallest* free block that is at least n bytes; ties go to the lowest
+  offset, which makes the allocator fully deterministic (same requests, same offsets - plans can be
+  replayed). Best fit leaves big holes intact for big tensors instead of nibbling at them, as first fit
+  would. The chosen block is split: the front part is handed out, the rest stays free.
+
+* **Coalescing.** All blocks, free or live, form a doubly linked list in address order that tiles the
+  arena exactly. When a block is freed, its neighbours are one pointer away, and a free neighbour on either
+  side is merged into it in O(1). Hence two free blocks are never adjacent, and freeing everything leaves
+  exactly one free block spanning the whole arena.
+
+* **Fragmentation.** Memory can be free yet unusable: 10 MiB free as ten 1 MiB holes cannot hold one 2 MiB
+  tensor. We measure it as `1 - largest_free_block / free_bytes`: 0 when all free memory is one hole, close
+  to 1 when it is shattered into many small ones. An out-of-memory error reports both numbers, so one can
+  tell "the budget is too small" from "the budget is fragmented".
+
+Planners can also compute offsets ahead of time and have the executor claim exactly those ranges with
+`alloc_at`, which fails loudly if the range is not free - a cheap check that the plan and reality agree.
+
+The pool is not thread safe; the executor drives it from one thread.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Hashable, Iterator, Protocol
+
+import numpy as np
+
+from minidl.errors import MinidlError
+
+__all__ = [
+    "ALIGNMENT", "ARENA_ALIGNMENT", "Block", "FreeBlock", "LiveBlock", "NumpyArenaBacking", "PoolOutOfMemory",
+    "PoolStats", "TensorPool", "align_up", "format_bytes", "parse_size",
+]
+
+ALIGNMENT = 512
+"""Granularity of the pool: every block size is a multiple of it and every block starts on a multiple of it."""
+
+ARENA_ALIGNMENT = 64
+"""Alignment of the arena's base address (a cache line; enough for any SIMD load numpy may use)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sizes for humans
+# ---------------------------------------------------------------------------------------------------------
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+_UNIT_FACTORS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+_SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[a-zA-Z]*)\s*$")
+
+
+def format_bytes(n: int) -> str:
+    """A byte count in binary units with two decimals: 1572864 -> "1.50 MiB", 512 -> "512 B".
+
+    Binary units (powers of 1024) because that is how memory is built and how `nvidia-smi` reports it.
+    """
+    n = int(n)
+    sign = "-" if n < 0 else ""
+    m = abs(n)
+    if m < 1024:
+        return f"{sign}{m} B"
+    value = float(m)
+    unit = "B"
+    for unit in _BINARY_UNITS[1:]:
+        value /= 1024.0
+        if round(value, 2) < 1024.0 or unit == _BINARY_UNITS[-1]:  # never "1024.00 KiB"
+            break
+    return f"{sign}{value:.2f} {unit}"
+
+
+def _bytes_both(n: int) -> str:
+    """"1.50 MiB (1572864 bytes)": human units for reading, exact bytes for grepping and arithmetic."""
+    return f"{format_bytes(n)} ({n} bytes)"
+
+
+def parse_size(s: str | int) -> int:
+    """Parse a memory size such as "512MiB", "12GB", "1.5 GiB", "64KiB", "100kB" or "1024" into bytes.
+
+    Units are case-insensitive: B, KB, MB, GB, TB are decimal (10^3, 10^6, ...: what disk and cloud vendors
+    mean), KiB, MiB, GiB, TiB are binary (2^10, 2^20, ...: what memory is built in). No unit means bytes.
+    "mb" is read as megabytes, never megabits. Fractions are computed exactly (no float rounding), and the
+    result must be a whole number of bytes: "1.5 GiB" is fine, "1.5 B" is not. A plain non-negative int is
+    returned unchanged, so a budget can be given either way.
+    """
+    if isinstance(s, bool):
+        raise ValueError(f"not a memory size: {s!r}")
+    if isinstance(s, int):
+        if s < 0:
+            raise ValueError(f"a memory size cannot be negative, got {s}")
+        return s
+    if not isinstance(s, str):
+        raise ValueError(f"not a memory size: {s!r} (expected a string such as '512MiB' or an int)")
+    m = _SIZE_RE.match(s)
+    if m is None:
+        raise ValueError(
+            f"cannot parse memory size {s!r}: expected a non-negative number and an optional unit, "
+            f"e.g. '1024', '64KiB', '1.5 GiB', '12GB'")
+    unit = m.group("unit").lower()
+    if unit not in _UNIT_FACTORS:
+        raise ValueError(
+            f"unknown unit {m.group('unit')!r} in memory size {s!r}: use B, KB, MB, GB, TB (powers of 1000) "
+            f"or KiB, MiB, GiB, TiB (powers of 1024)")
+    exact = Fraction(m.group("num")) * _UNIT_FACTORS[unit]
+    if exact.denominator != 1:
+        raise ValueError(f"memory size {s!r} is not a whole number of bytes ({float(exact)} bytes)")
+    return int(exact)
+
+
+def align_up(nbytes: int, alignment: int = ALIGNMENT) -> int:
+    """The size the pool really reserves for a request of `nbytes`: rounded up to `alignment`, at least one
+    unit (so that a zero-byte tensor still owns a distinct offset). Planners use it to size their plans
+    exactly like the pool will."""
+    if nbytes < 0:
+        raise ValueError(f"cannot allocate a negative number of bytes ({nbytes})")
+    return max(alignment, -(-nbytes // alignment) * alignment)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Backing memory
+# ---------------------------------------------------------------------------------------------------------
+
+class ArenaBacking(Protocol):
+    """Whatever provides the arena's real memory. The pool calls `allocate` exactly once."""
+
+    def allocate(self, nbytes: int) -> Any: ...
+
+
+class NumpyArenaBacking:
+    """Host memory for the CPU backend: a numpy uint8 buffer whose base address is 64-byte aligned.
+
+    numpy only promises its default (16-byte) alignment, so we over-allocate by `ARENA_ALIGNMENT` bytes and
+    slice from the first aligned address. Since every block offset is a multiple of 512, every tensor view
+    is then 64-byte aligned too.
+    """
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        raw = np.empty(nbytes + ARENA_ALIGNMENT, dtype=np.uint8)
+        pad = (-raw.ctypes.data) % ARENA_ALIGNMENT
+        arena = raw[pad:pad + nbytes]
+        assert arena.ctypes.data % ARENA_ALIGNMENT == 0
+        return arena
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """One contiguous range of the arena, free or live. Blocks tile the arena in address order.
+
+    `prev`/`next` link address neighbours so coalescing is O(1); they are left out of repr and equality,
+    which would otherwise walk the whole chain.
+    """
+
+    offset: int
+    size: int
+    free: bool
+    tag: Hashable | None = None
+    prev: Block | None = field(default=None, repr=False)
+    next: Block | None = field(default=None, repr=False)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(slots=True, frozen=True)
+class LiveBlock:
+    """An allocated block as reports see it. Unpacks as `offset, size, tag`."""
+
+    offset: int
+    size: int
+    tag: Hashable | None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.offset, self.size, self.tag))
+
+
+@dataclass(slots=True, frozen=True)
+class FreeBlock:
+    """A free hole of the arena. Unpacks as `offset, size`."""
+
+    offset: int
+    size: int
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.offset, self.size))
+
+
+@dataclass(slots=True, frozen=True)
+class PoolStats:
+    """A snapshot of the pool, for reports and logs. Sizes in bytes."""
+
+    budget: int                 # what was asked for at construction
+    capacity: int               # usable bytes: budget rounded down to ALIGNMENT
+    in_use: int                 # bytes held by live blocks (rounded sizes)
+    peak: int                   # max in_use since construction or the last reset_peak()
+    free_bytes: int             # capacity - in_use
+    largest_free_block: int     # the biggest request that can succeed right now
+    fragmentation: float        # 1 - largest_free_block / free_bytes (0 when nothing is free)
+    live_blocks: int            # number of live blocks
+    free_blocks: int            # number of free holes
+    allocs: int                 # successful alloc/alloc_at calls
+    frees: int                  # successful free calls
+    failed_allocs: int          # alloc calls that raised PoolOutOfMemory
+
+    def __str__(self) -> str:
+        return (f"pool: {format_bytes(self.in_use)} in use of {format_bytes(self.capacity)} "
+                f"(peak {format_bytes(self.peak)}), {self.live_blocks} live / {self.free_blocks} free blocks, "
+                f"largest free {format_bytes(self.largest_free_block)}, "
+                f"fragmentation {self.fragmentation:.1%}")
+
+
+class PoolOutOfMemory(MinidlError, MemoryError):
+    """No free block is large enough. The message says whether the budget is too small or fragmented."""
+
+    def __init__(self, requested: int, in_use: int, largest_free: int, free_bytes: int, budget: int,
+                 tag: Hashable | None):
+        self.requested = requested
+        self.in_use = in_use
+        self.largest_free = largest_free
+        self.free_bytes = free_bytes
+        self.budget = budget
+        self.tag = tag
+        if requested > free_bytes:
+            why = "not enough free memory in total"
+        else:
+            why = ("enough memory is free in total, but it is fragmented: no single hole is large enough")
+        super().__init__(
+            f"tensor pool out of memory allocating {_bytes_both(requested)} for tag {tag!r}: "
+            f"{_bytes_both(in_use)} in use, {_bytes_both(free_bytes)} free, "
+            f"largest free block {_bytes_both(largest_free)}, budget {_bytes_both(budget)} ({why})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The pool
+# ---------------------------------------------------------------------------------------------------------
+
+class TensorPool:
+    """A best-fit, coalescing allocator over one arena of `budget` bytes (see the module docstring).
+
+    `budget` may be an int or a size string ("512MiB"). The usable `capacity` is `budget` rounded down to
+    `ALIGNMENT`: a tail smaller than one alignment unit could never hold a (rounded) block. `backing`, if
+    given, is asked once for `capacity` bytes and the result is exposed as `arena`; with no backing the pool
+    only does the arithmetic (planning, simulation, tests).
+    """
+
+    def __init__(self, budget: int | str, backing: ArenaBacking | None = None):
+        self.budget = parse_size(budget)
+        self.capacity = self.budget // ALIGNMENT * ALIGNMENT
+        if self.capacity == 0:
+            raise ValueError(f"pool budget {_bytes_both(self.budget)} is smaller than one block "
+                             f"({ALIGNMENT} bytes)")
+        self.arena = backing.allocate(self.capacity) if backing is not None else None
+        # The block at offset 0 is never absorbed by a neighbour (merges keep the left block), so it is a
+        # stable head for walking the arena in address order.
+        self._head = Block(offset=0, size=self.capacity, free=True)
+        self._live: dict[int, Block] = {}
+        self._free: dict[int, Block] = {}            # offset -> free block
+        self._free_by_size: list[tuple[int, int]] = []   # sorted (size, offset): best fit is one bisect
+        self._free_starts: list[int] = []            # sorted offsets of free blocks: finds a hole by address
+        self._index_add(self._head)
+        self._in_use = 0
+        self._peak = 0
+        self._allocs = 0
+        self._frees = 0
+        self._failed = 0
+
+    # -- free-block index --------------------------------------------------------------------------------------
+    def _index_add(self, block: Block) -> None:
+        bisect.insort(self._free_by_size, (block.size, block.offset))
+        bisect.insort(self._free_starts, block.offset)
+        self._free[block.offset] = block
+
+    def _index_remove(self, block: Block) -> None:
+        # Must be called *before* the block's size or offset change: the keys are the current ones.
+        i = bisect.bisect_left(self._free_by_size, (block.size, block.offset))
+        del self._free_by_size[i]
+        j = bisect.bisect_left(self._free_starts, block.offset)
+        del self._free_starts[j]
+        del self._free[block.offset]
+
+    # -- block surgery -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _split(block: Block, at: int) -> Block:
+        """Cut `block` at address `at`; `block` keeps the front, the returned new block is the back."""
+        back = Block(offset=at, size=block.end - at, free=block.free, prev=block, next=block.next)
+        if block.next is not None:
+            block.next.prev = back
+        block.next = back
+        block.size = at - block.offset
+        return back
+
+    def _carve(self, hole: Block, offset: int, size: int, tag: Hashable | None) -> int:
+        """Turn [offset, offset+size) of the free `hole` into a live block; the leftovers stay free."""
+        self._index_remove(hole)
+        block = hole
+        if offset > hole.offset:             # leftover in front (alloc_at only)
+            block = self._split(hole, offset)
+            self._index_add(hole)
+        if block.size > size:                # leftover behind
+            self._index_add(self._split(block, offset + size))
+        block.free = False
+        block.tag = tag
+        self._live[offset] = block
+        self._in_use += size
+        self._peak = max(self._peak, self._in_use)
+        self._allocs += 1
+        return offset
+
+    def _hole_containing(self, offset: int) -> Block | None:
+        """The free block whose range contains `offset`, if any (one bisect over free start offsets)."""
+        i = bisect.bisect_right(self._free_starts, offset) - 1
+        if i < 0:
+            return None
+        hole = self._free[self._free_starts[i]]
+        return hole if offset < hole.end else None
+
+    def _blocks(self) -> Iterator[Block]:
+        b: Block | None = self._head
+        while b is not None:
+            yield b
+            b = b.next
+
+    # -- allocation --------------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int, tag: Hashable | None = None) -> int:
+        """Reserve `nbytes` (rounded up by `align_up`) in the smallest hole that fits; return its offset.
+
+        Ties between equally small holes go to the lowest offset, so allocation is deterministic. Raises
+        `PoolOutOfMemory` when no hole is large enough.
+        """
+        size = align_up(nbytes)
+        i = bisect.bisect_left(self._free_by_size, (size, -1))
+        if i == len(self._free_by_size):
+            self._failed += 1
+            raise PoolOutOfMemory(size, self._in_use, self.largest_free_block, self.free_bytes, self.budget,
+                                  tag)
+        _, offset = self._free_by_size[i]
+        return self._carve(self._free[offset], offset, size, tag)
+
+    def alloc_at(self, offset: int, nbytes: int, tag: Hashable | None = None) -> int:
+        """Claim exactly [offset, offset + align_up(nbytes)), which must lie inside one free block.
+
+        Planners compute offsets ahead of time; the executor replays them through this call, so any
+        disagreement between the plan and the pool's actual state raises instead of corrupting a tensor.
+        Returns `offset`.
+        """
+        size = align_up(nbytes)
+        if offset < 0 or offset % ALIGNMENT:
+            raise ValueError(f"alloc_at offset {offset} for tag {tag!r} is not a non-negative multiple of "
+                             f"{ALIGNMENT}")
+        if offset + size > self.capacity:
+            raise ValueError(f"alloc_at range [{offset}, {offset + size}) for tag {tag!r} ends beyond the "
+                             f"pool capacity {_bytes_both(self.capacity)}")
+        hole = self._hole_containing(offset)
+        if hole is None or offset + size > hole.end:
+            clash = [b for b in self._live.values() if b.offset < offset + size and offset < b.end]
+            clash.sort(key=lambda b: b.offset)
+            desc = ", ".join(f"[{b.offset}, {b.end}) tag {b.tag!r}" for b in clash[:5])
+            if len(clash) > 5:
+                desc += f", ... ({len(clash)} blocks)"
+            raise ValueError(f"alloc_at range [{offset}, {offset + size}) ({_bytes_both(size)}) for tag {tag!r} "
+                             f"is not free: it overlaps live block(s) {desc}")
+        return self._carve(hole, offset, size, tag)
+
+    def free(self, offset: int) -> None:
+        """Release the live block starting at `offset` and merge it with any free neighbour (O(1))."""
+        block = self._live.pop(offset, None)
+        if block is None:
+            hole = self._hole_containing(offset)
+            if hole is not None:
+                raise ValueError(f"double free: offset {offset} is already free (inside free block "
+                                 f"[{hole.offset}, {hole.end}))")
+            inside = next((b for b in self._live.values() if b.offset < offset < b.end), None)
+            where = (f"it lies inside live block [{inside.offset}, {inside.end}) tag {inside.tag!r}"
+                     if inside is not None else f"it is outside the pool [0, {self.capacity})")
+            raise ValueError(f"free of unknown offset {offset}: no live block starts there; {where}")
+        self._in_use -= block.size
+        self._frees += 1
+        block.free = True
+        block.tag = None
+        prev, nxt = block.prev, block.next
+        if prev is not None and prev.free:       # merge into the left neighbour; it survives
+            self._index_remove(prev)
+            prev.size += block.size
+            prev.next = nxt
+            if nxt is not None:
+                nxt.prev = prev
+            block = prev
+        if nxt is not None and nxt.free:         # absorb the right neighbour
+            self._index_remove(nxt)
+            block.size += nxt.size
+            block.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = block
+        self._index_add(block)
+
+    # -- queries -----------------------------------------------------------------------------------------------
+    def size_of(self, offset: int) -> int:
+        """The (rounded) size of the live block starting at `offset`."""
+        return self._live_block(offset).size
+
+    def tag_of(self, offset: int) -> Hashable | None:
+        """The tag the live block starting at `offset` was allocated with."""
+        return self._live_block(offset).tag
+
+    def _live_block(self, offset: int) -> Block:
+        try:
+            return self._live[offset]
+        except KeyError:
+            raise ValueError(f"no live block starts at offset {offset}") from None
+
+    def __contains__(self, offset: object) -> bool:
+        return offset in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    @property
+    def in_use(self) -> int:
+        """Bytes held by live blocks, counting the alignment padding (it is just as unusable)."""
+        return self._in_use
+
+    @property
+    def peak(self) -> int:
+        """The highest `in_use` since construction or the last `reset_peak()`."""
+        return self._peak
+
+    def reset_peak(self) -> None:
+        """Start a new peak measurement (e.g. per training step) from the current usage."""
+        self._peak = self._in_use
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self._in_use
+
+    @property
+    def largest_free_block(self) -> int:
+        """The largest request that can succeed now: the last entry of the size-sorted free index."""
+        return self._free_by_size[-1][0] if self._free_by_size else 0
+
+    @property
+    def fragmentation(self) -> float:
+        """1 - largest_free_block / free_bytes: 0 when free memory is one hole (or none), towards 1 when it
+        is scattered in small holes."""
+        free = self.free_bytes
+        return 0.0 if free == 0 else 1.0 - self.largest_free_block / free
+
+    def live_blocks(self) -> list[LiveBlock]:
+        """Live blocks in address order."""
+        return [LiveBlock(b.offset, b.size, b.tag) for b in self._blocks() if not b.free]
+
+    def free_blocks(self) -> list[FreeBlock]:
+        """Free holes in address order."""
+        return [FreeBlock(b.offset, b.size) for b in self._blocks() if b.free]
+
+    def stats(self) -> PoolStats:
+        return PoolStats(budget=self.budget, capacity=self.capacity, in_use=self._in_use, peak=self._peak,
+                         free_bytes=self.free_bytes, largest_free_block=self.largest_free_block,
+                         fragmentation=self.fragmentation, live_blocks=len(self._live),
+                         free_blocks=len(self._free), allocs=self._allocs, frees=self._frees,
+                         failed_allocs=self._failed)
+
+    def check(self) -> None:
+        """Verify every internal invariant (O(blocks)); raises AssertionError. For tests and debugging.
+
+        Blocks tile [0, capacity) in order with consistent links, are aligned, no two free blocks touch,
+        and the indexes and counters agree with the block list.
+        """
+        pos, prev, live_bytes, n_live, free_seen = 0, None, 0, 0, []
+        for b in self._blocks():
+            assert b.prev is prev, f"broken prev link at {b.offset}"
+            assert b.offset == pos, f"gap or overlap at {pos}: next block starts at {b.offset}"
+            assert b.size > 0 and b.offset % ALIGNMENT == 0 and b.size % ALIGNMENT == 0, f"bad block {b}"
+            if b.free:
+                assert prev is None or not prev.free, f"adjacent free blocks at {b.offset}"
+                assert self._free.get(b.offset) is b, f"free block {b} not indexed"
+                free_seen.append((b.size, b.offset))
+            else:
+                assert self._live.get(b.offset) is b, f"live block {b} not indexed"
+                live_bytes += b.size
+                n_live += 1
+            pos, prev = b.end, b
+        assert pos == self.capacity, f"blocks end at {pos}, capacity is {self.capacity}"
+        assert n_live == len(self._live) and live_bytes == self._in_use
+        assert sorted(free_seen) == self._free_by_size
+        assert [o for _, o in free_seen] == self._free_starts and len(free_seen) == len(self._free)
+        assert self._peak >= self._in_use
+
+    # -- views -------------------------------------------------------------------------------------------------
+    def view(self, offset: int, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A numpy array of `shape`/`dtype` aliasing the arena at `offset` (no copy).
+
+        `offset` must be the start of a live block large enough for the array: viewing freed or foreign
+        memory is exactly the kind of bug a memory-virtualizing executor must not let through silently.
+        """
+        if self.arena is None:
+            raise RuntimeError("this pool has no backing memory (planning/simulation only): nothing to view")
+        if not isinstance(self.arena, np.ndarray):
+            raise TypeError(f"view() needs a numpy arena, this pool's arena is a {type(self.arena).__name__}")
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        nbytes = int(math.prod(shp)) * dt.itemsize
+        block = self._live.get(offset)
+        if block is None:
+            raise ValueError(f"cannot view offset {offset}: no live block starts there")
+        if nbytes > block.size:
+            raise ValueError(f"cannot view {shp} {dt} ({_bytes_both(nbytes)}) at offset {offset}: the live "
+                             f"block there (tag {block.tag!r}) holds only {_bytes_both(block.size)}")
+        return self.arena[offset:offset + nbytes].view(dt).reshape(shp)
+
+    def __repr__(self) -> str:
+        return (f"TensorPool(budget={format_bytes(self.budget)}, in_use={format_bytes(self._in_use)}, "
+                f"live={len(self._live)}, free_holes={len(self._free)})")
