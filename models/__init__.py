@@ -1,0 +1,21 @@
+"""The model zoo: builders returning a built `minidl.Network` with its loss set.
+
+Every builder takes (depth where it has one), batch, image_size, num_classes, in_channels, dtype, variant; the
+inputs are named "data" (N, C, H, W) and "label" (N,) int64, the loss "loss". `build_model(name, ...)` picks a
+registered model by name with per-model defaults (see `MODELS`).
+
+    from minidl.models import resnet, build_model
+    net = resnet(depth=2500, batch=16)          # SuperNeurons' ResNet-2500 (2498 weighted layers)
+    net = build_model("vgg16", batch=8)
+"""
+# registry first: it holds the scaffolding the builders import
+from .registry import MODELS, ModelSpec, build_model, describe_models, model_names, weighted_layers  # noqa: I001
+from .alexnet import alexnet
+from .densenet import densenet
+from .inception_v4 import inception_v4
+from .lenet import lenet
+from .resnet import resnet
+from .vgg import vgg
+
+__all__ = ["MODELS", "ModelSpec", "alexnet", "build_model", "densenet", "describe_models", "inception_v4", "lenet",
+           "model_names", "resnet", "vgg", "weighted_layers"]

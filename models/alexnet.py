@@ -1,0 +1,78 @@
+"""AlexNet: torchvision's single-tower version, and the original Krizhevsky-style one with LRN.
+
+torchvision (`variant=None`), 61,100,840 parameters at 1000 classes:
+
+    conv1 Conv2d(64, 11, stride 4, padding 2) relu1 pool1 MaxPool2d(3, 2)
+    conv2 Conv2d(192, 5, padding 2)            relu2 pool2 MaxPool2d(3, 2)
+    conv3 Conv2d(384, 3, padding 1)            relu3
+    conv4 Conv2d(256, 3, padding 1)            relu4
+    conv5 Conv2d(256, 3, padding 1)            relu5 pool5 MaxPool2d(3, 2)
+    [avgpool]  torchvision's AdaptiveAvgPool2d((6, 6))
+    drop6 Dropout(0.5) fc6 Linear(4096) relu6
+    drop7 Dropout(0.5) fc7 Linear(4096) relu7
+    fc8 Linear(num_classes)
+
+At 224x224 (and 227x227) pool5 is already 6x6, where the adaptive pooling is the identity, so no layer is
+emitted. When pool5 is a multiple of 6 (e.g. 12x12 at 416) it is a plain AvgPool2d(s/6) named "avgpool";
+any other size is rejected, since the adaptive pooling's overlapping/replicating windows have no equivalent
+layer here. fc6 reads the (N, 256, 6, 6) tensor directly (Linear flattens), saving Flatten's copy.
+
+`variant="lrn"`: Krizhevsky et al. 2012 (and SuperNeurons' AlexNet): LRN after relu1 and relu2, before the
+pooling ("norm1", "norm2"), with the paper's constants size 5, k 2, beta 0.75 and alpha 1e-4 per element,
+i.e. alpha=5e-4 in minidl's (torch's) LRN, which divides alpha by size. Same widths, so the same parameters.
+"""
+from __future__ import annotations
+
+from minidl.layers import LRN, AvgPool2d, Conv2d, Dropout, Linear, MaxPool2d, ReLU
+
+from .registry import finish, new_network
+
+VARIANTS = (None, "torchvision", "lrn")
+# The paper's LRN: b = a / (k + alpha * sum a^2)^beta over 5 channels, alpha = 1e-4 per element.
+LRN_ARGS = dict(size=5, alpha=5e-4, beta=0.75, k=2.0)
+
+
+def feature_size(image_size: int) -> int:
+    """Side of pool5's output for a square image_size (0 when the image is too small)."""
+    s = (image_size + 2 * 2 - 11) // 4 + 1
+    for _ in range(3):
+        s = (s - 3) // 2 + 1 if s >= 3 else 0
+    return max(s, 0)
+
+
+def alexnet(batch: int = 32, image_size: int = 224, num_classes: int = 1000, in_channels: int = 3,
+            dtype="float32", variant: str | None = None, dropout: float = 0.5):
+    """torchvision's AlexNet (`variant=None` or "torchvision") or the LRN one (`variant="lrn"`)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"alexnet: unknown variant {variant!r}; choose one of {VARIANTS}")
+    lrn = variant == "lrn"
+    net, x, y = new_network("alexnet_lrn" if lrn else "alexnet", batch, in_channels, image_size, num_classes,
+                            dtype)
+    fs = feature_size(image_size)
+    if fs == 0 or fs % 6:
+        near = sorted((s for s in range(max(1, image_size - 64), image_size + 65)
+                       if feature_size(s) > 0 and feature_size(s) % 6 == 0), key=lambda s: abs(s - image_size))
+        raise ValueError(f"alexnet: image_size {image_size} gives a {fs}x{fs} feature map; torchvision's 6x6 "
+                         f"adaptive average pooling is only expressible for a positive multiple of 6 (224 and "
+                         f"227 give 6x6); nearby sizes that work: {sorted(near[:4]) or 'none'}")
+    specs = [  # name, out_channels, kernel, stride, padding, pool after
+        ("conv1", 64, 11, 4, 2, True),
+        ("conv2", 192, 5, 1, 2, True),
+        ("conv3", 384, 3, 1, 1, False),
+        ("conv4", 256, 3, 1, 1, False),
+        ("conv5", 256, 3, 1, 1, True),
+    ]
+    h = x
+    for i, (name, c, k, s, p, pool) in enumerate(specs, start=1):
+        h = ReLU(name=f"relu{i}")(Conv2d(c, k, stride=s, padding=p, name=name)(h))
+        if lrn and i <= 2:
+            h = LRN(**LRN_ARGS, name=f"norm{i}")(h)
+        if pool:
+            h = MaxPool2d(3, stride=2, name=f"pool{i}")(h)
+    if fs != 6:
+        h = AvgPool2d(fs // 6, name="avgpool")(h)
+    for i in (6, 7):
+        if dropout > 0:
+            h = Dropout(dropout, name=f"drop{i}")(h)
+        h = ReLU(name=f"relu{i}")(Linear(4096, name=f"fc{i}")(h))
+    return finish(net, Linear(num_classes, name="fc8")(h), y)

@@ -1,0 +1,107 @@
+"""DenseNet-BC (Huang et al. 2017), torchvision's layout and names (without the "features." prefix).
+
+    conv0 Conv2d(init, 7, stride 2, padding 3) norm0 relu0 pool0 MaxPool2d(3, 2, padding 1)
+    denseblock{b}.denselayer{l} (l = 1..blocks[b-1]), BN-ReLU-Conv ordering:
+        norm1 relu1 conv1 1x1 (bn_size * growth)  norm2 relu2 conv2 3x3 (growth)
+        cat = Concat(layer input, conv2): the next layer's input (torchvision concatenates all earlier
+        features at each layer; chaining two-input concats builds the very same tensors)
+    transition{b} (between blocks): norm relu conv 1x1 (floor(channels * compression)) pool AvgPool2d(2, 2)
+    norm5 relu5 avgpool GlobalAvgPool classifier Linear(num_classes)
+
+Convolutions have no bias. Configurations (growth, blocks, init): 121 (32, (6, 12, 24, 16), 64),
+161 (48, (6, 12, 36, 24), 96), 169 (32, (6, 12, 32, 32), 64), 201 (32, (6, 12, 48, 32), 64); bn_size 4,
+compression 0.5. The depth counts conv0, two convolutions per dense layer, the transitions and the classifier:
+2 * sum(blocks) + len(blocks) + 1. DenseNet-121 has 7,978,856 parameters at 1000 classes.
+
+Custom nets: `densenet(depth=None, blocks=(2, 2), growth=8, init_features=16)`; `variant="tiny"` is exactly
+that (for tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU
+
+from .registry import check_positive, finish, new_network
+
+
+@dataclass(frozen=True, slots=True)
+class DenseNetConfig:
+    growth: int
+    blocks: tuple[int, ...]
+    init_features: int
+
+    @property
+    def depth(self) -> int:
+        return 2 * sum(self.blocks) + len(self.blocks) + 1
+
+
+DENSENET_CONFIGS: dict[int, DenseNetConfig] = {
+    121: DenseNetConfig(32, (6, 12, 24, 16), 64),
+    161: DenseNetConfig(48, (6, 12, 36, 24), 96),
+    169: DenseNetConfig(32, (6, 12, 32, 32), 64),
+    201: DenseNetConfig(32, (6, 12, 48, 32), 64),
+}
+TINY = DenseNetConfig(8, (2, 2), 16)
+
+
+def densenet(depth: int | None = None, batch: int = 32, image_size: int = 224, num_classes: int = 1000,
+             in_channels: int = 3, dtype="float32", variant: str | None = None, *,
+             blocks: tuple[int, ...] | None = None, growth: int | None = None, init_features: int | None = None,
+             bn_size: int = 4, compression: float = 0.5, drop_rate: float = 0.0):
+    """DenseNet-`depth` (121, 161, 169, 201; None: 121), `variant="tiny"`, or a custom net given by `blocks`.
+
+    `growth` and `init_features` override the configuration's (custom nets default to growth 32, init 64);
+    with `blocks` given, `depth` must be None or equal to 2 * sum(blocks) + len(blocks) + 1.
+    `drop_rate` > 0 adds torchvision's dropout after each dense layer's conv2.
+    """
+    if variant not in (None, "tiny"):
+        raise ValueError(f"densenet: unknown variant {variant!r}; choose None or 'tiny'")
+    if variant == "tiny":
+        if blocks is not None:
+            raise ValueError("densenet: variant='tiny' fixes blocks=(2, 2); pass blocks without the variant")
+        base = TINY
+    elif blocks is not None:
+        base = DenseNetConfig(32, tuple(blocks), 64)
+    elif depth is None or depth in DENSENET_CONFIGS:
+        depth = 121 if depth is None else depth
+        base = DENSENET_CONFIGS[depth]
+    else:
+        raise ValueError(f"densenet: depth must be one of {sorted(DENSENET_CONFIGS)} (or give blocks=..., or "
+                         f"variant='tiny'), got {depth!r}")
+    cfg = DenseNetConfig(base.growth if growth is None else growth, tuple(int(b) for b in base.blocks),
+                         base.init_features if init_features is None else init_features)
+    if not cfg.blocks:
+        raise ValueError("densenet: blocks must name at least one dense block")
+    check_positive("densenet", growth=cfg.growth, init_features=cfg.init_features, bn_size=bn_size,
+                   **{f"blocks[{i}]": b for i, b in enumerate(cfg.blocks)})
+    if depth is not None and depth != cfg.depth:
+        raise ValueError(f"densenet: blocks {cfg.blocks} give depth {cfg.depth} "
+                         f"(2 * sum(blocks) + len(blocks) + 1), not {depth}")
+    if not 0.0 < compression <= 1.0:
+        raise ValueError(f"densenet: compression must be in (0, 1], got {compression}")
+    name = f"densenet{cfg.depth}" if cfg in DENSENET_CONFIGS.values() else f"densenet{cfg.depth}_custom"
+    net, x, y = new_network("densenet_tiny" if cfg == TINY else name, batch, in_channels, image_size, num_classes,
+                            dtype)
+
+    h = Conv2d(cfg.init_features, 7, stride=2, padding=3, bias=False, name="conv0")(x)
+    h = ReLU(name="relu0")(BatchNorm2d(name="norm0")(h))
+    h = MaxPool2d(3, stride=2, padding=1, name="pool0")(h)
+    for b, n_layers in enumerate(cfg.blocks, start=1):
+        for li in range(1, n_layers + 1):
+            p = f"denseblock{b}.denselayer{li}."
+            t = ReLU(name=p + "relu1")(BatchNorm2d(name=p + "norm1")(h))
+            t = Conv2d(bn_size * cfg.growth, 1, bias=False, name=p + "conv1")(t)
+            t = ReLU(name=p + "relu2")(BatchNorm2d(name=p + "norm2")(t))
+            t = Conv2d(cfg.growth, 3, padding=1, bias=False, name=p + "conv2")(t)
+            if drop_rate > 0:
+                t = Dropout(drop_rate, name=p + "dropout")(t)
+            h = Concat(name=p + "cat")(h, t)
+        if b < len(cfg.blocks):
+            p = f"transition{b}."
+            t = ReLU(name=p + "relu")(BatchNorm2d(name=p + "norm")(h))
+            t = Conv2d(int(h.shape[1] * compression), 1, bias=False, name=p + "conv")(t)
+            h = AvgPool2d(2, stride=2, name=p + "pool")(t)
+    h = ReLU(name="relu5")(BatchNorm2d(name="norm5")(h))
+    h = GlobalAvgPool(name="avgpool")(h)
+    return finish(net, Linear(num_classes, name="classifier")(h), y)

@@ -1,0 +1,181 @@
+"""The model registry: one name per model (plus aliases), each with its own defaults, and `build_model`.
+
+    from minidl.models import build_model
+    net = build_model("resnet", depth=2500, batch=16)        # SuperNeurons' ResNet-2500
+    net = build_model("resnet56")                             # CIFAR ResNet-56 at 32x32, 10 classes
+    net = build_model("lenet", image_size=8)                  # sklearn's 8x8 digits
+
+The first section holds the scaffolding every builder shares (argument checks, the "data"/"label" inputs, the
+loss); it comes before the builders are imported because they import it from here.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import minidl as dl
+from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy
+
+
+# -- scaffolding shared by the builders -----------------------------------------------------------------------
+def check_positive(model: str, **values: int) -> None:
+    """Raise ValueError naming the model and the argument if any value is not a positive integer."""
+    for key, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{model}: {key} must be a positive integer, got {v!r}")
+
+
+def new_network(name: str, batch: int, in_channels: int, image_size: int, num_classes: int, dtype):
+    """A fresh Network with the image input "data" (N, C, H, W) and the int64 input "label" (N,)."""
+    check_positive(name, batch=batch, in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+    net = dl.Network(name, dtype=dtype)
+    x = net.input((batch, in_channels, image_size, image_size), name="data")
+    y = net.input((batch,), dtype="int64", name="label")
+    return net, x, y
+
+
+def finish(net: dl.Network, logits, label) -> dl.Network:
+    """Attach the softmax cross-entropy loss ("loss") to the logits and return the network."""
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(logits, label))
+    return net
+
+
+def weighted_layers(net: dl.Network, include_shortcuts: bool = True) -> int:
+    """Number of convolution and linear layers; `include_shortcuts=False` leaves out the 1x1 projection
+    convolutions of residual shortcuts (named "*.downsample.conv"), which the usual depth count excludes
+    (ResNet-50 has 49 + 1 weighted layers on its main path plus 4 projections)."""
+    return sum(1 for n in net.layer_nodes if isinstance(n.layer, (Conv2d, Linear))
+               and (include_shortcuts or ".downsample." not in n.name))
+
+
+# -- the registry -------------------------------------------------------------------------------------------
+from .alexnet import alexnet  # noqa: E402  (the builders import the scaffolding above)
+from .densenet import DENSENET_CONFIGS, densenet  # noqa: E402
+from .inception_v4 import inception_v4  # noqa: E402
+from .lenet import lenet  # noqa: E402
+from .resnet import (CIFAR_DEPTHS_EXAMPLES, IMAGENET_BLOCKS, cifar_blocks_per_stage,  # noqa: E402
+                     imagenet_blocks, resnet)
+from .vgg import VGG_CONFIGS, vgg  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A registry entry: the builder, the arguments an alias pins, and the defaults of the free arguments."""
+
+    builder: Callable[..., dl.Network]
+    description: str
+    fixed: dict[str, Any] = field(default_factory=dict)  # pinned by the alias (e.g. depth=16 for "vgg16")
+    takes_depth: bool = False
+    image_size: int = 224
+    num_classes: int = 1000
+    in_channels: int = 3
+    batch: int = 32
+
+
+def _registry() -> dict[str, ModelSpec]:
+    m: dict[str, ModelSpec] = {
+        "lenet": ModelSpec(lenet, "LeNet-5 style CNN for 28x28 MNIST / 8x8 digits", image_size=28,
+                           num_classes=10, in_channels=1, batch=64),
+        "alexnet": ModelSpec(alexnet, "torchvision AlexNet (64-192-384-256-256, 61.1M params)"),
+        "alexnet_lrn": ModelSpec(alexnet, "Krizhevsky-style AlexNet with LRN after conv1/conv2 (SuperNeurons')",
+                                 fixed={"variant": "lrn"}),
+        "vgg": ModelSpec(vgg, "VGG without BN (torchvision configs; depth 11/13/16/19)", takes_depth=True),
+        "resnet": ModelSpec(resnet, "ResNet: ImageNet (18/34 basic, other depths bottleneck, 2500 = "
+                                    "SuperNeurons') or CIFAR (depth 6n+2) when image_size <= 64", takes_depth=True),
+        "densenet": ModelSpec(densenet, "DenseNet-BC (torchvision configs; variant='tiny' for tests)",
+                              takes_depth=True),
+        "inception_v4": ModelSpec(inception_v4, "Inception-v4 (Szegedy et al. 2016), 299x299", image_size=299),
+    }
+    for d in sorted(VGG_CONFIGS):
+        m[f"vgg{d}"] = ModelSpec(vgg, f"VGG-{d} (torchvision, no BN)", fixed={"depth": d})
+        m[f"vgg{d}_bn"] = ModelSpec(vgg, f"VGG-{d} with BatchNorm (torchvision)",
+                                    fixed={"depth": d, "batch_norm": True})
+    for d in sorted(IMAGENET_BLOCKS):
+        kind, blocks = IMAGENET_BLOCKS[d]
+        what = "SuperNeurons' ResNet-2500 (2498 weighted layers)" if d == 2500 else f"ImageNet ResNet-{d}"
+        m[f"resnet{d}"] = ModelSpec(resnet, f"{what}, {kind} blocks {blocks}",
+                                    fixed={"depth": d, "variant": "imagenet"})
+    for d in CIFAR_DEPTHS_EXAMPLES:
+        m[f"resnet{d}"] = ModelSpec(resnet, f"CIFAR ResNet-{d} (n={(d - 2) // 6})",
+                                    fixed={"depth": d, "variant": "cifar"}, image_size=32, num_classes=10)
+    for d in sorted(DENSENET_CONFIGS):
+        m[f"densenet{d}"] = ModelSpec(densenet, f"DenseNet-{d} (torchvision)", fixed={"depth": d})
+    m["densenet_tiny"] = ModelSpec(densenet, "a small DenseNet for tests (2 blocks of 2 layers, growth 8)",
+                                   fixed={"variant": "tiny"}, image_size=32, num_classes=10)
+    return m
+
+
+MODELS: dict[str, ModelSpec] = _registry()
+
+
+def _natural_key(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def model_names() -> list[str]:
+    """Registered names in natural order (resnet18 before resnet101)."""
+    return sorted(MODELS, key=_natural_key)
+
+
+def _canonical(name: str) -> str | None:
+    """The registry key for `name`, ignoring case, '-' and '_' ("ResNet-50", "inceptionv4"); None if unknown."""
+    if not isinstance(name, str):
+        return None
+    squash = {k.replace("_", ""): k for k in MODELS}
+    return squash.get(name.lower().replace("-", "").replace("_", ""))
+
+
+def _resnet_is_cifar_only(depth: int) -> bool:
+    """True when `depth` is a valid CIFAR ResNet depth (6n+2) but no ImageNet ResNet (e.g. 20, 32)."""
+    try:
+        imagenet_blocks(depth)
+    except ValueError:
+        try:
+            cifar_blocks_per_stage(depth)
+            return True
+        except ValueError:
+            return False
+    return False
+
+
+def build_model(name: str, depth: int | None = None, batch: int | None = None, image_size: int | None = None,
+                num_classes: int | None = None, in_channels: int | None = None, **kw) -> dl.Network:
+    """Build the registered model `name`; arguments left at None take the model's defaults.
+
+    Defaults: image size 28 for lenet, 32 for the CIFAR ResNets (and "resnet" with variant="cifar" or a depth
+    that only a CIFAR ResNet has, e.g. 20), 299 for inception_v4, 224 otherwise; 10 classes for lenet and the
+    CIFAR models, 1000 otherwise; 1 input channel for lenet, 3 otherwise. Extra keywords (e.g. variant="lrn",
+    batch_norm=True, blocks=(2, 2)) go to the builder.
+    """
+    key = _canonical(name)
+    if key is None:
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(model_names())}")
+    spec = MODELS[key]
+    args: dict[str, Any] = dict(kw)
+    for k, v in spec.fixed.items():
+        given = depth if k == "depth" else args.get(k)
+        if given is not None and given != v:
+            raise ValueError(f"model {name!r} fixes {k}={v!r}, got {k}={given!r}; use the generic name "
+                             f"'{spec.builder.__name__}' to choose {k}")
+        args[k] = v
+    if "depth" not in spec.fixed and depth is not None:
+        if not spec.takes_depth:
+            raise ValueError(f"model {name!r} has no depth option (got depth={depth})")
+        args["depth"] = depth
+    size, classes = spec.image_size, spec.num_classes
+    if key == "resnet":
+        d = args.get("depth", inspect.signature(resnet).parameters["depth"].default)
+        if args.get("variant") == "cifar" or (args.get("variant") is None and _resnet_is_cifar_only(d)):
+            size, classes = 32, 10
+    args["batch"] = spec.batch if batch is None else batch
+    args["image_size"] = size if image_size is None else image_size
+    args["num_classes"] = classes if num_classes is None else num_classes
+    args["in_channels"] = spec.in_channels if in_channels is None else in_channels
+    return spec.builder(**args)
+
+
+def describe_models() -> str:
+    """One line per registered name, for `--help` texts and error messages."""
+    return "\n".join(f"{k:<14} {MODELS[k].description}" for k in model_names())

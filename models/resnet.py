@@ -1,0 +1,149 @@
+"""ResNet (He et al. 2015), ImageNet and CIFAR flavours, at any depth the block rules allow.
+
+ImageNet ResNet (`variant="imagenet"`, the default when image_size > 64), torchvision's v1.5 (the stride sits
+on the 3x3 convolution of a bottleneck):
+
+    conv1 Conv2d(64, 7, stride 2, padding 3) bn1 relu maxpool MaxPool2d(3, 2, padding 1)
+    layer1..layer4 (64, 128, 256, 512 planes; stride 1, 2, 2, 2), block j of layer i is "layer{i}.{j}":
+        basic:      conv1 3x3 bn1 relu1 conv2 3x3 bn2          (+ shortcut) add relu
+        bottleneck: conv1 1x1 bn1 relu1 conv2 3x3 bn2 relu2 conv3 1x1 (x4) bn3 (+ shortcut) add relu
+        shortcut: identity, or "layer{i}.{j}.downsample.conv" 1x1 (stride) + ".downsample.bn" where the shape
+        changes (the first block of each layer for bottlenecks; layers 2-4 for basic blocks)
+    avgpool GlobalAvgPool, fc Linear(num_classes)
+
+Depths: 18 (2,2,2,2) and 34 (3,4,6,3) basic; 50 (3,4,6,3), 101 (3,4,23,3), 152 (3,8,36,3), 200 (3,24,36,3)
+bottleneck; any other depth d with (d - 2) divisible by 3 and d >= 35 is bottleneck with blocks (3, 4, k, 3),
+stage 3 grown so that 3 * (10 + k) + 2 = d; and 2500 is SuperNeurons' ResNet-2500, blocks (6, 32, 788, 6),
+which has 3 * 832 + 2 = 2498 weighted layers on its main path (the name rounds; their code uses these blocks).
+The depth counts the main path's weighted layers: conv1, the block convolutions and fc; the four projection
+shortcuts are not counted (as for ResNet-50, whose net has 54 conv/linear layers). Every convolution is
+followed by BN and has no bias. ResNet-50 has 25,557,032 parameters at 1000 classes.
+
+CIFAR ResNet (`variant="cifar"`, the default when image_size <= 64): depth 6n + 2, n basic blocks in each of
+three layers of 16, 32, 64 channels (stride 1, 2, 2) after conv1 3x3 (16) bn1 relu, then GAP and fc. The paper's
+CIFAR nets use parameter-free "option A" shortcuts (stride-2 subsampling, zero-padded channels), which minidl
+cannot express (there is no zero-padding or scaling layer); here the two shortcuts that change shape are
+projections, 1x1 conv + BN ("option B"). ResNet-20 thus has 272,474 parameters at 10 classes (option A:
+269,722, the "0.27M" of the paper).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minidl.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU
+
+from .registry import finish, new_network
+
+VARIANTS = (None, "imagenet", "cifar")
+
+# Named ImageNet depths -> (block kind, blocks per stage).
+IMAGENET_BLOCKS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
+    18: ("basic", (2, 2, 2, 2)),
+    34: ("basic", (3, 4, 6, 3)),
+    50: ("bottleneck", (3, 4, 6, 3)),
+    101: ("bottleneck", (3, 4, 23, 3)),
+    152: ("bottleneck", (3, 8, 36, 3)),
+    200: ("bottleneck", (3, 24, 36, 3)),
+    2500: ("bottleneck", (6, 32, 788, 6)),  # SuperNeurons' ResNet-2500: 2498 weighted layers
+}
+CIFAR_DEPTHS_EXAMPLES = (20, 32, 44, 56, 110, 1202)
+
+
+@dataclass(frozen=True, slots=True)
+class ResNetConfig:
+    kind: str  # "basic" or "bottleneck"
+    blocks: tuple[int, ...]  # blocks per stage
+    widths: tuple[int, ...]  # planes per stage (bottleneck output is 4x)
+    strides: tuple[int, ...]
+    stem: str  # "imagenet" (7x7/2 + maxpool) or "cifar" (3x3)
+
+    @property
+    def expansion(self) -> int:
+        return 4 if self.kind == "bottleneck" else 1
+
+    @property
+    def depth(self) -> int:
+        """Weighted layers on the main path: the stem conv, the block convs, fc."""
+        per_block = 3 if self.kind == "bottleneck" else 2
+        return per_block * sum(self.blocks) + 2
+
+
+def imagenet_blocks(depth: int) -> tuple[str, tuple[int, int, int, int]]:
+    """The block kind and blocks per stage of an ImageNet ResNet of `depth`; ValueError if there is none."""
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        raise ValueError(f"resnet: depth must be an integer, got {depth!r}")
+    if depth in IMAGENET_BLOCKS:
+        return IMAGENET_BLOCKS[depth]
+    if depth >= 35 and (depth - 2) % 3 == 0:
+        return "bottleneck", (3, 4, (depth - 2) // 3 - 10, 3)
+    raise ValueError(f"resnet: no ImageNet ResNet has depth {depth}: use 18 or 34 (basic blocks), 50, 101, 152, "
+                     f"200, 2500 (SuperNeurons' (6, 32, 788, 6)), or any depth d >= 35 with (d - 2) divisible by "
+                     f"3 (bottleneck blocks (3, 4, (d - 2)/3 - 10, 3)); a CIFAR ResNet (variant='cifar' or "
+                     f"image_size <= 64) takes depth 6n + 2")
+
+
+def cifar_blocks_per_stage(depth: int) -> int:
+    """n of a CIFAR ResNet of depth 6n + 2; ValueError otherwise."""
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        raise ValueError(f"resnet: depth must be an integer, got {depth!r}")
+    if depth < 8 or (depth - 2) % 6:
+        raise ValueError(f"resnet: a CIFAR ResNet has depth 6n + 2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, "
+                         f"1202, ...), got {depth}; for an ImageNet ResNet on small images pass "
+                         f"variant='imagenet'")
+    return (depth - 2) // 6
+
+
+def resnet_config(depth: int, variant: str) -> ResNetConfig:
+    if variant == "cifar":
+        n = cifar_blocks_per_stage(depth)
+        return ResNetConfig("basic", (n, n, n), (16, 32, 64), (1, 2, 2), "cifar")
+    kind, blocks = imagenet_blocks(depth)
+    return ResNetConfig(kind, blocks, (64, 128, 256, 512), (1, 2, 2, 2), "imagenet")
+
+
+def _conv_bn(h, out_channels: int, kernel: int, stride: int, prefix: str, conv: str, bn: str):
+    h = Conv2d(out_channels, kernel, stride=stride, padding=kernel // 2, bias=False, name=f"{prefix}{conv}")(h)
+    return BatchNorm2d(name=f"{prefix}{bn}")(h)
+
+
+def _block(h, cfg: ResNetConfig, planes: int, stride: int, name: str):
+    in_channels = h.shape[1]
+    out_channels = planes * cfg.expansion
+    p = name + "."
+    if cfg.kind == "basic":
+        r = ReLU(name=p + "relu1")(_conv_bn(h, planes, 3, stride, p, "conv1", "bn1"))
+        r = _conv_bn(r, planes, 3, 1, p, "conv2", "bn2")
+    else:
+        r = ReLU(name=p + "relu1")(_conv_bn(h, planes, 1, 1, p, "conv1", "bn1"))
+        r = ReLU(name=p + "relu2")(_conv_bn(r, planes, 3, stride, p, "conv2", "bn2"))
+        r = _conv_bn(r, out_channels, 1, 1, p, "conv3", "bn3")
+    if stride != 1 or in_channels != out_channels:
+        h = _conv_bn(h, out_channels, 1, stride, p, "downsample.conv", "downsample.bn")
+    return ReLU(name=p + "relu")(Add(name=p + "add")(r, h))
+
+
+def resnet(depth: int = 50, batch: int = 32, image_size: int = 224, num_classes: int = 1000, in_channels: int = 3,
+           dtype="float32", variant: str | None = None):
+    """ResNet-`depth`; `variant` "imagenet" or "cifar" (None: "cifar" when image_size <= 64).
+
+    See the module docstring for the depth rules; an impossible depth raises ValueError saying which depths
+    are possible. Note that the default follows the image size: resnet(50, image_size=32) is the CIFAR
+    ResNet-50 (n = 8); pass variant="imagenet" for torchvision's ResNet-50 on small images.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"resnet: unknown variant {variant!r}; choose one of {VARIANTS}")
+    if variant is None:
+        variant = "cifar" if isinstance(image_size, int) and image_size <= 64 else "imagenet"
+    cfg = resnet_config(depth, variant)
+    name = f"resnet{depth}" + ("_cifar" if variant == "cifar" else "")
+    net, x, y = new_network(name, batch, in_channels, image_size, num_classes, dtype)
+    if cfg.stem == "imagenet":
+        h = ReLU(name="relu")(_conv_bn(x, 64, 7, 2, "", "conv1", "bn1"))
+        h = MaxPool2d(3, stride=2, padding=1, name="maxpool")(h)
+    else:
+        h = ReLU(name="relu")(_conv_bn(x, 16, 3, 1, "", "conv1", "bn1"))
+    for i, (n, planes, stride) in enumerate(zip(cfg.blocks, cfg.widths, cfg.strides), start=1):
+        for j in range(n):
+            h = _block(h, cfg, planes, stride if j == 0 else 1, f"layer{i}.{j}")
+    h = GlobalAvgPool(name="avgpool")(h)
+    return finish(net, Linear(num_classes, name="fc")(h), y)
