@@ -117,6 +117,7 @@ class Route:
                         n.dtype, np.floating) else net.dtype, n.name)
 
         steps: list[Step] = []
+        aux_of: dict[int, list[str]] = {}  # node -> its aux tensor ids (looked up in backward; no scan)
         for n in nodes:
             if n.layer is None:
                 continue
@@ -127,7 +128,9 @@ class Route:
                                          if not s.trainable and training]
             if training and rg[n.index]:
                 for aname, ashape in layer.aux_specs(in_shapes, training=True).items():
-                    writes.append(add(aux_id(n.name, aname), Role.AUX, ashape, net.dtype, n.name))
+                    tid = add(aux_id(n.name, aname), Role.AUX, ashape, net.dtype, n.name)
+                    writes.append(tid)
+                    aux_of.setdefault(n.index, []).append(tid)
             ws = None
             if layer.workspace_options("fwd", in_shapes, n.shape, net.dtype.itemsize):
                 ws = add(workspace_id(n.name, "fwd"), Role.WORKSPACE, (0,), np.uint8, n.name)
@@ -145,7 +148,7 @@ class Route:
                 reads += [act_id(nodes[n.inputs[k]].name) for k in layer.needs_inputs]
                 if layer.needs_output:
                     reads.append(act_id(n.name))
-                reads += [t for t in tensors if t.startswith(f"aux:{n.name}.")]
+                reads += aux_of.get(n.index, [])
                 reads += [param_id(n.name, p) for p in n.params]
                 writes: list[str] = []
                 dinputs: list[str | None] = []
