@@ -1,0 +1,113 @@
+"""One training step of the same network (weights copied) in minidl and in PyTorch (CPU), in one process.
+
+    python benchmarks/step_vs_torch.py --model resnet --depth 50 --batch 8 --image-size 224
+
+Both run forward, backward and an SGD update after warm-up; the median of --steps timed steps is reported,
+whole step and per layer type (minidl from its executor trace, PyTorch from torch.profiler's self CPU time
+mapped from aten ops to layer types). Both use the same number of threads.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from minidl.models import build_model
+from minidl.optim import SGD
+from minidl.route import Phase
+from minidl.session import Session
+from minidl.testing_torch import TorchTwin
+
+ATEN_TO_TYPE = [
+    ("convolution", "conv"), ("conv", "conv"),
+    ("batch_norm", "batchnorm"),
+    ("threshold_backward", "relu"), ("relu", "relu"), ("clamp_min", "relu"),
+    ("max_pool", "maxpool"), ("avg_pool", "avgpool"),
+    ("addmm", "linear"), ("aten::mm", "linear"), ("aten::t", "linear"),
+    ("mean", "gap"), ("aten::sum", "gap"), ("expand", "gap"), ("div", "gap"),
+    ("aten::add", "add"), ("aten::cat", "concat"),
+    ("softmax", "softmax_xent"), ("nll_loss", "softmax_xent"),
+    ("sgd", "update"), ("add_", "update"), ("_foreach", "update"),
+]
+
+
+def torch_type(op: str) -> str:
+    for key, t in ATEN_TO_TYPE:
+        if key in op:
+            return t
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet")
+    ap.add_argument("--depth", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--policy", default="liveness")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    net = build_model(args.model, depth=args.depth, batch=args.batch, image_size=args.image_size)
+    sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, trace=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(net.input_nodes[0].shape).astype(np.float32)
+    y = rng.integers(0, net.logits_node.shape[1], args.batch).astype(np.int64)
+    twin = TorchTwin(net, sess.executor.state_dict())
+    topt = torch.optim.SGD(twin.parameters(), lr=1e-4, momentum=0.9)
+    tx, ty = torch.tensor(x), torch.tensor(y)
+
+    def torch_step():
+        topt.zero_grad(set_to_none=True)
+        loss, _ = twin.forward(tx, ty)
+        loss.backward()
+        topt.step()
+
+    ours, theirs = [], []
+    for _ in range(args.warmup):
+        sess.executor.train_step(x, y)
+        torch_step()
+    sess.executor.trace.clear()
+    for _ in range(args.steps):  # interleave so both see the same machine state
+        t = time.perf_counter()
+        sess.executor.train_step(x, y)
+        ours.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        torch_step()
+        theirs.append(time.perf_counter() - t)
+
+    per_ours: dict[str, float] = collections.defaultdict(float)
+    labels = {s.label: s for s in sess.plan.route.steps}
+    for ev in sess.executor.trace:
+        if ev.track != "compute":
+            continue
+        step = labels[ev.name]
+        kind = "update" if step.phase is Phase.UPDATE else net.nodes[step.node].type_name
+        per_ours[kind] += ev.dur_s / args.steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            torch_step()
+    per_theirs: dict[str, float] = collections.defaultdict(float)
+    for evt in prof.key_averages():
+        per_theirs[torch_type(evt.key)] += evt.self_cpu_time_total / 1e6 / args.steps
+
+    mo, mt = statistics.median(ours), statistics.median(theirs)
+    print(f"{args.model}-{args.depth} batch {args.batch} {args.image_size}px, {args.threads} threads, "
+          f"policy {args.policy}")
+    print(f"{'layer type':<14} {'minidl ms':>10} {'torch ms':>10} {'ratio':>7}")
+    for kind in sorted(set(per_ours) | set(per_theirs), key=lambda k: -per_ours.get(k, 0)):
+        a, b = per_ours.get(kind, 0.0) * 1e3, per_theirs.get(kind, 0.0) * 1e3
+        print(f"{kind:<14} {a:>10.1f} {b:>10.1f} {a / b if b else float('nan'):>7.2f}")
+    print(f"{'whole step':<14} {mo * 1e3:>10.1f} {mt * 1e3:>10.1f} {mo / mt:>7.2f}")
+    print("(torch per-type times are profiler self-CPU times of the mapped aten ops; 'other' is unmapped)")
+
+
+if __name__ == "__main__":
+    main()
