@@ -63,11 +63,16 @@ class Plan:
     peak_live: list[str] = field(default_factory=list)  # tensors live at the peak
     lower_bound_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of every planned tensor (workspace included)
+    offloaded_bytes: int = 0       # bytes copied device -> host per training step (OFFLOAD events)
+    prefetched_bytes: int = 0      # bytes copied host -> device per training step (PREFETCH events)
 
     def by_role_at_peak(self) -> dict[str, int]:
+        """Pool bytes (rounded to the pool's alignment, as allocated) per role at the peak: they sum to it."""
+        from .pool import align_up
+
         out = {r.value: 0 for r in Role}
         for tid in self.peak_live:
-            out[self.role_of(tid).value] += self.sizes[tid]
+            out[self.role_of(tid).value] += align_up(self.sizes[tid])
         return out
 
     def role_of(self, tid: str) -> Role:

@@ -1,0 +1,73 @@
+"""The `minidl` command's contract: --json prints one JSON object with the documented keys."""
+import json
+
+import numpy as np
+import pytest
+
+from minidl.cli import main
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def test_info(capsys):
+    r = run_json(capsys, "info", "resnet", "--depth", "50", "--batch", "2")
+    assert r["params"] == 25_557_032
+    assert r["weighted_layers"] == 54  # 53 convs (incl. 4 projections) + 1 linear
+    assert r["forward_flops"] > 0 and len(r["layers"]) if isinstance(r["layers"], list) else r["layers"] > 0
+    assert {"name", "type", "output_shape", "params", "flops", "output_bytes"} <= set(r["table"][1])
+
+
+def test_info_text(capsys):
+    assert main(["info", "lenet"]) == 0
+    out = capsys.readouterr().out
+    assert "conv" in out and "parameters" in out
+
+
+def test_plan_keys_and_budget_error(capsys):
+    r = run_json(capsys, "plan", "resnet", "--depth", "20", "--batch", "8", "--policy", "liveness",
+                 "--device", "k40c")
+    for k in ("peak_bytes", "min_budget_bytes", "lower_bound_bytes", "est_step_time_s", "by_role"):
+        assert k in r
+    assert sum(r["by_role"].values()) == r["peak_bytes"]
+    assert main(["plan", "resnet", "--depth", "20", "--batch", "8", "--policy", "liveness", "--budget",
+                 str(r["min_budget_bytes"] - 512), "--json"]) == 2
+    err = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert err["error"] == "BudgetError" and err["min_budget_bytes"] == r["min_budget_bytes"]
+
+
+def test_plan_explain_plot_trace(capsys, tmp_path):
+    png, trace = tmp_path / "m.png", tmp_path / "t.json"
+    assert main(["plan", "lenet", "--batch", "4", "--policy", "liveness", "--explain", "--plot", str(png),
+                 "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "first used here" in out and "last use" in out
+    assert png.stat().st_size > 1000
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_train_digits_and_bit_identical_saves(capsys, tmp_path):
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    common = ["train", "lenet", "--data", "digits", "--batch", "16", "--steps", "5", "--seed", "3"]
+    r = run_json(capsys, *common, "--save", str(a))
+    for k in ("final_loss", "step_time_s", "images_per_s", "accuracy", "peak_bytes"):
+        assert k in r
+    run_json(capsys, *common, "--save", str(b), "--policy", "none")
+    za, zb = np.load(a), np.load(b)
+    assert "conv1.weight" in za.files
+    for k in za.files:
+        assert np.array_equal(za[k], zb[k]), k
+
+
+def test_sizes_accept_units(capsys):
+    r = run_json(capsys, "plan", "lenet", "--batch", "4", "--budget", "64MiB")
+    assert r["arena_bytes"] == 64 * 2**20
+
+
+@pytest.mark.parametrize("bad", [["info", "nosuchnet"], ["train", "lenet", "--data", "cifar10:/nonexistent"]])
+def test_errors_are_clean(capsys, bad):
+    assert main([*bad, "--json"]) == 2
+    assert "error" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
