@@ -1,0 +1,14 @@
+"""End-to-end training: a small CNN learns sklearn's bundled digits."""
+from minidl.data import load_data
+from minidl.models import build_model
+from minidl.optim import SGD
+from minidl.session import Session
+
+
+def test_lenet_learns_digits_to_95_percent():
+    train, heldout = load_data("digits", seed=0)
+    net = build_model("lenet", batch=32, image_size=8, in_channels=1, num_classes=10)
+    sess = Session(net, SGD(lr=0.05, momentum=0.9), policy="liveness", seed=0)
+    sess.fit(train, 400)
+    loss, acc = sess.evaluate(heldout)
+    assert acc >= 0.95, (loss, acc)
