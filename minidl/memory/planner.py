@@ -28,9 +28,13 @@ def rounded(nbytes: int) -> int:
 
 @dataclass(slots=True)
 class WorkspaceChoice:
+    """The algorithm a step runs and its workspace bytes. With `options` (ranked fastest first) and a budget,
+    placement re-decides at the step itself: the fastest option whose workspace fits the memory free then."""
+
     algo: str | None
     nbytes: int
     refused: list[str] = field(default_factory=list)
+    options: list | None = None  # list[WorkspaceOption], fastest first; None: `algo` is final
 
 
 def default_workspace(route: Route) -> dict[int, WorkspaceChoice]:
@@ -88,7 +92,8 @@ class PlacementRecorder:
 def capacity_bound(route: Route, ws: dict[int, WorkspaceChoice]) -> int:
     """An arena size no plan can exceed: every tensor at once."""
     return (sum(rounded(t.nbytes) for t in route.tensors.values())
-            + sum(rounded(c.nbytes) for c in ws.values()) + ALIGNMENT)
+            + sum(rounded(max([c.nbytes] + [o.workspace_bytes for o in c.options or ()])) for c in ws.values())
+            + ALIGNMENT)
 
 
 def lower_bound(route: Route) -> int:
@@ -116,7 +121,7 @@ def make_plan(route: Route, policy: str = "liveness", budget: int | None = None,
     to the one placement pass; without it, plain liveness.
     """
     ws = default_workspace(route) if workspace is None else workspace
-    plan = _place(route, policy, ws, schedule)
+    plan = _place(route, policy, ws, schedule, budget)
     plan.lower_bound_bytes = lower_bound(route)
     check_budget(plan, budget)
     plan.arena_bytes = budget if budget is not None else plan.min_budget_bytes
@@ -141,6 +146,9 @@ class Residency:
     `start_at` / `end_at` say whether the event happens before or after the step computes. Plain liveness gives
     every tensor one residency (ALLOC before its first use, FREE after its last); offload splits it in two
     (... RELEASE, then PREFETCH ...); recomputation likewise (FREE after forward, RECOMPUTE before backward).
+
+    `start_seq` / `end_seq` > 0 put the event in an explicit sequence at its boundary (see `_place_schedule`):
+    a recomputation chain must rebuild a tensor's input before the tensor, and may free that input at once.
     """
 
     start: int
@@ -150,6 +158,8 @@ class Residency:
     end_at: str
     end_kind: EventKind
     reason: str = ""
+    start_seq: int = 0
+    end_seq: int = 0
 
 
 @dataclass(slots=True)
@@ -184,7 +194,8 @@ def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
     return sched
 
 
-def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None) -> Plan:
+def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None,
+           budget: int | None = None) -> Plan:
     rec = PlacementRecorder(capacity_bound(route, ws))
     sizes = {tid: t.nbytes for tid, t in route.tensors.items()}
     for k, c in ws.items():
@@ -210,7 +221,7 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: 
             sp.in_use = rec.pool.in_use
     else:
         sched = schedule if schedule is not None else liveness_schedule(route, ws)
-        _place_schedule(route, sched, sizes, steps, rec)
+        _place_schedule(route, sched, sizes, steps, rec, _workspace_fitter(route, ws, budget, steps))
     peak = rec.pool.peak
     plan = Plan(route=route, policy=policy, arena_bytes=0, setup=setup, steps=steps, peak_bytes=peak,
                 min_budget_bytes=rec.high_water, binding_step=max(rec.high_water_step, 0),
@@ -220,22 +231,33 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: 
 
 
 def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps: list[StepPlan],
-                    rec: "PlacementRecorder") -> None:
+                    rec: "PlacementRecorder", fit_workspace=None) -> None:
     """Turn residencies and markers into ordered events with offsets, by replaying them on the pool.
 
     At each step boundary the order is fixed and explained:
-    - before a step: ends (frees, releases) first so their memory is reusable, then starts (allocations,
-      prefetches, recomputations) largest first (big blocks claim the best holes before small ones split
-      them), then markers (waits: a prefetch must have landed before the step reads it);
+    - before a step: ends (frees, releases) first so their memory is reusable, then the explicitly sequenced
+      events (`start_seq`/`end_seq` > 0, in sequence order: a recomputation chain rebuilds a tensor's input
+      before the tensor and frees that input as soon as it is consumed), then starts (allocations, prefetches,
+      recomputations) largest first (big blocks claim the best holes before small ones split them), then
+      markers (waits: a prefetch must have landed before the step reads it);
     - after a step: markers first (an offload copy starts while the tensor is still resident), then ends,
-      then starts (a prefetch issued early for a later step).
+      then sequenced events, then starts (a prefetch issued early for a later step).
+    With `fit_workspace` (a budget was given), a workspace whose algorithm is still open is placed after the
+    step's other starts, and `fit_workspace` picks the fastest algorithm whose workspace fits what is free then.
     """
     starts: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
     ends: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
+    seqd: dict[tuple[int, str], list[tuple[int, int, str, Residency]]] = {}
     for tid, lst in sched.residencies.items():
         for r in lst:
-            starts.setdefault((r.start, r.start_at), []).append((tid, r))
-            ends.setdefault((r.end, r.end_at), []).append((tid, r))
+            if r.start_seq > 0:
+                seqd.setdefault((r.start, r.start_at), []).append((r.start_seq, 0, tid, r))
+            else:
+                starts.setdefault((r.start, r.start_at), []).append((tid, r))
+            if r.end_seq > 0:
+                seqd.setdefault((r.end, r.end_at), []).append((r.end_seq, 1, tid, r))
+            else:
+                ends.setdefault((r.end, r.end_at), []).append((tid, r))
     marks: dict[tuple[int, str], list[Marker]] = {}
     for m in sched.markers:
         marks.setdefault((m.step, m.at), []).append(m)
@@ -244,9 +266,23 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
         for tid, r in sorted(ends.get(key, ()), key=lambda e: e[0]):
             out.append(rec.free(tid, r.end_kind, reason=r.reason or "last use"))
 
+    def do_seq(key, out):
+        for _, is_end, tid, r in sorted(seqd.get(key, ()), key=lambda e: (e[0], e[1], e[2])):
+            if is_end:
+                out.append(rec.free(tid, r.end_kind, reason=r.reason or "last use"))
+            else:
+                out.append(rec.alloc(tid, sizes[tid], r.start_kind, reason=r.reason or "first use"))
+
     def do_starts(key, out):
+        deferred = []
         for tid, r in sorted(starts.get(key, ()), key=lambda e: (-sizes[e[0]], e[0])):
+            if fit_workspace is not None and fit_workspace.is_open(tid):
+                deferred.append((tid, r))
+                continue
             out.append(rec.alloc(tid, sizes[tid], r.start_kind, reason=r.reason or "first use"))
+        for tid, r in deferred:
+            sizes[tid] = fit_workspace.choose(tid, rec.pool)
+            out.append(rec.alloc(tid, sizes[tid], r.start_kind, reason=fit_workspace.reason(tid)))
 
     def do_marks(key, out):
         for m in marks.get(key, ()):
@@ -258,12 +294,23 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
         rec.step = k
         sp = steps[k]
         do_ends((k, "before"), sp.before)
+        do_seq((k, "before"), sp.before)
         do_starts((k, "before"), sp.before)
         do_marks((k, "before"), sp.before)
         sp.in_use = rec.pool.in_use
         do_marks((k, "after"), sp.after)
         do_ends((k, "after"), sp.after)
+        do_seq((k, "after"), sp.after)
         do_starts((k, "after"), sp.after)
+
+
+def _workspace_fitter(route: Route, ws: dict[int, WorkspaceChoice], budget: int | None, steps: list[StepPlan]):
+    """With a budget, the object that lets placement choose workspace algorithms (see `workspace.py`)."""
+    if budget is None or not any(c.options for c in ws.values()):
+        return None
+    from .workspace import WorkspaceFitter
+
+    return WorkspaceFitter(route, ws, budget, steps)
 
 
 def live_at(plan: Plan, k: int) -> list[str]:

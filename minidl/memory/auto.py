@@ -1,0 +1,311 @@
+"""Policy `auto`: given a budget, the fastest plan that fits, searched over every mechanism minidl has.
+
+The mechanisms trade memory for time in different currencies:
+
+- **liveness** costs nothing: free every tensor after its last use. Always on.
+- **workspace sizing** costs convolution speed: a slower algorithm with less scratch space. Always on under a
+  budget, per step: each convolution gets the fastest algorithm whose workspace fits what is free then
+  (`workspace.py`), so it only slows down the steps where memory is actually short.
+- **recomputation** costs FLOPs: cheap layers' outputs are rebuilt in backward (`recompute.py`), either
+  speed-centric (each segment once) or memory-centric (per use: more FLOPs, less memory).
+- **offload** costs link bandwidth, hidden behind compute when the schedule allows: checkpoints wait on the
+  host between their forward and backward uses (`offload.py`, when that module is present).
+
+`auto` plans a handful of combinations (below), keeps those whose smallest budget is within the given one,
+estimates each one's step time with the simulator (compute on the device profile, plus recomputation, plus
+slower workspace algorithms, plus transfer time the link could not hide), and returns the fastest.
+
+    combination                       what it gives up
+    liveness                          nothing (workspace algorithms only where memory is short)
+    recompute                         a little compute: segments speed-centric where the bottleneck allows
+    recompute, memory-centric         more compute, the least activation memory without transfers
+    offload                           link time, as little as the budget demands
+    recompute + offload               both: what SuperNeurons runs for the deepest networks
+    recompute (memory) + offload      the most memory-frugal plan minidl can make
+
+Offloading is searched only when it could win: its step time can never be below its base's compute time, so a
+base whose compute time is already slower than a fitting plan is skipped. That keeps `auto` to a few
+placement passes on networks that fit easily, and makes it search hard only when the budget is tight.
+
+If nothing fits, `BudgetError` states the smallest budget that works: that of the most memory-frugal plan
+(every mechanism at its most frugal: memory-centric recomputation, every candidate offloaded and prefetched just
+in time, the smallest workspace everywhere). `auto` at exactly that budget succeeds.
+
+Offload composed with recomputation needs one adjustment: a checkpoint that a recomputation reads must be back
+on the device *before* the recomputation sequence at that step boundary, which runs before the boundary's plain
+allocations and waits. So a root's "first backward use" for offload purposes is one step before its first
+recomputation read, and its end keeps the recomputation sequence number.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+
+from ..errors import BudgetError
+from ..route import Route
+from .liveness import analyze
+from .plan import Plan
+from .planner import Schedule, WorkspaceChoice, _place, check_budget, liveness_schedule, lower_bound
+from .policies import register_policy
+from .pool import format_bytes
+from .recompute import MEMORY, RecomputeSchedule, recompute_schedule
+from .simulate import get_profile, simulate, step_costs
+from .workspace import CostTable, workspace_choices
+
+BINARY_SEARCH_STEPS = 8
+"""At most this many placement passes to find the fewest offloads that fit (the rest of the interval is
+offloaded: a few more transfers, hidden anyway, instead of more planning time)."""
+
+
+@dataclass(slots=True)
+class Trial:
+    """One combination `auto` tried: its plan (when one was made), whether it fits, and its estimated time."""
+
+    name: str
+    plan: Plan | None = None
+    fits: bool = False
+    min_budget_bytes: int = 0
+    est_step_time_s: float = math.inf
+    note: str = ""
+
+
+@dataclass(slots=True)
+class AutoResult:
+    plan: Plan | None
+    trials: list[Trial] = field(default_factory=list)
+    frugal: Trial | None = None
+
+    def summary(self) -> str:
+        lines = []
+        for t in self.trials:
+            mark = "*" if self.plan is not None and t.plan is self.plan else " "
+            state = "fits" if t.fits else ("over budget" if t.plan is not None else "skipped")
+            time = f"{t.est_step_time_s * 1e3:9.2f} ms" if math.isfinite(t.est_step_time_s) else "        -   "
+            lines.append(f" {mark} {t.name:<30} {state:<11} min budget {format_bytes(t.min_budget_bytes):>11}  "
+                         f"est {time}  {t.note}")
+        return "\n".join(lines)
+
+
+def _offload_module():
+    try:
+        return importlib.import_module(f"{__package__}.offload")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.offload":
+            raise
+        return None
+
+
+def place(route: Route, ws: dict[int, WorkspaceChoice], sched: Schedule, budget: int | None,
+          policy: str = "auto") -> Plan:
+    """One placement pass (no budget check); workspace algorithms fitted to `budget` when given."""
+    plan = _place(route, policy, ws, sched, budget)
+    plan.arena_bytes = plan.min_budget_bytes
+    return plan
+
+
+def _finish(plan: Plan, route: Route, budget: int | None, policy: str = "auto") -> Plan:
+    plan.policy = policy
+    plan.lower_bound_bytes = lower_bound(route)
+    check_budget(plan, budget)
+    plan.arena_bytes = budget if budget is not None else plan.min_budget_bytes
+    mod = _offload_module()
+    if mod is not None and hasattr(plan, "offloaded_bytes"):
+        plan.offloaded_bytes, plan.prefetched_bytes = mod.transfer_bytes(plan)
+    return plan
+
+
+# -- offload on top of any base schedule ------------------------------------------------------------------------
+@dataclass(slots=True)
+class CacheResult:
+    plan: Plan          # the plan found (fits the budget if `fits`)
+    fits: bool
+    offloaded: int      # tensors offloaded
+    candidates: int
+
+
+def offload_candidates(mod, route: Route, base: Schedule, clock, root_reads: dict[str, int]) -> list:
+    """offload.find_candidates, adjusted for recomputation: a root must be back before its first recompute read
+    (one step early, since recomputations run before the boundary's waits), and roots that only recomputation
+    reads in backward become candidates too."""
+    n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
+    cands = []
+    seen = set()
+    for c in mod.find_candidates(route, base, clock):
+        seen.add(c.tensor)
+        if c.tensor in root_reads:
+            fb = min(c.first_backward, root_reads[c.tensor] - 1)
+            if fb - c.last_forward < 2:
+                continue
+            c.first_backward = fb
+            c.idle_s = clock.start[fb] - clock.end(c.last_forward)
+        cands.append(c)
+    iv = analyze(route)
+    for tid, a in root_reads.items():
+        if tid in seen or tid not in iv or len(base.residencies.get(tid, ())) != 1:
+            continue
+        r = base.residencies[tid][0]
+        fwd = [u for u in iv[tid].uses if u < n_fwd]
+        if not fwd or any(u >= n_fwd for u in iv[tid].uses):
+            continue
+        lf, fb = fwd[-1], a - 1
+        if fb - lf < 2:
+            continue
+        spec = route.tensors[tid]
+        cands.append(mod.Candidate(tid, spec.nbytes, lf, fb, r, clock.start[fb] - clock.end(lf), True))
+    cands.sort(key=lambda c: (-c.priority, -c.nbytes, c.tensor))
+    return cands
+
+
+def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
+                 root_reads: dict[str, int] | None = None) -> CacheResult:
+    """The fewest offloads (with hidden copies) that make `base` fit `budget`; else every candidate offloaded
+    with the tightest timing (the most frugal plan this base allows, which may still not fit)."""
+    mod = _offload_module()
+    root_reads = root_reads or {}
+    plan = place(route, ws, base, budget)
+    if plan.min_budget_bytes <= budget:
+        return CacheResult(plan, True, 0, 0)
+    dev = get_profile(device) if isinstance(device, str) else device
+    clock = mod._clock(route, dev, mod.COPY_SLACK)
+    cands = offload_candidates(mod, route, base, clock, root_reads)
+    if not cands:
+        return CacheResult(plan, False, 0, 0)
+
+    def sched_for(chosen, tight: bool) -> Schedule:
+        timing = mod.tight_timing(chosen) if tight else mod.hiding_timing(chosen, clock)
+        sched = mod.offload_schedule(route, base, chosen, timing)
+        for c in chosen:   # keep a root's place in its recomputation sequence (offload_schedule rebuilds it)
+            if c.base.end_seq:
+                sched.residencies[c.tensor][-1].end_seq = c.base.end_seq
+        return sched
+
+    full = place(route, ws, sched_for(cands, False), budget)
+    if full.min_budget_bytes <= budget:
+        lo, hi, best = 0, len(cands), full
+        for _ in range(BINARY_SEARCH_STEPS):
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+            p = place(route, ws, sched_for(cands[:mid], False), budget)
+            if p.min_budget_bytes <= budget:
+                hi, best = mid, p
+            else:
+                lo = mid
+        return CacheResult(best, True, hi, len(cands))
+    tight = place(route, ws, sched_for(cands, True), budget)
+    return CacheResult(tight, tight.min_budget_bytes <= budget, len(cands), len(cands))
+
+
+# -- the search -------------------------------------------------------------------------------------------------
+def _compute_floor_s(route: Route, device) -> float:
+    """The step time of the route's own compute on `device`: no plan can be faster."""
+    dev = get_profile(device) if isinstance(device, str) else device
+    return math.fsum(c.time_s for c in step_costs(route, dev))
+
+
+def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
+                frugal: bool = True) -> AutoResult:
+    """Try the combinations (module docstring) and return the fastest that fits `budget`.
+
+    Without a budget, the fastest plan is plain liveness with every convolution on its fastest algorithm.
+    With `frugal`, the most memory-frugal plan is also made when nothing fits (for the error message).
+    """
+    ws = workspace_choices(route, costs)
+    iv = analyze(route)
+    res = AutoResult(None)
+    if budget is None:
+        plan = place(route, ws, liveness_schedule(route, ws), None)
+        t = Trial("liveness", plan, True, plan.min_budget_bytes, simulate(plan, device).est_step_time_s)
+        res.trials.append(t)
+        res.plan = plan
+        return res
+
+    bases: list[tuple[str, Schedule, RecomputeSchedule | None]] = [("liveness", liveness_schedule(route, ws), None)]
+    rs_default = recompute_schedule(route, ws, limit=None, iv=iv)
+    if rs_default.segments:
+        rs_budget = recompute_schedule(route, ws, limit=max(budget, rs_default.bottleneck), iv=iv)
+        speedy = [s.mode for s in rs_budget.segments] != [s.mode for s in rs_default.segments]
+        rs_mem = recompute_schedule(route, ws, mode=MEMORY, iv=iv)
+        if speedy:
+            bases.append(("recompute (speed under budget)", rs_budget.schedule, rs_budget))
+        bases.append(("recompute", rs_default.schedule, rs_default))
+        if [s.mode for s in rs_mem.segments] != [s.mode for s in rs_default.segments]:
+            bases.append(("recompute (memory-centric)", rs_mem.schedule, rs_mem))
+
+    def evaluate(trial: Trial) -> None:
+        p = trial.plan
+        trial.min_budget_bytes = p.min_budget_bytes
+        trial.fits = p.min_budget_bytes <= budget
+        if trial.fits:
+            trial.est_step_time_s = simulate(p, device).est_step_time_s
+
+    for name, sched, _ in bases:
+        trial = Trial(name, place(route, ws, sched, budget))
+        evaluate(trial)
+        res.trials.append(trial)
+
+    mod = _offload_module()
+    if mod is not None:
+        floor = _compute_floor_s(route, device)
+        for name, sched, rs in bases:
+            best = min((t.est_step_time_s for t in res.trials if t.fits), default=math.inf)
+            plain = next(t for t in res.trials if t.name == name)
+            if plain.fits:
+                continue      # offloading cannot make a fitting base faster
+            # A lower bound of this base's time: the route's compute plus its recomputation.
+            if floor >= best:
+                res.trials.append(Trial(f"{name} + offload", note="skipped: cannot beat the best fitting plan"))
+                continue
+            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
+            cr = cache_search(route, sched, ws, budget, device, reads)
+            trial = Trial(f"{name} + offload", cr.plan,
+                          note=f"{cr.offloaded} of {cr.candidates} candidates offloaded")
+            evaluate(trial)
+            res.trials.append(trial)
+
+    fitting = [t for t in res.trials if t.fits]
+    if fitting:
+        best = min(fitting, key=lambda t: (t.est_step_time_s, t.min_budget_bytes))
+        res.plan = best.plan
+    elif frugal:
+        res.frugal = most_frugal(route, device, bases, ws)
+    return res
+
+
+def most_frugal(route: Route, device, bases, ws) -> Trial:
+    """The plan with the smallest budget any combination reaches: each base with every mechanism at its most
+    frugal (a budget of one byte makes workspace sizing take the smallest algorithm and offload everything)."""
+    mod = _offload_module()
+    best: Trial | None = None
+    for name, sched, rs in bases:
+        if mod is not None:
+            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
+            p = cache_search(route, sched, ws, 1, device, reads).plan
+            name = f"{name} + offload (all, just in time)"
+        else:
+            p = place(route, ws, sched, 1)
+        t = Trial(name + ", smallest workspaces", p, False, p.min_budget_bytes)
+        if best is None or t.min_budget_bytes < best.min_budget_bytes:
+            best = t
+    return best
+
+
+def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None) -> Plan:
+    res = auto_search(route, budget, device, costs)
+    if res.plan is None:
+        f = res.frugal
+        p = f.plan
+        raise BudgetError(
+            f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy 'auto': no combination of "
+            f"liveness, recomputation{', offload' if _offload_module() else ''} and workspace sizing fits. The "
+            f"smallest budget that works is {format_bytes(p.min_budget_bytes)} ({p.min_budget_bytes:,} B), with "
+            f"the most memory-frugal plan ({f.name}), bound at step {p.binding_step} ({p.binding_label}).\n"
+            f"tried:\n{res.summary()}", p.min_budget_bytes, p.binding_label)
+    return _finish(res.plan, route, budget)
+
+
+@register_policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, "
+                         "offload and per-step workspace sizing (without one: liveness)")
+def _auto(route: Route, budget: int | None, device: str) -> Plan:
+    return plan_auto(route, budget, device or "cpu")
