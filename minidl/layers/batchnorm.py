@@ -1,0 +1,81 @@
+"""BatchNorm2d: per-channel normalization over (N, H, W), PyTorch semantics.
+
+Training normalizes with the batch statistics, saves them as aux tensors (`mean`, `invstd`: C values each, the
+only thing backward needs beside the input) and folds them into the running statistics (variance unbiased).
+Evaluation normalizes with the running statistics. The running statistics are buffers (`trainable=False`
+parameters): they live with the parameters, are updated in place and never receive a gradient.
+
+Recomputation (`ctx.recompute`) re-normalizes with the saved statistics and leaves the running statistics
+alone, so a recomputed output is bit-identical to the first one and a step has exactly one running update.
+"""
+from __future__ import annotations
+
+import math
+
+from .base import Layer, ParamSpec
+
+
+class BatchNorm2d(Layer):
+    type_name = "batchnorm"
+    needs_inputs = (0,)
+
+    def __init__(self, momentum: float = 0.1, eps: float = 1e-5, affine: bool = True, name: str | None = None):
+        super().__init__(name)
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be in [0, 1], got {momentum}")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps}")
+        self.momentum = float(momentum)
+        self.eps = float(eps)
+        self.affine = bool(affine)
+
+    def infer_shape(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise ValueError(f"expects a 4-D input (N, C, H, W), got shape {s}")
+        return s
+
+    def param_specs(self, in_shapes):
+        c = in_shapes[0][1]
+        specs = {}
+        if self.affine:
+            specs["weight"] = ParamSpec((c,), "ones")
+            specs["bias"] = ParamSpec((c,), "zeros")
+        specs["running_mean"] = ParamSpec((c,), "zeros", trainable=False)
+        specs["running_var"] = ParamSpec((c,), "ones", trainable=False)
+        return specs
+
+    def aux_specs(self, in_shapes, training=True):
+        c = in_shapes[0][1]
+        return {"mean": (c,), "invstd": (c,)} if training else {}
+
+    def flops(self, in_shapes, out_shape):
+        # statistics (sum, deviation, square-and-add: 4 per element) + normalization (multiply-add: 2)
+        return 6 * math.prod(in_shapes[0])
+
+    def backward_flops(self, in_shapes, out_shape):
+        # two reductions (3 per element) + the dx pass (5 per element)
+        return 8 * math.prod(in_shapes[0])
+
+    def config(self):
+        return {"momentum": self.momentum, "eps": self.eps, "affine": self.affine}
+
+    def forward(self, be, inputs, out, params, ctx):
+        x, w, b = inputs[0], params.get("weight"), params.get("bias")
+        if not ctx.training:
+            be.batchnorm_forward_eval(x, w, b, params["running_mean"], params["running_var"], out, self.eps)
+        elif ctx.recompute:
+            be.batchnorm_forward_apply(x, w, b, ctx.aux["mean"], ctx.aux["invstd"], out)
+        else:
+            be.batchnorm_forward_train(x, w, b, params["running_mean"], params["running_var"], out,
+                                       ctx.aux["mean"], ctx.aux["invstd"], self.momentum, self.eps,
+                                       update_running=True)
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        x, w = inputs[0], params.get("weight")
+        dx, dw, db = dinputs[0], grads.get("weight"), grads.get("bias")
+        if ctx.training:
+            be.batchnorm_backward(x, w, dout, ctx.aux["mean"], ctx.aux["invstd"], dx, dw, db)
+        else:
+            be.batchnorm_backward_eval(x, w, dout, params["running_mean"], params["running_var"], self.eps,
+                                       dx, dw, db)
