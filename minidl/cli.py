@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--debug", action="store_true", help="poison freed memory and check residency")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--host-limit", type=parse_size, default=None, metavar="SIZE",
+                   help="host RAM for offloaded tensors; beyond it they spill to a memory-mapped file (disk tier)")
     return ap
 
 
@@ -109,7 +111,8 @@ def _memory_json(plan) -> dict:
     return {"policy": plan.policy, "peak_bytes": plan.peak_bytes, "min_budget_bytes": plan.min_budget_bytes,
             "lower_bound_bytes": plan.lower_bound_bytes, "arena_bytes": plan.arena_bytes,
             "by_role": rep.by_role, "peak_at": rep.peak_at, "binding_step": rep.binding_step, "fragmentation": rep.fragmentation,
-            "largest_at_peak": rep.to_json()["largest_at_peak"]}
+            "largest_at_peak": rep.to_json()["largest_at_peak"],
+            "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes}
 
 
 def cmd_plan(args) -> dict:
@@ -126,6 +129,8 @@ def cmd_plan(args) -> dict:
     out = _memory_json(plan)
     out.update({"model": args.model, "device": args.device, "est_step_time_s": sim.est_step_time_s,
                 "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
+                "transfer_hidden_fraction": sim.transfer_hidden_fraction, "exposed_transfer_s": sim.exposed_transfer_s,
+                "copy_bandwidth_bytes_per_s": sim.device.link_bw if sim.transfer_time_s else 0.0,
                 "steps": len(plan.route.steps)})
     if args.plot:
         plot_timeline(plan, args.plot, title=f"{args.model} ({args.policy})")
@@ -167,7 +172,8 @@ def cmd_train(args) -> dict:
                                    num_samples=max(4 * batch, 256))
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
-                   backend=get_backend(args.backend), debug=args.debug, trace=bool(args.trace))
+                   backend=get_backend(args.backend), debug=args.debug, trace=bool(args.trace),
+                   host_limit_bytes=args.host_limit)
     if args.resume:
         sess.load(args.resume)
     res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json)
@@ -175,6 +181,9 @@ def cmd_train(args) -> dict:
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak}
     out.update(_memory_json(sess.plan))
+    from .memory.host import transfer_json
+
+    out.update(transfer_json(sess.executor.host, args.steps))  # measured by the transfer engine
     if heldout is not None and len(heldout) >= batch:
         _, acc = sess.evaluate(heldout)
         out["accuracy"] = acc
@@ -190,6 +199,9 @@ def cmd_train(args) -> dict:
                 f"{res.images_per_s:.1f} images/s")
         if "accuracy" in out:
             line += f", held-out accuracy {out['accuracy']:.2%}"
+        if out["offloaded_bytes"]:
+            line += (f"; copies at {out['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+                     f"{out['transfer_hidden_fraction']:.0%} hidden behind compute")
         print(line)
     return out
 

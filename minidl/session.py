@@ -43,10 +43,12 @@ class TrainResult:
 
 class Session:
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness", budget: int | None = None,
-                 seed: int = 0, backend=None, debug: bool = False, trace: bool = False):
+                 seed: int = 0, backend=None, debug: bool = False, trace: bool = False,
+                 host_limit_bytes: int | None = None):
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
         self.plan = plan_network(net, optimizer, policy, budget)
-        self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace)
+        self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
+                                 host_limit_bytes=host_limit_bytes)
         self.batch = net.input_nodes[0].shape[0]
         self._iterator: BatchIterator | None = None
         self._data_fingerprint: tuple | None = None

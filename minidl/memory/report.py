@@ -27,6 +27,8 @@ class MemoryReport:
     by_role: dict[str, int]
     largest_at_peak: list[tuple[str, str, int]] = field(default_factory=list)  # (tensor, role, bytes)
     fragmentation: float = 0.0
+    offloaded_bytes: int = 0   # per training step, to the host store
+    prefetched_bytes: int = 0  # per training step, back from it
 
     def to_json(self) -> dict:
         return {
@@ -35,6 +37,7 @@ class MemoryReport:
             "peak_at": self.peak_at, "binding_step": self.binding_step, "by_role": self.by_role,
             "largest_at_peak": [{"tensor": t, "role": r, "bytes": b} for t, r, b in self.largest_at_peak],
             "fragmentation": self.fragmentation,
+            "offloaded_bytes": self.offloaded_bytes, "prefetched_bytes": self.prefetched_bytes,
         }
 
     def format(self) -> str:
@@ -45,8 +48,11 @@ class MemoryReport:
             f"{self.binding_step}; fragmentation {self.fragmentation:.1%}",
             f"  lower bound      {format_bytes(self.lower_bound_bytes):>12}  (params + grads + optimizer state + "
             f"largest layer's working set)",
-            "  at the peak, by role:",
         ]
+        if self.offloaded_bytes or self.prefetched_bytes:
+            lines.append(f"  host transfers   {format_bytes(self.offloaded_bytes):>12} offloaded, "
+                         f"{format_bytes(self.prefetched_bytes)} prefetched per step")
+        lines.append("  at the peak, by role:")
         for role, b in sorted(self.by_role.items(), key=lambda kv: -kv[1]):
             if b:
                 lines.append(f"    {role:<11} {format_bytes(b):>12}  {b / max(1, self.peak_bytes):6.1%}")
@@ -60,7 +66,8 @@ class MemoryReport:
 def memory_report(plan: Plan, top: int = 8) -> MemoryReport:
     largest = [(t, plan.role_of(t).value, plan.sizes.get(t, 0)) for t in plan.peak_live[:top]]
     return MemoryReport(plan.policy, plan.peak_bytes, plan.min_budget_bytes, plan.lower_bound_bytes,
-                        plan.arena_bytes, plan.peak_label, plan.binding_label, plan.by_role_at_peak(), largest, plan.fragmentation)
+                        plan.arena_bytes, plan.peak_label, plan.binding_label, plan.by_role_at_peak(), largest, plan.fragmentation,
+                        plan.offloaded_bytes, plan.prefetched_bytes)
 
 
 def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
@@ -138,12 +145,22 @@ def write_trace(path: str | Path, plan: Plan, events=None) -> Path:
         for e in events:
             trace.append({"name": e.name, "ph": "X", "ts": e.start_s * 1e6, "dur": max(e.dur_s * 1e6, 0.01),
                           "pid": 1, "tid": 1 if e.track == "compute" else 2, "args": {"step": e.step}})
-            trace.append({"name": "pool in use", "ph": "C", "ts": e.start_s * 1e6, "pid": 1,
-                          "args": {"bytes": e.in_use}})
+            if e.track == "compute":  # transfer events (tid 2) carry no pool reading
+                trace.append({"name": "pool in use", "ph": "C", "ts": e.start_s * 1e6, "pid": 1,
+                              "args": {"bytes": e.in_use}})
     else:
+        copying: dict[str, float] = {}  # transfer track: from OFFLOAD/PREFETCH to the RELEASE/WAIT that ends it
         for k, (step, sp) in enumerate(zip(plan.route.steps, plan.steps)):
             trace.append({"name": step.label, "ph": "X", "ts": float(k), "dur": 1.0, "pid": 1, "tid": 1})
             trace.append({"name": "pool in use", "ph": "C", "ts": float(k), "pid": 1, "args": {"bytes": sp.in_use}})
+            for ev, ts in [(ev, float(k)) for ev in sp.before] + [(ev, k + 1.0) for ev in sp.after]:
+                if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
+                    copying[ev.tensor] = ts
+                elif ev.kind in (EventKind.RELEASE, EventKind.WAIT) and ev.tensor in copying:
+                    t0 = copying.pop(ev.tensor)
+                    name = ("offload " if ev.kind is EventKind.RELEASE else "prefetch ") + ev.tensor
+                    trace.append({"name": name, "ph": "X", "ts": t0, "dur": max(ts - t0, 0.01), "pid": 1, "tid": 2,
+                                  "args": {"bytes": plan.sizes.get(ev.tensor, ev.nbytes)}})
     meta = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "compute"}},
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "transfer"}},
             {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"minidl ({plan.policy})"}}]

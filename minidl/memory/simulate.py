@@ -4,7 +4,8 @@ It answers "what would this network need, and how fast would it run, on a GPU we
 needs no model at all: the plan is computed by the same planner the executor replays, so the simulated peak
 *is* the executor's pool peak (tests hold this byte for byte). Step time is an estimate: each route step takes
 max(FLOPs / (peak FLOP/s x efficiency), bytes touched / memory bandwidth), and host transfers run on the link
-at its bandwidth, overlapped with compute where the plan allows.
+at its bandwidth, overlapped with compute where the plan allows (`link_timeline`): only the time a RELEASE or
+WAIT event must block for its copy adds to the step.
 """
 from __future__ import annotations
 
@@ -66,6 +67,14 @@ class SimResult:
     compute_time_s: float = 0.0
     transfer_time_s: float = 0.0
     est_step_time_s: float = 0.0
+    exposed_transfer_s: float = 0.0   # transfer time not hidden behind compute (included in est_step_time_s)
+
+    @property
+    def transfer_hidden_fraction(self) -> float:
+        """Share of link time overlapped with compute (1.0 when nothing moves: nothing is exposed)."""
+        if self.transfer_time_s <= 0:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_transfer_s / self.transfer_time_s))
 
     @property
     def peak_bytes(self) -> int:
@@ -100,11 +109,52 @@ def simulate(plan: Plan, device: DeviceProfile | str = "k40c") -> SimResult:
     dev = get_profile(device) if isinstance(device, str) else device
     costs = step_costs(plan.route, dev)
     compute = math.fsum(c.time_s for c in costs)
-    transfer = transfer_seconds(plan, dev)
     # Transfers overlap compute on their own stream; only what cannot hide adds to the step.
-    exposed = getattr(plan, "exposed_transfer_s", None)
-    est = compute + (exposed(dev, costs) if callable(exposed) else 0.0)
-    return SimResult(plan, dev, costs, compute, transfer, est)
+    link = link_timeline(plan, dev, costs)
+    return SimResult(plan, dev, costs, compute, link.transfer_s, compute + link.exposed_s, link.exposed_s)
+
+
+@dataclass(slots=True)
+class LinkTimeline:
+    transfer_s: float   # total copy time on the link
+    exposed_s: float    # time the compute stream spent blocked on a copy
+
+
+def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None = None) -> LinkTimeline:
+    """Replay the plan on two clocks: the compute stream and the host link (one FIFO copy stream).
+
+    OFFLOAD and PREFETCH queue a copy of `nbytes / link_bw` seconds that starts when the link is free and the
+    event is reached; RELEASE and WAIT advance the compute clock to the end of that tensor's copy if it has not
+    finished yet. That blocked time is the exposed transfer time; the rest of the copy time hid behind compute.
+    This is the executor's transfer engine, modelled: one thread, copies in issue order, waits only where the
+    plan says the data is needed.
+    """
+    from .plan import EventKind
+
+    costs = step_costs(plan.route, dev) if costs is None else costs
+    now = link_free = total = exposed = 0.0
+    done: dict[str, float] = {}
+
+    def apply(ev) -> None:
+        nonlocal now, link_free, total, exposed
+        if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
+            d = ev.nbytes / dev.link_bw
+            link_free = max(now, link_free) + d
+            done[ev.tensor] = link_free
+            total += d
+        elif ev.kind in (EventKind.RELEASE, EventKind.WAIT):
+            t = done.pop(ev.tensor, None)
+            if t is not None and t > now:
+                exposed += t - now
+                now = t
+
+    for sp, c in zip(plan.steps, costs):
+        for ev in sp.before:
+            apply(ev)
+        now += c.time_s
+        for ev in sp.after:
+            apply(ev)
+    return LinkTimeline(total, exposed)
 
 
 def transfer_seconds(plan: Plan, dev: DeviceProfile) -> float:
