@@ -28,8 +28,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None:
     from .memory.policies import available_policies
 
-    p.add_argument("--policy", default=policy_default, choices=available_policies(),
-                   help="memory policy (default: liveness)")
+    p.add_argument("--policy", default=None, choices=available_policies(),
+                   help="memory policy (default: auto when --budget is given, else liveness)")
     p.add_argument("--budget", type=parse_size, default=None, help="device memory budget, e.g. 512MiB, 12GB")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the memory timeline")
     p.add_argument("--trace", default=None, metavar="JSON", help="write a Chrome/Perfetto trace")
@@ -131,7 +131,7 @@ def cmd_plan(args) -> dict:
                 "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
                 "transfer_hidden_fraction": sim.transfer_hidden_fraction, "exposed_transfer_s": sim.exposed_transfer_s,
                 "copy_bandwidth_bytes_per_s": sim.device.link_bw if sim.transfer_time_s else 0.0,
-                "steps": len(plan.route.steps)})
+                "steps": len(plan.route.steps), "recompute_flops_share": sim.recompute_flops_share})
     if args.plot:
         plot_timeline(plan, args.plot, title=f"{args.model} ({args.policy})")
         out["plot"] = args.plot
@@ -181,6 +181,9 @@ def cmd_train(args) -> dict:
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak}
     out.update(_memory_json(sess.plan))
+    from .memory.simulate import simulate
+
+    out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
     from .memory.host import transfer_json
 
     out.update(transfer_json(sess.executor.host, args.steps))  # measured by the transfer engine
@@ -208,6 +211,8 @@ def cmd_train(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "cmd", None) in ("plan", "train") and args.policy is None:
+        args.policy = "auto" if args.budget is not None else "liveness"  # --budget alone means auto
     try:
         out = {"info": cmd_info, "plan": cmd_plan, "train": cmd_train}[args.cmd](args)
     except (MinidlError, ValueError, FileNotFoundError) as e:

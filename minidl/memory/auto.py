@@ -309,3 +309,71 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
                          "offload and per-step workspace sizing (without one: liveness)")
 def _auto(route: Route, budget: int | None, device: str) -> Plan:
     return plan_auto(route, budget, device or "cpu")
+
+
+# -- explaining a plan: per tensor, why it is kept, offloaded or recomputed ------------------------------------------
+def tensor_decisions(plan: Plan) -> list[tuple[str, str, str]]:
+    """(tensor, decision, why) for every activation and data tensor, in forward order.
+
+    The decision is read back from the plan's events, so it holds for any policy: "recomputed" (a RECOMPUTE
+    event rebuilds it in backward), "offloaded" (an OFFLOAD event moves it to the host), "kept" (resident from
+    forward into backward), or "freed in forward" (no backward step reads it: liveness frees it early).
+    """
+    from .plan import EventKind
+    from ..tensors import Role
+
+    route = plan.route
+    iv = analyze(route)
+    n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
+    events: dict[str, list] = {}
+    for k, sp in enumerate(plan.steps):
+        for ev in sp.before + sp.after:
+            events.setdefault(ev.tensor, []).append((k, ev))
+    readers: dict[str, list[int]] = {}
+    for tid, i in iv.items():
+        readers[tid] = [u for u in i.uses if u >= n_fwd]
+    out = []
+    for tid in sorted((t for t, s in route.tensors.items() if s.role in (Role.ACTIVATION, Role.DATA) and t in iv),
+                      key=lambda t: (iv[t].first, t)):
+        evs = events.get(tid, [])
+        rec = [(k, ev) for k, ev in evs if ev.kind is EventKind.RECOMPUTE]
+        off = [(k, ev) for k, ev in evs if ev.kind is EventKind.OFFLOAD]
+        bwd = readers.get(tid, [])
+        if rec:
+            dropped = next((ev.reason for k, ev in evs if ev.kind is EventKind.FREE and k < n_fwd), "")
+            if not bwd:
+                dropped = "backward never reads it: freed after forward"
+            steps = ", ".join(route.steps[k].label for k, _ in rec[:4]) + (" ..." if len(rec) > 4 else "")
+            out.append((tid, "recomputed", f"{dropped}; rebuilt {len(rec)}x in backward (before {steps}): "
+                                           f"{rec[0][1].reason}"))
+        elif off:
+            out.append((tid, "offloaded", off[0][1].reason))
+        elif bwd or any(ev.kind is EventKind.FREE and k >= n_fwd for k, ev in evs):
+            ext = next((ev.reason for k, ev in evs if ev.kind is EventKind.FREE and "checkpoint" in ev.reason), "")
+            why = (f"backward reads it at '{route.steps[bwd[0]].label}'" if bwd else "")
+            if ext:
+                why = (why + "; " if why else "") + ext
+            if plan.policy == "none":
+                why = "policy none keeps every tensor for the whole step"
+            out.append((tid, "kept", why or "resident into backward"))
+        else:
+            out.append((tid, "freed in forward", "no backward step reads it; freed after its last forward use"))
+    return out
+
+
+def decision_lines(plan: Plan) -> list[str]:
+    """The per-tensor decisions and the per-convolution algorithms, as report lines (used by `explain`)."""
+    lines = ["per tensor: why each activation is kept, offloaded or recomputed"]
+    counts: dict[str, int] = {}
+    for tid, what, why in tensor_decisions(plan):
+        counts[what] = counts.get(what, 0) + 1
+        lines.append(f"    {what:<16} {tid:<40} {why}")
+    lines.append("    totals: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    algos = [(k, sp) for k, sp in enumerate(plan.steps) if sp.algo]
+    if algos:
+        lines.append("per convolution step: the algorithm it runs, and faster ones refused for lack of memory")
+        for k, sp in algos:
+            refused = f"  refused: {'; '.join(sp.refused)}" if sp.refused else ""
+            lines.append(f"    step {k:>4} {plan.route.steps[k].label:<36} {sp.algo:<16} workspace "
+                         f"{format_bytes(sp.workspace_bytes):>11}{refused}")
+    return lines

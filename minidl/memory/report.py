@@ -185,13 +185,17 @@ def explain(plan: Plan, max_steps: int | None = None) -> str:
             lines.append(f"... ({len(route.steps) - k} more steps)")
             break
         lines.append(f"step {k:>4} {step.label}   [in use {format_bytes(sp.in_use)}]"
-                     + (f"  algo {sp.algo}" if sp.algo else ""))
-        for ev in sp.before:
-            lines.append(f"    + {ev.kind.value:<9} {ev.tensor:<40} {format_bytes(ev.nbytes):>11} @{ev.offset}  "
+                     + (f"  algo {sp.algo}" if sp.algo else "")
+                     + (f" (refused for lack of memory: {'; '.join(sp.refused)})" if sp.refused else ""))
+        for ev in sp.before:  # a recomputation sequence may free a transient input before the step: "-"
+            lines.append(f"    {'-' if ev.kind in (EventKind.FREE, EventKind.RELEASE) else '+'} {ev.kind.value:<9} {ev.tensor:<40} {format_bytes(ev.nbytes):>11} @{ev.offset}  "
                          f"{_why_alloc(ev, route, iv)}")
         for ev in sp.after:
             lines.append(f"    - {ev.kind.value:<9} {ev.tensor:<40} {format_bytes(ev.nbytes):>11}  "
                          f"{_why_free(ev, route, iv)}")
+    from .auto import decision_lines
+
+    lines += decision_lines(plan)  # per tensor: kept / offloaded / recomputed, and why; per conv: its algorithm
     return "\n".join(lines)
 
 

@@ -68,6 +68,13 @@ class SimResult:
     transfer_time_s: float = 0.0
     est_step_time_s: float = 0.0
     exposed_transfer_s: float = 0.0   # transfer time not hidden behind compute (included in est_step_time_s)
+    recompute_flops: int = 0          # forward FLOPs re-run by RECOMPUTE events (included in compute_time_s)
+    step_flops: int = 0               # FLOPs of the whole step, recomputation included
+
+    @property
+    def recompute_flops_share(self) -> float:
+        """Share of the step's FLOPs spent recomputing dropped activations."""
+        return self.recompute_flops / self.step_flops if self.step_flops else 0.0
 
     @property
     def transfer_hidden_fraction(self) -> float:
@@ -108,10 +115,42 @@ def simulate(plan: Plan, device: DeviceProfile | str = "k40c") -> SimResult:
     """Estimate the step time of `plan` on `device`. The peak is the plan's own (exact)."""
     dev = get_profile(device) if isinstance(device, str) else device
     costs = step_costs(plan.route, dev)
+    rflops = add_plan_costs(plan, costs)
     compute = math.fsum(c.time_s for c in costs)
     # Transfers overlap compute on their own stream; only what cannot hide adds to the step.
     link = link_timeline(plan, dev, costs)
-    return SimResult(plan, dev, costs, compute, link.transfer_s, compute + link.exposed_s, link.exposed_s)
+    return SimResult(plan, dev, costs, compute, link.transfer_s, compute + link.exposed_s, link.exposed_s, rflops,
+                     sum(c.flops for c in costs))
+
+
+def add_plan_costs(plan: Plan, costs: list[StepCost]) -> int:
+    """Charge each step what the plan adds to it; return the recomputed FLOPs.
+
+    - A RECOMPUTE event before step k re-runs that layer's forward: its forward step's cost is added to step k.
+    - A workspace algorithm slower than the layer's fastest (chosen for lack of memory) scales the step's time
+      by the ratio of their estimated costs (`WorkspaceOption.est_cost`, the layer's deterministic estimate).
+    """
+    from .plan import EventKind
+    from .planner import _options
+
+    route = plan.route
+    fwd = {s.node: s.index for s in route.steps if s.phase is Phase.FORWARD}
+    extra = 0
+    for k, (step, sp) in enumerate(zip(route.steps, plan.steps)):
+        if sp.algo is not None and step.workspace is not None:
+            opts = _options(route, step)
+            cost = {o.algo: o.est_cost for o in opts}
+            best = min(cost.values()) if cost else 0.0
+            if best > 0 and sp.algo in cost:
+                costs[k].time_s *= cost[sp.algo] / best
+        for ev in sp.before + sp.after:
+            if ev.kind is EventKind.RECOMPUTE:
+                src = costs[fwd[route.network.node(ev.tensor.split(":", 1)[1]).index]]
+                costs[k].time_s += src.time_s
+                costs[k].flops += src.flops
+                costs[k].bytes += src.bytes
+                extra += src.flops
+    return extra
 
 
 @dataclass(slots=True)

@@ -1,0 +1,174 @@
+"""Policy `auto`: the fastest plan that fits a budget, over liveness, recomputation, offload and workspace sizing;
+bit-identical to `none` at every budget it accepts, with the executor's peak equal to the plan's, and a
+BudgetError naming the smallest budget (which then works) when nothing fits."""
+import json
+
+import numpy as np
+import pytest
+
+import minidl as dl
+from minidl.cli import main
+from minidl.data import synthetic
+from minidl.errors import BudgetError
+from minidl.layers import BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
+from minidl.memory.auto import _offload_module, auto_search, tensor_decisions
+from minidl.memory.plan import EventKind
+from minidl.memory.policies import plan_network
+from minidl.memory.report import explain
+from minidl.models import build_model
+from minidl.optim import SGD
+from minidl.session import Session
+
+
+def dropnet(batch=4):
+    net = dl.Network("dropnet")
+    x = net.input((batch, 3, 12, 12), name="data")
+    y = net.input((batch,), dtype="int64", name="label")
+    h = x
+    for i, c in enumerate((6, 8)):
+        h = MaxPool2d(2, name=f"pool{i}")(ReLU(name=f"relu{i}")(BatchNorm2d(name=f"bn{i}")(
+            Conv2d(c, 3, padding=1, name=f"conv{i}")(h))))
+    h = Dropout(0.5, name="drop")(ReLU(name="fc_relu")(Linear(16, name="fc1")(Flatten(name="flat")(h))))
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(5, name="fc2")(h), y))
+    return net
+
+
+NETS = {
+    "resnet20": lambda: build_model("resnet", depth=20, batch=2, image_size=16, num_classes=10),
+    "densenet_tiny": lambda: build_model("densenet", variant="tiny", batch=2, image_size=16, num_classes=10),
+    "dropnet": dropnet,
+}
+
+
+def opt():
+    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+def train(net, policy, budget=None, steps=5):
+    sess = Session(net, opt(), policy=policy, budget=budget, seed=11, debug=True)
+    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), steps)
+    return sess
+
+
+def smallest_budget(net):
+    with pytest.raises(BudgetError) as e:
+        plan_network(net, opt(), "auto", budget=4096)
+    assert e.value.min_budget_bytes > 4096
+    return e.value.min_budget_bytes
+
+
+def test_without_a_budget_auto_is_liveness():
+    net = NETS["resnet20"]()
+    a = plan_network(net, opt(), "auto")
+    b = plan_network(net, opt(), "liveness")
+    assert a.policy == "auto" and a.peak_bytes == b.peak_bytes and a.min_budget_bytes == b.min_budget_bytes
+
+
+@pytest.mark.parametrize("key", list(NETS))
+def test_auto_at_several_budgets_is_bit_identical_and_peak_exact(key):
+    net = NETS[key]()
+    ref = train(net, "none", steps=5).executor.state_dict()
+    lo = smallest_budget(NETS[key]())
+    hi = plan_network(NETS[key](), opt(), "liveness").min_budget_bytes
+    assert lo < hi
+    for budget in sorted({lo, (lo + hi) // 2, hi}):
+        sess = train(NETS[key](), "auto", budget)
+        assert sess.plan.min_budget_bytes <= budget == sess.plan.arena_bytes
+        assert sess.executor.pool.peak == sess.plan.peak_bytes
+        got = sess.executor.state_dict()
+        for k in ref:
+            assert np.array_equal(ref[k], got[k]), (key, budget, k)
+
+
+def test_the_reported_minimum_is_feasible_and_one_byte_less_is_not():
+    net = NETS["resnet20"]()
+    m = smallest_budget(net)
+    plan = plan_network(net, opt(), "auto", budget=m)
+    assert plan.min_budget_bytes <= m
+    with pytest.raises(BudgetError):
+        plan_network(net, opt(), "auto", budget=m - 1)
+
+
+def test_auto_returns_the_fastest_fitting_combination():
+    net = NETS["resnet20"]()
+    route = net.route(optimizer_slots=("momentum",))
+    hi = plan_network(net, opt(), "liveness").min_budget_bytes
+    lo = smallest_budget(net)
+    for budget in (hi, (lo + hi) // 2, lo):
+        res = auto_search(route, budget, "k40c")
+        fitting = [t for t in res.trials if t.fits]
+        assert fitting and res.plan is not None
+        best = min(t.est_step_time_s for t in fitting)
+        assert next(t for t in res.trials if t.plan is res.plan).est_step_time_s == best
+        assert res.plan.min_budget_bytes <= budget
+    assert any(t.fits and t.name == "liveness" for t in auto_search(route, hi, "k40c").trials)
+
+
+def test_tight_budgets_use_the_mechanisms():
+    net = NETS["resnet20"]()
+    m = smallest_budget(net)
+    plan = plan_network(net, opt(), "auto", budget=m)
+    kinds = {ev.kind for sp in plan.steps for ev in sp.before + sp.after}
+    if _offload_module() is not None:
+        assert EventKind.OFFLOAD in kinds
+    else:
+        assert EventKind.RECOMPUTE in kinds
+    decisions = {what for _, what, _ in tensor_decisions(plan)}
+    assert "kept" in decisions and ({"offloaded", "recomputed"} & decisions)
+    # the most frugal plan also runs its convolutions with the smallest workspaces
+    assert any(sp.refused for sp in plan.steps)
+
+
+@pytest.mark.parametrize("key", ["resnet20", "densenet_tiny"])
+def test_recompute_composed_with_offload_is_bit_identical(key):
+    """Roots that recomputation reads are prefetched before the recomputation sequence needs them."""
+    if _offload_module() is None:
+        pytest.skip("offload module not present")
+    from minidl.executor import Executor
+    from minidl.memory.auto import _finish, cache_search
+    from minidl.memory.recompute import recompute_schedule
+    from minidl.memory.workspace import workspace_choices
+
+    net = NETS[key]()
+    route = net.route(optimizer_slots=("momentum",))
+    ws = workspace_choices(route)
+    rs = recompute_schedule(route, ws)
+    reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads}
+    floor = cache_search(route, rs.schedule, ws, 1, "cpu", reads).plan.min_budget_bytes
+    cr = cache_search(route, rs.schedule, ws, floor, "cpu", reads)
+    assert cr.fits and cr.offloaded > 0
+    plan = _finish(cr.plan, route, floor)
+    kinds = {ev.kind for sp in plan.steps for ev in sp.before + sp.after}
+    assert {EventKind.OFFLOAD, EventKind.RECOMPUTE} <= kinds
+    ref = train(NETS[key](), "none", steps=5).executor.state_dict()
+    sess = Session(net, opt(), policy="liveness", seed=11)
+    sess.plan, sess.executor = plan, Executor(net, plan, sess.optimizer, seed=11, debug=True)
+    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), 5)
+    got = sess.executor.state_dict()
+    for k in ref:
+        assert np.array_equal(ref[k], got[k]), k
+    assert sess.executor.pool.peak == plan.peak_bytes
+
+
+def test_explain_says_why_per_tensor():
+    net = NETS["dropnet"]()
+    m = smallest_budget(net)
+    text = explain(plan_network(net, opt(), "auto", budget=m))
+    assert "per tensor: why each activation is kept, offloaded or recomputed" in text
+    assert "act:conv0" in text.split("per tensor")[1]
+
+
+def test_cli_budget_alone_means_auto(capsys):
+    assert main(["plan", "resnet", "--depth", "20", "--batch", "2", "--image-size", "16", "--budget", "64MiB",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "auto" and "recompute_flops_share" in out
+    assert main(["plan", "resnet", "--depth", "20", "--batch", "2", "--image-size", "16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "liveness"
+    assert main(["plan", "resnet", "--depth", "20", "--batch", "2", "--image-size", "16", "--policy",
+                 "recompute", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recompute_flops_share"] > 0
+    assert main(["plan", "resnet", "--depth", "20", "--batch", "2", "--image-size", "16", "--budget", "100KiB",
+                 "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)
+    assert err["error"] == "BudgetError" and err["min_budget_bytes"] > 100 * 1024
