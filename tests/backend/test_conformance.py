@@ -1,0 +1,393 @@
+"""Backend conformance: the layers' forward and backward on every backend, against PyTorch (float32, CPU).
+
+Parameterized over backends:
+  * "cpu" always runs;
+  * "cuda" (marked `gpu`) runs where cupy, NVIDIA's cuDNN frontend and a CUDA device are all present, and is
+    skipped otherwise with the reason (what is missing).
+
+The layers run through `minidl.testing.run_layer`, which allocates numpy arrays. For the CUDA backend `OnDevice`
+wraps it: before each backend call it copies every numpy argument into a device array (on the backend's compute
+stream, with `copy_in`), and afterwards copies the device arrays back into the numpy ones; convolutions get one of
+the backend's own algorithms (`conv_workspace_options`) and a device workspace of its size instead of the CPU
+algorithm `run_layer` picked. Every convolution test runs each algorithm (CPU) or each offered cuDNN plan (CUDA).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minidl import layers as L
+from minidl.backend.cpu import CPUBackend
+from minidl.testing import run_layer
+
+RTOL = 1e-4
+
+
+def _close(got, ref, rtol=RTOL, scale_atol=True):
+    ref = ref.detach().numpy() if torch.is_tensor(ref) else np.asarray(ref)
+    atol = rtol * max(1.0, float(np.abs(ref).max())) if scale_atol and ref.size else rtol
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=rtol, atol=atol)
+
+
+def _t(a, grad=True):
+    return torch.tensor(a, requires_grad=grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------------------
+
+class OnDevice:
+    """Runs a device backend on host (numpy) arguments: copy in, call, copy back."""
+
+    name = "cuda"
+
+    def __init__(self, be):
+        self.be = be
+        self.cp = be.cp
+        self.conv_option = 0  # which of conv_workspace_options() convolutions use (clamped to the last one)
+
+    def _to_device(self, a, pairs):
+        if isinstance(a, np.ndarray):
+            d = self.cp.empty(a.shape, a.dtype)
+            self.be.copy_in(d, a)
+            pairs.append((a, d))
+            return d
+        if isinstance(a, list):
+            return [self._to_device(v, pairs) for v in a]
+        return a
+
+    def _conv_algo(self, phase, args):
+        x, w, y = args[0], args[1], args[2] if phase == "bwd" else args[3]
+        stride, padding, dilation, groups = args[-6:-2]
+        opts = self.be.conv_workspace_options(phase, x.shape, w.shape, y.shape, stride, padding, dilation, groups)
+        opt = opts[min(self.conv_option, len(opts) - 1)]
+        # `empty`, not `zeros`: a memset on cupy's default stream would race the backend's compute stream
+        ws = self.cp.empty(opt.workspace_bytes, self.cp.uint8) if opt.workspace_bytes else None
+        return opt.algo, ws
+
+    def __getattr__(self, name):
+        fn = getattr(self.be, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args, **kwargs):
+            pairs: list = []
+            args = [self._to_device(a, pairs) for a in args]
+            kwargs = {k: self._to_device(v, pairs) for k, v in kwargs.items()}
+            if name in ("conv2d_forward", "conv2d_backward"):
+                assert not kwargs, "layers call the convolution kernels positionally"
+                args[-2:] = self._conv_algo("fwd" if name == "conv2d_forward" else "bwd", args)
+            out = fn(*args, **kwargs)
+            for host, dev in pairs:
+                if host.flags.writeable:
+                    host[...] = self.be.to_host(dev)
+            self.be.synchronize()  # before the temporaries go back to cupy's pool for reuse
+            return out
+
+        return call
+
+
+def _cuda_backend_or_skip():
+    cupy = pytest.importorskip("cupy", reason="the CUDA backend needs cupy (pip install 'minidl[cuda]'); "
+                                              "not installed here")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver
+        pytest.skip(f"cupy is installed but cannot reach a CUDA driver: {e}")
+    if count < 1:
+        pytest.skip("cupy is installed but no CUDA device is visible")
+    pytest.importorskip("cudnn", reason="the CUDA backend needs NVIDIA's cuDNN frontend (nvidia-cudnn-frontend); "
+                                        "not installed here")
+    from minidl.backend.cuda import CUDABackend
+
+    return CUDABackend()
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request):
+    if request.param == "cpu":
+        yield CPUBackend()
+        return
+    be = _cuda_backend_or_skip()
+    yield OnDevice(be)
+    print(f"CUDA backend memory outside the arena: {be.memory_report()}")
+    be.close()
+
+
+def _is_cuda(backend) -> bool:
+    return getattr(backend, "name", "cpu") == "cuda"
+
+
+def _conv_variants(backend, layer_factory, x_shape, w_shape, y_shape):
+    """run_layer keyword sets covering every algorithm of the backend for this convolution."""
+    if not _is_cuda(backend):
+        algos = layer_factory().algorithms()
+        return [dict(algo_fwd=a, algo_bwd=a) for a in algos]
+    layer = layer_factory()
+    n = max(len(backend.be.conv_workspace_options(ph, x_shape, w_shape, y_shape, layer.stride, layer.padding,
+                                                  layer.dilation, layer.groups)) for ph in ("fwd", "bwd"))
+    return [dict(conv_option=k) for k in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Convolution
+# ---------------------------------------------------------------------------------------------------------
+
+CONV_CONFIGS = [
+    # x shape, out channels, kernel, stride, padding, dilation, groups, bias
+    ((2, 3, 8, 8), 4, 3, 1, 1, 1, 1, True),
+    ((2, 4, 9, 7), 6, (3, 2), (2, 1), (1, 0), 1, 2, False),
+    ((1, 8, 10, 10), 8, 3, 1, 2, 2, 8, True),          # depthwise, dilated
+    ((3, 5, 6, 6), 7, 1, 1, 0, 1, 1, True),            # 1x1
+    ((2, 3, 11, 13), 5, (5, 3), (3, 2), (2, 1), (1, 2), 1, False),
+    ((4, 16, 14, 14), 32, 3, 2, 1, 1, 1, True),
+]
+
+
+@pytest.mark.parametrize("shape,cout,k,s,p,d,g,bias", CONV_CONFIGS)
+def test_conv2d(backend, shape, cout, k, s, p, d, g, bias):
+    rng = np.random.default_rng(0)
+    make = lambda: L.Conv2d(cout, k, s, p, d, g, bias=bias)  # noqa: E731
+    layer = make()
+    x = rng.standard_normal(shape).astype(np.float32)
+    kh, kw = layer.kernel_size
+    w = (rng.standard_normal((cout, shape[1] // g, kh, kw)) * 0.3).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    params = {"weight": w, **({"bias": b} if bias else {})}
+    tx, tw, tb = _t(x), _t(w), _t(b)
+    ty = F.conv2d(tx, tw, tb if bias else None, layer.stride, layer.padding, layer.dilation, g)
+    dy = rng.standard_normal(tuple(ty.shape)).astype(np.float32)
+    ty.backward(torch.tensor(dy))
+    for variant in _conv_variants(backend, make, x.shape, w.shape, tuple(ty.shape)):
+        if _is_cuda(backend):
+            backend.conv_option = variant.pop("conv_option")
+        r = run_layer(make(), [x], params, dout=dy, backend=backend, **variant)
+        _close(r.out, ty)
+        _close(r.dinputs[0], tx.grad)
+        _close(r.grads["weight"], tw.grad)
+        if bias:
+            _close(r.grads["bias"], tb.grad)
+    if _is_cuda(backend):
+        backend.conv_option = 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Batch normalization
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 16, 7, 9), (8, 4, 1, 1), (1, 5, 30, 20)])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batchnorm(backend, shape, training, affine):
+    rng = np.random.default_rng(1)
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    p = {"running_mean": rng.standard_normal(c).astype(np.float32),
+         "running_var": rng.uniform(0.5, 2.0, c).astype(np.float32)}
+    if affine:
+        p["weight"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
+        p["bias"] = rng.standard_normal(c).astype(np.float32)
+    tx = _t(x)
+    tw, tb = (_t(p["weight"]), _t(p["bias"])) if affine else (None, None)
+    rm, rv = torch.tensor(p["running_mean"]), torch.tensor(p["running_var"])
+    ty = F.batch_norm(tx, rm, rv, tw, tb, training=training, momentum=0.1, eps=1e-5)
+    ty.backward(torch.tensor(dy))
+    mine = {k: v.copy() for k, v in p.items()}
+    r = run_layer(L.BatchNorm2d(affine=affine), [x], mine, dout=dy, training=training, backend=backend)
+    _close(r.out, ty)
+    _close(r.dinputs[0], tx.grad, rtol=1e-3)
+    if affine:
+        _close(r.grads["weight"], tw.grad, rtol=1e-3)
+        _close(r.grads["bias"], tb.grad)
+    _close(mine["running_mean"], rm, rtol=1e-5)
+    _close(mine["running_var"], rv, rtol=1e-5)
+    if training:
+        mean = x.mean(axis=(0, 2, 3), dtype=np.float64)
+        _close(r.aux["mean"], mean, rtol=1e-5)
+        _close(r.aux["invstd"], 1 / np.sqrt(x.var(axis=(0, 2, 3), dtype=np.float64) + 1e-5), rtol=1e-4)
+
+
+def test_batchnorm_recompute_reproduces_forward(backend):
+    """forward_apply with the saved statistics gives the training forward's output, running stats untouched."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 6, 5, 5)).astype(np.float32)
+    p = {"weight": rng.uniform(0.5, 1.5, 6).astype(np.float32), "bias": rng.standard_normal(6).astype(np.float32),
+         "running_mean": np.zeros(6, np.float32), "running_var": np.ones(6, np.float32)}
+    r = run_layer(L.BatchNorm2d(), [x], p, backend=backend)
+    y2 = np.empty_like(r.out)
+    backend.batchnorm_forward_apply(x, p["weight"], p["bias"], r.aux["mean"], r.aux["invstd"], y2)
+    _close(y2, r.out, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Activation, pooling, dense, loss
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 17), (1, 1, 1, 1)])
+def test_relu(backend, shape):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    r = run_layer(L.ReLU(), [x], dout=dy, backend=backend)
+    tx = _t(x)
+    F.relu(tx).backward(torch.tensor(dy))
+    np.testing.assert_array_equal(r.out, np.maximum(x, 0))
+    np.testing.assert_array_equal(r.dinputs[0], tx.grad.numpy())
+
+
+@pytest.mark.parametrize("shape,k,s,p,d,ceil", [
+    ((2, 3, 8, 8), 2, None, 0, 1, False),
+    ((2, 4, 7, 9), 3, 2, 1, 1, True),
+    ((2, 3, 10, 13), (3, 2), (2, 1), (1, 0), 1, False),
+    ((2, 2, 12, 11), (3, 3), (2, 3), (1, 1), (2, 1), True),
+])
+def test_maxpool(backend, shape, k, s, p, d, ceil):
+    x = np.random.default_rng(4).permutation(int(np.prod(shape))).reshape(shape).astype(np.float32)  # no ties
+    tx = _t(x)
+    ty = F.max_pool2d(tx, k, s if s is not None else k, p, d, ceil_mode=ceil)
+    dy = np.random.default_rng(5).standard_normal(tuple(ty.shape)).astype(np.float32)
+    ty.backward(torch.tensor(dy))
+    r = run_layer(L.MaxPool2d(k, s, p, d, ceil), [x], dout=dy, backend=backend)
+    np.testing.assert_array_equal(r.out, ty.detach().numpy())
+    _close(r.dinputs[0], tx.grad, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape,k,s,p,ceil,cip", [
+    ((2, 3, 8, 8), 2, None, 0, False, True),
+    ((2, 4, 7, 9), 3, 2, 1, True, True),
+    ((2, 4, 7, 9), 3, 2, 1, True, False),
+    ((1, 2, 11, 10), (3, 2), (2, 1), (1, 1), False, False),
+])
+def test_avgpool(backend, shape, k, s, p, ceil, cip):
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    tx = _t(x)
+    ty = F.avg_pool2d(tx, k, s if s is not None else k, p, ceil, cip)
+    dy = np.random.default_rng(7).standard_normal(tuple(ty.shape)).astype(np.float32)
+    ty.backward(torch.tensor(dy))
+    r = run_layer(L.AvgPool2d(k, s, p, ceil, cip), [x], dout=dy, backend=backend)
+    _close(r.out, ty, rtol=1e-5)
+    _close(r.dinputs[0], tx.grad, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 1, 1), (1, 2, 33, 31)])
+def test_global_avgpool(backend, shape):
+    x = np.random.default_rng(8).standard_normal(shape).astype(np.float32)
+    dy = np.random.default_rng(9).standard_normal(shape[:2]).astype(np.float32)
+    tx = _t(x)
+    ty = tx.mean(dim=(2, 3))
+    ty.backward(torch.tensor(dy))
+    r = run_layer(L.GlobalAvgPool(), [x], dout=dy, backend=backend)
+    _close(r.out, ty, rtol=1e-5)
+    _close(r.dinputs[0], tx.grad, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape,out,bias", [((3, 10), 4, True), ((2, 3, 4, 5), 7, False), ((1, 1), 1, True),
+                                            ((16, 300), 33, True)])
+def test_linear(backend, shape, out, bias):
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((out, int(np.prod(shape[1:])))).astype(np.float32)
+    b = rng.standard_normal(out).astype(np.float32)
+    dy = rng.standard_normal((shape[0], out)).astype(np.float32)
+    params = {"weight": w, **({"bias": b} if bias else {})}
+    r = run_layer(L.Linear(out, bias=bias), [x], params, dout=dy, backend=backend)
+    tx, tw, tb = _t(x), _t(w), _t(b)
+    ty = F.linear(tx.reshape(shape[0], -1), tw, tb if bias else None)
+    ty.backward(torch.tensor(dy))
+    _close(r.out, ty, rtol=1e-5)
+    _close(r.dinputs[0], tx.grad, rtol=1e-5)
+    _close(r.grads["weight"], tw.grad, rtol=1e-5)
+    if bias:
+        _close(r.grads["bias"], tb.grad, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n,k", [(4, 10), (1, 3), (32, 1000)])
+def test_softmax_cross_entropy(backend, n, k):
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((n, k)) * 3).astype(np.float32)
+    y = rng.integers(0, k, n).astype(np.int64)
+    r = run_layer(L.SoftmaxCrossEntropy(), [x, y], dout=np.array(1.0, np.float32), backend=backend)
+    tx = _t(x)
+    loss = F.cross_entropy(tx, torch.tensor(y))
+    loss.backward()
+    _close(r.out, loss, rtol=1e-5)
+    _close(r.dinputs[0], tx.grad, rtol=1e-5)
+
+
+@pytest.mark.parametrize("size,alpha,beta,k", [(5, 1e-4, 0.75, 2.0), (3, 0.1, 0.5, 1.0)])
+def test_lrn(backend, size, alpha, beta, k):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 7, 4, 5)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    r = run_layer(L.LRN(size, alpha, beta, k), [x], dout=dy, backend=backend)
+    tx = _t(x)
+    F.local_response_norm(tx, size, alpha, beta, k).backward(torch.tensor(dy))
+    _close(r.out, F.local_response_norm(torch.tensor(x), size, alpha, beta, k), rtol=1e-5)
+    _close(r.dinputs[0], tx.grad, rtol=1e-4)
+
+
+def test_add_concat(backend):
+    rng = np.random.default_rng(13)
+    a, b = (rng.standard_normal((2, 3, 4, 5)).astype(np.float32) for _ in range(2))
+    c = rng.standard_normal((2, 1, 4, 5)).astype(np.float32)
+    dy = rng.standard_normal(a.shape).astype(np.float32)
+    r = run_layer(L.Add(), [a, b, a], dout=dy, backend=backend)
+    _close(r.out, a + b + a, rtol=1e-6)
+    for dx in r.dinputs:
+        np.testing.assert_array_equal(dx, dy)
+    dy = rng.standard_normal((2, 7, 4, 5)).astype(np.float32)
+    r = run_layer(L.Concat(), [a, c, b], dout=dy, backend=backend)
+    np.testing.assert_array_equal(r.out, np.concatenate([a, c, b], axis=1))
+    for dx, lo, hi in zip(r.dinputs, (0, 3, 4), (3, 4, 7)):
+        np.testing.assert_array_equal(dx, dy[:, lo:hi])
+
+
+def test_dropout_matches_cpu_mask(backend):
+    """Both backends draw the same mask from the same key (counter-based RNG), so results agree exactly."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((3, 5, 7, 11)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    r = run_layer(L.Dropout(0.3), [x], dout=dy, rng_key=987654321, backend=backend)
+    ref = run_layer(L.Dropout(0.3), [x], dout=dy, rng_key=987654321)
+    np.testing.assert_array_equal(r.out, ref.out)
+    np.testing.assert_array_equal(r.dinputs[0], ref.dinputs[0])
+    assert 0.2 < float(np.mean(r.out == 0)) < 0.4
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Optimizers
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("momentum,dampening,wd,nesterov", [(0.0, 0.0, 0.0, False), (0.9, 0.0, 1e-2, True),
+                                                            (0.9, 0.1, 0.0, False)])
+def test_sgd(backend, momentum, dampening, wd, nesterov):
+    rng = np.random.default_rng(15)
+    p0 = rng.standard_normal(37).astype(np.float32)
+    grads = [rng.standard_normal(37).astype(np.float32) for _ in range(3)]
+    tp = torch.tensor(p0.copy(), requires_grad=True)
+    opt = torch.optim.SGD([tp], lr=0.1, momentum=momentum, dampening=dampening, weight_decay=wd,
+                          nesterov=nesterov)
+    p, buf = p0.copy(), np.zeros(37, np.float32) if momentum else None
+    for i, g in enumerate(grads):
+        tp.grad = torch.tensor(g)
+        opt.step()
+        backend.sgd_update(p, g, buf, 0.1, momentum, dampening, wd, nesterov, i == 0)
+    _close(p, tp, rtol=1e-6)
+
+
+def test_adam(backend):
+    rng = np.random.default_rng(16)
+    p0 = rng.standard_normal(41).astype(np.float32)
+    tp = torch.tensor(p0.copy(), requires_grad=True)
+    opt = torch.optim.Adam([tp], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-3)
+    p, m, v = p0.copy(), np.zeros(41, np.float32), np.zeros(41, np.float32)
+    for step in range(1, 4):
+        g = rng.standard_normal(41).astype(np.float32)
+        tp.grad = torch.tensor(g)
+        opt.step()
+        backend.adam_update(p, g, m, v, 1e-2, 0.9, 0.999, 1e-8, 1e-3, step)
+    _close(p, tp, rtol=1e-6)
