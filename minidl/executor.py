@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ResidencyError
 from .graph import Network
-from .init import initialize, param_rng
+from .init import initial_values, param_rng
 from .layers.base import LayerContext
 from .memory.plan import Event, EventKind, Plan
 from .memory.pool import NumpyArenaBacking, TensorPool
@@ -96,9 +96,11 @@ class Executor:
     def _init_persistent(self) -> None:
         for n in self.net.layer_nodes:
             for pname, spec in n.params.items():
-                initialize(spec, self.views[param_id(n.name, pname)], param_rng(self.seed, f"{n.name}.{pname}"))
+                view = self.views[param_id(n.name, pname)]
+                values = initial_values(spec, param_rng(self.seed, f"{n.name}.{pname}"), view.dtype)
+                self.be.copy_in(view, values)  # a device backend copies host values into its arena view
                 for slot in self.route.optimizer_slots if spec.trainable else ():
-                    self.views[opt_state_id(n.name, pname, slot)].fill(0)
+                    self.be.fill(self.views[opt_state_id(n.name, pname, slot)], 0.0)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of every parameter and buffer under its layer-qualified name ("conv1.weight")."""

@@ -18,8 +18,15 @@ def param_rng(seed: int, qualified_name: str) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(qualified_name.encode())])
 
 
+def initial_values(spec: ParamSpec, rng: np.random.Generator, dtype) -> np.ndarray:
+    """The initial values of a parameter as a host array (the backend copies them into the arena)."""
+    out = np.empty(spec.shape, dtype)
+    initialize(spec, out, rng)
+    return out
+
+
 def initialize(spec: ParamSpec, out: np.ndarray, rng: np.random.Generator) -> None:
-    """Fill `out` according to `spec.init`."""
+    """Fill the host array `out` according to `spec.init`."""
     kind = spec.init
     if kind == "zeros":
         out.fill(0)

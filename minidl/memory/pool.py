@@ -526,8 +526,10 @@ class TensorPool:
         """
         if self.arena is None:
             raise RuntimeError("this pool has no backing memory (planning/simulation only): nothing to view")
-        if not isinstance(self.arena, np.ndarray):
-            raise TypeError(f"view() needs a numpy arena, this pool's arena is a {type(self.arena).__name__}")
+        is_numpy = isinstance(self.arena, np.ndarray)
+        if not is_numpy and not hasattr(self.arena, "view_at"):
+            raise TypeError(f"view() needs a numpy arena or one with view_at(offset, shape, dtype); this pool's "
+                            f"arena is a {type(self.arena).__name__}")
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         nbytes = int(math.prod(shp)) * dt.itemsize
@@ -537,6 +539,8 @@ class TensorPool:
         if nbytes > block.size:
             raise ValueError(f"cannot view {shp} {dt} ({_bytes_both(nbytes)}) at offset {offset}: the live "
                              f"block there (tag {block.tag!r}) holds only {_bytes_both(block.size)}")
+        if not is_numpy:  # a device arena (the CUDA backend's) builds its own views
+            return self.arena.view_at(offset, shp, dt)
         return self.arena[offset:offset + nbytes].view(dt).reshape(shp)
 
     def __repr__(self) -> str:
