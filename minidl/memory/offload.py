@@ -61,13 +61,26 @@ from .policies import register_policy
 from .pool import format_bytes
 from .simulate import DeviceProfile, get_profile, step_costs
 
-COPY_SLACK = 1.5
+COPY_SLACK = 2.5
 """Planning assumes a copy takes this many times bytes / link bandwidth: a margin for the copy competing with
-compute for memory bandwidth (on the CPU the "link" is a memcpy on the same memory bus) and for estimates of
-compute time that come out optimistic. Too small and copies are exposed; too large and blocks are held longer."""
+compute for memory bandwidth (on the CPU the "link" is a memcpy on the same memory bus: measured at 4-6 GB/s
+while the kernels run, against 11 GB/s alone) and for estimates of compute time that come out optimistic.
+Too small and copies are exposed; too large and blocks are held longer than needed."""
 
-MAX_REPAIRS = 400
-"""Repair rounds (each one placement replay) before falling back to the tightest timing for every tensor."""
+COPY_LATENCY_S = {"cpu": 0.010}
+"""Planning also assumes each copy starts this late after it is issued. On the CPU the transfer engine is a
+Python thread: before copying it must be scheduled and take the GIL, which the main thread hands over at its
+next kernel or after the interpreter's switch interval (5 ms); on a busy machine the OS adds more. On a GPU a
+copy launch takes microseconds (`DEFAULT_LATENCY_S`). Only the lead of prefetches and the delay of releases
+grow with it, never the bytes moved."""
+
+DEFAULT_LATENCY_S = 1e-5
+
+MAX_REPAIRS = 100
+"""Targeted repair rounds (each one placement replay) before scaling every window down uniformly."""
+
+SCALE_STEPS = 7
+"""Bisection steps on the uniform window scale (resolution 1/128 of each window)."""
 
 _MOVABLE_ROLES = (Role.ACTIVATION, Role.DATA)
 
@@ -109,9 +122,11 @@ class _Clock:
     start: list[float]
     link_bw: float
     slack: float
+    latency: float = 0.0
 
     def copy_s(self, nbytes: int) -> float:
-        return nbytes * self.slack / self.link_bw
+        """Planned time from issuing a copy to its end, if the stream is free: latency + slack x bytes / bw."""
+        return self.latency + nbytes * self.slack / self.link_bw
 
     def end(self, k: int) -> float:
         return self.start[k + 1]
@@ -121,7 +136,7 @@ def _clock(route: Route, device: DeviceProfile, slack: float) -> _Clock:
     start = [0.0]
     for c in step_costs(route, device):
         start.append(start[-1] + c.time_s)
-    return _Clock(start, device.link_bw, slack)
+    return _Clock(start, device.link_bw, slack, COPY_LATENCY_S.get(device.name, DEFAULT_LATENCY_S))
 
 
 def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -> list[Candidate]:
@@ -283,31 +298,42 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
 
 def _repair(route: Route, base: Schedule, cands: list[Candidate], clock: _Clock, budget: int,
             place) -> Plan | None:
-    """Offload everything, then trim the hiding windows that hold memory at the binding step until it fits.
+    """Offload everything, then trim the hiding windows until the plan fits; None if only the tightest does.
 
-    A release window (block kept while its copy out finishes) or a prefetch window (block claimed before the
-    copy back is needed) that covers the binding step is cut to end just before / start just after it. Each
-    round moves one budget-binding step; returns None when no window covers the binding step any more.
+    Targeted first: a release window (block kept while its copy out finishes) or a prefetch window (block
+    claimed before the copy back is needed) that holds memory at the binding step (or, failing that, at the
+    step of peak use) is cut to end just before / start just after it, largest windows first, just enough of
+    them to cover the excess. Each round is one placement replay.
+
+    That can stall: the arena a plan needs is peak use *plus fragmentation*, and the binding step may be one
+    where no window is open but an earlier early-landed prefetch left its hole pattern behind. Then every window
+    is scaled by the same factor between the tightest timing (0) and the current one (1), and the largest
+    factor that fits is found by bisection: uniformly less hiding, never more memory than the tightest plan.
     """
     timing = hiding_timing(cands, clock)
     by_id = {c.tensor: c for c in cands}
+
+    def covering(k: int) -> list[tuple[int, str, str]]:
+        out = []
+        for tid, t in timing.items():
+            c = by_id[tid]
+            if c.last_forward < k <= t.release:
+                out.append((c.nbytes, tid, "release"))
+            if t.prefetch <= k < c.first_backward:
+                out.append((c.nbytes, tid, "prefetch"))
+        return out
+
     for _ in range(MAX_REPAIRS):
         plan = place(offload_schedule(route, base, cands, timing))
         if plan.min_budget_bytes <= budget:
             return plan
         b = plan.binding_step
-        # Windows holding a block at step b, largest first; cut just enough of them to cover the excess.
-        covering = []
-        for tid, t in timing.items():
-            c = by_id[tid]
-            if c.last_forward < b <= t.release:
-                covering.append((c.nbytes, tid, "release"))
-            if t.prefetch <= b < c.first_backward:
-                covering.append((c.nbytes, tid, "prefetch"))
-        if not covering:
-            return None
+        windows = covering(b) or covering(plan.peak_step)
+        if not windows:
+            break
+        b = b if covering(b) else plan.peak_step
         excess = plan.min_budget_bytes - budget
-        for nbytes, tid, kind in sorted(covering, key=lambda w: (-w[0], w[1], w[2])):
+        for nbytes, tid, kind in sorted(windows, key=lambda w: (-w[0], w[1], w[2])):
             c, t = by_id[tid], timing[tid]
             if kind == "release":
                 t.release = max(c.last_forward, b - 1)
@@ -316,7 +342,24 @@ def _repair(route: Route, base: Schedule, cands: list[Candidate], clock: _Clock,
             excess -= nbytes
             if excess <= 0:
                 break
-    return None
+
+    def scaled(f: float) -> dict[str, Timing]:
+        out = {}
+        for tid, t in timing.items():
+            c = by_id[tid]
+            out[tid] = Timing(c.last_forward + int((t.release - c.last_forward) * f),
+                              c.first_backward - int((c.first_backward - t.prefetch) * f))
+        return out
+
+    lo, hi, best = 0.0, 1.0, None
+    for _ in range(SCALE_STEPS):
+        mid = (lo + hi) / 2
+        plan = place(offload_schedule(route, base, cands, scaled(mid)))
+        if plan.min_budget_bytes <= budget:
+            lo, best = mid, plan
+        else:
+            hi = mid
+    return best
 
 
 @register_policy("offload", "liveness plus the tensor cache: under a tight budget, offload the longest-idle "
