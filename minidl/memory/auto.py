@@ -45,15 +45,16 @@ from dataclasses import dataclass, field
 from ..errors import BudgetError
 from ..route import Route
 from .liveness import analyze
-from .plan import Plan
-from .planner import Schedule, WorkspaceChoice, _place, check_budget, liveness_schedule, lower_bound
+from ..tensors import Role
+from .plan import EventKind, Plan
+from .planner import Residency, Schedule, WorkspaceChoice, _place, check_budget, liveness_schedule, lower_bound
 from .policies import register_policy
 from .pool import format_bytes
-from .recompute import MEMORY, RecomputeSchedule, recompute_schedule
+from .recompute import MEMORY, RecomputeSchedule, compute_peak_lower_bound, recompute_schedule
 from .simulate import get_profile, simulate, step_costs
 from .workspace import CostTable, workspace_choices
 
-BINARY_SEARCH_STEPS = 8
+BINARY_SEARCH_STEPS = 6
 """At most this many placement passes to find the fewest offloads that fit (the rest of the interval is
 offloaded: a few more transfers, hidden anyway, instead of more planning time)."""
 
@@ -82,8 +83,8 @@ class AutoResult:
             mark = "*" if self.plan is not None and t.plan is self.plan else " "
             state = "fits" if t.fits else ("over budget" if t.plan is not None else "skipped")
             time = f"{t.est_step_time_s * 1e3:9.2f} ms" if math.isfinite(t.est_step_time_s) else "        -   "
-            lines.append(f" {mark} {t.name:<30} {state:<11} min budget {format_bytes(t.min_budget_bytes):>11}  "
-                         f"est {time}  {t.note}")
+            mb = format_bytes(t.min_budget_bytes) if t.plan is not None else "-"
+            lines.append(f" {mark} {t.name:<44} {state:<11} min budget {mb:>11}  est {time}  {t.note}")
         return "\n".join(lines)
 
 
@@ -158,12 +159,13 @@ def offload_candidates(mod, route: Route, base: Schedule, clock, root_reads: dic
 
 
 def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
-                 root_reads: dict[str, int] | None = None) -> CacheResult:
+                 root_reads: dict[str, int] | None = None, plan0: Plan | None = None) -> CacheResult:
     """The fewest offloads (with hidden copies) that make `base` fit `budget`; else every candidate offloaded
-    with the tightest timing (the most frugal plan this base allows, which may still not fit)."""
+    with the tightest timing (the most frugal plan this base allows, which may still not fit). `plan0`: `base`
+    already placed under `budget`, if at hand."""
     mod = _offload_module()
     root_reads = root_reads or {}
-    plan = place(route, ws, base, budget)
+    plan = place(route, ws, base, budget) if plan0 is None else plan0
     if plan.min_budget_bytes <= budget:
         return CacheResult(plan, True, 0, 0)
     dev = get_profile(device) if isinstance(device, str) else device
@@ -197,19 +199,47 @@ def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], b
     return CacheResult(tight, tight.min_budget_bytes <= budget, len(cands), len(cands))
 
 
+# -- layouts: where long-lived small tensors sit in the arena ----------------------------------------------------
+LAYOUTS: dict[str, tuple[Role, ...]] = {
+    "": (),
+    "grads pinned": (Role.GRADIENT,),
+    "aux pinned": (Role.AUX, Role.LABEL),
+    "grads+aux pinned": (Role.GRADIENT, Role.AUX, Role.LABEL),
+}
+"""Fragmentation is the last few percent between a frugal plan's peak and its smallest arena. Its main cause is
+small tensors that live long (a gradient from its layer's backward until the update; BN's saved statistics from
+forward until backward; the labels) landing in the middle of the big hole that activations and deltas come and
+go in, and splitting it. A layout variant allocates those tensors once, before the first step, at the bottom of
+the arena next to the parameters, in the order they die (the last to die lowest, like a stack). That costs
+their bytes for longer (gradients during forward), so it is a variant `auto` tries, not a rule."""
+
+
+def pin_long_lived(route: Route, sched: Schedule, roles: tuple[Role, ...]) -> Schedule:
+    """`sched` with every single-residency tensor of `roles` allocated before step 0 (see LAYOUTS)."""
+    if not roles:
+        return sched
+    chosen = [(tid, lst[0]) for tid, lst in sched.residencies.items()
+              if len(lst) == 1 and lst[0].start_kind is EventKind.ALLOC and tid in route.tensors
+              and route.tensors[tid].role in roles]
+    chosen.sort(key=lambda e: (-e[1].end, e[1].end_at != "after", e[0]))
+    res = dict(sched.residencies)
+    for i, (tid, r) in enumerate(chosen):
+        res[tid] = [Residency(0, "before", EventKind.ALLOC, r.end, r.end_at, r.end_kind,
+                              "small and long-lived: placed once at the bottom of the arena (less fragmentation)",
+                              start_seq=i + 1, end_seq=r.end_seq)]
+    return Schedule(res, list(sched.markers))
+
+
 # -- the search -------------------------------------------------------------------------------------------------
-def _compute_floor_s(route: Route, device) -> float:
-    """The step time of the route's own compute on `device`: no plan can be faster."""
-    dev = get_profile(device) if isinstance(device, str) else device
-    return math.fsum(c.time_s for c in step_costs(route, dev))
-
-
 def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
                 frugal: bool = True) -> AutoResult:
     """Try the combinations (module docstring) and return the fastest that fits `budget`.
 
     Without a budget, the fastest plan is plain liveness with every convolution on its fastest algorithm.
-    With `frugal`, the most memory-frugal plan is also made when nothing fits (for the error message).
+    Stage 1 places every base (liveness, recomputation variants) in the plain layout and with small long-lived
+    tensors pinned; stage 2, only if offload exists and it could still win, searches offloads on every base and
+    layout in order of their best possible time, and stops as soon as no remaining one can beat the best fitting
+    plan. When nothing fits, the plan with the smallest budget among all tried is the most frugal one.
     """
     ws = workspace_choices(route, costs)
     iv = analyze(route)
@@ -224,71 +254,68 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
     bases: list[tuple[str, Schedule, RecomputeSchedule | None]] = [("liveness", liveness_schedule(route, ws), None)]
     rs_default = recompute_schedule(route, ws, limit=None, iv=iv)
     if rs_default.segments:
+        modes = [s.mode for s in rs_default.segments]
         rs_budget = recompute_schedule(route, ws, limit=max(budget, rs_default.bottleneck), iv=iv)
-        speedy = [s.mode for s in rs_budget.segments] != [s.mode for s in rs_default.segments]
         rs_mem = recompute_schedule(route, ws, mode=MEMORY, iv=iv)
-        if speedy:
+        if [s.mode for s in rs_budget.segments] != modes:
             bases.append(("recompute (speed under budget)", rs_budget.schedule, rs_budget))
         bases.append(("recompute", rs_default.schedule, rs_default))
-        if [s.mode for s in rs_mem.segments] != [s.mode for s in rs_default.segments]:
+        if [s.mode for s in rs_mem.segments] != modes:
             bases.append(("recompute (memory-centric)", rs_mem.schedule, rs_mem))
 
-    def evaluate(trial: Trial) -> None:
+    def evaluate(trial: Trial) -> Trial:
         p = trial.plan
         trial.min_budget_bytes = p.min_budget_bytes
         trial.fits = p.min_budget_bytes <= budget
         if trial.fits:
             trial.est_step_time_s = simulate(p, device).est_step_time_s
-
-    for name, sched, _ in bases:
-        trial = Trial(name, place(route, ws, sched, budget))
-        evaluate(trial)
         res.trials.append(trial)
+        return trial
+
+    def label(name: str, layout: str) -> str:
+        return f"{name}, {layout}" if layout else name
 
     mod = _offload_module()
+    stage1 = ("", "grads+aux pinned") if mod is not None or frugal is False else tuple(LAYOUTS)
+    own_time: dict[str, float] = {}   # a base's time with nothing moved: no offload of it can be faster
+    placed: dict[str, Plan] = {}
+    for name, sched, _ in bases:
+        if compute_peak_lower_bound(route, sched, ws) > budget:
+            # cannot fit without offload (placing it would only confirm that): keep its time for the ordering
+            own_time[name] = simulate(place(route, ws, sched, None), device).est_step_time_s
+            res.trials.append(Trial(name, note="skipped: busiest step alone exceeds the budget"))
+            continue
+        for layout in stage1:
+            t = evaluate(Trial(label(name, layout), place(route, ws, pin_long_lived(route, sched, LAYOUTS[layout]),
+                                                          budget)))
+            placed[label(name, layout)] = t.plan
+            if layout == "":
+                own_time[name] = simulate(t.plan, device).est_step_time_s
+
     if mod is not None:
-        floor = _compute_floor_s(route, device)
-        for name, sched, rs in bases:
+        done: set[str] = set()
+        order = sorted(((own_time[name], i, name, sched, rs, layout) for i, (name, sched, rs) in enumerate(bases)
+                        for layout in LAYOUTS), key=lambda e: (e[0], e[1], list(LAYOUTS).index(e[5])))
+        for lb, _, name, sched, rs, layout in order:
             best = min((t.est_step_time_s for t in res.trials if t.fits), default=math.inf)
-            plain = next(t for t in res.trials if t.name == name)
-            if plain.fits:
-                continue      # offloading cannot make a fitting base faster
-            # A lower bound of this base's time: the route's compute plus its recomputation.
-            if floor >= best:
-                res.trials.append(Trial(f"{name} + offload", note="skipped: cannot beat the best fitting plan"))
-                continue
+            if lb >= best:
+                break         # sorted by their best possible time: none of the rest can win
+            if name in done or any(t.fits for t in res.trials if t.name == label(name, layout)):
+                continue      # this base already fits (layouts change memory, not time): nothing to gain
             reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
-            cr = cache_search(route, sched, ws, budget, device, reads)
-            trial = Trial(f"{name} + offload", cr.plan,
-                          note=f"{cr.offloaded} of {cr.candidates} candidates offloaded")
-            evaluate(trial)
-            res.trials.append(trial)
+            cr = cache_search(route, pin_long_lived(route, sched, LAYOUTS[layout]), ws, budget, device, reads,
+                              placed.get(label(name, layout)))
+            t = evaluate(Trial(label(f"{name} + offload", layout), cr.plan,
+                               note=f"{cr.offloaded} of {cr.candidates} candidates offloaded"))
+            if t.fits:
+                done.add(name)
 
     fitting = [t for t in res.trials if t.fits]
     if fitting:
-        best = min(fitting, key=lambda t: (t.est_step_time_s, t.min_budget_bytes))
-        res.plan = best.plan
+        res.plan = min(fitting, key=lambda t: (t.est_step_time_s, t.min_budget_bytes)).plan
     elif frugal:
-        res.frugal = most_frugal(route, device, bases, ws)
+        res.frugal = min((t for t in res.trials if t.plan is not None), key=lambda t: t.min_budget_bytes)
     return res
-
-
-def most_frugal(route: Route, device, bases, ws) -> Trial:
-    """The plan with the smallest budget any combination reaches: each base with every mechanism at its most
-    frugal (a budget of one byte makes workspace sizing take the smallest algorithm and offload everything)."""
-    mod = _offload_module()
-    best: Trial | None = None
-    for name, sched, rs in bases:
-        if mod is not None:
-            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
-            p = cache_search(route, sched, ws, 1, device, reads).plan
-            name = f"{name} + offload (all, just in time)"
-        else:
-            p = place(route, ws, sched, 1)
-        t = Trial(name + ", smallest workspaces", p, False, p.min_budget_bytes)
-        if best is None or t.min_budget_bytes < best.min_budget_bytes:
-            best = t
-    return best
 
 
 def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None) -> Plan:

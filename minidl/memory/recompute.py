@@ -438,3 +438,22 @@ def recompute_flops(plan: Plan) -> int:
                 node = net.node(ev.tensor.split(":", 1)[1])
                 total += node.layer.flops([net.nodes[i].shape for i in node.inputs], node.shape)
     return total
+
+
+def compute_peak_lower_bound(route: Route, sched: Schedule, ws: dict[int, WorkspaceChoice]) -> int:
+    """Bytes in use while the busiest step computes under `sched`, with every workspace at its smallest option.
+
+    Exact at compute moments (every residency is either there or not), so it is a lower bound of any placement's
+    peak and arena: a schedule whose bound exceeds a budget need not be placed to know it cannot fit.
+    """
+    sizes = {tid: rounded(t.nbytes) for tid, t in route.tensors.items()}
+    for k, c in ws.items():
+        small = min([c.nbytes] + [o.workspace_bytes for o in c.options or ()])
+        sizes[route.steps[k].workspace] = rounded(small)
+    tl = Timeline(len(route.steps))
+    for tid, lst in sched.residencies.items():
+        for r in lst:
+            tl.add(r, sizes[tid])
+    values = tl.freeze()
+    persistent = sum(sizes[t.id] for t in route.tensors.values() if t.role.persistent)
+    return int(values[2::SLOTS].max()) + persistent if len(values) else persistent

@@ -172,3 +172,27 @@ def test_cli_budget_alone_means_auto(capsys):
                  "--json"]) == 2
     err = json.loads(capsys.readouterr().out)
     assert err["error"] == "BudgetError" and err["min_budget_bytes"] > 100 * 1024
+
+
+def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
+    from minidl.executor import Executor
+    from minidl.memory.auto import LAYOUTS, _finish, pin_long_lived, place
+    from minidl.memory.planner import liveness_schedule
+    from minidl.memory.workspace import workspace_choices
+    from minidl.tensors import Role
+
+    net = NETS["resnet20"]()
+    route = net.route(optimizer_slots=("momentum",))
+    ws = workspace_choices(route)
+    sched = pin_long_lived(route, liveness_schedule(route, ws), LAYOUTS["grads+aux pinned"])
+    plan = _finish(place(route, ws, sched, None), route, None)
+    first = [ev.tensor for ev in plan.steps[0].before]
+    pinned = [t for t, s in route.tensors.items() if s.role in (Role.GRADIENT, Role.AUX, Role.LABEL)]
+    assert set(first[:len(pinned)]) == set(pinned)
+    sess = Session(net, opt(), policy="liveness", seed=11)
+    sess.plan, sess.executor = plan, Executor(net, plan, sess.optimizer, seed=11, debug=True)
+    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), 5)
+    ref = train(NETS["resnet20"](), "none").executor.state_dict()
+    got = sess.executor.state_dict()
+    assert all(np.array_equal(ref[k], got[k]) for k in ref)
+    assert sess.executor.pool.peak == plan.peak_bytes

@@ -263,3 +263,18 @@ def test_resnet2500_plans_in_under_a_minute():
     plan = plan_network(net, SGD(lr=0.1), "recompute", device="k40c")
     assert time.perf_counter() - t < 60
     assert plan.peak_bytes < plan_network(net, SGD(lr=0.1), "liveness").peak_bytes
+
+
+def test_compute_peak_lower_bound_never_exceeds_the_placed_peak():
+    from minidl.memory.planner import liveness_schedule, make_plan
+    from minidl.memory.recompute import compute_peak_lower_bound
+    from minidl.memory.workspace import frugal_workspace
+
+    for key, make in NETS.items():
+        route = route_of(make())
+        ws = workspace_choices(route)
+        for sched in (liveness_schedule(route, ws), recompute_schedule(route, ws).schedule,
+                      recompute_schedule(route, ws, mode=MEMORY).schedule):
+            lb = compute_peak_lower_bound(route, sched, ws)
+            assert lb <= make_plan(route, "x", None, ws, sched).peak_bytes, key
+            assert lb <= make_plan(route, "x", None, frugal_workspace(route), sched).peak_bytes, key

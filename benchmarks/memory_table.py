@@ -1,0 +1,103 @@
+"""Peak memory of one training step per policy, for the model zoo, from the planner (no compute).
+
+    python benchmarks/memory_table.py                       # batch 32, SGD with momentum, markdown table
+    python benchmarks/memory_table.py --models resnet50 --batch 16 --json out.json
+
+Columns (all bytes are exact: the plan is placed by the pool's own allocator, and the executor measures the
+same peak when it runs the plan):
+
+- none        every tensor allocated up front, never freed (a framework without memory planning)
+- liveness    each tensor allocated before its first use, freed after its last (SuperNeurons' first idea)
+- none/live   the ratio of the two
+- recompute   liveness + cost-aware recomputation of cheap layers (peak in use)
+- auto min    the smallest budget policy `auto` accepts (asked with an impossible budget: its BudgetError
+              names the smallest budget that works, under the most memory-frugal combination)
+- lower bound parameters + gradients + optimizer state + the largest single step's working set (with the
+              smallest workspace): no schedule of this route can go below it
+- min/LB      auto min / lower bound (the goal is <= 1.1)
+
+Every column but "auto min" is the plan's *peak in use*; "auto min" is an arena size, so it also pays for the
+allocator's fragmentation at the binding step.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+
+from minidl.errors import BudgetError
+from minidl.memory.policies import plan_network
+from minidl.memory.pool import format_bytes
+from minidl.models import build_model
+from minidl.optim import SGD
+
+MODELS = ["alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "densenet121", "inception_v4"]
+
+
+def auto_minimum(net, opt, device: str) -> int:
+    """The smallest budget `auto` accepts: ask for an impossible one and read the BudgetError."""
+    try:
+        plan = plan_network(net, opt, "auto", budget=1, device=device)
+        return plan.min_budget_bytes
+    except BudgetError as e:
+        return int(e.min_budget_bytes)
+
+
+def row(model: str, batch: int, device: str, check: bool) -> dict:
+    net = build_model(model, batch=batch)
+    opt = SGD(lr=0.01, momentum=0.9)
+    t = time.perf_counter()
+    out = {"model": model, "batch": batch, "input": list(net.input_nodes[0].shape)}
+    for pol in ("none", "liveness", "recompute"):
+        p = plan_network(net, opt, pol, device=device)
+        out[pol] = p.peak_bytes
+        out[f"{pol}_min_budget"] = p.min_budget_bytes
+        out["lower_bound"] = p.lower_bound_bytes
+    m = auto_minimum(net, opt, device)
+    out["auto_min"] = m
+    if check:  # auto at exactly that budget must plan
+        p = plan_network(net, opt, "auto", budget=m, device=device)
+        out["auto_min_checked"] = p.min_budget_bytes <= m
+    out["none_over_liveness"] = out["none"] / out["liveness"]
+    out["min_over_lb"] = m / out["lower_bound"]
+    out["planning_s"] = time.perf_counter() - t
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| model | batch | none | liveness | none/live | recompute | auto min | lower bound | min/LB |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['batch']} | {format_bytes(r['none'])} | {format_bytes(r['liveness'])} | "
+                     f"{r['none_over_liveness']:.2f}x | {format_bytes(r['recompute'])} | "
+                     f"{format_bytes(r['auto_min'])} | {format_bytes(r['lower_bound'])} | {r['min_over_lb']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="*", default=MODELS)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--device", default="cpu", help="profile auto estimates step times with")
+    ap.add_argument("--check", action="store_true", help="also plan auto at exactly its minimum")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rows = []
+    for m in args.models:
+        r = row(m, args.batch, args.device, args.check)
+        rows.append(r)
+        print(f"{m}: planned in {r['planning_s']:.1f} s", flush=True)
+    print(f"\nPeak bytes of one training step, batch {args.batch}, SGD with momentum, float32 "
+          f"({datetime.date.today()}, {platform.machine()}, auto timed on profile '{args.device}'):\n")
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
