@@ -1,0 +1,342 @@
+"""Convolution kernels of the CPU backend: im2col + GEMM, whole-batch or sample by sample, and direct 1x1 GEMM.
+
+Layout is NCHW; the weight is (Cout, Cin/groups, kh, kw) as in PyTorch. With K = Cin/groups * kh * kw and
+P = Ho * Wo, the column matrix of sample n and group g is cols[n, g] (K x P), and every algorithm computes
+
+    y[n, g]     = W[g] @ cols[n, g]                       one GEMM per sample and group
+    dW[g]       = sum over n = 0, 1, ... N-1 (in order) of dy[n, g] @ cols[n, g].T
+    dcols[n, g] = W[g].T @ dy[n, g], then col2im: dx = sum over the kh*kw taps (in row-major order)
+
+with the same operand shapes and strides whatever the algorithm, so all algorithms give bit-identical results
+by construction (`np.matmul` on a stacked array calls one GEMM per matrix, exactly like a loop would). They differ
+only in how much of the column matrix exists at once, which is what the memory planner chooses between:
+
+- ``im2col``: the columns of the whole batch (N * Cin*kh*kw * P elements) in the workspace.
+- ``im2col_chunked``: the columns of one sample at a time (Cin*kh*kw * P elements).
+- ``gemm_1x1``: 1x1 kernel, stride 1, no padding, no dilation: x[n] seen as (Cin, H*W) *is* the column matrix,
+  so no columns are built at all.
+
+im2col never materializes a zero-padded copy of the input: for each kernel tap the outputs whose input falls
+inside the image form a rectangle (see `_taps`), which is copied with one strided `np.copyto` vectorized over the
+chunk's samples and channels; the border strips that fall in the padding are zero-filled. col2im is the mirror
+image: one strided in-place add per tap. For stride-1 convolutions whose output rows are as long as the input's
+(the usual 'same' 3x3), a tap is a single flat shift of each plane, so it is copied/added as one long contiguous
+run per plane instead of one short run per row (see `_flat_rows`).
+
+Backward reuses the column buffer: the columns serve dW, then the same memory receives dcols for col2im. The only
+other scratch is one weight-sized product buffer, into which the dW contribution of sample n >= 1 is computed
+before being added (sample 0 is computed straight into dW).
+
+All scratch lives in the workspace the executor hands in; `conv_workspace_bytes` is the single source of truth
+for its size and layout, and the layer declares exactly these sizes to the planner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
+_ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
+_CHUNK = 1  # samples per chunk of `im2col_chunked`
+
+
+@dataclass(slots=True, frozen=True)
+class ConvGeometry:
+    """Shapes of one convolution (all ints), derived from the input and weight shapes."""
+
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    kh: int
+    kw: int
+    ho: int
+    wo: int
+    groups: int
+
+    @property
+    def k(self) -> int:
+        """Rows of one group's column matrix: Cin/groups * kh * kw."""
+        return self.cin // self.groups * self.kh * self.kw
+
+    @property
+    def p(self) -> int:
+        return self.ho * self.wo
+
+
+def conv_output_hw(in_hw, kernel, stride, padding, dilation) -> tuple[int, int]:
+    """PyTorch's output size: floor((H + 2p - d(k-1) - 1) / s) + 1 per axis (may be <= 0 for invalid configs)."""
+    return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1  # type: ignore[return-value]
+                 for i, k, s, p, d in zip(in_hw, kernel, stride, padding, dilation))
+
+
+def is_1x1(kernel, stride, padding, dilation) -> bool:
+    """Whether `gemm_1x1` applies: the input itself is the column matrix."""
+    return tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0) \
+        and tuple(dilation) == (1, 1)
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _chunk(algo: str, n: int) -> int:
+    return n if algo == "im2col" else min(n, _CHUNK)
+
+
+def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int) -> tuple[int, int, int]:
+    """(column buffer bytes, dW product buffer offset, total bytes) of the workspace of `algo` in `phase`."""
+    cols = 0 if algo == "gemm_1x1" else _chunk(algo, g.n) * g.groups * g.k * g.p * itemsize
+    if phase == "fwd":
+        return cols, 0, cols
+    # backward: the column buffer (then dcols in the same memory) + the weight-sized dW product buffer,
+    # needed only when there is more than one sample to accumulate.
+    prod = g.cout * g.k * itemsize if g.n > 1 else 0
+    off = _align(cols) if prod else cols
+    return cols, off, off + prod
+
+
+def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: int) -> int:
+    """Exact workspace bytes `algo` needs for `phase` ('fwd' or 'bwd')."""
+    if algo not in ALGOS:
+        raise ValueError(f"unknown convolution algorithm {algo!r}; expected one of {ALGOS}")
+    if phase not in ("fwd", "bwd"):
+        raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
+    return _layout(algo, phase, geom, itemsize)[2]
+
+
+# -- kernel taps ------------------------------------------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class _Tap:
+    """Kernel offset (i, j): outputs [oh0, oh0+nh) x [ow0, ow0+nw) read inputs from (ih0, iw0) by the stride;
+    every other output of this tap reads padding (zero)."""
+
+    i: int
+    j: int
+    oh0: int
+    nh: int
+    ih0: int
+    ow0: int
+    nw: int
+    iw0: int
+
+
+def _axis_range(i: int, size_in: int, size_out: int, stride: int, pad: int, dil: int) -> tuple[int, int, int]:
+    off = i * dil - pad
+    lo = max(0, -(off // stride))  # first output whose input o*stride + off is >= 0
+    hi = min(size_out, (size_in - 1 - off) // stride + 1)
+    n = max(0, hi - lo)
+    return lo, n, lo * stride + off
+
+
+def _taps(g: ConvGeometry, stride, padding, dilation) -> list[_Tap]:
+    """All kh*kw taps in row-major order (a tap entirely in the padding has nh == 0 or nw == 0)."""
+    rows = [_axis_range(i, g.h, g.ho, stride[0], padding[0], dilation[0]) for i in range(g.kh)]
+    cols = [_axis_range(j, g.w, g.wo, stride[1], padding[1], dilation[1]) for j in range(g.kw)]
+    return [_Tap(i, j, *rows[i], *cols[j]) for i in range(g.kh) for j in range(g.kw)]
+
+
+def _src(x: np.ndarray, t: _Tap, stride) -> np.ndarray:
+    """The strided (c, C, nh, nw) rectangle of input read by tap t."""
+    sh, sw = stride
+    return x[:, :, t.ih0:t.ih0 + (t.nh - 1) * sh + 1:sh, t.iw0:t.iw0 + (t.nw - 1) * sw + 1:sw]
+
+
+def _flat_rows(x: np.ndarray, stride, out_w: int) -> bool:
+    """Whether the flat-run path applies: stride 1 and output rows as long as input rows ('same' width).
+
+    Then tap (i, j) maps output pixel q = oh*W + ow to input pixel q + shift with one shift for the whole plane,
+    so the tap is one contiguous run per plane (long inner loops instead of one short loop per row). The run also
+    covers the few positions whose column falls in the padding (they wrap to the neighbouring row); those are
+    zeroed in the column matrix, after the copy in im2col and before the add in col2im.
+    """
+    return tuple(stride) == (1, 1) and x.shape[3] == out_w
+
+
+def _run(t: _Tap, width: int) -> tuple[int, int, int]:
+    """Flat (first output, end output, first input) of tap t's run on the flat-run path."""
+    q0 = t.oh0 * width + t.ow0
+    q1 = (t.oh0 + t.nh - 1) * width + t.ow0 + t.nw
+    return q0, q1, t.ih0 * width + t.iw0
+
+
+def _zero_wrapped(dst: np.ndarray, t: _Tap) -> None:
+    """Zero the columns of tap t's rows [oh0, oh0+nh) that read padding (dst is (c, C, Ho, Wo))."""
+    band = dst[:, :, t.oh0:t.oh0 + t.nh]
+    if t.ow0 > 0:
+        band[..., :t.ow0].fill(0)
+    if t.ow0 + t.nw < dst.shape[3]:
+        band[..., t.ow0 + t.nw:].fill(0)
+
+
+def _im2col(x: np.ndarray, cols6: np.ndarray, taps: list[_Tap], stride) -> None:
+    """cols6 (c, C, kh, kw, Ho, Wo) <- the kernel taps of x (c, C, H, W), zeros where a tap reads padding."""
+    c, ch, _, _, ho, wo = cols6.shape
+    flat = _flat_rows(x, stride, wo)
+    if flat:
+        xf = _as(x, (c, ch, -1))
+    for t in taps:
+        dst = cols6[:, :, t.i, t.j]
+        if t.nh == 0 or t.nw == 0:
+            dst.fill(0)
+            continue
+        if flat:
+            df = _as(dst, (c, ch, ho * wo))
+            q0, q1, x0 = _run(t, wo)
+            np.copyto(df[..., q0:q1], xf[..., x0:x0 + q1 - q0])
+            df[..., :q0].fill(0)
+            df[..., q1:].fill(0)
+            _zero_wrapped(dst, t)
+            continue
+        if t.oh0 > 0:
+            dst[:, :, :t.oh0].fill(0)
+        if t.oh0 + t.nh < ho:
+            dst[:, :, t.oh0 + t.nh:].fill(0)
+        _zero_wrapped(dst, t)
+        np.copyto(dst[:, :, t.oh0:t.oh0 + t.nh, t.ow0:t.ow0 + t.nw], _src(x, t, stride))
+
+
+def _col2im(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> None:
+    """dx (c, C, H, W) = the sum, tap by tap in row-major order, of dcols6 (c, C, kh, kw, Ho, Wo) scattered back.
+
+    dcols6 is scratch: on the flat-run path its padding-reading positions are zeroed in place."""
+    c, ch, _, _, ho, wo = dcols6.shape
+    if len(taps) == 1 and taps[0].nh == dx.shape[2] and taps[0].nw == dx.shape[3] and tuple(stride) == (1, 1):
+        t = taps[0]  # one tap covering the whole input (1x1 kernel): a copy, exactly as 0 + v would give
+        np.copyto(dx, dcols6[:, :, t.i, t.j, t.oh0:t.oh0 + t.nh, t.ow0:t.ow0 + t.nw])
+        return
+    dx.fill(0)
+    flat = _flat_rows(dx, stride, wo)
+    if flat:
+        dxf = _as(dx, (c, ch, -1))
+    for t in taps:
+        if t.nh == 0 or t.nw == 0:
+            continue
+        src = dcols6[:, :, t.i, t.j]
+        if flat:
+            _zero_wrapped(src, t)
+            q0, q1, x0 = _run(t, wo)
+            dst = dxf[..., x0:x0 + q1 - q0]
+            np.add(dst, _as(src, (c, ch, ho * wo))[..., q0:q1], out=dst)
+            continue
+        dst = _src(dx, t, stride)
+        np.add(dst, src[:, :, t.oh0:t.oh0 + t.nh, t.ow0:t.ow0 + t.nw], out=dst)
+
+
+def _view(ws: np.ndarray, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    a = ws[offset:offset + nbytes].view(dtype).reshape(shape)
+    if not a.flags.aligned:
+        raise ValueError(f"convolution workspace is not aligned to {dtype.itemsize} bytes")
+    return a
+
+
+def _as(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Reshape without copying (raises if `a` is laid out so that a view is impossible)."""
+    return np.reshape(a, shape, copy=False)
+
+
+class ConvOps:
+    """2-D convolution kernels (mixed into CPUBackend)."""
+
+    def conv2d_forward(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
+                       stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], groups: int,
+                       algo: str, workspace: np.ndarray | None) -> None:
+        """y = conv2d(x, w) + b, written into y (N, Cout, Ho, Wo)."""
+        stride = tuple(stride)
+        g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
+        n, G, cg_out = g.n, g.groups, g.cout // g.groups
+        w3 = _as(w, (G, cg_out, g.k))
+        y4 = _as(y, (n, G, cg_out, g.p))
+        if algo == "gemm_1x1":
+            np.matmul(w3, _as(x, (n, G, g.k, g.p)), out=y4)
+        else:
+            c = _chunk(algo, n)
+            buf = _view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
+            for s in range(0, n, c):
+                e = min(n, s + c)
+                cols6 = buf[:e - s]
+                _im2col(x[s:e], cols6, taps, stride)
+                np.matmul(w3, _as(cols6, (e - s, G, g.k, g.p)), out=y4[s:e])
+        if b is not None:
+            y += b.reshape(-1, 1, 1)
+
+    def conv2d_backward(self, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None,
+                        dw: np.ndarray | None, db: np.ndarray | None, stride: tuple[int, int],
+                        padding: tuple[int, int], dilation: tuple[int, int], groups: int, algo: str,
+                        workspace: np.ndarray | None) -> None:
+        """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
+        stride = tuple(stride)
+        g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
+        n, G, cg_out = g.n, g.groups, g.cout // g.groups
+        w3 = _as(w, (G, cg_out, g.k))
+        w3t = w3.transpose(0, 2, 1)
+        dy4 = _as(dy, (n, G, cg_out, g.p))
+        dw3 = _as(dw, (G, cg_out, g.k)) if dw is not None else None
+        cols_bytes, prod_off, _ = _layout(algo, "bwd", g, x.dtype.itemsize)
+        prod = _view(ws, prod_off, (G, cg_out, g.k), x.dtype) if dw3 is not None and n > 1 else None
+
+        def accumulate_dw(sample: int, cols4: np.ndarray) -> None:
+            """dW += dy[sample] @ cols.T, one GEMM per group; sample 0 goes straight into dW."""
+            cols_t = cols4.transpose(0, 2, 1)  # (G, P, K): a transposed view, BLAS reads it as such
+            if sample == 0:
+                np.matmul(dy4[sample], cols_t, out=dw3)
+            else:
+                np.matmul(dy4[sample], cols_t, out=prod)
+                np.add(dw3, prod, out=dw3)
+
+        if algo == "gemm_1x1":
+            x4 = _as(x, (n, G, g.k, g.p))
+            if dw3 is not None:
+                for s in range(n):
+                    accumulate_dw(s, x4[s])
+            if dx is not None:
+                np.matmul(w3t, dy4, out=_as(dx, (n, G, g.k, g.p)))
+        elif dw3 is not None or dx is not None:
+            c = _chunk(algo, n)
+            buf = _view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
+            for s in range(0, n, c):
+                e = min(n, s + c)
+                buf6 = buf[:e - s]
+                buf4 = _as(buf6, (e - s, G, g.k, g.p))
+                if dw3 is not None:
+                    _im2col(x[s:e], buf6, taps, stride)
+                    for k in range(s, e):
+                        accumulate_dw(k, buf4[k - s])
+                if dx is not None:  # the columns are spent: the same memory now receives dcols
+                    np.matmul(w3t, dy4[s:e], out=buf4)
+                    _col2im(buf6, dx[s:e], taps, stride)
+        if db is not None:
+            # per-plane sums (pairwise over the contiguous H*W), then over the batch: an (N, Cout) scratch only
+            np.sum(np.sum(_as(dy, (n, g.cout, g.p)), axis=2), axis=0, out=db)
+
+    # -- shared checks ----------------------------------------------------------------------------------------------
+    def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):
+        stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
+        n, cin, h, wd = x.shape
+        cout, cg_in, kh, kw = w.shape
+        if cg_in * groups != cin or y.shape[:2] != (n, cout):
+            raise ValueError(f"conv2d: shapes do not agree: x {x.shape}, w {w.shape}, groups {groups}, "
+                             f"y/dy {y.shape}")
+        ho, wo = conv_output_hw((h, wd), (kh, kw), stride, padding, dilation)
+        if y.shape[2:] != (ho, wo):
+            raise ValueError(f"conv2d: output must be {(n, cout, ho, wo)}, got {y.shape}")
+        g = ConvGeometry(n, cin, h, wd, cout, kh, kw, ho, wo, groups)
+        if algo not in ALGOS:
+            raise ValueError(f"conv2d: unknown algorithm {algo!r}; expected one of {ALGOS}")
+        if algo == "gemm_1x1" and not is_1x1((kh, kw), stride, padding, dilation):
+            raise ValueError(f"conv2d: algorithm 'gemm_1x1' needs a 1x1 kernel with stride 1, no padding and "
+                             f"no dilation; got kernel {(kh, kw)}, stride {stride}, padding {padding}, "
+                             f"dilation {dilation}")
+        need = conv_workspace_bytes(algo, phase, g, x.dtype.itemsize)
+        if need:
+            if workspace is None:
+                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a workspace of {need} bytes, "
+                                 f"none was given")
+            if workspace.dtype != np.uint8 or workspace.ndim != 1 or workspace.nbytes < need:
+                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a flat uint8 workspace of at least "
+                                 f"{need} bytes, got {workspace.dtype} {workspace.shape}")
+        taps = _taps(g, stride, padding, dilation)
+        return g, taps, workspace

@@ -1,0 +1,123 @@
+"""2-D convolution (NCHW, PyTorch's weight layout and default initialization).
+
+The layer declares its CPU algorithms and their exact workspace sizes (`workspace_options`); the memory planner
+picks one per phase and hands the executor's workspace block and the algorithm's name in through the
+LayerContext. Every algorithm gives bit-identical results (see `minidl.backend.cpu_conv`), so the choice changes
+memory and speed, never values.
+"""
+from __future__ import annotations
+
+from ..backend.cpu_conv import ALGOS, ConvGeometry, conv_output_hw, conv_workspace_bytes, is_1x1
+from .base import Layer, LayerContext, ParamSpec, WorkspaceOption, pair
+
+# Rough relative costs, fastest first; the planner measures real times later.
+_EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1}
+
+
+class Conv2d(Layer):
+    """y = conv2d(x, W) + b with W of shape (out_channels, in_channels / groups, kh, kw)."""
+
+    type_name = "conv"
+    needs_inputs = (0,)
+    checkpoint = True
+
+    def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+                 bias: bool = True, name: str | None = None):
+        super().__init__(name)
+        self.out_channels = int(out_channels)
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = pair(stride, "stride")
+        self.padding = pair(padding, "padding")
+        self.dilation = pair(dilation, "dilation")
+        self.groups = int(groups)
+        self.bias = bool(bias)
+
+    # -- declarations ------------------------------------------------------------------------------------------
+    def infer_shape(self, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise ValueError(f"expects a 4-D input (N, C, H, W), got {len(s)}-D shape {s}")
+        for what, v, lo in (("kernel_size", self.kernel_size, 1), ("stride", self.stride, 1),
+                            ("padding", self.padding, 0), ("dilation", self.dilation, 1)):
+            if min(v) < lo:
+                raise ValueError(f"{what} must be >= {lo}, got {v}")
+        if self.out_channels <= 0:
+            raise ValueError(f"out_channels must be positive, got {self.out_channels}")
+        if self.groups <= 0:
+            raise ValueError(f"groups must be positive, got {self.groups}")
+        n, c, h, w = s
+        if c % self.groups:
+            raise ValueError(f"input channels {c} (input shape {s}) are not divisible by groups={self.groups}")
+        if self.out_channels % self.groups:
+            raise ValueError(f"out_channels {self.out_channels} is not divisible by groups={self.groups}")
+        ho, wo = conv_output_hw((h, w), self.kernel_size, self.stride, self.padding, self.dilation)
+        if ho <= 0 or wo <= 0:
+            raise ValueError(f"output size {ho}x{wo} is not positive: input H,W {h}x{w} is too small for kernel "
+                             f"{self.kernel_size} with padding {self.padding}, dilation {self.dilation}, "
+                             f"stride {self.stride}")
+        return (n, self.out_channels, ho, wo)
+
+    def _fan_in(self, in_shapes) -> int:
+        kh, kw = self.kernel_size
+        return in_shapes[0][1] // self.groups * kh * kw
+
+    def param_specs(self, in_shapes):
+        kh, kw = self.kernel_size
+        fan_in = self._fan_in(in_shapes)
+        fan_out = self.out_channels // self.groups * kh * kw
+        specs = {"weight": ParamSpec((self.out_channels, in_shapes[0][1] // self.groups, kh, kw),
+                                     "kaiming_uniform", fan_in=fan_in, fan_out=fan_out)}
+        if self.bias:
+            specs["bias"] = ParamSpec((self.out_channels,), "bias_uniform", fan_in=fan_in)
+        return specs
+
+    def flops(self, in_shapes, out_shape):
+        n, cout, ho, wo = out_shape
+        f = 2 * n * cout * ho * wo * self._fan_in(in_shapes)
+        return f + (n * cout * ho * wo if self.bias else 0)
+
+    def backward_flops(self, in_shapes, out_shape):
+        return 2 * self.flops(in_shapes, out_shape)
+
+    def _geometry(self, in_shapes, out_shape) -> ConvGeometry:
+        n, c, h, w = in_shapes[0]
+        return ConvGeometry(n, c, h, w, self.out_channels, *self.kernel_size, *out_shape[2:], self.groups)
+
+    def algorithms(self) -> list[str]:
+        """The algorithms this configuration can run with."""
+        ok_1x1 = is_1x1(self.kernel_size, self.stride, self.padding, self.dilation)
+        return [a for a in ALGOS if a != "gemm_1x1" or ok_1x1]
+
+    def workspace_options(self, phase, in_shapes, out_shape, itemsize):
+        if phase not in ("fwd", "bwd"):
+            raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
+        g = self._geometry(in_shapes, out_shape)
+        opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, g, itemsize), _EST_COST[a])
+                for a in self.algorithms()]
+        return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes))
+
+    def config(self):
+        return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
+                "padding": self.padding, "dilation": self.dilation, "groups": self.groups, "bias": self.bias}
+
+    # -- compute -----------------------------------------------------------------------------------------------
+    def _algo(self, ctx: LayerContext, phase: str) -> str:
+        algo = ctx.algo
+        if algo is None:
+            if ctx.workspace is None and "gemm_1x1" in self.algorithms():
+                return "gemm_1x1"
+            raise ValueError(f"{self.describe()}: no {phase} algorithm chosen; pick one of "
+                             f"{self.algorithms()} and hand in its workspace (see workspace_options)")
+        if algo not in self.algorithms():
+            raise ValueError(f"{self.describe()}: {phase} algorithm {algo!r} is not available for this "
+                             f"configuration; have {self.algorithms()}")
+        return algo
+
+    def forward(self, be, inputs, out, params, ctx):
+        be.conv2d_forward(inputs[0], params["weight"], params.get("bias"), out, self.stride, self.padding,
+                          self.dilation, self.groups, self._algo(ctx, "fwd"), ctx.workspace)
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
+                           self.stride, self.padding, self.dilation, self.groups, self._algo(ctx, "bwd"),
+                           ctx.workspace)

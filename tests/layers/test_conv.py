@@ -1,0 +1,276 @@
+"""Conv2d against PyTorch, finite differences, and itself: every algorithm must give bit-identical results."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minidl import GraphError, Network
+from minidl.backend.cpu import CPUBackend
+from minidl.layers import Conv2d, LayerContext
+from minidl.testing import directional_gradcheck, run_layer
+
+# (N, Cin, H, W, Cout, kernel, stride, padding, dilation, groups, bias)
+CONFIGS = [
+    (2, 3, 7, 9, 4, 3, 1, 1, 1, 1, True),            # odd sizes, 'same' padding
+    (3, 4, 7, 9, 8, 3, 2, 0, 1, 2, False),           # stride 2, groups 2, no bias
+    (1, 4, 9, 7, 8, 3, 3, 2, 1, 4, True),            # stride 3, padding 2, groups 4, batch 1
+    (2, 4, 9, 9, 4, 3, 1, 2, 2, 1, True),            # dilation 2
+    (2, 4, 8, 8, 4, 3, 1, 1, 1, 4, True),            # depthwise
+    (3, 6, 6, 7, 12, 3, 2, 1, 1, 6, False),          # depthwise, channel multiplier 2, stride 2
+    (3, 8, 5, 7, 16, 1, 1, 0, 1, 1, True),           # 1x1 (gemm_1x1 applies)
+    (2, 8, 5, 7, 8, 1, 1, 0, 1, 2, False),           # 1x1 grouped (gemm_1x1 applies)
+    (2, 8, 7, 7, 4, 1, 2, 0, 1, 1, True),            # 1x1 stride 2 (ResNet downsample)
+    (2, 4, 6, 6, 6, 1, 1, 1, 1, 1, True),            # 1x1 with padding
+    (1, 3, 15, 13, 5, 7, 2, 3, 1, 1, True),          # 7x7 s2 p3 (ResNet stem)
+    (3, 2, 5, 6, 3, (2, 3), (1, 2), (1, 0), (2, 1), 1, True),  # non-square everything
+    (2, 3, 5, 5, 2, 5, 1, 0, 1, 1, True),            # 1x1 output
+    (1, 2, 3, 3, 2, 3, 1, 2, 1, 1, False),           # padding wider than the kernel reach: empty taps
+    (2, 4, 6, 6, 8, 2, 2, 0, 1, 1, True),            # even kernel
+]
+
+RNG = np.random.default_rng(0)
+
+
+def _data(cfg, dtype=np.float32, rng=RNG):
+    n, c, h, w, co, k, s, p, d, g, bias = cfg
+    kh, kw = (k, k) if isinstance(k, int) else k
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((co, c // g, kh, kw)).astype(dtype)
+    b = rng.standard_normal(co).astype(dtype)
+    params = {"weight": wt, **({"bias": b} if bias else {})}
+    return x, params
+
+
+def _layer(cfg):
+    n, c, h, w, co, k, s, p, d, g, bias = cfg
+    return Conv2d(co, k, stride=s, padding=p, dilation=d, groups=g, bias=bias)
+
+
+def _algos(cfg):
+    return _layer(cfg).algorithms()
+
+
+def _close(got, ref, rtol=1e-4, atol=1e-5):
+    ref = ref.detach().numpy()
+    scale = max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * scale)
+
+
+def _torch_ref(cfg, x, params, dy):
+    n, c, h, w, co, k, s, p, d, g, bias = cfg
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(params["weight"], requires_grad=True)
+    tb = torch.tensor(params["bias"], requires_grad=True) if bias else None
+    ty = F.conv2d(tx, tw, tb, stride=s, padding=p, dilation=d, groups=g)
+    ty.backward(torch.tensor(dy))
+    return ty, tx.grad, tw.grad, (tb.grad if bias else None)
+
+
+def _run(cfg, x, params, dy, algo):
+    return run_layer(_layer(cfg), [x], params, dout=dy, algo_fwd=algo, algo_bwd=algo)
+
+
+def _id(c):
+    return "x".join(map(str, c[:5])) + f"-k{c[5]}s{c[6]}p{c[7]}d{c[8]}g{c[9]}".replace(" ", "")
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+def test_matches_torch_and_algorithms_agree_bitwise(cfg):
+    x, params = _data(cfg)
+    out_shape = _layer(cfg).infer_shape([x.shape])
+    dy = RNG.standard_normal(out_shape).astype(np.float32)
+    ty, tdx, tdw, tdb = _torch_ref(cfg, x, params, dy)
+    assert tuple(ty.shape) == out_shape
+    runs = {}
+    for algo in _algos(cfg):
+        r = _run(cfg, x, params, dy, algo)
+        _close(r.out, ty)
+        _close(r.dinputs[0], tdx)
+        _close(r.grads["weight"], tdw)
+        if tdb is not None:
+            _close(r.grads["bias"], tdb)
+        runs[algo] = r
+    ref = runs["im2col"]
+    for algo, r in runs.items():
+        assert np.array_equal(r.out, ref.out), algo
+        assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
+        for name in r.grads:
+            assert np.array_equal(r.grads[name], ref.grads[name]), (algo, name)
+
+
+@pytest.mark.parametrize("cfg", [
+    (5, 16, 13, 11, 32, 3, 1, 1, 1, 1, True),
+    (4, 32, 10, 10, 64, 1, 1, 0, 1, 1, True),
+    (4, 32, 10, 10, 64, 1, 1, 0, 1, 2, False),
+    (3, 24, 17, 15, 16, 5, 2, 2, 1, 2, True),
+    (6, 64, 7, 7, 64, 3, 1, 1, 1, 1, False),
+])
+def test_bit_identical_across_algorithms_larger(cfg):
+    """Big enough that BLAS blocks and threads; every algorithm still gives the very same bits."""
+    rng = np.random.default_rng(1)
+    x, params = _data(cfg, rng=rng)
+    dy = rng.standard_normal(_layer(cfg).infer_shape([x.shape])).astype(np.float32)
+    runs = {a: _run(cfg, x, params, dy, a) for a in _algos(cfg)}
+    ref = runs["im2col"]
+    for algo, r in runs.items():
+        assert np.array_equal(r.out, ref.out), algo
+        assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
+        for name in r.grads:
+            assert np.array_equal(r.grads[name], ref.grads[name]), (algo, name)
+
+
+@pytest.mark.parametrize("cfg", [
+    (2, 3, 5, 6, 4, 3, 2, 1, 1, 1, True),
+    (2, 4, 5, 5, 4, 3, 1, 1, 2, 2, True),
+    (3, 4, 4, 3, 6, 1, 1, 0, 1, 2, True),
+])
+def test_gradcheck_float64(cfg):
+    x, params = _data(cfg, np.float64, np.random.default_rng(2))
+    for algo in _algos(cfg):
+        directional_gradcheck(lambda: _layer(cfg), [x], params, algo_fwd=algo, algo_bwd=algo, rtol=1e-6,
+                              atol=1e-9)
+
+
+def test_backward_parts_optional():
+    """dx, dW, db may each be unwanted (None): the rest is unchanged, bit for bit."""
+    be = CPUBackend()
+    cfg = (3, 4, 7, 9, 8, 3, 2, 1, 1, 2, True)
+    x, params = _data(cfg)
+    w = params["weight"]
+    layer = _layer(cfg)
+    out_shape = layer.infer_shape([x.shape])
+    dy = RNG.standard_normal(out_shape).astype(np.float32)
+    full = _run(cfg, x, params, dy, "im2col_chunked")
+    for algo in _algos(cfg):
+        ws = np.zeros(layer.workspace_options("bwd", [x.shape], out_shape, 4)[0].workspace_bytes * 2, np.uint8)
+        dx = np.full_like(x, np.nan)
+        be.conv2d_backward(x, w, dy, dx, None, None, (2, 2), (1, 1), (1, 1), 2, algo, ws)
+        assert np.array_equal(dx, full.dinputs[0])
+        dw, db = np.full_like(w, np.nan), np.full(8, np.nan, np.float32)
+        be.conv2d_backward(x, w, dy, None, dw, db, (2, 2), (1, 1), (1, 1), 2, algo, ws)
+        assert np.array_equal(dw, full.grads["weight"]) and np.array_equal(db, full.grads["bias"])
+
+
+def test_workspace_sizes_exact():
+    layer = Conv2d(4, 3, padding=1)
+    in_shapes, out_shape = [(2, 3, 7, 9)], (2, 4, 7, 9)
+    k, p = 3 * 3 * 3, 7 * 9
+    fwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 4)}
+    bwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("bwd", in_shapes, out_shape, 4)}
+    assert fwd == {"im2col": 2 * k * p * 4, "im2col_chunked": k * p * 4}
+    # backward: the column buffer (reused for dcols), 64-byte aligned, then a weight-sized dW product buffer
+    assert 2 * k * p * 4 == 13608 and k * p * 4 == 6804
+    assert bwd == {"im2col": 13632 + 4 * k * 4, "im2col_chunked": 6848 + 4 * k * 4}
+    f64 = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 8)}
+    assert f64 == {"im2col": 2 * k * p * 8, "im2col_chunked": k * p * 8}
+    # 1x1: gemm_1x1 needs no columns at all (backward only the dW product buffer when N > 1), and comes first
+    one = Conv2d(8, 1, groups=2)
+    opts = one.workspace_options("fwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4)
+    assert [o.algo for o in opts] == ["gemm_1x1", "im2col", "im2col_chunked"]
+    assert [o.workspace_bytes for o in opts] == [0, 3 * 4 * 25 * 4, 4 * 25 * 4]
+    opts = one.workspace_options("bwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4)
+    assert opts[0].algo == "gemm_1x1" and opts[0].workspace_bytes == 8 * 2 * 4
+    opts = one.workspace_options("bwd", [(1, 4, 5, 5)], (1, 8, 5, 5), 4)
+    assert {o.algo: o.workspace_bytes for o in opts} == {"gemm_1x1": 0, "im2col": 400, "im2col_chunked": 400}
+    # sorted fastest-first by estimated cost
+    assert [o.est_cost for o in opts] == sorted(o.est_cost for o in opts)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=1, stride=2), dict(kernel_size=1, padding=1),
+                                dict(kernel_size=1, dilation=2), dict(kernel_size=3)])
+def test_gemm_1x1_only_when_applicable(kw):
+    layer = Conv2d(4, **kw)
+    in_shapes = [(2, 4, 6, 6)]
+    out_shape = layer.infer_shape(in_shapes)
+    for phase in ("fwd", "bwd"):
+        algos = [o.algo for o in layer.workspace_options(phase, in_shapes, out_shape, 4)]
+        assert algos == ["im2col", "im2col_chunked"]
+
+
+def test_workspace_errors():
+    cfg = (2, 3, 7, 9, 4, 3, 1, 1, 1, 1, True)
+    x, params = _data(cfg)
+    layer = _layer(cfg)
+    out = np.empty(layer.infer_shape([x.shape]), np.float32)
+    be = CPUBackend()
+    with pytest.raises(ValueError, match="needs a workspace of 13608 bytes"):
+        layer.forward(be, [x], out, params, LayerContext(algo="im2col"))
+    with pytest.raises(ValueError, match="at least 13608 bytes"):
+        layer.forward(be, [x], out, params, LayerContext(algo="im2col", workspace=np.zeros(100, np.uint8)))
+    with pytest.raises(ValueError, match="no fwd algorithm chosen"):
+        layer.forward(be, [x], out, params, LayerContext())
+    with pytest.raises(ValueError, match="not available"):
+        layer.forward(be, [x], out, params, LayerContext(algo="gemm_1x1"))
+    # a 1x1 conv without workspace or algorithm runs gemm_1x1
+    one = Conv2d(5, 1)
+    w = RNG.standard_normal((5, 3, 1, 1)).astype(np.float32)
+    y = np.empty((2, 5, 7, 9), np.float32)
+    one.forward(be, [x], y, {"weight": w, "bias": np.zeros(5, np.float32)}, LayerContext())
+    np.testing.assert_allclose(y, F.conv2d(torch.tensor(x), torch.tensor(w)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,layer,words", [
+    ((2, 3, 5, 5), dict(out_channels=4, kernel_size=7), ["5x5", "(7, 7)", "(0, 0)", "(2, 3, 5, 5)"]),
+    ((2, 3, 5), dict(out_channels=4, kernel_size=3), ["4-D", "(2, 3, 5)"]),
+    ((2, 3, 5, 5), dict(out_channels=4, kernel_size=3, groups=2), ["input channels 3", "groups=2"]),
+    ((2, 4, 5, 5), dict(out_channels=3, kernel_size=3, groups=2), ["out_channels 3", "groups=2"]),
+    ((2, 3, 5, 5), dict(out_channels=4, kernel_size=3, stride=0), ["stride"]),
+    ((2, 3, 8, 8), dict(out_channels=4, kernel_size=3, dilation=4), ["dilation (4, 4)"]),
+])
+def test_shape_errors_name_the_layer(shape, layer, words):
+    net = Network()
+    x = net.input(shape)
+    with pytest.raises(GraphError) as e:
+        Conv2d(**layer, name="stem")(x)
+    msg = str(e.value)
+    assert "stem" in msg and "conv" in msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_declarations():
+    layer = Conv2d(8, (3, 5), stride=2, padding=(1, 2), groups=2, bias=True)
+    in_shapes = [(4, 6, 11, 13)]
+    out_shape = layer.infer_shape(in_shapes)
+    assert out_shape == (4, 8, 6, 7)
+    specs = layer.param_specs(in_shapes)
+    assert specs["weight"].shape == (8, 3, 3, 5) and specs["weight"].init == "kaiming_uniform"
+    assert specs["weight"].fan_in == 3 * 3 * 5
+    assert specs["bias"].shape == (8,) and specs["bias"].init == "bias_uniform" and specs["bias"].fan_in == 45
+    assert "bias" not in Conv2d(8, 3, bias=False).param_specs(in_shapes)
+    f = 2 * 4 * 8 * 6 * 7 * 3 * 3 * 5 + 4 * 8 * 6 * 7
+    assert layer.flops(in_shapes, out_shape) == f
+    assert layer.backward_flops(in_shapes, out_shape) == 2 * f
+    assert layer.config() == {"out_channels": 8, "kernel_size": (3, 5), "stride": (2, 2), "padding": (1, 2),
+                              "dilation": (1, 1), "groups": 2, "bias": True}
+    assert Conv2d.type_name == "conv" and Conv2d.needs_inputs == (0,) and Conv2d.checkpoint
+
+
+@pytest.mark.parametrize("cfg", [(4, 32, 32, 32, 64, 3, 1, 1, 1, 1, True), (4, 32, 48, 48, 64, 3, 2, 1, 1, 2, True),
+                                 (4, 64, 32, 32, 32, 1, 1, 0, 1, 1, True)])
+def test_no_large_temporaries(cfg):
+    """The chunking rule: all scratch is the declared workspace. numpy's own iteration buffers (a fixed 8192
+    elements per operand, whatever the array size) are all that may be allocated beside it."""
+    import tracemalloc
+
+    be = CPUBackend()
+    x, params = _data(cfg)
+    layer = _layer(cfg)
+    out_shape = layer.infer_shape([x.shape])
+    y, dy = np.empty(out_shape, np.float32), RNG.standard_normal(out_shape).astype(np.float32)
+    dx, dw, db = np.empty_like(x), np.empty_like(params["weight"]), np.empty(out_shape[1], np.float32)
+    bound = 256 * 1024
+    assert min(x.nbytes, y.nbytes) >= 2 * bound
+    for algo in _algos(cfg):
+        sizes = {ph: next(o.workspace_bytes for o in layer.workspace_options(ph, [x.shape], out_shape, 4)
+                          if o.algo == algo) for ph in ("fwd", "bwd")}
+        wsf, wsb = np.zeros(sizes["fwd"], np.uint8), np.zeros(sizes["bwd"], np.uint8)
+        tracemalloc.start()
+        try:
+            layer.forward(be, [x], y, params, LayerContext(algo=algo, workspace=wsf))
+            layer.backward(be, [x], None, dy, [dx], {"weight": dw, "bias": db}, params,
+                           LayerContext(algo=algo, workspace=wsb))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < bound, (algo, peak)
