@@ -23,9 +23,14 @@ slower workspace algorithms, plus transfer time the link could not hide), and re
     recompute + offload               both: what SuperNeurons runs for the deepest networks
     recompute (memory) + offload      the most memory-frugal plan minidl can make
 
-Offloading is searched only when it could win: its step time can never be below its base's compute time, so a
-base whose compute time is already slower than a fitting plan is skipped. That keeps `auto` to a few
-placement passes on networks that fit easily, and makes it search hard only when the budget is tight.
+Each base is also tried in a second arena *layout* that pins small long-lived tensors (gradients, BN
+statistics, labels) at the bottom of the arena: less fragmentation, for slightly more bytes early on (`LAYOUTS`).
+
+The search stays cheap where it can. A base whose busiest step alone exceeds the budget is not placed at all
+(`compute_peak_lower_bound`). Offloading is searched only when it could win: its step time can never be below
+its base's own time, so bases are searched in that order and the search stops as soon as the best fitting plan
+is faster than every base left. That keeps `auto` to a few placement passes on networks that fit easily, and
+makes it search hard only when the budget is tight (ResNet-2500 at 12 GB: about 40 s on two cores).
 
 If nothing fits, `BudgetError` states the smallest budget that works: that of the most memory-frugal plan
 (every mechanism at its most frugal: memory-centric recomputation, every candidate offloaded and prefetched just
@@ -251,6 +256,10 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
         res.plan = plan
         return res
 
+    if not frugal and lower_bound(route) > budget:
+        res.trials.append(Trial("any", note="skipped: parameters, gradients, optimizer state and the largest "
+                                            "step's working set alone exceed the budget"))
+        return res
     bases: list[tuple[str, Schedule, RecomputeSchedule | None]] = [("liveness", liveness_schedule(route, ws), None)]
     rs_default = recompute_schedule(route, ws, limit=None, iv=iv)
     if rs_default.segments:

@@ -65,14 +65,16 @@ def test_autotune_measures_once_and_persists(tmp_path):
     shapes, out = [(2, 4, 8, 8)], (2, 8, 8, 8)
     path = tmp_path / "costs.json"
     table = CostTable(autotune=True, path=path, repeats=1)
+    n = len(layer.workspace_options("fwd", shapes, out, 4))
+    assert n >= 2
     ranked = table.rank(layer, "fwd", shapes, out, 4)
-    assert table.measured == 2            # im2col and im2col_chunked (no 1x1 here)
+    assert table.measured == n            # every algorithm once
     assert all(o.est_cost > 0 for o in ranked)
     assert [o.est_cost for o in ranked] == sorted(o.est_cost for o in ranked)
     table.rank(layer, "fwd", shapes, out, 4)
-    assert table.measured == 2            # cached
+    assert table.measured == n            # cached
     table.rank(layer, "bwd", shapes, out, 4)
-    assert table.measured == 4
+    assert table.measured == n + len(layer.workspace_options("bwd", shapes, out, 4))
     saved = json.loads(path.read_text())["seconds"]
     assert len(saved) == 2
     again = CostTable(autotune=True, path=path)
@@ -142,7 +144,7 @@ def test_fitted_algorithms_train_bit_identically():
     hi = recompute_plan(route).min_budget_bytes
     sess = run("recompute", (lo + hi) // 2)
     algos = {sp.algo for sp in sess.plan.steps if sp.algo}
-    assert {"im2col", "im2col_chunked"} <= algos
+    assert len(algos) >= 2
     assert any(sp.refused for sp in sess.plan.steps)
     ref = run("none").executor.state_dict()
     got = sess.executor.state_dict()
