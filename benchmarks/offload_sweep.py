@@ -7,6 +7,7 @@ For every budget the network is planned with policy `offload` and trained for --
 one fixed random batch, *alternating step by step* with a `liveness` session (no offload, no budget) of the
 same network, seed and batch. Alternating matters on a shared machine: a background load that slows one
 step slows its partner too, so the per-pair ratio of step times is far steadier than two separate medians.
+Which session goes first alternates too, so neither always inherits the other's cache state.
 
 Reported per budget:
 - budget and budget / liveness minimum;
@@ -35,7 +36,7 @@ import numpy as np
 from minidl.errors import BudgetError
 from minidl.memory.host import transfer_json
 from minidl.memory.policies import plan_network
-from minidl.memory.pool import format_bytes
+from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
@@ -63,21 +64,23 @@ def smallest_offload_budget(args) -> int:
 
 def run_budget(args, budget: int, ref: Session, x, y) -> dict:
     t = time.perf_counter()
-    sess = Session(make_net(args), optimizer(), policy="offload", budget=budget, seed=0)
+    sess = Session(make_net(args), optimizer(), policy="offload", budget=budget, seed=0,
+                   host_limit_bytes=args.host_limit)
     planning_s = time.perf_counter() - t
     sim = simulate(sess.plan, args.device)
     ref_times, times = [], []
     for k in range(args.warmup + args.steps):
         if k == args.warmup and sess.executor.host is not None:
             sess.executor.host.reset_stats()  # leave out the first step's page faults in fresh host buffers
-        t = time.perf_counter()
-        ref.executor.train_step(x, y)
-        t1 = time.perf_counter()
-        sess.executor.train_step(x, y)
-        t2 = time.perf_counter()
+        pair = {}
+        for name in (("ref", "off") if k % 2 == 0 else ("off", "ref")):  # alternate who goes first
+            s = ref if name == "ref" else sess
+            t = time.perf_counter()
+            s.executor.train_step(x, y)
+            pair[name] = time.perf_counter() - t
         if k >= args.warmup:
-            ref_times.append(t1 - t)
-            times.append(t2 - t1)
+            ref_times.append(pair["ref"])
+            times.append(pair["off"])
     measured = transfer_json(sess.executor.host, args.steps)
     a, b = ref.executor.state_dict(), sess.executor.state_dict()
     row = {
@@ -111,7 +114,16 @@ def main() -> None:
                     help="budgets as fractions of the liveness minimum (the smallest feasible one is added)")
     ap.add_argument("--device", default="cpu", help="device profile the planner and simulator assume")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
+    ap.add_argument("--host-limit", type=parse_size, default=None, metavar="SIZE",
+                    help="host RAM for offloaded tensors; the rest goes to the disk tier (0: all of it)")
+    ap.add_argument("--blas-threads", type=int, default=None,
+                    help="limit BLAS threads (threadpoolctl); on a shared machine 1 avoids OpenBLAS's collapse when "
+                         "its threads outnumber the free cores")
     args = ap.parse_args()
+    if args.blas_threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.blas_threads)
 
     net = make_net(args)
     lv = plan_network(net, optimizer(), "liveness", device=args.device)
@@ -122,6 +134,8 @@ def main() -> None:
     budgets = [b for b in budgets if b >= floor]
     print(f"{args.model}{args.depth or ''} batch {args.batch} at {args.image_size} px on {platform.node()} "
           f"({platform.processor() or platform.machine()}), {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"BLAS threads: {args.blas_threads or 'default'}; {args.warmup} warm-up + {args.steps} timed steps per "
+          f"budget; host limit {'none' if args.host_limit is None else format_bytes(args.host_limit)}")
     print(f"liveness minimum {format_bytes(args.liveness_min)}; smallest budget with offload "
           f"{format_bytes(floor)} ({floor / args.liveness_min:.2f}x)")
 

@@ -33,8 +33,9 @@ dropped outputs have several residencies and are skipped, and the rule falls bac
 noise), each probe being one replay of the placement pass. Planning ResNet-50 takes a handful of replays.
 
 **Timing: hide the copies, but pay for the hiding in memory.** Each step's compute time is estimated on the
-device profile (`simulate.step_costs`), each copy's time as bytes / link bandwidth (times a safety factor:
-on the CPU the copy competes with the kernels for memory bandwidth). Copies share one FIFO stream, as in the
+device profile (`simulate.step_costs`), each copy's time as a start latency plus bytes / link bandwidth times
+a safety factor (`COPY_LATENCY_S`, `COPY_SLACK`: on the CPU the copy thread must first get a core and the GIL,
+then competes with the kernels for memory bandwidth). Copies share one FIFO stream, as in the
 executor. Offloads are issued in forward order; the RELEASE goes after the first step by whose end the copy
 should be done. Prefetches are scheduled backwards from their deadlines (the first backward use), each one
 starting as *late* as it can while still finishing before its deadline and before the next prefetch on the
