@@ -23,7 +23,7 @@ from .tensors import (Role, TensorSpec, act_id, aux_id, delta_id, grad_id, opt_s
                       partial_delta_id, workspace_id)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Network, Node
+    from .graph import Network
 
 
 class Phase(str, enum.Enum):

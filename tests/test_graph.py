@@ -1,5 +1,4 @@
 """Build-time errors name the layer, its type and the shapes; the route follows the declarations."""
-import numpy as np
 import pytest
 
 import minidl as dl

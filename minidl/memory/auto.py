@@ -56,7 +56,7 @@ from .planner import Residency, Schedule, WorkspaceChoice, _place, check_budget,
 from .policies import register_policy
 from .pool import format_bytes
 from .recompute import MEMORY, RecomputeSchedule, compute_peak_lower_bound, recompute_schedule
-from .simulate import get_profile, simulate, step_costs
+from .simulate import get_profile, simulate
 from .workspace import CostTable, workspace_choices
 
 BINARY_SEARCH_STEPS = 6

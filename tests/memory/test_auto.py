@@ -6,38 +6,17 @@ import json
 import numpy as np
 import pytest
 
-import minidl as dl
 from minidl.cli import main
 from minidl.data import synthetic
 from minidl.errors import BudgetError
-from minidl.layers import BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.auto import _offload_module, auto_search, tensor_decisions
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import plan_network
 from minidl.memory.report import explain
-from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.session import Session
 
-
-def dropnet(batch=4):
-    net = dl.Network("dropnet")
-    x = net.input((batch, 3, 12, 12), name="data")
-    y = net.input((batch,), dtype="int64", name="label")
-    h = x
-    for i, c in enumerate((6, 8)):
-        h = MaxPool2d(2, name=f"pool{i}")(ReLU(name=f"relu{i}")(BatchNorm2d(name=f"bn{i}")(
-            Conv2d(c, 3, padding=1, name=f"conv{i}")(h))))
-    h = Dropout(0.5, name="drop")(ReLU(name="fc_relu")(Linear(16, name="fc1")(Flatten(name="flat")(h))))
-    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(5, name="fc2")(h), y))
-    return net
-
-
-NETS = {
-    "resnet20": lambda: build_model("resnet", depth=20, batch=2, image_size=16, num_classes=10),
-    "densenet_tiny": lambda: build_model("densenet", variant="tiny", batch=2, image_size=16, num_classes=10),
-    "dropnet": dropnet,
-}
+from .nets import NETS
 
 
 def opt():

@@ -25,7 +25,6 @@ from minidl.memory.policies import available_policies, plan_network
 from minidl.memory.simulate import DeviceProfile, simulate
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.route import Phase
 from minidl.session import Session
 
 _real_copyto = np.copyto

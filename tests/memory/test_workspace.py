@@ -3,7 +3,6 @@ faster ones reported, deterministic costs by default and measured (cached, persi
 import json
 
 import numpy as np
-import pytest
 
 from minidl.data import synthetic
 from minidl.layers import Conv2d, WorkspaceOption
