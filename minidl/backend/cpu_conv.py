@@ -39,6 +39,10 @@ import numpy as np
 ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
 _ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
 _CHUNK = 1  # samples per chunk of `im2col_chunked`
+# Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
+# so they differ only in im2col traffic: none for gemm_1x1; whole-batch im2col streams the batch's columns
+# through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
+EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1}
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,6 +100,23 @@ def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int) -> tuple[int,
     prod = g.cout * g.k * itemsize if g.n > 1 else 0
     off = _align(cols) if prod else cols
     return cols, off, off + prod
+
+
+def conv_algorithms(kernel, stride, padding, dilation) -> list[str]:
+    """The algorithms a configuration can run with (gemm_1x1 only where the input is the column matrix)."""
+    ok_1x1 = is_1x1(kernel, stride, padding, dilation)
+    return [a for a in ALGOS if a != "gemm_1x1" or ok_1x1]
+
+
+def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation):
+    """list[WorkspaceOption] for `phase`, fastest (by EST_COST) first, then smallest workspace first."""
+    from ..layers.base import WorkspaceOption  # lazy: the layers package imports this module
+
+    if phase not in ("fwd", "bwd"):
+        raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
+    opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, geom, itemsize), EST_COST[a])
+            for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation)]
+    return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes))
 
 
 def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: int) -> int:
@@ -311,6 +332,15 @@ class ConvOps:
         if db is not None:
             # per-plane sums (pairwise over the contiguous H*W), then over the batch: an (N, Cout) scratch only
             np.sum(np.sum(_as(dy, (n, g.cout, g.p)), axis=2), axis=0, out=db)
+
+    def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
+                               groups: int, dtype=np.float32):
+        """The algorithms for `phase` ('fwd' or 'bwd') with their exact workspace bytes, fastest first: what
+        `Conv2d.workspace_options` declares (same signature as the CUDA backend's)."""
+        n, cin, h, wd = x_shape
+        cout, _, kh, kw = w_shape
+        g = ConvGeometry(n, cin, h, wd, cout, kh, kw, y_shape[2], y_shape[3], groups)
+        return conv_options(phase, g, np.dtype(dtype).itemsize, tuple(stride), tuple(padding), tuple(dilation))
 
     # -- shared checks ----------------------------------------------------------------------------------------------
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):

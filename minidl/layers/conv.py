@@ -7,11 +7,8 @@ memory and speed, never values.
 """
 from __future__ import annotations
 
-from ..backend.cpu_conv import ALGOS, ConvGeometry, conv_output_hw, conv_workspace_bytes, is_1x1
-from .base import Layer, LayerContext, ParamSpec, WorkspaceOption, pair
-
-# Rough relative costs, fastest first; the planner measures real times later.
-_EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1}
+from ..backend.cpu_conv import ConvGeometry, conv_algorithms, conv_options, conv_output_hw
+from .base import Layer, LayerContext, ParamSpec, pair
 
 
 class Conv2d(Layer):
@@ -85,16 +82,12 @@ class Conv2d(Layer):
 
     def algorithms(self) -> list[str]:
         """The algorithms this configuration can run with."""
-        ok_1x1 = is_1x1(self.kernel_size, self.stride, self.padding, self.dilation)
-        return [a for a in ALGOS if a != "gemm_1x1" or ok_1x1]
+        return conv_algorithms(self.kernel_size, self.stride, self.padding, self.dilation)
 
     def workspace_options(self, phase, in_shapes, out_shape, itemsize):
-        if phase not in ("fwd", "bwd"):
-            raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
-        g = self._geometry(in_shapes, out_shape)
-        opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, g, itemsize), _EST_COST[a])
-                for a in self.algorithms()]
-        return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes))
+        """CPU algorithms (see `minidl.backend.cpu_conv`), fastest first, with their exact workspace bytes."""
+        return conv_options(phase, self._geometry(in_shapes, out_shape), itemsize, self.stride, self.padding,
+                            self.dilation)
 
     def config(self):
         return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,

@@ -174,6 +174,11 @@ def test_workspace_sizes_exact():
     assert {o.algo: o.workspace_bytes for o in opts} == {"gemm_1x1": 0, "im2col": 400, "im2col_chunked": 400}
     # sorted fastest-first by estimated cost
     assert [o.est_cost for o in opts] == sorted(o.est_cost for o in opts)
+    # the backend answers the same question with the CUDA backend's signature
+    be = CPUBackend()
+    for phase in ("fwd", "bwd"):
+        assert be.conv_workspace_options(phase, (2, 3, 7, 9), (4, 3, 3, 3), (2, 4, 7, 9), (1, 1), (1, 1), (1, 1),
+                                         1, np.float32) == layer.workspace_options(phase, in_shapes, out_shape, 4)
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_size=1, stride=2), dict(kernel_size=1, padding=1),
