@@ -20,11 +20,7 @@ from ..route import Phase, Route
 from ..tensors import Role
 from .liveness import analyze
 from .plan import Event, EventKind, Plan, StepPlan
-from .pool import ALIGNMENT, TensorPool, format_bytes
-
-def rounded(nbytes: int) -> int:
-    return -(-max(int(nbytes), 1) // ALIGNMENT) * ALIGNMENT
-
+from .pool import ALIGNMENT, TensorPool, align_up, format_bytes
 
 @dataclass(slots=True)
 class WorkspaceChoice:
@@ -91,14 +87,14 @@ class PlacementRecorder:
 
 def capacity_bound(route: Route, ws: dict[int, WorkspaceChoice]) -> int:
     """An arena size no plan can exceed: every tensor at once."""
-    return (sum(rounded(t.nbytes) for t in route.tensors.values())
-            + sum(rounded(max([c.nbytes] + [o.workspace_bytes for o in c.options or ()])) for c in ws.values())
+    return (sum(align_up(t.nbytes) for t in route.tensors.values())
+            + sum(align_up(max([c.nbytes] + [o.workspace_bytes for o in c.options or ()])) for c in ws.values())
             + ALIGNMENT)
 
 
 def lower_bound(route: Route) -> int:
     """Parameters + gradients + optimizer state + the largest single step's working set (least workspace)."""
-    fixed = sum(rounded(t.nbytes) for t in route.tensors.values()
+    fixed = sum(align_up(t.nbytes) for t in route.tensors.values()
                 if t.role.persistent or t.role is Role.GRADIENT)
     best = 0
     for step in route.steps:
@@ -106,10 +102,10 @@ def lower_bound(route: Route) -> int:
         ws = 0
         if step.workspace is not None:
             ws = min(o.workspace_bytes for o in _options(route, step))
-        work = sum(rounded(route.tensors[t].nbytes) for t in touched
+        work = sum(align_up(route.tensors[t].nbytes) for t in touched
                    if not (route.tensors[t].role.persistent or route.tensors[t].role is Role.GRADIENT)
                    and route.tensors[t].role is not Role.WORKSPACE)
-        best = max(best, work + (rounded(ws) if ws else 0))
+        best = max(best, work + (align_up(ws) if ws else 0))
     return fixed + best
 
 

@@ -62,7 +62,8 @@ from ..route import Phase, Route
 from ..tensors import Role, act_id
 from .liveness import analyze
 from .plan import EventKind, Plan
-from .planner import Residency, Schedule, WorkspaceChoice, liveness_schedule, make_plan, rounded
+from .planner import Residency, Schedule, WorkspaceChoice, liveness_schedule, make_plan
+from .pool import align_up
 from .policies import register_policy
 
 SPEED, MEMORY = "speed", "memory"
@@ -145,8 +146,8 @@ def find_segments(route: Route, iv: dict | None = None) -> list[Segment]:
         seg.fwd_last[tid] = fwd[-1] if fwd else iv[tid].first
         seg.bwd_uses[tid] = [u for u in uses if u >= n_fwd]
     for seg in segs.values():
-        held = sum(rounded(route.tensors[m].nbytes) for m in seg.needed)
-        extra_root = 0 if seg.root_bwd else rounded(route.tensors[seg.root].nbytes)
+        held = sum(align_up(route.tensors[m].nbytes) for m in seg.needed)
+        extra_root = 0 if seg.root_bwd else align_up(route.tensors[seg.root].nbytes)
         seg.saved_bytes = held - extra_root
         seg.dropped = bool(seg.needed) and seg.saved_bytes > 0
     return sorted(segs.values(), key=lambda s: (iv[s.root].first, s.root))
@@ -345,9 +346,9 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
     iv = analyze(route) if iv is None else iv
     sched = liveness_schedule(route, ws)
     segs = [s for s in find_segments(route, iv) if s.dropped]
-    sizes = {tid: rounded(t.nbytes) for tid, t in route.tensors.items()}
+    sizes = {tid: align_up(t.nbytes) for tid, t in route.tensors.items()}
     for k, c in ws.items():
-        sizes[route.steps[k].workspace] = rounded(c.nbytes)
+        sizes[route.steps[k].workspace] = align_up(c.nbytes)
 
     def build(seg: Segment, m: str, seq_base=None) -> tuple[SegmentPlan, Residency]:
         sp = plan_segment(seg, m, seq_base)
@@ -446,10 +447,10 @@ def compute_peak_lower_bound(route: Route, sched: Schedule, ws: dict[int, Worksp
     Exact at compute moments (every residency is either there or not), so it is a lower bound of any placement's
     peak and arena: a schedule whose bound exceeds a budget need not be placed to know it cannot fit.
     """
-    sizes = {tid: rounded(t.nbytes) for tid, t in route.tensors.items()}
+    sizes = {tid: align_up(t.nbytes) for tid, t in route.tensors.items()}
     for k, c in ws.items():
         small = min([c.nbytes] + [o.workspace_bytes for o in c.options or ()])
-        sizes[route.steps[k].workspace] = rounded(small)
+        sizes[route.steps[k].workspace] = align_up(small)
     tl = Timeline(len(route.steps))
     for tid, lst in sched.residencies.items():
         for r in lst:

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..route import Phase
 from ..tensors import Role
 from .plan import EventKind, Plan
-from .pool import format_bytes
+from .pool import align_up, format_bytes
 
 
 @dataclass(slots=True)
@@ -81,9 +81,9 @@ def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
         role = plan.role_of(ev.tensor).value
         if ev.kind in (EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE):
             resident[ev.tensor] = ev.nbytes
-            cur[role] += _rounded(ev.nbytes)
+            cur[role] += align_up(ev.nbytes)
         elif ev.kind in (EventKind.FREE, EventKind.RELEASE):
-            cur[role] -= _rounded(resident.pop(ev.tensor, ev.nbytes))
+            cur[role] -= align_up(resident.pop(ev.tensor, ev.nbytes))
 
     for ev in plan.setup:
         apply(ev)
@@ -95,12 +95,6 @@ def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
         for ev in sp.after:
             apply(ev)
     return labels, series
-
-
-def _rounded(n: int) -> int:
-    from .planner import rounded
-
-    return rounded(n)
 
 
 def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Path:
@@ -177,7 +171,7 @@ def explain(plan: Plan, max_steps: int | None = None) -> str:
     iv = analyze(route)
     lines = [f"plan '{plan.policy}': {len(route.steps)} steps, arena {format_bytes(plan.arena_bytes)}",
              f"setup: {len(plan.setup)} tensors allocated once "
-             f"({format_bytes(sum(_rounded(e.nbytes) for e in plan.setup))})"
+             f"({format_bytes(sum(align_up(e.nbytes) for e in plan.setup))})"
              + (": parameters, buffers and optimizer state live for the whole run" if plan.policy != "none"
                 else ": under policy 'none' every tensor is allocated here and never freed")]
     for k, (step, sp) in enumerate(zip(route.steps, plan.steps)):

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..layers.base import Layer, LayerContext, WorkspaceOption
 from ..route import Phase, Route
-from .pool import ALIGNMENT, format_bytes
+from .pool import ALIGNMENT, align_up, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import StepPlan
@@ -56,10 +56,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .pool import TensorPool
 
 Shape = tuple[int, ...]
-
-
-def _rounded(nbytes: int) -> int:
-    return -(-max(int(nbytes), 1) // ALIGNMENT) * ALIGNMENT
 
 
 # -- costs ------------------------------------------------------------------------------------------------------
@@ -201,7 +197,7 @@ def frugal_workspace(route: Route, costs: CostTable | None = None) -> dict[int, 
 
     out = {}
     for k, c in workspace_choices(route, costs).items():
-        o = min(c.options, key=lambda o: (_rounded(o.workspace_bytes), o.est_cost))
+        o = min(c.options, key=lambda o: (align_up(o.workspace_bytes), o.est_cost))
         out[k] = WorkspaceChoice(o.algo, o.workspace_bytes,
                                  [f"{f.algo}: not tried (most frugal plan)" for f in c.options
                                   if f.est_cost < o.est_cost])
@@ -214,9 +210,9 @@ def fit_workspace(options: Sequence[WorkspaceOption], free_bytes: int) -> tuple[
     and a note for each faster option refused for lack of memory. If none fits: the smallest workspace."""
     refused: list[str] = []
     for o in options:
-        if _rounded(o.workspace_bytes) <= free_bytes:
+        if align_up(o.workspace_bytes) <= free_bytes:
             return o, refused
-        refused.append(f"{o.algo}: needs {format_bytes(_rounded(o.workspace_bytes))}, "
+        refused.append(f"{o.algo}: needs {format_bytes(align_up(o.workspace_bytes))}, "
                        f"{format_bytes(max(free_bytes, 0))} free")
     smallest = min(options, key=lambda o: (o.workspace_bytes, o.est_cost))
     return smallest, [r for o, r in zip(options, refused) if o is not smallest]
