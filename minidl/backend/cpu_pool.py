@@ -151,6 +151,16 @@ def _to_grid_layout(src: np.ndarray, flat: np.ndarray, g: _Grid) -> None:
     v[:, :, g.out_hw[1]:].fill(0)
 
 
+def _reduce_taps(q: np.ndarray, n: int, g: _Grid, out: np.ndarray, op) -> None:
+    """out = op-reduction over every kernel tap of the phase grids q (np.maximum for max, np.add for sums):
+    each tap is one long contiguous slice, so the whole window reduction is len(taps) numpy calls."""
+    length = g.out_len
+    (slot, off), *rest = g.taps
+    np.copyto(out, q[slot, :n, off:off + length])
+    for slot, off in rest:
+        op(out, q[slot, :n, off:off + length], out=out)
+
+
 def _pool_divisors(size_in: int, size_out: int, k: int, stride: int, pad: int, include_pad: bool) -> np.ndarray:
     """Per-output window size along one axis, as PyTorch's avg_pool2d counts it."""
     start = np.arange(size_out) * stride - pad
@@ -183,11 +193,7 @@ class PoolOps:
             n = b.stop - b.start
             _fill_phases(x3[b], sc.q, g, -np.inf)
             m = sc.flat[0][:n]
-            mv = m[:, :length]
-            (slot, off), *rest = g.taps
-            np.copyto(mv, sc.q[slot, :n, off:off + length])
-            for slot, off in rest:
-                np.maximum(mv, sc.q[slot, :n, off:off + length], out=mv)
+            _reduce_taps(sc.q, n, g, m[:, :length], np.maximum)
             np.copyto(y3[b], _outputs(m, g))
 
     def maxpool2d_backward(self, x: np.ndarray, dy: np.ndarray, dx: np.ndarray, kernel: tuple[int, int],
@@ -208,10 +214,7 @@ class PoolOps:
             _fill_phases(x3[b], q, g, -np.inf)
             m, r, gr = (f[:n, :length] for f in sc.flat)
             eq = sc.masks[0][:n]
-            (slot, off), *rest = g.taps
-            np.copyto(m, q[slot, :n, off:off + length])
-            for slot, off in rest:
-                np.maximum(m, q[slot, :n, off:off + length], out=m)
+            _reduce_taps(q, n, g, m, np.maximum)
             _to_grid_layout(dy3[b], sc.flat[1][:n], g)
             dq[:, :n].fill(0)
             for k, (slot, off) in enumerate(g.taps):
@@ -235,11 +238,7 @@ class PoolOps:
             n = b.stop - b.start
             _fill_phases(x3[b], sc.q, g, 0.0)
             s = sc.flat[0][:n]
-            sv = s[:, :length]
-            (slot, off), *rest = g.taps
-            np.copyto(sv, sc.q[slot, :n, off:off + length])
-            for slot, off in rest:
-                np.add(sv, sc.q[slot, :n, off:off + length], out=sv)
+            _reduce_taps(sc.q, n, g, s[:, :length], np.add)
             np.multiply(_outputs(s, g), inv, out=y3[b])
 
     def avgpool2d_backward(self, dy: np.ndarray, dx: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
