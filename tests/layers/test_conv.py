@@ -74,6 +74,16 @@ def _id(c):
     return "x".join(map(str, c[:5])) + f"-k{c[5]}s{c[6]}p{c[7]}d{c[8]}g{c[9]}".replace(" ", "")
 
 
+def _assert_bit_identical(runs):
+    """Every algorithm's output, input delta and parameter gradients equal im2col's, bit for bit."""
+    ref = runs["im2col"]
+    for algo, r in runs.items():
+        assert np.array_equal(r.out, ref.out), algo
+        assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
+        for name in r.grads:
+            assert np.array_equal(r.grads[name], ref.grads[name]), (algo, name)
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
 def test_matches_torch_and_algorithms_agree_bitwise(cfg):
     x, params = _data(cfg)
@@ -90,12 +100,7 @@ def test_matches_torch_and_algorithms_agree_bitwise(cfg):
         if tdb is not None:
             _close(r.grads["bias"], tdb)
         runs[algo] = r
-    ref = runs["im2col"]
-    for algo, r in runs.items():
-        assert np.array_equal(r.out, ref.out), algo
-        assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
-        for name in r.grads:
-            assert np.array_equal(r.grads[name], ref.grads[name]), (algo, name)
+    _assert_bit_identical(runs)
 
 
 @pytest.mark.parametrize("cfg", [
@@ -111,12 +116,7 @@ def test_bit_identical_across_algorithms_larger(cfg):
     x, params = _data(cfg, rng=rng)
     dy = rng.standard_normal(_layer(cfg).infer_shape([x.shape])).astype(np.float32)
     runs = {a: _run(cfg, x, params, dy, a) for a in _algos(cfg)}
-    ref = runs["im2col"]
-    for algo, r in runs.items():
-        assert np.array_equal(r.out, ref.out), algo
-        assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
-        for name in r.grads:
-            assert np.array_equal(r.grads[name], ref.grads[name]), (algo, name)
+    _assert_bit_identical(runs)
 
 
 @pytest.mark.parametrize("cfg", [
