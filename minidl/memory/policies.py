@@ -40,15 +40,9 @@ def _liveness(route: Route, budget: int | None, device: str) -> Plan:
 
 
 def _load_mechanisms() -> None:
-    """Import the modules that register more policies (each registers itself on import)."""
-    import importlib
-
-    for mod in ("offload", "recompute", "auto"):
-        try:
-            importlib.import_module(f"{__package__}.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.{mod}":
-                raise
+    """Import the modules that register more policies (each registers itself on import; imported here, lazily,
+    because they import this registry)."""
+    from . import auto, offload, recompute  # noqa: F401
 
 
 def available_policies() -> tuple[str, ...]:

@@ -165,7 +165,6 @@ RSS_SCRIPT = textwrap.dedent("""
     net = build_model("resnet", depth=20, batch=32, image_size=32, num_classes=10)
     sess = Session(net, SGD(lr=0.05, momentum=0.9), policy="liveness", seed=0)
     data = synthetic(128, (3, 32, 32), 10, seed=0)
-    sess.fit(data, 1)  # warm-up: imports, BLAS buffers, first touch of the arena
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sess.fit(data, 3)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -180,9 +179,7 @@ def test_budget_is_real_not_bookkeeping():
     after the arena is reserved but before any step touches it, so the growth counts the arena pages the plan
     really uses plus anything a kernel allocated outside the pool.
     """
-    script = RSS_SCRIPT.replace("sess.fit(data, 1)  # warm-up: imports, BLAS buffers, first touch of the arena\n",
-                                "")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT], capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": "2"})
     import json
 
