@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="k40c", help="device profile for time estimates (cpu, k40c, titanx, v100, h100)")
     p.add_argument("--explain", action="store_true", help="say step by step what is allocated and freed, and why")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
+                   help="whose convolution algorithms (and workspace sizes) the plan chooses among; cuda asks "
+                        "cuDNN and needs a GPU")
     p = sub.add_parser("train", help="train a model")
     _model_args(p)
     _memory_args(p, "liveness")
@@ -124,10 +127,15 @@ def cmd_plan(args) -> dict:
     t = time.perf_counter()
     net = _build(args)
     opt = make_optimizer(args.optimizer, 0.01)
-    plan = plan_network(net, opt, args.policy, args.budget, device=args.device)
+    backend = None
+    if args.backend != "cpu":
+        from .backend import get_backend
+
+        backend = get_backend(args.backend)
+    plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend)
     sim = simulate(plan, args.device)
     out = _memory_json(plan)
-    out.update({"model": args.model, "device": args.device, "est_step_time_s": sim.est_step_time_s,
+    out.update({"model": args.model, "device": args.device, "backend": args.backend, "est_step_time_s": sim.est_step_time_s,
                 "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
                 "transfer_hidden_fraction": sim.transfer_hidden_fraction, "exposed_transfer_s": sim.exposed_transfer_s,
                 "copy_bandwidth_bytes_per_s": sim.device.link_bw if sim.transfer_time_s else 0.0,

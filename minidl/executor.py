@@ -67,6 +67,11 @@ class Executor:
                              f"but the optimizer keeps {tuple(optimizer.slots)}")
         self.net, self.plan, self.route, self.opt = net, plan, plan.route, optimizer
         self.be = backend or CPUBackend()
+        be_name = getattr(self.be, "name", "cpu")
+        if be_name != plan.route.backend_name and any(s.workspace is not None for s in plan.route.steps):
+            raise ValueError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
+                             f"menu but runs on backend '{be_name}': plan with "
+                             f"plan_network(..., backend=<the backend it runs on>)")
         self.seed, self.debug, self.tracing = int(seed), debug, trace
         self.iteration = 0
         self.training = True
@@ -150,7 +155,8 @@ class Executor:
         for ev in events:
             self._handlers[ev.kind](ev, step)
 
-    # The tensor cache: offload to the host store and prefetch back, on the transfer engine's own thread.
+    # The tensor cache: offload to the host store and prefetch back on the transfer engine (a thread on the
+    # CPU, the backend's transfer stream on a GPU).
     def _host(self):
         if self.host is None:
             from .memory.host import HostStore

@@ -51,6 +51,7 @@ class Step:
     reads: list[str]
     writes: list[str]
     workspace: str | None = None   # workspace tensor id, if the layer offers algorithms for this phase
+    workspace_options: list = field(default_factory=list)  # those algorithms (WorkspaceOption), as listed
     dinputs: list[str | None] = field(default_factory=list)   # backward: where each input's delta goes
     accumulate: list[Accumulation] = field(default_factory=list)
     seed_delta: str | None = None  # backward of the loss: the delta set to 1.0 before compute
@@ -70,6 +71,7 @@ class Route:
     tensors: dict[str, TensorSpec]
     optimizer_slots: tuple[str, ...] = ()
     requires_grad: list[bool] = field(default_factory=list)
+    backend_name: str = "cpu"  # whose algorithm menu the steps' workspace options are (see `build`)
 
     # -- queries ---------------------------------------------------------------------------------------------
     @property
@@ -88,7 +90,11 @@ class Route:
 
     # -- construction ------------------------------------------------------------------------------------------
     @staticmethod
-    def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = ()) -> "Route":
+    def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (),
+              backend=None) -> "Route":
+        """The route of `net`. `backend` (None: the CPU reference) is asked, once per step, which algorithms
+        a layer can run with and how much workspace each needs: the route is where that menu is fixed, so
+        every planner pass (sizing, bounds, simulation, auto's search) reads the same one."""
         nodes = net.nodes
         tensors: dict[str, TensorSpec] = {}
 
@@ -131,10 +137,9 @@ class Route:
                     tid = add(aux_id(n.name, aname), Role.AUX, ashape, net.dtype, n.name)
                     writes.append(tid)
                     aux_of.setdefault(n.index, []).append(tid)
-            ws = None
-            if layer.workspace_options("fwd", in_shapes, n.shape, net.dtype.itemsize):
-                ws = add(workspace_id(n.name, "fwd"), Role.WORKSPACE, (0,), np.uint8, n.name)
-            steps.append(Step(len(steps), Phase.FORWARD, n.index, n.name, reads, writes, ws))
+            opts = layer.workspace_options("fwd", in_shapes, n.shape, net.dtype.itemsize, backend=backend)
+            ws = add(workspace_id(n.name, "fwd"), Role.WORKSPACE, (0,), np.uint8, n.name) if opts else None
+            steps.append(Step(len(steps), Phase.FORWARD, n.index, n.name, reads, writes, ws, list(opts)))
 
         if training:
             seen_delta: set[str] = set()
@@ -172,10 +177,10 @@ class Route:
                 for pname, spec in n.params.items():
                     if spec.trainable:
                         writes.append(add(grad_id(n.name, pname), Role.GRADIENT, spec.shape, net.dtype, n.name))
-                ws = None
-                if layer.workspace_options("bwd", in_shapes, n.shape, net.dtype.itemsize):
-                    ws = add(workspace_id(n.name, "bwd"), Role.WORKSPACE, (0,), np.uint8, n.name)
-                step = Step(len(steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, dinputs, accs)
+                opts = layer.workspace_options("bwd", in_shapes, n.shape, net.dtype.itemsize, backend=backend)
+                ws = add(workspace_id(n.name, "bwd"), Role.WORKSPACE, (0,), np.uint8, n.name) if opts else None
+                step = Step(len(steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, list(opts), dinputs,
+                            accs)
                 if layer.is_loss:
                     step.seed_delta = dout
                 steps.append(step)
@@ -192,4 +197,5 @@ class Route:
                         reads.append(s)
                         writes.append(s)
             steps.append(Step(len(steps), Phase.UPDATE, None, "", reads, writes))
-        return Route(net, training, steps, tensors, tuple(optimizer_slots), rg)
+        return Route(net, training, steps, tensors, tuple(optimizer_slots), rg,
+                     getattr(backend, "name", "cpu") if backend is not None else "cpu")

@@ -46,7 +46,11 @@ class Session:
                  seed: int = 0, backend=None, debug: bool = False, trace: bool = False,
                  host_limit_bytes: int | None = None):
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
-        self.plan = plan_network(net, optimizer, policy, budget)
+        if backend is None:
+            from .backend.cpu import CPUBackend
+
+            backend = CPUBackend()
+        self.plan = plan_network(net, optimizer, policy, budget, backend=backend)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
                                  host_limit_bytes=host_limit_bytes)
         self.batch = net.input_nodes[0].shape[0]

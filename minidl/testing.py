@@ -23,8 +23,8 @@ class LayerRun:
     aux: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo):
-    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize)
+def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend):
+    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize, backend=backend)
     if not opts:
         return None, None
     chosen = opts[0] if algo is None else next((o for o in opts if o.algo == algo), None)
@@ -54,13 +54,13 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
                              f"got {params[pname].shape}")
     out = np.empty(node.shape, node.dtype)
     aux = {k: np.empty(s, net.dtype) for k, s in layer.aux_specs(in_shapes, training=training).items()}
-    ws, algo = _workspace(layer, "fwd", in_shapes, node.shape, net.dtype.itemsize, algo_fwd)
+    ws, algo = _workspace(layer, "fwd", in_shapes, node.shape, net.dtype.itemsize, algo_fwd, be)
     ctx = LayerContext(training=training, aux=aux, workspace=ws, algo=algo, rng_key=rng_key)
     layer.forward(be, list(inputs), out, params, ctx)
     run = LayerRun(out=out, aux=aux)
     if dout is None:
         return run
-    ws, algo = _workspace(layer, "bwd", in_shapes, node.shape, net.dtype.itemsize, algo_bwd)
+    ws, algo = _workspace(layer, "bwd", in_shapes, node.shape, net.dtype.itemsize, algo_bwd, be)
     bctx = LayerContext(training=training, aux=aux, workspace=ws, algo=algo, rng_key=rng_key)
     dinputs = [None if (k in layer.nondiff_inputs or not np.issubdtype(x.dtype, np.floating))
                else np.full(x.shape, np.nan, x.dtype) for k, x in enumerate(inputs)]

@@ -71,3 +71,17 @@ def test_sizes_accept_units(capsys):
 def test_errors_are_clean(capsys, bad):
     assert main([*bad, "--json"]) == 2
     assert "error" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_plan_for_the_cuda_backend_without_cuda_says_what_is_missing(capsys):
+    pytest.importorskip("minidl.backend.cuda")
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("cupy is importable here: the CUDA backend would be constructed")
+    except ImportError:
+        pass
+    assert main(["plan", "resnet", "--depth", "8", "--backend", "cuda", "--json"]) == 2
+    err = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert err["error"] == "CUDAUnavailable" and "simulator's device profiles" in err["message"]
+    r = run_json(capsys, "plan", "resnet", "--depth", "8", "--backend", "cpu")
+    assert r["backend"] == "cpu"

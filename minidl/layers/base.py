@@ -140,8 +140,12 @@ class Layer:
         return 2 * self.flops(in_shapes, out_shape)
 
     def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
-                          itemsize: int) -> list[WorkspaceOption]:
-        """Algorithms this layer can run `phase` ('fwd' or 'bwd') with; empty means no choice, no workspace."""
+                          itemsize: int, backend=None) -> list[WorkspaceOption]:
+        """Algorithms this layer can run `phase` ('fwd' or 'bwd') with; empty means no choice, no workspace.
+
+        `backend` is the backend the plan is for: the menu of algorithms (and their workspace sizes) is the
+        backend's (cuDNN's execution plans are not the CPU's im2col). None means the CPU reference backend.
+        """
         return []
 
     def config(self) -> dict[str, Any]:

@@ -1,12 +1,16 @@
 """2-D convolution (NCHW, PyTorch's weight layout and default initialization).
 
-The layer declares its CPU algorithms and their exact workspace sizes (`workspace_options`); the memory planner
-picks one per phase and hands the executor's workspace block and the algorithm's name in through the
-LayerContext. Every algorithm gives bit-identical results (see `minidl.backend.cpu_conv`), so the choice changes
-memory and speed, never values.
+The layer declares its algorithms and their exact workspace sizes (`workspace_options`): the CPU table of
+`minidl.backend.cpu_conv` by default, or the menu of the backend the plan is for (`conv_workspace_options`: on
+CUDA, cuDNN's execution plans). The memory planner picks one per phase and hands the executor's workspace block
+and the algorithm's name in through the LayerContext. Every CPU algorithm gives bit-identical results, so on
+the CPU the choice changes memory and speed, never values.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..backend.cpu_conv import ALGOS as CPU_ALGOS
 from ..backend.cpu_conv import ConvGeometry, conv_algorithms, conv_options, conv_output_hw
 from .base import Layer, LayerContext, ParamSpec, pair
 
@@ -84,10 +88,15 @@ class Conv2d(Layer):
         """The algorithms this configuration can run with."""
         return conv_algorithms(self.kernel_size, self.stride, self.padding, self.dilation)
 
-    def workspace_options(self, phase, in_shapes, out_shape, itemsize):
-        """CPU algorithms (see `minidl.backend.cpu_conv`), fastest first, with their exact workspace bytes."""
-        return conv_options(phase, self._geometry(in_shapes, out_shape), itemsize, self.stride, self.padding,
-                            self.dilation)
+    def workspace_options(self, phase, in_shapes, out_shape, itemsize, backend=None):
+        """The algorithms `backend` runs this convolution with, fastest first, with their exact workspace bytes
+        (None: the CPU table, see `minidl.backend.cpu_conv`; the CPU backend answers the same)."""
+        if backend is None:
+            return conv_options(phase, self._geometry(in_shapes, out_shape), itemsize, self.stride, self.padding,
+                                self.dilation)
+        w_shape = (self.out_channels, in_shapes[0][1] // self.groups, *self.kernel_size)
+        return backend.conv_workspace_options(phase, tuple(in_shapes[0]), w_shape, tuple(out_shape), self.stride,
+                                              self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"))
 
     def config(self):
         return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
@@ -101,7 +110,7 @@ class Conv2d(Layer):
                 return "gemm_1x1"
             raise ValueError(f"{self.describe()}: no {phase} algorithm chosen; pick one of "
                              f"{self.algorithms()} and hand in its workspace (see workspace_options)")
-        if algo not in self.algorithms():
+        if algo in CPU_ALGOS and algo not in self.algorithms():  # another backend's names: it checks them
             raise ValueError(f"{self.describe()}: {phase} algorithm {algo!r} is not available for this "
                              f"configuration; have {self.algorithms()}")
         return algo

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError
-from ..route import Phase, Route
+from ..route import Route
 from ..tensors import Role
 from .liveness import analyze
 from .plan import Event, EventKind, Plan, StepPlan
@@ -39,17 +39,9 @@ def default_workspace(route: Route) -> dict[int, WorkspaceChoice]:
     for step in route.steps:
         if step.workspace is None:
             continue
-        opts = _options(route, step)
+        opts = step.workspace_options  # the route's backend's menu, fastest first
         out[step.index] = WorkspaceChoice(opts[0].algo, opts[0].workspace_bytes)
     return out
-
-
-def _options(route: Route, step):
-    net = route.network
-    node = net.nodes[step.node]
-    phase = "fwd" if step.phase is Phase.FORWARD else "bwd"
-    in_shapes = [net.nodes[i].shape for i in node.inputs]
-    return node.layer.workspace_options(phase, in_shapes, node.shape, net.dtype.itemsize)
 
 
 class PlacementRecorder:
@@ -101,7 +93,7 @@ def lower_bound(route: Route) -> int:
         touched = set(step.reads) | set(step.writes) | {a.into for a in step.accumulate}
         ws = 0
         if step.workspace is not None:
-            ws = min(o.workspace_bytes for o in _options(route, step))
+            ws = min(o.workspace_bytes for o in step.workspace_options)
         work = sum(align_up(route.tensors[t].nbytes) for t in touched
                    if not (route.tensors[t].role.persistent or route.tensors[t].role is Role.GRADIENT)
                    and route.tensors[t].role is not Role.WORKSPACE)

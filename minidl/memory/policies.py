@@ -51,11 +51,16 @@ def available_policies() -> tuple[str, ...]:
 
 
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
-                 budget: int | None = None, device: str = "cpu", training: bool = True) -> Plan:
-    """Plan `net` (with `optimizer`'s state) under `policy` and `budget` for `device` (a simulator profile)."""
+                 budget: int | None = None, device: str = "cpu", training: bool = True, backend=None) -> Plan:
+    """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
+
+    `device` names the simulator profile whose speeds (compute, link) the policy's timing decisions use;
+    `backend` (None: the CPU reference) is the backend the plan will run on, whose convolution algorithms
+    and workspace sizes the plan chooses among. A plan runs only on a backend of the kind it was made for.
+    """
     _load_mechanisms()
     if policy not in POLICY_REGISTRY:
         raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICY_REGISTRY)}")
     slots = tuple(optimizer.slots) if optimizer is not None else ()
-    route = net.route(training=training, optimizer_slots=slots)
+    route = net.route(training=training, optimizer_slots=slots, backend=backend)
     return POLICY_REGISTRY[policy](route, budget, device)

@@ -131,15 +131,13 @@ def add_plan_costs(plan: Plan, costs: list[StepCost]) -> int:
       by the ratio of their estimated costs (`WorkspaceOption.est_cost`, the layer's deterministic estimate).
     """
     from .plan import EventKind
-    from .planner import _options
 
     route = plan.route
     fwd = {s.node: s.index for s in route.steps if s.phase is Phase.FORWARD}
     extra = 0
     for k, (step, sp) in enumerate(zip(route.steps, plan.steps)):
         if sp.algo is not None and step.workspace is not None:
-            opts = _options(route, step)
-            cost = {o.algo: o.est_cost for o in opts}
+            cost = {o.algo: o.est_cost for o in step.workspace_options}
             best = min(cost.values()) if cost else 0.0
             if best > 0 and sp.algo in cost:
                 costs[k].time_s *= cost[sp.algo] / best

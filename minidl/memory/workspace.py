@@ -15,11 +15,16 @@ elsewhere the fast, hungry algorithm costs nothing.
 
 The pieces:
 
-1. **Costs** (`CostTable`). By default the cost of an algorithm is the layer's own estimate
+0. **The menu** is the backend's: the route asks each layer, once per step, which algorithms the backend
+   the plan is for can run it with (`Step.workspace_options`; the CPU table above, or cuDNN's execution plans
+   with their workspace sizes on CUDA). Every pass below reads that list, so a plan for a GPU sizes GPU
+   workspaces, and its algorithm names are the ones the GPU backend executes.
+
+1. **Costs** (`CostTable`). By default the cost of an algorithm is the menu's own estimate
    (`WorkspaceOption.est_cost`, a relative number): deterministic, which keeps plans reproducible in tests.
-   `CostTable(autotune=True)` instead *measures* each algorithm once per (layer type, configuration, phase,
-   shapes, dtype) on the CPU backend, like `cudnnFindConvolutionForwardAlgorithm`, and caches the seconds in
-   memory and, with `path=`, in a JSON file that later runs load instead of measuring again. Measured times
+   `CostTable(autotune=True)` instead *measures* each algorithm once per (backend, layer type, configuration,
+   phase, shapes, dtype) on that backend, like `cudnnFindConvolutionForwardAlgorithm`, and caches the seconds
+   in memory and, with `path=`, in a JSON file that later runs load instead of measuring again. Measured times
    are noisy, so a plan made from them can differ between machines or runs that re-measure; a cache file pins
    them. That is why measuring is opt-in.
 
@@ -59,28 +64,31 @@ Shape = tuple[int, ...]
 
 
 # -- costs ------------------------------------------------------------------------------------------------------
-def cost_key(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int) -> str:
-    """The identity of one measurement: layer type and configuration, phase, shapes and item size.
+def cost_key(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int,
+             backend_name: str = "cpu") -> str:
+    """The identity of one measurement: backend, layer type and configuration, phase, shapes and item size.
 
     Two convolutions with the same key run the same kernels on the same amount of data, so one measurement
     serves both (a ResNet-2500 has thousands of convolutions but a few dozen distinct keys).
     """
     cfg = json.dumps(layer.config(), sort_keys=True, default=str)
     shapes = ";".join("x".join(map(str, s)) for s in in_shapes)
-    return f"{layer.type_name}|{cfg}|{phase}|{shapes}->{'x'.join(map(str, out_shape))}|{itemsize}"
+    return f"{backend_name}|{layer.type_name}|{cfg}|{phase}|{shapes}->{'x'.join(map(str, out_shape))}|{itemsize}"
 
 
 @dataclass
 class CostTable:
     """Seconds (or relative cost) per algorithm, per `cost_key`.
 
-    autotune=False (default): costs are the layers' `est_cost`; deterministic, nothing is run.
-    autotune=True: each (key, algorithm) is measured once on the CPU backend (`repeats` runs, the fastest
-    kept), cached here and, with `path`, written to a JSON file that is read back on construction. Entries
-    already in the file are never measured again, so a cache file makes planning deterministic as well.
+    autotune=False (default): costs are the menu's `est_cost`; deterministic, nothing is run.
+    autotune=True: each (key, algorithm) is measured once on `backend` (None: the CPU backend; `repeats`
+    runs, the fastest kept), cached here and, with `path`, written to a JSON file that is read back on
+    construction. Entries already in the file are never measured again, so a cache file makes planning
+    deterministic as well.
     """
 
     autotune: bool = False
+    backend: object = None
     path: str | Path | None = None
     repeats: int = 3
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -101,17 +109,23 @@ class CostTable:
                                   sort_keys=True))
         tmp.replace(p)
 
+    @property
+    def backend_name(self) -> str:
+        return getattr(self.backend, "name", "cpu") if self.backend is not None else "cpu"
+
     def rank(self, layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
-             itemsize: int) -> list[WorkspaceOption]:
-        """The layer's options for `phase`, fastest first, with `est_cost` set to this table's cost."""
-        opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize)
+             itemsize: int, options: Sequence[WorkspaceOption] | None = None) -> list[WorkspaceOption]:
+        """The options for `phase` (`options`, else the layer's menu on this table's backend), fastest first,
+        with `est_cost` set to this table's cost."""
+        opts = list(options) if options is not None else layer.workspace_options(
+            phase, in_shapes, out_shape, itemsize, backend=self.backend)
         if not self.autotune or not opts:
             return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes, o.algo))
-        key = cost_key(layer, phase, in_shapes, out_shape, itemsize)
+        key = cost_key(layer, phase, in_shapes, out_shape, itemsize, self.backend_name)
         entry = self.seconds.setdefault(key, {})
         missing = [o for o in opts if o.algo not in entry]
         for o in missing:
-            entry[o.algo] = measure(layer, phase, in_shapes, out_shape, itemsize, o, self.repeats)
+            entry[o.algo] = measure(layer, phase, in_shapes, out_shape, itemsize, o, self.repeats, self.backend)
             self.measured += 1
         if missing:
             self.save()
@@ -122,7 +136,7 @@ class CostTable:
                    limit: int) -> str:
         """cudnnFind's question: the fastest algorithm whose workspace is at most `limit` bytes (memoized by
         shape and limit). If none fits, the one with the smallest workspace."""
-        key = (cost_key(layer, phase, in_shapes, out_shape, itemsize), int(limit))
+        key = (cost_key(layer, phase, in_shapes, out_shape, itemsize, self.backend_name), int(limit))
         if key not in self._best:
             chosen, _ = fit_workspace(self.rank(layer, phase, in_shapes, out_shape, itemsize), limit)
             self._best[key] = chosen.algo
@@ -130,12 +144,16 @@ class CostTable:
 
 
 def measure(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int,
-            option: WorkspaceOption, repeats: int = 3) -> float:
-    """Seconds one `phase` call of `layer` takes with `option`, on random data (fastest of `repeats`)."""
+            option: WorkspaceOption, repeats: int = 3, backend=None) -> float:
+    """Seconds one `phase` call of `layer` takes with `option` on `backend` (None: the CPU backend), on random
+    data (fastest of `repeats`). Arrays are made with the backend's array module (`xp`) and the clock is read
+    after `synchronize()`, so a GPU's asynchronous kernels are timed to completion."""
     from ..backend.cpu import CPUBackend
     from ..graph import Network
 
-    be = CPUBackend()
+    be = backend if backend is not None else CPUBackend()
+    xp = be.xp
+    sync = getattr(be, "synchronize", lambda: None)
     dtype = np.float32 if itemsize == 4 else np.float64
     rng = np.random.default_rng(0)
     net = Network("autotune", dtype=dtype)
@@ -144,26 +162,28 @@ def measure(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Sha
     probe.__dict__.update(layer.__dict__)
     probe._called = False
     node = probe(*syms).node
-    xs = [rng.standard_normal(s).astype(dtype) for s in in_shapes]
-    params = {p: rng.standard_normal(spec.shape).astype(dtype) * 0.1 for p, spec in node.params.items()}
-    out = np.empty(out_shape, dtype)
-    ws = np.empty(max(option.workspace_bytes, 1), np.uint8)
+    xs = [xp.asarray(rng.standard_normal(s).astype(dtype)) for s in in_shapes]
+    params = {p: xp.asarray(rng.standard_normal(spec.shape).astype(dtype) * 0.1) for p, spec in node.params.items()}
+    out = xp.empty(out_shape, dtype)
+    ws = xp.empty(max(option.workspace_bytes, 1), np.uint8)
     ctx = LayerContext(training=True, workspace=ws, algo=option.algo)
     if phase == "fwd":
         def run():
             probe.forward(be, xs, out, params, ctx)
     else:
-        dout = rng.standard_normal(out_shape).astype(dtype)
-        dxs = [np.empty(s, dtype) for s in in_shapes]
-        grads = {p: np.empty(spec.shape, dtype) for p, spec in node.params.items() if spec.trainable}
+        dout = xp.asarray(rng.standard_normal(out_shape).astype(dtype))
+        dxs = [xp.empty(s, dtype) for s in in_shapes]
+        grads = {p: xp.empty(spec.shape, dtype) for p, spec in node.params.items() if spec.trainable}
 
         def run():
             probe.backward(be, xs, out, dout, dxs, grads, params, ctx)
-    run()  # warm up (page faults, caches)
+    run()  # warm up (page faults, caches, a GPU's lazy graph builds)
+    sync()
     best = math.inf
     for _ in range(max(1, repeats)):
         t = time.perf_counter()
         run()
+        sync()
         best = min(best, time.perf_counter() - t)
     return best
 
@@ -186,7 +206,10 @@ def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int,
         node = net.nodes[step.node]
         phase = "fwd" if step.phase is Phase.FORWARD else "bwd"
         in_shapes = [net.nodes[i].shape for i in node.inputs]
-        opts = costs.rank(node.layer, phase, in_shapes, node.shape, net.dtype.itemsize)
+        if costs.autotune and costs.backend_name != route.backend_name:
+            raise ValueError(f"the cost table measures on backend '{costs.backend_name}' but the route lists "
+                             f"the algorithms of backend '{route.backend_name}'")
+        opts = costs.rank(node.layer, phase, in_shapes, node.shape, net.dtype.itemsize, step.workspace_options)
         out[step.index] = WorkspaceChoice(opts[0].algo, opts[0].workspace_bytes, [], opts)
     return out
 
