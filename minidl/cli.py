@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", default=None, metavar="PATH.npz", help="write parameters and BN statistics")
     p.add_argument("--resume", default=None, metavar="PATH.npz", help="resume from a checkpoint written by --save")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default=None,
+                   help="simulator profile the policy's timing decisions assume (default: the backend's own)")
     p.add_argument("--debug", action="store_true", help="poison freed memory and check residency")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--host-limit", type=parse_size, default=None, metavar="SIZE",
@@ -181,7 +183,7 @@ def cmd_train(args) -> dict:
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=get_backend(args.backend), debug=args.debug, trace=bool(args.trace),
-                   host_limit_bytes=args.host_limit)
+                   host_limit_bytes=args.host_limit, device=args.device)
     if args.resume:
         sess.load(args.resume)
     res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json)

@@ -29,6 +29,7 @@ class CoreOps:
     """Elementwise, dense, loss and optimizer kernels."""
 
     name = "cpu"
+    profile = "cpu"  # the simulator profile whose speeds plans for this backend assume (measured here)
     xp = np
 
     # -- memory helpers ---------------------------------------------------------------------------------------

@@ -460,6 +460,23 @@ def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[Wo
     raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
 
 
+#: GPU name fragments -> simulator profile (minidl.memory.simulate.PROFILES), most specific first.
+_GPU_PROFILES = (("H100", "h100"), ("H200", "h100"), ("V100", "v100"), ("TITAN X", "titanx"),
+                 ("K40", "k40c"))
+
+
+def profile_for_gpu(name: str) -> str:
+    """The simulator profile nearest the GPU called `name` (cudaDeviceProp.name). A plan's timing decisions
+    (when to start a prefetch, which tensors can be offloaded without stalling) use the profile's compute and
+    link speeds; an unknown GPU gets 'v100', whose slower link makes the offload planner start copies early
+    rather than late (a late prefetch stalls, an early one only holds memory sooner)."""
+    upper = (name or "").upper()
+    for fragment, profile in _GPU_PROFILES:
+        if fragment in upper:
+            return profile
+    return "v100"
+
+
 def pick_plan(plans: Sequence[PlanInfo], limit: int) -> PlanInfo:
     """The first plan (heuristic order) whose workspace fits in `limit` bytes."""
     for p in plans:

@@ -73,6 +73,7 @@ def test_workspace_sizing_picks_cudnn_plans_by_the_memory_free(be):
     assert all(sp.algo is None or sp.algo.startswith("cudnn:") for sp in tight.steps)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the fake cuDNN writes no output: bias is added to garbage
 def test_the_chosen_plan_reaches_the_backend(be):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
@@ -89,3 +90,16 @@ def test_the_chosen_plan_reaches_the_backend(be):
     with pytest.raises(ValueError, match="is not a CUDA convolution algorithm"):
         layer.forward(be, [x], np.empty((2, 4, 8, 8), np.float32), params,
                       LayerContext(workspace=np.zeros(1 << 20, np.uint8), algo="im2col"))
+
+
+@pytest.mark.parametrize("name,profile", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h100"),
+                                          ("Tesla V100-SXM2-16GB", "v100"), ("Tesla K40c", "k40c"),
+                                          ("NVIDIA GeForce GTX TITAN X", "titanx"), ("NVIDIA L4", "v100"),
+                                          ("", "v100")])
+def test_a_gpu_plans_with_its_nearest_simulator_profile(name, profile, be):
+    from minidl.backend import cuda_plan as cuplan
+    from minidl.memory.simulate import PROFILES
+
+    assert cuplan.profile_for_gpu(name) == profile and profile in PROFILES
+    be.gpu_name = name
+    assert be.profile == profile

@@ -119,3 +119,11 @@ def test_autotuning_measures_on_the_routes_backend():
     assert all(a.startswith("lean:") for a in be.ran)
     with pytest.raises(ValueError, match="measures on backend 'cpu' but the route lists .* 'lean'"):
         workspace_choices(route, CostTable(autotune=True))
+
+
+def test_a_session_plans_with_its_backends_speeds_unless_told():
+    be = LeanCPU()
+    be.profile = "k40c"
+    assert Session(resnet(), SGD(0.1), "liveness", backend=be).device == "k40c"
+    assert Session(resnet(), SGD(0.1), "liveness", backend=be, device="h100").device == "h100"
+    assert Session(resnet(), SGD(0.1), "liveness").device == "cpu"
