@@ -23,8 +23,8 @@ What lives where on the device:
   such place; `copy_in` is not).
 * **Streams.** All compute (kernels, cuDNN graphs, cuBLAS, cupy elementwise ops) runs on one non-blocking
   compute stream; offload/prefetch copies run on a non-blocking transfer stream, ordered against compute by
-  events only (the host never blocks except in `to_host` and `transfer_sync`). The host store is pinned memory
-  (`host_empty`), so device<->host copies are truly asynchronous.
+  events only (the host never blocks except in `to_host`, `transfer_sync` and `transfer_times`). The host store
+  is pinned memory (`host_empty`), so device<->host copies are truly asynchronous.
 * **cuDNN graphs** (convolution forward / backward-data / backward-filter, batch norm training / inference /
   backward, ReLU forward / backward) are built once per shape (`cuda_plan.GraphKey`) by `CudnnGraphs`, the one
   class that calls the cuDNN frontend (a version difference of its API is a fix in one place). Convolutions
@@ -41,6 +41,7 @@ TypeError naming the argument.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -367,11 +368,18 @@ class _SideBuffers:
 
 @dataclass(slots=True)
 class Transfer:
-    """An asynchronous device<->host copy on the transfer stream; `done` is the event recorded after it."""
+    """An asynchronous device<->host copy on the transfer stream, with the timing events around it.
+
+    `start` and `done` are recorded on the transfer stream just before and just after the copy; `reached` is
+    recorded on the compute stream by `transfer_wait`, where compute begins to wait for `done` (None while
+    nobody waited). All three are timing-enabled, so `transfer_times` can measure both the copy and the stall.
+    """
 
     kind: str    # "offload" (device -> host) or "prefetch" (host -> device)
     nbytes: int
     done: Any
+    start: Any = None
+    reached: Any = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -447,6 +455,11 @@ class _NormKernels:
             setattr(self, name, kern)
 
 
+def _device_name(cupy, device: int) -> str:
+    name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def _on_compute(fn):
     """Run a backend op with the compute stream current (cupy ops and cuBLAS then enqueue there)."""
     @functools.wraps(fn)
@@ -497,6 +510,7 @@ class CUDABackend:
             filters=cuplan.EngineFilters(allow_tf32=allow_tf32, deterministic=deterministic),
             use_cudnn_bn=use_cudnn_bn, use_cudnn_relu=use_cudnn_relu)
         self.device = dev
+        self.gpu_name = _device_name(cupy, int(device))
         self._handle = handle
         if count_stray_allocations:
             self._install_stray_counter()
@@ -506,6 +520,7 @@ class CUDABackend:
         self.cp, self.cpx, self.cudnn, self._cublas = cupy, cupyx, cudnn, cublas
         self.xp = cupy
         self.device = None
+        self.gpu_name = ""
         self.compute, self.transfer = compute, transfer
         self.graphs, self.side = graphs, side
         self.limits, self.filters = limits, filters
@@ -521,6 +536,7 @@ class CUDABackend:
         self.stray_bytes = 0
         self.stray_allocs = 0
         self._prev_allocator = None
+        self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter) pairing the two clocks
 
     @classmethod
     def from_parts(cls, **parts) -> "CUDABackend":
@@ -529,6 +545,12 @@ class CUDABackend:
         obj = cls.__new__(cls)
         obj._init_state(**parts)
         return obj
+
+    @property
+    def profile(self) -> str:
+        """The simulator profile nearest this GPU (see `cuda_plan.profile_for_gpu`): the speeds a plan's timing
+        decisions assume when the caller names none."""
+        return cuplan.profile_for_gpu(self.gpu_name)
 
     # -- lifecycle / reports ------------------------------------------------------------------------------------
     def _install_stray_counter(self) -> None:
@@ -580,8 +602,9 @@ class CUDABackend:
         ready = self._event()
         ready.record(self.compute)
         self.transfer.wait_event(ready)
+        start = self._record(self.transfer, timing=True)
         src.get(stream=self.transfer, out=dst, blocking=False)
-        return Transfer("offload", int(src.nbytes), self._record(self.transfer))
+        return Transfer("offload", int(src.nbytes), self._record(self.transfer, timing=True), start)
 
     def prefetch_async(self, src: np.ndarray, dst) -> Transfer:
         """Copy host array `src` into device view `dst` on the transfer stream, after every kernel already
@@ -590,12 +613,17 @@ class CUDABackend:
         ready = self._event()
         ready.record(self.compute)
         self.transfer.wait_event(ready)
+        start = self._record(self.transfer, timing=True)
         dst.set(src, stream=self.transfer)
-        return Transfer("prefetch", int(dst.nbytes), self._record(self.transfer))
+        return Transfer("prefetch", int(dst.nbytes), self._record(self.transfer, timing=True), start)
 
     def transfer_wait(self, t: Transfer) -> None:
         """Make the compute stream wait for `t` (device-side: the host does not block). Call before a kernel
-        reads a prefetched tensor, and before an offloaded tensor's block is reused."""
+        reads a prefetched tensor, and before an offloaded tensor's block is reused.
+
+        The `reached` event marks where compute starts waiting, so `transfer_times` can tell how long it stalled.
+        """
+        t.reached = self._record(self.compute, timing=True)
         self.compute.wait_event(t.done)
 
     def transfer_sync(self, t: Transfer) -> None:
@@ -606,11 +634,43 @@ class CUDABackend:
     def transfer_done(t: Transfer) -> bool:
         return bool(t.done.done)
 
-    def _event(self):
-        return self.cp.cuda.Event(disable_timing=True)
+    def transfer_times(self, t: Transfer) -> tuple[float, float, float]:
+        """(start_s, end_s, stall_s) of transfer `t`, in seconds; blocks until the copy (and the compute stream's
+        wait for it, if any) has happened.
 
-    def _record(self, stream):
-        ev = self._event()
+        These are device times mapped onto the host's `time.perf_counter` clock: the first call records an
+        anchor event on the compute stream, synchronizes it and reads `perf_counter()` right after, and every
+        time is then the anchor's host time plus `get_elapsed_time(anchor, event)`. The offset is approximate
+        (the host wakes up a few microseconds after the anchor completes, and the clocks may drift apart over a
+        long run), the durations exact: both ends are device timestamps. `stall_s` is how long the compute
+        stream sat at `transfer_wait` before the copy completed, elapsed(reached, done), clamped at 0 when the
+        copy was done first; 0 when nobody waited.
+        """
+        t.done.synchronize()
+        anchor, anchor_s = self._anchor()
+        ms = self.cp.cuda.get_elapsed_time  # milliseconds from its first event to its second
+        start_s = anchor_s + ms(anchor, t.start) / 1e3
+        end_s = anchor_s + ms(anchor, t.done) / 1e3
+        stall_s = 0.0
+        if t.reached is not None:
+            t.reached.synchronize()  # recorded on the compute stream, which may still be behind
+            stall_s = max(0.0, ms(t.reached, t.done) / 1e3)
+        return start_s, end_s, stall_s
+
+    def _anchor(self) -> tuple[Any, float]:
+        """A completed compute-stream event and the `perf_counter()` time just after it (made on first use)."""
+        if self._clock_anchor is None:
+            ev = self._record(self.compute, timing=True)
+            ev.synchronize()
+            self._clock_anchor = (ev, time.perf_counter())
+        return self._clock_anchor
+
+    def _event(self, timing: bool = False):
+        """A CUDA event; timing only where it is measured (a timing event costs more to record and wait on)."""
+        return self.cp.cuda.Event(disable_timing=not timing)
+
+    def _record(self, stream, timing: bool = False):
+        ev = self._event(timing)
         ev.record(stream)
         return ev
 

@@ -1123,3 +1123,180 @@ def test_batchnorm_fallback_path_matches_torch(shape, affine):
             np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-3, atol=1e-3)
             np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert not be.graphs._cache          # cuDNN was never asked
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Transfers: timing events, device-side waits, and device times on the host clock
+# ---------------------------------------------------------------------------------------------------------
+
+class _TimedStream:
+    """A fake CUDA stream with its own device clock in ms: an event recorded on it takes the clock's time, and
+    is complete once it or a later event on the same stream was synchronized."""
+
+    def __init__(self, name, log):
+        self.name, self.log, self.now = name, log, 0.0
+        self.recorded = 0
+        self.synced_through = -1
+
+    def wait_event(self, ev):
+        self.log.append((self.name, "wait", ev))
+
+
+class _TimedEvent:
+    def __init__(self, log, block=False, disable_timing=False, interprocess=False):
+        self.log, self.timing = log, not disable_timing
+        self.stream = self.t = self.seq = None
+
+    def record(self, stream=None):
+        self.stream, self.t, self.seq = stream, stream.now, stream.recorded
+        stream.recorded += 1
+        self.log.append((stream.name, "record", self))
+
+    def synchronize(self):
+        self.stream.synced_through = max(self.stream.synced_through, self.seq)
+        self.log.append(("host", "sync", self))
+
+    @property
+    def done(self):
+        return self.seq is not None and self.seq <= self.stream.synced_through
+
+
+class _DeviceArray:
+    """A 'device' array whose copies advance the stream's clock by `copy_ms`."""
+
+    def __init__(self, a, copy_ms):
+        self.a, self.copy_ms = a, copy_ms
+        self.shape, self.dtype, self.nbytes = a.shape, a.dtype, a.nbytes
+
+    def get(self, stream, out, blocking):
+        assert blocking is False
+        np.copyto(out, self.a)
+        stream.log.append((stream.name, "copy", None))
+        stream.now += self.copy_ms
+
+    def set(self, src, stream):
+        np.copyto(self.a, src)
+        stream.log.append((stream.name, "copy", None))
+        stream.now += self.copy_ms
+
+
+def _timed_backend():
+    """The real CUDABackend transfer code over fake events and streams; `be.elapsed` lists the event pairs
+    whose elapsed time was read, and reading one that has not completed fails as cudaEventElapsedTime does."""
+    log, elapsed, pinned = [], [], []
+
+    def get_elapsed_time(a, b):
+        assert a.timing and b.timing, "elapsed time of an event created with disable_timing"
+        if not (a.done and b.done):
+            raise RuntimeError("cudaErrorNotReady")
+        elapsed.append((a, b))
+        return b.t - a.t
+
+    def empty_pinned(shape, dtype):
+        pinned.append(np.empty(shape, dtype))
+        return pinned[-1]
+
+    cp = SimpleNamespace(cuda=SimpleNamespace(Event=lambda **kw: _TimedEvent(log, **kw),
+                                              get_elapsed_time=get_elapsed_time))
+    be = CUDABackend.from_parts(cupy=cp, cupyx=SimpleNamespace(empty_pinned=empty_pinned), cudnn=None,
+                                cublas=None, compute=_TimedStream("compute", log),
+                                transfer=_TimedStream("transfer", log), graphs=None, side=None, limits=LIMITS,
+                                filters=cuplan.EngineFilters())
+    be.log, be.elapsed, be.pinned = log, elapsed, pinned
+    return be
+
+
+@pytest.fixture
+def perf_counter(monkeypatch):
+    """The host clock the backend pairs its anchor with: fixed at 1000 s, calls counted."""
+    import minidl.backend.cuda as cuda_mod
+
+    calls = []
+    monkeypatch.setattr(cuda_mod, "time", SimpleNamespace(perf_counter=lambda: calls.append(1) or 1000.0))
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["offload", "prefetch"])
+def test_transfers_record_timing_events_around_the_copy(kind):
+    be = _timed_backend()
+    host = np.arange(6, dtype=np.float32)
+    dev = _DeviceArray(np.zeros(6, np.float32), copy_ms=2.0)
+    t = be.offload_async(dev, host) if kind == "offload" else be.prefetch_async(host, dev)
+    ready, start, done = (ev for _, what, ev in be.log if what == "record")
+    assert [(s, what, ev) for s, what, ev in be.log] == [
+        ("compute", "record", ready), ("transfer", "wait", ready), ("transfer", "record", start),
+        ("transfer", "copy", None), ("transfer", "record", done)]
+    assert (t.kind, t.nbytes, t.start, t.done, t.reached) == (kind, 24, start, done, None)
+    assert not ready.timing and start.timing and done.timing    # only measured events pay for timing
+    assert done.t - start.t == 2.0
+    be.transfer_wait(t)
+    reached = t.reached
+    assert be.log[-2:] == [("compute", "record", reached), ("compute", "wait", done)]
+    assert reached.timing and reached.stream is be.compute
+
+
+def test_transfer_times_map_device_events_onto_the_host_clock(perf_counter):
+    be = _timed_backend()
+    host = np.zeros(4, np.float32)
+    dev = _DeviceArray(np.ones(4, np.float32), copy_ms=2.0)
+    be.transfer.now = 5.0
+    t1 = be.offload_async(dev, host)            # copies over [5, 7] ms
+    be.compute.now = 6.0
+    be.transfer_wait(t1)                         # compute reaches the wait at 6: stalls 1 ms
+    t2 = be.prefetch_async(host, dev)            # [7, 9]
+    be.compute.now = 12.0
+    be.transfer_wait(t2)                         # reached after the copy: no stall
+    t3 = be.offload_async(dev, host)             # [9, 11], never waited on
+    be.compute.now = 20.0                        # where the anchor is recorded
+
+    be.transfer_sync(t1)
+    assert be.transfer_times(t1) == pytest.approx((1000 - 0.015, 1000 - 0.013, 0.001))
+    anchor = be._clock_anchor[0]
+    assert anchor.stream is be.compute and anchor.t == 20.0 and anchor.timing and ("host", "sync", anchor) in be.log
+    assert be.elapsed == [(anchor, t1.start), (anchor, t1.done), (t1.reached, t1.done)]
+
+    be.elapsed.clear()
+    assert be.transfer_times(t2) == pytest.approx((1000 - 0.013, 1000 - 0.011, 0.0))
+    assert be.elapsed == [(anchor, t2.start), (anchor, t2.done), (t2.reached, t2.done)]
+    be.elapsed.clear()
+    assert be.transfer_times(t3) == pytest.approx((1000 - 0.011, 1000 - 0.009, 0.0))
+    assert be.elapsed == [(anchor, t3.start), (anchor, t3.done)]     # nobody waited: no stall to measure
+
+    # a copy waited on after the anchor: its `reached` is synchronized before being read
+    t4 = be.prefetch_async(host, dev)            # [11, 13]
+    be.compute.now = 11.5
+    be.transfer_wait(t4)
+    be.transfer_sync(t4)
+    assert be.transfer_times(t4) == pytest.approx((1000 - 0.009, 1000 - 0.007, 0.0015))
+    assert len(perf_counter) == 1                # one anchor for the backend's lifetime
+
+
+def test_host_store_runs_on_the_cuda_backend_transfer_code(perf_counter):
+    """HostStore's stream engine against the backend's real transfer methods (fake events and streams)."""
+    from minidl.memory.host import HostStore, StreamTransfers
+
+    be = _timed_backend()
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dev = _DeviceArray(a.copy(), copy_ms=4.0)
+    trace = []
+    with HostStore(t0=999.0, trace=trace, backend=be) as h:
+        assert isinstance(h.engine, StreamTransfers)
+        h.offload("a", dev, 0)                                       # runs [0, 4] ms
+        be.compute.now = 5.0                                         # reaches the release after it: no stall
+        h.wait_offload("a")
+        (_, _, done), (_, _, reached), wait = be.log[-3:]             # device-side: compute waits for `done`
+        assert wait == ("compute", "wait", done) and done.stream is be.transfer and reached.stream is be.compute
+        assert not any(what == "sync" for _, what, _ in be.log)
+        dev.a[...] = 0
+        be.compute.now = 6.0                                         # the prefetch runs [4, 8]: 2 ms stall
+        h.prefetch("a", dev, 1)
+        h.wait_prefetch("a")
+        be.compute.now = 10.0
+        h.end_iteration()
+        assert np.array_equal(dev.a, a) and h.host_copy("a") is be.pinned[0] and len(be.pinned) == 1
+        s = h.stats()
+    assert (s.offloads, s.prefetches, s.offloaded_bytes, s.prefetched_bytes) == (1, 1, a.nbytes, a.nbytes)
+    assert s.transfer_time_s == pytest.approx(0.008) and s.stall_time_s == pytest.approx(0.002)
+    assert [(e.name, e.step) for e in trace] == [("offload a", 0), ("prefetch a", 1)]
+    assert [e.start_s for e in trace] == pytest.approx([1.0 - 0.010, 1.0 - 0.006])
+    assert [e.dur_s for e in trace] == pytest.approx([0.004, 0.004])
