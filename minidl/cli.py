@@ -33,6 +33,10 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
     p.add_argument("--budget", type=parse_size, default=None, help="device memory budget, e.g. 512MiB, 12GB")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the memory timeline")
     p.add_argument("--trace", default=None, metavar="JSON", help="write a Chrome/Perfetto trace")
+    p.add_argument("--autotune", nargs="?", const="", default=None, metavar="CACHE.json",
+                   help="rank convolution algorithms by measuring each once per shape on the backend (like "
+                        "cudnnFind), instead of the fixed estimates; with a file, measurements are kept there and "
+                        "reused, which makes later plans deterministic")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +124,15 @@ def _memory_json(plan) -> dict:
             "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes}
 
 
+def _costs(args, backend):
+    """The cost table `--autotune` asks for (None: the algorithms' fixed estimates)."""
+    if args.autotune is None:
+        return None
+    from .memory.workspace import CostTable
+
+    return CostTable(autotune=True, path=args.autotune or None, backend=backend)
+
+
 def cmd_plan(args) -> dict:
     from .memory.policies import plan_network
     from .memory.report import explain, memory_report, plot_timeline, write_trace
@@ -134,7 +147,8 @@ def cmd_plan(args) -> dict:
         from .backend import get_backend
 
         backend = get_backend(args.backend)
-    plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend)
+    plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
+                        costs=_costs(args, backend))
     sim = simulate(plan, args.device)
     out = _memory_json(plan)
     out.update({"model": args.model, "device": args.device, "backend": args.backend, "est_step_time_s": sim.est_step_time_s,
@@ -181,9 +195,10 @@ def cmd_train(args) -> dict:
         train, heldout = load_data("synthetic", seed=args.seed, image_shape=shape, num_classes=k,
                                    num_samples=max(4 * batch, 256))
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
+    backend = get_backend(args.backend)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
-                   backend=get_backend(args.backend), debug=args.debug, trace=bool(args.trace),
-                   host_limit_bytes=args.host_limit, device=args.device)
+                   backend=backend, debug=args.debug, trace=bool(args.trace),
+                   host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend))
     if args.resume:
         sess.load(args.resume)
     res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json)

@@ -44,17 +44,18 @@ class TrainResult:
 class Session:
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness", budget: int | None = None,
                  seed: int = 0, backend=None, debug: bool = False, trace: bool = False,
-                 host_limit_bytes: int | None = None, device: str | None = None):
+                 host_limit_bytes: int | None = None, device: str | None = None, costs=None):
         """`backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
         `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
-        to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest)."""
+        to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
+        `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the menu's estimates."""
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
         if backend is None:
             from .backend.cpu import CPUBackend
 
             backend = CPUBackend()
         self.device = device or getattr(backend, "profile", "cpu")
-        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend)
+        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
                                  host_limit_bytes=host_limit_bytes)
         self.batch = net.input_nodes[0].shape[0]

@@ -85,3 +85,20 @@ def test_plan_for_the_cuda_backend_without_cuda_says_what_is_missing(capsys):
     assert err["error"] == "CUDAUnavailable" and "simulator's device profiles" in err["message"]
     r = run_json(capsys, "plan", "resnet", "--depth", "8", "--backend", "cpu")
     assert r["backend"] == "cpu"
+
+
+def test_autotune_measures_once_and_keeps_the_measurements(capsys, tmp_path):
+    cache = tmp_path / "costs.json"
+    argv = ("plan", "resnet", "--depth", "8", "--batch", "2", "--image-size", "16", "--policy", "liveness")
+    run_json(capsys, *argv, "--autotune", str(cache))
+    saved = json.loads(cache.read_text())["seconds"]
+    assert saved and all(k.startswith("cpu|conv|") for k in saved)
+    # Rank the per-sample im2col first everywhere: a file's measurements are used, never re-measured, so the
+    # plan follows them (smaller workspaces than the estimates' choice, whole-batch im2col).
+    cache.write_text(json.dumps({"seconds": {k: {a: (0.5 if a == "im2col_chunked" else 1.0) for a in v}
+                                             for k, v in saved.items()}}))
+    edited = cache.read_text()
+    frugal = run_json(capsys, *argv, "--autotune", str(cache))
+    assert cache.read_text() == edited
+    default = run_json(capsys, *argv)
+    assert frugal["peak_bytes"] < default["peak_bytes"]

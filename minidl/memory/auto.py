@@ -343,8 +343,8 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
 
 @register_policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, "
                          "offload and per-step workspace sizing (without one: liveness)")
-def _auto(route: Route, budget: int | None, device: str) -> Plan:
-    return plan_auto(route, budget, device or "cpu")
+def _auto(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
+    return plan_auto(route, budget, device or "cpu", costs)
 
 
 # -- explaining a plan: per tensor, why it is kept, offloaded or recomputed ------------------------------------------

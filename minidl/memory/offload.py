@@ -365,5 +365,5 @@ def _repair(route: Route, base: Schedule, cands: list[Candidate], clock: _Clock,
 
 @register_policy("offload", "liveness plus the tensor cache: under a tight budget, offload the longest-idle "
                             "tensors to host memory between forward and backward, prefetched to hide the copy")
-def _offload_policy(route: Route, budget: int | None, device: str) -> Plan:
-    return plan_offload(route, budget, device or "cpu")
+def _offload_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+    return plan_offload(route, budget, device or "cpu", workspace=default_workspace(route, costs))

@@ -33,8 +33,13 @@ class WorkspaceChoice:
     options: list | None = None  # list[WorkspaceOption], fastest first; None: `algo` is final
 
 
-def default_workspace(route: Route) -> dict[int, WorkspaceChoice]:
-    """Without a memory constraint each layer runs its fastest algorithm (the first option offered)."""
+def default_workspace(route: Route, costs=None) -> dict[int, WorkspaceChoice]:
+    """Without a memory constraint each layer runs its fastest algorithm: the first option of the menu, or the
+    fastest by `costs` (a `workspace.CostTable`, e.g. measured) when given."""
+    if costs is not None:
+        from .workspace import workspace_choices
+
+        return {k: WorkspaceChoice(c.algo, c.nbytes) for k, c in workspace_choices(route, costs).items()}
     out: dict[int, WorkspaceChoice] = {}
     for step in route.steps:
         if step.workspace is None:

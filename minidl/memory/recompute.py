@@ -425,8 +425,10 @@ def recompute_plan(route: Route, budget: int | None = None, ws: dict[int, Worksp
 
 @register_policy("recompute", "liveness + drop cheap layers' outputs (ReLU, BN, pool, LRN, dropout) after forward "
                               "and recompute them in backward, per segment speed- or memory-centric")
-def _recompute(route: Route, budget: int | None, device: str) -> Plan:
-    return recompute_plan(route, budget)
+def _recompute(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+    from .workspace import workspace_choices
+
+    return recompute_plan(route, budget, workspace_choices(route, costs))
 
 
 def recompute_flops(plan: Plan) -> int:
