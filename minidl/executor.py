@@ -161,7 +161,7 @@ class Executor:
         if self.host is None:
             from .memory.host import HostStore
 
-            self.host = HostStore(limit_bytes=self.host_limit_bytes, t0=self._t0,
+            self.host = HostStore(limit_bytes=self.host_limit_bytes, t0=self._t0, backend=self.be,
                                   trace=self.trace if self.tracing else None)
         return self.host
 

@@ -47,6 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import MinidlError
 from ..layers.base import WorkspaceOption
 from . import cuda_plan as cuplan
 from . import kernel_specs as ks
@@ -59,7 +60,7 @@ _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
 
 
-class CUDAUnavailable(RuntimeError):
+class CUDAUnavailable(MinidlError, RuntimeError):
     """cupy, the cuDNN frontend or a CUDA device is missing."""
 
 
