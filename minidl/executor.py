@@ -148,7 +148,9 @@ class Executor:
     def _free(self, ev: Event, step: Step | None = None) -> None:
         view = self.views.pop(ev.tensor)
         if self.debug and np.issubdtype(view.dtype, np.floating):
-            view.fill(np.nan)  # poison: a read after free now yields NaN, not stale numbers
+            # poison: a read after free now yields NaN, not stale numbers. Through the backend, so that on a GPU
+            # it runs on the compute stream, ordered after the offload copy the RELEASE waited for.
+            self.be.fill(view, np.nan)
         self.pool.free(self.offsets.pop(ev.tensor))
 
     def _apply(self, events: list[Event], step: Step) -> None:
