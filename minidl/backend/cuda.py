@@ -73,7 +73,8 @@ def load_cuda_modules() -> tuple[Any, Any, Any]:
     except ImportError as e:
         raise CUDAUnavailable(
             f"the CUDA backend needs CuPy, which is not importable here ({e}). Install the optional "
-            f"dependencies with `pip install 'minidl[cuda]'` (cupy-cuda13x, nvidia-cudnn-frontend), or use "
+            f"dependencies with `pip install 'minidl[cuda]'` (cupy-cuda13x[ctk], nvidia-cudnn-frontend, "
+            f"nvidia-cudnn-cu13), or use "
             f"--backend cpu. To plan for a GPU you do not have, use the simulator's device profiles.") from e
     try:
         import cudnn
@@ -398,7 +399,11 @@ class ElementwiseSource:
 
 @dataclass(slots=True, frozen=True)
 class ReductionSource:
-    """The arguments of one `cupy.ReductionKernel`; `a`, `b` are the reduction's operands."""
+    """The arguments of one `cupy.ReductionKernel`; `a`, `b` are the reduction's operands.
+
+    `reduce_type` is a C type name ("double"), NOT a numpy dtype name: unlike the in/out parameters, which cupy
+    parses with numpy names ("float64 s"), cupy pastes it verbatim into the generated source as
+    `typedef ${reduce_type} _type_reduce;` (cupy/_core/_reduction.pyx), where "float64" does not compile."""
 
     in_params: str
     out_params: str
@@ -413,12 +418,12 @@ class ReductionSource:
 #: mean first, then squared deviations from it), like the CPU backend. Names beginning with `_` and `i` (cupy's
 #: loop index) are reserved inside the operations; tests/backend/test_cuda_host.py compiles these with nvcc.
 NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
-    "sum": ReductionSource("float32 x", "float64 s", "(double)x", "a + b", "s = a", "0", "float64"),
-    "sum_f32": ReductionSource("float32 x", "float32 s", "(double)x", "a + b", "s = (float)a", "0", "float64"),
+    "sum": ReductionSource("float32 x", "float64 s", "(double)x", "a + b", "s = a", "0", "double"),
+    "sum_f32": ReductionSource("float32 x", "float32 s", "(double)x", "a + b", "s = (float)a", "0", "double"),
     "sqdev": ReductionSource("float32 x, float32 m", "float64 s", "(double)(x - m) * (double)(x - m)", "a + b",
-                             "s = a", "0", "float64"),
+                             "s = a", "0", "double"),
     "dot": ReductionSource("float32 dy, float32 x, float32 m", "float64 s", "(double)dy * (double)(x - m)",
-                           "a + b", "s = a", "0", "float64"),
+                           "a + b", "s = a", "0", "double"),
     "mean": ElementwiseSource("float64 s, float64 inv_m", "float32 mean", "mean = (float)(s * inv_m)"),
     "invstd": ElementwiseSource("float64 ssq, float64 inv_m, float64 eps", "float32 invstd",
                                 "invstd = (float)(1.0 / sqrt(ssq * inv_m + eps))"),
@@ -501,7 +506,13 @@ class CUDABackend:
         dev.use()
         attrs = dev.attributes
         compute = cupy.cuda.Stream(non_blocking=True)
-        handle = cudnn.create_handle()
+        try:
+            # An int before frontend 1.3x, a `cudnn.Handle` since: used opaquely either way. This is where a missing
+            # libcudnn.so.9 shows (the frontend package dlopens it and does not depend on nvidia-cudnn-cu13).
+            handle = cudnn.create_handle()
+        except Exception as e:
+            raise CUDAUnavailable(f"the cuDNN frontend cannot create a cuDNN handle ({e}); is the cuDNN library "
+                                  f"installed (`pip install nvidia-cudnn-cu13`)?") from e
         cudnn.set_stream(handle=handle, stream=compute.ptr)
         self._init_state(
             cupy=cupy, cupyx=cupyx, cudnn=cudnn, cublas=cublas, compute=compute,

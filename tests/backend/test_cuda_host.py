@@ -462,6 +462,66 @@ def test_sgd_without_momentum_passes_null():
 # The cuDNN frontend adapter against a recording fake of `import cudnn`
 # ---------------------------------------------------------------------------------------------------------
 
+#: Keyword names of the real `cudnn.pygraph` methods, (required, optional), as bound in NVIDIA/cudnn-frontend
+#: (python/pygraph/pygraph.cpp for the convolutions and the constructor, python/pygraph/norm.cpp for batch norm,
+#: python/pygraph/pointwise.cpp for ReLU, python/cudnn/__init__.py for tensor()); the 1.3x pure-Python pygraph keeps
+#: the same names. The fake refuses any other keyword, so a misspelt port fails here rather than on a GPU.
+_CONV_OPTIONAL = {"padding", "pre_padding", "post_padding", "stride", "dilation", "convolution_mode",
+                  "compute_data_type", "name"}
+_RELU_OPTIONAL = {"negative_slope", "lower_clip", "upper_clip", "compute_data_type", "name"}
+FE_SIGNATURES = {
+    "pygraph": (set(), {"name", "io_data_type", "intermediate_data_type", "compute_data_type", "handle", "sm_count",
+                        "sm_version", "kernel_cache", "device_property", "is_dynamic_shape_enabled",
+                        "is_override_shape_enabled"}),
+    "tensor": ({"dim", "stride"}, {"data_type", "is_virtual", "is_pass_by_value", "ragged_offset", "reordering_type",
+                                   "name", "uid"}),
+    "conv_fprop": ({"image", "weight"}, _CONV_OPTIONAL),
+    "conv_dgrad": ({"loss", "filter"}, _CONV_OPTIONAL),
+    "conv_wgrad": ({"image", "loss"}, _CONV_OPTIONAL),
+    "batchnorm": ({"input", "scale", "bias", "in_running_mean", "in_running_var", "epsilon", "momentum"},
+                  {"peer_stats", "compute_data_type", "name"}),
+    "batchnorm_inference": ({"input", "mean", "inv_variance", "scale", "bias"}, {"compute_data_type", "name"}),
+    "batchnorm_backward": ({"grad", "input", "scale", "mean", "inv_variance"},
+                           {"peer_stats", "compute_data_type", "name"}),
+    "relu": ({"input"}, _RELU_OPTIONAL),
+    "relu_backward": ({"loss", "input"}, _RELU_OPTIONAL),
+}
+
+#: What each op returns, in the real order (norm.cpp: batchnorm -> {Y, mean, inv_var, next_running_mean,
+#: next_running_var}, batchnorm_backward -> {DX, DScale, DBias}).
+FE_OUTPUTS = {"conv_fprop": ("Y",), "conv_dgrad": ("DX",), "conv_wgrad": ("DW",),
+              "batchnorm": ("Y", "mean", "inv_var", "next_running_mean", "next_running_var"),
+              "batchnorm_inference": ("Y",), "batchnorm_backward": ("DX", "DScale", "DBias"), "relu": ("Y",),
+              "relu_backward": ("Y",)}
+
+
+def _check_fe_call(op, kw):
+    required, optional = FE_SIGNATURES[op]
+    unknown = sorted(set(kw) - required - optional)
+    missing = sorted(required - set(kw))
+    if unknown or missing:
+        raise TypeError(f"cudnn pygraph.{op}(): unexpected keyword(s) {unknown}, missing {missing}")
+    if "padding" in kw and ({"pre_padding", "post_padding"} & set(kw)):
+        raise TypeError(f"{op}(): `padding` and `pre_padding`/`post_padding` belong to different overloads")
+
+
+def test_fake_cudnn_refuses_calls_the_real_bindings_refuse():
+    g = FakeCudnn().pygraph(handle=1)
+    x = g.tensor(name="x", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1])
+    with pytest.raises(TypeError, match="unexpected"):
+        g.conv_dgrad(dy=x, filter=x)
+    with pytest.raises(TypeError, match="unexpected"):
+        g.batchnorm_backward(grad=x, input=x, scale=x, mean=x, inv_var=x)
+    with pytest.raises(TypeError, match="missing"):
+        g.batchnorm(input=x, scale=x, bias=x, epsilon=x, momentum=x, in_running_mean=x)
+    with pytest.raises(TypeError, match="unexpected"):
+        g.tensor(name="y", dim=[1], stride=[1], pass_by_value=True)
+    with pytest.raises(TypeError):
+        g.create_execution_plans(modes=["heur_mode.A"])       # the binding takes it positionally only
+    with pytest.raises(TypeError, match="unexpected"):
+        FakeCudnn().pygraph(io_type="data_type.FLOAT")
+
+
 class _Enum:
     def __init__(self, kind):
         self._kind = kind
@@ -504,23 +564,25 @@ class FakeGraph:
         self.fake, self.kw, self.calls, self.built = fake, kw, [], set()
         self.deselected = []
 
-    def _op(self, op, n_out, **kw):
+    def _op(self, op, **kw):
+        _check_fe_call(op, kw)
         self.calls.append((op, kw))
-        outs = [FakeTensor(op) for _ in range(n_out)]
-        return outs[0] if n_out == 1 else outs
+        outs = [FakeTensor(f"{op}::{port}") for port in FE_OUTPUTS[op]]   # origin names the real output port
+        return outs[0] if len(outs) == 1 else outs
 
     def tensor(self, **kw):
+        _check_fe_call("tensor", kw)
         self.calls.append(("tensor", kw))
         return FakeTensor("tensor", **kw)
 
-    conv_fprop = lambda self, **kw: self._op("conv_fprop", 1, **kw)            # noqa: E731
-    conv_dgrad = lambda self, **kw: self._op("conv_dgrad", 1, **kw)            # noqa: E731
-    conv_wgrad = lambda self, **kw: self._op("conv_wgrad", 1, **kw)            # noqa: E731
-    batchnorm = lambda self, **kw: self._op("batchnorm", 5, **kw)              # noqa: E731
-    batchnorm_inference = lambda self, **kw: self._op("batchnorm_inference", 1, **kw)  # noqa: E731
-    batchnorm_backward = lambda self, **kw: self._op("batchnorm_backward", 3, **kw)    # noqa: E731
-    relu = lambda self, **kw: self._op("relu", 1, **kw)                        # noqa: E731
-    relu_backward = lambda self, **kw: self._op("relu_backward", 1, **kw)      # noqa: E731
+    conv_fprop = lambda self, **kw: self._op("conv_fprop", **kw)            # noqa: E731
+    conv_dgrad = lambda self, **kw: self._op("conv_dgrad", **kw)            # noqa: E731
+    conv_wgrad = lambda self, **kw: self._op("conv_wgrad", **kw)            # noqa: E731
+    batchnorm = lambda self, **kw: self._op("batchnorm", **kw)              # noqa: E731
+    batchnorm_inference = lambda self, **kw: self._op("batchnorm_inference", **kw)  # noqa: E731
+    batchnorm_backward = lambda self, **kw: self._op("batchnorm_backward", **kw)    # noqa: E731
+    relu = lambda self, **kw: self._op("relu", **kw)                        # noqa: E731
+    relu_backward = lambda self, **kw: self._op("relu_backward", **kw)      # noqa: E731
 
     def validate(self):
         self.calls.append(("validate", {}))
@@ -528,10 +590,10 @@ class FakeGraph:
     def build_operation_graph(self):
         self.calls.append(("build_operation_graph", {}))
 
-    def create_execution_plans(self, modes):
+    def create_execution_plans(self, modes, /):   # bound without py::arg: positional only
         self.calls.append(("create_execution_plans", {"modes": modes}))
 
-    def deselect_numeric_notes(self, notes):
+    def deselect_numeric_notes(self, notes, /):
         self.calls.append(("deselect_numeric_notes", {"notes": notes}))
         self.deselected = list(notes)
 
@@ -558,8 +620,11 @@ class FakeGraph:
     def get_plan_name_at_index(self, index):
         return self._table()[index][1]
 
-    def execute_plan_at_index(self, pack, workspace, index, handle=None):
-        self.fake.executions.append(SimpleNamespace(graph=self, pack=pack, workspace=workspace, index=index,
+    def execute_plan_at_index(self, tensor_dict, workspace, index, handle=None):
+        # python/cudnn/__init__.py: each buffer is an int pointer, a torch tensor or a DLPack producer; the backend
+        # passes int pointers only (device addresses, host addresses for pass-by-value scalars).
+        assert all(type(p) is int for p in tensor_dict.values()) and type(workspace) is int
+        self.fake.executions.append(SimpleNamespace(graph=self, pack=tensor_dict, workspace=workspace, index=index,
                                                     handle=handle))
 
 
@@ -580,6 +645,7 @@ class FakeCudnn:
         return self._plans(g)
 
     def pygraph(self, **kw):
+        _check_fe_call("pygraph", kw)
         g = FakeGraph(self, **kw)
         self.graphs.append(g)
         return g
@@ -686,8 +752,9 @@ def test_adapter_builds_bn_and_relu_graphs():
                                                  "in_running_var": t["running_var"], "epsilon": t["epsilon"],
                                                  "momentum": t["momentum"]}
     assert t["epsilon"].kw["is_pass_by_value"] is True and t["epsilon"].kw["dim"] == [1, 1, 1, 1]
-    for name in ("y", "mean", "invstd", "next_running_mean", "next_running_var"):
-        assert t[name].output is True
+    for name, port in (("y", "Y"), ("mean", "mean"), ("invstd", "inv_var"), ("next_running_mean", "next_running_mean"),
+                       ("next_running_var", "next_running_var")):
+        assert t[name].output is True and t[name].origin == f"batchnorm::{port}"   # unpacked in the real order
     assert t["mean"].dim == [1, 6, 1, 1] and t["mean"].stride == [6, 1, 1, 1]
     assert t["y"].dim == [4, 6, 5, 3]
     built = graphs.get(bn.key("bn_backward", f))
@@ -696,6 +763,8 @@ def test_adapter_builds_bn_and_relu_graphs():
     assert (kw["grad"], kw["input"], kw["scale"], kw["mean"], kw["inv_variance"]) == \
         (t["dy"], t["x"], t["scale"], t["mean"], t["invstd"])
     assert all(t[k].output for k in ("dx", "dscale", "dbias"))
+    assert [t[k].origin for k in ("dx", "dscale", "dbias")] == ["batchnorm_backward::DX", "batchnorm_backward::DScale",
+                                                                 "batchnorm_backward::DBias"]
     built = graphs.get(bn.key("bn_infer", f))
     (kw,) = [kw for op, kw in fake.graphs[-1].calls if op == "batchnorm_inference"]
     assert kw["inv_variance"] is built.tensors["invstd"] and built.tensors["y"].output
@@ -751,7 +820,8 @@ class HostEmulatedCUDA(CUDABackend):
         return EmulatedNormKernels()
 
 
-_NP = {"float32": np.float32, "float64": np.float64}
+_NP = {"float32": np.float32, "float64": np.float64}     # parameter types: numpy names, as cupy parses them
+_C_NP = {"float": np.float32, "double": np.float64}       # reduce_type: a C type, pasted verbatim by cupy
 
 
 def _c_to_python(code: str) -> list[str]:
@@ -793,7 +863,7 @@ class _EmulatedKernel:
             shape = np.broadcast_shapes(*(np.shape(env[n]) for _, n in self.ins))
             env = {k: np.broadcast_to(v, shape) if k in dict((n, 0) for _, n in self.ins) else v
                    for k, v in env.items()}
-            mapped = eval(_c_to_python(self.src.map_expr)[0], {}, env).astype(_NP[self.src.reduce_type])
+            mapped = eval(_c_to_python(self.src.map_expr)[0], {}, env).astype(_C_NP[self.src.reduce_type])
             env["a"] = mapped.sum(axis=axis)
             (t, name), = self.outs
             env[name] = out
@@ -1042,7 +1112,8 @@ def _cupy_like_source(name: str, src) -> str:
     if isinstance(src, ElementwiseSource):
         body = f"{loop.format(v='i')} {{ const long long _j = i; {bind_in} {bind_out} {src.operation}; }}"
         return f'extern "C" __global__ void minidl_{name}({sig}) {{ {body} }}\n'
-    return (f"typedef {_CTYPES[src.reduce_type]} _type_reduce;\n"
+    # cupy/_core/_reduction.pyx pastes reduce_type verbatim: `typedef ${reduce_type} _type_reduce;`
+    return (f"typedef {src.reduce_type} _type_reduce;\n"
             f"#define REDUCE(a, b) ({src.reduce_expr})\n#define POST_MAP(a) ({src.post_map_expr})\n"
             f'extern "C" __global__ void minidl_{name}({sig}) {{\n'
             f"  _type_reduce _s = _type_reduce({src.identity});\n"
@@ -1066,6 +1137,21 @@ def test_fallback_kernels_compile(tmp_path):
     r = subprocess.run([nvcc, "-arch=sm_75", "-Werror", "all-warnings", "-c", str(path), "-o",
                         str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr + "\n" + src
+
+
+def test_reduction_kernels_name_reduce_type_in_c():
+    """cupy.ReductionKernel takes its parameters with numpy type names ("float64 s", parsed by
+    cupy/_core/_kernel.pyx ParameterInfo) but `reduce_type` as C source: it is substituted verbatim into
+    `typedef ${reduce_type} _type_reduce;` (cupy/_core/_reduction.pyx), so "float64" would not compile on the
+    GPU. Checked here because the nvcc compile test is skipped where nvcc is missing."""
+    from minidl.backend.cuda import NORM_KERNELS, ReductionSource
+
+    reductions = {name: k for name, k in NORM_KERNELS.items() if isinstance(k, ReductionSource)}
+    assert reductions
+    for name, k in reductions.items():
+        assert k.reduce_type in _C_NP, f"{name}: reduce_type {k.reduce_type!r} is not a C type"
+        for t, _ in (p.split() for p in (k.in_params + "," + k.out_params).split(",")):
+            assert t in _NP, f"{name}: parameter type {t!r} is not a numpy dtype name"
 
 
 def test_fallback_kernel_operations_avoid_reserved_names():
@@ -1168,14 +1254,17 @@ class _DeviceArray:
         self.a, self.copy_ms = a, copy_ms
         self.shape, self.dtype, self.nbytes = a.shape, a.dtype, a.nbytes
 
-    def get(self, stream, out, blocking):
-        assert blocking is False
+    # cupy.ndarray.get(stream=None, order='C', out=None, blocking=True) and .set(arr, stream=None)
+    # (cupy/_core/core.pyx); `blocking` exists since CuPy 13.
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        assert blocking is False and isinstance(out, np.ndarray)
         np.copyto(out, self.a)
         stream.log.append((stream.name, "copy", None))
         stream.now += self.copy_ms
 
-    def set(self, src, stream):
-        np.copyto(self.a, src)
+    def set(self, arr, stream=None):
+        assert isinstance(arr, np.ndarray)
+        np.copyto(self.a, arr)
         stream.log.append((stream.name, "copy", None))
         stream.now += self.copy_ms
 
