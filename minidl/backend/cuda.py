@@ -611,6 +611,7 @@ class CUDABackend:
         """Copy device view `src` into host array `dst` on the transfer stream, after every kernel already
         enqueued on the compute stream (which may still be writing `src`). Returns at once."""
         self._check_transfer(src, dst)
+        self._anchor()  # before the first copy: every transfer event is then later than the anchor
         ready = self._event()
         ready.record(self.compute)
         self.transfer.wait_event(ready)
@@ -622,6 +623,7 @@ class CUDABackend:
         """Copy host array `src` into device view `dst` on the transfer stream, after every kernel already
         enqueued on the compute stream (the block's previous tenant may still be in use). Returns at once."""
         self._check_transfer(dst, src)
+        self._anchor()
         ready = self._event()
         ready.record(self.compute)
         self.transfer.wait_event(ready)
@@ -650,8 +652,9 @@ class CUDABackend:
         """(start_s, end_s, stall_s) of transfer `t`, in seconds; blocks until the copy (and the compute stream's
         wait for it, if any) has happened.
 
-        These are device times mapped onto the host's `time.perf_counter` clock: the first call records an
-        anchor event on the compute stream, synchronizes it and reads `perf_counter()` right after, and every
+        These are device times mapped onto the host's `time.perf_counter` clock: the first transfer records an
+        anchor event on the compute stream, synchronizes it and reads `perf_counter()` right after (once per
+        backend, before any transfer event exists, so every elapsed time read from it is positive), and every
         time is then the anchor's host time plus `get_elapsed_time(anchor, event)`. The offset is approximate
         (the host wakes up a few microseconds after the anchor completes, and the clocks may drift apart over a
         long run), the durations exact: both ends are device timestamps. `stall_s` is how long the compute
@@ -670,7 +673,8 @@ class CUDABackend:
         return start_s, end_s, stall_s
 
     def _anchor(self) -> tuple[Any, float]:
-        """A completed compute-stream event and the `perf_counter()` time just after it (made on first use)."""
+        """A completed compute-stream event and the `perf_counter()` time just after it (made once, by the first
+        transfer)."""
         if self._clock_anchor is None:
             ev = self._record(self.compute, timing=True)
             ev.synchronize()
