@@ -19,8 +19,8 @@ What lives where on the device:
 * **Outside the arena**, counted and reported by `memory_report()`: cuDNN/cuBLAS handles, per-channel and
   per-sample scratch of a few KiB (`_SideBuffers`: BN statistics in float64, per-row losses, the workspace of
   the small BN/ReLU graphs), and, only if cupy allocates behind our back, "stray" bytes that an allocator hook
-  counts (`stray_bytes`: the executor's parameter initialization through `view[...] = numpy_array` is one
-  such place; `copy_in` is not).
+  counts (`stray_bytes`: assigning a numpy array into a view, `view[...] = numpy_array`, stages it in a cupy
+  allocation; the executor initializes parameters with `copy_in`, which does not).
 * **Streams.** All compute (kernels, cuDNN graphs, cuBLAS, cupy elementwise ops) runs on one non-blocking
   compute stream; offload/prefetch copies run on a non-blocking transfer stream, ordered against compute by
   events only (the host never blocks except in `to_host`, `transfer_sync` and `transfer_times`). The host store
