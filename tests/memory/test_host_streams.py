@@ -19,6 +19,8 @@ import pytest
 from minidl.backend import get_backend
 from minidl.memory.host import HostStore, StreamTransfers, ThreadTransfers, TransferError
 
+from .test_offload import assert_misuse_is_named
+
 COPY_S = 0.25    # the fake's time per copy (a binary fraction: sums are exact)
 T0 = 100.0       # the fake clock's origin, on the host's perf_counter scale
 
@@ -283,18 +285,7 @@ def test_disk_tier_with_a_stream_backend(tmp_path):
 def test_misuse_is_named_on_a_stream_backend():
     fake = FakeStreamBackend()
     with HostStore(backend=fake) as h:
-        with pytest.raises(TransferError, match="never offloaded"):
-            h.prefetch("x", np.zeros(3), 0)
-        with pytest.raises(TransferError, match="no offload in flight"):
-            h.wait_offload("x")
-        with pytest.raises(TransferError, match="no prefetch in flight"):
-            h.wait_prefetch("x")
-        h.offload("x", np.zeros(3), 0)
-        with pytest.raises(TransferError, match="offloaded twice"):
-            h.offload("x", np.zeros(3), 0)
-        h.wait_offload("x")
-        with pytest.raises(TransferError, match="host copy is"):
-            h.prefetch("x", np.zeros(4), 0)
+        assert_misuse_is_named(h)
         h.prefetch("x", np.zeros(3), 1)
         with pytest.raises(TransferError, match="prefetched twice"):
             h.prefetch("x", np.zeros(3), 1)

@@ -222,20 +222,25 @@ def test_unwaited_errors_surface_at_end_of_iteration():
         assert h.in_flight == 0
 
 
+def assert_misuse_is_named(h: HostStore) -> None:
+    """Every misuse of a host store raises a TransferError that says what was wrong (shared by both engines)."""
+    with pytest.raises(TransferError, match="never offloaded"):
+        h.prefetch("x", np.zeros(3), 0)
+    with pytest.raises(TransferError, match="no offload in flight"):
+        h.wait_offload("x")
+    with pytest.raises(TransferError, match="no prefetch in flight"):
+        h.wait_prefetch("x")
+    h.offload("x", np.zeros(3), 0)
+    with pytest.raises(TransferError, match="offloaded twice"):
+        h.offload("x", np.zeros(3), 0)
+    h.wait_offload("x")
+    with pytest.raises(TransferError, match="host copy is"):
+        h.prefetch("x", np.zeros(4), 0)
+
+
 def test_misuse_is_named():
     with HostStore() as h:
-        with pytest.raises(TransferError, match="never offloaded"):
-            h.prefetch("x", np.zeros(3), 0)
-        with pytest.raises(TransferError, match="no offload in flight"):
-            h.wait_offload("x")
-        with pytest.raises(TransferError, match="no prefetch in flight"):
-            h.wait_prefetch("x")
-        h.offload("x", np.zeros(3), 0)
-        with pytest.raises(TransferError, match="offloaded twice"):
-            h.offload("x", np.zeros(3), 0)
-        h.wait_offload("x")
-        with pytest.raises(TransferError, match="host copy is"):
-            h.prefetch("x", np.zeros(4), 0)
+        assert_misuse_is_named(h)
     with pytest.raises(ValueError):
         HostStore(limit_bytes=-1)
 
