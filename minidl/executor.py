@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .backend import backend_name
 from .errors import ResidencyError
 from .graph import Network
 from .init import initial_values, param_rng
@@ -67,7 +68,7 @@ class Executor:
                              f"but the optimizer keeps {tuple(optimizer.slots)}")
         self.net, self.plan, self.route, self.opt = net, plan, plan.route, optimizer
         self.be = backend or CPUBackend()
-        be_name = getattr(self.be, "name", "cpu")
+        be_name = backend_name(self.be)
         if be_name != plan.route.backend_name and any(s.workspace is not None for s in plan.route.steps):
             raise ValueError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
                              f"menu but runs on backend '{be_name}': plan with "

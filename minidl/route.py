@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .backend import backend_name
 from .tensors import (Role, TensorSpec, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id,
                       partial_delta_id, workspace_id)
 
@@ -198,4 +199,4 @@ class Route:
                         writes.append(s)
             steps.append(Step(len(steps), Phase.UPDATE, None, "", reads, writes))
         return Route(net, training, steps, tensors, tuple(optimizer_slots), rg,
-                     getattr(backend, "name", "cpu") if backend is not None else "cpu")
+                     backend_name(backend))

@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 
+def backend_name(backend) -> str:
+    """The kind of `backend` ('cpu', 'cuda', ...), which names whose algorithm menu a plan was made from. None
+    (the default everywhere) and a backend that declares no name are the CPU reference."""
+    return getattr(backend, "name", "cpu") if backend is not None else "cpu"
+
+
 def get_backend(name: str = "cpu"):
     """Return a backend instance by name. The CUDA backend is imported only when asked for."""
     if name == "cpu":

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..backend import backend_name
 from ..layers.base import Layer, LayerContext, WorkspaceOption
 from ..route import Phase, Route
 from .pool import ALIGNMENT, align_up, format_bytes
@@ -111,7 +112,7 @@ class CostTable:
 
     @property
     def backend_name(self) -> str:
-        return getattr(self.backend, "name", "cpu") if self.backend is not None else "cpu"
+        return backend_name(self.backend)
 
     def rank(self, layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
              itemsize: int, options: Sequence[WorkspaceOption] | None = None) -> list[WorkspaceOption]:
