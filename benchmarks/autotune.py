@@ -52,7 +52,7 @@ def main() -> None:
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, est.net.logits_node.shape[1], shape[0])
     times = collections.defaultdict(list)
-    for name, s in sessions.items():  # warm-up (page faults in fresh arenas)
+    for s in sessions.values():  # warm-up (page faults in fresh arenas)
         s.executor.train_step(x, y)
     for _ in range(args.steps):
         for name, s in sessions.items():

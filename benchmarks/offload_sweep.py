@@ -157,7 +157,8 @@ def main() -> None:
         moved = (r["offloaded_bytes"] + r["prefetched_bytes"]) / MiB
         print(f"{format_bytes(b):>11} {r['budget_fraction']:6.2f} {moved:8.1f} MiB {r['step_time_s']:7.2f} "
               f"{r['ratio']:6.3f}x {r['transfer_hidden_fraction']:7.1%} {r['sim_hidden_fraction']:7.1%} "
-              f"{r['copy_bandwidth_bytes_per_s'] / 1e9:9.2f} {r['planning_s']:6.2f}  {'yes' if r['identical'] else 'NO'}",
+              f"{r['copy_bandwidth_bytes_per_s'] / 1e9:9.2f} {r['planning_s']:6.2f}  "
+              f"{'yes' if r['identical'] else 'NO'}",
               flush=True)
         del ref
         gc.collect()

@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from minidl.errors import BudgetError
-from minidl.memory.auto import auto_search
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes
+from minidl.memory.schedulers.auto import auto_search
 from minidl.memory.simulate import get_profile, simulate
 from minidl.models import build_model
 from minidl.optim import SGD
@@ -234,7 +234,8 @@ def markdown(res: dict) -> str:
         lines += ["| policy | deepest ResNet in 12 GB (batch 16) | blocks |", "|---|---:|---|"]
         for p in ("none", "liveness", "auto"):
             lines.append(f"| {p} | ResNet-{d[p]['depth']} | {tuple(d[p].get('blocks', ()))} |")
-        lines += ["", f"depth ratio auto / none: **{d['ratio_auto_over_none']:.2f}x** (paper: >= {PAPER_DEPTH_CLAIM}x); "
+        lines += ["", f"depth ratio auto / none: **{d['ratio_auto_over_none']:.2f}x** "
+                      f"(paper: >= {PAPER_DEPTH_CLAIM}x); "
                       f"liveness / none: {d['ratio_liveness_over_none']:.2f}x; auto / liveness: "
                       f"{d['auto']['depth'] / max(1, d['liveness']['depth']):.2f}x (against a baseline that already "
                       f"frees dead tensors, as the frameworks the paper compares with partly do)",
@@ -261,7 +262,8 @@ def markdown(res: dict) -> str:
             lines.append(f"| {p} | {format_bytes(r['plan_peak_bytes'])} | {format_bytes(r['measured_peak_bytes'])} | "
                          f"{r['plan_peak_bytes'] == r['measured_peak_bytes']} | {r['median_step_s']:.2f} s | "
                          f"{r['recompute_flops_share']:.2%} | {format_bytes(r['offloaded_bytes'])} |")
-        lines += ["", f"step time auto / none (median of per-pair ratios): **{c['step_time_ratio_auto_over_none']:.2f}x** with "
+        lines += ["", "step time auto / none (median of per-pair ratios): "
+                      f"**{c['step_time_ratio_auto_over_none']:.2f}x** with "
                       f"{c['memory_ratio_none_over_auto']:.1f}x less memory; parameters bit-identical: "
                       f"{c['bit_identical']}"]
     return "\n".join(lines)

@@ -119,7 +119,8 @@ def _memory_json(plan) -> dict:
     rep = memory_report(plan)
     return {"policy": plan.policy, "peak_bytes": plan.peak_bytes, "min_budget_bytes": plan.min_budget_bytes,
             "lower_bound_bytes": plan.lower_bound_bytes, "arena_bytes": plan.arena_bytes,
-            "by_role": rep.by_role, "peak_at": rep.peak_at, "binding_step": rep.binding_step, "fragmentation": rep.fragmentation,
+            "by_role": rep.by_role, "peak_at": rep.peak_at, "binding_step": rep.binding_step,
+            "fragmentation": rep.fragmentation,
             "largest_at_peak": rep.to_json()["largest_at_peak"],
             "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes}
 
@@ -151,7 +152,8 @@ def cmd_plan(args) -> dict:
                         costs=_costs(args, backend))
     sim = simulate(plan, args.device)
     out = _memory_json(plan)
-    out.update({"model": args.model, "device": args.device, "backend": args.backend, "est_step_time_s": sim.est_step_time_s,
+    out.update({"model": args.model, "device": args.device, "backend": args.backend,
+                "est_step_time_s": sim.est_step_time_s,
                 "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
                 "transfer_hidden_fraction": sim.transfer_hidden_fraction, "exposed_transfer_s": sim.exposed_transfer_s,
                 "copy_bandwidth_bytes_per_s": sim.device.link_bw if sim.transfer_time_s else 0.0,

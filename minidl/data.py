@@ -476,7 +476,7 @@ def load_cifar10(directory: str | os.PathLike, train: bool = True) -> Dataset:
         paths = [path]
     parts = [_read_cifar_file(p) for p in paths]
     pixels = np.concatenate([p for p, _ in parts]) if len(parts) > 1 else parts[0][0]
-    labels = np.concatenate([l for _, l in parts]) if len(parts) > 1 else parts[0][1]
+    labels = np.concatenate([lab for _, lab in parts]) if len(parts) > 1 else parts[0][1]
     mean = np.asarray(CIFAR10_MEAN, dtype=np.float32).reshape(1, 3, 1, 1)
     std = np.asarray(CIFAR10_STD, dtype=np.float32).reshape(1, 3, 1, 1)
     x = pixels.astype(np.float32)

@@ -26,6 +26,7 @@ from .memory.pool import NumpyArenaBacking, TensorPool
 from .optim import Optimizer
 from .route import Phase, Step
 from .tensors import Role, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id
+from .vocab import TraceEvent
 
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
@@ -33,18 +34,6 @@ _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 def dropout_key(seed: int, node_index: int, iteration: int) -> int:
     """A 64-bit key per (run, layer, iteration): the mask of a dropout layer is a pure function of it."""
     return (seed * _MIX[0] + (node_index + 1) * _MIX[1] + (iteration + 1) * _MIX[2]) & 0xFFFFFFFFFFFFFFFF
-
-
-@dataclass(slots=True)
-class TraceEvent:
-    """One timed event of a run, for the Perfetto trace and the memory timeline."""
-
-    name: str
-    track: str        # "compute" or "transfer"
-    start_s: float
-    dur_s: float
-    step: int
-    in_use: int
 
 
 @dataclass(slots=True)

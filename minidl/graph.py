@@ -17,15 +17,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .errors import GraphError
 from .layers.base import Layer, ParamSpec, Shape
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .route import Route
+from .route import Route
+from .symbol import Symbol
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
@@ -50,35 +49,6 @@ class Node:
     @property
     def type_name(self) -> str:
         return "input" if self.layer is None else self.layer.type_name
-
-
-class Symbol:
-    """A handle to a node's output while building: carries the shape so the next layer can check it."""
-
-    __slots__ = ("network", "index")
-
-    def __init__(self, network: "Network", index: int):
-        self.network = network
-        self.index = index
-
-    @property
-    def node(self) -> Node:
-        return self.network.nodes[self.index]
-
-    @property
-    def shape(self) -> Shape:
-        return self.node.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.node.dtype
-
-    @property
-    def name(self) -> str:
-        return self.node.name
-
-    def __repr__(self) -> str:
-        return f"Symbol({self.name!r}, shape={self.shape}, dtype={np.dtype(self.dtype).name})"
 
 
 class Network:
@@ -226,8 +196,6 @@ class Network:
         convolution algorithms each step may run and their workspace sizes; the CPU backend's menu is the
         reference one, so it shares the route of None.
         """
-        from .route import Route
-
         if backend is not None and getattr(backend, "name", None) == "cpu":
             backend = None
         key = (bool(training), tuple(optimizer_slots), backend)

@@ -20,8 +20,18 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .backend import backend_name
-from .tensors import (Role, TensorSpec, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id,
-                      partial_delta_id, workspace_id)
+from .tensors import (
+    Role,
+    TensorSpec,
+    act_id,
+    aux_id,
+    delta_id,
+    grad_id,
+    opt_state_id,
+    param_id,
+    partial_delta_id,
+    workspace_id,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Network

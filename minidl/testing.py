@@ -96,7 +96,7 @@ def directional_gradcheck(make_layer, inputs: list[np.ndarray], params: dict[str
         for _ in range(directions):
             v = rng.standard_normal(value.shape)
 
-            def shifted(sign):
+            def shifted(sign, kind=kind, key=key, value=value, v=v):
                 ins, ps = list(inputs), dict(params)
                 if kind == "input":
                     ins[key] = value + sign * eps * v

@@ -8,12 +8,12 @@ registered model by name with per-model defaults (see `MODELS`).
     net = resnet(depth=2500, batch=16)          # SuperNeurons' ResNet-2500 (2498 weighted layers)
     net = build_model("vgg16", batch=8)
 """
-# registry first: it holds the scaffolding the builders import
-from .registry import MODELS, ModelSpec, build_model, describe_models, model_names, weighted_layers  # noqa: I001
 from .alexnet import alexnet
+from .common import weighted_layers
 from .densenet import densenet
 from .inception_v4 import inception_v4
 from .lenet import lenet
+from .registry import MODELS, ModelSpec, build_model, describe_models, model_names
 from .resnet import resnet
 from .vgg import vgg
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from minidl.layers import LRN, AvgPool2d, Conv2d, Dropout, Linear, MaxPool2d, ReLU
 
-from .registry import finish, new_network
+from .common import finish, new_network
 
 VARIANTS = (None, "torchvision", "lrn")
 # The paper's LRN: b = a / (k + alpha * sum a^2)^beta over 5 channels, alpha = 1e-4 per element.

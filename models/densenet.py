@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU
 
-from .registry import check_positive, finish, new_network
+from .common import check_positive, finish, new_network
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU
 
-from .registry import finish, new_network
+from .common import finish, new_network
 
 MIN_IMAGE_SIZE = 75
 BN_EPS = 0.001

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU
 
-from .registry import finish, new_network
+from .common import finish, new_network
 
 MIN_IMAGE_SIZE = 4
 

@@ -5,8 +5,8 @@
     net = build_model("resnet56")                             # CIFAR ResNet-56 at 32x32, 10 classes
     net = build_model("lenet", image_size=8)                  # sklearn's 8x8 digits
 
-The first section holds the scaffolding every builder shares (argument checks, the "data"/"label" inputs, the
-loss); it comes before the builders are imported because they import it from here.
+The scaffolding every builder shares (argument checks, the "data"/"label" inputs, the loss) lives in `common.py`,
+beneath both the builders and this registry.
 """
 from __future__ import annotations
 
@@ -16,48 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import minidl as dl
-from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy
 
-
-# -- scaffolding shared by the builders -----------------------------------------------------------------------
-def check_positive(model: str, **values: int) -> None:
-    """Raise ValueError naming the model and the argument if any value is not a positive integer."""
-    for key, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{model}: {key} must be a positive integer, got {v!r}")
-
-
-def new_network(name: str, batch: int, in_channels: int, image_size: int, num_classes: int, dtype):
-    """A fresh Network with the image input "data" (N, C, H, W) and the int64 input "label" (N,)."""
-    check_positive(name, batch=batch, in_channels=in_channels, image_size=image_size, num_classes=num_classes)
-    net = dl.Network(name, dtype=dtype)
-    x = net.input((batch, in_channels, image_size, image_size), name="data")
-    y = net.input((batch,), dtype="int64", name="label")
-    return net, x, y
-
-
-def finish(net: dl.Network, logits, label) -> dl.Network:
-    """Attach the softmax cross-entropy loss ("loss") to the logits and return the network."""
-    net.set_loss(SoftmaxCrossEntropy(name="loss")(logits, label))
-    return net
-
-
-def weighted_layers(net: dl.Network, include_shortcuts: bool = True) -> int:
-    """Number of convolution and linear layers; `include_shortcuts=False` leaves out the 1x1 projection
-    convolutions of residual shortcuts (named "*.downsample.conv"), which the usual depth count excludes
-    (ResNet-50 has 49 + 1 weighted layers on its main path plus 4 projections)."""
-    return sum(1 for n in net.layer_nodes if isinstance(n.layer, (Conv2d, Linear))
-               and (include_shortcuts or ".downsample." not in n.name))
-
-
-# -- the registry -------------------------------------------------------------------------------------------
-from .alexnet import alexnet  # noqa: E402  (the builders import the scaffolding above)
-from .densenet import DENSENET_CONFIGS, densenet  # noqa: E402
-from .inception_v4 import inception_v4  # noqa: E402
-from .lenet import lenet  # noqa: E402
-from .resnet import (CIFAR_DEPTHS_EXAMPLES, IMAGENET_BLOCKS, cifar_blocks_per_stage,  # noqa: E402
-                     imagenet_blocks, resnet)
-from .vgg import VGG_CONFIGS, vgg  # noqa: E402
+from .alexnet import alexnet
+from .densenet import DENSENET_CONFIGS, densenet
+from .inception_v4 import inception_v4
+from .lenet import lenet
+from .resnet import CIFAR_DEPTHS_EXAMPLES, IMAGENET_BLOCKS, cifar_blocks_per_stage, imagenet_blocks, resnet
+from .vgg import VGG_CONFIGS, vgg
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from minidl.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU
 
-from .registry import finish, new_network
+from .common import finish, new_network
 
 VARIANTS = (None, "imagenet", "cifar")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from minidl.layers import AvgPool2d, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d, ReLU
 
-from .registry import finish, new_network
+from .common import finish, new_network
 
 # Output channels of the 3x3 convolutions of each of the 5 stages (each stage ends with a 2x2 max-pool).
 VGG_CONFIGS: dict[int, tuple[tuple[int, ...], ...]] = {

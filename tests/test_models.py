@@ -34,8 +34,7 @@ def _import_models():
 
 
 M = _import_models()
-from minidl.models import (alexnet, build_model, densenet, inception_v4, lenet, resnet, vgg,  # noqa: E402
-                           weighted_layers)
+from minidl.models import alexnet, build_model, densenet, inception_v4, lenet, resnet, vgg, weighted_layers  # noqa: E402
 
 # torchvision / timm counts (1000 classes) and our own documented ones.
 PARAMS = {

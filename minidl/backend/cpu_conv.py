@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..vocab import WorkspaceOption
+
 ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
 _ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
 _CHUNK = 1  # samples per chunk of `im2col_chunked`
@@ -110,7 +112,6 @@ def conv_algorithms(kernel, stride, padding, dilation) -> list[str]:
 
 def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation):
     """list[WorkspaceOption] for `phase`, fastest (by EST_COST) first, then smallest workspace first."""
-    from ..layers.base import WorkspaceOption  # lazy: the layers package imports this module
 
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")

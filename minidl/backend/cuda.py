@@ -48,7 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import MinidlError
-from ..layers.base import WorkspaceOption
+from ..vocab import WorkspaceOption
 from . import cuda_plan as cuplan
 from . import kernel_specs as ks
 

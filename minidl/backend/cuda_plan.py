@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..layers.base import WorkspaceOption
+from ..vocab import WorkspaceOption
 from . import kernel_specs as ks
 from .cpu_conv import conv_output_hw
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from ..errors import GraphError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Symbol
+from ..symbol import Symbol
+from ..vocab import WorkspaceOption  # noqa: F401  (re-exported: layers declare their algorithms with it)
 
 Shape = tuple[int, ...]
 
@@ -39,15 +38,6 @@ class ParamSpec:
     trainable: bool = True
     fan_in: int = 1
     fan_out: int = 1
-
-
-@dataclass(slots=True)
-class WorkspaceOption:
-    """One algorithm a layer can run a phase with: how much scratch it needs and what it is estimated to cost."""
-
-    algo: str
-    workspace_bytes: int
-    est_cost: float = 0.0  # relative cost (seconds once measured); lower is faster
 
 
 @dataclass(slots=True)
@@ -85,8 +75,6 @@ class Layer:
 
     # -- graph building -------------------------------------------------------------------------------
     def __call__(self, *inputs: "Symbol") -> "Symbol":
-        from ..graph import Symbol
-
         if not inputs:
             raise GraphError(f"{self.describe()}: called with no inputs")
         for i, s in enumerate(inputs):

@@ -75,6 +75,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import MinidlError
+from ..vocab import TraceEvent
 
 __all__ = ["HostStore", "StreamTransfers", "ThreadTransfers", "TransferEngine", "TransferError", "TransferStats",
            "transfer_json"]
@@ -485,8 +486,6 @@ class HostStore:
         if job.tensor in self._on_disk:
             st.spilled_bytes += job.nbytes
         if self.trace is not None:
-            from ..executor import TraceEvent
-
             self.trace.append(TraceEvent(f"{job.kind} {job.tensor}", "transfer", job.start - self.t0,
                                          job.end - job.start, job.step, -1))
         # Drop the job's array references: a finished job must not keep a device view alive.

@@ -21,24 +21,13 @@ from ..tensors import Role
 from .liveness import analyze
 from .plan import Event, EventKind, Plan, StepPlan
 from .pool import ALIGNMENT, TensorPool, align_up, format_bytes
-
-@dataclass(slots=True)
-class WorkspaceChoice:
-    """The algorithm a step runs and its workspace bytes. With `options` (ranked fastest first) and a budget,
-    placement re-decides at the step itself: the fastest option whose workspace fits the memory free then."""
-
-    algo: str | None
-    nbytes: int
-    refused: list[str] = field(default_factory=list)
-    options: list | None = None  # list[WorkspaceOption], fastest first; None: `algo` is final
+from .workspace import WorkspaceChoice, WorkspaceFitter, workspace_choices
 
 
 def default_workspace(route: Route, costs=None) -> dict[int, WorkspaceChoice]:
     """Without a memory constraint each layer runs its fastest algorithm: the first option of the menu, or the
     fastest by `costs` (a `workspace.CostTable`, e.g. measured) when given."""
     if costs is not None:
-        from .workspace import workspace_choices
-
         return {k: WorkspaceChoice(c.algo, c.nbytes) for k, c in workspace_choices(route, costs).items()}
     out: dict[int, WorkspaceChoice] = {}
     for step in route.steps:
@@ -301,8 +290,6 @@ def _workspace_fitter(route: Route, ws: dict[int, WorkspaceChoice], budget: int 
     """With a budget, the object that lets placement choose workspace algorithms (see `workspace.py`)."""
     if budget is None or not any(c.options for c in ws.values()):
         return None
-    from .workspace import WorkspaceFitter
-
     return WorkspaceFitter(route, ws, budget, steps)
 
 

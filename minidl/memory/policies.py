@@ -1,55 +1,65 @@
-"""One entry point from (network, optimizer, policy, budget) to a plan, and the registry of policies.
+"""The table of policies, and the one entry point from (network, optimizer, policy, budget) to a plan.
 
-Every command and the trainer go through `plan_network`, so a policy registered here is available everywhere
+Every command and the trainer go through `plan_network`, so a policy listed in `POLICIES` is available everywhere
 at once (CLI choices included). A policy is a function `(route, budget, device, costs) -> Plan` (`costs`: the
-`workspace.CostTable` that ranks convolution algorithms, None for the menu's own estimates); mechanisms that
-change where tensors live between uses (offload, recomputation) express their decisions as a `Schedule`
-handed to the planner's single placement pass, never as special cases in the executor.
+`workspace.CostTable` that ranks convolution algorithms, None for the menu's own estimates).
+
+Why a table and not self-registration: the modules that implement the mechanisms (`decisions/`, `schedulers/`)
+sit below this one and never import it, so the import graph has no circle and a reader sees every policy in one
+place. Adding a policy is one import and one row here (see docs/architecture.md).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from ..graph import Network
 from ..optim import Optimizer
 from ..route import Route
+from .decisions.offload import offload_policy
+from .decisions.recompute import recompute_policy
 from .plan import Plan
 from .planner import default_workspace, make_plan
+from .schedulers.auto import auto_policy
 from .workspace import CostTable
 
 PolicyFn = Callable[[Route, "int | None", str, "CostTable | None"], Plan]
 
-POLICY_REGISTRY: dict[str, PolicyFn] = {}
-POLICY_HELP: dict[str, str] = {}
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One row of the table: the name users type, what it does (CLI help), and the function that plans it."""
+
+    name: str
+    help: str
+    plan: PolicyFn
 
 
-def register_policy(name: str, help: str):
-    def deco(fn: PolicyFn) -> PolicyFn:
-        POLICY_REGISTRY[name] = fn
-        POLICY_HELP[name] = help
-        return fn
-    return deco
-
-
-@register_policy("none", "every tensor allocated up front, never freed: the baseline")
 def _none(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
     return make_plan(route, "none", budget, workspace=default_workspace(route, costs))
 
 
-@register_policy("liveness", "allocate each tensor just before its first use, free it right after its last")
 def _liveness(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
     return make_plan(route, "liveness", budget, workspace=default_workspace(route, costs))
 
 
-def _load_mechanisms() -> None:
-    """Import the modules that register more policies (each registers itself on import; imported here, lazily,
-    because they import this registry)."""
-    from . import auto, offload, recompute  # noqa: F401
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("none", "every tensor allocated up front, never freed: the baseline", _none),
+    Policy("liveness", "allocate each tensor just before its first use, free it right after its last", _liveness),
+    Policy("offload", "liveness plus the tensor cache: under a tight budget, offload the longest-idle tensors to "
+                      "host memory between forward and backward, prefetched to hide the copy", offload_policy),
+    Policy("recompute", "liveness + drop cheap layers' outputs (ReLU, BN, pool, LRN, dropout) after forward and "
+                        "recompute them in backward, per segment speed- or memory-centric", recompute_policy),
+    Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
+                   "per-step workspace sizing (without one: liveness)", auto_policy),
+)}
+
+# Kept for callers that read the help by name (the CLI).
+POLICY_HELP: dict[str, str] = {name: p.help for name, p in POLICIES.items()}
 
 
 def available_policies() -> tuple[str, ...]:
-    _load_mechanisms()
-    return tuple(POLICY_REGISTRY)
+    return tuple(POLICIES)
 
 
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
@@ -63,9 +73,8 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     `costs` ranks those algorithms (default: the menu's estimates; `CostTable(autotune=True, backend=...)`
     measures them once per shape).
     """
-    _load_mechanisms()
-    if policy not in POLICY_REGISTRY:
-        raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICY_REGISTRY)}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICIES)}")
     slots = tuple(optimizer.slots) if optimizer is not None else ()
     route = net.route(training=training, optimizer_slots=slots, backend=backend)
-    return POLICY_REGISTRY[policy](route, budget, device, costs)
+    return POLICIES[policy].plan(route, budget, device, costs)

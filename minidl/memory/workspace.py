@@ -52,16 +52,27 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..backend import backend_name
-from ..layers.base import Layer, LayerContext, WorkspaceOption
+from ..layers.base import Layer, LayerContext
 from ..route import Phase, Route
+from ..vocab import WorkspaceOption
 from .pool import ALIGNMENT, align_up, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import StepPlan
-    from .planner import WorkspaceChoice
     from .pool import TensorPool
 
 Shape = tuple[int, ...]
+
+
+@dataclass(slots=True)
+class WorkspaceChoice:
+    """The algorithm a step runs and its workspace bytes. With `options` (ranked fastest first) and a budget,
+    placement re-decides at the step itself: the fastest option whose workspace fits the memory free then."""
+
+    algo: str | None
+    nbytes: int
+    refused: list[str] = field(default_factory=list)
+    options: list | None = None  # list[WorkspaceOption], fastest first; None: `algo` is final
 
 
 # -- costs ------------------------------------------------------------------------------------------------------
@@ -196,7 +207,6 @@ def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int,
     Handed to `make_plan(..., workspace=...)`. Without a budget the fastest is used everywhere (exactly what
     `default_workspace` does); with one, placement re-decides per step by the memory free then.
     """
-    from .planner import WorkspaceChoice
 
     costs = costs or CostTable()
     net = route.network
@@ -217,7 +227,6 @@ def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int,
 
 def frugal_workspace(route: Route, costs: CostTable | None = None) -> dict[int, "WorkspaceChoice"]:
     """Every step on its smallest-workspace algorithm (ties: the faster), fixed: the most memory-frugal choice."""
-    from .planner import WorkspaceChoice
 
     out = {}
     for k, c in workspace_choices(route, costs).items():

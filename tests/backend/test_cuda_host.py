@@ -31,7 +31,6 @@ from minidl.backend.cuda import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsu
 from minidl.layers.base import WorkspaceOption
 from minidl.memory.pool import ALIGNMENT, TensorPool
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Import isolation
 # ---------------------------------------------------------------------------------------------------------
@@ -655,7 +654,8 @@ def _op_of(g):
     return next(op for op, _ in g.calls if op not in ("tensor",))
 
 
-def _conv_key(op, filters=cuplan.EngineFilters()):
+def _conv_key(op, filters=None):
+    filters = cuplan.EngineFilters() if filters is None else filters
     spec = cuplan.ConvSpec.from_shapes((2, 4, 9, 7), (6, 2, 3, 2), (2, 6, 5, 7), (2, 1), (1, 1), (1, 2), 2,
                                        np.float32)
     return spec, spec.key(op, filters)
@@ -882,7 +882,7 @@ class _EmulatedKernel:
             value = eval(expr, {}, env)
             declared = dict((n, t) for t, n in self.outs)
             env[target] = np.asarray(value).astype(declared[target]) if target in declared else value
-        for (t, n), o in zip(self.outs, outs):
+        for (_, n), o in zip(self.outs, outs):
             o[...] = np.broadcast_to(env[n], o.shape)
         return outs
 
@@ -1056,19 +1056,19 @@ def test_kernel_dispatch():
     be.launches.clear()
     a, b, c, out = (np.zeros((2, 5), np.float32) for _ in range(4))
     be.add_forward([a, b, c], out)
-    assert [(l.args[0], l.args[1], l.args[2]) for l in be.launches] == [(out, a, b), (out, out, c)]
+    assert [(c.args[0], c.args[1], c.args[2]) for c in be.launches] == [(out, a, b), (out, out, c)]
     be.launches.clear()
     parts = [np.zeros((2, k, 3, 3), np.float32) for k in (1, 4, 2)]
     cat = np.zeros((2, 7, 3, 3), np.float32)
     be.concat_forward(parts, cat)
-    assert [int(l.args[-1]) for l in be.launches] == [0, 1, 5]
+    assert [int(c.args[-1]) for c in be.launches] == [0, 1, 5]
     be.launches.clear()
     be.concat_backward(cat, [parts[0], None, parts[2]], [1, 4, 2])
-    assert [int(l.args[-1]) for l in be.launches] == [0, 5]
+    assert [int(c.args[-1]) for c in be.launches] == [0, 5]
     be.launches.clear()
     logits, labels, loss = np.zeros((6, 5), np.float32), np.arange(6, dtype=np.int64) % 5, np.zeros((), np.float32)
     be.softmax_xent_forward(logits, labels, loss)
-    assert [l.name for l in be.launches] == ["softmax_xent_forward", "softmax_xent_mean"]
+    assert [c.name for c in be.launches] == ["softmax_xent_forward", "softmax_xent_mean"]
     assert be.launches[0].args[0] is be.launches[1].args[1] and be.launches[1].args[0] is loss
     with pytest.raises(TypeError, match="int64"):
         be.softmax_xent_forward(logits, labels.astype(np.int32), loss)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minidl as dl
-from minidl.layers import Conv2d, LayerContext, Flatten, Linear, ReLU, SoftmaxCrossEntropy
+from minidl.layers import Conv2d, Flatten, LayerContext, Linear, ReLU, SoftmaxCrossEntropy
 from minidl.memory.planner import lower_bound
 from minidl.memory.policies import plan_network
 from minidl.optim import SGD

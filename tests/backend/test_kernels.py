@@ -93,8 +93,8 @@ def _source_kernels(file: str) -> dict[str, list[tuple[str, str]]]:
 def _top_level_function_heads(src: str) -> list[str]:
     """Declaration text in front of every top-level ``{`` that opens a
     function body (preprocessor lines and comments removed)."""
-    src = "\n".join(l for l in _strip_comments(src).splitlines()
-                    if not l.lstrip().startswith("#"))
+    src = "\n".join(line for line in _strip_comments(src).splitlines()
+                    if not line.lstrip().startswith("#"))
     heads, depth, start = [], 0, 0
     for i, ch in enumerate(src):
         if ch == "{":

@@ -9,10 +9,10 @@ import pytest
 from minidl.cli import main
 from minidl.data import synthetic
 from minidl.errors import BudgetError
-from minidl.memory.auto import _offload_module, auto_search, tensor_decisions
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import plan_network
-from minidl.memory.report import explain
+from minidl.memory.report import explain, tensor_decisions
+from minidl.memory.schedulers.auto import auto_search
 from minidl.optim import SGD
 from minidl.session import Session
 
@@ -88,10 +88,7 @@ def test_tight_budgets_use_the_mechanisms():
     m = smallest_budget(net)
     plan = plan_network(net, opt(), "auto", budget=m)
     kinds = {ev.kind for sp in plan.steps for ev in sp.before + sp.after}
-    if _offload_module() is not None:
-        assert EventKind.OFFLOAD in kinds
-    else:
-        assert EventKind.RECOMPUTE in kinds
+    assert EventKind.OFFLOAD in kinds
     decisions = {what for _, what, _ in tensor_decisions(plan)}
     assert "kept" in decisions and ({"offloaded", "recomputed"} & decisions)
     # the most frugal plan also runs its convolutions with the smallest workspaces
@@ -101,11 +98,9 @@ def test_tight_budgets_use_the_mechanisms():
 @pytest.mark.parametrize("key", ["resnet20", "densenet_tiny"])
 def test_recompute_composed_with_offload_is_bit_identical(key):
     """Roots that recomputation reads are prefetched before the recomputation sequence needs them."""
-    if _offload_module() is None:
-        pytest.skip("offload module not present")
     from minidl.executor import Executor
-    from minidl.memory.auto import _finish, cache_search
-    from minidl.memory.recompute import recompute_schedule
+    from minidl.memory.decisions.recompute import recompute_schedule
+    from minidl.memory.schedulers.auto import _finish, cache_search
     from minidl.memory.workspace import workspace_choices
 
     net = NETS[key]()
@@ -155,8 +150,8 @@ def test_cli_budget_alone_means_auto(capsys):
 
 def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
     from minidl.executor import Executor
-    from minidl.memory.auto import LAYOUTS, _finish, pin_long_lived, place
     from minidl.memory.planner import liveness_schedule
+    from minidl.memory.schedulers.auto import LAYOUTS, _finish, pin_long_lived, place
     from minidl.memory.workspace import workspace_choices
     from minidl.tensors import Role
 

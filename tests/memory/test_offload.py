@@ -17,8 +17,8 @@ import pytest
 import minidl as dl
 from minidl import layers as L
 from minidl.data import synthetic
+from minidl.memory.decisions.offload import find_candidates, plan_offload
 from minidl.memory.host import HostStore, TransferError
-from minidl.memory.offload import find_candidates, plan_offload
 from minidl.memory.plan import EventKind
 from minidl.memory.planner import default_workspace, liveness_schedule
 from minidl.memory.policies import available_policies, plan_network

@@ -7,8 +7,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minidl.memory.pool import (
-    ALIGNMENT, FreeBlock, LiveBlock, NumpyArenaBacking, PoolOutOfMemory, PoolStats, TensorPool, align_up,
-    format_bytes, parse_size,
+    ALIGNMENT,
+    FreeBlock,
+    LiveBlock,
+    NumpyArenaBacking,
+    PoolOutOfMemory,
+    PoolStats,
+    TensorPool,
+    align_up,
+    format_bytes,
+    parse_size,
 )
 
 KiB = 1024

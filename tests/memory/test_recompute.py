@@ -7,10 +7,16 @@ import pytest
 import minidl as dl
 from minidl.data import synthetic
 from minidl.layers import BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
+from minidl.memory.decisions.recompute import (
+    MEMORY,
+    SPEED,
+    find_segments,
+    recompute_flops,
+    recompute_plan,
+    recompute_schedule,
+)
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import plan_network
-from minidl.memory.recompute import (MEMORY, SPEED, find_segments, recompute_flops, recompute_plan,
-                                     recompute_schedule)
 from minidl.memory.simulate import simulate
 from minidl.memory.workspace import workspace_choices
 from minidl.models import build_model
@@ -131,7 +137,7 @@ def test_dropped_tensors_are_not_resident_across_the_turn(key):
     dropped = {m for s in find_segments(route) if s.dropped for m in s.needed}
     assert dropped
     live = set()
-    for k, where, ev, now in replay(plan):
+    for k, where, _ev, now in replay(plan):
         if k == n_fwd and where == "before" and not live:
             live = set(now)
     assert not dropped & live
@@ -242,8 +248,8 @@ def test_resnet2500_plans_in_under_a_minute():
 
 
 def test_compute_peak_lower_bound_never_exceeds_the_placed_peak():
+    from minidl.memory.decisions.recompute import compute_peak_lower_bound
     from minidl.memory.planner import liveness_schedule, make_plan
-    from minidl.memory.recompute import compute_peak_lower_bound
     from minidl.memory.workspace import frugal_workspace
 
     for key, make in NETS.items():

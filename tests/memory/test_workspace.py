@@ -11,8 +11,7 @@ from minidl.memory.planner import default_workspace, make_plan
 from minidl.memory.pool import TensorPool
 from minidl.memory.report import explain
 from minidl.memory.simulate import simulate
-from minidl.memory.workspace import (CostTable, fit_workspace, frugal_workspace, largest_free_below,
-                                     workspace_choices)
+from minidl.memory.workspace import CostTable, fit_workspace, frugal_workspace, largest_free_below, workspace_choices
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.session import Session
@@ -137,7 +136,7 @@ def test_fitted_algorithms_train_bit_identically():
         return sess
 
     route = resnet().route(optimizer_slots=("momentum",))
-    from minidl.memory.recompute import recompute_plan
+    from minidl.memory.decisions.recompute import recompute_plan
 
     lo = recompute_plan(route, ws=frugal_workspace(route)).min_budget_bytes
     hi = recompute_plan(route).min_budget_bytes

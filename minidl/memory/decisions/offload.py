@@ -3,7 +3,8 @@
 This is the planning half of SuperNeurons' tensor cache (the moving half is `host.py`). It starts from a base
 schedule (plain liveness by default) and, for a chosen set of tensors, splits their single residency in two:
 
-    ALLOC (first use) .. last forward use | OFFLOAD .. RELEASE | .. host .. | PREFETCH .. WAIT | first backward use .. FREE
+    ALLOC (first use) .. last forward use | OFFLOAD .. RELEASE | .. host ..
+        | PREFETCH .. WAIT | first backward use .. FREE
 
 - OFFLOAD right after the last forward use starts the copy to the host on the transfer stream;
 - RELEASE frees the device block, after waiting for that copy (placed where the copy should be done);
@@ -51,16 +52,14 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from ..errors import BudgetError
-from ..route import Phase, Route
-from ..tensors import Role
-from .liveness import tensor_uses
-from .plan import EventKind, Plan
-from .planner import (Marker, Residency, Schedule, WorkspaceChoice, default_workspace, liveness_schedule,
-                      make_plan)
-from .policies import register_policy
-from .pool import format_bytes
-from .simulate import DeviceProfile, get_profile, step_costs
+from ...errors import BudgetError
+from ...route import Phase, Route
+from ...tensors import Role
+from ..liveness import tensor_uses
+from ..plan import EventKind, Plan
+from ..planner import Marker, Residency, Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
+from ..pool import format_bytes
+from ..simulate import DeviceProfile, get_profile, step_costs
 
 COPY_SLACK = 2.5
 """Planning assumes a copy takes this many times bytes / link bandwidth: a margin for the copy competing with
@@ -363,7 +362,6 @@ def _repair(route: Route, base: Schedule, cands: list[Candidate], clock: _Clock,
     return best
 
 
-@register_policy("offload", "liveness plus the tensor cache: under a tight budget, offload the longest-idle "
-                            "tensors to host memory between forward and backward, prefetched to hide the copy")
-def _offload_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+def offload_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+    """The `offload` policy: liveness plus the tensor cache (see the table in `memory/policies.py`)."""
     return plan_offload(route, budget, device or "cpu", workspace=default_workspace(route, costs))

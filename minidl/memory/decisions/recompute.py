@@ -58,13 +58,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..route import Phase, Route
-from ..tensors import Role, act_id
-from .liveness import analyze
-from .plan import EventKind, Plan
-from .planner import Residency, Schedule, WorkspaceChoice, liveness_schedule, make_plan
-from .pool import align_up
-from .policies import register_policy
+from ...route import Phase, Route
+from ...tensors import Role, act_id
+from ..liveness import analyze
+from ..plan import EventKind, Plan
+from ..planner import Residency, Schedule, WorkspaceChoice, liveness_schedule, make_plan
+from ..pool import align_up
+from ..workspace import workspace_choices
 
 SPEED, MEMORY = "speed", "memory"
 
@@ -416,18 +416,13 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
 def recompute_plan(route: Route, budget: int | None = None, ws: dict[int, WorkspaceChoice] | None = None,
                    limit: int | None = None, mode: str | None = None, policy: str = "recompute") -> Plan:
     """Plan `route` with cost-aware recomputation (workspace fitted to the budget when one is given)."""
-    from .workspace import workspace_choices
-
     ws = workspace_choices(route) if ws is None else ws
     rs = recompute_schedule(route, ws, limit=limit, mode=mode)
     return make_plan(route, policy, budget, workspace=ws, schedule=rs.schedule)
 
 
-@register_policy("recompute", "liveness + drop cheap layers' outputs (ReLU, BN, pool, LRN, dropout) after forward "
-                              "and recompute them in backward, per segment speed- or memory-centric")
-def _recompute(route: Route, budget: int | None, device: str, costs=None) -> Plan:
-    from .workspace import workspace_choices
-
+def recompute_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+    """The `recompute` policy: liveness plus cost-aware recomputation of cheap layers."""
     return recompute_plan(route, budget, workspace_choices(route, costs))
 
 

@@ -43,21 +43,20 @@ recomputation read, and its end keeps the recomputation sequence number.
 """
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 
-from ..errors import BudgetError
-from ..route import Route
-from .liveness import analyze
-from ..tensors import Role
-from .plan import EventKind, Plan
-from .planner import Residency, Schedule, WorkspaceChoice, _place, check_budget, liveness_schedule, lower_bound
-from .policies import register_policy
-from .pool import format_bytes
-from .recompute import MEMORY, RecomputeSchedule, compute_peak_lower_bound, recompute_schedule
-from .simulate import get_profile, simulate
-from .workspace import CostTable, workspace_choices
+from ...errors import BudgetError
+from ...route import Route
+from ...tensors import Role
+from ..decisions import offload as offload_decision
+from ..decisions.recompute import MEMORY, RecomputeSchedule, compute_peak_lower_bound, recompute_schedule
+from ..liveness import analyze
+from ..plan import EventKind, Plan
+from ..planner import Residency, Schedule, WorkspaceChoice, _place, check_budget, liveness_schedule, lower_bound
+from ..pool import format_bytes
+from ..simulate import get_profile, simulate
+from ..workspace import CostTable, workspace_choices
 
 BINARY_SEARCH_STEPS = 6
 """At most this many placement passes to find the fewest offloads that fit (the rest of the interval is
@@ -93,15 +92,6 @@ class AutoResult:
         return "\n".join(lines)
 
 
-def _offload_module():
-    try:
-        return importlib.import_module(f"{__package__}.offload")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.offload":
-            raise
-        return None
-
-
 def place(route: Route, ws: dict[int, WorkspaceChoice], sched: Schedule, budget: int | None,
           policy: str = "auto") -> Plan:
     """One placement pass (no budget check); workspace algorithms fitted to `budget` when given."""
@@ -115,9 +105,8 @@ def _finish(plan: Plan, route: Route, budget: int | None, policy: str = "auto") 
     plan.lower_bound_bytes = lower_bound(route)
     check_budget(plan, budget)
     plan.arena_bytes = budget if budget is not None else plan.min_budget_bytes
-    mod = _offload_module()
-    if mod is not None and hasattr(plan, "offloaded_bytes"):
-        plan.offloaded_bytes, plan.prefetched_bytes = mod.transfer_bytes(plan)
+    if hasattr(plan, "offloaded_bytes"):
+        plan.offloaded_bytes, plan.prefetched_bytes = offload_decision.transfer_bytes(plan)
     return plan
 
 
@@ -168,7 +157,7 @@ def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], b
     """The fewest offloads (with hidden copies) that make `base` fit `budget`; else every candidate offloaded
     with the tightest timing (the most frugal plan this base allows, which may still not fit). `plan0`: `base`
     already placed under `budget`, if at hand."""
-    mod = _offload_module()
+    mod = offload_decision
     root_reads = root_reads or {}
     plan = place(route, ws, base, budget) if plan0 is None else plan0
     if plan.min_budget_bytes <= budget:
@@ -284,8 +273,8 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
     def label(name: str, layout: str) -> str:
         return f"{name}, {layout}" if layout else name
 
-    mod = _offload_module()
-    stage1 = ("", "grads+aux pinned") if mod is not None or frugal is False else tuple(LAYOUTS)
+    mod = offload_decision
+    stage1 = ("", "grads+aux pinned")
     own_time: dict[str, float] = {}   # a base's time with nothing moved: no offload of it can be faster
     placed: dict[str, Plan] = {}
     for name, sched, _ in bases:
@@ -334,82 +323,13 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
         p = f.plan
         raise BudgetError(
             f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy 'auto': no combination of "
-            f"liveness, recomputation{', offload' if _offload_module() else ''} and workspace sizing fits. The "
+            f"liveness, recomputation, offload and workspace sizing fits. The "
             f"smallest budget that works is {format_bytes(p.min_budget_bytes)} ({p.min_budget_bytes:,} B), with "
             f"the most memory-frugal plan ({f.name}), bound at step {p.binding_step} ({p.binding_label}).\n"
             f"tried:\n{res.summary()}", p.min_budget_bytes, p.binding_label)
     return _finish(res.plan, route, budget)
 
 
-@register_policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, "
-                         "offload and per-step workspace sizing (without one: liveness)")
-def _auto(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
+def auto_policy(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
+    """The `auto` policy: the fastest plan that fits `budget` (liveness without one)."""
     return plan_auto(route, budget, device or "cpu", costs)
-
-
-# -- explaining a plan: per tensor, why it is kept, offloaded or recomputed ------------------------------------------
-def tensor_decisions(plan: Plan) -> list[tuple[str, str, str]]:
-    """(tensor, decision, why) for every activation and data tensor, in forward order.
-
-    The decision is read back from the plan's events, so it holds for any policy: "recomputed" (a RECOMPUTE
-    event rebuilds it in backward), "offloaded" (an OFFLOAD event moves it to the host), "kept" (resident from
-    forward into backward), or "freed in forward" (no backward step reads it: liveness frees it early).
-    """
-    from .plan import EventKind
-    from ..tensors import Role
-
-    route = plan.route
-    iv = analyze(route)
-    n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
-    events: dict[str, list] = {}
-    for k, sp in enumerate(plan.steps):
-        for ev in sp.before + sp.after:
-            events.setdefault(ev.tensor, []).append((k, ev))
-    readers: dict[str, list[int]] = {}
-    for tid, i in iv.items():
-        readers[tid] = [u for u in i.uses if u >= n_fwd]
-    out = []
-    for tid in sorted((t for t, s in route.tensors.items() if s.role in (Role.ACTIVATION, Role.DATA) and t in iv),
-                      key=lambda t: (iv[t].first, t)):
-        evs = events.get(tid, [])
-        rec = [(k, ev) for k, ev in evs if ev.kind is EventKind.RECOMPUTE]
-        off = [(k, ev) for k, ev in evs if ev.kind is EventKind.OFFLOAD]
-        bwd = readers.get(tid, [])
-        if rec:
-            dropped = next((ev.reason for k, ev in evs if ev.kind is EventKind.FREE and k < n_fwd), "")
-            if not bwd:
-                dropped = "backward never reads it: freed after forward"
-            steps = ", ".join(route.steps[k].label for k, _ in rec[:4]) + (" ..." if len(rec) > 4 else "")
-            out.append((tid, "recomputed", f"{dropped}; rebuilt {len(rec)}x in backward (before {steps}): "
-                                           f"{rec[0][1].reason}"))
-        elif off:
-            out.append((tid, "offloaded", off[0][1].reason))
-        elif bwd or any(ev.kind is EventKind.FREE and k >= n_fwd for k, ev in evs):
-            ext = next((ev.reason for k, ev in evs if ev.kind is EventKind.FREE and "checkpoint" in ev.reason), "")
-            why = (f"backward reads it at '{route.steps[bwd[0]].label}'" if bwd else "")
-            if ext:
-                why = (why + "; " if why else "") + ext
-            if plan.policy == "none":
-                why = "policy none keeps every tensor for the whole step"
-            out.append((tid, "kept", why or "resident into backward"))
-        else:
-            out.append((tid, "freed in forward", "no backward step reads it; freed after its last forward use"))
-    return out
-
-
-def decision_lines(plan: Plan) -> list[str]:
-    """The per-tensor decisions and the per-convolution algorithms, as report lines (used by `explain`)."""
-    lines = ["per tensor: why each activation is kept, offloaded or recomputed"]
-    counts: dict[str, int] = {}
-    for tid, what, why in tensor_decisions(plan):
-        counts[what] = counts.get(what, 0) + 1
-        lines.append(f"    {what:<16} {tid:<40} {why}")
-    lines.append("    totals: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    algos = [(k, sp) for k, sp in enumerate(plan.steps) if sp.algo]
-    if algos:
-        lines.append("per convolution step: the algorithm it runs, and faster ones refused for lack of memory")
-        for k, sp in algos:
-            refused = f"  refused: {'; '.join(sp.refused)}" if sp.refused else ""
-            lines.append(f"    step {k:>4} {plan.route.steps[k].label:<36} {sp.algo:<16} workspace "
-                         f"{format_bytes(sp.workspace_bytes):>11}{refused}")
-    return lines

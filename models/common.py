@@ -1,0 +1,36 @@
+"""Scaffolding every model builder shares: argument checks, the "data"/"label" inputs, the loss, and the weighted
+layer count. It sits beneath both the builders and the registry, so neither imports the other's module."""
+from __future__ import annotations
+
+import minidl as dl
+from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy
+
+
+def check_positive(model: str, **values: int) -> None:
+    """Raise ValueError naming the model and the argument if any value is not a positive integer."""
+    for key, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{model}: {key} must be a positive integer, got {v!r}")
+
+
+def new_network(name: str, batch: int, in_channels: int, image_size: int, num_classes: int, dtype):
+    """A fresh Network with the image input "data" (N, C, H, W) and the int64 input "label" (N,)."""
+    check_positive(name, batch=batch, in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+    net = dl.Network(name, dtype=dtype)
+    x = net.input((batch, in_channels, image_size, image_size), name="data")
+    y = net.input((batch,), dtype="int64", name="label")
+    return net, x, y
+
+
+def finish(net: dl.Network, logits, label) -> dl.Network:
+    """Attach the softmax cross-entropy loss ("loss") to the logits and return the network."""
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(logits, label))
+    return net
+
+
+def weighted_layers(net: dl.Network, include_shortcuts: bool = True) -> int:
+    """Number of convolution and linear layers; `include_shortcuts=False` leaves out the 1x1 projection
+    convolutions of residual shortcuts (named "*.downsample.conv"), which the usual depth count excludes
+    (ResNet-50 has 49 + 1 weighted layers on its main path plus 4 projections)."""
+    return sum(1 for n in net.layer_nodes if isinstance(n.layer, (Conv2d, Linear))
+               and (include_shortcuts or ".downsample." not in n.name))

@@ -1,0 +1,103 @@
+"""The house rules, enforced: ruff is clean, the import graph keeps its floors (import-linter), and no module of
+minidl or the model zoo is part of an import circle (checked directly on grimp's graph, which import-linter
+builds on, so a circle is named even where no contract lists its modules)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_is_clean():
+    if shutil.which("ruff") is None:
+        pytest.skip("ruff is not installed (it is in the test extra)")
+    r = _run(["ruff", "check", "."])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_import_layers_contracts_are_kept():
+    exe = shutil.which("lint-imports")
+    if exe is None:
+        pytest.skip("import-linter is not installed (it is in the test extra)")
+    r = _run([exe, "--no-cache"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 broken" in r.stdout
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in graph.modules:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_no_import_circles():
+    grimp = pytest.importorskip("grimp")
+    sys.path.insert(0, str(ROOT))  # `models` is its own tree on disk (installed as minidl.models)
+    try:
+        graph = grimp.build_graph("minidl", "models", cache_dir=None, exclude_type_checking_imports=True)
+    finally:
+        sys.path.remove(str(ROOT))
+    assert len(graph.modules) > 50
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_planted_circle():
+    """The check above cannot pass vacuously: on a graph with a circle it names it."""
+    grimp = pytest.importorskip("grimp")
+    g = grimp.ImportGraph()
+    for m in ("p", "p.a", "p.b", "p.c"):
+        g.add_module(m)
+    g.add_import(importer="p.a", imported="p.b")
+    g.add_import(importer="p.b", imported="p.c")
+    g.add_import(importer="p.c", imported="p.a")
+    assert _cycles(g) == [["p.a", "p.b", "p.c"]]
