@@ -101,3 +101,35 @@ def test_the_cycle_finder_finds_a_planted_circle():
     g.add_import(importer="p.b", imported="p.c")
     g.add_import(importer="p.c", imported="p.a")
     assert _cycles(g) == [["p.a", "p.b", "p.c"]]
+
+
+def test_architecture_doc_names_every_module_of_the_contracts():
+    """docs/architecture.md describes the floors the linter enforces: every module or package the contracts list,
+    and every top-level module of minidl and of its memory package, is named there (and nothing it names in its
+    floor tables is missing from the code)."""
+    import re
+    import tomllib
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    listed = {m.strip() for c in cfg["contracts"] for layer in c["layers"] for m in layer.split("|")}
+    on_disk = {f"minidl.{p.stem}" for p in (ROOT / "minidl").glob("*.py") if p.stem != "__init__"}
+    on_disk |= {f"minidl.{p.name}" for p in (ROOT / "minidl").iterdir() if (p / "__init__.py").exists()}
+    on_disk |= {f"minidl.memory.{p.stem}" for p in (ROOT / "minidl" / "memory").glob("*.py") if p.stem != "__init__"}
+    on_disk |= {f"minidl.memory.{p.name}" for p in (ROOT / "minidl" / "memory").iterdir()
+                if (p / "__init__.py").exists()}
+    assert on_disk <= listed | {"minidl.memory"}, f"modules no contract places: {sorted(on_disk - listed)}"
+
+    def named(mod: str) -> bool:
+        short = mod.removeprefix("minidl.")
+        return f"`{mod}`" in doc or f"`{short}`" in doc or f"`{short.removeprefix('memory.')}`" in doc
+
+    missing = sorted(m for m in listed | on_disk if not named(m) and not m.startswith("models."))
+    assert not missing, f"docs/architecture.md does not mention: {missing}"
+    tables = re.findall(r"^\| \d+ \| (.+?) \|", doc, re.M)
+    for cell in tables:
+        for mod in re.findall(r"`([a-z_.]+)`", cell):
+            full = mod if mod.startswith(("minidl", "models")) else f"minidl.{mod}"
+            assert full in listed or full.replace("minidl.", "minidl.memory.", 1) in listed \
+                or full == "minidl.models", \
+                f"docs/architecture.md names {mod!r}, which no contract lists"
