@@ -7,7 +7,8 @@ size alone, whatever the source.
 Sources:
 
 * `synthetic` -- random images with learnable labels; no files, so tests and benchmarks run anywhere.
-* `digits` -- scikit-learn's bundled 8x8 handwritten digits; a small *real* problem with no download.
+* `digits` -- the 8x8 handwritten digits (UCI optdigits, as scikit-learn bundles them), shipped with
+  minidl; a small *real* problem with no download and no extra dependency.
 * `load_cifar10` / `load_mnist` -- the canonical binary distributions, parsed strictly, so a truncated or
   mislabeled download fails loudly at load time instead of silently training on garbage.
 * `load_data` -- parses the CLI's ``--data`` value into (train, held-out).
@@ -56,6 +57,8 @@ _CIFAR_SUBDIR = "cifar-10-batches-bin"
 
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
 _IDX_LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension
+
+_DIGITS_FILE = Path(__file__).with_name("datasets") / "digits.npz"  # package data, see _digits_arrays
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -392,24 +395,35 @@ def from_arrays(x, y, num_classes: int | None = None, name: str = "arrays") -> D
 
 
 def digits(seed: int | None = None) -> Dataset:
-    """scikit-learn's bundled handwritten digits: 1797 images, (1, 8, 8), 10 classes; no download.
+    """The 8x8 handwritten digits (UCI optdigits' test set, as scikit-learn bundles it): 1797 images,
+    (1, 8, 8), 10 classes; shipped with minidl (``minidl/datasets/digits.npz``), so no download and no
+    scikit-learn.
 
     Pixels (0..16) are scaled to [0, 1], then standardized with the dataset's own mean and std (a single
     channel, so one mean and one std; per-pixel statistics would divide by zero on the always-blank
     border pixels). With a seed, the sample order is shuffled deterministically; without one, it is
-    scikit-learn's order.
+    scikit-learn's order (the arrays equal ``sklearn.datasets.load_digits()``'s; a test checks it).
     """
-    from sklearn.datasets import load_digits  # local import: only this source needs scikit-learn
-
-    bunch = load_digits()
-    x = bunch.images.astype(np.float64) / 16.0
+    images, target = _digits_arrays()
+    x = images.astype(np.float64) / 16.0
     x = (x - x.mean()) / x.std()
     x = x[:, None, :, :]
-    y = bunch.target.astype(np.int64)
+    y = target.astype(np.int64)
     if seed is not None:
         perm = np.random.default_rng(seed).permutation(len(y))
         x, y = x[perm], y[perm]
     return Dataset(x, y, 10, name="digits")
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The shipped digits as stored: images uint8 (1797, 8, 8) in 0..16, labels uint8 (1797,).
+
+    Why a copy of our own: the README's first command trains on digits, and a plain ``pip install`` must
+    be enough for it; scikit-learn (~40 MB with scipy) for a 45 KB table was the one thing it lacked.
+    Provenance and licence: ``minidl/datasets/README.md``.
+    """
+    with np.load(_DIGITS_FILE) as f:
+        return f["images"], f["target"]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -279,6 +279,23 @@ def test_digits():
     assert sorted(a.y.tolist()) == sorted(ds.y.tolist())
 
 
+def test_digits_shipped_copy_equals_scikit_learns():
+    """The bundled npz is scikit-learn's digits, so `--data digits` gives the very arrays it gave when it
+    read them from scikit-learn (the old code path, recomputed here, bit for bit, with and without a seed)."""
+    sk = pytest.importorskip("sklearn.datasets")
+    bunch = sk.load_digits()
+    for seed in (None, 3):
+        x = bunch.images.astype(np.float64) / 16.0
+        x = ((x - x.mean()) / x.std())[:, None, :, :]
+        y = bunch.target.astype(np.int64)
+        if seed is not None:
+            perm = np.random.default_rng(seed).permutation(len(y))
+            x, y = x[perm], y[perm]
+        ds = digits(seed)
+        np.testing.assert_array_equal(ds.x, x.astype(np.float32))
+        np.testing.assert_array_equal(ds.y, y)
+
+
 def test_split_deterministic_and_disjoint():
     x = np.arange(50, dtype=np.float32).reshape(50, 1, 1, 1)
     ds = Dataset(x, np.arange(50) % 5, 5)

@@ -215,8 +215,7 @@ def test_lenet_digits_8x8():
 
 
 def test_lenet_trains_on_digits():
-    """End to end: the 8x8 LeNet learns sklearn's digits (60 SGD steps, batch 32; about 0.5 s)."""
-    pytest.importorskip("sklearn")
+    """End to end: the 8x8 LeNet learns the digits (60 SGD steps, batch 32; about 0.5 s)."""
     from minidl.data import digits
     from minidl.optim import SGD
     from minidl.session import Session

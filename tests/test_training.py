@@ -1,4 +1,4 @@
-"""End-to-end training: a small CNN learns sklearn's bundled digits."""
+"""End-to-end training: a small CNN learns the bundled digits."""
 from minidl.data import load_data
 from minidl.models import build_model
 from minidl.optim import SGD
