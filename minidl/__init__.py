@@ -6,12 +6,16 @@
     ...
 """
 from . import layers
-from .errors import BudgetError, GraphError, MinidlError, ResidencyError
+from .errors import BudgetError, GraphError, MinidlError, OptionError, ResidencyError
 from .graph import Network, Symbol
+from .memory.pool import format_bytes, parse_size
+from .optim import SGD, Adam, Optimizer
 from .route import Phase, Route, Step
+from .session import Session, TrainResult
 from .tensors import Role, TensorSpec
 
 __version__ = "0.1.0"
 
-__all__ = ["BudgetError", "GraphError", "MinidlError", "Network", "Phase", "ResidencyError", "Role", "Route",
-           "Step", "Symbol", "TensorSpec", "layers", "__version__"]
+__all__ = ["Adam", "BudgetError", "GraphError", "MinidlError", "Network", "OptionError", "Optimizer", "Phase",
+           "ResidencyError", "Role", "Route", "SGD", "Session", "Step", "Symbol", "TensorSpec", "TrainResult",
+           "format_bytes", "layers", "parse_size", "__version__"]

@@ -25,3 +25,8 @@ class BudgetError(MinidlError, MemoryError):
 
 class ResidencyError(MinidlError, RuntimeError):
     """A layer tried to read a tensor that is not resident on the device (executor debug mode)."""
+
+
+class OptionError(MinidlError, ValueError):
+    """A value given for an option (a memory size, a learning-rate schedule, ...) is invalid; the message
+    names the option and the value, and says what would be accepted."""

@@ -17,6 +17,7 @@ from .data import BatchIterator, Dataset
 from .executor import Executor
 from .graph import Network
 from .memory.policies import plan_network
+from .memory.pool import as_size
 from .memory.report import memory_report
 from .optim import Optimizer
 
@@ -42,13 +43,16 @@ class TrainResult:
 
 
 class Session:
-    def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness", budget: int | None = None,
-                 seed: int = 0, backend=None, debug: bool = False, trace: bool = False,
-                 host_limit_bytes: int | None = None, device: str | None = None, costs=None):
+    def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
+                 budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
+                 trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
+                 costs=None):
         """`backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
         `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
         to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
         `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the menu's estimates."""
+        budget = as_size(budget, "budget")
+        host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
         if backend is None:
             from .backend.cpu import CPUBackend

@@ -20,6 +20,7 @@ from .decisions.offload import offload_policy
 from .decisions.recompute import recompute_policy
 from .plan import Plan
 from .planner import default_workspace, make_plan
+from .pool import as_size
 from .schedulers.auto import auto_policy
 from .workspace import CostTable
 
@@ -63,7 +64,7 @@ def available_policies() -> tuple[str, ...]:
 
 
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
-                 budget: int | None = None, device: str = "cpu", training: bool = True, backend=None,
+                 budget: int | str | None = None, device: str = "cpu", training: bool = True, backend=None,
                  costs: CostTable | None = None) -> Plan:
     """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
 
@@ -71,8 +72,9 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     `backend` (None: the CPU reference) is the backend the plan will run on, whose convolution algorithms
     and workspace sizes the plan chooses among. A plan runs only on a backend of the kind it was made for.
     `costs` ranks those algorithms (default: the menu's estimates; `CostTable(autotune=True, backend=...)`
-    measures them once per shape).
+    measures them once per shape). `budget` is bytes or a size string ("16MiB", "12GB").
     """
+    budget = as_size(budget, "budget")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICIES)}")
     slots = tuple(optimizer.slots) if optimizer is not None else ()

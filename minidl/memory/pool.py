@@ -49,7 +49,7 @@ from typing import Any, Hashable, Iterator, Protocol
 
 import numpy as np
 
-from minidl.errors import MinidlError
+from minidl.errors import MinidlError, OptionError
 
 __all__ = [
     "ALIGNMENT", "ARENA_ALIGNMENT", "Block", "FreeBlock", "LiveBlock", "NumpyArenaBacking", "PoolOutOfMemory",
@@ -95,6 +95,17 @@ def format_bytes(n: int) -> str:
         if round(value, 2) < 1024.0 or unit == _BINARY_UNITS[-1]:  # never "1024.00 KiB"
             break
     return f"{sign}{value:.2f} {unit}"
+
+
+def as_size(value: str | int | None, option: str) -> int | None:
+    """`parse_size` for a user-facing option (`budget`, `host_limit_bytes`, `--budget`...): None stays None,
+    and a bad value raises `OptionError` naming the option, so a user never reads a parser's name."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise OptionError(f"{option}: {e}") from None
 
 
 def _bytes_both(n: int) -> str:
