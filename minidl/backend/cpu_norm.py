@@ -4,10 +4,17 @@ Both work through blocks of the (N, C, H*W) view: per-channel reductions are dot
 H*W axis of a block, and elementwise passes run on a block while it is in cache. The only scratch is a few
 blocks (`_BLOCK` elements each, or one plane when a plane is larger), as the chunking rule of the backend asks.
 
-Per-channel sums are taken per plane in float32 and summed over planes in float64; the batch variance is centred
-on a per-channel shift near the mean, so float32 inputs with a large mean keep an accurate variance.
-Batch norm on CPU is memory-bound: training forward reads x twice and writes y once, backward reads x and dy
-twice and writes dx once, the minimum for a two-pass (statistics, then apply) algorithm.
+Numerics (why the passes are what they are). Per-channel sums are taken per plane in float32 and summed over
+planes in float64. The statistics are a corrected two-pass algorithm (Chan, Golub & LeVeque 1983): pass 1 finds
+the mean from deviations to a rough per-channel shift, pass 2 sums deviations from that mean (rounded to the
+stored dtype) and their squares, var = S2/M - (S1/M)^2 with S1/M of the order of one rounding of the mean, so the
+subtraction cancels nothing. The applying passes subtract the mean first, y = (x - mean) * a + bias and
+dx = dy * s + (x - mean) * kx + c: x - mean is exact when the two are close (Sterbenz), so a large |mean| / std
+costs no accuracy beyond the rounding of the stored mean itself (the form x * a + b loses eps * |mean| / std).
+Float32 errors measured against float64: within 2x of PyTorch's float32 for mean/std up to 1e4 and two values
+per channel (tests/layers/test_batchnorm_numerics.py).
+Batch norm on CPU is memory-bound: training forward reads x three times and writes y once, backward reads x and
+dy twice and writes dx once.
 """
 from __future__ import annotations
 
@@ -61,10 +68,11 @@ class _Scratch:
 
 
 def _centered_sums(x3: np.ndarray, center: np.ndarray, dy3: np.ndarray | None,
-                   sc: _Scratch) -> tuple[np.ndarray, np.ndarray]:
-    """Per channel, in float64, with d = x - center: (sum(d), sum(d * d)) if dy3 is None, else
-    (sum(dy), sum(dy * d)). One pass; each plane is reduced in float32 (BLAS dot products along H*W), the planes
-    are then summed in float64 in a fixed order, so the result does not depend on the blocking."""
+                   sc: _Scratch, squares: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per channel, in float64, with d = x - center: (sum(d), sum(d * d)) if dy3 is None (sum(d * d) left out,
+    None, if not `squares`), else (sum(dy), sum(dy * d)). One pass; each plane is reduced in float32 (BLAS dot
+    products along H*W), the planes are then summed in float64 in a fixed order, so the result does not depend
+    on the blocking."""
     n, c, hw = x3.shape
     p1 = np.empty((n, c), x3.dtype)
     p2 = np.empty((n, c), x3.dtype)
@@ -77,12 +85,14 @@ def _centered_sums(x3: np.ndarray, center: np.ndarray, dy3: np.ndarray | None,
             np.subtract(xb, cb, out=d)
             if dy3 is None:
                 np.vecdot(d, ones, out=p1[ns, cs])
-                np.vecdot(d, d, out=p2[ns, cs])
+                if squares:
+                    np.vecdot(d, d, out=p2[ns, cs])
             else:
                 dyb = dy3[ns, cs]
                 np.vecdot(dyb, ones, out=p1[ns, cs])
                 np.vecdot(dyb, d, out=p2[ns, cs])
-    return p1.sum(axis=0, dtype=np.float64), p2.sum(axis=0, dtype=np.float64)
+    s2 = p2.sum(axis=0, dtype=np.float64) if dy3 is not None or squares else None
+    return p1.sum(axis=0, dtype=np.float64), s2
 
 
 class NormOps:
@@ -95,11 +105,12 @@ class NormOps:
         """Normalize with batch statistics; save them in `mean`/`invstd` (for backward and for recomputation) and,
         if `update_running`, fold them into the running statistics (the variance unbiased, as in PyTorch).
 
-        The statistics take one pass over x, centred on a shift K (each channel's mean over the first sample):
-        mean = K + sum(x - K)/M, var = sum((x - K)^2)/M - (sum(x - K)/M)^2. K is close to the mean, so the
-        subtraction loses almost nothing even when |mean| >> std (the weakness of the plain sum-of-squares form),
-        and it saves the separate pass a two-pass variance would need. (The first sample is part of the batch,
-        so (mean - K)^2 <= N * var: the cancellation can amplify rounding by at most N.)"""
+        Pass 1 centres on a shift K (each channel's mean over the first sample) so that the float32 per-plane sums
+        see values of the order of the spread, not of |mean|: mean = K + sum(x - K)/M. Pass 2 centres on that mean
+        as stored (float32 for float32 input, which is what the applying passes subtract): var = sum(d^2)/M -
+        (sum(d)/M)^2 with d = x - mean. Pass 1 alone (var from the same shifted sums) would let the cancellation
+        amplify rounding by up to N when the first sample sits far from the batch mean; pass 2 makes the
+        correction term a rounding error of the mean, so nothing cancels."""
         x3 = _ncl(x)
         n, c, hw = x3.shape
         m = n * hw
@@ -107,11 +118,12 @@ class NormOps:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         shift = np.add.reduce(x3[0], axis=1) * x.dtype.type(1.0 / hw)
         sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
-        s1, s2 = _centered_sums(x3, shift, None, sc)
-        dmean = s1 / m
-        mean64 = shift + dmean
-        var64 = np.maximum(s2 / m - dmean * dmean, 0.0)
-        mean[...] = mean64
+        s1, _ = _centered_sums(x3, shift, None, sc, squares=False)
+        mean[...] = shift + s1 / m
+        d1, d2 = _centered_sums(x3, mean, None, sc)
+        dmean = d1 / m
+        mean64 = mean.astype(np.float64) + dmean
+        var64 = np.maximum(d2 / m - dmean * dmean, 0.0)
         invstd[...] = 1.0 / np.sqrt(var64 + eps)
         if update_running:
             running_mean *= 1.0 - momentum
@@ -122,22 +134,23 @@ class NormOps:
 
     def batchnorm_forward_apply(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                 mean: np.ndarray, invstd: np.ndarray, y: np.ndarray) -> None:
-        """y = (x - mean) * invstd * weight + bias with given statistics, computed as x * a + b per channel
-        (as PyTorch does). Recomputation calls this with the saved statistics, so it reproduces the first
-        forward bit for bit."""
+        """y = (x - mean) * a + bias with a = invstd * weight, the mean subtracted first: PyTorch's x * a + b
+        (b = bias - mean * a) rounds two products of size |mean| * a and loses eps * |mean| / std, the subtraction
+        first is exact when x is near the mean and costs one elementwise pass more. Recomputation calls this with
+        the saved statistics, so it reproduces the first forward bit for bit."""
         x3, y3 = _ncl(x), _ncl(y)
         n, c, hw = x3.shape
         a = invstd * weight if weight is not None else invstd.copy()
-        b = -mean * a
-        if bias is not None:
-            b += bias
-        sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
+        sc = _Scratch(3, _block_elems(n, c, hw), x.dtype)
         for cs, samples in _nc_blocks(n, c, hw):
-            ab, bb = sc.spread(0, a, cs, hw), sc.spread(1, b, cs, hw)
+            mb, ab = sc.spread(0, mean, cs, hw), sc.spread(1, a, cs, hw)
+            bb = sc.spread(2, bias, cs, hw) if bias is not None else None
             for ns in samples:
                 yb = y3[ns, cs]
-                np.multiply(x3[ns, cs], ab, out=yb)
-                np.add(yb, bb, out=yb)
+                np.subtract(x3[ns, cs], mb, out=yb)
+                np.multiply(yb, ab, out=yb)
+                if bb is not None:
+                    np.add(yb, bb, out=yb)
 
     def batchnorm_forward_eval(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, eps: float) -> None:
@@ -155,7 +168,7 @@ class NormOps:
         x3, dy3 = _ncl(x), _ncl(dy)
         n, c, hw = x3.shape
         m = n * hw
-        sc = _Scratch(4, _block_elems(n, c, hw), x.dtype)
+        sc = _Scratch(5, _block_elems(n, c, hw), x.dtype)
         sdy, sdyd = _centered_sums(x3, mean, dy3, sc)
         inv64 = invstd.astype(np.float64)
         if dbias is not None:
@@ -164,21 +177,23 @@ class NormOps:
             dweight[...] = sdyd * inv64
         if dx is None:
             return
-        # dx = dy * s + x * kx + c per channel, with s = invstd * weight, kx = -s * invstd^2 * sum(dy (x-mean))/M
-        # and c = -s * (sum(dy)/M - mean * invstd^2 * sum(dy (x-mean))/M). Like the forward's x * a + b, this
-        # gives up a relative eps * |mean| / std of accuracy, for one pass less.
+        # dx = dy * s + (x - mean) * kx + c per channel, with s = invstd * weight,
+        # kx = -s * invstd^2 * sum(dy (x-mean))/M and c = -s * sum(dy)/M. The mean is subtracted first for the
+        # reason the forward does it (x * kx + c' would lose eps * |mean| / std).
         k = inv64 * inv64 * sdyd / m
         s64 = inv64 * weight if weight is not None else inv64
         dt = x.dtype
-        scale, kx, c0 = s64.astype(dt), (-s64 * k).astype(dt), (-s64 * (sdy / m - mean * k)).astype(dt)
+        scale, kx, c0 = s64.astype(dt), (-s64 * k).astype(dt), (-s64 * (sdy / m)).astype(dt)
         dx3 = _ncl(dx)
         for cs, samples in _nc_blocks(n, c, hw):
             sb, kb, cb = sc.spread(0, scale, cs, hw), sc.spread(2, kx, cs, hw), sc.spread(3, c0, cs, hw)
+            mb = sc.spread(4, mean, cs, hw)
             for ns in samples:
                 xb, dxb = x3[ns, cs], dx3[ns, cs]
                 t = sc.take(1, xb.shape)
                 np.multiply(dy3[ns, cs], sb, out=dxb)
-                np.multiply(xb, kb, out=t)
+                np.subtract(xb, mb, out=t)
+                t *= kb
                 dxb += t
                 dxb += cb
 
