@@ -47,6 +47,7 @@ class StepPlan:
     workspace_bytes: int = 0
     in_use: int = 0          # bytes allocated while the step computes
     refused: list[str] = field(default_factory=list)  # faster algorithms refused for lack of memory
+    note: str = ""           # a scheduler's word on this step (the window's head and tail), shown by --explain
 
 
 @dataclass(slots=True)

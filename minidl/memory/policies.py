@@ -22,6 +22,7 @@ from .plan import Plan
 from .planner import default_workspace, make_plan
 from .pool import as_size
 from .schedulers.auto import auto_policy
+from .schedulers.window import window_policy
 from .workspace import CostTable
 
 PolicyFn = Callable[[Route, "int | None", str, "CostTable | None"], Plan]
@@ -53,6 +54,9 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
                         "recompute them in backward, per segment speed- or memory-centric", recompute_policy),
     Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
                    "per-step workspace sizing (without one: liveness)", auto_policy),
+    Policy("window", "nnabla's out-of-core schedule: a window over the recorded access order swaps tensors in "
+                     "ahead of use and out when no use is left in it, adapting its width to the budget",
+           window_policy),
 )}
 
 # Kept for callers that read the help by name (the CLI).

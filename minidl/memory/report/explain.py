@@ -29,6 +29,8 @@ def explain(plan: Plan, max_steps: int | None = None) -> str:
         lines.append(f"step {k:>4} {step.label}   [in use {format_bytes(sp.in_use)}]"
                      + (f"  algo {sp.algo}" if sp.algo else "")
                      + (f" (refused for lack of memory: {'; '.join(sp.refused)})" if sp.refused else ""))
+        if sp.note:
+            lines.append(f"    = {sp.note}")
         for ev in sp.before:  # a recomputation sequence may free a transient input before the step: "-"
             lines.append(f"    {'-' if ev.kind in (EventKind.FREE, EventKind.RELEASE) else '+'} {ev.kind.value:<9} "
                          f"{ev.tensor:<40} {format_bytes(ev.nbytes):>11} @{ev.offset}  "

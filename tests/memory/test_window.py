@@ -1,0 +1,167 @@
+"""Policy `window` (nnabla's out-of-core schedule): correctness first, then the window's own rules.
+
+What must hold: parameters bit-identical to policy `none` under any budget the window accepts; the executor's
+pool peak equal to the plan's; a budget the liveness plan meets moves nothing; a budget below the tightest
+window's arena fails before any step, naming that arena; the events respect the two pointers (every swap-in is
+waited on before its use, every swap-out is released or cancelled before the tensor returns).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidl as dl
+from minidl.data import synthetic
+from minidl.memory.plan import EventKind
+from minidl.memory.planner import default_workspace
+from minidl.memory.policies import available_policies, plan_network
+from minidl.memory.report import explain
+from minidl.memory.schedulers.window import AccessOrder, window_min_budget, window_schedule
+from minidl.memory.simulate import simulate
+from minidl.optim import SGD
+from minidl.session import Session
+
+from .nets import NETS
+
+
+def opt():
+    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+def route_of(key):
+    return NETS[key]().route(training=True, optimizer_slots=tuple(opt().slots))
+
+
+def budgets(key):
+    """(liveness arena, between it and the window's minimum, the window's minimum)."""
+    live = plan_network(NETS[key](), opt(), "liveness").min_budget_bytes
+    floor = window_min_budget(route_of(key))
+    assert floor < live
+    return live, (live + floor) // 2, floor
+
+
+def train(key, policy, budget=None, steps=3):
+    net = NETS[key]()
+    sess = Session(net, opt(), policy=policy, budget=budget, seed=3, debug=True)
+    sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
+    return sess
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cache = {}
+
+    def get(key):
+        if key not in cache:
+            cache[key] = train(key, "none").executor.state_dict()
+        return cache[key]
+    return get
+
+
+def test_policy_is_registered():
+    assert "window" in available_policies()
+
+
+@pytest.mark.parametrize("key", sorted(NETS))
+@pytest.mark.parametrize("which", [1, 2])
+def test_bit_identical_to_none_and_peak_equals_plan(key, which, reference):
+    budget = budgets(key)[which]
+    sess = train(key, "window", budget)
+    plan = sess.plan
+    assert plan.prefetched_bytes > 0
+    got = sess.executor.state_dict()
+    ref = reference(key)
+    for name in ref:
+        assert np.array_equal(ref[name], got[name]), name
+    assert sess.executor.pool.peak == plan.peak_bytes == simulate(plan, "cpu").peak_bytes
+    assert plan.min_budget_bytes <= budget
+
+
+def test_a_budget_the_liveness_plan_meets_moves_nothing():
+    live = plan_network(NETS["resnet20"](), opt(), "liveness")
+    plan = plan_network(NETS["resnet20"](), opt(), "window", live.min_budget_bytes)
+    assert plan.offloaded_bytes == plan.prefetched_bytes == 0
+    assert plan.peak_bytes == live.peak_bytes
+
+
+def test_unbounded_window_is_liveness():
+    route = route_of("densenet_tiny")
+    ws = default_workspace(route)
+    wr = window_schedule(route, AccessOrder.record(route, ws), [float("inf")] * len(route.steps), float("inf"), ws)
+    assert not wr.schedule.markers
+    assert all(len(r) == 1 and r[0].start_kind is EventKind.ALLOC and r[0].end_kind is EventKind.FREE
+               for r in wr.schedule.residencies.values())
+    assert all(st.head == len(route.steps) for st in wr.steps)
+
+
+def test_below_the_tightest_window_fails_naming_it():
+    floor = window_min_budget(route_of("resnet20"))
+    with pytest.raises(dl.BudgetError) as e:
+        plan_network(NETS["resnet20"](), opt(), "window", floor - 512)
+    assert e.value.min_budget_bytes == floor
+    assert f"{floor:,} B" in str(e.value)
+    assert plan_network(NETS["resnet20"](), opt(), "window", floor).min_budget_bytes <= floor
+
+
+def test_window_goes_below_the_offload_floor():
+    """Swapping deltas, gradients and re-swapping read-only tensors reaches budgets the tensor cache cannot."""
+    with pytest.raises(dl.BudgetError) as e:
+        plan_network(NETS["resnet20"](), opt(), "offload", 1)
+    assert window_min_budget(route_of("resnet20")) < e.value.min_budget_bytes
+
+
+def test_events_obey_the_window():
+    """Per tensor, in plan order: a swap-in is waited on before the tensor is read; no tensor is swapped out
+    twice without a release in between; a released tensor comes back only by a prefetch; a tensor whose host copy
+    is current (not written since its copy) is freed without a second copy."""
+    key = "densenet_tiny"   # at its minimum, some read-only tensors come back twice
+    plan = plan_network(NETS[key](), opt(), "window", budgets(key)[2])
+    route = plan.route
+    state: dict[str, str] = {}
+    copied_at: dict[str, int] = {}   # step after which the last copy out started
+    copies: dict[str, int] = {}
+    no_copy = 0
+    written = {t: [s.index for s in route.steps if t in s.writes or any(a.into == t for a in s.accumulate)]
+               for t in route.tensors}
+    for k, (step, sp) in enumerate(zip(route.steps, plan.steps)):
+        for ev in sp.before:
+            s = state.get(ev.tensor)
+            if ev.kind is EventKind.PREFETCH:
+                assert s == "host", (k, ev)
+                state[ev.tensor] = "landing"
+            elif ev.kind is EventKind.WAIT:
+                assert s == "landing", (k, ev)
+                state[ev.tensor] = "dev"
+            elif ev.kind is EventKind.RELEASE:
+                assert s == "out", (k, ev)
+                state[ev.tensor] = "host"
+            elif ev.kind is EventKind.FREE:      # a swap-out without a copy: the host copy must be current
+                assert s == "dev" and ev.tensor in copied_at, (k, ev)
+                assert not [w for w in written[ev.tensor] if copied_at[ev.tensor] < w < k], (k, ev)
+                state[ev.tensor] = "host"
+                no_copy += 1
+            elif ev.kind is EventKind.ALLOC:
+                assert s is None, (k, ev)
+                state[ev.tensor] = "dev"
+        touched = set(step.reads) | set(step.writes)
+        assert all(state[t] in ("dev", "out") for t in touched if t in state), k
+        for ev in sp.after:
+            if ev.kind is EventKind.OFFLOAD:
+                assert state[ev.tensor] == "dev", (k, ev)
+                copies[ev.tensor] = copies.get(ev.tensor, 0) + 1
+                copied_at[ev.tensor] = k
+                state[ev.tensor] = "out"
+            elif ev.kind is EventKind.FREE:
+                assert state.pop(ev.tensor) in ("dev", "out"), (k, ev)
+    assert not state
+    # activations are written once: some come back more than once, but they are copied out only once
+    assert no_copy > 0
+    assert max(n for t, n in copies.items() if t.startswith("act:")) == 1
+
+
+def test_explain_shows_head_and_tail():
+    key = "resnet20"
+    plan = plan_network(NETS[key](), opt(), "window", budgets(key)[1])
+    text = explain(plan)
+    assert "= window [0, " in text and "pending swap-outs" in text
+    assert "tail released" in text and "window head reached" in text
