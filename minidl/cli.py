@@ -11,17 +11,66 @@ import json
 import sys
 import time
 
-from .errors import MinidlError
-from .memory.pool import format_bytes, parse_size
+from .errors import MinidlError, OptionError
+from .memory.pool import parse_size
+from .optim.schedules import SCHEDULES
+
+EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT (128 + 2)
+
+
+def _size(value: str) -> int:
+    """argparse type for sizes: its error names the accepted forms, not this function."""
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a memory size; use e.g. 512MiB, 12GiB (powers of 1024), 12GB (powers of 1000) "
+            "or a plain number of bytes") from None
+
+
+def _positive_int(value: str) -> int:
+    """argparse type for counts that must be >= 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
+    return n
+
+
+def _count(value: str) -> int:
+    """argparse type for counts that may be 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 0")
+    return n
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default after its help text (skipped where the default is None or False)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model name (lenet, alexnet, vgg16, resnet, densenet121, inception_v4, ...)")
-    p.add_argument("--depth", type=int, default=None, help="depth for resnet/vgg/densenet")
-    p.add_argument("--batch", type=int, default=None, help="batch size")
-    p.add_argument("--image-size", type=int, default=None, help="input height = width")
-    p.add_argument("--num-classes", type=int, default=None)
-    p.add_argument("--in-channels", type=int, default=None)
+    p.add_argument("--depth", type=_positive_int, default=None,
+                   help="depth for resnet/vgg/densenet (default: the model's own, e.g. resnet 50)")
+    p.add_argument("--batch", type=_positive_int, default=None,
+                   help="batch size (default: the model's own; 32 for train)")
+    p.add_argument("--image-size", type=_positive_int, default=None,
+                   help="input height = width (default: the model's own, or the data set's for train)")
+    p.add_argument("--num-classes", type=_positive_int, default=None,
+                   help="classes of the last layer (default: the model's own, or the data set's for train)")
+    p.add_argument("--in-channels", type=_positive_int, default=None,
+                   help="input channels (default: the model's own, or the data set's for train)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -30,9 +79,11 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
     p.add_argument("--policy", default=None, choices=available_policies(),
                    help="memory policy (default: auto when --budget is given, else liveness)")
-    p.add_argument("--budget", type=parse_size, default=None, help="device memory budget, e.g. 512MiB, 12GB")
-    p.add_argument("--plot", default=None, metavar="PNG", help="draw the memory timeline")
-    p.add_argument("--trace", default=None, metavar="JSON", help="write a Chrome/Perfetto trace")
+    p.add_argument("--budget", type=_size, default=None,
+                   help="device memory budget, e.g. 512MiB, 12GB (default: no limit)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the memory timeline into this PNG file")
+    p.add_argument("--trace", default=None, metavar="JSON",
+                   help="write a Chrome/Perfetto trace (open in https://ui.perfetto.dev)")
     p.add_argument("--autotune", nargs="?", const="", default=None, metavar="CACHE.json",
                    help="rank convolution algorithms by measuring each once per shape on the backend (like "
                         "cudnnFind), instead of the fixed estimates; with a file, measurements are kept there and "
@@ -40,38 +91,58 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="minidl", description=__doc__.splitlines()[0])
+    from . import __version__
+
+    ap = argparse.ArgumentParser(prog="minidl", description=__doc__.splitlines()[0], formatter_class=_Formatter)
+    ap.add_argument("--version", action="version", version=f"minidl {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("info", help="layer table of a model")
+    p = sub.add_parser("info", help="layer table of a model", formatter_class=_Formatter)
     _model_args(p)
-    p = sub.add_parser("plan", help="plan memory for a model (no compute)")
+    p = sub.add_parser("plan", help="plan memory for a model (no compute)", formatter_class=_Formatter)
     _model_args(p)
     _memory_args(p, "liveness")
     p.add_argument("--device", default="k40c", help="device profile for time estimates (cpu, k40c, titanx, v100, h100)")
     p.add_argument("--explain", action="store_true", help="say step by step what is allocated and freed, and why")
-    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"),
+                   help="whose state (momentum, Adam's moments) the plan holds")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
                    help="whose convolution algorithms (and workspace sizes) the plan chooses among; cuda asks "
                         "cuDNN and needs a GPU")
-    p = sub.add_parser("train", help="train a model")
+    p = sub.add_parser("train", help="train a model", formatter_class=_Formatter)
     _model_args(p)
     _memory_args(p, "liveness")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=_positive_int, default=20, help="training steps (one mini-batch each)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="fixes initialization, data order and dropout: same seed, bit-identical parameters")
     p.add_argument("--data", default="synthetic", help="synthetic | digits | cifar10:DIR | mnist:DIR")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--save", default=None, metavar="PATH.npz", help="write parameters and BN statistics")
+    p.add_argument("--lr", type=float, default=0.05, help="learning rate (the schedule's starting point)")
+    p.add_argument("--lr-schedule", default="constant", choices=SCHEDULES,
+                   help="constant; step: x --lr-gamma every --lr-step-size steps; cosine: down to --lr-min over "
+                        "the steps after the warm-up (PyTorch's StepLR / CosineAnnealingLR)")
+    p.add_argument("--warmup-steps", type=_count, default=0,
+                   help="linear warm-up from lr/3 over this many steps before the schedule (PyTorch's LinearLR)")
+    p.add_argument("--lr-step-size", type=_positive_int, default=None,
+                   help="steps between decays of --lr-schedule step (default: a third of the steps after warm-up)")
+    p.add_argument("--lr-gamma", type=float, default=0.1, help="decay factor of --lr-schedule step")
+    p.add_argument("--lr-min", type=float, default=0.0, help="final learning rate of --lr-schedule cosine")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="the optimizer")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (ignored by adam)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay")
+    p.add_argument("--save", default=None, metavar="PATH.npz",
+                   help="write a checkpoint (parameters, BN statistics, optimizer state, data position) at the end, "
+                        "every --save-every steps, and on Ctrl-C (the last completed step)")
+    p.add_argument("--save-every", type=_positive_int, default=None, metavar="N",
+                   help="also write the --save checkpoint every N steps")
     p.add_argument("--resume", default=None, metavar="PATH.npz", help="resume from a checkpoint written by --save")
-    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="where the steps run")
     p.add_argument("--device", default=None,
                    help="simulator profile the policy's timing decisions assume (default: the backend's own)")
     p.add_argument("--debug", action="store_true", help="poison freed memory and check residency")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--host-limit", type=parse_size, default=None, metavar="SIZE",
-                   help="host RAM for offloaded tensors; beyond it they spill to a memory-mapped file (disk tier)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is none anyway when stderr is not a terminal, or with --json)")
+    p.add_argument("--host-limit", type=_size, default=None, metavar="SIZE",
+                   help="host RAM for offloaded tensors; beyond it they spill to a memory-mapped file (disk tier; "
+                        "default: no limit)")
     return ap
 
 
@@ -89,28 +160,12 @@ def _build(args, image_shape=None, num_classes=None):
 
 
 def cmd_info(args) -> dict:
-    import math
+    from .summary import summarize
 
-    net = _build(args)
-    rows = []
-    for n in net.nodes:
-        in_shapes = [net.nodes[i].shape for i in n.inputs]
-        params = sum(math.prod(p.shape) for p in n.params.values() if p.trainable)
-        flops = n.layer.flops(in_shapes, n.shape) if n.layer else 0
-        rows.append({"name": n.name, "type": n.type_name, "output_shape": list(n.shape), "params": params,
-                     "flops": flops, "output_bytes": math.prod(n.shape) * n.dtype.itemsize})
-    weighted = sum(1 for n in net.layer_nodes if n.type_name in ("conv", "linear"))
-    out = {"model": args.model, "params": net.num_params(), "layers": len(net.layer_nodes),
-           "weighted_layers": weighted, "forward_flops": net.forward_flops(),
-           "input_shape": list(net.input_nodes[0].shape), "table": rows}
+    summary = summarize(_build(args), name=args.model)  # the same table as Network.summary()
     if not args.json:
-        print(f"{'name':<28} {'type':<13} {'output shape':<22} {'params':>12} {'FLOPs':>15} {'out bytes':>12}")
-        for r in rows:
-            print(f"{r['name'][:28]:<28} {r['type']:<13} {str(tuple(r['output_shape'])):<22} {r['params']:>12,} "
-                  f"{r['flops']:>15,} {format_bytes(r['output_bytes']):>12}")
-        print(f"\n{args.model}: {out['params']:,} parameters, {out['layers']} layers ({weighted} weighted), "
-              f"{out['forward_flops'] / 1e9:.2f} GFLOPs forward")
-    return out
+        print(summary.format())
+    return {"model": args.model, **summary.to_json()}
 
 
 def _memory_json(plan) -> dict:
@@ -181,6 +236,7 @@ def cmd_train(args) -> dict:
     from .data import load_data
     from .memory.report import plot_timeline, write_trace
     from .optim import make_optimizer
+    from .optim.schedules import make_schedule
     from .session import Session
 
     batch = args.batch or 32
@@ -196,15 +252,22 @@ def cmd_train(args) -> dict:
         k = net.logits_node.shape[1]
         train, heldout = load_data("synthetic", seed=args.seed, image_shape=shape, num_classes=k,
                                    num_samples=max(4 * batch, 256))
+    if args.save_every and not args.save:
+        raise OptionError("--save-every needs --save PATH.npz: the path the checkpoints are written to")
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
+    schedule = make_schedule(args.lr_schedule, args.steps, args.warmup_steps, args.lr_step_size, args.lr_gamma,
+                             args.lr_min)
     backend = get_backend(args.backend)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
-                   host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend))
+                   host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
+                   lr_schedule=schedule)
     if args.resume:
         sess.load(args.resume)
-    res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json)
-    out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps,
+    res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json and sys.stderr.isatty(),
+                   save_every=args.save_every, save_path=args.save)
+    out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,
+           "interrupted": res.interrupted,
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak}
     out.update(_memory_json(sess.plan))
@@ -213,16 +276,25 @@ def cmd_train(args) -> dict:
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
     from .memory.host import transfer_json
 
-    out.update(transfer_json(sess.executor.host, args.steps))  # measured by the transfer engine
-    if heldout is not None and len(heldout) >= batch:
+    out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
+    if heldout is not None and not res.interrupted:
         _, acc = sess.evaluate(heldout)
         out["accuracy"] = acc
+    written = []  # (what, path), said in the text output
     if args.save:
-        out["saved"] = str(sess.save(args.save))
+        # fit already wrote the last completed step when interrupted or when --save-every fell on it
+        already = res.saved and (res.interrupted or (args.save_every and sess.iteration % args.save_every == 0))
+        path = res.saved[-1] if already else sess.save(args.save)
+        out["saved"] = str(path)
+        written.append((f"checkpoint (step {sess.iteration})", path))
     if args.plot:
         plot_timeline(sess.plan, args.plot, title=f"{args.model} ({args.policy})")
+        out["plot"] = args.plot
+        written.append(("memory timeline", args.plot))
     if args.trace:
         write_trace(args.trace, sess.plan, sess.executor.trace)
+        out["trace"] = args.trace
+        written.append(("trace", args.trace))
     if not args.json:
         print(sess.report().format())
         line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms, "
@@ -233,6 +305,11 @@ def cmd_train(args) -> dict:
             line += (f"; copies at {out['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
                      f"{out['transfer_hidden_fraction']:.0%} hidden behind compute")
         print(line)
+        if res.interrupted:
+            print(f"interrupted after {res.steps} of {args.steps} steps (Ctrl-C)"
+                  + ("" if args.save else "; nothing saved: give --save PATH.npz to keep the progress"))
+        for what, path in written:
+            print(f"wrote {what}: {path}")
     return out
 
 
@@ -251,9 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"minidl: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside a training step (planning, evaluating), or a second Ctrl-C in one
+        print("\nminidl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if args.json:
         print(json.dumps(out, default=float))
-    return 0
+    return EXIT_INTERRUPTED if out.get("interrupted") else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,6 +24,7 @@ import numpy as np
 from .errors import GraphError
 from .layers.base import Layer, ParamSpec, Shape
 from .route import Route
+from .summary import NetworkSummary, summarize
 from .symbol import Symbol
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -164,6 +165,12 @@ class Network:
     def num_params(self, trainable_only: bool = True) -> int:
         return sum(int(math.prod(p.shape)) for n in self.nodes for p in n.params.values()
                    if p.trainable or not trainable_only)
+
+    def summary(self) -> NetworkSummary:
+        """The layer table `minidl info` prints: per node its type, output shape, parameters, FLOPs and output
+        bytes, then the totals. Its repr is the table (so `net.summary()` at a prompt shows it); `print()` it in
+        a script; `.rows` and `.to_json()` give the numbers."""
+        return summarize(self)
 
     def forward_flops(self) -> int:
         return sum(n.layer.flops([self.nodes[i].shape for i in n.inputs], n.shape) for n in self.layer_nodes)

@@ -1,14 +1,25 @@
-"""A training session: plan once, then run steps, evaluate, checkpoint and resume.
+"""A training session: plan once, then run steps, evaluate, predict, checkpoint and resume.
 
-    sess = Session(net, SGD(lr=0.1, momentum=0.9), policy="liveness", budget=parse_size("64MiB"), seed=0)
-    result = sess.fit(train_set, steps=100)
+    import minidl as dl
+    sess = dl.Session(net, dl.SGD(lr=0.1, momentum=0.9), policy="auto", budget="64MiB", seed=0)
+    result = sess.fit(train_set, steps=100, save_every=50, save_path="run.npz")
+    loss, accuracy = sess.evaluate(heldout_set)
+    classes = sess.predict_classes(images)
     print(sess.report().format())
+
+Ctrl-C during `fit` finishes the step under way, saves the last completed step (when a save path is given) and
+returns with `result.interrupted` set: a step stopped half-way would leave parameters updated but not the
+optimizer's momentum or the BN statistics, a state no run ever had.
 """
 from __future__ import annotations
 
+import signal
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -20,40 +31,95 @@ from .memory.policies import plan_network
 from .memory.pool import as_size
 from .memory.report import memory_report
 from .optim import Optimizer
+from .optim.schedules import Constant, LRSchedule
 
 
 @dataclass(slots=True)
 class TrainResult:
+    """What `Session.fit` did: the loss and wall time of each step it ran, and where it saved.
+
+    `interrupted` is True when Ctrl-C stopped the run early (the steps listed all completed);
+    `saved` lists every checkpoint path written, in order."""
+
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     batch: int = 0
+    interrupted: bool = False
+    saved: list[Path] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Steps completed by this call."""
+        return len(self.losses)
 
     @property
     def final_loss(self) -> float:
+        """The loss of the last completed step (NaN if none ran)."""
         return self.losses[-1] if self.losses else float("nan")
 
     @property
     def median_step_time(self) -> float:
+        """Median wall time of one step, in seconds (the median, so one slow first step does not skew it)."""
         return statistics.median(self.step_times) if self.step_times else float("nan")
 
     @property
     def images_per_s(self) -> float:
+        """Batch size over the median step time."""
         t = self.median_step_time
         return self.batch / t if t and t == t else float("nan")
 
 
+class _StopOnSigint:
+    """While active (main thread only), the first SIGINT sets `requested` instead of raising, so the step under
+    way completes; a second SIGINT raises KeyboardInterrupt at once (a user who insists is not kept waiting)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> _StopOnSigint:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nminidl: interrupted; finishing the current step, then stopping (Ctrl-C again to abort at once)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 class Session:
+    """Trains one network under one memory plan: the plan is made once, here, before any array exists.
+
+    `policy` (none, liveness, offload, recompute, auto) and `budget` (bytes or a size string such as "16MiB";
+    None: no limit) choose the plan; a budget below the plan's minimum raises `BudgetError` naming the smallest
+    budget that works. `seed` fixes initialization, data order and dropout masks: same seed, same parameters,
+    bit for bit, whatever the policy. `lr_schedule` (`minidl.optim.schedules`) sets the optimizer's learning
+    rate before each step from its initial one.
+
+    `backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
+    `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
+    to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
+    `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the menu's estimates.
+    `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
+    a memory-mapped file. `debug` poisons freed memory and checks residency; `trace` records every event.
+    """
+
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
                  budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
                  trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
-                 costs=None):
-        """`backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
-        `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
-        to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
-        `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the menu's estimates."""
+                 costs=None, lr_schedule: LRSchedule | None = None):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
+        self.lr_schedule = lr_schedule or Constant()
+        self.base_lr = float(getattr(optimizer, "lr", 0.0))
         if backend is None:
             from .backend.cpu import CPUBackend
 
@@ -67,6 +133,11 @@ class Session:
         self._data_fingerprint: tuple | None = None
         self.batches_consumed = 0
 
+    @property
+    def iteration(self) -> int:
+        """Training steps completed since initialization (a resumed session counts the loaded ones too)."""
+        return self.executor.iteration
+
     def _batches(self, data: Dataset) -> BatchIterator:
         fp = (id(data), len(data))
         if self._iterator is None or self._data_fingerprint != fp:
@@ -76,10 +147,25 @@ class Session:
                 self._iterator._take_indices()
         return self._iterator
 
-    def fit(self, data: Dataset, steps: int, progress: bool = False, on_step=None) -> TrainResult:
+    def fit(self, data: Dataset, steps: int, progress: bool | None = None, on_step=None,
+            save_every: int | None = None, save_path: str | Path | None = None) -> TrainResult:
+        """Run `steps` training steps on mini-batches of `data` (reshuffled each epoch, in an order fixed by the
+        seed; a resumed session continues the same order). Returns a `TrainResult`.
+
+        `progress`: a progress bar on stderr; None (default) shows one only on an interactive terminal.
+        `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
+        `save_every` steps (counted by `iteration`, so a resumed run keeps the rhythm) and, on Ctrl-C, for the
+        last completed step before returning early (`result.interrupted`). A non-finite loss raises
+        FloatingPointError naming the step.
+        """
         if tuple(data.image_shape) != tuple(self.net.input_nodes[0].shape[1:]):
             raise ValueError(f"data images are {data.image_shape}, but the network's input is "
                              f"{self.net.input_nodes[0].shape[1:]}")
+        if save_every is not None and (int(save_every) != save_every or save_every < 1 or save_path is None):
+            raise ValueError(f"save_every must be a positive integer and needs save_path, got save_every="
+                             f"{save_every!r}, save_path={save_path!r}")
+        if progress is None:
+            progress = sys.stderr.isatty()
         it = self._batches(data)
         result = TrainResult(batch=self.batch)
         bar = None
@@ -87,51 +173,102 @@ class Session:
             from tqdm import tqdm
 
             bar = tqdm(total=steps, unit="step", dynamic_ncols=True, leave=True)
-        for k in range(steps):
-            x, y = it.next_batch()
-            t = time.perf_counter()
-            loss = self.executor.train_step(x, y)
-            dt = time.perf_counter() - t
-            self.batches_consumed += 1
-            result.losses.append(loss)
-            result.step_times.append(dt)
-            if not np.isfinite(loss):
-                if bar:
-                    bar.close()
-                raise FloatingPointError(f"loss became {loss} at step {self.executor.iteration}; lower the "
-                                         f"learning rate")
+        try:
+            with _StopOnSigint() as stop:
+                for k in range(steps):
+                    loss, dt = self._train_one(it.next_batch())
+                    result.losses.append(loss)
+                    result.step_times.append(dt)
+                    if bar:
+                        bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{self.batch / dt:.1f}")
+                        bar.update(1)
+                    if on_step:
+                        on_step(k, loss, dt)
+                    if stop.requested:
+                        result.interrupted = True
+                        break
+                    if save_every and self.iteration % save_every == 0:
+                        result.saved.append(self.save(save_path))
+        finally:
             if bar:
-                bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{self.batch / dt:.1f}")
-                bar.update(1)
-            if on_step:
-                on_step(k, loss, dt)
-        if bar:
-            bar.close()
+                bar.close()
+        if result.interrupted and save_path is not None:
+            result.saved.append(self.save(save_path))
         return result
 
+    def _train_one(self, batch: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
+        """One step at the schedule's learning rate: (loss, seconds)."""
+        if hasattr(self.optimizer, "lr"):
+            self.optimizer.lr = self.lr_schedule.lr(self.base_lr, self.iteration)
+        x, y = batch
+        t = time.perf_counter()
+        loss = self.executor.train_step(x, y)
+        dt = time.perf_counter() - t
+        self.batches_consumed += 1
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at step {self.iteration}; lower the learning rate")
+        return loss, dt
+
+    def _forward(self, x: np.ndarray, y: np.ndarray | None = None):
+        """Inference on any number of samples, in batches of the plan's size (the last one padded by repeating
+        its samples, whose outputs are dropped): yields (logits (n, K), labels or None) per batch."""
+        x = np.asarray(x, dtype=self.net.dtype)
+        want = tuple(self.net.input_nodes[0].shape[1:])
+        if x.ndim != 4 or tuple(x.shape[1:]) != want:
+            raise ValueError(f"inputs must be (N, {', '.join(map(str, want))}) to match the network's input, "
+                             f"got {x.shape}")
+        b = self.batch
+        for i in range(0, len(x), b):
+            xb = x[i:i + b]
+            n = len(xb)
+            yb = np.zeros(n, np.int64) if y is None else np.asarray(y[i:i + b], np.int64)
+            if n < b:
+                pad = np.arange(b) % n
+                xb, yb_full = xb[pad], yb[pad]
+            else:
+                yb_full = yb
+            _, logits = self.executor.evaluate(np.ascontiguousarray(xb), np.ascontiguousarray(yb_full))
+            yield np.asarray(logits[:n], np.float64), yb
+
     def evaluate(self, data: Dataset) -> tuple[float, float]:
-        """(mean loss, accuracy) over every full batch of `data`, in inference mode."""
-        n = (len(data) // self.batch) * self.batch
-        if n == 0:
-            raise ValueError(f"held-out set has {len(data)} samples, fewer than one batch of {self.batch}")
-        losses, correct = [], 0
-        for i in range(0, n, self.batch):
-            loss, logits = self.executor.evaluate(data.x[i:i + self.batch], data.y[i:i + self.batch])
-            losses.append(loss)
-            correct += int((logits.argmax(axis=1) == data.y[i:i + self.batch]).sum())
-        return float(np.mean(losses)), correct / n
+        """(mean loss, accuracy) over EVERY sample of `data`, in inference mode (BN running statistics, no
+        dropout). The last partial batch counts: it is padded to the plan's batch size and the padding's outputs
+        are dropped (inference treats samples independently, so padding changes no other sample's output).
+        The loss is the mean softmax cross-entropy of the logits, in float64."""
+        total_loss, correct = 0.0, 0
+        for logits, y in self._forward(data.x, data.y):
+            shifted = logits - logits.max(axis=1, keepdims=True)
+            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            total_loss -= float(logp[np.arange(len(y)), y].sum())
+            correct += int((logits.argmax(axis=1) == y).sum())
+        return total_loss / len(data), correct / len(data)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Logits (N, classes), float64, for images `x` (N, C, H, W), any N, in inference mode."""
+        parts = [logits for logits, _ in self._forward(x)]
+        return np.concatenate(parts) if parts else np.zeros((0, self.net.logits_node.shape[1]))
+
+    def predict_classes(self, x: np.ndarray) -> np.ndarray:
+        """The predicted class (argmax of the logits) of each image of `x`, int64 (N,)."""
+        return self.predict(x).argmax(axis=1).astype(np.int64)
 
     def report(self):
+        """The plan's memory report (peak by role, the binding step, the largest tensors at the peak...);
+        `.format()` is the text `minidl train` prints, `.to_json()` its numbers."""
         return memory_report(self.plan)
 
     # -- persistence ------------------------------------------------------------------------------------------
-    def save(self, path, with_optimizer: bool = True):
+    def save(self, path, with_optimizer: bool = True) -> Path:
+        """Write a checkpoint (parameters, BN statistics, optimizer state unless `with_optimizer` is False, and
+        the iteration, seed and data position) atomically to `path`; returns the path written. `load` resumes
+        from it exactly: the same later steps, bit for bit, as a run never stopped."""
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
                 "network": self.net.name, "optimizer": self.optimizer.config()}
         opt = self.executor.optimizer_state() if with_optimizer else None
         return save_checkpoint(path, self.executor.state_dict(), opt, meta)
 
     def load(self, path) -> dict:
+        """Restore a checkpoint written by `save` (same network); returns its metadata record."""
         params, opt, meta = load_checkpoint(path)
         self.executor.load_state_dict(params, opt or None)
         self.executor.iteration = int(meta.get("iteration", 0))

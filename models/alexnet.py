@@ -40,6 +40,24 @@ def feature_size(image_size: int) -> int:
     return max(s, 0)
 
 
+def _nearest_working_sizes(image_size: int) -> str:
+    """The closest image sizes below and above `image_size` whose feature map is a multiple of 6, as ranges
+    ("223-254" at 100). Working sizes come in runs of 32 every 192 (the net's total stride is 32), so the
+    search below stops at 1 and the one above within 6 * 32 + 32 sizes."""
+    def run_around(s: int) -> str:
+        lo, hi = s, s
+        while lo > 1 and feature_size(lo - 1) == feature_size(s):
+            lo -= 1
+        while feature_size(hi + 1) == feature_size(s):
+            hi += 1
+        return f"{lo}-{hi}"
+
+    works = lambda s: feature_size(s) > 0 and feature_size(s) % 6 == 0
+    below = next((s for s in range(image_size - 1, 0, -1) if works(s)), None)
+    above = next(s for s in range(image_size + 1, image_size + 6 * 32 + 33) if works(s))
+    return ", ".join(run_around(s) for s in (below, above) if s is not None)
+
+
 def alexnet(batch: int = 32, image_size: int = 224, num_classes: int = 1000, in_channels: int = 3,
             dtype="float32", variant: str | None = None, dropout: float = 0.5):
     """torchvision's AlexNet (`variant=None` or "torchvision") or the LRN one (`variant="lrn"`)."""
@@ -50,11 +68,9 @@ def alexnet(batch: int = 32, image_size: int = 224, num_classes: int = 1000, in_
                             dtype)
     fs = feature_size(image_size)
     if fs == 0 or fs % 6:
-        near = sorted((s for s in range(max(1, image_size - 64), image_size + 65)
-                       if feature_size(s) > 0 and feature_size(s) % 6 == 0), key=lambda s: abs(s - image_size))
         raise ValueError(f"alexnet: image_size {image_size} gives a {fs}x{fs} feature map; torchvision's 6x6 "
                          f"adaptive average pooling is only expressible for a positive multiple of 6 (224 and "
-                         f"227 give 6x6); nearby sizes that work: {sorted(near[:4]) or 'none'}")
+                         f"227 give 6x6); nearest sizes that work: {_nearest_working_sizes(image_size)}")
     specs = [  # name, out_channels, kernel, stride, padding, pool after
         ("conv1", 64, 11, 4, 2, True),
         ("conv2", 192, 5, 1, 2, True),

@@ -1,4 +1,5 @@
 """The Python API a newcomer types first: top-level names, sizes as strings, docstrings."""
+import numpy as np
 import pytest
 
 import minidl as dl
@@ -29,3 +30,87 @@ def test_bad_size_string_names_the_option():
         dl.Session(_tiny(), dl.SGD(lr=0.1), budget="lots")
     with pytest.raises(dl.OptionError, match="host_limit_bytes"):
         dl.Session(_tiny(), dl.SGD(lr=0.1), host_limit_bytes="3 parsecs")
+
+
+def _digits_session(batch=32, **kw):
+    from minidl.data import digits
+
+    train, held = digits().split(0.2, seed=0)
+    net = build_model("lenet", batch=batch, image_size=8, in_channels=1, num_classes=10)
+    return dl.Session(net, dl.SGD(lr=0.05, momentum=0.9), **kw), train, held
+
+
+def test_network_summary_is_the_info_table(capsys):
+    from minidl.cli import main
+
+    net = build_model("lenet", batch=8, image_size=8, in_channels=1, num_classes=10)
+    s = net.summary()
+    assert s.params == net.num_params() == 21_386 and s.layers == 12 and s.weighted_layers == 5
+    assert [r.name for r in s.rows] == [n.name for n in net.nodes]
+    assert repr(s) == str(s) == s.format() and "21,386 parameters" in str(s)
+    assert main(["info", "lenet", "--batch", "8", "--image-size", "8", "--in-channels", "1", "--num-classes", "10",
+                 "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in out.items() if k != "model"} == s.to_json()
+
+
+def test_evaluate_counts_every_sample_and_predict_matches():
+    sess, train, held = _digits_session()
+    sess.fit(train, 20, progress=False)
+    assert len(held) % sess.batch != 0  # 359 samples: a partial last batch
+    loss, acc = sess.evaluate(held)
+    logits = sess.predict(held.x)
+    assert logits.shape == (len(held), 10)
+    classes = sess.predict_classes(held.x)
+    np.testing.assert_array_equal(classes, logits.argmax(1))
+    assert acc == float((classes == held.y).mean())  # every sample counted, the partial batch included
+    assert acc * len(held) == round(acc * len(held))
+    # the padded last batch gives the same logits as the same samples inside a full batch
+    tail = len(held) - len(held) % sess.batch
+    np.testing.assert_allclose(logits[tail:], sess.predict(held.x[tail - 5:])[5:], rtol=1e-6, atol=1e-6)
+    # the loss is the mean cross-entropy of those logits
+    lp = logits - logits.max(1, keepdims=True)
+    lp = lp - np.log(np.exp(lp).sum(1, keepdims=True))
+    assert loss == pytest.approx(-lp[np.arange(len(held)), held.y].mean(), rel=1e-9)
+
+
+def test_predict_rejects_wrong_shape():
+    sess, _, _ = _digits_session(batch=8)
+    with pytest.raises(ValueError, match=r"inputs must be \(N, 1, 8, 8\)"):
+        sess.predict(np.zeros((3, 1, 9, 9), np.float32))
+
+
+def test_fit_progress_bar_only_on_a_terminal(capsys):
+    sess, train, _ = _digits_session(batch=8)
+    sess.fit(train, 2)  # pytest's stderr is not a terminal: no bar by default
+    assert "step/s" not in capsys.readouterr().err
+    sess.fit(train, 2, progress=True)
+    assert "2/2" in capsys.readouterr().err
+
+
+def test_save_every_writes_the_completed_steps(tmp_path):
+    sess, train, _ = _digits_session(batch=8, seed=1)
+    path = tmp_path / "run.npz"
+    res = sess.fit(train, 7, progress=False, save_every=3, save_path=path)
+    assert res.saved == [path, path]  # after steps 3 and 6
+    from minidl.checkpoint import load_checkpoint
+
+    params, _, meta = load_checkpoint(path)
+    assert meta["iteration"] == 6 and meta["batches_consumed"] == 6
+    # resuming from it and running one more step equals the uninterrupted run's 7th step, bit for bit
+    again, _, _ = _digits_session(batch=8, seed=1)
+    again.load(path)
+    again.fit(train, 1, progress=False)
+    for k, v in sess.executor.state_dict().items():
+        np.testing.assert_array_equal(v, again.executor.state_dict()[k], err_msg=k)
+
+
+def test_lr_schedule_sets_the_optimizer_rate_each_step():
+    from minidl.optim.schedules import StepLR
+
+    sess, train, _ = _digits_session(batch=8, lr_schedule=StepLR(2, 0.5))
+    seen = []
+    sess.fit(train, 5, progress=False, on_step=lambda k, loss, dt: seen.append(sess.optimizer.lr))
+    assert seen == [0.05, 0.05, 0.025, 0.025, 0.0125]

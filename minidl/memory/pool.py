@@ -50,6 +50,7 @@ from typing import Any, Hashable, Iterator, Protocol
 import numpy as np
 
 from minidl.errors import MinidlError, OptionError
+from minidl.units import format_bytes  # noqa: F401  (re-exported: it lived here first)
 
 __all__ = [
     "ALIGNMENT", "ARENA_ALIGNMENT", "Block", "FreeBlock", "LiveBlock", "NumpyArenaBacking", "PoolOutOfMemory",
@@ -67,8 +68,6 @@ ARENA_ALIGNMENT = 64
 # Sizes for humans
 # ---------------------------------------------------------------------------------------------------------
 
-_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
 _UNIT_FACTORS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -76,25 +75,6 @@ _UNIT_FACTORS = {
 }
 
 _SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[a-zA-Z]*)\s*$")
-
-
-def format_bytes(n: int) -> str:
-    """A byte count in binary units with two decimals: 1572864 -> "1.50 MiB", 512 -> "512 B".
-
-    Binary units (powers of 1024) because that is how memory is built and how `nvidia-smi` reports it.
-    """
-    n = int(n)
-    sign = "-" if n < 0 else ""
-    m = abs(n)
-    if m < 1024:
-        return f"{sign}{m} B"
-    value = float(m)
-    unit = "B"
-    for unit in _BINARY_UNITS[1:]:
-        value /= 1024.0
-        if round(value, 2) < 1024.0 or unit == _BINARY_UNITS[-1]:  # never "1024.00 KiB"
-            break
-    return f"{sign}{value:.2f} {unit}"
 
 
 def as_size(value: str | int | None, option: str) -> int | None:

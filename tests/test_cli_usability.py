@@ -1,0 +1,86 @@
+"""The command line a newcomer meets: help and defaults, --version, clear size errors, checkpoints while
+training (--save-every, Ctrl-C), learning-rate schedules, and saying what was written where."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from minidl.checkpoint import load_checkpoint
+from minidl.cli import build_parser, main
+
+TRAIN = ["train", "lenet", "--data", "digits", "--batch", "16"]
+
+
+def test_every_option_has_help_and_version(capsys):
+    parser = build_parser()
+    subs = next(a for a in parser._actions if a.dest == "cmd").choices
+    for name, sub in subs.items():
+        for action in sub._actions:
+            assert action.help, f"minidl {name} {action.option_strings or action.dest}: no help text"
+    assert "training steps (one mini-batch each) (default: 20)" in " ".join(subs["train"].format_help().split())
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("minidl 0.1.0")
+
+
+def test_bad_budget_says_what_a_size_is(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "lenet", "--budget", "lots"])
+    err = capsys.readouterr().err
+    assert "--budget: 'lots' is not a memory size; use e.g. 512MiB" in err
+    assert "parse_size" not in err
+
+
+def test_alexnet_names_the_nearest_image_sizes_that_work(capsys):
+    assert main(["info", "alexnet", "--image-size", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "nearest sizes that work: 223-254" in err and "none" not in err
+
+
+def test_save_every_and_what_was_written_where(tmp_path, capsys):
+    ck, png = tmp_path / "ck.npz", tmp_path / "mem.png"
+    assert main([*TRAIN, "--steps", "5", "--save", str(ck), "--save-every", "2", "--plot", str(png),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote checkpoint (step 5): {ck}" in out and f"wrote memory timeline: {png}" in out
+    assert load_checkpoint(ck)[2]["iteration"] == 5 and png.stat().st_size > 0
+    assert main([*TRAIN, "--steps", "4", "--save-every", "2"]) == 2
+    assert "--save-every needs --save" in capsys.readouterr().err
+
+
+def test_lr_schedule_on_the_cli(capsys):
+    r = main([*TRAIN, "--steps", "4", "--lr-schedule", "cosine", "--warmup-steps", "4", "--json"])
+    assert r == 2 and "leaves no step" in capsys.readouterr().out
+    assert main([*TRAIN, "--steps", "4", "--lr-schedule", "step", "--lr-step-size", "2", "--json"]) == 0
+
+
+def test_ctrl_c_saves_the_last_completed_step(tmp_path):
+    """A real process, a real SIGINT: the step under way finishes, the checkpoint holds exactly the completed
+    steps, the exit is clean (130, no traceback) and no temporary file is left behind."""
+    ck = tmp_path / "ck.npz"
+    cmd = [sys.executable, "-m", "minidl.cli", *TRAIN, "--steps", "100000", "--save", str(ck), "--save-every", "3",
+           "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not ck.exists():  # the first --save-every checkpoint: training is under way
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint after 120 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["interrupted"] and 3 <= res["steps_done"] < 100000 and res["saved"] == str(ck)
+    params, opt, meta = load_checkpoint(ck)
+    assert meta["iteration"] == res["steps_done"] == res["iteration"]
+    assert opt and all(np.isfinite(v).all() for v in params.values())
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.npz"], "a temporary file was left behind"
