@@ -88,6 +88,9 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
                    help="rank convolution algorithms by measuring each once per shape on the backend (like "
                         "cudnnFind), instead of the fixed estimates; with a file, measurements are kept there and "
                         "reused, which makes later plans deterministic")
+    p.add_argument("--fused-update", default="auto", choices=("auto", "on", "off"),
+                   help="run each layer's optimizer update right after its backward, so a gradient lives only "
+                        "between the two (auto: on for policy auto under a budget)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,7 +180,8 @@ def _memory_json(plan) -> dict:
             "by_role": rep.by_role, "peak_at": rep.peak_at, "binding_step": rep.binding_step,
             "fragmentation": rep.fragmentation,
             "largest_at_peak": rep.to_json()["largest_at_peak"],
-            "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes}
+            "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes,
+            "fused_update": plan.route.fused_update}
 
 
 def _costs(args, backend):
@@ -187,6 +191,11 @@ def _costs(args, backend):
     from .memory.workspace import CostTable
 
     return CostTable(autotune=True, path=args.autotune or None, backend=backend)
+
+
+def _fused(args) -> bool | None:
+    """--fused-update on/off/auto -> True/False/None (None: the planner decides)."""
+    return {"on": True, "off": False}.get(args.fused_update)
 
 
 def cmd_plan(args) -> dict:
@@ -204,7 +213,7 @@ def cmd_plan(args) -> dict:
 
         backend = get_backend(args.backend)
     plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
-                        costs=_costs(args, backend))
+                        costs=_costs(args, backend), fused_update=_fused(args))
     sim = simulate(plan, args.device)
     out = _memory_json(plan)
     out.update({"model": args.model, "device": args.device, "backend": args.backend,
@@ -261,7 +270,7 @@ def cmd_train(args) -> dict:
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
-                   lr_schedule=schedule)
+                   lr_schedule=schedule, fused_update=_fused(args))
     if args.resume:
         sess.load(args.resume)
     res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json and sys.stderr.isatty(),

@@ -282,7 +282,9 @@ class Executor:
         layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
 
     def _update(self, step: Step) -> None:
-        for n in self.net.layer_nodes:
+        """The optimizer on the step's parameters: every layer's, or (fused update) one layer's."""
+        nodes = self.net.layer_nodes if step.node is None else [self.net.nodes[step.node]]
+        for n in nodes:
             for pname, spec in n.params.items():
                 if not spec.trainable:
                     continue

@@ -195,21 +195,23 @@ class Network:
             raise GraphError(f"layer '{n.name}' ({n.type_name}) output {n.shape} is an unused branch: "
                              f"it does not reach the loss '{loss.name}'")
 
-    def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), backend=None) -> "Route":
+    def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), backend=None,
+              fused_update: bool = False) -> "Route":
         """The execution order every plan is expressed on (cached until the graph changes).
 
         `optimizer_slots` names the per-parameter state the optimizer keeps (e.g. ("momentum",)), so that
         optimizer state is planned like every other tensor. `backend` (None: the CPU reference) supplies the
         convolution algorithms each step may run and their workspace sizes; the CPU backend's menu is the
-        reference one, so it shares the route of None.
+        reference one, so it shares the route of None. `fused_update`: each layer's optimizer update right
+        after its backward (see `route.py`).
         """
         if backend is not None and getattr(backend, "name", None) == "cpu":
             backend = None
-        key = (bool(training), tuple(optimizer_slots), backend)
+        key = (bool(training), tuple(optimizer_slots), backend, bool(fused_update) and bool(training))
         if key not in self._route_cache:
             self.validate()
             self._route_cache[key] = Route.build(self, training=training, optimizer_slots=key[1],
-                                                 backend=backend)
+                                                 backend=backend, fused_update=key[3])
         return self._route_cache[key]
 
     def __repr__(self) -> str:

@@ -1,7 +1,11 @@
 """The route: the execution order that every memory decision is expressed on.
 
 A training route is: one forward step per layer in topological order, then one backward step per layer that
-has something to differentiate, in reverse order, then one update step (the optimizer). Each step lists the
+has something to differentiate, in reverse order, then one update step (the optimizer). With a *fused update*
+(`fused_update=True`) there is no final update step: each layer's update runs right after its own backward, so a
+gradient lives only between the two (ZeRO-Offload, Harmony). The arithmetic is the same: an update touches only
+its own parameter, gradient and optimizer slots, and no later step reads that parameter (backward reads only its
+own layer's parameters, and a layer is backwarded once), so the parameters come out bit-identical. Each step lists the
 tensors it reads and writes, derived from the layers' declared backward needs; from those lists alone, the
 liveness analysis can tell when every tensor is born and when it dies, and a plan can attach events
 (allocate, free, offload, prefetch, recompute...) to steps.
@@ -57,8 +61,8 @@ class Step:
 
     index: int
     phase: Phase
-    node: int | None               # graph node index (None for the update step)
-    name: str                      # the layer name ("" for update)
+    node: int | None               # graph node index (None for the whole-network update step)
+    name: str                      # the layer name ("" for the whole-network update)
     reads: list[str]
     writes: list[str]
     workspace: str | None = None   # workspace tensor id, if the layer offers algorithms for this phase
@@ -70,7 +74,7 @@ class Step:
     @property
     def label(self) -> str:
         if self.phase is Phase.UPDATE:
-            return "update"
+            return f"update {self.name}" if self.name else "update"
         return f"{'fwd' if self.phase is Phase.FORWARD else 'bwd'} {self.name}"
 
 
@@ -83,6 +87,7 @@ class Route:
     optimizer_slots: tuple[str, ...] = ()
     requires_grad: list[bool] = field(default_factory=list)
     backend_name: str = "cpu"  # whose algorithm menu the steps' workspace options are (see `build`)
+    fused_update: bool = False  # one update step per layer, right after its backward (see the module doc)
 
     # -- queries ---------------------------------------------------------------------------------------------
     @property
@@ -102,10 +107,11 @@ class Route:
     # -- construction ------------------------------------------------------------------------------------------
     @staticmethod
     def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (),
-              backend=None) -> "Route":
+              backend=None, fused_update: bool = False) -> "Route":
         """The route of `net`. `backend` (None: the CPU reference) is asked, once per step, which algorithms
         a layer can run with and how much workspace each needs: the route is where that menu is fixed, so
-        every planner pass (sizing, bounds, simulation, auto's search) reads the same one."""
+        every planner pass (sizing, bounds, simulation, auto's search) reads the same one. `fused_update`:
+        each layer's optimizer update right after its backward instead of one update step at the end."""
         nodes = net.nodes
         tensors: dict[str, TensorSpec] = {}
 
@@ -195,18 +201,35 @@ class Route:
                 if layer.is_loss:
                     step.seed_delta = dout
                 steps.append(step)
-            reads, writes = [], []
-            for n in nodes:
-                for pname, spec in n.params.items():
-                    if not spec.trainable:
-                        continue
-                    p = param_id(n.name, pname)
-                    reads += [p, grad_id(n.name, pname)]
-                    writes.append(p)
-                    for slot in optimizer_slots:
-                        s = add(opt_state_id(n.name, pname, slot), Role.OPTIMIZER, spec.shape, net.dtype, n.name)
-                        reads.append(s)
-                        writes.append(s)
-            steps.append(Step(len(steps), Phase.UPDATE, None, "", reads, writes))
+                if fused_update:
+                    update = _update_step(len(steps), [n], optimizer_slots, add, net.dtype)
+                    if update is not None:
+                        steps.append(update)
+            if not fused_update:
+                steps.append(_update_step(len(steps), nodes, optimizer_slots, add, net.dtype)
+                             or Step(len(steps), Phase.UPDATE, None, "", [], []))
         return Route(net, training, steps, tensors, tuple(optimizer_slots), rg,
-                     backend_name(backend))
+                     backend_name(backend), fused_update)
+
+
+def _update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype) -> Step | None:
+    """The optimizer update of `nodes`' trainable parameters (None if they have none). One node: a fused
+    per-layer update, named after its layer; several: the whole-network update step."""
+    reads: list[str] = []
+    writes: list[str] = []
+    for n in nodes:
+        for pname, spec in n.params.items():
+            if not spec.trainable:
+                continue
+            p = param_id(n.name, pname)
+            reads += [p, grad_id(n.name, pname)]
+            writes.append(p)
+            for slot in optimizer_slots:
+                s = add(opt_state_id(n.name, pname, slot), Role.OPTIMIZER, spec.shape, dtype, n.name)
+                reads.append(s)
+                writes.append(s)
+    if not writes:
+        return None
+    if len(nodes) == 1:
+        return Step(index, Phase.UPDATE, nodes[0].index, nodes[0].name, reads, writes)
+    return Step(index, Phase.UPDATE, None, "", reads, writes)

@@ -109,12 +109,13 @@ class Session:
     `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the menu's estimates.
     `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
     a memory-mapped file. `debug` poisons freed memory and checks residency; `trace` records every event.
+    `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
                  budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
                  trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
-                 costs=None, lr_schedule: LRSchedule | None = None):
+                 costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
@@ -125,7 +126,8 @@ class Session:
 
             backend = CPUBackend()
         self.device = device or getattr(backend, "profile", "cpu")
-        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs)
+        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
+                                 fused_update=fused_update)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
                                  host_limit_bytes=host_limit_bytes)
         self.batch = net.input_nodes[0].shape[0]

@@ -67,20 +67,33 @@ def available_policies() -> tuple[str, ...]:
     return tuple(POLICIES)
 
 
+def use_fused_update(fused_update: bool | None, policy: str, budget: int | None) -> bool:
+    """Whether the route fuses each layer's update into its backward. None (the `auto` choice): yes when the
+    policy is `auto` under a budget. Fusing costs no FLOPs and gives bit-identical parameters, and it only ever
+    shortens gradients' lives (backward .. update instead of backward .. end of step), so when memory is what
+    is being searched for there is no reason not to; other policies keep the textbook route unless asked."""
+    if fused_update is not None:
+        return bool(fused_update)
+    return policy == "auto" and budget is not None
+
+
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
                  budget: int | str | None = None, device: str = "cpu", training: bool = True, backend=None,
-                 costs: CostTable | None = None) -> Plan:
+                 costs: CostTable | None = None, fused_update: bool | None = None) -> Plan:
     """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
 
     `device` names the simulator profile whose speeds (compute, link) the policy's timing decisions use;
     `backend` (None: the CPU reference) is the backend the plan will run on, whose convolution algorithms
     and workspace sizes the plan chooses among. A plan runs only on a backend of the kind it was made for.
     `costs` ranks those algorithms (default: the menu's estimates; `CostTable(autotune=True, backend=...)`
-    measures them once per shape). `budget` is bytes or a size string ("16MiB", "12GB").
+    measures them once per shape). `budget` is bytes or a size string ("16MiB", "12GB"). `fused_update`: each
+    layer's optimizer update right after its backward (True), one update step at the end (False), or None:
+    decided by `use_fused_update`.
     """
     budget = as_size(budget, "budget")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICIES)}")
     slots = tuple(optimizer.slots) if optimizer is not None else ()
-    route = net.route(training=training, optimizer_slots=slots, backend=backend)
+    route = net.route(training=training, optimizer_slots=slots, backend=backend,
+                      fused_update=use_fused_update(fused_update, policy, budget))
     return POLICIES[policy].plan(route, budget, device, costs)

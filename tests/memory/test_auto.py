@@ -70,7 +70,7 @@ def test_the_reported_minimum_is_feasible_and_one_byte_less_is_not():
 
 def test_auto_returns_the_fastest_fitting_combination():
     net = NETS["resnet20"]()
-    route = net.route(optimizer_slots=("momentum",))
+    route = net.route(optimizer_slots=("momentum",), fused_update=True)  # the route auto plans under a budget
     hi = plan_network(net, opt(), "liveness").min_budget_bytes
     lo = smallest_budget(net)
     for budget in (hi, (lo + hi) // 2, lo):
