@@ -24,6 +24,7 @@ from .layers.base import LayerContext
 from .memory.plan import Event, EventKind, Plan
 from .memory.pool import NumpyArenaBacking, TensorPool
 from .optim import Optimizer
+from .program import NotLowered, Program, lower
 from .route import Phase, Step
 from .tensors import Role, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id
 from .vocab import TraceEvent
@@ -47,7 +48,11 @@ class Executor:
     """Trains a network by replaying a plan. Construct once; call `train_step` per batch."""
 
     def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
-                 debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None):
+                 debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None,
+                 compiled: bool = True):
+        """`compiled`: lower the plan into a flat program on the first `train_step` (see `minidl.program`);
+        where it cannot be lowered (debug mode, an event kind it does not know), `program_fallback` says why
+        and steps are interpreted."""
         from .backend.cpu import CPUBackend
 
         if plan.route.network is not net:
@@ -86,6 +91,9 @@ class Executor:
         self.recomputed_flops = 0
         self.last_loss = float("nan")
         self._logits: np.ndarray | None = None
+        self.compiled = compiled
+        self.program: Program | None = None
+        self.program_fallback: str | None = None if compiled else "compiled=False"
 
     # -- parameters -------------------------------------------------------------------------------------------
     def _init_persistent(self) -> None:
@@ -199,8 +207,23 @@ class Executor:
                 raise ValueError(f"input '{node.name}' expects shape {node.shape}, got {arr.shape}")
             self.be.copy_in(self.get(act_id(node.name), step), arr)
 
+    def seed_key(self, node_index: int, iteration: int) -> int:
+        return dropout_key(self.seed, node_index, iteration)
+
     def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
         """One training step: forward, backward, optimizer update. Returns the loss."""
+        self.training = True
+        if self.program is None and self.program_fallback is None:
+            try:
+                self.program = lower(self)
+            except NotLowered as e:
+                self.program_fallback = str(e)
+        if self.program is not None:
+            return self.program.run(x, y)
+        return self.interpret_step(x, y)
+
+    def interpret_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One training step, every event and argument decided as it runs (debug mode's path)."""
         self.training = True
         for step, sp in zip(self.route.steps, self.plan.steps):
             self._apply(sp.before, step)
@@ -259,7 +282,7 @@ class Executor:
         if recompute:
             ws = None  # a recomputed layer runs its zero-workspace path (recomputed layers are cheap ones)
         ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=None if recompute else sp.algo,
-                           rng_key=dropout_key(self.seed, node.index, self.iteration), recompute=recompute)
+                           rng_key=self.seed_key(node.index, self.iteration), recompute=recompute)
         if step.phase is Phase.FORWARD:
             inputs = [get(act_id(self.net.nodes[i].name), step) for i in node.inputs]
             out = get(act_id(node.name), step)

@@ -110,12 +110,15 @@ class Session:
     `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
     a memory-mapped file. `debug` poisons freed memory and checks residency; `trace` records every event.
     `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
+    `compiled` (default) runs training steps as the plan lowered once into a flat program (`minidl.program`);
+    debug mode, and plans with an event kind it does not lower, interpret every step instead.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
                  budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
                  trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
-                 costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None):
+                 costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
+                 compiled: bool = True):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
@@ -129,7 +132,7 @@ class Session:
         self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
                                  fused_update=fused_update)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
-                                 host_limit_bytes=host_limit_bytes)
+                                 host_limit_bytes=host_limit_bytes, compiled=compiled)
         self.batch = net.input_nodes[0].shape[0]
         self._iterator: BatchIterator | None = None
         self._data_fingerprint: tuple | None = None

@@ -66,6 +66,8 @@ class Layer:
     needs_output: ClassVar[bool] = False
     checkpoint: ClassVar[bool] = False
     is_loss: ClassVar[bool] = False
+    # Whether forward/backward read `ctx.rng_key` (it changes every iteration; the compiled step refreshes it).
+    uses_rng_key: ClassVar[bool] = False
     # Inputs that never receive a gradient (labels of a loss).
     nondiff_inputs: ClassVar[tuple[int, ...]] = ()
 

@@ -11,6 +11,7 @@ from .base import Layer
 
 class Dropout(Layer):
     type_name = "dropout"
+    uses_rng_key = True
 
     def __init__(self, p: float = 0.5, name: str | None = None):
         super().__init__(name)

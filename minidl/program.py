@@ -1,0 +1,261 @@
+"""The compiled step: a plan lowered once into a flat program, so a training step is one tight loop.
+
+The interpreted executor decides everything again at every step: it looks up each event's handler, carves
+the tensor's block from the pool, builds a numpy view, looks views up by string id, assembles the layer's
+argument dicts and context. None of that changes from one step to the next: the plan fixed every offset,
+algorithm and workspace before the first step. `lower(executor)` therefore replays one step's events *once*
+on the executor's own pool (so every placement is checked, and the pool's peak is the plan's, exactly as an
+interpreted step leaves them), and instead of running the kernels it records each as a prepared call with its
+arena views and arguments bound. A training step is then `for call in calls: call()`.
+
+Rules the lowering keeps:
+- Same calls, same arguments, same order as `Executor.train_step`: the parameters are bit-identical to the
+  interpreted executor's under every policy (tests/test_program.py).
+- Only what changes per step is computed per step: the iteration (optimizer, dropout keys), the batch, the loss.
+- What it does not lower, it refuses, saying why, and the executor keeps interpreting: debug mode (residency
+  checks and NaN poisoning need the per-step bookkeeping), an event kind it does not know (a mechanism added to
+  the executor after this module was written), an executor whose event handlers were replaced.
+
+Because every call and every view is fixed, the program is also the unit a CUDA graph capture can record
+(one graph per step) on the GPU backend: nothing in it is decided while it runs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .layers.base import LayerContext
+from .memory.plan import Event, EventKind
+from .route import Phase, Step
+from .tensors import act_id, aux_id, delta_id, grad_id, opt_state_id, param_id
+from .vocab import TraceEvent
+
+# Event kinds this module knows how to lower, and the executor handler each one replays (see `_unchanged`).
+LOWERED = {EventKind.ALLOC: "_alloc", EventKind.FREE: "_free", EventKind.OFFLOAD: "_offload",
+           EventKind.RELEASE: "_release", EventKind.PREFETCH: "_prefetch", EventKind.WAIT: "_wait",
+           EventKind.RECOMPUTE: "_recompute"}
+
+Call = Callable[[], Any]
+
+
+@dataclass(slots=True)
+class Program:
+    """One training step as a flat list of prepared calls (see the module docstring)."""
+
+    calls: list[Call]
+    executor: Any
+    keyed: list[tuple[LayerContext, int]] = field(default_factory=list)  # contexts whose rng_key is per step
+    inputs: list[Any] = field(default_factory=list)      # arena views the batch is copied into (data, label)
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    kinds: dict[str, int] = field(default_factory=dict)  # lowered calls per kind, for reports and tests
+
+    def run(self, x, y) -> float:
+        """One training step: the same effect as the interpreted `Executor.train_step(x, y)`."""
+        import numpy as np
+
+        ex = self.executor
+        key = ex.seed_key
+        it = ex.iteration
+        for ctx, node_index in self.keyed:
+            ctx.rng_key = key(node_index, it)
+        copy_in = ex.be.copy_in
+        for view, shape, arr in zip(self.inputs, self.input_shapes, (x, y)):
+            arr = np.asarray(arr)
+            if tuple(arr.shape) != shape:
+                raise ValueError(f"input expects shape {shape}, got {arr.shape}")
+            copy_in(view, arr)
+        for call in self.calls:
+            call()
+        if ex.host is not None:
+            ex.host.end_iteration()
+        ex.iteration += 1
+        return ex.last_loss
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+
+class NotLowered(Exception):
+    """The plan or executor uses something the compiled step does not lower; the reason says what."""
+
+
+def why_not(ex) -> str | None:
+    """The reason `ex` cannot be lowered, or None if it can (checked before touching the pool)."""
+    if ex.debug:
+        return "debug mode (residency checks and NaN poisoning) runs the interpreted executor"
+    for ev in (*ex.plan.setup, *(e for sp in ex.plan.steps for e in (*sp.before, *sp.after))):
+        if ev.kind not in LOWERED:
+            return f"event kind '{getattr(ev.kind, 'value', ev.kind)}' is not lowered by minidl.program"
+    for kind, name in LOWERED.items():
+        handler = ex._handlers.get(kind)
+        if getattr(handler, "__func__", None) is not getattr(type(ex), name, None):
+            return f"the executor's handler for '{kind.value}' is not its own {name}"
+    return None
+
+
+def lower(ex) -> Program:
+    """Lower executor `ex`'s plan into a Program (raises NotLowered, before touching any state, if it can't).
+
+    Replays one step's events on `ex`'s pool: allocations and frees happen for real (checked placements, the
+    plan's peak), kernels do not run, they are recorded. Afterwards the pool holds exactly what an interpreted
+    step leaves behind (the persistent tensors).
+    """
+    reason = why_not(ex)
+    if reason:
+        raise NotLowered(reason)
+    return _Lowering(ex).run()
+
+
+class _Lowering:
+    def __init__(self, ex):
+        self.ex = ex
+        self.calls: list[Call] = []
+        self.keyed: list[tuple[LayerContext, int]] = []
+        self.kinds: dict[str, int] = {}
+        self.aux_names = ex._aux_names
+        self.forward_step_of = ex._forward_step_of
+
+    def emit(self, kind: str, call: Call) -> None:
+        self.calls.append(call)
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+    def run(self) -> Program:
+        ex = self.ex
+        inputs, shapes = [], []
+        for step, sp in zip(ex.route.steps, ex.plan.steps):
+            self.events(sp.before, step)
+            if step.index == 0:
+                for node in ex.net.input_nodes[:2]:
+                    inputs.append(ex.get(act_id(node.name), step))
+                    shapes.append(tuple(node.shape))
+            self.compute(step, sp)
+            for acc in step.accumulate:
+                self.emit("accumulate", _bind(ex.be.accumulate, ex.get(acc.into, step), ex.get(acc.partial, step)))
+            self.events(sp.after, step)
+        return Program(self.calls, ex, self.keyed, inputs, shapes, self.kinds)
+
+    # -- events: the pool bookkeeping happens now, once; only the transfers are recorded -----------------------
+    def events(self, events: list[Event], step: Step) -> None:
+        ex = self.ex
+        for ev in events:
+            kind = ev.kind
+            if kind is EventKind.ALLOC:
+                ex._alloc(ev, step)
+            elif kind is EventKind.FREE:
+                ex._free(ev, step)
+            elif kind is EventKind.OFFLOAD:
+                self.emit("offload", _bind(ex._host().offload, ev.tensor, ex.get(ev.tensor, step), step.index))
+            elif kind is EventKind.RELEASE:
+                self.emit("release", _bind(ex._host().wait_offload, ev.tensor))
+                ex._free(ev, step)
+            elif kind is EventKind.PREFETCH:
+                ex._alloc(ev, step)
+                self.emit("prefetch", _bind(ex._host().prefetch, ev.tensor, ex.views[ev.tensor], step.index))
+            elif kind is EventKind.WAIT:
+                self.emit("wait", _bind(ex._host().wait_prefetch, ev.tensor))
+            elif kind is EventKind.RECOMPUTE:
+                ex._alloc(ev, step)
+                node = ex.net.node(ev.tensor.split(":", 1)[1])
+                fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
+                self.compute(fake, ex.plan.steps[self.forward_step_of[node.index]], recompute=True)
+                in_shapes = [ex.net.nodes[i].shape for i in node.inputs]
+                self.emit("recompute_flops", _count_flops(ex, node.layer.flops(in_shapes, node.shape)))
+            else:  # pragma: no cover - why_not() refused these already
+                raise NotLowered(f"event kind {kind} is not lowered")
+
+    # -- compute: the same arguments `Executor._compute` assembles, bound once ---------------------------------
+    def compute(self, step: Step, sp, recompute: bool = False) -> None:
+        ex = self.ex
+        if step.phase is Phase.UPDATE:
+            self.emit("update", self.update(step))
+            return
+        node = ex.net.nodes[step.node]
+        layer = node.layer
+        get = ex.get
+        params = {p: get(param_id(node.name, p), step) for p in node.params}
+        aux = {a: get(aux_id(node.name, a), step) for a in self.aux_names[node.index]
+               if aux_id(node.name, a) in ex.route.tensors}
+        ws = get(step.workspace, step) if step.workspace and not recompute else None
+        ctx = LayerContext(training=True, aux=aux, workspace=ws, algo=None if recompute else sp.algo,
+                           rng_key=ex.seed_key(node.index, ex.iteration), recompute=recompute)
+        if getattr(layer, "uses_rng_key", False):
+            self.keyed.append((ctx, node.index))
+        if step.phase is Phase.FORWARD:
+            inputs = [get(act_id(ex.net.nodes[i].name), step) for i in node.inputs]
+            out = get(act_id(node.name), step)
+            call = _bind(layer.forward, ex.be, inputs, out, params, ctx)
+            self.emit("forward", call if recompute else self.timed(step, call))
+            if layer.is_loss and not recompute:
+                self.emit("loss", _read_loss(ex, out))
+            return
+        dout = get(delta_id(node.name), step)
+        if step.seed_delta:
+            self.emit("seed", _bind(ex.be.fill, dout, 1.0))
+        inputs = [get(act_id(ex.net.nodes[i].name), step) if k in layer.needs_inputs else None
+                  for k, i in enumerate(node.inputs)]
+        out = get(act_id(node.name), step) if layer.needs_output else None
+        dinputs = [get(t, step) if t else None for t in step.dinputs]
+        grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
+        self.emit("backward", self.timed(step, _bind(layer.backward, ex.be, inputs, out, dout, dinputs, grads,
+                                                     params, ctx)))
+
+    def update(self, step: Step) -> Call:
+        ex = self.ex
+        items = []
+        nodes = ex.net.layer_nodes if step.node is None else [ex.net.nodes[step.node]]  # fused: one layer's
+        for n in nodes:
+            for pname, spec in n.params.items():
+                if spec.trainable:
+                    state = {s: ex.get(opt_state_id(n.name, pname, s), step) for s in ex.route.optimizer_slots}
+                    items.append((ex.get(param_id(n.name, pname), step), ex.get(grad_id(n.name, pname), step),
+                                  state))
+        update, be = ex.opt.update, ex.be
+
+        def run_update() -> None:
+            it = ex.iteration
+            for p, g, state in items:
+                update(be, p, g, state, it)
+        return self.timed(step, run_update)
+
+    def timed(self, step: Step, call: Call) -> Call:
+        """With tracing on, the call records a compute event like the interpreted executor's; else as is."""
+        ex = self.ex
+        if not ex.tracing:
+            return call
+        label, index, in_use, trace, t0 = step.label, step.index, ex.pool.in_use, ex.trace, ex._t0
+        clock = time.perf_counter
+
+        def traced() -> None:
+            t = clock()
+            call()
+            trace.append(TraceEvent(label, "compute", t - t0, clock() - t, index, in_use))
+        return traced
+
+
+def _bind(fn, *args) -> Call:
+    """fn(*args) with the arguments fixed now (a closure: no per-call argument tuple is rebuilt)."""
+    if len(args) == 1:
+        a, = args
+        return lambda: fn(a)
+    if len(args) == 2:
+        a, b = args
+        return lambda: fn(a, b)
+    if len(args) == 3:
+        a, b, c = args
+        return lambda: fn(a, b, c)
+    return lambda: fn(*args)
+
+
+def _read_loss(ex, out) -> Call:
+    to_host = ex.be.to_host
+
+    def read() -> None:
+        ex.last_loss = float(to_host(out))
+    return read
+
+
+def _count_flops(ex, flops: int) -> Call:
+    def count() -> None:
+        ex.recomputed_flops += flops
+    return count
