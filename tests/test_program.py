@@ -28,9 +28,10 @@ def budget_for(key, policy):
     return (live + e.value.min_budget_bytes) // 2
 
 
-def run(key, policy, compiled, steps=3, optim="sgd", trace=False):
+def run(key, policy, compiled, steps=3, optim="sgd", trace=False, fused_update=None):
     net = NETS[key]()
-    sess = Session(net, opt(optim), policy=policy, budget=budget_for(key, policy), seed=5, trace=trace)
+    sess = Session(net, opt(optim), policy=policy, budget=budget_for(key, policy), seed=5, trace=trace,
+                   fused_update=fused_update)
     if not compiled:
         sess.executor = Executor(net, sess.plan, sess.optimizer, seed=5, trace=trace, compiled=False)
     data = synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2)
@@ -59,6 +60,15 @@ def test_compiled_bit_identical_to_interpreted(key, policy):
         assert a.executor.program.kinds.get("offload", 0) > 0
     if policy == "recompute":
         assert a.executor.recomputed_flops == b.executor.recomputed_flops > 0
+
+
+def test_compiled_fused_update_per_layer():
+    a, la = run("resnet20", "liveness", compiled=True, fused_update=True)
+    b, lb = run("resnet20", "liveness", compiled=False, fused_update=True)
+    assert a.plan.route.fused_update and a.executor.program.kinds["update"] > 1
+    assert la == lb
+    assert all(np.array_equal(x, y) for x, y in zip(a.executor.state_dict().values(),
+                                                    b.executor.state_dict().values()))
 
 
 def test_compiled_adam_and_dropout_masks_per_iteration():
