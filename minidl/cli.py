@@ -81,6 +81,9 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
                    help="memory policy (default: auto when --budget is given, else liveness)")
     p.add_argument("--budget", type=_size, default=None,
                    help="device memory budget, e.g. 512MiB, 12GB (default: no limit)")
+    p.add_argument("--paged", nargs="?", const="20MiB", default=None, type=_size, metavar="CHUNK",
+                   help="place tensors on a paged arena: physical chunks (default 20MiB) mapped behind contiguous "
+                        "virtual ranges, so the arena needed is the peak of live chunks (no fragmentation)")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the memory timeline into this PNG file")
     p.add_argument("--trace", default=None, metavar="JSON",
                    help="write a Chrome/Perfetto trace (open in https://ui.perfetto.dev)")
@@ -181,7 +184,9 @@ def _memory_json(plan) -> dict:
             "fragmentation": rep.fragmentation,
             "largest_at_peak": rep.to_json()["largest_at_peak"],
             "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes,
-            "fused_update": plan.route.fused_update}
+            "fused_update": plan.route.fused_update,
+            **({"paged_chunk_bytes": plan.paged.chunk_bytes, "live_peak_bytes": plan.paged.live_peak_bytes}
+               if plan.paged else {})}
 
 
 def _costs(args, backend):
@@ -213,7 +218,7 @@ def cmd_plan(args) -> dict:
 
         backend = get_backend(args.backend)
     plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
-                        costs=_costs(args, backend), fused_update=_fused(args))
+                        costs=_costs(args, backend), fused_update=_fused(args), paged=args.paged)
     sim = simulate(plan, args.device)
     out = _memory_json(plan)
     out.update({"model": args.model, "device": args.device, "backend": args.backend,
@@ -270,7 +275,7 @@ def cmd_train(args) -> dict:
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
-                   lr_schedule=schedule, fused_update=_fused(args))
+                   lr_schedule=schedule, fused_update=_fused(args), paged=args.paged)
     if args.resume:
         sess.load(args.resume)
     res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json and sys.stderr.isatty(),

@@ -71,7 +71,15 @@ class Executor:
         self.iteration = 0
         self.training = True
         backing = getattr(self.be, "arena_backing", None)
-        self.pool = TensorPool(plan.arena_bytes, backing=backing() if backing else NumpyArenaBacking())
+        if plan.paged is not None:   # placed by chunks: physical chunks mapped behind virtual ranges
+            from .memory.paged import PagedPool
+
+            paged = getattr(self.be, "paged_backing", None)
+            if paged is None:
+                raise ValueError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
+            self.pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes, paged())
+        else:
+            self.pool = TensorPool(plan.arena_bytes, backing=backing() if backing else NumpyArenaBacking())
         self.views: dict[str, np.ndarray] = {}
         self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
         self.offsets: dict[str, int] = {}

@@ -88,6 +88,7 @@ class Route:
     requires_grad: list[bool] = field(default_factory=list)
     backend_name: str = "cpu"  # whose algorithm menu the steps' workspace options are (see `build`)
     fused_update: bool = False  # one update step per layer, right after its backward (see the module doc)
+    paged_chunk: int | None = None  # `--paged`: every planner pass places tensors by chunks of this many bytes
 
     # -- queries ---------------------------------------------------------------------------------------------
     @property

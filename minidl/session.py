@@ -112,15 +112,17 @@ class Session:
     `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
     `compiled` (default) runs training steps as the plan lowered once into a flat program (`minidl.program`);
     debug mode, and plans with an event kind it does not lower, interpret every step instead.
+    `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
                  budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
                  trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
                  costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
-                 compiled: bool = True):
+                 compiled: bool = True, paged: int | str | None = None):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
+        paged = as_size(paged, "paged")
         self.net, self.optimizer, self.seed = net, optimizer, int(seed)
         self.lr_schedule = lr_schedule or Constant()
         self.base_lr = float(getattr(optimizer, "lr", 0.0))
@@ -130,7 +132,7 @@ class Session:
             backend = CPUBackend()
         self.device = device or getattr(backend, "profile", "cpu")
         self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
-                                 fused_update=fused_update)
+                                 fused_update=fused_update, paged=paged)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
                                  host_limit_bytes=host_limit_bytes, compiled=compiled)
         self.batch = net.input_nodes[0].shape[0]

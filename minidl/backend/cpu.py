@@ -162,3 +162,9 @@ class CoreOps:
 
 class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps):
     """numpy backend: the reference every other backend is tested against."""
+
+    def paged_backing(self):
+        """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""
+        from .cpu_paged import MemfdBacking
+
+        return MemfdBacking()

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..route import Route
 from ..tensors import Role
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .paged import PagedLayout
 
 
 class EventKind(str, enum.Enum):
@@ -66,6 +70,7 @@ class Plan:
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of every planned tensor (workspace included)
     offloaded_bytes: int = 0       # bytes copied device -> host per training step (OFFLOAD events)
     prefetched_bytes: int = 0      # bytes copied host -> device per training step (PREFETCH events)
+    paged: "PagedLayout | None" = None  # placed by chunks (`--paged`): offsets are virtual, the arena is chunks
 
     def by_role_at_peak(self) -> dict[str, int]:
         """Pool bytes (rounded to the pool's alignment, as allocated) per role at the peak: they sum to it."""

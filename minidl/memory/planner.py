@@ -19,6 +19,7 @@ from ..errors import BudgetError
 from ..route import Route
 from ..tensors import Role
 from .liveness import analyze
+from .paged import PagedLayout, PagedPool, paged_capacity
 from .plan import Event, EventKind, Plan, StepPlan
 from .pool import ALIGNMENT, TensorPool, align_up, format_bytes
 from .workspace import WorkspaceChoice, WorkspaceFitter, workspace_choices
@@ -39,10 +40,14 @@ def default_workspace(route: Route, costs=None) -> dict[int, WorkspaceChoice]:
 
 
 class PlacementRecorder:
-    """Replays allocations on a shape-only pool and records them as events with offsets."""
+    """Replays allocations on a shape-only pool and records them as events with offsets.
 
-    def __init__(self, capacity: int):
-        self.pool = TensorPool(capacity)
+    With `paged` (a `memory.paged.PagedPool`), tensors are placed by chunks and the arena a plan needs is the
+    pool's highest mapped physical chunk instead of the highest block end."""
+
+    def __init__(self, capacity: int, paged=None):
+        self.paged = paged is not None
+        self.pool = paged if paged is not None else TensorPool(capacity)
         self.offsets: dict[str, int] = {}
         self.high_water = 0
         self.high_water_step = -1
@@ -53,7 +58,7 @@ class PlacementRecorder:
         prev_peak = self.pool.peak
         off = self.pool.alloc(nbytes, tag=tid)
         self.offsets[tid] = off
-        end = off + self.pool.size_of(off)
+        end = self.pool.arena_end() if self.paged else off + self.pool.size_of(off)
         if self.pool.peak > prev_peak:
             self.peak_step = self.step
         if end > self.high_water:
@@ -178,7 +183,7 @@ def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
 
 def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None,
            budget: int | None = None) -> Plan:
-    rec = PlacementRecorder(capacity_bound(route, ws))
+    rec = PlacementRecorder(capacity_bound(route, ws), _paged_pool(route, ws))
     sizes = {tid: t.nbytes for tid, t in route.tensors.items()}
     for k, c in ws.items():
         sizes[route.steps[k].workspace] = c.nbytes
@@ -209,7 +214,19 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: 
                 min_budget_bytes=rec.high_water, binding_step=max(rec.high_water_step, 0),
                 peak_step=max(rec.peak_step, 0), sizes=sizes)
     plan.peak_live = live_at(plan, plan.peak_step)
+    if rec.paged:
+        plan.paged = PagedLayout(rec.pool.chunk, rec.pool.virtual_high, rec.pool.live_peak)
     return plan
+
+
+def _paged_pool(route: Route, ws: dict[int, WorkspaceChoice]) -> PagedPool | None:
+    """Under `--paged` (the route's `paged_chunk`), the shape-only paged pool placement replays on."""
+    chunk = route.paged_chunk
+    if not chunk:
+        return None
+    sizes = [t.nbytes for t in route.tensors.values()]
+    sizes += [max([c.nbytes] + [o.workspace_bytes for o in c.options or ()]) for c in ws.values()]
+    return PagedPool(paged_capacity(sizes, chunk), chunk, 2 * paged_capacity(sizes, chunk))
 
 
 def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps: list[StepPlan],

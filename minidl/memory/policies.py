@@ -79,7 +79,8 @@ def use_fused_update(fused_update: bool | None, policy: str, budget: int | None)
 
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
                  budget: int | str | None = None, device: str = "cpu", training: bool = True, backend=None,
-                 costs: CostTable | None = None, fused_update: bool | None = None) -> Plan:
+                 costs: CostTable | None = None, fused_update: bool | None = None,
+                 paged: int | None = None) -> Plan:
     """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
 
     `device` names the simulator profile whose speeds (compute, link) the policy's timing decisions use;
@@ -96,4 +97,5 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     slots = tuple(optimizer.slots) if optimizer is not None else ()
     route = net.route(training=training, optimizer_slots=slots, backend=backend,
                       fused_update=use_fused_update(fused_update, policy, budget))
+    route.paged_chunk = paged
     return POLICIES[policy].plan(route, budget, device, costs)

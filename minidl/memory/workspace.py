@@ -253,6 +253,8 @@ def fit_workspace(options: Sequence[WorkspaceOption], free_bytes: int) -> tuple[
 
 def largest_free_below(pool: "TensorPool", limit: int) -> int:
     """Bytes of the largest free hole of `pool` that lies below `limit` (a hole crossing it counts up to it)."""
+    if hasattr(pool, "free_below"):   # a paged pool: free chunks are usable wherever they are
+        return pool.free_below(limit)
     limit = limit // ALIGNMENT * ALIGNMENT
     best = 0
     for b in pool._free.values():  # the free holes only (not every block): cheap even for huge plans

@@ -1,0 +1,142 @@
+"""The paged pool (`--paged`): chunks mapped behind virtual ranges, for any policy.
+
+What must hold: small tensors share chunks, large ones own whole runs; the arena a plan needs is its peak of
+mapped chunks (at most the peak of live chunk-rounded bytes, at least the live bytes); the memfd backing really
+maps pages (one physical chunk seen at two virtual places); parameters are bit-identical to policy `none` under
+every policy with `--paged`, and the executor's measured peak equals the plan's.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidl as dl
+from minidl.backend.cpu_paged import MemfdArena
+from minidl.data import synthetic
+from minidl.memory.paged import PagedPool
+from minidl.memory.policies import available_policies, plan_network
+from minidl.memory.pool import PoolOutOfMemory
+from minidl.memory.simulate import simulate
+from minidl.optim import SGD
+from minidl.session import Session
+
+from .nets import NETS
+
+CHUNK = 4096
+
+
+def opt():
+    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+def test_small_tensors_share_a_chunk_large_ones_own_runs():
+    pool = PagedPool(8 * CHUNK, CHUNK)
+    a = pool.alloc(100, "a")
+    b = pool.alloc(1000, "b")
+    assert a // CHUNK == b // CHUNK and pool.in_use == CHUNK      # one shared chunk
+    big = pool.alloc(2 * CHUNK + 1, "big")
+    assert big % CHUNK == 0 and pool.in_use == 4 * CHUNK          # 3 chunks of its own
+    assert pool.live_bytes == 512 + 1024 + 2 * CHUNK + 512
+    pool.free(a)
+    assert pool.in_use == 4 * CHUNK                                # b still holds the shared chunk
+    pool.free(b)
+    assert pool.in_use == 3 * CHUNK
+    assert pool.peak == pool.arena_end() == 4 * CHUNK              # chunk 0 is free again: the arena keeps its top
+    with pytest.raises(PoolOutOfMemory):
+        pool.alloc(6 * CHUNK, "too big")
+    assert pool.in_use == 3 * CHUNK
+
+
+def test_no_fragmentation_a_free_chunk_is_usable_anywhere():
+    """Alternate frees leave holes a contiguous pool could not use for a big tensor; the paged pool can."""
+    pool = PagedPool(8 * CHUNK, CHUNK)
+    offs = [pool.alloc(CHUNK, f"t{i}") for i in range(8)]
+    for o in offs[::2]:
+        pool.free(o)
+    pool.alloc(4 * CHUNK, "big")                                   # four scattered physical chunks
+    assert pool.in_use == 8 * CHUNK
+
+
+def test_alloc_at_replays_and_refuses_overlaps():
+    pool, replay = PagedPool(8 * CHUNK, CHUNK), PagedPool(8 * CHUNK, CHUNK)
+    for n in (100, 3 * CHUNK, 700, CHUNK):
+        off = pool.alloc(n, n)
+        assert replay.alloc_at(off, n, n) == off
+    assert replay.in_use == pool.in_use and replay.peak == pool.peak
+    with pytest.raises(ValueError, match="not free"):
+        replay.alloc_at(CHUNK, CHUNK, "clash")
+    with pytest.raises(ValueError, match="multiple of 512"):
+        PagedPool(8 * CHUNK, 1000)
+
+
+def test_memfd_arena_maps_real_pages():
+    arena = MemfdArena(4 * CHUNK, CHUNK, 16 * CHUNK)
+    try:
+        arena.map(5, 2, 1)
+        v = arena.view_at(5 * CHUNK, (CHUNK // 4,), np.float32)
+        v[:] = np.arange(CHUNK // 4, dtype=np.float32)
+        arena.map(9, 2, 1)                                          # the same physical chunk, elsewhere
+        w = arena.view_at(9 * CHUNK, (CHUNK // 4,), np.float32)
+        assert np.array_equal(w, np.arange(CHUNK // 4, dtype=np.float32))
+        arena.unmap(5)
+        assert arena.mapped == {9: 2}
+        with pytest.raises(dl.MinidlError, match="page size"):
+            MemfdArena(4 * CHUNK, 1536, 16 * CHUNK)
+    finally:
+        del v, w
+        arena.close()
+
+
+def test_arena_is_the_peak_of_live_chunks():
+    contiguous = plan_network(NETS["resnet20"](), opt(), "liveness")
+    paged = plan_network(NETS["resnet20"](), opt(), "liveness", paged=CHUNK)
+    live = paged.paged.live_peak_bytes
+    assert live == contiguous.peak_bytes
+    assert paged.min_budget_bytes == paged.peak_bytes
+    rounded = sum(-(-max(paged.sizes[t], 1) // CHUNK) * CHUNK for t in paged.peak_live)
+    assert live <= paged.min_budget_bytes <= rounded
+    assert paged.min_budget_bytes < contiguous.min_budget_bytes   # the contiguous pool's holes are gone
+
+
+def _budget(key, policy):
+    """The smallest budget `policy` accepts under --paged (None for policies that take none)."""
+    if policy in ("none", "liveness"):
+        return None
+    try:
+        plan_network(NETS[key](), opt(), policy, 1, paged=CHUNK)
+    except dl.BudgetError as e:
+        return e.min_budget_bytes
+    return None
+
+
+def train(key, policy, budget=None, paged=None, steps=3):
+    net = NETS[key]()
+    sess = Session(net, opt(), policy=policy, budget=budget, seed=3, debug=True, paged=paged)
+    sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
+    return sess
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cache = {}
+
+    def get(key):
+        if key not in cache:
+            cache[key] = train(key, "none").executor.state_dict()
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("key", ["resnet20", "dropnet"])
+@pytest.mark.parametrize("policy", available_policies())
+def test_paged_bit_identical_to_none_and_peak_equals_plan(key, policy, reference):
+    budget = _budget(key, policy)
+    sess = train(key, policy, budget, paged=CHUNK)
+    plan = sess.plan
+    assert plan.paged is not None and plan.paged.chunk_bytes == CHUNK
+    got, ref = sess.executor.state_dict(), reference(key)
+    for name in ref:
+        assert np.array_equal(ref[name], got[name]), (policy, name)
+    assert sess.executor.pool.peak == plan.peak_bytes == simulate(plan, "cpu").peak_bytes
+    if budget is not None:
+        assert plan.min_budget_bytes <= budget
