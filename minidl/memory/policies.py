@@ -89,7 +89,8 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     `costs` ranks those algorithms (default: the menu's estimates; `CostTable(autotune=True, backend=...)`
     measures them once per shape). `budget` is bytes or a size string ("16MiB", "12GB"). `fused_update`: each
     layer's optimizer update right after its backward (True), one update step at the end (False), or None:
-    decided by `use_fused_update`.
+    decided by `use_fused_update`. `paged` (a chunk size in bytes) places tensors by chunks on a paged arena
+    (`memory/paged.py`), under any policy.
     """
     budget = as_size(budget, "budget")
     if policy not in POLICIES:
