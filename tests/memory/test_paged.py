@@ -111,7 +111,7 @@ def _budget(key, policy):
 
 def train(key, policy, budget=None, paged=None, steps=3):
     net = NETS[key]()
-    sess = Session(net, opt(), policy=policy, budget=budget, seed=3, debug=True, paged=paged)
+    sess = Session(net, opt(), policy=policy, budget=budget, seed=3, debug=paged is None, paged=paged)
     sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
     return sess
 
