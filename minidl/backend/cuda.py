@@ -40,8 +40,10 @@ TypeError naming the argument.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -99,6 +101,36 @@ class GraphUnsupported(RuntimeError):
     """cuDNN has no engine (or no buildable plan) for a graph."""
 
 
+#: Characters of a fallback reason kept in the report: cuDNN's own errors run to several KB of log lines.
+REASON_CHARS = 200
+
+
+def one_line(text: str, limit: int = REASON_CHARS) -> str:
+    """`text` as one line of at most `limit` characters: its first non-empty line, whitespace collapsed
+    (cuDNN's not-supported errors carry multi-KB logs; a report needs the reason, not the log)."""
+    first = next((ln for ln in str(text).splitlines() if ln.strip()), "")
+    first = " ".join(first.split())
+    return first if len(first) <= limit else first[:limit - 3] + "..."
+
+
+#: Every CudnnGraphs and CUDABackend alive, so their cuDNN objects are released before the interpreter shuts
+#: down (see `_release_all`).
+_LIVE_GRAPHS: "weakref.WeakSet[CudnnGraphs]" = weakref.WeakSet()
+_LIVE_BACKENDS: "weakref.WeakSet[CUDABackend]" = weakref.WeakSet()
+
+
+def _release_all() -> None:
+    """atexit: drop every cached cuDNN graph and handle while the cudnn module still exists. Left to interpreter
+    shutdown, the frontend's nanobind objects outlive their module and nanobind prints "leaked N instances"."""
+    for be in list(_LIVE_BACKENDS):
+        be.release_cudnn()
+    for graphs in list(_LIVE_GRAPHS):
+        graphs.release()
+
+
+atexit.register(_release_all)
+
+
 @dataclass(slots=True)
 class BuiltGraph:
     """A validated cuDNN graph with its built execution plans, cached per `GraphKey`."""
@@ -135,9 +167,14 @@ class CudnnGraphs:
         self.handle = handle
         self.max_plans = int(max_plans)
         self._cache: dict[cuplan.GraphKey, BuiltGraph] = {}
+        _LIVE_GRAPHS.add(self)
 
     def __len__(self) -> int:
         return len(self._cache)
+
+    def release(self) -> None:
+        """Drop every built graph (and its tensors and plans); later `get`s build them again."""
+        self._cache.clear()
 
     def _enum(self, enum: str, member: str):
         return getattr(getattr(self.cudnn, enum), member)
@@ -233,10 +270,11 @@ class CudnnGraphs:
             try:
                 plans = self._finalize(g, deselect)
             except GraphUnsupported as e:
-                errors.append(f"with {list(deselect) or 'no'} engines deselected: {e}")
+                errors.append(f"{e}" + (f" (with {', '.join(deselect)} deselected)" if deselect else ""))
                 continue
             return BuiltGraph(key, g, tensors, plans, tuple(n for n in notes if n not in deselect))
-        raise GraphUnsupported(f"cuDNN cannot run {key.op} for {key.spec}: " + "; ".join(errors))
+        # The reason first (the report keeps one line of it), the graph last.
+        raise GraphUnsupported(f"cuDNN cannot run {key.op}: " + "; ".join(reversed(errors)) + f"; for {key.spec}")
 
     def _finalize(self, g, deselect: tuple[str, ...]) -> list[cuplan.PlanInfo]:
         g.validate()  # an error here is a malformed graph (our bug): let it propagate
@@ -247,7 +285,7 @@ class CudnnGraphs:
                 g.deselect_numeric_notes([self._enum("numerical_note", n) for n in deselect])
             g.check_support()
         except Exception as e:  # cudnnGraphNotSupportedError or a cuDNN status error
-            raise GraphUnsupported(f"{type(e).__name__}: {e}") from e
+            raise GraphUnsupported(f"{type(e).__name__}: {one_line(str(e))}") from e
         plans: list[cuplan.PlanInfo] = []
         seen: set[str] = set()
         for i in range(int(g.get_execution_plan_count())):
@@ -549,6 +587,7 @@ class CUDABackend:
         self.stray_allocs = 0
         self._prev_allocator = None
         self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter) pairing the two clocks
+        _LIVE_BACKENDS.add(self)
 
     @classmethod
     def from_parts(cls, **parts) -> "CUDABackend":
@@ -577,14 +616,24 @@ class CUDABackend:
         self.cp.cuda.set_allocator(counting_malloc)
 
     def close(self) -> None:
-        """Wait for all work, restore cupy's allocator and release the cuDNN handle."""
+        """Wait for all work, restore cupy's allocator and release the cuDNN graphs and handle."""
         self.synchronize()
         if self._prev_allocator is not None:
             self.cp.cuda.set_allocator(self._prev_allocator)
             self._prev_allocator = None
-        if self._handle is not None:
-            self.cudnn.destroy_handle(self._handle)
-            self._handle = None
+        self.release_cudnn()
+
+    def release_cudnn(self) -> None:
+        """Drop the built graphs, then destroy the handle they were built with (run at exit for live backends)."""
+        self.graphs.release()
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self.graphs.handle = None
+            try:
+                self.synchronize()
+                self.cudnn.destroy_handle(handle)
+            except Exception:  # at exit the device may already be gone; dropping the reference is what matters
+                pass
 
     def memory_report(self) -> dict[str, Any]:
         """Device memory the backend uses outside the arena, and which graphs fell back to other kernels."""
@@ -744,7 +793,7 @@ class CUDABackend:
             return self.graphs.get(key)
         except GraphUnsupported as e:
             self._unsupported.add(key)
-            self.fallbacks[key.op] = str(e)
+            self.fallbacks[key.op] = one_line(str(e))
             return None
 
     def _run_graph(self, built: BuiltGraph, arrays: dict[str, Any], scalars: dict[str, float] | None = None):
@@ -784,7 +833,11 @@ class CUDABackend:
         if isinstance(src, self.cp.ndarray):
             self.cp.copyto(dst, src.reshape(dst.shape))
             return
-        host = np.ascontiguousarray(np.asarray(src, dtype=dst.dtype).reshape(dst.shape))
+        # np.asarray + copy, not np.ascontiguousarray: that one returns at least 1-d, so a 0-d source (a loss
+        # delta) became shape (1,) and cupy's set() refused it for the 0-d destination.
+        host = np.asarray(src, dtype=dst.dtype).reshape(dst.shape)
+        if not host.flags.c_contiguous:
+            host = host.copy(order="C")
         # Pageable host memory: the copy is staged before memcpyAsync returns, so `host` may die afterwards.
         dst.set(host, stream=self.compute)
 
