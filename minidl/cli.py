@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from .errors import MinidlError, OptionError
 from .memory.pool import parse_size
@@ -124,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.05, help="learning rate (the schedule's starting point)")
     p.add_argument("--lr-schedule", default="constant", choices=SCHEDULES,
                    help="constant; step: x --lr-gamma every --lr-step-size steps; cosine: down to --lr-min over "
-                        "the steps after the warm-up (PyTorch's StepLR / CosineAnnealingLR)")
+                        "the steps after the warm-up (PyTorch's StepLR / CosineAnnealingLR). A schedule spans the "
+                        "run from step 0 to its last step (with --resume: the checkpoint's step + --steps)")
     p.add_argument("--warmup-steps", type=_count, default=0,
                    help="linear warm-up from lr/3 over this many steps before the schedule (PyTorch's LinearLR)")
     p.add_argument("--lr-step-size", type=_positive_int, default=None,
@@ -266,18 +268,25 @@ def cmd_train(args) -> dict:
         k = net.logits_node.shape[1]
         train, heldout = load_data("synthetic", seed=args.seed, image_shape=shape, num_classes=k,
                                    num_samples=max(4 * batch, 256))
+    if len(train) < batch:
+        raise OptionError(f"--batch {batch} exceeds the {len(train)} training samples of --data {args.data}; "
+                          f"lower --batch")
+    if args.resume and not Path(args.resume).expanduser().is_file():
+        raise OptionError(f"--resume: no checkpoint file at {args.resume}")
     if args.save_every and not args.save:
         raise OptionError("--save-every needs --save PATH.npz: the path the checkpoints are written to")
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
-    schedule = make_schedule(args.lr_schedule, args.steps, args.warmup_steps, args.lr_step_size, args.lr_gamma,
-                             args.lr_min)
     backend = get_backend(args.backend)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
-                   lr_schedule=schedule, fused_update=_fused(args), paged=args.paged)
+                   fused_update=_fused(args), paged=args.paged)
     if args.resume:
         sess.load(args.resume)
+    # The schedule spans the whole run, from step 0 to this invocation's last step: a run stopped at step k and
+    # resumed with --steps (N - k) and the same options follows the schedule of the uninterrupted N steps.
+    sess.lr_schedule = make_schedule(args.lr_schedule, sess.iteration + args.steps, args.warmup_steps,
+                                     args.lr_step_size, args.lr_gamma, args.lr_min)
     res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json and sys.stderr.isatty(),
                    save_every=args.save_every, save_path=args.save)
     out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,

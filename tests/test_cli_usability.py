@@ -84,3 +84,15 @@ def test_ctrl_c_saves_the_last_completed_step(tmp_path):
     assert meta["iteration"] == res["steps_done"] == res["iteration"]
     assert opt and all(np.isfinite(v).all() for v in params.values())
     assert [p.name for p in tmp_path.iterdir()] == ["ck.npz"], "a temporary file was left behind"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--resume", "/nonexistent/ck.npz"], "--resume: no checkpoint file at /nonexistent/ck.npz"),
+    (["--batch", "5000"], "--batch 5000 exceeds the 1438 training samples of --data digits; lower --batch"),
+])
+def test_train_errors_name_the_option(argv, message, capsys):
+    args = list(TRAIN)
+    if "--batch" in argv:
+        args = args[:-2]
+    assert main([*args, *argv, "--steps", "1"]) == 2
+    assert capsys.readouterr().err.strip() == f"minidl: error: {message}"

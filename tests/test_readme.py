@@ -9,7 +9,9 @@ How a block runs (the only changes made to what the README says, so a reader kno
   - a leading ``pip install ... &&`` is dropped: the test already runs inside an install of this checkout
     (``test_fresh_venv_runs_readme_command_1`` runs README command 1 verbatim, ``pip install`` included,
     in a new virtual environment);
-  - ``--steps N`` above ``FAST_STEPS`` becomes ``--steps FAST_STEPS`` (a shorter run of the same command).
+  - ``--steps N`` above ``FAST_STEPS`` becomes ``--steps FAST_STEPS`` (a shorter run of the same command), and
+    ``--warmup-steps W`` / ``--save-every N`` at least that long become ``FAST_STEPS - 1`` (so they still happen
+    inside the shorter run).
   ``python -m pytest`` (the suite itself) runs as ``python -m pytest --collect-only -q``: it checks that the
   command and the suite are valid without running the suite inside itself.
 * A block preceded by ``<!-- readme-test: skip REASON -->`` is not run; the test requires a reason.
@@ -52,6 +54,8 @@ def fast_command(line: str) -> str:
     """The README command as this test runs it (the rewrites the module docstring lists)."""
     line = re.sub(r"^\s*pip install [^&]*&&\s*", "", line)
     line = re.sub(r"--steps (\d+)", lambda m: f"--steps {min(int(m[1]), FAST_STEPS)}", line)
+    line = re.sub(r"--(warmup-steps|save-every) (\d+)", lambda m: f"--{m[1]} {min(int(m[2]), FAST_STEPS - 1)}",
+                  line)
     line = re.sub(r"\bpython -m pytest\b(.*)$", r"python -m pytest --collect-only\1", line)
     return line
 
@@ -71,6 +75,8 @@ def test_fast_command_rewrites():
     assert fast_command("pip install . && minidl train x --steps 150 --budget 4MiB") == \
         "minidl train x --steps 3 --budget 4MiB"
     assert fast_command('pip install -e ".[test]" && python -m pytest -q') == "python -m pytest --collect-only -q"
+    assert fast_command("minidl train x --steps 60 --warmup-steps 5 --save-every 20") == \
+        "minidl train x --steps 3 --warmup-steps 2 --save-every 2"
 
 
 def test_readme_python_blocks_run(tmp_path):

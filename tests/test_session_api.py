@@ -114,3 +114,19 @@ def test_lr_schedule_sets_the_optimizer_rate_each_step():
     seen = []
     sess.fit(train, 5, progress=False, on_step=lambda k, loss, dt: seen.append(sess.optimizer.lr))
     assert seen == [0.05, 0.05, 0.025, 0.025, 0.0125]
+
+
+def test_resume_continues_the_schedule_bit_for_bit(tmp_path):
+    from minidl.optim import Cosine, WarmUp
+
+    sched = WarmUp(Cosine(4), 2)
+    whole, train, _ = _digits_session(batch=8, seed=2, lr_schedule=sched)
+    whole.fit(train, 6, progress=False)
+    first, _, _ = _digits_session(batch=8, seed=2, lr_schedule=sched)
+    first.fit(train, 3, progress=False, save_every=3, save_path=tmp_path / "ck.npz")
+    second, _, _ = _digits_session(batch=8, seed=2, lr_schedule=sched)
+    second.load(tmp_path / "ck.npz")
+    second.fit(train, 3, progress=False)
+    assert second.optimizer.lr == whole.optimizer.lr == sched.lr(0.05, 5)
+    for k, v in whole.executor.state_dict().items():
+        np.testing.assert_array_equal(v, second.executor.state_dict()[k], err_msg=k)

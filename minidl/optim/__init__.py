@@ -1,10 +1,17 @@
 """Optimizers with PyTorch's semantics. Their state is a set of named per-parameter tensors (slots), which the
-route plans like any other tensor (role `optimizer`), so a memory report counts Adam's two moments exactly."""
+route plans like any other tensor (role `optimizer`), so a memory report counts Adam's two moments exactly.
+Learning-rate schedules (`StepLR`, `Cosine`, `LinearLR`, `WarmUp`) live in `minidl.optim.schedules` and are
+re-exported here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from .schedules import Constant, Cosine, LinearLR, LRSchedule, StepLR, WarmUp
+
+__all__ = ["Optimizer", "SGD", "Adam", "make_optimizer", "LRSchedule", "Constant", "StepLR", "Cosine", "LinearLR",
+           "WarmUp"]
 
 
 class Optimizer:
