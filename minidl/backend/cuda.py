@@ -651,6 +651,12 @@ class CUDABackend:
         cupy view of a block (the executor calls this factory once per pool)."""
         return DeviceArenaBacking(self.cp)
 
+    def paged_backing(self):
+        """The paged pool's memory (`--paged`): driver-API chunks mapped into a reserved range (`cuda_vmm`)."""
+        from .cuda_vmm import VmmBacking
+
+        return VmmBacking(self.cp, device=int(self.cp.cuda.runtime.getDevice()))
+
     # -- host transfers (offload / prefetch) -----------------------------------------------------------------
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A numpy array in pinned (page-locked) host memory: the host store's buffers."""
