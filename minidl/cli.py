@@ -151,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-limit", type=_size, default=None, metavar="SIZE",
                    help="host RAM for offloaded tensors; beyond it they spill to a memory-mapped file (disk tier; "
                         "default: no limit)")
+    p.add_argument("--dist", default="auto", choices=("auto", "off", "mpi", "nccl"),
+                   help="data parallel: auto = one rank per process under mpiexec (NCCL with --backend cuda), "
+                        "else a single process; --batch is per rank")
+    p.add_argument("--bucket-size", type=_size, default=None, metavar="SIZE",
+                   help="data parallel: gradient bucket size for the overlapped all-reduce (default 1MiB)")
+    p.add_argument("--comm-timeout", type=float, default=300.0, metavar="S",
+                   help="data parallel: seconds a rank waits for the others before stopping the job")
     return ap
 
 
@@ -249,6 +256,14 @@ def cmd_plan(args) -> dict:
 
 def cmd_train(args) -> dict:
     from .backend import get_backend
+    from .dist.launch import communicator, guarded
+
+    backend = get_backend(args.backend)
+    comm = communicator(args.dist, backend, args.comm_timeout)
+    return guarded(comm, lambda: _train(args, backend, comm))
+
+
+def _train(args, backend, comm) -> dict:
     from .data import load_data
     from .memory.report import plot_timeline, write_trace
     from .optim import make_optimizer
@@ -276,18 +291,20 @@ def cmd_train(args) -> dict:
     if args.save_every and not args.save:
         raise OptionError("--save-every needs --save PATH.npz: the path the checkpoints are written to")
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
-    backend = get_backend(args.backend)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
-                   fused_update=_fused(args), paged=args.paged)
+                   fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size)
+    lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
+    args.quiet = not lead
     if args.resume:
         sess.load(args.resume)
     # The schedule spans the whole run, from step 0 to this invocation's last step: a run stopped at step k and
     # resumed with --steps (N - k) and the same options follows the schedule of the uninterrupted N steps.
     sess.lr_schedule = make_schedule(args.lr_schedule, sess.iteration + args.steps, args.warmup_steps,
                                      args.lr_step_size, args.lr_gamma, args.lr_min)
-    res = sess.fit(train, args.steps, progress=not args.no_progress and not args.json and sys.stderr.isatty(),
+    res = sess.fit(train, args.steps, progress=lead and not args.no_progress and not args.json
+                   and sys.stderr.isatty(),
                    save_every=args.save_every, save_path=args.save)
     out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,
            "interrupted": res.interrupted,
@@ -303,6 +320,10 @@ def cmd_train(args) -> dict:
     if heldout is not None and not res.interrupted:
         _, acc = sess.evaluate(heldout)
         out["accuracy"] = acc
+    if comm is not None:
+        from .dist.report import dist_json
+
+        out.update(dist_json(sess, res))
     written = []  # (what, path), said in the text output
     if args.save:
         # fit already wrote the last completed step when interrupted or when --save-every fell on it
@@ -310,6 +331,8 @@ def cmd_train(args) -> dict:
         path = res.saved[-1] if already else sess.save(args.save)
         out["saved"] = str(path)
         written.append((f"checkpoint (step {sess.iteration})", path))
+    if not lead:
+        return out
     if args.plot:
         plot_timeline(sess.plan, args.plot, title=f"{args.model} ({args.policy})")
         out["plot"] = args.plot
@@ -354,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside a training step (planning, evaluating), or a second Ctrl-C in one
         print("\nminidl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if args.json:
+    if args.json and not getattr(args, "quiet", False):
         print(json.dumps(out, default=float))
     return EXIT_INTERRUPTED if out.get("interrupted") else 0
 

@@ -30,3 +30,8 @@ class ResidencyError(MinidlError, RuntimeError):
 class OptionError(MinidlError, ValueError):
     """A value given for an option (a memory size, a learning-rate schedule, ...) is invalid; the message
     names the option and the value, and says what would be accepted."""
+
+
+class DistError(MinidlError, RuntimeError):
+    """Data-parallel training: a bad configuration (bucket size, ranks vs batch), or another rank failed or stopped
+    answering; the message names the rank, the bucket or option, and the values."""

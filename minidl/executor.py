@@ -49,10 +49,11 @@ class Executor:
 
     def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
                  debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None,
-                 compiled: bool = True):
+                 compiled: bool = True, comm=None):
         """`compiled`: lower the plan into a flat program on the first `train_step` (see `minidl.program`);
         where it cannot be lowered (debug mode, an event kind it does not know), `program_fallback` says why
-        and steps are interpreted."""
+        and steps are interpreted. `comm` (a `dist.comm.Communicator`): the ranks a data-parallel plan's gradient
+        buckets are reduced over (None: a single process)."""
         from .backend.cpu import CPUBackend
 
         if plan.route.network is not net:
@@ -93,7 +94,15 @@ class Executor:
         self._handlers = {EventKind.ALLOC: self._alloc, EventKind.FREE: self._free,
                           EventKind.OFFLOAD: self._offload, EventKind.RELEASE: self._release,
                           EventKind.PREFETCH: self._prefetch, EventKind.WAIT: self._wait,
-                          EventKind.RECOMPUTE: self._recompute}
+                          EventKind.RECOMPUTE: self._recompute,
+                          EventKind.ALLREDUCE: self._allreduce, EventKind.REDUCED: self._reduced}
+        self.reducer = None  # data parallel: runs the plan's ALLREDUCE / REDUCED events (dist/reducer.py)
+        if plan.buckets:
+            from .dist.comm import Communicator
+            from .dist.reducer import GradientReducer
+
+            self.reducer = GradientReducer(comm or Communicator(), self.be, self._t0,
+                                           self.trace if trace else None)
         self.host = None  # the host store + transfer engine, created on the first offload
         self.host_limit_bytes = host_limit_bytes
         self.recomputed_flops = 0
@@ -198,6 +207,14 @@ class Executor:
         in_shapes = [self.net.nodes[i].shape for i in node.inputs]
         self.recomputed_flops += node.layer.flops(in_shapes, node.shape)
 
+    def _allreduce(self, ev: Event, step: Step) -> None:
+        grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
+        self.reducer.start(ev.tensor, self.get(ev.tensor, step), grads, step.index)
+
+    def _reduced(self, ev: Event, step: Step) -> None:
+        grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
+        self.reducer.finish(ev.tensor, self.get(ev.tensor, step), grads, step.index)
+
     def get(self, tid: str, step: Step) -> np.ndarray:
         try:
             return self.views[tid]
@@ -245,8 +262,12 @@ class Executor:
             for acc in step.accumulate:
                 self.be.accumulate(self.get(acc.into, step), self.get(acc.partial, step))
             self._apply(sp.after, step)
+            if self.reducer is not None and self.reducer.pending:
+                self.reducer.progress()  # MPI moves a nonblocking collective only inside its calls
         if self.host is not None:
             self.host.end_iteration()
+        if self.reducer is not None:
+            self.reducer.end_iteration()
         self.iteration += 1
         return self.last_loss
 

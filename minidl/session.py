@@ -25,8 +25,10 @@ import numpy as np
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import BatchIterator, Dataset
+from .dist.checkpoint import check_resume, save_on_rank0
 from .executor import Executor
 from .graph import Network
+from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 from .memory.policies import plan_network
 from .memory.pool import as_size
 from .memory.report import memory_report
@@ -113,13 +115,19 @@ class Session:
     `compiled` (default) runs training steps as the plan lowered once into a flat program (`minidl.program`);
     debug mode, and plans with an event kind it does not lower, interpret every step instead.
     `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
+
+    `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
+    batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
+    would take; gradients are all-reduced in buckets of `bucket_bytes` (`memory/decisions/allreduce.py`); rank 0
+    writes checkpoints and every rank reads them.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
                  budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
                  trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
                  costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
-                 compiled: bool = True, paged: int | str | None = None):
+                 compiled: bool = True, paged: int | str | None = None, comm=None,
+                 bucket_bytes: int | None = None):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         paged = as_size(paged, "paged")
@@ -131,11 +139,14 @@ class Session:
 
             backend = CPUBackend()
         self.device = device or getattr(backend, "profile", "cpu")
+        self.comm = comm
+        dp = DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES) if comm is not None else None
         self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
-                                 fused_update=fused_update, paged=paged)
+                                 fused_update=fused_update, paged=paged, data_parallel=dp)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
-                                 host_limit_bytes=host_limit_bytes, compiled=compiled)
+                                 host_limit_bytes=host_limit_bytes, compiled=compiled, comm=comm)
         self.batch = net.input_nodes[0].shape[0]
+        self.ranks = comm.size if comm is not None else 1
         self._iterator: BatchIterator | None = None
         self._data_fingerprint: tuple | None = None
         self.batches_consumed = 0
@@ -148,7 +159,8 @@ class Session:
     def _batches(self, data: Dataset) -> BatchIterator:
         fp = (id(data), len(data))
         if self._iterator is None or self._data_fingerprint != fp:
-            self._iterator = BatchIterator(data, self.batch, seed=self.seed, shuffle=True, drop_last=True)
+            self._iterator = BatchIterator(data, self.batch * self.ranks, seed=self.seed, shuffle=True,
+                                           drop_last=True)  # data parallel: the global batch, sliced per rank
             self._data_fingerprint = fp
             for _ in range(self.batches_consumed):  # resume: replay the data order without copying data
                 self._iterator._take_indices()
@@ -208,8 +220,13 @@ class Session:
         if hasattr(self.optimizer, "lr"):
             self.optimizer.lr = self.lr_schedule.lr(self.base_lr, self.iteration)
         x, y = batch
+        if self.ranks > 1:  # this rank's slice of the global batch
+            r, b = self.comm.rank, self.batch
+            x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
         t = time.perf_counter()
         loss = self.executor.train_step(x, y)
+        if self.ranks > 1:
+            loss = self.comm.mean(loss)  # the global batch's loss, as one process would report it
         dt = time.perf_counter() - t
         self.batches_consumed += 1
         if not np.isfinite(loss):
@@ -270,13 +287,20 @@ class Session:
         the iteration, seed and data position) atomically to `path`; returns the path written. `load` resumes
         from it exactly: the same later steps, bit for bit, as a run never stopped."""
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
-                "network": self.net.name, "optimizer": self.optimizer.config()}
+                "network": self.net.name, "optimizer": self.optimizer.config(),
+                "global_batch": self.batch * self.ranks, "ranks": self.ranks}
+        if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
+            return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
+        return self._save(path, meta, with_optimizer)
+
+    def _save(self, path, meta: dict, with_optimizer: bool) -> Path:
         opt = self.executor.optimizer_state() if with_optimizer else None
         return save_checkpoint(path, self.executor.state_dict(), opt, meta)
 
     def load(self, path) -> dict:
         """Restore a checkpoint written by `save` (same network); returns its metadata record."""
         params, opt, meta = load_checkpoint(path)
+        check_resume(meta, self.batch, self.ranks, path)
         self.executor.load_state_dict(params, opt or None)
         self.executor.iteration = int(meta.get("iteration", 0))
         self.batches_consumed = int(meta.get("batches_consumed", 0))

@@ -26,6 +26,7 @@ class Role(str, enum.Enum):
     WORKSPACE = "workspace"      # scratch space of a kernel (im2col buffers, cuDNN workspace)
     DATA = "data"                # network input
     LABEL = "label"              # targets
+    BUCKET = "bucket"            # data parallel: gradients packed for the all-reduce, one row per rank
 
     @property
     def persistent(self) -> bool:
@@ -79,3 +80,8 @@ def aux_id(layer: str, name: str) -> str:
 
 def workspace_id(layer: str, phase: str) -> str:
     return f"ws:{layer}.{phase}"
+
+
+def bucket_id(index: int) -> str:
+    """The k-th gradient bucket of a data-parallel step (k = 0 is the first to be ready in backward)."""
+    return f"bucket:{index}"

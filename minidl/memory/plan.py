@@ -8,6 +8,7 @@ Event kinds, one per mechanism (the executor dispatches on the kind; no mechanis
 - ALLOC / FREE: a tensor's device block is carved from / returned to the pool.
 - OFFLOAD / RELEASE / PREFETCH / WAIT: the tensor cache moving tensors to host memory and back.
 - RECOMPUTE: rebuild a dropped tensor by re-running its layer's forward.
+- ALLREDUCE / REDUCED: data parallel: a gradient bucket's all-reduce starts / is waited for (decisions/allreduce.py).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class EventKind(str, enum.Enum):
     PREFETCH = "prefetch"    # allocate the device block and start copying the tensor back
     WAIT = "wait"            # wait until a prefetch has landed (before the step that reads it)
     RECOMPUTE = "recompute"  # allocate the tensor and re-run its producer's forward
+    ALLREDUCE = "allreduce"  # pack a bucket's gradients and start its all-reduce (nonblocking)
+    REDUCED = "reduced"      # wait for that all-reduce and write the averaged gradients back
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class Plan:
     offloaded_bytes: int = 0       # bytes copied device -> host per training step (OFFLOAD events)
     prefetched_bytes: int = 0      # bytes copied host -> device per training step (PREFETCH events)
     paged: "PagedLayout | None" = None  # placed by chunks (`--paged`): offsets are virtual, the arena is chunks
+    buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> gradients it packs
 
     def by_role_at_peak(self) -> dict[str, int]:
         """Pool bytes (rounded to the pool's alignment, as allocated) per role at the peak: they sum to it."""

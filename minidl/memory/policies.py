@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..errors import DistError
 from ..graph import Network
 from ..optim import Optimizer
 from ..route import Route
+from .decisions.allreduce import DataParallel, add_allreduce_events, with_buckets
 from .decisions.offload import offload_policy
 from .decisions.recompute import recompute_policy
 from .plan import Plan
@@ -80,7 +82,7 @@ def use_fused_update(fused_update: bool | None, policy: str, budget: int | None)
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
                  budget: int | str | None = None, device: str = "cpu", training: bool = True, backend=None,
                  costs: CostTable | None = None, fused_update: bool | None = None,
-                 paged: int | None = None) -> Plan:
+                 paged: int | None = None, data_parallel: DataParallel | None = None) -> Plan:
     """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
 
     `device` names the simulator profile whose speeds (compute, link) the policy's timing decisions use;
@@ -91,12 +93,23 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     layer's optimizer update right after its backward (True), one update step at the end (False), or None:
     decided by `use_fused_update`. `paged` (a chunk size in bytes) places tensors by chunks on a paged arena
     (`memory/paged.py`), under any policy.
+    `data_parallel` (one rank of several): gradient buckets are added to the route and planned like any tensor,
+    and their all-reduce events to the plan (`decisions/allreduce.py`); it needs the textbook route (the update
+    must wait for the reduced gradients), so it rules out a fused update.
     """
     budget = as_size(budget, "budget")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICIES)}")
     slots = tuple(optimizer.slots) if optimizer is not None else ()
-    route = net.route(training=training, optimizer_slots=slots, backend=backend,
-                      fused_update=use_fused_update(fused_update, policy, budget))
+    fused = use_fused_update(fused_update, policy, budget)
+    if data_parallel is not None and training:
+        if fused and fused_update:
+            raise DistError("data parallel: --fused-update on cannot be combined with several ranks: each layer's "
+                            "update would run before its gradients are all-reduced (use --fused-update off)")
+        fused = False
+    route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused)
     route.paged_chunk = paged
-    return POLICIES[policy].plan(route, budget, device, costs)
+    if data_parallel is None or not training:
+        return POLICIES[policy].plan(route, budget, device, costs)
+    route, buckets = with_buckets(route, data_parallel)
+    return add_allreduce_events(POLICIES[policy].plan(route, budget, device, costs), buckets, data_parallel)

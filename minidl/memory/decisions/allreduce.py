@@ -1,0 +1,137 @@
+"""The all-reduce decision: data-parallel gradients packed in buckets and reduced while backward goes on.
+
+Rules this module keeps:
+- **Buckets are planned tensors** (role `bucket`), so a budget, `--explain`, the timeline and the trace count
+  them like any other. The route is extended, not special-cased: a bucket is *written* by the backward step at
+  which it becomes ready and *read* by the update step, so under every policy liveness allocates it just before
+  it is packed and frees it after the update, and the placement pass gives it an arena offset.
+- **Bucketing** follows PyTorch DDP's reducer: gradients are taken in the order backward writes them (the last
+  layer's first), and a bucket is closed before the gradient that would take it past `bucket_bytes` (a gradient
+  larger than that gets a bucket of its own). A bucket is ready at the backward step that writes its last
+  gradient.
+- **Events.** `ALLREDUCE` after the ready step packs the bucket's gradients into this rank's row and starts the
+  collective without blocking, so it proceeds while the remaining backward steps compute; `REDUCED` before the
+  update step waits for it and writes the averaged gradients back into the gradient tensors the optimizer reads.
+  Neither changes residency, so they are added after placement and peaks are unchanged by them.
+- **Fixed reduction order.** A bucket has `world_size` rows, one per rank. The collective is an in-place
+  all-gather of the rows; every rank then sums them in rank order 0, 1, ..., N-1 and divides by N
+  (`dist.reducer`). The order of the additions is fixed by construction, whatever algorithm the MPI library or
+  NCCL picks, so runs are bit-identical run to run and every replica computes the very same bits: replicas
+  cannot drift apart. With one rank the sum is the gradient itself, so a 1-rank run is bit-identical to a
+  plain one.
+
+Limitations: a bucket holds N rows, so the in-flight buckets take N x the gradient bytes (a ring reduce-scatter
+would take about 1 + 1/N, but its addition order belongs to the library). For 2 ranks that is what DDP pays
+(gradients plus their bucket copies). Only trainable parameters' gradients are reduced: BN running statistics
+stay per rank (see README).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import DistError
+from ...route import Phase, Route
+from ...tensors import Role, TensorSpec, bucket_id
+from ..plan import Event, EventKind, Plan
+from ..pool import format_bytes
+
+DEFAULT_BUCKET_BYTES = 1 << 20
+"""1 MiB: DDP's first bucket (its later ones are 25 MiB). Small buckets start communicating early in backward,
+which is what hides the all-reduce on small networks (LeNet's gradients are 0.24 MiB in all: at 1 MiB it has one
+bucket, ready only at the end of backward; `--bucket-size 64KiB` splits it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallel:
+    """How a plan is made for one of `world_size` data-parallel ranks."""
+
+    world_size: int
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def __post_init__(self):
+        if int(self.world_size) < 1:
+            raise DistError(f"data parallel: world size must be >= 1, got {self.world_size}")
+        if int(self.bucket_bytes) < 1:
+            raise DistError(f"data parallel: --bucket-size must be > 0 bytes, got {self.bucket_bytes}")
+
+
+@dataclass(slots=True)
+class Bucket:
+    tensor: str            # the bucket's tensor id ("bucket:k")
+    grads: list[str]       # gradient tensor ids in packing order
+    elements: int          # elements per rank row
+    ready_step: int        # the backward step that writes its last gradient
+
+
+def assign_buckets(route: Route, bucket_bytes: int) -> list[Bucket]:
+    """Gradients in the order backward writes them, cut into buckets of at most `bucket_bytes` each."""
+    buckets: list[Bucket] = []
+    cur: list[str] = []
+    cur_bytes = 0
+    ready = -1
+
+    def close() -> None:
+        nonlocal cur, cur_bytes
+        if cur:
+            elems = sum(math.prod(route.tensors[g].shape) for g in cur)
+            buckets.append(Bucket(bucket_id(len(buckets)), cur, elems, ready))
+        cur, cur_bytes = [], 0
+
+    dtypes = set()
+    for step in route.steps:
+        if step.phase is not Phase.BACKWARD:
+            continue
+        for tid in step.writes:
+            spec = route.tensors[tid]
+            if spec.role is not Role.GRADIENT:
+                continue
+            dtypes.add(np.dtype(spec.dtype))
+            if cur and cur_bytes + spec.nbytes > bucket_bytes:
+                close()
+            cur.append(tid)
+            cur_bytes += spec.nbytes
+            ready = step.index
+    close()
+    if len(dtypes) > 1:
+        raise DistError(f"data parallel: gradients of several dtypes ({sorted(map(str, dtypes))}) cannot share "
+                        f"buckets")
+    return buckets
+
+
+def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
+    """A copy of `route` whose ready steps write, and whose update step reads, one bucket tensor per bucket."""
+    buckets = assign_buckets(route, dp.bucket_bytes)
+    tensors = dict(route.tensors)
+    steps = [dataclasses.replace(s, reads=list(s.reads), writes=list(s.writes)) for s in route.steps]
+    update = next((s for s in steps if s.phase is Phase.UPDATE), None)
+    if update is None and buckets:
+        raise DistError("data parallel: the route has gradients but no update step")
+    for b in buckets:
+        g = route.tensors[b.grads[0]]
+        tensors[b.tensor] = TensorSpec(b.tensor, Role.BUCKET, (dp.world_size, b.elements), g.dtype, "allreduce")
+        steps[b.ready_step].writes.append(b.tensor)
+        update.reads.append(b.tensor)
+    return dataclasses.replace(route, steps=steps, tensors=tensors), buckets
+
+
+def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) -> Plan:
+    """Attach ALLREDUCE after each bucket's ready step and REDUCED before the update step (in bucket order)."""
+    update = next((k for k, s in enumerate(plan.route.steps) if s.phase is Phase.UPDATE), None)
+    for b in buckets:
+        nbytes = plan.sizes[b.tensor]
+        label = plan.route.steps[b.ready_step].label
+        plan.steps[b.ready_step].after.append(Event(
+            EventKind.ALLREDUCE, b.tensor, -1, nbytes,
+            f"{len(b.grads)} gradients ({format_bytes(nbytes // dp.world_size)} per rank) ready after {label}: "
+            f"all-gather over {dp.world_size} rank(s) starts, overlapping the rest of backward"))
+    if update is not None:
+        plan.steps[update].before[:0] = [Event(
+            EventKind.REDUCED, b.tensor, -1, plan.sizes[b.tensor],
+            f"wait for the all-reduce, sum the {dp.world_size} rows in rank order, / {dp.world_size} into "
+            f"the gradients") for b in buckets]
+    plan.buckets = {b.tensor: list(b.grads) for b in buckets}
+    return plan
