@@ -24,7 +24,7 @@ class TraceEvent:
     """One timed event of a run, for the Perfetto trace and the memory timeline."""
 
     name: str
-    track: str        # "compute" or "transfer"
+    track: str        # "compute", "transfer" or "allreduce"
     start_s: float
     dur_s: float
     step: int
