@@ -19,52 +19,20 @@ How a block runs (the only changes made to what the README says, so a reader kno
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 import venv
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from .md_blocks import ROOT, code_blocks, env_with_venv_first, fast_command
+
 README = ROOT / "README.md"
-FAST_STEPS = 3
-_BLOCK = re.compile(r"(?:<!--\s*readme-test:\s*(?P<directive>[^>]*?)\s*-->\s*\n)?```(?P<lang>\w+)\n(?P<body>.*?)```",
-                    re.S)
 
 
 def readme_blocks(lang: str) -> list[tuple[str, str | None]]:
-    """(body, skip reason or None) of every ```lang block of the README, in order."""
-    out = []
-    for m in _BLOCK.finditer(README.read_text()):
-        if m["lang"] != lang:
-            continue
-        directive = m["directive"]
-        reason = None
-        if directive is not None:
-            kind, _, reason = directive.partition(" ")
-            assert kind == "skip" and reason.strip(), f"readme-test directive needs 'skip REASON': {directive!r}"
-        out.append((m["body"], reason))
-    return out
-
-
-def fast_command(line: str) -> str:
-    """The README command as this test runs it (the rewrites the module docstring lists)."""
-    line = re.sub(r"^\s*pip install [^&]*&&\s*", "", line)
-    line = re.sub(r"--steps (\d+)", lambda m: f"--steps {min(int(m[1]), FAST_STEPS)}", line)
-    line = re.sub(r"--(warmup-steps|save-every) (\d+)", lambda m: f"--{m[1]} {min(int(m[2]), FAST_STEPS - 1)}",
-                  line)
-    line = re.sub(r"\bpython -m pytest\b(.*)$", r"python -m pytest --collect-only\1", line)
-    return line
-
-
-def _env_with_venv_first() -> dict:
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["MPLBACKEND"] = "Agg"
-    return env
+    return code_blocks(README, lang)
 
 
 def test_readme_has_blocks_to_check():
@@ -84,7 +52,7 @@ def test_readme_python_blocks_run(tmp_path):
     script = tmp_path / "readme_blocks.py"
     script.write_text("\n\n".join(blocks))
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env=_env_with_venv_first())
+                       env=env_with_venv_first())
     assert r.returncode == 0, f"README python blocks failed:\n{r.stdout}\n{r.stderr}"
 
 
@@ -96,7 +64,7 @@ def test_readme_bash_block_runs(index, tmp_path):
     script = "set -euo pipefail\n" + "\n".join(fast_command(line) for line in body.splitlines())
     cwd = ROOT if "pytest" in body else tmp_path  # the suite is collected from the checkout
     r = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,
-                       env=_env_with_venv_first())
+                       env=env_with_venv_first())
     assert r.returncode == 0, f"README bash block {index} failed:\n{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
