@@ -256,10 +256,11 @@ def cmd_plan(args) -> dict:
 
 def cmd_train(args) -> dict:
     from .backend import get_backend
-    from .dist.launch import communicator, guarded
+    from .dist.launch import communicator, guarded, with_nccl
 
-    backend = get_backend(args.backend)
-    comm = communicator(args.dist, backend, args.comm_timeout)
+    comm = communicator(args.dist, args.comm_timeout)  # None: one plain process (not under mpiexec)
+    backend = get_backend(args.backend, device=comm.local_rank if comm is not None else 0)
+    comm = with_nccl(comm, backend, args.dist)
     return guarded(comm, lambda: _train(args, backend, comm))
 
 

@@ -8,8 +8,9 @@ def backend_name(backend) -> str:
     return getattr(backend, "name", "cpu") if backend is not None else "cpu"
 
 
-def get_backend(name: str = "cpu"):
-    """Return a backend instance by name. The CUDA backend is imported only when asked for."""
+def get_backend(name: str = "cpu", device: int = 0):
+    """Return a backend instance by name. The CUDA backend is imported only when asked for; `device` is the GPU it
+    runs on (data parallel: each rank its own)."""
     if name == "cpu":
         from .cpu import CPUBackend
 
@@ -17,5 +18,5 @@ def get_backend(name: str = "cpu"):
     if name == "cuda":
         from .cuda import CUDABackend  # noqa: WPS433 - deliberate lazy import: CUDA is optional
 
-        return CUDABackend()
+        return CUDABackend(device=device)
     raise ValueError(f"unknown backend {name!r}: expected 'cpu' or 'cuda'")
