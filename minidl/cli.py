@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     _memory_args(p, "liveness")
     p.add_argument("--device", default="k40c", help="device profile for time estimates (cpu, k40c, titanx, v100, h100)")
     p.add_argument("--explain", action="store_true", help="say step by step what is allocated and freed, and why")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="plan one rank of an N-rank data-parallel job: gradient buckets and their all-reduce events")
+    p.add_argument("--bucket-size", type=_size, default=None, metavar="SIZE",
+                   help="with --ranks: gradient bucket size (default 1MiB)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"),
                    help="whose state (momentum, Adam's moments) the plan holds")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
@@ -226,8 +230,13 @@ def cmd_plan(args) -> dict:
         from .backend import get_backend
 
         backend = get_backend(args.backend)
+    dp = None
+    if args.ranks is not None:
+        from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
+
+        dp = DataParallel(args.ranks, args.bucket_size or DEFAULT_BUCKET_BYTES)
     plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
-                        costs=_costs(args, backend), fused_update=_fused(args), paged=args.paged)
+                        costs=_costs(args, backend), fused_update=_fused(args), paged=args.paged, data_parallel=dp)
     sim = simulate(plan, args.device)
     out = _memory_json(plan)
     out.update({"model": args.model, "device": args.device, "backend": args.backend,

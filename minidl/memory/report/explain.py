@@ -35,8 +35,9 @@ def explain(plan: Plan, max_steps: int | None = None) -> str:
             lines.append(f"    {'-' if ev.kind in (EventKind.FREE, EventKind.RELEASE) else '+'} {ev.kind.value:<9} "
                          f"{ev.tensor:<40} {format_bytes(ev.nbytes):>11} @{ev.offset}  "
                          f"{_why_alloc(ev, route, iv)}")
-        for ev in sp.after:
-            lines.append(f"    - {ev.kind.value:<9} {ev.tensor:<40} {format_bytes(ev.nbytes):>11}  "
+        for ev in sp.after:  # "*": starts a collective (data parallel), frees nothing
+            mark = "*" if ev.kind is EventKind.ALLREDUCE else "-"
+            lines.append(f"    {mark} {ev.kind.value:<9} {ev.tensor:<40} {format_bytes(ev.nbytes):>11}  "
                          f"{_why_free(ev, route, iv)}")
     lines += decision_lines(plan)  # per tensor: kept / offloaded / recomputed, and why; per conv: its algorithm
     return "\n".join(lines)

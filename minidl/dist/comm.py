@@ -1,0 +1,190 @@
+"""Communicators: what data-parallel training needs of a group of ranks, and nothing more.
+
+- `start_allgather(buf)`: `buf` has one row per rank; this rank's row is filled, the others arrive. Nonblocking:
+  returns a request; `test` drives progress (MPI progresses a nonblocking collective only inside MPI calls, so the
+  executor tests pending requests after every backward step), `wait` blocks until done.
+- `mean(value)`: the mean of a float over the ranks (the reported loss), summed in rank order on every rank.
+- `barrier()`: after rank 0 wrote a checkpoint, before anyone reads it.
+- `fail(message)`: this rank cannot go on. It says so, tells every other rank (a message on a communicator of
+  its own, so it never mixes with gradients), waits a little for them to acknowledge, then aborts the job.
+  The other ranks hear of it at their next `test`/`wait`, say so naming the failed rank and its error, and stop.
+  A rank that stops answering without failing (a hang) is caught by the timeout of `wait`.
+
+Rules: every wait has a timeout (`timeout_s`), and every error names this rank, the other rank and what was
+being waited for. Polling sleeps between tests (`POLL_S`) so that waiting ranks leave the cores to the ones
+still computing (the development machine has 2 cores for all ranks).
+"""
+from __future__ import annotations
+
+import sys
+import time
+import numpy as np
+
+from ..errors import DistError
+
+POLL_S = 2e-4
+"""Seconds between two tests of a pending request while waiting: short against a step (tens of ms), long enough
+that a waiting rank does not spin a core another rank needs."""
+
+DEFAULT_TIMEOUT_S = 300.0
+"""How long a rank waits for a collective before deciding another rank hung (`--comm-timeout`)."""
+
+FAIL_GRACE_S = 10.0
+"""How long a failing rank waits for the others to acknowledge its failure before aborting the job."""
+
+_FAIL_TAG, _ACK_TAG = 17, 18
+_MSG_BYTES = 4096
+
+
+class PeerFailed(DistError):
+    """Another rank reported that it failed: this one stops too (after saying so)."""
+
+
+class Request:
+    """A started collective: the library's handle, and `done` once `Communicator.test` / `wait` saw it complete."""
+
+    __slots__ = ("handle", "done")
+
+    def __init__(self, handle=None, done: bool = False):
+        self.handle, self.done = handle, done
+
+
+class Communicator:
+    """A single process: every collective is already complete. The base of the real ones."""
+
+    kind = "local"
+
+    def __init__(self, rank: int = 0, size: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.rank, self.size, self.timeout_s = int(rank), int(size), float(timeout_s)
+        self.local_rank = self.rank  # this rank's index among the ranks of its node (its GPU)
+
+    def start_allgather(self, buf) -> Request:
+        return Request(done=True)
+
+    def test(self, req: Request) -> bool:
+        return req.done
+
+    def wait(self, req: Request, what: str) -> None:
+        req.done = True
+
+    def mean(self, value: float) -> float:
+        return float(value)
+
+    def barrier(self) -> None:
+        pass
+
+    def bcast(self, obj):
+        """`obj` of rank 0, on every rank (a small picklable record: NCCL's unique id)."""
+        return obj
+
+    def check_peers(self) -> None:
+        """Raise DistError if another rank reported a failure."""
+
+    def fail(self, message: str, code: int = 1) -> None:
+        """Report that this rank cannot go on (a single process simply returns; the caller raises)."""
+
+    def stop(self, code: int = 1) -> None:
+        """End this rank after a peer's failure (a single process has no peers)."""
+
+    def close(self) -> None:
+        """Release what the communicator holds (after a successful run, before MPI finalizes)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+class MPIComm(Communicator):
+    """Over an mpi4py communicator (COMM_WORLD by default). Gradients and control messages use two duplicates
+    of it, so a failure notice can never be matched by a collective."""
+
+    kind = "mpi"
+
+    def __init__(self, comm=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        base = comm if comm is not None else MPI.COMM_WORLD
+        super().__init__(base.Get_rank(), base.Get_size(), timeout_s)
+        self.base = base
+        self.local_rank = base.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()  # this rank's index on its node
+        self.comm = base.Dup()   # collectives
+        self.ctl = base.Dup()    # failure notices and their acknowledgements
+        self._notice = bytearray(_MSG_BYTES)
+        self._notice_req = self.ctl.Irecv([self._notice, MPI.BYTE], source=MPI.ANY_SOURCE, tag=_FAIL_TAG)
+        self._status = MPI.Status()
+
+    # -- collectives ---------------------------------------------------------------------------------------
+    def start_allgather(self, buf) -> Request:
+        if not (isinstance(buf, np.ndarray) and buf.flags.c_contiguous and buf.shape[0] == self.size):
+            raise DistError(f"rank {self.rank}: all-gather buffer must be a C-contiguous array with {self.size} "
+                            f"rows, got {type(buf).__name__} {getattr(buf, 'shape', None)}")
+        return Request(self.comm.Iallgather(self.MPI.IN_PLACE, buf))
+
+    def test(self, req: Request) -> bool:
+        if not req.done:
+            self.check_peers()
+            req.done = bool(req.handle.Test())
+        return req.done
+
+    def wait(self, req: Request, what: str) -> None:
+        t0 = time.perf_counter()
+        while not self.test(req):
+            if time.perf_counter() - t0 > self.timeout_s:
+                raise DistError(f"rank {self.rank} of {self.size}: {what} did not complete within "
+                                f"{self.timeout_s:g} s (--comm-timeout): another rank stopped answering")
+            time.sleep(POLL_S)
+
+    def mean(self, value: float) -> float:
+        buf = np.zeros((self.size, 1), np.float64)
+        buf[self.rank, 0] = value
+        self.wait(self.start_allgather(buf), "the mean of the loss")
+        total = 0.0
+        for r in range(self.size):  # rank order: every rank computes the same bits
+            total += float(buf[r, 0])
+        return total / self.size
+
+    def barrier(self) -> None:
+        self.wait(Request(self.comm.Ibarrier()), "a barrier")
+
+    def bcast(self, obj):
+        return self.comm.bcast(obj, root=0)
+
+    # -- failures ------------------------------------------------------------------------------------------
+    def check_peers(self) -> None:
+        if self._notice_req is None or not self._notice_req.Test(self._status):
+            return
+        src = self._status.Get_source()
+        n = self._status.Get_count(self.MPI.BYTE)
+        self._notice_req = None
+        msg = bytes(self._notice[:n]).decode(errors="replace")
+        self.ctl.Send([b"ack", self.MPI.BYTE], dest=src, tag=_ACK_TAG)
+        raise PeerFailed(f"rank {self.rank} of {self.size}: stopping because rank {src} failed: {msg}")
+
+    def fail(self, message: str, code: int = 1) -> None:
+        """Tell every other rank (they print why they stop), wait for their acknowledgements, abort the job."""
+        MPI = self.MPI
+        print(f"minidl: rank {self.rank} of {self.size}: {message}; stopping every rank", file=sys.stderr,
+              flush=True)
+        data = message.encode()[:_MSG_BYTES]
+        sends = [self.ctl.Isend([data, MPI.BYTE], dest=r, tag=_FAIL_TAG) for r in range(self.size) if r != self.rank]
+        acks = [self.ctl.Irecv([bytearray(8), MPI.BYTE], source=r, tag=_ACK_TAG)
+                for r in range(self.size) if r != self.rank]
+        t0 = time.perf_counter()
+        while not MPI.Request.Testall(acks) and time.perf_counter() - t0 < FAIL_GRACE_S:
+            time.sleep(POLL_S)
+        del sends
+        self.base.Abort(code)
+
+    def close(self) -> None:
+        """Withdraw the failure-notice receive (an MPI library warns about a receive left pending at exit)."""
+        if self._notice_req is not None:
+            self._notice_req.Cancel()
+            self._notice_req.Wait()
+            self._notice_req = None
+        self.barrier()  # nobody can send a notice any more once every rank is here
+
+    def stop(self, code: int = 1) -> None:
+        """After a peer's failure (already acknowledged): the failing rank aborts the job; if it has not within
+        the grace period, abort it from here."""
+        time.sleep(FAIL_GRACE_S)
+        self.base.Abort(code)

@@ -1,0 +1,74 @@
+"""Which group of ranks this process belongs to, and how a rank's failure ends the job everywhere.
+
+A process started by `mpiexec` finds its launcher's variables in its environment (MPICH's Hydra and Intel MPI
+set PMI_SIZE, Open MPI sets OMPI_COMM_WORLD_SIZE, PMIx launchers PMIX_RANK): only then is mpi4py imported
+(importing it initializes MPI). The environment is read here, at the command's entry, and nowhere deeper.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Mapping, TypeVar
+
+from ..errors import DistError
+from .comm import DEFAULT_TIMEOUT_S, Communicator, PeerFailed
+
+T = TypeVar("T")
+
+LAUNCHER_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+
+
+def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return any(v in env for v in LAUNCHER_VARS)
+
+
+def communicator(mode: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 environ: Mapping[str, str] | None = None) -> Communicator | None:
+    """The ranks `--dist MODE` asks for: None for one plain process ('off', or 'auto' outside mpiexec), else the
+    MPI communicator the launcher started ('mpi', 'nccl', or 'auto' under mpiexec). NCCL is set up on top of it
+    once the rank's GPU backend exists (`with_nccl`)."""
+    if mode not in ("auto", "off", "mpi", "nccl"):
+        raise DistError(f"--dist must be auto, off, mpi or nccl, got {mode!r}")
+    if mode == "off" or (mode == "auto" and not launched_by_mpi(environ)):
+        return None
+    try:
+        from .comm import MPIComm
+
+        return MPIComm(timeout_s=timeout_s)
+    except ImportError as e:
+        raise DistError(f"--dist {mode}: mpi4py cannot be imported ({e}): pip install 'minidl[mpi]' (or mpi4py "
+                        f"built against your cluster's MPI)") from e
+
+
+def with_nccl(comm: Communicator | None, backend, mode: str = "auto") -> Communicator | None:
+    """NCCL over `comm` when the ranks run on GPUs ('auto' with a CUDA backend, or 'nccl'); else `comm`."""
+    on_gpu = getattr(backend, "name", "cpu") == "cuda"
+    if comm is None or not (mode == "nccl" or (mode == "auto" and on_gpu)):
+        return comm
+    if not on_gpu:
+        raise DistError("--dist nccl needs --backend cuda (NCCL reduces buffers in GPU memory)")
+    from .nccl import NCCLComm
+
+    return NCCLComm(comm, backend)
+
+
+def guarded(comm: Communicator | None, fn: Callable[[], T]) -> T:
+    """Run one rank's work; if it fails, make sure every rank stops with a message instead of hanging.
+
+    This rank's own error: it says so, tells the others and aborts the job (`Communicator.fail`). Another rank's
+    error, heard while waiting: say which rank failed and why, then stop. A single process just raises."""
+    if comm is None or comm.size == 1:
+        return fn()
+    try:
+        out = fn()
+        comm.check_peers()
+        comm.close()
+        return out
+    except PeerFailed as e:
+        print(f"minidl: {e}", file=sys.stderr, flush=True)
+        comm.stop(1)
+        raise
+    except BaseException as e:
+        comm.fail(f"{type(e).__name__}: {e}")
+        raise

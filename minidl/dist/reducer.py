@@ -1,0 +1,131 @@
+"""The gradient reducer: runs a plan's ALLREDUCE and REDUCED events on a communicator.
+
+ALLREDUCE (after a bucket's ready step): copy the bucket's gradients into this rank's row of the bucket tensor,
+in the plan's order, and start the in-place all-gather of the rows. `progress()` (after every route step) tests
+the pending ones: an MPI library progresses a nonblocking collective only inside MPI calls, so without these
+tests nothing would move while numpy computes. REDUCED (before the update): wait, then sum the rows in rank
+order 0..N-1 into row 0, divide by N and copy the slices back into the gradients. Every rank runs the same
+additions in the same order on the same bits, so all replicas stay bit-identical to each other and to the
+previous run.
+
+Timing, for the trace and `hidden_fraction`: a bucket's all-reduce is *in flight* from its start to the first
+test or wait that sees it complete; the time the update waited on it is *exposed*. Per step, hidden =
+1 - exposed / (union of the in-flight intervals): the share of the all-reduce time during which backward
+went on computing. Completion is only seen at a test, so an interval can read long by up to one step: that
+makes in-flight time an upper bound, never exposed time.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..vocab import TraceEvent
+from .comm import Communicator, Request
+
+
+@dataclass(slots=True)
+class _Pending:
+    req: Request
+    step: int
+    start: float
+    done: float | None = None
+
+
+@dataclass(slots=True)
+class ReduceStats:
+    """Totals over the steps run: seconds in flight (union per step), seconds the update waited, buckets."""
+
+    inflight_s: float = 0.0
+    exposed_s: float = 0.0
+    buckets: int = 0
+    steps: int = 0
+    bytes_per_step: int = 0   # this rank's gradient bytes sent per step
+
+    @property
+    def hidden_fraction(self) -> float:
+        return 1.0 - self.exposed_s / self.inflight_s if self.inflight_s > 0 else 1.0
+
+    def to_json(self) -> dict:
+        return {"allreduce_inflight_s": self.inflight_s, "allreduce_exposed_s": self.exposed_s,
+                "allreduce_hidden_fraction": self.hidden_fraction, "allreduce_buckets": self.buckets,
+                "allreduce_bytes_per_step": self.bytes_per_step}
+
+
+@dataclass(slots=True)
+class GradientReducer:
+    comm: Communicator
+    be: object
+    t0: float = 0.0
+    trace: list | None = None
+    stats: ReduceStats = field(default_factory=ReduceStats)
+    _pending: dict[str, _Pending] = field(default_factory=dict)
+    _intervals: list[tuple[float, float]] = field(default_factory=list)
+    _step_bytes: int = 0
+
+    def start(self, bucket: str, buf, grads: list, step: int) -> None:
+        if buf.shape[0] != self.comm.size:
+            raise ValueError(f"{bucket} has {buf.shape[0]} rows, but {self.comm.size} ranks: the plan was made "
+                             f"for another world size")
+        row = buf[self.comm.rank]
+        off = 0
+        for g in grads:
+            self.be.copy(row[off:off + g.size].reshape(g.shape), g)
+            off += g.size
+        self._step_bytes += int(row.nbytes)
+        self._pending[bucket] = _Pending(self.comm.start_allgather(buf), step, time.perf_counter())
+
+    def progress(self) -> None:
+        for p in self._pending.values():
+            if p.done is None and self.comm.test(p.req):
+                p.done = time.perf_counter()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def finish(self, bucket: str, buf, grads: list, step: int) -> None:
+        p = self._pending.pop(bucket)
+        t = time.perf_counter()
+        if p.done is None:
+            self.comm.wait(p.req, f"the all-reduce of {bucket}")
+            p.done = time.perf_counter()
+            self.stats.exposed_s += p.done - t
+        self._intervals.append((p.start, p.done))
+        if self.trace is not None:
+            self.trace.append(TraceEvent(f"allreduce {bucket}", "allreduce", p.start - self.t0, p.done - p.start,
+                                         p.step, 0))
+        n = self.comm.size
+        acc = buf[0]
+        for r in range(1, n):  # rank order, on every rank
+            self.be.accumulate(acc, buf[r])
+        if n > 1:
+            _divide(self.be, acc, n)
+        off = 0
+        for g in grads:
+            self.be.copy(g, acc[off:off + g.size].reshape(g.shape))
+            off += g.size
+        self.stats.buckets += 1
+
+    def end_iteration(self) -> None:
+        """Close a step's books: the union of its in-flight intervals."""
+        if self._pending:
+            raise RuntimeError(f"all-reduces still pending at the end of a step: {sorted(self._pending)}")
+        total, end = 0.0, float("-inf")
+        for s, e in sorted(self._intervals):
+            if e > end:
+                total += e - max(s, end)
+                end = e
+        self.stats.inflight_s += total
+        self.stats.steps += 1
+        self.stats.bytes_per_step, self._step_bytes = self._step_bytes, 0
+        self._intervals.clear()
+
+
+def _divide(be, a, n: int) -> None:
+    """a /= n on the backend's compute stream (a device backend has one; on the CPU it is numpy in place)."""
+    stream = getattr(be, "compute", None)
+    if stream is None:
+        a /= n
+    else:
+        with stream:
+            a /= n

@@ -1,0 +1,15 @@
+"""What a data-parallel run reports (JSON keys of `minidl train` under mpiexec)."""
+from __future__ import annotations
+
+
+def dist_json(sess, result) -> dict:
+    """Ranks, global batch and throughput, and the all-reduce's cost as this rank measured it (rank 0 reports).
+
+    `images_per_s` is the whole job's: ranks x per-rank batch / this rank's median step time (every rank waits
+    for the others at each step's all-reduce, so their step times agree up to noise)."""
+    comm, reducer = sess.comm, sess.executor.reducer
+    out = {"dist": comm.kind, "ranks": comm.size, "rank": comm.rank, "global_batch": sess.batch * comm.size,
+           "images_per_s_per_rank": result.images_per_s, "images_per_s": result.images_per_s * comm.size}
+    if reducer is not None:
+        out.update(reducer.stats.to_json())
+    return out

@@ -1,0 +1,135 @@
+"""Data-parallel planning and the reducer in one process (no MPI): buckets, their events, their memory, and a
+1-rank data-parallel run bit-identical to a plain one under every policy."""
+import json
+
+import numpy as np
+import pytest
+
+from minidl.data import synthetic
+from minidl.dist.checkpoint import check_resume
+from minidl.dist.comm import Communicator
+from minidl.errors import BudgetError, DistError
+from minidl.memory.decisions.allreduce import DataParallel, assign_buckets
+from minidl.memory.plan import EventKind
+from minidl.memory.policies import plan_network
+from minidl.memory.report import explain, write_trace
+from minidl.models import build_model
+from minidl.optim import SGD
+from minidl.route import Phase
+from minidl.session import Session
+from minidl.tensors import Role
+
+
+def lenet(batch=8):
+    return build_model("lenet", batch=batch, image_size=8, in_channels=1, num_classes=10)
+
+
+def grad_order(route):
+    return [t for s in route.steps if s.phase is Phase.BACKWARD for t in s.writes
+            if route.tensors[t].role is Role.GRADIENT]
+
+
+@pytest.mark.parametrize("cap", [1, 4096, 16 << 10, 1 << 30])
+def test_buckets_take_gradients_in_backward_order_up_to_the_cap(cap):
+    route = lenet().route(training=True, optimizer_slots=("momentum",))
+    buckets = assign_buckets(route, cap)
+    assert [g for b in buckets for g in b.grads] == grad_order(route)  # each gradient once, in backward order
+    for b in buckets:
+        nbytes = sum(route.tensors[g].nbytes for g in b.grads)
+        assert nbytes <= cap or len(b.grads) == 1
+        assert b.elements * 4 == nbytes
+        last = max(k for k, s in enumerate(route.steps) if set(b.grads) & set(s.writes))
+        assert b.ready_step == last
+    if cap == 1:
+        assert len(buckets) == len(grad_order(route))
+    if cap == 1 << 30:
+        assert len(buckets) == 1
+
+
+def test_buckets_are_planned_tensors_with_events():
+    net = lenet()
+    plan = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(3, 16 << 10))
+    route = plan.route
+    assert len(plan.buckets) > 1
+    update = next(k for k, s in enumerate(route.steps) if s.phase is Phase.UPDATE)
+    reduced = [ev.tensor for ev in plan.steps[update].before if ev.kind is EventKind.REDUCED]
+    assert reduced == list(plan.buckets)
+    for k, (bid, grads) in enumerate(plan.buckets.items()):
+        spec = route.tensors[bid]
+        assert spec.role is Role.BUCKET
+        assert spec.shape == (3, sum(route.tensors[g].nbytes for g in grads) // 4)
+        ready = [i for i, sp in enumerate(plan.steps) for ev in sp.after
+                 if ev.kind is EventKind.ALLREDUCE and ev.tensor == bid]
+        assert len(ready) == 1 and bid in route.steps[ready[0]].writes
+        alloc = [i for i, sp in enumerate(plan.steps) for ev in sp.before
+                 if ev.kind is EventKind.ALLOC and ev.tensor == bid]
+        assert alloc == ready  # allocated just before the step it is packed after
+    assert "allreduce" in explain(plan) and "reduced" in explain(plan)
+    plain = plan_network(net, SGD(0.1, momentum=0.9), "liveness")
+    assert plan.peak_bytes > plain.peak_bytes
+
+
+def test_budget_counts_the_buckets():
+    net = lenet()
+    opt = SGD(0.1, momentum=0.9)
+    dp = DataParallel(2)
+    plain = plan_network(net, opt, "liveness")
+    dist = plan_network(net, opt, "liveness", data_parallel=dp)
+    assert dist.min_budget_bytes > plain.min_budget_bytes
+    plan_network(net, opt, "liveness", budget=plain.min_budget_bytes)
+    with pytest.raises(BudgetError, match=f"{dist.min_budget_bytes:,} B"):
+        plan_network(net, opt, "liveness", budget=plain.min_budget_bytes, data_parallel=dp)
+
+
+def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False):
+    net = build_model("resnet", depth=8, batch=4, image_size=8, num_classes=10)
+    data = synthetic(64, (3, 8, 8), 10, seed=1)
+    sess = Session(net, SGD(0.05, momentum=0.9), policy=policy, budget=budget, seed=3, comm=comm,
+                   bucket_bytes=bucket, trace=trace)
+    res = sess.fit(data, steps)
+    return sess, res
+
+
+@pytest.mark.parametrize("policy,budget", [("none", None), ("liveness", None), ("recompute", None),
+                                           ("auto", 1536 << 10)])
+def test_one_rank_data_parallel_is_bit_identical_to_a_plain_run(policy, budget):
+    plain, r0 = train(policy, None, budget=budget)
+    dist, r1 = train(policy, Communicator(), budget=budget)
+    assert dist.plan.buckets and not plain.plan.buckets
+    assert r0.losses == r1.losses
+    a, b = plain.executor.state_dict(), dist.executor.state_dict()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+    assert dist.executor.pool.peak == dist.plan.peak_bytes  # the simulator's peak, buckets included
+    assert dist.executor.reducer.stats.buckets == 3 * len(dist.plan.buckets)
+
+
+def test_trace_has_an_allreduce_track(tmp_path):
+    sess, _ = train("liveness", Communicator(), steps=1, trace=True)
+    names = [e.name for e in sess.executor.trace if e.track == "allreduce"]
+    assert names == [f"allreduce {b}" for b in sess.plan.buckets]
+    for events in (sess.executor.trace, None):
+        path = write_trace(tmp_path / "t.json", sess.plan, events)
+        tr = json.loads(path.read_text())["traceEvents"]
+        assert sum(1 for e in tr if e.get("tid") == 3 and e["ph"] == "X") == len(sess.plan.buckets)
+
+
+def test_bad_configuration_is_named():
+    with pytest.raises(DistError, match="world size"):
+        DataParallel(0)
+    with pytest.raises(DistError, match="bucket-size"):
+        DataParallel(2, 0)
+    with pytest.raises(DistError, match="--batch 16"):
+        check_resume({"global_batch": 32, "ranks": 2}, 8, 2, "ck.npz")
+    check_resume({"global_batch": 32, "ranks": 2}, 16, 2, "ck.npz")
+    check_resume({"global_batch": 32, "ranks": 1}, 8, 1, "ck.npz")  # one process keeps its freedom
+
+
+def test_cli_plans_one_rank_of_a_data_parallel_job(capsys):
+    from minidl.cli import main
+
+    assert main(["plan", "lenet", "--image-size", "8", "--in-channels", "1", "--batch", "16", "--ranks", "2",
+                 "--bucket-size", "32KiB", "--explain", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["by_role"]["bucket"] > 0 and sum(out["by_role"].values()) == out["peak_bytes"]
+    assert "* allreduce bucket:0" in out["explain"] and "+ reduced   bucket:0" in out["explain"]

@@ -1,0 +1,157 @@
+"""The NCCL communicator on the host, against recording fakes of cupy's `cuda.nccl` bindings, events and streams
+(no GPU, cupy or NCCL needed); and the reducer's ordered sum with a fake 2-rank communicator. The NCCL path has
+not run on a GPU: these tests hold its calls to the bindings' signatures
+(`NcclCommunicator(ndev, commId, rank)`, `allGather(sendbuf, recvbuf, count, datatype, stream)`)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from minidl.backend.cpu import CPUBackend
+from minidl.dist.comm import Communicator, Request
+from minidl.dist.nccl import NCCLComm
+from minidl.dist.reducer import GradientReducer
+from minidl.errors import DistError
+
+
+class Log(list):
+    def __call__(self, *entry):
+        self.append(entry)
+
+
+class FakeEvent:
+    def __init__(self, log, **kw):
+        self.log, self.done, self.kw = log, False, kw
+
+    def record(self, stream):
+        self.log("record", self, stream.name)
+
+
+class FakeStream:
+    def __init__(self, log, name, ptr):
+        self.log, self.name, self.ptr = log, name, ptr
+
+    def wait_event(self, ev):
+        self.log("wait_event", self.name, ev)
+
+    def synchronize(self):
+        self.log("synchronize", self.name)
+
+
+class FakeNcclComm:
+    def __init__(self, log, ndev, uid, rank):
+        self.log = log
+        log("init", ndev, uid, rank)
+
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):  # noqa: N802 - cupy's name
+        self.log("allGather", sendbuf, recvbuf, count, datatype, stream)
+
+    def abort(self):
+        self.log("abort")
+
+    def destroy(self):
+        self.log("destroy")
+
+
+class FakeMPI(Communicator):
+    kind = "mpi"
+
+    def __init__(self, rank, size, log):
+        super().__init__(rank, size, timeout_s=0.05)
+        self.log = log
+
+    def bcast(self, obj):
+        self.log("bcast", obj)
+        return ("uid-of-rank-0",)
+
+    def check_peers(self):
+        self.log("check_peers")
+
+
+def make(rank=1, size=2):
+    log = Log()
+    nccl = SimpleNamespace(get_unique_id=lambda: ("uid-of-rank-0",), NCCL_FLOAT32=7, NCCL_FLOAT64=8,
+                           NCCL_FLOAT16=6, NcclCommunicator=lambda n, uid, r: FakeNcclComm(log, n, uid, r))
+    streams = iter([FakeStream(log, "comm", 0xC0)])
+    cp = SimpleNamespace(cuda=SimpleNamespace(Event=lambda **kw: FakeEvent(log, **kw),
+                                              Stream=lambda non_blocking: next(streams)))
+    be = SimpleNamespace(compute=FakeStream(log, "compute", 0xA0))
+    comm = NCCLComm(FakeMPI(rank, size, log), be, nccl=nccl, cupy=cp)
+    return comm, log
+
+
+def device_buffer(shape, dtype=np.float32, ptr=0x10000, contiguous=True):
+    return SimpleNamespace(shape=shape, dtype=np.dtype(dtype), data=SimpleNamespace(ptr=ptr),
+                           flags=SimpleNamespace(c_contiguous=contiguous))
+
+
+def test_setup_carries_rank0s_unique_id_over_mpi():
+    comm, log = make(rank=1, size=2)
+    assert ("bcast", None) in log  # rank 1 sends nothing, receives rank 0's id
+    assert ("init", 2, ("uid-of-rank-0",), 1) in log
+    assert comm.kind == "nccl" and (comm.rank, comm.size) == (1, 2)
+
+
+def test_allgather_is_in_place_on_its_own_stream_after_compute():
+    comm, log = make(rank=1, size=2)
+    log.clear()
+    req = comm.start_allgather(device_buffer((2, 1000)))
+    kinds = [e[0] for e in log]
+    assert kinds == ["record", "wait_event", "allGather", "record"]
+    ready, done = log[0][1], log[3][1]
+    assert log[0][2] == "compute" and log[1] == ("wait_event", "comm", ready)  # reads the packed row
+    assert log[2] == ("allGather", 0x10000 + 1 * 1000 * 4, 0x10000, 1000, 7, 0xC0)  # send = recv + rank*count
+    assert log[3][2] == "comm" and req.handle is done
+    assert not comm.test(req)
+    done.done = True
+    log.clear()
+    comm.wait(req, "the all-reduce of bucket:0")
+    assert ("wait_event", "compute", done) in log  # the ordered sum on compute reads the gathered rows
+
+
+def test_wait_times_out_naming_the_rank_and_aborts_nccl():
+    comm, log = make(rank=0, size=2)
+    req = comm.start_allgather(device_buffer((2, 8), np.float64))
+    assert log[-2][4] == 8  # NCCL_FLOAT64
+    with pytest.raises(DistError, match=r"rank 0 of 2: the all-reduce of bucket:3 \(NCCL\) did not complete"):
+        comm.wait(req, "the all-reduce of bucket:3")
+    assert ("abort",) in log
+
+
+@pytest.mark.parametrize("buf", [device_buffer((2, 4), np.int32), device_buffer((3, 4)),
+                                 device_buffer((2, 4), contiguous=False)])
+def test_bad_buffers_are_refused(buf):
+    comm, _ = make()
+    with pytest.raises(DistError, match="NCCL all-gather needs"):
+        comm.start_allgather(buf)
+
+
+class TwoRanks(Communicator):
+    """Rank `rank` of 2 whose all-gather writes a known row for the other rank."""
+
+    def __init__(self, rank, other_row):
+        super().__init__(rank, 2)
+        self.other_row = other_row
+
+    def start_allgather(self, buf):
+        buf[1 - self.rank] = self.other_row
+        return Request(done=True)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_reducer_sums_rows_in_rank_order_then_divides(rank):
+    rng = np.random.default_rng(0)
+    g = [rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(5).astype(np.float32)]
+    other = rng.standard_normal(17).astype(np.float32)
+    mine = np.concatenate([a.ravel() for a in g])
+    red = GradientReducer(TwoRanks(rank, other), CPUBackend())
+    buf = np.zeros((2, 17), np.float32)
+    red.start("bucket:0", buf, g, 5)
+    red.progress()
+    red.finish("bucket:0", buf, g, 9)
+    rows = [mine, other] if rank == 0 else [other, mine]
+    want = (rows[0] + rows[1]) / np.float32(2)  # row 0 first, on both ranks: the same bits everywhere
+    got = np.concatenate([a.ravel() for a in g])
+    assert np.array_equal(got, want)
+    red.end_iteration()
+    assert red.stats.buckets == 1 and red.stats.bytes_per_step == 17 * 4
