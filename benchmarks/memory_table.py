@@ -15,6 +15,13 @@ same peak when it runs the plan):
 - lower bound parameters + gradients + optimizer state + the largest single step's working set (with the
               smallest workspace): no schedule of this route can go below it
 - min/LB      auto min / lower bound (the goal is <= 1.1)
+- window min  the smallest budget policy `window` accepts (nnabla's scheduler; its tightest window: only the
+              current step's tensors and the parameters on the device), asked the same way
+- arena/live  liveness plan: the arena it needs / its peak of live bytes, on the contiguous best-fit pool
+              (fragmentation) and on the paged pool (`--paged`, chunk `--chunk`, default 20 MiB: the goal is
+              1.00 up to chunk rounding)
+- paged/rounded  the paged arena / the peak of live bytes with every tensor rounded up to whole chunks: at most
+              1.00 (no fragmentation; below 1 where small tensors share chunks)
 
 Every column but "auto min" is the plan's *peak in use*; "auto min" is an arena size, so it also pays for the
 allocator's fragmentation at the binding step.
@@ -29,7 +36,8 @@ import time
 
 from minidl.errors import BudgetError
 from minidl.memory.policies import plan_network
-from minidl.memory.pool import format_bytes
+from minidl.memory.pool import format_bytes, parse_size
+from minidl.memory.schedulers.window import window_min_budget
 from minidl.models import build_model
 from minidl.optim import SGD
 
@@ -45,7 +53,7 @@ def auto_minimum(net, opt, device: str) -> int:
         return int(e.min_budget_bytes)
 
 
-def row(model: str, batch: int, device: str, check: bool) -> dict:
+def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**20) -> dict:
     net = build_model(model, batch=batch)
     opt = SGD(lr=0.01, momentum=0.9)
     t = time.perf_counter()
@@ -60,6 +68,16 @@ def row(model: str, batch: int, device: str, check: bool) -> dict:
     if check:  # auto at exactly that budget must plan
         p = plan_network(net, opt, "auto", budget=m, device=device)
         out["auto_min_checked"] = p.min_budget_bytes <= m
+    slots = tuple(opt.slots)
+    out["window_min"] = window_min_budget(net.route(training=True, optimizer_slots=slots))
+    paged = plan_network(net, opt, "liveness", device=device, paged=chunk)
+    out["paged_chunk"] = chunk
+    out["paged_arena"] = paged.min_budget_bytes
+    out["paged_live_peak"] = paged.paged.live_peak_bytes
+    out["arena_over_live"] = out["liveness_min_budget"] / out["liveness"]
+    out["paged_arena_over_live"] = paged.min_budget_bytes / paged.paged.live_peak_bytes
+    out["paged_rounded_peak"] = paged.paged.rounded_peak_bytes
+    out["paged_arena_over_rounded"] = paged.min_budget_bytes / paged.paged.rounded_peak_bytes
     out["none_over_liveness"] = out["none"] / out["liveness"]
     out["min_over_lb"] = m / out["lower_bound"]
     out["planning_s"] = time.perf_counter() - t
@@ -67,13 +85,16 @@ def row(model: str, batch: int, device: str, check: bool) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| model | batch | none | liveness | none/live | recompute | auto min | lower bound | min/LB |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| model | batch | none | liveness | none/live | recompute | auto min | lower bound | min/LB | window min "
+            "| arena/live | paged arena/live | paged/rounded |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} | {format_bytes(r['none'])} | {format_bytes(r['liveness'])} | "
                      f"{r['none_over_liveness']:.2f}x | {format_bytes(r['recompute'])} | "
-                     f"{format_bytes(r['auto_min'])} | {format_bytes(r['lower_bound'])} | {r['min_over_lb']:.3f} |")
+                     f"{format_bytes(r['auto_min'])} | {format_bytes(r['lower_bound'])} | {r['min_over_lb']:.3f} | "
+                     f"{format_bytes(r['window_min'])} | {r['arena_over_live']:.3f} | "
+                     f"{r['paged_arena_over_live']:.3f} | {r['paged_arena_over_rounded']:.3f} |")
     return "\n".join(lines)
 
 
@@ -83,11 +104,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--device", default="cpu", help="profile auto estimates step times with")
     ap.add_argument("--check", action="store_true", help="also plan auto at exactly its minimum")
+    ap.add_argument("--chunk", type=parse_size, default=20 * 2**20, help="paged pool chunk (default 20MiB)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rows = []
     for m in args.models:
-        r = row(m, args.batch, args.device, args.check)
+        r = row(m, args.batch, args.device, args.check, args.chunk)
         rows.append(r)
         print(f"{m}: planned in {r['planning_s']:.1f} s", flush=True)
     print(f"\nPeak bytes of one training step, batch {args.batch}, SGD with momentum, float32 "

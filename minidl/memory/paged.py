@@ -48,6 +48,7 @@ class PagedLayout:
     chunk_bytes: int
     virtual_bytes: int      # the highest virtual byte the plan touches
     live_peak_bytes: int    # peak of live bytes (512-aligned, as a contiguous pool counts them)
+    rounded_peak_bytes: int = 0  # peak of live bytes with each tensor rounded up to whole chunks (the arena's bound)
 
 
 class PagedBacking(Protocol):
@@ -82,6 +83,7 @@ class PagedPool:
         self._shared: dict[int, TensorPool] = {}                # shared virtual chunk -> its sub-pool
         self._live: dict[int, _Range] = {}
         self._in_use = self._peak = self._live_bytes = self._live_peak = 0
+        self._rounded = self.rounded_peak = 0
         self.virtual_high = 0
         self.arena = (backing.allocate(self.capacity, self.chunk, n_virtual * self.chunk)
                       if backing is not None else None)
@@ -164,6 +166,8 @@ class PagedPool:
             self._live[offset] = _Range(size, vc, count, tag)
         self._live_bytes += size
         self._live_peak = max(self._live_peak, self._live_bytes)
+        self._rounded += -(-size // self.chunk) * self.chunk
+        self.rounded_peak = max(self.rounded_peak, self._rounded)
         return offset
 
     def _claim_virtual(self, vc: int, count: int, offset: int, size: int, tag) -> None:
@@ -178,6 +182,7 @@ class PagedPool:
         if r is None:
             raise ValueError(f"free of unknown offset {offset}: no live range starts there")
         self._live_bytes -= r.nbytes
+        self._rounded -= -(-r.nbytes // self.chunk) * self.chunk
         if r.nchunks:
             self._unmap(r.vchunk, r.nchunks)
             self._virt.free(r.vchunk * ALIGNMENT)

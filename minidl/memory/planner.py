@@ -215,7 +215,7 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: 
                 peak_step=max(rec.peak_step, 0), sizes=sizes)
     plan.peak_live = live_at(plan, plan.peak_step)
     if rec.paged:
-        plan.paged = PagedLayout(rec.pool.chunk, rec.pool.virtual_high, rec.pool.live_peak)
+        plan.paged = PagedLayout(rec.pool.chunk, rec.pool.virtual_high, rec.pool.live_peak, rec.pool.rounded_peak)
     return plan
 
 
