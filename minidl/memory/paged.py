@@ -148,7 +148,11 @@ class PagedPool:
             sub = self._shared.get(vc)
             if sub is None:
                 self._claim_virtual(vc, 1, offset, size, tag)
-                self._map(vc, 1, size, tag)
+                try:
+                    self._map(vc, 1, size, tag)
+                except PoolOutOfMemory:
+                    self._virt.free(vc * ALIGNMENT)
+                    raise
                 sub = self._shared[vc] = TensorPool(self.chunk)
             sub.alloc_at(within, size, tag)
             self._live[offset] = _Range(size, vc, 0, tag)

@@ -141,3 +141,12 @@ def test_paged_bit_identical_to_none_and_peak_equals_plan(key, policy, reference
     assert sess.executor.pool.peak == plan.peak_bytes == simulate(plan, "cpu").peak_bytes
     if budget is not None:
         assert plan.min_budget_bytes <= budget
+
+
+def test_out_of_chunks_leaves_the_pool_unchanged():
+    pool = PagedPool(2 * CHUNK, CHUNK)
+    pool.alloc(2 * CHUNK, "all")
+    for n in (100, 3 * CHUNK):
+        with pytest.raises(PoolOutOfMemory):
+            pool.alloc(n, "more")
+    assert len(pool) == 1 and pool.in_use == 2 * CHUNK and not pool._shared
