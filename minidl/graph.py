@@ -127,6 +127,8 @@ class Network:
         return self._append(node)
 
     def set_loss(self, loss: Symbol) -> None:
+        """Mark `loss` (a loss layer's output, e.g. SoftmaxCrossEntropy's) as what training minimizes; its first
+        input is what `Session.predict` returns."""
         if not isinstance(loss, Symbol) or loss.network is not self:
             raise GraphError("set_loss() takes a Symbol of this network")
         node = loss.node
@@ -138,6 +140,7 @@ class Network:
 
     # -- queries ----------------------------------------------------------------------------------------------
     def node(self, name: str) -> Node:
+        """The node named `name` (KeyError naming the network if there is none)."""
         try:
             return self.nodes[self._by_name[name]]
         except KeyError:
@@ -145,14 +148,17 @@ class Network:
 
     @property
     def layer_nodes(self) -> list[Node]:
+        """Every node that applies a layer (inputs excluded), in call order."""
         return [n for n in self.nodes if n.layer is not None]
 
     @property
     def input_nodes(self) -> list[Node]:
+        """The network's inputs (images first, then labels), in declaration order."""
         return [n for n in self.nodes if n.layer is None]
 
     @property
     def loss_node(self) -> Node:
+        """The node `set_loss` marked (GraphError if none was)."""
         if self.loss_index is None:
             raise GraphError(f"network '{self.name}' has no loss: call net.set_loss(...)")
         return self.nodes[self.loss_index]
@@ -163,6 +169,7 @@ class Network:
         return self.nodes[self.loss_node.inputs[0]]
 
     def num_params(self, trainable_only: bool = True) -> int:
+        """Parameter count (with `trainable_only=False`, BN running statistics too)."""
         return sum(int(math.prod(p.shape)) for n in self.nodes for p in n.params.values()
                    if p.trainable or not trainable_only)
 
@@ -173,6 +180,7 @@ class Network:
         return summarize(self)
 
     def forward_flops(self) -> int:
+        """Floating-point operations of one forward pass over the whole batch (each layer's own count)."""
         return sum(n.layer.flops([self.nodes[i].shape for i in n.inputs], n.shape) for n in self.layer_nodes)
 
     def validate(self) -> None:

@@ -15,6 +15,8 @@ How a block runs (the only changes made to what the README says, so a reader kno
   ``python -m pytest`` (the suite itself) runs as ``python -m pytest --collect-only -q``: it checks that the
   command and the suite are valid without running the suite inside itself.
 * A block preceded by ``<!-- readme-test: skip REASON -->`` is not run; the test requires a reason.
+* A bash block whose commands need a program this machine lacks (``mpiexec`` for data-parallel runs) is skipped,
+  naming the program; it runs wherever the program is installed.
 """
 from __future__ import annotations
 
@@ -61,6 +63,9 @@ def test_readme_bash_block_runs(index, tmp_path):
     body, skip = readme_blocks("bash")[index]
     if skip is not None:
         pytest.skip(skip)
+    for program in {fast_command(line).split()[0] for line in body.splitlines() if line.strip()}:
+        if shutil.which(program, path=env_with_venv_first()["PATH"]) is None:
+            pytest.skip(f"{program} is not installed here")
     script = "set -euo pipefail\n" + "\n".join(fast_command(line) for line in body.splitlines())
     cwd = ROOT if "pytest" in body else tmp_path  # the suite is collected from the checkout
     r = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,

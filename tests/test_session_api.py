@@ -130,3 +130,27 @@ def test_resume_continues_the_schedule_bit_for_bit(tmp_path):
     assert second.optimizer.lr == whole.optimizer.lr == sched.lr(0.05, 5)
     for k, v in whole.executor.state_dict().items():
         np.testing.assert_array_equal(v, second.executor.state_dict()[k], err_msg=k)
+
+
+def test_public_api_has_docstrings():
+    """Every public class, function and method a newcomer reaches from `minidl` (and minidl.optim) says what it
+    does: help(dl.Session) and an editor's hover are the first documentation anyone reads."""
+    import inspect
+
+    import minidl.optim as optim
+
+    objs = [dl.Network, dl.Session, dl.TrainResult, dl.parse_size, dl.format_bytes, dl.OptionError]
+    objs += [getattr(optim, n) for n in optim.__all__]
+    missing = []
+    for obj in objs:
+        if not inspect.getdoc(obj):
+            missing.append(obj.__name__)
+        if not inspect.isclass(obj) or issubclass(obj, BaseException):
+            continue
+        for name, member in vars(obj).items():
+            if name.startswith("_"):
+                continue
+            fn = member.fget if isinstance(member, property) else getattr(obj, name)
+            if callable(fn) and not inspect.getdoc(fn):  # a docstring inherited from the base class counts
+                missing.append(f"{obj.__name__}.{name}")
+    assert not missing, f"no docstring: {missing}"

@@ -15,6 +15,11 @@ __all__ = ["Optimizer", "SGD", "Adam", "make_optimizer", "LRSchedule", "Constant
 
 
 class Optimizer:
+    """Base of the optimizers: `update` one parameter in place from its gradient and its state tensors.
+
+    `slots` names the per-parameter state tensors (e.g. ("momentum",)); the route plans them as tensors of role
+    `optimizer`, so they count in every memory figure, and the executor hands them to `update` by name."""
+
     slots: tuple[str, ...] = ()
 
     def update(self, be, param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> None:
@@ -22,11 +27,15 @@ class Optimizer:
         raise NotImplementedError
 
     def config(self) -> dict:
+        """The hyper-parameters as plain types (stored in checkpoints' metadata)."""
         return {}
 
 
 @dataclass
 class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, dampening, weight decay and Nesterov momentum, with
+    torch.optim.SGD's update rule (the first step's momentum buffer is the gradient itself)."""
+
     lr: float = 0.01
     momentum: float = 0.0
     dampening: float = 0.0
@@ -41,16 +50,21 @@ class SGD(Optimizer):
         self.slots = ("momentum",) if self.momentum else ()
 
     def update(self, be, param, grad, state, step):
+        """One SGD update of `param` in place (the backend's fused kernel)."""
         be.sgd_update(param, grad, state.get("momentum"), self.lr, self.momentum, self.dampening,
                       self.weight_decay, self.nesterov, first_step=(step == 0))
 
     def config(self):
+        """SGD's hyper-parameters as plain types."""
         return {"type": "sgd", "lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
 
 @dataclass
 class Adam(Optimizer):
+    """Adam with torch.optim.Adam's update rule (bias-corrected moments; `weight_decay` adds L2 to the gradient,
+    not AdamW's decoupled decay)."""
+
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -62,15 +76,18 @@ class Adam(Optimizer):
         self.slots = ("exp_avg", "exp_avg_sq")
 
     def update(self, be, param, grad, state, step):
+        """One Adam update of `param` and its two moments in place (`step` + 1 is Adam's bias-correction t)."""
         be.adam_update(param, grad, state["exp_avg"], state["exp_avg_sq"], self.lr, self.betas[0], self.betas[1],
                        self.eps, self.weight_decay, step + 1)
 
     def config(self):
+        """Adam's hyper-parameters as plain types."""
         return {"type": "adam", "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
                 "weight_decay": self.weight_decay}
 
 
 def make_optimizer(name: str, lr: float, momentum: float = 0.9, weight_decay: float = 0.0) -> Optimizer:
+    """The optimizer the command line names ('sgd' with `momentum`, or 'adam')."""
     if name == "sgd":
         return SGD(lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
