@@ -260,7 +260,16 @@ def cmd_plan(args) -> dict:
         print(memory_report(plan).format())
         print(f"  estimated step time on {args.device}: {sim.est_step_time_s * 1e3:.1f} ms "
               f"(planned in {out['planning_time_s']:.1f} s)")
+    _say_written(args, [("memory timeline", out.get("plot")), ("trace", out.get("trace"))])
     return out
+
+
+def _say_written(args, written: list[tuple[str, object]]) -> None:
+    """End the text output with what was written where (a user should never have to guess a file's path)."""
+    if not args.json:
+        for what, path in written:
+            if path is not None:
+                print(f"wrote {what}: {path}")
 
 
 def cmd_train(args) -> dict:
@@ -364,8 +373,7 @@ def _train(args, backend, comm) -> dict:
         if res.interrupted:
             print(f"interrupted after {res.steps} of {args.steps} steps (Ctrl-C)"
                   + ("" if args.save else "; nothing saved: give --save PATH.npz to keep the progress"))
-        for what, path in written:
-            print(f"wrote {what}: {path}")
+    _say_written(args, written)
     return out
 
 

@@ -96,3 +96,11 @@ def test_train_errors_name_the_option(argv, message, capsys):
         args = args[:-2]
     assert main([*args, *argv, "--steps", "1"]) == 2
     assert capsys.readouterr().err.strip() == f"minidl: error: {message}"
+
+
+def test_plan_says_what_it_wrote_where(tmp_path, capsys):
+    png, trace = tmp_path / "m.png", tmp_path / "t.json"
+    assert main(["plan", "lenet", "--policy", "liveness", "--plot", str(png), "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [f"wrote memory timeline: {png}", f"wrote trace: {trace}"]
+    assert png.stat().st_size > 0 and trace.stat().st_size > 0
