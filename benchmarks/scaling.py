@@ -6,7 +6,8 @@
 Weak scaling: every rank keeps `--batch` samples, so N ranks train on N x batch per step. Each configuration is
 `mpiexec -n N python -m minidl.cli train ... --trace` (the mpich wheel's mpiexec beside this interpreter, else
 the one on PATH); one BLAS thread per rank (`--blas-threads`), so 2 ranks use the 2 cores one rank x 2 threads
-would. images/s = N x batch / rank 0's median step time.
+would. images/s = N x batch / rank 0's median step time. The configurations alternate `--repeats` times (machine
+noise then hits each alike) and the table shows the run with the median images/s of each, with the range.
 
 Hidden share, from rank 0's trace: each bucket's all-reduce is a span on the `allreduce` track (from its start
 after its ready step until a test or the wait saw it complete); the share of those spans' time that overlaps
@@ -77,37 +78,46 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2")
     ap.add_argument("--blas-threads", type=int, default=1)
     ap.add_argument("--accuracy-steps", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
 
     model = [args.model] + (["--depth", str(args.depth)] if args.depth else [])
-    rows = []
+    ranks = [int(x) for x in args.ranks.split(",")]
+    runs: dict[int, list[dict]] = {n: [] for n in ranks}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in [int(x) for x in args.ranks.split(",")]:
-            trace = Path(tmp) / f"trace{n}.json"
+        for rep, n in [(r, n) for r in range(args.repeats) for n in ranks]:
+            trace = Path(tmp) / f"trace{n}.{rep}.json"
             out = run(n, [*model, "--data", "digits", "--batch", str(args.batch), "--steps", str(args.steps),
                           "--bucket-size", args.bucket_size], args.blas_threads, trace)
             inflight, hidden = hidden_from_trace(trace)
-            rows.append({"ranks": n, "global_batch": out["global_batch"], "step_time_s": out["step_time_s"],
+            runs[n].append({"ranks": n, "global_batch": out["global_batch"], "step_time_s": out["step_time_s"],
                          "images_per_s": out["images_per_s"], "buckets": out["allreduce_buckets"] // args.steps,
                          "allreduce_bytes_per_step": out["allreduce_bytes_per_step"],
                          "allreduce_inflight_s_per_step": inflight / args.steps,
                          "hidden_behind_backward": hidden,
                          "reducer_hidden_fraction": out["allreduce_hidden_fraction"],
                          "peak_bytes": out["peak_bytes"], "bucket_bytes_at_peak": out["by_role"].get("bucket", 0)})
+    rows = []
+    for n in ranks:
+        by_speed = sorted(runs[n], key=lambda r: r["images_per_s"])
+        row = dict(by_speed[len(by_speed) // 2])
+        row["images_per_s_range"] = [by_speed[0]["images_per_s"], by_speed[-1]["images_per_s"]]
+        rows.append(row)
     base = rows[0]["images_per_s"]
     print(f"{' '.join(model)}, digits, batch {args.batch} per rank, {args.steps} steps, buckets "
-          f"{args.bucket_size}, {args.blas_threads} BLAS thread(s) per rank")
-    print("| ranks | global batch | step | images/s | speedup | buckets | all-reduce in flight/step "
-          "| hidden behind backward (trace) | reducer's hidden share |")
+          f"{args.bucket_size}, {args.blas_threads} BLAS thread(s) per rank; median of {args.repeats} runs")
+    print("| ranks | global batch | step | images/s (range) | speedup | buckets | all-reduce spans/step "
+          "| hidden behind backward (trace) | reducer's hidden share |")  # spans summed over buckets
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['ranks']} | {r['global_batch']} | {r['step_time_s'] * 1e3:.1f} ms | {r['images_per_s']:.0f} | "
+        print(f"| {r['ranks']} | {r['global_batch']} | {r['step_time_s'] * 1e3:.1f} ms | {r['images_per_s']:.0f} "
+              f"({r['images_per_s_range'][0]:.0f}-{r['images_per_s_range'][1]:.0f}) | "
               f"{r['images_per_s'] / base:.2f}x | {r['buckets']} | {r['allreduce_inflight_s_per_step'] * 1e3:.1f} ms "
               + (f"| {r['hidden_behind_backward']:.0%} | {r['reducer_hidden_fraction']:.0%} |" if r["ranks"] > 1
                  else "| - | - |"))  # one rank: the all-gather is a no-op, nothing to hide
     result = {"model": model, "batch_per_rank": args.batch, "steps": args.steps, "bucket_size": args.bucket_size,
-              "blas_threads": args.blas_threads, "rows": rows}
+              "blas_threads": args.blas_threads, "rows": rows, "runs": runs}
     if args.accuracy_steps:
         common = ["resnet", "--depth", "20", "--data", "digits", "--steps", str(args.accuracy_steps),
                   "--bucket-size", args.bucket_size]

@@ -34,7 +34,7 @@ from .vocab import TraceEvent
 # Event kinds this module knows how to lower, and the executor handler each one replays (see `_unchanged`).
 LOWERED = {EventKind.ALLOC: "_alloc", EventKind.FREE: "_free", EventKind.OFFLOAD: "_offload",
            EventKind.RELEASE: "_release", EventKind.PREFETCH: "_prefetch", EventKind.WAIT: "_wait",
-           EventKind.RECOMPUTE: "_recompute"}
+           EventKind.RECOMPUTE: "_recompute", EventKind.ALLREDUCE: "_allreduce", EventKind.REDUCED: "_reduced"}
 
 Call = Callable[[], Any]
 
@@ -69,6 +69,8 @@ class Program:
             call()
         if ex.host is not None:
             ex.host.end_iteration()
+        if ex.reducer is not None:
+            ex.reducer.end_iteration()
         ex.iteration += 1
         return ex.last_loss
 
@@ -135,6 +137,8 @@ class _Lowering:
             for acc in step.accumulate:
                 self.emit("accumulate", _bind(ex.be.accumulate, ex.get(acc.into, step), ex.get(acc.partial, step)))
             self.events(sp.after, step)
+            if ex.reducer is not None and step.phase is Phase.BACKWARD:
+                self.emit("progress", ex.reducer.progress)  # MPI moves a nonblocking collective only in its calls
         return Program(self.calls, ex, self.keyed, inputs, shapes, self.kinds)
 
     # -- events: the pool bookkeeping happens now, once; only the transfers are recorded -----------------------
@@ -163,6 +167,10 @@ class _Lowering:
                 self.compute(fake, ex.plan.steps[self.forward_step_of[node.index]], recompute=True)
                 in_shapes = [ex.net.nodes[i].shape for i in node.inputs]
                 self.emit("recompute_flops", _count_flops(ex, node.layer.flops(in_shapes, node.shape)))
+            elif kind is EventKind.ALLREDUCE or kind is EventKind.REDUCED:
+                grads = [ex.get(g, step) for g in ex.plan.buckets[ev.tensor]]
+                run = ex.reducer.start if kind is EventKind.ALLREDUCE else ex.reducer.finish
+                self.emit(kind.value, _bind(run, ev.tensor, ex.get(ev.tensor, step), grads, step.index))
             else:  # pragma: no cover - why_not() refused these already
                 raise NotLowered(f"event kind {kind} is not lowered")
 

@@ -203,7 +203,7 @@ class Session:
                         bar.update(1)
                     if on_step:
                         on_step(k, loss, dt)
-                    if stop.requested:
+                    if self._stop_requested(stop.requested):
                         result.interrupted = True
                         break
                     if save_every and self.iteration % save_every == 0:
@@ -214,6 +214,12 @@ class Session:
         if result.interrupted and save_path is not None:
             result.saved.append(self.save(save_path))
         return result
+
+    def _stop_requested(self, here: bool) -> bool:
+        """Ctrl-C: stop after this step. Under mpiexec every rank gets the signal, but not at the same point of its
+        step, so the ranks agree (any rank asked -> all stop after the same step) instead of one waiting forever
+        for the others' next all-reduce."""
+        return self.comm.any(here) if self.ranks > 1 else here
 
     def _train_one(self, batch: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
         """One step at the schedule's learning rate: (loss, seconds)."""

@@ -70,6 +70,10 @@ class Communicator:
     def mean(self, value: float) -> float:
         return float(value)
 
+    def any(self, flag: bool) -> bool:
+        """True on every rank if `flag` is True on any (the same answer everywhere: a collective)."""
+        return bool(flag)
+
     def barrier(self) -> None:
         pass
 
@@ -142,6 +146,12 @@ class MPIComm(Communicator):
         for r in range(self.size):  # rank order: every rank computes the same bits
             total += float(buf[r, 0])
         return total / self.size
+
+    def any(self, flag: bool) -> bool:
+        buf = np.zeros((self.size, 1), np.float64)
+        buf[self.rank, 0] = float(bool(flag))
+        self.wait(self.start_allgather(buf), "the agreement to stop")
+        return bool(buf.any())
 
     def barrier(self) -> None:
         self.wait(Request(self.comm.Ibarrier()), "a barrier")

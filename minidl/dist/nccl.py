@@ -85,6 +85,9 @@ class NCCLComm(Communicator):
     def mean(self, value: float) -> float:
         return self.mpi.mean(value)
 
+    def any(self, flag: bool) -> bool:
+        return self.mpi.any(flag)
+
     def barrier(self) -> None:
         self.mpi.barrier()
 

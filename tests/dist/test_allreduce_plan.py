@@ -54,7 +54,7 @@ def test_buckets_are_planned_tensors_with_events():
     update = next(k for k, s in enumerate(route.steps) if s.phase is Phase.UPDATE)
     reduced = [ev.tensor for ev in plan.steps[update].before if ev.kind is EventKind.REDUCED]
     assert reduced == list(plan.buckets)
-    for k, (bid, grads) in enumerate(plan.buckets.items()):
+    for bid, grads in plan.buckets.items():
         spec = route.tensors[bid]
         assert spec.role is Role.BUCKET
         assert spec.shape == (3, sum(route.tensors[g].nbytes for g in grads) // 4)
@@ -81,11 +81,11 @@ def test_budget_counts_the_buckets():
         plan_network(net, opt, "liveness", budget=plain.min_budget_bytes, data_parallel=dp)
 
 
-def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False):
+def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False, compiled=True):
     net = build_model("resnet", depth=8, batch=4, image_size=8, num_classes=10)
     data = synthetic(64, (3, 8, 8), 10, seed=1)
     sess = Session(net, SGD(0.05, momentum=0.9), policy=policy, budget=budget, seed=3, comm=comm,
-                   bucket_bytes=bucket, trace=trace)
+                   bucket_bytes=bucket, trace=trace, compiled=compiled)
     res = sess.fit(data, steps)
     return sess, res
 
@@ -95,11 +95,14 @@ def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False):
 def test_one_rank_data_parallel_is_bit_identical_to_a_plain_run(policy, budget):
     plain, r0 = train(policy, None, budget=budget)
     dist, r1 = train(policy, Communicator(), budget=budget)
+    interpreted, r2 = train(policy, Communicator(), budget=budget, compiled=False)
     assert dist.plan.buckets and not plain.plan.buckets
-    assert r0.losses == r1.losses
-    a, b = plain.executor.state_dict(), dist.executor.state_dict()
+    assert dist.executor.program is not None, dist.executor.program_fallback  # the compiled step lowers them
+    assert dist.executor.program.kinds["allreduce"] == dist.executor.program.kinds["reduced"] == len(dist.plan.buckets)
+    assert r0.losses == r1.losses == r2.losses
+    a, b, c = plain.executor.state_dict(), dist.executor.state_dict(), interpreted.executor.state_dict()
     for k in a:
-        assert np.array_equal(a[k], b[k]), k
+        assert np.array_equal(a[k], b[k]) and np.array_equal(a[k], c[k]), k
     assert dist.executor.pool.peak == dist.plan.peak_bytes  # the simulator's peak, buckets included
     assert dist.executor.reducer.stats.buckets == 3 * len(dist.plan.buckets)
 

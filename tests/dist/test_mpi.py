@@ -145,3 +145,30 @@ def test_a_rank_that_stops_answering_times_out_with_a_message(mpiexec, tmp_path)
     r = run_ranks(mpiexec, 2, [str(script), "hang"], timeout=120)
     assert r.returncode != 0
     assert "rank 0 of 2: DistError: rank 0 of 2: the all-reduce of bucket:0 did not complete within 3 s" in r.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_after_the_same_step_and_saves(mpiexec, tmp_path):
+    import json
+    import signal
+    import time
+
+    ck = tmp_path / "ck.npz"
+    p = subprocess.Popen([mpiexec, "-n", "2", sys.executable, "-m", "minidl.cli", "train", "lenet", "--data",
+                          "digits", "--batch", "16", "--steps", "100000", "--save", str(ck), "--save-every", "1",
+                          "--json", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not ck.exists() and time.time() - t0 < 120:  # training has begun once a checkpoint exists
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)  # mpiexec forwards it to every rank
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-2000:]
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["interrupted"] and res["steps_done"] < 100000
+    with np.load(ck) as z:
+        meta = json.loads(bytes(z["__meta__"]).decode())
+    assert meta["iteration"] == res["iteration"] == res["steps_done"]  # both ranks stopped after that step
