@@ -171,18 +171,32 @@ class MPIComm(Communicator):
         raise PeerFailed(f"rank {self.rank} of {self.size}: stopping because rank {src} failed: {msg}")
 
     def fail(self, message: str, code: int = 1) -> None:
-        """Tell every other rank (they print why they stop), wait for their acknowledgements, abort the job."""
+        """Tell every other rank (they print why they stop), wait for their acknowledgements, abort the job.
+
+        A rank that failed too (the same bad option on every rank, say) cannot acknowledge: it is waiting for
+        acknowledgements itself. Its own notice counts as one, so that case ends at once, not after the grace."""
         MPI = self.MPI
         print(f"minidl: rank {self.rank} of {self.size}: {message}; stopping every rank", file=sys.stderr,
               flush=True)
         data = message.encode()[:_MSG_BYTES]
-        sends = [self.ctl.Isend([data, MPI.BYTE], dest=r, tag=_FAIL_TAG) for r in range(self.size) if r != self.rank]
-        acks = [self.ctl.Irecv([bytearray(8), MPI.BYTE], source=r, tag=_ACK_TAG)
-                for r in range(self.size) if r != self.rank]
+        peers = [r for r in range(self.size) if r != self.rank]
+        sends = [self.ctl.Isend([data, MPI.BYTE], dest=r, tag=_FAIL_TAG) for r in peers]
+        acks = {r: self.ctl.Irecv([bytearray(8), MPI.BYTE], source=r, tag=_ACK_TAG) for r in peers}
         t0 = time.perf_counter()
-        while not MPI.Request.Testall(acks) and time.perf_counter() - t0 < FAIL_GRACE_S:
+        while acks and time.perf_counter() - t0 < FAIL_GRACE_S:
+            for r in [r for r, req in acks.items() if req.Test()]:
+                del acks[r]
+            if self._notice_req is not None and self._notice_req.Test(self._status):
+                acks.pop(self._status.Get_source(), None)  # that rank failed as well
+                self._notice_req = self.ctl.Irecv([self._notice, MPI.BYTE], source=MPI.ANY_SOURCE, tag=_FAIL_TAG)
             time.sleep(POLL_S)
         del sends
+        self.base.Abort(code)
+
+    def stop(self, code: int = 1) -> None:
+        """After a peer's failure (already acknowledged): the failing rank aborts the job; if it has not within
+        the grace period, abort it from here."""
+        time.sleep(FAIL_GRACE_S)
         self.base.Abort(code)
 
     def close(self) -> None:
@@ -192,9 +206,3 @@ class MPIComm(Communicator):
             self._notice_req.Wait()
             self._notice_req = None
         self.barrier()  # nobody can send a notice any more once every rank is here
-
-    def stop(self, code: int = 1) -> None:
-        """After a peer's failure (already acknowledged): the failing rank aborts the job; if it has not within
-        the grace period, abort it from here."""
-        time.sleep(FAIL_GRACE_S)
-        self.base.Abort(code)

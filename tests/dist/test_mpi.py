@@ -117,6 +117,8 @@ FAILING = textwrap.dedent("""
         sess = Session(net, SGD(0.05), comm=comm)
 
         def on_step(k, loss, dt):
+            if mode == "both" and k == 1:
+                raise ValueError(f"bad value on rank {comm.rank}")
             if comm.rank == 1 and k == 2:
                 if mode == "raise":
                     raise RuntimeError("injected failure on rank 1")
@@ -136,6 +138,19 @@ def test_a_failing_rank_stops_every_rank_with_a_message(mpiexec, tmp_path):
     assert "finished" not in r.stdout
     assert "rank 1 of 2: RuntimeError: injected failure on rank 1; stopping every rank" in r.stderr, r.stderr
     assert "rank 0 of 2: stopping because rank 1 failed: RuntimeError: injected failure on rank 1" in r.stderr
+
+
+def test_ranks_failing_together_end_at_once_each_saying_why(mpiexec, tmp_path):
+    import time
+
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    t0 = time.time()
+    r = run_ranks(mpiexec, 2, [str(script), "both"], timeout=120)
+    assert r.returncode != 0
+    for k in (0, 1):
+        assert f"rank {k} of 2: ValueError: bad value on rank {k}; stopping every rank" in r.stderr, r.stderr
+    assert time.time() - t0 < 9.5  # not start-up + the 10 s grace spent waiting for acknowledgements
 
 
 @pytest.mark.slow
