@@ -89,6 +89,9 @@ class Route:
     backend_name: str = "cpu"  # whose algorithm menu the steps' workspace options are (see `build`)
     fused_update: bool = False  # one update step per layer, right after its backward (see the module doc)
     paged_chunk: int | None = None  # `--paged`: every planner pass places tensors by chunks of this many bytes
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
+    """Analyses derived from the route alone (liveness, per-step cost estimates), computed once: a plan of a deep
+    network asks for them a dozen times, and a route does not change after `build`."""
 
     # -- queries ---------------------------------------------------------------------------------------------
     @property

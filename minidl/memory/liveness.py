@@ -28,7 +28,10 @@ class Interval:
 
 
 def tensor_uses(route: Route) -> dict[str, list[int]]:
-    """Every step index at which each non-persistent tensor is read or written."""
+    """Every step index at which each non-persistent tensor is read or written (computed once per route:
+    callers must not modify the lists)."""
+    if "uses" in route.memo:
+        return route.memo["uses"]
     uses: dict[str, list[int]] = {}
 
     def touch(tid: str, k: int) -> None:
@@ -48,9 +51,15 @@ def tensor_uses(route: Route) -> dict[str, list[int]]:
             touch(acc.into, step.index)
         if step.workspace:
             touch(step.workspace, step.index)
-    return {tid: lst for tid, lst in uses.items() if not route.tensors[tid].role.persistent}
+    out = {tid: lst for tid, lst in uses.items() if not route.tensors[tid].role.persistent}
+    route.memo["uses"] = out
+    return out
 
 
 def analyze(route: Route) -> dict[str, Interval]:
-    """The live interval of every non-persistent tensor of the route."""
-    return {tid: Interval(tid, lst[0], lst[-1], tuple(lst)) for tid, lst in tensor_uses(route).items()}
+    """The live interval of every non-persistent tensor of the route (computed once per route: callers must not
+    modify the result)."""
+    if "intervals" not in route.memo:
+        route.memo["intervals"] = {tid: Interval(tid, lst[0], lst[-1], tuple(lst))
+                                   for tid, lst in tensor_uses(route).items()}
+    return route.memo["intervals"]

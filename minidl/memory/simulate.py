@@ -93,7 +93,15 @@ class SimResult:
 
 
 def step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
-    """Roofline estimate of each route step on `device`."""
+    """Roofline estimate of each route step on `device` (fresh records each call: callers add plan costs to
+    them; the arithmetic is done once per route and device)."""
+    key = ("step_costs", device)
+    if key not in route.memo:
+        route.memo[key] = [(c.flops, c.bytes, c.time_s) for c in _step_costs(route, device)]
+    return [StepCost(f, b, t) for f, b, t in route.memo[key]]
+
+
+def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
     net: Network = route.network
     out: list[StepCost] = []
     for step in route.steps:

@@ -67,6 +67,18 @@ compute for memory bandwidth (on the CPU the "link" is a memcpy on the same memo
 while the kernels run, against 11 GB/s alone) and for estimates of compute time that come out optimistic.
 Too small and copies are exposed; too large and blocks are held longer than needed."""
 
+GPU_COPY_SLACK = 1.0
+"""On a simulated GPU the copy engine runs beside the compute units at the link's bandwidth, which is exactly
+what the simulator models, so planning assumes no margin there: a margin would only keep blocks longer (and
+at ResNet-2500 scale, where the forward pass produces activations about as fast as the link drains them, make
+every copy look late)."""
+
+
+def copy_slack(device: DeviceProfile) -> float:
+    """The factor planning applies to bytes / link bandwidth on `device` (`COPY_SLACK` on the CPU)."""
+    return COPY_SLACK if device.name == "cpu" else GPU_COPY_SLACK
+
+
 COPY_LATENCY_S = {"cpu": 0.010}
 """Planning also assumes each copy starts this late after it is issued. On the CPU the transfer engine is a
 Python thread: before copying it must be scheduled and take the GIL, which the main thread hands over at its

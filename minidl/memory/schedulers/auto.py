@@ -50,17 +50,14 @@ from ...errors import BudgetError
 from ...route import Route
 from ...tensors import Role
 from ..decisions import offload as offload_decision
+from ..decisions import offload_fit
 from ..decisions.recompute import MEMORY, RecomputeSchedule, compute_peak_lower_bound, recompute_schedule
 from ..liveness import analyze
 from ..plan import EventKind, Plan
 from ..planner import Residency, Schedule, WorkspaceChoice, _place, check_budget, liveness_schedule, lower_bound
-from ..pool import format_bytes
-from ..simulate import get_profile, simulate
+from ..pool import ALIGNMENT, align_up, format_bytes
+from ..simulate import get_profile, simulate, step_costs
 from ..workspace import CostTable, workspace_choices
-
-BINARY_SEARCH_STEPS = 6
-"""At most this many placement passes to find the fewest offloads that fit (the rest of the interval is
-offloaded: a few more transfers, hidden anyway, instead of more planning time)."""
 
 
 @dataclass(slots=True)
@@ -152,45 +149,94 @@ def offload_candidates(mod, route: Route, base: Schedule, clock, root_reads: dic
     return cands
 
 
+def offload_schedule_for(route: Route, base: Schedule, chosen: list, timing: dict) -> Schedule:
+    """`base` with `chosen` offloaded at `timing`, each root keeping its place in its recomputation sequence
+    (offload_schedule rebuilds the residency)."""
+    sched = offload_decision.offload_schedule(route, base, chosen, timing)
+    for c in chosen:
+        if c.base.end_seq:
+            sched.residencies[c.tensor][-1].end_seq = c.base.end_seq
+    return sched
+
+
+GOOD_ENOUGH = 0.005
+"""`auto` stops searching when no combination left could beat the best plan found by more than this share of
+its step time: placing another ResNet-2500 candidate costs seconds of planning for a <0.5% faster step."""
+
+FIT_ATTEMPTS = 3
+"""Placements `OffloadSearch.place_fitted` makes at most: each one that does not fit lowers the timeline's room
+by twice the excess it found (fragmentation is not monotone in the room left: a little more than the excess
+converges in fewer placements than exactly the excess)."""
+
+INITIAL_MARGIN = 0.005
+"""Share of the budget kept free on the timeline for fragmentation before the first placement (ResNet-2500's
+frugal plans lose about 1% of the arena to holes; a first guess near it saves a placement either way)."""
+
+
+class OffloadSearch:
+    """Offload on top of one base schedule under a budget: the timeline fit (cheap, no placement) first, so that
+    `auto` can rank bases by their estimated time and place only the promising ones."""
+
+    def __init__(self, route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
+                 root_reads: dict[str, int] | None = None):
+        self.route, self.base, self.ws, self.budget = route, base, ws, budget
+        self.dev = get_profile(device) if isinstance(device, str) else device
+        mod = offload_decision
+        self.clock = mod._clock(route, self.dev, mod.copy_slack(self.dev))
+        self.cands = offload_candidates(mod, route, base, self.clock, root_reads or {})
+        self.usage = offload_fit.base_usage(route, base, ws) if self.cands else None
+        self.persistent = sum(align_up(t.nbytes) for t in route.tensors.values() if t.role.persistent)
+        self.margin = int(budget * INITIAL_MARGIN)
+        self.fit = self._fit()
+
+    def _fit(self):
+        if not self.cands:
+            return None
+        cap = self.budget - self.persistent - self.margin
+        return offload_fit.best_fit(self.usage, self.cands, self.clock, cap, self.dev.link_bw)
+
+    @property
+    def est_exposed_s(self) -> float:
+        return self.fit.exposed_s if self.fit is not None else math.inf
+
+    def place_fitted(self) -> CacheResult | None:
+        """Place the timeline's best timing; if fragmentation makes it miss the budget, refit with less room and
+        place again (`FIT_ATTEMPTS`). None if no fitted timing fits."""
+        for _ in range(FIT_ATTEMPTS):
+            if self.fit is None:
+                return None
+            chosen, timing = self.fit.chosen, self.fit.timing
+            plan = place(self.route, self.ws, offload_schedule_for(self.route, self.base, chosen, timing),
+                         self.budget)
+            if plan.min_budget_bytes <= self.budget:
+                return CacheResult(plan, True, len(chosen), len(self.cands))
+            self.margin += 2 * (plan.min_budget_bytes - self.budget) + ALIGNMENT
+            self.fit = self._fit()
+        return None
+
+    def place_tight(self) -> CacheResult:
+        """Every candidate offloaded, released at once and prefetched just in time: the most frugal plan this
+        base allows (every copy exposed)."""
+        mod = offload_decision
+        plan = place(self.route, self.ws, offload_schedule_for(self.route, self.base, self.cands,
+                                                               mod.tight_timing(self.cands)), self.budget)
+        return CacheResult(plan, plan.min_budget_bytes <= self.budget, len(self.cands), len(self.cands))
+
+
 def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
                  root_reads: dict[str, int] | None = None, plan0: Plan | None = None) -> CacheResult:
-    """The fewest offloads (with hidden copies) that make `base` fit `budget`; else every candidate offloaded
-    with the tightest timing (the most frugal plan this base allows, which may still not fit). `plan0`: `base`
-    already placed under `budget`, if at hand."""
-    mod = offload_decision
-    root_reads = root_reads or {}
-    plan = place(route, ws, base, budget) if plan0 is None else plan0
-    if plan.min_budget_bytes <= budget:
-        return CacheResult(plan, True, 0, 0)
-    dev = get_profile(device) if isinstance(device, str) else device
-    clock = mod._clock(route, dev, mod.COPY_SLACK)
-    cands = offload_candidates(mod, route, base, clock, root_reads)
-    if not cands:
+    """Offloads that make `base` fit `budget`, with the copies hidden where memory allows (`offload_fit`); else
+    every candidate offloaded with the tightest timing (the most frugal plan this base allows, which may still
+    not fit). `plan0`: `base` already placed under `budget`, if at hand."""
+    if plan0 is None and compute_peak_lower_bound(route, base, ws) <= budget:
+        plan0 = place(route, ws, base, budget)
+    if plan0 is not None and plan0.min_budget_bytes <= budget:
+        return CacheResult(plan0, True, 0, 0)
+    search = OffloadSearch(route, base, ws, budget, device, root_reads)
+    if not search.cands:
+        plan = plan0 if plan0 is not None else place(route, ws, base, budget)
         return CacheResult(plan, False, 0, 0)
-
-    def sched_for(chosen, tight: bool) -> Schedule:
-        timing = mod.tight_timing(chosen) if tight else mod.hiding_timing(chosen, clock)
-        sched = mod.offload_schedule(route, base, chosen, timing)
-        for c in chosen:   # keep a root's place in its recomputation sequence (offload_schedule rebuilds it)
-            if c.base.end_seq:
-                sched.residencies[c.tensor][-1].end_seq = c.base.end_seq
-        return sched
-
-    full = place(route, ws, sched_for(cands, False), budget)
-    if full.min_budget_bytes <= budget:
-        lo, hi, best = 0, len(cands), full
-        for _ in range(BINARY_SEARCH_STEPS):
-            if hi - lo <= 1:
-                break
-            mid = (lo + hi) // 2
-            p = place(route, ws, sched_for(cands[:mid], False), budget)
-            if p.min_budget_bytes <= budget:
-                hi, best = mid, p
-            else:
-                lo = mid
-        return CacheResult(best, True, hi, len(cands))
-    tight = place(route, ws, sched_for(cands, True), budget)
-    return CacheResult(tight, tight.min_budget_bytes <= budget, len(cands), len(cands))
+    return search.place_fitted() or search.place_tight()
 
 
 # -- layouts: where long-lived small tensors sit in the arena ----------------------------------------------------
@@ -222,6 +268,21 @@ def pin_long_lived(route: Route, sched: Schedule, roles: tuple[Role, ...]) -> Sc
                               "small and long-lived: placed once at the bottom of the arena (less fragmentation)",
                               start_seq=i + 1, end_seq=r.end_seq)]
     return Schedule(res, list(sched.markers))
+
+
+def schedule_time(route: Route, sched: Schedule, device) -> float:
+    """Estimated step time of `sched` with nothing offloaded and every convolution on its fastest algorithm: the
+    simulator's compute time plus the forward steps its RECOMPUTE residencies re-run, without placing it (no
+    offload of this schedule can be faster)."""
+    dev = get_profile(device) if isinstance(device, str) else device
+    costs = step_costs(route, dev)
+    fwd = {s.node: s.index for s in route.steps if s.phase.value == "forward"}
+    extra = 0.0
+    for tid, lst in sched.residencies.items():
+        for r in lst:
+            if r.start_kind is EventKind.RECOMPUTE:
+                extra += costs[fwd[route.network.node(tid.split(":", 1)[1]).index]].time_s
+    return math.fsum(c.time_s for c in costs) + extra
 
 
 # -- the search -------------------------------------------------------------------------------------------------
@@ -273,40 +334,53 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
     def label(name: str, layout: str) -> str:
         return f"{name}, {layout}" if layout else name
 
-    mod = offload_decision
     stage1 = ("", "grads+aux pinned")
     own_time: dict[str, float] = {}   # a base's time with nothing moved: no offload of it can be faster
-    placed: dict[str, Plan] = {}
     for name, sched, _ in bases:
+        own_time[name] = schedule_time(route, sched, device)
         if compute_peak_lower_bound(route, sched, ws) > budget:
-            # cannot fit without offload (placing it would only confirm that): keep its time for the ordering
-            own_time[name] = simulate(place(route, ws, sched, None), device).est_step_time_s
+            # cannot fit without offload (placing it would only confirm that)
             res.trials.append(Trial(name, note="skipped: busiest step alone exceeds the budget"))
             continue
         for layout in stage1:
-            t = evaluate(Trial(label(name, layout), place(route, ws, pin_long_lived(route, sched, LAYOUTS[layout]),
-                                                          budget)))
-            placed[label(name, layout)] = t.plan
-            if layout == "":
-                own_time[name] = simulate(t.plan, device).est_step_time_s
+            evaluate(Trial(label(name, layout), place(route, ws, pin_long_lived(route, sched, LAYOUTS[layout]),
+                                                      budget)))
 
-    if mod is not None:
-        done: set[str] = set()
-        order = sorted(((own_time[name], i, name, sched, rs, layout) for i, (name, sched, rs) in enumerate(bases)
-                        for layout in LAYOUTS), key=lambda e: (e[0], e[1], list(LAYOUTS).index(e[5])))
-        for lb, _, name, sched, rs, layout in order:
-            best = min((t.est_step_time_s for t in res.trials if t.fits), default=math.inf)
-            if lb >= best:
-                break         # sorted by their best possible time: none of the rest can win
-            if name in done or any(t.fits for t in res.trials if t.name == label(name, layout)):
-                continue      # this base already fits (layouts change memory, not time): nothing to gain
-            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
-            cr = cache_search(route, pin_long_lived(route, sched, LAYOUTS[layout]), ws, budget, device, reads,
-                              placed.get(label(name, layout)))
-            t = evaluate(Trial(label(f"{name} + offload", layout), cr.plan,
-                               note=f"{cr.offloaded} of {cr.candidates} candidates offloaded"))
-            if t.fits:
-                done.add(name)
+    # Stage 2: offload. Every (base, layout) that could still win is fitted on the byte timeline (no placement)
+    # and ranked by its estimated time (own time + estimated exposed copies); then placed in that order while
+    # the next estimate beats the best plan found.
+    def best_time() -> float:
+        return min((t.est_step_time_s for t in res.trials if t.fits), default=math.inf)
+
+    searches = []   # (own time, base index, layout index, name, layout, base schedule, root reads)
+    for i, (name, sched, rs) in enumerate(bases):
+        if any(t.fits for t in res.trials if t.name.split(",")[0] == name):
+            continue          # this base already fits (offload would only add copies)
+        reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
+        for li, layout in enumerate(LAYOUTS):
+            searches.append((own_time[name], i, li, name, layout, sched, reads))
+    searches.sort(key=lambda e: e[:3])
+    tried = []
+    for lb, _, _, name, layout, sched, reads in searches:
+        if lb >= best_time() * (1 - GOOD_ENOUGH):
+            break             # sorted by their best possible time: none of the rest can win (by more than a hair)
+        search = OffloadSearch(route, pin_long_lived(route, sched, LAYOUTS[layout]), ws, budget, device, reads)
+        tried.append((name, layout, search))
+        if lb + search.est_exposed_s >= best_time() * (1 - GOOD_ENOUGH):
+            continue          # its estimate already loses: not worth a placement
+        cr = search.place_fitted()
+        if cr is None:
+            continue
+        evaluate(Trial(label(f"{name} + offload", layout), cr.plan,
+                       note=f"{cr.offloaded} of {cr.candidates} candidates offloaded, copies fitted to the "
+                            f"budget (estimated {search.est_exposed_s:.3g} s exposed)"))
+    if not any(t.fits for t in res.trials) and frugal:
+        # Nothing fits: the most frugal plans (every candidate offloaded, just in time) name the smallest budget.
+        for name, layout, search in tried:
+            if search.cands:
+                cr = search.place_tight()
+                evaluate(Trial(label(f"{name} + offload (tightest)", layout), cr.plan,
+                               note=f"all {cr.candidates} candidates offloaded, prefetched just in time"))
 
     fitting = [t for t in res.trials if t.fits]
     if fitting:
