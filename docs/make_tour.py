@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
                         "step_time_s": t["step_time_s"], "accuracy": t.get("accuracy")}
                for s, p, t in results}
     (OUT_DIR / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    ratios = [t["step_time_s"] / p["est_step_time_s"] for _, p, t in results]
     today = datetime.date.today().isoformat()
     intro = f"""# A tour of minidl's memory planning: ResNet-20 on the 8x8 digits
 
@@ -206,7 +207,10 @@ follow:
 Memory figures are bytes of the plan; the measured pool peak of the real run equals the plan's peak, byte for
 byte (the simulator and the executor replay the same placement). Every policy trains to bit-identical parameters
 (`--policy none` is the reference). Estimated step times come from the simulator's `cpu` profile; measured ones
-are medians of the {TRAIN_STEPS}-step runs, on a machine shared with other jobs, so they are noisy.
+are medians of the {TRAIN_STEPS}-step runs, on a machine shared with other jobs, so they are noisy. The `cpu`
+profile's speeds are fixed figures, not measured on the machine at hand: here the measured steps were
+{min(ratios):.1f}x to {max(ratios):.1f}x the estimates. Compare estimates with estimates and measurements with
+measurements; the bytes are exact in both.
 
 ## The stages at a glance
 
