@@ -188,6 +188,7 @@ def cmd_info(args) -> dict:
 
 
 def _memory_json(plan) -> dict:
+    from .memory.decisions.weights import moved_by_role
     from .memory.report import memory_report
 
     rep = memory_report(plan)
@@ -197,7 +198,7 @@ def _memory_json(plan) -> dict:
             "fragmentation": rep.fragmentation,
             "largest_at_peak": rep.to_json()["largest_at_peak"],
             "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes,
-            "fused_update": plan.route.fused_update,
+            "fused_update": plan.route.fused_update, "moved_bytes_by_role": moved_by_role(plan),
             **({"paged_chunk_bytes": plan.paged.chunk_bytes, "live_peak_bytes": plan.paged.live_peak_bytes}
                if plan.paged else {})}
 
@@ -209,6 +210,13 @@ def _costs(args, backend):
     from .memory.workspace import CostTable
 
     return CostTable(autotune=True, path=args.autotune or None, backend=backend)
+
+
+def _moved_line(moved: dict[str, int]) -> str:
+    """Bytes copied between device and host per step, by role (weights, optimizer state, ...)."""
+    from .memory.pool import format_bytes
+
+    return "  moved per step: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in moved.items())
 
 
 def _fused(args) -> bool | None:
@@ -258,6 +266,7 @@ def cmd_plan(args) -> dict:
             print(text)
     if not args.json:
         print(memory_report(plan).format())
+        print(_moved_line(out["moved_bytes_by_role"]))
         print(f"  estimated step time on {args.device}: {sim.est_step_time_s * 1e3:.1f} ms "
               f"(planned in {out['planning_time_s']:.1f} s)")
     _say_written(args, [("memory timeline", out.get("plot")), ("trace", out.get("trace"))])
@@ -362,6 +371,7 @@ def _train(args, backend, comm) -> dict:
         written.append(("trace", args.trace))
     if not args.json:
         print(sess.report().format())
+        print(_moved_line(out["moved_bytes_by_role"]))
         line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms, "
                 f"{res.images_per_s:.1f} images/s")
         if "accuracy" in out:

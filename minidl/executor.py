@@ -68,6 +68,9 @@ class Executor:
             raise ValueError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
                              f"menu but runs on backend '{be_name}': plan with "
                              f"plan_network(..., backend=<the backend it runs on>)")
+        if be_name != "cpu" and any(sp.on_host for sp in plan.steps):
+            raise ValueError("the plan updates weights on the host, which runs on the CPU backend only (on a GPU "
+                             "the host would have to wait for each gradient's copy): plan without a host update")
         self.seed, self.debug, self.tracing = int(seed), debug, trace
         self.iteration = 0
         self.training = True
@@ -88,7 +91,6 @@ class Executor:
         self.trace: list[TraceEvent] = []
         for ev in plan.setup:
             self._alloc(ev, None)
-        self._init_persistent()
         self._aux_names = {n.index: list(n.layer.aux_specs([net.nodes[i].shape for i in n.inputs], True))
                            for n in net.layer_nodes}
         self._handlers = {EventKind.ALLOC: self._alloc, EventKind.FREE: self._free,
@@ -111,24 +113,41 @@ class Executor:
         self.compiled = compiled
         self.program: Program | None = None
         self.program_fallback: str | None = None if compiled else "compiled=False"
+        self._init_persistent()
 
     # -- parameters -------------------------------------------------------------------------------------------
     def _init_persistent(self) -> None:
         for n in self.net.layer_nodes:
             for pname, spec in n.params.items():
-                view = self.views[param_id(n.name, pname)]
-                values = initial_values(spec, param_rng(self.seed, f"{n.name}.{pname}"), view.dtype)
-                self.be.copy_in(view, values)  # a device backend copies host values into its arena view
+                tid = param_id(n.name, pname)
+                values = initial_values(spec, param_rng(self.seed, f"{n.name}.{pname}"),
+                                        self.route.tensors[tid].dtype)
+                self._set_persistent(tid, values)
                 for slot in self.route.optimizer_slots if spec.trainable else ():
-                    self.be.fill(self.views[opt_state_id(n.name, pname, slot)], 0.0)
+                    sid = opt_state_id(n.name, pname, slot)
+                    self._set_persistent(sid, np.zeros(spec.shape, self.route.tensors[sid].dtype))
+
+    def _set_persistent(self, tid: str, values: np.ndarray) -> None:
+        """Write a parameter's or optimizer slot's value where it lives between steps: its device block, or the
+        host store for a tensor the plan homes on the host (decisions/weights.py)."""
+        if tid in self.views:
+            self.be.copy_in(self.views[tid], values)  # a device backend copies host values into its arena view
+        else:
+            self._host().store(tid, values)
+
+    def _get_persistent(self, tid: str) -> np.ndarray:
+        """A host copy of a parameter's or optimizer slot's value between steps (wherever it lives)."""
+        if tid in self.views:
+            return np.array(self.be.to_host(self.views[tid]))
+        return np.array(self._host().host_copy(tid))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of every parameter and buffer under its layer-qualified name ("conv1.weight")."""
-        return {f"{n.name}.{p}": np.array(self.be.to_host(self.views[param_id(n.name, p)]))
+        return {f"{n.name}.{p}": self._get_persistent(param_id(n.name, p))
                 for n in self.net.layer_nodes for p in n.params}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
-        return {f"{n.name}.{p}.{s}": np.array(self.be.to_host(self.views[opt_state_id(n.name, p, s)]))
+        return {f"{n.name}.{p}.{s}": self._get_persistent(opt_state_id(n.name, p, s))
                 for n in self.net.layer_nodes for p, spec in n.params.items() if spec.trainable
                 for s in self.route.optimizer_slots}
 
@@ -145,10 +164,10 @@ class Executor:
                 arr = np.asarray(state[key])
                 if tuple(arr.shape) != tuple(shape):
                     raise ValueError(f"{key}: expected shape {shape}, got {arr.shape}")
-                self.be.copy_in(self.views[tid], arr)
+                self._set_persistent(tid, arr)
         for key, arr in (optimizer_state or {}).items():
             layer, p, s = key.rsplit(".", 2)
-            self.be.copy_in(self.views[opt_state_id(layer, p, s)], arr)
+            self._set_persistent(opt_state_id(layer, p, s), np.asarray(arr))
 
     # -- events -----------------------------------------------------------------------------------------------
     def _alloc(self, ev: Event, step: Step | None = None) -> None:
@@ -299,7 +318,7 @@ class Executor:
 
     def _compute(self, step: Step, sp, recompute: bool = False) -> None:
         if step.phase is Phase.UPDATE:
-            self._update(step)
+            self._update(step, sp.on_host)
             return
         node = self.net.nodes[step.node]
         layer = node.layer
@@ -333,13 +352,24 @@ class Executor:
         grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
         layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
 
-    def _update(self, step: Step) -> None:
-        """The optimizer on the step's parameters: every layer's, or (fused update) one layer's."""
+    def _update(self, step: Step, on_host: bool = False) -> None:
+        """The optimizer on the step's parameters: every layer's, or (fused update) one layer's. `on_host`: on
+        the host store's copies, with the host's kernels (a host update, decisions/weights.py)."""
         nodes = self.net.layer_nodes if step.node is None else [self.net.nodes[step.node]]
+        get, be = self.get, self.be
+        if on_host:
+            host = self._host()
+            get, be = (lambda tid, _step: host.host_copy(tid)), self._host_backend()
         for n in nodes:
             for pname, spec in n.params.items():
                 if not spec.trainable:
                     continue
-                state = {s: self.get(opt_state_id(n.name, pname, s), step) for s in self.route.optimizer_slots}
-                self.opt.update(self.be, self.get(param_id(n.name, pname), step),
-                                self.get(grad_id(n.name, pname), step), state, self.iteration)
+                state = {s: get(opt_state_id(n.name, pname, s), step) for s in self.route.optimizer_slots}
+                self.opt.update(be, get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state,
+                                self.iteration)
+
+    def _host_backend(self):
+        """The backend that runs on host arrays: the CPU reference (the executor's own when it is the CPU)."""
+        from .backend.cpu import CPUBackend
+
+        return self.be if backend_name(self.be) == "cpu" else CPUBackend()

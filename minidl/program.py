@@ -178,7 +178,7 @@ class _Lowering:
     def compute(self, step: Step, sp, recompute: bool = False) -> None:
         ex = self.ex
         if step.phase is Phase.UPDATE:
-            self.emit("update", self.update(step))
+            self.emit("update", self.update(step, sp.on_host))
             return
         node = ex.net.nodes[step.node]
         layer = node.layer
@@ -210,17 +210,20 @@ class _Lowering:
         self.emit("backward", self.timed(step, _bind(layer.backward, ex.be, inputs, out, dout, dinputs, grads,
                                                      params, ctx)))
 
-    def update(self, step: Step) -> Call:
+    def update(self, step: Step, on_host: bool = False) -> Call:
         ex = self.ex
         items = []
+        get, be = ex.get, ex.be
+        if on_host:  # a host update (decisions/weights.py): the host store's buffers are fixed, so bind them too
+            host = ex._host()
+            get, be = (lambda tid, _step: host.host_copy(tid)), ex._host_backend()
         nodes = ex.net.layer_nodes if step.node is None else [ex.net.nodes[step.node]]  # fused: one layer's
         for n in nodes:
             for pname, spec in n.params.items():
                 if spec.trainable:
-                    state = {s: ex.get(opt_state_id(n.name, pname, s), step) for s in ex.route.optimizer_slots}
-                    items.append((ex.get(param_id(n.name, pname), step), ex.get(grad_id(n.name, pname), step),
-                                  state))
-        update, be = ex.opt.update, ex.be
+                    state = {s: get(opt_state_id(n.name, pname, s), step) for s in ex.route.optimizer_slots}
+                    items.append((get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state))
+        update = ex.opt.update
 
         def run_update() -> None:
             it = ex.iteration

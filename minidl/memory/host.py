@@ -387,6 +387,13 @@ class HostStore:
         after `wait_offload` on the thread engine, after `end_iteration` on the stream engine."""
         return self._buffers[tid]
 
+    def store(self, tid: str, values: np.ndarray) -> None:
+        """Set the host copy of `tid` to `values` now (synchronously): the home of a tensor that starts on the
+        host (a parameter or optimizer slot homed there by the weights decision)."""
+        if tid in self._pending_offload or tid in self._pending_prefetch:
+            raise TransferError(f"store of '{tid}' while a copy of it is in flight")
+        np.copyto(self._buffer_for(tid, np.asarray(values)), values)
+
     # -- the four operations the executor's events call -------------------------------------------------------
     def offload(self, tid: str, src: np.ndarray, step_index: int) -> None:
         """Start copying the device tensor `src` to the host. Returns at once."""

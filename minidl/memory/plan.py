@@ -55,6 +55,7 @@ class StepPlan:
     in_use: int = 0          # bytes allocated while the step computes
     refused: list[str] = field(default_factory=list)  # faster algorithms refused for lack of memory
     note: str = ""           # a scheduler's word on this step (the window's head and tail), shown by --explain
+    on_host: bool = False    # the step runs on the host store's copies (a host update: decisions/weights.py)
 
 
 @dataclass(slots=True)

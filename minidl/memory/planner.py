@@ -166,6 +166,7 @@ class Schedule:
 
     residencies: dict[str, list[Residency]] = field(default_factory=dict)
     markers: list[Marker] = field(default_factory=list)
+    host_steps: set[int] = field(default_factory=set)  # steps that run on the host's copies (weights decision)
 
 
 def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
@@ -193,8 +194,11 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: 
         steps[k].algo, steps[k].workspace_bytes, steps[k].refused = c.algo, c.nbytes, list(c.refused)
 
     for t in route.tensors.values():
-        if t.role.persistent:
+        # A persistent tensor the schedule gives residencies to is homed on the host (decisions/weights.py).
+        if t.role.persistent and (schedule is None or t.id not in schedule.residencies):
             setup.append(rec.alloc(t.id, t.nbytes, reason="persistent"))
+    for k in schedule.host_steps if schedule is not None else ():
+        steps[k].on_host = True
 
     if policy == "none":
         # Everything up front, in first-use order: nothing is ever freed.

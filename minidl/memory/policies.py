@@ -20,6 +20,7 @@ from ..route import Route
 from .decisions.allreduce import DataParallel, add_allreduce_events, with_buckets
 from .decisions.offload import offload_policy
 from .decisions.recompute import recompute_policy
+from .decisions.weights import weights_policy
 from .plan import Plan
 from .planner import default_workspace, make_plan
 from .pool import as_size
@@ -54,6 +55,9 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
                       "host memory between forward and backward, prefetched to hide the copy", offload_policy),
     Policy("recompute", "liveness + drop cheap layers' outputs (ReLU, BN, pool, LRN, dropout) after forward and "
                         "recompute them in backward, per segment speed- or memory-centric", recompute_policy),
+    Policy("weights", "liveness + the weights and optimizer state of convolutions and fully connected layers homed "
+                      "on the host: prefetched for forward and backward, updated on the host; under a budget, "
+                      "the activation cache on top", weights_policy),
     Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
                    "per-step workspace sizing (without one: liveness)", auto_policy),
     Policy("window", "nnabla's out-of-core schedule: a window over the recorded access order swaps tensors in "
@@ -70,13 +74,14 @@ def available_policies() -> tuple[str, ...]:
 
 
 def use_fused_update(fused_update: bool | None, policy: str, budget: int | None) -> bool:
-    """Whether the route fuses each layer's update into its backward. None (the `auto` choice): yes when the
-    policy is `auto` under a budget. Fusing costs no FLOPs and gives bit-identical parameters, and it only ever
-    shortens gradients' lives (backward .. update instead of backward .. end of step), so when memory is what
-    is being searched for there is no reason not to; other policies keep the textbook route unless asked."""
+    """Whether the route fuses each layer's update into its backward. None (the `auto` choice): yes for policy
+    `auto` under a budget, and always for `weights` (whose host update needs it). Fusing costs no FLOPs, gives
+    bit-identical parameters, and only ever shortens gradients' lives (backward .. update instead of backward ..
+    end of step), so when memory is what is being searched for there is no reason not to; other policies keep
+    the textbook route unless asked."""
     if fused_update is not None:
         return bool(fused_update)
-    return policy == "auto" and budget is not None
+    return policy == "weights" or (policy == "auto" and budget is not None)
 
 
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",

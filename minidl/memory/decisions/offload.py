@@ -233,7 +233,7 @@ def offload_schedule(route: Route, base: Schedule, chosen: list[Candidate],
                               f"start the copy out: next use is '{back}', {c.gap} steps away"))
         markers.append(Marker(c.first_backward, "before", EventKind.WAIT, c.tensor,
                               f"the prefetch issued before step {t.prefetch} must have landed"))
-    return Schedule(res, markers)
+    return Schedule(res, markers, set(base.host_steps))
 
 
 def transfer_bytes(plan: Plan) -> tuple[int, int]:

@@ -453,5 +453,6 @@ def compute_peak_lower_bound(route: Route, sched: Schedule, ws: dict[int, Worksp
         for r in lst:
             tl.add(r, sizes[tid])
     values = tl.freeze()
-    persistent = sum(sizes[t.id] for t in route.tensors.values() if t.role.persistent)
+    persistent = sum(sizes[t.id] for t in route.tensors.values()
+                     if t.role.persistent and t.id not in sched.residencies)  # else: homed on the host
     return int(values[2::SLOTS].max()) + persistent if len(values) else persistent

@@ -8,6 +8,7 @@ holds for every policy, including ones added later.
 from __future__ import annotations
 
 from ...tensors import Role
+from ..decisions.weights import weights_lines
 from ..liveness import analyze
 from ..plan import EventKind, Plan
 from ..pool import align_up, format_bytes
@@ -28,7 +29,8 @@ def explain(plan: Plan, max_steps: int | None = None) -> str:
             break
         lines.append(f"step {k:>4} {step.label}   [in use {format_bytes(sp.in_use)}]"
                      + (f"  algo {sp.algo}" if sp.algo else "")
-                     + (f" (refused for lack of memory: {'; '.join(sp.refused)})" if sp.refused else ""))
+                     + (f" (refused for lack of memory: {'; '.join(sp.refused)})" if sp.refused else "")
+                     + ("  [runs on the host's copies: host update]" if sp.on_host else ""))
         if sp.note:
             lines.append(f"    = {sp.note}")
         for ev in sp.before:  # a recomputation sequence may free a transient input before the step: "-"
@@ -40,6 +42,7 @@ def explain(plan: Plan, max_steps: int | None = None) -> str:
             lines.append(f"    {mark} {ev.kind.value:<9} {ev.tensor:<40} {format_bytes(ev.nbytes):>11}  "
                          f"{_why_free(ev, route, iv)}")
     lines += decision_lines(plan)  # per tensor: kept / offloaded / recomputed, and why; per conv: its algorithm
+    lines += weights_lines(plan)   # parameters and optimizer state homed on the host; bytes moved by role
     return "\n".join(lines)
 
 

@@ -51,6 +51,7 @@ from ...route import Route
 from ...tensors import Role
 from ..decisions import offload as offload_decision
 from ..decisions import offload_fit
+from ..decisions import weights as weights_decision
 from ..decisions.recompute import MEMORY, RecomputeSchedule, compute_peak_lower_bound, recompute_schedule
 from ..liveness import analyze
 from ..plan import EventKind, Plan
@@ -267,7 +268,7 @@ def pin_long_lived(route: Route, sched: Schedule, roles: tuple[Role, ...]) -> Sc
         res[tid] = [Residency(0, "before", EventKind.ALLOC, r.end, r.end_at, r.end_kind,
                               "small and long-lived: placed once at the bottom of the arena (less fragmentation)",
                               start_seq=i + 1, end_seq=r.end_seq)]
-    return Schedule(res, list(sched.markers))
+    return Schedule(res, list(sched.markers), set(sched.host_steps))
 
 
 def schedule_time(route: Route, sched: Schedule, device) -> float:
@@ -382,12 +383,55 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
                 evaluate(Trial(label(f"{name} + offload (tightest)", layout), cr.plan,
                                note=f"all {cr.candidates} candidates offloaded, prefetched just in time"))
 
+    if not any(t.fits for t in res.trials) and route.fused_update:
+        # Stage 3: the training state itself does not fit beside the activations: home weights on the host.
+        for _, _, name, sched, rs, _ in sorted(((own_time[n], i, n, s, r, "") for i, (n, s, r) in enumerate(bases)),
+                                               key=lambda e: (e[0], e[1])):
+            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
+            t = weights_search(route, sched, ws, budget, device, reads, evaluate, name)
+            if t is not None and t.fits:
+                break
+
     fitting = [t for t in res.trials if t.fits]
     if fitting:
         res.plan = min(fitting, key=lambda t: (t.est_step_time_s, t.min_budget_bytes)).plan
     elif frugal:
         res.frugal = min((t for t in res.trials if t.plan is not None), key=lambda t: t.min_budget_bytes)
     return res
+
+
+def weights_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
+                   reads: dict[str, int], evaluate, name: str) -> Trial | None:
+    """The fewest layers whose weights and optimizer state must live on the host (largest first, host update,
+    the activation cache on top) for `base` to fit `budget`: every candidate first; if that fits, a binary search
+    on how many; if not, the same with prefetches just in time (the most frugal weights plan)."""
+    layers = weights_decision.layer_candidates(route)
+    if not layers:
+        return None
+
+    def trial(n: int, lead: int = 1) -> Trial:
+        sched = weights_decision.weights_schedule(route, base, layers[:n], host_update=True, lead=lead)
+        cr = cache_search(route, sched, ws, budget, device, reads)
+        p = cr.plan
+        p.offloaded_bytes, p.prefetched_bytes = offload_decision.transfer_bytes(p)
+        return Trial(f"{name} + weights on host ({n} of {len(layers)} layers) + offload", p,
+                     note=f"{cr.offloaded} of {cr.candidates} activation candidates offloaded"
+                          + ("" if lead else "; weights prefetched just in time"))
+
+    full = evaluate(trial(len(layers)))
+    if not full.fits:
+        return evaluate(trial(len(layers), lead=0))
+    lo, hi, best = 0, len(layers), full
+    for _ in range(BINARY_SEARCH_STEPS):
+        if hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        t = evaluate(trial(mid))
+        if t.fits:
+            hi, best = mid, t
+        else:
+            lo = mid
+    return best
 
 
 def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None) -> Plan:

@@ -1,0 +1,214 @@
+"""The weights decision: parameters and optimizer state that live on the host and visit the device.
+
+Without it, parameters, their optimizer slots and (until the update) their gradients are resident for the whole
+step, so the training state alone sets a floor no activation decision can lower (VGG-16: 1.55 GiB with SGD
+momentum). Harmony and ZeRO-Offload lift that floor; this module is the per-tensor half of that, expressed in the
+same vocabulary as the activation cache (`offload.py`), so placement, the simulator, `--explain`, the timeline
+and the trace see weight movements as ordinary PREFETCH / WAIT / OFFLOAD / RELEASE / FREE events.
+
+Rules the code keeps:
+- A *host-homed* tensor has no block at setup: its home between steps is the host store (the executor writes
+  its initial value there). Within a step it is on the device only for *visits*: runs of its uses with no gap of
+  two steps or more (else bringing it back costs nothing in memory and only adds a copy). A visit starts with a
+  PREFETCH `lead` steps before its first use (so the copy hides behind the previous step) and a WAIT right before
+  it; it ends with FREE if the visit only read the tensor (the host copy is still exact: nothing to copy back) or
+  with OFFLOAD + RELEASE if it wrote it (the update).
+- Which layers: those whose outputs recomputation keeps (`layer.checkpoint`: convolutions and fully connected
+  layers, which hold nearly all the weights). A recomputed layer (BN) re-runs its forward at a point of the step
+  only the recomputation schedule knows, so its parameters stay resident; they are small.
+- **Host update** (`host_update=True`, needs the fused-update route): the layer's update step runs on the host's
+  copies. The gradient is offloaded right after the layer's backward (the only copy that goes out), the
+  optimizer slots never come to the device, and the parameter's device visits are all read-only (FREE, no copy
+  back). On the CPU backend the host *is* the device memory's neighbour on the same bus, so this moves the least:
+  per step, weights in twice (forward, backward) and the gradient out once, against weights in twice, weights
+  out once and every slot in and out once for a device update. The update runs the same kernel on the same
+  values, so parameters stay bit-identical.
+- **Device update** (`host_update=False`): the slots visit the device for the update step like the parameter
+  does, and the parameter's last visit writes it, so it is copied back: what a GPU wants when its update is much
+  faster than the host's.
+
+Limitations: the simulator charges a host update the device's own update time (on the CPU profile that is
+right; on a GPU profile the host update would be slower, and is not modelled). Buffers (BN running statistics)
+always stay resident.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...route import Phase, Route
+from ...tensors import Role
+from ..plan import EventKind, Plan
+from ..planner import Marker, Residency, Schedule
+
+_WEIGHT_ROLES = (Role.PARAMETER,)
+
+
+@dataclass(slots=True)
+class Visit:
+    """One stay of a host-homed tensor on the device: its uses from step `first` to step `last`."""
+
+    first: int
+    last: int
+    dirty: bool  # a step of the visit writes the tensor: copy it back at the end
+
+
+def layer_candidates(route: Route) -> list[str]:
+    """Layers whose weights may live on the host (see the module doc), largest weights first."""
+    net = route.network
+    sizes: dict[str, int] = {}
+    for t in route.tensors.values():
+        if t.role is Role.PARAMETER:
+            node = net.node(t.owner)
+            if node.layer is not None and node.layer.checkpoint:
+                sizes[t.owner] = sizes.get(t.owner, 0) + t.nbytes
+    return sorted(sizes, key=lambda n: (-sizes[n], n))
+
+
+def _uses(route: Route) -> dict[str, list[tuple[int, bool]]]:
+    """(step, writes it) for every use of every persistent tensor, in step order."""
+    out: dict[str, list[tuple[int, bool]]] = {}
+    for step in route.steps:
+        touched = dict.fromkeys(step.reads, False)
+        touched.update(dict.fromkeys(step.writes, True))
+        for tid, w in touched.items():
+            spec = route.tensors.get(tid)
+            if spec is not None and spec.role.persistent:
+                out.setdefault(tid, []).append((step.index, w))
+    return out
+
+
+def visits(uses: list[tuple[int, bool]]) -> list[Visit]:
+    """Group uses into visits: a gap of two steps or more between uses sends the tensor home in between."""
+    out: list[Visit] = []
+    for k, w in uses:
+        if out and k - out[-1].last < 2:
+            out[-1].last, out[-1].dirty = k, out[-1].dirty or w
+        else:
+            out.append(Visit(k, k, w))
+    return out
+
+
+def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_update: bool = True,
+                     lead: int = 1) -> Schedule:
+    """`base` with the parameters and optimizer slots of `layers` homed on the host (see the module doc).
+
+    `lead`: how many steps before a visit's first use its prefetch is issued (0: just in time, the least memory).
+    """
+    if host_update and not route.fused_update:
+        raise ValueError("a host update needs the fused-update route (one update step per layer)")
+    chosen = set(layers)
+    uses = _uses(route)
+    update_of = {s.name: s.index for s in route.steps if s.phase is Phase.UPDATE and s.node is not None}
+    res = dict(base.residencies)
+    markers = list(base.markers)
+    host_steps = set(base.host_steps)
+    for tid, spec in route.tensors.items():
+        if spec.owner not in chosen or spec.role not in (Role.PARAMETER, Role.OPTIMIZER, Role.GRADIENT):
+            continue
+        upd = update_of.get(spec.owner)
+        if host_update and upd is None:
+            continue  # no trainable parameters: nothing to update
+        if spec.role is Role.GRADIENT:
+            if host_update:  # produced by backward, copied out at once, consumed on the host by the update
+                b = uses_of_grad(route, tid)
+                res[tid] = [Residency(b, "before", EventKind.ALLOC, b, "after", EventKind.RELEASE,
+                                      f"copied out for the host update of {spec.owner}")]
+                markers.append(Marker(b, "after", EventKind.OFFLOAD, tid,
+                                      f"the update of {spec.owner} runs on the host"))
+            continue
+        own = [(k, w) for k, w in uses.get(tid, ()) if not (host_update and k == upd)]
+        res[tid] = []
+        prev_end = -1
+        for v in visits(own):
+            start = max(v.first - lead, prev_end + 1)
+            what = "weights" if spec.role is Role.PARAMETER else "optimizer state"
+            label = route.steps[v.first].label
+            end_kind = EventKind.RELEASE if v.dirty else EventKind.FREE
+            res[tid].append(Residency(
+                start, "before", EventKind.PREFETCH, v.last, "after", end_kind,
+                f"{what} homed on the host: on the device for '{label}'"
+                + (f" .. '{route.steps[v.last].label}'" if v.last != v.first else "")
+                + ("; written there, so copied back" if v.dirty else "; read only, the host copy stays exact")))
+            markers.append(Marker(v.first, "before", EventKind.WAIT, tid,
+                                  f"{what} prefetched before step {start} must have landed"))
+            if v.dirty:
+                markers.append(Marker(v.last, "after", EventKind.OFFLOAD, tid, f"{what} written: copy back"))
+            prev_end = v.last
+        if host_update and spec.role is Role.PARAMETER:
+            host_steps.add(upd)
+    return Schedule(res, markers, host_steps)
+
+
+def uses_of_grad(route: Route, tid: str) -> int:
+    """The backward step that writes gradient `tid`."""
+    return next(s.index for s in route.steps if s.phase is Phase.BACKWARD and tid in s.writes)
+
+
+def host_homed(plan: Plan) -> set[str]:
+    """Persistent tensors the plan keeps on the host between steps (no block at setup)."""
+    resident = {ev.tensor for ev in plan.setup}
+    return {t.id for t in plan.route.tensors.values() if t.role.persistent and t.id not in resident}
+
+
+MOVED_ROLES = {Role.PARAMETER: "weights", Role.OPTIMIZER: "optimizer_state", Role.GRADIENT: "gradients"}
+
+
+def moved_by_role(plan: Plan) -> dict[str, int]:
+    """Bytes copied between device and host per training step (both directions), by what they are: weights,
+    optimizer state, gradients (a host update's), activations (everything else the tensor cache moves)."""
+    out = {"weights": 0, "optimizer_state": 0, "gradients": 0, "activations": 0}
+    for sp in plan.steps:
+        for ev in sp.before + sp.after:
+            if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
+                out[MOVED_ROLES.get(plan.role_of(ev.tensor), "activations")] += ev.nbytes
+    return out
+
+
+def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, workspace=None, layers=None,
+                 lead: int = 1, policy: str = "weights") -> Plan:
+    """Liveness with the weights and optimizer state of `layers` (default: every candidate) homed on the host,
+    updated on the host when the route is fused; under a budget, the activation cache on top (`offload.py`)."""
+    from ..planner import default_workspace, liveness_schedule
+    from .offload import plan_offload
+
+    ws = default_workspace(route) if workspace is None else workspace
+    layers = layer_candidates(route) if layers is None else layers
+    base = weights_schedule(route, liveness_schedule(route, ws), layers, host_update=route.fused_update, lead=lead)
+    return plan_offload(route, budget, device, base=base, workspace=ws, policy=policy)
+
+
+def weights_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+    """The `weights` policy (see the table in `memory/policies.py`)."""
+    from ..planner import default_workspace
+
+    return plan_weights(route, budget, device or "cpu", workspace=default_workspace(route, costs))
+
+
+def weights_lines(plan: Plan) -> list[str]:
+    """`--explain`'s words on the weights: which layers' parameters and optimizer state live on the host, how
+    often they visit the device, and the bytes moved per step by role."""
+    from ..pool import format_bytes
+
+    homed = host_homed(plan)
+    moved = moved_by_role(plan)
+    lines = ["weights and optimizer state: "
+             + (f"{len(homed)} tensors homed on the host "
+                f"({format_bytes(sum(plan.route.tensors[t].nbytes for t in homed))}), the rest resident"
+                if homed else "all resident for the whole run")]
+    visits_of: dict[str, int] = {}
+    for sp in plan.steps:
+        for ev in sp.before:
+            if ev.kind is EventKind.PREFETCH and ev.tensor in homed:
+                visits_of[ev.tensor] = visits_of.get(ev.tensor, 0) + 1
+    owners: dict[str, list[str]] = {}
+    for tid in sorted(homed):
+        owners.setdefault(plan.route.tensors[tid].owner, []).append(tid)
+    host_updates = {plan.route.steps[k].name for k, sp in enumerate(plan.steps) if sp.on_host}
+    for owner, tids in owners.items():
+        v = ", ".join(f"{t.split(':', 1)[1]} " + (f"x{visits_of[t]}" if visits_of.get(t) else "never")
+                      for t in tids)
+        lines.append(f"    {owner:<24} visits: {v}; update "
+                     + ("on the host (gradient copied out)" if owner in host_updates else "on the device"))
+    lines.append("    bytes moved per step: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}"
+                                                         for k, v in moved.items()))
+    return lines

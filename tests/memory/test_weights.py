@@ -1,0 +1,113 @@
+"""Weights and optimizer state homed on the host (decisions/weights.py): bit-identical parameters to policy `none`,
+exact pool peaks, the bytes moved per role, and `auto` reaching budgets below the training state."""
+import json
+
+import numpy as np
+import pytest
+
+from minidl.cli import main
+from minidl.data import BatchIterator, synthetic
+from minidl.executor import Executor
+from minidl.memory.decisions.weights import host_homed, layer_candidates, moved_by_role, visits, weights_schedule
+from minidl.memory.planner import default_workspace, liveness_schedule, make_plan
+from minidl.memory.policies import plan_network
+from minidl.memory.report import explain
+from minidl.optim import SGD, Adam
+from minidl.tensors import Role
+
+from .test_fused_update import NETS, assert_same_state, train
+
+
+def opt():
+    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+@pytest.mark.parametrize("key", list(NETS))
+def test_weights_policy_is_bit_identical_and_moves_what_it_says(key):
+    ref = train(NETS[key](), "none", fused=False)
+    got = train(NETS[key](), "weights", fused=None, debug=True)
+    assert_same_state(got, ref)
+    plan = got.plan
+    assert got.executor.pool.peak == plan.peak_bytes
+    homed = host_homed(plan)
+    tensors = plan.route.tensors
+    params = {t for t in homed if tensors[t].role is Role.PARAMETER}
+    assert params and {t for t in homed if tensors[t].role is Role.OPTIMIZER}
+    assert {tensors[t].owner for t in params} == set(layer_candidates(plan.route))
+    # Host update: each weight comes in for forward and for backward, its gradient goes out, its slots never move.
+    moved = moved_by_role(plan)
+    assert moved["weights"] == 2 * sum(tensors[t].nbytes for t in params)
+    assert moved["gradients"] == sum(tensors[t.replace("param:", "grad:")].nbytes for t in params)
+    assert moved["optimizer_state"] == 0 and moved["activations"] == 0
+    assert plan.peak_bytes < plan_network(NETS[key](), opt(), "liveness", fused_update=True).peak_bytes
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_device_update_brings_the_optimizer_state_in_and_is_bit_identical(fused):
+    """Without a host update the slots visit the device for the update, and the written weights go back."""
+    net = NETS["resnet20"]()
+    o = Adam(lr=1e-3)
+    route = net.route(optimizer_slots=o.slots, fused_update=fused)
+    ws = default_workspace(route)
+    layers = layer_candidates(route)
+    sched = weights_schedule(route, liveness_schedule(route, ws), layers, host_update=False, lead=0)
+    plan = make_plan(route, "weights", None, ws, sched)
+    ex = Executor(net, plan, o, seed=0, debug=True)
+    ref = train(NETS["resnet20"](), "none", fused=False, opt=Adam(lr=1e-3))
+    it = BatchIterator(synthetic(16, net.input_nodes[0].shape[1:], 10, seed=0), 2, seed=0, shuffle=True,
+                       drop_last=True)
+    for _ in range(3):
+        ex.train_step(*it.next_batch())
+    for name, val in ref.executor.state_dict().items():
+        assert np.array_equal(ex.state_dict()[name], val), name
+    for name, val in ref.executor.optimizer_state().items():
+        assert np.array_equal(ex.optimizer_state()[name], val), name
+    assert ex.pool.peak == plan.peak_bytes
+    moved = moved_by_role(plan)
+    slots = sum(t.nbytes for t in route.tensors.values() if t.role is Role.OPTIMIZER and t.owner in layers)
+    assert moved["optimizer_state"] == 2 * slots and moved["gradients"] == 0
+
+
+def test_visits_split_on_gaps_of_two_steps():
+    v = visits([(3, False), (10, False), (11, True), (20, False)])
+    assert [(x.first, x.last, x.dirty) for x in v] == [(3, 3, False), (10, 11, True), (20, 20, False)]
+
+
+def test_host_update_needs_the_fused_route():
+    route = NETS["resnet20"]().route(optimizer_slots=("momentum",))
+    with pytest.raises(ValueError, match="fused"):
+        weights_schedule(route, liveness_schedule(route, default_workspace(route)), layer_candidates(route))
+
+
+def test_auto_homes_weights_below_the_training_state_and_stays_bit_identical():
+    net = NETS["resnet20"]()
+    state = net.route(optimizer_slots=("momentum",)).persistent_bytes()
+    budget = state // 2      # half of parameters + momentum alone
+    got = train(NETS["resnet20"](), "auto", fused=None, budget=budget, debug=True)
+    assert got.plan.min_budget_bytes <= budget and host_homed(got.plan)
+    assert got.executor.pool.peak == got.plan.peak_bytes
+    assert_same_state(got, train(NETS["resnet20"](), "none", fused=False))
+
+
+def test_weights_plan_evaluates_checkpoints_and_explains(tmp_path):
+    sess = train(NETS["densenet_tiny"](), "weights", fused=None, steps=1)
+    before, in_use = sess.executor.state_dict(), sess.executor.pool.in_use
+    sess.evaluate(synthetic(4, sess.net.input_nodes[0].shape[1:], 10, seed=1))
+    assert sess.executor.pool.in_use == in_use   # the weights evaluation brought in went home again
+    path = sess.save(tmp_path / "w.npz")
+    fresh = train(NETS["densenet_tiny"](), "weights", fused=None, steps=0)
+    fresh.load(path)
+    for name, val in before.items():
+        assert np.array_equal(fresh.executor.state_dict()[name], val), name
+    text = explain(sess.plan)
+    assert "homed on the host" in text and "host update" in text and "bytes moved per step" in text
+
+
+def test_cli_reports_bytes_moved_by_role(capsys):
+    args = ["plan", "resnet", "--depth", "20", "--batch", "2", "--image-size", "16", "--json"]
+    assert main(args + ["--policy", "weights"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    moved = out["moved_bytes_by_role"]
+    assert moved["weights"] > 0 and moved["gradients"] > 0 and out["fused_update"]
+    assert main(args + ["--policy", "liveness"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["moved_bytes_by_role"].values()) == {0}
