@@ -212,11 +212,12 @@ class _Lowering:
 
     def update(self, step: Step, on_host: bool = False) -> Call:
         ex = self.ex
+        if on_host:  # a host update (decisions/weights.py): a gradient's host buffer exists only once copied out
+            def run_host_update() -> None:
+                ex._update(step, on_host=True)
+            return self.timed(step, run_host_update)
         items = []
         get, be = ex.get, ex.be
-        if on_host:  # a host update (decisions/weights.py): the host store's buffers are fixed, so bind them too
-            host = ex._host()
-            get, be = (lambda tid, _step: host.host_copy(tid)), ex._host_backend()
         nodes = ex.net.layer_nodes if step.node is None else [ex.net.nodes[step.node]]  # fused: one layer's
         for n in nodes:
             for pname, spec in n.params.items():
