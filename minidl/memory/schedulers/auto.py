@@ -400,6 +400,10 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
     return res
 
 
+WEIGHTS_SEARCH_STEPS = 6
+"""At most this many placements of `cache_search` to find the fewest layers whose weights go to the host."""
+
+
 def weights_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
                    reads: dict[str, int], evaluate, name: str) -> Trial | None:
     """The fewest layers whose weights and optimizer state must live on the host (largest first, host update,
@@ -422,7 +426,7 @@ def weights_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice],
     if not full.fits:
         return evaluate(trial(len(layers), lead=0))
     lo, hi, best = 0, len(layers), full
-    for _ in range(BINARY_SEARCH_STEPS):
+    for _ in range(WEIGHTS_SEARCH_STEPS):
         if hi - lo <= 1:
             break
         mid = (lo + hi) // 2
