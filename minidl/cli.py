@@ -380,6 +380,10 @@ def _train(args, backend, comm) -> dict:
             line += (f"; copies at {out['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
                      f"{out['transfer_hidden_fraction']:.0%} hidden behind compute")
         print(line)
+        if comm is not None:
+            from .dist.report import dist_line
+
+            print(dist_line(out))
         if res.interrupted:
             print(f"interrupted after {res.steps} of {args.steps} steps (Ctrl-C)"
                   + ("" if args.save else "; nothing saved: give --save PATH.npz to keep the progress"))

@@ -48,6 +48,7 @@ class ReduceStats:
     def to_json(self) -> dict:
         return {"allreduce_inflight_s": self.inflight_s, "allreduce_exposed_s": self.exposed_s,
                 "allreduce_hidden_fraction": self.hidden_fraction, "allreduce_buckets": self.buckets,
+                "allreduce_buckets_per_step": self.buckets // self.steps if self.steps else 0,
                 "allreduce_bytes_per_step": self.bytes_per_step}
 
 

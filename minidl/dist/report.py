@@ -13,3 +13,14 @@ def dist_json(sess, result) -> dict:
     if reducer is not None:
         out.update(reducer.stats.to_json())
     return out
+
+
+def dist_line(out: dict) -> str:
+    """The text line `minidl train` adds under mpiexec (from `dist_json`'s keys)."""
+    line = (f"{out['ranks']} rank(s) ({out['dist']}), global batch {out['global_batch']}: "
+            f"{out['images_per_s']:.1f} images/s in all")
+    if "allreduce_buckets" in out:
+        line += (f"; {out['allreduce_bytes_per_step'] / 2**20:.2f} MiB of gradients per step in "
+                 f"{out['allreduce_buckets_per_step']} buckets, "
+                 f"{out['allreduce_hidden_fraction']:.0%} of their time hidden behind backward")
+    return line

@@ -136,3 +136,14 @@ def test_cli_plans_one_rank_of_a_data_parallel_job(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["by_role"]["bucket"] > 0 and sum(out["by_role"].values()) == out["peak_bytes"]
     assert "* allreduce bucket:0" in out["explain"] and "+ reduced   bucket:0" in out["explain"]
+
+
+def test_dist_report_says_ranks_throughput_and_hiding():
+    from minidl.dist.report import dist_json, dist_line
+
+    sess, res = train("liveness", Communicator(), steps=2)
+    out = dist_json(sess, res)
+    assert out["ranks"] == 1 and out["allreduce_buckets_per_step"] == len(sess.plan.buckets)
+    assert out["allreduce_bytes_per_step"] == sum(sess.plan.sizes[b] for b in sess.plan.buckets)
+    line = dist_line(out)
+    assert line.startswith("1 rank(s) (local), global batch 4: ") and f"in {len(sess.plan.buckets)} buckets" in line
