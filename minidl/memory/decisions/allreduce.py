@@ -115,7 +115,8 @@ def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
         tensors[b.tensor] = TensorSpec(b.tensor, Role.BUCKET, (dp.world_size, b.elements), g.dtype, "allreduce")
         steps[b.ready_step].writes.append(b.tensor)
         update.reads.append(b.tensor)
-    return dataclasses.replace(route, steps=steps, tensors=tensors), buckets
+    # a fresh memo: the route's analyses (liveness, step costs) are of its own steps, not of the copy's
+    return dataclasses.replace(route, steps=steps, tensors=tensors, memo={}), buckets
 
 
 def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) -> Plan:
