@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .errors import MinidlError, OptionError
-from .memory.pool import parse_size
+from .memory.pool import format_bytes, parse_size
 from .optim.schedules import SCHEDULES
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT (128 + 2)
@@ -109,7 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     _memory_args(p, "liveness")
     p.add_argument("--device", default="k40c", help="device profile for time estimates (cpu, k40c, titanx, v100, h100)")
-    p.add_argument("--explain", action="store_true", help="say step by step what is allocated and freed, and why")
+    p.add_argument("--explain", nargs="?", const="", default=None, metavar="NAME",
+                   help="say step by step what is allocated and freed, and why; with NAME (a layer or tensor name, "
+                        "or a glob such as 'layer3.1*') only that one's steps and events. Plans of more than 600 "
+                        "steps are summarized unless --explain-full")
+    p.add_argument("--explain-steps", default=None, metavar="A:B", help="explain only route steps A to B-1")
+    p.add_argument("--explain-full", action="store_true", help="explain every step, however long the plan")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="plan one rank of an N-rank data-parallel job: gradient buckets and their all-reduce events")
     p.add_argument("--bucket-size", type=_size, default=None, metavar="SIZE",
@@ -254,13 +259,16 @@ def cmd_plan(args) -> dict:
                 "copy_bandwidth_bytes_per_s": sim.device.link_bw if sim.transfer_time_s else 0.0,
                 "steps": len(plan.route.steps), "recompute_flops_share": sim.recompute_flops_share})
     if args.plot:
-        plot_timeline(plan, args.plot, title=f"{args.model} ({args.policy})")
+        plot_timeline(plan, args.plot, title=_plot_title(args, plan))
         out["plot"] = args.plot
     if args.trace:
         write_trace(args.trace, plan)
         out["trace"] = args.trace
-    if args.explain:
-        text = explain(plan)
+    if args.explain is not None or args.explain_steps or args.explain_full:
+        from .memory.report.explain import parse_steps
+
+        rng = parse_steps(args.explain_steps) if args.explain_steps else None
+        text = explain(plan, select=args.explain or None, steps=rng, full=True if args.explain_full else None)
         out["explain"] = text
         if not args.json:
             print(text)
@@ -269,8 +277,20 @@ def cmd_plan(args) -> dict:
         print(_moved_line(out["moved_bytes_by_role"]))
         print(f"  estimated step time on {args.device}: {sim.est_step_time_s * 1e3:.1f} ms "
               f"(planned in {out['planning_time_s']:.1f} s)")
+        if sim.transfer_time_s:
+            print(f"  host transfers   {sim.transfer_time_s:.3f} s on the link, {sim.exposed_transfer_s:.3f} s exposed "
+                  f"(the step waits for them), {sim.transfer_hidden_fraction:.1%} hidden behind compute")
     _say_written(args, [("memory timeline", out.get("plot")), ("trace", out.get("trace"))])
     return out
+
+
+def _plot_title(args, plan) -> str:
+    """Model, depth, batch, budget and policy: what a reader needs to tell two timelines apart."""
+    batch = plan.route.network.input_nodes[0].shape[0]
+    parts = [args.model + (f"-{args.depth}" if args.depth else ""), f"batch {batch}",
+             f"budget {format_bytes(args.budget)}" if args.budget is not None else "no budget",
+             f"policy {args.policy}"]
+    return ", ".join(parts)
 
 
 def _say_written(args, written: list[tuple[str, object]]) -> None:
@@ -362,7 +382,7 @@ def _train(args, backend, comm) -> dict:
     if not lead:
         return out
     if args.plot:
-        plot_timeline(sess.plan, args.plot, title=f"{args.model} ({args.policy})")
+        plot_timeline(sess.plan, args.plot, title=_plot_title(args, sess.plan))
         out["plot"] = args.plot
         written.append(("memory timeline", args.plot))
     if args.trace:

@@ -46,10 +46,25 @@ PROFILES: dict[str, DeviceProfile] = {
 
 
 def get_profile(name: str) -> DeviceProfile:
+    """A profile by name; `NAME:SIZE` (e.g. `k40c:64GB`) is that device with its memory raised or lowered, to
+    ask what a network would do on a device big enough to hold it (the in-memory estimate)."""
+    base, sep, mem = name.partition(":")
     try:
-        return PROFILES[name]
+        prof = PROFILES[base]
     except KeyError:
-        raise ValueError(f"unknown device profile {name!r}: expected one of {', '.join(PROFILES)}") from None
+        raise ValueError(f"unknown device profile {name!r}: expected one of {', '.join(PROFILES)}, optionally "
+                         f"with ':SIZE' (e.g. k40c:64GB)") from None
+    if not sep:
+        return prof
+    from dataclasses import replace
+
+    from .pool import parse_size
+
+    try:
+        size = parse_size(mem)
+    except ValueError as e:
+        raise ValueError(f"device profile {name!r}: {e}") from None
+    return replace(prof, memory_bytes=size, note=f"{prof.note}; memory set to {mem}")
 
 
 @dataclass(slots=True)

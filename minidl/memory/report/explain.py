@@ -7,43 +7,117 @@ holds for every policy, including ones added later.
 """
 from __future__ import annotations
 
+import fnmatch
+
 from ...tensors import Role
 from ..decisions.weights import weights_lines
 from ..liveness import analyze
 from ..plan import EventKind, Plan
 from ..pool import align_up, format_bytes
 
+SUMMARY_STEPS = 600
+"""Plans with more route steps than this (a network of about 300 layers) are explained as a summary unless the
+full listing is asked for: ResNet-2500's full explanation is 120,000 lines."""
 
-def explain(plan: Plan, max_steps: int | None = None) -> str:
-    """Step by step, in words: what is allocated, freed and why."""
+
+def parse_steps(spec: str) -> tuple[int, int]:
+    """`A:B` (either side may be empty) -> the half-open step range [A, B)."""
+    a, sep, b = spec.partition(":")
+    try:
+        lo = int(a) if a.strip() else 0
+        hi = int(b) if b.strip() else 1 << 62
+    except ValueError:
+        raise ValueError(f"--explain-steps {spec!r}: expected A:B, e.g. 100:200 (steps A to B-1)") from None
+    if not sep or lo < 0 or hi <= lo:
+        raise ValueError(f"--explain-steps {spec!r}: expected A:B with 0 <= A < B, e.g. 100:200")
+    return lo, hi
+
+
+def _matches(pattern: str, *names: str) -> bool:
+    """A layer or tensor name, exactly or as a glob; a tensor id matches by its name too ('conv1' matches
+    'act:conv1' and 'param:conv1.weight')."""
+    for n in names:
+        for cand in (n, n.split(":", 1)[-1]):
+            if cand == pattern or fnmatch.fnmatchcase(cand, pattern):
+                return True
+            if not any(ch in pattern for ch in "*?[") and cand.split(".")[0:len(pattern.split("."))] == \
+                    pattern.split("."):
+                return True
+    return False
+
+
+def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
+            steps: tuple[int, int] | None = None, full: bool | None = None) -> str:
+    """Step by step, in words: what is allocated, freed and why.
+
+    `select` keeps the steps of one layer and the events of one tensor (a name or a glob: `conv1`,
+    `layer3.1*`); `steps` keeps a range [A, B) of route steps. Without either, a plan of more than
+    `SUMMARY_STEPS` steps is summarized (first steps, the binding and peak steps, totals) unless `full`.
+    """
     route = plan.route
     iv = analyze(route)
-    lines = [f"plan '{plan.policy}': {len(route.steps)} steps, arena {format_bytes(plan.arena_bytes)}",
+    n = len(route.steps)
+    lines = [f"plan '{plan.policy}': {n} steps, arena {format_bytes(plan.arena_bytes)}",
              f"setup: {len(plan.setup)} tensors allocated once "
              f"({format_bytes(sum(align_up(e.nbytes) for e in plan.setup))})"
              + (": parameters, buffers and optimizer state live for the whole run" if plan.policy != "none"
                 else ": under policy 'none' every tensor is allocated here and never freed")]
-    for k, (step, sp) in enumerate(zip(route.steps, plan.steps)):
+    summary = full is None and select is None and steps is None and n > SUMMARY_STEPS
+    if full is False:
+        summary = True
+    if summary:
+        keep = set(range(min(n, 12)))
+        for k in (plan.binding_step, plan.peak_step):
+            keep |= set(range(max(0, k - 2), min(n, k + 3)))
+        shown = sorted(keep)
+        lines.append(f"summary of {n} steps (the first ones, and around the binding step {plan.binding_step} and "
+                     f"the peak step {plan.peak_step}); the full listing: --explain-full; one layer or tensor: "
+                     f"--explain NAME (a glob works); a range: --explain-steps A:B")
+    else:
+        lo, hi = steps if steps is not None else (0, n)
+        shown = range(lo, min(hi, n))
+    prev = -1
+    for k in shown:
         if max_steps is not None and k >= max_steps:
-            lines.append(f"... ({len(route.steps) - k} more steps)")
+            lines.append(f"... ({n - k} more steps)")
             break
+        step, sp = route.steps[k], plan.steps[k]
+        evs_before = [ev for ev in sp.before if select is None or _matches(select, ev.tensor)]
+        evs_after = [ev for ev in sp.after if select is None or _matches(select, ev.tensor)]
+        if select is not None and not evs_before and not evs_after and not _matches(select, step.name or ""):
+            continue
+        if summary and prev >= 0 and k != prev + 1:
+            lines.append(f"... (steps {prev + 1} to {k - 1})")
+        prev = k
+        mark = "  <- binding step" if k == plan.binding_step else ("  <- peak" if k == plan.peak_step else "")
         lines.append(f"step {k:>4} {step.label}   [in use {format_bytes(sp.in_use)}]"
                      + (f"  algo {sp.algo}" if sp.algo else "")
                      + (f" (refused for lack of memory: {'; '.join(sp.refused)})" if sp.refused else "")
-                     + ("  [runs on the host's copies: host update]" if sp.on_host else ""))
+                     + ("  [runs on the host's copies: host update]" if sp.on_host else "") + mark)
         if sp.note:
             lines.append(f"    = {sp.note}")
-        for ev in sp.before:  # a recomputation sequence may free a transient input before the step: "-"
+        for ev in evs_before:  # a recomputation sequence may free a transient input before the step: "-"
             lines.append(f"    {'-' if ev.kind in (EventKind.FREE, EventKind.RELEASE) else '+'} {ev.kind.value:<9} "
-                         f"{ev.tensor:<40} {format_bytes(ev.nbytes):>11} @{ev.offset}  "
+                         f"{ev.tensor:<40} {_size(plan, ev):>11} @{ev.offset}  "
                          f"{_why_alloc(ev, route, iv)}")
-        for ev in sp.after:  # "*": starts a collective (data parallel), frees nothing
+        for ev in evs_after:  # "*": starts a collective (data parallel), frees nothing
             mark = "*" if ev.kind is EventKind.ALLREDUCE else "-"
-            lines.append(f"    {mark} {ev.kind.value:<9} {ev.tensor:<40} {format_bytes(ev.nbytes):>11}  "
+            lines.append(f"    {mark} {ev.kind.value:<9} {ev.tensor:<40} {_size(plan, ev):>11}  "
                          f"{_why_free(ev, route, iv)}")
-    lines += decision_lines(plan)  # per tensor: kept / offloaded / recomputed, and why; per conv: its algorithm
+    if summary and prev < n - 1:
+        lines.append(f"... (steps {prev + 1} to {n - 1})")
+    # per tensor: kept / offloaded / recomputed, and why; per conv: its algorithm
+    lines += decision_lines(plan, select=select, totals_only=summary)
     lines += weights_lines(plan)   # parameters and optimizer state homed on the host; bytes moved by role
     return "\n".join(lines)
+
+
+def _size(plan: Plan, ev) -> str:
+    """The tensor's size as planned; when the pool rounds it (a 0-byte workspace takes one 512 B block), both, so
+    that an allocation and its free read the same."""
+    want = plan.sizes.get(ev.tensor, ev.nbytes)
+    got = align_up(want)
+    return format_bytes(want) if got == want else f"{format_bytes(want)} ({format_bytes(got)} block)"
 
 
 def _why_alloc(ev, route, iv) -> str:
@@ -112,18 +186,30 @@ def tensor_decisions(plan: Plan) -> list[tuple[str, str, str]]:
     return out
 
 
-def decision_lines(plan: Plan) -> list[str]:
-    """The per-tensor decisions and the per-convolution algorithms, as report lines (used by `explain`)."""
+def decision_lines(plan: Plan, select: str | None = None, totals_only: bool = False) -> list[str]:
+    """The per-tensor decisions and the per-convolution algorithms, as report lines (used by `explain`);
+    `select` keeps one layer's or tensor's (a name or a glob), `totals_only` gives counts instead of rows."""
     lines = ["per tensor: why each activation is kept, offloaded or recomputed"]
     counts: dict[str, int] = {}
     for tid, what, why in tensor_decisions(plan):
         counts[what] = counts.get(what, 0) + 1
-        lines.append(f"    {what:<16} {tid:<40} {why}")
+        if not totals_only and (select is None or _matches(select, tid)):
+            lines.append(f"    {what:<16} {tid:<40} {why}")
     lines.append("    totals: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     algos = [(k, sp) for k, sp in enumerate(plan.steps) if sp.algo]
     if algos:
         lines.append("per convolution step: the algorithm it runs, and faster ones refused for lack of memory")
+        if totals_only:
+            by_algo: dict[str, int] = {}
+            for _, sp in algos:
+                by_algo[sp.algo] = by_algo.get(sp.algo, 0) + 1
+            refused = sum(1 for _, sp in algos if sp.refused)
+            lines.append("    " + ", ".join(f"{v} x {k}" for k, v in sorted(by_algo.items()))
+                         + f"; {refused} steps refused a faster algorithm for lack of memory")
+            return lines
         for k, sp in algos:
+            if select is not None and not _matches(select, plan.route.steps[k].name or ""):
+                continue
             refused = f"  refused: {'; '.join(sp.refused)}" if sp.refused else ""
             lines.append(f"    step {k:>4} {plan.route.steps[k].label:<36} {sp.algo:<16} workspace "
                          f"{format_bytes(sp.workspace_bytes):>11}{refused}")
