@@ -262,7 +262,7 @@ def cmd_plan(args) -> dict:
         plot_timeline(plan, args.plot, title=_plot_title(args, plan))
         out["plot"] = args.plot
     if args.trace:
-        write_trace(args.trace, plan)
+        write_trace(args.trace, plan, device=args.device)
         out["trace"] = args.trace
     if args.explain is not None or args.explain_steps or args.explain_full:
         from .memory.report.explain import parse_steps

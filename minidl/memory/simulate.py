@@ -180,7 +180,28 @@ class LinkTimeline:
     exposed_s: float    # time the compute stream spent blocked on a copy
 
 
-def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None = None) -> LinkTimeline:
+@dataclass(slots=True)
+class PredictedTimeline:
+    """The simulator's timeline of one step: when each route step computes and when each copy is on the link
+    (seconds from the step's start). `write_trace` draws it, so a plan's trace is the predicted timeline."""
+
+    steps: list[tuple[float, float]] = field(default_factory=list)             # (start, end) per route step
+    copies: list[tuple[str, str, float, float, int]] = field(default_factory=list)  # (kind, tensor, start, end, bytes)
+    boundaries: list[tuple[float, float]] = field(default_factory=list)        # (before-events at, after-events at)
+
+
+def predicted_timeline(plan: Plan, device: DeviceProfile | str = "k40c") -> PredictedTimeline:
+    """Step and copy times exactly as `simulate` estimates them (same costs, same link model)."""
+    dev = get_profile(device) if isinstance(device, str) else device
+    costs = step_costs(plan.route, dev)
+    add_plan_costs(plan, costs)
+    out = PredictedTimeline()
+    link_timeline(plan, dev, costs, record=out)
+    return out
+
+
+def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None = None,
+                  record: PredictedTimeline | None = None) -> LinkTimeline:
     """Replay the plan on two clocks: the compute stream and the host link (one FIFO copy stream).
 
     OFFLOAD and PREFETCH queue a copy of `nbytes / link_bw` seconds that starts when the link is free and the
@@ -199,9 +220,12 @@ def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None =
         nonlocal now, link_free, total, exposed
         if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
             d = ev.nbytes / dev.link_bw
-            link_free = max(now, link_free) + d
+            start = max(now, link_free)
+            link_free = start + d
             done[ev.tensor] = link_free
             total += d
+            if record is not None:
+                record.copies.append((ev.kind.value, ev.tensor, start, link_free, ev.nbytes))
         elif ev.kind in (EventKind.RELEASE, EventKind.WAIT):
             t = done.pop(ev.tensor, None)
             if t is not None and t > now:
@@ -209,8 +233,12 @@ def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None =
                 now = t
 
     for sp, c in zip(plan.steps, costs):
+        before_at = now
         for ev in sp.before:
             apply(ev)
+        if record is not None:
+            record.steps.append((now, now + c.time_s))
+            record.boundaries.append((before_at, now + c.time_s))
         now += c.time_s
         for ev in sp.after:
             apply(ev)

@@ -60,3 +60,36 @@ def test_plan_text_shows_transfer_figures(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "estimated step time on cpu" in out
     assert "exposed" in out and "hidden behind compute" in out
+
+
+def test_plan_trace_is_the_predicted_timeline(tmp_path):
+    """`plan --trace`: steps at the simulator's estimated times, copies when the link carries them."""
+    import json
+
+    from minidl.memory.report import write_trace
+    from minidl.memory.simulate import predicted_timeline
+
+    net, opt = _resnet110()
+    live = plan_network(net, opt, "liveness")
+    plan = plan_network(net, opt, "auto", live.min_budget_bytes // 2, device="k40c")
+    sim = simulate(plan, "k40c")
+    evs = json.loads(write_trace(tmp_path / "t.json", plan, device="k40c").read_text())["traceEvents"]
+    compute = sorted((e for e in evs if e.get("tid") == 1 and e["ph"] == "X"), key=lambda e: e["ts"])
+    copies = [e for e in evs if e.get("tid") == 2 and e["ph"] == "X"]
+    assert len(compute) == len(plan.steps)
+    # the step ends when the simulator says; compute alone sums to its compute time (the rest is waiting)
+    assert compute[-1]["ts"] + compute[-1]["dur"] == pytest.approx(sim.est_step_time_s * 1e6, rel=1e-9)
+    assert sum(e["dur"] for e in compute) == pytest.approx(sim.compute_time_s * 1e6, rel=1e-9)
+    # each copy takes bytes / link bandwidth, one at a time on the link, and they sum to the transfer time
+    link = get_profile("k40c").link_bw
+    assert all(e["dur"] == pytest.approx(e["args"]["bytes"] / link * 1e6) for e in copies)
+    assert sum(e["dur"] for e in copies) == pytest.approx(sim.transfer_time_s * 1e6, rel=1e-9)
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in copies)
+    assert all(a1 <= b0 + 1e-6 for (_, a1), (b0, _) in zip(spans, spans[1:]))
+    # an offload starts no earlier than the end of the step after which it is issued
+    tl = predicted_timeline(plan, "k40c")
+    ends = {s.label: t1 for s, (_, t1) in zip(plan.route.steps, tl.steps)}
+    k_of = {ev.tensor: k for k, sp in enumerate(plan.steps) for ev in sp.after if ev.kind.value == "offload"}
+    for kind, tensor, t0, _, _ in tl.copies:
+        if kind == "offload":
+            assert t0 >= ends[plan.route.steps[k_of[tensor]].label] - 1e-12

@@ -11,11 +11,12 @@ TRACKS = {"compute": 1, "transfer": 2, "allreduce": 3}
 """Thread ids of the trace's tracks: kernels, host<->device copies, data-parallel all-reduces (in flight)."""
 
 
-def write_trace(path: str | Path, plan: Plan, events=None) -> Path:
+def write_trace(path: str | Path, plan: Plan, events=None, device="k40c") -> Path:
     """A Chrome/Perfetto trace: compute (and transfer) tracks from timed events, and a memory counter track.
 
-    Without timed events (plan only), steps are laid out one microsecond apart so the memory track still
-    reads as a function of the route.
+    Without timed events (plan only), the trace is the simulator's predicted timeline on `device`
+    (`simulate.predicted_timeline`): each step at its estimated start and length, each copy when the link
+    carries it, a step pushed later wherever it waits for a copy.
     """
     trace = []
     if events:
@@ -26,24 +27,7 @@ def write_trace(path: str | Path, plan: Plan, events=None) -> Path:
                 trace.append({"name": "pool in use", "ph": "C", "ts": e.start_s * 1e6, "pid": 1,
                               "args": {"bytes": e.in_use}})
     else:
-        copying: dict[str, float] = {}  # transfer track: from OFFLOAD/PREFETCH to the RELEASE/WAIT that ends it
-        for k, (step, sp) in enumerate(zip(plan.route.steps, plan.steps)):
-            trace.append({"name": step.label, "ph": "X", "ts": float(k), "dur": 1.0, "pid": 1, "tid": 1})
-            trace.append({"name": "pool in use", "ph": "C", "ts": float(k), "pid": 1, "args": {"bytes": sp.in_use}})
-            for ev, ts in [(ev, float(k)) for ev in sp.before] + [(ev, k + 1.0) for ev in sp.after]:
-                if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
-                    copying[ev.tensor] = ts
-                elif ev.kind in (EventKind.RELEASE, EventKind.WAIT) and ev.tensor in copying:
-                    t0 = copying.pop(ev.tensor)
-                    name = ("offload " if ev.kind is EventKind.RELEASE else "prefetch ") + ev.tensor
-                    trace.append({"name": name, "ph": "X", "ts": t0, "dur": max(ts - t0, 0.01), "pid": 1, "tid": 2,
-                                  "args": {"bytes": plan.sizes.get(ev.tensor, ev.nbytes)}})
-                elif ev.kind is EventKind.ALLREDUCE:
-                    copying[ev.tensor] = ts
-                elif ev.kind is EventKind.REDUCED and ev.tensor in copying:
-                    t0 = copying.pop(ev.tensor)
-                    trace.append({"name": f"allreduce {ev.tensor}", "ph": "X", "ts": t0, "dur": max(ts - t0, 0.01),
-                                  "pid": 1, "tid": TRACKS["allreduce"], "args": {"bytes": ev.nbytes}})
+        _predicted(trace, plan, device)
     meta = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "compute"}},
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "transfer"}},
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": 3, "args": {"name": "allreduce"}},
@@ -51,3 +35,25 @@ def write_trace(path: str | Path, plan: Plan, events=None) -> Path:
     path = Path(path)
     path.write_text(json.dumps({"traceEvents": meta + trace, "displayTimeUnit": "ms"}))
     return path
+
+
+def _predicted(trace: list, plan: Plan, device) -> None:
+    from ..simulate import predicted_timeline
+
+    tl = predicted_timeline(plan, device)
+    for (step, sp), (t0, t1) in zip(zip(plan.route.steps, plan.steps), tl.steps):
+        trace.append({"name": step.label, "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6, "pid": 1, "tid": 1})
+        trace.append({"name": "pool in use", "ph": "C", "ts": t0 * 1e6, "pid": 1, "args": {"bytes": sp.in_use}})
+    for kind, tensor, t0, t1, nbytes in tl.copies:
+        trace.append({"name": f"{kind} {tensor}", "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6, "pid": 1,
+                      "tid": TRACKS["transfer"], "args": {"bytes": nbytes}})
+    reducing: dict[str, float] = {}   # all-reduce track: from ALLREDUCE to the REDUCED that ends it (at boundaries)
+    for sp, (before_at, after_at) in zip(plan.steps, tl.boundaries):
+        for ev, ts in [(ev, before_at) for ev in sp.before] + [(ev, after_at) for ev in sp.after]:
+            if ev.kind is EventKind.ALLREDUCE:
+                reducing[ev.tensor] = ts
+            elif ev.kind is EventKind.REDUCED and ev.tensor in reducing:
+                t0 = reducing.pop(ev.tensor)
+                trace.append({"name": f"allreduce {ev.tensor}", "ph": "X", "ts": t0 * 1e6,
+                              "dur": max((ts - t0) * 1e6, 0.01), "pid": 1, "tid": TRACKS["allreduce"],
+                              "args": {"bytes": ev.nbytes}})
