@@ -248,9 +248,13 @@ def cmd_plan(args) -> dict:
         from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 
         dp = DataParallel(args.ranks, args.bucket_size or DEFAULT_BUCKET_BYTES)
-    plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
-                        costs=_costs(args, backend), fused_update=_fused(args), paged=args.paged, data_parallel=dp)
-    sim = simulate(plan, args.device)
+    what = (f"planning {args.model}{f'-{args.depth}' if args.depth else ''} ({len(net.layer_nodes)} layers), policy "
+            f"{args.policy}" + (f", budget {format_bytes(args.budget)}" if args.budget is not None else ""))
+    with _ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
+        plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
+                            costs=_costs(args, backend), fused_update=_fused(args), paged=args.paged,
+                            data_parallel=dp)
+        sim = simulate(plan, args.device)
     out = _memory_json(plan)
     out.update({"model": args.model, "device": args.device, "backend": args.backend,
                 "est_step_time_s": sim.est_step_time_s,
@@ -282,6 +286,45 @@ def cmd_plan(args) -> dict:
                   f"(the step waits for them), {sim.transfer_hidden_fraction:.1%} hidden behind compute")
     _say_written(args, [("memory timeline", out.get("plot")), ("trace", out.get("trace"))])
     return out
+
+
+class _ProgressLine:
+    """On a terminal, a line on stderr that says what is being planned and for how long, once it has taken more
+    than `AFTER_S` (ResNet-2500 takes seconds); erased when done. Never in --json output or a pipe."""
+
+    AFTER_S = 1.0
+    EVERY_S = 0.5
+
+    def __init__(self, what: str, enabled: bool):
+        import threading
+
+        self.what, self.enabled = what, enabled
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if enabled else None
+        self._shown = False
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        if self._stop.wait(self.AFTER_S):
+            return
+        while not self._stop.is_set():
+            sys.stderr.write(f"\r{self.what}... {time.perf_counter() - t0:.1f} s")
+            sys.stderr.flush()
+            self._shown = True
+            self._stop.wait(self.EVERY_S)
+
+    def __enter__(self):
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            if self._shown:
+                sys.stderr.write("\r\033[K")
+                sys.stderr.flush()
 
 
 def _plot_title(args, plan) -> str:

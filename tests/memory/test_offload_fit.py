@@ -93,3 +93,25 @@ def test_plan_trace_is_the_predicted_timeline(tmp_path):
     for kind, tensor, t0, _, _ in tl.copies:
         if kind == "offload":
             assert t0 >= ends[plan.route.steps[k_of[tensor]].label] - 1e-12
+
+
+def test_progress_line_only_on_a_terminal(capsys, monkeypatch):
+    import io
+    import time
+
+    from minidl import cli
+
+    monkeypatch.setattr(cli._ProgressLine, "AFTER_S", 0.0)
+    monkeypatch.setattr(cli._ProgressLine, "EVERY_S", 0.01)
+    tty = io.StringIO()
+    monkeypatch.setattr(cli.sys, "stderr", tty)
+    with cli._ProgressLine("planning x", enabled=True):
+        time.sleep(0.1)
+    assert "planning x... " in tty.getvalue() and tty.getvalue().endswith("\r\033[K")
+    quiet = io.StringIO()
+    monkeypatch.setattr(cli.sys, "stderr", quiet)
+    with cli._ProgressLine("planning y", enabled=False):
+        time.sleep(0.05)
+    assert quiet.getvalue() == ""
+    assert main(["plan", "lenet", "--batch", "2", "--budget", "64MiB"]) == 0   # stderr is not a TTY here
+    assert "planning" not in capsys.readouterr().err
