@@ -86,19 +86,27 @@ def test_rank0_checkpoint_resumes_on_every_rank_exactly(mpiexec, tmp_path):
 
 
 def test_batchnorm_statistics_are_per_rank_and_runs_repeat_bit_identically(mpiexec, tmp_path):
-    args = ["resnet", "--depth", "20", "--data", "digits", "--batch", "8", "--steps", "2", "--bucket-size", "256KiB"]
+    net = ["resnet", "--depth", "20", "--data", "digits", "--bucket-size", "256KiB"]
     for name in ("a", "b"):
-        train_ranks(mpiexec, 2, [*args, "--save", str(tmp_path / f"{name}.npz")])
+        train_ranks(mpiexec, 2, [*net, "--batch", "8", "--steps", "2", "--save", str(tmp_path / f"{name}.npz")])
     a, b = load(tmp_path / "a.npz"), load(tmp_path / "b.npz")
     for k in a:
         assert np.array_equal(a[k], b[k]), k
-    # Per-rank batch statistics: rank 0's running mean is what a BN layer computes on rank 0's slice alone, not
-    # on the global batch, so the 2-rank run differs from the 1-process run at the global batch (unlike LeNet).
-    assert main(["train", *args[:-4], "--batch", "16", "--steps", "2", "--bucket-size", "256KiB",
-                 "--save", str(tmp_path / "one.npz"), "--no-progress", "--json"]) == 0
-    one = load(tmp_path / "one.npz")
-    rm = [k for k in one if k.endswith("running_mean")]
-    assert rm and any(not np.allclose(one[k], a[k], rtol=1e-4, atol=1e-6) for k in rm)
+    # Per-rank batch statistics, exactly: after one step, rank 0's BN running statistics (the checkpoint's) are
+    # those of one process that trained on rank 0's slice alone (the first 8 samples of the global batch of 16
+    # are the first batch of 8 of the same seed's order), and not those of one process at the global batch.
+    train_ranks(mpiexec, 2, [*net, "--batch", "8", "--steps", "1", "--save", str(tmp_path / "two.npz")])
+    for batch, name in ((8, "slice0"), (16, "global")):
+        assert main(["train", *net, "--batch", str(batch), "--steps", "1", "--save", str(tmp_path / f"{name}.npz"),
+                     "--no-progress", "--json"]) == 0
+    two, slice0, glob = (load(tmp_path / f"{n}.npz") for n in ("two", "slice0", "global"))
+    stats = [k for k in two if k.endswith(("running_mean", "running_var"))]
+    assert stats
+    for k in stats:
+        assert np.array_equal(two[k], slice0[k]), k
+        assert not np.array_equal(two[k], glob[k]), k
+    weights = [k for k in two if k.endswith("weight")]
+    assert any(not np.array_equal(two[k], slice0[k]) for k in weights)  # the gradients were averaged
 
 
 FAILING = textwrap.dedent("""
