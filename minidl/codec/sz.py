@@ -1,0 +1,258 @@
+"""An error-bounded lossy compressor for float arrays, in the SZ family (cuSZ's dual-quantization variant).
+
+**The guarantee.** `decompress(compress(x, eb))` returns y with |x - y| <= eb for every finite element of x,
+the same dtype and shape; NaN, +-Inf (and any element the bound cannot be met for in floating point) come back
+bit for bit; zeros come back as exact zeros and no element changes sign. Same input, same bytes (no
+randomness, no dependence on threads). The stream is never larger than the raw array plus `HEADER_BYTES`.
+
+**Approach (three stages, each vectorized, each a kernel on the GPU: `kernels/compress.cu`).**
+
+1. *Quantize* each element to an integer bin p on a grid of step 2*eb, with a zero class:
+   p = sign(x) * ceil(|x| / (2 eb)), reconstructed as x' = sign(p) * (2|p| - 1) * eb. Bin |p| >= 1 covers
+   ((2|p|-2) eb, 2|p| eb] and reconstructs at its midpoint, so |x - x'| <= eb; p = 0 only for x = 0, so zeros
+   are exact and signs never flip (a ReLU's mask `out > 0` survives compression exactly). The bound is then
+   *verified* in float64 on the values as they will be decoded (float32 rounding of x' can push an element at a
+   bin's edge past eb): every element that fails, and every NaN/Inf or element whose bin index would exceed
+   `P_MAX`, is an *outlier*, stored verbatim (index + raw bits) and given p = 0.
+2. *Predict* (Lorenzo, order 1, along the flattened array, i.e. the fastest axis first): code = p[i] - p[i-1].
+   Quantizing before predicting ("dual quantization", cuSZ) makes prediction exact integer arithmetic, so it
+   needs no reconstructed neighbour and runs in parallel; decoding is a prefix sum. The prediction restarts at
+   every block of `BLOCK` codes; each block's first p (its *anchor*) is stored apart, so blocks decode alone.
+3. *Encode* each block at a fixed length, as GPU SZ compressors do: codes are zigzag-mapped to unsigned, the
+   block's width w is the bit length of its largest code, and the block is stored as w bit-planes of BLOCK bits
+   (plane j = bit j of all BLOCK codes; a warp's `__ballot_sync` writes a plane word on the GPU). A block of
+   zeros (a run of dead ReLUs, a constant region) costs its width byte alone.
+   Optionally (`entropy="zstd"`, on the CPU, needs the `zstandard` package) the encoded body is then passed
+   through Zstandard, which removes redundancy the fixed-length blocks leave (repeated planes, runs of small
+   widths).
+
+**Limitations.** Only float32 and float64. The predictor is one-dimensional (along the last axis, wrapping rows):
+2-D/3-D Lorenzo would predict better on images, at the cost of a halo per block. The compression ratio depends on
+the data and the bound; it is measured (`compressed_nbytes`), never assumed by this module.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from ..errors import MinidlError
+
+BLOCK = 256
+"""Codes per fixed-length block (cuSZ's chunk size; one block of 256 threads per block on the GPU)."""
+
+P_MAX = 1 << 40
+"""Largest bin index |p| quantized; an element further than 2 * P_MAX * eb from zero is stored as an outlier.
+2|p| - 1 stays exact in float64, and the zigzagged codes fit in 42 bits."""
+
+_MAGIC = b"MSZ1"
+_HEAD = struct.Struct("<4sBBBBdQQQQ")   # magic, version, dtype, mode, anchor width, eb, n, outliers, body, total
+HEADER_BYTES = _HEAD.size
+_VERSION = 1
+_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
+_DTYPE_CODE = {v: k for k, v in _DTYPES.items()}
+_MODE_RAW, _MODE_SZ, _MODE_SZ_ZSTD = 0, 1, 2
+_ZSTD_LEVEL = 3
+
+
+class CodecError(MinidlError, ValueError):
+    """A codec was given something it cannot encode (dtype, bound) or a stream that is not its own."""
+
+
+def _check(x: np.ndarray, eb: float) -> None:
+    if np.dtype(x.dtype) not in _DTYPE_CODE:
+        raise CodecError(f"sz.compress: dtype {x.dtype} is not supported (float32 or float64)")
+    if not (isinstance(eb, (int, float, np.floating)) and np.isfinite(eb) and eb > 0):
+        raise CodecError(f"sz.compress: the error bound must be a finite number > 0, got {eb!r}")
+
+
+def dequantize(p: np.ndarray, eb: float, dtype) -> np.ndarray:
+    """Bin indices -> values, exactly as the decoder (and the CUDA kernel) computes them: in float64, then one
+    rounding to `dtype`."""
+    mag = 2.0 * np.abs(p).astype(np.float64) - 1.0
+    val = np.where(p == 0, 0.0, np.copysign(mag * float(eb), p.astype(np.float64)))
+    return val.astype(dtype)
+
+
+def quantize(x: np.ndarray, eb: float) -> tuple[np.ndarray, np.ndarray]:
+    """(bin index per element with outliers set to 0, indices of the outliers), for a flat array."""
+    xf = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.abs(xf) / (2.0 * float(eb))
+        ok = np.isfinite(a) & (a <= P_MAX)
+        p = np.where(ok, np.ceil(np.where(ok, a, 0.0)), 0.0).astype(np.int64)
+        p[(p == 0) & (xf != 0) & ok] = 1    # |x| / 2eb underflowed to 0: the first bin still keeps the sign
+        p = np.where(xf < 0, -p, p)
+        err = np.abs(xf - dequantize(p, eb, x.dtype).astype(np.float64))
+    bad = ~(ok & (err <= float(eb)))
+    p[bad] = 0
+    return p, np.flatnonzero(bad)
+
+
+def _bit_length(m: np.ndarray) -> np.ndarray:
+    w = np.zeros(m.shape, np.uint8)
+    for b in range(64):
+        nz = (m >> np.uint64(b)) != 0
+        if not nz.any():
+            break
+        w += nz.astype(np.uint8)
+    return w
+
+
+def _zigzag(d: np.ndarray) -> np.ndarray:
+    return ((d << 1) ^ (d >> 63)).astype(np.uint64)
+
+
+def _unzigzag(u: np.ndarray) -> np.ndarray:
+    return (u >> np.uint64(1)).astype(np.int64) ^ -(u & np.uint64(1)).astype(np.int64)
+
+
+def _pack_planes(codes: np.ndarray, w: int) -> np.ndarray:
+    """(k, BLOCK) uint64 codes of width <= w -> (k, w * BLOCK // 8) bytes, bit-plane by bit-plane."""
+    k = codes.shape[0]
+    out = np.empty((k, w, BLOCK // 8), np.uint8)
+    for j in range(w):
+        plane = ((codes >> np.uint64(j)) & np.uint64(1)).astype(np.uint8)
+        out[:, j, :] = np.packbits(plane, axis=1, bitorder="little")
+    return out.reshape(k, w * BLOCK // 8)
+
+
+def _unpack_planes(raw: np.ndarray, w: int) -> np.ndarray:
+    """Inverse of `_pack_planes`: (k, w * BLOCK // 8) bytes -> (k, BLOCK) uint64 codes."""
+    k = raw.shape[0]
+    planes = raw.reshape(k, w, BLOCK // 8)
+    codes = np.zeros((k, BLOCK), np.uint64)
+    for j in range(w):
+        bits = np.unpackbits(planes[:, j, :], axis=1, bitorder="little").astype(np.uint64)
+        codes |= bits << np.uint64(j)
+    return codes
+
+
+def _encode_blocks(p: np.ndarray) -> tuple[bytes, int]:
+    """Bin indices -> (anchors + widths + planes, anchor width)."""
+    nb = -(-p.size // BLOCK)
+    P = np.zeros(nb * BLOCK, np.int64)
+    P[:p.size] = p
+    P = P.reshape(nb, BLOCK)
+    anchors = P[:, 0].copy()
+    d = np.zeros_like(P)
+    d[:, 1:] = np.diff(P, axis=1)
+    u = _zigzag(d)
+    widths = _bit_length(u.max(axis=1))
+    ua = _zigzag(anchors)
+    aw = int(_bit_length(ua.max(keepdims=True))[0]) if nb else 0
+    apad = -(-nb // BLOCK) * BLOCK
+    ablk = np.zeros(apad, np.uint64)
+    ablk[:nb] = ua
+    anchor_bytes = _pack_planes(ablk.reshape(-1, BLOCK), aw).tobytes() if aw else b""
+    sizes = widths.astype(np.int64) * (BLOCK // 8)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    body = np.empty(int(sizes.sum()), np.uint8)
+    for w in np.unique(widths):
+        if w == 0:
+            continue
+        sel = np.flatnonzero(widths == w)
+        packed = _pack_planes(u[sel], int(w))
+        body[(starts[sel][:, None] + np.arange(packed.shape[1])).ravel()] = packed.ravel()
+    return anchor_bytes + widths.tobytes() + body.tobytes(), aw
+
+
+def _decode_blocks(buf: memoryview, n: int, aw: int) -> np.ndarray:
+    nb = -(-n // BLOCK)
+    pos = 0
+    if aw:
+        na = -(-nb // BLOCK)
+        raw = np.frombuffer(buf, np.uint8, na * aw * BLOCK // 8, pos).reshape(na, -1)
+        anchors = _unzigzag(_unpack_planes(raw, aw).ravel()[:nb])
+        pos += raw.size
+    else:
+        anchors = np.zeros(nb, np.int64)
+    widths = np.frombuffer(buf, np.uint8, nb, pos)
+    pos += nb
+    sizes = widths.astype(np.int64) * (BLOCK // 8)
+    starts = pos + np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    body = np.frombuffer(buf, np.uint8)
+    u = np.zeros((nb, BLOCK), np.uint64)
+    for w in np.unique(widths):
+        if w == 0:
+            continue
+        sel = np.flatnonzero(widths == w)
+        raw = body[(starts[sel][:, None] + np.arange(int(w) * BLOCK // 8)).ravel()].reshape(sel.size, -1)
+        u[sel] = _unpack_planes(raw, int(w))
+    d = _unzigzag(u)
+    d[:, 0] = 0
+    return (anchors[:, None] + np.cumsum(d, axis=1)).ravel()[:n]
+
+
+def compress(x: np.ndarray, eb: float, entropy: str = "none") -> bytes:
+    """Encode `x` (float32/float64, any shape; read in C order) within absolute error bound `eb`.
+
+    `entropy`: "none" (fixed-length blocks only) or "zstd" (then Zstandard over them; CPU only). The shape is
+    not stored: the caller knows it (a planned tensor), `decompress` takes it.
+    """
+    x = np.asarray(x)
+    _check(x, eb)
+    if entropy not in ("none", "zstd"):
+        raise CodecError(f"sz.compress: entropy must be 'none' or 'zstd', got {entropy!r}")
+    flat = np.ascontiguousarray(x).ravel()
+    n = flat.size
+    p, out_idx = quantize(flat, eb)
+    body, aw = _encode_blocks(p)
+    idx_dtype = np.uint32 if n <= 0xFFFFFFFF else np.uint64
+    body += out_idx.astype(idx_dtype).tobytes() + flat[out_idx].tobytes()
+    mode = _MODE_SZ
+    if entropy == "zstd":
+        import zstandard
+
+        body = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_checksum=False,
+                                        write_content_size=True).compress(body)
+        mode = _MODE_SZ_ZSTD
+    if len(body) >= flat.nbytes:   # incompressible: never worse than raw
+        body, mode, aw, out_idx = flat.tobytes(), _MODE_RAW, 0, out_idx[:0]
+    head = _HEAD.pack(_MAGIC, _VERSION, _DTYPE_CODE[flat.dtype], mode, aw, float(eb), n, out_idx.size,
+                      len(body), HEADER_BYTES + len(body))
+    return head + body
+
+
+def stream_nbytes(buf) -> int:
+    """Length of the stream at the start of `buf` (which may be a larger block holding it)."""
+    return _parse_head(memoryview(buf).cast("B"))[-1]
+
+
+def _parse_head(buf: memoryview):
+    if len(buf) < HEADER_BYTES:
+        raise CodecError(f"sz.decompress: {len(buf)} bytes is shorter than the {HEADER_BYTES}-byte header")
+    magic, ver, dt, mode, aw, eb, n, n_out, body_len, total = _HEAD.unpack_from(buf, 0)
+    if magic != _MAGIC or ver != _VERSION or dt not in _DTYPES or mode > _MODE_SZ_ZSTD or total > len(buf):
+        raise CodecError(f"sz.decompress: not an sz stream of this version (magic {magic!r}, version {ver}, "
+                         f"{total} of {len(buf)} bytes)")
+    return ver, dt, mode, aw, eb, n, n_out, body_len, total
+
+
+def decompress(buf, shape=None) -> np.ndarray:
+    """Decode a stream from `compress` (bytes, or a uint8 array/block that starts with one) to a new array."""
+    mv = memoryview(np.ascontiguousarray(np.frombuffer(buf, np.uint8)) if not isinstance(buf, bytes) else buf)
+    _, dt, mode, aw, eb, n, n_out, body_len, _ = _parse_head(mv)
+    dtype = _DTYPES[dt]
+    body = mv[HEADER_BYTES:HEADER_BYTES + body_len]
+    if mode == _MODE_RAW:
+        out = np.frombuffer(body, dtype, n).copy()
+    else:
+        if mode == _MODE_SZ_ZSTD:
+            import zstandard
+
+            body = memoryview(zstandard.ZstdDecompressor().decompress(bytes(body)))
+        p = _decode_blocks(body, n, aw)
+        out = dequantize(p, eb, dtype)
+        if n_out:
+            idx_dtype = np.dtype(np.uint32 if n <= 0xFFFFFFFF else np.uint64)
+            tail = n_out * (idx_dtype.itemsize + dtype.itemsize)
+            start = len(body) - tail
+            idx = np.frombuffer(body, idx_dtype, n_out, start)
+            out[idx] = np.frombuffer(body, dtype, n_out, start + n_out * idx_dtype.itemsize)
+    return out.reshape(shape) if shape is not None else out
+
+
+def compressed_nbytes(x: np.ndarray, eb: float, entropy: str = "none") -> int:
+    """Bytes `compress(x, eb, entropy)` produces (what a plan must reserve for it)."""
+    return len(compress(x, eb, entropy))

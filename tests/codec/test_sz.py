@@ -1,0 +1,122 @@
+"""The SZ codec's promises, held on adversarial inputs: the bound on every finite element, NaN/Inf bit-exact,
+zeros exact and signs kept, same bytes for the same input, never larger than raw plus the header."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from minidl.codec import sz
+
+_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32 if a.dtype == np.float32 else np.uint64)
+
+
+def _assert_promises(x: np.ndarray, eb: float, entropy: str = "none") -> np.ndarray:
+    s = sz.compress(x, eb, entropy)
+    y = sz.decompress(s, x.shape)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    fin = np.isfinite(x)
+    err = np.abs(x[fin].astype(np.float64) - y[fin].astype(np.float64))
+    assert (err <= eb).all(), f"bound {eb} broken: max error {err.max()}"
+    assert (_bits(x[~fin]) == _bits(y[~fin])).all(), "a NaN/Inf was not stored exactly"
+    assert (y[x == 0] == 0).all() and (np.sign(y[fin]) == np.sign(x[fin])).all()
+    assert len(s) <= x.nbytes + sz.HEADER_BYTES
+    assert sz.compress(x, eb, entropy) == s, "not deterministic"
+    assert sz.stream_nbytes(s + b"\0" * 100) == len(s)
+    return y
+
+
+_floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
+_bounds = st.sampled_from([1e-40, 1e-30, 1e-7, 1e-3, 0.5, 1.0, 3.0, 1e6, 1e30, 3e38])
+
+
+@_SETTINGS
+@given(hnp.arrays(np.float32, hnp.array_shapes(max_dims=2, max_side=300), elements=_floats32), _bounds)
+def test_bound_on_arbitrary_float32(x, eb):
+    _assert_promises(x, eb)
+
+
+@_SETTINGS
+@given(hnp.arrays(np.float64, st.integers(0, 700),
+                  elements=st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True)),
+       st.sampled_from([1e-300, 1e-9, 0.25, 7.0, 1e200]))
+def test_bound_on_arbitrary_float64(x, eb):
+    _assert_promises(x, eb)
+
+
+@pytest.mark.parametrize("x, eb", [(np.array([1.73604885e-263]), 1e200), (np.zeros(0), 1e-300)])
+def test_found_by_hypothesis(x, eb):
+    """An element whose |x| / 2eb underflows to 0 must still land in the first bin (sign kept); empty input."""
+    _assert_promises(x, eb)
+
+
+@_SETTINGS
+@given(st.floats(min_value=1e-6, max_value=1e3), st.integers(1, 2000), st.integers(-5, 5))
+def test_values_on_bin_edges(eb, n, shift):
+    """Elements at k * 2eb (a bin's edge), nudged by a few ulps: where float32 rounding of the midpoint would
+    cross the bound, the element must become an outlier, not a violation."""
+    k = np.arange(-n // 2, n - n // 2, dtype=np.float64)
+    x = (k * 2 * eb).astype(np.float32)
+    x = np.nextafter(x, np.float32(np.inf) if shift > 0 else np.float32(-np.inf)) if shift else x
+    _assert_promises(x, eb)
+
+
+@pytest.mark.parametrize("x", [
+    np.zeros(1000, np.float32),
+    np.full(1000, 3.25, np.float32),
+    np.full(777, -1e-42, np.float32),                       # denormals
+    np.array([np.finfo(np.float32).max, -np.finfo(np.float32).max, np.finfo(np.float32).tiny] * 100, np.float32),
+    np.linspace(-1e30, 1e30, 5000).astype(np.float32),      # a huge range: bins beyond P_MAX are outliers
+    np.array([np.nan] * 300 + [np.inf, -np.inf] * 10, np.float32),
+    np.frombuffer(np.array([0x7FC00001, 0xFFC12345, 0x7F800001], np.uint32).tobytes(), np.float32),  # NaN payloads
+    np.zeros(0, np.float32),
+])
+@pytest.mark.parametrize("eb", [1e-4, 1.0])
+def test_adversarial(x, eb):
+    _assert_promises(x, eb)
+
+
+def test_zstd_stage_keeps_promises_and_shrinks_relu_maps():
+    pytest.importorskip("zstandard")
+    rng = np.random.default_rng(0)
+    smooth = np.cumsum(rng.standard_normal((8, 16, 32, 32)), axis=-1).astype(np.float32)
+    x = np.maximum(smooth, 0)
+    _assert_promises(x, 1e-2, "zstd")
+    assert len(sz.compress(x, 1e-2, "zstd")) < len(sz.compress(x, 1e-2))
+
+
+def test_compresses_smooth_data_and_larger_bound_compresses_more():
+    rng = np.random.default_rng(1)
+    x = np.cumsum(rng.standard_normal((4, 8, 32, 32)) * 0.01, axis=-1).astype(np.float32)
+    sizes = [sz.compressed_nbytes(x, eb) for eb in (1e-4, 1e-3, 1e-2)]
+    assert sizes[0] > sizes[1] > sizes[2]
+    assert x.nbytes / sizes[1] > 4
+
+
+def test_incompressible_falls_back_to_raw():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(4096).astype(np.float32) * 1e20
+    s = sz.compress(x, 1e-30)
+    assert len(s) == x.nbytes + sz.HEADER_BYTES
+    assert (sz.decompress(s) == x).all()
+
+
+@pytest.mark.parametrize("eb", [0.0, -1.0, float("nan"), float("inf"), "1"])
+def test_bad_bound_is_refused(eb):
+    with pytest.raises(sz.CodecError, match="error bound"):
+        sz.compress(np.ones(4, np.float32), eb)
+
+
+def test_bad_dtype_and_stream_are_refused():
+    with pytest.raises(sz.CodecError, match="int32"):
+        sz.compress(np.ones(4, np.int32), 0.1)
+    with pytest.raises(sz.CodecError, match="not an sz stream"):
+        sz.decompress(b"x" * 100)
+    with pytest.raises(sz.CodecError, match="header"):
+        sz.decompress(b"MSZ1")
