@@ -97,7 +97,8 @@ class Executor:
                           EventKind.OFFLOAD: self._offload, EventKind.RELEASE: self._release,
                           EventKind.PREFETCH: self._prefetch, EventKind.WAIT: self._wait,
                           EventKind.RECOMPUTE: self._recompute,
-                          EventKind.ALLREDUCE: self._allreduce, EventKind.REDUCED: self._reduced}
+                          EventKind.ALLREDUCE: self._allreduce, EventKind.REDUCED: self._reduced,
+                          EventKind.COMPRESS: self._compress, EventKind.DECOMPRESS: self._decompress}
         self.reducer = None  # data parallel: runs the plan's ALLREDUCE / REDUCED events (dist/reducer.py)
         if plan.buckets:
             from .dist.comm import Communicator
@@ -105,6 +106,7 @@ class Executor:
 
             self.reducer = GradientReducer(comm or Communicator(), self.be, self._t0,
                                            self.trace if trace else None)
+        self.compressed = None  # the compressed-activation store, created on the first COMPRESS (lossy plans)
         self.host = None  # the host store + transfer engine, created on the first offload
         self.host_limit_bytes = host_limit_bytes
         self.recomputed_flops = 0
@@ -234,6 +236,26 @@ class Executor:
         grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
         self.reducer.finish(ev.tensor, self.get(ev.tensor, step), grads, step.index)
 
+    # Lossy compression of stored activations (decisions/compress.py): the codec runs on the compute stream.
+    def _zstore(self):
+        if self.compressed is None:
+            from .memory.compressed import CompressedStore
+            from .memory.decisions.compress import backward_readers
+
+            readers = {t: r for t, r in backward_readers(self.route).items() if r}
+            self.compressed = CompressedStore(readers, backend=self.be)
+        return self.compressed
+
+    def _compress(self, ev: Event, step: Step) -> None:
+        self._alloc(ev, step)
+        if self.training:  # evaluate() runs the forward events too, but nothing reads the stream afterwards
+            src = ev.tensor.split(":", 1)[1]
+            self._zstore().compress(src, self.get(src, step), self.views[ev.tensor])
+
+    def _decompress(self, ev: Event, step: Step) -> None:
+        self._alloc(ev, step)
+        self._zstore().decompress(ev.tensor, self.views[ev.tensor], self.get("z:" + ev.tensor, step))
+
     def get(self, tid: str, step: Step) -> np.ndarray:
         try:
             return self.views[tid]
@@ -351,6 +373,8 @@ class Executor:
         dinputs = [get(t, step) if t else None for t in step.dinputs]
         grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
         layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
+        if self.compressed is not None:
+            self.compressed.observe(node.name, grads, dout)  # the adaptive bound's measurements
 
     def _update(self, step: Step, on_host: bool = False) -> None:
         """The optimizer on the step's parameters: every layer's, or (fused update) one layer's. `on_host`: on

@@ -9,6 +9,7 @@ Event kinds, one per mechanism (the executor dispatches on the kind; no mechanis
 - OFFLOAD / RELEASE / PREFETCH / WAIT: the tensor cache moving tensors to host memory and back.
 - RECOMPUTE: rebuild a dropped tensor by re-running its layer's forward.
 - ALLREDUCE / REDUCED: data parallel: a gradient bucket's all-reduce starts / is waited for (decisions/allreduce.py).
+- COMPRESS / DECOMPRESS: a tensor stored in compressed form between forward and backward (lossy, opt-in).
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class EventKind(str, enum.Enum):
     RECOMPUTE = "recompute"  # allocate the tensor and re-run its producer's forward
     ALLREDUCE = "allreduce"  # pack a bucket's gradients and start its all-reduce (nonblocking)
     REDUCED = "reduced"      # wait for that all-reduce and write the averaged gradients back
+    COMPRESS = "compress"    # allocate block z:<t> and encode tensor t into it (decisions/compress.py)
+    DECOMPRESS = "decompress"  # allocate tensor t again and decode it from z:<t>
 
 
 @dataclass(slots=True)
@@ -88,6 +91,8 @@ class Plan:
 
     def role_of(self, tid: str) -> Role:
         spec = self.route.tensors.get(tid)
+        if spec is None and tid.startswith("z:"):   # a compressed stream counts as what it stores
+            spec = self.route.tensors.get(tid[2:])
         return spec.role if spec is not None else Role.WORKSPACE
 
     def timeline(self) -> list[int]:

@@ -167,6 +167,7 @@ class Schedule:
     residencies: dict[str, list[Residency]] = field(default_factory=dict)
     markers: list[Marker] = field(default_factory=list)
     host_steps: set[int] = field(default_factory=set)  # steps that run on the host's copies (weights decision)
+    sizes: dict[str, int] = field(default_factory=dict)  # bytes of blocks that are not route tensors (z:<t>)
 
 
 def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
@@ -188,6 +189,8 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: 
     sizes = {tid: t.nbytes for tid, t in route.tensors.items()}
     for k, c in ws.items():
         sizes[route.steps[k].workspace] = c.nbytes
+    if schedule is not None:
+        sizes.update(schedule.sizes)
     setup: list[Event] = []
     steps = [StepPlan() for _ in route.steps]
     for k, c in ws.items():
@@ -328,7 +331,8 @@ def live_at(plan: Plan, k: int) -> list[str]:
 
 
 def _apply_residency(live: set[str], ev: Event) -> None:
-    if ev.kind in (EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE):
+    if ev.kind in (EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS,
+                   EventKind.DECOMPRESS):
         live.add(ev.tensor)
     elif ev.kind in (EventKind.FREE, EventKind.RELEASE):
         live.discard(ev.tensor)

@@ -18,6 +18,7 @@ from ..graph import Network
 from ..optim import Optimizer
 from ..route import Route
 from .decisions.allreduce import DataParallel, add_allreduce_events, with_buckets
+from .decisions.compress import compress_policy
 from .decisions.offload import offload_policy
 from .decisions.recompute import recompute_policy
 from .decisions.weights import weights_policy
@@ -58,6 +59,9 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("weights", "liveness + the weights and optimizer state of convolutions and fully connected layers homed "
                       "on the host: prefetched for forward and backward, updated on the host; under a budget, "
                       "the activation cache on top", weights_policy),
+    Policy("compress", "LOSSY, opt-in: liveness + store activations compressed between forward and backward "
+                       "(SZ-style codec, error bound adapted per layer from the gradients; not bit-identical to "
+                       "'none')", compress_policy),
     Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
                    "per-step workspace sizing (without one: liveness)", auto_policy),
     Policy("window", "nnabla's out-of-core schedule: a window over the recorded access order swaps tensors in "

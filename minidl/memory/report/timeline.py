@@ -18,7 +18,8 @@ def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
 
     def apply(ev):
         role = plan.role_of(ev.tensor).value
-        if ev.kind in (EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE):
+        if ev.kind in (EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS,
+                       EventKind.DECOMPRESS):
             resident[ev.tensor] = ev.nbytes
             cur[role] += align_up(ev.nbytes)
         elif ev.kind in (EventKind.FREE, EventKind.RELEASE):
