@@ -39,6 +39,7 @@ class Policy:
     name: str
     help: str
     plan: PolicyFn
+    lossy: bool = False   # True: parameters are NOT bit-identical to policy 'none' (opt-in compression)
 
 
 def _none(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
@@ -61,7 +62,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
                       "the activation cache on top", weights_policy),
     Policy("compress", "LOSSY, opt-in: liveness + store activations compressed between forward and backward "
                        "(SZ-style codec, error bound adapted per layer from the gradients; not bit-identical to "
-                       "'none')", compress_policy),
+                       "'none')", compress_policy, lossy=True),
     Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
                    "per-step workspace sizing (without one: liveness)", auto_policy),
     Policy("window", "nnabla's out-of-core schedule: a window over the recorded access order swaps tensors in "
@@ -75,6 +76,11 @@ POLICY_HELP: dict[str, str] = {name: p.help for name, p in POLICIES.items()}
 
 def available_policies() -> tuple[str, ...]:
     return tuple(POLICIES)
+
+
+def exact_policies() -> tuple[str, ...]:
+    """The policies whose parameters are bit-identical to policy 'none' on the CPU (all but the lossy ones)."""
+    return tuple(name for name, p in POLICIES.items() if not p.lossy)
 
 
 def use_fused_update(fused_update: bool | None, policy: str, budget: int | None) -> bool:

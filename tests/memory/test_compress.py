@@ -140,3 +140,9 @@ def test_rule_b_gives_the_target_relative_gradient_error():
     rel = np.linalg.norm(d.T.astype(np.float64) @ a2 - g) / np.linalg.norm(g)
     assert 0.003 < rel < 0.02, rel
     assert rule.bound(a, [Reader("relu", ReaderKind.SIGN)]) == float(a.max())
+
+
+def test_only_compress_is_marked_lossy():
+    from minidl.memory.policies import exact_policies
+
+    assert set(available_policies()) - set(exact_policies()) == {"compress"}

@@ -14,7 +14,7 @@ import minidl as dl
 from minidl.backend.cpu_paged import MemfdArena
 from minidl.data import synthetic
 from minidl.memory.paged import PagedPool
-from minidl.memory.policies import available_policies, plan_network
+from minidl.memory.policies import exact_policies, plan_network
 from minidl.memory.pool import PoolOutOfMemory
 from minidl.memory.simulate import simulate
 from minidl.optim import SGD
@@ -129,7 +129,7 @@ def reference():
 
 
 @pytest.mark.parametrize("key", ["resnet20", "dropnet"])
-@pytest.mark.parametrize("policy", available_policies())
+@pytest.mark.parametrize("policy", exact_policies())
 def test_paged_bit_identical_to_none_and_peak_equals_plan(key, policy, reference):
     budget = _budget(key, policy)
     sess = train(key, policy, budget, paged=CHUNK)
