@@ -256,6 +256,14 @@ def cmd_plan(args) -> dict:
                             data_parallel=dp)
         sim = simulate(plan, args.device)
     out = _memory_json(plan)
+    if dp is not None:
+        from .memory.decisions.allreduce import allreduce_timeline
+
+        comm = allreduce_timeline(plan, args.device)
+        out.update({"ranks": dp.world_size, "buckets": len(plan.buckets), "est_allreduce_s": comm.total_s,
+                    "est_allreduce_exposed_s": comm.exposed_s,
+                    "est_allreduce_hidden_fraction": comm.hidden_fraction, "interconnect_bw": comm.link.bw,
+                    "est_step_time_with_allreduce_s": sim.est_step_time_s + comm.exposed_s})
     out.update({"model": args.model, "device": args.device, "backend": args.backend,
                 "est_step_time_s": sim.est_step_time_s,
                 "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
@@ -284,6 +292,10 @@ def cmd_plan(args) -> dict:
         if sim.transfer_time_s:
             print(f"  host transfers   {sim.transfer_time_s:.3f} s on the link, {sim.exposed_transfer_s:.3f} s exposed "
                   f"(the step waits for them), {sim.transfer_hidden_fraction:.1%} hidden behind compute")
+        if dp is not None:
+            print(f"  all-reduce       {out['ranks']} ranks, {out['buckets']} buckets: {out['est_allreduce_s']:.4f} s "
+                  f"at {out['interconnect_bw'] / 1e9:g} GB/s, {out['est_allreduce_exposed_s']:.4f} s exposed, "
+                  f"{out['est_allreduce_hidden_fraction']:.1%} hidden behind backward")
     _say_written(args, [("memory timeline", out.get("plot")), ("trace", out.get("trace"))])
     return out
 

@@ -147,3 +147,23 @@ def test_dist_report_says_ranks_throughput_and_hiding():
     assert out["allreduce_bytes_per_step"] == sum(sess.plan.sizes[b] for b in sess.plan.buckets)
     line = dist_line(out)
     assert line.startswith("1 rank(s) (local), global batch 4: ") and f"in {len(sess.plan.buckets)} buckets" in line
+
+
+def test_simulated_allreduce_hides_all_but_the_last_buckets():
+    from minidl.memory.decisions.allreduce import Interconnect, allreduce_timeline
+
+    net = lenet()
+    link = Interconnect(1e9, 1e-5)
+    one = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30))
+    t = allreduce_timeline(one, "cpu", link)
+    (bid,) = one.buckets
+    assert t.total_s == pytest.approx(3 * (1e-5 + one.sizes[bid] / 4 / 1e9))  # a ring all-gather of 4 rows
+    assert t.exposed_s == pytest.approx(t.total_s) and t.hidden_fraction == pytest.approx(0.0)  # ready last
+    many = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 4096))
+    t = allreduce_timeline(many, "cpu", link)
+    assert 0 < t.exposed_s < t.total_s and 0 < t.hidden_fraction < 1
+    assert allreduce_timeline(many, "cpu", Interconnect(1e15, 0.0)).exposed_s < 1e-9  # an instant link
+    with pytest.raises(DistError, match="no interconnect known"):
+        from minidl.memory.simulate import DeviceProfile
+
+        allreduce_timeline(many, DeviceProfile("mystery", 1, 1e9, 1e9, 1e9))

@@ -20,6 +20,11 @@ Rules this module keeps:
   cannot drift apart. With one rank the sum is the gradient itself, so a 1-rank run is bit-identical to a
   plain one.
 
+**Simulated time** (`allreduce_timeline`, `minidl plan --ranks N`): the plan's steps on a device profile, each
+bucket's all-gather queued on one channel when its ALLREDUCE is reached, (N-1) x (latency + row bytes /
+bandwidth) long (a ring all-gather), and REDUCED blocking the compute clock until it is done: what blocks is the
+exposed all-reduce time; the rest hid behind backward.
+
 Limitations: a bucket holds N rows, so the in-flight buckets take N x the gradient bytes (a ring reduce-scatter
 would take about 1 + 1/N, but its addition order belongs to the library). For 2 ranks that is what DDP pays
 (gradients plus their bucket copies). Only trainable parameters' gradients are reduced: BN running statistics
@@ -38,6 +43,7 @@ from ...route import Phase, Route
 from ...tensors import Role, TensorSpec, bucket_id
 from ..plan import Event, EventKind, Plan
 from ..pool import format_bytes
+from ..simulate import DeviceProfile, add_plan_costs, get_profile, step_costs
 
 DEFAULT_BUCKET_BYTES = 1 << 20
 """1 MiB: DDP's first bucket (its later ones are 25 MiB). Small buckets start communicating early in backward,
@@ -136,3 +142,67 @@ def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) ->
             f"the gradients") for b in buckets]
     plan.buckets = {b.tensor: list(b.grads) for b in buckets}
     return plan
+
+
+@dataclass(frozen=True, slots=True)
+class Interconnect:
+    """What links the ranks: bandwidth one rank receives at (bytes/s) and the start-up cost of one message."""
+
+    bw: float
+    latency_s: float
+    note: str = ""
+
+
+INTERCONNECTS: dict[str, Interconnect] = {
+    # Measured here: Iallgather of one row per rank between 2 ranks of the mpich wheel over shared memory, 1-7 GB/s
+    # by row size on the shared 2-core VM (0.02 ms for 64 KiB rows); 2 GB/s is the middle of that.
+    "cpu": Interconnect(2e9, 20e-6, "MPI over shared memory, measured here (2 ranks, noisy: 1-7 GB/s)"),
+    # GPUs of one server: peer-to-peer over PCIe 3 x16 (~10-12 GB/s), NVLink 4 on an H100 SXM (450 GB/s each way).
+    "k40c": Interconnect(10e9, 10e-6, "PCIe 3 x16 peer to peer, datasheet"),
+    "titanx": Interconnect(10e9, 10e-6, "PCIe 3 x16 peer to peer, datasheet"),
+    "v100": Interconnect(12e9, 10e-6, "PCIe 3 x16 peer to peer (the PCIe V100), datasheet"),
+    "h100": Interconnect(450e9, 5e-6, "NVLink 4, 900 GB/s both ways, datasheet"),
+}
+
+
+@dataclass(slots=True)
+class AllreduceTimeline:
+    total_s: float     # all-gather time of every bucket of a step
+    exposed_s: float   # the part the update had to wait for (the rest ran while backward computed)
+    ranks: int
+    link: Interconnect
+
+    @property
+    def hidden_fraction(self) -> float:
+        return 1.0 - self.exposed_s / self.total_s if self.total_s > 0 else 1.0
+
+
+def allreduce_timeline(plan: Plan, device: DeviceProfile | str = "cpu",
+                       link: Interconnect | None = None) -> AllreduceTimeline:
+    """Replay a data-parallel plan's steps on `device`'s clock with its buckets' all-gathers on one channel."""
+    dev = get_profile(device) if isinstance(device, str) else device
+    if link is None:
+        if dev.name not in INTERCONNECTS:
+            raise DistError(f"no interconnect known for device profile '{dev.name}': expected one of "
+                            f"{', '.join(INTERCONNECTS)}, or pass one")
+        link = INTERCONNECTS[dev.name]
+    ranks = next((plan.route.tensors[b].shape[0] for b in plan.buckets), 1)
+    costs = step_costs(plan.route, dev)
+    add_plan_costs(plan, costs)
+    now = free = total = exposed = 0.0
+    done: dict[str, float] = {}
+    for sp, c in zip(plan.steps, costs):
+        for ev in sp.before:
+            if ev.kind is EventKind.REDUCED:
+                t = done.pop(ev.tensor)
+                if t > now:
+                    exposed += t - now
+                    now = t
+        now += c.time_s
+        for ev in sp.after:
+            if ev.kind is EventKind.ALLREDUCE:
+                d = (ranks - 1) * (link.latency_s + ev.nbytes / ranks / link.bw)
+                free = max(now, free) + d
+                done[ev.tensor] = free
+                total += d
+    return AllreduceTimeline(total, exposed, ranks, link)
