@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import DistError
+from ..errors import BudgetError, DistError
 from ..graph import Network
 from ..optim import Optimizer
 from ..route import Route
@@ -26,6 +26,7 @@ from .plan import Plan
 from .planner import default_workspace, make_plan
 from .pool import as_size
 from .schedulers.auto import auto_policy
+from .schedulers.minimum import verified_minimum
 from .schedulers.window import window_policy
 from .workspace import CostTable
 
@@ -125,6 +126,18 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused)
     route.paged_chunk = paged
     if data_parallel is None or not training:
-        return POLICIES[policy].plan(route, budget, device, costs)
+        return _plan_verified(route, policy, budget, device, costs)
     route, buckets = with_buckets(route, data_parallel)
-    return add_allreduce_events(POLICIES[policy].plan(route, budget, device, costs), buckets, data_parallel)
+    return add_allreduce_events(_plan_verified(route, policy, budget, device, costs), buckets, data_parallel)
+
+
+def _plan_verified(route: Route, policy: str, budget: int | None, device: str, costs: CostTable | None) -> Plan:
+    """Plan with the table's function; a BudgetError leaves with a minimum verified by planning at it
+    (`schedulers/minimum.py` says what "minimum" means per policy)."""
+    fn = POLICIES[policy].plan
+    try:
+        return fn(route, budget, device, costs)
+    except BudgetError as e:
+        if budget is None:
+            raise
+        raise verified_minimum(lambda b: fn(route, b, device, costs), policy, budget, e) from None
