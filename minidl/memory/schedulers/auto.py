@@ -27,14 +27,19 @@ Each base is also tried in a second arena *layout* that pins small long-lived te
 statistics, labels) at the bottom of the arena: less fragmentation, for slightly more bytes early on (`LAYOUTS`).
 
 The search stays cheap where it can. A base whose busiest step alone exceeds the budget is not placed at all
-(`compute_peak_lower_bound`). Offloading is searched only when it could win: its step time can never be below
-its base's own time, so bases are searched in that order and the search stops as soon as the best fitting plan
-is faster than every base left. That keeps `auto` to a few placement passes on networks that fit easily, and
-makes it search hard only when the budget is tight (ResNet-2500 at 12 GB: about 40 s on two cores).
+(`compute_peak_lower_bound`), and a base's own time (compute plus recomputation, nothing moved) is computed
+from its schedule, without placing it. Offload is fitted to the budget on a byte timeline first
+(`decisions/offload_fit.py`: which tensors, and copy windows cut only where memory is short), so a base costs
+one placement (rarely two or three, when fragmentation needs a little more room) instead of one per probe.
+Bases are searched in the order of their own time, and the search stops as soon as no base left could beat
+the best plan by more than `GOOD_ENOUGH`; the recomputation bases are not even built when a liveness plan is
+already that close to liveness' own time, the least any plan can take. ResNet-2500 b16 at 12 GB on a K40c:
+one placement, about 4 s of CPU (it was 45 s, hiding nothing).
 
 If nothing fits, `BudgetError` states the smallest budget that works: that of the most memory-frugal plan
 (every mechanism at its most frugal: memory-centric recomputation, every candidate offloaded and prefetched just
-in time, the smallest workspace everywhere). `auto` at exactly that budget succeeds.
+in time, the smallest workspace everywhere), then verified and searched by `policies.plan_network`
+(`schedulers/minimum.py`): planning at the stated number succeeds.
 
 Offload composed with recomputation needs one adjustment: a checkpoint that a recomputation reads must be back
 on the device *before* the recomputation sequence at that step boundary, which runs before the boundary's plain
@@ -312,16 +317,20 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
                                             "step's working set alone exceed the budget"))
         return res
     bases: list[tuple[str, Schedule, RecomputeSchedule | None]] = [("liveness", liveness_schedule(route, ws), None)]
-    rs_default = recompute_schedule(route, ws, limit=None, iv=iv)
-    if rs_default.segments:
-        modes = [s.mode for s in rs_default.segments]
-        rs_budget = recompute_schedule(route, ws, limit=max(budget, rs_default.bottleneck), iv=iv)
-        rs_mem = recompute_schedule(route, ws, mode=MEMORY, iv=iv)
-        if [s.mode for s in rs_budget.segments] != modes:
-            bases.append(("recompute (speed under budget)", rs_budget.schedule, rs_budget))
-        bases.append(("recompute", rs_default.schedule, rs_default))
-        if [s.mode for s in rs_mem.segments] != modes:
-            bases.append(("recompute (memory-centric)", rs_mem.schedule, rs_mem))
+
+    def recompute_bases() -> list[tuple[str, Schedule, RecomputeSchedule | None]]:
+        out: list[tuple[str, Schedule, RecomputeSchedule | None]] = []
+        rs_default = recompute_schedule(route, ws, limit=None, iv=iv)
+        if rs_default.segments:
+            modes = [s.mode for s in rs_default.segments]
+            rs_budget = recompute_schedule(route, ws, limit=max(budget, rs_default.bottleneck), iv=iv)
+            rs_mem = recompute_schedule(route, ws, mode=MEMORY, iv=iv)
+            if [s.mode for s in rs_budget.segments] != modes:
+                out.append(("recompute (speed under budget)", rs_budget.schedule, rs_budget))
+            out.append(("recompute", rs_default.schedule, rs_default))
+            if [s.mode for s in rs_mem.segments] != modes:
+                out.append(("recompute (memory-centric)", rs_mem.schedule, rs_mem))
+        return out
 
     def evaluate(trial: Trial) -> Trial:
         p = trial.plan
@@ -335,46 +344,56 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
     def label(name: str, layout: str) -> str:
         return f"{name}, {layout}" if layout else name
 
-    stage1 = ("", "grads+aux pinned")
     own_time: dict[str, float] = {}   # a base's time with nothing moved: no offload of it can be faster
-    for name, sched, _ in bases:
-        own_time[name] = schedule_time(route, sched, device)
-        if compute_peak_lower_bound(route, sched, ws) > budget:
-            # cannot fit without offload (placing it would only confirm that)
-            res.trials.append(Trial(name, note="skipped: busiest step alone exceeds the budget"))
-            continue
-        for layout in stage1:
-            evaluate(Trial(label(name, layout), place(route, ws, pin_long_lived(route, sched, LAYOUTS[layout]),
-                                                      budget)))
+    tried = []
 
-    # Stage 2: offload. Every (base, layout) that could still win is fitted on the byte timeline (no placement)
-    # and ranked by its estimated time (own time + estimated exposed copies); then placed in that order while
-    # the next estimate beats the best plan found.
     def best_time() -> float:
         return min((t.est_step_time_s for t in res.trials if t.fits), default=math.inf)
 
-    searches = []   # (own time, base index, layout index, name, layout, base schedule, root reads)
-    for i, (name, sched, rs) in enumerate(bases):
-        if any(t.fits for t in res.trials if t.name.split(",")[0] == name):
-            continue          # this base already fits (offload would only add copies)
-        reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
-        for li, layout in enumerate(LAYOUTS):
-            searches.append((own_time[name], i, li, name, layout, sched, reads))
-    searches.sort(key=lambda e: e[:3])
-    tried = []
-    for lb, _, _, name, layout, sched, reads in searches:
-        if lb >= best_time() * (1 - GOOD_ENOUGH):
-            break             # sorted by their best possible time: none of the rest can win (by more than a hair)
-        search = OffloadSearch(route, pin_long_lived(route, sched, LAYOUTS[layout]), ws, budget, device, reads)
-        tried.append((name, layout, search))
-        if lb + search.est_exposed_s >= best_time() * (1 - GOOD_ENOUGH):
-            continue          # its estimate already loses: not worth a placement
-        cr = search.place_fitted()
-        if cr is None:
-            continue
-        evaluate(Trial(label(f"{name} + offload", layout), cr.plan,
-                       note=f"{cr.offloaded} of {cr.candidates} candidates offloaded, copies fitted to the "
-                            f"budget (estimated {search.est_exposed_s:.3g} s exposed)"))
+    def search(group: list[tuple[int, tuple[str, Schedule, RecomputeSchedule | None]]]) -> None:
+        stage1 = ("", "grads+aux pinned")
+        for _, (name, sched, _) in group:
+            own_time[name] = schedule_time(route, sched, device)
+            if compute_peak_lower_bound(route, sched, ws) > budget:
+                # cannot fit without offload (placing it would only confirm that)
+                res.trials.append(Trial(name, note="skipped: busiest step alone exceeds the budget"))
+                continue
+            for layout in stage1:
+                evaluate(Trial(label(name, layout), place(route, ws, pin_long_lived(route, sched, LAYOUTS[layout]),
+                                                          budget)))
+
+        # Stage 2: offload. Every (base, layout) that could still win is fitted on the byte timeline (no placement)
+        # and ranked by its estimated time (own time + estimated exposed copies); then placed in that order while
+        # the next estimate beats the best plan found.
+        searches = []   # (own time, base index, layout index, name, layout, base schedule, root reads)
+        for i, (name, sched, rs) in group:
+            if any(t.fits for t in res.trials if t.name.split(",")[0] == name):
+                continue          # this base already fits (offload would only add copies)
+            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
+            for li, layout in enumerate(LAYOUTS):
+                searches.append((own_time[name], i, li, name, layout, sched, reads))
+        searches.sort(key=lambda e: e[:3])
+        for lb, _, _, name, layout, sched, reads in searches:
+            if lb >= best_time() * (1 - GOOD_ENOUGH):
+                break             # sorted by their best possible time: none of the rest can win (by more than a hair)
+            osearch = OffloadSearch(route, pin_long_lived(route, sched, LAYOUTS[layout]), ws, budget, device, reads)
+            tried.append((name, layout, osearch))
+            if lb + osearch.est_exposed_s >= best_time() * (1 - GOOD_ENOUGH):
+                continue          # its estimate already loses: not worth a placement
+            cr = osearch.place_fitted()
+            if cr is None:
+                continue
+            evaluate(Trial(label(f"{name} + offload", layout), cr.plan,
+                           note=f"{cr.offloaded} of {cr.candidates} candidates offloaded, copies fitted to the "
+                                f"budget (estimated {osearch.est_exposed_s:.3g} s exposed)"))
+
+    search([(0, bases[0])])
+    # Recomputation only adds FLOPs to liveness' own time, the least any plan can take: if a liveness plan is
+    # already within GOOD_ENOUGH of it, no recomputation base can win, and computing them is skipped.
+    if best_time() * (1 - GOOD_ENOUGH) > own_time["liveness"]:
+        bases += recompute_bases()
+        search(list(enumerate(bases))[1:])
+
     if not any(t.fits for t in res.trials) and frugal:
         # Nothing fits: the most frugal plans (every candidate offloaded, just in time) name the smallest budget.
         for name, layout, search in tried:
