@@ -115,3 +115,12 @@ def test_progress_line_only_on_a_terminal(capsys, monkeypatch):
     assert quiet.getvalue() == ""
     assert main(["plan", "lenet", "--batch", "2", "--budget", "64MiB"]) == 0   # stderr is not a TTY here
     assert "planning" not in capsys.readouterr().err
+
+
+def test_explain_names_the_workspace_algorithm_chosen():
+    net = build_model("resnet", depth=20, batch=4)
+    plan = plan_network(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu")
+    k = next(k for k, sp in enumerate(plan.steps) if sp.refused)
+    text = explain(plan, steps=(k, k + 1))
+    free = next(ln for ln in text.splitlines() if "- free" in ln and "ws:" in ln)
+    assert free.rstrip().endswith(f"workspace of {plan.steps[k].algo}")

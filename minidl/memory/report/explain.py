@@ -103,7 +103,7 @@ def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
         for ev in evs_after:  # "*": starts a collective (data parallel), frees nothing
             mark = "*" if ev.kind is EventKind.ALLREDUCE else "-"
             lines.append(f"    {mark} {ev.kind.value:<9} {ev.tensor:<40} {_size(plan, ev):>11}  "
-                         f"{_why_free(ev, route, iv)}")
+                         f"{_why_free(ev, route, iv, sp)}")
     if summary and prev < n - 1:
         lines.append(f"... (steps {prev + 1} to {n - 1})")
     # per tensor: kept / offloaded / recomputed, and why; per conv: its algorithm
@@ -130,7 +130,11 @@ def _why_alloc(ev, route, iv) -> str:
     return f"{role}, first used here; it will live until '{last}'"
 
 
-def _why_free(ev, route, iv) -> str:
+def _why_free(ev, route, iv, sp=None) -> str:
+    spec = route.tensors.get(ev.tensor)
+    if sp is not None and sp.algo and (spec is None or spec.role is Role.WORKSPACE) \
+            and ev.reason.startswith("workspace of"):
+        return f"workspace of {sp.algo}"   # the algorithm placement chose, not the one the schedule started from
     if ev.reason and ev.reason != "last use":
         return ev.reason
     i = iv.get(ev.tensor)
