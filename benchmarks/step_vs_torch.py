@@ -4,7 +4,9 @@
 
 Both run forward, backward and an SGD update after warm-up; the median of --steps timed steps is reported,
 whole step and per layer type (minidl from its executor trace, PyTorch from torch.profiler's self CPU time
-mapped from aten ops to layer types). Both use the same number of threads.
+mapped from aten ops to layer types). Both use the same number of threads: torch's intra-op pool and numpy's
+BLAS (threadpoolctl) are set to --threads. minidl runs its compiled step (`minidl.program`) unless
+--interpreted. Steps alternate (minidl, torch, minidl, ...) so a machine shared with other jobs slows both alike.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from minidl.models import build_model
 from minidl.optim import SGD
@@ -52,11 +55,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--policy", default="liveness")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--interpreted", action="store_true", help="run minidl's interpreted executor")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    threadpool_limits(args.threads)
 
     net = build_model(args.model, depth=args.depth, batch=args.batch, image_size=args.image_size)
-    sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, trace=True)
+    sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, trace=True,
+                   compiled=not args.interpreted)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(net.input_nodes[0].shape).astype(np.float32)
     y = rng.integers(0, net.logits_node.shape[1], args.batch).astype(np.int64)
@@ -100,7 +106,7 @@ def main() -> None:
 
     mo, mt = statistics.median(ours), statistics.median(theirs)
     print(f"{args.model}-{args.depth} batch {args.batch} {args.image_size}px, {args.threads} threads, "
-          f"policy {args.policy}")
+          f"policy {args.policy}, {'interpreted' if args.interpreted else 'compiled'}; steps {ours=} {theirs=}")
     print(f"{'layer type':<14} {'minidl ms':>10} {'torch ms':>10} {'ratio':>7}")
     for kind in sorted(set(per_ours) | set(per_theirs), key=lambda k: -per_ours.get(k, 0)):
         a, b = per_ours.get(kind, 0.0) * 1e3, per_theirs.get(kind, 0.0) * 1e3

@@ -93,9 +93,9 @@ def test_autotune_measures_once_and_keeps_the_measurements(capsys, tmp_path):
     run_json(capsys, *argv, "--autotune", str(cache))
     saved = json.loads(cache.read_text())["seconds"]
     assert saved and all(k.startswith("cpu|conv|") for k in saved)
-    # Rank the per-sample im2col first everywhere: a file's measurements are used, never re-measured, so the
-    # plan follows them (smaller workspaces than the estimates' choice, whole-batch im2col).
-    cache.write_text(json.dumps({"seconds": {k: {a: (0.5 if a == "im2col_chunked" else 1.0) for a in v}
+    # Rank the per-sample variants (im2col_chunked, rows_chunked) first everywhere: a file's measurements are used,
+    # never re-measured, so the plan follows them (smaller workspaces than the estimates' choice, whole batch).
+    cache.write_text(json.dumps({"seconds": {k: {a: (0.5 if a.endswith("_chunked") else 1.0) for a in v}
                                              for k, v in saved.items()}}))
     edited = cache.read_text()
     frugal = run_json(capsys, *argv, "--autotune", str(cache))

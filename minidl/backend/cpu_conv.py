@@ -38,13 +38,15 @@ import numpy as np
 
 from ..vocab import WorkspaceOption
 
-ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
+ALGOS = ("im2col", "im2col_chunked", "gemm_1x1", "rows", "rows_chunked")
+ROW_ALGOS = ("rows", "rows_chunked")
 _ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
-_CHUNK = 1  # samples per chunk of `im2col_chunked`
+_CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
 # Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
 # so they differ only in im2col traffic: none for gemm_1x1; whole-batch im2col streams the batch's columns
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
-EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1}
+# The row-shift pair builds a third of im2col's columns (kw taps, not kh*kw) and reads the rest as views.
+EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1, "rows": 0.7, "rows_chunked": 0.75}
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +63,9 @@ class ConvGeometry:
     ho: int
     wo: int
     groups: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
 
     @property
     def k(self) -> int:
@@ -104,10 +109,20 @@ def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int) -> tuple[int,
     return cols, off, off + prod
 
 
-def conv_algorithms(kernel, stride, padding, dilation) -> list[str]:
-    """The algorithms a configuration can run with (gemm_1x1 only where the input is the column matrix)."""
+def uses_rows(kernel, stride, groups: int = 1) -> bool:
+    """Whether a configuration runs the row-shift formulation (see `_RowShift`): stride 1 down the rows, more
+    than one kernel row, one group. Decided by the configuration alone, never by the workspace, so every
+    algorithm the planner may pick for a layer sums in the same order (bit-identical results)."""
+    return int(stride[0]) == 1 and int(kernel[0]) > 1 and int(groups) == 1
+
+
+def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1) -> list[str]:
+    """The algorithms a configuration can run with: the row-shift pair where it applies (`uses_rows`), else
+    im2col and its per-sample variant, plus gemm_1x1 where the input is the column matrix."""
+    if uses_rows(kernel, stride, groups):
+        return list(ROW_ALGOS)
     ok_1x1 = is_1x1(kernel, stride, padding, dilation)
-    return [a for a in ALGOS if a != "gemm_1x1" or ok_1x1]
+    return [a for a in ALGOS if a not in ROW_ALGOS and (a != "gemm_1x1" or ok_1x1)]
 
 
 def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation):
@@ -116,7 +131,7 @@ def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding,
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
     opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, geom, itemsize), EST_COST[a])
-            for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation)]
+            for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation, geom.groups)]
     return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes))
 
 
@@ -126,6 +141,8 @@ def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: in
         raise ValueError(f"unknown convolution algorithm {algo!r}; expected one of {ALGOS}")
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
+    if algo in ROW_ALGOS:
+        return _RowShift(geom, algo, itemsize).total(phase)
     return _layout(algo, phase, geom, itemsize)[2]
 
 
@@ -260,6 +277,162 @@ def _as(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.reshape(a, shape, copy=False)
 
 
+class _RowShift:
+    """The row-shift formulation of a stride-1 (down the rows) convolution: im2col builds only the kw column
+    taps, on the input's rows padded top and bottom, and the kh row taps are views of that buffer shifted by
+    whole rows. With K3 = Cin * kw and the padded plane Hp x Wo (Hp = H + 2 * pad_h), for sample n:
+
+        rows[n]      (K3, Hp*Wo)   tap j of channel c: x[n, c] shifted by column tap j, zero rows/columns outside
+        y[n]       = sum over i = 0, 1, ... kh-1 (in order) of Wr[i] @ rows[n][:, i*dh*Wo : i*dh*Wo + Ho*Wo]
+        dW[:, :, i] = sum over n (in order) of dy[n] @ rows[n][:, i-th window].T
+        drows[n]   = Wr[i].T @ dy[n] placed at the i-th window, summed over i in order; then the kw column taps
+                     are scattered back (col2im over kw taps only)
+
+    where Wr[i] (Cout, K3) is the weight's kernel row i. Each window is a plain strided matrix (row stride
+    Hp*Wo, unit column stride), which BLAS reads in place: a third of im2col's copies for a 3x3 kernel, GEMMs
+    with K = Cin*kw instead of Cin*kh*kw. `rows` holds the whole batch's buffer, `rows_chunked` one sample's;
+    both run the same per-sample GEMMs and sums in the same order, so they agree bit for bit (and a layer's
+    menu holds only these two, see `uses_rows`).
+    """
+
+    def __init__(self, g: ConvGeometry, algo: str, itemsize: int):
+        self.g, self.isz = g, itemsize
+        self.c = g.n if algo == "rows" else min(g.n, _CHUNK)
+        self.k3 = g.cin * g.kw
+        self.hp = g.h + 2 * g.padding[0]
+        self.plane = self.hp * g.wo
+        cols = self.c * self.k3 * self.plane * itemsize
+        wrow = g.kh * g.cout * self.k3 * itemsize
+        self.off_w = _align(cols)
+        self.off_t = self.off_w + _align(wrow)
+        self.fwd_tmp = self.c * g.cout * g.p * itemsize
+        self.bwd_prod = g.cout * self.k3 * itemsize
+        self.off_d = self.off_t + _align(self.bwd_prod)
+        self.bwd_dx = self.k3 * g.p * itemsize
+
+    def total(self, phase: str) -> int:
+        return self.off_t + self.fwd_tmp if phase == "fwd" else self.off_d + self.bwd_dx
+
+    def _buffers(self, ws: np.ndarray, w: np.ndarray):
+        g, dt = self.g, w.dtype
+        buf = _view(ws, 0, (self.c, g.cin, g.kw, self.hp, g.wo), dt)
+        wr = _view(ws, self.off_w, (g.kh, g.cout, g.cin, g.kw), dt)
+        np.copyto(wr, w.transpose(2, 0, 1, 3))
+        return buf, _as(wr, (g.kh, g.cout, self.k3))
+
+    def _windows(self):
+        g = self.g
+        return [i * g.dilation[0] * g.wo for i in range(g.kh)]
+
+    def im2rows(self, x: np.ndarray, b: np.ndarray) -> None:
+        """b (c, C, kw, Hp, Wo) <- the column taps of x (c, C, H, W), zeros where a tap reads padding."""
+        g = self.g
+        ph = g.padding[0]
+        flat = g.stride[1] == 1 and g.wo == g.w
+        for j in range(g.kw):
+            lo, n, iw0 = _axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])
+            dst = b[:, :, j]
+            if ph:
+                dst[:, :, :ph].fill(0)
+                dst[:, :, ph + g.h:].fill(0)
+            mid = dst[:, :, ph:ph + g.h]
+            if n == 0:
+                mid.fill(0)
+                continue
+            if flat:  # one long run per plane; the positions that wrap to the next row are zeroed below
+                shift = iw0 - lo
+                q0, q1 = lo, (g.h - 1) * g.w + lo + n
+                mf, xf = _as(mid, mid.shape[:2] + (-1,)), _as(x, x.shape[:2] + (-1,))
+                np.copyto(mf[..., q0:q1], xf[..., q0 + shift:q1 + shift])
+            else:
+                sw = g.stride[1]
+                np.copyto(mid[..., lo:lo + n], x[..., iw0:iw0 + (n - 1) * sw + 1:sw])
+            if lo > 0:
+                mid[..., :lo].fill(0)
+            if lo + n < g.wo:
+                mid[..., lo + n:].fill(0)
+
+    def rows2im(self, b: np.ndarray, dx: np.ndarray) -> None:
+        """dx (c, C, H, W) = the sum over the column taps (in order) of b's rows scattered back; b is scratch."""
+        g = self.g
+        ph = g.padding[0]
+        flat = g.stride[1] == 1 and g.wo == g.w
+        dx.fill(0)
+        for j in range(g.kw):
+            lo, n, iw0 = _axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])
+            if n == 0:
+                continue
+            mid = b[:, :, j, ph:ph + g.h]
+            if flat:
+                if lo > 0:
+                    mid[..., :lo].fill(0)
+                if lo + n < g.wo:
+                    mid[..., lo + n:].fill(0)
+                shift = iw0 - lo
+                q0, q1 = lo, (g.h - 1) * g.w + lo + n
+                mf, xf = _as(mid, mid.shape[:2] + (-1,)), _as(dx, dx.shape[:2] + (-1,))
+                dst = xf[..., q0 + shift:q1 + shift]
+                np.add(dst, mf[..., q0:q1], out=dst)
+            else:
+                sw = g.stride[1]
+                dst = dx[..., iw0:iw0 + (n - 1) * sw + 1:sw]
+                np.add(dst, mid[..., lo:lo + n], out=dst)
+
+    def forward(self, x, w, y, ws) -> None:
+        g, c = self.g, self.c
+        buf, wr = self._buffers(ws, w)
+        tmp = _view(ws, self.off_t, (c, g.cout, g.p), w.dtype)
+        y3 = _as(y, (g.n, g.cout, g.p))
+        wins = self._windows()
+        for s in range(0, g.n, c):
+            e = min(g.n, s + c)
+            b = buf[:e - s]
+            self.im2rows(x[s:e], b)
+            bf = _as(b, (e - s, self.k3, self.plane))
+            for i, o in enumerate(wins):
+                src = bf[:, :, o:o + g.p]
+                if i == 0:
+                    np.matmul(wr[0], src, out=y3[s:e])
+                else:
+                    t = tmp[:e - s]
+                    np.matmul(wr[i], src, out=t)
+                    np.add(y3[s:e], t, out=y3[s:e])
+
+    def backward(self, x, w, dy, dx, dw, ws) -> None:
+        g, c = self.g, self.c
+        buf, wr = self._buffers(ws, w)
+        dy3 = _as(dy, (g.n, g.cout, g.p))
+        wins = self._windows()
+        if dw is not None:
+            prod = _view(ws, self.off_t, (g.cout, g.cin, g.kw), w.dtype)
+            prod2 = _as(prod, (g.cout, self.k3))
+            dw_rows = [dw[:, :, i] for i in range(g.kh)]  # (Cout, Cin, kw) strided views
+        if dx is not None:
+            t = _view(ws, self.off_d, (self.k3, g.p), w.dtype)
+        for s in range(0, g.n, c):
+            e = min(g.n, s + c)
+            b = buf[:e - s]
+            bf = _as(b, (e - s, self.k3, self.plane))
+            if dw is not None:
+                self.im2rows(x[s:e], b)
+                for k in range(s, e):
+                    for i, o in enumerate(wins):
+                        np.matmul(dy3[k], bf[k - s, :, o:o + g.p].T, out=prod2)
+                        if k == 0:
+                            np.copyto(dw_rows[i], prod)
+                        else:
+                            np.add(dw_rows[i], prod, out=dw_rows[i])
+            if dx is not None:  # the rows are spent: the same memory now receives their gradient
+                for k in range(s, e):
+                    d = bf[k - s]
+                    d.fill(0)
+                    for o_i, wri in zip(wins, wr):
+                        np.matmul(wri.T, dy3[k], out=t)
+                        win = d[:, o_i:o_i + g.p]
+                        np.add(win, t, out=win)
+                self.rows2im(b, dx[s:e])
+
+
 class ConvOps:
     """2-D convolution kernels (mixed into CPUBackend)."""
 
@@ -269,6 +442,11 @@ class ConvOps:
         """y = conv2d(x, w) + b, written into y (N, Cout, Ho, Wo)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
+        if algo in ROW_ALGOS:
+            _RowShift(g, algo, x.dtype.itemsize).forward(x, w, y, ws)
+            if b is not None:
+                y += b.reshape(-1, 1, 1)
+            return
         n, G, cg_out = g.n, g.groups, g.cout // g.groups
         w3 = _as(w, (G, cg_out, g.k))
         y4 = _as(y, (n, G, cg_out, g.p))
@@ -292,6 +470,12 @@ class ConvOps:
         """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
+        if algo in ROW_ALGOS:
+            if dx is not None or dw is not None:
+                _RowShift(g, algo, x.dtype.itemsize).backward(x, w, dy, dx, dw, ws)
+            if db is not None:
+                np.sum(np.sum(_as(dy, (g.n, g.cout, g.p)), axis=2), axis=0, out=db)
+            return
         n, G, cg_out = g.n, g.groups, g.cout // g.groups
         w3 = _as(w, (G, cg_out, g.k))
         w3t = w3.transpose(0, 2, 1)
@@ -340,7 +524,8 @@ class ConvOps:
         `Conv2d.workspace_options` declares (same signature as the CUDA backend's)."""
         n, cin, h, wd = x_shape
         cout, _, kh, kw = w_shape
-        g = ConvGeometry(n, cin, h, wd, cout, kh, kw, y_shape[2], y_shape[3], groups)
+        g = ConvGeometry(n, cin, h, wd, cout, kh, kw, y_shape[2], y_shape[3], groups, tuple(stride), tuple(padding),
+                         tuple(dilation))
         return conv_options(phase, g, np.dtype(dtype).itemsize, tuple(stride), tuple(padding), tuple(dilation))
 
     # -- shared checks ----------------------------------------------------------------------------------------------
@@ -354,9 +539,12 @@ class ConvOps:
         ho, wo = conv_output_hw((h, wd), (kh, kw), stride, padding, dilation)
         if y.shape[2:] != (ho, wo):
             raise ValueError(f"conv2d: output must be {(n, cout, ho, wo)}, got {y.shape}")
-        g = ConvGeometry(n, cin, h, wd, cout, kh, kw, ho, wo, groups)
+        g = ConvGeometry(n, cin, h, wd, cout, kh, kw, ho, wo, groups, stride, padding, dilation)
         if algo not in ALGOS:
             raise ValueError(f"conv2d: unknown algorithm {algo!r}; expected one of {ALGOS}")
+        if (algo in ROW_ALGOS) != uses_rows((kh, kw), stride, groups):
+            raise ValueError(f"conv2d: algorithm {algo!r} does not apply to kernel {(kh, kw)}, stride {stride}, "
+                             f"groups {groups}; have {conv_algorithms((kh, kw), stride, padding, dilation, groups)}")
         if algo == "gemm_1x1" and not is_1x1((kh, kw), stride, padding, dilation):
             raise ValueError(f"conv2d: algorithm 'gemm_1x1' needs a 1x1 kernel with stride 1, no padding and "
                              f"no dilation; got kernel {(kh, kw)}, stride {stride}, padding {padding}, "

@@ -82,11 +82,12 @@ class Conv2d(Layer):
 
     def _geometry(self, in_shapes, out_shape) -> ConvGeometry:
         n, c, h, w = in_shapes[0]
-        return ConvGeometry(n, c, h, w, self.out_channels, *self.kernel_size, *out_shape[2:], self.groups)
+        return ConvGeometry(n, c, h, w, self.out_channels, *self.kernel_size, *out_shape[2:], self.groups,
+                            tuple(self.stride), tuple(self.padding), tuple(self.dilation))
 
     def algorithms(self) -> list[str]:
         """The algorithms this configuration can run with."""
-        return conv_algorithms(self.kernel_size, self.stride, self.padding, self.dilation)
+        return conv_algorithms(self.kernel_size, self.stride, self.padding, self.dilation, self.groups)
 
     def workspace_options(self, phase, in_shapes, out_shape, itemsize, backend=None):
         """The algorithms `backend` runs this convolution with, fastest first, with their exact workspace bytes

@@ -5,7 +5,10 @@ A convolution can be computed several ways that give the same numbers but need d
 
 - ``im2col``          builds the column matrix of the whole batch: the largest workspace, usually fastest;
 - ``im2col_chunked``  builds it one sample at a time: 1/N of the workspace, a little slower;
-- ``gemm_1x1``        a 1x1 stride-1 convolution *is* a GEMM on the input: no workspace at all.
+- ``gemm_1x1``        a 1x1 stride-1 convolution *is* a GEMM on the input: no workspace at all;
+- ``rows`` / ``rows_chunked`` replace the im2col pair for convolutions with stride 1 down the rows (most 3x3
+  ones): only the kw column taps are built, the kh row taps are views (whole batch / one sample at a time).
+  A layer's menu is one family or the other, fixed by its configuration, so whatever fits, the bits are the same.
 
 cuDNN offers the same kind of menu on a GPU (implicit GEMM with no workspace, FFT and Winograd with a lot).
 SuperNeurons' rule, which minidl follows: try every algorithm once per shape, remember how fast each one is,

@@ -75,8 +75,10 @@ def _id(c):
 
 
 def _assert_bit_identical(runs):
-    """Every algorithm's output, input delta and parameter gradients equal im2col's, bit for bit."""
-    ref = runs["im2col"]
+    """Every algorithm's output, input delta and parameter gradients equal the first one's, bit for bit (a layer's
+    menu is the row-shift pair or the im2col family, never both: see cpu_conv.uses_rows)."""
+    ref = next(iter(runs.values()))
+    assert len(runs) >= 2
     for algo, r in runs.items():
         assert np.array_equal(r.out, ref.out), algo
         assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
@@ -109,6 +111,8 @@ def test_matches_torch_and_algorithms_agree_bitwise(cfg):
     (4, 32, 10, 10, 64, 1, 1, 0, 1, 2, False),
     (3, 24, 17, 15, 16, 5, 2, 2, 1, 2, True),
     (6, 64, 7, 7, 64, 3, 1, 1, 1, 1, False),
+    (8, 16, 32, 32, 16, 3, 1, 1, 1, 1, False),       # CIFAR ResNet's first stage (row-shift)
+    (3, 8, 12, 10, 8, (3, 5), (1, 2), (1, 2), (2, 1), 1, True),  # row-shift with column stride and dilation
 ])
 def test_bit_identical_across_algorithms_larger(cfg):
     """Big enough that BLAS blocks and threads; every algorithm still gives the very same bits."""
@@ -152,17 +156,28 @@ def test_backward_parts_optional():
 
 
 def test_workspace_sizes_exact():
-    layer = Conv2d(4, 3, padding=1)
-    in_shapes, out_shape = [(2, 3, 7, 9)], (2, 4, 7, 9)
-    k, p = 3 * 3 * 3, 7 * 9
+    # stride 2: the im2col family. K = Cin*kh*kw columns of P = Ho*Wo outputs per sample.
+    layer = Conv2d(4, 3, stride=2, padding=1)
+    in_shapes, out_shape = [(2, 3, 7, 9)], (2, 4, 4, 5)
+    k, p = 3 * 3 * 3, 4 * 5
     fwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 4)}
     bwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("bwd", in_shapes, out_shape, 4)}
     assert fwd == {"im2col": 2 * k * p * 4, "im2col_chunked": k * p * 4}
     # backward: the column buffer (reused for dcols), 64-byte aligned, then a weight-sized dW product buffer
-    assert 2 * k * p * 4 == 13608 and k * p * 4 == 6804
-    assert bwd == {"im2col": 13632 + 4 * k * 4, "im2col_chunked": 6848 + 4 * k * 4}
+    assert 2 * k * p * 4 == 4320 and k * p * 4 == 2160
+    assert bwd == {"im2col": 4352 + 4 * k * 4, "im2col_chunked": 2176 + 4 * k * 4}
     f64 = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 8)}
     assert f64 == {"im2col": 2 * k * p * 8, "im2col_chunked": k * p * 8}
+    # stride 1 down the rows: the row-shift pair. Rows buffer: K3 = Cin*kw taps of the padded plane
+    # Hp x Wo = (7+2) x 9 per sample; then the kernel rows of the weight (kh, Cout, K3); forward: an output-sized
+    # accumulator per sample; backward: the (Cout, K3) dW product and one sample's (K3, P) input-delta product.
+    same = Conv2d(4, 3, padding=1)
+    k3, plane, p, wrow = 3 * 3, 9 * 9, 7 * 9, 3 * 4 * 9 * 4
+    assert (2 * k3 * plane * 4, k3 * plane * 4, wrow) == (5832, 2916, 432)  # aligned: 5888, 2944, 448
+    fwd = {o.algo: o.workspace_bytes for o in same.workspace_options("fwd", in_shapes, (2, 4, 7, 9), 4)}
+    bwd = {o.algo: o.workspace_bytes for o in same.workspace_options("bwd", in_shapes, (2, 4, 7, 9), 4)}
+    assert fwd == {"rows": 5888 + 448 + 2 * 4 * p * 4, "rows_chunked": 2944 + 448 + 4 * p * 4}
+    assert bwd == {"rows": 5888 + 448 + 192 + k3 * p * 4, "rows_chunked": 2944 + 448 + 192 + k3 * p * 4}
     # 1x1: gemm_1x1 needs no columns at all (backward only the dW product buffer when N > 1), and comes first
     one = Conv2d(8, 1, groups=2)
     opts = one.workspace_options("fwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4)
@@ -177,12 +192,12 @@ def test_workspace_sizes_exact():
     # the backend answers the same question with the CUDA backend's signature
     be = CPUBackend()
     for phase in ("fwd", "bwd"):
-        assert be.conv_workspace_options(phase, (2, 3, 7, 9), (4, 3, 3, 3), (2, 4, 7, 9), (1, 1), (1, 1), (1, 1),
+        assert be.conv_workspace_options(phase, (2, 3, 7, 9), (4, 3, 3, 3), (2, 4, 4, 5), (2, 2), (1, 1), (1, 1),
                                          1, np.float32) == layer.workspace_options(phase, in_shapes, out_shape, 4)
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_size=1, stride=2), dict(kernel_size=1, padding=1),
-                                dict(kernel_size=1, dilation=2), dict(kernel_size=3)])
+                                dict(kernel_size=1, dilation=2), dict(kernel_size=3, stride=2)])
 def test_gemm_1x1_only_when_applicable(kw):
     layer = Conv2d(4, **kw)
     in_shapes = [(2, 4, 6, 6)]
@@ -192,15 +207,23 @@ def test_gemm_1x1_only_when_applicable(kw):
         assert algos == ["im2col", "im2col_chunked"]
 
 
+def test_row_shift_applies_to_stride_1_rows_only():
+    assert Conv2d(4, 3).algorithms() == ["rows", "rows_chunked"]
+    assert Conv2d(4, (3, 1), stride=(1, 2)).algorithms() == ["rows", "rows_chunked"]
+    assert Conv2d(4, 3, stride=(2, 1)).algorithms() == ["im2col", "im2col_chunked"]
+    assert Conv2d(4, (1, 3)).algorithms() == ["im2col", "im2col_chunked"]   # one kernel row: nothing to shift
+    assert Conv2d(4, 3, groups=2).algorithms() == ["im2col", "im2col_chunked"]
+
+
 def test_workspace_errors():
-    cfg = (2, 3, 7, 9, 4, 3, 1, 1, 1, 1, True)
+    cfg = (2, 3, 7, 9, 4, 3, (2, 1), 1, 1, 1, True)
     x, params = _data(cfg)
     layer = _layer(cfg)
     out = np.empty(layer.infer_shape([x.shape]), np.float32)
     be = CPUBackend()
-    with pytest.raises(ValueError, match="needs a workspace of 13608 bytes"):
+    with pytest.raises(ValueError, match="needs a workspace of 7776 bytes"):
         layer.forward(be, [x], out, params, LayerContext(algo="im2col"))
-    with pytest.raises(ValueError, match="at least 13608 bytes"):
+    with pytest.raises(ValueError, match="at least 7776 bytes"):
         layer.forward(be, [x], out, params, LayerContext(algo="im2col", workspace=np.zeros(100, np.uint8)))
     with pytest.raises(ValueError, match="no fwd algorithm chosen"):
         layer.forward(be, [x], out, params, LayerContext())

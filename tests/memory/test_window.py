@@ -114,8 +114,11 @@ def test_events_obey_the_window():
     """Per tensor, in plan order: a swap-in is waited on before the tensor is read; no tensor is swapped out
     twice without a release in between; a released tensor comes back only by a prefetch; a tensor whose host copy
     is current (not written since its copy) is freed without a second copy."""
-    key = "densenet_tiny"   # at its minimum, some read-only tensors come back twice
-    plan = plan_network(NETS[key](), opt(), "window", budgets(key)[2])
+    key = "densenet_tiny"   # just above its minimum, some read-only tensors come back twice
+    live, _, floor = budgets(key)
+    # (at the minimum itself they did until the row-shift convolutions changed the workspace sizes; a twentieth
+    # of the way up to the liveness arena they still do)
+    plan = plan_network(NETS[key](), opt(), "window", floor + (live - floor) // 20)
     route = plan.route
     state: dict[str, str] = {}
     copied_at: dict[str, int] = {}   # step after which the last copy out started

@@ -5,6 +5,7 @@ import json
 import numpy as np
 
 from minidl.data import synthetic
+from minidl.executor import Executor
 from minidl.layers import Conv2d, WorkspaceOption
 from minidl.memory.plan import EventKind
 from minidl.memory.planner import default_workspace, make_plan
@@ -88,7 +89,10 @@ def _budget_between(route):
     fast = make_plan(route, "liveness", None, workspace=workspace_choices(route))
     frugal = make_plan(route, "liveness", None, workspace=frugal_workspace(route))
     assert frugal.min_budget_bytes < fast.min_budget_bytes
-    return (fast.min_budget_bytes + frugal.min_budget_bytes) // 2, fast, frugal
+    # a tenth of the way up from the frugal minimum: a placement under a budget packs tighter than the unbudgeted
+    # one that sets `fast.min_budget_bytes`, so half-way up may already fit every fast algorithm (it does since the
+    # row-shift convolutions shrank the workspaces)
+    return frugal.min_budget_bytes + (fast.min_budget_bytes - frugal.min_budget_bytes) // 10, fast, frugal
 
 
 def test_placement_fits_workspace_to_the_free_memory():
@@ -129,18 +133,23 @@ def test_without_a_budget_nothing_changes():
 
 def test_fitted_algorithms_train_bit_identically():
     """Several algorithms across the steps of one run; the results are those of policy none, bit for bit."""
-    def run(policy, budget=None):
+    def run(policy, fitted_budget=None):
         net = resnet()
-        sess = Session(net, SGD(lr=0.05, momentum=0.9), policy=policy, budget=budget, seed=3, debug=True)
+        opt = SGD(lr=0.05, momentum=0.9)
+        sess = Session(net, opt, policy=policy, seed=3, debug=True)
+        if fitted_budget is not None:  # the placement pass fitting each step's workspace to a budget
+            route = net.route(optimizer_slots=("momentum",))
+            sess.plan = make_plan(route, "liveness", fitted_budget, workspace=workspace_choices(route))
+            sess.executor = Executor(net, sess.plan, opt, seed=3, debug=True)
         sess.fit(synthetic(16, net.input_nodes[0].shape[1:], 10, seed=2), 3)
         return sess
 
-    route = resnet().route(optimizer_slots=("momentum",))
-    from minidl.memory.decisions.recompute import recompute_plan
-
-    lo = recompute_plan(route, ws=frugal_workspace(route)).min_budget_bytes
-    hi = recompute_plan(route).min_budget_bytes
-    sess = run("recompute", (lo + hi) // 2)
+    # Under a budget near the frugal end some convolutions get their per-sample variant (the whole-batch one is
+    # refused), others keep it. (Since the row-shift convolutions shrank the workspaces, the session policies
+    # free enough elsewhere that none of them refuses an algorithm on this net: the placement pass is driven
+    # directly.)
+    budget, _, _ = _budget_between(resnet().route(optimizer_slots=("momentum",)))
+    sess = run("liveness", budget)
     algos = {sp.algo for sp in sess.plan.steps if sp.algo}
     assert len(algos) >= 2
     assert any(sp.refused for sp in sess.plan.steps)
