@@ -226,6 +226,38 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="dx.size",
         doc="dx[r, j] = dy[r] / HW",
         torch_op="F.adaptive_avg_pool2d(x, 1) backward"),
+    # --------------------------------------------------------- compress.cu
+    KernelSpec(
+        "sz_quantize", "compress.cu",
+        _args("long long* bins, unsigned char* outlier, const float* x, long long n, double eb"),
+        launch="elementwise", work="n",
+        doc="SZ codec stage 1 (minidl/codec/sz.py quantize): sign-keeping bin index per element, step 2*eb; "
+            "outlier = 1 (and bin 0) where the bound cannot be met in float32 or x is NaN/Inf"),
+    KernelSpec(
+        "sz_encode_blocks", "compress.cu",
+        _args("unsigned int* planes, unsigned char* widths, long long* anchors, const long long* bins, "
+              "long long n, long long nblocks"),
+        launch="row", work="(nblocks, 256)",
+        doc="SZ stages 2-3 per 256-code block: Lorenzo difference, zigzag, width, bit-planes by __ballot_sync "
+            "into a fixed 64-plane slot per block; blockDim.x must be 256"),
+    KernelSpec(
+        "sz_gather_planes", "compress.cu",
+        _args("unsigned int* body, const unsigned int* planes, const unsigned char* widths, "
+              "const long long* starts, long long nblocks"),
+        launch="elementwise", work="nblocks * 64 * 8",
+        doc="compact the fixed plane slots into the stream body; starts = exclusive prefix sum of widths"),
+    KernelSpec(
+        "sz_decode_blocks", "compress.cu",
+        _args("float* y, const unsigned int* body, const unsigned char* widths, const long long* starts, "
+              "const long long* anchors, long long n, long long nblocks, double eb"),
+        launch="row", work="(nblocks, 256)",
+        doc="inverse of sz_encode_blocks + dequantize: codes from planes, block prefix sum from the anchor; "
+            "blockDim.x must be 256"),
+    KernelSpec(
+        "sz_scatter_outliers", "compress.cu",
+        _args("float* y, const long long* idx, const float* vals, long long n_out"),
+        launch="elementwise", work="n_out",
+        doc="write the outliers' exact values back after sz_decode_blocks"),
     # ----------------------------------------------------- elementwise.cu
     KernelSpec(
         "add_forward", "elementwise.cu",
@@ -332,6 +364,7 @@ _SCALAR_TYPES = {
     "double": np.float64,
     "int": np.int32,
     "unsigned int": np.uint32,
+    "unsigned char": np.uint8,
     "long long": np.int64,
     "unsigned long long": np.uint64,
 }

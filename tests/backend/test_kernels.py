@@ -284,6 +284,8 @@ def test_registry_shape():
     expected = {
         "loss.cu": {"softmax_xent_forward", "softmax_xent_mean", "softmax_xent_backward"},
         "optim.cu": {"sgd_update", "adam_update"},
+        "compress.cu": {"sz_quantize", "sz_encode_blocks", "sz_gather_planes", "sz_decode_blocks",
+                        "sz_scatter_outliers"},
         "pool.cu": {"maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward",
                     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward"},
         "elementwise.cu": {"add_forward", "accumulate", "scale_copy", "relu_forward",
