@@ -80,6 +80,9 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
     p.add_argument("--policy", default=None, choices=available_policies(),
                    help="memory policy (default: auto when --budget is given, else liveness)")
+    p.add_argument("--lossy", action="store_true",
+                   help="let --policy auto also weigh lossy compression of stored activations (auto-lossy); "
+                        "results are then not bit-identical to policy none")
     p.add_argument("--budget", type=_size, default=None,
                    help="device memory budget, e.g. 512MiB, 12GB (default: no limit)")
     p.add_argument("--paged", nargs="?", const="20MiB", default=None, type=_size, metavar="CHUNK",
@@ -470,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "cmd", None) in ("plan", "train") and args.policy is None:
         args.policy = "auto" if args.budget is not None else "liveness"  # --budget alone means auto
+    if getattr(args, "lossy", False):   # opt-in only: auto weighs compression when asked to
+        if args.policy not in ("auto", "auto-lossy"):
+            build_parser().error(f"--lossy applies to --policy auto, not {args.policy!r}")
+        args.policy = "auto-lossy"
     try:
         out = {"info": cmd_info, "plan": cmd_plan, "train": cmd_train}[args.cmd](args)
     except (MinidlError, ValueError, FileNotFoundError) as e:

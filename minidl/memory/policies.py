@@ -26,6 +26,7 @@ from .plan import Plan
 from .planner import default_workspace, make_plan
 from .pool import as_size
 from .schedulers.auto import auto_policy
+from .schedulers.lossy import auto_lossy_policy
 from .schedulers.minimum import verified_minimum
 from .schedulers.window import window_policy
 from .workspace import CostTable
@@ -66,6 +67,9 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
                        "'none')", compress_policy, lossy=True),
     Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
                    "per-step workspace sizing (without one: liveness)", auto_policy),
+    Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of stored "
+                         "activations against its exact plans by estimated step time (codec time included)",
+           auto_lossy_policy, lossy=True),
     Policy("window", "nnabla's out-of-core schedule: a window over the recorded access order swaps tensors in "
                      "ahead of use and out when no use is left in it, adapting its width to the budget",
            window_policy),

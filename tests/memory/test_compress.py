@@ -142,7 +142,32 @@ def test_rule_b_gives_the_target_relative_gradient_error():
     assert rule.bound(a, [Reader("relu", ReaderKind.SIGN)]) == float(a.max())
 
 
-def test_only_compress_is_marked_lossy():
+def test_only_compression_policies_are_marked_lossy():
     from minidl.memory.policies import exact_policies
 
-    assert set(available_policies()) - set(exact_policies()) == {"compress"}
+    assert set(available_policies()) - set(exact_policies()) == {"compress", "auto-lossy"}
+
+
+def test_auto_lossy_weighs_compression_by_cost_and_is_opt_in():
+    """Without a budget auto-lossy is auto (liveness, nothing compressed). Under a budget the compress plans are
+    trials ranked with the codec's time added to the simulator's estimate, and the chosen plan fits. The CLI
+    reaches it only with --policy auto --lossy."""
+    from minidl.cli import main
+    from minidl.memory.schedulers.lossy import codec_s_per_byte, compress_trials, plan_auto_lossy
+    from minidl.memory.simulate import simulate
+
+    net = NETS["resnet20"]()
+    comp = _plan(net)
+    route = comp.route
+    assert not zc.compressed_tensors(plan_auto_lossy(route, None))
+    budget = comp.min_budget_bytes
+    trial = compress_trials(route, budget, "cpu")[0]
+    raw = sum(trial.plan.sizes[t] for t in zc.compressed_tensors(trial.plan))
+    assert trial.fits and trial.est_step_time_s == simulate(trial.plan, "cpu").est_step_time_s + raw * \
+        codec_s_per_byte("cpu")
+    plan = plan_auto_lossy(route, budget)
+    assert plan.policy == "auto-lossy" and plan.min_budget_bytes <= budget
+    with pytest.raises(BudgetError, match="auto-lossy"):
+        plan_auto_lossy(route, 4096)
+    with pytest.raises(SystemExit):
+        main(["plan", "resnet", "--depth", "20", "--policy", "liveness", "--lossy"])
