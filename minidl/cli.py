@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan one rank of an N-rank data-parallel job: gradient buckets and their all-reduce events")
     p.add_argument("--bucket-size", type=_size, default=None, metavar="SIZE",
                    help="with --ranks: gradient bucket size (default 1MiB)")
+    p.add_argument("--reduction", default="ring", choices=("ring", "gather"),
+                   help="with --ranks: how buckets are reduced (both sum in rank order; see README)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"),
                    help="whose state (momentum, Adam's moments) the plan holds")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
@@ -168,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "else a single process; --batch is per rank")
     p.add_argument("--bucket-size", type=_size, default=None, metavar="SIZE",
                    help="data parallel: gradient bucket size for the overlapped all-reduce (default 1MiB)")
+    p.add_argument("--reduction", default=None, choices=("ring", "gather"),
+                   help="data parallel: reduce-scatter + all-gather (ring; the default beyond 2 ranks on MPI) or "
+                        "an all-gather of whole rows (gather; up to 2 ranks, and NCCL's); both sum in rank order, "
+                        "so both give the same bits")
     p.add_argument("--comm-timeout", type=float, default=300.0, metavar="S",
                    help="data parallel: seconds a rank waits for the others before stopping the job")
     return ap
@@ -250,7 +256,7 @@ def cmd_plan(args) -> dict:
     if args.ranks is not None:
         from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 
-        dp = DataParallel(args.ranks, args.bucket_size or DEFAULT_BUCKET_BYTES)
+        dp = DataParallel(args.ranks, args.bucket_size or DEFAULT_BUCKET_BYTES, args.reduction)
     what = (f"planning {args.model}{f'-{args.depth}' if args.depth else ''} ({len(net.layer_nodes)} layers), policy "
             f"{args.policy}" + (f", budget {format_bytes(args.budget)}" if args.budget is not None else ""))
     with _ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
@@ -400,7 +406,8 @@ def _train(args, backend, comm) -> dict:
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
-                   fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size)
+                   fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
+                   reduction=args.reduction)
     lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:

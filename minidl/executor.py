@@ -105,7 +105,7 @@ class Executor:
             from .dist.reducer import GradientReducer
 
             self.reducer = GradientReducer(comm or Communicator(), self.be, self._t0,
-                                           self.trace if trace else None)
+                                           self.trace if trace else None, plan.data_parallel.reduction)
         self.compressed = None  # the compressed-activation store, created on the first COMPRESS (lossy plans)
         self.host = None  # the host store + transfer engine, created on the first offload
         self.host_limit_bytes = host_limit_bytes

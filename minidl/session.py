@@ -118,8 +118,9 @@ class Session:
 
     `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
     batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
-    would take; gradients are all-reduced in buckets of `bucket_bytes` (`memory/decisions/allreduce.py`); rank 0
-    writes checkpoints and every rank reads them.
+    would take; gradients are all-reduced in buckets of `bucket_bytes` (`memory/decisions/allreduce.py`), by
+    `reduction` ("ring" or "gather"; None: the communicator's own); rank 0 writes checkpoints and every rank
+    reads them.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
@@ -127,7 +128,7 @@ class Session:
                  trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
                  costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
                  compiled: bool = True, paged: int | str | None = None, comm=None,
-                 bucket_bytes: int | None = None):
+                 bucket_bytes: int | None = None, reduction: str | None = None):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         paged = as_size(paged, "paged")
@@ -140,7 +141,8 @@ class Session:
             backend = CPUBackend()
         self.device = device or getattr(backend, "profile", "cpu")
         self.comm = comm
-        dp = DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES) if comm is not None else None
+        dp = (DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES, reduction or comm.reduction)
+              if comm is not None else None)
         self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
                                  fused_update=fused_update, paged=paged, data_parallel=dp)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,

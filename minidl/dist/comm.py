@@ -1,7 +1,8 @@
 """Communicators: what data-parallel training needs of a group of ranks, and nothing more.
 
-- `start_allgather(buf)`: `buf` has one row per rank; this rank's row is filled, the others arrive. Nonblocking:
-  returns a request; `test` drives progress (MPI progresses a nonblocking collective only inside MPI calls, so the
+- `start_allgather(buf)`: `buf` has one row per rank; this rank's row is filled, the others arrive;
+  `start_alltoall(send, recv)`: chunk j of `send` goes to rank j, chunk r of `recv` comes from rank r. Nonblocking:
+  both return a request; `test` drives progress (MPI progresses a nonblocking collective only inside MPI calls, so the
   executor tests pending requests after every backward step), `wait` blocks until done.
 - `mean(value)`: the mean of a float over the ranks (the reported loss), summed in rank order on every rank.
 - `barrier()`: after rank 0 wrote a checkpoint, before anyone reads it.
@@ -58,7 +59,21 @@ class Communicator:
         self.rank, self.size, self.timeout_s = int(rank), int(size), float(timeout_s)
         self.local_rank = self.rank  # this rank's index among the ranks of its node (its GPU)
 
-    def start_allgather(self, buf) -> Request:
+    @property
+    def reduction(self) -> str:
+        """How gradient buckets are reduced by default (`decisions/allreduce.py`): up to 2 ranks `gather` (one
+        collective; the same bytes and memory as `ring` at 2 ranks, half the memory at 1), beyond `ring`
+        (2(N-1)/N x the gradient bytes received instead of (N-1) x, 2x the memory instead of N x)."""
+        return "gather" if self.size <= 2 else "ring"
+
+    def start_allgather(self, buf, second: bool = False) -> Request:
+        """`second`: the second half of a reduction (`ring`'s all-gather), which ranks start in bucket order but
+        at different moments relative to the first halves of later buckets: it goes on a communicator of its
+        own, since MPI matches the collectives of one communicator by the order they were started in."""
+        return Request(done=True)
+
+    def start_alltoall(self, send, recv) -> Request:
+        recv[...] = send  # one rank: its own chunk
         return Request(done=True)
 
     def test(self, req: Request) -> bool:
@@ -112,17 +127,25 @@ class MPIComm(Communicator):
         self.base = base
         self.local_rank = base.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()  # this rank's index on its node
         self.comm = base.Dup()   # collectives
+        self.comm2 = base.Dup()  # the second halves of `ring` reductions (see `start_allgather`)
         self.ctl = base.Dup()    # failure notices and their acknowledgements
         self._notice = bytearray(_MSG_BYTES)
         self._notice_req = self.ctl.Irecv([self._notice, MPI.BYTE], source=MPI.ANY_SOURCE, tag=_FAIL_TAG)
         self._status = MPI.Status()
 
     # -- collectives ---------------------------------------------------------------------------------------
-    def start_allgather(self, buf) -> Request:
+    def start_allgather(self, buf, second: bool = False) -> Request:
         if not (isinstance(buf, np.ndarray) and buf.flags.c_contiguous and buf.shape[0] == self.size):
             raise DistError(f"rank {self.rank}: all-gather buffer must be a C-contiguous array with {self.size} "
                             f"rows, got {type(buf).__name__} {getattr(buf, 'shape', None)}")
-        return Request(self.comm.Iallgather(self.MPI.IN_PLACE, buf))
+        return Request((self.comm2 if second else self.comm).Iallgather(self.MPI.IN_PLACE, buf))
+
+    def start_alltoall(self, send, recv) -> Request:
+        for a in (send, recv):
+            if not (isinstance(a, np.ndarray) and a.flags.c_contiguous and a.size % self.size == 0):
+                raise DistError(f"rank {self.rank}: all-to-all buffers must be C-contiguous arrays of {self.size} "
+                                f"equal chunks, got {type(a).__name__} {getattr(a, 'shape', None)}")
+        return Request(self.comm.Ialltoall(send, recv))
 
     def test(self, req: Request) -> bool:
         if not req.done:

@@ -31,6 +31,10 @@ _NCCL_TYPES = {np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.float64): "NCCL
 class NCCLComm(Communicator):
     kind = "nccl"
 
+    @property
+    def reduction(self) -> str:
+        return "gather"  # NCCL has no all-to-all collective: buckets are reduced by the all-gather of whole rows
+
     def __init__(self, mpi: Communicator, backend, nccl=None, cupy=None):
         """`mpi`: the MPI communicator the ranks were started with; `backend`: this rank's CUDA backend (its
         compute stream orders the collectives). `nccl`/`cupy`: injected by host tests (default: cupy's)."""
@@ -49,7 +53,7 @@ class NCCLComm(Communicator):
                             f"GPU per rank is needed (a 1-GPU machine runs only `mpiexec -n 1`)") from e
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
-    def start_allgather(self, buf) -> Request:
+    def start_allgather(self, buf, second: bool = False) -> Request:
         kind = _NCCL_TYPES.get(np.dtype(buf.dtype))
         if kind is None or not buf.flags.c_contiguous or buf.shape[0] != self.size:
             raise DistError(f"rank {self.rank}: NCCL all-gather needs a C-contiguous float16/32/64 buffer with "

@@ -1,12 +1,16 @@
 """The gradient reducer: runs a plan's ALLREDUCE and REDUCED events on a communicator.
 
 ALLREDUCE (after a bucket's ready step): copy the bucket's gradients into this rank's row of the bucket tensor,
-in the plan's order, and start the in-place all-gather of the rows. `progress()` (after every route step) tests
-the pending ones: an MPI library progresses a nonblocking collective only inside MPI calls, so without these
-tests nothing would move while numpy computes. REDUCED (before the update): wait, then sum the rows in rank
-order 0..N-1 into row 0, divide by N and copy the slices back into the gradients. Every rank runs the same
-additions in the same order on the same bits, so all replicas stay bit-identical to each other and to the
-previous run.
+in the plan's order, and start the collective. `progress()` (after every backward step) tests the pending ones:
+an MPI library progresses a nonblocking collective only inside MPI calls, so without these tests nothing would
+move while numpy computes. REDUCED (before the update): wait, divide by N and copy the slices back into the
+gradients. The sums (rank order 0..N-1, `decisions/allreduce.py`):
+- `gather`: after the all-gather of the rows, rows 1..N-1 are added into row 0 at REDUCED;
+- `ring`: after the all-to-all (row 1 holds chunk `rank` of every rank), those N chunks are summed into this
+  rank's chunk of row 0 as soon as a test sees it complete, and the all-gather of row 0's chunks is started
+  then; REDUCED waits for it (and, if the all-to-all was still running, does both).
+Every element is ((g_0 + g_1) + ...) + g_{N-1} either way: every rank runs the same additions in the same order
+on the same bits, so all replicas stay bit-identical to each other and to the previous run.
 
 Timing, for the trace and `hidden_fraction`: a bucket's all-reduce is *in flight* from its start to the first
 test or wait that sees it complete; the time the update waited on it is *exposed*. Per step, hidden =
@@ -28,6 +32,8 @@ class _Pending:
     req: Request
     step: int
     start: float
+    buf: object = None
+    scattered: bool = True   # ring: False while the all-to-all (the first half) is still running
     done: float | None = None
 
 
@@ -58,27 +64,54 @@ class GradientReducer:
     be: object
     t0: float = 0.0
     trace: list | None = None
+    reduction: str = "gather"
     stats: ReduceStats = field(default_factory=ReduceStats)
     _pending: dict[str, _Pending] = field(default_factory=dict)
     _intervals: list[tuple[float, float]] = field(default_factory=list)
     _step_bytes: int = 0
 
     def start(self, bucket: str, buf, grads: list, step: int) -> None:
-        if buf.shape[0] != self.comm.size:
-            raise ValueError(f"{bucket} has {buf.shape[0]} rows, but {self.comm.size} ranks: the plan was made "
-                             f"for another world size")
-        row = buf[self.comm.rank]
+        n, ring = self.comm.size, self.reduction == "ring"
+        if (buf.shape[0] != n and not ring) or (ring and (buf.shape[0] != 2 or buf.shape[1] % n)):
+            raise ValueError(f"{bucket} is {buf.shape}, not a '{self.reduction}' bucket for {n} ranks: the plan "
+                             f"was made for another world size or reduction")
+        row = buf[0] if ring else buf[self.comm.rank]
         off = 0
         for g in grads:
             self.be.copy(row[off:off + g.size].reshape(g.shape), g)
             off += g.size
-        self._step_bytes += int(row.nbytes)
-        self._pending[bucket] = _Pending(self.comm.start_allgather(buf), step, time.perf_counter())
+        if off < row.size:
+            self.be.fill(row[off:], 0.0)  # the padding to N equal chunks
+        self._step_bytes += off * row.dtype.itemsize
+        req = self.comm.start_alltoall(buf[0], buf[1]) if ring else self.comm.start_allgather(buf)
+        self._pending[bucket] = _Pending(req, step, time.perf_counter(), buf, scattered=not ring)
+
+    def _gather_sums(self, p: _Pending) -> None:
+        """Ring, once the all-to-all is complete: this rank's chunk of row 0 = the N chunks of row 1 summed in rank
+        order (row 0 was the send buffer; it is free now), then start the all-gather of row 0's chunks."""
+        n = self.comm.size
+        chunks = p.buf[1].reshape(n, -1)
+        mine = p.buf[0].reshape(n, -1)[self.comm.rank]
+        self.be.copy(mine, chunks[0])
+        for r in range(1, n):
+            self.be.accumulate(mine, chunks[r])
+        p.req = self.comm.start_allgather(p.buf[0].reshape(n, -1), second=True)
+        p.scattered = True
 
     def progress(self) -> None:
-        for p in self._pending.values():
-            if p.done is None and self.comm.test(p.req):
-                p.done = time.perf_counter()
+        """Test the pending collectives. A `ring` bucket's all-gather starts here once its all-to-all is seen
+        complete, but only in bucket order (a later bucket waits for the earlier ones' to have started): every
+        rank then starts them in the same order, which MPI needs to match them."""
+        in_order = True
+        for p in self._pending.values():  # in the order the buckets started
+            if p.done is not None:
+                continue
+            if self.comm.test(p.req):
+                if p.scattered:
+                    p.done = time.perf_counter()
+                elif in_order:
+                    self._gather_sums(p)
+            in_order = in_order and p.scattered
 
     @property
     def pending(self) -> bool:
@@ -88,6 +121,9 @@ class GradientReducer:
         p = self._pending.pop(bucket)
         t = time.perf_counter()
         if p.done is None:
+            if not p.scattered:
+                self.comm.wait(p.req, f"the reduce-scatter of {bucket}")
+                self._gather_sums(p)
             self.comm.wait(p.req, f"the all-reduce of {bucket}")
             p.done = time.perf_counter()
             self.stats.exposed_s += p.done - t
@@ -97,8 +133,9 @@ class GradientReducer:
                                          p.step, 0))
         n = self.comm.size
         acc = buf[0]
-        for r in range(1, n):  # rank order, on every rank
-            self.be.accumulate(acc, buf[r])
+        if self.reduction == "gather":
+            for r in range(1, n):  # rank order, on every rank
+                self.be.accumulate(acc, buf[r])
         if n > 1:
             _divide(self.be, acc, n)
         off = 0

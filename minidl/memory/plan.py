@@ -79,6 +79,7 @@ class Plan:
     prefetched_bytes: int = 0      # bytes copied host -> device per training step (PREFETCH events)
     paged: "PagedLayout | None" = None  # placed by chunks (`--paged`): offsets are virtual, the arena is chunks
     buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> gradients it packs
+    data_parallel: object = None   # data parallel: the `decisions.allreduce.DataParallel` the buckets were made for
 
     def by_role_at_peak(self) -> dict[str, int]:
         """Pool bytes (rounded to the pool's alignment, as allocated) per role at the peak: they sum to it."""

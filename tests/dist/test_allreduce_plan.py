@@ -46,9 +46,10 @@ def test_buckets_take_gradients_in_backward_order_up_to_the_cap(cap):
         assert len(buckets) == 1
 
 
-def test_buckets_are_planned_tensors_with_events():
+@pytest.mark.parametrize("reduction", ["ring", "gather"])
+def test_buckets_are_planned_tensors_with_events(reduction):
     net = lenet()
-    plan = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(3, 16 << 10))
+    plan = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(3, 16 << 10, reduction))
     route = plan.route
     assert len(plan.buckets) > 1
     update = next(k for k, s in enumerate(route.steps) if s.phase is Phase.UPDATE)
@@ -57,7 +58,9 @@ def test_buckets_are_planned_tensors_with_events():
     for bid, grads in plan.buckets.items():
         spec = route.tensors[bid]
         assert spec.role is Role.BUCKET
-        assert spec.shape == (3, sum(route.tensors[g].nbytes for g in grads) // 4)
+        elems = sum(route.tensors[g].nbytes for g in grads) // 4
+        # ring: own row + the received chunks, padded to 3 equal chunks; gather: one row per rank
+        assert spec.shape == ((2, -(-elems // 3) * 3) if reduction == "ring" else (3, elems))
         ready = [i for i, sp in enumerate(plan.steps) for ev in sp.after
                  if ev.kind is EventKind.ALLREDUCE and ev.tensor == bid]
         assert len(ready) == 1 and bid in route.steps[ready[0]].writes
@@ -81,21 +84,22 @@ def test_budget_counts_the_buckets():
         plan_network(net, opt, "liveness", budget=plain.min_budget_bytes, data_parallel=dp)
 
 
-def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False, compiled=True):
+def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False, compiled=True, reduction=None):
     net = build_model("resnet", depth=8, batch=4, image_size=8, num_classes=10)
     data = synthetic(64, (3, 8, 8), 10, seed=1)
     sess = Session(net, SGD(0.05, momentum=0.9), policy=policy, budget=budget, seed=3, comm=comm,
-                   bucket_bytes=bucket, trace=trace, compiled=compiled)
+                   bucket_bytes=bucket, trace=trace, compiled=compiled, reduction=reduction)
     res = sess.fit(data, steps)
     return sess, res
 
 
-@pytest.mark.parametrize("policy,budget", [("none", None), ("liveness", None), ("recompute", None),
-                                           ("auto", 1536 << 10)])
-def test_one_rank_data_parallel_is_bit_identical_to_a_plain_run(policy, budget):
+@pytest.mark.parametrize("policy,budget,reduction", [("none", None, "ring"), ("liveness", None, "gather"),
+                                                     ("recompute", None, "ring"), ("auto", 1800 << 10, "ring"),
+                                                     ("auto", 1536 << 10, "gather")])
+def test_one_rank_data_parallel_is_bit_identical_to_a_plain_run(policy, budget, reduction):
     plain, r0 = train(policy, None, budget=budget)
-    dist, r1 = train(policy, Communicator(), budget=budget)
-    interpreted, r2 = train(policy, Communicator(), budget=budget, compiled=False)
+    dist, r1 = train(policy, Communicator(), budget=budget, reduction=reduction)
+    interpreted, r2 = train(policy, Communicator(), budget=budget, compiled=False, reduction=reduction)
     assert dist.plan.buckets and not plain.plan.buckets
     assert dist.executor.program is not None, dist.executor.program_fallback  # the compiled step lowers them
     assert dist.executor.program.kinds["allreduce"] == dist.executor.program.kinds["reduced"] == len(dist.plan.buckets)
@@ -154,10 +158,16 @@ def test_simulated_allreduce_hides_all_but_the_last_buckets():
 
     net = lenet()
     link = Interconnect(1e9, 1e-5)
-    one = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30))
+    one = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30, "gather"))
     t = allreduce_timeline(one, "cpu", link)
     (bid,) = one.buckets
-    assert t.total_s == pytest.approx(3 * (1e-5 + one.sizes[bid] / 4 / 1e9))  # a ring all-gather of 4 rows
+    assert t.total_s == pytest.approx(3 * (1e-5 + one.sizes[bid] / 4 / 1e9))  # all-gather of 4 rows, each a grad
+    ring = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30, "ring"))
+    r = allreduce_timeline(ring, "cpu", link)
+    assert r.total_s == pytest.approx(2 * 3 * (1e-5 + ring.sizes[bid] / 2 / 4 / 1e9))  # 2 phases of 3 chunks
+    bytes_only = Interconnect(1e9, 0.0)  # ring moves half the bytes at 4 ranks (latencies: twice as many)
+    assert allreduce_timeline(ring, "cpu", bytes_only).total_s < allreduce_timeline(one, "cpu", bytes_only).total_s / 1.9
+    assert ring.sizes[bid] < one.sizes[bid]  # 2 rows instead of 4
     assert t.exposed_s == pytest.approx(t.total_s) and t.hidden_fraction == pytest.approx(0.0)  # ready last
     many = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 4096))
     t = allreduce_timeline(many, "cpu", link)

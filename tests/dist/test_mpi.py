@@ -64,12 +64,26 @@ def test_two_ranks_match_one_process_at_the_global_batch_and_repeat_bit_identica
     r = train_ranks(mpiexec, 2, [*LENET, "--batch", "16", "--save", str(tmp_path / "two_a.npz")])
     assert len(r.stdout.strip().splitlines()) == 1  # rank 0 alone reports
     train_ranks(mpiexec, 2, [*LENET, "--batch", "16", "--save", str(tmp_path / "two_b.npz")])
-    one, a, b = (load(tmp_path / f) for f in ("one.npz", "two_a.npz", "two_b.npz"))
+    train_ranks(mpiexec, 2, [*LENET, "--batch", "16", "--reduction", "ring", "--save", str(tmp_path / "ring.npz")])
+    one, a, b, ring = (load(tmp_path / f) for f in ("one.npz", "two_a.npz", "two_b.npz", "ring.npz"))
     assert one.keys() == a.keys() == b.keys()
     for k in one:
         assert np.array_equal(a[k], b[k]), k  # run to run: bit-identical
+        assert np.array_equal(a[k], ring[k]), k  # the other reduction: the same additions, the same bits
         scale = max(float(np.abs(one[k]).max()), 1e-12)
         assert float(np.abs(a[k] - one[k]).max()) / scale <= 1e-4, k  # vs one process at 2 x 16
+
+
+@pytest.mark.slow
+def test_three_ranks_reduce_scatter_matches_gather_and_one_process(mpiexec, tmp_path):
+    train_ranks(mpiexec, 3, [*LENET, "--batch", "16", "--save", str(tmp_path / "ring.npz")])  # ring: 3 > 2 ranks
+    train_ranks(mpiexec, 3, [*LENET, "--batch", "16", "--reduction", "gather", "--save", str(tmp_path / "g.npz")])
+    assert main(["train", *LENET, "--batch", "48", "--save", str(tmp_path / "one.npz"), "--no-progress",
+                 "--json"]) == 0
+    ring, gather, one = (load(tmp_path / f) for f in ("ring.npz", "g.npz", "one.npz"))
+    for k in one:
+        assert np.array_equal(ring[k], gather[k]), k
+        assert float(np.abs(ring[k] - one[k]).max()) / max(float(np.abs(one[k]).max()), 1e-12) <= 1e-4, k
 
 
 @pytest.mark.slow

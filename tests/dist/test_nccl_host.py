@@ -133,7 +133,7 @@ class TwoRanks(Communicator):
         super().__init__(rank, 2)
         self.other_row = other_row
 
-    def start_allgather(self, buf):
+    def start_allgather(self, buf, second=False):
         buf[1 - self.rank] = self.other_row
         return Request(done=True)
 
@@ -155,3 +155,62 @@ def test_reducer_sums_rows_in_rank_order_then_divides(rank):
     assert np.array_equal(got, want)
     red.end_iteration()
     assert red.stats.buckets == 1 and red.stats.bytes_per_step == 17 * 4
+
+
+class Ranks(Communicator):
+    """Rank `rank` of N whose collectives deliver what the other ranks (whose packed rows are `rows`) would send,
+    with their sums made in rank order as their reducers make them."""
+
+    def __init__(self, rank, rows):
+        super().__init__(rank, len(rows))
+        self.rows = rows
+
+    def start_alltoall(self, send, recv):
+        n = self.size
+        chunks = recv.reshape(n, -1)
+        for j in range(n):
+            chunks[j] = (send if j == self.rank else self.rows[j]).reshape(n, -1)[self.rank]
+        return Request(done=True)
+
+    def start_allgather(self, buf, second=False):
+        n = self.size
+        if buf.shape[0] == n and buf.shape[1] == len(self.rows[0]):  # gather: whole rows
+            for j in range(n):
+                if j != self.rank:
+                    buf[j] = self.rows[j]
+        else:  # ring's second half: the other ranks' reduced chunks
+            for j in range(n):
+                if j != self.rank:
+                    acc = self.rows[0].reshape(n, -1)[j].copy()
+                    for r in range(1, n):
+                        acc += self.rows[r].reshape(n, -1)[j]
+                    buf[j] = acc
+        return Request(done=True)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_ring_and_gather_reductions_give_the_same_bits_on_every_rank(rank):
+    from minidl.memory.decisions.allreduce import bucket_shape
+
+    n = 3
+    shapes = [(3, 4), (5,)]  # 17 elements: ring pads to 18
+    grads_of = [[np.random.default_rng(10 + r).standard_normal(sh).astype(np.float32) for sh in shapes]
+                for r in range(n)]
+    results = {}
+    for reduction in ("ring", "gather"):
+        rows_shape = bucket_shape(reduction, n, 17)
+        width = rows_shape[1]
+        rows = [np.concatenate([g.ravel() for g in grads_of[r]] + [np.zeros(width - 17, np.float32)])
+                for r in range(n)]
+        g = [a.copy() for a in grads_of[rank]]
+        red = GradientReducer(Ranks(rank, rows), CPUBackend(), reduction=reduction)
+        buf = np.full(rows_shape, np.nan, np.float32)  # padding and received parts must all be written
+        red.start("bucket:0", buf, g, 5)
+        red.progress()
+        red.progress()
+        red.finish("bucket:0", buf, g, 9)
+        results[reduction] = np.concatenate([a.ravel() for a in g])
+    flat = [np.concatenate([a.ravel() for a in grads_of[r]]) for r in range(n)]
+    want = ((flat[0] + flat[1]) + flat[2]) / np.float32(n)  # rank order, then / N
+    assert np.array_equal(results["ring"], results["gather"])
+    assert np.array_equal(results["ring"], want)

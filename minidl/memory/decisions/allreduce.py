@@ -13,22 +13,28 @@ Rules this module keeps:
   collective without blocking, so it proceeds while the remaining backward steps compute; `REDUCED` before the
   update step waits for it and writes the averaged gradients back into the gradient tensors the optimizer reads.
   Neither changes residency, so they are added after placement and peaks are unchanged by them.
-- **Fixed reduction order.** A bucket has `world_size` rows, one per rank. The collective is an in-place
-  all-gather of the rows; every rank then sums them in rank order 0, 1, ..., N-1 and divides by N
-  (`dist.reducer`). The order of the additions is fixed by construction, whatever algorithm the MPI library or
-  NCCL picks, so runs are bit-identical run to run and every replica computes the very same bits: replicas
-  cannot drift apart. With one rank the sum is the gradient itself, so a 1-rank run is bit-identical to a
-  plain one.
+- **Fixed reduction order.** Every element of a reduced gradient is g_0 + g_1 + ... + g_{N-1} (rank order),
+  then / N, computed by this code, never by the library, so runs are bit-identical run to run and every replica
+  holds the very same bits: replicas cannot drift apart. Two ways to get there (`DataParallel.reduction`), with
+  the same additions and so the same bits:
+  - `ring` (MPI's default): a reduce-scatter then an all-gather, as a ring all-reduce moves data. The bucket is
+    2 rows of the gradients padded to N chunks: row 0 is this rank's packed gradients, row 1 receives chunk
+    `rank` of every rank's row (an all-to-all); this rank sums those N chunks in rank order into its chunk of
+    row 0 (the send buffer is free by then), and an in-place all-gather of row 0's chunks completes it. Each
+    rank receives 2(N-1)/N x the gradient bytes and the bucket takes 2x the gradient bytes, whatever N.
+  - `gather` (NCCL's, which has no all-to-all): N rows, one per rank; an in-place all-gather of the rows, then
+    every rank sums all of them in rank order. Each rank receives (N-1) x the gradient bytes and the bucket
+    takes N x: the same as `ring` at 2 ranks, worse beyond.
+  With one rank the sum is the gradient itself, so a 1-rank run is bit-identical to a plain one.
 
 **Simulated time** (`allreduce_timeline`, `minidl plan --ranks N`): the plan's steps on a device profile, each
 bucket's all-gather queued on one channel when its ALLREDUCE is reached, (N-1) x (latency + row bytes /
 bandwidth) long (a ring all-gather), and REDUCED blocking the compute clock until it is done: what blocks is the
 exposed all-reduce time; the rest hid behind backward.
 
-Limitations: a bucket holds N rows, so the in-flight buckets take N x the gradient bytes (a ring reduce-scatter
-would take about 1 + 1/N, but its addition order belongs to the library). For 2 ranks that is what DDP pays
-(gradients plus their bucket copies). Only trainable parameters' gradients are reduced: BN running statistics
-stay per rank (see README).
+Limitations: the in-flight buckets take 2x (`ring`) or N x (`gather`) the gradient bytes, where DDP's buckets
+take 1x (its library sums in place, in an order of its own). Only trainable parameters' gradients are reduced:
+BN running statistics stay per rank (see README).
 """
 from __future__ import annotations
 
@@ -51,14 +57,29 @@ which is what hides the all-reduce on small networks (LeNet's gradients are 0.24
 bucket, ready only at the end of backward; `--bucket-size 64KiB` splits it)."""
 
 
+REDUCTIONS = ("ring", "gather")
+
+
+def bucket_shape(reduction: str, ranks: int, elements: int) -> tuple[int, int]:
+    """A bucket's rows x columns: `ring`: 2 rows of the gradients padded to `ranks` equal chunks; `gather`: one
+    row per rank."""
+    if reduction == "gather":
+        return (ranks, elements)
+    return (2, -(-elements // ranks) * ranks)
+
+
 @dataclass(frozen=True, slots=True)
 class DataParallel:
     """How a plan is made for one of `world_size` data-parallel ranks."""
 
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    reduction: str = "ring"   # "ring" (reduce-scatter + all-gather) or "gather" (all-gather of whole rows)
 
     def __post_init__(self):
+        if self.reduction not in REDUCTIONS:
+            raise DistError(f"data parallel: reduction must be one of {', '.join(REDUCTIONS)}, got "
+                            f"{self.reduction!r}")
         if int(self.world_size) < 1:
             raise DistError(f"data parallel: world size must be >= 1, got {self.world_size}")
         if int(self.bucket_bytes) < 1:
@@ -118,7 +139,8 @@ def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
         raise DistError("data parallel: the route has gradients but no update step")
     for b in buckets:
         g = route.tensors[b.grads[0]]
-        tensors[b.tensor] = TensorSpec(b.tensor, Role.BUCKET, (dp.world_size, b.elements), g.dtype, "allreduce")
+        shape = bucket_shape(dp.reduction, dp.world_size, b.elements)
+        tensors[b.tensor] = TensorSpec(b.tensor, Role.BUCKET, shape, g.dtype, "allreduce")
         steps[b.ready_step].writes.append(b.tensor)
         update.reads.append(b.tensor)
     # a fresh memo: the route's analyses (liveness, step costs) are of its own steps, not of the copy's
@@ -128,19 +150,22 @@ def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
 def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) -> Plan:
     """Attach ALLREDUCE after each bucket's ready step and REDUCED before the update step (in bucket order)."""
     update = next((k for k, s in enumerate(plan.route.steps) if s.phase is Phase.UPDATE), None)
+    how = ("reduce-scatter (all-to-all, ordered sum of the chunks) then all-gather" if dp.reduction == "ring"
+           else "all-gather of every rank's row")
     for b in buckets:
         nbytes = plan.sizes[b.tensor]
         label = plan.route.steps[b.ready_step].label
+        grad_bytes = b.elements * plan.route.tensors[b.grads[0]].dtype.itemsize
         plan.steps[b.ready_step].after.append(Event(
             EventKind.ALLREDUCE, b.tensor, -1, nbytes,
-            f"{len(b.grads)} gradients ({format_bytes(nbytes // dp.world_size)} per rank) ready after {label}: "
-            f"all-gather over {dp.world_size} rank(s) starts, overlapping the rest of backward"))
+            f"{len(b.grads)} gradients ({format_bytes(grad_bytes)}) ready after {label}: {how} over "
+            f"{dp.world_size} rank(s) starts, overlapping the rest of backward"))
     if update is not None:
         plan.steps[update].before[:0] = [Event(
             EventKind.REDUCED, b.tensor, -1, plan.sizes[b.tensor],
-            f"wait for the all-reduce, sum the {dp.world_size} rows in rank order, / {dp.world_size} into "
-            f"the gradients") for b in buckets]
+            f"wait for the all-reduce (sums in rank order), / {dp.world_size} into the gradients") for b in buckets]
     plan.buckets = {b.tensor: list(b.grads) for b in buckets}
+    plan.data_parallel = dp
     return plan
 
 
@@ -186,7 +211,8 @@ def allreduce_timeline(plan: Plan, device: DeviceProfile | str = "cpu",
             raise DistError(f"no interconnect known for device profile '{dev.name}': expected one of "
                             f"{', '.join(INTERCONNECTS)}, or pass one")
         link = INTERCONNECTS[dev.name]
-    ranks = next((plan.route.tensors[b].shape[0] for b in plan.buckets), 1)
+    dp = plan.data_parallel
+    ranks, ring = (dp.world_size, dp.reduction == "ring") if dp is not None else (1, False)
     costs = step_costs(plan.route, dev)
     add_plan_costs(plan, costs)
     now = free = total = exposed = 0.0
@@ -201,8 +227,12 @@ def allreduce_timeline(plan: Plan, device: DeviceProfile | str = "cpu",
         now += c.time_s
         for ev in sp.after:
             if ev.kind is EventKind.ALLREDUCE:
-                d = (ranks - 1) * (link.latency_s + ev.nbytes / ranks / link.bw)
+                if ring:  # all-to-all then all-gather, each (N-1) chunks of row / N
+                    d = 2 * (ranks - 1) * (link.latency_s + ev.nbytes / 2 / ranks / link.bw)
+                else:  # all-gather of the rows: (N-1) rows
+                    d = (ranks - 1) * (link.latency_s + ev.nbytes / ranks / link.bw)
                 free = max(now, free) + d
                 done[ev.tensor] = free
                 total += d
     return AllreduceTimeline(total, exposed, ranks, link)
+
