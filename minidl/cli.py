@@ -98,6 +98,9 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
     p.add_argument("--fused-update", default="auto", choices=("auto", "on", "off"),
                    help="run each layer's optimizer update right after its backward, so a gradient lives only "
                         "between the two (auto: on for policy auto under a budget)")
+    p.add_argument("--micro-batches", type=int, default=None, metavar="M",
+                   help="split each batch into M micro-batches run pack by pack (Harmony; policy packs chooses M "
+                        "when not given, the other policies plan the same micro-batched route)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,6 +216,8 @@ def _memory_json(plan) -> dict:
             "largest_at_peak": rep.to_json()["largest_at_peak"],
             "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes,
             "fused_update": plan.route.fused_update, "moved_bytes_by_role": moved_by_role(plan),
+            "micro_batches": plan.route.micro_batches,
+            "packs": plan.route.packing.packs if plan.route.packing is not None else None,
             **({"paged_chunk_bytes": plan.paged.chunk_bytes, "live_peak_bytes": plan.paged.live_peak_bytes}
                if plan.paged else {})}
 
@@ -262,7 +267,7 @@ def cmd_plan(args) -> dict:
     with _ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
         plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
                             costs=_costs(args, backend), fused_update=_fused(args), paged=args.paged,
-                            data_parallel=dp)
+                            data_parallel=dp, micro_batches=args.micro_batches)
         sim = simulate(plan, args.device)
     out = _memory_json(plan)
     if dp is not None:
@@ -407,7 +412,7 @@ def _train(args, backend, comm) -> dict:
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
                    fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
-                   reduction=args.reduction)
+                   reduction=args.reduction, micro_batches=args.micro_batches)
     lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:

@@ -267,11 +267,17 @@ class Executor:
     def _load_batch(self, x: np.ndarray, y: np.ndarray, step: Step) -> None:
         nodes = self.net.input_nodes
         arrays = [x, y][:len(nodes)]
+        M = self.route.micro_batches
         for node, arr in zip(nodes, arrays):
             arr = np.asarray(arr)
             if tuple(arr.shape) != tuple(node.shape):
                 raise ValueError(f"input '{node.name}' expects shape {node.shape}, got {arr.shape}")
-            self.be.copy_in(self.get(act_id(node.name), step), arr)
+            if M == 1 and self.route.packing is None:
+                self.be.copy_in(self.get(act_id(node.name), step), arr)
+                continue
+            b = arr.shape[0] // M  # micro-batch m is samples [m b, (m + 1) b) (packs.py)
+            for m in range(M):
+                self.be.copy_in(self.get(f"{act_id(node.name)}@{m}", step), arr[m * b:(m + 1) * b])
 
     def seed_key(self, node_index: int, iteration: int) -> int:
         return dropout_key(self.seed, node_index, iteration)
@@ -345,28 +351,31 @@ class Executor:
         node = self.net.nodes[step.node]
         layer = node.layer
         get = self.get
+        if step.rename:  # a micro-batch's own tensors (packs.py): the layer asks by canonical id
+            def get(tid, step, _get=self.get, _rename=step.rename):
+                return _get(_rename.get(tid, tid), step)
         params = {p: get(param_id(node.name, p), step) for p in node.params}
         aux = {a: get(aux_id(node.name, a), step) for a in self._aux_names[node.index]
-               if aux_id(node.name, a) in self.route.tensors}
-        ws = get(step.workspace, step) if step.workspace else None
+               if step.rename.get(aux_id(node.name, a), aux_id(node.name, a)) in self.route.tensors}
+        ws = self.get(step.workspace, step) if step.workspace else None
         if recompute:
             ws = None  # a recomputed layer runs its zero-workspace path (recomputed layers are cheap ones)
+        M = self.route.micro_batches
         ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=None if recompute else sp.algo,
-                           rng_key=self.seed_key(node.index, self.iteration), recompute=recompute)
+                           rng_key=self.seed_key(node.index, self.iteration * M + step.micro),
+                           recompute=recompute or step.recompute)
         if step.phase is Phase.FORWARD:
             inputs = [get(act_id(self.net.nodes[i].name), step) for i in node.inputs]
             out = get(act_id(node.name), step)
             layer.forward(self.be, inputs, out, params, ctx)
-            if recompute:
+            if recompute or step.recompute:
                 return
             if layer.is_loss:
-                self.last_loss = float(self.be.to_host(out))
-                if not self.training:
-                    self._logits = np.array(self.be.to_host(inputs[0]))
+                self._record_loss(float(self.be.to_host(out)), inputs[0], step.micro, M)
             return
         dout = get(delta_id(node.name), step)
         if step.seed_delta:
-            self.be.fill(dout, 1.0)
+            self.be.fill(dout, 1.0 / M)  # M micro-batches: each one's mean loss weighs 1/M (packs.py)
         inputs = [get(act_id(self.net.nodes[i].name), step) if k in layer.needs_inputs else None
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
@@ -375,6 +384,16 @@ class Executor:
         layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
         if self.compressed is not None:
             self.compressed.observe(node.name, grads, dout)  # the adaptive bound's measurements
+
+    def _record_loss(self, loss: float, logits, micro: int, M: int) -> None:
+        """The step's loss: the mean of its micro-batches' mean losses (just the loss when M = 1)."""
+        if micro == 0:
+            self._loss_parts, self._logit_parts = [], []
+        self._loss_parts.append(loss)
+        self.last_loss = loss if M == 1 else float(np.mean(self._loss_parts))
+        if not self.training:
+            self._logit_parts.append(np.array(self.be.to_host(logits)))
+            self._logits = np.concatenate(self._logit_parts) if M > 1 else self._logit_parts[0]
 
     def _update(self, step: Step, on_host: bool = False) -> None:
         """The optimizer on the step's parameters: every layer's, or (fused update) one layer's. `on_host`: on

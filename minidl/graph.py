@@ -204,18 +204,27 @@ class Network:
                              f"it does not reach the loss '{loss.name}'")
 
     def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), backend=None,
-              fused_update: bool = False) -> "Route":
+              fused_update: bool = False, micro_batches: int = 1, packs=None) -> "Route":
         """The execution order every plan is expressed on (cached until the graph changes).
 
         `optimizer_slots` names the per-parameter state the optimizer keeps (e.g. ("momentum",)), so that
         optimizer state is planned like every other tensor. `backend` (None: the CPU reference) supplies the
         convolution algorithms each step may run and their workspace sizes; the CPU backend's menu is the
         reference one, so it shares the route of None. `fused_update`: each layer's optimizer update right
-        after its backward (see `route.py`).
+        after its backward (see `route.py`). `micro_batches` > 1 or `packs` (lists of layer names): Harmony's
+        route of layer packs and micro-batches (see `packs.py`; always fused).
         """
         if backend is not None and getattr(backend, "name", None) == "cpu":
             backend = None
         key = (bool(training), tuple(optimizer_slots), backend, bool(fused_update) and bool(training))
+        if training and (micro_batches != 1 or packs is not None):
+            from .packs import build_packed
+
+            pkey = key + (int(micro_batches), tuple(map(tuple, packs)) if packs is not None else None)
+            if pkey not in self._route_cache:
+                self.validate()
+                self._route_cache[pkey] = build_packed(self, micro_batches, packs, key[1], backend)
+            return self._route_cache[pkey]
         if key not in self._route_cache:
             self.validate()
             self._route_cache[key] = Route.build(self, training=training, optimizer_slots=key[1],

@@ -86,6 +86,8 @@ def why_not(ex) -> str | None:
     """The reason `ex` cannot be lowered, or None if it can (checked before touching the pool)."""
     if ex.debug:
         return "debug mode (residency checks and NaN poisoning) runs the interpreted executor"
+    if ex.route.packing is not None:
+        return "a route of packs and micro-batches (per-step renames, a loss per micro-batch) is interpreted"
     if ex.plan.paged is not None:
         return "a paged arena maps and unmaps chunks at every allocation: views are not fixed across a step"
     for ev in (*ex.plan.setup, *(e for sp in ex.plan.steps for e in (*sp.before, *sp.after))):

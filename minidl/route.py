@@ -69,13 +69,17 @@ class Step:
     workspace_options: list = field(default_factory=list)  # those algorithms (WorkspaceOption), as listed
     dinputs: list[str | None] = field(default_factory=list)   # backward: where each input's delta goes
     accumulate: list[Accumulation] = field(default_factory=list)
-    seed_delta: str | None = None  # backward of the loss: the delta set to 1.0 before compute
+    seed_delta: str | None = None  # backward of the loss: the delta set to 1.0 (1/M with M micro-batches)
+    micro: int = 0                 # the micro-batch this step runs (packs.py); 0 without micro-batching
+    recompute: bool = False        # a pack's re-forward in backward (packs.py): no running-statistics update
+    rename: dict[str, str] = field(default_factory=dict)  # canonical tensor id -> this step's (packs.py)
 
     @property
     def label(self) -> str:
         if self.phase is Phase.UPDATE:
             return f"update {self.name}" if self.name else "update"
-        return f"{'fwd' if self.phase is Phase.FORWARD else 'bwd'} {self.name}"
+        kind = "bwd" if self.phase is Phase.BACKWARD else ("refwd" if self.recompute else "fwd")
+        return f"{kind} {self.name}" + (f" [{self.micro}]" if self.rename else "")
 
 
 @dataclass(slots=True)
@@ -92,6 +96,24 @@ class Route:
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Analyses derived from the route alone (liveness, per-step cost estimates), computed once: a plan of a deep
     network asks for them a dozen times, and a route does not change after `build`."""
+    packing: object = None      # packs.Packing for a route of layer packs and micro-batches, else None
+
+    @property
+    def micro_batches(self) -> int:
+        return self.packing.micro_batches if self.packing is not None else 1
+
+    def shapes_of(self, node_index: int) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+        """(input shapes, output shape) of a node as this route's steps run it (a micro-batch's, if any)."""
+        if self.packing is not None:
+            return self.packing.shapes[node_index]
+        node = self.network.nodes[node_index]
+        return [self.network.nodes[i].shape for i in node.inputs], node.shape
+
+    @property
+    def turn(self) -> int:
+        """The first step of the backward half (a packed route's first re-forward counts as backward)."""
+        return next((s.index for s in self.steps if s.phase is not Phase.FORWARD or s.recompute),
+                    len(self.steps))
 
     # -- queries ---------------------------------------------------------------------------------------------
     @property

@@ -121,6 +121,7 @@ class Session:
     would take; gradients are all-reduced in buckets of `bucket_bytes` (`memory/decisions/allreduce.py`), by
     `reduction` ("ring" or "gather"; None: the communicator's own); rank 0 writes checkpoints and every rank
     reads them.
+    `micro_batches`: Harmony's micro-batches (`packs.py`): policy `packs` chooses when None.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
@@ -128,7 +129,8 @@ class Session:
                  trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
                  costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
                  compiled: bool = True, paged: int | str | None = None, comm=None,
-                 bucket_bytes: int | None = None, reduction: str | None = None):
+                 bucket_bytes: int | None = None, reduction: str | None = None,
+                 micro_batches: int | None = None):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         paged = as_size(paged, "paged")
@@ -144,7 +146,8 @@ class Session:
         dp = (DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES, reduction or comm.reduction)
               if comm is not None else None)
         self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
-                                 fused_update=fused_update, paged=paged, data_parallel=dp)
+                                 fused_update=fused_update, paged=paged, data_parallel=dp,
+                                 micro_batches=micro_batches)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
                                  host_limit_bytes=host_limit_bytes, compiled=compiled, comm=comm)
         self.batch = net.input_nodes[0].shape[0]

@@ -28,6 +28,7 @@ from .pool import as_size
 from .schedulers.auto import auto_policy
 from .schedulers.lossy import auto_lossy_policy
 from .schedulers.minimum import verified_minimum
+from .schedulers.packs import packs_policy
 from .schedulers.window import window_policy
 from .workspace import CostTable
 
@@ -65,6 +66,10 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("compress", "LOSSY, opt-in: liveness + store activations compressed between forward and backward "
                        "(SZ-style codec, error bound adapted per layer from the gradients; not bit-identical to "
                        "'none')", compress_policy, lossy=True),
+    Policy("packs", "Harmony's layer packs and micro-batches: each pack's weights brought in once for all "
+                    "micro-batches, only pack inputs stashed, the pack's forward recomputed in backward, updates on "
+                    "the host; chooses the packing (and --micro-batches when not given) that fits the budget",
+           packs_policy),
     Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
                    "per-step workspace sizing (without one: liveness)", auto_policy),
     Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of stored "
@@ -102,7 +107,8 @@ def use_fused_update(fused_update: bool | None, policy: str, budget: int | None)
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",
                  budget: int | str | None = None, device: str = "cpu", training: bool = True, backend=None,
                  costs: CostTable | None = None, fused_update: bool | None = None,
-                 paged: int | None = None, data_parallel: DataParallel | None = None) -> Plan:
+                 paged: int | None = None, data_parallel: DataParallel | None = None,
+                 micro_batches: int | None = None) -> Plan:
     """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
 
     `device` names the simulator profile whose speeds (compute, link) the policy's timing decisions use;
@@ -116,6 +122,8 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     `data_parallel` (one rank of several): gradient buckets are added to the route and planned like any tensor,
     and their all-reduce events to the plan (`decisions/allreduce.py`); it needs the textbook route (the update
     must wait for the reduced gradients), so it rules out a fused update.
+    `micro_batches`: Harmony's micro-batching (`packs.py`; policy `packs` chooses it when None, the other
+    policies plan the same micro-batched route when it is given).
     """
     budget = as_size(budget, "budget")
     if policy not in POLICIES:
@@ -127,7 +135,12 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
             raise DistError("data parallel: --fused-update on cannot be combined with several ranks: each layer's "
                             "update would run before its gradients are all-reduced (use --fused-update off)")
         fused = False
-    route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused)
+    packed = micro_batches is not None and training  # the packed route, one pack per layer until a policy packs
+    if packed and data_parallel is not None:
+        raise DistError("data parallel with micro-batches (packs) is not supported")
+    route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused,
+                      micro_batches=micro_batches or 1,
+                      packs=[[n.name] for n in net.layer_nodes] if packed else None)
     route.paged_chunk = paged
     if data_parallel is None or not training:
         return _plan_verified(route, policy, budget, device, costs)

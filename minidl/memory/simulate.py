@@ -126,9 +126,9 @@ def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
             flops = 4 * sum(route.tensors[t].nbytes // route.tensors[t].dtype.itemsize for t in step.writes)
         else:
             node = net.nodes[step.node]
-            in_shapes = [net.nodes[i].shape for i in node.inputs]
-            fwd = node.layer.flops(in_shapes, node.shape)
-            flops = fwd if step.phase is Phase.FORWARD else node.layer.backward_flops(in_shapes, node.shape)
+            in_shapes, out_shape = route.shapes_of(node.index)  # a micro-batch's, on a packed route
+            fwd = node.layer.flops(in_shapes, out_shape)
+            flops = fwd if step.phase is Phase.FORWARD else node.layer.backward_flops(in_shapes, out_shape)
         t = max(flops / (device.flops * device.efficiency), nbytes / device.mem_bw)
         out.append(StepCost(int(flops), int(nbytes), t))
     return out

@@ -219,11 +219,11 @@ def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int,
             continue
         node = net.nodes[step.node]
         phase = "fwd" if step.phase is Phase.FORWARD else "bwd"
-        in_shapes = [net.nodes[i].shape for i in node.inputs]
+        in_shapes, out_shape = route.shapes_of(node.index)  # a micro-batch's, on a packed route
         if costs.autotune and costs.backend_name != route.backend_name:
             raise ValueError(f"the cost table measures on backend '{costs.backend_name}' but the route lists "
                              f"the algorithms of backend '{route.backend_name}'")
-        opts = costs.rank(node.layer, phase, in_shapes, node.shape, net.dtype.itemsize, step.workspace_options)
+        opts = costs.rank(node.layer, phase, in_shapes, out_shape, net.dtype.itemsize, step.workspace_options)
         out[step.index] = WorkspaceChoice(opts[0].algo, opts[0].workspace_bytes, [], opts)
     return out
 

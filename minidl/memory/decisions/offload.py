@@ -53,7 +53,7 @@ import math
 from dataclasses import dataclass
 
 from ...errors import BudgetError
-from ...route import Phase, Route
+from ...route import Route
 from ...tensors import Role
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan
@@ -154,6 +154,7 @@ def _clock(route: Route, device: DeviceProfile, slack: float) -> _Clock:
 def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -> list[Candidate]:
     """Tensors the base schedule keeps resident across the forward/backward turn, highest priority first."""
     uses = tensor_uses(route)
+    turn = route.turn  # the first backward step (a packed route's re-forwards belong to the backward half)
     out: list[Candidate] = []
     for tid, lst in base.residencies.items():
         spec = route.tensors.get(tid)
@@ -162,8 +163,8 @@ def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -
         r = lst[0]
         if r.start_kind is not EventKind.ALLOC or r.end_kind is not EventKind.FREE:
             continue
-        fwd = [k for k in uses.get(tid, ()) if route.steps[k].phase is Phase.FORWARD]
-        bwd = [k for k in uses.get(tid, ()) if route.steps[k].phase is not Phase.FORWARD]
+        fwd = [k for k in uses.get(tid, ()) if k < turn]
+        bwd = [k for k in uses.get(tid, ()) if k >= turn]
         if not fwd or not bwd:
             continue
         lf, fb = fwd[-1], bwd[0]

@@ -77,11 +77,15 @@ def _uses(route: Route) -> dict[str, list[tuple[int, bool]]]:
     return out
 
 
-def visits(uses: list[tuple[int, bool]]) -> list[Visit]:
-    """Group uses into visits: a gap of two steps or more between uses sends the tensor home in between."""
+def visits(uses: list[tuple[int, bool]], block_of: dict[int, int] | None = None) -> list[Visit]:
+    """Group uses into visits: a gap of two steps or more between uses sends the tensor home in between, unless
+    both uses are in the same block of a packed route (a pack's weights come in once for all its micro-batches:
+    `block_of` maps a step to its pack block)."""
     out: list[Visit] = []
+    block_of = block_of or {}
     for k, w in uses:
-        if out and k - out[-1].last < 2:
+        same = out and block_of.get(k, -1) >= 0 and block_of.get(k) == block_of.get(out[-1].last)
+        if out and (k - out[-1].last < 2 or same):
             out[-1].last, out[-1].dirty = k, out[-1].dirty or w
         else:
             out.append(Visit(k, k, w))
@@ -102,6 +106,8 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
     res = dict(base.residencies)
     markers = list(base.markers)
     host_steps = set(base.host_steps)
+    packing = route.packing
+    block_of = {k: b for b, (lo, hi) in enumerate(packing.blocks) for k in range(lo, hi + 1)} if packing else None
     for tid, spec in route.tensors.items():
         if spec.owner not in chosen or spec.role not in (Role.PARAMETER, Role.OPTIMIZER, Role.GRADIENT):
             continue
@@ -109,9 +115,10 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
         if host_update and upd is None:
             continue  # no trainable parameters: nothing to update
         if spec.role is Role.GRADIENT:
-            if host_update:  # produced by backward, copied out at once, consumed on the host by the update
-                b = uses_of_grad(route, tid)
-                res[tid] = [Residency(b, "before", EventKind.ALLOC, b, "after", EventKind.RELEASE,
+            # produced by backward (and its micro-batches' parts added in), copied out once, used by a host update
+            if host_update and tid in route.steps[upd].reads:
+                a, b = grad_span(route, tid)
+                res[tid] = [Residency(a, "before", EventKind.ALLOC, b, "after", EventKind.RELEASE,
                                       f"copied out for the host update of {spec.owner}")]
                 markers.append(Marker(b, "after", EventKind.OFFLOAD, tid,
                                       f"the update of {spec.owner} runs on the host"))
@@ -119,7 +126,7 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
         own = [(k, w) for k, w in uses.get(tid, ()) if not (host_update and k == upd)]
         res[tid] = []
         prev_end = -1
-        for v in visits(own):
+        for v in visits(own, block_of):
             start = max(v.first - lead, prev_end + 1)
             what = "weights" if spec.role is Role.PARAMETER else "optimizer state"
             label = route.steps[v.first].label
@@ -139,9 +146,11 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
     return Schedule(res, markers, host_steps)
 
 
-def uses_of_grad(route: Route, tid: str) -> int:
-    """The backward step that writes gradient `tid`."""
-    return next(s.index for s in route.steps if s.phase is Phase.BACKWARD and tid in s.writes)
+def grad_span(route: Route, tid: str) -> tuple[int, int]:
+    """The first and last backward step that write gradient `tid` or add a micro-batch's part into it."""
+    ks = [s.index for s in route.steps if s.phase is Phase.BACKWARD
+          and (tid in s.writes or any(a.into == tid for a in s.accumulate))]
+    return ks[0], ks[-1]
 
 
 def host_homed(plan: Plan) -> set[str]:

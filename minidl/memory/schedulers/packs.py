@@ -1,0 +1,76 @@
+"""Policy `packs` (Harmony): choose the micro-batch count and the layer packs, then home the weights per pack.
+
+The route of packs and micro-batches is `minidl/packs.py`; the weights decision (`decisions/weights.py`) brings
+a pack's weights in once per block, updates on the host, and the activation cache offloads the stashes. This
+module searches the two numbers that route leaves open:
+
+- **Pack boundaries.** On that route the weights move the same bytes whatever the packing (each pack's weights
+  come in once for forward and once for backward), so what the packing changes is the *stash*: every pack
+  input is kept (or offloaded) from its pack's forward to its re-forward, for every micro-batch. Fewer, larger
+  packs mean fewer stashed tensors, but a larger working set per pack (its weights, one micro-batch's
+  activations inside it). So: the fewest packs that fit, with packs cut to hold about equal weight bytes
+  (`packs.even_packs`), tried at 1, 2, 4, ... packs up to one per layer; the first that fits is kept.
+- **Micro-batches** (when not given): 1, 2, 4, ... dividing the batch; the count whose first fitting packing
+  moves the fewest bytes per step (ties: the fewest micro-batches, whose kernels run on larger batches). The
+  search stops once only weights move: more micro-batches cannot move less.
+
+Limitations: packs are cut by weight bytes only, not by activation sizes; the search tries powers of two.
+"""
+from __future__ import annotations
+
+from ...errors import BudgetError
+from ...packs import PackError, even_packs
+from ...route import Route
+from ..decisions.weights import moved_by_role, plan_weights
+from ..plan import Plan
+from ..pool import format_bytes
+from ..workspace import workspace_choices
+
+
+def _powers(limit: int) -> list[int]:
+    out, k = [], 1
+    while k < limit:
+        out.append(k)
+        k *= 2
+    return out + [limit]
+
+
+def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None,
+               micro_batches: int | None = None) -> Plan:
+    """The `packs` plan of `route.network` under `budget` (see the module doc). `micro_batches`: None searches
+    (unless `route` is already a packed route, whose M is kept)."""
+    if route.backend_name != "cpu":
+        raise PackError("policy 'packs' plans with the CPU backend's convolution algorithms only")
+    net = route.network
+    batch = net.input_nodes[0].shape[0]
+    if micro_batches is None and route.packing is not None:
+        micro_batches = route.micro_batches
+    ms = [micro_batches] if micro_batches else [m for m in _powers(batch) if batch % m == 0]
+    floor: tuple[int, str] | None = None
+    best: tuple[int, int, Plan] | None = None    # (bytes moved, micro-batches, plan)
+    for m in ms:
+        for n in _powers(len(net.layer_nodes)):
+            r = net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=even_packs(net, n))
+            try:
+                plan = plan_weights(r, budget, device, workspace=workspace_choices(r, costs), policy="packs")
+            except BudgetError as e:
+                if floor is None or e.min_budget_bytes < floor[0]:
+                    floor = (e.min_budget_bytes, f"{m} micro-batches in {n} packs")
+                continue
+            moved = moved_by_role(plan)
+            if best is None or sum(moved.values()) < best[0]:
+                best = (sum(moved.values()), m, plan)
+            break  # fewer packs, fewer stashes: the first packing that fits moves the fewest bytes for this M
+        if best is not None and moved_by_role(best[2])["activations"] == 0:
+            break  # nothing but the weights moves: more micro-batches cannot move less
+    if best is not None:
+        return best[2]
+    raise BudgetError(
+        f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy 'packs': no micro-batch count in "
+        f"{ms} with any packing fits; the smallest budget found is {format_bytes(floor[0])} ({floor[0]:,} B), "
+        f"with {floor[1]}", floor[0], floor[1])
+
+
+def packs_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+    """The `packs` policy (see the table in `memory/policies.py`)."""
+    return plan_packs(route, budget, device or "cpu", costs)

@@ -1,0 +1,102 @@
+"""Layer packs and micro-batches (Harmony): bit-identical to the same micro-batching under `none`, the full batch to
+float tolerance, a pack's weights brought in once per block, only pack inputs stashed, and the packs policy."""
+import json
+
+import numpy as np
+import pytest
+
+import minidl as dl
+from minidl.cli import main
+from minidl.data import synthetic
+from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
+from minidl.memory.decisions.weights import moved_by_role
+from minidl.memory.liveness import analyze
+from minidl.memory.policies import plan_network
+from minidl.models import build_model
+from minidl.optim import SGD
+from minidl.packs import PackError, even_packs
+from minidl.session import Session
+from minidl.tensors import Role
+
+from .test_fused_update import assert_same_state, vgg11_narrow
+
+NETS = {
+    "resnet20": lambda: build_model("resnet", depth=20, batch=4, image_size=16, num_classes=10),
+    "vgg11": lambda: vgg11_narrow(batch=4),
+    "densenet_tiny": lambda: build_model("densenet", variant="tiny", batch=4, image_size=16, num_classes=10),
+}
+
+
+def plain_net(batch=4):
+    """No BN, no dropout: micro-batching then changes only the order of sums, so it matches the full batch."""
+    net = dl.Network("plain")
+    h = net.input((batch, 3, 8, 8), name="data")
+    y = net.input((batch,), dtype="int64", name="label")
+    for i, c in enumerate((4, 8)):
+        h = MaxPool2d(2, name=f"pool{i}")(ReLU(name=f"relu{i}")(Conv2d(c, 3, padding=1, name=f"conv{i}")(h)))
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(5, name="fc")(ReLU(name="r")(Linear(16, name="fc0")(h))), y))
+    return net
+
+
+def train(net, policy, M, budget=None, steps=2, **kw):
+    sess = Session(net, SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), policy=policy, budget=budget, seed=0,
+                   micro_batches=M, **kw)
+    sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
+    return sess
+
+
+@pytest.mark.parametrize("key", list(NETS))
+@pytest.mark.parametrize("M", [1, 2, 4])
+def test_packs_are_bit_identical_to_none_with_the_same_micro_batches(key, M):
+    ref = train(NETS[key](), "none", M)
+    budget = plan_network(NETS[key](), SGD(lr=0.1, momentum=0.9), "liveness").min_budget_bytes // 2
+    got = train(NETS[key](), "packs", M, budget=budget, debug=True)
+    assert got.plan.route.micro_batches == M and got.plan.min_budget_bytes <= budget
+    assert got.executor.pool.peak == got.plan.peak_bytes
+    assert_same_state(got, ref)
+
+
+def test_micro_batches_match_the_full_batch_to_float_tolerance():
+    full = train(plain_net(), "liveness", None)
+    for M in (2, 4):
+        got = train(plain_net(), "packs", M)
+        for name, val in full.executor.state_dict().items():
+            np.testing.assert_allclose(got.executor.state_dict()[name], val, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert got.executor.last_loss == pytest.approx(full.executor.last_loss, rel=1e-5)
+
+
+def test_a_packs_weights_come_in_once_per_block_whatever_M():
+    net = NETS["vgg11"]()
+    weights = sum(t.nbytes for t in net.route(optimizer_slots=("momentum",)).tensors.values()
+                  if t.role is Role.PARAMETER and net.node(t.owner).layer.checkpoint)
+    for M in (1, 2, 4):
+        route = net.route(optimizer_slots=("momentum",), micro_batches=M, packs=even_packs(net, 3))
+        from minidl.memory.decisions.weights import plan_weights
+
+        plan = plan_weights(route, None)
+        assert moved_by_role(plan)["weights"] == 2 * weights   # in for forward, in for backward: once each
+
+
+def test_only_pack_inputs_live_from_forward_into_backward():
+    net = NETS["vgg11"]()
+    packs = even_packs(net, 3)
+    route = net.route(optimizer_slots=("momentum",), micro_batches=2, packs=packs)
+    iv = analyze(route)
+    turn = route.turn
+    crossing = {t for t, i in iv.items() if route.tensors[t].role is Role.ACTIVATION and i.first < turn <= i.last}
+    inputs = {f"act:{p[0]}" for p in packs[1:]}  # a pack's input is the previous pack's last output
+    outputs = {f"act:{p[-1]}" for p in packs[:-1]}
+    assert {t.rsplit("@", 1)[0] for t in crossing} <= outputs and len(inputs) == len(outputs)
+    assert len(crossing) == 2 * len(outputs)     # one stash per micro-batch per pack boundary
+
+
+def test_bad_micro_batches_fail_at_plan_time():
+    with pytest.raises(PackError, match="3 does not divide the batch of 4"):
+        plan_network(NETS["resnet20"](), SGD(lr=0.1), "liveness", micro_batches=3)
+
+
+def test_cli_micro_batches_and_packs(capsys):
+    args = ["plan", "resnet", "--depth", "20", "--batch", "4", "--image-size", "16", "--json", "--device", "cpu"]
+    assert main(args + ["--policy", "packs", "--micro-batches", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["micro_batches"] == 2 and out["packs"] and out["moved_bytes_by_role"]["weights"] > 0
