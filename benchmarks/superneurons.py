@@ -44,6 +44,8 @@ from minidl.models import build_model
 from minidl.optim import SGD
 
 PAPER_DEPTH_CLAIM = 3.24
+SUPERNEURONS_TABLE5 = {"alexnet": 1792, "vgg16": 224, "inception_v4": 240, "resnet50": 384, "resnet101": 256,
+                       "resnet152": 176}  # largest batch in 12 GB (shared/PAPERS.md, Table 5)
 BATCH_MODELS = ["alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "densenet121", "inception_v4"]
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -128,6 +130,34 @@ def batch_search(device: str, models, log) -> dict:
             row[f"{pol}_search_s"] = time.perf_counter() - t
         row["ratio"] = row["auto"] / max(1, row["none"])
         out[m] = row
+    return out
+
+
+def packs_batch_search(device: str, models, log) -> dict:
+    """The largest batch within the device's memory under policy `packs` (Harmony's layer packs and micro-batches,
+    weights homed on the host, micro-batch count chosen by the planner), for the rows `auto` leaves below 2x
+    SuperNeurons (VGG16: bound by its first 224x224 convolutions' working set, which only micro-batching shrinks)."""
+    out = {}
+    mem = get_profile(device).memory_bytes
+    for m in models:
+        t = time.perf_counter()
+        chosen = {}
+
+        def ok(b, m=m, chosen=chosen):
+            try:
+                plan = plan_network(build_model(m, batch=b), optimizer(), "packs", budget=mem, device=device)
+            except BudgetError as e:
+                log(f"  {m:<12} packs batch {b:<5}: does not fit (needs {format_bytes(e.min_budget_bytes)})")
+                return False
+            chosen[b] = {"micro_batches": plan.route.micro_batches, "packs": len(plan.route.packing.packs),
+                         "min_budget_bytes": plan.min_budget_bytes, "moved_bytes": plan.offloaded_bytes
+                         + plan.prefetched_bytes}
+            log(f"  {m:<12} packs batch {b:<5}: fits, {chosen[b]['micro_batches']} micro-batches in "
+                f"{chosen[b]['packs']} packs ({format_bytes(plan.min_budget_bytes)})")
+            return True
+
+        best = largest(ok, 1, 256) if ok(1) else 0
+        out[m] = {"packs": best, "search_s": time.perf_counter() - t, **chosen.get(best, {})}
     return out
 
 
@@ -245,10 +275,17 @@ def markdown(res: dict) -> str:
                      f"plan '{d['resnet2500']['chosen']}', planned in {d['resnet2500']['planning_s']:.0f} s"
                      if d['resnet2500']['fits'] else ""), ""]
     b = res.get("batch")
+    pk = res.get("packs_batch") or {}
     if b:
-        lines += ["| model | largest batch, none | largest batch, auto | auto / none |", "|---|---:|---:|---:|"]
+        lines += ["| model | largest batch, none | largest batch, auto | auto / none | packs (M, packs) "
+                  "| SuperNeurons | best / SuperNeurons |", "|---|---:|---:|---:|---:|---:|---:|"]
         for m, r in b.items():
-            lines.append(f"| {m} | {r['none']} | {r['auto']} | {r['ratio']:.1f}x |")
+            p = pk.get(m)
+            best = max(r["auto"], p["packs"] if p else 0)
+            paper = SUPERNEURONS_TABLE5.get(m)
+            lines.append(f"| {m} | {r['none']} | {r['auto']} | {r['ratio']:.1f}x | "
+                         + (f"{p['packs']} ({p.get('micro_batches')}, {p.get('packs')})" if p else "-")
+                         + f" | {paper or '-'} | " + (f"{best / paper:.2f}x" if paper else "-") + " |")
         lines.append("")
     c = res.get("cpu_run")
     if c:
@@ -271,7 +308,9 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("depth", "batch", "cpu-run"), default=None)
+    ap.add_argument("--only", choices=("depth", "batch", "packs", "cpu-run"), default=None)
+    ap.add_argument("--packs-models", nargs="*", default=["vgg16"],
+                    help="models whose largest batch is also searched under policy packs (Harmony)")
     ap.add_argument("--skip-cpu-run", action="store_true")
     ap.add_argument("--models", nargs="*", default=BATCH_MODELS)
     ap.add_argument("--cpu-steps", type=int, default=3)
@@ -289,13 +328,17 @@ def main(argv=None) -> int:
     res = {"date": str(datetime.date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
     prev = out / "superneurons.json"
     if args.only and prev.exists():
-        res.update({k: v for k, v in json.loads(prev.read_text()).items() if k in ("depth", "batch", "cpu_run")})
+        res.update({k: v for k, v in json.loads(prev.read_text()).items()
+                    if k in ("depth", "batch", "packs_batch", "cpu_run")})
     if args.only in (None, "depth"):
         log("depth search (ResNet, batch 16, 12 GB)")
         res["depth"] = depth_search(args.device, log)
     if args.only in (None, "batch"):
         log("batch search (12 GB)")
         res["batch"] = batch_search(args.device, args.models, log)
+    if args.only in (None, "packs"):
+        log("batch search under policy packs (12 GB)")
+        res["packs_batch"] = packs_batch_search(args.device, args.packs_models, log)
     if args.only == "cpu-run" or (args.only is None and not args.skip_cpu_run):
         log("CPU run: ResNet-50, 112 px, batch 32")
         res["cpu_run"] = cpu_run(args.cpu_steps, log)

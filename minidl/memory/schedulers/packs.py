@@ -23,7 +23,7 @@ from ...packs import PackError, even_packs
 from ...route import Route
 from ..decisions.weights import moved_by_role, plan_weights
 from ..plan import Plan
-from ..pool import format_bytes
+from ..pool import align_up, format_bytes
 from ..workspace import workspace_choices
 
 
@@ -33,6 +33,18 @@ def _powers(limit: int) -> list[int]:
         out.append(k)
         k *= 2
     return out + [limit]
+
+
+def step_floor(route: Route) -> int:
+    """The bytes the busiest single step touches (its tensors, weights included, and its smallest workspace): no
+    plan of this route fits below it, whatever is homed, offloaded or recomputed. Cheap: no placement."""
+    sizes = {tid: align_up(t.nbytes) for tid, t in route.tensors.items()}
+    best = 0
+    for step in route.steps:
+        touched = set(step.reads) | set(step.writes) | {a.into for a in step.accumulate}
+        ws = min((o.workspace_bytes for o in step.workspace_options), default=0) if step.workspace else 0
+        best = max(best, sum(sizes[t] for t in touched) + align_up(ws))
+    return best
 
 
 def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None,
@@ -49,6 +61,11 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
     floor: tuple[int, str] | None = None
     best: tuple[int, int, Plan] | None = None    # (bytes moved, micro-batches, plan)
     for m in ms:
+        floor_m = step_floor(net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=None))
+        if budget is not None and floor_m > budget:
+            if floor is None or floor_m < floor[0]:
+                floor = (floor_m, f"{m} micro-batches (one step's own tensors)")
+            continue  # one micro-batch's single step does not fit: no packing can help
         for n in _powers(len(net.layer_nodes)):
             r = net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=even_packs(net, n))
             try:
