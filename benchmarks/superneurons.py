@@ -39,6 +39,7 @@ from minidl.errors import BudgetError
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes
 from minidl.memory.schedulers.auto import auto_search
+from minidl.memory.schedulers.packs import plan_packs
 from minidl.memory.simulate import get_profile, simulate
 from minidl.models import build_model
 from minidl.optim import SGD
@@ -145,7 +146,8 @@ def packs_batch_search(device: str, models, log) -> dict:
 
         def ok(b, m=m, chosen=chosen):
             try:
-                plan = plan_network(build_model(m, batch=b), optimizer(), "packs", budget=mem, device=device)
+                net = build_model(m, batch=b)
+                plan = plan_packs(net.route(optimizer_slots=tuple(optimizer().slots)), mem, device)
             except BudgetError as e:
                 log(f"  {m:<12} packs batch {b:<5}: does not fit (needs {format_bytes(e.min_budget_bytes)})")
                 return False

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ...errors import BudgetError
 from ...packs import PackError, even_packs
-from ...route import Route
+from ...route import Phase, Route
 from ..decisions.weights import moved_by_role, plan_weights
 from ..plan import Plan
 from ..pool import align_up, format_bytes
@@ -37,10 +37,13 @@ def _powers(limit: int) -> list[int]:
 
 def step_floor(route: Route) -> int:
     """The bytes the busiest single step touches (its tensors, weights included, and its smallest workspace): no
-    plan of this route fits below it, whatever is homed, offloaded or recomputed. Cheap: no placement."""
+    plan of this route fits below it, whatever is homed, offloaded or recomputed. Update steps are left out (a
+    host update touches nothing on the device). Cheap: no placement."""
     sizes = {tid: align_up(t.nbytes) for tid, t in route.tensors.items()}
     best = 0
     for step in route.steps:
+        if step.phase is Phase.UPDATE:
+            continue
         touched = set(step.reads) | set(step.writes) | {a.into for a in step.accumulate}
         ws = min((o.workspace_bytes for o in step.workspace_options), default=0) if step.workspace else 0
         best = max(best, sum(sizes[t] for t in touched) + align_up(ws))
@@ -61,7 +64,8 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
     floor: tuple[int, str] | None = None
     best: tuple[int, int, Plan] | None = None    # (bytes moved, micro-batches, plan)
     for m in ms:
-        floor_m = step_floor(net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=None))
+        per_layer = [[n.name] for n in net.layer_nodes]
+        floor_m = step_floor(net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=per_layer))
         if budget is not None and floor_m > budget:
             if floor is None or floor_m < floor[0]:
                 floor = (floor_m, f"{m} micro-batches (one step's own tensors)")
