@@ -84,7 +84,14 @@ def capacity_bound(route: Route, ws: dict[int, WorkspaceChoice]) -> int:
 
 
 def lower_bound(route: Route) -> int:
-    """Parameters + gradients + optimizer state + the largest single step's working set (least workspace)."""
+    """Parameters + gradients + optimizer state + the largest single step's working set (least workspace).
+    A function of the route alone: computed once per route."""
+    if "lower_bound" not in route.memo:
+        route.memo["lower_bound"] = _lower_bound(route)
+    return route.memo["lower_bound"]
+
+
+def _lower_bound(route: Route) -> int:
     fixed = sum(align_up(t.nbytes) for t in route.tensors.values()
                 if t.role.persistent or t.role is Role.GRADIENT)
     best = 0
