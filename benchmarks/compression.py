@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/compression.py                 # everything (a few minutes on 2 shared cores)
     .venv/bin/python benchmarks/compression.py --skip-accuracy --nets resnet20
 
-For each net (CIFAR shapes; ResNet-50 at a small image): one step with policy `compress` planned with the default
+For each net (CIFAR shapes; ImageNet ResNet-50 at 64x64; VGG-11 at 224x224, the
+only size the zoo's VGG takes): one step with policy `compress` planned with the default
 ratio, the measured ratios handed to a second plan (`plan_compress(ratios=...)`), a second step on it. Reported:
 compression ratio of the stored activations per producing layer type, bytes stored for backward (the compressed
 tensors raw vs their streams), peak memory of `none`, `liveness` and `compress` (plan peak = pool peak), codec
@@ -36,8 +37,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NETS = {
     "resnet20": dict(name="resnet", depth=20, batch=2, image_size=32, num_classes=10),
     "resnet56": dict(name="resnet", depth=56, batch=2, image_size=32, num_classes=10),
-    "vgg11": dict(name="vgg11", batch=2, image_size=32, num_classes=10),
-    "resnet50": dict(name="resnet", depth=50, batch=2, image_size=32, num_classes=10),
+    "vgg11": dict(name="vgg11", batch=1, image_size=224, num_classes=10),   # the zoo's VGG is ImageNet-shaped
+    "resnet50": dict(name="resnet", depth=50, batch=2, image_size=64, num_classes=100, variant="imagenet"),
 }
 
 
@@ -165,6 +166,30 @@ def accuracy(steps: int, batch: int, target: float) -> dict:
     return out
 
 
+def auto_vs_lossy(fractions=(0.7, 0.5, 0.3, 0.22), devices=("cpu", "k40c")) -> list[str]:
+    """ResNet-20, CIFAR shape, batch 32: what `auto` and `auto-lossy` choose at budgets below liveness' minimum
+    (planning only: the simulator's estimated step time on each device profile)."""
+    from minidl.errors import BudgetError
+    from minidl.memory.simulate import simulate
+
+    net = build_model("resnet", depth=20, batch=32, image_size=32, num_classes=10)
+    opt = SGD(lr=0.01, momentum=0.9)
+    live = plan_network(net, opt, "liveness").min_budget_bytes
+    rows = [f"liveness min {live}, compress min {plan_network(net, opt, 'compress').min_budget_bytes}"]
+    for dev in devices:
+        for f in fractions:
+            b = int(live * f)
+            for pol in ("auto", "auto-lossy"):
+                try:
+                    p = plan_network(net, opt, pol, b, device=dev)
+                    rows.append(f"{dev} {f} {b} {pol} peak {p.peak_bytes} est "
+                                f"{simulate(p, dev).est_step_time_s * 1e3:.3f} ms compressed "
+                                f"{len(compressed_tensors(p))} offloaded {p.offloaded_bytes}")
+                except BudgetError as e:
+                    rows.append(f"{dev} {f} {b} {pol} min {e.min_budget_bytes}")
+    return rows
+
+
 def plot(acc: dict, path: Path) -> None:
     import matplotlib
 
@@ -190,9 +215,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--auto", action="store_true", help="also compare auto and auto-lossy under budgets (planning)")
     args = ap.parse_args()
-    res: dict = {"date": time.strftime("%Y-%m-%d"), "machine": "2 cores shared with 7 other jobs", "nets": []}
     RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "compression.json"
+    res: dict = json.loads(path.read_text()) if path.exists() else {}   # a partial run updates what it measured
+    res.update({"date": time.strftime("%Y-%m-%d"), "machine": "2 cores shared with 7 other jobs"})
+    res.setdefault("nets", [])
     if not args.skip_accuracy:
         acc = accuracy(args.steps, args.batch, args.target)
         res["accuracy"] = acc
@@ -200,10 +229,11 @@ def main() -> None:
         print(f"digits ResNet-20 {args.steps} steps: held-out acc none {acc['none']['heldout_acc']:.4f}, compress "
               f"{acc['compress']['heldout_acc']:.4f} (spills {acc['compress']['spills']}); train time "
               f"{acc['none']['train_s']:.1f} s vs {acc['compress']['train_s']:.1f} s")
-        (RESULTS / "compression.json").write_text(json.dumps(res, indent=1))
+        path.write_text(json.dumps(res, indent=1))
     for key in args.nets:
         f = net_figures(key, args.target)
-        res["nets"].append(f)
+        res["nets"] = [n for n in res["nets"] if n["net"] != key] + [f]
+        path.write_text(json.dumps(res, indent=1))
         print(f"{key} {f['shape']}: peak none {f['peak_none'] / 2**20:.1f} MiB, liveness "
               f"{f['peak_liveness'] / 2**20:.1f} MiB, compress {f['peak_compress'] / 2**20:.1f} MiB "
               f"(x{f['peak_none'] / f['peak_compress']:.2f} vs none, x{f['peak_liveness'] / f['peak_compress']:.2f} "
@@ -213,12 +243,17 @@ def main() -> None:
               f"{f['step_s_liveness']:.2f} s); spills {f['spills']}", flush=True)
         for k, v in f["by_layer_type"].items():
             print(f"    {k:<12} {v['tensors']:>3} tensors  {v['raw'] / 2**20:8.2f} MiB -> x{v['ratio']:.1f}")
-    res["gradient_error"] = gradient_error(args.targets)
-    for r in res["gradient_error"]:
+    if args.targets:
+        res["gradient_error"] = gradient_error(args.targets)
+    for r in res.get("gradient_error", []) if args.targets else []:
         print(f"rho* {r['target']:g}: relative weight-gradient error median {r['median_layer_rel_err']:.4f} "
               f"(max {r['max_layer_rel_err']:.4f}, all layers {r['total_rel_err']:.4f}), ratio x{r['ratio']:.1f}",
               flush=True)
-    (RESULTS / "compression.json").write_text(json.dumps(res, indent=1))
+    if args.auto:
+        res["auto_vs_lossy"] = auto_vs_lossy()
+        for r in res["auto_vs_lossy"]:
+            print(r, flush=True)
+    path.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def use_fused_update(fused_update: bool | None, policy: str, budget: int | None)
     the textbook route unless asked."""
     if fused_update is not None:
         return bool(fused_update)
-    return policy == "weights" or (policy == "auto" and budget is not None)
+    return policy == "weights" or (policy in ("auto", "auto-lossy") and budget is not None)
 
 
 def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str = "liveness",

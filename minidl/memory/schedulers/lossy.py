@@ -77,8 +77,9 @@ def plan_auto_lossy(route: Route, budget: int | None, device: str = "cpu", costs
             f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy 'auto-lossy': the smallest "
             f"budget that works is {format_bytes(best.min_budget_bytes)} ({best.min_budget_bytes:,} B), with "
             f"{best.name}", best.min_budget_bytes, best.plan.binding_label)
+    # the exact plan auto itself returns first: a compress plan must be strictly faster to replace it
     best = min(fitting, key=lambda t: (t.est_step_time_s if math.isfinite(t.est_step_time_s) else math.inf,
-                                       t.min_budget_bytes))
+                                       t.plan is not res.plan, t.min_budget_bytes))
     return _finish(best.plan, route, budget, policy="auto-lossy")
 
 
