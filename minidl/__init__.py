@@ -6,7 +6,17 @@
     ...
 """
 from . import layers
-from .errors import BudgetError, GraphError, MinidlError, OptionError, ResidencyError
+from .errors import (
+                     BudgetError,
+                     CheckpointError,
+                     DataError,
+                     DivergenceError,
+                     GraphError,
+                     HostMemoryError,
+                     MinidlError,
+                     OptionError,
+                     ResidencyError,
+)
 from .graph import Network, Symbol
 from .memory.pool import format_bytes, parse_size
 from .optim import SGD, Adam, Optimizer
@@ -16,6 +26,7 @@ from .tensors import Role, TensorSpec
 
 __version__ = "0.1.0"
 
-__all__ = ["Adam", "BudgetError", "GraphError", "MinidlError", "Network", "OptionError", "Optimizer", "Phase",
+__all__ = ["Adam", "BudgetError", "CheckpointError", "DataError", "DivergenceError", "GraphError",
+           "HostMemoryError", "MinidlError", "Network", "OptionError", "Optimizer", "Phase",
            "ResidencyError", "Role", "Route", "SGD", "Session", "Step", "Symbol", "TensorSpec", "TrainResult",
            "format_bytes", "layers", "parse_size", "__version__"]

@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import MinidlError, OptionError
+from .cli_args import check_args
+from .errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError
 from .memory.pool import format_bytes, parse_size
 from .optim.schedules import SCHEDULES
 
@@ -49,6 +50,14 @@ def _count(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 0")
     return n
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors as the other errors: one line `minidl: error: ...`, status 2 (the usage is one
+    `--help` away)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USER_ERROR, f"minidl: error: {message} (see {self.prog} --help)\n")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -106,13 +115,15 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    ap = argparse.ArgumentParser(prog="minidl", description=__doc__.splitlines()[0], formatter_class=_Formatter)
+    ap = _Parser(prog="minidl", description=__doc__.splitlines()[0], formatter_class=_Formatter)
     ap.add_argument("--version", action="version", version=f"minidl {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="layer table of a model", formatter_class=_Formatter)
     _model_args(p)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     p = sub.add_parser("plan", help="plan memory for a model (no compute)", formatter_class=_Formatter)
     _model_args(p)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     _memory_args(p, "liveness")
     p.add_argument("--device", default="k40c", help="device profile for time estimates (cpu, k40c, titanx, v100, h100)")
     p.add_argument("--explain", nargs="?", const="", default=None, metavar="NAME",
@@ -159,10 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=_positive_int, default=None, metavar="N",
                    help="also write the --save checkpoint every N steps")
     p.add_argument("--resume", default=None, metavar="PATH.npz", help="resume from a checkpoint written by --save")
+    p.add_argument("--resume-params-only", action="store_true",
+                   help="with --resume: load only the parameters (fresh optimizer state, data order from the "
+                        "start), e.g. to continue with another optimizer")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="where the steps run")
     p.add_argument("--device", default=None,
                    help="simulator profile the policy's timing decisions assume (default: the backend's own)")
-    p.add_argument("--debug", action="store_true", help="poison freed memory and check residency")
+    p.add_argument("--debug", action="store_true",
+                   help="poison freed memory, check residency, and show the traceback of an error")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none anyway when stderr is not a terminal, or with --json)")
     p.add_argument("--host-limit", type=_size, default=None, metavar="SIZE",
@@ -381,6 +396,8 @@ def cmd_train(args) -> dict:
 
 
 def _train(args, backend, comm) -> dict:
+    import numpy as np
+
     from .data import load_data
     from .memory.report import plot_timeline, write_trace
     from .optim import make_optimizer
@@ -416,14 +433,21 @@ def _train(args, backend, comm) -> dict:
     lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:
-        sess.load(args.resume)
+        sess.load(args.resume, params_only=args.resume_params_only)
     # The schedule spans the whole run, from step 0 to this invocation's last step: a run stopped at step k and
     # resumed with --steps (N - k) and the same options follows the schedule of the uninterrupted N steps.
     sess.lr_schedule = make_schedule(args.lr_schedule, sess.iteration + args.steps, args.warmup_steps,
                                      args.lr_step_size, args.lr_gamma, args.lr_min)
-    res = sess.fit(train, args.steps, progress=lead and not args.no_progress and not args.json
-                   and sys.stderr.isatty(),
-                   save_every=args.save_every, save_path=args.save)
+    try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            res = sess.fit(train, args.steps, progress=lead and not args.no_progress and not args.json
+                           and sys.stderr.isatty(),
+                           save_every=args.save_every, save_path=args.save)
+    except DivergenceError as e:  # the update was not applied: what is saved is the last good state
+        if args.save:
+            e.args = (f"{e}; the last good state (after step {e.iteration - 1}) is saved in "
+                      f"{sess.save(args.save)}",)
+        raise
     out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,
            "interrupted": res.interrupted,
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
@@ -490,16 +514,19 @@ def main(argv: list[str] | None = None) -> int:
             build_parser().error(f"--lossy applies to --policy auto, not {args.policy!r}")
         args.policy = "auto-lossy"
     try:
+        check_args(args)
         out = {"info": cmd_info, "plan": cmd_plan, "train": cmd_train}[args.cmd](args)
-    except (MinidlError, ValueError, FileNotFoundError) as e:
+    except (MinidlError, ValueError, OSError) as e:  # user errors: one line (a bug keeps its traceback)
+        if getattr(args, "debug", False):
+            raise
         if getattr(args, "json", False):
             err = {"error": type(e).__name__, "message": str(e)}
             if getattr(e, "min_budget_bytes", None) is not None:
                 err["min_budget_bytes"] = e.min_budget_bytes
             print(json.dumps(err))
         else:
-            print(f"minidl: error: {e}", file=sys.stderr)
-        return 2
+            print(f"minidl: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_DIVERGED if isinstance(e, DivergenceError) else EXIT_USER_ERROR
     except KeyboardInterrupt:  # outside a training step (planning, evaluating), or a second Ctrl-C in one
         print("\nminidl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

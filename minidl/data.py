@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import DataError
+from .guards import check_finite_data
+
 __all__ = [
     "Dataset",
     "BatchIterator",
@@ -85,36 +88,38 @@ class Dataset:
         x = np.asarray(self.x)
         y = np.asarray(self.y)
         if x.ndim != 4:
-            raise ValueError(
+            raise DataError(
                 f"{self.name}: images must be a 4-D array (N, C, H, W), got shape {x.shape}; "
                 "use from_arrays() to add a channel axis to (N, H, W) images"
             )
         if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-            raise ValueError(f"{self.name}: images must be numeric, got dtype {x.dtype}")
+            raise DataError(f"{self.name}: images must be numeric, got dtype {x.dtype}")
         if y.ndim != 1:
-            raise ValueError(f"{self.name}: labels must be a 1-D array (N,), got shape {y.shape}")
+            raise DataError(f"{self.name}: labels must be a 1-D array (N,), got shape {y.shape}")
         if not np.issubdtype(y.dtype, np.integer):
-            raise ValueError(f"{self.name}: labels must be integers, got dtype {y.dtype}")
+            raise DataError(f"{self.name}: labels must be integers, got dtype {y.dtype}")
         if x.shape[0] != y.shape[0]:
-            raise ValueError(
+            raise DataError(
                 f"{self.name}: {x.shape[0]} images but {y.shape[0]} labels; they must match one to one"
             )
         if x.shape[0] == 0:
-            raise ValueError(f"{self.name}: dataset is empty (0 samples)")
+            raise DataError(f"{self.name}: dataset is empty (0 samples)")
         if any(d <= 0 for d in x.shape[1:]):
-            raise ValueError(f"{self.name}: image shape {x.shape[1:]} has an empty dimension")
+            raise DataError(f"{self.name}: image shape {x.shape[1:]} has an empty dimension")
         num_classes = int(self.num_classes)
         if num_classes < 1:
-            raise ValueError(f"{self.name}: num_classes must be >= 1, got {self.num_classes}")
+            raise DataError(f"{self.name}: num_classes must be >= 1, got {self.num_classes}")
         lo, hi = int(y.min()), int(y.max())
         if lo < 0 or hi >= num_classes:
             bad = lo if lo < 0 else hi
-            raise ValueError(
+            raise DataError(
                 f"{self.name}: label {bad} is outside [0, {num_classes}) (num_classes={num_classes})"
             )
-        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused just below
+            self.x = np.ascontiguousarray(x, dtype=np.float32)
         self.y = np.ascontiguousarray(y, dtype=np.int64)
         self.num_classes = num_classes
+        check_finite_data(self.x, self.name)  # after the cast: a float64 beyond 3.4e38 becomes inf here
 
     def __repr__(self) -> str:  # the arrays themselves would flood a log
         return (
@@ -152,12 +157,12 @@ class Dataset:
         elif isinstance(fraction_or_count, (float, np.floating)):
             frac = float(fraction_or_count)
             if not 0.0 < frac < 1.0:
-                raise ValueError(f"split fraction must be in (0, 1), got {frac}")
+                raise DataError(f"split fraction must be in (0, 1), got {frac}")
             count = max(1, int(round(frac * n)))
         else:
             raise TypeError(f"split() takes a float fraction or an int count, got {type(fraction_or_count)}")
         if not 0 < count < n:
-            raise ValueError(
+            raise DataError(
                 f"{self.name}: cannot hold out {count} of {n} samples; both parts must be non-empty"
             )
         perm = np.random.default_rng(seed).permutation(n)
@@ -197,10 +202,10 @@ class BatchIterator:
         if not isinstance(dataset, Dataset):
             raise TypeError(f"BatchIterator needs a Dataset, got {type(dataset).__name__}")
         if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+            raise DataError(f"batch_size must be a positive integer, got {batch_size!r}")
         batch_size = int(batch_size)
         if drop_last and batch_size > len(dataset):
-            raise ValueError(
+            raise DataError(
                 f"batch_size {batch_size} exceeds the {len(dataset)} samples of {dataset.name!r}; with "
                 "drop_last=True no batch could ever be formed (lower the batch size or use drop_last=False)"
             )
@@ -261,18 +266,18 @@ class BatchIterator:
         bs = self.batch_size
         expected_x = (bs, *self.dataset.image_shape)
         if x_out.shape != expected_x or x_out.dtype != np.float32:
-            raise ValueError(
+            raise DataError(
                 f"next_into: x_out must be float32 {expected_x}, got {x_out.dtype} {tuple(x_out.shape)}"
             )
         if y_out.shape != (bs,) or y_out.dtype != np.int64:
-            raise ValueError(f"next_into: y_out must be int64 {(bs,)}, got {y_out.dtype} {tuple(y_out.shape)}")
+            raise DataError(f"next_into: y_out must be int64 {(bs,)}, got {y_out.dtype} {tuple(y_out.shape)}")
         if not self.drop_last and len(self.dataset) % bs:
-            raise ValueError(
+            raise DataError(
                 f"next_into needs full batches, but {len(self.dataset)} samples with batch_size {bs} and "
                 "drop_last=False leave a partial last batch; use drop_last=True"
             )
         if not (x_out.flags.writeable and y_out.flags.writeable):
-            raise ValueError("next_into: output arrays must be writeable")
+            raise DataError("next_into: output arrays must be writeable")
         idx = self._take_indices()
         for src, out in ((self.dataset.x, x_out), (self.dataset.y, y_out)):
             if out.flags.c_contiguous:
@@ -334,12 +339,12 @@ def synthetic(
     given the arguments.
     """
     if int(num_samples) < 1:
-        raise ValueError(f"synthetic: num_samples must be >= 1, got {num_samples}")
+        raise DataError(f"synthetic: num_samples must be >= 1, got {num_samples}")
     shape = tuple(int(d) for d in image_shape)
     if len(shape) != 3 or any(d < 1 for d in shape):
-        raise ValueError(f"synthetic: image_shape must be (C, H, W) with positive sizes, got {image_shape}")
+        raise DataError(f"synthetic: image_shape must be (C, H, W) with positive sizes, got {image_shape}")
     if int(num_classes) < 1:
-        raise ValueError(f"synthetic: num_classes must be >= 1, got {num_classes}")
+        raise DataError(f"synthetic: num_classes must be >= 1, got {num_classes}")
     n, k = int(num_samples), int(num_classes)
     c, h, w = shape
     rng = np.random.default_rng(seed)
@@ -374,21 +379,21 @@ def from_arrays(x, y, num_classes: int | None = None, name: str = "arrays") -> D
     if x.ndim == 3:
         x = x[:, None, :, :]
     elif x.ndim != 4:
-        raise ValueError(f"{name}: x must be 4-D (N, C, H, W) or 3-D (N, H, W), got shape {x.shape}")
+        raise DataError(f"{name}: x must be 4-D (N, C, H, W) or 3-D (N, H, W), got shape {x.shape}")
     if x.dtype == np.bool_ or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-        raise ValueError(f"{name}: x must be a numeric (float or integer) array, got dtype {x.dtype}")
+        raise DataError(f"{name}: x must be a numeric (float or integer) array, got dtype {x.dtype}")
     if y.ndim != 1:
-        raise ValueError(f"{name}: y must be 1-D (N,), got shape {y.shape}")
+        raise DataError(f"{name}: y must be 1-D (N,), got shape {y.shape}")
     if y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"{name}: y must hold integer class indices, got dtype {y.dtype}")
+        raise DataError(f"{name}: y must hold integer class indices, got dtype {y.dtype}")
     if x.shape[0] != y.shape[0]:
-        raise ValueError(f"{name}: x has {x.shape[0]} samples but y has {y.shape[0]}")
+        raise DataError(f"{name}: x has {x.shape[0]} samples but y has {y.shape[0]}")
     if x.shape[0] == 0:
-        raise ValueError(f"{name}: no samples (N = 0)")
+        raise DataError(f"{name}: no samples (N = 0)")
     if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
-        raise ValueError(f"{name}: x contains NaN or infinite values")
+        raise DataError(f"{name}: x contains NaN or infinite values")
     if y.min() < 0:
-        raise ValueError(f"{name}: y contains negative label {int(y.min())}")
+        raise DataError(f"{name}: y contains negative label {int(y.min())}")
     if num_classes is None:
         num_classes = int(y.max()) + 1
     return Dataset(x, y, num_classes, name=name)
@@ -454,7 +459,7 @@ def _read_cifar_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Parse one CIFAR-10 batch file -> (uint8 pixels (n, 3, 32, 32), uint8 labels (n,))."""
     size = path.stat().st_size
     if size == 0 or size % _CIFAR_RECORD_BYTES:
-        raise ValueError(
+        raise DataError(
             f"{path}: size {size} bytes is not a positive multiple of the {_CIFAR_RECORD_BYTES}-byte "
             "CIFAR-10 record (1 label byte + 3072 pixel bytes); the file is truncated or not CIFAR-10 binary"
         )
@@ -462,7 +467,7 @@ def _read_cifar_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels = raw[:, 0]
     if labels.max() >= 10:
         bad = int(np.argmax(labels >= 10))
-        raise ValueError(f"{path}: record {bad} has label {int(labels[bad])}, CIFAR-10 labels are 0..9")
+        raise DataError(f"{path}: record {bad} has label {int(labels[bad])}, CIFAR-10 labels are 0..9")
     # Each record's 3072 pixel bytes are the R plane, then G, then B, each 32x32 row-major: exactly CHW.
     pixels = raw[:, 1:].reshape(-1, 3, 32, 32)
     return pixels, labels
@@ -525,24 +530,24 @@ def _read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
         else:
             data = path.read_bytes()
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a cut-off stream is EOFError
-        raise ValueError(f"{path}: cannot decompress ({e}); the file is corrupt or not gzip") from e
+        raise DataError(f"{path}: cannot decompress ({e}); the file is corrupt or not gzip") from e
     if len(data) < 4:
-        raise ValueError(f"{path}: {len(data)} bytes is too short for an idx header")
+        raise DataError(f"{path}: {len(data)} bytes is too short for an idx header")
     got = int.from_bytes(data[:4], "big")
     if got != magic:
         kind = "images" if magic == _IDX_IMAGES_MAGIC else "labels"
-        raise ValueError(
+        raise DataError(
             f"{path}: bad idx magic 0x{got:08x}, expected 0x{magic:08x} (unsigned bytes, {ndim}-D {kind}); "
             "is this the right file, and decompressed if it has no .gz suffix?"
         )
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise ValueError(f"{path}: truncated idx header ({len(data)} bytes, need {header})")
+        raise DataError(f"{path}: truncated idx header ({len(data)} bytes, need {header})")
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     expected = header + math.prod(dims)
     if len(data) != expected:
         what = "truncated" if len(data) < expected else "has trailing bytes"
-        raise ValueError(
+        raise DataError(
             f"{path}: file {what}: header declares dims {dims} -> {expected} bytes, file has {len(data)}"
         )
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
@@ -573,16 +578,16 @@ def load_mnist(directory: str | os.PathLike, train: bool = True) -> Dataset:
     images = _read_idx(img_path, _IDX_IMAGES_MAGIC, 3)
     labels = _read_idx(lbl_path, _IDX_LABELS_MAGIC, 1)
     if images.shape[0] != labels.shape[0]:
-        raise ValueError(
+        raise DataError(
             f"MNIST count mismatch: {img_path} has {images.shape[0]} images, {lbl_path} has {labels.shape[0]} labels"
         )
     if images.shape[0] == 0:
-        raise ValueError(f"{img_path}: idx file declares 0 images")
+        raise DataError(f"{img_path}: idx file declares 0 images")
     if images.shape[1] == 0 or images.shape[2] == 0:
-        raise ValueError(f"{img_path}: idx file declares empty images of {images.shape[1]}x{images.shape[2]}")
+        raise DataError(f"{img_path}: idx file declares empty images of {images.shape[1]}x{images.shape[2]}")
     if labels.max() >= 10:
         bad = int(np.argmax(labels >= 10))
-        raise ValueError(f"{lbl_path}: label {int(labels[bad])} at index {bad}; MNIST labels are 0..9")
+        raise DataError(f"{lbl_path}: label {int(labels[bad])} at index {bad}; MNIST labels are 0..9")
     x = images[:, None, :, :].astype(np.float32)
     x /= np.float32(255.0)
     x -= np.float32(MNIST_MEAN)
@@ -624,20 +629,20 @@ def load_data(
     only ``digits``. Real datasets keep their own shapes and class counts.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"empty --data value; {_SPEC_HELP}")
+        raise DataError(f"empty --data value; {_SPEC_HELP}")
     kind, sep, arg = spec.strip().partition(":")
     kind = kind.strip().lower()
     if kind == "synthetic":
         if sep:
-            raise ValueError(f"--data synthetic takes no ':' argument, got {spec!r}")
+            raise DataError(f"--data synthetic takes no ':' argument, got {spec!r}")
         return synthetic(num_samples, image_shape, num_classes, seed), None
     if kind == "digits":
         if sep:
-            raise ValueError(f"--data digits takes no ':' argument, got {spec!r}")
+            raise DataError(f"--data digits takes no ':' argument, got {spec!r}")
         return digits().split(heldout_fraction, seed)
     if kind in ("cifar10", "mnist"):
         if not arg.strip():
-            raise ValueError(f"--data {kind} needs a directory: {kind}:DIR, got {spec!r}")
+            raise DataError(f"--data {kind} needs a directory: {kind}:DIR, got {spec!r}")
         directory = Path(arg.strip()).expanduser()
         if kind == "cifar10":
             train = load_cifar10(directory, train=True)
@@ -646,4 +651,4 @@ def load_data(
         train = load_mnist(directory, train=True)
         # Only one of the two t10k files present is a broken download: load_mnist reports which is missing.
         return train, (load_mnist(directory, train=False) if _mnist_test_present(directory) else None)
-    raise ValueError(f"unknown --data value {spec!r}; {_SPEC_HELP}")
+    raise DataError(f"unknown --data value {spec!r}; {_SPEC_HELP}")

@@ -28,10 +28,40 @@ class ResidencyError(MinidlError, RuntimeError):
 
 
 class OptionError(MinidlError, ValueError):
-    """A value given for an option (a memory size, a learning-rate schedule, ...) is invalid; the message
-    names the option and the value, and says what would be accepted."""
+    """A value given for an option (a memory size, a learning-rate schedule, a layer's or an optimizer's
+    hyper-parameter, ...) is invalid; the message names the option and the value, and says what would be
+    accepted. Raised where the value is given: at construction, or when the command line is parsed."""
 
 
 class DistError(MinidlError, RuntimeError):
     """Data-parallel training: a bad configuration (bucket size, ranks vs batch), or another rank failed or stopped
     answering; the message names the rank, the bucket or option, and the values."""
+
+
+class DataError(MinidlError, ValueError):
+    """A data set or a batch is unusable: NaN/Inf images, labels outside [0, classes), mismatched arrays."""
+
+
+class HostMemoryError(MinidlError, MemoryError):
+    """The plan's arena (or a host buffer) is larger than the memory this machine has available; raised
+    before anything is allocated."""
+
+
+class CheckpointError(MinidlError, ValueError):
+    """A checkpoint file is damaged, is not a checkpoint, or does not match the run that loads it."""
+
+
+class DivergenceError(MinidlError, FloatingPointError):
+    """Training produced a non-finite loss or gradient. Raised after backward and before the update, so the
+    parameters are those of the last good step; `iteration` is the step that failed, `layer` the first layer
+    (in backward order) whose gradient is not finite (None when only the loss is)."""
+
+    def __init__(self, message: str, iteration: int, layer: str | None = None):
+        super().__init__(message)
+        self.iteration = iteration
+        self.layer = layer
+
+
+# Exit statuses of the `minidl` command: argparse's usage errors are 2 as well; a bug (any other exception) is 1.
+EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3

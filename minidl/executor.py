@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import backend_name
-from .errors import ResidencyError
+from .errors import DivergenceError, ResidencyError
 from .graph import Network
+from .guards import check_labels, check_step
 from .init import initial_values, param_rng
 from .layers.base import LayerContext
 from .memory.plan import Event, EventKind, Plan
@@ -116,6 +117,13 @@ class Executor:
         self.program: Program | None = None
         self.program_fallback: str | None = None if compiled else "compiled=False"
         self._init_persistent()
+        self.check_finite = True  # the divergence guard (guard_update); off only to measure what it costs
+        # (layer, parameter, gradient id) in the order backward writes them: the guard names the first bad one
+        self._grads_backward = [(self.net.nodes[st.node].name, p, grad_id(self.net.nodes[st.node].name, p))
+                                for st in self.route.steps if st.phase is Phase.BACKWARD
+                                for p, spec in self.net.nodes[st.node].params.items() if spec.trainable]
+        self._buffers = [param_id(n.name, p) for n in net.layer_nodes for p, s in n.params.items()
+                         if not s.trainable]
 
     # -- parameters -------------------------------------------------------------------------------------------
     def _init_persistent(self) -> None:
@@ -283,7 +291,58 @@ class Executor:
         return dropout_key(self.seed, node_index, iteration)
 
     def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """One training step: forward, backward, optimizer update. Returns the loss."""
+        """One training step: forward, backward, optimizer update. Returns the loss.
+
+        If the loss or a gradient is not finite, `DivergenceError` is raised before the update (see
+        `guard_update`): the parameters and optimizer state stay those of the last good step, the buffers (BN
+        running statistics, which the forward already updated) are put back, the step's tensors are freed and
+        `iteration` is not advanced, so the executor can be saved, or trained on, as if the step never ran."""
+        if len(self.net.input_nodes) > 1:  # the labels, checked before any kernel indexes with them
+            check_labels(np.asarray(y), self.net.logits_node.shape[1], f"input '{self.net.input_nodes[1].name}'")
+        buffers = {tid: self._get_persistent(tid) for tid in self._buffers}
+        persistent = set(self.offsets)
+        try:
+            return self._train_step(x, y)
+        except DivergenceError:
+            if self.host is not None:
+                self.host.end_iteration()
+            for tid in [t for t in self.offsets if t not in persistent]:
+                self._free(Event(EventKind.FREE, tid))
+            for tid, arr in buffers.items():
+                self._set_persistent(tid, arr)
+            raise
+
+    def guard_grads(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
+        """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order (resolved now: the
+        compiled program binds them once)."""
+        return [(layer, p, self.get(gid, step)) for layer, p, gid in self._guarded(step)]
+
+    def _guarded(self, step: Step) -> list[tuple[str, str, str]]:
+        names = None if step.node is None else {self.net.nodes[step.node].name}
+        return [(layer, p, gid) for layer, p, gid in self._grads_backward if names is None or layer in names]
+
+    def guard_update(self, step: Step, grads: list | None = None) -> None:
+        """The divergence guard, called by every UPDATE step before it updates anything (`_update`, on the device
+        or the host copies, and the compiled program's update call): the loss and the gradients this step is about to
+        apply must be finite. Cost: one sum per gradient (`guards.nonfinite`), next to an update that reads the
+        same arrays. With fused per-layer updates a layer is updated right after its own backward, so a
+        gradient that goes bad in an earlier layer is found after later layers were updated: the message says
+        which (only the unfused update keeps the whole step unapplied)."""
+        if not self.check_finite:
+            return
+        if grads is None:
+            grads = self.guard_grads(step)
+        try:
+            check_step(self.be, self.iteration, self.last_loss, grads)
+        except DivergenceError as e:
+            done = [self.net.nodes[s.node].name for s in self.route.steps
+                    if s.phase is Phase.UPDATE and s.node is not None and s.index < step.index]
+            if done:
+                e.args = (f"{e} (fused updates had already been applied this step to: {', '.join(done[:8])}"
+                          f"{' ...' if len(done) > 8 else ''})",)
+            raise
+
+    def _train_step(self, x: np.ndarray, y: np.ndarray) -> float:
         self.training = True
         if self.program is None and self.program_fallback is None:
             try:
@@ -403,6 +462,9 @@ class Executor:
         if on_host:
             host = self._host()
             get, be = (lambda tid, _step: host.host_copy(tid)), self._host_backend()
+            self.guard_update(step, [(layer, p, get(gid, step)) for layer, p, gid in self._guarded(step)])
+        else:
+            self.guard_update(step)
         for n in nodes:
             for pname, spec in n.params.items():
                 if not spec.trainable:

@@ -227,8 +227,10 @@ class _Lowering:
                     state = {s: get(opt_state_id(n.name, pname, s), step) for s in ex.route.optimizer_slots}
                     items.append((get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state))
         update = ex.opt.update
+        guard, checked = ex.guard_update, ex.guard_grads(step)
 
         def run_update() -> None:
+            guard(step, checked)  # the divergence guard: after backward, before any parameter changes
             it = ex.iteration
             for p, g, state in items:
                 update(be, p, g, state, it)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .backend import backend_name
+from .errors import GraphError
 from .tensors import (
     Role,
     TensorSpec,
@@ -175,7 +176,12 @@ class Route:
             reads = [act_id(nodes[i].name) for i in n.inputs] + [param_id(n.name, p) for p in n.params]
             writes = [act_id(n.name)] + [param_id(n.name, p) for p, s in n.params.items()
                                          if not s.trainable and training]
-            if training and rg[n.index]:
+            if training:
+                try:
+                    layer.check_training(in_shapes)
+                except ValueError as e:
+                    raise GraphError(f"{layer.describe()} with input {in_shapes[0]}: {e}") from None
+                # written by the training forward even when no backward reads them (BN on the data)
                 for aname, ashape in layer.aux_specs(in_shapes, training=True).items():
                     tid = add(aux_id(n.name, aname), Role.AUX, ashape, net.dtype, n.name)
                     writes.append(tid)

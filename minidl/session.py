@@ -23,9 +23,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import (
+    check_positions,
+    compare_data,
+    compare_networks,
+    load_checkpoint,
+    network_fingerprint,
+    resume_problems,
+    save_checkpoint,
+)
 from .data import BatchIterator, Dataset
 from .dist.checkpoint import check_resume, save_on_rank0
+from .errors import CheckpointError, DivergenceError
 from .executor import Executor
 from .graph import Network
 from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
@@ -34,6 +43,7 @@ from .memory.pool import as_size
 from .memory.report import memory_report
 from .optim import Optimizer
 from .optim.schedules import Constant, LRSchedule
+from .tensors import param_id
 
 
 @dataclass(slots=True)
@@ -153,6 +163,8 @@ class Session:
         self.batch = net.input_nodes[0].shape[0]
         self.ranks = comm.size if comm is not None else 1
         self._iterator: BatchIterator | None = None
+        self._data_desc: dict | None = None  # the data set fit() last trained on, as checkpoints record it
+        self._resume_data: dict | None = None  # what a loaded checkpoint says it was trained on (checked by fit)
         self._data_fingerprint: tuple | None = None
         self.batches_consumed = 0
 
@@ -179,8 +191,9 @@ class Session:
         `progress`: a progress bar on stderr; None (default) shows one only on an interactive terminal.
         `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
         `save_every` steps (counted by `iteration`, so a resumed run keeps the rhythm) and, on Ctrl-C, for the
-        last completed step before returning early (`result.interrupted`). A non-finite loss raises
-        FloatingPointError naming the step.
+        last completed step before returning early (`result.interrupted`). A non-finite loss or gradient raises
+        `DivergenceError` naming the step and the layer, before that step's update (the session keeps the last
+        good state: `save` writes it).
         """
         if tuple(data.image_shape) != tuple(self.net.input_nodes[0].shape[1:]):
             raise ValueError(f"data images are {data.image_shape}, but the network's input is "
@@ -190,6 +203,12 @@ class Session:
                              f"{save_every!r}, save_path={save_path!r}")
         if progress is None:
             progress = sys.stderr.isatty()
+        desc = {"samples": len(data), "image_shape": list(data.image_shape), "num_classes": data.num_classes}
+        diff = compare_data(self._resume_data, desc)
+        if diff:
+            raise CheckpointError(f"the data set differs from the one the resumed checkpoint was trained on "
+                                  f"({'; '.join(diff)}): its data order would not continue")
+        self._resume_data, self._data_desc = None, desc
         it = self._batches(data)
         result = TrainResult(batch=self.batch)
         bar = None
@@ -235,13 +254,18 @@ class Session:
             r, b = self.comm.rank, self.batch
             x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
         t = time.perf_counter()
-        loss = self.executor.train_step(x, y)
+        try:
+            loss = self.executor.train_step(x, y)
+        except DivergenceError:  # nothing was applied: the data order replays from batches_consumed
+            self._iterator = None
+            raise
         if self.ranks > 1:
             loss = self.comm.mean(loss)  # the global batch's loss, as one process would report it
         dt = time.perf_counter() - t
         self.batches_consumed += 1
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss} at step {self.iteration}; lower the learning rate")
+        if not np.isfinite(loss):  # only with the executor's guard off (check_finite=False), or another rank's
+            raise DivergenceError(f"step {self.iteration - 1}: the loss is {loss} and the update was applied (the "
+                                  f"divergence guard is off)", self.iteration - 1)
         return loss, dt
 
     def _forward(self, x: np.ndarray, y: np.ndarray | None = None):
@@ -294,12 +318,14 @@ class Session:
 
     # -- persistence ------------------------------------------------------------------------------------------
     def save(self, path, with_optimizer: bool = True) -> Path:
-        """Write a checkpoint (parameters, BN statistics, optimizer state unless `with_optimizer` is False, and
-        the iteration, seed and data position) atomically to `path`; returns the path written. `load` resumes
-        from it exactly: the same later steps, bit for bit, as a run never stopped."""
+        """Write a checkpoint at exactly `path` (atomically; see `minidl.checkpoint`): parameters, BN statistics,
+        optimizer state unless `with_optimizer` is False, and what `load` checks: the network's fingerprint, the
+        optimizer's configuration, the seed, the (global) batch and the data position. Returns the path written.
+        `load` resumes from it exactly: the same later steps, bit for bit, as a run never stopped."""
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
-                "network": self.net.name, "optimizer": self.optimizer.config(),
-                "global_batch": self.batch * self.ranks, "ranks": self.ranks}
+                "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
+                "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
+                "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks}
         if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)
@@ -308,12 +334,48 @@ class Session:
         opt = self.executor.optimizer_state() if with_optimizer else None
         return save_checkpoint(path, self.executor.state_dict(), opt, meta)
 
-    def load(self, path) -> dict:
-        """Restore a checkpoint written by `save` (same network); returns its metadata record."""
+    def _fingerprint(self) -> list:
+        tensors = self.executor.route.tensors
+        return network_fingerprint({f"{n.name}.{p}": (spec.shape, tensors[param_id(n.name, p)].dtype)
+                                    for n in self.net.layer_nodes for p, spec in n.params.items()})
+
+    def load(self, path, strict: bool = True, params_only: bool = False) -> dict:
+        """Resume from a checkpoint (verified whole first: a damaged file is a `CheckpointError`).
+
+        strict (default): the network, the optimizer (type, configuration except `lr`, and its state), the seed
+        and the (global) batch size must be those of the checkpoint, and the data set given to the next `fit` is
+        checked against the one it was trained on; anything else is refused, naming what differs. Then
+        parameters, optimizer state, iteration and data position are restored: training continues exactly.
+        params_only: the network must match; only parameters and buffers are loaded (fresh optimizer state,
+        iteration 0, data order from the start). strict=False: a partial load of whatever matches (parameters
+        with the same name, shape and dtype; optimizer state if the optimizer matches; the position if seed and
+        batch do); the returned metadata's `not_loaded` says what was left out."""
         params, opt, meta = load_checkpoint(path)
+        iteration, consumed = check_positions(meta, path)
+        here = self._fingerprint()
+        if params_only:
+            diff = compare_networks(meta.get("fingerprint", []), here)
+            if diff:
+                raise CheckpointError(f"{path} does not fit this network: {'; '.join(diff)}")
+            self.executor.load_state_dict(params, None)
+            return meta
         check_resume(meta, self.batch, self.ranks, path)
-        self.executor.load_state_dict(params, opt or None)
-        self.executor.iteration = int(meta.get("iteration", 0))
-        self.batches_consumed = int(meta.get("batches_consumed", 0))
+        problems = resume_problems(meta, fingerprint=here, optimizer=self.optimizer.config(),
+                                   slots=list(self.optimizer.slots), seed=self.seed, batch=self.batch * self.ranks)
+        if problems and strict:
+            raise CheckpointError(f"cannot resume from {path}: {'; '.join(problems)}. To load the parameters "
+                                  f"alone use --resume-params-only (Session.load(path, params_only=True)); for a "
+                                  f"partial load, Session.load(path, strict=False)")
+        mine = {k: (tuple(s), d) for k, s, d in here}
+        usable = {k: v for k, v in params.items() if mine.get(k) == (tuple(v.shape), str(v.dtype))}
+        opt_ok = not any(p.startswith(("optimizer", "the checkpoint has no optimizer")) for p in problems)
+        opt = {k: v for k, v in opt.items() if k.rsplit(".", 1)[0] in usable} if opt_ok else {}
+        self.executor.load_state_dict(usable, opt or None, strict=False)
+        position_ok = meta.get("seed") == self.seed and meta.get("batch") == self.batch * self.ranks
+        if position_ok:
+            self.executor.iteration, self.batches_consumed = iteration, consumed
+            self._resume_data = self._data_desc = meta.get("data")
         self._iterator = None
+        meta["not_loaded"] = sorted(set(mine) - set(usable)) + ([] if opt_ok else ["optimizer state"]) + (
+            [] if position_ok else ["iteration and data position"])
         return meta

@@ -116,18 +116,18 @@ def build_model(name: str, depth: int | None = None, batch: int | None = None, i
     """
     key = _canonical(name)
     if key is None:
-        raise ValueError(f"unknown model {name!r}; available: {', '.join(model_names())}")
+        raise dl.OptionError(f"unknown model {name!r}; available: {', '.join(model_names())}")
     spec = MODELS[key]
     args: dict[str, Any] = dict(kw)
     for k, v in spec.fixed.items():
         given = depth if k == "depth" else args.get(k)
         if given is not None and given != v:
-            raise ValueError(f"model {name!r} fixes {k}={v!r}, got {k}={given!r}; use the generic name "
+            raise dl.OptionError(f"model {name!r} fixes {k}={v!r}, got {k}={given!r}; use the generic name "
                              f"'{spec.builder.__name__}' to choose {k}")
         args[k] = v
     if "depth" not in spec.fixed and depth is not None:
         if not spec.takes_depth:
-            raise ValueError(f"model {name!r} has no depth option (got depth={depth})")
+            raise dl.OptionError(f"model {name!r} has no depth option (got depth={depth})")
         args["depth"] = depth
     size, classes = spec.image_size, spec.num_classes
     if key == "resnet":

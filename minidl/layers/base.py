@@ -116,6 +116,10 @@ class Layer:
             if not np.issubdtype(dt, np.floating):
                 raise ValueError(f"input {i} has dtype {np.dtype(dt).name}, expected a floating dtype")
 
+    def check_training(self, in_shapes: Sequence[Shape]) -> None:
+        """Raise ValueError if the layer cannot train on inputs of these shapes (BN on one value per channel);
+        checked when a training route is built, i.e. before planning, while evaluation stays allowed."""
+
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         return {}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from . import args
 from .base import Layer, ParamSpec
 
 
@@ -21,19 +22,22 @@ class BatchNorm2d(Layer):
 
     def __init__(self, momentum: float = 0.1, eps: float = 1e-5, affine: bool = True, name: str | None = None):
         super().__init__(name)
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum must be in [0, 1], got {momentum}")
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps}")
-        self.momentum = float(momentum)
-        self.eps = float(eps)
-        self.affine = bool(affine)
+        who = (type(self).__name__, name)
+        self.momentum = args.real(*who, "momentum", momentum, 0.0, 1.0)
+        self.eps = args.real(*who, "eps", eps, 0.0, lo_open=True)
+        self.affine = args.flag(*who, "affine", affine)
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
         if len(s) != 4:
             raise ValueError(f"expects a 4-D input (N, C, H, W), got shape {s}")
         return s
+
+    def check_training(self, in_shapes):
+        s = in_shapes[0]
+        if s[0] * s[2] * s[3] < 2:  # training normalizes by the batch variance, which one value does not have
+            raise ValueError(f"input {s} gives one value per channel (N x H x W = 1): training needs at least "
+                             f"two to compute a batch variance; use a larger batch")
 
     def param_specs(self, in_shapes):
         c = in_shapes[0][1]

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..backend.cpu_conv import ALGOS as CPU_ALGOS
 from ..backend.cpu_conv import ConvGeometry, conv_algorithms, conv_options, conv_output_hw
-from .base import Layer, LayerContext, ParamSpec, pair
+from . import args
+from .base import Layer, LayerContext, ParamSpec
 
 
 class Conv2d(Layer):
@@ -25,13 +26,14 @@ class Conv2d(Layer):
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
                  bias: bool = True, name: str | None = None):
         super().__init__(name)
-        self.out_channels = int(out_channels)
-        self.kernel_size = pair(kernel_size, "kernel_size")
-        self.stride = pair(stride, "stride")
-        self.padding = pair(padding, "padding")
-        self.dilation = pair(dilation, "dilation")
-        self.groups = int(groups)
-        self.bias = bool(bias)
+        who = (type(self).__name__, name)
+        self.out_channels = args.integer(*who, "out_channels", out_channels, 1)
+        self.kernel_size = args.int_pair(*who, "kernel_size", kernel_size, 1)
+        self.stride = args.int_pair(*who, "stride", stride, 1)
+        self.padding = args.int_pair(*who, "padding", padding, 0)
+        self.dilation = args.int_pair(*who, "dilation", dilation, 1)
+        self.groups = args.integer(*who, "groups", groups, 1)
+        self.bias = args.flag(*who, "bias", bias)
 
     # -- declarations ------------------------------------------------------------------------------------------
     def infer_shape(self, in_shapes):

@@ -6,6 +6,7 @@ mask. The executor derives the key from the run's seed, the layer's position and
 """
 from __future__ import annotations
 
+from . import args
 from .base import Layer
 
 
@@ -15,9 +16,8 @@ class Dropout(Layer):
 
     def __init__(self, p: float = 0.5, name: str | None = None):
         super().__init__(name)
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p = float(p)
+        # p = 1 would zero every value and divide by 1 - p = 0 (PyTorch returns zeros; here it is refused)
+        self.p = args.real(type(self).__name__, name, "p", p, 0.0, 1.0, hi_open=True)
 
     def infer_shape(self, in_shapes):
         return in_shapes[0]

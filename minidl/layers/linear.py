@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from . import args
 from .base import Layer, ParamSpec
 
 
@@ -15,8 +16,8 @@ class Linear(Layer):
 
     def __init__(self, out_features: int, bias: bool = True, name: str | None = None):
         super().__init__(name)
-        self.out_features = int(out_features)
-        self.bias = bool(bias)
+        self.out_features = args.integer(type(self).__name__, name, "out_features", out_features, 1)
+        self.bias = args.flag(type(self).__name__, name, "bias", bias)
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from . import args
 from .base import Layer
 
 
@@ -19,12 +20,11 @@ class LRN(Layer):
     def __init__(self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0,
                  name: str | None = None):
         super().__init__(name)
-        if int(size) != size or size < 1:
-            raise ValueError(f"size must be a positive integer, got {size}")
-        self.size = int(size)
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.k = float(k)
+        who = (type(self).__name__, name)
+        self.size = args.integer(*who, "size", size, 1)
+        self.alpha = args.real(*who, "alpha", alpha, 0.0)
+        self.beta = args.real(*who, "beta", beta, -math.inf)
+        self.k = args.real(*who, "k", k, 0.0, lo_open=True)  # the scale k + alpha * sum(x^2) must stay positive
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-from .base import Layer, pair
+from . import args
+from .base import Layer
 
 Pair = tuple[int, int]
 
@@ -28,7 +29,7 @@ def pool_output_size(size: int, k: int, stride: int, pad: int, dilation: int, ce
 
 
 def _check_window(in_shapes, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair,
-                  ceil_mode: bool) -> tuple[int, int, int, int]:
+                  ceil_mode: bool, all_padding: bool = False) -> tuple[int, int, int, int]:
     """Validate a 2-D pooling window against its input; return the output shape. Raises ValueError."""
     s = in_shapes[0]
     if len(s) != 4:
@@ -44,7 +45,32 @@ def _check_window(in_shapes, kernel: Pair, stride: Pair, padding: Pair, dilation
     if min(out_hw) <= 0:
         raise ValueError(f"input {s[2]}x{s[3]} is too small for kernel {kernel}, stride {stride}, padding "
                          f"{padding}, dilation {dilation}: the output would be {out_hw[0]}x{out_hw[1]}")
+    for a in range(2):
+        # ceil_mode lets a window overhang the padded input; PyTorch clips it, but a window wider than the whole
+        # padded input is a mistake (AvgPool2d(100000) on 8x8), and scratch sized by the kernel would be huge
+        span = dilation[a] * (kernel[a] - 1) + 1
+        if span > s[2 + a] + 2 * padding[a]:
+            raise ValueError(f"kernel {kernel} (dilation {dilation}) spans {span} along "
+                             f"{'HW'[a]}, more than the padded input {s[2 + a]} + 2 x {padding[a]}")
+        if all_padding:
+            o = _window_in_padding(s[2 + a], kernel[a], stride[a], padding[a], dilation[a], out_hw[a])
+            if o is not None:
+                raise ValueError(f"output {'row' if a == 0 else 'column'} {o} pools a window that lies entirely "
+                                 f"in the padding (input {s[2]}x{s[3]}, kernel {kernel}, stride {stride}, padding "
+                                 f"{padding}, dilation {dilation}): its maximum would be -inf")
     return (s[0], s[1], out_hw[0], out_hw[1])
+
+
+def _window_in_padding(size: int, k: int, stride: int, pad: int, dilation: int, out: int) -> int | None:
+    """The first output index whose window (taps start + j * dilation, j < k) misses [0, size), else None.
+    The first tap at or after 0 is j0 = ceil(-start / dilation); the window hits iff j0 < k and that tap < size.
+    O(out) integer arithmetic, whatever the kernel size."""
+    for o in range(out):
+        start = o * stride - pad
+        j0 = max(0, -(start // dilation)) if start < 0 else 0
+        if j0 >= k or start + j0 * dilation >= size:
+            return o
+    return None
 
 
 class MaxPool2d(Layer):
@@ -57,14 +83,16 @@ class MaxPool2d(Layer):
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
                  name: str | None = None):
         super().__init__(name)
-        self.kernel_size = pair(kernel_size, "kernel_size")
-        self.stride = self.kernel_size if stride is None else pair(stride, "stride")
-        self.padding = pair(padding, "padding")
-        self.dilation = pair(dilation, "dilation")
-        self.ceil_mode = bool(ceil_mode)
+        who = (type(self).__name__, name)
+        self.kernel_size = args.int_pair(*who, "kernel_size", kernel_size, 1)
+        self.stride = self.kernel_size if stride is None else args.int_pair(*who, "stride", stride, 1)
+        self.padding = args.int_pair(*who, "padding", padding, 0)
+        self.dilation = args.int_pair(*who, "dilation", dilation, 1)
+        self.ceil_mode = args.flag(*who, "ceil_mode", ceil_mode)
 
     def infer_shape(self, in_shapes):
-        return _check_window(in_shapes, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return _check_window(in_shapes, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                             all_padding=True)
 
     def flops(self, in_shapes, out_shape):
         return math.prod(out_shape) * self.kernel_size[0] * self.kernel_size[1]
@@ -94,11 +122,12 @@ class AvgPool2d(Layer):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
                  name: str | None = None):
         super().__init__(name)
-        self.kernel_size = pair(kernel_size, "kernel_size")
-        self.stride = self.kernel_size if stride is None else pair(stride, "stride")
-        self.padding = pair(padding, "padding")
-        self.ceil_mode = bool(ceil_mode)
-        self.count_include_pad = bool(count_include_pad)
+        who = (type(self).__name__, name)
+        self.kernel_size = args.int_pair(*who, "kernel_size", kernel_size, 1)
+        self.stride = self.kernel_size if stride is None else args.int_pair(*who, "stride", stride, 1)
+        self.padding = args.int_pair(*who, "padding", padding, 0)
+        self.ceil_mode = args.flag(*who, "ceil_mode", ceil_mode)
+        self.count_include_pad = args.flag(*who, "count_include_pad", count_include_pad)
 
     def infer_shape(self, in_shapes):
         return _check_window(in_shapes, self.kernel_size, self.stride, self.padding, (1, 1), self.ceil_mode)

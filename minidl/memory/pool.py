@@ -50,6 +50,7 @@ from typing import Any, Hashable, Iterator, Protocol
 import numpy as np
 
 from minidl.errors import MinidlError, OptionError
+from minidl.guards import check_host_allocation
 from minidl.units import format_bytes  # noqa: F401  (re-exported: it lived here first)
 
 __all__ = [
@@ -154,6 +155,7 @@ class NumpyArenaBacking:
     """
 
     def allocate(self, nbytes: int) -> np.ndarray:
+        check_host_allocation(nbytes, "the tensor pool's arena")
         raw = np.empty(nbytes + ARENA_ALIGNMENT, dtype=np.uint8)
         pad = (-raw.ctypes.data) % ARENA_ALIGNMENT
         arena = raw[pad:pad + nbytes]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..graph import Network
 from ..route import Phase, Route
 from .plan import Plan
+from .replay import replay_peak
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,6 +86,7 @@ class SimResult:
     exposed_transfer_s: float = 0.0   # transfer time not hidden behind compute (included in est_step_time_s)
     recompute_flops: int = 0          # forward FLOPs re-run by RECOMPUTE events (included in compute_time_s)
     step_flops: int = 0               # FLOPs of the whole step, recomputation included
+    _peak: int | None = None          # peak_bytes, replayed once on first use
 
     @property
     def recompute_flops_share(self) -> float:
@@ -100,7 +102,11 @@ class SimResult:
 
     @property
     def peak_bytes(self) -> int:
-        return self.plan.peak_bytes
+        """Derived by replaying the plan's events on a shape-only pool of the simulator's own (memory.replay),
+        not read from the plan: tests hold plan = simulator = executor, three numbers computed apart."""
+        if self._peak is None:
+            self._peak = replay_peak(self.plan)
+        return self._peak
 
     @property
     def fits_device(self) -> bool:

@@ -4,6 +4,7 @@ Learning-rate schedules (`StepLR`, `Cosine`, `LinearLR`, `WarmUp`) live in `mini
 re-exported here."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,15 @@ from .schedules import Constant, Cosine, LinearLR, LRSchedule, StepLR, WarmUp
 
 __all__ = ["Optimizer", "SGD", "Adam", "make_optimizer", "LRSchedule", "Constant", "StepLR", "Cosine", "LinearLR",
            "WarmUp"]
+
+from ..errors import OptionError
+
+
+def _check_real(opt: str, what: str, v, lo_open: bool = False) -> None:
+    """A finite number >= 0 (> 0 if lo_open): `nan < 0` is False, so a plain comparison lets NaN through."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(v) \
+            or (v <= 0 if lo_open else v < 0):
+        raise OptionError(f"{opt}: {what} must be a finite number {'>' if lo_open else '>='} 0, got {v!r}")
 
 
 class Optimizer:
@@ -43,8 +53,8 @@ class SGD(Optimizer):
     nesterov: bool = False
 
     def __post_init__(self):
-        if self.lr < 0 or self.momentum < 0 or self.weight_decay < 0:
-            raise ValueError(f"SGD: lr, momentum and weight_decay must be >= 0, got {self}")
+        for what in ("lr", "momentum", "dampening", "weight_decay"):
+            _check_real("SGD", what, getattr(self, what))
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("SGD: nesterov momentum requires momentum > 0 and dampening = 0")
         self.slots = ("momentum",) if self.momentum else ()
@@ -71,8 +81,11 @@ class Adam(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self):
-        if not (0 <= self.betas[0] < 1 and 0 <= self.betas[1] < 1):
-            raise ValueError(f"Adam: betas must be in [0, 1), got {self.betas}")
+        for what in ("lr", "weight_decay"):
+            _check_real("Adam", what, getattr(self, what))
+        _check_real("Adam", "eps", self.eps, lo_open=True)
+        if not (len(self.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
+            raise OptionError(f"Adam: betas must be two numbers in [0, 1), got {self.betas!r}")
         self.slots = ("exp_avg", "exp_avg_sq")
 
     def update(self, be, param, grad, state, step):
@@ -92,4 +105,4 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.9, weight_decay: fl
         return SGD(lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
         return Adam(lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}: expected 'sgd' or 'adam'")
+    raise OptionError(f"unknown optimizer {name!r}: expected 'sgd' or 'adam'")

@@ -1,0 +1,88 @@
+"""Cheap run-time checks that turn a bad input or a diverging run into a `MinidlError` naming what went wrong.
+
+Each check is O(batch) or O(parameters) per step, small next to a training step, and each one runs before the
+damage: labels before the loss indexes with them, the host arena before it is allocated, and non-finite
+gradients after backward but before the update, so a diverging run keeps its last good parameters.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from .errors import DataError, DivergenceError, HostMemoryError
+
+
+def check_labels(y: np.ndarray, num_classes: int, where: str) -> None:
+    """Labels must be integers in [0, num_classes): numpy reads -1 as the last class and K as an IndexError."""
+    if y.size == 0:
+        return
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or hi >= num_classes:
+        bad = lo if lo < 0 else hi
+        raise DataError(f"{where}: label {bad} is outside [0, {num_classes}) (the network has {num_classes} "
+                        f"classes)")
+
+
+def check_finite_data(x: np.ndarray, where: str) -> None:
+    """Images must be finite: one NaN makes every parameter NaN after a step, long before the loss says so."""
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        bad = np.argwhere(~np.isfinite(x))[0]
+        raise DataError(f"{where}: images contain {x[tuple(bad)]} (first at sample {int(bad[0])}, index "
+                        f"{tuple(int(i) for i in bad[1:])}); clean or drop those samples")
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what the kernel can give without swapping), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_allocation(nbytes: int, what: str) -> None:
+    """Refuse a host allocation larger than the available memory, before trying it: numpy would either raise a
+    bare MemoryError or, with overcommit, succeed and let the kernel kill the process at the first touch."""
+    avail = available_host_bytes()
+    if avail is not None and nbytes > avail:
+        raise HostMemoryError(f"{what} needs {_gib(nbytes)} of host memory, but only {_gib(avail)} is available "
+                              f"on this machine; give a smaller --budget (policy auto fits the plan into it) or "
+                              f"a smaller batch")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def nonfinite(be, a) -> bool:
+    """True if `a` holds a NaN or an infinity. One reduction (a sum is finite unless some entry is not, or it
+    overflows), then the exact elementwise test only if the sum says so: no temporary of a's size per step."""
+    s = float(a.sum())  # numpy and cupy arrays alike; float() of a cupy scalar waits for it
+    if math.isfinite(s):
+        return False
+    return not bool(np.isfinite(np.asarray(be.to_host(a))).all())
+
+
+def check_step(be, iteration: int, loss: float, grads_backward_order) -> None:
+    """The divergence guard, run after backward and before the update: raise `DivergenceError` if the loss or
+    a gradient is not finite. `grads_backward_order` yields (layer name, parameter name, gradient array) in the
+    order backward produced them, so the layer named is where the non-finite values appeared first."""
+    for layer, pname, g in grads_backward_order:
+        if nonfinite(be, g):
+            lossmsg = f"loss {loss}; " if not math.isfinite(loss) else ""
+            raise DivergenceError(f"step {iteration}: {lossmsg}the gradient of {layer}.{pname} is not finite (the "
+                                  f"first layer, in backward order, where it is not); the update was not applied, "
+                                  f"so the parameters are those after step {iteration - 1}. Lower the learning "
+                                  f"rate, or look at the data.", iteration, layer)
+    if not math.isfinite(loss):
+        raise DivergenceError(f"step {iteration}: the loss is {loss}; the update was not applied, so the "
+                              f"parameters are those after step {iteration - 1}. Lower the learning rate, or look "
+                              f"at the data.", iteration, None)

@@ -1,0 +1,63 @@
+"""Checks of layer hyper-parameters at construction, so a mistyped value fails where it is written.
+
+`int(2.9)` silently truncates and `float("nan") < 0` is False: a constructor that converts without checking
+accepts `Conv2d(3.9, 3)` or `Dropout(nan)` and fails (or worse, trains) much later. These helpers accept exactly
+the values PyTorch's constructors accept (integers, including numpy integers, but not bools or floats; finite
+reals in a stated range) and raise `OptionError` naming the layer class, its name, the argument and the value.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..errors import OptionError
+
+
+def _who(cls_name: str, name: str | None) -> str:
+    return f"{cls_name}{f' {name!r}' if name else ''}"
+
+
+def _bad(cls_name: str, name: str | None, arg: str, want: str, v) -> OptionError:
+    return OptionError(f"{_who(cls_name, name)}: {arg} must be {want}, got {v!r} ({type(v).__name__})")
+
+
+def integer(cls_name: str, name: str | None, arg: str, v, least: int) -> int:
+    """An integer >= `least` (bools and floats refused, even 3.0: PyTorch refuses them too)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) < least:
+        raise _bad(cls_name, name, arg, f"an integer >= {least}", v)
+    return int(v)
+
+
+def int_pair(cls_name: str, name: str | None, arg: str, v, least: int) -> tuple[int, int]:
+    """An integer or a pair of integers, each >= `least`."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise _bad(cls_name, name, arg, f"an integer or a pair of integers >= {least}", v)
+        return integer(cls_name, name, arg, v[0], least), integer(cls_name, name, arg, v[1], least)
+    try:
+        i = integer(cls_name, name, arg, v, least)
+    except OptionError:
+        raise _bad(cls_name, name, arg, f"an integer or a pair of integers >= {least}", v) from None
+    return i, i
+
+
+def real(cls_name: str, name: str | None, arg: str, v, lo: float, hi: float = math.inf,
+         lo_open: bool = False, hi_open: bool = False) -> float:
+    """A finite real in [lo, hi] (either end open if asked)."""
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+    if ok:
+        f = float(v)
+        ok = (f > lo if lo_open else f >= lo) and (f < hi if hi_open else f <= hi)
+    if not ok:
+        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open or hi == math.inf else ']'}"
+        raise _bad(cls_name, name, arg, f"a finite number in {rng}", v)
+    return float(v)
+
+
+def flag(cls_name: str, name: str | None, arg: str, v) -> bool:
+    """A bool (numpy's, or the integers 0 and 1, included): `bias="no"` is a mistake, not True."""
+    if isinstance(v, (bool, np.bool_)) or (isinstance(v, numbers.Integral) and int(v) in (0, 1)):
+        return bool(v)
+    raise _bad(cls_name, name, arg, "True or False", v)

@@ -1,0 +1,171 @@
+"""Every row of issue 14's table of user mistakes gives one clean `MinidlError` naming the layer, option, file or
+values, raised as early as possible (or, where the input is valid, a correct result). Checkpoint rows are in
+tests/test_checkpoint.py, divergence in tests/test_divergence.py, BN accuracy in
+tests/layers/test_batchnorm_numerics.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidl as dl
+from minidl import guards
+from minidl.cli import main
+from minidl.data import Dataset
+from minidl.errors import DataError, GraphError, HostMemoryError, MinidlError, OptionError
+from minidl.layers import LRN, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, SoftmaxCrossEntropy
+from minidl.optim import SGD, Adam
+
+
+def _net(body, shape=(4, 3, 8, 8), classes=5):
+    net = dl.Network("t")
+    x = net.input(shape, name="data")
+    y = net.input((shape[0],), dtype="int64", name="label")
+    h = body(x)
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(classes, name="fc")(Flatten(name="flat")(h)), y))
+    return net
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: Conv2d(3.9, 3), ["Conv2d", "out_channels", "3.9"]),
+    (lambda: Linear(2.9), ["Linear", "out_features", "2.9"]),
+    (lambda: Conv2d(4, 2.5), ["Conv2d", "kernel_size", "2.5"]),
+    (lambda: Conv2d(4, None), ["Conv2d", "kernel_size", "None"]),
+    (lambda: Conv2d(4, 3, stride=0, name="c7"), ["Conv2d 'c7'", "stride", "0"]),
+    (lambda: Conv2d(4, 3, groups=True), ["groups", "True"]),
+    (lambda: Conv2d(4, (3, 3, 3)), ["kernel_size", "(3, 3, 3)"]),
+    (lambda: Dropout(1.0), ["Dropout", "p", "1.0"]),
+    (lambda: Dropout(float("nan")), ["Dropout", "p", "nan"]),
+    (lambda: BatchNorm2d(momentum=1.5), ["BatchNorm2d", "momentum", "1.5"]),
+    (lambda: BatchNorm2d(eps=0), ["BatchNorm2d", "eps", "0"]),
+    (lambda: BatchNorm2d(affine="no"), ["affine", "'no'"]),
+    (lambda: MaxPool2d(2, stride=-1), ["MaxPool2d", "stride", "-1"]),
+    (lambda: AvgPool2d(0), ["AvgPool2d", "kernel_size", "0"]),
+    (lambda: LRN(size=2.5), ["LRN", "size", "2.5"]),
+    (lambda: LRN(k=0), ["LRN", "k", "0"]),
+])
+def test_hyper_parameters_are_checked_at_construction(make, words):
+    with pytest.raises(OptionError) as e:
+        make()
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_integer_valued_hyper_parameters_of_numpy_type_are_accepted():
+    c = Conv2d(np.int64(4), (np.int32(3), 3), bias=np.bool_(False))
+    assert c.out_channels == 4 and c.kernel_size == (3, 3) and c.bias is False
+
+
+def test_maxpool_window_entirely_in_padding_is_refused_at_build():
+    with pytest.raises(GraphError) as e:
+        _net(lambda x: MaxPool2d(2, stride=1, padding=1, dilation=2, name="mp")(x), shape=(2, 3, 1, 1))
+    assert "'mp'" in str(e.value) and "padding" in str(e.value)
+    # the same window on an input where every window sees a value builds (and PyTorch agrees on the shape)
+    _net(lambda x: MaxPool2d(2, stride=1, padding=1, dilation=2, name="mp")(x), shape=(2, 3, 8, 8))
+
+
+def test_huge_pooling_kernel_is_refused_at_build_quickly():
+    import time
+    t = time.perf_counter()
+    with pytest.raises(GraphError) as e:
+        _net(lambda x: AvgPool2d(100000, ceil_mode=True, name="ap")(x))
+    assert "'ap'" in str(e.value) and "100000" in str(e.value)
+    assert time.perf_counter() - t < 5  # was 71 s then MemoryError; typically milliseconds
+
+
+def test_batchnorm_with_one_value_per_channel_is_refused_before_planning():
+    net = _net(lambda x: BatchNorm2d(name="bn")(x), shape=(1, 3, 1, 1))  # evaluation alone would be fine
+    with pytest.raises(GraphError) as e:
+        dl.Session(net, SGD(0.1))
+    assert "'bn'" in str(e.value) and "one value per channel" in str(e.value)
+
+
+def test_batchnorm_without_affine_on_the_data_trains():
+    """Nothing trainable before or in the BN: its backward does not run, but its training forward still writes
+    the batch statistics (was KeyError 'mean' at the first step)."""
+    net = _net(lambda x: Conv2d(4, 3, padding=1, name="conv")(BatchNorm2d(affine=False, name="bn0")(x)))
+    for policy in ("none", "liveness", "recompute", "offload"):
+        sess = dl.Session(net, SGD(0.1), policy=policy)
+        x = np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32)
+        loss = sess.executor.train_step(x, np.array([0, 1, 2, 3]))
+        assert np.isfinite(loss)
+        rm = sess.executor.state_dict()["bn0.running_mean"]
+        np.testing.assert_allclose(rm, 0.1 * x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("label", [-1, 5])
+def test_labels_out_of_range(label):
+    x = np.zeros((4, 3, 8, 8), np.float32)
+    y = np.array([0, 1, 2, label])
+    with pytest.raises(DataError) as e:
+        Dataset(x, y, num_classes=5)
+    assert str(label) in str(e.value)
+    sess = dl.Session(_net(lambda x: Conv2d(2, 3, name="conv")(x)), SGD(0.1))
+    with pytest.raises(DataError) as e:
+        sess.executor.train_step(x, y)
+    assert f"label {label}" in str(e.value) and "[0, 5)" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e39])
+def test_non_finite_data_is_refused_when_the_dataset_is_made(bad):
+    x = np.zeros((4, 3, 8, 8), np.float64)
+    x[2, 1, 3, 4] = bad
+    with pytest.raises(DataError) as e:
+        Dataset(x, np.zeros(4, np.int64), num_classes=2, name="mine")
+    assert "mine" in str(e.value) and "sample 2" in str(e.value)
+
+
+def test_an_arena_larger_than_host_memory_fails_before_allocating(monkeypatch):
+    monkeypatch.setattr(guards, "available_host_bytes", lambda: 4096)
+    with pytest.raises(HostMemoryError) as e:
+        dl.Session(_net(lambda x: Conv2d(2, 3, name="conv")(x)), SGD(0.1))
+    assert "available" in str(e.value) and "--budget" in str(e.value)
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: SGD(lr=float("nan")), ["SGD", "lr", "nan"]),
+    (lambda: SGD(lr=float("inf")), ["SGD", "lr", "inf"]),
+    (lambda: SGD(lr=0.1, weight_decay=float("nan")), ["weight_decay", "nan"]),
+    (lambda: SGD(lr=0.1, momentum=-0.5), ["momentum", "-0.5"]),
+    (lambda: Adam(lr=float("nan")), ["Adam", "lr"]),
+    (lambda: Adam(eps=0.0), ["Adam", "eps"]),
+    (lambda: Adam(betas=(0.9, 1.0)), ["Adam", "betas"]),
+])
+def test_optimizer_values_are_finite(make, words):
+    with pytest.raises(OptionError) as e:
+        make()
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--lr", "inf"], ["--lr", "inf"]),
+    (["--lr", "nan"], ["--lr", "nan"]),
+    (["--lr", "-1"], ["--lr", "-1"]),
+    (["--weight-decay", "nan"], ["--weight-decay", "nan"]),
+    (["--momentum", "1.5"], ["--momentum", "1.5"]),
+    (["--steps", "0"], ["--steps", "0"]),
+    (["--steps", "-3"], ["--steps", "-3"]),
+    (["--batch", "0"], ["--batch", "0"]),
+    (["--save", "."], ["--save", "directory"]),
+    (["--save", "/nonexistent-dir/x.npz"], ["--save", "does not exist"]),
+    (["--resume", "/nonexistent.npz"], ["--resume", "/nonexistent.npz"]),
+])
+def test_cli_values_give_one_line_and_status_2(capsys, argv, words):
+    try:  # refused by argparse's type check (SystemExit) or by the checks after parsing (a return status)
+        status = main(["train", "lenet", "--batch", "4", "--steps", "1", "--no-progress", *argv])
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minidl: error: "), captured.err
+    for w in words:
+        assert w in lines[0]
+    assert captured.out == ""  # nothing trained, nothing printed
+
+
+def test_cli_debug_shows_the_traceback():
+    with pytest.raises(OptionError):
+        main(["train", "lenet", "--lr", "nan", "--debug"])
+    with pytest.raises(MinidlError):
+        main(["info", "nosuchnet", "--debug"])
