@@ -81,11 +81,17 @@ def test_verification_replaces_a_minimum_that_does_not_plan():
 
 
 def test_stated_minimum_is_searched_down():
-    """dropnet under `offload`: the plan made at a too-small budget needs 171,520 B, but a smaller budget plans
-    (more room lets the workspace and copy windows choose differently); the stated minimum is the smaller one."""
-    opt = make_optimizer("sgd", 0.01)
-    with pytest.raises(BudgetError) as ei:
-        plan_network(NETS["dropnet"](), opt, "offload", 60_000)
-    stated = ei.value.min_budget_bytes
-    assert stated < 171_520 and "bisection" in str(ei.value)
-    plan_network(NETS["dropnet"](), opt, "offload", stated)
+    """A policy whose first answer is too cautious (says 900,000 B, plans from 800,000 B on): the stated minimum
+    is bisected down towards the failing budget and still plans."""
+    def plan_at(b):
+        if b < 800_000:
+            raise BudgetError(f"too small: the smallest budget that works is {900_000:,}", 900_000)
+        return object()
+
+    err = BudgetError("budget too small: the smallest budget that works is 878.91 KiB (900,000 B), bound at x",
+                      900_000, "x")
+    out = minimum.verified_minimum(plan_at, "offload", 500_000, err)
+    assert 800_000 <= out.min_budget_bytes < 900_000 and "bisection" in str(out)
+    plan_at(out.min_budget_bytes)
+    # exact policies are not searched
+    assert minimum.verified_minimum(plan_at, "none", 500_000, err) is err
