@@ -100,3 +100,28 @@ def test_cli_micro_batches_and_packs(capsys):
     assert main(args + ["--policy", "packs", "--micro-batches", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["micro_batches"] == 2 and out["packs"] and out["moved_bytes_by_role"]["weights"] > 0
+
+
+def act_net(batch=8):
+    """Small weights, large activations: what micro-batching shrinks."""
+    net = dl.Network("acts")
+    h = net.input((batch, 3, 32, 32), name="data")
+    y = net.input((batch,), dtype="int64", name="label")
+    for i, c in enumerate((8, 8)):
+        h = MaxPool2d(2, name=f"pool{i}")(ReLU(name=f"relu{i}")(Conv2d(c, 3, padding=1, name=f"conv{i}")(h)))
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(5, name="fc")(h), y))
+    return net
+
+
+def test_packs_choose_micro_batches_when_one_batch_step_cannot_fit():
+    from minidl.memory.schedulers.packs import step_floor
+
+    net = act_net()
+    per_layer = [[n.name] for n in net.layer_nodes]
+    floor = step_floor(net.route(optimizer_slots=("momentum",), micro_batches=1, packs=per_layer))
+    with pytest.raises(dl.errors.BudgetError):
+        plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "auto", budget=floor - 1)  # no micro-batching in auto
+    got = train(act_net(), "packs", None, budget=floor - 1, debug=True)  # below one full-batch step's own tensors
+    assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
+    assert got.executor.pool.peak == got.plan.peak_bytes
+    assert_same_state(got, train(act_net(), "none", got.plan.route.micro_batches))
