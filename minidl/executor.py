@@ -385,9 +385,10 @@ class Executor:
         """
         self.training = False
         persistent = set(self.offsets)
+        turn = self.route.turn  # where the backward half starts (a packed route's re-forwards included)
         try:
             for step, sp in zip(self.route.steps, self.plan.steps):
-                if step.phase is not Phase.FORWARD:
+                if step.index >= turn:
                     break
                 self._apply(sp.before, step)
                 if step.index == 0:

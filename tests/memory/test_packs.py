@@ -125,3 +125,12 @@ def test_packs_choose_micro_batches_when_one_batch_step_cannot_fit():
     assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
     assert got.executor.pool.peak == got.plan.peak_bytes
     assert_same_state(got, train(act_net(), "none", got.plan.route.micro_batches))
+
+
+def test_evaluate_on_a_packed_route_matches_the_plain_route():
+    data = synthetic(16, (3, 8, 8), 5, seed=3)
+    plain = train(plain_net(), "liveness", None, steps=0)
+    packed = train(plain_net(), "packs", 2, steps=0)
+    loss_a, acc_a = plain.evaluate(data)
+    loss_b, acc_b = packed.evaluate(data)
+    assert acc_a == acc_b and loss_b == pytest.approx(loss_a, rel=1e-6)
