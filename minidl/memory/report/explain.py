@@ -153,7 +153,7 @@ def tensor_decisions(plan: Plan) -> list[tuple[str, str, str]]:
 
     route = plan.route
     iv = analyze(route)
-    n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
+    n_fwd = route.turn  # the first backward step (a packed route's re-forwards belong to backward)
     events: dict[str, list] = {}
     for k, sp in enumerate(plan.steps):
         for ev in sp.before + sp.after:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...route import Phase
 from ...tensors import Role
 from ..plan import EventKind, Plan
 from ..pool import align_up, format_bytes
@@ -54,7 +53,7 @@ def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Pat
     ax.axvline(peak_k, color="k", lw=0.8, ls="--")
     ax.annotate(f"peak {format_bytes(plan.peak_bytes)}\n{labels[peak_k] if labels else ''}",
                 (peak_k, plan.peak_bytes / 2**20), textcoords="offset points", xytext=(8, -20), fontsize=8)
-    n_fwd = sum(1 for s in plan.route.steps if s.phase is Phase.FORWARD)
+    n_fwd = plan.route.turn  # the first backward step (a packed route's re-forwards belong to backward)
     ax.axvspan(0, n_fwd - 0.5, color="0.93", zorder=-1)
     ax.set_xlabel(f"route step (shaded: forward; then backward and update); budget binds at step {k}")
     ax.set_ylabel("MiB resident")
