@@ -309,6 +309,8 @@ class _RowShift:
         self.bwd_prod = g.cout * self.k3 * itemsize
         self.off_d = self.off_t + _align(self.bwd_prod)
         self.bwd_dx = self.k3 * g.p * itemsize
+        self.wins = [i * g.dilation[0] * g.wo for i in range(g.kh)]  # offsets of the kernel rows' windows
+        self.cols = [(j, *_axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])) for j in range(g.kw)]
 
     def total(self, phase: str) -> int:
         return self.off_t + self.fwd_tmp if phase == "fwd" else self.off_d + self.bwd_dx
@@ -320,17 +322,12 @@ class _RowShift:
         np.copyto(wr, w.transpose(2, 0, 1, 3))
         return buf, _as(wr, (g.kh, g.cout, self.k3))
 
-    def _windows(self):
-        g = self.g
-        return [i * g.dilation[0] * g.wo for i in range(g.kh)]
-
     def im2rows(self, x: np.ndarray, b: np.ndarray) -> None:
         """b (c, C, kw, Hp, Wo) <- the column taps of x (c, C, H, W), zeros where a tap reads padding."""
         g = self.g
         ph = g.padding[0]
         flat = g.stride[1] == 1 and g.wo == g.w
-        for j in range(g.kw):
-            lo, n, iw0 = _axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])
+        for j, lo, n, iw0 in self.cols:
             dst = b[:, :, j]
             if ph:
                 dst[:, :, :ph].fill(0)
@@ -358,8 +355,7 @@ class _RowShift:
         ph = g.padding[0]
         flat = g.stride[1] == 1 and g.wo == g.w
         dx.fill(0)
-        for j in range(g.kw):
-            lo, n, iw0 = _axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])
+        for j, lo, n, iw0 in self.cols:
             if n == 0:
                 continue
             mid = b[:, :, j, ph:ph + g.h]
@@ -383,7 +379,7 @@ class _RowShift:
         buf, wr = self._buffers(ws, w)
         tmp = _view(ws, self.off_t, (c, g.cout, g.p), w.dtype)
         y3 = _as(y, (g.n, g.cout, g.p))
-        wins = self._windows()
+        wins = self.wins
         for s in range(0, g.n, c):
             e = min(g.n, s + c)
             b = buf[:e - s]
@@ -402,7 +398,7 @@ class _RowShift:
         g, c = self.g, self.c
         buf, wr = self._buffers(ws, w)
         dy3 = _as(dy, (g.n, g.cout, g.p))
-        wins = self._windows()
+        wins = self.wins
         if dw is not None:
             prod = _view(ws, self.off_t, (g.cout, g.cin, g.kw), w.dtype)
             prod2 = _as(prod, (g.cout, self.k3))
@@ -443,7 +439,7 @@ class ConvOps:
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
         if algo in ROW_ALGOS:
-            _RowShift(g, algo, x.dtype.itemsize).forward(x, w, y, ws)
+            taps.forward(x, w, y, ws)  # the layer's _RowShift
             if b is not None:
                 y += b.reshape(-1, 1, 1)
             return
@@ -472,7 +468,7 @@ class ConvOps:
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
         if algo in ROW_ALGOS:
             if dx is not None or dw is not None:
-                _RowShift(g, algo, x.dtype.itemsize).backward(x, w, dy, dx, dw, ws)
+                taps.backward(x, w, dy, dx, dw, ws)  # the layer's _RowShift
             if db is not None:
                 np.sum(np.sum(_as(dy, (g.n, g.cout, g.p)), axis=2), axis=0, out=db)
             return
@@ -530,6 +526,27 @@ class ConvOps:
 
     # -- shared checks ----------------------------------------------------------------------------------------------
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):
+        """(geometry, taps, workspace) after checking the call; with the row-shift algorithms, taps is the
+        layer's `_RowShift`. Everything but the workspace check is a pure function of the shapes and the
+        configuration, so it is worked out once per distinct call and remembered (it cost ~100 us per call,
+        more than the kernels of a batch-1 CIFAR convolution take)."""
+        key = (x.shape, w.shape, y.shape, x.dtype, tuple(stride), tuple(padding), tuple(dilation), groups, algo,
+               phase)
+        cache = self.__dict__.setdefault("_conv_calls", {})
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = self._conv_check(x, w, y, stride, padding, dilation, groups, algo, phase)
+        g, taps, need = hit
+        if need:
+            if workspace is None:
+                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a workspace of {need} bytes, "
+                                 f"none was given")
+            if workspace.dtype != np.uint8 or workspace.ndim != 1 or workspace.nbytes < need:
+                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a flat uint8 workspace of at least "
+                                 f"{need} bytes, got {workspace.dtype} {workspace.shape}")
+        return g, taps, workspace
+
+    def _conv_check(self, x, w, y, stride, padding, dilation, groups, algo, phase):
         stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
         n, cin, h, wd = x.shape
         cout, cg_in, kh, kw = w.shape
@@ -550,12 +567,6 @@ class ConvOps:
                              f"no dilation; got kernel {(kh, kw)}, stride {stride}, padding {padding}, "
                              f"dilation {dilation}")
         need = conv_workspace_bytes(algo, phase, g, x.dtype.itemsize)
-        if need:
-            if workspace is None:
-                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a workspace of {need} bytes, "
-                                 f"none was given")
-            if workspace.dtype != np.uint8 or workspace.ndim != 1 or workspace.nbytes < need:
-                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a flat uint8 workspace of at least "
-                                 f"{need} bytes, got {workspace.dtype} {workspace.shape}")
-        taps = _taps(g, stride, padding, dilation)
-        return g, taps, workspace
+        if algo in ROW_ALGOS:
+            return g, _RowShift(g, algo, x.dtype.itemsize), need
+        return g, _taps(g, stride, padding, dilation), need
