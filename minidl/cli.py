@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --ranks: how buckets are reduced (both sum in rank order; see README)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"),
                    help="whose state (momentum, Adam's moments) the plan holds")
+    p.add_argument("--devices", type=_positive_int, default=None, metavar="N",
+                   help="simulate Harmony's pipeline over N devices of --device's profile (layer packs on devices "
+                        "round robin, activations passed device to device, --budget per device) against N "
+                        "data-parallel replicas planned by auto (memory/schedulers/pipeline.py)")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
                    help="whose convolution algorithms (and workspace sizes) the plan chooses among; cuda asks "
                         "cuDNN and needs a GPU")
@@ -267,6 +271,8 @@ def cmd_plan(args) -> dict:
     t = time.perf_counter()
     net = _build(args)
     opt = make_optimizer(args.optimizer, 0.01)
+    if args.devices is not None:
+        return _plan_devices(args, net, opt)
     backend = None
     if args.backend != "cpu":
         from .backend import get_backend
@@ -326,6 +332,23 @@ def cmd_plan(args) -> dict:
                   f"at {out['interconnect_bw'] / 1e9:g} GB/s, {out['est_allreduce_exposed_s']:.4f} s exposed, "
                   f"{out['est_allreduce_hidden_fraction']:.1%} hidden behind backward")
     _say_written(args, [("memory timeline", out.get("plot")), ("trace", out.get("trace"))])
+    return out
+
+
+def _plan_devices(args, net, opt) -> dict:
+    """`minidl plan --devices N`: the pipeline and the replicas baseline (see memory/schedulers/pipeline.py)."""
+    from .memory.schedulers.pipeline import comparison_lines, pipeline_json, plan_pipeline, plan_replicas
+
+    batch = net.input_nodes[0].shape[0]
+    if batch % args.devices:
+        raise OptionError(f"--devices {args.devices}: the batch of {batch} must divide among the replicas")
+    slots = tuple(opt.slots)
+    pipe = plan_pipeline(net, args.devices, args.budget, args.device, slots, args.micro_batches)
+    replica = _build(argparse.Namespace(**{**vars(args), "batch": batch // args.devices}))
+    base = plan_replicas(replica, args.devices, args.budget, args.device, slots)
+    out = {"model": args.model, "device": args.device, **pipeline_json(pipe, base)}
+    if not args.json:
+        print("\n".join(comparison_lines(pipe, base)))
     return out
 
 

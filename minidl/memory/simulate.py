@@ -27,6 +27,9 @@ class DeviceProfile:
     link_bw: float        # host <-> device bandwidth, bytes/s (one direction)
     efficiency: float = 0.5  # share of peak FLOP/s dense layers reach in practice
     note: str = ""
+    # device <-> device bandwidth, bytes/s, one direction (`--devices`); default 8.2 GiB/s: Harmony's simulator's
+    # GPU-to-GPU figure (PCIe 3 peer to peer), kept for every PCIe profile; the h100 gets NVLink 4's 450 GB/s
+    peer_bw: float = 8.2 * (1 << 30)
 
 
 GiB = 1 << 30
@@ -42,7 +45,11 @@ PROFILES: dict[str, DeviceProfile] = {
     # Tesla V100 16 GB (PCIe): 14 TFLOP/s fp32, 900 GB/s, PCIe 3 ~12 GB/s.
     "v100": DeviceProfile("v100", 16 * 10**9, 14e12, 900e9, 12e9, 0.5, "datasheet"),
     # H100 80 GB SXM: 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s HBM3, PCIe 5 x16 ~50 GB/s.
-    "h100": DeviceProfile("h100", 80 * 10**9, 67e12, 3.35e12, 50e9, 0.5, "datasheet"),
+    "h100": DeviceProfile("h100", 80 * 10**9, 67e12, 3.35e12, 50e9, 0.5, "datasheet", peer_bw=450e9),
+    # Harmony's simulator (Li et al., VLDB 2022; shared/PAPERS.md): 11.5 GiB/s host swap and 8.2 GiB/s GPU-to-GPU
+    # (PCIe 3 peer to peer), here on a K40c's compute and 12 GB, for `--devices` tables in the paper's terms.
+    "harmony": DeviceProfile("harmony", 12 * 10**9, 4.29e12, 288e9, 11.5 * GiB, 0.5,
+                             "k40c datasheet; host and peer links as Harmony's simulator assumes", 8.2 * GiB),
 }
 
 

@@ -1,0 +1,381 @@
+"""Harmony across devices, in the simulator: layer packs assigned to N devices in a pipeline.
+
+`minidl plan MODEL --devices N` answers "what would N devices of this profile move and how fast would they run,
+if the packs of `packs.py` were spread over them?", against N independent data-parallel replicas that each
+virtualize their own memory the way `auto` does. No multi-device executor exists: this is the simulator's view.
+
+The schedule (Harmony, Li et al., VLDB 2022):
+- The network is cut into `P = N x k` packs of about equal weight bytes (`packs.even_packs`); pack i runs on device
+  i mod N, so consecutive packs always sit on different devices and a pack's output goes device to device (its
+  input stash for the next pack; its delta back in backward), never through the host.
+- The route is the packed route of one device (`packs.build_packed`: all M micro-batches through a pack before
+  the next; re-forward from stashed inputs; fused update). Each device runs the steps of its own packs, in the
+  route's order: its *sub-route*.
+- **Per-device memory is a single-device plan**: a device's sub-route is planned by the same placement pass as
+  any route (so its peak is exact, byte for byte, like every other plan), under the per-device budget. Weights
+  stay resident when the device's whole sub-route fits that way; else every pack's weights are homed on the
+  host and visit once per pack block (the weights decision, as policy `packs` does), with the activation cache
+  on top. A tensor written on another device is, on this one, allocated at its first use (it arrives then) and
+  freed after its last; a tensor sent away is freed after its last local use. The budget check applies to each
+  device on its own (`BudgetError` names the device).
+- **Bytes moved per step**: host<->device is what each device plan's events copy (weights, gradients out for the
+  host update, offloaded stashes); device<->device is every tensor used on a device other than the one that
+  wrote it, once per (tensor, receiving device). The batch's inputs and labels are loaded from the host in both
+  schedules alike and are counted in neither.
+- **Step time**: each device replays its plan as the simulator does alone (`predicted_timeline`: roofline compute,
+  its own host link, copy stalls); across devices a step cannot start before the tensors it receives have landed
+  (their writer's end, then a FIFO copy on the sender's device link at `DeviceProfile.peer_bw`). The step is over
+  when the last device is.
+
+The baseline, `plan_replicas`: N replicas of the network at batch B / N, each planned by policy `auto` under the
+same per-device budget (which homes weights on the host when the training state does not fit), run side by side.
+Its host<->device bytes are N x one replica's; its device<->device bytes are the gradient all-reduce of data
+parallel (a ring: 2 (N - 1) / N x the gradient bytes per replica), charged to its step time un-overlapped at the
+same peer bandwidth (an upper bound: DDP hides part of it behind backward).
+
+Limitations: device links are independent (no shared PCIe switch); a step's host-copy stalls are taken from the
+device's solo timeline; packs are cut by weight bytes only; the search tries powers of two for k and M.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from ...errors import BudgetError
+from ...packs import Packing, even_packs
+from ...route import Route
+from ..decisions.weights import moved_by_role, plan_weights
+from ..plan import Plan
+from ..pool import format_bytes
+from ..simulate import DeviceProfile, get_profile, predicted_timeline, simulate
+from ..workspace import workspace_choices
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...graph import Network
+
+
+@dataclass(slots=True)
+class DevicePlan:
+    """One device of the pipeline: its packs (indices into the packing), its sub-route's plan and what it moves."""
+
+    device: int
+    packs: list[int]
+    plan: Plan
+    weights_homed: bool              # True: its packs' weights live on the host and visit per pack block
+    host_bytes: int                  # host<->device bytes per step (both directions)
+    host_by_role: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.plan.peak_bytes
+
+
+@dataclass(slots=True)
+class PipelineResult:
+    """A pipeline plan over `devices` devices: M micro-batches, `packs` (layer names), pack i on device i mod N."""
+
+    devices: int
+    micro_batches: int
+    packs: list[list[str]]
+    device_plans: list[DevicePlan]
+    p2p_bytes: int                   # device<->device bytes per step
+    step_time_s: float
+    profile: DeviceProfile
+    budget: int
+    cut: str = "weights"             # how the packs were cut (a key of `CUTS`)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(d.host_bytes for d in self.device_plans)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(d.peak_bytes for d in self.device_plans)
+
+
+@dataclass(slots=True)
+class ReplicasResult:
+    """N data-parallel replicas at batch B / N, each planned by `auto` under the per-device budget."""
+
+    devices: int
+    plan: Plan
+    host_bytes: int                  # all replicas together
+    allreduce_bytes: int             # all replicas together (ring all-reduce of the gradients)
+    step_time_s: float               # one replica's simulated step plus the all-reduce, un-overlapped
+    replica_step_time_s: float
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.plan.peak_bytes
+
+
+def pack_devices(n_packs: int, devices: int) -> list[int]:
+    """The device of each pack: round robin, so consecutive packs are on different devices (when N > 1)."""
+    return [i % devices for i in range(n_packs)]
+
+
+def sub_routes(route: Route, devices: int) -> tuple[list[Route], list[int]]:
+    """Split a packed route into one sub-route per device (see the module doc) and return, for every step of
+    `route`, the device that runs it. A sub-route's steps keep their order, renumbered from 0."""
+    packing: Packing = route.packing
+    if packing is None:
+        raise ValueError("sub_routes needs a packed route (packs.build_packed)")
+    dev_of_pack = pack_devices(len(packing.packs), devices)
+    pack_of_layer = {name: k for k, p in enumerate(packing.packs) for name in p}
+    step_dev = [dev_of_pack[pack_of_layer[s.name]] for s in route.steps]
+    parts: list[Route] = []
+    for d in range(devices):
+        ks = [k for k, dd in enumerate(step_dev) if dd == d]
+        new = {k: i for i, k in enumerate(ks)}
+        steps = [replace(route.steps[k], index=new[k]) for k in ks]
+        used: set[str] = set()
+        for s in steps:
+            used.update(s.reads)
+            used.update(s.writes)
+            used.update(a.into for a in s.accumulate)
+            if s.workspace:
+                used.add(s.workspace)
+        tensors = {tid: t for tid, t in route.tensors.items() if tid in used}
+        mine = [k for k, dd in enumerate(dev_of_pack) if dd == d]
+        # pack blocks: forward blocks in pack order, then backward blocks in reverse pack order
+        n = len(packing.packs)
+        blocks = [packing.blocks[k] for k in mine] + [packing.blocks[n + (n - 1 - k)] for k in reversed(mine)]
+        sub = Route(route.network, route.training, steps, tensors, route.optimizer_slots, route.requires_grad,
+                    route.backend_name, route.fused_update)
+        sub.packing = Packing(packing.micro_batches, packing.micro_batch, [packing.packs[k] for k in mine],
+                              [(new[lo], new[hi]) for lo, hi in blocks], packing.shapes)
+        parts.append(sub)
+    return parts, step_dev
+
+
+def _writers(route: Route, step_dev: list[int]) -> dict[str, tuple[int, int]]:
+    """tensor -> (first step that writes it, its device)."""
+    out: dict[str, tuple[int, int]] = {}
+    for s in route.steps:
+        for tid in list(s.writes) + [a.into for a in s.accumulate]:
+            out.setdefault(tid, (s.index, step_dev[s.index]))
+    return out
+
+
+def transfers(route: Route, step_dev: list[int]) -> list[tuple[int, int, int, str, int]]:
+    """Device-to-device copies of one step: (writer step, first reading step, receiving device, tensor, bytes),
+    one per (tensor, receiving device), in writer-step order. Persistent tensors never move between devices
+    (each pack's weights belong to its device)."""
+    writers = _writers(route, step_dev)
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for s in route.steps:
+        d = step_dev[s.index]
+        for tid in list(s.reads) + [a.into for a in s.accumulate]:
+            w = writers.get(tid)
+            spec = route.tensors[tid]
+            if w is None or w[1] == d or spec.role.persistent or (tid, d) in seen:
+                continue
+            seen.add((tid, d))
+            out.append((w[0], s.index, d, tid, spec.nbytes))
+    out.sort()
+    return out
+
+
+def _plan_device(sub: Route, budget: int, device: str, costs, d: int) -> tuple[Plan, bool]:
+    """Weights resident if the whole sub-route fits that way, else homed on the host per pack (policy packs)."""
+    ws = workspace_choices(sub, costs)
+    try:
+        return plan_weights(sub, budget, device, workspace=ws, layers=[], policy="pipeline"), False
+    except BudgetError:
+        pass
+    try:
+        return plan_weights(sub, budget, device, workspace=ws, policy="pipeline"), True
+    except BudgetError as e:
+        raise BudgetError(f"device {d} of the pipeline: {e}", e.min_budget_bytes, e.binding) from None
+
+
+def pipeline_time(route: Route, step_dev: list[int], plans: list[Plan], profile: DeviceProfile) -> float:
+    """The step time of the pipeline (see the module doc): each device's solo timeline, stretched where a step
+    waits for a tensor from another device."""
+    devices = len(plans)
+    dur: list[list[float]] = []
+    for p in plans:
+        tl = predicted_timeline(p, profile)
+        prev, ds = 0.0, []
+        for _, end in tl.steps:
+            ds.append(end - prev)   # the step's compute plus the copy stalls before it
+            prev = end
+        dur.append(ds)
+    local = [0] * devices
+    pos = [0] * len(route.steps)
+    for k, d in enumerate(step_dev):
+        pos[k] = local[d]
+        local[d] += 1
+    incoming: dict[int, list[tuple[int, int]]] = {}
+    for w, r, _, _, nbytes in transfers(route, step_dev):
+        incoming.setdefault(r, []).append((w, nbytes))
+    end = [0.0] * len(route.steps)
+    clock = [0.0] * devices
+    link = [0.0] * devices   # each device's outgoing peer link: FIFO
+    arrive: dict[tuple[int, int], float] = {}
+    for k, d in enumerate(step_dev):
+        ready = clock[d]
+        for w, nbytes in incoming.get(k, ()):
+            key = (w, k)
+            if key not in arrive:
+                src = step_dev[w]
+                start = max(end[w], link[src])
+                link[src] = start + nbytes / profile.peer_bw
+                arrive[key] = link[src]
+            ready = max(ready, arrive[key])
+        end[k] = ready + dur[d][pos[k]]
+        clock[d] = end[k]
+    # after-events of a device's last step (a final copy back) are inside its solo timeline's last duration
+    return max(clock) if clock else 0.0
+
+
+def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_packs: int, budget: int,
+                        device: str = "k40c", optimizer_slots=(), costs=None, cut: str = "weights") -> PipelineResult:
+    """The pipeline plan with M = `micro_batches` and `n_packs` packs cut by `cut` (a key of `CUTS`)."""
+    profile = get_profile(device)
+    packs = CUTS[cut](net, n_packs)
+    route = net.route(optimizer_slots=optimizer_slots, micro_batches=micro_batches, packs=packs)
+    parts, step_dev = sub_routes(route, devices)
+    dplans: list[DevicePlan] = []
+    dev_of_pack = pack_devices(len(packs), devices)
+    for d, sub in enumerate(parts):
+        plan, homed = _plan_device(sub, budget, device, costs, d)
+        moved = moved_by_role(plan)
+        dplans.append(DevicePlan(d, [k for k, dd in enumerate(dev_of_pack) if dd == d], plan, homed,
+                                 sum(moved.values()), moved))
+    p2p = sum(t[4] for t in transfers(route, step_dev))
+    t = pipeline_time(route, step_dev, [dp.plan for dp in dplans], profile)
+    return PipelineResult(devices, micro_batches, [list(p) for p in packs], dplans, p2p, t, profile, budget, cut)
+
+
+def compute_packs(net: "Network", n_packs: int) -> list[list[str]]:
+    """`n_packs` packs of consecutive layers holding about the same forward + backward FLOPs: the cut that
+    balances a pipeline's stages when weights stay resident (`packs.even_packs` balances weight bytes, which is
+    what matters when they are swapped)."""
+    route = net.route()
+    layers = net.layer_nodes
+    work = []
+    for n in layers:
+        ins, out = route.shapes_of(n.index)
+        work.append(n.layer.flops(ins, out) + n.layer.backward_flops(ins, out))
+    total = sum(work) or 1
+    n_packs = max(1, min(n_packs, len(layers)))
+    packs: list[list[str]] = [[]]
+    acc = 0
+    for n, w in zip(layers, work):
+        if packs[-1] and acc >= total * len(packs) / n_packs and len(packs) < n_packs:
+            packs.append([])
+        packs[-1].append(n.name)
+        acc += w
+    return packs
+
+
+CUTS = {"weights": even_packs, "compute": compute_packs}
+"""How packs may be cut: by weight bytes (`packs.even_packs`) or by FLOPs (`compute_packs`)."""
+
+
+def _powers(limit: int) -> list[int]:
+    out, k = [], 1
+    while k <= limit:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def plan_pipeline(net: "Network", devices: int, budget: int | None = None, device: str = "k40c",
+                  optimizer_slots=(), micro_batches: int | None = None, costs=None,
+                  max_packs_per_device: int = 4) -> PipelineResult:
+    """The fastest pipeline plan (simulated step time; ties: fewer bytes moved) over M (powers of two dividing
+    the batch, or `micro_batches`), k packs per device (1, 2, 4, ... up to `max_packs_per_device`) and the two
+    cuts of `CUTS`. `budget`: per device (default: the profile's memory)."""
+    if devices < 1:
+        raise ValueError(f"--devices must be at least 1, got {devices}")
+    profile = get_profile(device)
+    budget = profile.memory_bytes if budget is None else budget
+    batch = net.input_nodes[0].shape[0]
+    n_layers = len(net.layer_nodes)
+    ms = [micro_batches] if micro_batches else [m for m in _powers(batch) if batch % m == 0]
+    best: PipelineResult | None = None
+    floor: BudgetError | None = None
+    for m in ms:
+        for k, cut in [(k, c) for k in _powers(max_packs_per_device) for c in CUTS]:
+            if devices * k > n_layers:
+                break
+            try:
+                r = plan_pipeline_fixed(net, devices, m, devices * k, budget, device, optimizer_slots, costs, cut)
+            except BudgetError as e:
+                if floor is None or (e.min_budget_bytes or 0) < (floor.min_budget_bytes or 0):
+                    floor = e
+                continue
+            if best is None or (r.step_time_s, r.host_bytes + r.p2p_bytes) < (
+                    best.step_time_s, best.host_bytes + best.p2p_bytes):
+                best = r
+    if best is not None:
+        return best
+    if floor is None:
+        raise BudgetError(f"'{net.name}' has {n_layers} layers: too few for {devices} devices")
+    raise BudgetError(f"no pipeline of '{net.name}' over {devices} devices fits {format_bytes(budget)} per device "
+                      f"(micro-batches tried: {ms}); the closest: {floor}", floor.min_budget_bytes, floor.binding)
+
+
+def plan_replicas(replica: "Network", devices: int, budget: int | None = None, device: str = "k40c",
+                  optimizer_slots=(), costs=None) -> ReplicasResult:
+    """The data-parallel baseline: `replica` (the network at batch B / N) planned by `auto` under the per-device
+    budget, times N (see the module doc)."""
+    from .auto import plan_auto
+
+    profile = get_profile(device)
+    budget = profile.memory_bytes if budget is None else budget
+    route = replica.route(optimizer_slots=optimizer_slots, fused_update=True)
+    plan = plan_auto(route, budget, device, costs)
+    sim = simulate(plan, profile)
+    grad = sum(t.nbytes for t in route.tensors.values() if t.role.name == "GRADIENT")
+    ring = 2 * (devices - 1) * grad // devices
+    return ReplicasResult(devices, plan, devices * sum(moved_by_role(plan).values()), devices * ring,
+                          sim.est_step_time_s + ring / profile.peer_bw, sim.est_step_time_s)
+
+
+def pipeline_json(pipe: PipelineResult, base: ReplicasResult | None) -> dict:
+    """The figures of `comparison_lines` as one JSON-ready dict (bytes exact, times in seconds)."""
+    out = {"devices": pipe.devices, "budget_per_device": pipe.budget, "micro_batches": pipe.micro_batches,
+           "packs": pipe.packs, "cut": pipe.cut,
+           "per_device": [{"device": d.device, "packs": d.packs, "peak_bytes": d.peak_bytes,
+                           "min_budget_bytes": d.plan.min_budget_bytes, "weights_homed": d.weights_homed,
+                           "host_bytes": d.host_bytes, "host_bytes_by_role": d.host_by_role}
+                          for d in pipe.device_plans],
+           "pipeline": {"host_bytes": pipe.host_bytes, "device_bytes": pipe.p2p_bytes,
+                        "peak_bytes": pipe.peak_bytes, "est_step_time_s": pipe.step_time_s}}
+    if base is not None:
+        out["replicas"] = {"host_bytes": base.host_bytes, "device_bytes": base.allreduce_bytes,
+                           "peak_bytes": base.peak_bytes, "policy": base.plan.policy,
+                           "est_step_time_s": base.step_time_s, "est_replica_step_time_s": base.replica_step_time_s}
+    return out
+
+
+def comparison_lines(pipe: PipelineResult, base: ReplicasResult | None) -> list[str]:
+    """`minidl plan --devices N`'s words: per device, then the pipeline against the replicas."""
+    lines = [f"pipeline over {pipe.devices} x {pipe.profile.name} ({format_bytes(pipe.budget)} each): "
+             f"{pipe.micro_batches} micro-batches, {len(pipe.packs)} packs cut by {pipe.cut} (pack i on device i mod "
+             f"{pipe.devices})"]
+    for d in pipe.device_plans:
+        lines.append(f"  device {d.device}: packs {d.packs}, peak {format_bytes(d.peak_bytes)}, weights "
+                     + ("homed on the host, swapped per pack" if d.weights_homed else "resident")
+                     + f", host<->device {format_bytes(d.host_bytes)} per step")
+    lines.append(f"  per step: host<->device {format_bytes(pipe.host_bytes)}, device<->device "
+                 f"{format_bytes(pipe.p2p_bytes)}, estimated step time {pipe.step_time_s * 1e3:.1f} ms")
+    if base is not None:
+        lines.append(f"{base.devices} data-parallel replicas (policy auto, same budget each): peak "
+                     f"{format_bytes(base.peak_bytes)}, host<->device {format_bytes(base.host_bytes)} per step, "
+                     f"all-reduce {format_bytes(base.allreduce_bytes)}, estimated step time "
+                     f"{base.step_time_s * 1e3:.1f} ms ({base.replica_step_time_s * 1e3:.1f} ms + all-reduce)")
+        ratio = (f"{base.host_bytes / pipe.host_bytes:.1f}x" if pipe.host_bytes else
+                 "the pipeline swaps nothing through the host")
+        lines.append(f"  host swap volume: replicas / pipeline = {ratio}; step time: replicas / pipeline = "
+                     f"{base.step_time_s / pipe.step_time_s:.2f}x")
+    return lines
+
+
+__all__ = ["CUTS", "DevicePlan", "PipelineResult", "ReplicasResult", "comparison_lines", "compute_packs",
+           "pack_devices", "pipeline_json", "pipeline_time", "plan_pipeline", "plan_pipeline_fixed", "plan_replicas",
+           "sub_routes", "transfers"]

@@ -1,0 +1,135 @@
+"""Harmony across devices (simulator): per-device plans are single-device plans, a pipeline of one device is the
+single-device pack plan, exact bytes passed device to device, the budget checked per device, the replicas
+baseline, and `minidl plan --devices N`."""
+import json
+
+import pytest
+
+from minidl.cli import main
+from minidl.errors import BudgetError
+from minidl.memory.decisions.weights import moved_by_role, plan_weights
+from minidl.memory.planner import make_plan
+from minidl.memory.schedulers.pipeline import (
+    compute_packs,
+    pipeline_time,
+    plan_pipeline,
+    plan_pipeline_fixed,
+    plan_replicas,
+    sub_routes,
+    transfers,
+)
+from minidl.memory.simulate import get_profile, simulate
+from minidl.memory.workspace import workspace_choices
+from minidl.packs import even_packs
+from minidl.tensors import Role
+
+from .test_packs import plain_net
+
+SLOTS = ("momentum",)
+BIG = 10**9
+
+
+def _events(plan):
+    return [[(e.kind, e.tensor, e.offset, e.nbytes) for e in sp.before + sp.after] for sp in plan.steps]
+
+
+def test_one_device_is_the_single_device_pack_plan():
+    net = plain_net(batch=8)
+    route = net.route(optimizer_slots=SLOTS, micro_batches=2, packs=even_packs(net, 2))
+    resident = plan_weights(route, BIG, "k40c", workspace=workspace_choices(route), layers=[])
+    # a budget no plan with resident weights fits (not even with the activation cache): the weights are homed on
+    # the host, as policy `packs` does
+    budget = resident.min_budget_bytes
+    while True:
+        budget -= 512
+        try:
+            plan_weights(route, budget, "k40c", workspace=workspace_choices(route), layers=[])
+        except BudgetError:
+            break
+    single = plan_weights(route, budget, "k40c", workspace=workspace_choices(route), policy="packs")
+    pipe = plan_pipeline_fixed(net, 1, 2, 2, budget, "k40c", SLOTS)
+    (dev,) = pipe.device_plans
+    assert dev.weights_homed
+    assert dev.plan.peak_bytes == single.peak_bytes
+    assert dev.plan.min_budget_bytes == single.min_budget_bytes
+    assert _events(dev.plan) == _events(single)
+    assert dev.host_bytes == sum(moved_by_role(single).values()) > 0
+    assert pipe.p2p_bytes == 0
+    assert pipe.step_time_s == pytest.approx(simulate(single, "k40c").est_step_time_s, rel=1e-12)
+    # and with room, weights stay resident: the plan is the resident one
+    roomy = plan_pipeline_fixed(net, 1, 2, 2, BIG, "k40c", SLOTS).device_plans[0]
+    assert not roomy.weights_homed and _events(roomy.plan) == _events(resident)
+
+
+def test_two_devices_exact_bytes():
+    net = plain_net(batch=8)
+    pipe = plan_pipeline_fixed(net, 2, 2, 2, BIG, "k40c", SLOTS)
+    assert pipe.packs == [["conv0", "relu0", "pool0", "conv1", "relu1", "pool1", "fc0", "r"], ["fc", "loss"]]
+    # the boundary is r's output, (4, 16) float32 per micro-batch: forward it goes 0 -> 1, its delta 1 -> 0
+    route = net.route(optimizer_slots=SLOTS, micro_batches=2, packs=pipe.packs)
+    parts, step_dev = sub_routes(route, 2)
+    assert [(t[2], t[3], t[4]) for t in transfers(route, step_dev)] == [
+        (1, "act:r@0", 256), (1, "act:r@1", 256), (0, "delta:r@0", 256), (0, "delta:r@1", 256)]
+    assert pipe.p2p_bytes == 1024
+    assert pipe.host_bytes == 0
+    assert [d.peak_bytes for d in pipe.device_plans] == [41984, 5632]
+    # each device's plan is an ordinary single-device plan of its sub-route: liveness on it gives the same peak
+    for sub, d in zip(parts, pipe.device_plans):
+        assert d.peak_bytes == make_plan(sub, "liveness", None, workspace=workspace_choices(sub)).peak_bytes
+    # every step runs on exactly one device; each device holds only its own packs' weights
+    assert sum(len(p.steps) for p in parts) == len(route.steps)
+    params = {t for t, s in route.tensors.items() if s.role is Role.PARAMETER}
+    on = [{t for t in p.tensors if t in params} for p in parts]
+    assert on[0] | on[1] == params and not on[0] & on[1]
+    assert on[1] == {"param:fc.weight", "param:fc.bias"}
+
+
+def test_budget_checked_per_device():
+    net = plain_net(batch=8)
+    pipe = plan_pipeline_fixed(net, 2, 2, 2, BIG, "k40c", SLOTS)
+    need0 = pipe.device_plans[0].plan.min_budget_bytes
+    with pytest.raises(BudgetError, match="device 0 of the pipeline"):
+        plan_pipeline_fixed(net, 2, 2, 2, 4096, "k40c", SLOTS)
+    # device 1's plan does not depend on device 0's budget trouble: planned alone, it is the same
+    small = pipe.device_plans[1].plan.min_budget_bytes
+    assert small < need0
+
+
+def test_pipeline_time_waits_for_the_other_device():
+    net = plain_net(batch=8)
+    pipe = plan_pipeline_fixed(net, 2, 2, 2, BIG, "k40c", SLOTS)
+    route = net.route(optimizer_slots=SLOTS, micro_batches=2, packs=pipe.packs)
+    _, step_dev = sub_routes(route, 2)
+    prof = get_profile("k40c")
+    solo = [simulate(d.plan, prof).est_step_time_s for d in pipe.device_plans]
+    t = pipeline_time(route, step_dev, [d.plan for d in pipe.device_plans], prof)
+    assert t == pytest.approx(pipe.step_time_s)
+    # never faster than the busier device alone, never slower than both devices one after the other plus copies
+    assert max(solo) * (1 - 1e-12) <= t <= sum(solo) + 1024 / prof.peer_bw
+
+
+def test_search_and_replicas():
+    net = plain_net(batch=8)
+    pipe = plan_pipeline(net, 2, BIG, "k40c", SLOTS)
+    assert pipe.devices == 2 and 8 % pipe.micro_batches == 0 and len(pipe.packs) >= 2
+    assert compute_packs(net, 2)[-1][-1] == "loss"
+    base = plan_replicas(plain_net(batch=4), 2, BIG, "k40c", SLOTS)
+    grads = sum(s.nbytes for s in net.route().tensors.values() if s.role is Role.PARAMETER)
+    assert base.allreduce_bytes == 2 * (2 * (2 - 1) * grads // 2)
+    assert base.host_bytes == 0 and base.plan.policy == "auto"
+    # under a budget below its training state, each replica homes weights on the host: N x one replica's bytes
+    tight = plan_replicas(plain_net(batch=4), 2, base.plan.min_budget_bytes // 2, "k40c", SLOTS)
+    assert tight.host_bytes == 2 * sum(moved_by_role(tight.plan).values()) > 0
+
+
+def test_cli_plan_devices(capsys):
+    main(["plan", "lenet", "--devices", "2", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["devices"] == 2 and len(out["per_device"]) == 2
+    assert out["pipeline"]["device_bytes"] > 0 and out["replicas"]["device_bytes"] > 0
+    assert out["pipeline"]["peak_bytes"] == max(d["peak_bytes"] for d in out["per_device"])
+    main(["plan", "lenet", "--devices", "2"])
+    text = capsys.readouterr().out
+    assert "pipeline over 2 x k40c" in text and "data-parallel replicas" in text
+    assert main(["plan", "lenet", "--batch", "3", "--devices", "2"]) == 2
+    assert "--devices 2: the batch of 3" in capsys.readouterr().err
