@@ -31,7 +31,7 @@ from minidl.optim import SGD
 from minidl.tensors import Role
 
 OUT = Path(__file__).resolve().parent / "results"
-BUDGETS = {"vgg16": "1GiB", "resnet152": "512MiB"}
+BUDGETS = {"vgg16": "1.25GiB", "resnet152": "512MiB"}
 
 
 def row(model: str, batch: int, policy: str, budget: int, device: str) -> dict:

@@ -11,7 +11,7 @@ So a pack's weights are used in one block of consecutive steps in forward and on
 the weights decision (`memory/decisions/weights.py`) brings them in once per block. Between its forward and
 its backward a micro-batch keeps only the pack's *inputs* (the stash: tensors produced outside the pack that its
 layers read, plus BN's per-micro-batch statistics); every activation inside a pack is produced again by the
-re-forward, into tensors of their own (`act:X@m r`), so liveness frees the forward's copies at once. The
+re-forward, into tensors of their own (`act:X@<m>r`), so liveness frees the forward's copies at once. The
 stash is an ordinary activation: the tensor cache may offload it like any other.
 
 Rules the code keeps:

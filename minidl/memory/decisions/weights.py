@@ -176,14 +176,26 @@ def moved_by_role(plan: Plan) -> dict[str, int]:
 def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, workspace=None, layers=None,
                  lead: int = 1, policy: str = "weights") -> Plan:
     """Liveness with the weights and optimizer state of `layers` (default: every candidate) homed on the host,
-    updated on the host when the route is fused; under a budget, the activation cache on top (`offload.py`)."""
+    updated on the host when the route is fused; under a budget, the activation cache on top (`offload.py`).
+    Prefetches lead their visits by `lead` steps; if that does not fit, they come just in time."""
+    from ...errors import BudgetError
     from ..planner import default_workspace, liveness_schedule
     from .offload import plan_offload
 
     ws = default_workspace(route) if workspace is None else workspace
     layers = layer_candidates(route) if layers is None else layers
-    base = weights_schedule(route, liveness_schedule(route, ws), layers, host_update=route.fused_update, lead=lead)
-    return plan_offload(route, budget, device, base=base, workspace=ws, policy=policy)
+
+    def plan(lead: int) -> Plan:
+        base = weights_schedule(route, liveness_schedule(route, ws), layers, host_update=route.fused_update,
+                                lead=lead)
+        return plan_offload(route, budget, device, base=base, workspace=ws, policy=policy)
+
+    try:
+        return plan(lead)
+    except BudgetError:
+        if lead == 0:
+            raise
+        return plan(0)  # prefetch each visit just in time: less hiding, less memory
 
 
 def weights_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
