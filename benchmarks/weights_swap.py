@@ -53,6 +53,30 @@ def row(model: str, batch: int, policy: str, budget: int, device: str) -> dict:
             "est_step_time_s": sim.est_step_time_s, "exposed_transfer_s": sim.exposed_transfer_s}
 
 
+def markdown(res: dict) -> str:
+    """The table (and each model's ratio of per-layer swapping to packs, stored into `res`)."""
+    batch = res["batch"]
+    lines = [f"Bytes moved per sample below the training state ({res['date']}, simulator profile {res['device']}, "
+             f"batch {batch}, 224 px, SGD momentum; planning on a shared 2-core machine)", "",
+             "| model | training state | budget | plan | fits | smallest budget | moved / sample (weights, "
+             "gradients, optimizer, activations) | M, packs | est. step |", "|---|---:|---:|---|---|---:|---|---|---:|"]
+    for m, d in res["models"].items():
+        for r in d["rows"]:
+            mv = r["moved_bytes"]
+            parts = ", ".join(format_bytes(mv[k] / batch) for k in ("weights", "gradients", "optimizer_state",
+                                                                    "activations"))
+            lines.append(f"| {m} | {format_bytes(d['training_state_bytes'])} | {format_bytes(d['budget_bytes'])} | "
+                         f"{r['policy']} | {r['fits']} | {format_bytes(r['min_budget_bytes'])} | "
+                         f"**{format_bytes(r['moved_per_sample'])}** ({parts}) | {r['micro_batches']}, "
+                         f"{r['packs'] or '-'} | {r['est_step_time_s']:.2f} s |")
+        w, p = d["rows"][1], d["rows"][2]
+        if w["fits"] and p["fits"] and p["moved_per_sample"]:
+            d["ratio_weights_over_packs"] = w["moved_per_sample"] / p["moved_per_sample"]
+            lines.append(f"| {m} | | | per-layer swapping / packs | | | **{d['ratio_weights_over_packs']:.2f}x** "
+                         f"| | |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=["resnet152", "vgg16"])
@@ -73,28 +97,15 @@ def main(argv=None) -> int:
                   f"M={r['micro_batches']}", flush=True)
         res["models"][m] = {"training_state_bytes": state, "budget_bytes": budget, "rows": rows}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "weights_swap.json").write_text(json.dumps(res, indent=1))
-    lines = [f"Bytes moved per sample below the training state ({res['date']}, simulator profile {args.device}, "
-             f"batch {args.batch}, 224 px, SGD momentum; planning on a shared 2-core machine)", "",
-             "| model | training state | budget | plan | fits | smallest budget | moved / sample (weights, "
-             "gradients, optimizer, activations) | M, packs | est. step |", "|---|---:|---:|---|---|---:|---|---|---:|"]
-    for m, d in res["models"].items():
-        for r in d["rows"]:
-            mv = r["moved_bytes"]
-            parts = ", ".join(format_bytes(mv[k] / args.batch) for k in ("weights", "gradients", "optimizer_state",
-                                                                        "activations"))
-            lines.append(f"| {m} | {format_bytes(d['training_state_bytes'])} | {format_bytes(d['budget_bytes'])} | "
-                         f"{r['policy']} | {r['fits']} | {format_bytes(r['min_budget_bytes'])} | "
-                         f"**{format_bytes(r['moved_per_sample'])}** ({parts}) | {r['micro_batches']}, "
-                         f"{r['packs'] or '-'} | {r['est_step_time_s']:.2f} s |")
-        w, p = d["rows"][1], d["rows"][2]
-        if w["fits"] and p["fits"] and p["moved_per_sample"]:
-            d["ratio_weights_over_packs"] = w["moved_per_sample"] / p["moved_per_sample"]
-            lines.append(f"| {m} | | | per-layer swapping / packs | | | **{d['ratio_weights_over_packs']:.2f}x** "
-                         f"| | |")
-    (OUT / "weights_swap.json").write_text(json.dumps(res, indent=1))
-    (OUT / "weights_swap.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    prev = OUT / "weights_swap.json"
+    if prev.exists():  # keep the other models' rows (a run may measure a subset)
+        old = json.loads(prev.read_text())
+        if old.get("batch") == args.batch and old.get("device") == args.device:
+            res["models"] = {**old.get("models", {}), **res["models"]}
+    text = markdown(res)
+    prev.write_text(json.dumps(res, indent=1))
+    (OUT / "weights_swap.md").write_text(text + "\n")
+    print(text)
     return 0
 
 
