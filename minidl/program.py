@@ -49,6 +49,7 @@ class Program:
     inputs: list[Any] = field(default_factory=list)      # arena views the batch is copied into (data, label)
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # lowered calls per kind, for reports and tests
+    prologue: list[Call] = field(default_factory=list)   # step 0's calls before the batch is loaded (paged maps)
 
     def run(self, x, y) -> float:
         """One training step: the same effect as the interpreted `Executor.train_step(x, y)`."""
@@ -59,6 +60,8 @@ class Program:
         it = ex.iteration
         for ctx, node_index in self.keyed:
             ctx.rng_key = key(node_index, it)
+        for call in self.prologue:   # as the interpreter: step 0's events, then the batch
+            call()
         copy_in = ex.be.copy_in
         for view, shape, arr in zip(self.inputs, self.input_shapes, (x, y)):
             arr = np.asarray(arr)
@@ -88,8 +91,6 @@ def why_not(ex) -> str | None:
         return "debug mode (residency checks and NaN poisoning) runs the interpreted executor"
     if ex.route.packing is not None:
         return "a route of packs and micro-batches (per-step renames, a loss per micro-batch) is interpreted"
-    if ex.plan.paged is not None:
-        return "a paged arena maps and unmaps chunks at every allocation: views are not fixed across a step"
     for ev in (*ex.plan.setup, *(e for sp in ex.plan.steps for e in (*sp.before, *sp.after))):
         if ev.kind not in LOWERED:
             return f"event kind '{getattr(ev.kind, 'value', ev.kind)}' is not lowered by minidl.program"
@@ -127,11 +128,25 @@ class _Lowering:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
     def run(self) -> Program:
+        arena = getattr(self.ex.pool, "arena", None)
+        if not hasattr(arena, "map"):
+            return self._run()
+        # A paged arena (`--paged`) maps and unmaps chunks at every allocation: the mappings are part of the step,
+        # so each one runs now and is recorded in order (the views stay valid: their virtual ranges are fixed).
+        self.ex.pool.arena = _RecordedMappings(arena, self)
+        try:
+            return self._run()
+        finally:
+            self.ex.pool.arena = arena
+
+    def _run(self) -> Program:
         ex = self.ex
         inputs, shapes = [], []
+        prologue = 0
         for step, sp in zip(ex.route.steps, ex.plan.steps):
             self.events(sp.before, step)
             if step.index == 0:
+                prologue = len(self.calls)
                 for node in ex.net.input_nodes[:2]:
                     inputs.append(ex.get(act_id(node.name), step))
                     shapes.append(tuple(node.shape))
@@ -141,7 +156,7 @@ class _Lowering:
             self.events(sp.after, step)
             if ex.reducer is not None and step.phase is Phase.BACKWARD:
                 self.emit("progress", ex.reducer.progress)  # MPI moves a nonblocking collective only in its calls
-        return Program(self.calls, ex, self.keyed, inputs, shapes, self.kinds)
+        return Program(self.calls[prologue:], ex, self.keyed, inputs, shapes, self.kinds, self.calls[:prologue])
 
     # -- events: the pool bookkeeping happens now, once; only the transfers are recorded -----------------------
     def events(self, events: list[Event], step: Step) -> None:
@@ -249,6 +264,24 @@ class _Lowering:
             call()
             trace.append(TraceEvent(label, "compute", t - t0, clock() - t, index, in_use))
         return traced
+
+
+class _RecordedMappings:
+    """A paged arena seen through the lowering: `map`/`unmap` run at once and are emitted as calls."""
+
+    def __init__(self, arena, lowering: "_Lowering"):
+        self._arena, self._lowering = arena, lowering
+
+    def map(self, *args) -> None:
+        self._arena.map(*args)
+        self._lowering.emit("map", _bind(self._arena.map, *args))
+
+    def unmap(self, *args) -> None:
+        self._arena.unmap(*args)
+        self._lowering.emit("unmap", _bind(self._arena.unmap, *args))
+
+    def __getattr__(self, name):
+        return getattr(self._arena, name)
 
 
 def _bind(fn, *args) -> Call:
