@@ -153,8 +153,11 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
     (`schedulers/minimum.py` says what "minimum" means per policy)."""
     fn = POLICIES[policy].plan
     try:
-        return fn(route, budget, device, costs)
+        plan = fn(route, budget, device, costs)
     except BudgetError as e:
         if budget is None:
             raise
         raise verified_minimum(lambda b: fn(route, b, device, costs), policy, budget, e) from None
+    if route.paged_chunk and plan.paged is None:   # a policy that plans a route of its own must pass --paged on
+        raise ValueError(f"policy '{policy}' did not place its plan by chunks: --paged is not supported with it")
+    return plan

@@ -135,7 +135,12 @@ def test_paged_bit_identical_to_none_and_peak_equals_plan(key, policy, reference
     sess = train(key, policy, budget, paged=CHUNK)
     plan = sess.plan
     assert plan.paged is not None and plan.paged.chunk_bytes == CHUNK
-    got, ref = sess.executor.state_dict(), reference(key)
+    if policy == "packs" and plan.route.micro_batches > 1:
+        # micro-batches change the arithmetic (BN statistics per micro-batch): the same plan on the contiguous pool
+        ref = train(key, policy, budget).executor.state_dict()
+    else:
+        ref = reference(key)
+    got = sess.executor.state_dict()
     for name in ref:
         assert np.array_equal(ref[name], got[name]), (policy, name)
     assert sess.executor.pool.peak == plan.peak_bytes == simulate(plan, "cpu").peak_bytes
