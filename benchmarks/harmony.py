@@ -55,7 +55,12 @@ def main() -> None:
     ap.add_argument("--device", default="harmony")
     ap.add_argument("--devices", default="2,4,8")
     ap.add_argument("--out", default=str(OUT / "harmony"))
+    ap.add_argument("--table-only", action="store_true", help="rewrite OUT.md from OUT.json without planning")
     args = ap.parse_args()
+    if args.table_only:
+        data = json.loads(Path(args.out + ".json").read_text())
+        Path(args.out + ".md").write_text(table(data["meta"], data["rows"]))
+        return
     prof = get_profile(args.device)
     net = wide_vgg16(args.width, args.batch, args.image_size)
     params = sum(t.nbytes for t in net.route().tensors.values() if t.role.name == "PARAMETER")
@@ -79,7 +84,7 @@ def main() -> None:
             "peer_link_bytes_per_s": prof.peer_bw, "date": date.today().isoformat(),
             "machine": f"{platform.node()} (2 cores, shared with other engineers' jobs; planning times only)",
             "command": "python benchmarks/harmony.py " + " ".join(
-                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")}
+                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "table_only"))}
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     Path(args.out + ".md").write_text(table(meta, rows))
     print(table(meta, rows))
@@ -97,7 +102,7 @@ def table(meta: dict, rows: list[dict]) -> str:
              f"`{meta['command']}` ({meta['date']}; {meta['machine']}). Bytes per training step, all devices "
              "together; GB = 10^9 B.",
              "",
-             "| devices | M | packs | pipeline host<->device GB | pipeline device<->device GB | pipeline step s "
+             "| devices | M | packs (cut) | pipeline host<->device GB | pipeline device<->device GB | pipeline step s "
              "| replicas host<->device GB | replicas all-reduce GB | replicas step s | host swap: replicas / "
              "pipeline | (host + device) bytes: replicas / pipeline | step time: replicas / pipeline |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -105,8 +110,9 @@ def table(meta: dict, rows: list[dict]) -> str:
         p, b = r["pipeline"], r["replicas"]
         ratio = f"{b['host_bytes'] / p['host_bytes']:.1f}x" if p["host_bytes"] else "no host swap"
         both = (b["host_bytes"] + b["device_bytes"]) / max(1, p["host_bytes"] + p["device_bytes"])
-        lines.append(f"| {r['devices']} | {r['micro_batches']} | {len(r['packs'])} | {_gb(p['host_bytes'])} | "
-                     f"{_gb(p['device_bytes'])} | {p['est_step_time_s']:.2f} | {_gb(b['host_bytes'])} | "
+        lines.append(f"| {r['devices']} | {r['micro_batches']} | {len(r['packs'])} ({r['cut']}) | "
+                     f"{_gb(p['host_bytes'])} | {_gb(p['device_bytes'])} | {p['est_step_time_s']:.2f} | "
+                     f"{_gb(b['host_bytes'])} | "
                      f"{_gb(b['device_bytes'])} | {b['est_step_time_s']:.2f} | {ratio} | {both:.1f}x | "
                      f"{b['est_step_time_s'] / p['est_step_time_s']:.2f}x |")
     lines.append("")

@@ -10,7 +10,9 @@ from minidl.errors import BudgetError
 from minidl.memory.decisions.weights import moved_by_role, plan_weights
 from minidl.memory.planner import make_plan
 from minidl.memory.schedulers.pipeline import (
+    CUTS,
     compute_packs,
+    min_max_cut,
     pipeline_time,
     plan_pipeline,
     plan_pipeline_fixed,
@@ -133,3 +135,22 @@ def test_cli_plan_devices(capsys):
     assert "pipeline over 2 x k40c" in text and "data-parallel replicas" in text
     assert main(["plan", "lenet", "--batch", "3", "--devices", "2"]) == 2
     assert "--devices 2: the batch of 3" in capsys.readouterr().err
+
+
+def test_min_max_cut():
+    # the smallest largest run: [5] [1 1 1 1 1] [5] -> 5 each; greedy by running totals would not find it
+    assert min_max_cut([5, 1, 1, 1, 1, 1, 5], 3) == [0, 1, 6]
+    assert min_max_cut([1, 1, 1, 1], 2) == [0, 2]
+    assert min_max_cut([3, 0, 0, 1], 4)[0] == 0
+    assert min_max_cut([1.0], 3) == [0]
+
+
+def test_cuts_cover_every_layer_in_order():
+    net = plain_net(batch=8)
+    names = [n.name for n in net.layer_nodes]
+    for cut in CUTS.values():
+        for n in (1, 2, 3, 20):
+            packs = cut(net, n)
+            assert [x for p in packs for x in p] == names and all(packs) and len(packs) <= max(1, min(n, len(names)))
+    # the convolutions hold most of plain_net's FLOPs, the fully connected layers most of its weights
+    assert compute_packs(net, 2)[0][0] == "conv0" and "conv1" not in compute_packs(net, 2)[0]

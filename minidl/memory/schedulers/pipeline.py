@@ -5,9 +5,10 @@ if the packs of `packs.py` were spread over them?", against N independent data-p
 virtualize their own memory the way `auto` does. No multi-device executor exists: this is the simulator's view.
 
 The schedule (Harmony, Li et al., VLDB 2022):
-- The network is cut into `P = N x k` packs of about equal weight bytes (`packs.even_packs`); pack i runs on device
-  i mod N, so consecutive packs always sit on different devices and a pack's output goes device to device (its
-  input stash for the next pack; its delta back in backward), never through the host.
+- The network is cut into `P = N x k` packs of consecutive layers (`CUTS`: equal weight bytes as policy `packs`
+  cuts, or the smallest largest pack by FLOPs, or by FLOPs and weights together); pack i runs on device i mod N,
+  so consecutive packs always sit on different devices and a pack's output goes device to device (its input
+  stash for the next pack; its delta back in backward), never through the host.
 - The route is the packed route of one device (`packs.build_packed`: all M micro-batches through a pack before
   the next; re-forward from stashed inputs; fused update). Each device runs the steps of its own packs, in the
   route's order: its *sub-route*.
@@ -34,10 +35,13 @@ parallel (a ring: 2 (N - 1) / N x the gradient bytes per replica), charged to it
 same peer bandwidth (an upper bound: DDP hides part of it behind backward).
 
 Limitations: device links are independent (no shared PCIe switch); a step's host-copy stalls are taken from the
-device's solo timeline; packs are cut by weight bytes only; the search tries powers of two for k and M.
+device's solo timeline; a device either keeps all its packs' weights resident or homes all of them; packs are
+never cut inside a layer (a layer's weights and gradient must fit one device together); the search tries powers of
+two for k and M.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -249,30 +253,60 @@ def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_pack
     return PipelineResult(devices, micro_batches, [list(p) for p in packs], dplans, p2p, t, profile, budget, cut)
 
 
-def compute_packs(net: "Network", n_packs: int) -> list[list[str]]:
-    """`n_packs` packs of consecutive layers holding about the same forward + backward FLOPs: the cut that
-    balances a pipeline's stages when weights stay resident (`packs.even_packs` balances weight bytes, which is
-    what matters when they are swapped)."""
+def min_max_cut(costs: list[float], n_packs: int) -> list[int]:
+    """Cut a sequence into at most `n_packs` consecutive runs whose largest total cost is as small as it can be
+    (binary search on that largest total, each run filled greedily); returns each run's first index."""
+    lo, hi = max(costs, default=0.0), sum(costs)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        runs, acc = 1, 0.0
+        for c in costs:
+            if acc + c > mid and acc > 0:
+                runs, acc = runs + 1, 0.0
+            acc += c
+        lo, hi = (mid, hi) if runs > n_packs else (lo, mid)
+    starts, acc = [0], 0.0
+    for i, c in enumerate(costs):
+        if acc + c > hi and acc > 0:
+            starts.append(i)
+            acc = 0.0
+        acc += c
+    return starts
+
+
+def _layer_costs(net: "Network") -> tuple[list[float], list[float]]:
+    """Per layer: its share of the network's forward + backward FLOPs and of its trainable weight bytes."""
     route = net.route()
-    layers = net.layer_nodes
-    work = []
-    for n in layers:
+    flops, wbytes = [], []
+    for n in net.layer_nodes:
         ins, out = route.shapes_of(n.index)
-        work.append(n.layer.flops(ins, out) + n.layer.backward_flops(ins, out))
-    total = sum(work) or 1
-    n_packs = max(1, min(n_packs, len(layers)))
-    packs: list[list[str]] = [[]]
-    acc = 0
-    for n, w in zip(layers, work):
-        if packs[-1] and acc >= total * len(packs) / n_packs and len(packs) < n_packs:
-            packs.append([])
-        packs[-1].append(n.name)
-        acc += w
-    return packs
+        flops.append(float(n.layer.flops(ins, out) + n.layer.backward_flops(ins, out)))
+        wbytes.append(float(sum(math.prod(p.shape) for p in n.params.values() if p.trainable)))
+    return [f / (sum(flops) or 1.0) for f in flops], [w / (sum(wbytes) or 1.0) for w in wbytes]
 
 
-CUTS = {"weights": even_packs, "compute": compute_packs}
-"""How packs may be cut: by weight bytes (`packs.even_packs`) or by FLOPs (`compute_packs`)."""
+def _packs_from(net: "Network", costs: list[float], n_packs: int) -> list[list[str]]:
+    names = [n.name for n in net.layer_nodes]
+    starts = min_max_cut(costs, max(1, min(n_packs, len(names)))) + [len(names)]
+    return [names[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def compute_packs(net: "Network", n_packs: int) -> list[list[str]]:
+    """Packs of consecutive layers whose largest forward + backward FLOPs is as small as possible: balanced
+    pipeline stages when weights stay resident (`packs.even_packs` balances weight bytes instead)."""
+    return _packs_from(net, _layer_costs(net)[0], n_packs)
+
+
+def mixed_packs(net: "Network", n_packs: int) -> list[list[str]]:
+    """Packs balanced on a layer's share of the FLOPs plus its share of the weight bytes: a pack neither
+    computes nor holds much more than its neighbours (what keeps both the stages' times and their memory even,
+    when early layers compute most and late ones hold most of the weights, as in a VGG)."""
+    f, w = _layer_costs(net)
+    return _packs_from(net, [a + b for a, b in zip(f, w)], n_packs)
+
+
+CUTS = {"weights": even_packs, "compute": compute_packs, "mixed": mixed_packs}
+"""How packs may be cut: by weight bytes (`packs.even_packs`), by FLOPs, or by both."""
 
 
 def _powers(limit: int) -> list[int]:
@@ -377,5 +411,5 @@ def comparison_lines(pipe: PipelineResult, base: ReplicasResult | None) -> list[
 
 
 __all__ = ["CUTS", "DevicePlan", "PipelineResult", "ReplicasResult", "comparison_lines", "compute_packs",
-           "pack_devices", "pipeline_json", "pipeline_time", "plan_pipeline", "plan_pipeline_fixed", "plan_replicas",
-           "sub_routes", "transfers"]
+           "min_max_cut", "mixed_packs", "pack_devices", "pipeline_json", "pipeline_time", "plan_pipeline",
+           "plan_pipeline_fixed", "plan_replicas", "sub_routes", "transfers"]
