@@ -370,6 +370,10 @@ class Executor:
             self._apply(sp.after, step)
             if self.reducer is not None and self.reducer.pending:
                 self.reducer.progress()  # MPI moves a nonblocking collective only inside its calls
+        return self.end_iteration()
+
+    def end_iteration(self) -> float:
+        """Close a training step (interpreted or compiled): settle the host store and the reducer, count it."""
         if self.host is not None:
             self.host.end_iteration()
         if self.reducer is not None:

@@ -48,6 +48,7 @@ class Program:
     keyed: list[tuple[LayerContext, int]] = field(default_factory=list)  # contexts whose rng_key is per step
     inputs: list[Any] = field(default_factory=list)      # arena views the batch is copied into (data, label)
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    input_names: list[str] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # lowered calls per kind, for reports and tests
     prologue: list[Call] = field(default_factory=list)   # step 0's calls before the batch is loaded (paged maps)
 
@@ -63,19 +64,14 @@ class Program:
         for call in self.prologue:   # as the interpreter: step 0's events, then the batch
             call()
         copy_in = ex.be.copy_in
-        for view, shape, arr in zip(self.inputs, self.input_shapes, (x, y)):
+        for view, shape, arr, name in zip(self.inputs, self.input_shapes, (x, y), self.input_names):
             arr = np.asarray(arr)
             if tuple(arr.shape) != shape:
-                raise ValueError(f"input expects shape {shape}, got {arr.shape}")
+                raise ValueError(f"input '{name}' expects shape {shape}, got {arr.shape}")
             copy_in(view, arr)
         for call in self.calls:
             call()
-        if ex.host is not None:
-            ex.host.end_iteration()
-        if ex.reducer is not None:
-            ex.reducer.end_iteration()
-        ex.iteration += 1
-        return ex.last_loss
+        return ex.end_iteration()
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -156,7 +152,9 @@ class _Lowering:
             self.events(sp.after, step)
             if ex.reducer is not None and step.phase is Phase.BACKWARD:
                 self.emit("progress", ex.reducer.progress)  # MPI moves a nonblocking collective only in its calls
-        return Program(self.calls[prologue:], ex, self.keyed, inputs, shapes, self.kinds, self.calls[:prologue])
+        names = [node.name for node in ex.net.input_nodes[:2]]
+        return Program(self.calls[prologue:], ex, keyed=self.keyed, inputs=inputs, input_shapes=shapes,
+                       input_names=names, kinds=self.kinds, prologue=self.calls[:prologue])
 
     # -- events: the pool bookkeeping happens now, once; only the transfers are recorded -----------------------
     def events(self, events: list[Event], step: Step) -> None:

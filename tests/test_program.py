@@ -97,6 +97,13 @@ def test_tracing_records_one_compute_event_per_step_like_the_interpreter():
     assert ca == cb and len(ca) == len(a.plan.steps)
 
 
+def test_a_wrong_batch_shape_names_the_input():
+    sess, _ = run("resnet20", "liveness", compiled=True, steps=1)
+    x = np.zeros((3, 3, 16, 16), np.float32)
+    with pytest.raises(ValueError, match="input 'data' expects shape"):
+        sess.executor.train_step(x, np.zeros(3, np.int64))
+
+
 def test_debug_mode_runs_the_interpreter():
     net = NETS["resnet20"]()
     sess = Session(net, opt(), policy="liveness", seed=5, debug=True)
