@@ -19,7 +19,7 @@ from ..optim import Optimizer
 from ..route import Route
 from .decisions.allreduce import DataParallel, add_allreduce_events, with_buckets
 from .decisions.compress import compress_policy
-from .decisions.offload import offload_policy
+from .decisions.offload_fit import offload_policy
 from .decisions.recompute import recompute_policy
 from .decisions.weights import weights_policy
 from .plan import Plan

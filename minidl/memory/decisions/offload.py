@@ -29,6 +29,12 @@ output for its backward; in VGG a conv's own output dies right after the ReLU re
 checkpoints would leave most of the memory unmovable. Combined with a recomputation schedule as the base, the
 dropped outputs have several residencies and are skipped, and the rule falls back to SuperNeurons' own.
 
+**Fitted to the budget first.** Under a binding budget, which tensors leave and how long their copy windows
+stay open are first chosen on a per-slot byte timeline (`offload_fit.py`): windows cut only where memory is
+short, scored by the simulator's link model, placed once (twice or three times if fragmentation needs more room).
+The policy's entry point (`offload_fit.offload_policy`) tries that first; `plan_offload` below is the older
+search, used when the timeline finds no fit (and by the weights scheduler).
+
 **Choosing how many.** In priority order, the first n candidates are offloaded; n is found by binary search
 (memory at each step can only drop when one more tensor leaves, so "fits" is monotone in n up to allocator
 noise), each probe being one replay of the placement pass. Planning ResNet-50 takes a handful of replays.
@@ -258,7 +264,7 @@ def _finish(plan: Plan, budget: int | None) -> Plan:
 
 def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile = "cpu", *,
                  base: Schedule | None = None, workspace: dict[int, WorkspaceChoice] | None = None,
-                 policy: str = "offload", slack: float = COPY_SLACK) -> Plan:
+                 policy: str = "offload", slack: float | None = None) -> Plan:
     """Plan `route` with the tensor cache under `budget`: offload as little as fits, hidden where possible.
 
     `base` is the schedule to start from (plain liveness by default; a recomputation schedule composes).
@@ -275,8 +281,9 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
         return _finish(plan, budget)   # the cache keeps everything resident: nothing moves
 
     dev = get_profile(device) if isinstance(device, str) else device
-    clock = _clock(route, dev, slack)
+    clock = _clock(route, dev, copy_slack(dev) if slack is None else slack)
     cands = find_candidates(route, base, clock)
+
 
     def with_first(n: int, tight: bool = False) -> Plan:
         chosen = cands[:n]
@@ -373,8 +380,3 @@ def _repair(route: Route, base: Schedule, cands: list[Candidate], clock: _Clock,
         else:
             hi = mid
     return best
-
-
-def offload_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
-    """The `offload` policy: liveness plus the tensor cache (see the table in `memory/policies.py`)."""
-    return plan_offload(route, budget, device or "cpu", workspace=default_workspace(route, costs))

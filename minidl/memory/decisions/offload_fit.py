@@ -33,8 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...route import Route
-from ..planner import Schedule, WorkspaceChoice
+from ..plan import Plan
+from ..planner import Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
 from ..pool import align_up
+from . import offload as _offload
 from .offload import Candidate, Timing, _Clock, hiding_timing
 from .recompute import SLOTS, Timeline
 
@@ -194,5 +196,47 @@ def best_fit(usage: np.ndarray, cands: list[Candidate], clock: _Clock, cap: int,
     return best
 
 
-__all__ = ["Fit", "base_usage", "best_fit", "estimate_exposed", "fewest_that_fit", "fitted_timing",
-           "tight_usage"]
+def fitted_plan(usage: np.ndarray, cands: list[Candidate], clock: _Clock, budget: int, persistent: int,
+                link_bw: float, place_timing, attempts: int = 3, margin: int = 0):
+    """Place the best timeline fit (`place_timing(chosen, timing)` -> Plan); when fragmentation makes it miss
+    `budget`, refit with the room lowered by twice the excess. The plan, or None if no fit fits."""
+    for _ in range(attempts):
+        fit = best_fit(usage, cands, clock, budget - persistent - margin, link_bw)
+        if fit is None:
+            return None
+        plan = place_timing(fit.chosen, fit.timing)
+        if plan.min_budget_bytes <= budget:
+            return plan
+        margin += 2 * (plan.min_budget_bytes - budget) + align_up(1)
+    return None
+
+
+def plan_offload_fitted(route: Route, budget: int | None, device="cpu", *, base: Schedule | None = None,
+                        workspace: dict[int, WorkspaceChoice] | None = None, policy: str = "offload") -> Plan:
+    """The `offload` policy: liveness (or `base`) plus the tensor cache, with the copies fitted to the budget on
+    the timeline; `offload.plan_offload` (the older search) when the timeline finds no fit."""
+    ws = default_workspace(route) if workspace is None else workspace
+    base = liveness_schedule(route, ws) if base is None else base
+    plan = make_plan(route, policy, None, ws, base)
+    if budget is None or plan.min_budget_bytes <= budget:
+        return _offload._finish(plan, budget)   # the cache keeps everything resident: nothing moves
+    dev = _offload.get_profile(device) if isinstance(device, str) else device
+    clock = _offload._clock(route, dev, _offload.copy_slack(dev))
+    cands = _offload.find_candidates(route, base, clock)
+    if cands:
+        persistent = sum(align_up(t.nbytes) for t in route.tensors.values() if t.role.persistent)
+        fitted = fitted_plan(base_usage(route, base, ws), cands, clock, budget, persistent, dev.link_bw,
+                             lambda chosen, timing: make_plan(route, policy, None, ws,
+                                                              _offload.offload_schedule(route, base, chosen, timing)))
+        if fitted is not None:
+            return _offload._finish(fitted, budget)
+    return _offload.plan_offload(route, budget, dev, base=base, workspace=ws, policy=policy)
+
+
+def offload_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
+    """The `offload` policy: liveness plus the tensor cache (see the table in `memory/policies.py`)."""
+    return plan_offload_fitted(route, budget, device or "cpu", workspace=default_workspace(route, costs))
+
+
+__all__ = ["Fit", "base_usage", "best_fit", "estimate_exposed", "fewest_that_fit", "fitted_plan", "fitted_timing",
+           "offload_policy", "plan_offload_fitted", "tight_usage"]
