@@ -39,8 +39,8 @@ import numpy as np
 
 from .backend import backend_name
 from .errors import MinidlError
-from .route import Accumulation, Phase, Route, Step
-from .tensors import Role, TensorSpec, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id, partial_delta_id
+from .route import Accumulation, Phase, Route, Step, update_step
+from .tensors import Role, TensorSpec, act_id, aux_id, delta_id, grad_id, param_id, partial_delta_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Network
@@ -193,7 +193,7 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
                     continue
                 steps.append(_bwd_step(net, n, m, M, k, len(steps), rg, shapes, act, add, seen[m], backend))
         for n in pack_nodes:
-            upd = _update(n, len(steps), optimizer_slots, add, net.dtype)
+            upd = update_step(len(steps), [n], optimizer_slots, add, net.dtype)
             if upd is not None:
                 steps.append(upd)
         blocks.append((first, len(steps) - 1))
@@ -258,19 +258,3 @@ def _bwd_step(net, n, m: int, M: int, pack: int, index: int, rg, shapes, act, ad
     if layer.is_loss:
         step.seed_delta = dout
     return step
-
-
-def _update(n, index: int, optimizer_slots, add, dtype) -> Step | None:
-    reads: list[str] = []
-    writes: list[str] = []
-    for pname, spec in n.params.items():
-        if not spec.trainable:
-            continue
-        p = param_id(n.name, pname)
-        reads += [p, grad_id(n.name, pname)]
-        writes.append(p)
-        for slot in optimizer_slots:
-            s = add(opt_state_id(n.name, pname, slot), Role.OPTIMIZER, spec.shape, dtype, n.name)
-            reads.append(s)
-            writes.append(s)
-    return Step(index, Phase.UPDATE, n.index, n.name, reads, writes) if writes else None

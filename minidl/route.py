@@ -234,17 +234,17 @@ class Route:
                     step.seed_delta = dout
                 steps.append(step)
                 if fused_update:
-                    update = _update_step(len(steps), [n], optimizer_slots, add, net.dtype)
+                    update = update_step(len(steps), [n], optimizer_slots, add, net.dtype)
                     if update is not None:
                         steps.append(update)
             if not fused_update:
-                steps.append(_update_step(len(steps), nodes, optimizer_slots, add, net.dtype)
+                steps.append(update_step(len(steps), nodes, optimizer_slots, add, net.dtype)
                              or Step(len(steps), Phase.UPDATE, None, "", [], []))
         return Route(net, training, steps, tensors, tuple(optimizer_slots), rg,
                      backend_name(backend), fused_update)
 
 
-def _update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype) -> Step | None:
+def update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype) -> Step | None:
     """The optimizer update of `nodes`' trainable parameters (None if they have none). One node: a fused
     per-layer update, named after its layer; several: the whole-network update step."""
     reads: list[str] = []
