@@ -111,3 +111,11 @@ def test_cli_reports_bytes_moved_by_role(capsys):
     assert moved["weights"] > 0 and moved["gradients"] > 0 and out["fused_update"]
     assert main(args + ["--policy", "liveness"]) == 0
     assert set(json.loads(capsys.readouterr().out)["moved_bytes_by_role"].values()) == {0}
+
+
+@pytest.mark.parametrize("debug", [True, False])  # interpreted (debug) and the compiled step
+def test_host_update_with_adam_is_bit_identical(debug):
+    ref = train(NETS["resnet20"](), "none", fused=False, opt=Adam(lr=1e-3))
+    got = train(NETS["resnet20"](), "weights", fused=None, opt=Adam(lr=1e-3), debug=debug)
+    assert (got.executor.program is None) == debug
+    assert_same_state(got, ref)
