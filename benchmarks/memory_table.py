@@ -15,8 +15,9 @@ same peak when it runs the plan):
 - lower bound parameters + gradients + optimizer state + the largest single step's working set (with the
               smallest workspace): no schedule of this route can go below it
 - min/LB      auto min / lower bound (the goal is <= 1.1)
-- window min  the smallest budget policy `window` accepts (nnabla's scheduler; its tightest window: only the
-              current step's tensors and the parameters on the device), asked the same way
+- window min  the arena of policy `window`'s tightest window (nnabla's scheduler: only the current step's
+              tensors and the parameters on the device), the minimum it states; `plan_network`'s verified
+              minimum can be a little lower (see schedulers/window.py)
 - arena/live  liveness plan: the arena it needs / its peak of live bytes, on the contiguous best-fit pool
               (fragmentation) and on the paged pool (`--paged`, chunk `--chunk`, default 20 MiB: the goal is
               1.00 up to chunk rounding)

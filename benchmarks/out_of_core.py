@@ -1,6 +1,7 @@
 """Out-of-core training, the experiment of Hayakawa & Narihira (nnabla): batches 2x..10x beyond device memory.
 
-    python benchmarks/out_of_core.py                          # CPU run (minutes) + simulator tables
+    python benchmarks/out_of_core.py                          # CPU run + simulator tables (CPU: ~45 min on a
+                                                              # 2-core machine under load, ~10 idle)
     python benchmarks/out_of_core.py --skip-cpu               # simulator tables only
     python benchmarks/out_of_core.py --cpu-budget 64MiB --cpu-image 32 --cpu-steps 3
 
