@@ -168,3 +168,26 @@ def test_explain_shows_head_and_tail():
     text = explain(plan)
     assert "= window [0, " in text and "pending swap-outs" in text
     assert "tail released" in text and "window head reached" in text
+
+
+def test_a_step_that_cannot_fit_is_rescheduled_with_its_window_budget_lowered(monkeypatch):
+    """When the placed plan misses the budget (holes), the window budget is lowered at the binding step only and the
+    schedule is redone, instead of falling back to the tightest window everywhere."""
+    import minidl.memory.schedulers.window as window
+
+    caps = []
+    real = window.window_schedule
+
+    def recording(route, order, cap, limit, ws):
+        caps.append(list(cap))
+        return real(route, order, cap, limit, ws)
+
+    monkeypatch.setattr(window, "window_schedule", recording)
+    budget = budgets("densenet_tiny")[2]
+    caps.clear()
+    plan = plan_network(NETS["densenet_tiny"](), opt(), "window", budget)
+    assert plan.min_budget_bytes <= budget
+    first, rescheduled = caps[1], caps[2:]      # caps[0]: the whole-step window (liveness) tried first
+    assert rescheduled
+    lowered = [k for k, (a, b) in enumerate(zip(rescheduled[0], first)) if a != b]
+    assert len(lowered) == 1 and rescheduled[0][lowered[0]] < first[lowered[0]]
