@@ -122,7 +122,8 @@ def table(meta: dict, rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"- {r['devices']} devices: " + "; ".join(
             f"device {d['device']} peak {d['peak_bytes'] / 1e9:.2f} GB, "
-            + ("weights swapped" if d["weights_homed"] else "weights resident") for d in r["per_device"]))
+            + (f"weights of {d['homed_layers']} of {d['candidate_layers']} layers swapped" if d["weights_homed"]
+               else "weights resident") for d in r["per_device"]))
     return "\n".join(lines) + "\n"
 
 

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
+import minidl as dl
 from minidl.cli import main
 from minidl.errors import BudgetError
+from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.decisions.weights import moved_by_role, plan_weights
 from minidl.memory.planner import make_plan
 from minidl.memory.schedulers.pipeline import (
@@ -35,32 +37,71 @@ def _events(plan):
     return [[(e.kind, e.tensor, e.offset, e.nbytes) for e in sp.before + sp.after] for sp in plan.steps]
 
 
+def fc_net(batch=8):
+    """Weights bigger than its activations: under a low enough budget every layer's weights must leave."""
+    net = dl.Network("fcnet")
+    h = net.input((batch, 3, 8, 8), name="data")
+    y = net.input((batch,), dtype="int64", name="label")
+    h = MaxPool2d(2, name="pool0")(ReLU(name="relu0")(Conv2d(4, 3, padding=1, name="conv0")(h)))
+    for i in range(3):
+        h = ReLU(name=f"r{i}")(Linear(96, name=f"fc{i}")(h))
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(5, name="fc")(h), y))
+    return net
+
+
 def test_one_device_is_the_single_device_pack_plan():
-    net = plain_net(batch=8)
-    route = net.route(optimizer_slots=SLOTS, micro_batches=2, packs=even_packs(net, 2))
-    resident = plan_weights(route, BIG, "k40c", workspace=workspace_choices(route), layers=[])
-    # a budget no plan with resident weights fits (not even with the activation cache): the weights are homed on
-    # the host, as policy `packs` does
-    budget = resident.min_budget_bytes
-    while True:
-        budget -= 512
-        try:
-            plan_weights(route, budget, "k40c", workspace=workspace_choices(route), layers=[])
-        except BudgetError:
+    net = fc_net()
+    route = net.route(optimizer_slots=SLOTS, micro_batches=2, packs=even_packs(net, 4))
+    ws = workspace_choices(route)
+    resident = plan_weights(route, BIG, "k40c", workspace=ws, layers=[])
+    # with room, weights stay resident: the plan is the resident one, nothing moves
+    roomy = plan_pipeline_fixed(net, 1, 2, 4, BIG, "k40c", SLOTS).device_plans[0]
+    assert roomy.homed_layers == 0 and _events(roomy.plan) == _events(resident) and roomy.host_bytes == 0
+    # a budget at which every layer's weights must be homed (policy packs' minimum, then lower until homing
+    # fewer layers no longer fits): there the pipeline's one device is policy `packs`' plan exactly
+    with pytest.raises(BudgetError) as e:
+        plan_weights(route, 1, "k40c", workspace=ws, policy="packs")
+    budget = e.value.min_budget_bytes
+    for _ in range(64):
+        dev = plan_pipeline_fixed(net, 1, 2, 4, budget, "k40c", SLOTS).device_plans[0]
+        if dev.homed_layers == dev.candidate_layers:
             break
-    single = plan_weights(route, budget, "k40c", workspace=workspace_choices(route), policy="packs")
-    pipe = plan_pipeline_fixed(net, 1, 2, 2, budget, "k40c", SLOTS)
+        budget -= 512
+    assert dev.homed_layers == dev.candidate_layers == 5
+    single = plan_weights(route, budget, "k40c", workspace=ws, policy="packs")
+    pipe = plan_pipeline_fixed(net, 1, 2, 4, budget, "k40c", SLOTS)
     (dev,) = pipe.device_plans
-    assert dev.weights_homed
     assert dev.plan.peak_bytes == single.peak_bytes
     assert dev.plan.min_budget_bytes == single.min_budget_bytes
     assert _events(dev.plan) == _events(single)
     assert dev.host_bytes == sum(moved_by_role(single).values()) > 0
     assert pipe.p2p_bytes == 0
     assert pipe.step_time_s == pytest.approx(simulate(single, "k40c").est_step_time_s, rel=1e-12)
-    # and with room, weights stay resident: the plan is the resident one
-    roomy = plan_pipeline_fixed(net, 1, 2, 2, BIG, "k40c", SLOTS).device_plans[0]
-    assert not roomy.weights_homed and _events(roomy.plan) == _events(resident)
+
+
+def test_fewest_layers_homed_first():
+    """Between all resident and all homed: the largest layers' weights go first, and only as many as needed."""
+    net = fc_net()
+    route = net.route(optimizer_slots=SLOTS, micro_batches=2, packs=even_packs(net, 4))
+    resident = plan_weights(route, BIG, "k40c", workspace=workspace_choices(route), layers=[])
+    found = {}
+    budget = resident.min_budget_bytes
+    while budget > 0:
+        budget -= 4096
+        try:
+            dev = plan_pipeline_fixed(net, 1, 2, 4, budget, "k40c", SLOTS).device_plans[0]
+        except BudgetError:
+            break
+        found.setdefault(dev.homed_layers, dev)
+    for n, dev in found.items():
+        homed = {dev.plan.route.tensors[t].owner for sp in dev.plan.steps for e in sp.before
+                 if e.kind.value == "prefetch" and dev.plan.role_of(e.tensor) is Role.PARAMETER
+                 for t in [e.tensor]}
+        assert len(homed) == n
+        sizes = {o: sum(s.nbytes for s in route.tensors.values() if s.owner == o and s.role is Role.PARAMETER)
+                 for o in ("conv0", "fc0", "fc1", "fc2", "fc")}
+        assert all(sizes[h] >= sizes[o] for h in homed for o in set(sizes) - homed)
+    assert 0 in found and set(found) & {1, 2, 3, 4}
 
 
 def test_two_devices_exact_bytes():
@@ -125,12 +166,12 @@ def test_search_and_replicas():
 
 
 def test_cli_plan_devices(capsys):
-    main(["plan", "lenet", "--devices", "2", "--json"])
+    main(["plan", "lenet", "--batch", "4", "--micro-batches", "2", "--devices", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["devices"] == 2 and len(out["per_device"]) == 2
     assert out["pipeline"]["device_bytes"] > 0 and out["replicas"]["device_bytes"] > 0
     assert out["pipeline"]["peak_bytes"] == max(d["peak_bytes"] for d in out["per_device"])
-    main(["plan", "lenet", "--devices", "2"])
+    main(["plan", "lenet", "--batch", "4", "--micro-batches", "2", "--devices", "2"])
     text = capsys.readouterr().out
     assert "pipeline over 2 x k40c" in text and "data-parallel replicas" in text
     assert main(["plan", "lenet", "--batch", "3", "--devices", "2"]) == 2

@@ -12,13 +12,14 @@ The schedule (Harmony, Li et al., VLDB 2022):
 - The route is the packed route of one device (`packs.build_packed`: all M micro-batches through a pack before
   the next; re-forward from stashed inputs; fused update). Each device runs the steps of its own packs, in the
   route's order: its *sub-route*.
-- **Per-device memory is a single-device plan**: a device's sub-route is planned by the same placement pass as
-  any route (so its peak is exact, byte for byte, like every other plan), under the per-device budget. Weights
-  stay resident when the device's whole sub-route fits that way; else every pack's weights are homed on the
-  host and visit once per pack block (the weights decision, as policy `packs` does), with the activation cache
-  on top. A tensor written on another device is, on this one, allocated at its first use (it arrives then) and
-  freed after its last; a tensor sent away is freed after its last local use. The budget check applies to each
-  device on its own (`BudgetError` names the device).
+- **Per-device memory is a single-device plan**: a device's sub-route is planned by the same placement pass as any
+  route (so its peak is exact, byte for byte, like every other plan), under the per-device budget. The fewest of the
+  device's layers (largest weights first, as `auto`'s weights search) have their weights homed on the host, visiting
+  once per pack block (the weights decision, as policy `packs` does), with the activation cache on top: none when
+  everything fits resident, all of them (exactly policy `packs`' plan) when nothing less does. A tensor written on
+  another device is, on this one, allocated at its first use (it arrives then) and freed after its last; a tensor
+  sent away is freed after its last local use. The budget check applies to each device on its own (`BudgetError`
+  names the device).
 - **Bytes moved per step**: host<->device is what each device plan's events copy (weights, gradients out for the
   host update, offloaded stashes); device<->device is every tensor used on a device other than the one that
   wrote it, once per (tensor, receiving device). The batch's inputs and labels are loaded from the host in both
@@ -35,9 +36,8 @@ parallel (a ring: 2 (N - 1) / N x the gradient bytes per replica), charged to it
 same peer bandwidth (an upper bound: DDP hides part of it behind backward).
 
 Limitations: device links are independent (no shared PCIe switch); a step's host-copy stalls are taken from the
-device's solo timeline; a device either keeps all its packs' weights resident or homes all of them; packs are
-never cut inside a layer (a layer's weights and gradient must fit one device together); the search tries powers of
-two for k and M.
+device's solo timeline; packs are never cut inside a layer (a layer's weights and gradient must fit one device
+together); the search tries powers of two for k and M.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from ...errors import BudgetError
 from ...packs import Packing, even_packs
 from ...route import Route
-from ..decisions.weights import moved_by_role, plan_weights
+from ..decisions.weights import layer_candidates, moved_by_role, plan_weights
 from ..plan import Plan
 from ..pool import format_bytes
 from ..simulate import DeviceProfile, get_profile, predicted_timeline, simulate
@@ -65,13 +65,18 @@ class DevicePlan:
     device: int
     packs: list[int]
     plan: Plan
-    weights_homed: bool              # True: its packs' weights live on the host and visit per pack block
+    homed_layers: int                # layers whose weights live on the host and visit per pack block
+    candidate_layers: int            # layers whose weights could (convolutions, fully connected)
     host_bytes: int                  # host<->device bytes per step (both directions)
     host_by_role: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
         return self.plan.peak_bytes
+
+    @property
+    def weights_homed(self) -> bool:
+        return self.homed_layers > 0
 
 
 @dataclass(slots=True)
@@ -181,17 +186,36 @@ def transfers(route: Route, step_dev: list[int]) -> list[tuple[int, int, int, st
     return out
 
 
-def _plan_device(sub: Route, budget: int, device: str, costs, d: int) -> tuple[Plan, bool]:
-    """Weights resident if the whole sub-route fits that way, else homed on the host per pack (policy packs)."""
+def _plan_device(sub: Route, budget: int, device: str, costs, d: int) -> tuple[Plan, int, int]:
+    """The device's plan with the fewest of its layers' weights homed on the host (largest first, as `auto`'s
+    weights search does): all resident if that fits, all homed (policy `packs`' plan) if nothing less does, else
+    the fewest found by bisection (homing more layers only frees memory, give or take placement details).
+    Returns (plan, layers homed, candidate layers)."""
     ws = workspace_choices(sub, costs)
+    cands = layer_candidates(sub)
+
+    def attempt(n: int) -> Plan | None:
+        try:
+            return plan_weights(sub, budget, device, workspace=ws, layers=cands[:n], policy="pipeline")
+        except BudgetError:
+            return None
+
+    plan = attempt(0)
+    if plan is not None:
+        return plan, 0, len(cands)
     try:
-        return plan_weights(sub, budget, device, workspace=ws, layers=[], policy="pipeline"), False
-    except BudgetError:
-        pass
-    try:
-        return plan_weights(sub, budget, device, workspace=ws, policy="pipeline"), True
+        best = plan_weights(sub, budget, device, workspace=ws, layers=cands, policy="pipeline")
     except BudgetError as e:
         raise BudgetError(f"device {d} of the pipeline: {e}", e.min_budget_bytes, e.binding) from None
+    lo, hi = 0, len(cands)          # homing lo layers does not fit; homing hi does
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        p = attempt(mid)
+        if p is None:
+            lo = mid
+        else:
+            hi, best = mid, p
+    return best, hi, len(cands)
 
 
 def pipeline_time(route: Route, step_dev: list[int], plans: list[Plan], profile: DeviceProfile) -> float:
@@ -244,9 +268,9 @@ def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_pack
     dplans: list[DevicePlan] = []
     dev_of_pack = pack_devices(len(packs), devices)
     for d, sub in enumerate(parts):
-        plan, homed = _plan_device(sub, budget, device, costs, d)
+        plan, homed, cands = _plan_device(sub, budget, device, costs, d)
         moved = moved_by_role(plan)
-        dplans.append(DevicePlan(d, [k for k, dd in enumerate(dev_of_pack) if dd == d], plan, homed,
+        dplans.append(DevicePlan(d, [k for k, dd in enumerate(dev_of_pack) if dd == d], plan, homed, cands,
                                  sum(moved.values()), moved))
     p2p = sum(t[4] for t in transfers(route, step_dev))
     t = pipeline_time(route, step_dev, [dp.plan for dp in dplans], profile)
@@ -376,6 +400,7 @@ def pipeline_json(pipe: PipelineResult, base: ReplicasResult | None) -> dict:
            "packs": pipe.packs, "cut": pipe.cut,
            "per_device": [{"device": d.device, "packs": d.packs, "peak_bytes": d.peak_bytes,
                            "min_budget_bytes": d.plan.min_budget_bytes, "weights_homed": d.weights_homed,
+                           "homed_layers": d.homed_layers, "candidate_layers": d.candidate_layers,
                            "host_bytes": d.host_bytes, "host_bytes_by_role": d.host_by_role}
                           for d in pipe.device_plans],
            "pipeline": {"host_bytes": pipe.host_bytes, "device_bytes": pipe.p2p_bytes,
@@ -394,7 +419,8 @@ def comparison_lines(pipe: PipelineResult, base: ReplicasResult | None) -> list[
              f"{pipe.devices})"]
     for d in pipe.device_plans:
         lines.append(f"  device {d.device}: packs {d.packs}, peak {format_bytes(d.peak_bytes)}, weights "
-                     + ("homed on the host, swapped per pack" if d.weights_homed else "resident")
+                     + (f"of {d.homed_layers} of {d.candidate_layers} layers homed on the host, swapped per pack"
+                        if d.weights_homed else "resident")
                      + f", host<->device {format_bytes(d.host_bytes)} per step")
     lines.append(f"  per step: host<->device {format_bytes(pipe.host_bytes)}, device<->device "
                  f"{format_bytes(pipe.p2p_bytes)}, estimated step time {pipe.step_time_s * 1e3:.1f} ms")
