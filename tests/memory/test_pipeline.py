@@ -19,6 +19,7 @@ from minidl.memory.schedulers.pipeline import (
     plan_pipeline,
     plan_pipeline_fixed,
     plan_replicas,
+    search_pipeline,
     sub_routes,
     transfers,
 )
@@ -195,3 +196,13 @@ def test_cuts_cover_every_layer_in_order():
             assert [x for p in packs for x in p] == names and all(packs) and len(packs) <= max(1, min(n, len(names)))
     # the convolutions hold most of plain_net's FLOPs, the fully connected layers most of its weights
     assert compute_packs(net, 2)[0][0] == "conv0" and "conv1" not in compute_packs(net, 2)[0]
+
+
+def test_objectives_pick_from_the_same_candidates():
+    net = plain_net(batch=8)
+    found = search_pipeline(net, 2, BIG, "k40c", SLOTS)
+    fast = plan_pipeline(net, 2, BIG, "k40c", SLOTS, objective="time")
+    lean = plan_pipeline(net, 2, BIG, "k40c", SLOTS, objective="swap")
+    assert fast.step_time_s == min(r.step_time_s for r in found)
+    assert (lean.host_bytes, lean.p2p_bytes) == min((r.host_bytes, r.p2p_bytes) for r in found)
+    assert lean.step_time_s >= fast.step_time_s and lean.p2p_bytes <= fast.p2p_bytes

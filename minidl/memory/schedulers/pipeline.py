@@ -341,12 +341,20 @@ def _powers(limit: int) -> list[int]:
     return out
 
 
-def plan_pipeline(net: "Network", devices: int, budget: int | None = None, device: str = "k40c",
-                  optimizer_slots=(), micro_batches: int | None = None, costs=None,
-                  max_packs_per_device: int = 4) -> PipelineResult:
-    """The fastest pipeline plan (simulated step time; ties: fewer bytes moved) over M (powers of two dividing
-    the batch, or `micro_batches`), k packs per device (1, 2, 4, ... up to `max_packs_per_device`) and the two
-    cuts of `CUTS`. `budget`: per device (default: the profile's memory)."""
+OBJECTIVES = {
+    "time": lambda r: (r.step_time_s, r.host_bytes + r.p2p_bytes),
+    "swap": lambda r: (r.host_bytes, r.p2p_bytes, r.step_time_s),
+}
+"""How `plan_pipeline` ranks the candidates that fit: the fastest simulated step (ties: fewer bytes moved), or
+the fewest bytes through the host (Harmony's swap volume; ties: fewer device-to-device bytes, then time)."""
+
+
+def search_pipeline(net: "Network", devices: int, budget: int | None = None, device: str = "k40c",
+                    optimizer_slots=(), micro_batches: int | None = None, costs=None,
+                    max_packs_per_device: int = 4) -> list[PipelineResult]:
+    """Every pipeline plan that fits, over M (powers of two dividing the batch, or `micro_batches`), k packs per
+    device (1, 2, 4, ... up to `max_packs_per_device`) and the cuts of `CUTS`. `budget`: per device (default:
+    the profile's memory). BudgetError if none fits, with the closest."""
     if devices < 1:
         raise ValueError(f"--devices must be at least 1, got {devices}")
     profile = get_profile(device)
@@ -354,27 +362,34 @@ def plan_pipeline(net: "Network", devices: int, budget: int | None = None, devic
     batch = net.input_nodes[0].shape[0]
     n_layers = len(net.layer_nodes)
     ms = [micro_batches] if micro_batches else [m for m in _powers(batch) if batch % m == 0]
-    best: PipelineResult | None = None
+    found: list[PipelineResult] = []
     floor: BudgetError | None = None
     for m in ms:
-        for k, cut in [(k, c) for k in _powers(max_packs_per_device) for c in CUTS]:
+        for k in _powers(max_packs_per_device):
             if devices * k > n_layers:
                 break
-            try:
-                r = plan_pipeline_fixed(net, devices, m, devices * k, budget, device, optimizer_slots, costs, cut)
-            except BudgetError as e:
-                if floor is None or (e.min_budget_bytes or 0) < (floor.min_budget_bytes or 0):
-                    floor = e
-                continue
-            if best is None or (r.step_time_s, r.host_bytes + r.p2p_bytes) < (
-                    best.step_time_s, best.host_bytes + best.p2p_bytes):
-                best = r
-    if best is not None:
-        return best
+            for cut in CUTS:
+                try:
+                    found.append(plan_pipeline_fixed(net, devices, m, devices * k, budget, device, optimizer_slots,
+                                                     costs, cut))
+                except BudgetError as e:
+                    if floor is None or (e.min_budget_bytes or 0) < (floor.min_budget_bytes or 0):
+                        floor = e
+    if found:
+        return found
     if floor is None:
         raise BudgetError(f"'{net.name}' has {n_layers} layers: too few for {devices} devices")
     raise BudgetError(f"no pipeline of '{net.name}' over {devices} devices fits {format_bytes(budget)} per device "
                       f"(micro-batches tried: {ms}); the closest: {floor}", floor.min_budget_bytes, floor.binding)
+
+
+def plan_pipeline(net: "Network", devices: int, budget: int | None = None, device: str = "k40c",
+                  optimizer_slots=(), micro_batches: int | None = None, costs=None,
+                  max_packs_per_device: int = 4, objective: str = "time") -> PipelineResult:
+    """The best plan of `search_pipeline` by `objective` (a key of `OBJECTIVES`)."""
+    found = search_pipeline(net, devices, budget, device, optimizer_slots, micro_batches, costs,
+                            max_packs_per_device)
+    return min(found, key=OBJECTIVES[objective])
 
 
 def plan_replicas(replica: "Network", devices: int, budget: int | None = None, device: str = "k40c",
@@ -436,6 +451,6 @@ def comparison_lines(pipe: PipelineResult, base: ReplicasResult | None) -> list[
     return lines
 
 
-__all__ = ["CUTS", "DevicePlan", "PipelineResult", "ReplicasResult", "comparison_lines", "compute_packs",
-           "min_max_cut", "mixed_packs", "pack_devices", "pipeline_json", "pipeline_time", "plan_pipeline",
-           "plan_pipeline_fixed", "plan_replicas", "sub_routes", "transfers"]
+__all__ = ["CUTS", "OBJECTIVES", "DevicePlan", "PipelineResult", "ReplicasResult", "comparison_lines",
+           "compute_packs", "min_max_cut", "mixed_packs", "pack_devices", "pipeline_json", "pipeline_time",
+           "plan_pipeline", "plan_pipeline_fixed", "plan_replicas", "search_pipeline", "sub_routes", "transfers"]
