@@ -337,18 +337,27 @@ def cmd_plan(args) -> dict:
 
 def _plan_devices(args, net, opt) -> dict:
     """`minidl plan --devices N`: the pipeline and the replicas baseline (see memory/schedulers/pipeline.py)."""
-    from .memory.schedulers.pipeline import comparison_lines, pipeline_json, plan_pipeline, plan_replicas
+    from .memory.schedulers.pipeline import (
+        OBJECTIVES,
+        comparison_lines,
+        least_swap_lines,
+        pipeline_json,
+        plan_replicas,
+        search_pipeline,
+    )
 
     batch = net.input_nodes[0].shape[0]
     if batch % args.devices:
         raise OptionError(f"--devices {args.devices}: the batch of {batch} must divide among the replicas")
     slots = tuple(opt.slots)
-    pipe = plan_pipeline(net, args.devices, args.budget, args.device, slots, args.micro_batches)
+    found = search_pipeline(net, args.devices, args.budget, args.device, slots, args.micro_batches)
+    pipe, lean = (min(found, key=OBJECTIVES[o]) for o in ("time", "swap"))
     replica = _build(argparse.Namespace(**{**vars(args), "batch": batch // args.devices}))
     base = plan_replicas(replica, args.devices, args.budget, args.device, slots)
-    out = {"model": args.model, "device": args.device, **pipeline_json(pipe, base)}
+    out = {"model": args.model, "device": args.device, **pipeline_json(pipe, base),
+           "least_swap": pipeline_json(lean, None)}
     if not args.json:
-        print("\n".join(comparison_lines(pipe, base)))
+        print("\n".join(comparison_lines(pipe, base) + least_swap_lines(lean, pipe)))
     return out
 
 

@@ -172,6 +172,8 @@ def test_cli_plan_devices(capsys):
     assert out["devices"] == 2 and len(out["per_device"]) == 2
     assert out["pipeline"]["device_bytes"] > 0 and out["replicas"]["device_bytes"] > 0
     assert out["pipeline"]["peak_bytes"] == max(d["peak_bytes"] for d in out["per_device"])
+    lean, fast = out["least_swap"]["pipeline"], out["pipeline"]
+    assert (lean["host_bytes"], lean["device_bytes"]) <= (fast["host_bytes"], fast["device_bytes"])
     main(["plan", "lenet", "--batch", "4", "--micro-batches", "2", "--devices", "2"])
     text = capsys.readouterr().out
     assert "pipeline over 2 x k40c" in text and "data-parallel replicas" in text

@@ -427,6 +427,15 @@ def pipeline_json(pipe: PipelineResult, base: ReplicasResult | None) -> dict:
     return out
 
 
+def least_swap_lines(lean: PipelineResult, fast: PipelineResult) -> list[str]:
+    """One line on the candidate that moves the fewest bytes through the host, when it is not the fastest."""
+    if OBJECTIVES["swap"](lean) == OBJECTIVES["swap"](fast):
+        return ["  (the fastest pipeline is also the one that swaps least)"]
+    return [f"least host swap instead: {lean.micro_batches} micro-batches, {len(lean.packs)} packs cut by "
+            f"{lean.cut}: host<->device {format_bytes(lean.host_bytes)}, device<->device "
+            f"{format_bytes(lean.p2p_bytes)}, estimated step time {lean.step_time_s * 1e3:.1f} ms"]
+
+
 def comparison_lines(pipe: PipelineResult, base: ReplicasResult | None) -> list[str]:
     """`minidl plan --devices N`'s words: per device, then the pipeline against the replicas."""
     lines = [f"pipeline over {pipe.devices} x {pipe.profile.name} ({format_bytes(pipe.budget)} each): "
@@ -452,5 +461,6 @@ def comparison_lines(pipe: PipelineResult, base: ReplicasResult | None) -> list[
 
 
 __all__ = ["CUTS", "OBJECTIVES", "DevicePlan", "PipelineResult", "ReplicasResult", "comparison_lines",
-           "compute_packs", "min_max_cut", "mixed_packs", "pack_devices", "pipeline_json", "pipeline_time",
-           "plan_pipeline", "plan_pipeline_fixed", "plan_replicas", "search_pipeline", "sub_routes", "transfers"]
+           "compute_packs", "least_swap_lines", "min_max_cut", "mixed_packs", "pack_devices", "pipeline_json",
+           "pipeline_time", "plan_pipeline", "plan_pipeline_fixed", "plan_replicas", "search_pipeline", "sub_routes",
+           "transfers"]
