@@ -126,3 +126,50 @@ def test_a_plan_that_frees_late_is_seen_by_the_replay():
     assert moved
     with pytest.raises(ValueError, match="overlap"):  # later tensors were placed where the late ones still live
         replay_peak(plan)
+
+
+def test_interval_records_are_consistent():
+    """Each interval names its tensor, its uses are strictly increasing step indices, and first/last are the ends
+    (a use recorded at a wrong step, or a None, would reach the offload decisions, which read the gaps)."""
+    route = plan_network(NETS["resnet20"](), SGD(0.1), "liveness").route  # adds and forks: accumulations
+    n = len(route.steps)
+    for tid, iv in analyze(route).items():
+        assert iv.tensor == tid
+        assert all(isinstance(u, int) and 0 <= u < n for u in iv.uses), (tid, iv.uses)
+        assert list(iv.uses) == sorted(set(iv.uses)) and (iv.first, iv.last) == (iv.uses[0], iv.uses[-1])
+    forks = [acc.into for st in route.steps for acc in st.accumulate]
+    assert forks and all(st.index in analyze(route)[acc.into].uses for st in route.steps for acc in st.accumulate)
+
+
+def test_paged_plans_replay_on_a_paged_pool():
+    chunk = 64 * 1024
+    sess = Session(NETS["resnet20"](), Adam(), policy="liveness", paged=chunk)
+    sess.fit(synthetic(16, (3, 16, 16), 10, seed=0), 1)
+    assert sess.plan.paged is not None
+    assert simulate(sess.plan, "cpu").peak_bytes == sess.plan.peak_bytes == sess.executor.pool.peak
+
+
+def test_replay_refuses_inconsistent_events():
+    from dataclasses import dataclass
+
+    from minidl.memory.plan import Event, EventKind
+
+    plan = plan_network(NETS["dropnet"](), SGD(0.1), "liveness")
+    sp = next(sp for sp in plan.steps if any(e.kind is EventKind.ALLOC for e in sp.before))
+    i, first = next((i, e) for i, e in enumerate(sp.before) if e.kind is EventKind.ALLOC)
+    sp.before.insert(i + 1, Event(EventKind.ALLOC, first.tensor, first.offset, first.nbytes))
+    with pytest.raises(ValueError, match=f"replay: alloc of '{first.tensor}', which is already resident"):
+        replay_peak(plan)
+    plan = plan_network(NETS["dropnet"](), SGD(0.1), "liveness")
+    plan.steps[-1].after.append(Event(EventKind.FREE, "act:nowhere"))
+    with pytest.raises(ValueError, match="replay: free of 'act:nowhere', which is not resident"):
+        replay_peak(plan)
+
+    @dataclass(frozen=True)
+    class Bogus:
+        value: str = "bogus"
+
+    plan = plan_network(NETS["dropnet"](), SGD(0.1), "liveness")
+    plan.steps[0].before.append(Event(Bogus(), "act:x"))
+    with pytest.raises(ValueError, match="replay: event kind 'bogus' has no memory effect declared"):
+        replay_peak(plan)
