@@ -247,7 +247,8 @@ def _state(i: int) -> dict[str, np.ndarray]:
 
 
 def _writer(path, hook=None):
-    """Fork a process that saves checkpoints 1, 2, 3... to `path` forever; returns its pid once it runs."""
+    """Fork a process that saves checkpoints 1, 2, 3... to `path` forever, writing one byte to a pipe after each
+    completed save; returns (pid, the pipe's read end) once it runs."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the writer
@@ -255,17 +256,17 @@ def _writer(path, hook=None):
             os.close(r)
             if hook:
                 setattr(ck, hook, lambda tmp: os.kill(os.getpid(), signal.SIGSTOP))
-            os.write(w, b"x")
+            os.write(w, b"s")
             i = 1
             while True:
                 ck.save_checkpoint(path, _state(i), {"w.momentum": np.full(5, i, np.float32)}, {"i": i})
+                os.write(w, b"x")
                 i += 1
         finally:
             os._exit(1)
     os.close(w)
     os.read(r, 1)
-    os.close(r)
-    return pid
+    return pid, r
 
 
 def _check_on_disk(path) -> int:
@@ -282,11 +283,18 @@ def test_kill_9_at_any_moment_leaves_the_old_or_the_new_checkpoint(tmp_path):
     ck.save_checkpoint(path, _state(0), {"w.momentum": np.zeros(5, np.float32)}, {"i": 0})
     rng = random.Random(14)
     seen = set()
-    for _ in range(25):
-        pid = _writer(path)
-        time.sleep(rng.uniform(0.0, 0.08))
+    t = time.perf_counter()
+    ck.save_checkpoint(tmp_path / "probe.npz", _state(1), None, {})
+    one_save = time.perf_counter() - t
+    (tmp_path / "probe.npz").unlink()
+    for k in range(25):
+        pid, r = _writer(path)
+        for _ in range(k % 3):  # let 0, 1 or 2 saves complete first, so the kills land in different writes ...
+            os.read(r, 1)
+        time.sleep(rng.uniform(0.0, 1.5 * one_save))  # ... and at a random point of the next one
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        os.close(r)
         seen.add(_check_on_disk(path))
     assert len(seen) > 1  # the kills landed at different points of different writes
     # the temporaries of the killed writers go with the next save
@@ -298,11 +306,12 @@ def test_kill_9_at_any_moment_leaves_the_old_or_the_new_checkpoint(tmp_path):
 def test_kill_9_at_the_rename(tmp_path, hook, expect_new):
     path = tmp_path / "run.npz"
     ck.save_checkpoint(path, _state(0), {"w.momentum": np.zeros(5, np.float32)}, {"i": 0})
-    pid = _writer(path, hook)
+    pid, r = _writer(path, hook)
     _, status = os.waitpid(pid, os.WUNTRACED)  # stopped by the hook, exactly at the rename
     assert os.WIFSTOPPED(status)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
+    os.close(r)
     assert _check_on_disk(path) == (1 if expect_new else 0)
 
 
