@@ -173,3 +173,27 @@ def test_replay_refuses_inconsistent_events():
     plan.steps[0].before.append(Event(Bogus(), "act:x"))
     with pytest.raises(ValueError, match="replay: event kind 'bogus' has no memory effect declared"):
         replay_peak(plan)
+
+
+def test_sizes_zero_is_a_size_and_negative_is_not():
+    """`--host-limit 0` (every offload to disk) needs 0 to parse; a mutant refusing it survived the pool tests."""
+    from minidl.memory.pool import parse_size
+
+    assert parse_size(0) == 0 and parse_size("0") == 0 and parse_size("1KiB") == 1024
+    with pytest.raises(ValueError, match="cannot be negative, got -1"):
+        parse_size(-1)
+    with pytest.raises(ValueError, match="memory size 'lots'"):
+        parse_size("lots")
+
+
+def test_out_of_memory_says_fragmented_when_exactly_the_request_is_free_in_pieces():
+    from minidl.memory.pool import PoolOutOfMemory, TensorPool
+
+    pool = TensorPool(4 * 512)
+    a, _, c, _ = (pool.alloc(512, tag=t) for t in "abcd")
+    pool.free(a)
+    pool.free(c)  # 1024 bytes free in total, in two 512-byte holes
+    with pytest.raises(PoolOutOfMemory) as e:
+        pool.alloc(1024, tag="big")
+    assert e.value.free_bytes == 1024 and e.value.requested == 1024
+    assert "fragmented" in str(e.value) and "not enough free memory in total" not in str(e.value)
