@@ -739,11 +739,57 @@ def global_avgpool_backward(dx, dy, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch("global_avgpool_backward", (dx, dy, nc, hw), _size(dx), limits)
 
 
+# -- compress.cu (the SZ codec; layout as in minidl/codec/sz.py) -----------------------------------------------------
+SZ_BLOCK = 256          # codes per block (one thread block of 256 threads)
+SZ_PLANE_WORDS = 8      # 32-bit words per bit-plane of a block (SZ_BLOCK / 32)
+SZ_MAX_PLANES = 64      # fixed plane slots per block before compaction
+
+
+def _sz_blocks(name: str, n: int, nblocks: int) -> None:
+    if nblocks != -(-n // SZ_BLOCK):
+        raise ValueError(f"{name}: {n} codes need {-(-n // SZ_BLOCK)} blocks of {SZ_BLOCK}, got {nblocks}")
+
+
+def sz_quantize(bins, outlier, x, eb, limits=DeviceLimits()) -> KernelLaunch:
+    n = _same_size("sz_quantize", bins, outlier, x)
+    return pack_launch("sz_quantize", (bins, outlier, x, n, eb), n, limits)
+
+
+def sz_encode_blocks(planes, widths, anchors, bins, limits=DeviceLimits()) -> KernelLaunch:
+    n, nblocks = _size(bins), _same_size("sz_encode_blocks", widths, anchors)
+    _sz_blocks("sz_encode_blocks", n, nblocks)
+    if _size(planes) != nblocks * SZ_MAX_PLANES * SZ_PLANE_WORDS:
+        raise ValueError(f"sz_encode_blocks: planes has {_size(planes)} words, expected "
+                         f"{nblocks * SZ_MAX_PLANES * SZ_PLANE_WORDS} for {nblocks} blocks")
+    return pack_launch("sz_encode_blocks", (planes, widths, anchors, bins, n, nblocks), (nblocks, SZ_BLOCK), limits)
+
+
+def sz_gather_planes(body, planes, widths, starts, limits=DeviceLimits()) -> KernelLaunch:
+    nblocks = _same_size("sz_gather_planes", widths, starts)
+    work = nblocks * SZ_MAX_PLANES * SZ_PLANE_WORDS
+    if _size(planes) != work:
+        raise ValueError(f"sz_gather_planes: planes has {_size(planes)} words, expected {work}")
+    return pack_launch("sz_gather_planes", (body, planes, widths, starts, nblocks), work, limits)
+
+
+def sz_decode_blocks(y, body, widths, starts, anchors, eb, limits=DeviceLimits()) -> KernelLaunch:
+    n, nblocks = _size(y), _same_size("sz_decode_blocks", widths, starts, anchors)
+    _sz_blocks("sz_decode_blocks", n, nblocks)
+    return pack_launch("sz_decode_blocks", (y, body, widths, starts, anchors, n, nblocks, eb), (nblocks, SZ_BLOCK),
+                       limits)
+
+
+def sz_scatter_outliers(y, idx, vals, limits=DeviceLimits()) -> KernelLaunch:
+    n_out = _same_size("sz_scatter_outliers", idx, vals)
+    return pack_launch("sz_scatter_outliers", (y, idx, vals, n_out), n_out, limits)
+
+
 #: kernel name -> the function that packs its launch (one per entry point of kernels/*.cu).
 LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
     f.__name__: f for f in (
         relu_forward, relu_backward, add_forward, accumulate, scale_copy, dropout_forward, dropout_backward,
         concat_copy_forward, concat_copy_backward, lrn_forward, lrn_backward, softmax_xent_forward,
         softmax_xent_mean, softmax_xent_backward, sgd_update, adam_update, maxpool2d_forward, maxpool2d_backward,
-        avgpool2d_forward, avgpool2d_backward, global_avgpool_forward, global_avgpool_backward)
+        avgpool2d_forward, avgpool2d_backward, global_avgpool_forward, global_avgpool_backward,
+        sz_quantize, sz_encode_blocks, sz_gather_planes, sz_decode_blocks, sz_scatter_outliers)
 }

@@ -401,6 +401,15 @@ LAUNCH_CASES = {
                            lambda a: (a[0], a[1], 2, 3, 9, 8, 4, 4, 3, 3, 2, 2, 1, 1, 1, 0), x4.size),
     "global_avgpool_forward": ((_f(2, 3), x4), lambda a: (a[0], a[1], 6, 72), (6, 72)),
     "global_avgpool_backward": ((_f(2, 3, 9, 8), _f(2, 3)), lambda a: (a[0], a[1], 6, 72), x4.size),
+    "sz_quantize": ((np.zeros(700, np.int64), np.zeros(700, np.uint8), _f(700), 1e-3),
+                    lambda a: (*a[:3], 700, 1e-3), 700),
+    "sz_encode_blocks": ((np.zeros(3 * 64 * 8, np.uint32), np.zeros(3, np.uint8), np.zeros(3, np.int64),
+                          np.zeros(700, np.int64)), lambda a: (*a, 700, 3), (3, 256)),
+    "sz_gather_planes": ((np.zeros(100, np.uint32), np.zeros(3 * 64 * 8, np.uint32), np.zeros(3, np.uint8),
+                          np.zeros(3, np.int64)), lambda a: (*a, 3), 3 * 64 * 8),
+    "sz_decode_blocks": ((_f(700), np.zeros(100, np.uint32), np.zeros(3, np.uint8), np.zeros(3, np.int64),
+                          np.zeros(3, np.int64), 0.5), lambda a: (*a[:5], 700, 3, 0.5), (3, 256)),
+    "sz_scatter_outliers": ((_f(700), np.zeros(4, np.int64), _f(4)), lambda a: (*a, 4), 4),
 }
 
 
@@ -438,6 +447,9 @@ def test_launch_rejects_bad_arguments():
         cuplan.relu_forward(_f(4), _f(5))
     with pytest.raises(ValueError, match="do not fit"):
         cuplan.concat_copy_forward(_f(2, 4, 3), _f(2, 3, 3), 2)
+    with pytest.raises(ValueError, match="need 3 blocks"):
+        cuplan.sz_encode_blocks(np.zeros(2 * 512, np.uint32), np.zeros(2, np.uint8), np.zeros(2, np.int64),
+                                np.zeros(700, np.int64))
     with pytest.raises(ValueError, match="outside axis 1"):
         cuplan.concat_copy_forward(_f(2, 4, 3), _f(2, 3, 4), 0)
     with pytest.raises(ValueError, match="momentum buffer"):
