@@ -1,8 +1,11 @@
 """Small networks shared by the memory tests: ResNet-20 (adds), a tiny DenseNet (concats), and a net with BN and
 dropout (recomputation must reuse BN's batch statistics and replay the dropout mask)."""
 import minidl as dl
+from minidl.data import synthetic
 from minidl.layers import BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.models import build_model
+from minidl.optim import SGD
+from minidl.session import Session
 
 
 def dropnet(batch=4):
@@ -28,3 +31,33 @@ NETS = {
     "densenet_tiny": lambda: build_model("densenet", variant="tiny", batch=2, image_size=16, num_classes=10),
     "dropnet": dropnet,
 }
+
+
+def opt():
+    """The optimizer every bit-identity test trains with (momentum and weight decay: state to plan)."""
+    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+def data_for(net, n=32, seed=0):
+    """Synthetic samples shaped for `net`'s input and classes."""
+    return synthetic(n, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=seed)
+
+
+def train(key, policy, budget=None, steps=5, n=32, seed=3, nets=None, **session_kw):
+    """`steps` steps of `nets[key]` (default: NETS) on `n` synthetic samples under `policy`: the run every policy
+    is compared on."""
+    net = (NETS if nets is None else nets)[key]()
+    sess = Session(net, opt(), policy=policy, budget=budget, seed=seed, **session_kw)
+    sess.fit(data_for(net, n), steps)
+    return sess
+
+
+def reference_states(train_fn):
+    """key -> the parameters after `train_fn(key, "none")`, trained once per key (wrap in a module fixture)."""
+    cache = {}
+
+    def get(key):
+        if key not in cache:
+            cache[key] = train_fn(key, "none").executor.state_dict()
+        return cache[key]
+    return get

@@ -16,7 +16,6 @@ import pytest
 
 import minidl as dl
 from minidl import layers as L
-from minidl.data import synthetic
 from minidl.memory.decisions.offload import find_candidates, plan_offload
 from minidl.memory.host import HostStore, TransferError
 from minidl.memory.plan import EventKind
@@ -24,8 +23,10 @@ from minidl.memory.planner import default_workspace, liveness_schedule
 from minidl.memory.policies import available_policies, plan_network
 from minidl.memory.simulate import DeviceProfile, simulate
 from minidl.models import build_model
-from minidl.optim import SGD
 from minidl.session import Session
+
+from . import nets
+from .nets import data_for, opt, reference_states
 
 _real_copyto = np.copyto
 
@@ -56,12 +57,6 @@ def small_vgg(batch=4):
 NETS = {"resnet20": resnet20, "vgg11_cifar": small_vgg}
 
 
-def opt():
-    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
-
-
-def data_for(net, n=32):
-    return synthetic(n, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0)
 
 
 def budgets(key):
@@ -75,21 +70,12 @@ def budgets(key):
 
 
 def train(key, policy, budget=None, steps=5, **kw):
-    net = NETS[key]()
-    sess = Session(net, opt(), policy=policy, budget=budget, seed=3, **kw)
-    sess.fit(data_for(net), steps)
-    return sess
+    return nets.train(key, policy, budget, steps, nets=NETS, **kw)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    cache = {}
-
-    def get(key):
-        if key not in cache:
-            cache[key] = train(key, "none").executor.state_dict()
-        return cache[key]
-    return get
+    return reference_states(train)
 
 
 def assert_same(ref, sess):

@@ -12,21 +12,15 @@ import pytest
 
 import minidl as dl
 from minidl.backend.cpu_paged import MemfdArena
-from minidl.data import synthetic
 from minidl.memory.paged import PagedPool
 from minidl.memory.policies import exact_policies, plan_network
 from minidl.memory.pool import PoolOutOfMemory
 from minidl.memory.simulate import simulate
-from minidl.optim import SGD
-from minidl.session import Session
 
-from .nets import NETS
+from . import nets
+from .nets import NETS, opt, reference_states
 
 CHUNK = 4096
-
-
-def opt():
-    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
 
 
 def test_small_tensors_share_a_chunk_large_ones_own_runs():
@@ -111,21 +105,12 @@ def _budget(key, policy):
 
 
 def train(key, policy, budget=None, paged=None, steps=3):
-    net = NETS[key]()
-    sess = Session(net, opt(), policy=policy, budget=budget, seed=3, debug=paged is None, paged=paged)
-    sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
-    return sess
+    return nets.train(key, policy, budget, steps=steps, n=16, debug=paged is None, paged=paged)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    cache = {}
-
-    def get(key):
-        if key not in cache:
-            cache[key] = train(key, "none").executor.state_dict()
-        return cache[key]
-    return get
+    return reference_states(train)
 
 
 @pytest.mark.parametrize("key", ["resnet20", "dropnet"])

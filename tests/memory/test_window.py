@@ -11,21 +11,15 @@ import numpy as np
 import pytest
 
 import minidl as dl
-from minidl.data import synthetic
 from minidl.memory.plan import EventKind
 from minidl.memory.planner import default_workspace
 from minidl.memory.policies import available_policies, plan_network
 from minidl.memory.report import explain
 from minidl.memory.schedulers.window import AccessOrder, window_min_budget, window_schedule
 from minidl.memory.simulate import simulate
-from minidl.optim import SGD
-from minidl.session import Session
 
-from .nets import NETS
-
-
-def opt():
-    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
+from . import nets
+from .nets import NETS, opt, reference_states
 
 
 def route_of(key):
@@ -41,21 +35,12 @@ def budgets(key):
 
 
 def train(key, policy, budget=None, steps=3):
-    net = NETS[key]()
-    sess = Session(net, opt(), policy=policy, budget=budget, seed=3, debug=True)
-    sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
-    return sess
+    return nets.train(key, policy, budget, steps=steps, n=16, debug=True)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    cache = {}
-
-    def get(key):
-        if key not in cache:
-            cache[key] = train(key, "none").executor.state_dict()
-        return cache[key]
-    return get
+    return reference_states(train)
 
 
 def test_policy_is_registered():
