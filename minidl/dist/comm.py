@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+
 import numpy as np
 
 from ..errors import DistError
