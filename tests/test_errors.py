@@ -63,13 +63,11 @@ def test_maxpool_window_entirely_in_padding_is_refused_at_build():
     _net(lambda x: MaxPool2d(2, stride=1, padding=1, dilation=2, name="mp")(x), shape=(2, 3, 8, 8))
 
 
-def test_huge_pooling_kernel_is_refused_at_build_quickly():
-    import time
-    t = time.perf_counter()
+def test_huge_pooling_kernel_is_refused_at_build():
+    """It used to build, then spend 71 s growing scratch into a MemoryError: a GraphError at build is the fix."""
     with pytest.raises(GraphError) as e:
         _net(lambda x: AvgPool2d(100000, ceil_mode=True, name="ap")(x))
     assert "'ap'" in str(e.value) and "100000" in str(e.value)
-    assert time.perf_counter() - t < 5  # was 71 s then MemoryError; typically milliseconds
 
 
 def test_batchnorm_with_one_value_per_channel_is_refused_before_planning():
