@@ -122,14 +122,14 @@ class CacheResult:
     candidates: int
 
 
-def offload_candidates(mod, route: Route, base: Schedule, clock, root_reads: dict[str, int]) -> list:
+def offload_candidates(route: Route, base: Schedule, clock, root_reads: dict[str, int]) -> list:
     """offload.find_candidates, adjusted for recomputation: a root must be back before its first recompute read
     (one step early, since recomputations run before the boundary's waits), and roots that only recomputation
     reads in backward become candidates too."""
     n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
     cands = []
     seen = set()
-    for c in mod.find_candidates(route, base, clock):
+    for c in offload_decision.find_candidates(route, base, clock):
         seen.add(c.tensor)
         if c.tensor in root_reads:
             fb = min(c.first_backward, root_reads[c.tensor] - 1)
@@ -150,7 +150,7 @@ def offload_candidates(mod, route: Route, base: Schedule, clock, root_reads: dic
         if fb - lf < 2:
             continue
         spec = route.tensors[tid]
-        cands.append(mod.Candidate(tid, spec.nbytes, lf, fb, r, clock.start[fb] - clock.end(lf), True))
+        cands.append(offload_decision.Candidate(tid, spec.nbytes, lf, fb, r, clock.start[fb] - clock.end(lf), True))
     cands.sort(key=lambda c: (-c.priority, -c.nbytes, c.tensor))
     return cands
 
@@ -187,9 +187,8 @@ class OffloadSearch:
                  root_reads: dict[str, int] | None = None):
         self.route, self.base, self.ws, self.budget = route, base, ws, budget
         self.dev = get_profile(device) if isinstance(device, str) else device
-        mod = offload_decision
-        self.clock = mod._clock(route, self.dev, mod.copy_slack(self.dev))
-        self.cands = offload_candidates(mod, route, base, self.clock, root_reads or {})
+        self.clock = offload_decision._clock(route, self.dev, offload_decision.copy_slack(self.dev))
+        self.cands = offload_candidates(route, base, self.clock, root_reads or {})
         self.usage = offload_fit.base_usage(route, base, ws) if self.cands else None
         self.persistent = sum(align_up(t.nbytes) for t in route.tensors.values() if t.role.persistent)
         self.margin = int(budget * INITIAL_MARGIN)
@@ -223,9 +222,9 @@ class OffloadSearch:
     def place_tight(self) -> CacheResult:
         """Every candidate offloaded, released at once and prefetched just in time: the most frugal plan this
         base allows (every copy exposed)."""
-        mod = offload_decision
         plan = place(self.route, self.ws, offload_schedule_for(self.route, self.base, self.cands,
-                                                               mod.tight_timing(self.cands)), self.budget)
+                                                               offload_decision.tight_timing(self.cands)),
+                     self.budget)
         return CacheResult(plan, plan.min_budget_bytes <= self.budget, len(self.cands), len(self.cands))
 
 
