@@ -80,9 +80,6 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            window_policy),
 )}
 
-# Kept for callers that read the help by name (the CLI).
-POLICY_HELP: dict[str, str] = {name: p.help for name, p in POLICIES.items()}
-
 
 def available_policies() -> tuple[str, ...]:
     return tuple(POLICIES)
