@@ -112,6 +112,12 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
                         "when not given, the other policies plan the same micro-batched route)")
 
 
+def _math_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--math", default="fp32", choices=("fp32", "tf32"),
+                   help="float32 arithmetic (fp32) or TF32 tensor cores for convolutions and matrix products "
+                        "(tf32, PyTorch's default for convolutions; --backend cuda only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -147,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
                    help="whose convolution algorithms (and workspace sizes) the plan chooses among; cuda asks "
                         "cuDNN and needs a GPU")
+    _math_arg(p)
     p = sub.add_parser("train", help="train a model", formatter_class=_Formatter)
     _model_args(p)
     _memory_args(p, "liveness")
@@ -178,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: load only the parameters (fresh optimizer state, data order from the "
                         "start), e.g. to continue with another optimizer")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="where the steps run")
+    _math_arg(p)
     p.add_argument("--device", default=None,
                    help="simulator profile the policy's timing decisions assume (default: the backend's own)")
     p.add_argument("--debug", action="store_true",
@@ -277,7 +285,11 @@ def cmd_plan(args) -> dict:
     if args.backend != "cpu":
         from .backend import get_backend
 
-        backend = get_backend(args.backend)
+        backend = get_backend(args.backend, math=args.math)
+    else:
+        from .backend.mathmode import apply_math
+
+        apply_math(None, args.math)  # the CPU computes in fp32 only: refuses tf32, naming --math
     dp = None
     if args.ranks is not None:
         from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
@@ -299,7 +311,7 @@ def cmd_plan(args) -> dict:
                     "est_allreduce_exposed_s": comm.exposed_s,
                     "est_allreduce_hidden_fraction": comm.hidden_fraction, "interconnect_bw": comm.link.bw,
                     "est_step_time_with_allreduce_s": sim.est_step_time_s + comm.exposed_s})
-    out.update({"model": args.model, "device": args.device, "backend": args.backend,
+    out.update({"model": args.model, "device": args.device, "backend": args.backend, "math": args.math,
                 "est_step_time_s": sim.est_step_time_s,
                 "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
                 "transfer_hidden_fraction": sim.transfer_hidden_fraction, "exposed_transfer_s": sim.exposed_transfer_s,
@@ -422,7 +434,7 @@ def cmd_train(args) -> dict:
     from .dist.launch import communicator, guarded, with_nccl
 
     comm = communicator(args.dist, args.comm_timeout)  # None: one plain process (not under mpiexec)
-    backend = get_backend(args.backend, device=comm.local_rank if comm is not None else 0)
+    backend = get_backend(args.backend, device=comm.local_rank if comm is not None else 0, math=args.math)
     comm = with_nccl(comm, backend, args.dist)
     return guarded(comm, lambda: _train(args, backend, comm))
 
@@ -461,7 +473,7 @@ def _train(args, backend, comm) -> dict:
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
                    fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
-                   reduction=args.reduction, micro_batches=args.micro_batches)
+                   reduction=args.reduction, micro_batches=args.micro_batches, math=args.math)
     lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:
@@ -481,7 +493,7 @@ def _train(args, backend, comm) -> dict:
                       f"{sess.save(args.save)}",)
         raise
     out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,
-           "interrupted": res.interrupted,
+           "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak}
     out.update(_memory_json(sess.plan))
@@ -518,8 +530,8 @@ def _train(args, backend, comm) -> dict:
     if not args.json:
         print(sess.report().format())
         print(_moved_line(out["moved_bytes_by_role"]))
-        line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms, "
-                f"{res.images_per_s:.1f} images/s")
+        line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms "
+                f"({sess.math}), {res.images_per_s:.1f} images/s")
         if "accuracy" in out:
             line += f", held-out accuracy {out['accuracy']:.2%}"
         if out["offloaded_bytes"]:

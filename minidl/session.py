@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .backend.mathmode import apply_math
 from .checkpoint import (
     check_positions,
     compare_data,
@@ -132,6 +133,9 @@ class Session:
     `reduction` ("ring" or "gather"; None: the communicator's own); rank 0 writes checkpoints and every rank
     reads them.
     `micro_batches`: Harmony's micro-batches (`packs.py`): policy `packs` chooses when None.
+    `math` ('fp32' or 'tf32'; None: the backend's own, fp32 unless it was built otherwise) puts the backend in that
+    math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. `self.math` is the mode, and
+    checkpoints record it (resuming in the other mode is allowed: only the arithmetic of later steps differs).
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
@@ -140,7 +144,7 @@ class Session:
                  costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
                  compiled: bool = True, paged: int | str | None = None, comm=None,
                  bucket_bytes: int | None = None, reduction: str | None = None,
-                 micro_batches: int | None = None):
+                 micro_batches: int | None = None, math: str | None = None):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         paged = as_size(paged, "paged")
@@ -151,6 +155,7 @@ class Session:
             from .backend.cpu import CPUBackend
 
             backend = CPUBackend()
+        self.math = apply_math(backend, math)  # before planning: the mode decides the convolution engines
         self.device = device or getattr(backend, "profile", "cpu")
         self.comm = comm
         dp = (DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES, reduction or comm.reduction)
@@ -325,7 +330,8 @@ class Session:
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
                 "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
-                "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks}
+                "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
+                "math": self.math}
         if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)

@@ -8,15 +8,20 @@ def backend_name(backend) -> str:
     return getattr(backend, "name", "cpu") if backend is not None else "cpu"
 
 
-def get_backend(name: str = "cpu", device: int = 0):
+def get_backend(name: str = "cpu", device: int = 0, math: str | None = None):
     """Return a backend instance by name. The CUDA backend is imported only when asked for; `device` is the GPU it
-    runs on (data parallel: each rank its own)."""
+    runs on (data parallel: each rank its own); `math` its math mode (`mathmode.py`; None: fp32)."""
+    from .mathmode import apply_math
+
     if name == "cpu":
         from .cpu import CPUBackend
 
-        return CPUBackend()
+        backend = CPUBackend()
+        apply_math(backend, math)  # the CPU computes in fp32 only: tf32 is refused, naming --math
+        return backend
     if name == "cuda":
         from .cuda import CUDABackend  # noqa: WPS433 - deliberate lazy import: CUDA is optional
+        from .mathmode import check_math
 
-        return CUDABackend(device=device)
+        return CUDABackend(device=device, allow_tf32=check_math(math or "fp32") == "tf32")
     raise ValueError(f"unknown backend {name!r}: expected 'cpu' or 'cuda'")

@@ -513,6 +513,20 @@ def _on_compute(fn):
     return wrapper
 
 
+def _cublas_math_setter(cupy) -> Callable[[bool], None]:
+    """A function that puts cupy's cuBLAS handle (the one `cupy.cublas.gemm` uses on this device) in TF32
+    tensor-op math (True) or default math (False): cuBLAS's half of `--math tf32` (cuDNN's half is the engine
+    filters)."""
+    from cupy_backends.cuda.libs import cublas as libcublas
+
+    tf32_math = getattr(libcublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3)   # cublas_api.h: CUBLAS_TF32_TENSOR_OP_MATH = 3
+    default_math = getattr(libcublas, "CUBLAS_DEFAULT_MATH", 0)
+
+    def set_tf32(on: bool) -> None:
+        libcublas.setMathMode(cupy.cuda.device.get_cublas_handle(), tf32_math if on else default_math)
+    return set_tf32
+
+
 def _chan4(v):
     """A (C,) device vector as (1, C, 1, 1), to broadcast over NCHW."""
     return v.reshape(1, -1, 1, 1)
@@ -525,11 +539,12 @@ def _chan4(v):
 class CUDABackend:
     """cupy + cuDNN frontend backend with the CPU backend's interface (see minidl/backend/cpu.py).
 
-    Options: `allow_tf32` lets cuDNN compute float32 convolutions in TF32 (faster on Ampere+, ~1e-3 off the
-    reference); `deterministic` excludes non-deterministic engines; `max_plans` bounds how many execution plans
-    are built per graph (each becomes a workspace option); `use_cudnn_bn` / `use_cudnn_relu` choose cuDNN graphs
-    over the fallback kernels; `count_stray_allocations` installs a cupy allocator hook that counts (and still
-    serves) any allocation made outside the arena.
+    Options: `allow_tf32` lets cuDNN compute float32 convolutions, and cuBLAS float32 products, in TF32 (faster on
+    Ampere+, ~1e-3 off the reference; `--math tf32`, see `mathmode.py` and `set_math`); `deterministic` excludes
+    non-deterministic engines; `max_plans` bounds how many execution plans are built per graph (each becomes a
+    workspace option); `use_cudnn_bn` / `use_cudnn_relu` choose cuDNN graphs over the fallback kernels;
+    `count_stray_allocations` installs a cupy allocator hook that counts (and still serves) any allocation made
+    outside the arena.
     """
 
     name = "cuda"
@@ -562,6 +577,9 @@ class CUDABackend:
         self.device = dev
         self.gpu_name = _device_name(cupy, int(device))
         self._handle = handle
+        self._cublas_math = _cublas_math_setter(cupy)
+        if allow_tf32:
+            self._cublas_math(True)
         if count_stray_allocations:
             self._install_stray_counter()
 
@@ -587,6 +605,7 @@ class CUDABackend:
         self.stray_allocs = 0
         self._prev_allocator = None
         self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter) pairing the two clocks
+        self._cublas_math: Callable[[bool], None] | None = None  # sets cuBLAS's TF32 math (None: host tests)
         _LIVE_BACKENDS.add(self)
 
     @classmethod
@@ -596,6 +615,21 @@ class CUDABackend:
         obj = cls.__new__(cls)
         obj._init_state(**parts)
         return obj
+
+    @property
+    def math(self) -> str:
+        """The math mode (`backend/mathmode.py`): 'tf32' when cuDNN may pick TF32 engines, else 'fp32'."""
+        return "tf32" if self.filters.allow_tf32 else "fp32"
+
+    def set_math(self, math: str) -> None:
+        """Switch between 'fp32' and 'tf32' (before planning: the mode decides which convolution engines, hence
+        which workspace options, exist). cuDNN's engine filters and cuBLAS's math mode change together."""
+        from .mathmode import check_math
+
+        tf32 = check_math(math) == "tf32"
+        self.filters = cuplan.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
+        if self._cublas_math is not None:
+            self._cublas_math(tf32)
 
     @property
     def profile(self) -> str:

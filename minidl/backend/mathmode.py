@@ -1,0 +1,54 @@
+"""Math modes (`--math fp32|tf32`): how a backend may compute float32 convolutions and matrix products.
+
+* `fp32` (the default): full float32 arithmetic everywhere. On the CPU that is the only mode; on CUDA, cuDNN
+  engines with the TENSOR_CORE / DOWN_CONVERT_INPUTS numerical notes are deselected (`EngineFilters`) and
+  cuBLAS keeps its default math.
+* `tf32`: NVIDIA's tensor-core format for float32 data (Ampere and later): inputs rounded to a 10-bit mantissa,
+  products accumulated in float32. PyTorch's default for convolutions, so a fair speed comparison needs it.
+  Results move ~1e-3 off the fp32 reference, but a mode is a fixed choice of engines: bit-identity across
+  memory policies holds *within* a mode, as it does for fp32.
+
+Why the CPU backend refuses `tf32` rather than ignoring it: a run or benchmark row labelled tf32 would then be
+fp32 figures under the wrong name. The refusal is an `OptionError` naming the option, raised when the session is
+built (before planning), like every other bad option.
+
+The mode must be set before planning: it decides which convolution engines exist, hence the plan's workspace
+options (the cuDNN graph cache is keyed by the engine filters, so the two modes never share a built graph).
+"""
+from __future__ import annotations
+
+from ..errors import OptionError
+
+#: The modes `--math` accepts; the first is the default.
+MATH_MODES = ("fp32", "tf32")
+
+
+def backend_math(backend) -> str:
+    """The math mode `backend` runs in now ('fp32' for a backend that declares none: the CPU reference)."""
+    return getattr(backend, "math", "fp32") if backend is not None else "fp32"
+
+
+def check_math(math: str) -> str:
+    """`math` if it names a mode, else an OptionError naming the option and the modes."""
+    if math not in MATH_MODES:
+        raise OptionError(f"--math must be one of {', '.join(MATH_MODES)}, got {math!r}")
+    return math
+
+
+def apply_math(backend, math: str | None) -> str:
+    """Put `backend` in mode `math` (None: leave it in its own) and return the mode it now runs in.
+
+    A backend that offers modes has `set_math(mode)`; one that has not (the CPU) runs fp32 only and refuses
+    anything else, naming the option, the backend and what to do instead."""
+    if math is None:
+        return backend_math(backend)
+    check_math(math)
+    if math == backend_math(backend):
+        return math
+    setter = getattr(backend, "set_math", None)
+    name = getattr(backend, "name", "cpu") if backend is not None else "cpu"
+    if setter is None:
+        raise OptionError(f"--math {math}: backend '{name}' computes in fp32 only (TF32 is a tensor-core format of "
+                          f"NVIDIA GPUs since Ampere); use --math fp32, or --backend cuda on such a GPU")
+    setter(math)
+    return backend_math(backend)
