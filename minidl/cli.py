@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "start), e.g. to continue with another optimizer")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="where the steps run")
     _math_arg(p)
+    p.add_argument("--cuda-graph", default="on", choices=("on", "off"),
+                   help="on CUDA, capture the compiled step once as CUDA graphs and replay them (off: launch every "
+                        "kernel from Python each step); a plan that cannot be captured says why")
     p.add_argument("--device", default=None,
                    help="simulator profile the policy's timing decisions assume (default: the backend's own)")
     p.add_argument("--debug", action="store_true",
@@ -473,7 +476,8 @@ def _train(args, backend, comm) -> dict:
                    backend=backend, debug=args.debug, trace=bool(args.trace),
                    host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
                    fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
-                   reduction=args.reduction, micro_batches=args.micro_batches, math=args.math)
+                   reduction=args.reduction, micro_batches=args.micro_batches, math=args.math,
+                   graphs=args.cuda_graph == "on")
     lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:
@@ -495,7 +499,8 @@ def _train(args, backend, comm) -> dict:
     out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,
            "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
-           "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak}
+           "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak,
+           "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback}
     out.update(_memory_json(sess.plan))
     from .memory.simulate import simulate
 
@@ -538,6 +543,10 @@ def _train(args, backend, comm) -> dict:
             line += (f"; copies at {out['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
                      f"{out['transfer_hidden_fraction']:.0%} hidden behind compute")
         print(line)
+        if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
+            gs = sess.executor.graph_step
+            print(f"  steps: {gs.describe()}" if gs is not None else
+                  f"  steps: {sess.executor.step_runner}, no CUDA graph: {sess.executor.graph_fallback}")
         if comm is not None:
             from .dist.report import dist_line
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import backend_name
+from .capture import CaptureRefused, graph_step
 from .errors import DivergenceError, ResidencyError
 from .graph import Network
 from .guards import check_labels, check_step
@@ -50,11 +51,12 @@ class Executor:
 
     def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
                  debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None,
-                 compiled: bool = True, comm=None):
+                 compiled: bool = True, comm=None, graphs: bool = True):
         """`compiled`: lower the plan into a flat program on the first `train_step` (see `minidl.program`);
         where it cannot be lowered (debug mode, an event kind it does not know), `program_fallback` says why
         and steps are interpreted. `comm` (a `dist.comm.Communicator`): the ranks a data-parallel plan's gradient
-        buckets are reduced over (None: a single process)."""
+        buckets are reduced over (None: a single process). `graphs`: on a backend with graph capture (CUDA),
+        replay the compiled step as captured graphs (`minidl.capture`); `graph_fallback` says why not."""
         from .backend.cpu import CPUBackend
 
         if plan.route.network is not net:
@@ -116,6 +118,8 @@ class Executor:
         self.compiled = compiled
         self.program: Program | None = None
         self.program_fallback: str | None = None if compiled else "compiled=False"
+        self.graph_step = None  # minidl.capture.GraphStep: the compiled step as CUDA graphs
+        self.graph_fallback: str | None = None if graphs else "graphs=False"
         self._init_persistent()
         self.check_finite = True  # the divergence guard (guard_update); off only to measure what it costs
         # (layer, parameter, gradient id) in the order backward writes them: the guard names the first bad one
@@ -349,9 +353,25 @@ class Executor:
                 self.program = lower(self)
             except NotLowered as e:
                 self.program_fallback = str(e)
+                self.graph_fallback = self.graph_fallback or f"the step is not compiled ({e})"
         if self.program is not None:
+            if self.graph_step is None and self.graph_fallback is None:
+                self.graph_step, self.graph_fallback = graph_step(self, self.program)
+            if self.graph_step is not None:
+                try:
+                    return self.graph_step.run(x, y)
+                except CaptureRefused as e:  # raised before anything of this step ran: run it eagerly
+                    self.graph_step, self.graph_fallback = None, str(e)
             return self.program.run(x, y)
         return self.interpret_step(x, y)
+
+    @property
+    def step_runner(self) -> str:
+        """How training steps run: 'cuda graph', 'compiled' or 'interpreted' (the reasons: `program_fallback`,
+        `graph_fallback`)."""
+        if self.graph_step is not None:
+            return "cuda graph"
+        return "compiled" if self.program is not None else "interpreted"
 
     def interpret_step(self, x: np.ndarray, y: np.ndarray) -> float:
         """One training step, every event and argument decided as it runs (debug mode's path)."""

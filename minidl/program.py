@@ -51,6 +51,8 @@ class Program:
     input_names: list[str] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # lowered calls per kind, for reports and tests
     prologue: list[Call] = field(default_factory=list)   # step 0's calls before the batch is loaded (paged maps)
+    call_kinds: list[str] = field(default_factory=list)  # the kind of each of `calls` (what `minidl.capture` reads)
+    loss_view: Any = None                                 # the loss layer's output (a capture copies it out)
 
     def run(self, x, y) -> float:
         """One training step: the same effect as the interpreted `Executor.train_step(x, y)`."""
@@ -114,6 +116,8 @@ class _Lowering:
     def __init__(self, ex):
         self.ex = ex
         self.calls: list[Call] = []
+        self.call_kinds: list[str] = []
+        self.loss_view = None
         self.keyed: list[tuple[LayerContext, int]] = []
         self.kinds: dict[str, int] = {}
         self.aux_names = ex._aux_names
@@ -121,6 +125,7 @@ class _Lowering:
 
     def emit(self, kind: str, call: Call) -> None:
         self.calls.append(call)
+        self.call_kinds.append(kind)
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
     def run(self) -> Program:
@@ -154,7 +159,8 @@ class _Lowering:
                 self.emit("progress", ex.reducer.progress)  # MPI moves a nonblocking collective only in its calls
         names = [node.name for node in ex.net.input_nodes[:2]]
         return Program(self.calls[prologue:], ex, keyed=self.keyed, inputs=inputs, input_shapes=shapes,
-                       input_names=names, kinds=self.kinds, prologue=self.calls[:prologue])
+                       input_names=names, kinds=self.kinds, prologue=self.calls[:prologue],
+                       call_kinds=self.call_kinds[prologue:], loss_view=self.loss_view)
 
     # -- events: the pool bookkeeping happens now, once; only the transfers are recorded -----------------------
     def events(self, events: list[Event], step: Step) -> None:
@@ -193,6 +199,8 @@ class _Lowering:
     def compute(self, step: Step, sp, recompute: bool = False) -> None:
         ex = self.ex
         if step.phase is Phase.UPDATE:
+            if not sp.on_host:  # its own call: the guard reads values on the host, the update does not
+                self.emit("guard", _bind(ex.guard_update, step, ex.guard_grads(step)))
             self.emit("update", self.update(step, sp.on_host))
             return
         node = ex.net.nodes[step.node]
@@ -212,6 +220,7 @@ class _Lowering:
             call = _bind(layer.forward, ex.be, inputs, out, params, ctx)
             self.emit("forward", call if recompute else self.timed(step, call))
             if layer.is_loss and not recompute:
+                self.loss_view = out
                 self.emit("loss", _read_loss(ex, out))
             return
         dout = get(delta_id(node.name), step)
@@ -240,10 +249,8 @@ class _Lowering:
                     state = {s: get(opt_state_id(n.name, pname, s), step) for s in ex.route.optimizer_slots}
                     items.append((get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state))
         update = ex.opt.update
-        guard, checked = ex.guard_update, ex.guard_grads(step)
 
-        def run_update() -> None:
-            guard(step, checked)  # the divergence guard: after backward, before any parameter changes
+        def run_update() -> None:  # the divergence guard ran just before, as the "guard" call
             it = ex.iteration
             for p, g, state in items:
                 update(be, p, g, state, it)

@@ -136,6 +136,8 @@ class Session:
     `math` ('fp32' or 'tf32'; None: the backend's own, fp32 unless it was built otherwise) puts the backend in that
     math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. `self.math` is the mode, and
     checkpoints record it (resuming in the other mode is allowed: only the arithmetic of later steps differs).
+    `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.capture`);
+    `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
@@ -144,7 +146,7 @@ class Session:
                  costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
                  compiled: bool = True, paged: int | str | None = None, comm=None,
                  bucket_bytes: int | None = None, reduction: str | None = None,
-                 micro_batches: int | None = None, math: str | None = None):
+                 micro_batches: int | None = None, math: str | None = None, graphs: bool = True):
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         paged = as_size(paged, "paged")
@@ -164,7 +166,7 @@ class Session:
                                  fused_update=fused_update, paged=paged, data_parallel=dp,
                                  micro_batches=micro_batches)
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
-                                 host_limit_bytes=host_limit_bytes, compiled=compiled, comm=comm)
+                                 host_limit_bytes=host_limit_bytes, compiled=compiled, comm=comm, graphs=graphs)
         self.batch = net.input_nodes[0].shape[0]
         self.ranks = comm.size if comm is not None else 1
         self._iterator: BatchIterator | None = None

@@ -691,6 +691,36 @@ class CUDABackend:
 
         return VmmBacking(self.cp, device=int(self.cp.cuda.runtime.getDevice()))
 
+    # -- CUDA graphs (minidl/capture.py) -----------------------------------------------------------------------
+    def begin_graph(self) -> None:
+        """Start capturing the compute stream: what is enqueued on it until `end_graph` is recorded, not run.
+        cupy's default capture mode (relaxed) lets cupy allocate meanwhile; capture.py refuses a graph during
+        whose capture `stray_bytes` grew, since such a temporary goes back to cupy's pool afterwards."""
+        self.compute.begin_capture()
+
+    def end_graph(self):
+        """End the capture begun by `begin_graph`: the recorded work as a `cupy.cuda.Graph`."""
+        return self.compute.end_capture()
+
+    def launch_graph(self, graph) -> None:
+        """Replay a captured graph on the compute stream (asynchronous: the host does not wait)."""
+        graph.launch(stream=self.compute)
+
+    def copy_in_async(self, dst, src: np.ndarray) -> None:
+        """Copy pinned host array `src` into device view `dst` on the compute stream (a graph's batch input: the
+        copy reads `src` when it runs, so the host refills the same buffer before each replay)."""
+        self._check_transfer(dst, src)
+        dst.set(src, stream=self.compute)
+
+    def copy_out_async(self, src, dst: np.ndarray) -> None:
+        """Copy device view `src` into pinned host array `dst` on the compute stream (a graph's loss output)."""
+        self._check_transfer(src, dst)
+        src.get(stream=self.compute, out=dst, blocking=False)
+
+    def wait_compute(self) -> None:
+        """Block the host until the compute stream is idle (after a step's graphs, to read the loss)."""
+        self.compute.synchronize()
+
     # -- host transfers (offload / prefetch) -----------------------------------------------------------------
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A numpy array in pinned (page-locked) host memory: the host store's buffers."""

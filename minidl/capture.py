@@ -1,0 +1,270 @@
+"""One CUDA graph per step: the compiled program (`minidl.program`) captured once and replayed.
+
+On the GPU about 80 ms of every ResNet-50 step was host-side dispatch (Python per kernel, ../shared/GPU.md). The
+compiled program already fixes every call, view, algorithm and workspace before the first step; a CUDA graph
+records the kernels those calls enqueue once, and a step becomes one `cudaGraphLaunch` (two with the divergence
+guard on: see below).
+
+Rules this module keeps:
+- Replay runs exactly the calls the eager program runs, in its order, on the same stream, with the same arguments:
+  the parameters are bit-identical to the compiled eager loop's (tests/backend/test_capture.py checks the order
+  and the arguments against fakes; tests/backend/test_capture_gpu.py the bits, behind `-m gpu`).
+- What changes per step lives at fixed addresses: the batch and labels are copied into fixed pinned staging
+  buffers on the host, and the graph's first nodes copy them into the arena; the loss is copied out by the graph
+  into a fixed pinned buffer that the host reads after the step. The host blocks once per step (to read it).
+- Values baked into the captured kernels as launch arguments must not change between replays. The learning
+  rate (`optimizer.lr`, set by a schedule) and SGD's first-step flag are checked before every replay (the
+  `signature`): a change re-captures, and a value that changes at every step gives up (the eager loop runs, and
+  says why). Dropout keys (one per step) and Adam's step count (its bias corrections) are launch arguments of
+  kernels/elementwise.cu and kernels/optim.cu today, so plans with them are not captured: reading them from
+  device memory is the kernel change still to make.
+- Calls that must run on the host split the step into several graphs, with the host call between them; each
+  split is named in `describe()`. Today that is the divergence guard (`Executor.guard_update`), which reads the
+  loss and the gradients on the host before the update is allowed to run: a step is then two graphs.
+  `Executor.check_finite = False` (no guard) gives one graph per step.
+- A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
+  one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
+  host copies (offload/prefetch: their times are read on the host), a host update, dropout or Adam (above), an
+  allocation made by cupy during capture (a temporary the graph would keep reusing), or the capture's own error.
+
+Rationale: capture is at the program's granularity (not per layer) because the program is already the whole
+step as a flat list; segments fall out of the call kinds the lowering records (`Program.call_kinds`).
+Limitations: measured nowhere yet (no GPU in the session that wrote it); copies are not captured yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+#: Call kinds the graph contains (they only enqueue device work on the compute stream).
+DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
+#: Call kinds that must run on the host between graphs, with the reason (said in `describe()`).
+HOST_KINDS = {"guard": "the divergence guard reads the loss and gradients on the host before the update"}
+#: Host-only bookkeeping: run once per step outside the graphs (it enqueues nothing).
+HOISTED_KINDS = frozenset({"recompute_flops"})
+#: Call kinds a capture cannot contain, with the reason the fallback gives.
+REFUSED_KINDS = {
+    "map": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
+    "unmap": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
+    "progress": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
+    "allreduce": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
+    "reduced": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
+    "offload": "host copies (offload/prefetch) are settled on the host every step, where their device times "
+               "are read; they are not captured yet",
+    "release": "host copies (offload/prefetch) are settled on the host every step, where their device times "
+               "are read; they are not captured yet",
+    "prefetch": "host copies (offload/prefetch) are settled on the host every step, where their device times "
+                "are read; they are not captured yet",
+    "wait": "host copies (offload/prefetch) are settled on the host every step, where their device times are "
+            "read; they are not captured yet",
+}
+#: Steps after which a graph is captured: the first step runs eagerly, which builds the cuDNN graphs, compiles
+#: the kernels and allocates the side buffers (none of which may happen inside a capture).
+WARMUP_STEPS = 1
+
+
+class CaptureRefused(Exception):
+    """The step cannot be captured; the message says why (one line)."""
+
+
+def why_not(ex, program) -> str | None:
+    """Why executor `ex`'s compiled `program` cannot be captured as CUDA graphs (None: it can be tried)."""
+    be = ex.be
+    if not hasattr(be, "begin_graph"):
+        return f"backend '{getattr(be, 'name', 'cpu')}' has no graph capture (CUDA only): the compiled loop runs"
+    if program is None:
+        return f"the step is not compiled ({ex.program_fallback})"
+    if ex.tracing:
+        return "tracing times every call on the host; a graph runs them as one launch"
+    if program.prologue:
+        return REFUSED_KINDS["map"]
+    if any(sp.on_host for sp in ex.plan.steps):
+        return "a host update (decisions/weights.py) runs the optimizer on the host inside the step"
+    for kind in program.call_kinds:
+        if kind in REFUSED_KINDS:
+            return REFUSED_KINDS[kind]
+        if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss":
+            return f"call kind '{kind}' is unknown to minidl.capture"
+    if program.keyed:
+        return ("dropout: its key changes every step and is a kernel launch argument (kernels/elementwise.cu); "
+                "a graph would replay the captured step's mask")
+    kind = _optimizer_kind(ex.opt)
+    if kind != "sgd":
+        return (f"optimizer '{kind}': its per-step scalars (Adam's bias corrections) are kernel launch arguments "
+                f"(kernels/optim.cu); a graph would replay the captured step's")
+    if program.loss_view is None:
+        return "the network has no loss layer whose value a graph could copy out"
+    return None
+
+
+def _optimizer_kind(opt) -> str:
+    try:
+        return str(opt.config().get("type", type(opt).__name__))
+    except Exception:  # noqa: BLE001 - an optimizer without a config is simply not one we know
+        return type(opt).__name__
+
+
+def signature(ex) -> tuple:
+    """The host values the captured kernels hold as launch arguments: a replay is valid only while they are the
+    ones of the capture. SGD's are its hyper-parameters (the learning rate, which a schedule changes) and
+    whether this is the run's first update (its momentum buffer is then initialized)."""
+    cfg = ex.opt.config()
+    return tuple(sorted((k, repr(v)) for k, v in cfg.items())) + (("first_update", ex.iteration == 0),
+                                                                   ("guard", bool(ex.check_finite)))
+
+
+@dataclass(slots=True)
+class Segment:
+    """One part of a step: a captured graph (`graph` set) or a host call between graphs (`host` set)."""
+
+    calls: list[Callable[[], Any]]
+    kinds: list[str]
+    graph: Any = None
+    host: Callable[[], Any] | None = None
+    reason: str = ""
+
+
+def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any],
+          guard: bool = True) -> tuple[list[Segment], list]:
+    """The program's calls as segments: maximal runs of device calls (to capture) and the host calls between
+    them. `copy_in` (the batch: staging -> arena) opens the first graph; `copy_out` (the loss -> pinned) takes the
+    place of the loss read; `guard` False leaves the divergence guard out (`Executor.check_finite` off: it would
+    return at once). Returns (segments, hoisted host bookkeeping calls)."""
+    segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
+    hoisted = []
+    for call, kind in zip(program.calls, program.call_kinds):
+        if kind in HOISTED_KINDS:
+            hoisted.append(call)
+            continue
+        if kind == "guard" and not guard:
+            continue
+        if kind in HOST_KINDS:
+            segments.append(Segment([], [], host=call, reason=HOST_KINDS[kind]))
+            continue
+        if kind == "loss":
+            call, kind = copy_out, "copy_out"
+        if segments[-1].host is not None:
+            segments.append(Segment([], []))
+        segments[-1].calls.append(call)
+        segments[-1].kinds.append(kind)
+    return [s for s in segments if s.host is not None or s.calls], hoisted
+
+
+class GraphStep:
+    """Runs executor `ex`'s compiled program as captured CUDA graphs (see the module docstring).
+
+    `run(x, y)` has the effect of `Program.run(x, y)`. The first `WARMUP_STEPS` steps run the program eagerly;
+    then the step is captured (again whenever `signature` changes) and replayed."""
+
+    def __init__(self, ex, program):
+        self.ex, self.program, self.be = ex, program, ex.be
+        be = self.be
+        self.staging = [be.host_empty(shape, view.dtype) for view, shape in zip(program.inputs, program.input_shapes)]
+        lv = program.loss_view
+        self.loss_host = be.host_empty(tuple(lv.shape), lv.dtype)
+        self.segments: list[Segment] | None = None
+        self.hoisted: list[Callable[[], Any]] = []
+        self.signature: tuple | None = None
+        self.captures = 0
+        self.replays = 0
+        self.eager_steps = 0
+        self._changed_last = False
+
+    # -- capture -----------------------------------------------------------------------------------------------
+    def capture(self) -> None:
+        """Capture every device segment of the step (nothing runs while capturing). Raises CaptureRefused."""
+        be, program = self.be, self.program
+        copy_in = [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
+        segments, hoisted = split(program, copy_in, _copy(be.copy_out_async, program.loss_view, self.loss_host),
+                                  guard=bool(self.ex.check_finite))
+        strays = getattr(be, "stray_bytes", 0)
+        for seg in segments:
+            if seg.host is not None:
+                continue
+            be.begin_graph()
+            try:
+                for call in seg.calls:
+                    call()
+            except Exception as e:
+                _end_quietly(be)
+                raise CaptureRefused(f"the capture failed: {type(e).__name__}: {_one_line(e)}") from e
+            seg.graph = be.end_graph()
+        grown = getattr(be, "stray_bytes", 0) - strays
+        if grown:
+            raise CaptureRefused(f"cupy allocated {grown} bytes outside the arena while capturing (a temporary the "
+                                 f"graph would keep using after cupy reuses its memory)")
+        self.segments, self.hoisted = segments, hoisted
+        self.captures += 1
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def run(self, x, y) -> float:
+        ex, program = self.ex, self.program
+        if self.eager_steps < WARMUP_STEPS:
+            self.eager_steps += 1
+            return program.run(x, y)
+        sig = signature(ex)
+        if sig != self.signature:
+            if self.signature is not None and self._changed_last:
+                raise CaptureRefused("the optimizer's launch arguments (its learning rate: a schedule?) change at "
+                                     "every step; a graph would replay the captured ones")
+            self._changed_last = self.signature is not None
+            self.capture()
+            self.signature = sig
+        else:
+            self._changed_last = False
+        for buf, shape, arr, name in zip(self.staging, program.input_shapes, (x, y), program.input_names):
+            arr = np.asarray(arr)
+            if tuple(arr.shape) != shape:
+                raise ValueError(f"input '{name}' expects shape {shape}, got {arr.shape}")
+            np.copyto(buf, arr, casting="unsafe")
+        be = self.be
+        for seg in self.segments:
+            if seg.host is None:
+                be.launch_graph(seg.graph)
+            else:  # a host call reads what the graphs before it wrote: wait for them, then the loss is known
+                be.wait_compute()
+                ex.last_loss = float(self.loss_host.reshape(-1)[0])
+                seg.host()
+        for call in self.hoisted:
+            call()
+        be.wait_compute()
+        ex.last_loss = float(self.loss_host.reshape(-1)[0])
+        self.replays += 1
+        return ex.end_iteration()
+
+    def describe(self) -> str:
+        """One line for reports: how the step runs."""
+        if self.segments is None:
+            return "cuda graph: not captured yet (warm-up step)"
+        graphs = sum(1 for s in self.segments if s.host is None)
+        hosts = sorted({s.reason for s in self.segments if s.host is not None})
+        line = f"cuda graph: {graphs} graph{'s' if graphs != 1 else ''} per step"
+        if hosts:
+            line += " (split where " + "; ".join(hosts) + ")"
+        return line
+
+
+def _copy(fn, a, b) -> Callable[[], Any]:
+    return lambda: fn(a, b)
+
+
+def _end_quietly(be) -> None:
+    try:
+        be.end_graph()
+    except Exception:  # noqa: BLE001 - an invalidated capture raises when ended; it is over either way
+        pass
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def graph_step(ex, program) -> tuple[GraphStep | None, str | None]:
+    """(a GraphStep for `ex`, None) when its program can be captured, else (None, the reason)."""
+    reason = why_not(ex, program)
+    if reason is not None:
+        return None, reason
+    return GraphStep(ex, program), None

@@ -1,0 +1,277 @@
+"""One CUDA graph per step (minidl/capture.py), tested on the host.
+
+`GraphCPU` is the numpy backend with CUDA's capture semantics: between `begin_graph` and `end_graph` a backend
+call is recorded, not run (and a host synchronization fails, as it does on a capturing stream); `launch_graph`
+replays the recorded calls. So these tests see what is captured, what falls back and why, that the batch and
+the loss go through the fixed staging buffers, that a replay runs the eager program's calls in their order, and
+that the parameters after replays are bit-identical to the compiled eager loop's. The same on a GPU:
+tests/backend/test_capture_gpu.py (`-m gpu`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidl as dl
+from minidl.backend.cpu import CPUBackend
+from minidl.capture import GraphStep, split
+from minidl.errors import DivergenceError
+from minidl.models import build_model
+
+# Methods that are the capture machinery itself, or pure host helpers: never recorded.
+_PASS = {"begin_graph", "end_graph", "launch_graph", "copy_in_async", "copy_out_async", "wait_compute",
+         "host_empty", "paged_backing", "arena_backing", "conv_workspace_options", "name", "profile", "xp"}
+
+
+class GraphCPU(CPUBackend):
+    """CPUBackend with graph capture emulated: recorded calls replayed by `launch_graph`."""
+
+    def __init__(self, strays_during_capture: int = 0):
+        self.capturing: list | None = None
+        self.graphs: list[list] = []
+        self.log: list[str] = []             # backend calls as they RUN (eager or replayed), by name
+        self.stray_bytes = 0
+        self._strays = strays_during_capture
+
+    def __getattribute__(self, name):
+        attr = object.__getattribute__(self, name)
+        if name.startswith("_") or name in _PASS or not callable(attr) or name in ("capturing", "graphs", "log"):
+            return attr
+        if name == "to_host":
+            def to_host(a):
+                if object.__getattribute__(self, "capturing") is not None:
+                    raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream "
+                                       "is capturing")
+                return attr(a)
+            return to_host
+
+        def call(*args, **kwargs):
+            rec = object.__getattribute__(self, "capturing")
+            if rec is not None:
+                rec.append((name, attr, args, kwargs))
+                return None
+            object.__getattribute__(self, "log").append(name)
+            return attr(*args, **kwargs)
+        return call
+
+    def begin_graph(self):
+        assert self.capturing is None, "capture begun twice"
+        self.capturing = []
+        self.stray_bytes += self._strays
+
+    def end_graph(self):
+        g, self.capturing = self.capturing, None
+        self.graphs.append(g)
+        return g
+
+    def launch_graph(self, graph):
+        for name, fn, args, kwargs in graph:
+            self.log.append(name)
+            fn(*args, **kwargs)
+
+    def copy_in_async(self, dst, src):
+        if self.capturing is not None:
+            self.capturing.append(("copy_in", lambda: np.copyto(dst, src.reshape(dst.shape)), (), {}))
+            return
+        np.copyto(dst, src)
+
+    def copy_out_async(self, src, dst):
+        if self.capturing is not None:
+            self.capturing.append(("copy_out", lambda: np.copyto(dst, src.reshape(dst.shape)), (), {}))
+            return
+        np.copyto(dst, src)
+
+    def wait_compute(self):
+        assert self.capturing is None
+
+    def host_empty(self, shape, dtype):
+        return np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1, dtype)
+
+
+def _dropout_net(batch=4):
+    from minidl.layers import Conv2d, Dropout, Linear, ReLU
+    from models.common import finish, new_network
+
+    net, x, y = new_network("drop", batch, 1, 8, 10, "float32")
+    h = Dropout(0.5, name="drop")(ReLU(name="relu")(Conv2d(4, 3, padding=1, name="conv")(x)))
+    return finish(net, Linear(10, name="fc")(h), y)
+
+
+def _net(name="resnet", batch=4, **kw):
+    if name == "dropout":
+        return _dropout_net(batch)
+    if name == "resnet":
+        return build_model("resnet", depth=8, batch=batch, image_size=8, in_channels=1, num_classes=10, **kw)
+    return build_model(name, batch=batch, image_size=8, in_channels=1, num_classes=10, **kw)
+
+
+def _data(batch=4, steps=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, batch))
+            for _ in range(steps)]
+
+
+def _budget(policy, net="resnet"):
+    """A budget that makes `policy` act: half-way between the liveness minimum and the policy's own floor."""
+    from minidl.memory.policies import plan_network
+
+    if policy in ("none", "liveness"):
+        return None
+    live = plan_network(_net(net), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
+    with pytest.raises(dl.BudgetError) as e:
+        plan_network(_net(net), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
+    return (live + e.value.min_budget_bytes) // 2
+
+
+def _train(backend, graphs=True, policy="liveness", opt=None, net="resnet", steps=5, lrs=None, **kw):
+    if "budget" not in kw:
+        kw["budget"] = _budget(policy, net)
+    sess = dl.Session(_net(net), opt or dl.SGD(lr=0.05, momentum=0.9), policy=policy, seed=0, backend=backend,
+                      **kw)
+    sess.executor.graph_fallback = None if graphs else "graphs=False"
+    losses = []
+    for k, (x, y) in enumerate(_data(steps=steps)):
+        if lrs is not None:
+            sess.optimizer.lr = lrs[k]
+        losses.append(sess.executor.train_step(x, y))
+    return sess, losses
+
+
+def _params(sess):
+    return {k: v.copy() for k, v in sess.executor.state_dict().items()}
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_the_cpu_backend_runs_the_compiled_loop_and_says_why():
+    sess, _ = _train(CPUBackend(), steps=1)
+    ex = sess.executor
+    assert ex.step_runner == "compiled" and ex.graph_step is None
+    assert ex.graph_fallback.startswith("backend 'cpu' has no graph capture")
+
+
+def test_replay_is_bit_identical_to_the_eager_loop():
+    eager, le = _train(GraphCPU(), graphs=False)
+    assert eager.executor.step_runner == "compiled" and eager.executor.graph_fallback == "graphs=False"
+    be = GraphCPU()
+    graph, lg = _train(be)
+    ex = graph.executor
+    assert ex.step_runner == "cuda graph" and ex.graph_fallback is None
+    gs = ex.graph_step
+    assert (gs.eager_steps, gs.captures, gs.replays) == (1, 1, 4)   # warm-up eager, then one capture replayed
+    assert lg == le
+    _same(_params(graph), _params(eager))
+    # and both equal the plain CPU backend's compiled loop
+    cpu, lc = _train(CPUBackend())
+    assert lc == le
+    _same(_params(cpu), _params(eager))
+
+
+def test_a_replay_runs_the_eager_calls_in_their_order():
+    be = GraphCPU()
+    sess, _ = _train(be, steps=1)           # the warm-up step: eager
+    eager_log = list(be.log)
+    be.log.clear()
+    (x, y), = _data(steps=1, seed=1)
+    sess.executor.train_step(x, y)          # captured, then replayed
+    replay = [n for n in be.log if n not in ("copy_in", "copy_out")]
+    # the eager step loads the batch with copy_in and reads the loss with to_host; the graph copies both
+    # through its staging buffers. The guard's host reads run between the graphs in both.
+    assert replay == [n for n in eager_log if n not in ("copy_in", "to_host")]
+    assert be.log[:2] == ["copy_in", "copy_in"] and "copy_out" in be.log
+
+
+def test_the_batch_and_the_loss_go_through_fixed_buffers():
+    be = GraphCPU()
+    sess, _ = _train(be, steps=2)
+    gs: GraphStep = sess.executor.graph_step
+    staging = [id(b) for b in gs.staging]
+    recorded = [rec for g in be.graphs for rec in g]
+    copies_in = [r for r in recorded if r[0] == "copy_in"]
+    assert len(copies_in) == 2           # data and labels, captured once
+    for x, y in _data(steps=3, seed=7):
+        loss = sess.executor.train_step(x, y)
+        assert np.array_equal(gs.staging[0], x) and np.array_equal(gs.staging[1], y)
+        assert [id(b) for b in gs.staging] == staging          # the same buffers, refilled
+        assert loss == float(gs.loss_host.reshape(-1)[0])       # read from the pinned loss buffer
+    assert gs.captures == 1
+
+
+def test_the_guard_splits_the_step_and_still_stops_a_diverging_update():
+    be = GraphCPU()
+    sess, _ = _train(be, steps=2)
+    gs = sess.executor.graph_step
+    assert gs.describe() == ("cuda graph: 2 graphs per step (split where the divergence guard reads the loss and "
+                             "gradients on the host before the update)")
+    before = _params(sess)
+    x, y = _data(steps=1)[0]
+    with pytest.raises(DivergenceError):
+        sess.executor.train_step(np.full_like(x, np.nan), y)
+    _same(_params(sess), before)             # the update graph never ran
+    sess.executor.check_finite = False       # no guard: one graph (re-captured: the signature names the guard)
+    sess.executor.train_step(x, y)
+    assert gs.describe() == "cuda graph: 1 graph per step" and gs.captures == 2
+
+
+def test_a_learning_rate_change_recaptures_and_one_every_step_falls_back():
+    lrs = [0.05, 0.05, 0.05, 0.02, 0.02]                 # a step schedule: one change
+    eager, _ = _train(GraphCPU(), graphs=False, lrs=lrs)
+    graph, _ = _train(GraphCPU(), lrs=lrs)
+    assert graph.executor.graph_step.captures == 2
+    _same(_params(graph), _params(eager))
+    lrs = [0.05, 0.04, 0.03, 0.02, 0.01]                 # cosine-like: changes every step
+    eager, _ = _train(GraphCPU(), graphs=False, lrs=lrs)
+    graph, _ = _train(GraphCPU(), lrs=lrs)
+    ex = graph.executor
+    assert ex.step_runner == "compiled" and "change at every step" in ex.graph_fallback
+    _same(_params(graph), _params(eager))
+
+
+@pytest.mark.parametrize("case,expect", [
+    (dict(net="dropout"), "dropout"),
+    (dict(opt=dl.Adam(lr=1e-3)), "optimizer 'adam'"),
+    (dict(trace=True), "tracing"),
+    (dict(policy="offload"), "host copies"),
+    (dict(paged="64KiB"), "paged arena"),
+    (dict(debug=True), "not compiled (debug mode"),
+])
+def test_what_cannot_be_captured_falls_back_saying_why(case, expect):
+    case = dict(case)
+    kw = {k: case.pop(k) for k in ("trace", "paged", "debug") if k in case}
+    sess, _ = _train(GraphCPU(), steps=2, **case, **kw)
+    ex = sess.executor
+    assert ex.graph_step is None and expect in ex.graph_fallback, ex.graph_fallback
+
+
+def test_an_allocation_during_capture_refuses_the_graph():
+    eager, _ = _train(GraphCPU(), graphs=False)
+    sess, _ = _train(GraphCPU(strays_during_capture=512))
+    ex = sess.executor
+    assert ex.step_runner == "compiled" and "allocated 1024 bytes outside the arena" in ex.graph_fallback  # 2 graphs
+    _same(_params(sess), _params(eager))
+
+
+def test_split_keeps_host_calls_between_graphs():
+    class P:
+        calls = list(range(7))
+        call_kinds = ["forward", "loss", "backward", "recompute_flops", "guard", "update", "update"]
+    segs, hoisted = split(P, ["in"], "out")
+    assert [(s.calls, s.host) for s in segs] == [(["in", 0, "out", 2], None), ([], 4), ([5, 6], None)]
+    assert hoisted == [3]
+    segs, _ = split(P, ["in"], "out", guard=False)
+    assert [s.calls for s in segs] == [["in", 0, "out", 2, 5, 6]]
+
+
+@pytest.mark.parametrize("policy", ["none", "recompute", "auto", "window"])
+def test_every_captured_policy_is_bit_identical_to_none(policy):
+    ref, lr = _train(GraphCPU(), policy="none")
+    sess, ls = _train(GraphCPU(), policy=policy)
+    assert ref.executor.step_runner == "cuda graph"
+    ex = sess.executor   # auto may choose host copies or a host update at this budget: then it says so
+    assert ex.step_runner == "cuda graph" or any(w in ex.graph_fallback for w in ("host copies", "host update"))
+    assert ls == lr
+    _same(_params(sess), _params(ref))
