@@ -15,6 +15,11 @@ Float32 errors measured against float64: within 2x of PyTorch's float32 for mean
 per channel (tests/layers/test_batchnorm_numerics.py).
 Batch norm on CPU is memory-bound: training forward reads x three times and writes y once, backward reads x and
 dy twice and writes dx once.
+
+Batch norm runs as compiled kernels (`cpu_norm_jit`, numba: one call per phase, the same two-pass numerics with
+float64 sums) when numba is installed, which it is with minidl (a runtime dependency): the numpy passes below cost
+~14 calls per layer, whose fixed cost dominates at small batches. The numpy passes stay as the fallback when
+numba cannot be imported, and as the reference the compiled kernels are tested against.
 """
 from __future__ import annotations
 
@@ -23,6 +28,19 @@ import math
 import numpy as np
 
 _BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best between 32K and 128K
+
+_JIT: list = []  # [module or None], filled on first use: numba's import (~0.3 s) is paid only by batch norm users
+
+
+def jit_kernels():
+    """The compiled batch-norm kernels (`cpu_norm_jit`), or None where numba cannot be imported."""
+    if not _JIT:
+        try:
+            from . import cpu_norm_jit
+        except ImportError:  # numba missing or broken: the numpy passes below do the same work, slower
+            cpu_norm_jit = None
+        _JIT.append(cpu_norm_jit)
+    return _JIT[0]
 
 
 def _ncl(a: np.ndarray) -> np.ndarray:
@@ -118,6 +136,11 @@ class NormOps:
         m = n * hw
         if m < 2:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
+        jit = jit_kernels()
+        if jit is not None:
+            jit.train(x3, weight, bias, running_mean, running_var, _ncl(y), mean, invstd, float(momentum), float(eps),
+                      bool(update_running))
+            return
         shift = np.add.reduce(x3[0], axis=1) * x.dtype.type(1.0 / hw)
         sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
         s1, _ = _centered_sums(x3, shift, None, sc, squares=False)
@@ -141,6 +164,10 @@ class NormOps:
         first is exact when x is near the mean and costs one elementwise pass more. Recomputation calls this with
         the saved statistics, so it reproduces the first forward bit for bit."""
         x3, y3 = _ncl(x), _ncl(y)
+        jit = jit_kernels()
+        if jit is not None:
+            jit.apply(x3, weight, bias, mean, invstd, y3)
+            return
         n, c, hw = x3.shape
         a = invstd * weight if weight is not None else invstd.copy()
         sc = _Scratch(3, _block_elems(n, c, hw), x.dtype)
@@ -156,6 +183,10 @@ class NormOps:
 
     def batchnorm_forward_eval(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, eps: float) -> None:
+        jit = jit_kernels()
+        if jit is not None:
+            jit.eval_forward(_ncl(x), weight, bias, running_mean, running_var, float(eps), _ncl(y))
+            return
         invstd = (1.0 / np.sqrt(running_var.astype(np.float64) + eps)).astype(x.dtype)
         self.batchnorm_forward_apply(x, weight, bias, running_mean, invstd, y)
 
@@ -168,6 +199,10 @@ class NormOps:
             dx = (dy - sum(dy)/M - (x - mean) * invstd^2 * sum(dy * (x - mean))/M) * invstd * weight
         """
         x3, dy3 = _ncl(x), _ncl(dy)
+        jit = jit_kernels()
+        if jit is not None:
+            jit.backward(x3, weight, dy3, mean, invstd, None if dx is None else _ncl(dx), dweight, dbias)
+            return
         n, c, hw = x3.shape
         m = n * hw
         sc = _Scratch(5, _block_elems(n, c, hw), x.dtype)
@@ -204,6 +239,11 @@ class NormOps:
                                 dx: np.ndarray | None, dweight: np.ndarray | None, dbias: np.ndarray | None) -> None:
         """Backward with fixed (running) statistics: a per-channel affine map, so dx = dy * weight * invstd."""
         x3, dy3 = _ncl(x), _ncl(dy)
+        jit = jit_kernels()
+        if jit is not None:
+            jit.backward_eval(x3, weight, dy3, running_mean, running_var, float(eps), None if dx is None else _ncl(dx),
+                              dweight, dbias)
+            return
         n, c, hw = x3.shape
         inv64 = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
         sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
