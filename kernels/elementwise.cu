@@ -128,6 +128,35 @@ extern "C" __global__ void dropout_backward(float* dx, const float* dy,
     }
 }
 
+// The same two with the key read from device memory (`key[0]`): what a CUDA
+// graph replays (minidl/capture.py), since the key changes at every step and a
+// launch argument is fixed at capture. Same mask for the same key.
+extern "C" __global__ void dropout_forward_dev(float* out, const float* x,
+                                               long long n,
+                                               const unsigned long long* key,
+                                               unsigned int threshold24,
+                                               float scale)
+{
+    const unsigned long long k = key[0];
+    GRID_STRIDE_LOOP(i, n)
+    {
+        out[i] = dropout_keep(k, i, threshold24) ? x[i] * scale : 0.0f;
+    }
+}
+
+extern "C" __global__ void dropout_backward_dev(float* dx, const float* dy,
+                                                long long n,
+                                                const unsigned long long* key,
+                                                unsigned int threshold24,
+                                                float scale)
+{
+    const unsigned long long k = key[0];
+    GRID_STRIDE_LOOP(i, n)
+    {
+        dx[i] = dropout_keep(k, i, threshold24) ? dy[i] * scale : 0.0f;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Channel concatenation (torch.cat(dim=1)), one input at a time.
 //

@@ -29,12 +29,11 @@
 // not zero it. With momentum == 0 `momentum_buf` is never touched (may be
 // NULL). `nesterov` != 0 requires momentum > 0 and dampening == 0 (PyTorch
 // validates that on the host side).
-extern "C" __global__ void sgd_update(float* __restrict__ param,
-                                      const float* __restrict__ grad,
-                                      float* __restrict__ momentum_buf,
-                                      long long n, double lr, double momentum,
-                                      double dampening, double weight_decay,
-                                      int nesterov, int first_step)
+static __device__ __forceinline__ void
+sgd_body(float* __restrict__ param, const float* __restrict__ grad,
+         float* __restrict__ momentum_buf, long long n, double lr,
+         double momentum, double dampening, double weight_decay, int nesterov,
+         int first_step)
 {
     const float wd = (float)weight_decay;
     const float mu = (float)momentum;
@@ -62,6 +61,33 @@ extern "C" __global__ void sgd_update(float* __restrict__ param,
     }
 }
 
+extern "C" __global__ void sgd_update(float* __restrict__ param,
+                                      const float* __restrict__ grad,
+                                      float* __restrict__ momentum_buf,
+                                      long long n, double lr, double momentum,
+                                      double dampening, double weight_decay,
+                                      int nesterov, int first_step)
+{
+    sgd_body(param, grad, momentum_buf, n, lr, momentum, dampening,
+             weight_decay, nesterov, first_step);
+}
+
+// The same step with the learning rate read from device memory (`lr[0]`):
+// what a CUDA graph replays (minidl/capture.py), since a launch argument is
+// fixed at capture and a schedule changes the rate between steps. Same
+// arithmetic as sgd_update, so both give the same bits for the same rate.
+extern "C" __global__ void sgd_update_dev(float* __restrict__ param,
+                                          const float* __restrict__ grad,
+                                          float* __restrict__ momentum_buf,
+                                          long long n, const double* lr,
+                                          double momentum, double dampening,
+                                          double weight_decay, int nesterov,
+                                          int first_step)
+{
+    sgd_body(param, grad, momentum_buf, n, lr[0], momentum, dampening,
+             weight_decay, nesterov, first_step);
+}
+
 // torch.optim.Adam step (amsgrad=False, maximize=False, L2 weight decay, i.e.
 // not AdamW), for one parameter tensor; `step` is the 1-based step count
 // AFTER incrementing (1 on the first call). m and v start as zeros.
@@ -72,13 +98,10 @@ extern "C" __global__ void sgd_update(float* __restrict__ param,
 //     denom = sqrt(v) / sqrt(bias_correction2) + eps
 //     param -= lr / bias_correction1 * m / denom
 // lerp uses torch's two-sided formula (exact at weight 0 and 1).
-extern "C" __global__ void adam_update(float* __restrict__ param,
-                                       const float* __restrict__ grad,
-                                       float* __restrict__ m,
-                                       float* __restrict__ v, long long n,
-                                       double lr, double beta1, double beta2,
-                                       double eps, double weight_decay,
-                                       int step)
+static __device__ __forceinline__ void
+adam_body(float* __restrict__ param, const float* __restrict__ grad,
+          float* __restrict__ m, float* __restrict__ v, long long n, double lr,
+          double beta1, double beta2, double eps, double weight_decay, int step)
 {
     const double bias_correction1 = 1.0 - pow(beta1, (double)step);
     const double bias_correction2 = 1.0 - pow(beta2, (double)step);
@@ -112,4 +135,30 @@ extern "C" __global__ void adam_update(float* __restrict__ param,
         const float denom = sqrtf(vi) / bc2_sqrt + eps_f;
         param[i] = p + neg_step_size * (mi / denom);
     }
+}
+
+extern "C" __global__ void adam_update(float* __restrict__ param,
+                                       const float* __restrict__ grad,
+                                       float* __restrict__ m,
+                                       float* __restrict__ v, long long n,
+                                       double lr, double beta1, double beta2,
+                                       double eps, double weight_decay,
+                                       int step)
+{
+    adam_body(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+// The same step with `scalars` = {lr, step} read from device memory (step as
+// a double: exact up to 2^53): a CUDA graph's replay (minidl/capture.py),
+// where the bias corrections change at every step.
+extern "C" __global__ void adam_update_dev(float* __restrict__ param,
+                                           const float* __restrict__ grad,
+                                           float* __restrict__ m,
+                                           float* __restrict__ v, long long n,
+                                           const double* scalars, double beta1,
+                                           double beta2, double eps,
+                                           double weight_decay)
+{
+    adam_body(param, grad, m, v, n, scalars[0], beta1, beta2, eps,
+              weight_decay, (int)scalars[1]);
 }

@@ -12,20 +12,23 @@ Rules this module keeps:
 - What changes per step lives at fixed addresses: the batch and labels are copied into fixed pinned staging
   buffers on the host, and the graph's first nodes copy them into the arena; the loss is copied out by the graph
   into a fixed pinned buffer that the host reads after the step. The host blocks once per step (to read it).
-- Values baked into the captured kernels as launch arguments must not change between replays. The learning
-  rate (`optimizer.lr`, set by a schedule) and SGD's first-step flag are checked before every replay (the
-  `signature`): a change re-captures, and a value that changes at every step gives up (the eager loop runs, and
-  says why). Dropout keys (one per step) and Adam's step count (its bias corrections) are launch arguments of
-  kernels/elementwise.cu and kernels/optim.cu today, so plans with them are not captured: reading them from
-  device memory is the kernel change still to make.
+- The scalars that change per step are in device memory too (`backend/scalars.py`): each dropout layer's key,
+  the learning rate (a schedule) and Adam's step count (its bias corrections) are written by the host into a
+  fixed pinned buffer before each replay, copied to the device by the graph's first node, and read there by the
+  `_dev` kernels, which the backend launches instead of the ordinary ones while a capture is under way.
+- Every other value baked into the captured kernels as a launch argument must not change between replays: the
+  optimizer's other hyper-parameters, SGD's first-step flag and whether the divergence guard is on are checked
+  before every replay (the `signature`); a change re-captures, one at every step gives up (the eager loop runs,
+  and says why).
 - Calls that must run on the host split the step into several graphs, with the host call between them; each
   split is named in `describe()`. Today that is the divergence guard (`Executor.guard_update`), which reads the
   loss and the gradients on the host before the update is allowed to run: a step is then two graphs.
   `Executor.check_finite = False` (no guard) gives one graph per step.
 - A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
   one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
-  host copies (offload/prefetch: their times are read on the host), a host update, dropout or Adam (above), an
-  allocation made by cupy during capture (a temporary the graph would keep reusing), or the capture's own error.
+  host copies (offload/prefetch: their times are read on the host), a host update, an optimizer other than SGD
+  and Adam, an allocation made by cupy during capture (a temporary the graph would keep reusing), or the
+  capture's own error.
 
 Rationale: capture is at the program's granularity (not per layer) because the program is already the whole
 step as a flat list; segments fall out of the call kinds the lowering records (`Program.call_kinds`).
@@ -37,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+from .backend.scalars import StepScalars
 
 #: Call kinds the graph contains (they only enqueue device work on the compute stream).
 DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
@@ -87,13 +92,10 @@ def why_not(ex, program) -> str | None:
             return REFUSED_KINDS[kind]
         if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss":
             return f"call kind '{kind}' is unknown to minidl.capture"
-    if program.keyed:
-        return ("dropout: its key changes every step and is a kernel launch argument (kernels/elementwise.cu); "
-                "a graph would replay the captured step's mask")
     kind = _optimizer_kind(ex.opt)
-    if kind != "sgd":
-        return (f"optimizer '{kind}': its per-step scalars (Adam's bias corrections) are kernel launch arguments "
-                f"(kernels/optim.cu); a graph would replay the captured step's")
+    if kind not in ("sgd", "adam"):
+        return (f"optimizer '{kind}': only SGD's and Adam's per-step scalars have device slots "
+                f"(backend/scalars.py); a graph would replay the captured step's")
     if program.loss_view is None:
         return "the network has no loss layer whose value a graph could copy out"
     return None
@@ -108,11 +110,12 @@ def _optimizer_kind(opt) -> str:
 
 def signature(ex) -> tuple:
     """The host values the captured kernels hold as launch arguments: a replay is valid only while they are the
-    ones of the capture. SGD's are its hyper-parameters (the learning rate, which a schedule changes) and
-    whether this is the run's first update (its momentum buffer is then initialized)."""
+    ones of the capture. They are the optimizer's hyper-parameters except the learning rate (which has a device
+    slot), whether this is the run's first update (SGD's momentum buffer is then initialized) and whether the
+    divergence guard splits the step."""
     cfg = ex.opt.config()
-    return tuple(sorted((k, repr(v)) for k, v in cfg.items())) + (("first_update", ex.iteration == 0),
-                                                                   ("guard", bool(ex.check_finite)))
+    return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "lr")) + (
+        ("first_update", ex.iteration == 0), ("guard", bool(ex.check_finite)))
 
 
 @dataclass(slots=True)
@@ -164,6 +167,7 @@ class GraphStep:
         self.staging = [be.host_empty(shape, view.dtype) for view, shape in zip(program.inputs, program.input_shapes)]
         lv = program.loss_view
         self.loss_host = be.host_empty(tuple(lv.shape), lv.dtype)
+        self.scalars = StepScalars(be, [node for _, node in program.keyed])
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
         self.signature: tuple | None = None
@@ -176,21 +180,26 @@ class GraphStep:
     def capture(self) -> None:
         """Capture every device segment of the step (nothing runs while capturing). Raises CaptureRefused."""
         be, program = self.be, self.program
-        copy_in = [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
+        copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
+        copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
         segments, hoisted = split(program, copy_in, _copy(be.copy_out_async, program.loss_view, self.loss_host),
                                   guard=bool(self.ex.check_finite))
         strays = getattr(be, "stray_bytes", 0)
-        for seg in segments:
-            if seg.host is not None:
-                continue
-            be.begin_graph()
-            try:
-                for call in seg.calls:
-                    call()
-            except Exception as e:
-                _end_quietly(be)
-                raise CaptureRefused(f"the capture failed: {type(e).__name__}: {_one_line(e)}") from e
-            seg.graph = be.end_graph()
+        be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
+        try:
+            for seg in segments:
+                if seg.host is not None:
+                    continue
+                be.begin_graph()
+                try:
+                    for call in seg.calls:
+                        call()
+                except Exception as e:
+                    _end_quietly(be)
+                    raise CaptureRefused(f"the capture failed: {type(e).__name__}: {_one_line(e)}") from e
+                seg.graph = be.end_graph()
+        finally:
+            be.graph_scalars = None
         grown = getattr(be, "stray_bytes", 0) - strays
         if grown:
             raise CaptureRefused(f"cupy allocated {grown} bytes outside the arena while capturing (a temporary the "
@@ -204,11 +213,16 @@ class GraphStep:
         if self.eager_steps < WARMUP_STEPS:
             self.eager_steps += 1
             return program.run(x, y)
+        it = ex.iteration
+        keys = [ex.seed_key(node, it) for _, node in program.keyed]
+        for (ctx, _), key in zip(program.keyed, keys):
+            ctx.rng_key = key
+        self.scalars.fill(keys, getattr(ex.opt, "lr", 0.0), it + 1)
         sig = signature(ex)
         if sig != self.signature:
             if self.signature is not None and self._changed_last:
-                raise CaptureRefused("the optimizer's launch arguments (its learning rate: a schedule?) change at "
-                                     "every step; a graph would replay the captured ones")
+                raise CaptureRefused("the optimizer's launch arguments (hyper-parameters other than the learning "
+                                     "rate) change at every step; a graph would replay the captured ones")
             self._changed_last = self.signature is not None
             self.capture()
             self.signature = sig

@@ -606,6 +606,7 @@ class CUDABackend:
         self._prev_allocator = None
         self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter) pairing the two clocks
         self._cublas_math: Callable[[bool], None] | None = None  # sets cuBLAS's TF32 math (None: host tests)
+        self.graph_scalars = None  # backend/scalars.StepScalars while a graph is captured: the `_dev` kernels
         _LIVE_BACKENDS.add(self)
 
     @classmethod
@@ -716,6 +717,10 @@ class CUDABackend:
         """Copy device view `src` into pinned host array `dst` on the compute stream (a graph's loss output)."""
         self._check_transfer(src, dst)
         src.get(stream=self.compute, out=dst, blocking=False)
+
+    def scalar_buffer(self, name: str, n: int, dtype):
+        """A small device array outside the arena (a side buffer) for a graph's per-step scalars."""
+        return self.side.get(name, (int(n),), dtype)
 
     def wait_compute(self) -> None:
         """Block the host until the compute stream is idle (after a step's graphs, to read the loss)."""
@@ -991,15 +996,20 @@ class CUDABackend:
             self._norm_kernels().sum_f32(dy, axis=0, out=db)
 
     # -- dropout ---------------------------------------------------------------------------------------------
+    # While a graph is captured (`graph_scalars` set) the key is read from its device slot (backend/scalars.py).
     @_on_compute
     def dropout_forward(self, x, y, p: float, key: int) -> None:
         self._check("dropout_forward", x=x, y=y)
-        self._launch(cuplan.dropout_forward(y, x, p, key, self.limits))
+        gs = self.graph_scalars
+        self._launch(cuplan.dropout_forward(y, x, p, key, self.limits) if gs is None else
+                     cuplan.dropout_forward_dev(y, x, p, gs.key_slot(key), self.limits))
 
     @_on_compute
     def dropout_backward(self, dy, dx, p: float, key: int) -> None:
         self._check("dropout_backward", dy=dy, dx=dx)
-        self._launch(cuplan.dropout_backward(dx, dy, p, key, self.limits))
+        gs = self.graph_scalars
+        self._launch(cuplan.dropout_backward(dx, dy, p, key, self.limits) if gs is None else
+                     cuplan.dropout_backward_dev(dx, dy, p, gs.key_slot(key), self.limits))
 
     # -- loss ------------------------------------------------------------------------------------------------
     @_on_compute
@@ -1024,12 +1034,22 @@ class CUDABackend:
     @_on_compute
     def sgd_update(self, p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step) -> None:
         self._check("sgd_update", p=p, g=g, buf=buf)
+        gs = self.graph_scalars  # capturing: the learning rate from its device slot (a schedule changes it)
+        if gs is not None:
+            self._launch(cuplan.sgd_update_dev(p, g, buf, gs.lr_slot(lr), momentum, dampening, weight_decay,
+                                               nesterov, first_step, self.limits))
+            return
         self._launch(cuplan.sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
                                        self.limits))
 
     @_on_compute
     def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step) -> None:
         self._check("adam_update", p=p, g=g, m=m, v=v)
+        gs = self.graph_scalars  # capturing: lr and the step (bias corrections) from their device slots
+        if gs is not None:
+            self._launch(cuplan.adam_update_dev(p, g, m, v, gs.adam_slot(lr, step), beta1, beta2, eps, weight_decay,
+                                                self.limits))
+            return
         self._launch(cuplan.adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, self.limits))
 
     # -- convolution (cuDNN graphs; the planner picks the execution plan) -----------------------------------

@@ -509,7 +509,7 @@ class KernelLaunch:
 
 
 #: Pointer parameters that may be NULL (passed as None): SGD's momentum buffer when momentum == 0.
-NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf")})
+NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev", "momentum_buf")})
 
 #: Kernels whose first (output) argument the host must zero before the launch (they accumulate atomically).
 ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward"})
@@ -596,6 +596,23 @@ def dropout_backward(dx, dy, p: float, key: int, limits=DeviceLimits()) -> Kerne
     return _dropout("dropout_backward", dx, dy, p, key, limits)
 
 
+def _dropout_dev(name, out, x, p: float, key, limits) -> KernelLaunch:
+    n = _same_size(name, out, x)
+    if int(math.prod(key.shape)) != 1 or np.dtype(key.dtype) != np.uint64:
+        raise ValueError(f"{name}: the key must be one uint64 in device memory, got {key.shape} {key.dtype}")
+    return pack_launch(name, (out, x, n, key, ks.dropout_threshold24(p), ks.dropout_scale(p)), n, limits)
+
+
+def dropout_forward_dev(out, x, p: float, key, limits=DeviceLimits()) -> KernelLaunch:
+    """dropout_forward with `key` a one-element uint64 device array (read when the kernel runs)."""
+    return _dropout_dev("dropout_forward_dev", out, x, p, key, limits)
+
+
+def dropout_backward_dev(dx, dy, p: float, key, limits=DeviceLimits()) -> KernelLaunch:
+    """dropout_backward with `key` a one-element uint64 device array (read when the kernel runs)."""
+    return _dropout_dev("dropout_backward_dev", dx, dy, p, key, limits)
+
+
 def _concat_dims(name, part, whole, c0: int) -> tuple[int, int, int, int]:
     ps, ws = tuple(part.shape), tuple(whole.shape)
     if len(ps) < 2 or len(ps) != len(ws) or ps[0] != ws[0] or ps[2:] != ws[2:]:
@@ -675,6 +692,33 @@ def sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first
         buf = None  # never touched by the kernel
     return pack_launch("sgd_update", (p, g, buf, n, lr, momentum, dampening, weight_decay, int(bool(nesterov)),
                                       int(bool(first_step))), n, limits)
+
+
+def _device_doubles(name, a, count: int) -> None:
+    if int(math.prod(a.shape)) != count or np.dtype(a.dtype) != np.float64:
+        raise ValueError(f"{name}: expects {count} float64 value(s) in device memory, got {a.shape} {a.dtype}")
+
+
+def sgd_update_dev(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
+                   limits=DeviceLimits()) -> KernelLaunch:
+    """sgd_update with `lr` a one-element float64 device array (read when the kernel runs)."""
+    n = _same_size("sgd_update_dev", p, g)
+    _device_doubles("sgd_update_dev", lr, 1)
+    if momentum:
+        if buf is None:
+            raise ValueError("sgd_update_dev: momentum != 0 needs a momentum buffer")
+        _same_size("sgd_update_dev", p, buf)
+    else:
+        buf = None
+    return pack_launch("sgd_update_dev", (p, g, buf, n, lr, momentum, dampening, weight_decay,
+                                          int(bool(nesterov)), int(bool(first_step))), n, limits)
+
+
+def adam_update_dev(p, g, m, v, scalars, beta1, beta2, eps, weight_decay, limits=DeviceLimits()) -> KernelLaunch:
+    """adam_update with `scalars` = [lr, step] a two-element float64 device array (read when the kernel runs)."""
+    n = _same_size("adam_update_dev", p, g, m, v)
+    _device_doubles("adam_update_dev", scalars, 2)
+    return pack_launch("adam_update_dev", (p, g, m, v, n, scalars, beta1, beta2, eps, weight_decay), n, limits)
 
 
 def adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, limits=DeviceLimits()) -> KernelLaunch:
@@ -788,6 +832,7 @@ def sz_scatter_outliers(y, idx, vals, limits=DeviceLimits()) -> KernelLaunch:
 LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
     f.__name__: f for f in (
         relu_forward, relu_backward, add_forward, accumulate, scale_copy, dropout_forward, dropout_backward,
+        dropout_forward_dev, dropout_backward_dev, sgd_update_dev, adam_update_dev,
         concat_copy_forward, concat_copy_backward, lrn_forward, lrn_backward, softmax_xent_forward,
         softmax_xent_mean, softmax_xent_backward, sgd_update, adam_update, maxpool2d_forward, maxpool2d_backward,
         avgpool2d_forward, avgpool2d_backward, global_avgpool_forward, global_avgpool_backward,

@@ -181,6 +181,21 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="param.size",
         doc="in-place Adam step (L2 weight decay, no amsgrad); step is 1-based",
         torch_op="torch.optim.Adam.step"),
+    KernelSpec(
+        "sgd_update_dev", "optim.cu",
+        _args("float* param, const float* grad, float* momentum_buf, long long n, "
+              "const double* lr, double momentum, double dampening, double weight_decay, "
+              "int nesterov, int first_step"),
+        launch="elementwise", work="param.size",
+        doc="sgd_update with lr read from device memory (lr[0]): a CUDA graph's replay",
+        torch_op="torch.optim.SGD.step"),
+    KernelSpec(
+        "adam_update_dev", "optim.cu",
+        _args("float* param, const float* grad, float* m, float* v, long long n, "
+              "const double* scalars, double beta1, double beta2, double eps, double weight_decay"),
+        launch="elementwise", work="param.size",
+        doc="adam_update with {lr, step} read from device memory: a CUDA graph's replay",
+        torch_op="torch.optim.Adam.step"),
     # ------------------------------------------------------------ pool.cu
     KernelSpec(
         "maxpool2d_forward", "pool.cu",
@@ -299,6 +314,20 @@ _SPECS: Sequence[KernelSpec] = (
               "unsigned int threshold24, float scale"),
         launch="elementwise", work="n",
         doc="dx = keep ? dy * scale : 0 with the forward's key (mask replayed)",
+        torch_op="F.dropout backward"),
+    KernelSpec(
+        "dropout_forward_dev", "elementwise.cu",
+        _args("float* out, const float* x, long long n, const unsigned long long* key, "
+              "unsigned int threshold24, float scale"),
+        launch="elementwise", work="n",
+        doc="dropout_forward with the key read from device memory (key[0]): a CUDA graph's replay",
+        torch_op="F.dropout(training=True)"),
+    KernelSpec(
+        "dropout_backward_dev", "elementwise.cu",
+        _args("float* dx, const float* dy, long long n, const unsigned long long* key, "
+              "unsigned int threshold24, float scale"),
+        launch="elementwise", work="n",
+        doc="dropout_backward with the key read from device memory (key[0]): a CUDA graph's replay",
         torch_op="F.dropout backward"),
     KernelSpec(
         "concat_copy_forward", "elementwise.cu",

@@ -23,11 +23,33 @@ _PASS = {"begin_graph", "end_graph", "launch_graph", "copy_in_async", "copy_out_
          "host_empty", "paged_backing", "arena_backing", "conv_workspace_options", "name", "profile", "xp"}
 
 
+def _dropout_dev(fn, gs, x, y, p, key):
+    slot = gs.key_slot(key)
+    return lambda: fn(x, y, p, int(slot[0]))
+
+
+def _sgd_dev(fn, gs, p, g, buf, lr, momentum, dampening, wd, nesterov, first_step):
+    slot = gs.lr_slot(lr)
+    return lambda: fn(p, g, buf, float(slot[0]), momentum, dampening, wd, nesterov, first_step=first_step)
+
+
+def _adam_dev(fn, gs, p, g, m, v, lr, b1, b2, eps, wd, step):
+    slot = gs.adam_slot(lr, step)
+    return lambda: fn(p, g, m, v, float(slot[0]), b1, b2, eps, wd, int(slot[1]))
+
+
+# The backend calls that read a device slot while captured (the CUDA backend's `_dev` kernels), emulated.
+_DEV = {"dropout_forward": _dropout_dev, "dropout_backward": _dropout_dev, "sgd_update": _sgd_dev,
+        "adam_update": _adam_dev}
+_PASS.add("scalar_buffer")
+
+
 class GraphCPU(CPUBackend):
     """CPUBackend with graph capture emulated: recorded calls replayed by `launch_graph`."""
 
     def __init__(self, strays_during_capture: int = 0):
         self.capturing: list | None = None
+        self.graph_scalars = None
         self.graphs: list[list] = []
         self.log: list[str] = []             # backend calls as they RUN (eager or replayed), by name
         self.stray_bytes = 0
@@ -48,7 +70,11 @@ class GraphCPU(CPUBackend):
         def call(*args, **kwargs):
             rec = object.__getattribute__(self, "capturing")
             if rec is not None:
-                rec.append((name, attr, args, kwargs))
+                gs = object.__getattribute__(self, "graph_scalars")
+                if gs is not None and name in _DEV:   # the `_dev` kernel: reads its slot when the graph runs
+                    rec.append((name + "_dev", _DEV[name](attr, gs, *args, **kwargs), (), {}))
+                else:
+                    rec.append((name, attr, args, kwargs))
                 return None
             object.__getattribute__(self, "log").append(name)
             return attr(*args, **kwargs)
@@ -84,8 +110,12 @@ class GraphCPU(CPUBackend):
     def wait_compute(self):
         assert self.capturing is None
 
+    def scalar_buffer(self, name, n, dtype):
+        return np.zeros(n, dtype)   # 'device' slots, apart from the pinned ones: only the graph's copy fills them
+
     def host_empty(self, shape, dtype):
-        return np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1, dtype)
+        dt = np.dtype(dtype)   # garbage, as fresh pinned memory: tests must not depend on its contents
+        return np.full(shape, np.nan if dt.kind == "f" else np.iinfo(dt).max, dt)
 
 
 def _dropout_net(batch=4):
@@ -178,11 +208,12 @@ def test_a_replay_runs_the_eager_calls_in_their_order():
     be.log.clear()
     (x, y), = _data(steps=1, seed=1)
     sess.executor.train_step(x, y)          # captured, then replayed
-    replay = [n for n in be.log if n not in ("copy_in", "copy_out")]
+    replay = [n.removesuffix("_dev") for n in be.log if n not in ("copy_in", "copy_out")]
     # the eager step loads the batch with copy_in and reads the loss with to_host; the graph copies both
-    # through its staging buffers. The guard's host reads run between the graphs in both.
+    # through its staging buffers, and its update reads the learning rate from a device slot (sgd_update_dev).
+    # The guard's host reads run between the graphs in both.
     assert replay == [n for n in eager_log if n not in ("copy_in", "to_host")]
-    assert be.log[:2] == ["copy_in", "copy_in"] and "copy_out" in be.log
+    assert be.log[:4] == ["copy_in"] * 4 and "copy_out" in be.log   # the scalar slots, then data and labels
 
 
 def test_the_batch_and_the_loss_go_through_fixed_buffers():
@@ -192,7 +223,7 @@ def test_the_batch_and_the_loss_go_through_fixed_buffers():
     staging = [id(b) for b in gs.staging]
     recorded = [rec for g in be.graphs for rec in g]
     copies_in = [r for r in recorded if r[0] == "copy_in"]
-    assert len(copies_in) == 2           # data and labels, captured once
+    assert len(copies_in) == 4           # dropout keys, optimizer scalars, data and labels: captured once
     for x, y in _data(steps=3, seed=7):
         loss = sess.executor.train_step(x, y)
         assert np.array_equal(gs.staging[0], x) and np.array_equal(gs.staging[1], y)
@@ -217,23 +248,50 @@ def test_the_guard_splits_the_step_and_still_stops_a_diverging_update():
     assert gs.describe() == "cuda graph: 1 graph per step" and gs.captures == 2
 
 
-def test_a_learning_rate_change_recaptures_and_one_every_step_falls_back():
-    lrs = [0.05, 0.05, 0.05, 0.02, 0.02]                 # a step schedule: one change
-    eager, _ = _train(GraphCPU(), graphs=False, lrs=lrs)
-    graph, _ = _train(GraphCPU(), lrs=lrs)
+@pytest.mark.parametrize("case", [
+    dict(lrs=[0.05, 0.04, 0.03, 0.02, 0.01]),                                  # a schedule: lr every step
+    dict(net="dropout"),                                                        # a new key per step and layer
+    dict(opt=dl.Adam(lr=1e-3)),                                                 # bias corrections per step
+    dict(net="dropout", opt=dl.Adam(lr=1e-3), lrs=[1e-3, 2e-3, 3e-3, 4e-3, 5e-3]),
+])
+def test_per_step_scalars_come_from_device_slots(case):
+    """The learning rate, dropout keys and Adam's step change at every step, yet one capture serves every
+    replay: the graph copies the step's values into device slots that the `_dev` kernels read."""
+    eager, le = _train(GraphCPU(), graphs=False, **case)
+    be = GraphCPU()
+    graph, lg = _train(be, **case)
+    gs = graph.executor.graph_step
+    assert graph.executor.step_runner == "cuda graph" and gs.captures == 1 and gs.replays == 4
+    assert lg == le
+    _same(_params(graph), _params(eager))
+    ran = set(be.log)
+    if case.get("net") == "dropout":
+        assert {"dropout_forward_dev", "dropout_backward_dev"} <= ran
+        assert int(gs.scalars.keys[0]) == graph.executor.seed_key(gs.program.keyed[0][1], 4)  # step 4's key
+    assert ("adam_update_dev" if "opt" in case else "sgd_update_dev") in ran
+    assert float(gs.scalars.optim[0]) == graph.optimizer.lr
+
+
+def test_a_hyper_parameter_change_recaptures_and_one_every_step_falls_back():
+    def train(momenta, graphs=True):
+        opt = dl.SGD(lr=0.05, momentum=0.9)
+        sess = dl.Session(_net(), opt, seed=0, backend=GraphCPU(), graphs=graphs)
+        for m, (x, y) in zip(momenta, _data()):
+            opt.momentum = m
+            sess.executor.train_step(x, y)
+        return sess
+    once = [0.9, 0.9, 0.9, 0.8, 0.8]                 # one change: re-captured
+    graph, eager = train(once), train(once, graphs=False)
     assert graph.executor.graph_step.captures == 2
     _same(_params(graph), _params(eager))
-    lrs = [0.05, 0.04, 0.03, 0.02, 0.01]                 # cosine-like: changes every step
-    eager, _ = _train(GraphCPU(), graphs=False, lrs=lrs)
-    graph, _ = _train(GraphCPU(), lrs=lrs)
+    every = [0.9, 0.85, 0.8, 0.75, 0.7]               # a change at every step: the compiled loop, saying why
+    graph, eager = train(every), train(every, graphs=False)
     ex = graph.executor
     assert ex.step_runner == "compiled" and "change at every step" in ex.graph_fallback
     _same(_params(graph), _params(eager))
 
 
 @pytest.mark.parametrize("case,expect", [
-    (dict(net="dropout"), "dropout"),
-    (dict(opt=dl.Adam(lr=1e-3)), "optimizer 'adam'"),
     (dict(trace=True), "tracing"),
     (dict(policy="offload"), "host copies"),
     (dict(paged="64KiB"), "paged arena"),
@@ -275,3 +333,35 @@ def test_every_captured_policy_is_bit_identical_to_none(policy):
     assert ex.step_runner == "cuda graph" or any(w in ex.graph_fallback for w in ("host copies", "host update"))
     assert ls == lr
     _same(_params(sess), _params(ref))
+
+
+def test_the_cuda_backend_launches_the_dev_kernels_while_capturing():
+    """The real CUDABackend dispatch (host-emulated, as tests/backend/test_cuda_host.py): with `graph_scalars`
+    set, dropout and the optimizers launch their `_dev` kernels with the slots' addresses; otherwise not."""
+    from types import SimpleNamespace
+
+    from minidl.backend.scalars import StepScalars
+    from tests.backend.test_cuda_host import FakeCudnn, _host_backend
+
+    be = _host_backend(FakeCudnn())
+    mem = SimpleNamespace(host_empty=lambda shape, dt: np.zeros(shape, dt),
+                          scalar_buffer=lambda name, n, dt: np.zeros(n, dt))
+    gs = StepScalars(mem, dropout_nodes=[3, 5])
+    gs.fill([11, 22], lr=0.05, step=7)
+    f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    be.graph_scalars = gs
+    be.dropout_forward(f(8), f(8), 0.5, 22)
+    be.sgd_update(f(4), f(4), f(4), 0.05, 0.9, 0.0, 0.0, False, False)
+    be.adam_update(f(4), f(4), f(4), f(4), 0.05, 0.9, 0.999, 1e-8, 0.0, 7)
+    with pytest.raises(ValueError, match="learning rate 0.1 is not the step's value 0.05"):
+        be.sgd_update(f(4), f(4), f(4), 0.1, 0.9, 0.0, 0.0, False, False)
+    with pytest.raises(KeyError, match="dropout key 33"):
+        be.dropout_backward(f(8), f(8), 0.5, 33)
+    be.graph_scalars = None
+    be.sgd_update(f(4), f(4), f(4), 0.05, 0.9, 0.0, 0.0, False, False)
+    drop, sgd, adam, plain = be.launches
+    assert (drop.name, sgd.name, adam.name, plain.name) == ("dropout_forward_dev", "sgd_update_dev",
+                                                            "adam_update_dev", "sgd_update")
+    assert drop.args[3].base is gs.keys and drop.args[3].__array_interface__["data"][0] == gs.keys[1:].ctypes.data
+    assert sgd.args[4].__array_interface__["data"][0] == gs.optim.ctypes.data and sgd.args[4].shape == (1,)
+    assert adam.args[5].shape == (2,) and adam.args[5].__array_interface__["data"][0] == gs.optim.ctypes.data

@@ -29,8 +29,15 @@ def _cuda(math="fp32"):
     return get_backend("cuda", math=math)
 
 
-def _net():
-    return build_model("resnet", depth=20, batch=8, image_size=16, in_channels=3, num_classes=10)
+def _net(dropout=False):
+    if not dropout:
+        return build_model("resnet", depth=20, batch=8, image_size=16, in_channels=3, num_classes=10)
+    from minidl.layers import Conv2d, Dropout, Linear, ReLU
+    from models.common import finish, new_network
+
+    net, x, y = new_network("drop", 8, 3, 16, 10, "float32")
+    h = Dropout(0.5, name="drop")(ReLU(name="relu")(Conv2d(8, 3, padding=1, name="conv")(x)))
+    return finish(net, Linear(10, name="fc")(h), y)
 
 
 def _data(steps=5):
@@ -49,18 +56,22 @@ def _budget(policy):
     return (live + e.value.min_budget_bytes) // 2
 
 
-def _train(policy="liveness", graphs=True, math="fp32"):
+def _train(policy="liveness", graphs=True, math="fp32", adam=False, dropout=False):
     be = _cuda(math)
-    sess = dl.Session(_net(), dl.SGD(lr=0.05, momentum=0.9), policy=policy, budget=_budget(policy), seed=0,
-                      backend=be, graphs=graphs)
-    losses = [sess.executor.train_step(x, y) for x, y in _data()]
+    opt = dl.Adam(lr=1e-3) if adam else dl.SGD(lr=0.05, momentum=0.9)
+    sess = dl.Session(_net(dropout), opt, policy=policy, budget=_budget(policy), seed=0, backend=be, graphs=graphs)
+    losses = []
+    for k, (x, y) in enumerate(_data()):
+        opt.lr *= 0.9 if k else 1.0        # a schedule: the learning rate comes from its device slot
+        losses.append(sess.executor.train_step(x, y))
     return sess, losses, {k: v.copy() for k, v in sess.executor.state_dict().items()}
 
 
 @pytest.mark.parametrize("math", ["fp32", "tf32"])
-def test_graph_replay_is_bit_identical_to_eager(math):
-    g, lg, pg = _train(graphs=True, math=math)
-    e, le, pe = _train(graphs=False, math=math)
+@pytest.mark.parametrize("case", [{}, {"adam": True}, {"dropout": True}])
+def test_graph_replay_is_bit_identical_to_eager(math, case):
+    g, lg, pg = _train(graphs=True, math=math, **case)
+    e, le, pe = _train(graphs=False, math=math, **case)
     assert g.executor.step_runner == "cuda graph", g.executor.graph_fallback
     assert g.executor.graph_step.replays == 4
     assert lg == le

@@ -378,6 +378,14 @@ LAUNCH_CASES = {
     "scale_copy": ((_f(4), _f(4), 0.5), lambda a: (a[0], a[1], 4, 0.5), 4),
     "dropout_forward": ((_f(9), _f(9), 0.25, -1), lambda a: (a[0], a[1], 9, 2**64 - 1, 1 << 22, 4.0 / 3.0), 9),
     "dropout_backward": ((_f(9), _f(9), 0.5, 7), lambda a: (a[0], a[1], 9, 7, 1 << 23, 2.0), 9),
+    "dropout_forward_dev": ((_f(9), _f(9), 0.25, np.zeros(1, np.uint64)),
+                            lambda a: (a[0], a[1], 9, a[3], 1 << 22, 4.0 / 3.0), 9),
+    "dropout_backward_dev": ((_f(9), _f(9), 0.5, np.zeros(1, np.uint64)),
+                             lambda a: (a[0], a[1], 9, a[3], 1 << 23, 2.0), 9),
+    "sgd_update_dev": ((_p, _f(10), _f(10), np.zeros(1), 0.9, 0.0, 1e-4, True, False),
+                       lambda a: (*a[:3], 10, a[3], 0.9, 0.0, 1e-4, 1, 0), 10),
+    "adam_update_dev": ((_p, _f(10), _f(10), _f(10), np.zeros(2), 0.9, 0.999, 1e-8, 0.0),
+                        lambda a: (*a[:4], 10, a[4], 0.9, 0.999, 1e-8, 0.0), 10),
     "concat_copy_forward": ((_cat_out, _cat_part, 3), lambda a: (a[0], a[1], 2, 2, 9, 7, 3), 36),
     "concat_copy_backward": ((_cat_part, _cat_out, 5), lambda a: (a[0], a[1], 2, 2, 9, 7, 5), 36),
     "lrn_forward": ((_f(2, 6, 3, 1), _f(2, 6, 3, 1), 5, 1e-4, 0.75, 2.0),
@@ -466,6 +474,11 @@ def test_sgd_without_momentum_passes_null():
     launch = cuplan.sgd_update(_f(3), _f(3), _f(3), 0.1, 0.0, 0.0, 0.0, False, True)
     assert launch.args[2] is None                               # cupy passes None as a NULL pointer
     assert ("sgd_update", "momentum_buf") in cuplan.NULLABLE_POINTERS
+    assert cuplan.sgd_update_dev(_f(3), _f(3), _f(3), np.zeros(1), 0.0, 0.0, 0.0, False, False).args[2] is None
+    with pytest.raises(ValueError, match="float64"):
+        cuplan.adam_update_dev(_f(3), _f(3), _f(3), _f(3), np.zeros(2, np.float32), 0.9, 0.999, 1e-8, 0.0)
+    with pytest.raises(ValueError, match="uint64"):
+        cuplan.dropout_forward_dev(_f(3), _f(3), 0.5, np.zeros(2, np.uint64))
     assert cuplan.ZERO_OUTPUT_FIRST == {"maxpool2d_backward"}
 
 

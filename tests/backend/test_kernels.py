@@ -283,14 +283,15 @@ def test_registry_shape():
             f"{name}: the output comes first")
     expected = {
         "loss.cu": {"softmax_xent_forward", "softmax_xent_mean", "softmax_xent_backward"},
-        "optim.cu": {"sgd_update", "adam_update"},
+        "optim.cu": {"sgd_update", "adam_update", "sgd_update_dev", "adam_update_dev"},
         "compress.cu": {"sz_quantize", "sz_encode_blocks", "sz_gather_planes", "sz_decode_blocks",
                         "sz_scatter_outliers"},
         "pool.cu": {"maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward",
                     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward"},
         "elementwise.cu": {"add_forward", "accumulate", "scale_copy", "relu_forward",
                            "relu_backward", "dropout_forward", "dropout_backward",
-                           "concat_copy_forward", "concat_copy_backward", "lrn_forward",
+                           "dropout_forward_dev", "dropout_backward_dev", "concat_copy_forward",
+                           "concat_copy_backward", "lrn_forward",
                            "lrn_backward"},
     }
     for file, names in expected.items():
