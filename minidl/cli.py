@@ -190,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on CUDA, capture the compiled step once as CUDA graphs and replay them (off: launch every "
                         "kernel from Python each step); a plan that cannot be captured says why")
     p.add_argument("--device", default=None,
-                   help="simulator profile the policy's timing decisions assume (default: the backend's own)")
+                   help="simulator profile the policy's timing decisions assume (default: the backend's own); "
+                        "'measured' (--backend cuda): this GPU's host link, measured before planning "
+                        "(memory/calibrate.py)")
     p.add_argument("--debug", action="store_true",
                    help="poison freed memory, check residency, and show the traceback of an error")
     p.add_argument("--no-progress", action="store_true",
@@ -472,9 +474,14 @@ def _train(args, backend, comm) -> dict:
     if args.save_every and not args.save:
         raise OptionError("--save-every needs --save PATH.npz: the path the checkpoints are written to")
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
+    device = args.device
+    if device == "measured":   # the simulator's link figures measured on this GPU, before planning
+        from .memory.calibrate import measured_profile
+
+        device = measured_profile(backend)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
-                   host_limit_bytes=args.host_limit, device=args.device, costs=_costs(args, backend),
+                   host_limit_bytes=args.host_limit, device=device, costs=_costs(args, backend),
                    fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
                    reduction=args.reduction, micro_batches=args.micro_batches, math=args.math,
                    graphs=args.cuda_graph == "on")
@@ -500,7 +507,8 @@ def _train(args, backend, comm) -> dict:
            "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak,
-           "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback}
+           "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback,
+           "device_profile": getattr(sess.device, "note", sess.device)}
     out.update(_memory_json(sess.plan))
     from .memory.simulate import simulate
 

@@ -22,8 +22,13 @@ What lives where on the device:
   counts (`stray_bytes`: assigning a numpy array into a view, `view[...] = numpy_array`, stages it in a cupy
   allocation; the executor initializes parameters with `copy_in`, which does not).
 * **Streams.** All compute (kernels, cuDNN graphs, cuBLAS, cupy elementwise ops) runs on one non-blocking
-  compute stream; offload/prefetch copies run on a non-blocking transfer stream, ordered against compute by
-  events only (the host never blocks except in `to_host`, `transfer_sync` and `transfer_times`). The host store
+  compute stream; offloads run on their own non-blocking stream (`transfer`, device -> host) and prefetches on
+  another (`prefetch_stream`, host -> device), one per direction because the link is full duplex. They are
+  ordered against compute by events only (the host never blocks except in `to_host`, `transfer_sync` and
+  `transfer_times`, which the host store calls once per step, after it; the clock anchor is made at
+  construction). A tensor's prefetch never overtakes its own offload although they are on different streams:
+  the plan releases the tensor (compute waits for the offload's `done`) before it prefetches it, and the
+  prefetch waits for an event recorded on compute after that wait. The host store
   is pinned memory (`host_empty`), so device<->host copies are truly asynchronous.
 * **cuDNN graphs** (convolution forward / backward-data / backward-filter, batch norm training / inference /
   backward, ReLU forward / backward) are built once per shape (`cuda_plan.GraphKey`) by `CudnnGraphs`, the one
@@ -569,7 +574,8 @@ class CUDABackend:
         cudnn.set_stream(handle=handle, stream=compute.ptr)
         self._init_state(
             cupy=cupy, cupyx=cupyx, cudnn=cudnn, cublas=cublas, compute=compute,
-            transfer=cupy.cuda.Stream(non_blocking=True), graphs=CudnnGraphs(cudnn, handle, max_plans=max_plans),
+            transfer=cupy.cuda.Stream(non_blocking=True), prefetch=cupy.cuda.Stream(non_blocking=True),
+            graphs=CudnnGraphs(cudnn, handle, max_plans=max_plans),
             side=_SideBuffers(cupy),
             limits=cuplan.DeviceLimits(int(attrs["MaxThreadsPerBlock"]), int(attrs["MultiProcessorCount"])),
             filters=cuplan.EngineFilters(allow_tf32=allow_tf32, deterministic=deterministic),
@@ -582,14 +588,16 @@ class CUDABackend:
             self._cublas_math(True)
         if count_stray_allocations:
             self._install_stray_counter()
+        self._anchor()  # the transfer clock's anchor, now: the host then never blocks for it inside a step
 
     def _init_state(self, *, cupy, cupyx, cudnn, cublas, compute, transfer, graphs: CudnnGraphs, side, limits,
-                    filters, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True) -> None:
+                    filters, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True, prefetch=None) -> None:
         self.cp, self.cpx, self.cudnn, self._cublas = cupy, cupyx, cudnn, cublas
         self.xp = cupy
         self.device = None
         self.gpu_name = ""
-        self.compute, self.transfer = compute, transfer
+        self.compute, self.transfer = compute, transfer        # transfer: the offload (device -> host) stream
+        self.prefetch_stream = prefetch if prefetch is not None else transfer   # host -> device
         self.graphs, self.side = graphs, side
         self.limits, self.filters = limits, filters
         self.use_cudnn_bn, self.use_cudnn_relu = bool(use_cudnn_bn), bool(use_cudnn_relu)
@@ -679,6 +687,8 @@ class CUDABackend:
     def synchronize(self) -> None:
         self.compute.synchronize()
         self.transfer.synchronize()
+        if self.prefetch_stream is not self.transfer:
+            self.prefetch_stream.synchronize()
 
     # -- arena -----------------------------------------------------------------------------------------------
     def arena_backing(self) -> DeviceArenaBacking:
@@ -691,6 +701,14 @@ class CUDABackend:
         from .cuda_vmm import VmmBacking
 
         return VmmBacking(self.cp, device=int(self.cp.cuda.runtime.getDevice()))
+
+    def measure_link(self, nbytes: int | None = None, repeats: int = 3):
+        """The host link's bandwidth (each direction alone and with both busy) and per-copy latency, measured on
+        this backend's copy streams (`cuda_calibrate.measure_link`): what `memory/calibrate.py` builds the
+        simulator's measured profile from. Blocks; call before training."""
+        from .cuda_calibrate import BANDWIDTH_BYTES, measure_link
+
+        return measure_link(self, nbytes or BANDWIDTH_BYTES, repeats)
 
     # -- CUDA graphs (minidl/capture.py) -----------------------------------------------------------------------
     def begin_graph(self) -> None:
@@ -744,16 +762,17 @@ class CUDABackend:
         return Transfer("offload", int(src.nbytes), self._record(self.transfer, timing=True), start)
 
     def prefetch_async(self, src: np.ndarray, dst) -> Transfer:
-        """Copy host array `src` into device view `dst` on the transfer stream, after every kernel already
+        """Copy host array `src` into device view `dst` on the prefetch stream, after every kernel already
         enqueued on the compute stream (the block's previous tenant may still be in use). Returns at once."""
         self._check_transfer(dst, src)
         self._anchor()
+        stream = self.prefetch_stream
         ready = self._event()
         ready.record(self.compute)
-        self.transfer.wait_event(ready)
-        start = self._record(self.transfer, timing=True)
-        dst.set(src, stream=self.transfer)
-        return Transfer("prefetch", int(dst.nbytes), self._record(self.transfer, timing=True), start)
+        stream.wait_event(ready)
+        start = self._record(stream, timing=True)
+        dst.set(src, stream=stream)
+        return Transfer("prefetch", int(dst.nbytes), self._record(stream, timing=True), start)
 
     def transfer_wait(self, t: Transfer) -> None:
         """Make the compute stream wait for `t` (device-side: the host does not block). Call before a kernel

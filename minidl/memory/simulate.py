@@ -30,6 +30,11 @@ class DeviceProfile:
     # device <-> device bandwidth, bytes/s, one direction (`--devices`); default 8.2 GiB/s: Harmony's simulator's
     # GPU-to-GPU figure (PCIe 3 peer to peer), kept for every PCIe profile; the h100 gets NVLink 4's 450 GB/s
     peer_bw: float = 8.2 * (1 << 30)
+    # A measured profile (memory/calibrate.py) sets these: each copy's fixed cost (launch + DMA setup), and whether
+    # offloads and prefetches run on separate streams (the CUDA backend: one per direction; `link_bw` is then what
+    # each direction reaches while the other is busy). The defaults are the datasheet profiles' one FIFO stream.
+    link_latency_s: float = 0.0
+    duplex: bool = False
 
 
 GiB = 1 << 30
@@ -217,24 +222,27 @@ def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None =
                   record: PredictedTimeline | None = None) -> LinkTimeline:
     """Replay the plan on two clocks: the compute stream and the host link (one FIFO copy stream).
 
-    OFFLOAD and PREFETCH queue a copy of `nbytes / link_bw` seconds that starts when the link is free and the
-    event is reached; RELEASE and WAIT advance the compute clock to the end of that tensor's copy if it has not
-    finished yet. That blocked time is the exposed transfer time; the rest of the copy time hid behind compute.
-    This is the executor's transfer engine, modelled: one thread, copies in issue order, waits only where the
-    plan says the data is needed.
+    OFFLOAD and PREFETCH queue a copy of `link_latency_s + nbytes / link_bw` seconds that starts when the link
+    is free and the event is reached; RELEASE and WAIT advance the compute clock to the end of that tensor's
+    copy if it has not finished yet. That blocked time is the exposed transfer time; the rest of the copy time
+    hid behind compute. This is the executor's transfer engine, modelled: copies in issue order, waits only
+    where the plan says the data is needed. With `dev.duplex` (a measured CUDA profile) offloads and prefetches
+    queue on two clocks, one per direction, as the CUDA backend's two copy streams do.
     """
     from .plan import EventKind
 
     costs = step_costs(plan.route, dev) if costs is None else costs
-    now = link_free = total = exposed = 0.0
+    now = total = exposed = 0.0
+    free = {EventKind.OFFLOAD: 0.0, EventKind.PREFETCH: 0.0}   # when each direction's stream is free
     done: dict[str, float] = {}
 
     def apply(ev) -> None:
-        nonlocal now, link_free, total, exposed
+        nonlocal now, total, exposed
         if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
-            d = ev.nbytes / dev.link_bw
-            start = max(now, link_free)
-            link_free = start + d
+            d = dev.link_latency_s + ev.nbytes / dev.link_bw
+            lane = ev.kind if dev.duplex else EventKind.OFFLOAD   # one FIFO stream unless duplex
+            start = max(now, free[lane])
+            link_free = free[lane] = start + d
             done[ev.tensor] = link_free
             total += d
             if record is not None:

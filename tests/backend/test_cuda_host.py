@@ -1294,9 +1294,10 @@ class _DeviceArray:
         stream.now += self.copy_ms
 
 
-def _timed_backend():
+def _timed_backend(duplex: bool = False):
     """The real CUDABackend transfer code over fake events and streams; `be.elapsed` lists the event pairs
-    whose elapsed time was read, and reading one that has not completed fails as cudaEventElapsedTime does."""
+    whose elapsed time was read, and reading one that has not completed fails as cudaEventElapsedTime does.
+    `duplex`: a stream per direction ('d2h' offloads, 'h2d' prefetches), as the real backend has."""
     log, elapsed, pinned = [], [], []
 
     def get_elapsed_time(a, b):
@@ -1314,8 +1315,9 @@ def _timed_backend():
                                               get_elapsed_time=get_elapsed_time))
     be = CUDABackend.from_parts(cupy=cp, cupyx=SimpleNamespace(empty_pinned=empty_pinned), cudnn=None,
                                 cublas=None, compute=_TimedStream("compute", log),
-                                transfer=_TimedStream("transfer", log), graphs=None, side=None, limits=LIMITS,
-                                filters=cuplan.EngineFilters())
+                                transfer=_TimedStream("d2h" if duplex else "transfer", log),
+                                prefetch=_TimedStream("h2d", log) if duplex else None, graphs=None, side=None,
+                                limits=LIMITS, filters=cuplan.EngineFilters())
     be.log, be.elapsed, be.pinned = log, elapsed, pinned
     return be
 
@@ -1417,3 +1419,40 @@ def test_host_store_runs_on_the_cuda_backend_transfer_code(perf_counter):
     assert [(e.name, e.step) for e in trace] == [("offload a", 0), ("prefetch a", 1)]
     assert [e.start_s for e in trace] == pytest.approx([1.0, 1.004])  # anchor at 0 ms, host 1000 s, t0 999 s
     assert [e.dur_s for e in trace] == pytest.approx([0.004, 0.004])
+
+
+def test_copies_overlap_on_one_stream_per_direction_ordered_by_events_only(perf_counter):
+    """Offloads on the d2h stream, prefetches on the h2d stream: each waits for an event recorded on compute,
+    compute waits for each copy's `done` event, and the host blocks nowhere inside the step: only in the
+    store's end_iteration (settling the step's copies) and once for the clock anchor."""
+    from minidl.memory.host import HostStore
+
+    be = _timed_backend(duplex=True)
+    a = _DeviceArray(np.arange(8, dtype=np.float32), copy_ms=4.0)
+    b = _DeviceArray(np.arange(8, dtype=np.float32) + 8, copy_ms=4.0)
+    with HostStore(t0=999.0, trace=[], backend=be) as h:
+        be._anchor()                                  # the real backend makes it at construction
+        be.log.clear()
+        h.offload("a", a, 0)
+        h.wait_offload("a")                           # RELEASE a
+        h.offload("b", b, 1)                          # b's offload ...
+        h.prefetch("a", a, 2)                         # ... and a's prefetch overlap: two streams
+        h.wait_prefetch("a")
+        h.wait_offload("b")
+        step = list(be.log)
+        h.end_iteration()
+    streams = {s for s, what, _ in step if what == "copy"}
+    assert streams == {"d2h", "h2d"}
+    assert not [e for s, what, e in step if s == "host"], "the host blocked inside the step"
+    # each copy waits for compute's `ready` event; compute waits for each copy's `done` event
+    ready_a, ready_b, ready_pa = [e for s, what, e in step if what == "record" and s == "compute"
+                                  and not e.timing]
+    assert ("d2h", "wait", ready_a) in step and ("d2h", "wait", ready_b) in step and ("h2d", "wait", ready_pa) in step
+    copies = [(s, i) for i, (s, what, _) in enumerate(step) if what == "copy"]
+    assert [s for s, _ in copies] == ["d2h", "d2h", "h2d"]
+    # a's prefetch is ordered after a's offload through compute: compute waited for a's offload before it
+    # recorded the event the prefetch waits for
+    waits = [e for s, what, e in step if s == "compute" and what == "wait"]
+    assert step.index(("compute", "wait", waits[0])) < step.index(("compute", "record", ready_pa))
+    assert waits[0].stream.name == "d2h"
+    assert [ev for s, what, ev in be.log if s == "host"]   # end_iteration settled the copies: the one block

@@ -154,7 +154,8 @@ def _clock(route: Route, device: DeviceProfile, slack: float) -> _Clock:
     start = [0.0]
     for c in step_costs(route, device):
         start.append(start[-1] + c.time_s)
-    return _Clock(start, device.link_bw, slack, COPY_LATENCY_S.get(device.name, DEFAULT_LATENCY_S))
+    latency = getattr(device, "link_latency_s", 0.0) or DEFAULT_LATENCY_S   # measured (calibrate.py), else default
+    return _Clock(start, device.link_bw, slack, COPY_LATENCY_S.get(device.name, latency))
 
 
 def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -> list[Candidate]:
