@@ -1,0 +1,413 @@
+"""minidl against PyTorch on one GPU, in one run, alternating: issue 19's figures (needs a CUDA GPU).
+
+    python benchmarks/gpu_vs_torch.py                        # every row below (ResNet-2500 rows take minutes)
+    python benchmarks/gpu_vs_torch.py --only resnet50        # the ResNet-50 rows only
+    python benchmarks/gpu_vs_torch.py --only resnet2500 --math tf32 --steps 3
+
+Rows (each in fp32 and in tf32, `--math`):
+  resnet50   224 px, batch 1 / 32 / 64, minidl `liveness`          vs PyTorch plain
+  resnet50   224 px, batch 32, minidl `--budget 700MiB` (auto)     vs PyTorch plain (and its own liveness row)
+  resnet2500 224 px, batch 16, minidl `liveness` (in memory)       vs PyTorch plain
+  resnet2500 224 px, batch 16, minidl `--budget 12GB` (auto)       vs PyTorch checkpoint_sequential
+PyTorch runs the same network (`minidl.testing_torch.TorchTwin`: one functional call per layer, the same initial
+weights) with SGD (momentum 0.9) and `cudnn.benchmark`; minidl runs its compiled step, as CUDA graphs where the
+plan can be captured (`minidl.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
+autotuned on the GPU (cache: results/gpu_autotune.json). Math modes match: fp32 turns TF32 off on both sides
+(`torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False`), tf32 on on both.
+
+Alternating: where both fit on the device together the steps alternate (minidl, PyTorch, minidl, ...); where they
+do not (ResNet-2500) each side runs a round of steps, is freed, and the other runs, `--rounds` times; the row's
+`alternation` says which. Step time is the median of the timed steps (after `--warmup` steps), host clock around
+a step that ends with the loss on the host (minidl) or `torch.cuda.synchronize()` (PyTorch).
+
+Peak bytes: minidl's arena peak plus its device memory outside the arena (cuDNN side buffers); PyTorch's
+`torch.cuda.max_memory_allocated()` for the row. `hidden_fraction`: minidl's share of copy time hidden behind
+compute (host store; null where nothing moves). Results: results/gpu_vs_torch.json (a list of rows) and .md.
+
+torch is imported by this script only (and by minidl's tests); without a GPU, cupy, the cuDNN frontend or torch
+it prints why and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent / "results"
+EXIT_NO_GPU = 2
+
+
+@dataclass(slots=True)
+class RowSpec:
+    workload: str          # resnet50 | resnet2500
+    batch: int
+    math: str              # fp32 | tf32
+    minidl: str            # "liveness" or the budget ("700MiB", "12GB")
+    peer: str              # plain | checkpoint_sequential
+
+
+@dataclass(slots=True)
+class Row:
+    workload: str
+    batch: int
+    math: str
+    minidl: str
+    peer: str
+    minidl_s: float
+    torch_s: float
+    ratio: float
+    minidl_peak_bytes: int
+    torch_peak_bytes: int
+    hidden_fraction: float | None
+    device: str
+    date: str
+    minidl_runner: str = ""
+    alternation: str = ""
+    steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def row_specs(only: list[str] | None, maths: list[str]) -> list[RowSpec]:
+    """The issue's rows, in the order they run (cheapest first)."""
+    rows = []
+    for m in maths:
+        rows += [RowSpec("resnet50", b, m, "liveness", "plain") for b in (1, 32, 64)]
+        rows.append(RowSpec("resnet50", 32, m, "700MiB", "plain"))
+        rows.append(RowSpec("resnet2500", 16, m, "liveness", "plain"))
+        rows.append(RowSpec("resnet2500", 16, m, "12GB", "checkpoint_sequential"))
+    return [r for r in rows if not only or r.workload in only]
+
+
+def why_no_gpu() -> str | None:
+    """None if a CUDA GPU, cupy, the cuDNN frontend and a CUDA build of torch are all here; else what is missing."""
+    try:
+        import torch
+    except ImportError as e:
+        return f"PyTorch is not importable ({e})"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA GPU"
+    try:
+        from minidl.backend.cuda import load_cuda_modules
+
+        load_cuda_modules()
+    except Exception as e:  # noqa: BLE001 - CUDAUnavailable says what is missing
+        return str(e)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PyTorch: the twin on the GPU, a forward that frees what it no longer needs, checkpoint_sequential's segments
+# ---------------------------------------------------------------------------------------------------------
+
+def torch_twin(net, state: dict, device):
+    """`TorchTwin` of `net` with its parameters (and BN statistics) on `device`."""
+    from minidl.testing_torch import TorchTwin
+
+    twin = TorchTwin(net, state)
+    for ps in twin.params.values():
+        for k, t in ps.items():
+            ps[k] = t.detach().to(device).requires_grad_(t.requires_grad)
+    return twin
+
+
+def _consumers(net) -> dict[int, int]:
+    count = {n.index: 0 for n in net.nodes}
+    for n in net.layer_nodes:
+        for i in n.inputs:
+            count[i] += 1
+    return count
+
+
+def _run_nodes(twin, nodes, vals: dict, remaining: dict) -> None:
+    """Run `nodes` in order into `vals`, dropping each value once its last consumer ran (what an nn.Module's
+    forward does), so PyTorch's peak is autograd's saved tensors, not every output."""
+    for n in nodes:
+        xs = [vals[i] for i in n.inputs]
+        fn = twin.fns[n.index]
+        vals[n.index] = fn(xs, twin.params[n.name], True) if n.layer.type_name == "batchnorm" else \
+            fn(xs, twin.params[n.name])
+        for i in n.inputs:
+            remaining[i] -= 1
+            if remaining[i] == 0 and i != n.index:
+                vals.pop(i, None)
+
+
+def plain_loss(twin, x, y):
+    """The loss of `twin` on (x, y), values freed after their last use."""
+    net = twin.net
+    inputs = net.input_nodes
+    vals = {inputs[0].index: x, inputs[1].index: y}
+    remaining = _consumers(net)
+    remaining[inputs[1].index] += 1   # labels are kept to the end
+    _run_nodes(twin, net.layer_nodes, vals, remaining)
+    return vals[net.loss_index]
+
+
+def sequential_cuts(net) -> list[int]:
+    """Positions in `net.layer_nodes` after which exactly one value (that node's output) is live: the points
+    where a DAG (ResNet: between blocks) is a chain of single-tensor functions, as checkpoint_sequential needs.
+    The labels and the loss layer are left out (the loss is applied after the last segment)."""
+    nodes = [n for n in net.layer_nodes if n.index != net.loss_index]
+    labels = net.input_nodes[1].index
+    pos = {n.index: k for k, n in enumerate(nodes)}
+    last_use = {}
+    for k, n in enumerate(nodes):
+        for i in n.inputs:
+            if i != labels:
+                last_use[i] = k
+    logits = net.logits_node.index
+    last_use[logits] = len(nodes)
+    cuts = []
+    for k, n in enumerate(nodes):
+        live = [i for i, last in last_use.items() if last > k and (i not in pos or pos[i] <= k)]
+        if live == [n.index]:
+            cuts.append(k)
+    return cuts
+
+
+def segment_functions(twin) -> list:
+    """The network (without its loss) as a list of one-tensor-in, one-tensor-out functions, one per stretch
+    between `sequential_cuts`: `checkpoint_sequential(fns, segments, x)` is then PyTorch's usual recipe."""
+    net = twin.net
+    nodes = [n for n in net.layer_nodes if n.index != net.loss_index]
+    cuts = sequential_cuts(net)
+    if not cuts or cuts[-1] != len(nodes) - 1:
+        cuts.append(len(nodes) - 1)
+    fns, start, src = [], 0, net.input_nodes[0].index
+    for end in cuts:
+        part = nodes[start:end + 1]
+        out = part[-1].index
+
+        def fn(x, part=part, src=src, out=out):
+            vals = {src: x}
+            remaining = _consumers(net)
+            remaining[out] += 1
+            _run_nodes(twin, part, vals, remaining)
+            return vals[out]
+        fns.append(fn)
+        start, src = end + 1, out
+    return fns
+
+
+class TorchStep:
+    """One PyTorch training step (plain or checkpoint_sequential) on the GPU."""
+
+    def __init__(self, net, state, x, y, peer: str, segments: int | None):
+        import torch
+
+        self.torch = torch
+        dev = torch.device("cuda")
+        self.twin = torch_twin(net, state, dev)
+        self.x = torch.as_tensor(x, device=dev)
+        self.y = torch.as_tensor(y, device=dev)
+        self.opt = torch.optim.SGD(self.twin.parameters(), lr=1e-4, momentum=0.9)
+        self.peer = peer
+        if peer == "checkpoint_sequential":
+            self.fns = segment_functions(self.twin)
+            self.segments = segments or max(1, round(math.sqrt(len(self.fns))))
+
+    def __call__(self) -> float:
+        torch = self.torch
+        self.opt.zero_grad(set_to_none=True)
+        if self.peer == "plain":
+            loss = plain_loss(self.twin, self.x, self.y)
+        else:
+            from torch.utils.checkpoint import checkpoint_sequential
+
+            logits = checkpoint_sequential(self.fns, self.segments, self.x, use_reentrant=False)
+            loss = torch.nn.functional.cross_entropy(logits, self.y)
+        loss.backward()
+        self.opt.step()
+        torch.cuda.synchronize()
+        return float(loss.detach())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# minidl
+# ---------------------------------------------------------------------------------------------------------
+
+class MinidlStep:
+    def __init__(self, spec: RowSpec, net, x, y, autotune_path: Path | None):
+        from minidl.backend import get_backend
+        from minidl.memory.workspace import CostTable
+        from minidl.optim import SGD
+        from minidl.session import Session
+
+        self.be = get_backend("cuda", math=spec.math)
+        budget = None if spec.minidl == "liveness" else spec.minidl
+        costs = CostTable(autotune=True, backend=self.be, path=autotune_path) if autotune_path else None
+        self.sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy="liveness" if budget is None else "auto",
+                            budget=budget, seed=0, backend=self.be, costs=costs, math=spec.math)
+        self.x, self.y = x, y
+
+    def __call__(self) -> float:
+        return self.sess.executor.train_step(self.x, self.y)
+
+    def peak_bytes(self) -> int:
+        return int(self.sess.executor.pool.peak) + int(self.be.memory_report()["side_bytes"])
+
+    def hidden_fraction(self) -> float | None:
+        from minidl.memory.host import transfer_json
+
+        host = self.sess.executor.host
+        if host is None:
+            return None
+        return transfer_json(host).get("transfer_hidden_fraction")
+
+    def runner(self) -> str:
+        ex = self.sess.executor
+        if ex.graph_step is not None:
+            return ex.graph_step.describe()
+        return f"{ex.step_runner} ({ex.graph_fallback})"
+
+    def close(self) -> None:
+        self.be.close()
+
+
+def _timed(step) -> float:
+    t = time.perf_counter()
+    step()
+    return time.perf_counter() - t
+
+
+def _free_gpu() -> None:
+    gc.collect()
+    import cupy
+    import torch
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    torch.cuda.empty_cache()
+
+
+def run_row(spec: RowSpec, steps: int, warmup: int, rounds: int, segments: int | None, autotune: Path | None,
+            device_name: str, log) -> Row:
+    import torch
+
+    from minidl.models import build_model
+
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = spec.math == "tf32"
+    torch.backends.cudnn.benchmark = True
+    depth = 50 if spec.workload == "resnet50" else 2500
+
+    def net():
+        return build_model("resnet", depth=depth, batch=spec.batch, image_size=224)
+
+    rng = np.random.default_rng(0)
+    n0 = net()
+    x = rng.standard_normal(n0.input_nodes[0].shape).astype(np.float32)
+    y = rng.integers(0, n0.logits_node.shape[1], spec.batch).astype(np.int64)
+    ours, theirs = [], []
+    total = torch.cuda.get_device_properties(0).total_memory
+    m = MinidlStep(spec, net(), x, y, autotune)
+    state = m.sess.executor.state_dict()   # minidl's initial weights: PyTorch starts from the same
+    together = spec.workload == "resnet50" and m.sess.plan.peak_bytes * 2.5 < total
+    if together:   # both resident: alternate step by step
+        t = TorchStep(n0, state, x, y, spec.peer, segments)
+        torch.cuda.reset_peak_memory_stats()
+        for k in range(warmup + steps):
+            a, b = _timed(m), _timed(t)
+            if k >= warmup:
+                ours.append(a)
+                theirs.append(b)
+        torch_peak = torch.cuda.max_memory_allocated()
+        del t
+        alternation = "step"
+    else:          # one at a time: rounds of steps, freeing each side before the other runs
+        torch_peak = 0
+        for r in range(rounds):
+            if m is None:
+                m = MinidlStep(spec, net(), x, y, autotune)
+            ours += [_timed(m) for _ in range(warmup + steps)][warmup:]
+            mine = (m.peak_bytes(), m.hidden_fraction(), m.runner())
+            m.close()
+            m = None
+            _free_gpu()
+            torch.cuda.reset_peak_memory_stats()
+            t = TorchStep(n0, state, x, y, spec.peer, segments)
+            theirs += [_timed(t) for _ in range(warmup + steps)][warmup:]
+            torch_peak = max(torch_peak, torch.cuda.max_memory_allocated())
+            del t
+            _free_gpu()
+            log(f"    round {r + 1}/{rounds}: minidl {statistics.median(ours):.4f} s, torch "
+                f"{statistics.median(theirs):.4f} s")
+        alternation = f"rounds of {steps} steps x {rounds}"
+    if m is not None:
+        mine = (m.peak_bytes(), m.hidden_fraction(), m.runner())
+        m.close()
+    _free_gpu()
+    ms, ts = statistics.median(ours), statistics.median(theirs)
+    return Row(spec.workload, spec.batch, spec.math, spec.minidl, spec.peer, ms, ts, ms / ts, mine[0],
+               int(torch_peak), mine[1], device_name, datetime.date.today().isoformat(), mine[2], alternation,
+               len(ours))
+
+
+def markdown(rows: list[Row]) -> str:
+    own = {(r.workload, r.batch, r.math): r.minidl_s for r in rows if r.minidl == "liveness"}
+    plain = {(r.workload, r.batch, r.math): r.torch_s for r in rows if r.peer == "plain" and r.minidl == "liveness"}
+    lines = [f"# minidl vs PyTorch on {rows[0].device if rows else '?'} ({rows[0].date if rows else ''})", "",
+             "Generated by `python benchmarks/gpu_vs_torch.py`; medians of the timed steps, alternating "
+             "(see the script's docstring).", "",
+             "| workload | batch | math | minidl | peer | minidl s | PyTorch s | ratio | vs own liveness | "
+             "vs PyTorch plain | minidl peak | PyTorch peak | hidden | minidl ran as |",
+             "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        key = (r.workload, r.batch, r.math)
+        vs_own = f"{r.minidl_s / own[key]:.2f}x" if r.minidl != "liveness" and key in own else ""
+        vs_plain = f"{r.minidl_s / plain[key]:.2f}x" if r.peer != "plain" and key in plain else ""
+        hidden = "" if r.hidden_fraction is None else f"{r.hidden_fraction:.0%}"
+        lines.append(f"| {r.workload} | {r.batch} | {r.math} | {r.minidl} | {r.peer} | {r.minidl_s:.4f} | "
+                     f"{r.torch_s:.4f} | {r.ratio:.2f}x | {vs_own} | {vs_plain} | {r.minidl_peak_bytes / 1e9:.2f} GB"
+                     f" | {r.torch_peak_bytes / 1e9:.2f} GB | {hidden} | {r.minidl_runner} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--only", nargs="*", choices=("resnet50", "resnet2500"), help="workloads to run (default all)")
+    ap.add_argument("--math", nargs="*", default=["fp32", "tf32"], choices=("fp32", "tf32"))
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per side and round")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (the graph is captured in these)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds where the two sides cannot share the GPU")
+    ap.add_argument("--segments", type=int, default=None,
+                    help="checkpoint_sequential's segments (default: sqrt of the chain's length)")
+    ap.add_argument("--no-autotune", action="store_true", help="minidl: cuDNN's heuristic order, no measuring")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    reason = why_no_gpu()
+    if reason is not None:
+        print(f"gpu_vs_torch: needs a CUDA GPU with cupy, the cuDNN frontend and a CUDA build of PyTorch: {reason}. "
+              f"See ../shared/GPU.md for the setup on a GPU machine.", file=sys.stderr)
+        return EXIT_NO_GPU
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    device_name = torch.cuda.get_device_name(0)
+    autotune = None if args.no_autotune else args.out / "gpu_autotune.json"
+    rows: list[Row] = []
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    for spec in row_specs(args.only, args.math):
+        log(f"{spec.workload} b{spec.batch} {spec.math} minidl {spec.minidl} vs {spec.peer} ...")
+        row = run_row(spec, args.steps, args.warmup, args.rounds, args.segments, autotune, device_name, log)
+        log(f"  minidl {row.minidl_s:.4f} s ({row.minidl_runner}), PyTorch {row.torch_s:.4f} s: {row.ratio:.2f}x")
+        rows.append(row)
+        (args.out / "gpu_vs_torch.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        (args.out / "gpu_vs_torch.md").write_text(markdown(rows))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""benchmarks/gpu_vs_torch.py on a machine without a GPU: it refuses cleanly, and its PyTorch side (the forward
+that frees values, the checkpoint_sequential segments of a DAG) computes the twin's loss and gradients, on the
+CPU. Its figures need a GPU (issue 19)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from minidl.models import build_model  # noqa: E402
+from minidl.optim import SGD  # noqa: E402
+from minidl.session import Session  # noqa: E402
+from minidl.testing_torch import TorchTwin  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_vs_torch.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("gpu_vs_torch", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_vs_torch"] = mod   # dataclasses resolve their module's annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_refuses_cleanly_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the benchmark would run")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--only", "resnet50"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert "gpu_vs_torch: needs a CUDA GPU" in r.stderr and "GPU.md" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_rows_are_the_issues():
+    b = _bench()
+    rows = b.row_specs(None, ["fp32", "tf32"])
+    assert len(rows) == 12 and {r.math for r in rows} == {"fp32", "tf32"}
+    assert {(r.workload, r.batch, r.minidl, r.peer) for r in rows} == {
+        ("resnet50", 1, "liveness", "plain"), ("resnet50", 32, "liveness", "plain"),
+        ("resnet50", 64, "liveness", "plain"), ("resnet50", 32, "700MiB", "plain"),
+        ("resnet2500", 16, "liveness", "plain"), ("resnet2500", 16, "12GB", "checkpoint_sequential")}
+    assert all(r.workload == "resnet50" for r in b.row_specs(["resnet50"], ["fp32"]))
+    fields = set(b.Row.__dataclass_fields__)
+    assert {"workload", "batch", "math", "minidl", "peer", "minidl_s", "torch_s", "ratio", "minidl_peak_bytes",
+            "torch_peak_bytes", "hidden_fraction", "device", "date"} <= fields
+
+
+def test_the_torch_side_matches_the_twin_on_the_cpu():
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    b = _bench()
+    net = build_model("resnet", depth=20, batch=4, image_size=8, in_channels=3, num_classes=10)
+    state = Session(net, SGD(lr=0.1), seed=0).executor.state_dict()
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.standard_normal(net.input_nodes[0].shape).astype(np.float32))
+    y = torch.tensor(rng.integers(0, 10, 4))
+    ref = TorchTwin(net, state)
+    loss_ref, _ = ref.forward(x, y)
+    loss_ref.backward()
+    twin = b.torch_twin(net, state, torch.device("cpu"))
+    loss = b.plain_loss(twin, x, y)
+    loss.backward()
+    assert float(loss.detach()) == float(loss_ref.detach())
+    # ResNet-20: the stem, 9 blocks, then pooling and the classifier: cuts between blocks only
+    fns = b.segment_functions(twin)
+    assert len(fns) >= 10 and len(b.sequential_cuts(net)) >= 9
+    ck = b.torch_twin(net, state, torch.device("cpu"))
+    fns = b.segment_functions(ck)
+    logits = checkpoint_sequential(fns, 3, x, use_reentrant=False)
+    loss_ck = torch.nn.functional.cross_entropy(logits, y)
+    loss_ck.backward()
+    assert float(loss_ck.detach()) == pytest.approx(float(loss_ref.detach()), rel=1e-6)
+    for name, ps in ck.params.items():
+        for p, t in ps.items():
+            if t.requires_grad:
+                np.testing.assert_allclose(t.grad.numpy(), ref.params[name][p].grad.numpy(), rtol=1e-4,
+                                           atol=1e-6, err_msg=f"{name}.{p}")
