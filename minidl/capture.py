@@ -26,13 +26,20 @@ Rules this module keeps:
   `Executor.check_finite = False` (no guard) gives one graph per step.
 - A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
   one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
-  host copies (offload/prefetch: their times are read on the host), a host update, an optimizer other than SGD
-  and Adam, an allocation made by cupy during capture (a temporary the graph would keep reusing), or the
-  capture's own error.
+  host copies that may go to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
+  Adam, an allocation made by cupy during capture (a temporary the graph would keep reusing), or the capture's
+  own error.
+- Host copies (offload/prefetch) are captured with the compute they overlap: each copy waits on its stream for
+  an event recorded on compute, and compute waits for the copy's `done` event at RELEASE/WAIT, so the graph has
+  the same dependencies as the eager step. The host store's buffers are fixed per tensor, so the graph's copies
+  always read and write the same pinned memory. The copies' events belong to the graph: the store forgets them
+  after the capture (`HostStore.drop_captured`) and counts each replay's copies without times
+  (`HostStore.untimed_copies`; the JSON's `transfer_hidden_fraction` is then null: `--cuda-graph off` measures
+  the overlap eagerly).
 
 Rationale: capture is at the program's granularity (not per layer) because the program is already the whole
 step as a flat list; segments fall out of the call kinds the lowering records (`Program.call_kinds`).
-Limitations: measured nowhere yet (no GPU in the session that wrote it); copies are not captured yet.
+Limitations: measured nowhere yet (no GPU in the session that wrote it); copies inside a graph are not timed.
 """
 from __future__ import annotations
 
@@ -45,6 +52,9 @@ from .backend.scalars import StepScalars
 
 #: Call kinds the graph contains (they only enqueue device work on the compute stream).
 DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
+#: Host copies: captured too (on their own streams, joined to compute by events) where the host store's copies
+#: are stream copies between fixed pinned buffers (`HostStore.capturable`); their times are then not measured.
+COPY_KINDS = frozenset({"offload", "release", "prefetch", "wait"})
 #: Call kinds that must run on the host between graphs, with the reason (said in `describe()`).
 HOST_KINDS = {"guard": "the divergence guard reads the loss and gradients on the host before the update"}
 #: Host-only bookkeeping: run once per step outside the graphs (it enqueues nothing).
@@ -56,15 +66,10 @@ REFUSED_KINDS = {
     "progress": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
     "allreduce": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
     "reduced": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
-    "offload": "host copies (offload/prefetch) are settled on the host every step, where their device times "
-               "are read; they are not captured yet",
-    "release": "host copies (offload/prefetch) are settled on the host every step, where their device times "
-               "are read; they are not captured yet",
-    "prefetch": "host copies (offload/prefetch) are settled on the host every step, where their device times "
-                "are read; they are not captured yet",
-    "wait": "host copies (offload/prefetch) are settled on the host every step, where their device times are "
-            "read; they are not captured yet",
 }
+#: Why host copies are not captured when they cannot be.
+COPIES_REFUSED = ("host copies: a host limit (--host-limit) may put them on the disk tier, which a graph cannot "
+                  "contain")
 #: Steps after which a graph is captured: the first step runs eagerly, which builds the cuDNN graphs, compiles
 #: the kernels and allocates the side buffers (none of which may happen inside a capture).
 WARMUP_STEPS = 1
@@ -90,6 +95,12 @@ def why_not(ex, program) -> str | None:
     for kind in program.call_kinds:
         if kind in REFUSED_KINDS:
             return REFUSED_KINDS[kind]
+        if kind in COPY_KINDS:
+            if not hasattr(be, "offload_async"):
+                return "host copies run on a host thread on this backend, which a graph cannot contain"
+            if ex.host_limit_bytes is not None:
+                return COPIES_REFUSED
+            continue
         if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss":
             return f"call kind '{kind}' is unknown to minidl.capture"
     kind = _optimizer_kind(ex.opt)
@@ -171,6 +182,7 @@ class GraphStep:
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
         self.signature: tuple | None = None
+        self.copies: list[tuple[str, str, int]] = []   # (kind, tensor, bytes) of the host copies in the graphs
         self.captures = 0
         self.replays = 0
         self.eager_steps = 0
@@ -185,7 +197,11 @@ class GraphStep:
         segments, hoisted = split(program, copy_in, _copy(be.copy_out_async, program.loss_view, self.loss_host),
                                   guard=bool(self.ex.check_finite))
         strays = getattr(be, "stray_bytes", 0)
+        host = self.ex.host
+        if host is not None and host.capturable is not None:
+            raise CaptureRefused(host.capturable)
         be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
+        copies: list[tuple[str, str, int]] = []
         try:
             for seg in segments:
                 if seg.host is not None:
@@ -200,11 +216,13 @@ class GraphStep:
                 seg.graph = be.end_graph()
         finally:
             be.graph_scalars = None
+            if host is not None:  # the copies issued while capturing belong to the graph: never to be settled
+                copies = host.drop_captured()
         grown = getattr(be, "stray_bytes", 0) - strays
         if grown:
             raise CaptureRefused(f"cupy allocated {grown} bytes outside the arena while capturing (a temporary the "
                                  f"graph would keep using after cupy reuses its memory)")
-        self.segments, self.hoisted = segments, hoisted
+        self.segments, self.hoisted, self.copies = segments, hoisted, copies
         self.captures += 1
 
     # -- one step ----------------------------------------------------------------------------------------------
@@ -243,8 +261,10 @@ class GraphStep:
                 seg.host()
         for call in self.hoisted:
             call()
-        be.wait_compute()
+        be.wait_compute()   # compute joined every copy stream (RELEASE and WAIT wait on the copies' events)
         ex.last_loss = float(self.loss_host.reshape(-1)[0])
+        if self.copies:
+            ex.host.count_replayed(self.copies)
         self.replays += 1
         return ex.end_iteration()
 

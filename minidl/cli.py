@@ -548,8 +548,11 @@ def _train(args, backend, comm) -> dict:
         if "accuracy" in out:
             line += f", held-out accuracy {out['accuracy']:.2%}"
         if out["offloaded_bytes"]:
-            line += (f"; copies at {out['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
-                     f"{out['transfer_hidden_fraction']:.0%} hidden behind compute")
+            if out["transfer_hidden_fraction"] is None:   # copies replayed inside CUDA graphs are not timed
+                line += "; copies inside CUDA graphs (not timed: --cuda-graph off measures their overlap)"
+            else:
+                line += (f"; copies at {out['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+                         f"{out['transfer_hidden_fraction']:.0%} hidden behind compute")
         print(line)
         if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
             gs = sess.executor.graph_step

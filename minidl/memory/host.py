@@ -264,6 +264,10 @@ class StreamTransfers:
     def alive(self) -> bool:
         return self._finalizer.alive
 
+    def forget(self, job: _Job) -> None:
+        """Drop a copy captured in a CUDA graph: its handle's events are the graph's, never to be synchronized."""
+        self._outstanding.pop(id(job), None)
+
     def close(self) -> None:
         """Wait for every copy still on the stream: none may outlive the buffers it reads or writes."""
         self._finalizer()
@@ -343,6 +347,7 @@ class HostStore:
         self._spill_size = 0
         self._stats = TransferStats()
         self._finalizer = weakref.finalize(self, _close_spill, self._spill)
+        self.untimed_copies = 0   # copies replayed inside a CUDA graph (minidl/capture.py): counted, not timed
 
     @property
     def _thread(self) -> threading.Thread | None:
@@ -498,6 +503,43 @@ class HostStore:
         # Drop the job's array references: a finished job must not keep a device view alive.
         job.src = job.dst = None  # type: ignore[assignment]
 
+    # -- CUDA graphs (minidl/capture.py) --------------------------------------------------------------------
+    @property
+    def capturable(self) -> str | None:
+        """None if this store's copies can be captured in a CUDA graph, else why not: the copies must be stream
+        copies (a device backend) between fixed pinned buffers, so no buffer may be on the disk tier."""
+        if not isinstance(self.engine, StreamTransfers):
+            return f"host copies run on the {self.engine.name}, which a graph cannot contain"
+        if self.limit_bytes is not None:
+            return "a host limit (--host-limit) may put copies on the disk tier, which a graph cannot contain"
+        return None
+
+    def drop_captured(self) -> list[tuple[str, str, int]]:
+        """Forget the copies issued while a graph was captured (nothing ran: their events belong to the graph and
+        can never be synchronized or timed). Returns (kind, tensor, bytes) of each, in order."""
+        jobs = self._unsettled + list(self._pending_offload.values()) + list(self._pending_prefetch.values())
+        self._unsettled = []
+        self._pending_offload.clear()
+        self._pending_prefetch.clear()
+        forget = getattr(self.engine, "forget", None)
+        for job in jobs:
+            if forget is not None:
+                forget(job)
+        return [(job.kind, job.tensor, job.nbytes) for job in jobs]
+
+    def count_replayed(self, copies: list[tuple[str, str, int]]) -> None:
+        """Account one replay of a graph's copies: counts and bytes (their times stay unmeasured; the step's
+        `end_iteration` counts the iteration)."""
+        st = self._stats
+        for kind, _, nbytes in copies:
+            if kind == "offload":
+                st.offloads += 1
+                st.offloaded_bytes += nbytes
+            else:
+                st.prefetches += 1
+                st.prefetched_bytes += nbytes
+        self.untimed_copies += len(copies)
+
     # -- reporting and lifetime -----------------------------------------------------------------------------
     def stats(self) -> TransferStats:
         """A copy of the statistics so far (on the stream engine: up to the last `end_iteration`)."""
@@ -536,7 +578,10 @@ def transfer_json(host: HostStore | None, iterations: int | None = None) -> dict
     """
     s = host.stats() if host is not None else TransferStats()
     n = iterations if iterations else max(s.iterations, 1)
+    untimed = host.untimed_copies if host is not None else 0
+    # copies replayed inside CUDA graphs have no times: a hidden fraction of the others alone would mislead
+    hidden = None if untimed else s.hidden_fraction
     return {"offloaded_bytes": s.offloaded_bytes // n, "prefetched_bytes": s.prefetched_bytes // n,
-            "transfer_hidden_fraction": s.hidden_fraction, "copy_bandwidth_bytes_per_s": s.bandwidth,
+            "transfer_hidden_fraction": hidden, "untimed_copies": untimed, "copy_bandwidth_bytes_per_s": s.bandwidth,
             "transfer_time_s": s.transfer_time_s / n, "transfer_stall_s": s.stall_time_s / n,
             "host_ram_bytes": s.ram_bytes, "host_disk_bytes": s.disk_bytes}
