@@ -103,16 +103,25 @@ dropout_keep(unsigned long long key, long long i, unsigned int threshold24)
     return (unsigned int)(z >> 40) >= threshold24;
 }
 
+// out = keep(i) ? x * scale : 0, the one loop every dropout entry point runs
+// (so the graph variants below give the same bits as the plain ones).
+static __device__ __forceinline__ void
+dropout_apply(float* out, const float* x, long long n, unsigned long long key,
+              unsigned int threshold24, float scale)
+{
+    GRID_STRIDE_LOOP(i, n)
+    {
+        out[i] = dropout_keep(key, i, threshold24) ? x[i] * scale : 0.0f;
+    }
+}
+
 // out = keep(i) ? x * scale : 0.   `out` may alias `x`.
 extern "C" __global__ void dropout_forward(float* out, const float* x,
                                            long long n, unsigned long long key,
                                            unsigned int threshold24,
                                            float scale)
 {
-    GRID_STRIDE_LOOP(i, n)
-    {
-        out[i] = dropout_keep(key, i, threshold24) ? x[i] * scale : 0.0f;
-    }
+    dropout_apply(out, x, n, key, threshold24, scale);
 }
 
 // dx = keep(i) ? dy * scale : 0 (same key/threshold as the forward pass).
@@ -122,10 +131,7 @@ extern "C" __global__ void dropout_backward(float* dx, const float* dy,
                                             unsigned int threshold24,
                                             float scale)
 {
-    GRID_STRIDE_LOOP(i, n)
-    {
-        dx[i] = dropout_keep(key, i, threshold24) ? dy[i] * scale : 0.0f;
-    }
+    dropout_apply(dx, dy, n, key, threshold24, scale);
 }
 
 // The same two with the key read from device memory (`key[0]`): what a CUDA
@@ -137,11 +143,7 @@ extern "C" __global__ void dropout_forward_dev(float* out, const float* x,
                                                unsigned int threshold24,
                                                float scale)
 {
-    const unsigned long long k = key[0];
-    GRID_STRIDE_LOOP(i, n)
-    {
-        out[i] = dropout_keep(k, i, threshold24) ? x[i] * scale : 0.0f;
-    }
+    dropout_apply(out, x, n, key[0], threshold24, scale);
 }
 
 extern "C" __global__ void dropout_backward_dev(float* dx, const float* dy,
@@ -150,11 +152,7 @@ extern "C" __global__ void dropout_backward_dev(float* dx, const float* dy,
                                                 unsigned int threshold24,
                                                 float scale)
 {
-    const unsigned long long k = key[0];
-    GRID_STRIDE_LOOP(i, n)
-    {
-        dx[i] = dropout_keep(k, i, threshold24) ? dy[i] * scale : 0.0f;
-    }
+    dropout_apply(dx, dy, n, key[0], threshold24, scale);
 }
 
 // ---------------------------------------------------------------------------

@@ -177,7 +177,8 @@ class GraphStep:
         be = self.be
         self.staging = [be.host_empty(shape, view.dtype) for view, shape in zip(program.inputs, program.input_shapes)]
         lv = program.loss_view
-        self.loss_host = be.host_empty(tuple(lv.shape), lv.dtype)
+        self.loss_flat = lv.reshape(-1)   # a 0-d loss as a (1,) view: 0-d host<->device copies are fragile
+        self.loss_host = be.host_empty(tuple(self.loss_flat.shape), lv.dtype)
         self.scalars = StepScalars(be, [node for _, node in program.keyed])
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
@@ -194,7 +195,7 @@ class GraphStep:
         be, program = self.be, self.program
         copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
         copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
-        segments, hoisted = split(program, copy_in, _copy(be.copy_out_async, program.loss_view, self.loss_host),
+        segments, hoisted = split(program, copy_in, _copy(be.copy_out_async, self.loss_flat, self.loss_host),
                                   guard=bool(self.ex.check_finite))
         strays = getattr(be, "stray_bytes", 0)
         host = self.ex.host

@@ -422,3 +422,59 @@ def test_host_copies_are_captured_and_counted_untimed():
     assert mine["offloaded_bytes"] == theirs["offloaded_bytes"] > 0                 # same bytes per step
     assert mine["transfer_hidden_fraction"] is None and mine["untimed_copies"] == n * 4
     ex.host.close()    # nothing captured is left outstanding: closing syncs nothing that belongs to a graph
+
+
+def test_the_cuda_backend_graph_methods_use_the_compute_stream():
+    """CUDABackend's capture, launch and staging copies (the real methods, over recording fakes of cupy's
+    stream, graph and arrays): everything on the compute stream, nothing blocking but `wait_compute`."""
+    from types import SimpleNamespace
+
+    from minidl.backend import cuda_plan as cuplan
+    from minidl.backend.cuda import CUDABackend
+
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def begin_capture(self):
+            log.append((self.name, "begin_capture"))
+
+        def end_capture(self):
+            log.append((self.name, "end_capture"))
+            return graph
+
+        def synchronize(self):
+            log.append((self.name, "synchronize"))
+
+    class Graph:
+        def launch(self, stream=None):
+            log.append((stream.name, "launch"))
+
+    class Dev:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype, self.nbytes = shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+        def set(self, arr, stream=None):
+            log.append((stream.name, "set", arr.shape))
+
+        def get(self, stream=None, out=None, blocking=True):
+            assert blocking is False
+            log.append((stream.name, "get", out.shape))
+
+    graph = Graph()
+    compute = Stream("compute")
+    be = CUDABackend.from_parts(cupy=SimpleNamespace(), cupyx=None, cudnn=None, cublas=None, compute=compute,
+                                transfer=Stream("d2h"), prefetch=Stream("h2d"), graphs=None, side=None,
+                                limits=cuplan.DeviceLimits(1024, 80), filters=cuplan.EngineFilters())
+    be.begin_graph()
+    be.copy_in_async(Dev((4, 3), np.float32), np.zeros((4, 3), np.float32))
+    be.copy_out_async(Dev((1,), np.float32), np.zeros(1, np.float32))
+    g = be.end_graph()
+    be.launch_graph(g)
+    be.wait_compute()
+    assert log == [("compute", "begin_capture"), ("compute", "set", (4, 3)), ("compute", "get", (1,)),
+                   ("compute", "end_capture"), ("compute", "launch"), ("compute", "synchronize")]
+    with pytest.raises(ValueError, match="shapes and dtypes must match"):
+        be.copy_in_async(Dev((4, 3), np.float32), np.zeros((3, 4), np.float32))
