@@ -340,7 +340,7 @@ def cmd_plan(args) -> dict:
         print(memory_report(plan).format())
         print(_moved_line(out["moved_bytes_by_role"]))
         print(f"  estimated step time on {args.device}: {sim.est_step_time_s * 1e3:.1f} ms "
-              f"(planned in {out['planning_time_s']:.1f} s)")
+              f"(planned in {out['planning_time_s']:.1f} s; math {args.math})")
         if sim.transfer_time_s:
             print(f"  host transfers   {sim.transfer_time_s:.3f} s on the link, {sim.exposed_transfer_s:.3f} s exposed "
                   f"(the step waits for them), {sim.transfer_hidden_fraction:.1%} hidden behind compute")
@@ -444,6 +444,19 @@ def cmd_train(args) -> dict:
     return guarded(comm, lambda: _train(args, backend, comm))
 
 
+def _measured_device(net, opt, backend, costs):
+    """`--device measured`: the host link measured on the GPU; with --autotune, the convolutions measured first
+    (the plan then reuses the cache) and the roofline's efficiency fitted to them (memory/calibrate.py)."""
+    from .memory.calibrate import measured_profile
+    from .memory.workspace import workspace_choices
+
+    route = None
+    if costs is not None and costs.autotune:
+        route = net.route(True, tuple(opt.slots), backend=backend)
+        workspace_choices(route, costs)
+    return measured_profile(backend, costs=costs, route=route)
+
+
 def _train(args, backend, comm) -> dict:
     import numpy as np
 
@@ -474,14 +487,12 @@ def _train(args, backend, comm) -> dict:
     if args.save_every and not args.save:
         raise OptionError("--save-every needs --save PATH.npz: the path the checkpoints are written to")
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
-    device = args.device
-    if device == "measured":   # the simulator's link figures measured on this GPU, before planning
-        from .memory.calibrate import measured_profile
-
-        device = measured_profile(backend)
+    device, costs = args.device, _costs(args, backend)
+    if device == "measured":   # the simulator's link figures (and, with --autotune, efficiency) from this GPU
+        device = _measured_device(net, opt, backend, costs)
     sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
-                   host_limit_bytes=args.host_limit, device=device, costs=_costs(args, backend),
+                   host_limit_bytes=args.host_limit, device=device, costs=costs,
                    fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
                    reduction=args.reduction, micro_batches=args.micro_batches, math=args.math,
                    graphs=args.cuda_graph == "on")

@@ -96,3 +96,24 @@ def test_auto_recomputes_where_the_measured_link_cannot_hide_a_copy():
     assert fast.get(EventKind.OFFLOAD, 0) > 0          # a fast link hides the copies: offload
     assert slow.get(EventKind.OFFLOAD, 0) == 0         # a slow one cannot: recompute instead
     assert slow.get(EventKind.RECOMPUTE, 0) > 0
+
+
+def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions():
+    """`minidl train --device measured --autotune`: the link from the backend, the convolutions measured (on
+    the CPU backend here, standing in for the GPU) and the efficiency fitted to them."""
+    from minidl.backend.cpu import CPUBackend
+    from minidl.cli import _measured_device
+
+    class Measured(CPUBackend):
+        profile = "cpu"
+
+        def measure_link(self):
+            return FAST
+
+    be = Measured()
+    net = build_model("lenet", batch=4, image_size=8, in_channels=1, num_classes=10)
+    costs = CostTable(autotune=True, backend=be, repeats=1)
+    prof = _measured_device(net, _opt(), be, costs)
+    assert (prof.link_bw, prof.duplex, prof.link_latency_s) == (48e9, True, 1e-5)
+    assert costs.measured > 0 and prof.efficiency != get_profile("cpu").efficiency
+    assert _measured_device(net, _opt(), be, None).efficiency == get_profile("cpu").efficiency
