@@ -248,12 +248,10 @@ class _Lowering:
                 if spec.trainable:
                     state = {s: get(opt_state_id(n.name, pname, s), step) for s in ex.route.optimizer_slots}
                     items.append((get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state))
-        update = ex.opt.update
+        update = ex.opt.prepare(be, items)  # one call per fused group where the backend fuses (bit-identical)
 
         def run_update() -> None:  # the divergence guard ran just before, as the "guard" call
-            it = ex.iteration
-            for p, g, state in items:
-                update(be, p, g, state, it)
+            update(ex.iteration)
         return self.timed(step, run_update)
 
     def timed(self, step: Step, call: Call) -> Call:

@@ -5,7 +5,7 @@ need a temporary as large as a tensor is done in fixed-size chunks, so kernels n
 small bounded scratch outside the pool: the memory budget is real, not bookkeeping. Larger scratch (im2col
 buffers) is declared as workspace by the layer and handed in by the executor.
 
-The kernels of each layer family live in their own module (`cpu_conv`, `cpu_pool`, `cpu_norm`); this class
+The kernels of each layer family live in their own module (`cpu_conv`, `cpu_pool`, `cpu_norm`, `cpu_update`); this class
 gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 from .cpu_conv import ConvOps
 from .cpu_norm import NormOps
 from .cpu_pool import PoolOps
+from .cpu_update import UpdateOps
 from .kernel_specs import dropout_keep_mask
 
 CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporaries to ~512 KiB
@@ -160,7 +161,7 @@ class CoreOps:
             pf[s] -= step_size * (mf[s] / denom)
 
 
-class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps):
+class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps):
     """numpy backend: the reference every other backend is tested against."""
 
     def paged_backing(self):

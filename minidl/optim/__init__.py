@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -40,6 +41,29 @@ class Optimizer:
         """The hyper-parameters as plain types (stored in checkpoints' metadata)."""
         return {}
 
+    def update_fused(self, be, group, step: int) -> None:
+        """`update` on every parameter of a backend's fused group (`be.fuse_update`), in one call."""
+        raise NotImplementedError
+
+    def prepare(self, be, items: list) -> Callable[[int], None]:
+        """The update of every (param, grad, state) item as one callable `run(step)`, prepared once (the
+        compiled step's update call). Where the backend fuses updates (`be.fuse_update`: the CPU's compiled
+        kernel over a list of parameters) and this optimizer has a fused form, the items it takes are updated
+        in one call per group, the rest one by one; both compute the same arithmetic per element, so the
+        parameters are bit-identical to `update` called per item (the interpreted executor's path). Reads the
+        hyper-parameters at every call: a learning-rate schedule's changes apply."""
+        fuse = getattr(be, "fuse_update", None)
+        fusable = type(self).update_fused is not Optimizer.update_fused
+        groups, rest = fuse(items, self.slots) if fuse is not None and fusable and items else ([], list(items))
+        update, update_fused = self.update, self.update_fused
+
+        def run(step: int) -> None:
+            for group in groups:
+                update_fused(be, group, step)
+            for p, g, state in rest:
+                update(be, p, g, state, step)
+        return run
+
 
 @dataclass
 class SGD(Optimizer):
@@ -63,6 +87,11 @@ class SGD(Optimizer):
         """One SGD update of `param` in place (the backend's fused kernel)."""
         be.sgd_update(param, grad, state.get("momentum"), self.lr, self.momentum, self.dampening,
                       self.weight_decay, self.nesterov, first_step=(step == 0))
+
+    def update_fused(self, be, group, step):
+        """`update` on a fused group of parameters (the backend's one-call kernel, same arithmetic)."""
+        be.sgd_update_fused(group, self.lr, self.momentum, self.dampening, self.weight_decay, self.nesterov,
+                            first_step=(step == 0))
 
     def config(self):
         """SGD's hyper-parameters as plain types."""
@@ -92,6 +121,10 @@ class Adam(Optimizer):
         """One Adam update of `param` and its two moments in place (`step` + 1 is Adam's bias-correction t)."""
         be.adam_update(param, grad, state["exp_avg"], state["exp_avg_sq"], self.lr, self.betas[0], self.betas[1],
                        self.eps, self.weight_decay, step + 1)
+
+    def update_fused(self, be, group, step):
+        """`update` on a fused group of parameters (the backend's one-call kernel, same arithmetic)."""
+        be.adam_update_fused(group, self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay, step + 1)
 
     def config(self):
         """Adam's hyper-parameters as plain types."""

@@ -56,6 +56,8 @@ _PASS.add("scalar_buffer")
 class GraphCPU(CPUBackend):
     """CPUBackend with graph capture emulated: recorded calls replayed by `launch_graph`."""
 
+    fuse_update = None  # as the CUDA backend it stands for: one update per parameter (its _dev kernels, above)
+
     def __init__(self, strays_during_capture: int = 0):
         self.capturing: list | None = None
         self.graph_scalars = None
