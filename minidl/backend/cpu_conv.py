@@ -42,6 +42,7 @@ ALGOS = ("im2col", "im2col_chunked", "gemm_1x1", "rows", "rows_chunked")
 ROW_ALGOS = ("rows", "rows_chunked")
 _ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
 _CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
+_SUB = 4  # samples per product of the row-shift forward: its scratch holds this many samples' outputs, not N
 # Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
 # so they differ only in im2col traffic: none for gemm_1x1; whole-batch im2col streams the batch's columns
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
@@ -277,6 +278,31 @@ def _as(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.reshape(a, shape, copy=False)
 
 
+_TAPWISE = 4096  # weights with more (Cout, Cin) pairs than this are reordered one kernel tap at a time
+
+
+def _kernel_rows(w: np.ndarray, wr: np.ndarray, back: bool = False) -> None:
+    """wr (kh, Cout, Cin, kw) <- w (Cout, Cin, kh, kw) (any strides: the input gradient passes a flipped view);
+    with `back`, the other way round (the weight gradient's accumulator into dW).
+
+    One strided copy moves runs of kw (3) elements, which numpy does slowly: for a 64x64x3x3 weight it took
+    ~60 us, half a batch-1 convolution. Copying tap by tap (kh*kw copies of a (Cout, Cin) plane) is ~3x faster
+    for large weights and slower for small ones (more calls), hence the threshold. Either way a pure copy."""
+    cout, cin, kh, kw = w.shape
+    if cout * cin < _TAPWISE:
+        if back:
+            np.copyto(w, wr.transpose(1, 2, 0, 3))
+        else:
+            np.copyto(wr, w.transpose(2, 0, 1, 3))
+        return
+    for i in range(kh):
+        for j in range(kw):
+            if back:
+                np.copyto(w[:, :, i, j], wr[i, :, :, j])
+            else:
+                np.copyto(wr[i, :, :, j], w[:, :, i, j])
+
+
 class _RowShift:
     """The row-shift formulation of a stride-1 (down the rows) convolution: im2col builds only the kw column
     taps, on the input's rows padded top and bottom, and the kh row taps are views of that buffer shifted by
@@ -295,31 +321,53 @@ class _RowShift:
     menu holds only these two, see `uses_rows`).
     """
 
-    def __init__(self, g: ConvGeometry, algo: str, itemsize: int):
-        self.g, self.isz = g, itemsize
+    def __init__(self, g: ConvGeometry, algo: str, itemsize: int, forward_only: bool = False):
+        self.g, self.algo, self.isz = g, algo, itemsize
         self.c = g.n if algo == "rows" else min(g.n, _CHUNK)
         self.k3 = g.cin * g.kw
         self.hp = g.h + 2 * g.padding[0]
         self.plane = self.hp * g.wo
         cols = self.c * self.k3 * self.plane * itemsize
         wrow = g.kh * g.cout * self.k3 * itemsize
+        # forward: rows | weight rows | an output-sized accumulator per sample of the chunk
         self.off_w = _align(cols)
         self.off_t = self.off_w + _align(wrow)
-        self.fwd_tmp = self.c * g.cout * g.p * itemsize
-        self.bwd_prod = g.cout * self.k3 * itemsize
-        self.off_d = self.off_t + _align(self.bwd_prod)
+        self.sub = min(self.c, _SUB)
+        self.fwd_tmp = self.sub * g.cout * g.p * itemsize
+        # backward, weight gradient: rows | dW accumulator (kh, Cout, K3) | one (Cout, K3) product when N > 1
+        self.off_acc = _align(cols)
+        self.off_prod = self.off_acc + _align(wrow)
+        self.dw_total = self.off_prod + (g.cout * self.k3 * itemsize if g.n > 1 else 0)
+        # backward, input gradient: see `_dgrad`; without it, rows | weight rows | one sample's (K3, P) product
+        self.dgrad = None if forward_only else self._dgrad()
+        self.off_d = self.off_t
         self.bwd_dx = self.k3 * g.p * itemsize
+        self.dx_total = self.dgrad.total("fwd") if self.dgrad is not None else self.off_d + self.bwd_dx
         self.wins = [i * g.dilation[0] * g.wo for i in range(g.kh)]  # offsets of the kernel rows' windows
         self.cols = [(j, *_axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])) for j in range(g.kw)]
 
+    def _dgrad(self) -> _RowShift | None:
+        """The input gradient of a stride-1 convolution is itself a stride-1 convolution: of dy with the kernel
+        flipped in both axes and Cin/Cout swapped, padded by (k - 1) * d - p. Run as the row-shift *forward* of
+        that convolution it sums kh products of (Cin, P) per sample into dx directly, instead of kh products of
+        (Cin*kw, P) into a rows-shaped buffer that must then be scattered back (three times the additions and
+        a col2im pass). Not when a column stride is > 1 or the padding exceeds the kernel's reach (the flipped
+        convolution would need negative padding): those keep the scatter path."""
+        g = self.g
+        pad = ((g.kh - 1) * g.dilation[0] - g.padding[0], (g.kw - 1) * g.dilation[1] - g.padding[1])
+        if tuple(g.stride) != (1, 1) or min(pad) < 0:
+            return None
+        t = ConvGeometry(g.n, g.cout, g.ho, g.wo, g.cin, g.kh, g.kw, g.h, g.w, 1, (1, 1), pad, g.dilation)
+        return _RowShift(t, self.algo, self.isz, forward_only=True)
+
     def total(self, phase: str) -> int:
-        return self.off_t + self.fwd_tmp if phase == "fwd" else self.off_d + self.bwd_dx
+        return self.off_t + self.fwd_tmp if phase == "fwd" else max(self.dw_total, self.dx_total)
 
     def _buffers(self, ws: np.ndarray, w: np.ndarray):
         g, dt = self.g, w.dtype
         buf = _view(ws, 0, (self.c, g.cin, g.kw, self.hp, g.wo), dt)
         wr = _view(ws, self.off_w, (g.kh, g.cout, g.cin, g.kw), dt)
-        np.copyto(wr, w.transpose(2, 0, 1, 3))
+        _kernel_rows(w, wr)
         return buf, _as(wr, (g.kh, g.cout, self.k3))
 
     def im2rows(self, x: np.ndarray, b: np.ndarray) -> None:
@@ -375,9 +423,9 @@ class _RowShift:
                 np.add(dst, mid[..., lo:lo + n], out=dst)
 
     def forward(self, x, w, y, ws) -> None:
-        g, c = self.g, self.c
+        g, c, sub = self.g, self.c, self.sub
         buf, wr = self._buffers(ws, w)
-        tmp = _view(ws, self.off_t, (c, g.cout, g.p), w.dtype)
+        tmp = _view(ws, self.off_t, (sub, g.cout, g.p), w.dtype)
         y3 = _as(y, (g.n, g.cout, g.p))
         wins = self.wins
         for s in range(0, g.n, c):
@@ -385,48 +433,68 @@ class _RowShift:
             b = buf[:e - s]
             self.im2rows(x[s:e], b)
             bf = _as(b, (e - s, self.k3, self.plane))
-            for i, o in enumerate(wins):
-                src = bf[:, :, o:o + g.p]
-                if i == 0:
-                    np.matmul(wr[0], src, out=y3[s:e])
-                else:
-                    t = tmp[:e - s]
-                    np.matmul(wr[i], src, out=t)
-                    np.add(y3[s:e], t, out=y3[s:e])
+            for s2 in range(s, e, sub):  # a few samples per call: one GEMM per sample inside np.matmul
+                e2 = min(e, s2 + sub)
+                out, t = y3[s2:e2], tmp[:e2 - s2]
+                for i, o in enumerate(wins):
+                    src = bf[s2 - s:e2 - s, :, o:o + g.p]
+                    if i == 0:
+                        np.matmul(wr[0], src, out=out)
+                    else:
+                        np.matmul(wr[i], src, out=t)
+                        np.add(out, t, out=out)
 
     def backward(self, x, w, dy, dx, dw, ws) -> None:
+        """dW first (the rows of x, then nothing of it is needed again), then dx in the same workspace."""
+        dy3 = _as(dy, (self.g.n, self.g.cout, self.g.p))
+        if dw is not None:
+            self._weight_grad(x, dy3, dw, ws)
+        if dx is not None:
+            if self.dgrad is not None:
+                self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws)
+            else:
+                self._input_grad_scatter(w, dy3, dx, ws)
+
+    def _weight_grad(self, x, dy3, dw, ws) -> None:
+        """dW[:, :, i] = sum over samples n (in order) of dy[n] @ window_i(rows[n]).T, accumulated in a
+        contiguous (kh, Cout, K3) buffer and written into dW's strided kernel rows once at the end."""
+        g, c = self.g, self.c
+        buf = _view(ws, 0, (c, g.cin, g.kw, self.hp, g.wo), dy3.dtype)
+        acc = _view(ws, self.off_acc, (g.kh, g.cout, self.k3), dy3.dtype)
+        prod = _view(ws, self.off_prod, (g.cout, self.k3), dy3.dtype) if g.n > 1 else None
+        for s in range(0, g.n, c):
+            e = min(g.n, s + c)
+            b = buf[:e - s]
+            self.im2rows(x[s:e], b)
+            bf = _as(b, (e - s, self.k3, self.plane))
+            for k in range(s, e):
+                for i, o in enumerate(self.wins):
+                    win_t = bf[k - s, :, o:o + g.p].T
+                    if k == 0:
+                        np.matmul(dy3[k], win_t, out=acc[i])
+                    else:
+                        np.matmul(dy3[k], win_t, out=prod)
+                        np.add(acc[i], prod, out=acc[i])
+        _kernel_rows(dw, _as(acc, (g.kh, g.cout, g.cin, g.kw)), back=True)
+
+    def _input_grad_scatter(self, w, dy3, dx, ws) -> None:
+        """dx when `_dgrad` does not apply: drows[n] = the sum over kernel rows of Wr[i].T @ dy[n] placed at the
+        i-th window, then the kw column taps scattered back (rows2im)."""
         g, c = self.g, self.c
         buf, wr = self._buffers(ws, w)
-        dy3 = _as(dy, (g.n, g.cout, g.p))
-        wins = self.wins
-        if dw is not None:
-            prod = _view(ws, self.off_t, (g.cout, g.cin, g.kw), w.dtype)
-            prod2 = _as(prod, (g.cout, self.k3))
-            dw_rows = [dw[:, :, i] for i in range(g.kh)]  # (Cout, Cin, kw) strided views
-        if dx is not None:
-            t = _view(ws, self.off_d, (self.k3, g.p), w.dtype)
+        t = _view(ws, self.off_d, (self.k3, g.p), w.dtype)
         for s in range(0, g.n, c):
             e = min(g.n, s + c)
             b = buf[:e - s]
             bf = _as(b, (e - s, self.k3, self.plane))
-            if dw is not None:
-                self.im2rows(x[s:e], b)
-                for k in range(s, e):
-                    for i, o in enumerate(wins):
-                        np.matmul(dy3[k], bf[k - s, :, o:o + g.p].T, out=prod2)
-                        if k == 0:
-                            np.copyto(dw_rows[i], prod)
-                        else:
-                            np.add(dw_rows[i], prod, out=dw_rows[i])
-            if dx is not None:  # the rows are spent: the same memory now receives their gradient
-                for k in range(s, e):
-                    d = bf[k - s]
-                    d.fill(0)
-                    for o_i, wri in zip(wins, wr):
-                        np.matmul(wri.T, dy3[k], out=t)
-                        win = d[:, o_i:o_i + g.p]
-                        np.add(win, t, out=win)
-                self.rows2im(b, dx[s:e])
+            for k in range(s, e):
+                d = bf[k - s]
+                d.fill(0)
+                for o_i, wri in zip(self.wins, wr):
+                    np.matmul(wri.T, dy3[k], out=t)
+                    win = d[:, o_i:o_i + g.p]
+                    np.add(win, t, out=win)
+            self.rows2im(b, dx[s:e])
 
 
 class ConvOps:

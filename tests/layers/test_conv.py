@@ -170,14 +170,22 @@ def test_workspace_sizes_exact():
     assert f64 == {"im2col": 2 * k * p * 8, "im2col_chunked": k * p * 8}
     # stride 1 down the rows: the row-shift pair. Rows buffer: K3 = Cin*kw taps of the padded plane
     # Hp x Wo = (7+2) x 9 per sample; then the kernel rows of the weight (kh, Cout, K3); forward: an output-sized
-    # accumulator per sample; backward: the (Cout, K3) dW product and one sample's (K3, P) input-delta product.
+    # accumulator per sample of the chunk.
     same = Conv2d(4, 3, padding=1)
     k3, plane, p, wrow = 3 * 3, 9 * 9, 7 * 9, 3 * 4 * 9 * 4
     assert (2 * k3 * plane * 4, k3 * plane * 4, wrow) == (5832, 2916, 432)  # aligned: 5888, 2944, 448
     fwd = {o.algo: o.workspace_bytes for o in same.workspace_options("fwd", in_shapes, (2, 4, 7, 9), 4)}
     bwd = {o.algo: o.workspace_bytes for o in same.workspace_options("bwd", in_shapes, (2, 4, 7, 9), 4)}
     assert fwd == {"rows": 5888 + 448 + 2 * 4 * p * 4, "rows_chunked": 2944 + 448 + 4 * p * 4}
-    assert bwd == {"rows": 5888 + 448 + 192 + k3 * p * 4, "rows_chunked": 2944 + 448 + 192 + k3 * p * 4}
+    # backward, one phase after the other in the same memory, so the larger of:
+    # dW: the rows of x | a (kh, Cout, K3) accumulator | one (Cout, K3) product (N > 1)
+    dw_rows, dw_chunked = 5888 + 448 + 4 * k3 * 4, 2944 + 448 + 4 * k3 * 4
+    # dx: the forward of the flipped convolution of dy (Cin and Cout swapped: K3' = 4 * 3 taps of the padded
+    # 9 x 9 plane): its rows (2 * 12 * 81 * 4 = 7776 -> 7808, or 3888 -> 3904) | its weight rows (432 -> 448) |
+    # a (3, P) accumulator per sample of the chunk
+    dx_rows, dx_chunked = 7808 + 448 + 2 * 3 * p * 4, 3904 + 448 + 3 * p * 4
+    assert bwd == {"rows": max(dw_rows, dx_rows), "rows_chunked": max(dw_chunked, dx_chunked)} \
+        == {"rows": 9768, "rows_chunked": 5108}
     # 1x1: gemm_1x1 needs no columns at all (backward only the dW product buffer when N > 1), and comes first
     one = Conv2d(8, 1, groups=2)
     opts = one.workspace_options("fwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4)

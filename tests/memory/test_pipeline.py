@@ -116,7 +116,7 @@ def test_two_devices_exact_bytes():
         (1, "act:r@0", 256), (1, "act:r@1", 256), (0, "delta:r@0", 256), (0, "delta:r@1", 256)]
     assert pipe.p2p_bytes == 1024
     assert pipe.host_bytes == 0
-    assert [d.peak_bytes for d in pipe.device_plans] == [41984, 5632]
+    assert [d.peak_bytes for d in pipe.device_plans] == [46080, 5632]  # device 0 peaks in conv1's backward
     # each device's plan is an ordinary single-device plan of its sub-route: liveness on it gives the same peak
     for sub, d in zip(parts, pipe.device_plans):
         assert d.peak_bytes == make_plan(sub, "liveness", None, workspace=workspace_choices(sub)).peak_bytes

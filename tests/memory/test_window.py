@@ -101,9 +101,16 @@ def test_events_obey_the_window():
     is current (not written since its copy) is freed without a second copy."""
     key = "densenet_tiny"   # just above its minimum, some read-only tensors come back twice
     live, _, floor = budgets(key)
-    # (at the minimum itself they did until the row-shift convolutions changed the workspace sizes; a twentieth
-    # of the way up to the liveness arena they still do)
-    plan = plan_network(NETS[key](), opt(), "window", floor + (live - floor) // 20)
+    # Where exactly they do moves with every change of the convolutions' workspace sizes, so a few budgets a
+    # little above the minimum are checked, and at least one of them must free a tensor without a second copy.
+    no_copies = [_check_window_events(plan_network(NETS[key](), opt(), "window", floor + (live - floor) * k // 40))
+                 for k in (0, 1, 2, 4, 8)]
+    assert max(no_copies) > 0, no_copies
+
+
+def _check_window_events(plan) -> int:
+    """Assert the event invariants of `test_events_obey_the_window` on one plan; the number of swap-outs that
+    freed a tensor without copying it again."""
     route = plan.route
     state: dict[str, str] = {}
     copied_at: dict[str, int] = {}   # step after which the last copy out started
@@ -143,8 +150,8 @@ def test_events_obey_the_window():
                 assert state.pop(ev.tensor) in ("dev", "out"), (k, ev)
     assert not state
     # activations are written once: some come back more than once, but they are copied out only once
-    assert no_copy > 0
     assert max(n for t, n in copies.items() if t.startswith("act:")) == 1
+    return no_copy
 
 
 def test_explain_shows_head_and_tail():
