@@ -111,10 +111,13 @@ def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int) -> tuple[int,
 
 
 def uses_rows(kernel, stride, groups: int = 1) -> bool:
-    """Whether a configuration runs the row-shift formulation (see `_RowShift`): stride 1 down the rows, more
-    than one kernel row, one group. Decided by the configuration alone, never by the workspace, so every
+    """Whether a configuration runs the row-shift formulation (see `_RowShift`): stride 1 down the rows with more
+    than one kernel row, or stride 2 down the rows with a 3-row kernel (the downsampling 3x3 of ResNets); one
+    group. Larger kernels at stride 2 (a 7x7 stem on 3 channels) keep im2col: their GEMMs would have K = Cin*kw,
+    too short to keep the BLAS busy. Decided by the configuration alone, never by the workspace, so every
     algorithm the planner may pick for a layer sums in the same order (bit-identical results)."""
-    return int(stride[0]) == 1 and int(kernel[0]) > 1 and int(groups) == 1
+    sh, kh = int(stride[0]), int(kernel[0])
+    return int(groups) == 1 and ((sh == 1 and kh > 1) or (sh == 2 and kh == 3))
 
 
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1) -> list[str]:
@@ -304,9 +307,11 @@ def _kernel_rows(w: np.ndarray, wr: np.ndarray, back: bool = False) -> None:
 
 
 class _RowShift:
-    """The row-shift formulation of a stride-1 (down the rows) convolution: im2col builds only the kw column
-    taps, on the input's rows padded top and bottom, and the kh row taps are views of that buffer shifted by
-    whole rows. With K3 = Cin * kw and the padded plane Hp x Wo (Hp = H + 2 * pad_h), for sample n:
+    """The row-shift formulation of a convolution with stride 1 (or 2, see `uses_rows`) down the rows: im2col
+    builds only the kw column taps, on the input's rows padded top and bottom, and the kh row taps are views of
+    that buffer shifted by whole rows (with stride 2 the rows are stored even ones first, then odd ones, so that
+    every kernel row's window is still a run of whole rows: see `wins`). With K3 = Cin * kw and the padded plane
+    Hp x Wo (Hp = H + 2 * pad_h), for sample n and stride 1:
 
         rows[n]      (K3, Hp*Wo)   tap j of channel c: x[n, c] shifted by column tap j, zero rows/columns outside
         y[n]       = sum over i = 0, 1, ... kh-1 (in order) of Wr[i] @ rows[n][:, i*dh*Wo : i*dh*Wo + Ho*Wo]
@@ -343,7 +348,15 @@ class _RowShift:
         self.off_d = self.off_t
         self.bwd_dx = self.k3 * g.p * itemsize
         self.dx_total = self.dgrad.total("fwd") if self.dgrad is not None else self.off_d + self.bwd_dx
-        self.wins = [i * g.dilation[0] * g.wo for i in range(g.kh)]  # offsets of the kernel rows' windows
+        # With stride s down the rows, the padded rows are stored phase by phase (rows r = q, q+s, q+2s, ... for
+        # q = 0 .. s-1): output row oh of kernel row i reads padded row oh*s + i*d, which is row oh + (i*d)//s of
+        # phase (i*d) % s, so each kernel row's window is again a run of whole rows (for s = 1 it is just
+        # shifted by i*d rows).
+        sh, dh = g.stride[0], g.dilation[0]
+        self.phase_rows = [len(range(q, self.hp, sh)) for q in range(sh)]
+        starts = [sum(self.phase_rows[:q]) for q in range(sh)]
+        self.phase_start = starts
+        self.wins = [(starts[(i * dh) % sh] + (i * dh) // sh) * g.wo for i in range(g.kh)]  # kernel rows' windows
         self.cols = [(j, *_axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])) for j in range(g.kw)]
 
     def _dgrad(self) -> _RowShift | None:
@@ -374,6 +387,9 @@ class _RowShift:
         """b (c, C, kw, Hp, Wo) <- the column taps of x (c, C, H, W), zeros where a tap reads padding."""
         g = self.g
         ph = g.padding[0]
+        if g.stride[0] > 1:
+            self._phases(x, b, scatter=False)
+            return
         flat = g.stride[1] == 1 and g.wo == g.w
         for j, lo, n, iw0 in self.cols:
             dst = b[:, :, j]
@@ -401,6 +417,9 @@ class _RowShift:
         """dx (c, C, H, W) = the sum over the column taps (in order) of b's rows scattered back; b is scratch."""
         g = self.g
         ph = g.padding[0]
+        if g.stride[0] > 1:
+            self._phases(dx, b, scatter=True)
+            return
         flat = g.stride[1] == 1 and g.wo == g.w
         dx.fill(0)
         for j, lo, n, iw0 in self.cols:
@@ -421,6 +440,43 @@ class _RowShift:
                 sw = g.stride[1]
                 dst = dx[..., iw0:iw0 + (n - 1) * sw + 1:sw]
                 np.add(dst, mid[..., lo:lo + n], out=dst)
+
+    def _phases(self, x: np.ndarray, b: np.ndarray, scatter: bool) -> None:
+        """im2rows (or, with `scatter`, rows2im into x) for a stride s > 1 down the rows, phase by phase: phase q
+        holds the padded rows q, q+s, ... ; those inside the image are the input rows q - pad, q - pad + s, ...
+        (one strided rectangle per column tap and phase), the others are zero."""
+        g = self.g
+        ph, sh = g.padding[0], g.stride[0]
+        if scatter:
+            x.fill(0)
+        for j, lo, n, iw0 in self.cols:
+            dst = b[:, :, j]
+            sw = g.stride[1]
+            for q in range(sh):
+                r0, count = self.phase_start[q], self.phase_rows[q]
+                k0 = max(0, -((q - ph) // sh))          # first k with q + k*s - pad >= 0
+                k1 = min(count, (ph + g.h - 1 - q) // sh + 1)  # one past the last inside the image
+                block = dst[:, :, r0:r0 + count]
+                if scatter:
+                    if n == 0 or k1 <= k0:
+                        continue
+                    src = block[:, :, k0:k1, lo:lo + n]
+                    i0 = q + k0 * sh - ph
+                    tgt = x[:, :, i0:i0 + (k1 - k0 - 1) * sh + 1:sh, iw0:iw0 + (n - 1) * sw + 1:sw]
+                    np.add(tgt, src, out=tgt)
+                    continue
+                if n == 0 or k1 <= k0:
+                    block.fill(0)
+                    continue
+                block[:, :, :k0].fill(0)
+                block[:, :, k1:].fill(0)
+                mid = block[:, :, k0:k1]
+                i0 = q + k0 * sh - ph
+                np.copyto(mid[..., lo:lo + n], x[:, :, i0:i0 + (k1 - k0 - 1) * sh + 1:sh, iw0:iw0 + (n - 1) * sw + 1:sw])
+                if lo > 0:
+                    mid[..., :lo].fill(0)
+                if lo + n < g.wo:
+                    mid[..., lo + n:].fill(0)
 
     def forward(self, x, w, y, ws) -> None:
         g, c, sub = self.g, self.c, self.sub

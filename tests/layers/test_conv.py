@@ -26,6 +26,10 @@ CONFIGS = [
     (2, 3, 5, 5, 2, 5, 1, 0, 1, 1, True),            # 1x1 output
     (1, 2, 3, 3, 2, 3, 1, 2, 1, 1, False),           # padding wider than the kernel reach: empty taps
     (2, 4, 6, 6, 8, 2, 2, 0, 1, 1, True),            # even kernel
+    (3, 4, 9, 8, 6, 3, 2, 1, 1, 1, True),            # 3x3 stride 2 (row-shift by phases), odd height
+    (2, 3, 8, 7, 4, 3, 2, 0, 1, 1, False),           # 3x3 stride 2, no padding
+    (2, 3, 11, 9, 5, 3, (2, 1), 1, 2, 1, True),      # 3x3 stride (2, 1), dilation 2: phases (0, 0, 0)
+    (2, 4, 8, 8, 4, 3, 2, 2, 1, 1, True),            # 3x3 stride 2, padding 2
 ]
 
 RNG = np.random.default_rng(0)
@@ -113,6 +117,7 @@ def test_matches_torch_and_algorithms_agree_bitwise(cfg):
     (6, 64, 7, 7, 64, 3, 1, 1, 1, 1, False),
     (8, 16, 32, 32, 16, 3, 1, 1, 1, 1, False),       # CIFAR ResNet's first stage (row-shift)
     (3, 8, 12, 10, 8, (3, 5), (1, 2), (1, 2), (2, 1), 1, True),  # row-shift with column stride and dilation
+    (6, 32, 14, 14, 32, 3, 2, 1, 1, 1, False),       # ResNet's downsampling 3x3 (row-shift by phases)
 ])
 def test_bit_identical_across_algorithms_larger(cfg):
     """Big enough that BLAS blocks and threads; every algorithm still gives the very same bits."""
@@ -156,16 +161,16 @@ def test_backward_parts_optional():
 
 
 def test_workspace_sizes_exact():
-    # stride 2: the im2col family. K = Cin*kh*kw columns of P = Ho*Wo outputs per sample.
-    layer = Conv2d(4, 3, stride=2, padding=1)
+    # a 5x5 kernel at stride 2: the im2col family. K = Cin*kh*kw columns of P = Ho*Wo outputs per sample.
+    layer = Conv2d(4, 5, stride=2, padding=2)
     in_shapes, out_shape = [(2, 3, 7, 9)], (2, 4, 4, 5)
-    k, p = 3 * 3 * 3, 4 * 5
+    k, p = 3 * 5 * 5, 4 * 5
     fwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 4)}
     bwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("bwd", in_shapes, out_shape, 4)}
     assert fwd == {"im2col": 2 * k * p * 4, "im2col_chunked": k * p * 4}
     # backward: the column buffer (reused for dcols), 64-byte aligned, then a weight-sized dW product buffer
-    assert 2 * k * p * 4 == 4320 and k * p * 4 == 2160
-    assert bwd == {"im2col": 4352 + 4 * k * 4, "im2col_chunked": 2176 + 4 * k * 4}
+    assert 2 * k * p * 4 == 12000 and k * p * 4 == 6000
+    assert bwd == {"im2col": 12032 + 4 * k * 4, "im2col_chunked": 6016 + 4 * k * 4}
     f64 = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 8)}
     assert f64 == {"im2col": 2 * k * p * 8, "im2col_chunked": k * p * 8}
     # stride 1 down the rows: the row-shift pair. Rows buffer: K3 = Cin*kw taps of the padded plane
@@ -200,12 +205,12 @@ def test_workspace_sizes_exact():
     # the backend answers the same question with the CUDA backend's signature
     be = CPUBackend()
     for phase in ("fwd", "bwd"):
-        assert be.conv_workspace_options(phase, (2, 3, 7, 9), (4, 3, 3, 3), (2, 4, 4, 5), (2, 2), (1, 1), (1, 1),
+        assert be.conv_workspace_options(phase, (2, 3, 7, 9), (4, 3, 5, 5), (2, 4, 4, 5), (2, 2), (2, 2), (1, 1),
                                          1, np.float32) == layer.workspace_options(phase, in_shapes, out_shape, 4)
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_size=1, stride=2), dict(kernel_size=1, padding=1),
-                                dict(kernel_size=1, dilation=2), dict(kernel_size=3, stride=2)])
+                                dict(kernel_size=1, dilation=2), dict(kernel_size=3, stride=3)])
 def test_gemm_1x1_only_when_applicable(kw):
     layer = Conv2d(4, **kw)
     in_shapes = [(2, 4, 6, 6)]
@@ -218,20 +223,23 @@ def test_gemm_1x1_only_when_applicable(kw):
 def test_row_shift_applies_to_stride_1_rows_only():
     assert Conv2d(4, 3).algorithms() == ["rows", "rows_chunked"]
     assert Conv2d(4, (3, 1), stride=(1, 2)).algorithms() == ["rows", "rows_chunked"]
-    assert Conv2d(4, 3, stride=(2, 1)).algorithms() == ["im2col", "im2col_chunked"]
+    assert Conv2d(4, 3, stride=(2, 1)).algorithms() == ["rows", "rows_chunked"]   # ResNet's downsampling 3x3
+    assert Conv2d(4, 3, stride=2, padding=1).algorithms() == ["rows", "rows_chunked"]
+    assert Conv2d(4, 7, stride=2).algorithms() == ["im2col", "im2col_chunked"]   # a stem: K = Cin*kw too short
+    assert Conv2d(4, 3, stride=3).algorithms() == ["im2col", "im2col_chunked"]
     assert Conv2d(4, (1, 3)).algorithms() == ["im2col", "im2col_chunked"]   # one kernel row: nothing to shift
     assert Conv2d(4, 3, groups=2).algorithms() == ["im2col", "im2col_chunked"]
 
 
 def test_workspace_errors():
-    cfg = (2, 3, 7, 9, 4, 3, (2, 1), 1, 1, 1, True)
+    cfg = (2, 3, 7, 9, 4, 3, (3, 1), 1, 1, 1, True)   # stride 3 down the rows: the im2col family
     x, params = _data(cfg)
     layer = _layer(cfg)
     out = np.empty(layer.infer_shape([x.shape]), np.float32)
     be = CPUBackend()
-    with pytest.raises(ValueError, match="needs a workspace of 7776 bytes"):
+    with pytest.raises(ValueError, match="needs a workspace of 5832 bytes"):
         layer.forward(be, [x], out, params, LayerContext(algo="im2col"))
-    with pytest.raises(ValueError, match="at least 7776 bytes"):
+    with pytest.raises(ValueError, match="at least 5832 bytes"):
         layer.forward(be, [x], out, params, LayerContext(algo="im2col", workspace=np.zeros(100, np.uint8)))
     with pytest.raises(ValueError, match="no fwd algorithm chosen"):
         layer.forward(be, [x], out, params, LayerContext())
