@@ -86,13 +86,21 @@ def test_autotune_measures_once_and_persists(tmp_path):
 
 
 def _budget_between(route):
+    """A budget between the frugal and the fast minimum at which the placement refuses some fast algorithm.
+
+    A placement under a budget packs tighter than the unbudgeted one that sets `fast.min_budget_bytes`, so half-way
+    up may already fit every fast algorithm; where the first refusal sits moves with every change of the
+    convolutions' workspace sizes, so the budget is searched upwards from the frugal minimum (fortieths of the
+    way), not fixed."""
     fast = make_plan(route, "liveness", None, workspace=workspace_choices(route))
     frugal = make_plan(route, "liveness", None, workspace=frugal_workspace(route))
     assert frugal.min_budget_bytes < fast.min_budget_bytes
-    # a tenth of the way up from the frugal minimum: a placement under a budget packs tighter than the unbudgeted
-    # one that sets `fast.min_budget_bytes`, so half-way up may already fit every fast algorithm (it does since the
-    # row-shift convolutions shrank the workspaces)
-    return frugal.min_budget_bytes + (fast.min_budget_bytes - frugal.min_budget_bytes) // 10, fast, frugal
+    for k in range(1, 21):
+        budget = frugal.min_budget_bytes + (fast.min_budget_bytes - frugal.min_budget_bytes) * k // 40
+        plan = make_plan(route, "liveness", budget, workspace=workspace_choices(route))
+        if any(sp.refused for sp in plan.steps):
+            return budget, fast, frugal
+    raise AssertionError("no budget in the lower half between the two extremes refuses a fast algorithm")
 
 
 def test_placement_fits_workspace_to_the_free_memory():
