@@ -472,7 +472,8 @@ class _RowShift:
                 block[:, :, k1:].fill(0)
                 mid = block[:, :, k0:k1]
                 i0 = q + k0 * sh - ph
-                np.copyto(mid[..., lo:lo + n], x[:, :, i0:i0 + (k1 - k0 - 1) * sh + 1:sh, iw0:iw0 + (n - 1) * sw + 1:sw])
+                src = x[:, :, i0:i0 + (k1 - k0 - 1) * sh + 1:sh, iw0:iw0 + (n - 1) * sw + 1:sw]
+                np.copyto(mid[..., lo:lo + n], src)
                 if lo > 0:
                     mid[..., :lo].fill(0)
                 if lo + n < g.wo:
