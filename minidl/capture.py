@@ -148,6 +148,7 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
     return at once). Returns (segments, hoisted host bookkeeping calls)."""
     segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
     hoisted = []
+    in_flight = 0   # host copies started and not yet waited for: a graph must end with none (its streams joined)
     for call, kind in zip(program.calls, program.call_kinds):
         if kind in HOISTED_KINDS:
             hoisted.append(call)
@@ -155,8 +156,12 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
         if kind == "guard" and not guard:
             continue
         if kind in HOST_KINDS:
+            if in_flight:
+                raise CaptureRefused(f"{HOST_KINDS[kind]}, between a host copy and its wait (a graph must end "
+                                     f"with its copies joined): an unfused update, or no guard, avoids it")
             segments.append(Segment([], [], host=call, reason=HOST_KINDS[kind]))
             continue
+        in_flight += {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}.get(kind, 0)
         if kind == "loss":
             call, kind = copy_out, "copy_out"
         if segments[-1].host is not None:
@@ -201,6 +206,9 @@ class GraphStep:
         host = self.ex.host
         if host is not None and host.capturable is not None:
             raise CaptureRefused(host.capturable)
+        prepare = getattr(be, "prepare_graph", None)
+        if prepare is not None:
+            prepare()
         be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
         copies: list[tuple[str, str, int]] = []
         try:

@@ -711,6 +711,15 @@ class CUDABackend:
         return measure_link(self, nbytes or BANDWIDTH_BYTES, repeats)
 
     # -- CUDA graphs (minidl/capture.py) -----------------------------------------------------------------------
+    #: The kernels a captured graph launches instead of their plain variants (backend/scalars.py).
+    GRAPH_KERNELS = ("dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev", "adam_update_dev")
+
+    def prepare_graph(self) -> None:
+        """Load the graph variants of the per-step kernels before a capture: loading a module or a function is
+        not a stream operation, so it happens now rather than while the stream is being captured."""
+        for name in self.GRAPH_KERNELS:
+            self._kernel(name)
+
     def begin_graph(self) -> None:
         """Start capturing the compute stream: what is enqueued on it until `end_graph` is recorded, not run.
         cupy's default capture mode (relaxed) lets cupy allocate meanwhile; capture.py refuses a graph during

@@ -480,3 +480,15 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
                    ("compute", "end_capture"), ("compute", "launch"), ("compute", "synchronize")]
     with pytest.raises(ValueError, match="shapes and dtypes must match"):
         be.copy_in_async(Dev((4, 3), np.float32), np.zeros((3, 4), np.float32))
+
+
+def test_a_host_call_between_a_copy_and_its_wait_refuses_the_split():
+    from minidl.capture import CaptureRefused
+
+    class P:
+        calls = list(range(5))
+        call_kinds = ["offload", "guard", "update", "release", "backward"]
+    with pytest.raises(CaptureRefused, match="between a host copy and its wait"):
+        split(P, [], "out")
+    segs, _ = split(P, [], "out", guard=False)
+    assert [s.calls for s in segs] == [[0, 2, 3, 4]]
