@@ -156,6 +156,24 @@ extern "C" __global__ void dropout_backward_dev(float* dx, const float* dy,
 }
 
 // ---------------------------------------------------------------------------
+// The divergence guard on the device (minidl/capture.py): a CUDA graph cannot
+// stop for the host to look at a gradient, so each guarded tensor is checked
+// here and the first non-finite one (in launch order, i.e. the host guard's
+// order) leaves its `code` in `flag[0]`; the update kernels' graph variants
+// skip while it is set, and the host reads it after the step.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void nonfinite_flag(int* flag, const float* x,
+                                          long long n, int code)
+{
+    GRID_STRIDE_LOOP(i, n)
+    {
+        if (!isfinite(x[i])) {
+            atomicCAS(flag, 0, code);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Channel concatenation (torch.cat(dim=1)), one input at a time.
 //
 // x is (N, Ci, *spatial) and out is (N, Ctotal, *spatial), both contiguous;

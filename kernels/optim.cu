@@ -76,14 +76,17 @@ extern "C" __global__ void sgd_update(float* __restrict__ param,
 // what a CUDA graph replays (minidl/capture.py), since a launch argument is
 // fixed at capture and a schedule changes the rate between steps. Same
 // arithmetic as sgd_update, so both give the same bits for the same rate.
+// `diverged[0]` != 0 (set by nonfinite_flag, the divergence guard on the
+// device) skips the update, as the host guard's error does eagerly.
 extern "C" __global__ void sgd_update_dev(float* __restrict__ param,
                                           const float* __restrict__ grad,
                                           float* __restrict__ momentum_buf,
                                           long long n, const double* lr,
                                           double momentum, double dampening,
                                           double weight_decay, int nesterov,
-                                          int first_step)
+                                          int first_step, const int* diverged)
 {
+    if (diverged[0]) return;
     sgd_body(param, grad, momentum_buf, n, lr[0], momentum, dampening,
              weight_decay, nesterov, first_step);
 }
@@ -150,15 +153,17 @@ extern "C" __global__ void adam_update(float* __restrict__ param,
 
 // The same step with `scalars` = {lr, step} read from device memory (step as
 // a double: exact up to 2^53): a CUDA graph's replay (minidl/capture.py),
-// where the bias corrections change at every step.
+// where the bias corrections change at every step; skipped if `diverged[0]`.
 extern "C" __global__ void adam_update_dev(float* __restrict__ param,
                                            const float* __restrict__ grad,
                                            float* __restrict__ m,
                                            float* __restrict__ v, long long n,
                                            const double* scalars, double beta1,
                                            double beta2, double eps,
-                                           double weight_decay)
+                                           double weight_decay,
+                                           const int* diverged)
 {
+    if (diverged[0]) return;
     adam_body(param, grad, m, v, n, scalars[0], beta1, beta2, eps,
               weight_decay, (int)scalars[1]);
 }

@@ -20,10 +20,15 @@ Rules this module keeps:
   optimizer's other hyper-parameters, SGD's first-step flag and whether the divergence guard is on are checked
   before every replay (the `signature`); a change re-captures, one at every step gives up (the eager loop runs,
   and says why).
-- Calls that must run on the host split the step into several graphs, with the host call between them; each
-  split is named in `describe()`. Today that is the divergence guard (`Executor.guard_update`), which reads the
-  loss and the gradients on the host before the update is allowed to run: a step is then two graphs.
-  `Executor.check_finite = False` (no guard) gives one graph per step.
+- The divergence guard runs on the device: the host guard (`Executor.guard_update`) reads the loss and the
+  gradients before an update may run, which a graph cannot stop for. So each guard becomes `nonfinite_flag`
+  launches (kernels/elementwise.cu) on the same gradients, then the loss (kept in a slot at the loss layer), in
+  the host guard's order; the first non-finite one leaves its code in a device flag, the update kernels' graph
+  variants skip while it is set, and after the step the host reads the flag and raises the host guard's very
+  error (`_raise_if_diverged`). Same state as eager: unfused, nothing updated; fused, the layers updated before
+  the bad gradient. A step is then one graph. A backend without a device guard splits the step at each guard
+  instead (a host call between graphs, named in `describe()`), and refuses a split that would fall between a
+  host copy and its wait.
 - A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
   one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
   host copies that may go to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
@@ -140,12 +145,14 @@ class Segment:
     reason: str = ""
 
 
-def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any],
-          guard: bool = True) -> tuple[list[Segment], list]:
+def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any], guard: bool = True,
+          device_guard: Callable[[Any], Callable[[], Any]] | None = None,
+          epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list]:
     """The program's calls as segments: maximal runs of device calls (to capture) and the host calls between
     them. `copy_in` (the batch: staging -> arena) opens the first graph; `copy_out` (the loss -> pinned) takes the
     place of the loss read; `guard` False leaves the divergence guard out (`Executor.check_finite` off: it would
-    return at once). Returns (segments, hoisted host bookkeeping calls)."""
+    return at once); `device_guard(guard_call)`, where the backend can, is the device call that replaces a guard
+    (then the step is one graph); `epilogue` closes the last graph. Returns (segments, hoisted host calls)."""
     segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
     hoisted = []
     in_flight = 0   # host copies started and not yet waited for: a graph must end with none (its streams joined)
@@ -155,7 +162,9 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
             continue
         if kind == "guard" and not guard:
             continue
-        if kind in HOST_KINDS:
+        if kind == "guard" and device_guard is not None:
+            call, kind = device_guard(call), "device_guard"
+        elif kind in HOST_KINDS:
             if in_flight:
                 raise CaptureRefused(f"{HOST_KINDS[kind]}, between a host copy and its wait (a graph must end "
                                      f"with its copies joined): an unfused update, or no guard, avoids it")
@@ -168,6 +177,11 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
             segments.append(Segment([], []))
         segments[-1].calls.append(call)
         segments[-1].kinds.append(kind)
+    if epilogue:
+        if segments[-1].host is not None:
+            segments.append(Segment([], []))
+        segments[-1].calls.extend(epilogue)
+        segments[-1].kinds.extend(["epilogue"] * len(epilogue))
     return [s for s in segments if s.host is not None or s.calls], hoisted
 
 
@@ -185,6 +199,8 @@ class GraphStep:
         self.loss_flat = lv.reshape(-1)   # a 0-d loss as a (1,) view: 0-d host<->device copies are fragile
         self.loss_host = be.host_empty(tuple(self.loss_flat.shape), lv.dtype)
         self.scalars = StepScalars(be, [node for _, node in program.keyed])
+        self.loss_slot = be.scalar_buffer("graph_loss", int(self.loss_flat.size), lv.dtype)
+        self.codes: list[tuple[Any, str | None, str | None]] = []   # device guard code - 1 -> (step, layer, param)
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
         self.signature: tuple | None = None
@@ -200,8 +216,18 @@ class GraphStep:
         be, program = self.be, self.program
         copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
         copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
-        segments, hoisted = split(program, copy_in, _copy(be.copy_out_async, self.loss_flat, self.loss_host),
-                                  guard=bool(self.ex.check_finite))
+        sc = self.scalars
+        guard = bool(self.ex.check_finite)
+        device_guard = epilogue = None
+        self.codes = []
+        if guard and getattr(be, "device_guard", False):
+            device_guard = self._device_guard
+            epilogue = [_copy(be.copy_out_async, sc.diverged, sc.diverged_out)]
+            loss_out = self._keep_loss   # the loss kept where the guards can read it, and copied out
+        else:
+            loss_out = _copy(be.copy_out_async, self.loss_flat, self.loss_host)
+        segments, hoisted = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
+                                  epilogue=epilogue or [])
         strays = getattr(be, "stray_bytes", 0)
         host = self.ex.host
         if host is not None and host.capturable is not None:
@@ -233,6 +259,41 @@ class GraphStep:
                                  f"graph would keep using after cupy reuses its memory)")
         self.segments, self.hoisted, self.copies = segments, hoisted, copies
         self.captures += 1
+
+    # -- the divergence guard on the device ---------------------------------------------------------------------
+    def _keep_loss(self) -> None:
+        """At the loss layer: the loss into its persistent slot (the arena block may be reused before the
+        update's guard runs), and out to the pinned buffer."""
+        be = self.be
+        be.copy(self.loss_slot, self.loss_flat)
+        be.copy_out_async(self.loss_slot, self.loss_host)
+
+    def _device_guard(self, guard_call) -> Callable[[], Any]:
+        """The device call replacing `guard_call` (a program.GuardCall): `nonfinite_flag` on each gradient, then
+        on the loss, in the host guard's order; each gets a code (an index into `self.codes`) the host reads
+        back after the step to raise the very error the host guard raises."""
+        be, checks = self.be, []
+        for layer, pname, g in guard_call.grads:
+            self.codes.append((guard_call.step, layer, pname))
+            checks.append((g, len(self.codes)))
+        self.codes.append((guard_call.step, None, None))
+        checks.append((self.loss_slot, len(self.codes)))
+
+        def run() -> None:
+            for arr, code in checks:
+                be.guard_nonfinite(arr, code)
+        return run
+
+    def _raise_if_diverged(self) -> None:
+        """After a replay with the device guard: the first non-finite tensor's code, if any, raised as the host
+        guard raises it (its message, its note on fused updates already applied); no update ran after it."""
+        code = int(self.scalars.diverged_out[0])
+        if not code:
+            return
+        step, layer, pname = self.codes[code - 1]
+        bad = [] if layer is None else [(layer, pname, np.full(1, np.nan, np.float32))]
+        self.ex.guard_update(step, bad)   # raises DivergenceError (the loss, or the named gradient)
+        raise RuntimeError(f"the device guard flagged code {code} but the host guard found nothing")  # noqa
 
     # -- one step ----------------------------------------------------------------------------------------------
     def run(self, x, y) -> float:
@@ -274,6 +335,8 @@ class GraphStep:
         ex.last_loss = float(self.loss_host.reshape(-1)[0])
         if self.copies:
             ex.host.count_replayed(self.copies)
+        if self.codes:
+            self._raise_if_diverged()
         self.replays += 1
         return ex.end_iteration()
 
@@ -284,6 +347,8 @@ class GraphStep:
         graphs = sum(1 for s in self.segments if s.host is None)
         hosts = sorted({s.reason for s in self.segments if s.host is not None})
         line = f"cuda graph: {graphs} graph{'s' if graphs != 1 else ''} per step"
+        if self.codes:
+            line += " (divergence guard on the device)"
         if hosts:
             line += " (split where " + "; ".join(hosts) + ")"
         return line

@@ -79,6 +79,19 @@ class Program:
         return len(self.calls)
 
 
+@dataclass(slots=True)
+class GuardCall:
+    """The divergence guard of one UPDATE step: a call (`Executor.guard_update` on these gradients) and the data
+    a CUDA graph needs to run the same check on the device instead (`minidl.capture`)."""
+
+    ex: Any
+    step: Step
+    grads: list   # (layer, parameter, gradient view), in backward order
+
+    def __call__(self) -> None:
+        self.ex.guard_update(self.step, self.grads)
+
+
 class NotLowered(Exception):
     """The plan or executor uses something the compiled step does not lower; the reason says what."""
 
@@ -200,7 +213,7 @@ class _Lowering:
         ex = self.ex
         if step.phase is Phase.UPDATE:
             if not sp.on_host:  # its own call: the guard reads values on the host, the update does not
-                self.emit("guard", _bind(ex.guard_update, step, ex.guard_grads(step)))
+                self.emit("guard", GuardCall(ex, step, ex.guard_grads(step)))
             self.emit("update", self.update(step, sp.on_host))
             return
         node = ex.net.nodes[step.node]

@@ -711,8 +711,18 @@ class CUDABackend:
         return measure_link(self, nbytes or BANDWIDTH_BYTES, repeats)
 
     # -- CUDA graphs (minidl/capture.py) -----------------------------------------------------------------------
+    #: A captured step checks gradients with `guard_nonfinite` on the device instead of stopping for the host.
+    device_guard = True
+
     #: The kernels a captured graph launches instead of their plain variants (backend/scalars.py).
-    GRAPH_KERNELS = ("dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev", "adam_update_dev")
+    GRAPH_KERNELS = ("dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev", "adam_update_dev",
+                     "nonfinite_flag")
+
+    @_on_compute
+    def guard_nonfinite(self, x, code: int) -> None:
+        """The divergence guard inside a graph: set the capture's `diverged` flag to `code` if `x` (a gradient,
+        or the loss) is not finite and no earlier guarded tensor was (minidl/capture.py)."""
+        self._launch(cuplan.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
 
     def prepare_graph(self) -> None:
         """Load the graph variants of the per-step kernels before a capture: loading a module or a function is
@@ -1065,7 +1075,7 @@ class CUDABackend:
         gs = self.graph_scalars  # capturing: the learning rate from its device slot (a schedule changes it)
         if gs is not None:
             self._launch(cuplan.sgd_update_dev(p, g, buf, gs.lr_slot(lr), momentum, dampening, weight_decay,
-                                               nesterov, first_step, self.limits))
+                                               nesterov, first_step, gs.diverged, self.limits))
             return
         self._launch(cuplan.sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
                                        self.limits))
@@ -1076,7 +1086,7 @@ class CUDABackend:
         gs = self.graph_scalars  # capturing: lr and the step (bias corrections) from their device slots
         if gs is not None:
             self._launch(cuplan.adam_update_dev(p, g, m, v, gs.adam_slot(lr, step), beta1, beta2, eps, weight_decay,
-                                                self.limits))
+                                                gs.diverged, self.limits))
             return
         self._launch(cuplan.adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, self.limits))
 

@@ -699,11 +699,27 @@ def _device_doubles(name, a, count: int) -> None:
         raise ValueError(f"{name}: expects {count} float64 value(s) in device memory, got {a.shape} {a.dtype}")
 
 
-def sgd_update_dev(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
+def _device_flag(name, a) -> None:
+    if int(math.prod(a.shape)) != 1 or np.dtype(a.dtype) != np.int32:
+        raise ValueError(f"{name}: the divergence flag must be one int32 in device memory, got {a.shape} {a.dtype}")
+
+
+def nonfinite_flag(flag, x, code: int, limits=DeviceLimits()) -> KernelLaunch:
+    """Set `flag` (one int32 on the device) to `code` if `x` holds a NaN or an infinity and it is still 0."""
+    _device_flag("nonfinite_flag", flag)
+    if int(code) == 0:
+        raise ValueError("nonfinite_flag: code 0 means 'finite'; give a non-zero code")
+    n = _size(x)
+    return pack_launch("nonfinite_flag", (flag, x, n, int(code)), n, limits)
+
+
+def sgd_update_dev(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step, diverged,
                    limits=DeviceLimits()) -> KernelLaunch:
-    """sgd_update with `lr` a one-element float64 device array (read when the kernel runs)."""
+    """sgd_update with `lr` a one-element float64 device array (read when the kernel runs), skipped while the
+    int32 `diverged` flag is set."""
     n = _same_size("sgd_update_dev", p, g)
     _device_doubles("sgd_update_dev", lr, 1)
+    _device_flag("sgd_update_dev", diverged)
     if momentum:
         if buf is None:
             raise ValueError("sgd_update_dev: momentum != 0 needs a momentum buffer")
@@ -711,14 +727,18 @@ def sgd_update_dev(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, f
     else:
         buf = None
     return pack_launch("sgd_update_dev", (p, g, buf, n, lr, momentum, dampening, weight_decay,
-                                          int(bool(nesterov)), int(bool(first_step))), n, limits)
+                                          int(bool(nesterov)), int(bool(first_step)), diverged), n, limits)
 
 
-def adam_update_dev(p, g, m, v, scalars, beta1, beta2, eps, weight_decay, limits=DeviceLimits()) -> KernelLaunch:
-    """adam_update with `scalars` = [lr, step] a two-element float64 device array (read when the kernel runs)."""
+def adam_update_dev(p, g, m, v, scalars, beta1, beta2, eps, weight_decay, diverged,
+                    limits=DeviceLimits()) -> KernelLaunch:
+    """adam_update with `scalars` = [lr, step] a two-element float64 device array (read when the kernel runs),
+    skipped while the int32 `diverged` flag is set."""
     n = _same_size("adam_update_dev", p, g, m, v)
     _device_doubles("adam_update_dev", scalars, 2)
-    return pack_launch("adam_update_dev", (p, g, m, v, n, scalars, beta1, beta2, eps, weight_decay), n, limits)
+    _device_flag("adam_update_dev", diverged)
+    return pack_launch("adam_update_dev", (p, g, m, v, n, scalars, beta1, beta2, eps, weight_decay, diverged), n,
+                       limits)
 
 
 def adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, limits=DeviceLimits()) -> KernelLaunch:
@@ -832,7 +852,7 @@ def sz_scatter_outliers(y, idx, vals, limits=DeviceLimits()) -> KernelLaunch:
 LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
     f.__name__: f for f in (
         relu_forward, relu_backward, add_forward, accumulate, scale_copy, dropout_forward, dropout_backward,
-        dropout_forward_dev, dropout_backward_dev, sgd_update_dev, adam_update_dev,
+        dropout_forward_dev, dropout_backward_dev, sgd_update_dev, adam_update_dev, nonfinite_flag,
         concat_copy_forward, concat_copy_backward, lrn_forward, lrn_backward, softmax_xent_forward,
         softmax_xent_mean, softmax_xent_backward, sgd_update, adam_update, maxpool2d_forward, maxpool2d_backward,
         avgpool2d_forward, avgpool2d_backward, global_avgpool_forward, global_avgpool_backward,

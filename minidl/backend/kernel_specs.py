@@ -185,16 +185,17 @@ _SPECS: Sequence[KernelSpec] = (
         "sgd_update_dev", "optim.cu",
         _args("float* param, const float* grad, float* momentum_buf, long long n, "
               "const double* lr, double momentum, double dampening, double weight_decay, "
-              "int nesterov, int first_step"),
+              "int nesterov, int first_step, const int* diverged"),
         launch="elementwise", work="param.size",
-        doc="sgd_update with lr read from device memory (lr[0]): a CUDA graph's replay",
+        doc="sgd_update with lr read from device memory (lr[0]), skipped if diverged[0]: a CUDA graph's replay",
         torch_op="torch.optim.SGD.step"),
     KernelSpec(
         "adam_update_dev", "optim.cu",
         _args("float* param, const float* grad, float* m, float* v, long long n, "
-              "const double* scalars, double beta1, double beta2, double eps, double weight_decay"),
+              "const double* scalars, double beta1, double beta2, double eps, double weight_decay, "
+              "const int* diverged"),
         launch="elementwise", work="param.size",
-        doc="adam_update with {lr, step} read from device memory: a CUDA graph's replay",
+        doc="adam_update with {lr, step} read from device memory, skipped if diverged[0]: a CUDA graph's replay",
         torch_op="torch.optim.Adam.step"),
     # ------------------------------------------------------------ pool.cu
     KernelSpec(
@@ -315,6 +316,12 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="n",
         doc="dx = keep ? dy * scale : 0 with the forward's key (mask replayed)",
         torch_op="F.dropout backward"),
+    KernelSpec(
+        "nonfinite_flag", "elementwise.cu",
+        _args("int* flag, const float* x, long long n, int code"),
+        launch="elementwise", work="n",
+        doc="flag[0] = code (atomicCAS from 0) if any x[i] is not finite: the divergence guard in a CUDA graph",
+        torch_op="torch.isfinite(x).all()"),
     KernelSpec(
         "dropout_forward_dev", "elementwise.cu",
         _args("float* out, const float* x, long long n, const unsigned long long* key, "

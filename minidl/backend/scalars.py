@@ -10,7 +10,10 @@ While a capture is under way the backend holds the `StepScalars` (`backend.graph
 variant of those four kernels with the slot's address; outside a capture it launches the ordinary ones. Same
 arithmetic either way, so eager and replayed steps give the same bits.
 
-Layout: `keys` (uint64), one per dropout layer; `optim` (float64) = [learning rate, Adam's 1-based step].
+Layout: `keys` (uint64), one per dropout layer; `optim` (float64) = [learning rate, Adam's 1-based step];
+`diverged` (int32): the divergence guard's flag on the device, zeroed by every step's copy-in, set by
+`nonfinite_flag` to the code of the first non-finite guarded tensor, read by the update kernels' graph variants
+(which then skip) and copied out to `diverged_out` for the host.
 """
 from __future__ import annotations
 
@@ -34,6 +37,11 @@ class StepScalars:
         self.optim_host[...] = 0
         self.keys = backend.scalar_buffer("graph_keys", n, np.uint64)
         self.optim = backend.scalar_buffer("graph_optim", 2, np.float64)
+        self.diverged_host = backend.host_empty((1,), np.int32)     # always 0: the flag's start of each step
+        self.diverged_host[...] = 0
+        self.diverged_out = backend.host_empty((1,), np.int32)      # the flag after the step
+        self.diverged_out[...] = 0
+        self.diverged = backend.scalar_buffer("graph_diverged", 1, np.int32)
         self._slot_of_key: dict[int, int] = {}
 
     def fill(self, keys: list[int], lr: float, step: int) -> None:
@@ -46,7 +54,7 @@ class StepScalars:
 
     def copies(self) -> list[tuple[Any, np.ndarray]]:
         """(device slot array, pinned host array) pairs the graph copies in before anything else."""
-        return [(self.keys, self.keys_host), (self.optim, self.optim_host)]
+        return [(self.keys, self.keys_host), (self.optim, self.optim_host), (self.diverged, self.diverged_host)]
 
     # -- what the backend asks while capturing ----------------------------------------------------------------
     def key_slot(self, key: int):

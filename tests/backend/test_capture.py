@@ -39,17 +39,25 @@ def _dropout_dev(fn, gs, x, y, p, key):
 
 def _sgd_dev(fn, gs, p, g, buf, lr, momentum, dampening, wd, nesterov, first_step):
     slot = gs.lr_slot(lr)
-    return lambda: fn(p, g, buf, float(slot[0]), momentum, dampening, wd, nesterov, first_step=first_step)
+    return lambda: None if gs.diverged[0] else fn(p, g, buf, float(slot[0]), momentum, dampening, wd, nesterov,
+                                                   first_step=first_step)
 
 
 def _adam_dev(fn, gs, p, g, m, v, lr, b1, b2, eps, wd, step):
     slot = gs.adam_slot(lr, step)
-    return lambda: fn(p, g, m, v, float(slot[0]), b1, b2, eps, wd, int(slot[1]))
+    return lambda: None if gs.diverged[0] else fn(p, g, m, v, float(slot[0]), b1, b2, eps, wd, int(slot[1]))
+
+
+def _guard_dev(fn, gs, x, code):
+    def run():
+        if gs.diverged[0] == 0 and not np.isfinite(x).all():
+            gs.diverged[0] = code
+    return run
 
 
 # The backend calls that read a device slot while captured (the CUDA backend's `_dev` kernels), emulated.
 _DEV = {"dropout_forward": _dropout_dev, "dropout_backward": _dropout_dev, "sgd_update": _sgd_dev,
-        "adam_update": _adam_dev}
+        "adam_update": _adam_dev, "guard_nonfinite": _guard_dev}
 _PASS.add("scalar_buffer")
 
 
@@ -58,9 +66,10 @@ class GraphCPU(CPUBackend):
 
     fuse_update = None  # as the CUDA backend it stands for: one update per parameter (its _dev kernels, above)
 
-    def __init__(self, strays_during_capture: int = 0):
+    def __init__(self, strays_during_capture: int = 0, device_guard: bool = True):
         self.capturing: list | None = None
         self.graph_scalars = None
+        self.device_guard = device_guard
         self.graphs: list[list] = []
         self.log: list[str] = []             # backend calls as they RUN (eager or replayed), by name
         self.stray_bytes = 0
@@ -68,7 +77,8 @@ class GraphCPU(CPUBackend):
 
     def __getattribute__(self, name):
         attr = object.__getattribute__(self, name)
-        if name.startswith("_") or name in _PASS or not callable(attr) or name in ("capturing", "graphs", "log"):
+        if name.startswith("_") or name in _PASS or not callable(attr) or name in ("capturing", "graphs", "log",
+                                                                                     "device_guard"):
             return attr
         if name == "to_host":
             def to_host(a):
@@ -146,6 +156,9 @@ class GraphCPU(CPUBackend):
     def transfer_times(self, handle):
         self.transfer_sync(handle)
         return 0.0, 0.0, 0.0
+
+    def guard_nonfinite(self, x, code):
+        raise AssertionError("the device guard exists only inside a capture")
 
     def scalar_buffer(self, name, n, dtype):
         return np.zeros(n, dtype)   # 'device' slots, apart from the pinned ones: only the graph's copy fills them
@@ -245,12 +258,19 @@ def test_a_replay_runs_the_eager_calls_in_their_order():
     be.log.clear()
     (x, y), = _data(steps=1, seed=1)
     sess.executor.train_step(x, y)          # captured, then replayed
-    replay = [n.removesuffix("_dev") for n in be.log if n not in ("copy_in", "copy_out")]
+    log = be.log
+    keep_loss = [i for i in range(len(log) - 1) if log[i] == "copy" and log[i + 1] == "copy_out"]  # loss -> slot
+    assert len(keep_loss) == 1
+    replay = [n.removesuffix("_dev") for i, n in enumerate(log)
+              if n not in ("copy_in", "copy_out", "guard_nonfinite_dev") and i not in keep_loss]
     # the eager step loads the batch with copy_in and reads the loss with to_host; the graph copies both
-    # through its staging buffers, and its update reads the learning rate from a device slot (sgd_update_dev).
-    # The guard's host reads run between the graphs in both.
+    # through its staging buffers (keeping the loss in a slot for the guard), checks the gradients on the device
+    # (guard_nonfinite) and reads the learning rate from a device slot (sgd_update_dev).
     assert replay == [n for n in eager_log if n not in ("copy_in", "to_host")]
-    assert be.log[:4] == ["copy_in"] * 4 and "copy_out" in be.log   # the scalar slots, then data and labels
+    assert be.log[:5] == ["copy_in"] * 5 and be.log[-1] == "copy_out"   # the scalar slots, data, labels; flag out
+    guards = [i for i, n in enumerate(be.log) if n == "guard_nonfinite_dev"]
+    updates = [i for i, n in enumerate(be.log) if n == "sgd_update_dev"]
+    assert guards and max(guards) < min(updates)          # unfused: every check before any update
 
 
 def test_the_batch_and_the_loss_go_through_fixed_buffers():
@@ -260,7 +280,7 @@ def test_the_batch_and_the_loss_go_through_fixed_buffers():
     staging = [id(b) for b in gs.staging]
     recorded = [rec for g in be.graphs for rec in g]
     copies_in = [r for r in recorded if r[0] == "copy_in"]
-    assert len(copies_in) == 4           # dropout keys, optimizer scalars, data and labels: captured once
+    assert len(copies_in) == 5           # dropout keys, optimizer scalars, the guard's flag, data, labels: once
     for x, y in _data(steps=3, seed=7):
         loss = sess.executor.train_step(x, y)
         assert np.array_equal(gs.staging[0], x) and np.array_equal(gs.staging[1], y)
@@ -269,8 +289,32 @@ def test_the_batch_and_the_loss_go_through_fixed_buffers():
     assert gs.captures == 1
 
 
-def test_the_guard_splits_the_step_and_still_stops_a_diverging_update():
-    be = GraphCPU()
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_device_guard_stops_a_diverging_update_as_the_host_guard_does(fused):
+    """One graph per step, the gradients checked on the device: a NaN batch raises the host guard's very error,
+    and leaves the very state it leaves (unfused: nothing updated; fused: the layers updated before the first
+    bad gradient), BN statistics put back, the iteration not counted."""
+    x, y = _data(steps=1, seed=3)[0]
+    bad = np.full_like(x, np.nan)
+    outcomes = []
+    for graphs in (True, False):
+        sess, _ = _train(GraphCPU(), graphs=graphs, steps=2, fused_update=fused)
+        ex = sess.executor
+        with pytest.raises(DivergenceError) as e:
+            ex.train_step(bad, y)
+        outcomes.append((str(e.value), e.value.layer, ex.iteration, _params(sess), ex.optimizer_state()))
+        if graphs:
+            assert ex.graph_step.describe() == "cuda graph: 1 graph per step (divergence guard on the device)"
+            ex.train_step(x, y)      # and training goes on from the last good state
+            assert ex.iteration == 3
+    (msg_g, layer_g, it_g, p_g, o_g), (msg_e, layer_e, it_e, p_e, o_e) = outcomes
+    assert (msg_g, layer_g, it_g) == (msg_e, layer_e, it_e) and it_g == 2
+    _same(p_g, p_e)
+    _same(o_g, o_e)
+
+
+def test_without_a_device_guard_the_guard_splits_the_step():
+    be = GraphCPU(device_guard=False)
     sess, _ = _train(be, steps=2)
     gs = sess.executor.graph_step
     assert gs.describe() == ("cuda graph: 2 graphs per step (split where the divergence guard reads the loss and "
@@ -346,7 +390,7 @@ def test_an_allocation_during_capture_refuses_the_graph():
     eager, _ = _train(GraphCPU(), graphs=False)
     sess, _ = _train(GraphCPU(strays_during_capture=512))
     ex = sess.executor
-    assert ex.step_runner == "compiled" and "allocated 1024 bytes outside the arena" in ex.graph_fallback  # 2 graphs
+    assert ex.step_runner == "compiled" and "allocated 512 bytes outside the arena" in ex.graph_fallback
     _same(_params(sess), _params(eager))
 
 
@@ -394,9 +438,12 @@ def test_the_cuda_backend_launches_the_dev_kernels_while_capturing():
         be.sgd_update(f(4), f(4), f(4), 0.1, 0.9, 0.0, 0.0, False, False)
     with pytest.raises(KeyError, match="dropout key 33"):
         be.dropout_backward(f(8), f(8), 0.5, 33)
+    be.guard_nonfinite(f(6), 3)
     be.graph_scalars = None
     be.sgd_update(f(4), f(4), f(4), 0.05, 0.9, 0.0, 0.0, False, False)
-    drop, sgd, adam, plain = be.launches
+    drop, sgd, adam, guard, plain = be.launches
+    assert guard.name == "nonfinite_flag" and guard.args[0] is gs.diverged and int(guard.args[3]) == 3
+    assert sgd.args[10] is gs.diverged and adam.args[10] is gs.diverged
     assert (drop.name, sgd.name, adam.name, plain.name) == ("dropout_forward_dev", "sgd_update_dev",
                                                             "adam_update_dev", "sgd_update")
     assert drop.args[3].base is gs.keys and drop.args[3].__array_interface__["data"][0] == gs.keys[1:].ctypes.data

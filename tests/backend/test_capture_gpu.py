@@ -88,3 +88,18 @@ def test_every_policy_is_bit_identical_to_none_on_cuda(policy):
     assert ls == lr
     for k in pr:
         assert np.array_equal(ps[k], pr[k]), k
+
+
+def test_the_device_guard_stops_a_diverging_step_like_the_host_guard():
+    x, y = _data(1)[0]
+    outcomes = []
+    for graphs in (True, False):
+        sess, _, _ = _train(graphs=graphs)
+        with pytest.raises(dl.DivergenceError) as e:
+            sess.executor.train_step(np.full_like(x, np.nan), y)
+        outcomes.append((str(e.value), sess.executor.iteration,
+                         {k: v.copy() for k, v in sess.executor.state_dict().items()}))
+    (mg, ig, pg), (me, ie, pe) = outcomes
+    assert (mg, ig) == (me, ie)
+    for k in pe:
+        assert np.array_equal(pg[k], pe[k]), k

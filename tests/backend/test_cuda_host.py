@@ -382,10 +382,11 @@ LAUNCH_CASES = {
                             lambda a: (a[0], a[1], 9, a[3], 1 << 22, 4.0 / 3.0), 9),
     "dropout_backward_dev": ((_f(9), _f(9), 0.5, np.zeros(1, np.uint64)),
                              lambda a: (a[0], a[1], 9, a[3], 1 << 23, 2.0), 9),
-    "sgd_update_dev": ((_p, _f(10), _f(10), np.zeros(1), 0.9, 0.0, 1e-4, True, False),
-                       lambda a: (*a[:3], 10, a[3], 0.9, 0.0, 1e-4, 1, 0), 10),
-    "adam_update_dev": ((_p, _f(10), _f(10), _f(10), np.zeros(2), 0.9, 0.999, 1e-8, 0.0),
-                        lambda a: (*a[:4], 10, a[4], 0.9, 0.999, 1e-8, 0.0), 10),
+    "sgd_update_dev": ((_p, _f(10), _f(10), np.zeros(1), 0.9, 0.0, 1e-4, True, False, np.zeros(1, np.int32)),
+                       lambda a: (*a[:3], 10, a[3], 0.9, 0.0, 1e-4, 1, 0, a[9]), 10),
+    "adam_update_dev": ((_p, _f(10), _f(10), _f(10), np.zeros(2), 0.9, 0.999, 1e-8, 0.0, np.zeros(1, np.int32)),
+                        lambda a: (*a[:4], 10, a[4], 0.9, 0.999, 1e-8, 0.0, a[9]), 10),
+    "nonfinite_flag": ((np.zeros(1, np.int32), _f(3, 4), 7), lambda a: (a[0], a[1], 12, 7), 12),
     "concat_copy_forward": ((_cat_out, _cat_part, 3), lambda a: (a[0], a[1], 2, 2, 9, 7, 3), 36),
     "concat_copy_backward": ((_cat_part, _cat_out, 5), lambda a: (a[0], a[1], 2, 2, 9, 7, 5), 36),
     "lrn_forward": ((_f(2, 6, 3, 1), _f(2, 6, 3, 1), 5, 1e-4, 0.75, 2.0),
@@ -474,9 +475,14 @@ def test_sgd_without_momentum_passes_null():
     launch = cuplan.sgd_update(_f(3), _f(3), _f(3), 0.1, 0.0, 0.0, 0.0, False, True)
     assert launch.args[2] is None                               # cupy passes None as a NULL pointer
     assert ("sgd_update", "momentum_buf") in cuplan.NULLABLE_POINTERS
-    assert cuplan.sgd_update_dev(_f(3), _f(3), _f(3), np.zeros(1), 0.0, 0.0, 0.0, False, False).args[2] is None
+    flag = np.zeros(1, np.int32)
+    assert cuplan.sgd_update_dev(_f(3), _f(3), _f(3), np.zeros(1), 0.0, 0.0, 0.0, False, False, flag).args[2] is None
     with pytest.raises(ValueError, match="float64"):
-        cuplan.adam_update_dev(_f(3), _f(3), _f(3), _f(3), np.zeros(2, np.float32), 0.9, 0.999, 1e-8, 0.0)
+        cuplan.adam_update_dev(_f(3), _f(3), _f(3), _f(3), np.zeros(2, np.float32), 0.9, 0.999, 1e-8, 0.0, flag)
+    with pytest.raises(ValueError, match="one int32"):
+        cuplan.nonfinite_flag(np.zeros(1, np.int64), _f(3), 1)
+    with pytest.raises(ValueError, match="code 0"):
+        cuplan.nonfinite_flag(flag, _f(3), 0)
     with pytest.raises(ValueError, match="uint64"):
         cuplan.dropout_forward_dev(_f(3), _f(3), 0.5, np.zeros(2, np.uint64))
     assert cuplan.ZERO_OUTPUT_FIRST == {"maxpool2d_backward"}

@@ -290,7 +290,7 @@ def test_registry_shape():
                     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward"},
         "elementwise.cu": {"add_forward", "accumulate", "scale_copy", "relu_forward",
                            "relu_backward", "dropout_forward", "dropout_backward",
-                           "dropout_forward_dev", "dropout_backward_dev", "concat_copy_forward",
+                           "dropout_forward_dev", "dropout_backward_dev", "nonfinite_flag", "concat_copy_forward",
                            "concat_copy_backward", "lrn_forward",
                            "lrn_backward"},
     }
