@@ -27,20 +27,13 @@ import math
 
 import numpy as np
 
+from .cpu_jit import lazy
+
 _BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best between 32K and 128K
 
-_JIT: list = []  # [module or None], filled on first use: numba's import (~0.3 s) is paid only by batch norm users
-
-
-def jit_kernels():
-    """The compiled batch-norm kernels (`cpu_norm_jit`), or None where numba cannot be imported."""
-    if not _JIT:
-        try:
-            from . import cpu_norm_jit
-        except ImportError:  # numba missing or broken: the numpy passes below do the same work, slower
-            cpu_norm_jit = None
-        _JIT.append(cpu_norm_jit)
-    return _JIT[0]
+# The compiled batch-norm kernels (`cpu_norm_jit`), or None where numba cannot be imported (then the numpy passes
+# below run). numba's import (~0.3 s) is paid on the first batch-norm call only.
+jit_kernels = lazy("cpu_norm_jit")
 
 
 def _ncl(a: np.ndarray) -> np.ndarray:

@@ -13,18 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_JIT: list = []  # [module or None], filled on first use (numba's import is paid only when an update is fused)
+from .cpu_jit import lazy
 
-
-def jit_kernels():
-    """The compiled update kernels (`cpu_update_jit`), or None where numba cannot be imported."""
-    if not _JIT:
-        try:
-            from . import cpu_update_jit
-        except ImportError:  # numba missing or broken: every parameter is updated by the numpy kernels
-            cpu_update_jit = None
-        _JIT.append(cpu_update_jit)
-    return _JIT[0]
+# The compiled update kernels (`cpu_update_jit`), or None where numba cannot be imported (nothing is fused then).
+jit_kernels = lazy("cpu_update_jit")
 
 
 @dataclass(slots=True, eq=False)

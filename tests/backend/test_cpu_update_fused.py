@@ -98,7 +98,7 @@ def test_learning_rate_changes_reach_the_prepared_update():
 
 
 def test_without_numba_nothing_is_fused_and_the_result_is_the_same(monkeypatch):
-    monkeypatch.setattr(cpu_update, "_JIT", [None])
+    monkeypatch.setattr(cpu_update, "jit_kernels", lambda: None)
     be, opt = CPUBackend(), Adam(lr=1e-3)
     fused, single = _items(opt, np.float32, 3), _items(opt, np.float32, 3)
     assert be.fuse_update(fused, opt.slots) == ([], fused)

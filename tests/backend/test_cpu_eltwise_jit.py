@@ -1,0 +1,53 @@
+"""The compiled ReLU (minidl/backend/cpu_eltwise_jit.py) gives the numpy kernels' values bit for bit, special
+values included (NaN and inf propagate, -0.0 gives +0.0 as numpy's maximum); non-contiguous arrays take the
+numpy path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minidl.backend import cpu
+from minidl.backend.cpu import CPUBackend
+
+pytest.importorskip("numba")
+
+
+def _data(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape).astype(dtype)
+    flat = a.reshape(-1)
+    flat[:6] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45]
+    return a
+
+
+def _both(monkeypatch, fn):
+    """fn() with the compiled kernels, then with the numpy ones."""
+    assert cpu.eltwise_kernels() is not None
+    got = fn()
+    with monkeypatch.context() as m:
+        m.setattr(cpu, "eltwise_kernels", lambda: None)
+        ref = fn()
+    return got, ref
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (1, 16, 32, 32), (7,)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_is_bit_identical_to_numpy(shape, dtype, monkeypatch):
+    be = CPUBackend()
+    x, dy = _data(shape, dtype, 0), _data(shape, dtype, 1)
+
+    def run():
+        y, dx = np.full_like(x, 7), np.full_like(x, 7)
+        be.relu_forward(x, y)
+        be.relu_backward(y, dy, dx)
+        return y.tobytes() + dx.tobytes()
+    got, ref = _both(monkeypatch, run)
+    assert got == ref
+
+
+def test_non_contiguous_arrays_take_the_numpy_path():
+    x = _data((4, 6), np.float32, 2).T  # not C-contiguous: a flat reshape would be a copy
+    y = np.empty((4, 6), np.float32).T
+    assert not cpu._flat_ok(x, y) and cpu._flat_ok(np.empty(3), np.empty(3))
+    CPUBackend().relu_forward(x, y)
+    assert np.array_equal(y, np.maximum(x, 0), equal_nan=True)
