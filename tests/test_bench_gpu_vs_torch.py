@@ -83,3 +83,14 @@ def test_the_torch_side_matches_the_twin_on_the_cpu():
             if t.requires_grad:
                 np.testing.assert_allclose(t.grad.numpy(), ref.params[name][p].grad.numpy(), rtol=1e-4,
                                            atol=1e-6, err_msg=f"{name}.{p}")
+
+
+def test_markdown_table_of_rows():
+    b = _bench()
+    rows = [b.Row("resnet50", 32, "fp32", "liveness", "plain", 0.05, 0.045, 0.05 / 0.045, 9e9, 10e9, None, "H100",
+                  "2026-11-23", "cuda graph: 1 graph per step", "step", 10, {"sim_s": 0.055, "sim_vs_measured": 0.1}),
+            b.Row("resnet50", 32, "fp32", "700MiB", "plain", 0.06, 0.045, 0.06 / 0.045, 7e8, 10e9, 0.93, "H100",
+                  "2026-11-23", "cuda graph: 1 graph per step", "step", 10, {})]
+    md = b.markdown(rows)
+    assert "| resnet50 | 32 | fp32 | 700MiB | plain | 0.0600 | 0.0450 | 1.33x | 1.20x |" in md
+    assert "| 93% |" in md and "0.0550 (+10%)" in md

@@ -80,10 +80,11 @@ def test_graph_replay_is_bit_identical_to_eager(math, case):
 
 
 # The exact policies that run on CUDA ('weights' updates on the host, which the executor refuses on a GPU).
+@pytest.mark.parametrize("math", ["fp32", "tf32"])
 @pytest.mark.parametrize("policy", ["liveness", "offload", "recompute", "packs", "auto", "window"])
-def test_every_policy_is_bit_identical_to_none_on_cuda(policy):
-    _, lr, pr = _train("none")
-    sess, ls, ps = _train(policy)
+def test_every_policy_is_bit_identical_to_none_on_cuda(policy, math):
+    _, lr, pr = _train("none", math=math)
+    sess, ls, ps = _train(policy, math=math)
     print(f"{policy}: {sess.executor.step_runner}; {sess.executor.graph_fallback}")
     assert ls == lr
     for k in pr:
