@@ -522,12 +522,14 @@ def _cublas_math_setter(cupy) -> Callable[[bool], None]:
     """A function that puts cupy's cuBLAS handle (the one `cupy.cublas.gemm` uses on this device) in TF32
     tensor-op math (True) or default math (False): cuBLAS's half of `--math tf32` (cuDNN's half is the engine
     filters)."""
-    from cupy_backends.cuda.libs import cublas as libcublas
-
-    tf32_math = getattr(libcublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3)   # cublas_api.h: CUBLAS_TF32_TENSOR_OP_MATH = 3
-    default_math = getattr(libcublas, "CUBLAS_DEFAULT_MATH", 0)
-
     def set_tf32(on: bool) -> None:
+        try:  # imported here: an fp32 run never needs it
+            from cupy_backends.cuda.libs import cublas as libcublas
+        except ImportError as e:
+            raise CUDAUnavailable(f"--math: cannot set cuBLAS's math mode, cupy's cuBLAS bindings are not "
+                                  f"importable ({e})") from e
+        tf32_math = getattr(libcublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3)   # cublas_api.h: = 3
+        default_math = getattr(libcublas, "CUBLAS_DEFAULT_MATH", 0)
         libcublas.setMathMode(cupy.cuda.device.get_cublas_handle(), tf32_math if on else default_math)
     return set_tf32
 
@@ -636,8 +638,9 @@ class CUDABackend:
         from .mathmode import check_math
 
         tf32 = check_math(math) == "tf32"
+        changed = tf32 != self.filters.allow_tf32
         self.filters = cuplan.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
-        if self._cublas_math is not None:
+        if changed and self._cublas_math is not None:
             self._cublas_math(tf32)
 
     @property

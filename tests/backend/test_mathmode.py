@@ -78,3 +78,26 @@ def test_cuda_backend_switches_engine_filters_and_cublas_math():
     deselected = [g.deselected for g in fake.graphs]
     assert deselected[0] == ["numerical_note.NONDETERMINISTIC"]
     assert "numerical_note.TENSOR_CORE" in deselected[1]
+
+
+def test_cublas_math_mode_is_set_on_cupys_handle(monkeypatch):
+    """cuBLAS's half of tf32: cupy's handle (the one `cupy.cublas.gemm` uses) in TF32 tensor-op math, and back."""
+    import sys
+    import types
+
+    from minidl.backend.cuda import _cublas_math_setter
+
+    calls = []
+    lib = types.SimpleNamespace(CUBLAS_TF32_TENSOR_OP_MATH=3, CUBLAS_DEFAULT_MATH=0,
+                                setMathMode=lambda h, mode: calls.append((h, mode)))
+    pkgs = {"cupy_backends": types.ModuleType("cupy_backends"), "cupy_backends.cuda": types.ModuleType("c"),
+            "cupy_backends.cuda.libs": types.ModuleType("l")}
+    pkgs["cupy_backends.cuda.libs"].cublas = lib
+    for name, mod in pkgs.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(device=types.SimpleNamespace(
+        get_cublas_handle=lambda: 77)))
+    setter = _cublas_math_setter(cupy)
+    setter(True)
+    setter(False)
+    assert calls == [(77, 3), (77, 0)]
