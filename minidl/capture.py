@@ -2,8 +2,8 @@
 
 On the GPU about 80 ms of every ResNet-50 step was host-side dispatch (Python per kernel, ../shared/GPU.md). The
 compiled program already fixes every call, view, algorithm and workspace before the first step; a CUDA graph
-records the kernels those calls enqueue once, and a step becomes one `cudaGraphLaunch` (two with the divergence
-guard on: see below).
+records the kernels those calls enqueue once, and a step becomes one `cudaGraphLaunch` (the divergence guard
+included: see below).
 
 Rules this module keeps:
 - Replay runs exactly the calls the eager program runs, in its order, on the same stream, with the same arguments:
@@ -12,6 +12,8 @@ Rules this module keeps:
 - What changes per step lives at fixed addresses: the batch and labels are copied into fixed pinned staging
   buffers on the host, and the graph's first nodes copy them into the arena; the loss is copied out by the graph
   into a fixed pinned buffer that the host reads after the step. The host blocks once per step (to read it).
+- The first `WARMUP_STEPS` run eagerly: they build the cuDNN graphs, compile and load the kernels and size the
+  side buffers, none of which may happen while a stream is captured.
 - The scalars that change per step are in device memory too (`backend/scalars.py`): each dropout layer's key,
   the learning rate (a schedule) and Adam's step count (its bias corrections) are written by the host into a
   fixed pinned buffer before each replay, copied to the device by the graph's first node, and read there by the
