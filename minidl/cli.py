@@ -131,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     _memory_args(p, "liveness")
-    p.add_argument("--device", default="k40c", help="device profile for time estimates (cpu, k40c, titanx, v100, h100)")
+    p.add_argument("--device", default="k40c",
+                   help="device profile for time estimates (cpu, k40c, titanx, v100, h100; measured: this GPU's "
+                        "link measured first, with --backend cuda)")
     p.add_argument("--explain", nargs="?", const="", default=None, metavar="NAME",
                    help="say step by step what is allocated and freed, and why; with NAME (a layer or tensor name, "
                         "or a glob such as 'layer3.1*') only that one's steps and events. Plans of more than 600 "
@@ -300,18 +302,23 @@ def cmd_plan(args) -> dict:
         from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 
         dp = DataParallel(args.ranks, args.bucket_size or DEFAULT_BUCKET_BYTES, args.reduction)
+    costs, device = _costs(args, backend), args.device
+    if device == "measured":   # this GPU's host link (and, with --autotune, efficiency) measured before planning
+        if backend is None:
+            raise OptionError("--device measured measures a GPU's host link: give --backend cuda")
+        device = _measured_device(net, opt, backend, costs)
     what = (f"planning {args.model}{f'-{args.depth}' if args.depth else ''} ({len(net.layer_nodes)} layers), policy "
             f"{args.policy}" + (f", budget {format_bytes(args.budget)}" if args.budget is not None else ""))
     with _ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
-        plan = plan_network(net, opt, args.policy, args.budget, device=args.device, backend=backend,
-                            costs=_costs(args, backend), fused_update=_fused(args), paged=args.paged,
+        plan = plan_network(net, opt, args.policy, args.budget, device=device, backend=backend,
+                            costs=costs, fused_update=_fused(args), paged=args.paged,
                             data_parallel=dp, micro_batches=args.micro_batches)
-        sim = simulate(plan, args.device)
+        sim = simulate(plan, device)
     out = _memory_json(plan)
     if dp is not None:
         from .memory.decisions.allreduce import allreduce_timeline
 
-        comm = allreduce_timeline(plan, args.device)
+        comm = allreduce_timeline(plan, device)
         out.update({"ranks": dp.world_size, "buckets": len(plan.buckets), "est_allreduce_s": comm.total_s,
                     "est_allreduce_exposed_s": comm.exposed_s,
                     "est_allreduce_hidden_fraction": comm.hidden_fraction, "interconnect_bw": comm.link.bw,
@@ -326,7 +333,7 @@ def cmd_plan(args) -> dict:
         plot_timeline(plan, args.plot, title=_plot_title(args, plan))
         out["plot"] = args.plot
     if args.trace:
-        write_trace(args.trace, plan, device=args.device)
+        write_trace(args.trace, plan, device=device)
         out["trace"] = args.trace
     if args.explain is not None or args.explain_steps or args.explain_full:
         from .memory.report.explain import parse_steps
