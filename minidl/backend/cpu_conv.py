@@ -290,24 +290,20 @@ def _kernel_rows(w: np.ndarray, wr: np.ndarray) -> None:
     One strided copy moves runs of kw (3) elements, which numpy does slowly: for a 64x64x3x3 weight it took
     ~60 us, half a batch-1 convolution. Copying tap by tap (kh*kw copies of a (Cout, Cin) plane) is ~3x faster
     for large weights and slower for small ones (more calls), hence the threshold. Either way a pure copy."""
-    cout, cin, kh, kw = w.shape
-    if cout * cin < _TAPWISE:
+    if w.shape[0] * w.shape[1] < _TAPWISE:
         np.copyto(wr, w.transpose(2, 0, 1, 3))
         return
-    for i in range(kh):
-        for j in range(kw):
-            np.copyto(wr[i, :, :, j], w[:, :, i, j])
+    for i, j in np.ndindex(*w.shape[2:]):
+        np.copyto(wr[i, :, :, j], w[:, :, i, j])
 
 
 def _kernel_grad_rows(acc: np.ndarray, dw: np.ndarray) -> None:
     """dw (Cout, Cin, kh, kw) <- acc (kh, Cin, kw, Cout), tap by tap when large (see `_kernel_rows`)."""
-    cout, cin, kh, kw = dw.shape
-    if cout * cin < _TAPWISE:
+    if dw.shape[0] * dw.shape[1] < _TAPWISE:
         np.copyto(dw, acc.transpose(3, 1, 0, 2))
         return
-    for i in range(kh):
-        for j in range(kw):
-            np.copyto(dw[:, :, i, j], acc[i, :, j, :].T)
+    for i, j in np.ndindex(*dw.shape[2:]):
+        np.copyto(dw[:, :, i, j], acc[i, :, j, :].T)
 
 
 class _RowShift:
