@@ -36,6 +36,11 @@ _BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best betwe
 jit_kernels = lazy("cpu_norm_jit")
 
 
+def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
+    """`a`, or a stand-in of the same kind the compiled kernel will not touch (its flag says `a` is absent)."""
+    return stand_in if a is None else a
+
+
 def _ncl(a: np.ndarray) -> np.ndarray:
     """(N, C, H, W) -> (N, C, H*W) as a view (raises rather than copies)."""
     return np.reshape(a, a.shape[:2] + (-1,), copy=False)
@@ -131,8 +136,8 @@ class NormOps:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         jit = jit_kernels()
         if jit is not None:
-            jit.train(x3, weight, bias, running_mean, running_var, _ncl(y), mean, invstd, float(momentum), float(eps),
-                      bool(update_running))
+            jit.train(x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, _ncl(y), mean, invstd,
+                      float(momentum), float(eps), bool(update_running), weight is not None, bias is not None)
             return
         shift = np.add.reduce(x3[0], axis=1) * x.dtype.type(1.0 / hw)
         sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
@@ -159,7 +164,7 @@ class NormOps:
         x3, y3 = _ncl(x), _ncl(y)
         jit = jit_kernels()
         if jit is not None:
-            jit.apply(x3, weight, bias, mean, invstd, y3)
+            jit.apply(x3, _or(weight, mean), _or(bias, mean), mean, invstd, y3, weight is not None, bias is not None)
             return
         n, c, hw = x3.shape
         a = invstd * weight if weight is not None else invstd.copy()
@@ -178,7 +183,8 @@ class NormOps:
                                running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, eps: float) -> None:
         jit = jit_kernels()
         if jit is not None:
-            jit.eval_forward(_ncl(x), weight, bias, running_mean, running_var, float(eps), _ncl(y))
+            jit.eval_forward(_ncl(x), _or(weight, running_mean), _or(bias, running_mean), running_mean, running_var,
+                             float(eps), _ncl(y), weight is not None, bias is not None)
             return
         invstd = (1.0 / np.sqrt(running_var.astype(np.float64) + eps)).astype(x.dtype)
         self.batchnorm_forward_apply(x, weight, bias, running_mean, invstd, y)
@@ -194,7 +200,9 @@ class NormOps:
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if jit is not None:
-            jit.backward(x3, weight, dy3, mean, invstd, None if dx is None else _ncl(dx), dweight, dbias)
+            jit.backward(x3, _or(weight, mean), dy3, mean, invstd, x3 if dx is None else _ncl(dx),
+                         _or(dweight, mean), _or(dbias, mean), weight is not None, dx is not None,
+                         dweight is not None, dbias is not None)
             return
         n, c, hw = x3.shape
         m = n * hw
@@ -234,8 +242,9 @@ class NormOps:
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if jit is not None:
-            jit.backward_eval(x3, weight, dy3, running_mean, running_var, float(eps), None if dx is None else _ncl(dx),
-                              dweight, dbias)
+            jit.backward_eval(x3, _or(weight, running_mean), dy3, running_mean, running_var, float(eps),
+                              x3 if dx is None else _ncl(dx), _or(dweight, running_mean), _or(dbias, running_mean),
+                              weight is not None, dx is not None, dweight is not None, dbias is not None)
             return
         n, c, hw = x3.shape
         inv64 = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)

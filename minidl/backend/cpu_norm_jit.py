@@ -23,7 +23,9 @@ Measured (1 thread, 2-core VM, 2026-11-23), one layer forward-train + backward: 
 (32, 16, 32, 32) 1140 -> 540 us; in `benchmarks/step_vs_torch.py`, batch norm of ResNet-20 b1 3.2 -> 0.8 ms per
 step and of ResNet-56 b32 63 -> 37 ms (PyTorch: 0.8 and 58 ms).
 
-Compiled lazily, per dtype and per argument kind (weight/bias present or None), on first use; `cache=True` keeps
+Optional arrays (weight, bias, dx, dweight, dbias) are passed as flags with a stand-in array of the same type
+(`cpu_norm` does it), not as None, so an affine and a non-affine layer share one compilation: each specialization
+costs ~0.6 s the first time on a machine. Compiled lazily, per dtype, on first use; `cache=True` keeps
 the machine code on disk (numba's cache, beside this file or in NUMBA_CACHE_DIR), so only the first process on a
 machine pays the compilation. This module imports numba at import time: `cpu_norm` imports it on first use only.
 """
@@ -113,16 +115,17 @@ def _dsums(x3, dy3, c, k, a, q):
 
 
 @njit(**_OPTS)
-def apply(x3, weight, bias, mean, invstd, y3):
-    """y = (x - mean) * (invstd * weight) + bias per channel, in float64, rounded once."""
+def apply(x3, weight, bias, mean, invstd, y3, has_w, has_b):
+    """y = (x - mean) * (invstd * weight) + bias per channel, in float64, rounded once (weight/bias read only
+    if has_w/has_b)."""
     n, nc, hw = x3.shape
     for c in range(nc):
         m = np.float64(mean[c])
         a = np.float64(invstd[c])
-        if weight is not None:
+        if has_w:
             a = a * np.float64(weight[c])
         b = 0.0
-        if bias is not None:
+        if has_b:
             b = np.float64(bias[c])
         for s in range(n):
             p = x3[s, c]
@@ -132,7 +135,8 @@ def apply(x3, weight, bias, mean, invstd, y3):
 
 
 @njit(**_OPTS)
-def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running):
+def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running, has_w,
+          has_b):
     """Batch statistics (two passes, see the module docstring), saved in mean/invstd, folded into the running
     statistics if `update_running` (the variance unbiased, as PyTorch), then `apply`."""
     n, nc, hw = x3.shape
@@ -150,20 +154,20 @@ def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentu
         if update_running:
             running_mean[c] = (1.0 - momentum) * np.float64(running_mean[c]) + momentum * (mc + dmean)
             running_var[c] = (1.0 - momentum) * np.float64(running_var[c]) + momentum * var * (m / (m - 1))
-    apply(x3, weight, bias, mean, invstd, y3)
+    apply(x3, weight, bias, mean, invstd, y3, has_w, has_b)
 
 
 @njit(**_OPTS)
-def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3):
+def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3, has_w, has_b):
     """y with the running statistics: the affine map of `apply`, invstd = 1/sqrt(running_var + eps) in float64."""
     n, nc, hw = x3.shape
     for c in range(nc):
         m = np.float64(running_mean[c])
         a = 1.0 / math.sqrt(np.float64(running_var[c]) + eps)
-        if weight is not None:
+        if has_w:
             a = a * np.float64(weight[c])
         b = 0.0
-        if bias is not None:
+        if has_b:
             b = np.float64(bias[c])
         for s in range(n):
             p = x3[s, c]
@@ -173,7 +177,7 @@ def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3):
 
 
 @njit(**_OPTS)
-def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias):
+def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db):
     """Through batch statistics: dbias = sum(dy), dweight = sum(dy * xhat), and
     dx = dy * s + (x - mean) * kx + c with s = invstd * weight, kx = -s * invstd^2 * sum(dy (x - mean)) / M,
     c = -s * sum(dy) / M (the mean subtracted first)."""
@@ -184,13 +188,13 @@ def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias):
         mc = np.float64(mean[c])
         inv = np.float64(invstd[c])
         sdy, sdyd = _dsums(x3, dy3, c, mc, la, lq)
-        if dbias is not None:
+        if has_db:
             dbias[c] = sdy
-        if dweight is not None:
+        if has_dw:
             dweight[c] = sdyd * inv
-        if dx3 is not None:
+        if has_dx:
             sc = inv
-            if weight is not None:
+            if has_w:
                 sc = inv * np.float64(weight[c])
             kx = -sc * (inv * inv * sdyd / m)
             c0 = -sc * (sdy / m)
@@ -203,22 +207,23 @@ def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias):
 
 
 @njit(**_OPTS)
-def backward_eval(x3, weight, dy3, running_mean, running_var, eps, dx3, dweight, dbias):
+def backward_eval(x3, weight, dy3, running_mean, running_var, eps, dx3, dweight, dbias, has_w, has_dx, has_dw,
+                  has_db):
     """With fixed (running) statistics, a per-channel affine map: dx = dy * weight * invstd; the parameter
     gradients as in `backward`, centred on the running mean."""
     n, nc, hw = x3.shape
     la, lq = np.empty(_lane_count(hw)), np.empty(_lane_count(hw))
     for c in range(nc):
         inv = 1.0 / math.sqrt(np.float64(running_var[c]) + eps)
-        if dweight is not None or dbias is not None:
+        if has_dw or has_db:
             sdy, sdyd = _dsums(x3, dy3, c, np.float64(running_mean[c]), la, lq)
-            if dbias is not None:
+            if has_db:
                 dbias[c] = sdy
-            if dweight is not None:
+            if has_dw:
                 dweight[c] = sdyd * inv
-        if dx3 is not None:
+        if has_dx:
             sc = inv
-            if weight is not None:
+            if has_w:
                 sc = inv * np.float64(weight[c])
             for s in range(n):
                 g = dy3[s, c]

@@ -107,8 +107,7 @@ class UpdateOps:
         t = fp.flat.dtype.type
         bufs = fp.slots.get("momentum") if momentum else None  # as sgd_update: no momentum, no buffer
         jit_kernels().sgd(fp.flat, fp.p_off, fp.g_off, bufs, fp.sizes, t(lr), t(momentum), t(1 - dampening),
-                          t(weight_decay) if weight_decay else None, True if nesterov else None,
-                          True if first_step else None)
+                          t(weight_decay) if weight_decay else None, True if nesterov else None, bool(first_step))
 
     def adam_update_fused(self, fp: FusedParams, lr: float, beta1: float, beta2: float, eps: float,
                           weight_decay: float, step: int) -> None:
