@@ -114,24 +114,31 @@ def _dsums(x3, dy3, c, k, a, q):
     return s1, s2
 
 
+@njit(inline="always", **_OPTS)
+def _affine(x3, y3, c, m, a, weight, bias, has_w, has_b):
+    """y = (x - m) * (a * weight[c]) + bias[c] over channel c of every sample, in float64, rounded once (the mean
+    subtracted first; weight/bias read only if has_w/has_b)."""
+    if has_w:
+        a = a * np.float64(weight[c])
+    b = 0.0
+    if has_b:
+        b = np.float64(bias[c])
+    n, _, hw = x3.shape
+    for s in range(n):
+        p = x3[s, c]
+        q = y3[s, c]
+        for i in range(hw):
+            q[i] = (np.float64(p[i]) - m) * a + b
+
+
 @njit(**_OPTS)
 def apply(x3, weight, bias, mean, invstd, y3, has_w, has_b):
     """y = (x - mean) * (invstd * weight) + bias per channel, in float64, rounded once (weight/bias read only
     if has_w/has_b)."""
-    n, nc, hw = x3.shape
-    for c in range(nc):
+    for c in range(x3.shape[1]):
         m = np.float64(mean[c])
         a = np.float64(invstd[c])
-        if has_w:
-            a = a * np.float64(weight[c])
-        b = 0.0
-        if has_b:
-            b = np.float64(bias[c])
-        for s in range(n):
-            p = x3[s, c]
-            q = y3[s, c]
-            for i in range(hw):
-                q[i] = (np.float64(p[i]) - m) * a + b
+        _affine(x3, y3, c, m, a, weight, bias, has_w, has_b)
 
 
 @njit(**_OPTS)
@@ -160,20 +167,10 @@ def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentu
 @njit(**_OPTS)
 def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3, has_w, has_b):
     """y with the running statistics: the affine map of `apply`, invstd = 1/sqrt(running_var + eps) in float64."""
-    n, nc, hw = x3.shape
-    for c in range(nc):
+    for c in range(x3.shape[1]):
         m = np.float64(running_mean[c])
         a = 1.0 / math.sqrt(np.float64(running_var[c]) + eps)
-        if has_w:
-            a = a * np.float64(weight[c])
-        b = 0.0
-        if has_b:
-            b = np.float64(bias[c])
-        for s in range(n):
-            p = x3[s, c]
-            q = y3[s, c]
-            for i in range(hw):
-                q[i] = (np.float64(p[i]) - m) * a + b
+        _affine(x3, y3, c, m, a, weight, bias, has_w, has_b)
 
 
 @njit(**_OPTS)
