@@ -281,6 +281,14 @@ def _as(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.reshape(a, shape, copy=False)
 
 
+def _zero_outside(mid: np.ndarray, lo: int, n: int) -> None:
+    """Zero the columns of mid (..., Wo) outside [lo, lo + n): where a column tap reads padding."""
+    if lo > 0:
+        mid[..., :lo].fill(0)
+    if lo + n < mid.shape[-1]:
+        mid[..., lo + n:].fill(0)
+
+
 _TAPWISE = 4096  # weights with more (Cout, Cin) pairs than this are reordered one kernel tap at a time
 
 
@@ -388,7 +396,15 @@ class _RowShift:
         g = self.g
         ph = g.padding[0]
         if g.stride[0] > 1:
-            self._phases(x, b, scatter=False)
+            for block, k0, k1, lo, n, rows, cols in self._phase_rects(b):
+                if n == 0 or k1 <= k0:
+                    block.fill(0)
+                    continue
+                block[:, :, :k0].fill(0)
+                block[:, :, k1:].fill(0)
+                mid = block[:, :, k0:k1]
+                np.copyto(mid[..., lo:lo + n], x[:, :, rows, cols])
+                _zero_outside(mid, lo, n)
             return
         flat = g.stride[1] == 1 and g.wo == g.w
         for j, lo, n, iw0 in self.cols:
@@ -408,29 +424,26 @@ class _RowShift:
             else:
                 sw = g.stride[1]
                 np.copyto(mid[..., lo:lo + n], x[..., iw0:iw0 + (n - 1) * sw + 1:sw])
-            if lo > 0:
-                mid[..., :lo].fill(0)
-            if lo + n < g.wo:
-                mid[..., lo + n:].fill(0)
+            _zero_outside(mid, lo, n)
 
     def rows2im(self, b: np.ndarray, dx: np.ndarray) -> None:
         """dx (c, C, H, W) = the sum over the column taps (in order) of b's rows scattered back; b is scratch."""
         g = self.g
         ph = g.padding[0]
+        dx.fill(0)
         if g.stride[0] > 1:
-            self._phases(dx, b, scatter=True)
+            for block, k0, k1, lo, n, rows, cols in self._phase_rects(b):
+                if n and k1 > k0:
+                    tgt = dx[:, :, rows, cols]
+                    np.add(tgt, block[:, :, k0:k1, lo:lo + n], out=tgt)
             return
         flat = g.stride[1] == 1 and g.wo == g.w
-        dx.fill(0)
         for j, lo, n, iw0 in self.cols:
             if n == 0:
                 continue
             mid = b[:, :, j, ph:ph + g.h]
             if flat:
-                if lo > 0:
-                    mid[..., :lo].fill(0)
-                if lo + n < g.wo:
-                    mid[..., lo + n:].fill(0)
+                _zero_outside(mid, lo, n)
                 shift = iw0 - lo
                 q0, q1 = lo, (g.h - 1) * g.w + lo + n
                 mf, xf = _as(mid, mid.shape[:2] + (-1,)), _as(dx, dx.shape[:2] + (-1,))
@@ -441,43 +454,21 @@ class _RowShift:
                 dst = dx[..., iw0:iw0 + (n - 1) * sw + 1:sw]
                 np.add(dst, mid[..., lo:lo + n], out=dst)
 
-    def _phases(self, x: np.ndarray, b: np.ndarray, scatter: bool) -> None:
-        """im2rows (or, with `scatter`, rows2im into x) for a stride s > 1 down the rows, phase by phase: phase q
-        holds the padded rows q, q+s, ... ; those inside the image are the input rows q - pad, q - pad + s, ...
-        (one strided rectangle per column tap and phase), the others are zero."""
+    def _phase_rects(self, b: np.ndarray):
+        """The rectangles of a stride s > 1 down the rows, per column tap j and phase q (phase q holds the padded
+        rows q, q+s, ...): (block, k0, k1, lo, n, rows, cols), where block is b's rows of phase q for tap j, its rows
+        [k0, k1) and columns [lo, lo + n) lie inside the image, at input rows `rows` and columns `cols` (strided
+        slices); everything else of the block reads padding. im2rows copies along them, rows2im adds back."""
         g = self.g
-        ph, sh = g.padding[0], g.stride[0]
-        if scatter:
-            x.fill(0)
+        ph, sh, sw = g.padding[0], g.stride[0], g.stride[1]
         for j, lo, n, iw0 in self.cols:
-            dst = b[:, :, j]
-            sw = g.stride[1]
             for q in range(sh):
                 r0, count = self.phase_start[q], self.phase_rows[q]
-                k0 = max(0, -((q - ph) // sh))          # first k with q + k*s - pad >= 0
-                k1 = min(count, (ph + g.h - 1 - q) // sh + 1)  # one past the last inside the image
-                block = dst[:, :, r0:r0 + count]
-                if scatter:
-                    if n == 0 or k1 <= k0:
-                        continue
-                    src = block[:, :, k0:k1, lo:lo + n]
-                    i0 = q + k0 * sh - ph
-                    tgt = x[:, :, i0:i0 + (k1 - k0 - 1) * sh + 1:sh, iw0:iw0 + (n - 1) * sw + 1:sw]
-                    np.add(tgt, src, out=tgt)
-                    continue
-                if n == 0 or k1 <= k0:
-                    block.fill(0)
-                    continue
-                block[:, :, :k0].fill(0)
-                block[:, :, k1:].fill(0)
-                mid = block[:, :, k0:k1]
+                k0 = max(0, -((q - ph) // sh))                  # first k with q + k*s - pad >= 0
+                k1 = min(count, (ph + g.h - 1 - q) // sh + 1)   # one past the last inside the image
                 i0 = q + k0 * sh - ph
-                src = x[:, :, i0:i0 + (k1 - k0 - 1) * sh + 1:sh, iw0:iw0 + (n - 1) * sw + 1:sw]
-                np.copyto(mid[..., lo:lo + n], src)
-                if lo > 0:
-                    mid[..., :lo].fill(0)
-                if lo + n < g.wo:
-                    mid[..., lo + n:].fill(0)
+                yield (b[:, :, j, r0:r0 + count], k0, k1, lo, n, slice(i0, i0 + (k1 - k0 - 1) * sh + 1, sh),
+                       slice(iw0, iw0 + (n - 1) * sw + 1, sw))
 
     def forward(self, x, w, y, ws) -> None:
         g, c, sub = self.g, self.c, self.sub
