@@ -16,6 +16,13 @@ only in how much of the column matrix exists at once, which is what the memory p
 - ``gemm_1x1``: 1x1 kernel, stride 1, no padding, no dilation: x[n] seen as (Cin, H*W) *is* the column matrix,
   so no columns are built at all.
 
+Two other formulations replace that family where it runs slowly, each chosen by the configuration and shapes
+alone and never mixed with another in one layer's menu (so a layer's sums never depend on its workspace):
+- ``rows`` / ``rows_chunked`` (`_RowShift`): kernels with several rows at stride 1 or 2 down the rows build
+  only the kw column taps and read the kh row taps as shifted views.
+- ``im2col_grouped`` (`_Grouped`): small output planes with long column matrices (ResNet-50's 14x14 and 7x7
+  3x3 convolutions) run one GEMM over several samples side by side, not one per sample.
+
 im2col never materializes a zero-padded copy of the input: for each kernel tap the outputs whose input falls
 inside the image form a rectangle (see `_taps`), which is copied with one strided `np.copyto` vectorized over the
 chunk's samples and channels; the border strips that fall in the padding are zero-filled. col2im is the mirror
@@ -38,16 +45,21 @@ import numpy as np
 
 from ..vocab import WorkspaceOption
 
-ALGOS = ("im2col", "im2col_chunked", "gemm_1x1", "rows", "rows_chunked")
+ALGOS = ("im2col", "im2col_chunked", "gemm_1x1", "rows", "rows_chunked", "im2col_grouped")
 ROW_ALGOS = ("rows", "rows_chunked")
+GROUPED = "im2col_grouped"
 _ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
 _CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
 _SUB = 4  # samples per product of the row-shift forward: its scratch holds this many samples' outputs, not N
+_GROUP_COLS = 512  # `im2col_grouped`: samples per GEMM so that it has at least this many columns (see `_Grouped`)
+_GROUPED_MAX_P = 196  # ... used for output planes of at most this many pixels (14x14) ...
+_GROUPED_MIN_K = 1152  # ... and column matrices of at least this many rows (128 channels of a 3x3 kernel)
 # Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
 # so they differ only in im2col traffic: none for gemm_1x1; whole-batch im2col streams the batch's columns
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
 # The row-shift pair builds a third of im2col's columns (kw taps, not kh*kw) and reads the rest as views.
-EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1, "rows": 0.7, "rows_chunked": 0.75}
+EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1, "rows": 0.7, "rows_chunked": 0.75,
+            "im2col_grouped": 0.7}
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,13 +132,27 @@ def uses_rows(kernel, stride, groups: int = 1) -> bool:
     return int(groups) == 1 and ((sh == 1 and kh > 1) or (sh == 2 and kh == 3))
 
 
-def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1) -> list[str]:
-    """The algorithms a configuration can run with: the row-shift pair where it applies (`uses_rows`), else
-    im2col and its per-sample variant, plus gemm_1x1 where the input is the column matrix."""
+def uses_grouped(g: ConvGeometry) -> bool:
+    """Whether a convolution runs `im2col_grouped` (see `_Grouped`): small output planes (at most
+    `_GROUPED_MAX_P` pixels) with long column matrices (K = Cin*kh*kw at least `_GROUPED_MIN_K`), one group, not
+    a plain 1x1 (which needs no columns at all). There a per-sample GEMM has only P columns (49 at 7x7), which
+    OpenBLAS runs at ~115 GFLOPS on this machine, against ~155 for the same product over 8 samples side by side
+    (measured, (512, 4608) x (4608, 49 or 392)); its weight gradient, a sum over only P, is worse. Decided by the
+    shapes, never by the workspace: it is the layer's only algorithm, so its summation order is fixed."""
+    return (g.groups == 1 and g.p <= _GROUPED_MAX_P and g.k >= _GROUPED_MIN_K
+            and not is_1x1((g.kh, g.kw), g.stride, g.padding, g.dilation))
+
+
+def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
+    """The algorithms a configuration can run with: `im2col_grouped` alone where the shapes call for it (only
+    known with `geom`, see `uses_grouped`), else the row-shift pair where it applies (`uses_rows`), else im2col
+    and its per-sample variant, plus gemm_1x1 where the input is the column matrix."""
+    if geom is not None and uses_grouped(geom):
+        return [GROUPED]
     if uses_rows(kernel, stride, groups):
         return list(ROW_ALGOS)
     ok_1x1 = is_1x1(kernel, stride, padding, dilation)
-    return [a for a in ALGOS if a not in ROW_ALGOS and (a != "gemm_1x1" or ok_1x1)]
+    return [a for a in ALGOS if a not in ROW_ALGOS and a != GROUPED and (a != "gemm_1x1" or ok_1x1)]
 
 
 def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation):
@@ -135,7 +161,7 @@ def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding,
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
     opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, geom, itemsize), EST_COST[a])
-            for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation, geom.groups)]
+            for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation, geom.groups, geom)]
     return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes))
 
 
@@ -147,6 +173,8 @@ def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: in
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
     if algo in ROW_ALGOS:
         return _RowShift(geom, algo, itemsize).total(phase)
+    if algo == GROUPED:
+        return _Grouped(geom, itemsize).total(phase)
     return _layout(algo, phase, geom, itemsize)[2]
 
 
@@ -548,6 +576,75 @@ class _RowShift:
             self.rows2im(b, dx[s:e])
 
 
+class _Grouped:
+    """`im2col_grouped`: im2col + GEMM over a group of `size` samples at once, their columns side by side.
+
+    With K = Cin*kh*kw, P = Ho*Wo and the group's samples n0 .. n0+g-1, the column buffer is (K, g*P), sample
+    j's columns at [j*P, (j+1)*P), and
+
+        Y (Cout, g*P)  = W (Cout, K) @ cols                 then copied into y[n0:n0+g] (N, Cout, P)
+        dW             = sum over the groups (in order) of dY (Cout, g*P) @ cols.T   (dY: dy's group, copied)
+        dcols (K, g*P) = W.T @ dY, then col2im sample by sample (in the column buffer's memory)
+
+    The group size is fixed by the shapes (`_GROUP_COLS` columns per GEMM, see `uses_grouped`) and the layer has
+    no other algorithm, so the sums are the same on every run, whatever the budget. The workspace holds one
+    group's columns and one output-sized (Cout, g*P) block; backward adds a weight-sized product buffer when
+    there is more than one group to accumulate."""
+
+    def __init__(self, g: ConvGeometry, itemsize: int):
+        self.g, self.isz = g, itemsize
+        self.size = min(g.n, max(1, -(-_GROUP_COLS // g.p)))
+        self.groups = -(-g.n // self.size)
+        self.cols = g.k * self.size * g.p * itemsize
+        self.off_y = _align(self.cols)
+        self.fwd_total = self.off_y + g.cout * self.size * g.p * itemsize
+        self.off_prod = _align(self.fwd_total)
+        self.bwd_total = self.off_prod + g.cout * g.k * itemsize if self.groups > 1 else self.fwd_total
+
+    def total(self, phase: str) -> int:
+        return self.fwd_total if phase == "fwd" else self.bwd_total
+
+    def _groups(self, ws: np.ndarray, dt: np.dtype):
+        """(n0, n1, cols (K, m*P), cols6 (m, Cin, kh, kw, Ho, Wo) view of it, Cout x m*P block) per group."""
+        g, size = self.g, self.size
+        cols_all = _view(ws, 0, (g.k, size * g.p), dt)
+        blk_all = _view(ws, self.off_y, (g.cout, size * g.p), dt)
+        for n0 in range(0, g.n, size):
+            n1 = min(g.n, n0 + size)
+            m = n1 - n0
+            cols = cols_all[:, :m * g.p]
+            cols6 = _as(cols, (g.cin, g.kh, g.kw, m, g.ho, g.wo)).transpose(3, 0, 1, 2, 4, 5)
+            yield n0, n1, cols, cols6, blk_all[:, :m * g.p]
+
+    def forward(self, x, w, y, ws, taps, stride) -> None:
+        g = self.g
+        w2 = _as(w, (g.cout, g.k))
+        y3 = _as(y, (g.n, g.cout, g.p))
+        for n0, n1, cols, cols6, blk in self._groups(ws, w.dtype):
+            _im2col(x[n0:n1], cols6, taps, stride)
+            np.matmul(w2, cols, out=blk)
+            np.copyto(y3[n0:n1].transpose(1, 0, 2), _as(blk, (g.cout, n1 - n0, g.p)))
+
+    def backward(self, x, w, dy, dx, dw, ws, taps, stride) -> None:
+        g = self.g
+        dy3 = _as(dy, (g.n, g.cout, g.p))
+        dw2 = _as(dw, (g.cout, g.k)) if dw is not None else None
+        prod = _view(ws, self.off_prod, (g.cout, g.k), dy.dtype) if dw is not None and self.groups > 1 else None
+        w2t = _as(w, (g.cout, g.k)).T
+        for n0, n1, cols, cols6, blk in self._groups(ws, dy.dtype):
+            np.copyto(_as(blk, (g.cout, n1 - n0, g.p)), dy3[n0:n1].transpose(1, 0, 2))
+            if dw2 is not None:
+                _im2col(x[n0:n1], cols6, taps, stride)
+                if n0 == 0:
+                    np.matmul(blk, cols.T, out=dw2)
+                else:
+                    np.matmul(blk, cols.T, out=prod)
+                    np.add(dw2, prod, out=dw2)
+            if dx is not None:  # the columns are spent: the same memory now receives dcols
+                np.matmul(w2t, blk, out=cols)
+                _col2im(cols6, dx[n0:n1], taps, stride)
+
+
 class ConvOps:
     """2-D convolution kernels (mixed into CPUBackend)."""
 
@@ -559,6 +656,12 @@ class ConvOps:
         g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
         if algo in ROW_ALGOS:
             taps.forward(x, w, y, ws)  # the layer's _RowShift
+            if b is not None:
+                y += b.reshape(-1, 1, 1)
+            return
+        if algo == GROUPED:
+            grouped, taps = taps
+            grouped.forward(x, w, y, ws, taps, stride)
             if b is not None:
                 y += b.reshape(-1, 1, 1)
             return
@@ -585,8 +688,12 @@ class ConvOps:
         """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
-        if algo in ROW_ALGOS:
-            if dx is not None or dw is not None:
+        if algo in ROW_ALGOS or algo == GROUPED:
+            if algo == GROUPED:
+                grouped, taps = taps
+                if dx is not None or dw is not None:
+                    grouped.backward(x, w, dy, dx, dw, ws, taps, stride)
+            elif dx is not None or dw is not None:
                 taps.backward(x, w, dy, dx, dw, ws)  # the layer's _RowShift
             if db is not None:
                 np.sum(np.sum(_as(dy, (g.n, g.cout, g.p)), axis=2), axis=0, out=db)
@@ -646,7 +753,8 @@ class ConvOps:
     # -- shared checks ----------------------------------------------------------------------------------------------
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):
         """(geometry, taps, workspace) after checking the call; with the row-shift algorithms, taps is the
-        layer's `_RowShift`. Everything but the workspace check is a pure function of the shapes and the
+        layer's `_RowShift`, with `im2col_grouped` the pair (its `_Grouped`, the taps). Everything but the
+        workspace check is a pure function of the shapes and the
         configuration, so it is worked out once per distinct call and remembered (it cost ~100 us per call,
         more than the kernels of a batch-1 CIFAR convolution take)."""
         key = (x.shape, w.shape, y.shape, x.dtype, tuple(stride), tuple(padding), tuple(dilation), groups, algo,
@@ -678,14 +786,17 @@ class ConvOps:
         g = ConvGeometry(n, cin, h, wd, cout, kh, kw, ho, wo, groups, stride, padding, dilation)
         if algo not in ALGOS:
             raise ValueError(f"conv2d: unknown algorithm {algo!r}; expected one of {ALGOS}")
-        if (algo in ROW_ALGOS) != uses_rows((kh, kw), stride, groups):
-            raise ValueError(f"conv2d: algorithm {algo!r} does not apply to kernel {(kh, kw)}, stride {stride}, "
-                             f"groups {groups}; have {conv_algorithms((kh, kw), stride, padding, dilation, groups)}")
         if algo == "gemm_1x1" and not is_1x1((kh, kw), stride, padding, dilation):
             raise ValueError(f"conv2d: algorithm 'gemm_1x1' needs a 1x1 kernel with stride 1, no padding and "
                              f"no dilation; got kernel {(kh, kw)}, stride {stride}, padding {padding}, "
                              f"dilation {dilation}")
+        have = conv_algorithms((kh, kw), stride, padding, dilation, groups, g)
+        if algo not in have:
+            raise ValueError(f"conv2d: algorithm {algo!r} does not apply to kernel {(kh, kw)}, stride {stride}, "
+                             f"groups {groups}, input {x.shape}, output {y.shape}; have {have}")
         need = conv_workspace_bytes(algo, phase, g, x.dtype.itemsize)
         if algo in ROW_ALGOS:
             return g, _RowShift(g, algo, x.dtype.itemsize), need
+        if algo == GROUPED:
+            return g, (_Grouped(g, x.dtype.itemsize), _taps(g, stride, padding, dilation)), need
         return g, _taps(g, stride, padding, dilation), need

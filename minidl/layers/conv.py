@@ -87,9 +87,16 @@ class Conv2d(Layer):
         return ConvGeometry(n, c, h, w, self.out_channels, *self.kernel_size, *out_shape[2:], self.groups,
                             tuple(self.stride), tuple(self.padding), tuple(self.dilation))
 
-    def algorithms(self) -> list[str]:
-        """The algorithms this configuration can run with."""
-        return conv_algorithms(self.kernel_size, self.stride, self.padding, self.dilation, self.groups)
+    def algorithms(self, in_shape=None) -> list[str]:
+        """The algorithms this configuration can run with; on input `in_shape` (N, C, H, W) exactly, without it
+        those that depend on the configuration alone (`im2col_grouped` depends on the shapes too)."""
+        key = None if in_shape is None else tuple(in_shape)
+        cache = self.__dict__.setdefault("_algorithms", {})  # called on every step: worked out once per shape
+        if key not in cache:
+            geom = None if key is None else self._geometry([key], self.infer_shape([key]))
+            cache[key] = conv_algorithms(self.kernel_size, self.stride, self.padding, self.dilation, self.groups,
+                                         geom)
+        return cache[key]
 
     def workspace_options(self, phase, in_shapes, out_shape, itemsize, backend=None):
         """The algorithms `backend` runs this convolution with, fastest first, with their exact workspace bytes
@@ -106,23 +113,23 @@ class Conv2d(Layer):
                 "padding": self.padding, "dilation": self.dilation, "groups": self.groups, "bias": self.bias}
 
     # -- compute -----------------------------------------------------------------------------------------------
-    def _algo(self, ctx: LayerContext, phase: str) -> str:
+    def _algo(self, ctx: LayerContext, phase: str, in_shape) -> str:
         algo = ctx.algo
         if algo is None:
-            if ctx.workspace is None and "gemm_1x1" in self.algorithms():
+            if ctx.workspace is None and "gemm_1x1" in self.algorithms(in_shape):
                 return "gemm_1x1"
             raise ValueError(f"{self.describe()}: no {phase} algorithm chosen; pick one of "
-                             f"{self.algorithms()} and hand in its workspace (see workspace_options)")
-        if algo in CPU_ALGOS and algo not in self.algorithms():  # another backend's names: it checks them
+                             f"{self.algorithms(in_shape)} and hand in its workspace (see workspace_options)")
+        if algo in CPU_ALGOS and algo not in self.algorithms(in_shape):  # another backend's names: it checks them
             raise ValueError(f"{self.describe()}: {phase} algorithm {algo!r} is not available for this "
-                             f"configuration; have {self.algorithms()}")
+                             f"configuration on input {tuple(in_shape)}; have {self.algorithms(in_shape)}")
         return algo
 
     def forward(self, be, inputs, out, params, ctx):
         be.conv2d_forward(inputs[0], params["weight"], params.get("bias"), out, self.stride, self.padding,
-                          self.dilation, self.groups, self._algo(ctx, "fwd"), ctx.workspace)
+                          self.dilation, self.groups, self._algo(ctx, "fwd", inputs[0].shape), ctx.workspace)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
-                           self.stride, self.padding, self.dilation, self.groups, self._algo(ctx, "bwd"),
-                           ctx.workspace)
+                           self.stride, self.padding, self.dilation, self.groups,
+                           self._algo(ctx, "bwd", inputs[0].shape), ctx.workspace)

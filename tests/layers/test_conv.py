@@ -30,6 +30,10 @@ CONFIGS = [
     (2, 3, 8, 7, 4, 3, 2, 0, 1, 1, False),           # 3x3 stride 2, no padding
     (2, 3, 11, 9, 5, 3, (2, 1), 1, 2, 1, True),      # 3x3 stride (2, 1), dilation 2: phases (0, 0, 0)
     (2, 4, 8, 8, 4, 3, 2, 2, 1, 1, True),            # 3x3 stride 2, padding 2
+    (3, 128, 5, 6, 8, 3, 1, 1, 1, 1, True),          # small plane, long columns: im2col_grouped, one group
+    (5, 128, 14, 14, 6, 3, 1, 1, 1, 1, False),       # im2col_grouped, 3 + 2 samples: dW summed over two groups
+    (3, 130, 7, 7, 5, 3, 2, 1, 1, 1, True),          # im2col_grouped at stride 2 (ResNet-50's downsampling 3x3)
+    (2, 48, 6, 11, 4, 5, 1, (2, 1), (1, 2), 1, True),  # im2col_grouped: 5x5, dilation, odd padding
 ]
 
 RNG = np.random.default_rng(0)
@@ -51,7 +55,8 @@ def _layer(cfg):
 
 
 def _algos(cfg):
-    return _layer(cfg).algorithms()
+    n, c, h, w = cfg[:4]
+    return _layer(cfg).algorithms((n, c, h, w))
 
 
 def _close(got, ref, rtol=1e-4, atol=1e-5):
@@ -82,7 +87,7 @@ def _assert_bit_identical(runs):
     """Every algorithm's output, input delta and parameter gradients equal the first one's, bit for bit (a layer's
     menu is the row-shift pair or the im2col family, never both: see cpu_conv.uses_rows)."""
     ref = next(iter(runs.values()))
-    assert len(runs) >= 2
+    assert len(runs) >= 2 or list(runs) == ["im2col_grouped"]  # grouped: the layer's only algorithm
     for algo, r in runs.items():
         assert np.array_equal(r.out, ref.out), algo
         assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
@@ -132,6 +137,7 @@ def test_bit_identical_across_algorithms_larger(cfg):
     (2, 3, 5, 6, 4, 3, 2, 1, 1, 1, True),
     (2, 4, 5, 5, 4, 3, 1, 1, 2, 2, True),
     (3, 4, 4, 3, 6, 1, 1, 0, 1, 2, True),
+    (3, 128, 3, 4, 3, 3, 1, 1, 1, 1, True),          # im2col_grouped
 ])
 def test_gradcheck_float64(cfg):
     x, params = _data(cfg, np.float64, np.random.default_rng(2))
@@ -231,6 +237,50 @@ def test_row_shift_applies_to_stride_1_rows_only():
     assert Conv2d(4, 3, groups=2).algorithms() == ["im2col", "im2col_chunked"]
 
 
+def test_grouped_applies_to_small_planes_with_long_columns():
+    """`im2col_grouped` is decided by the shapes: output planes of at most 14x14 with K = Cin*kh*kw >= 1152,
+    one group, not a plain 1x1; then it is the layer's only algorithm (one summation order per layer)."""
+    c3 = Conv2d(512, 3, padding=1)
+    assert c3.algorithms((8, 512, 7, 7)) == ["im2col_grouped"]        # ResNet-50's last stage
+    assert c3.algorithms((8, 128, 14, 14)) == ["im2col_grouped"]      # 196 pixels, K = 1152: both limits
+    assert c3.algorithms((8, 128, 15, 14)) == ["rows", "rows_chunked"]  # 210 pixels
+    assert c3.algorithms((8, 127, 14, 14)) == ["rows", "rows_chunked"]  # K = 1143
+    assert c3.algorithms((32, 64, 8, 8)) == ["rows", "rows_chunked"]  # CIFAR ResNet's last stage
+    assert c3.algorithms() == ["rows", "rows_chunked"]                # without shapes: the configuration's
+    assert Conv2d(512, 1).algorithms((8, 2048, 7, 7)) == ["im2col", "im2col_chunked", "gemm_1x1"]
+    assert Conv2d(512, 3, padding=1, groups=2).algorithms((8, 512, 7, 7)) == ["im2col", "im2col_chunked"]
+    assert Conv2d(8, 3, stride=2, padding=1).algorithms((2, 256, 28, 28)) == ["im2col_grouped"]
+    with pytest.raises(ValueError, match=r"'rows' is not available .* input \(8, 512, 7, 7\); have "
+                                         r"\['im2col_grouped'\]"):
+        c3.forward(CPUBackend(), [np.zeros((8, 512, 7, 7), np.float32)], np.zeros((8, 512, 7, 7), np.float32),
+                   {"weight": np.zeros((512, 512, 3, 3), np.float32), "bias": np.zeros(512, np.float32)},
+                   LayerContext(algo="rows", workspace=np.zeros(1, np.uint8)))
+
+
+def test_grouped_workspace_exact():
+    """Samples per GEMM: enough for 512 columns (ceil(512 / P)), at most N. Forward: the group's columns
+    (K, g*P) | the group's (Cout, g*P) output block. Backward: the same two (the block receives dy's group),
+    then a weight-sized dW product buffer when there is more than one group."""
+    layer = Conv2d(6, 3, padding=1)
+    k, p, cout = 128 * 9, 14 * 14, 6
+    g = -(-512 // p)
+    assert g == 3
+    fwd = layer.workspace_options("fwd", [(5, 128, 14, 14)], (5, 6, 14, 14), 4)
+    bwd = layer.workspace_options("bwd", [(5, 128, 14, 14)], (5, 6, 14, 14), 4)
+    cols = k * g * p * 4
+    assert cols % 64 == 0 and cols == 2709504
+    assert [(o.algo, o.workspace_bytes) for o in fwd] == [("im2col_grouped", cols + cout * g * p * 4)]
+    blk_end = cols + cout * g * p * 4                                  # 2723616, aligned up to 2723648
+    assert [(o.algo, o.workspace_bytes) for o in bwd] == [("im2col_grouped", 2723648 + cout * k * 4)]
+    assert blk_end == 2723616
+    # one group (N <= g): no product buffer
+    one = layer.workspace_options("bwd", [(3, 128, 14, 14)], (3, 6, 14, 14), 4)
+    assert one[0].workspace_bytes == cols + cout * g * p * 4
+    # 7x7: ceil(512 / 49) = 11 samples per GEMM, capped at N = 8
+    big = Conv2d(512, 3, padding=1).workspace_options("fwd", [(8, 512, 7, 7)], (8, 512, 7, 7), 4)
+    assert big[0].workspace_bytes == 4608 * 8 * 49 * 4 + 512 * 8 * 49 * 4
+
+
 def test_workspace_errors():
     cfg = (2, 3, 7, 9, 4, 3, (3, 1), 1, 1, 1, True)   # stride 3 down the rows: the im2col family
     x, params = _data(cfg)
@@ -291,7 +341,8 @@ def test_declarations():
 
 
 @pytest.mark.parametrize("cfg", [(4, 32, 32, 32, 64, 3, 1, 1, 1, 1, True), (4, 32, 48, 48, 64, 3, 2, 1, 1, 2, True),
-                                 (4, 64, 32, 32, 32, 1, 1, 0, 1, 1, True)])
+                                 (4, 64, 32, 32, 32, 1, 1, 0, 1, 1, True),
+                                 (8, 256, 14, 14, 256, 3, 1, 1, 1, 1, True)])   # im2col_grouped
 def test_no_large_temporaries(cfg):
     """The chunking rule: all scratch is the declared workspace. numpy's own iteration buffers (a fixed 8192
     elements per operand, whatever the array size) are all that may be allocated beside it."""
