@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import time
 
@@ -56,7 +57,11 @@ def main() -> None:
     ap.add_argument("--policy", default="liveness")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--interpreted", action="store_true", help="run minidl's interpreted executor")
+    ap.add_argument("--winograd", action="store_true",
+                    help="switch on the CPU backend's Winograd convolutions (MINIDL_CPU_WINOGRAD=1, opt-in)")
     args = ap.parse_args()
+    if args.winograd:
+        os.environ["MINIDL_CPU_WINOGRAD"] = "1"
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
 
@@ -106,7 +111,8 @@ def main() -> None:
 
     mo, mt = statistics.median(ours), statistics.median(theirs)
     print(f"{args.model}-{args.depth} batch {args.batch} {args.image_size}px, {args.threads} threads, "
-          f"policy {args.policy}, {'interpreted' if args.interpreted else 'compiled'}; steps {ours=} {theirs=}")
+          f"policy {args.policy}, {'interpreted' if args.interpreted else 'compiled'}"
+          f"{', winograd' if args.winograd else ''}; steps {ours=} {theirs=}")
     print(f"{'layer type':<14} {'minidl ms':>10} {'torch ms':>10} {'ratio':>7}")
     for kind in sorted(set(per_ours) | set(per_theirs), key=lambda k: -per_ours.get(k, 0)):
         a, b = per_ours.get(kind, 0.0) * 1e3, per_theirs.get(kind, 0.0) * 1e3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,10 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
     p.add_argument("--policy", default=None, choices=available_policies(),
                    help="memory policy (default: auto when --budget is given, else liveness)")
+    p.add_argument("--cpu-winograd", action="store_true",
+                   help="CPU backend: run 3x3 stride-1 convolutions with >= 32 channels as Winograd F(2x2, 3x3) "
+                        "(faster; those layers then have one workspace size, which the planner cannot shrink "
+                        "under a budget); sets MINIDL_CPU_WINOGRAD=1")
     p.add_argument("--lossy", action="store_true",
                    help="let --policy auto also weigh lossy compression of stored activations (auto-lossy); "
                         "results are then not bit-identical to policy none")
@@ -589,6 +594,8 @@ def _train(args, backend, comm) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "cpu_winograd", False):
+        os.environ["MINIDL_CPU_WINOGRAD"] = "1"   # read by cpu_winograd.enabled() when layers are planned
     if getattr(args, "cmd", None) in ("plan", "train") and args.policy is None:
         args.policy = "auto" if args.budget is not None else "liveness"  # --budget alone means auto
     if getattr(args, "lossy", False):   # opt-in only: auto weighs compression when asked to

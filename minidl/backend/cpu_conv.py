@@ -22,6 +22,8 @@ alone and never mixed with another in one layer's menu (so a layer's sums never 
   only the kw column taps and read the kh row taps as shifted views.
 - ``im2col_grouped`` (`_Grouped`): small output planes with long column matrices (ResNet-50's 14x14 and 7x7
   3x3 convolutions) run one GEMM over several samples side by side, not one per sample.
+- ``winograd`` (`cpu_winograd`): 3x3 kernels at stride 1 with at least 32 channels in and out: Winograd's
+  F(2x2, 3x3), 2.25x fewer multiplications.
 
 im2col never materializes a zero-padded copy of the input: for each kernel tap the outputs whose input falls
 inside the image form a rectangle (see `_taps`), which is copied with one strided `np.copyto` vectorized over the
@@ -44,10 +46,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..vocab import WorkspaceOption
+from . import cpu_winograd
 
-ALGOS = ("im2col", "im2col_chunked", "gemm_1x1", "rows", "rows_chunked", "im2col_grouped")
+ALGOS = ("im2col", "im2col_chunked", "gemm_1x1", "rows", "rows_chunked", "im2col_grouped", "winograd")
 ROW_ALGOS = ("rows", "rows_chunked")
 GROUPED = "im2col_grouped"
+WINOGRAD = "winograd"
 _ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
 _CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
 _SUB = 4  # samples per product of the row-shift forward: its scratch holds this many samples' outputs, not N
@@ -59,7 +63,7 @@ _GROUPED_MIN_K = 1152  # ... and column matrices of at least this many rows (128
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
 # The row-shift pair builds a third of im2col's columns (kw taps, not kh*kw) and reads the rest as views.
 EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1, "rows": 0.7, "rows_chunked": 0.75,
-            "im2col_grouped": 0.7}
+            "im2col_grouped": 0.7, "winograd": 0.5}
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,15 +148,19 @@ def uses_grouped(g: ConvGeometry) -> bool:
 
 
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
-    """The algorithms a configuration can run with: `im2col_grouped` alone where the shapes call for it (only
-    known with `geom`, see `uses_grouped`), else the row-shift pair where it applies (`uses_rows`), else im2col
-    and its per-sample variant, plus gemm_1x1 where the input is the column matrix."""
+    """The algorithms a configuration can run with: `im2col_grouped` or `winograd` alone where the shapes call
+    for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the row-shift pair
+    where it applies (`uses_rows`), else im2col and its per-sample variant, plus gemm_1x1 where the input is
+    the column matrix."""
     if geom is not None and uses_grouped(geom):
         return [GROUPED]
+    if geom is not None and cpu_winograd.applies(geom):
+        return [WINOGRAD]
     if uses_rows(kernel, stride, groups):
         return list(ROW_ALGOS)
     ok_1x1 = is_1x1(kernel, stride, padding, dilation)
-    return [a for a in ALGOS if a not in ROW_ALGOS and a != GROUPED and (a != "gemm_1x1" or ok_1x1)]
+    return [a for a in ALGOS
+            if a not in ROW_ALGOS and a not in (GROUPED, WINOGRAD) and (a != "gemm_1x1" or ok_1x1)]
 
 
 def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation):
@@ -175,6 +183,8 @@ def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: in
         return _RowShift(geom, algo, itemsize).total(phase)
     if algo == GROUPED:
         return _Grouped(geom, itemsize).total(phase)
+    if algo == WINOGRAD:
+        return cpu_winograd._Winograd(geom, itemsize).total(phase)
     return _layout(algo, phase, geom, itemsize)[2]
 
 
@@ -659,6 +669,11 @@ class ConvOps:
             if b is not None:
                 y += b.reshape(-1, 1, 1)
             return
+        if algo == WINOGRAD:
+            taps.forward(x, w, y, ws)  # the layer's cpu_winograd._Winograd
+            if b is not None:
+                y += b.reshape(-1, 1, 1)
+            return
         if algo == GROUPED:
             grouped, taps = taps
             grouped.forward(x, w, y, ws, taps, stride)
@@ -688,8 +703,11 @@ class ConvOps:
         """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
-        if algo in ROW_ALGOS or algo == GROUPED:
-            if algo == GROUPED:
+        if algo in ROW_ALGOS or algo in (GROUPED, WINOGRAD):
+            if algo == WINOGRAD:
+                if dx is not None or dw is not None:
+                    taps.backward(x, w, dy, dx, dw, ws)  # the layer's cpu_winograd._Winograd
+            elif algo == GROUPED:
                 grouped, taps = taps
                 if dx is not None or dw is not None:
                     grouped.backward(x, w, dy, dx, dw, ws, taps, stride)
@@ -799,4 +817,6 @@ class ConvOps:
             return g, _RowShift(g, algo, x.dtype.itemsize), need
         if algo == GROUPED:
             return g, (_Grouped(g, x.dtype.itemsize), _taps(g, stride, padding, dilation)), need
+        if algo == WINOGRAD:
+            return g, cpu_winograd._Winograd(g, x.dtype.itemsize), need
         return g, _taps(g, stride, padding, dilation), need

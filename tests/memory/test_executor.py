@@ -185,3 +185,20 @@ def test_budget_is_real_not_bookkeeping():
 
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["growth"] <= r["pool_peak"] * 1.1 + 64 * 2**20, r
+
+
+@pytest.mark.parametrize("policy", ["liveness", "recompute", "offload"])
+def test_winograd_policies_bit_identical_to_none(policy, monkeypatch):
+    """With Winograd switched on (CIFAR ResNet-20's 32- and 64-channel stages run it), every exact policy still
+    gives the very parameters of `none`: the layer's one algorithm sums in one order whatever the budget."""
+    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
+    ref = train("resnet20", "none", steps=3)
+    assert "winograd" in {sp.algo for sp in ref.plan.steps}
+    kw = {}
+    if policy == "offload":
+        kw["budget"] = int(plan_network(make("resnet20"), SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
+                                        "liveness").peak_bytes * 0.8)
+    got = train("resnet20", policy, steps=3, **kw).executor.state_dict()
+    want = ref.executor.state_dict()
+    for name in want:
+        assert np.array_equal(want[name], got[name]), name

@@ -1,0 +1,177 @@
+"""Winograd's F(2x2, 3x3) convolution on the CPU: the `winograd` algorithm of `cpu_conv`.
+
+Why. A 3x3 convolution computes each 2x2 block of outputs from a 4x4 block of inputs. Winograd's minimal
+filtering algorithm (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016) does it with 16
+multiplications instead of 36: with the 4x4 input tile d, the 3x3 kernel g and fixed matrices B, G, A,
+
+    y = A^T [ (G g G^T) * (B^T d B) ] A          (* element by element)
+
+and summed over input channels, the 16 products of a tile position become 16 ordinary GEMMs over all tiles
+of a group of samples: M[pos] (T, Cout) = V[pos] (T, Cin) @ U[pos] (Cin, Cout). 2.25x fewer multiplications
+than im2col or the row-shift formulation, in GEMMs whose shapes (T = tiles of several samples) keep OpenBLAS
+busy even on 8x8 planes. The transforms (B^T d B, A^T m A, G g G^T) are additions only; they are compiled
+(`cpu_winograd_jit`) and vectorized over 16 channels at a time.
+
+Backward. dx is itself a stride-1 3x3 convolution, of dy with the kernel flipped and Cin/Cout swapped, padded
+by 2 - p: it runs as this algorithm's forward (`_dgrad`). dW goes through the transform's gradient: with
+dM = A dY A^T per output tile and V the input tiles, dU[pos] = V[pos]^T @ dM[pos] summed over the tiles, then
+dW = G^T dU G (`weight_grad_tiles`).
+
+Numerics and bit-identity. Results differ from a direct convolution by rounding (measured ~3e-7 relative on
+float32 against PyTorch in float64, as accurate as im2col here); the tests compare with PyTorch and finite
+differences. A layer that runs Winograd has no other algorithm, the samples per group are fixed by the shapes,
+and dU sums the groups in order: every run, whatever the budget, sums in the same order. Where numba cannot
+be imported the algorithm is not offered (`available`), so those layers run the row-shift formulation.
+
+Opt-in (`enabled`: MINIDL_CPU_WINOGRAD=1, or the CLI's `--cpu-winograd`). Applies (`applies`) to 3x3
+kernels at stride 1, dilation 1, one group, padding 0..2, with at least 32 input and output channels:
+measured on 16-channel layers the channels-last transposition of the transforms costs more than the
+multiplications saved (32 x 16 x 32 x 32 forward: 2.6 ms against the row-shift's 2.1 ms).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+
+from .cpu_jit import lazy
+
+jit = lazy("cpu_winograd_jit")
+
+BLOCK = 16  # channels per transform block (the jit module's L)
+_ALIGN = 64
+_GROUP_ELEMS = 16384  # samples per group: V and M of a group hold about 16 * this many values (1 MiB in float32)
+MIN_CHANNELS = 32
+ENV = "MINIDL_CPU_WINOGRAD"
+
+
+def enabled() -> bool:
+    """Whether Winograd is switched on: opt-in, by the environment variable MINIDL_CPU_WINOGRAD=1 (the CLI's
+    `--cpu-winograd` sets it). Why opt-in: a layer that runs Winograd has this one algorithm and its workspace,
+    so the planner can no longer shrink that layer's workspace under a tight budget (the row-shift pair offers a
+    per-sample variant); the default keeps every layer's menu, the switch trades it for speed."""
+    return os.environ.get(ENV, "") == "1"
+
+
+def available() -> bool:
+    """Whether numba can be found (without importing it: planning should not pay numba's import)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def applies(g) -> bool:
+    """Whether the convolution of geometry `g` (a `cpu_conv.ConvGeometry`) runs Winograd F(2x2, 3x3)."""
+    return (g.groups == 1 and (g.kh, g.kw) == (3, 3) and tuple(g.stride) == (1, 1)
+            and tuple(g.dilation) == (1, 1) and all(0 <= p <= 2 for p in g.padding)
+            and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available())
+
+
+def _round(c: int) -> int:
+    return -(-c // BLOCK) * BLOCK
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+class _Winograd:
+    """One layer's Winograd convolution: workspace layout and the forward and backward passes.
+
+    Workspace, forward: U (16, CiB, CoB) | V (16, Tg, CiB) | M (16, Tg, CoB) | the weight transposed (3, 3, Ci,
+    Co) | the transforms' scratch (channels-last input and output blocks, one tile's results). Backward: first
+    dW (V | dM | the dU accumulator | one dU product when there is more than one group | dW transposed |
+    scratch), then dx (the flipped convolution's forward) in the same memory: the larger of the two. CiB, CoB
+    are the channels rounded up to 16, Tg the tiles of one group of samples."""
+
+    def __init__(self, g, itemsize: int, forward_only: bool = False):
+        self.g, self.isz = g, itemsize
+        self.th, self.tw = -(-g.ho // 2), -(-g.wo // 2)
+        self.cib, self.cob = _round(g.cin), _round(g.cout)
+        per_sample = self.th * self.tw
+        self.size = max(1, min(g.n, _GROUP_ELEMS // ((self.cib + self.cob) * per_sample)))
+        self.groups = -(-g.n // self.size)
+        tg = self.size * per_sample
+        xs = (2 * self.th + 2) * (2 * self.tw + 2) * BLOCK
+        ys = (2 * self.th) * (2 * self.tw) * BLOCK
+        fwd = [("u", (16, self.cib, self.cob)), ("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)),
+               ("wt", (3, 3, g.cin, g.cout)), ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
+        dw = [("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)), ("acc", (16, self.cib, self.cob)),
+              ("prod", (16, self.cib, self.cob) if self.groups > 1 else (0,)), ("wt", (3, 3, g.cin, g.cout)),
+              ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
+        self.fwd_layout, self.fwd_total = self._place(fwd)
+        self.dw_layout, self.dw_total = self._place(dw)
+        self.dgrad = None if forward_only else _Winograd(self._flipped(g), itemsize, forward_only=True)
+
+    @staticmethod
+    def _flipped(g):
+        """The geometry of dx's convolution: dy (N, Cout, Ho, Wo) -> dx (N, Cin, H, W), padding 2 - p."""
+        return type(g)(g.n, g.cout, g.ho, g.wo, g.cin, 3, 3, g.h, g.w, 1, (1, 1),
+                       (2 - g.padding[0], 2 - g.padding[1]), (1, 1))
+
+    def _place(self, parts):
+        layout, off = {}, 0
+        for name, shape in parts:
+            layout[name] = (off, shape)
+            off = _align(off + int(np.prod(shape)) * self.isz)
+        return layout, off
+
+    def total(self, phase: str) -> int:
+        return self.fwd_total if phase == "fwd" else max(self.dw_total, self.dgrad.fwd_total)
+
+    def _views(self, ws: np.ndarray, layout, dt: np.dtype) -> dict:
+        out = {}
+        for name, (off, shape) in layout.items():
+            out[name] = ws[off:off + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
+        return out
+
+    def _group_views(self, ws, layout, dt, name, channels, samples):
+        """A contiguous (16, samples * th * tw, channels) view at `name`'s place (a short last group too)."""
+        off = layout[name][0]
+        shape = (16, samples * self.th * self.tw, channels)
+        return ws[off:off + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
+
+    def forward(self, x, w, y, ws) -> None:
+        """y = conv(x, w) (no bias); `w` may be any strided view (dx passes the flipped, transposed kernel)."""
+        k = jit()
+        g, dt = self.g, x.dtype
+        b = self._views(ws, self.fwd_layout, dt)
+        np.copyto(b["wt"], w.transpose(2, 3, 1, 0))
+        k.weight_tiles(b["wt"], b["u"])
+        xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
+        ys = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
+        for s0 in range(0, g.n, self.size):
+            s1 = min(g.n, s0 + self.size)
+            v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
+            m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
+            k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
+            np.matmul(v, b["u"], out=m)
+            k.output_tiles(m, s0, s1, self.th, self.tw, ys, b["buf"], y)
+
+    def backward(self, x, w, dy, dx, dw, ws) -> None:
+        """dW first (through the transforms' gradient), then dx as the flipped convolution, in the same memory."""
+        if dw is not None:
+            self._weight_grad(x, dy, dw, ws)
+        if dx is not None:
+            self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws)
+
+    def _weight_grad(self, x, dy, dw, ws) -> None:
+        """dU = sum over the groups (in order) of V^T @ dM per position; dW = G^T dU G."""
+        k = jit()
+        g, dt = self.g, x.dtype
+        b = self._views(ws, self.dw_layout, dt)
+        xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
+        ds = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
+        acc, prod = b["acc"], b["prod"]
+        for s0 in range(0, g.n, self.size):
+            s1 = min(g.n, s0 + self.size)
+            v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
+            dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+            k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
+            k.grad_tiles(dy, s0, s1, self.th, self.tw, ds, b["buf"], dm)
+            if s0 == 0:
+                np.matmul(v.transpose(0, 2, 1), dm, out=acc)
+            else:
+                np.matmul(v.transpose(0, 2, 1), dm, out=prod)
+                np.add(acc, prod, out=acc)
+        k.weight_grad_tiles(acc, b["wt"])
+        np.copyto(dw, b["wt"].transpose(3, 2, 0, 1))
