@@ -60,10 +60,11 @@ def available() -> bool:
 
 
 def applies(g) -> bool:
-    """Whether the convolution of geometry `g` (a `cpu_conv.ConvGeometry`) runs Winograd F(2x2, 3x3)."""
+    """Whether the convolution of geometry `g` (a `cpu_conv.ConvGeometry`) runs Winograd F(2x2, 3x3). Only
+    when switched on is the kernel module imported (numba present but broken: not offered)."""
     return (g.groups == 1 and (g.kh, g.kw) == (3, 3) and tuple(g.stride) == (1, 1)
             and tuple(g.dilation) == (1, 1) and all(0 <= p <= 2 for p in g.padding)
-            and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available())
+            and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available() and jit() is not None)
 
 
 def _round(c: int) -> int:
