@@ -67,6 +67,16 @@ def _scatter(buf, vf, o, ps, rows):
             vf[q + ch] = buf[b + ch]
 
 
+@njit(inline="always", **_OPTS)
+def _put4(buf, k, ch, v0, v1, v2, v3):
+    """Tile row k's four results for channel ch into the per-tile scratch: position 4k + l at (4k + l) * 16."""
+    o = uint64(64 * k) + ch
+    buf[o] = v0
+    buf[o + uint64(16)] = v1
+    buf[o + uint64(32)] = v2
+    buf[o + uint64(48)] = v3
+
+
 @njit(**_OPTS)
 def _input_block(xf, vf, th, tw, wp, base, cbo, ps, cbw, buf):
     """B^T d B of every tile of one sample's block (xs flattened in xf) into vf at tiles base.."""
@@ -101,41 +111,12 @@ def _input_block(xf, vf, th, tw, wp, base, cbo, ps, cbw, buf):
                 b0, b1, b2, b3 = d10 + d20, d11 + d21, d12 + d22, d13 + d23
                 e0, e1, e2, e3 = d20 - d10, d21 - d11, d22 - d12, d23 - d13
                 f0, f1, f2, f3 = d10 - d30, d11 - d31, d12 - d32, d13 - d33
-                buf[ch] = a0 - a2
-                buf[ch + uint64(16)] = a1 + a2
-                buf[ch + uint64(32)] = a2 - a1
-                buf[ch + uint64(48)] = a1 - a3
-                buf[ch + uint64(64)] = b0 - b2
-                buf[ch + uint64(80)] = b1 + b2
-                buf[ch + uint64(96)] = b2 - b1
-                buf[ch + uint64(112)] = b1 - b3
-                buf[ch + uint64(128)] = e0 - e2
-                buf[ch + uint64(144)] = e1 + e2
-                buf[ch + uint64(160)] = e2 - e1
-                buf[ch + uint64(176)] = e1 - e3
-                buf[ch + uint64(192)] = f0 - f2
-                buf[ch + uint64(208)] = f1 + f2
-                buf[ch + uint64(224)] = f2 - f1
-                buf[ch + uint64(240)] = f1 - f3
+                _put4(buf, 0, ch, a0 - a2, a1 + a2, a2 - a1, a1 - a3)
+                _put4(buf, 1, ch, b0 - b2, b1 + b2, b2 - b1, b1 - b3)
+                _put4(buf, 2, ch, e0 - e2, e1 + e2, e2 - e1, e1 - e3)
+                _put4(buf, 3, ch, f0 - f2, f1 + f2, f2 - f1, f1 - f3)
             t = uint64(base) + ti * uint64(tw) + tj
             _scatter(buf, vf, t * uint64(cbw) + uint64(cbo), uint64(ps), 16)
-
-
-@njit(**_OPTS)
-def input_tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v):
-    """v (16, (s1-s0)*th*tw, CB) <- B^T d B of every 4x4 input patch d of samples [s0, s1) of x (n, C, H, W);
-    the patch of tile (ti, tj) starts at input row 2ti - pad_h, column 2tj - pad_w, zero outside the image.
-    Scratch: xs (2th + 2, 2tw + 2, 16), buf (256,)."""
-    c = x.shape[1]
-    wp = 2 * tw + 2
-    xs[:] = 0
-    xf = xs.reshape(-1)
-    vf = v.reshape(-1)
-    ps, cbw = v.shape[1] * v.shape[2], v.shape[2]
-    for s in range(s0, s1):
-        for cb in range(0, c, L):
-            _to_block(x, s, cb, pad_h, pad_w, xs)
-            _input_block(xf, vf, th, tw, wp, (s - s0) * th * tw, cb, ps, cbw, buf)
 
 
 @njit(**_OPTS)
@@ -157,40 +138,48 @@ def _grad_block(df, mf, th, tw, wp, base, cbo, ps, cbw, buf):
                 r10, r11 = y00 + y10, y01 + y11
                 r20, r21 = y00 - y10, y01 - y11
                 r30, r31 = -y10, -y11
-                buf[ch] = r00
-                buf[ch + uint64(16)] = r00 + r01
-                buf[ch + uint64(32)] = r00 - r01
-                buf[ch + uint64(48)] = -r01
-                buf[ch + uint64(64)] = r10
-                buf[ch + uint64(80)] = r10 + r11
-                buf[ch + uint64(96)] = r10 - r11
-                buf[ch + uint64(112)] = -r11
-                buf[ch + uint64(128)] = r20
-                buf[ch + uint64(144)] = r20 + r21
-                buf[ch + uint64(160)] = r20 - r21
-                buf[ch + uint64(176)] = -r21
-                buf[ch + uint64(192)] = r30
-                buf[ch + uint64(208)] = r30 + r31
-                buf[ch + uint64(224)] = r30 - r31
-                buf[ch + uint64(240)] = -r31
+                _put4(buf, 0, ch, r00, r00 + r01, r00 - r01, -r01)
+                _put4(buf, 1, ch, r10, r10 + r11, r10 - r11, -r11)
+                _put4(buf, 2, ch, r20, r20 + r21, r20 - r21, -r21)
+                _put4(buf, 3, ch, r30, r30 + r31, r30 - r31, -r31)
             t = uint64(base) + ti * uint64(tw) + tj
             _scatter(buf, mf, t * uint64(cbw) + uint64(cbo), uint64(ps), 16)
+
+
+@njit(**_OPTS)
+def _tiles(x, s0, s1, r_off, q_off, th, tw, xs, buf, out, grad):
+    """Samples [s0, s1) of x, block by block, through the channels-last scratch xs (x placed at rows r_off,
+    columns q_off; everything else stays zero) into `out`: the input transform, or with `grad` the gradient
+    of the output transform."""
+    c = x.shape[1]
+    wp = xs.shape[1]
+    xs[:] = 0
+    xf = xs.reshape(-1)
+    of = out.reshape(-1)
+    ps, cbw = out.shape[1] * out.shape[2], out.shape[2]
+    for s in range(s0, s1):
+        base = (s - s0) * th * tw
+        for cb in range(0, c, L):
+            _to_block(x, s, cb, r_off, q_off, xs)
+            if grad:
+                _grad_block(xf, of, th, tw, wp, base, cb, ps, cbw, buf)
+            else:
+                _input_block(xf, of, th, tw, wp, base, cb, ps, cbw, buf)
+
+
+@njit(**_OPTS)
+def input_tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v):
+    """v (16, (s1-s0)*th*tw, CB) <- B^T d B of every 4x4 input patch d of samples [s0, s1) of x (n, C, H, W);
+    the patch of tile (ti, tj) starts at input row 2ti - pad_h, column 2tj - pad_w, zero outside the image.
+    Scratch: xs (2th + 2, 2tw + 2, 16), buf (256,)."""
+    _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False)
 
 
 @njit(**_OPTS)
 def grad_tiles(dy, s0, s1, th, tw, ds, buf, dm):
     """dm (16, (s1-s0)*th*tw, CB) <- A dY A^T of every 2x2 tile dY of samples [s0, s1) of dy (n, Co, Ho, Wo),
     zero beyond Ho, Wo: the gradient of `output_tiles`. Scratch: ds (2th, 2tw, 16), buf (256,)."""
-    c = dy.shape[1]
-    wp = 2 * tw
-    ds[:] = 0
-    df = ds.reshape(-1)
-    mf = dm.reshape(-1)
-    ps, cbw = dm.shape[1] * dm.shape[2], dm.shape[2]
-    for s in range(s0, s1):
-        for cb in range(0, c, L):
-            _to_block(dy, s, cb, 0, 0, ds)
-            _grad_block(df, mf, th, tw, wp, (s - s0) * th * tw, cb, ps, cbw, buf)
+    _tiles(dy, s0, s1, 0, 0, th, tw, ds, buf, dm, True)
 
 
 @njit(**_OPTS)
