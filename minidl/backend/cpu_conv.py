@@ -48,10 +48,12 @@ import numpy as np
 from ..vocab import WorkspaceOption
 from . import cpu_winograd
 
-ALGOS = ("im2col", "im2col_chunked", "gemm_1x1", "rows", "rows_chunked", "im2col_grouped", "winograd")
+IM2COL_ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
 ROW_ALGOS = ("rows", "rows_chunked")
 GROUPED = "im2col_grouped"
 WINOGRAD = "winograd"
+OBJECT_ALGOS = ROW_ALGOS + (GROUPED, WINOGRAD)  # run by the layer's own object (_RowShift, _Grouped, _Winograd)
+ALGOS = IM2COL_ALGOS + OBJECT_ALGOS
 _ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
 _CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
 _SUB = 4  # samples per product of the row-shift forward: its scratch holds this many samples' outputs, not N
@@ -159,8 +161,7 @@ def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: Co
     if uses_rows(kernel, stride, groups):
         return list(ROW_ALGOS)
     ok_1x1 = is_1x1(kernel, stride, padding, dilation)
-    return [a for a in ALGOS
-            if a not in ROW_ALGOS and a not in (GROUPED, WINOGRAD) and (a != "gemm_1x1" or ok_1x1)]
+    return [a for a in IM2COL_ALGOS if a != "gemm_1x1" or ok_1x1]
 
 
 def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation):
@@ -603,6 +604,7 @@ class _Grouped:
 
     def __init__(self, g: ConvGeometry, itemsize: int):
         self.g, self.isz = g, itemsize
+        self.taps = _taps(g, g.stride, g.padding, g.dilation)
         self.size = min(g.n, max(1, -(-_GROUP_COLS // g.p)))
         self.groups = -(-g.n // self.size)
         self.cols = g.k * self.size * g.p * itemsize
@@ -626,16 +628,16 @@ class _Grouped:
             cols6 = _as(cols, (g.cin, g.kh, g.kw, m, g.ho, g.wo)).transpose(3, 0, 1, 2, 4, 5)
             yield n0, n1, cols, cols6, blk_all[:, :m * g.p]
 
-    def forward(self, x, w, y, ws, taps, stride) -> None:
+    def forward(self, x, w, y, ws) -> None:
         g = self.g
         w2 = _as(w, (g.cout, g.k))
         y3 = _as(y, (g.n, g.cout, g.p))
         for n0, n1, cols, cols6, blk in self._groups(ws, w.dtype):
-            _im2col(x[n0:n1], cols6, taps, stride)
+            _im2col(x[n0:n1], cols6, self.taps, g.stride)
             np.matmul(w2, cols, out=blk)
             np.copyto(y3[n0:n1].transpose(1, 0, 2), _as(blk, (g.cout, n1 - n0, g.p)))
 
-    def backward(self, x, w, dy, dx, dw, ws, taps, stride) -> None:
+    def backward(self, x, w, dy, dx, dw, ws) -> None:
         g = self.g
         dy3 = _as(dy, (g.n, g.cout, g.p))
         dw2 = _as(dw, (g.cout, g.k)) if dw is not None else None
@@ -644,7 +646,7 @@ class _Grouped:
         for n0, n1, cols, cols6, blk in self._groups(ws, dy.dtype):
             np.copyto(_as(blk, (g.cout, n1 - n0, g.p)), dy3[n0:n1].transpose(1, 0, 2))
             if dw2 is not None:
-                _im2col(x[n0:n1], cols6, taps, stride)
+                _im2col(x[n0:n1], cols6, self.taps, g.stride)
                 if n0 == 0:
                     np.matmul(blk, cols.T, out=dw2)
                 else:
@@ -652,7 +654,7 @@ class _Grouped:
                     np.add(dw2, prod, out=dw2)
             if dx is not None:  # the columns are spent: the same memory now receives dcols
                 np.matmul(w2t, blk, out=cols)
-                _col2im(cols6, dx[n0:n1], taps, stride)
+                _col2im(cols6, dx[n0:n1], self.taps, g.stride)
 
 
 class ConvOps:
@@ -664,19 +666,8 @@ class ConvOps:
         """y = conv2d(x, w) + b, written into y (N, Cout, Ho, Wo)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
-        if algo in ROW_ALGOS:
-            taps.forward(x, w, y, ws)  # the layer's _RowShift
-            if b is not None:
-                y += b.reshape(-1, 1, 1)
-            return
-        if algo == WINOGRAD:
-            taps.forward(x, w, y, ws)  # the layer's cpu_winograd._Winograd
-            if b is not None:
-                y += b.reshape(-1, 1, 1)
-            return
-        if algo == GROUPED:
-            grouped, taps = taps
-            grouped.forward(x, w, y, ws, taps, stride)
+        if algo in OBJECT_ALGOS:
+            taps.forward(x, w, y, ws)  # the layer's _RowShift, _Grouped or _Winograd
             if b is not None:
                 y += b.reshape(-1, 1, 1)
             return
@@ -703,16 +694,9 @@ class ConvOps:
         """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
-        if algo in ROW_ALGOS or algo in (GROUPED, WINOGRAD):
-            if algo == WINOGRAD:
-                if dx is not None or dw is not None:
-                    taps.backward(x, w, dy, dx, dw, ws)  # the layer's cpu_winograd._Winograd
-            elif algo == GROUPED:
-                grouped, taps = taps
-                if dx is not None or dw is not None:
-                    grouped.backward(x, w, dy, dx, dw, ws, taps, stride)
-            elif dx is not None or dw is not None:
-                taps.backward(x, w, dy, dx, dw, ws)  # the layer's _RowShift
+        if algo in OBJECT_ALGOS:
+            if dx is not None or dw is not None:
+                taps.backward(x, w, dy, dx, dw, ws)  # the layer's _RowShift, _Grouped or _Winograd
             if db is not None:
                 np.sum(np.sum(_as(dy, (g.n, g.cout, g.p)), axis=2), axis=0, out=db)
             return
@@ -770,11 +754,11 @@ class ConvOps:
 
     # -- shared checks ----------------------------------------------------------------------------------------------
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):
-        """(geometry, taps, workspace) after checking the call; with the row-shift algorithms, taps is the
-        layer's `_RowShift`, with `im2col_grouped` the pair (its `_Grouped`, the taps). Everything but the
-        workspace check is a pure function of the shapes and the
-        configuration, so it is worked out once per distinct call and remembered (it cost ~100 us per call,
-        more than the kernels of a batch-1 CIFAR convolution take)."""
+        """(geometry, taps, workspace) after checking the call; for the algorithms of `OBJECT_ALGOS`, taps is the
+        layer's object that runs them (`_RowShift`, `_Grouped`, `cpu_winograd._Winograd`). Everything but the
+        workspace check is a pure function of the shapes and the configuration, so it is worked out once per
+        distinct call and remembered (it cost ~100 us per call, more than the kernels of a batch-1 CIFAR
+        convolution take)."""
         key = (x.shape, w.shape, y.shape, x.dtype, tuple(stride), tuple(padding), tuple(dilation), groups, algo,
                phase)
         cache = self.__dict__.setdefault("_conv_calls", {})
@@ -816,7 +800,7 @@ class ConvOps:
         if algo in ROW_ALGOS:
             return g, _RowShift(g, algo, x.dtype.itemsize), need
         if algo == GROUPED:
-            return g, (_Grouped(g, x.dtype.itemsize), _taps(g, stride, padding, dilation)), need
+            return g, _Grouped(g, x.dtype.itemsize), need
         if algo == WINOGRAD:
             return g, cpu_winograd._Winograd(g, x.dtype.itemsize), need
         return g, _taps(g, stride, padding, dilation), need
