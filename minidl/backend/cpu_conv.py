@@ -47,6 +47,7 @@ import numpy as np
 
 from ..vocab import WorkspaceOption
 from . import cpu_winograd
+from .cpu_workspace import align, view
 
 IM2COL_ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
 ROW_ALGOS = ("rows", "rows_chunked")
@@ -54,7 +55,6 @@ GROUPED = "im2col_grouped"
 WINOGRAD = "winograd"
 OBJECT_ALGOS = ROW_ALGOS + (GROUPED, WINOGRAD)  # run by the layer's own object (_RowShift, _Grouped, _Winograd)
 ALGOS = IM2COL_ALGOS + OBJECT_ALGOS
-_ALIGN = 64  # byte alignment of each sub-buffer inside the workspace
 _CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
 _SUB = 4  # samples per product of the row-shift forward: its scratch holds this many samples' outputs, not N
 _GROUP_COLS = 512  # `im2col_grouped`: samples per GEMM so that it has at least this many columns (see `_Grouped`)
@@ -108,10 +108,6 @@ def is_1x1(kernel, stride, padding, dilation) -> bool:
         and tuple(dilation) == (1, 1)
 
 
-def _align(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
 def _chunk(algo: str, n: int) -> int:
     return n if algo == "im2col" else min(n, _CHUNK)
 
@@ -124,7 +120,7 @@ def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int) -> tuple[int,
     # backward: the column buffer (then dcols in the same memory) + the weight-sized dW product buffer,
     # needed only when there is more than one sample to accumulate.
     prod = g.cout * g.k * itemsize if g.n > 1 else 0
-    off = _align(cols) if prod else cols
+    off = align(cols) if prod else cols
     return cols, off, off + prod
 
 
@@ -307,14 +303,6 @@ def _col2im(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> Non
         np.add(dst, src[:, :, t.oh0:t.oh0 + t.nh, t.ow0:t.ow0 + t.nw], out=dst)
 
 
-def _view(ws: np.ndarray, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    a = ws[offset:offset + nbytes].view(dtype).reshape(shape)
-    if not a.flags.aligned:
-        raise ValueError(f"convolution workspace is not aligned to {dtype.itemsize} bytes")
-    return a
-
-
 def _as(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Reshape without copying (raises if `a` is laid out so that a view is impossible)."""
     return np.reshape(a, shape, copy=False)
@@ -382,13 +370,13 @@ class _RowShift:
         cols = self.c * self.k3 * self.plane * itemsize
         wrow = g.kh * g.cout * self.k3 * itemsize
         # forward: rows | weight rows | an output-sized accumulator per sample of the chunk
-        self.off_w = _align(cols)
-        self.off_t = self.off_w + _align(wrow)
+        self.off_w = align(cols)
+        self.off_t = self.off_w + align(wrow)
         self.sub = min(self.c, _SUB)
         self.fwd_tmp = self.sub * g.cout * g.p * itemsize
         # backward, weight gradient: rows | dW accumulator (kh, Cout, K3) | one (Cout, K3) product when N > 1
-        self.off_acc = _align(cols)
-        self.off_prod = self.off_acc + _align(wrow)
+        self.off_acc = align(cols)
+        self.off_prod = self.off_acc + align(wrow)
         self.dw_total = self.off_prod + (g.cout * self.k3 * itemsize if g.n > 1 else 0)
         # backward, input gradient: see `_dgrad`; without it, rows | weight rows | one sample's (K3, P) product
         self.dgrad = None if forward_only else self._dgrad()
@@ -425,8 +413,8 @@ class _RowShift:
 
     def _buffers(self, ws: np.ndarray, w: np.ndarray):
         g, dt = self.g, w.dtype
-        buf = _view(ws, 0, (self.c, g.cin, g.kw, self.hp, g.wo), dt)
-        wr = _view(ws, self.off_w, (g.kh, g.cout, g.cin, g.kw), dt)
+        buf = view(ws, 0, (self.c, g.cin, g.kw, self.hp, g.wo), dt)
+        wr = view(ws, self.off_w, (g.kh, g.cout, g.cin, g.kw), dt)
         _kernel_rows(w, wr)
         return buf, _as(wr, (g.kh, g.cout, self.k3))
 
@@ -512,7 +500,7 @@ class _RowShift:
     def forward(self, x, w, y, ws) -> None:
         g, c, sub = self.g, self.c, self.sub
         buf, wr = self._buffers(ws, w)
-        tmp = _view(ws, self.off_t, (sub, g.cout, g.p), w.dtype)
+        tmp = view(ws, self.off_t, (sub, g.cout, g.p), w.dtype)
         y3 = _as(y, (g.n, g.cout, g.p))
         wins = self.wins
         for s in range(0, g.n, c):
@@ -549,9 +537,9 @@ class _RowShift:
         Why transposed: numpy hands BLAS the product into a transposed output as the transposed problem
         (window_i @ dy[n].T), whose operands OpenBLAS packs faster here: 10-25% off these GEMMs, measured."""
         g, c = self.g, self.c
-        buf = _view(ws, 0, (c, g.cin, g.kw, self.hp, g.wo), dy3.dtype)
-        acc = _view(ws, self.off_acc, (g.kh, self.k3, g.cout), dy3.dtype)
-        prod = _view(ws, self.off_prod, (self.k3, g.cout), dy3.dtype) if g.n > 1 else None
+        buf = view(ws, 0, (c, g.cin, g.kw, self.hp, g.wo), dy3.dtype)
+        acc = view(ws, self.off_acc, (g.kh, self.k3, g.cout), dy3.dtype)
+        prod = view(ws, self.off_prod, (self.k3, g.cout), dy3.dtype) if g.n > 1 else None
         for s in range(0, g.n, c):
             e = min(g.n, s + c)
             b = buf[:e - s]
@@ -572,7 +560,7 @@ class _RowShift:
         i-th window, then the kw column taps scattered back (rows2im)."""
         g, c = self.g, self.c
         buf, wr = self._buffers(ws, w)
-        t = _view(ws, self.off_d, (self.k3, g.p), w.dtype)
+        t = view(ws, self.off_d, (self.k3, g.p), w.dtype)
         for s in range(0, g.n, c):
             e = min(g.n, s + c)
             b = buf[:e - s]
@@ -608,9 +596,9 @@ class _Grouped:
         self.size = min(g.n, max(1, -(-_GROUP_COLS // g.p)))
         self.groups = -(-g.n // self.size)
         self.cols = g.k * self.size * g.p * itemsize
-        self.off_y = _align(self.cols)
+        self.off_y = align(self.cols)
         self.fwd_total = self.off_y + g.cout * self.size * g.p * itemsize
-        self.off_prod = _align(self.fwd_total)
+        self.off_prod = align(self.fwd_total)
         self.bwd_total = self.off_prod + g.cout * g.k * itemsize if self.groups > 1 else self.fwd_total
 
     def total(self, phase: str) -> int:
@@ -619,8 +607,8 @@ class _Grouped:
     def _groups(self, ws: np.ndarray, dt: np.dtype):
         """(n0, n1, cols (K, m*P), cols6 (m, Cin, kh, kw, Ho, Wo) view of it, Cout x m*P block) per group."""
         g, size = self.g, self.size
-        cols_all = _view(ws, 0, (g.k, size * g.p), dt)
-        blk_all = _view(ws, self.off_y, (g.cout, size * g.p), dt)
+        cols_all = view(ws, 0, (g.k, size * g.p), dt)
+        blk_all = view(ws, self.off_y, (g.cout, size * g.p), dt)
         for n0 in range(0, g.n, size):
             n1 = min(g.n, n0 + size)
             m = n1 - n0
@@ -641,7 +629,7 @@ class _Grouped:
         g = self.g
         dy3 = _as(dy, (g.n, g.cout, g.p))
         dw2 = _as(dw, (g.cout, g.k)) if dw is not None else None
-        prod = _view(ws, self.off_prod, (g.cout, g.k), dy.dtype) if dw is not None and self.groups > 1 else None
+        prod = view(ws, self.off_prod, (g.cout, g.k), dy.dtype) if dw is not None and self.groups > 1 else None
         w2t = _as(w, (g.cout, g.k)).T
         for n0, n1, cols, cols6, blk in self._groups(ws, dy.dtype):
             np.copyto(_as(blk, (g.cout, n1 - n0, g.p)), dy3[n0:n1].transpose(1, 0, 2))
@@ -678,7 +666,7 @@ class ConvOps:
             np.matmul(w3, _as(x, (n, G, g.k, g.p)), out=y4)
         else:
             c = _chunk(algo, n)
-            buf = _view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
+            buf = view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
             for s in range(0, n, c):
                 e = min(n, s + c)
                 cols6 = buf[:e - s]
@@ -706,7 +694,7 @@ class ConvOps:
         dy4 = _as(dy, (n, G, cg_out, g.p))
         dw3 = _as(dw, (G, cg_out, g.k)) if dw is not None else None
         cols_bytes, prod_off, _ = _layout(algo, "bwd", g, x.dtype.itemsize)
-        prod = _view(ws, prod_off, (G, cg_out, g.k), x.dtype) if dw3 is not None and n > 1 else None
+        prod = view(ws, prod_off, (G, cg_out, g.k), x.dtype) if dw3 is not None and n > 1 else None
 
         def accumulate_dw(sample: int, cols4: np.ndarray) -> None:
             """dW += dy[sample] @ cols.T, one GEMM per group; sample 0 goes straight into dW."""
@@ -726,7 +714,7 @@ class ConvOps:
                 np.matmul(w3t, dy4, out=_as(dx, (n, G, g.k, g.p)))
         elif dw3 is not None or dx is not None:
             c = _chunk(algo, n)
-            buf = _view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
+            buf = view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
             for s in range(0, n, c):
                 e = min(n, s + c)
                 buf6 = buf[:e - s]

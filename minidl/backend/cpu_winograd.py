@@ -36,11 +36,11 @@ import os
 import numpy as np
 
 from .cpu_jit import lazy
+from .cpu_workspace import align, view
 
 jit = lazy("cpu_winograd_jit")
 
 BLOCK = 16  # channels per transform block (the jit module's L)
-_ALIGN = 64
 _GROUP_ELEMS = 16384  # samples per group: V and M of a group hold about 16 * this many values (1 MiB in float32)
 MIN_CHANNELS = 32
 ENV = "MINIDL_CPU_WINOGRAD"
@@ -69,10 +69,6 @@ def applies(g) -> bool:
 
 def _round(c: int) -> int:
     return -(-c // BLOCK) * BLOCK
-
-
-def _align(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 class _Winograd:
@@ -113,23 +109,19 @@ class _Winograd:
         layout, off = {}, 0
         for name, shape in parts:
             layout[name] = (off, shape)
-            off = _align(off + int(np.prod(shape)) * self.isz)
+            off = align(off + int(np.prod(shape)) * self.isz)
         return layout, off
 
     def total(self, phase: str) -> int:
         return self.fwd_total if phase == "fwd" else max(self.dw_total, self.dgrad.fwd_total)
 
-    def _views(self, ws: np.ndarray, layout, dt: np.dtype) -> dict:
-        out = {}
-        for name, (off, shape) in layout.items():
-            out[name] = ws[off:off + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
-        return out
+    @staticmethod
+    def _views(ws: np.ndarray, layout, dt: np.dtype) -> dict:
+        return {name: view(ws, off, shape, dt) for name, (off, shape) in layout.items()}
 
     def _group_views(self, ws, layout, dt, name, channels, samples):
         """A contiguous (16, samples * th * tw, channels) view at `name`'s place (a short last group too)."""
-        off = layout[name][0]
-        shape = (16, samples * self.th * self.tw, channels)
-        return ws[off:off + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
+        return view(ws, layout[name][0], (16, samples * self.th * self.tw, channels), dt)
 
     def forward(self, x, w, y, ws) -> None:
         """y = conv(x, w) (no bias); `w` may be any strided view (dx passes the flipped, transposed kernel)."""
