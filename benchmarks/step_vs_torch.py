@@ -4,9 +4,10 @@
 
 Both run forward, backward and an SGD update after warm-up; the median of --steps timed steps is reported,
 whole step and per layer type (minidl from its executor trace, PyTorch from torch.profiler's self CPU time
-mapped from aten ops to layer types). Both use the same number of threads: torch's intra-op pool and numpy's
-BLAS (threadpoolctl) are set to --threads. minidl runs its compiled step (`minidl.program`) unless
---interpreted. Steps alternate (minidl, torch, minidl, ...) so a machine shared with other jobs slows both alike.
+mapped from aten ops to layer types). Both use the same number of threads: torch's intra-op pool, minidl's
+convolution lanes (MINIDL_CPU_THREADS) and numpy's BLAS (threadpoolctl) are set to --threads. minidl runs its
+compiled step (`minidl.program`) unless --interpreted. Steps alternate (minidl, torch, minidl, ...) so a machine
+shared with other jobs slows both alike.
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def main() -> None:
         os.environ["MINIDL_CPU_WINOGRAD"] = "1"
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
+    os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # minidl's convolution lanes (cpu_lanes)
 
     net = build_model(args.model, depth=args.depth, batch=args.batch, image_size=args.image_size)
     sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, trace=True,

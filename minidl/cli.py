@@ -94,6 +94,9 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
                    help="CPU backend: run 3x3 stride-1 convolutions with >= 32 channels as Winograd F(2x2, 3x3) "
                         "(faster; those layers then have one workspace size, which the planner cannot shrink "
                         "under a budget); sets MINIDL_CPU_WINOGRAD=1")
+    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="CPU backend: threads for the convolution lanes and numpy's BLAS (default: the usable "
+                        "cores, at most 8); sets MINIDL_CPU_THREADS. Results are the same bits whatever N")
     p.add_argument("--lossy", action="store_true",
                    help="let --policy auto also weigh lossy compression of stored activations (auto-lossy); "
                         "results are then not bit-identical to policy none")
@@ -596,6 +599,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "cpu_winograd", False):
         os.environ["MINIDL_CPU_WINOGRAD"] = "1"   # read by cpu_winograd.enabled() when layers are planned
+    if getattr(args, "threads", None):
+        os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # read by cpu_lanes.count() at every convolution
+        import numpy  # noqa: F401 - threadpoolctl limits the libraries already loaded
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(args.threads, user_api="blas")
     if getattr(args, "cmd", None) in ("plan", "train") and args.policy is None:
         args.policy = "auto" if args.budget is not None else "liveness"  # --budget alone means auto
     if getattr(args, "lossy", False):   # opt-in only: auto weighs compression when asked to

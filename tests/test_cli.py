@@ -1,5 +1,6 @@
 """The `minidl` command's contract: --json prints one JSON object with the documented keys."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -102,3 +103,19 @@ def test_autotune_measures_once_and_keeps_the_measurements(capsys, tmp_path):
     assert cache.read_text() == edited
     default = run_json(capsys, *argv)
     assert frugal["peak_bytes"] < default["peak_bytes"]
+
+
+def test_threads_option_sets_the_lanes_and_keeps_the_bits(capsys, tmp_path, monkeypatch):
+    from threadpoolctl import threadpool_limits
+    monkeypatch.delenv("MINIDL_CPU_THREADS", raising=False)
+    saves = []
+    with threadpool_limits(None):  # restores the BLAS threads the option sets
+        for threads in ("1", "3"):
+            path = tmp_path / f"t{threads}.npz"
+            run_json(capsys, "train", "resnet", "--depth", "8", "--batch", "6", "--image-size", "16", "--steps",
+                     "2", "--seed", "1", "--threads", threads, "--save", str(path))
+            assert os.environ["MINIDL_CPU_THREADS"] == threads
+            saves.append(np.load(path))
+    monkeypatch.delenv("MINIDL_CPU_THREADS")
+    for k in saves[0].files:
+        assert np.array_equal(saves[0][k], saves[1][k]), k

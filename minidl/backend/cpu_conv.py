@@ -32,6 +32,10 @@ image: one strided in-place add per tap. For stride-1 convolutions whose output 
 (the usual 'same' 3x3), a tap is a single flat shift of each plane, so it is copied/added as one long contiguous
 run per plane instead of one short run per row (see `_flat_rows`).
 
+Threads. numpy's BLAS threads a large GEMM; the small per-sample GEMMs of CIFAR-sized layers it does not
+(or at a loss), so those layers run with a one-thread BLAS and the row-shift pair splits their samples over
+threads instead (`cpu_lanes`, `_RowShift.lanes`), with results that do not depend on the thread count.
+
 Backward reuses the column buffer: the columns serve dW, then the same memory receives dcols for col2im. The only
 other scratch is one weight-sized product buffer, into which the dW contribution of sample n >= 1 is computed
 before being added (sample 0 is computed straight into dW).
@@ -41,11 +45,13 @@ for its size and layout, and the layer declares exactly these sizes to the plann
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..vocab import WorkspaceOption
+from . import cpu_lanes as lanes
 from . import cpu_winograd
 from .cpu_workspace import align, view
 
@@ -60,6 +66,8 @@ _SUB = 4  # samples per product of the row-shift forward: its scratch holds this
 _GROUP_COLS = 512  # `im2col_grouped`: samples per GEMM so that it has at least this many columns (see `_Grouped`)
 _GROUPED_MAX_P = 196  # ... used for output planes of at most this many pixels (14x14) ...
 _GROUPED_MIN_K = 1152  # ... and column matrices of at least this many rows (128 channels of a 3x3 kernel)
+_LANE_MAX_MACS = 12_000_000  # layers with at most this many multiply-adds per sample run their sample loops in
+# lanes with a one-thread BLAS (`cpu_lanes`); larger per-sample GEMMs OpenBLAS threads well by itself
 # Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
 # so they differ only in im2col traffic: none for gemm_1x1; whole-batch im2col streams the batch's columns
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
@@ -143,6 +151,12 @@ def uses_grouped(g: ConvGeometry) -> bool:
     shapes, never by the workspace: it is the layer's only algorithm, so its summation order is fixed."""
     return (g.groups == 1 and g.p <= _GROUPED_MAX_P and g.k >= _GROUPED_MIN_K
             and not is_1x1((g.kh, g.kw), g.stride, g.padding, g.dilation))
+
+
+def small_gemms(g: ConvGeometry) -> bool:
+    """Whether a convolution's per-sample GEMMs are small (at most `_LANE_MAX_MACS` multiply-adds a sample):
+    those run with a one-thread BLAS, their sample loops in lanes where the algorithm allows (`cpu_lanes`)."""
+    return g.cout * g.k * g.p // g.groups <= _LANE_MAX_MACS
 
 
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
@@ -359,6 +373,12 @@ class _RowShift:
     with K = Cin*kw instead of Cin*kh*kw. `rows` holds the whole batch's buffer, `rows_chunked` one sample's;
     both run the same per-sample GEMMs and sums in the same order, so they agree bit for bit (and a layer's
     menu holds only these two, see `uses_rows`).
+
+    Lanes (`cpu_lanes`). Where the per-sample GEMMs are small (`small_gemms`), `rows` splits its loops over
+    threads: the forward's samples (each lane with its own slots of the accumulator; the input gradient is such
+    a forward too), and the weight gradient's kernel rows (each row's sum over the samples stays one sequence).
+    No sum is split, so the bits are those of one thread, and `rows_chunked` (one sample's buffer, one thread)
+    still agrees with `rows` bit for bit.
     """
 
     def __init__(self, g: ConvGeometry, algo: str, itemsize: int, forward_only: bool = False):
@@ -497,18 +517,40 @@ class _RowShift:
                 yield (b[:, :, j, r0:r0 + count], k0, k1, lo, n, slice(i0, i0 + (k1 - k0 - 1) * sh + 1, sh),
                        slice(iw0, iw0 + (n - 1) * sw + 1, sw))
 
+    def lanes(self, most: int) -> int:
+        """How many lanes (threads) this layer's sample loops use, at most `most`: only `rows` (its buffer holds
+        every sample, so lanes build and read disjoint parts of it), and only where a per-sample GEMM is small
+        enough that OpenBLAS would not keep the cores busy by itself (`_LANE_MAX_MACS`)."""
+        if self.algo != "rows" or not small_gemms(self.g):
+            return 1
+        return max(1, min(lanes.count(), most, self.g.n))
+
     def forward(self, x, w, y, ws) -> None:
-        g, c, sub = self.g, self.c, self.sub
+        """y[n] = sum over kernel rows (in order) of Wr[i] @ window_i(rows[n]); the samples split over lanes,
+        each with its own slots of the accumulator (the bits of y[n] do not depend on the split)."""
+        g = self.g
         buf, wr = self._buffers(ws, w)
-        tmp = view(ws, self.off_t, (sub, g.cout, g.p), w.dtype)
+        tmp = view(ws, self.off_t, (self.sub, g.cout, g.p), w.dtype)
         y3 = _as(y, (g.n, g.cout, g.p))
-        wins = self.wins
-        for s in range(0, g.n, c):
-            e = min(g.n, s + c)
-            b = buf[:e - s]
-            self.im2rows(x[s:e], b)
-            bf = _as(b, (e - s, self.k3, self.plane))
-            for s2 in range(s, e, sub):  # a few samples per call: one GEMM per sample inside np.matmul
+        n_lanes = self.lanes(self.sub)
+        lanes.run([lambda a=a, b=b, s0=s0, s1=s1: self._forward_samples(x, y3, buf, wr, tmp[s0:s1], a, b)
+                   for (a, b), (s0, s1) in zip(lanes.split(g.n, n_lanes), lanes.split(self.sub, n_lanes))])
+
+    def _block(self, buf: np.ndarray, s: int, e: int) -> np.ndarray:
+        """The part of the rows buffer that receives samples [s, e): their own place in `rows` (which holds the
+        batch), the start of the buffer in `rows_chunked` (which holds one chunk)."""
+        return buf[s:e] if self.c == self.g.n else buf[:e - s]
+
+    def _forward_samples(self, x, y3, buf, wr, tmp, a: int, b: int) -> None:
+        """Samples [a, b), len(tmp) at a time: their column taps, then one stacked GEMM per kernel row (one GEMM
+        per sample inside np.matmul) summed in order."""
+        g, wins, sub = self.g, self.wins, len(tmp)
+        for s in range(a, b, self.c):  # the whole range at once in `rows` (fewer, longer copies)
+            e = min(b, s + self.c)
+            blk = self._block(buf, s, e)
+            self.im2rows(x[s:e], blk)
+            bf = _as(blk, (e - s, self.k3, self.plane))
+            for s2 in range(s, e, sub):
                 e2 = min(e, s2 + sub)
                 out, t = y3[s2:e2], tmp[:e2 - s2]
                 for i, o in enumerate(wins):
@@ -534,26 +576,46 @@ class _RowShift:
         """dW[:, :, i] = sum over samples n (in order) of dy[n] @ window_i(rows[n]).T, accumulated transposed in
         a contiguous (kh, K3, Cout) buffer and written into dW's strided kernel rows once at the end.
 
+        In lanes (see `lanes`), the batch's rows are built by sample ranges, then the kernel rows are split over
+        the lanes: each kernel row's sum is the same sequence of GEMMs and additions whichever lane runs it, so
+        the bits are those of one thread. Each lane needs its own (K3, Cout) product buffer: the first uses the
+        workspace's, the others borrow dW's own memory (kh of them fit), which is not written until the end.
+
         Why transposed: numpy hands BLAS the product into a transposed output as the transposed problem
         (window_i @ dy[n].T), whose operands OpenBLAS packs faster here: 10-25% off these GEMMs, measured."""
-        g, c = self.g, self.c
-        buf = view(ws, 0, (c, g.cin, g.kw, self.hp, g.wo), dy3.dtype)
-        acc = view(ws, self.off_acc, (g.kh, self.k3, g.cout), dy3.dtype)
-        prod = view(ws, self.off_prod, (self.k3, g.cout), dy3.dtype) if g.n > 1 else None
-        for s in range(0, g.n, c):
-            e = min(g.n, s + c)
-            b = buf[:e - s]
-            self.im2rows(x[s:e], b)
-            bf = _as(b, (e - s, self.k3, self.plane))
-            for k in range(s, e):
-                for i, o in enumerate(self.wins):
-                    win_t = bf[k - s, :, o:o + g.p].T
-                    if k == 0:
-                        np.matmul(dy3[k], win_t, out=acc[i].T)
-                    else:
-                        np.matmul(dy3[k], win_t, out=prod.T)
-                        np.add(acc[i], prod, out=acc[i])
+        g, c, dt = self.g, self.c, dy3.dtype
+        buf = view(ws, 0, (c, g.cin, g.kw, self.hp, g.wo), dt)
+        acc = view(ws, self.off_acc, (g.kh, self.k3, g.cout), dt)
+        prod = view(ws, self.off_prod, (self.k3, g.cout), dt) if g.n > 1 else None
+        n_lanes = self.lanes(g.kh) if dw.flags.c_contiguous else 1
+        if n_lanes == 1:
+            for s in range(0, g.n, c):
+                e = min(g.n, s + c)
+                self.im2rows(x[s:e], buf[:e - s])
+                self._weight_grad_rows(dy3, _as(buf[:e - s], (e - s, self.k3, self.plane)), acc, prod, s, e,
+                                       0, g.kh)
+        else:
+            lanes.run([lambda a=a, b=b: self.im2rows(x[a:b], buf[a:b]) for a, b in lanes.split(g.n, n_lanes)])
+            bf = _as(buf, (g.n, self.k3, self.plane))
+            spare = _as(dw, (-1,))
+            prods = [prod] + [_as(spare[j * prod.size:(j + 1) * prod.size], prod.shape) for j in range(n_lanes - 1)]
+            lanes.run([lambda j=j, r0=r0, r1=r1: self._weight_grad_rows(dy3, bf, acc, prods[j], 0, g.n, r0, r1)
+                       for j, (r0, r1) in enumerate(lanes.split(g.kh, n_lanes))])
         _kernel_grad_rows(_as(acc, (g.kh, g.cin, g.kw, g.cout)), dw)
+
+    def _weight_grad_rows(self, dy3, bf, acc, prod, s: int, e: int, r0: int, r1: int) -> None:
+        """acc[i] (+)= window_i(rows[k]) @ dy[k].T for samples k = s .. e-1 (rows[k] is bf[k - s]) in order and
+        kernel rows i = r0 .. r1-1; sample 0 is written, later ones added through `prod`."""
+        p = self.g.p
+        for k in range(s, e):
+            for i in range(r0, r1):
+                o = self.wins[i]
+                win_t = bf[k - s, :, o:o + p].T
+                if k == 0:
+                    np.matmul(dy3[k], win_t, out=acc[i].T)
+                else:
+                    np.matmul(dy3[k], win_t, out=prod.T)
+                    np.add(acc[i], prod, out=acc[i])
 
     def _input_grad_scatter(self, w, dy3, dx, ws) -> None:
         """dx when `_dgrad` does not apply: drows[n] = the sum over kernel rows of Wr[i].T @ dy[n] placed at the
@@ -654,6 +716,10 @@ class ConvOps:
         """y = conv2d(x, w) + b, written into y (N, Cout, Ho, Wo)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
+        with lanes.blas_pinned() if small_gemms(g) else nullcontext():
+            self._conv_forward(g, taps, ws, x, w, b, y, stride, algo)
+
+    def _conv_forward(self, g, taps, ws, x, w, b, y, stride, algo) -> None:
         if algo in OBJECT_ALGOS:
             taps.forward(x, w, y, ws)  # the layer's _RowShift, _Grouped or _Winograd
             if b is not None:
@@ -682,6 +748,10 @@ class ConvOps:
         """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
+        with lanes.blas_pinned() if small_gemms(g) else nullcontext():
+            self._conv_backward(g, taps, ws, x, w, dy, dx, dw, db, stride, algo)
+
+    def _conv_backward(self, g, taps, ws, x, w, dy, dx, dw, db, stride, algo) -> None:
         if algo in OBJECT_ALGOS:
             if dx is not None or dw is not None:
                 taps.backward(x, w, dy, dx, dw, ws)  # the layer's _RowShift, _Grouped or _Winograd

@@ -202,3 +202,19 @@ def test_winograd_policies_bit_identical_to_none(policy, monkeypatch):
     want = ref.executor.state_dict()
     for name in want:
         assert np.array_equal(want[name], got[name]), name
+
+
+@pytest.mark.parametrize("policy", ["none", "recompute", "offload"])
+def test_lanes_do_not_change_the_bits(policy, monkeypatch):
+    """The convolution lanes (`cpu_lanes`) split samples over threads; the parameters after training are the
+    same bits with one thread or three, under every policy (ResNet-20's row-shift layers run in lanes)."""
+    kw = {}
+    if policy == "offload":
+        kw["budget"] = int(plan_network(make("resnet20"), SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
+                                        "liveness").peak_bytes * 0.8)
+    states = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("MINIDL_CPU_THREADS", threads)
+        states.append(train("resnet20", policy, steps=2, **kw).executor.state_dict())
+    for name in states[0]:
+        assert np.array_equal(states[0][name], states[1][name]), name

@@ -1,0 +1,138 @@
+"""Lanes: a convolution's samples split over host threads, with results that do not depend on the thread count.
+
+Why. The convolutions of CIFAR-sized networks are sequences of small per-sample GEMMs ((16, 48) x (48, 1024) in
+ResNet-56's first stage). OpenBLAS threads one such product poorly or not at all, so with two cores minidl ran
+them as slowly as with one (ResNet-56 b32: 413 ms at 2 threads, 396 at 1, PyTorch 290 -> 175). Running disjoint
+ranges of samples on separate threads keeps every core busy: numpy's GEMMs, copies and additions release the
+GIL, so Python threads overlap them (measured on the 2-core VM: a (32, 16, 32, 32) row-shift forward 2.3 ->
+1.4 ms).
+
+Determinism is the contract: lanes split only work that no sum runs across (the samples of a forward, the
+kernel rows of a weight gradient), and each lane computes exactly the products and sums one thread would, in
+the same order. So the bits are the same with 1, 2 or 8 threads, and every memory policy still gives the
+parameters of `none`.
+
+While lanes run, the BLAS runs one thread per call (`blas_pinned`): each lane's GEMMs are its own, and an
+OpenBLAS that also threads them puts two threads per core in each other's way (measured: ResNet-56 b32 at 2
+threads, 437 ms per step with lanes over a 2-thread BLAS, 366 with lanes over a 1-thread BLAS, 440 without
+lanes). threadpoolctl finds the BLAS numpy loaded and sets its threads through its C API (~1 us a call).
+
+How many lanes: `count()`, from MINIDL_CPU_THREADS, else the cores this process may run on (at most
+`MAX_LANES`). `benchmarks/step_vs_torch.py --threads T` sets it to T, like PyTorch's and numpy's threads.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Callable, Sequence
+
+ENV = "MINIDL_CPU_THREADS"
+MAX_LANES = 8  # more threads split the samples of a batch-32 layer too finely to pay their dispatch
+
+_pool: list = []  # [(workers, ThreadPoolExecutor)], created on first use
+_blas: list = []  # [the BLAS libraries' threadpoolctl controllers], found on first use
+
+
+def count() -> int:
+    """The number of lanes: MINIDL_CPU_THREADS when set (a positive integer), else the usable cores, capped at
+    `MAX_LANES`. Read on every call (an environment lookup, ~0.2 us), so a test or benchmark can change it."""
+    raw = os.environ.get(ENV, "")
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"{ENV} must be a positive integer, got {raw!r}") from None
+        if n < 1:
+            raise ValueError(f"{ENV} must be a positive integer, got {raw!r}")
+        return n
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_LANES, cores))
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) of `parts` contiguous, nearly equal ranges covering range(n) (the first ones one longer)."""
+    q, r = divmod(n, parts)
+    out, s = [], 0
+    for k in range(parts):
+        e = s + q + (1 if k < r else 0)
+        out.append((s, e))
+        s = e
+    return out
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    if not _pool or _pool[0][0] < workers:
+        if _pool:
+            _pool.pop()[1].shutdown(wait=True)
+        _pool.append((workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minidl-lane")))
+    return _pool[0][1]
+
+
+def _blas_controllers() -> list:
+    if not _blas:
+        import numpy  # noqa: F401 - threadpoolctl finds only the libraries already loaded
+        from threadpoolctl import ThreadpoolController
+        _blas.append(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return _blas[0]
+
+
+_depth = [0]  # how many `blas_pinned` blocks are open (the executor's thread opens them; lanes never do)
+
+
+@contextmanager
+def blas_pinned():
+    """The BLAS at one thread per call for the duration, then back to what it was (nested blocks: only the
+    outermost one sets and restores). The convolution kernels open one around a layer whose per-sample GEMMs
+    are small (`cpu_conv._LANE_MAX_MACS`), lanes or not: OpenBLAS splits such a product over threads at a loss
+    (measured ResNet-56 b32 at 2 threads: 381 ms per step with only the lanes' GEMMs pinned, 360 with every
+    small convolution's)."""
+    if _depth[0]:
+        _depth[0] += 1
+        try:
+            yield
+        finally:
+            _depth[0] -= 1
+        return
+    libs = _blas_controllers()
+    before = [lib.get_num_threads() for lib in libs]
+    for lib in libs:
+        lib.set_num_threads(1)
+    _depth[0] = 1
+    try:
+        yield
+    finally:
+        _depth[0] = 0
+        for lib, n in zip(libs, before):
+            lib.set_num_threads(n)
+
+
+def run(tasks: Sequence[Callable[[], None]]) -> None:
+    """Run the tasks, the first on the calling thread and the others on the lane pool, with the BLAS at one
+    thread; return when all are done, raising the first error (in task order). The tasks must touch disjoint
+    memory."""
+    if len(tasks) == 1:
+        tasks[0]()
+        return
+    with blas_pinned():
+        _run_lanes(tasks)
+
+
+def _run_lanes(tasks: Sequence[Callable[[], None]]) -> None:
+    pool = _executor(len(tasks) - 1)
+    futures = [pool.submit(t) for t in tasks[1:]]
+    first: BaseException | None = None
+    try:
+        tasks[0]()
+    except BaseException as e:  # noqa: BLE001 - re-raised below, after the other lanes have finished
+        first = e
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001
+            first = first or e
+    if first is not None:
+        raise first

@@ -1,0 +1,133 @@
+"""Convolution lanes (`cpu_lanes`): samples split over threads, with the same bits whatever the thread count."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from minidl.backend import cpu_conv, cpu_lanes
+from minidl.backend.cpu import CPUBackend
+
+
+def test_split_covers_the_range_in_order():
+    for n in range(0, 12):
+        for parts in range(1, 5):
+            ranges = cpu_lanes.split(n, parts)
+            assert len(ranges) == parts
+            assert [i for a, b in ranges for i in range(a, b)] == list(range(n))
+            sizes = [b - a for a, b in ranges]
+            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_count_reads_the_environment(monkeypatch):
+    monkeypatch.setenv(cpu_lanes.ENV, "3")
+    assert cpu_lanes.count() == 3
+    monkeypatch.delenv(cpu_lanes.ENV)
+    assert 1 <= cpu_lanes.count() <= cpu_lanes.MAX_LANES
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv(cpu_lanes.ENV, bad)
+        with pytest.raises(ValueError, match=f"MINIDL_CPU_THREADS must be a positive integer, got '{bad}'"):
+            cpu_lanes.count()
+
+
+def test_run_uses_threads_and_raises_the_first_error():
+    seen, lock = [], threading.Lock()
+
+    def task(k):
+        def run():
+            with lock:
+                seen.append((k, threading.current_thread().name))
+        return run
+    cpu_lanes.run([task(k) for k in range(3)])
+    assert sorted(k for k, _ in seen) == [0, 1, 2]
+    assert dict(seen)[0] == threading.current_thread().name  # the first task runs on the caller's thread
+    assert all(name.startswith("minidl-lane") for k, name in seen if k)
+
+    done = []
+
+    def fail(msg):
+        def run():
+            raise RuntimeError(msg)
+        return run
+    with pytest.raises(RuntimeError, match="lane 1"):
+        cpu_lanes.run([lambda: done.append(0), fail("lane 1"), fail("lane 2")])
+    assert done == [0]  # the other lanes ran to their end before the error was raised
+
+
+def test_blas_pinned_restores_the_threads():
+    libs = cpu_lanes._blas_controllers()  # the BLAS libraries loaded when lanes first ran (numpy's among them)
+    if not libs:
+        pytest.skip("numpy's BLAS is not visible to threadpoolctl")
+    before = [lib.get_num_threads() for lib in libs]
+    with cpu_lanes.blas_pinned():
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+        with cpu_lanes.blas_pinned():  # nested: still one, and the outer block restores
+            assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+    assert [lib.get_num_threads() for lib in libs] == before
+
+
+# (N, Cin, H, W, Cout, stride): small per-sample GEMMs, so the row-shift loops run in lanes
+LANE_CONFIGS = [(7, 16, 12, 12, 16, 1), (9, 8, 11, 9, 12, 2), (2, 16, 8, 8, 16, 1), (1, 4, 6, 6, 4, 1),
+                (5, 32, 8, 8, 32, 1)]
+
+
+def _conv_all(cfg, algo):
+    n, cin, h, w, cout, s = cfg
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32)
+    be = CPUBackend()
+    ho, wo = cpu_conv.conv_output_hw((h, w), (3, 3), (s, s), (1, 1), (1, 1))
+    y = np.empty((n, cout, ho, wo), np.float32)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    g = _geom(cfg)  # workspaces of exactly the declared size: lanes stay inside them
+    ws_f = np.zeros(cpu_conv.conv_workspace_bytes(algo, "fwd", g, 4), np.uint8)
+    ws_b = np.zeros(cpu_conv.conv_workspace_bytes(algo, "bwd", g, 4), np.uint8)
+    be.conv2d_forward(x, wt, None, y, (s, s), (1, 1), (1, 1), 1, algo, ws_f)
+    dx, dw = np.empty_like(x), np.empty_like(wt)
+    be.conv2d_backward(x, wt, dy, dx, dw, None, (s, s), (1, 1), (1, 1), 1, algo, ws_b)
+    return (x, wt, dy), (y, dx, dw)
+
+
+def _geom(cfg):
+    n, cin, h, w, cout, s = cfg
+    ho, wo = cpu_conv.conv_output_hw((h, w), (3, 3), (s, s), (1, 1), (1, 1))
+    return cpu_conv.ConvGeometry(n, cin, h, w, cout, 3, 3, ho, wo, 1, (s, s), (1, 1), (1, 1))
+
+
+@pytest.mark.parametrize("cfg", LANE_CONFIGS, ids=str)
+def test_same_bits_whatever_the_lanes(cfg, monkeypatch):
+    """1, 2, 3 or 5 lanes, `rows` (lanes) or `rows_chunked` (one thread): the very same y, dx and dW; and
+    the kernel rows split over lanes still give the convolution's gradient (against PyTorch)."""
+    assert cpu_conv.small_gemms(_geom(cfg))
+    results = {}
+    for threads in (1, 2, 3, 5):
+        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        for algo in ("rows", "rows_chunked"):
+            inputs, results[threads, algo] = _conv_all(cfg, algo)
+    ref = results[1, "rows"]
+    for key, got in results.items():
+        for a, b, name in zip(got, ref, ("y", "dx", "dw")):
+            assert np.array_equal(a, b), (key, name)
+    x, wt, dy = (torch.tensor(a, dtype=torch.float64) for a in inputs)
+    x.requires_grad_(True)
+    wt.requires_grad_(True)
+    s = cfg[5]
+    ty = torch.nn.functional.conv2d(x, wt, stride=s, padding=1)
+    ty.backward(dy)
+    for a, b in zip(ref, (ty.detach(), x.grad, wt.grad)):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_lanes_only_for_rows_and_small_gemms(monkeypatch):
+    monkeypatch.setenv(cpu_lanes.ENV, "4")
+    small = _geom((8, 16, 32, 32, 16, 1))
+    big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
+    assert cpu_conv.small_gemms(small) and not cpu_conv.small_gemms(big)
+    assert cpu_conv._RowShift(small, "rows", 4).lanes(4) == 4
+    assert cpu_conv._RowShift(small, "rows", 4).lanes(2) == 2
+    assert cpu_conv._RowShift(small, "rows_chunked", 4).lanes(4) == 1  # one sample's buffer: one lane
+    assert cpu_conv._RowShift(big, "rows", 4).lanes(4) == 1  # OpenBLAS threads these itself
+    one = _geom((1, 16, 32, 32, 16, 1))
+    assert cpu_conv._RowShift(one, "rows", 4).lanes(4) == 1  # one sample: nothing to split
