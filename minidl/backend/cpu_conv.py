@@ -159,6 +159,13 @@ def small_gemms(g: ConvGeometry) -> bool:
     return g.cout * g.k * g.p // g.groups <= _LANE_MAX_MACS
 
 
+def _pin(g: ConvGeometry) -> bool:
+    """Whether a convolution call runs with a one-thread BLAS: small GEMMs, and more than one thread asked for
+    (with one, the BLAS is meant to run one thread already, and the ~5 us of setting and restoring it would
+    land on the dispatch-bound batch-1 path)."""
+    return small_gemms(g) and lanes.count() > 1
+
+
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
     """The algorithms a configuration can run with: `im2col_grouped` or `winograd` alone where the shapes call
     for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the row-shift pair
@@ -533,6 +540,9 @@ class _RowShift:
         tmp = view(ws, self.off_t, (self.sub, g.cout, g.p), w.dtype)
         y3 = _as(y, (g.n, g.cout, g.p))
         n_lanes = self.lanes(self.sub)
+        if n_lanes == 1:  # no task list to build on the dispatch-bound path (batch 1, one thread)
+            self._forward_samples(x, y3, buf, wr, tmp, 0, g.n)
+            return
         lanes.run([lambda a=a, b=b, s0=s0, s1=s1: self._forward_samples(x, y3, buf, wr, tmp[s0:s1], a, b)
                    for (a, b), (s0, s1) in zip(lanes.split(g.n, n_lanes), lanes.split(self.sub, n_lanes))])
 
@@ -716,7 +726,7 @@ class ConvOps:
         """y = conv2d(x, w) + b, written into y (N, Cout, Ho, Wo)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
-        with lanes.blas_pinned() if small_gemms(g) else nullcontext():
+        with lanes.blas_pinned() if _pin(g) else nullcontext():
             self._conv_forward(g, taps, ws, x, w, b, y, stride, algo)
 
     def _conv_forward(self, g, taps, ws, x, w, b, y, stride, algo) -> None:
@@ -748,7 +758,7 @@ class ConvOps:
         """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
-        with lanes.blas_pinned() if small_gemms(g) else nullcontext():
+        with lanes.blas_pinned() if _pin(g) else nullcontext():
             self._conv_backward(g, taps, ws, x, w, dy, dx, dw, db, stride, algo)
 
     def _conv_backward(self, g, taps, ws, x, w, dy, dx, dw, db, stride, algo) -> None:
