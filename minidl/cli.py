@@ -90,10 +90,13 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
     p.add_argument("--policy", default=None, choices=available_policies(),
                    help="memory policy (default: auto when --budget is given, else liveness)")
-    p.add_argument("--cpu-winograd", action="store_true",
-                   help="CPU backend: run 3x3 stride-1 convolutions with >= 32 channels as Winograd F(2x2, 3x3) "
-                        "(faster; those layers then have one workspace size, which the planner cannot shrink "
-                        "under a budget); sets MINIDL_CPU_WINOGRAD=1")
+    p.add_argument("--no-cpu-winograd", dest="cpu_winograd", action="store_false", default=None,
+                   help="CPU backend: run 3x3 stride-1 convolutions with >= 32 channels as the row-shift pair "
+                        "instead of Winograd F(2x2, 3x3), which is the default (faster; other rounding, the same "
+                        "guarantees); sets MINIDL_CPU_WINOGRAD=0")
+    p.add_argument("--cpu-winograd", dest="cpu_winograd", action="store_true",
+                   help="CPU backend: Winograd F(2x2, 3x3) for those convolutions (the default; sets "
+                        "MINIDL_CPU_WINOGRAD=1, overriding the environment)")
     p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                    help="CPU backend: threads for the convolution lanes and numpy's BLAS (default: the usable "
                         "cores, at most 8); sets MINIDL_CPU_THREADS. Results are the same bits whatever N")
@@ -597,8 +600,8 @@ def _train(args, backend, comm) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "cpu_winograd", False):
-        os.environ["MINIDL_CPU_WINOGRAD"] = "1"   # read by cpu_winograd.enabled() when layers are planned
+    if getattr(args, "cpu_winograd", None) is not None:  # read by cpu_winograd.enabled() when layers are planned
+        os.environ["MINIDL_CPU_WINOGRAD"] = "1" if args.cpu_winograd else "0"
     if getattr(args, "threads", None):
         os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # read by cpu_lanes.count() at every convolution
         import numpy  # noqa: F401 - threadpoolctl limits the libraries already loaded

@@ -22,8 +22,9 @@ alone and never mixed with another in one layer's menu (so a layer's sums never 
   only the kw column taps and read the kh row taps as shifted views.
 - ``im2col_grouped`` (`_Grouped`): small output planes with long column matrices (ResNet-50's 14x14 and 7x7
   3x3 convolutions) run one GEMM over several samples side by side, not one per sample.
-- ``winograd`` (`cpu_winograd`): 3x3 kernels at stride 1 with at least 32 channels in and out: Winograd's
-  F(2x2, 3x3), 2.25x fewer multiplications.
+- ``winograd`` / ``winograd_by_position`` (`cpu_winograd`): 3x3 kernels at stride 1 with at least 32 channels
+  in and out: Winograd's F(2x2, 3x3), 2.25x fewer multiplications; the second variant transforms one of the
+  tile's 16 positions at a time, in a sixteenth of the memory, with the same bits.
 
 im2col never materializes a zero-padded copy of the input: for each kernel tap the outputs whose input falls
 inside the image form a rectangle (see `_taps`), which is copied with one strided `np.copyto` vectorized over the
@@ -59,7 +60,9 @@ IM2COL_ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
 ROW_ALGOS = ("rows", "rows_chunked")
 GROUPED = "im2col_grouped"
 WINOGRAD = "winograd"
-OBJECT_ALGOS = ROW_ALGOS + (GROUPED, WINOGRAD)  # run by the layer's own object (_RowShift, _Grouped, _Winograd)
+WINOGRAD_BY_POSITION = "winograd_by_position"
+WINOGRAD_ALGOS = (WINOGRAD, WINOGRAD_BY_POSITION)
+OBJECT_ALGOS = ROW_ALGOS + (GROUPED,) + WINOGRAD_ALGOS  # run by the layer's own object (_RowShift, _Grouped, _Winograd)
 ALGOS = IM2COL_ALGOS + OBJECT_ALGOS
 _CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
 _SUB = 4  # samples per product of the row-shift forward: its scratch holds this many samples' outputs, not N
@@ -73,7 +76,7 @@ _LANE_MAX_MACS = 12_000_000  # layers with at most this many multiply-adds per s
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
 # The row-shift pair builds a third of im2col's columns (kw taps, not kh*kw) and reads the rest as views.
 EST_COST = {"gemm_1x1": 0.9, "im2col": 1.0, "im2col_chunked": 1.1, "rows": 0.7, "rows_chunked": 0.75,
-            "im2col_grouped": 0.7, "winograd": 0.5}
+            "im2col_grouped": 0.7, "winograd": 0.5, "winograd_by_position": 1.25}
 
 
 @dataclass(slots=True, frozen=True)
@@ -167,14 +170,14 @@ def _pin(g: ConvGeometry) -> bool:
 
 
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
-    """The algorithms a configuration can run with: `im2col_grouped` or `winograd` alone where the shapes call
-    for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the row-shift pair
+    """The algorithms a configuration can run with: `im2col_grouped` alone or the Winograd pair where the
+    shapes call for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the row-shift pair
     where it applies (`uses_rows`), else im2col and its per-sample variant, plus gemm_1x1 where the input is
     the column matrix."""
     if geom is not None and uses_grouped(geom):
         return [GROUPED]
     if geom is not None and cpu_winograd.applies(geom):
-        return [WINOGRAD]
+        return list(WINOGRAD_ALGOS)
     if uses_rows(kernel, stride, groups):
         return list(ROW_ALGOS)
     ok_1x1 = is_1x1(kernel, stride, padding, dilation)
@@ -201,8 +204,8 @@ def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: in
         return _RowShift(geom, algo, itemsize).total(phase)
     if algo == GROUPED:
         return _Grouped(geom, itemsize).total(phase)
-    if algo == WINOGRAD:
-        return cpu_winograd._Winograd(geom, itemsize).total(phase)
+    if algo in WINOGRAD_ALGOS:
+        return cpu_winograd._Winograd(geom, itemsize, by_position=algo == WINOGRAD_BY_POSITION).total(phase)
     return _layout(algo, phase, geom, itemsize)[2]
 
 
@@ -869,6 +872,6 @@ class ConvOps:
             return g, _RowShift(g, algo, x.dtype.itemsize), need
         if algo == GROUPED:
             return g, _Grouped(g, x.dtype.itemsize), need
-        if algo == WINOGRAD:
-            return g, cpu_winograd._Winograd(g, x.dtype.itemsize), need
+        if algo in WINOGRAD_ALGOS:
+            return g, cpu_winograd._Winograd(g, x.dtype.itemsize, by_position=algo == WINOGRAD_BY_POSITION), need
         return g, _taps(g, stride, padding, dilation), need

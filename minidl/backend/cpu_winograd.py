@@ -19,14 +19,16 @@ dW = G^T dU G (`weight_grad_tiles`).
 
 Numerics and bit-identity. Results differ from a direct convolution by rounding (measured ~3e-7 relative on
 float32 against PyTorch in float64, as accurate as im2col here); the tests compare with PyTorch and finite
-differences. A layer that runs Winograd has no other algorithm, the samples per group are fixed by the shapes,
-and dU sums the groups in order: every run, whatever the budget, sums in the same order. Where numba cannot
-be imported the algorithm is not offered (`available`), so those layers run the row-shift formulation.
+differences. A layer that runs Winograd has the two variants of `_Winograd` on its menu, which sum in one
+order: the samples per group are fixed by the shapes, dU sums the groups in order, each output sums its nine
+terms in position order, so every run, whatever the budget picks, gives the same bits. Where numba cannot be
+imported the algorithm is not offered (`available`), so those layers run the row-shift formulation.
 
-Opt-in (`enabled`: MINIDL_CPU_WINOGRAD=1, or the CLI's `--cpu-winograd`). Applies (`applies`) to 3x3
-kernels at stride 1, dilation 1, one group, padding 0..2, with at least 32 input and output channels:
-measured on 16-channel layers the channels-last transposition of the transforms costs more than the
-multiplications saved (32 x 16 x 32 x 32 forward: 2.6 ms against the row-shift's 2.1 ms).
+On by default (`enabled`; MINIDL_CPU_WINOGRAD=0 or the CLI's `--no-cpu-winograd` switches it off); until the
+by-position variant existed it was opt-in, since a tight budget could not shrink a Winograd layer's workspace.
+Applies (`applies`) to 3x3 kernels at stride 1, dilation 1, one group, padding 0..2, with at least 32 input
+and output channels: measured on 16-channel layers the channels-last transposition of the transforms costs
+more than the multiplications saved (32 x 16 x 32 x 32 forward: 2.6 ms against the row-shift's 2.1 ms).
 """
 from __future__ import annotations
 
@@ -47,11 +49,13 @@ ENV = "MINIDL_CPU_WINOGRAD"
 
 
 def enabled() -> bool:
-    """Whether Winograd is switched on: opt-in, by the environment variable MINIDL_CPU_WINOGRAD=1 (the CLI's
-    `--cpu-winograd` sets it). Why opt-in: a layer that runs Winograd has this one algorithm and its workspace,
-    so the planner can no longer shrink that layer's workspace under a tight budget (the row-shift pair offers a
-    per-sample variant); the default keeps every layer's menu, the switch trades it for speed."""
-    return os.environ.get(ENV, "") == "1"
+    """Whether Winograd is on: by default; MINIDL_CPU_WINOGRAD=0 (the CLI's `--no-cpu-winograd`) switches it off,
+    so that those layers run the row-shift pair (other numerics, the same guarantees). Any other value than 0
+    or 1 is refused, naming the variable: a typo should not silently pick an algorithm."""
+    value = os.environ.get(ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 (off) or 1 (on, the default), got {value!r}")
+    return value == "1"
 
 
 def available() -> bool:
@@ -61,7 +65,8 @@ def available() -> bool:
 
 def applies(g) -> bool:
     """Whether the convolution of geometry `g` (a `cpu_conv.ConvGeometry`) runs Winograd F(2x2, 3x3). Only
-    when switched on is the kernel module imported (numba present but broken: not offered)."""
+    for such shapes, and when switched on, is the kernel module imported (numba present but broken: not
+    offered)."""
     return (g.groups == 1 and (g.kh, g.kw) == (3, 3) and tuple(g.stride) == (1, 1)
             and tuple(g.dilation) == (1, 1) and all(0 <= p <= 2 for p in g.padding)
             and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available() and jit() is not None)
@@ -72,16 +77,28 @@ def _round(c: int) -> int:
 
 
 class _Winograd:
-    """One layer's Winograd convolution: workspace layout and the forward and backward passes.
+    """One layer's Winograd convolution: workspace layout and the forward and backward passes, in one of two
+    variants that compute the same values in the same order (so the planner may pick either, bit-identically):
 
-    Workspace, forward: U (16, CiB, CoB) | V (16, Tg, CiB) | M (16, Tg, CoB) | the weight transposed (3, 3, Ci,
-    Co) | the transforms' scratch (channels-last input and output blocks, one tile's results). Backward: first
-    dW (V | dM | the dU accumulator | one dU product when there is more than one group | dW transposed |
-    scratch), then dx (the flipped convolution's forward) in the same memory: the larger of the two. CiB, CoB
-    are the channels rounded up to 16, Tg the tiles of one group of samples."""
+    - `winograd` (whole tile): all 16 positions of a group's tiles at once. Workspace, forward: U (16, CiB, CoB)
+      | V (16, Tg, CiB) | M (16, Tg, CoB) | the weight transposed (3, 3, Ci, Co) | the transforms' scratch
+      (channels-last input and output blocks, one tile's results). Backward: first dW (V | dM | the dU
+      accumulator | one dU product when there is more than one group | dW transposed | scratch), then dx (the
+      flipped convolution's forward) in the same memory: the larger of the two.
+    - `winograd_by_position`: one position at a time, a sixteenth of V and M (and of U in the forward): position
+      (k, l)'s U, then for every group its V, the GEMM, and its share of the outputs added into y. Forward:
+      U1 (CiB, CoB) | V1 (Tg, CiB) | M1 (Tg, CoB) | the weight transposed | input scratch. Backward: dW (V1 |
+      dM1 | the dU accumulator (16, CiB, CoB) | one (CiB, CoB) product with more than one group | dW transposed
+      | input and gradient scratch), then dx in the same memory. Slower (each position re-reads the input and
+      re-walks the outputs), for budgets the whole-tile workspace does not fit.
 
-    def __init__(self, g, itemsize: int, forward_only: bool = False):
-        self.g, self.isz = g, itemsize
+    Why the two agree bit for bit: every GEMM has the same operands (position p's (Tg, CiB) by (CiB, CoB),
+    the same groups of samples), every transformed value is the same expression of the same inputs
+    (`cpu_winograd_jit`), each output sums its nine terms in position order in both, and dU sums the groups in
+    order per position in both. CiB, CoB are the channels rounded up to 16, Tg the tiles of one group."""
+
+    def __init__(self, g, itemsize: int, forward_only: bool = False, by_position: bool = False):
+        self.g, self.isz, self.by_position = g, itemsize, by_position
         self.th, self.tw = -(-g.ho // 2), -(-g.wo // 2)
         self.cib, self.cob = _round(g.cin), _round(g.cout)
         per_sample = self.th * self.tw
@@ -90,14 +107,20 @@ class _Winograd:
         tg = self.size * per_sample
         xs = (2 * self.th + 2) * (2 * self.tw + 2) * BLOCK
         ys = (2 * self.th) * (2 * self.tw) * BLOCK
-        fwd = [("u", (16, self.cib, self.cob)), ("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)),
-               ("wt", (3, 3, g.cin, g.cout)), ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
-        dw = [("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)), ("acc", (16, self.cib, self.cob)),
-              ("prod", (16, self.cib, self.cob) if self.groups > 1 else (0,)), ("wt", (3, 3, g.cin, g.cout)),
-              ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
+        wt = ("wt", (3, 3, g.cin, g.cout))
+        if by_position:
+            fwd = [("u", (self.cib, self.cob)), ("v", (tg, self.cib)), ("m", (tg, self.cob)), wt, ("xs", (xs,))]
+            dw = [("v", (tg, self.cib)), ("m", (tg, self.cob)), ("acc", (16, self.cib, self.cob)),
+                  ("prod", (self.cib, self.cob) if self.groups > 1 else (0,)), wt, ("xs", (xs,)), ("ys", (ys,))]
+        else:
+            fwd = [("u", (16, self.cib, self.cob)), ("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)), wt,
+                   ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
+            dw = [("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)), ("acc", (16, self.cib, self.cob)),
+                  ("prod", (16, self.cib, self.cob) if self.groups > 1 else (0,)), wt,
+                  ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
         self.fwd_layout, self.fwd_total = self._place(fwd)
         self.dw_layout, self.dw_total = self._place(dw)
-        self.dgrad = None if forward_only else _Winograd(self._flipped(g), itemsize, forward_only=True)
+        self.dgrad = None if forward_only else _Winograd(self._flipped(g), itemsize, True, by_position)
 
     @staticmethod
     def _flipped(g):
@@ -120,8 +143,14 @@ class _Winograd:
         return {name: view(ws, off, shape, dt) for name, (off, shape) in layout.items()}
 
     def _group_views(self, ws, layout, dt, name, channels, samples):
-        """A contiguous (16, samples * th * tw, channels) view at `name`'s place (a short last group too)."""
-        return view(ws, layout[name][0], (16, samples * self.th * self.tw, channels), dt)
+        """A contiguous (16, samples * th * tw, channels) view at `name`'s place (a short last group too); one
+        position's (samples * th * tw, channels) in the by-position variant."""
+        rows = samples * self.th * self.tw
+        return view(ws, layout[name][0], (rows, channels) if self.by_position else (16, rows, channels), dt)
+
+    def _spans(self):
+        """The groups of samples, [s0, s1) each: fixed by the shapes, the same in both variants."""
+        return [(s0, min(self.g.n, s0 + self.size)) for s0 in range(0, self.g.n, self.size)]
 
     def forward(self, x, w, y, ws) -> None:
         """y = conv(x, w) (no bias); `w` may be any strided view (dx passes the flipped, transposed kernel)."""
@@ -129,11 +158,21 @@ class _Winograd:
         g, dt = self.g, x.dtype
         b = self._views(ws, self.fwd_layout, dt)
         np.copyto(b["wt"], w.transpose(2, 3, 1, 0))
-        k.weight_tiles(b["wt"], b["u"])
         xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
+        if self.by_position:
+            for pos in range(16):
+                k.weight_position(b["wt"], pos // 4, pos % 4, b["u"])
+                for s0, s1 in self._spans():
+                    v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
+                    m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
+                    k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
+                                     xs, v)
+                    np.matmul(v, b["u"], out=m)
+                    k.output_position(m, s0, s1, self.th, self.tw, pos // 4, pos % 4, y)
+            return
+        k.weight_tiles(b["wt"], b["u"])
         ys = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
-        for s0 in range(0, g.n, self.size):
-            s1 = min(g.n, s0 + self.size)
+        for s0, s1 in self._spans():
             v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
             m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
             k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
@@ -155,10 +194,20 @@ class _Winograd:
         xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
         ds = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
         acc, prod = b["acc"], b["prod"]
-        for s0 in range(0, g.n, self.size):
-            s1 = min(g.n, s0 + self.size)
+        for s0, s1 in self._spans():
             v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
             dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+            if self.by_position:
+                for pos in range(16):
+                    k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
+                                     xs, v)
+                    k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)
+                    if s0 == 0:
+                        np.matmul(v.T, dm, out=acc[pos])
+                    else:
+                        np.matmul(v.T, dm, out=prod)
+                        np.add(acc[pos], prod, out=acc[pos])
+                continue
             k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
             k.grad_tiles(dy, s0, s1, self.th, self.tw, ds, b["buf"], dm)
             if s0 == 0:

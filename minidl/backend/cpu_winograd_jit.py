@@ -211,15 +211,13 @@ def _output_block(mf, yf, th, tw, base, cbo, ps, cbw, buf):
                 m13 = mf[q + uint64(13) * pss]
                 m14 = mf[q + uint64(14) * pss]
                 m15 = mf[q + uint64(15) * pss]
-                # A^T = [[1, 1, 1, 0], [0, 1, -1, -1]], columns then rows
-                a0, b0 = m0 + m1 + m2, m1 - m2 - m3
-                a1, b1 = m4 + m5 + m6, m5 - m6 - m7
-                a2, b2 = m8 + m9 + m10, m9 - m10 - m11
-                a3, b3 = m12 + m13 + m14, m13 - m14 - m15
-                buf[ch] = a0 + a1 + a2
-                buf[ch + uint64(16)] = b0 + b1 + b2
-                buf[ch + uint64(32)] = a1 - a2 - a3
-                buf[ch + uint64(48)] = b1 - b2 - b3
+                # A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]: each output the sum of its nine terms, left to right in
+                # position order (not factored into rows and columns): the order `output_position` keeps when
+                # it adds one position at a time, so both give the same bits
+                buf[ch] = m0 + m1 + m2 + m4 + m5 + m6 + m8 + m9 + m10
+                buf[ch + uint64(16)] = m1 - m2 - m3 + m5 - m6 - m7 + m9 - m10 - m11
+                buf[ch + uint64(32)] = m4 + m5 + m6 - m8 - m9 - m10 - m12 - m13 - m14
+                buf[ch + uint64(48)] = m5 - m6 - m7 - m9 + m10 + m11 - m13 + m14 + m15
             y0 = (uint64(2) * ti * ysw + uint64(2) * tj) * ll
             for ch in range(uint64(32)):
                 yf[y0 + ch] = buf[ch]
@@ -296,3 +294,157 @@ def weight_grad_tiles(du, dwt):
                 dwt[1, b, i, o] = (s[1, b, o] - s[2, b, o]) * half
             for o in range(co):
                 dwt[2, b, i, o] = (s[1, b, o] + s[2, b, o]) * half + s[3, b, o]
+
+
+# -- one position at a time (`winograd_by_position`) -------------------------------------------------------------
+# The frugal variant computes the same values as the transforms above, position by position: each function below
+# evaluates, for its one position (k, l) of the 4x4 tile, exactly the expression the whole-tile function writes
+# out for that position (the same operands, operations and order), so the two variants agree bit for bit.
+
+@njit(inline="always", **_OPTS)
+def _b_row(k):
+    """Row k of B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]] as (first, second, sign):
+    row k of B^T a is a[first] + sign * a[second] (with sign -1 that is a[first] - a[second], bit for bit)."""
+    if k == 0:
+        return 0, 2, -1
+    if k == 1:
+        return 1, 2, 1
+    if k == 2:
+        return 2, 1, -1
+    return 1, 3, -1
+
+
+@njit(**_OPTS)
+def input_position(x, s0, s1, pad_h, pad_w, th, tw, k, l, xs, v1):
+    """v1 (T, CB) <- position (k, l) of B^T d B for every 4x4 input patch of samples [s0, s1) (the tiles as in
+    `input_tiles`): row combination k of the patch's columns first, then column combination l, as
+    `_input_block` computes it. Scratch: xs (2th + 2, 2tw + 2, 16)."""
+    c = x.shape[1]
+    wp = xs.shape[1]
+    r1, r2, sk = _b_row(k)
+    j1, j2, sl = _b_row(l)
+    sgk, sgl = x.dtype.type(sk), x.dtype.type(sl)   # in x's type: an int64 sign would promote to float64
+    xs[:] = 0
+    xf = xs.reshape(-1)
+    vf = v1.reshape(-1)
+    ll, cbw, uwp = uint64(L), uint64(v1.shape[1]), uint64(wp)
+    o11 = (uint64(r1) * uwp + uint64(j1)) * ll
+    o21 = (uint64(r2) * uwp + uint64(j1)) * ll
+    o12 = (uint64(r1) * uwp + uint64(j2)) * ll
+    o22 = (uint64(r2) * uwp + uint64(j2)) * ll
+    for s in range(s0, s1):
+        base = uint64((s - s0) * th * tw)
+        for cb in range(0, c, L):
+            _to_block(x, s, cb, pad_h, pad_w, xs)
+            for ti in range(uint64(th)):
+                for tj in range(uint64(tw)):
+                    i0 = (uint64(2) * ti * uwp + uint64(2) * tj) * ll
+                    o = (base + ti * uint64(tw) + tj) * cbw + uint64(cb)
+                    for ch in range(ll):
+                        p = i0 + ch
+                        ra = xf[p + o11] + sgk * xf[p + o21]
+                        rb = xf[p + o12] + sgk * xf[p + o22]
+                        vf[o + ch] = ra + sgl * rb
+
+
+@njit(inline="always", **_OPTS)
+def _a_comb(k, a, b):
+    """Row k of A = [[1, 0], [1, 1], [1, -1], [0, -1]] applied to (a, b), as `_grad_block` writes it."""
+    if k == 0:
+        return a
+    if k == 1:
+        return a + b
+    if k == 2:
+        return a - b
+    return -b
+
+
+@njit(**_OPTS)
+def grad_position(dy, s0, s1, th, tw, k, l, ds, dm1):
+    """dm1 (T, CB) <- position (k, l) of A dY A^T for every 2x2 tile of samples [s0, s1) of dy (as in
+    `grad_tiles`, rows first, then columns). Scratch: ds (2th, 2tw, 16)."""
+    c = dy.shape[1]
+    wp = ds.shape[1]
+    ds[:] = 0
+    df = ds.reshape(-1)
+    mf = dm1.reshape(-1)
+    ll, cbw, uwp = uint64(L), uint64(dm1.shape[1]), uint64(wp)
+    rw = uwp * ll
+    for s in range(s0, s1):
+        base = uint64((s - s0) * th * tw)
+        for cb in range(0, c, L):
+            _to_block(dy, s, cb, 0, 0, ds)
+            for ti in range(uint64(th)):
+                for tj in range(uint64(tw)):
+                    p0 = (uint64(2) * ti * uwp + uint64(2) * tj) * ll
+                    o = (base + ti * uint64(tw) + tj) * cbw + uint64(cb)
+                    for ch in range(ll):
+                        p = p0 + ch
+                        r0 = _a_comb(k, df[p], df[p + rw])
+                        r1 = _a_comb(k, df[p + ll], df[p + rw + ll])
+                        mf[o + ch] = _a_comb(l, r0, r1)
+
+
+@njit(**_OPTS)
+def output_position(m1, s0, s1, th, tw, k, l, y):
+    """y[s0:s1] (+)= position (k, l)'s share of A^T m A: each output of a tile is the sum of its nine terms in
+    position order (see `_output_block`), so the first position of output (a, b), which is (a, b) itself, writes
+    it and every later one adds or subtracts its m. Called for the 16 positions in order."""
+    _, co, ho, wo = y.shape
+    cbw = m1.shape[1]
+    for a in range(2):
+        ca = _a_comb(k, 1, 0) if a == 0 else _a_comb(k, 0, 1)   # A[k, a]
+        if ca == 0:
+            continue
+        for b in range(2):
+            cb = _a_comb(l, 1, 0) if b == 0 else _a_comb(l, 0, 1)
+            if cb == 0:
+                continue
+            first = k == a and l == b
+            plus = ca * cb > 0
+            for s in range(s0, s1):
+                base = (s - s0) * th * tw
+                for ch in range(co):
+                    for ti in range(th):
+                        r = 2 * ti + a
+                        if r >= ho:
+                            break
+                        for tj in range(tw):
+                            q = 2 * tj + b
+                            if q >= wo:
+                                break
+                            v = m1[(base + ti * tw + tj), ch]
+                            if first:
+                                y[s, ch, r, q] = v
+                            elif plus:
+                                y[s, ch, r, q] = y[s, ch, r, q] + v
+                            else:
+                                y[s, ch, r, q] = y[s, ch, r, q] - v
+
+
+@njit(inline="always", **_OPTS)
+def _g_comb(k, a0, a1, a2, half):
+    """Row k of G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]] applied to (a0, a1, a2), as
+    `weight_tiles` writes it."""
+    if k == 0:
+        return a0
+    if k == 1:
+        return (a0 + a1 + a2) * half
+    if k == 2:
+        return (a0 - a1 + a2) * half
+    return a2
+
+
+@njit(**_OPTS)
+def weight_position(wt, k, l, u1):
+    """u1 (CiB, CoB) <- position (k, l) of G g G^T for every 3x3 kernel g of wt (3, 3, Ci, Co): the kernel's
+    rows combined by G's row k, then its columns by row l, as `weight_tiles` does; padded channels zero."""
+    _, _, ci, co = wt.shape
+    half = wt.dtype.type(0.5)
+    u1[:] = 0
+    for i in range(ci):
+        for o in range(co):
+            t0 = _g_comb(k, wt[0, 0, i, o], wt[1, 0, i, o], wt[2, 0, i, o], half)
+            t1 = _g_comb(k, wt[0, 1, i, o], wt[1, 1, i, o], wt[2, 1, i, o], half)
+            t2 = _g_comb(k, wt[0, 2, i, o], wt[1, 2, i, o], wt[2, 2, i, o], half)
+            u1[i, o] = _g_comb(l, t0, t1, t2, half)

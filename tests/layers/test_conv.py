@@ -36,7 +36,8 @@ CONFIGS = [
     (2, 48, 6, 11, 4, 5, 1, (2, 1), (1, 2), 1, True),  # im2col_grouped: 5x5, dilation, odd padding
 ]
 
-# Winograd (opt-in: MINIDL_CPU_WINOGRAD=1): 3x3, stride 1, >= 32 channels in and out
+# Winograd (on by default, off with MINIDL_CPU_WINOGRAD=0): 3x3, stride 1, >= 32 channels in and out
+WINOGRAD_PAIR = ["winograd", "winograd_by_position"]
 WINOGRAD_CONFIGS = [
     (3, 32, 7, 9, 40, 3, 1, 1, 1, 1, True),          # odd sizes (partial tiles), 40 = 2.5 channel blocks
     (2, 33, 8, 8, 32, 3, 1, 0, 1, 1, False),         # no padding, a 1-channel last block
@@ -96,7 +97,7 @@ def _assert_bit_identical(runs):
     """Every algorithm's output, input delta and parameter gradients equal the first one's, bit for bit (a layer's
     menu is the row-shift pair or the im2col family, never both: see cpu_conv.uses_rows)."""
     ref = next(iter(runs.values()))
-    assert len(runs) >= 2 or list(runs) in (["im2col_grouped"], ["winograd"])  # those: the layer's only one
+    assert len(runs) >= 2 or list(runs) == ["im2col_grouped"]  # that one: the layer's only algorithm
     for algo, r in runs.items():
         assert np.array_equal(r.out, ref.out), algo
         assert np.array_equal(r.dinputs[0], ref.dinputs[0]), algo
@@ -252,8 +253,8 @@ def test_grouped_applies_to_small_planes_with_long_columns():
     c3 = Conv2d(512, 3, padding=1)
     assert c3.algorithms((8, 512, 7, 7)) == ["im2col_grouped"]        # ResNet-50's last stage
     assert c3.algorithms((8, 128, 14, 14)) == ["im2col_grouped"]      # 196 pixels, K = 1152: both limits
-    assert c3.algorithms((8, 128, 15, 14)) == ["rows", "rows_chunked"]  # 210 pixels
-    assert c3.algorithms((8, 127, 14, 14)) == ["rows", "rows_chunked"]  # K = 1143
+    assert c3.algorithms((8, 128, 15, 14)) == WINOGRAD_PAIR  # 210 pixels: not grouped (a 3x3 at stride 1)
+    assert c3.algorithms((8, 127, 14, 14)) == WINOGRAD_PAIR  # K = 1143
     s2 = Conv2d(512, 3, stride=2, padding=1)
     assert s2.algorithms((8, 128, 29, 29)) == ["rows", "rows_chunked"]  # 225 output pixels, stride 2
     assert s2.algorithms((8, 127, 28, 28)) == ["rows", "rows_chunked"]  # K = 1143
@@ -270,45 +271,49 @@ def test_grouped_applies_to_small_planes_with_long_columns():
 
 @pytest.fixture
 def winograd(monkeypatch):
-    """Winograd switched on (it is opt-in) for one test."""
+    """Winograd switched on explicitly (it is the default; a test must not depend on the caller's environment)."""
     monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
 
 
 @pytest.mark.parametrize("cfg", WINOGRAD_CONFIGS, ids=_id)
-def test_winograd_matches_torch_and_is_deterministic(cfg, winograd):
+def test_winograd_matches_torch_and_both_variants_agree_bitwise(cfg, winograd):
+    """Both variants against PyTorch; the by-position one gives the whole-tile one's bits (the planner may pick
+    either under a budget), and a second run the same bits again."""
     x, params = _data(cfg)
     dy = RNG.standard_normal(_layer(cfg).infer_shape([x.shape])).astype(np.float32)
     ty, tdx, tdw, tdb = _torch_ref(cfg, x, params, dy)
-    assert _algos(cfg) == ["winograd"]
-    r = _run(cfg, x, params, dy, "winograd")
-    _close(r.out, ty)
-    _close(r.dinputs[0], tdx)
-    _close(r.grads["weight"], tdw)
-    if tdb is not None:
-        _close(r.grads["bias"], tdb)
-    again = _run(cfg, x, params, dy, "winograd")
-    _assert_bit_identical({"winograd": r, "again": again})
+    assert _algos(cfg) == WINOGRAD_PAIR
+    runs = {}
+    for algo in WINOGRAD_PAIR:
+        r = runs[algo] = _run(cfg, x, params, dy, algo)
+        _close(r.out, ty)
+        _close(r.dinputs[0], tdx)
+        _close(r.grads["weight"], tdw)
+        if tdb is not None:
+            _close(r.grads["bias"], tdb)
+    runs["again"] = _run(cfg, x, params, dy, "winograd")
+    _assert_bit_identical(runs)
 
 
 @pytest.mark.parametrize("cfg", [(2, 32, 4, 5, 33, 3, 1, 1, 1, 1, True), (3, 33, 3, 3, 32, 3, 1, 0, 1, 1, False)])
 def test_winograd_gradcheck_float64(cfg, winograd):
     x, params = _data(cfg, np.float64, np.random.default_rng(2))
-    assert _algos(cfg) == ["winograd"]
-    directional_gradcheck(lambda: _layer(cfg), [x], params, algo_fwd="winograd", algo_bwd="winograd", rtol=1e-6,
-                          atol=1e-9)
+    assert _algos(cfg) == WINOGRAD_PAIR
+    for algo in WINOGRAD_PAIR:
+        directional_gradcheck(lambda: _layer(cfg), [x], params, algo_fwd=algo, algo_bwd=algo, rtol=1e-6,
+                              atol=1e-9)
 
 
 def test_winograd_applies_to_3x3_stride_1_with_32_channels(monkeypatch):
-    """`winograd`: opt-in; 3x3, stride 1, dilation 1, one group, padding 0..2, at least 32 channels in and out
-    (below that the row-shift formulation is faster, measured), numba importable; then the layer's only
-    algorithm."""
+    """The Winograd pair: on by default; 3x3, stride 1, dilation 1, one group, padding 0..2, at least 32 channels
+    in and out (below that the row-shift formulation is faster, measured), numba importable; then the layer's
+    only algorithms. MINIDL_CPU_WINOGRAD=0 switches it off; another value is refused, by name."""
     from minidl.backend import cpu_winograd
 
-    assert Conv2d(32, 3, padding=1).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]   # off by default
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
+    monkeypatch.delenv("MINIDL_CPU_WINOGRAD", raising=False)
     c = Conv2d(32, 3, padding=1)
-    assert c.algorithms((8, 32, 16, 16)) == ["winograd"]
-    assert c.algorithms((1, 64, 8, 8)) == ["winograd"]
+    assert c.algorithms((8, 32, 16, 16)) == WINOGRAD_PAIR
+    assert c.algorithms((1, 64, 8, 8)) == WINOGRAD_PAIR
     assert c.algorithms((8, 31, 16, 16)) == ["rows", "rows_chunked"]
     assert Conv2d(31, 3, padding=1).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
     assert Conv2d(32, 3, padding=3).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
@@ -316,16 +321,23 @@ def test_winograd_applies_to_3x3_stride_1_with_32_channels(monkeypatch):
     assert Conv2d(32, 3, dilation=2, padding=2).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
     assert Conv2d(32, 3, groups=2).algorithms((8, 32, 16, 16)) == ["im2col", "im2col_chunked"]
     assert Conv2d(256, 3, padding=1).algorithms((8, 256, 14, 14)) == ["im2col_grouped"]  # grouped first
+    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "0")
+    assert Conv2d(32, 3, padding=1).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
+    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "yes")
+    with pytest.raises(ValueError, match=r"MINIDL_CPU_WINOGRAD must be 0 \(off\) or 1.*'yes'"):
+        Conv2d(32, 3, padding=1).algorithms((8, 32, 16, 16))
+    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
     monkeypatch.setattr(cpu_winograd, "available", lambda: False)
     c2 = Conv2d(32, 3, padding=1)
     assert c2.algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
 
 
 def test_winograd_workspace_exact(winograd):
-    """The documented layout, each part 64-byte aligned: forward U (16, CiB, CoB) | V (16, Tg, CiB) |
-    M (16, Tg, CoB) | the weight transposed (3, 3, Ci, Co) | input scratch ((2th+2)(2tw+2), 16) | output
+    """The documented layouts, each part 64-byte aligned. Whole tile: forward U (16, CiB, CoB) | V (16, Tg, CiB)
+    | M (16, Tg, CoB) | the weight transposed (3, 3, Ci, Co) | input scratch ((2th+2)(2tw+2), 16) | output
     scratch (2th * 2tw, 16) | 256 values; backward the larger of dW's (V | dM | dU | a dU product with more
-    than one group | dW transposed | the same scratch) and the flipped convolution's forward."""
+    than one group | dW transposed | the same scratch) and the flipped convolution's forward. By position: a
+    sixteenth of U, V, M and of the dU product, no output scratch and no tile buffer."""
     def a(n):
         return -(-n // 64) * 64
 
@@ -334,17 +346,21 @@ def test_winograd_workspace_exact(winograd):
     # 16384 // ((48 + 48) * 20) = 8, so two groups; Tg = 8 * 20 = 160
     th, tw, cib, cob, tg = 4, 5, 48, 48, 160
     xs, ys = (2 * th + 2) * (2 * tw + 2) * 16, 2 * th * 2 * tw * 16
-    fwd = (a(16 * cib * cob * 4) + a(16 * tg * cib * 4) + a(16 * tg * cob * 4) + a(9 * 33 * 40 * 4)
-           + a(xs * 4) + a(ys * 4) + a(256 * 4))
-    dw = (a(16 * tg * cib * 4) + a(16 * tg * cob * 4) + 2 * a(16 * cib * cob * 4) + a(9 * 33 * 40 * 4)
-          + a(xs * 4) + a(ys * 4) + a(256 * 4))
+    wt, scratch = a(9 * 33 * 40 * 4), a(xs * 4) + a(ys * 4) + a(256 * 4)
+    fwd = a(16 * cib * cob * 4) + a(16 * tg * cib * 4) + a(16 * tg * cob * 4) + wt + scratch
+    dw = a(16 * tg * cib * 4) + a(16 * tg * cob * 4) + 2 * a(16 * cib * cob * 4) + wt + scratch
     # dx: dy (10, 40, 7, 9) -> dx (10, 33, 7, 9), padding 1: the same tiles, channels swapped
-    dx = (a(16 * cob * cib * 4) + a(16 * tg * cob * 4) + a(16 * tg * cib * 4) + a(9 * 40 * 33 * 4)
-          + a(xs * 4) + a(ys * 4) + a(256 * 4))
+    dx = a(16 * cob * cib * 4) + a(16 * tg * cob * 4) + a(16 * tg * cib * 4) + a(9 * 40 * 33 * 4) + scratch
+    fwd_p = a(cib * cob * 4) + a(tg * cib * 4) + a(tg * cob * 4) + wt + a(xs * 4)
+    dw_p = a(tg * cib * 4) + a(tg * cob * 4) + a(16 * cib * cob * 4) + a(cib * cob * 4) + wt + a(xs * 4) \
+        + a(ys * 4)
+    dx_p = a(cob * cib * 4) + a(tg * cob * 4) + a(tg * cib * 4) + a(9 * 40 * 33 * 4) + a(xs * 4)
     got_f = layer.workspace_options("fwd", [(10, 33, 7, 9)], (10, 40, 7, 9), 4)
     got_b = layer.workspace_options("bwd", [(10, 33, 7, 9)], (10, 40, 7, 9), 4)
-    assert [(o.algo, o.workspace_bytes) for o in got_f] == [("winograd", fwd)]
-    assert [(o.algo, o.workspace_bytes) for o in got_b] == [("winograd", max(dw, dx))]
+    assert [(o.algo, o.workspace_bytes) for o in got_f] == [("winograd", fwd), ("winograd_by_position", fwd_p)]
+    assert [(o.algo, o.workspace_bytes) for o in got_b] == [("winograd", max(dw, dx)),
+                                                            ("winograd_by_position", max(dw_p, dx_p))]
+    assert (fwd_p, max(dw_p, dx_p)) == (125888, 278464)   # against (1191872, 1339328)
     assert (fwd, max(dw, dx)) == (1191872, 1339328)
 
 
