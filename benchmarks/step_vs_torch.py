@@ -58,11 +58,12 @@ def main() -> None:
     ap.add_argument("--policy", default="liveness")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--interpreted", action="store_true", help="run minidl's interpreted executor")
-    ap.add_argument("--winograd", action="store_true",
-                    help="switch on the CPU backend's Winograd convolutions (MINIDL_CPU_WINOGRAD=1, opt-in)")
+    ap.add_argument("--no-winograd", dest="winograd", action="store_false",
+                    help="switch off the CPU backend's Winograd convolutions (MINIDL_CPU_WINOGRAD=0; on by default)")
+    ap.add_argument("--winograd", dest="winograd", action="store_true", default=True,
+                    help="Winograd on (the default; kept for the commands recorded before it was)")
     args = ap.parse_args()
-    if args.winograd:
-        os.environ["MINIDL_CPU_WINOGRAD"] = "1"
+    os.environ["MINIDL_CPU_WINOGRAD"] = "1" if args.winograd else "0"
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
     os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # minidl's convolution lanes (cpu_lanes)
@@ -114,7 +115,7 @@ def main() -> None:
     mo, mt = statistics.median(ours), statistics.median(theirs)
     print(f"{args.model}-{args.depth} batch {args.batch} {args.image_size}px, {args.threads} threads, "
           f"policy {args.policy}, {'interpreted' if args.interpreted else 'compiled'}"
-          f"{', winograd' if args.winograd else ''}; steps {ours=} {theirs=}")
+          f"{', winograd' if args.winograd else ', no winograd'}; steps {ours=} {theirs=}")
     print(f"{'layer type':<14} {'minidl ms':>10} {'torch ms':>10} {'ratio':>7}")
     for kind in sorted(set(per_ours) | set(per_theirs), key=lambda k: -per_ours.get(k, 0)):
         a, b = per_ours.get(kind, 0.0) * 1e3, per_theirs.get(kind, 0.0) * 1e3

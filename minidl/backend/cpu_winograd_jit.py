@@ -298,7 +298,7 @@ def weight_grad_tiles(du, dwt):
 
 # -- one position at a time (`winograd_by_position`) -------------------------------------------------------------
 # The frugal variant computes the same values as the transforms above, position by position: each function below
-# evaluates, for its one position (k, l) of the 4x4 tile, exactly the expression the whole-tile function writes
+# evaluates, for its one position (k, j) of the 4x4 tile, exactly the expression the whole-tile function writes
 # out for that position (the same operands, operations and order), so the two variants agree bit for bit.
 
 @njit(inline="always", **_OPTS)
@@ -315,14 +315,14 @@ def _b_row(k):
 
 
 @njit(**_OPTS)
-def input_position(x, s0, s1, pad_h, pad_w, th, tw, k, l, xs, v1):
-    """v1 (T, CB) <- position (k, l) of B^T d B for every 4x4 input patch of samples [s0, s1) (the tiles as in
-    `input_tiles`): row combination k of the patch's columns first, then column combination l, as
+def input_position(x, s0, s1, pad_h, pad_w, th, tw, k, j, xs, v1):
+    """v1 (T, CB) <- position (k, j) of B^T d B for every 4x4 input patch of samples [s0, s1) (the tiles as in
+    `input_tiles`): row combination k of the patch's columns first, then column combination j, as
     `_input_block` computes it. Scratch: xs (2th + 2, 2tw + 2, 16)."""
     c = x.shape[1]
     wp = xs.shape[1]
     r1, r2, sk = _b_row(k)
-    j1, j2, sl = _b_row(l)
+    j1, j2, sl = _b_row(j)
     sgk, sgl = x.dtype.type(sk), x.dtype.type(sl)   # in x's type: an int64 sign would promote to float64
     xs[:] = 0
     xf = xs.reshape(-1)
@@ -360,8 +360,8 @@ def _a_comb(k, a, b):
 
 
 @njit(**_OPTS)
-def grad_position(dy, s0, s1, th, tw, k, l, ds, dm1):
-    """dm1 (T, CB) <- position (k, l) of A dY A^T for every 2x2 tile of samples [s0, s1) of dy (as in
+def grad_position(dy, s0, s1, th, tw, k, j, ds, dm1):
+    """dm1 (T, CB) <- position (k, j) of A dY A^T for every 2x2 tile of samples [s0, s1) of dy (as in
     `grad_tiles`, rows first, then columns). Scratch: ds (2th, 2tw, 16)."""
     c = dy.shape[1]
     wp = ds.shape[1]
@@ -382,25 +382,24 @@ def grad_position(dy, s0, s1, th, tw, k, l, ds, dm1):
                         p = p0 + ch
                         r0 = _a_comb(k, df[p], df[p + rw])
                         r1 = _a_comb(k, df[p + ll], df[p + rw + ll])
-                        mf[o + ch] = _a_comb(l, r0, r1)
+                        mf[o + ch] = _a_comb(j, r0, r1)
 
 
 @njit(**_OPTS)
-def output_position(m1, s0, s1, th, tw, k, l, y):
-    """y[s0:s1] (+)= position (k, l)'s share of A^T m A: each output of a tile is the sum of its nine terms in
+def output_position(m1, s0, s1, th, tw, k, j, y):
+    """y[s0:s1] (+)= position (k, j)'s share of A^T m A: each output of a tile is the sum of its nine terms in
     position order (see `_output_block`), so the first position of output (a, b), which is (a, b) itself, writes
     it and every later one adds or subtracts its m. Called for the 16 positions in order."""
     _, co, ho, wo = y.shape
-    cbw = m1.shape[1]
     for a in range(2):
         ca = _a_comb(k, 1, 0) if a == 0 else _a_comb(k, 0, 1)   # A[k, a]
         if ca == 0:
             continue
         for b in range(2):
-            cb = _a_comb(l, 1, 0) if b == 0 else _a_comb(l, 0, 1)
+            cb = _a_comb(j, 1, 0) if b == 0 else _a_comb(j, 0, 1)
             if cb == 0:
                 continue
-            first = k == a and l == b
+            first = k == a and j == b
             plus = ca * cb > 0
             for s in range(s0, s1):
                 base = (s - s0) * th * tw
@@ -436,9 +435,9 @@ def _g_comb(k, a0, a1, a2, half):
 
 
 @njit(**_OPTS)
-def weight_position(wt, k, l, u1):
-    """u1 (CiB, CoB) <- position (k, l) of G g G^T for every 3x3 kernel g of wt (3, 3, Ci, Co): the kernel's
-    rows combined by G's row k, then its columns by row l, as `weight_tiles` does; padded channels zero."""
+def weight_position(wt, k, j, u1):
+    """u1 (CiB, CoB) <- position (k, j) of G g G^T for every 3x3 kernel g of wt (3, 3, Ci, Co): the kernel's
+    rows combined by G's row k, then its columns by row j, as `weight_tiles` does; padded channels zero."""
     _, _, ci, co = wt.shape
     half = wt.dtype.type(0.5)
     u1[:] = 0
@@ -447,4 +446,4 @@ def weight_position(wt, k, l, u1):
             t0 = _g_comb(k, wt[0, 0, i, o], wt[1, 0, i, o], wt[2, 0, i, o], half)
             t1 = _g_comb(k, wt[0, 1, i, o], wt[1, 1, i, o], wt[2, 1, i, o], half)
             t2 = _g_comb(k, wt[0, 2, i, o], wt[1, 2, i, o], wt[2, 2, i, o], half)
-            u1[i, o] = _g_comb(l, t0, t1, t2, half)
+            u1[i, o] = _g_comb(j, t0, t1, t2, half)

@@ -116,10 +116,34 @@ def make_plan(route: Route, policy: str = "liveness", budget: int | None = None,
     """
     ws = default_workspace(route) if workspace is None else workspace
     plan = _place(route, policy, ws, schedule, budget)
+    if budget is not None and plan.min_budget_bytes > budget and any(c.options for c in ws.values()):
+        plan = _frugal_fallback(route, policy, ws, schedule, budget, plan)
     plan.lower_bound_bytes = lower_bound(route)
     check_budget(plan, budget)
     plan.arena_bytes = budget if budget is not None else plan.min_budget_bytes
     return plan
+
+
+def _frugal_fallback(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None,
+                     budget: int, greedy: Plan) -> Plan:
+    """The plan with every open workspace on its smallest option, when the budgeted placement missed the budget.
+
+    Why: the placement fits each step's workspace to the memory free *at that step* (`WorkspaceFitter`), fastest
+    first; a fast, large workspace early can leave the pool fragmented so that a later step no longer fits,
+    where the smallest workspaces everywhere would have. Then the budget is met by the frugal plan, and an error
+    names the smaller of the two minima, which is the smallest budget that works (seen on CIFAR ResNets: the
+    greedy placement's minimum 0.8% above the frugal one's). Returns the plan with the smaller minimum."""
+    frugal = {}
+    for k, c in ws.items():
+        if not c.options:
+            frugal[k] = c
+            continue
+        o = min(c.options, key=lambda o: (align_up(o.workspace_bytes), o.est_cost))
+        frugal[k] = WorkspaceChoice(o.algo, o.workspace_bytes,
+                                    [f"{f.algo}: not taken (the fastest-that-fits placement missed the budget)"
+                                     for f in c.options if f.est_cost < o.est_cost])
+    plan = _place(route, policy, frugal, schedule, budget)
+    return plan if plan.min_budget_bytes < greedy.min_budget_bytes else greedy
 
 
 def check_budget(plan: Plan, budget: int | None) -> None:
