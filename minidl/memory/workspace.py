@@ -9,6 +9,9 @@ A convolution can be computed several ways that give the same numbers but need d
 - ``rows`` / ``rows_chunked`` replace the im2col pair for convolutions with stride 1 down the rows (most 3x3
   ones): only the kw column taps are built, the kh row taps are views (whole batch / one sample at a time).
   A layer's menu is one family or the other, fixed by its configuration, so whatever fits, the bits are the same.
+- ``winograd`` / ``winograd_by_position`` replace them for 3x3 stride-1 layers with >= 32 channels (on by
+  default): Winograd F(2x2, 3x3) on all 16 tile positions at once, or one position at a time in a sixteenth of
+  the memory, summed in the same order.
 
 cuDNN offers the same kind of menu on a GPU (implicit GEMM with no workspace, FFT and Winograd with a lot).
 SuperNeurons' rule, which minidl follows: try every algorithm once per shape, remember how fast each one is,
