@@ -119,3 +119,16 @@ def test_threads_option_sets_the_lanes_and_keeps_the_bits(capsys, tmp_path, monk
     monkeypatch.delenv("MINIDL_CPU_THREADS")
     for k in saves[0].files:
         assert np.array_equal(saves[0][k], saves[1][k]), k
+
+
+def test_winograd_options_set_the_switch(capsys, monkeypatch):
+    """Winograd is the CPU default; `--no-cpu-winograd` switches it off for the run (MINIDL_CPU_WINOGRAD=0, read
+    when layers are planned, so the workspaces and the plan's bytes change), `--cpu-winograd` back on."""
+    monkeypatch.delenv("MINIDL_CPU_WINOGRAD", raising=False)
+    argv = ("plan", "resnet", "--depth", "8", "--batch", "4", "--image-size", "16", "--policy", "none")
+    on = run_json(capsys, *argv)["peak_bytes"]
+    off = run_json(capsys, *argv, "--no-cpu-winograd")["peak_bytes"]
+    assert os.environ["MINIDL_CPU_WINOGRAD"] == "0"
+    again = run_json(capsys, *argv, "--cpu-winograd")["peak_bytes"]
+    assert os.environ["MINIDL_CPU_WINOGRAD"] == "1"
+    assert on == again != off

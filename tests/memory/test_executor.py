@@ -189,8 +189,8 @@ def test_budget_is_real_not_bookkeeping():
 
 @pytest.mark.parametrize("policy", ["liveness", "recompute", "offload"])
 def test_winograd_policies_bit_identical_to_none(policy, monkeypatch):
-    """With Winograd switched on (CIFAR ResNet-20's 32- and 64-channel stages run it), every exact policy still
-    gives the very parameters of `none`: the layer's one algorithm sums in one order whatever the budget."""
+    """With Winograd on (the default; CIFAR ResNet-20's 32- and 64-channel stages run it), every exact policy
+    still gives the very parameters of `none`: the layer's two variants sum in one order whatever the budget."""
     monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
     ref = train("resnet20", "none", steps=3)
     assert "winograd" in {sp.algo for sp in ref.plan.steps}
