@@ -124,7 +124,7 @@ def test_threads_option_sets_the_lanes_and_keeps_the_bits(capsys, tmp_path, monk
 def test_winograd_options_set_the_switch(capsys, monkeypatch):
     """Winograd is the CPU default; `--no-cpu-winograd` switches it off for the run (MINIDL_CPU_WINOGRAD=0, read
     when layers are planned, so the workspaces and the plan's bytes change), `--cpu-winograd` back on."""
-    monkeypatch.delenv("MINIDL_CPU_WINOGRAD", raising=False)
+    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")   # restored after the test (main() sets it)
     argv = ("plan", "resnet", "--depth", "8", "--batch", "4", "--image-size", "16", "--policy", "none")
     on = run_json(capsys, *argv)["peak_bytes"]
     off = run_json(capsys, *argv, "--no-cpu-winograd")["peak_bytes"]
