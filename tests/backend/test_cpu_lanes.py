@@ -145,3 +145,50 @@ def test_blas_pinned_only_where_lanes_could_split(monkeypatch):
     assert not cpu_conv._pin(big)
     monkeypatch.setenv(cpu_lanes.ENV, "1")
     assert not cpu_conv._pin(_geom((8, 16, 32, 32, 16, 1)))
+
+
+# (N, Cin, H, W, Cout, padding): Winograd layers with small GEMMs, so two slots of groups (see
+# `cpu_winograd._Winograd._in_slots`), which two lanes run side by side: odd group counts, a slot with one group,
+# odd sizes, a 1-channel last block
+WINOGRAD_LANE_CONFIGS = [(10, 64, 8, 8, 64, 1), (5, 32, 7, 9, 40, 1), (3, 48, 5, 6, 32, 0), (2, 33, 16, 16, 32, 2),
+                         (24, 32, 9, 9, 32, 1)]
+
+
+@pytest.mark.parametrize("cfg", WINOGRAD_LANE_CONFIGS, ids=str)
+def test_winograd_same_bits_whatever_the_lanes(cfg, monkeypatch):
+    """1, 2 or 3 threads, `winograd` (slots in lanes) and `winograd_by_position` (one thread): the same y, dx and
+    dW, in workspaces of exactly the declared size; and it is the convolution (against PyTorch)."""
+    from minidl.backend import cpu_winograd
+
+    n, cin, h, w, cout, p = cfg
+    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
+    g = cpu_conv.ConvGeometry(n, cin, h, w, cout, 3, 3, h + 2 * p - 2, w + 2 * p - 2, 1, (1, 1), (p, p), (1, 1))
+    assert cpu_conv.conv_algorithms((3, 3), (1, 1), (p, p), (1, 1), 1, g) == list(cpu_conv.WINOGRAD_ALGOS)
+    assert cpu_winograd._Winograd(g, 4).slots == 2
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32)
+    dy = rng.standard_normal((n, cout, g.ho, g.wo)).astype(np.float32)
+    results = {}
+    for threads in (1, 2, 3):
+        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        for algo in cpu_conv.WINOGRAD_ALGOS:
+            be = CPUBackend()
+            ws_f = np.full(cpu_conv.conv_workspace_bytes(algo, "fwd", g, 4), 255, np.uint8)
+            ws_b = np.full(cpu_conv.conv_workspace_bytes(algo, "bwd", g, 4), 255, np.uint8)
+            y = np.empty((n, cout, g.ho, g.wo), np.float32)
+            be.conv2d_forward(x, wt, None, y, (1, 1), (p, p), (1, 1), 1, algo, ws_f)
+            dx, dw = np.empty_like(x), np.empty_like(wt)
+            be.conv2d_backward(x, wt, dy, dx, dw, None, (1, 1), (p, p), (1, 1), 1, algo, ws_b)
+            results[threads, algo] = (y, dx, dw)
+    ref = results[1, "winograd"]
+    for key, got in results.items():
+        for a, b, name in zip(got, ref, ("y", "dx", "dw")):
+            assert np.array_equal(a, b), (key, name)
+    tx, tw, tdy = (torch.tensor(a, dtype=torch.float64) for a in (x, wt, dy))
+    tx.requires_grad_(True)
+    tw.requires_grad_(True)
+    ty = torch.nn.functional.conv2d(tx, tw, padding=p)
+    ty.backward(tdy)
+    for a, b in zip(ref, (ty.detach(), tx.grad, tw.grad)):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-4)
