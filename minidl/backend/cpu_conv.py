@@ -69,6 +69,8 @@ _SUB = 4  # samples per product of the row-shift forward: its scratch holds this
 _GROUP_COLS = 512  # `im2col_grouped`: samples per GEMM so that it has at least this many columns (see `_Grouped`)
 _GROUPED_MAX_P = 196  # ... used for output planes of at most this many pixels (14x14) ...
 _GROUPED_MIN_K = 1152  # ... and column matrices of at least this many rows (128 channels of a 3x3 kernel)
+_LANE_MAX_MACS = 12_000_000  # layers with at most this many multiply-adds per sample run their sample loops in
+# lanes with a one-thread BLAS (`cpu_lanes`); larger per-sample GEMMs OpenBLAS threads well by itself
 # Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
 # so they differ only in im2col traffic: none for gemm_1x1; whole-batch im2col streams the batch's columns
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
@@ -155,9 +157,9 @@ def uses_grouped(g: ConvGeometry) -> bool:
 
 
 def small_gemms(g: ConvGeometry) -> bool:
-    """Whether a convolution's per-sample GEMMs are small (at most `lanes.MAX_SMALL_MACS` multiply-adds a sample):
+    """Whether a convolution's per-sample GEMMs are small (at most `_LANE_MAX_MACS` multiply-adds a sample):
     those run with a one-thread BLAS, their sample loops in lanes where the algorithm allows (`cpu_lanes`)."""
-    return g.cout * g.k * g.p // g.groups <= lanes.MAX_SMALL_MACS
+    return g.cout * g.k * g.p // g.groups <= _LANE_MAX_MACS
 
 
 def _pin(g: ConvGeometry) -> bool:
@@ -529,7 +531,7 @@ class _RowShift:
     def lanes(self, most: int) -> int:
         """How many lanes (threads) this layer's sample loops use, at most `most`: only `rows` (its buffer holds
         every sample, so lanes build and read disjoint parts of it), and only where a per-sample GEMM is small
-        enough that OpenBLAS would not keep the cores busy by itself (`lanes.MAX_SMALL_MACS`)."""
+        enough that OpenBLAS would not keep the cores busy by itself (`_LANE_MAX_MACS`)."""
         if self.algo != "rows" or not small_gemms(self.g):
             return 1
         return max(1, min(lanes.count(), most, self.g.n))

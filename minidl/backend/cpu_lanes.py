@@ -28,8 +28,6 @@ from contextlib import contextmanager
 from typing import Callable, Sequence
 
 ENV = "MINIDL_CPU_THREADS"
-MAX_SMALL_MACS = 12_000_000  # convolutions with at most this many multiply-adds per sample run their loops in
-# lanes with a one-thread BLAS; larger per-sample GEMMs OpenBLAS threads well by itself
 MAX_LANES = 8  # more threads split the samples of a batch-32 layer too finely to pay their dispatch
 
 _pool: list = []  # [(workers, ThreadPoolExecutor)], created on first use

@@ -37,7 +37,6 @@ import os
 
 import numpy as np
 
-from . import cpu_lanes as lanes
 from .cpu_jit import lazy
 from .cpu_workspace import align, view
 
@@ -103,37 +102,22 @@ class _Winograd:
         self.th, self.tw = -(-g.ho // 2), -(-g.wo // 2)
         self.cib, self.cob = _round(g.cin), _round(g.cout)
         per_sample = self.th * self.tw
-        size = max(1, min(g.n, _GROUP_ELEMS // ((self.cib + self.cob) * per_sample)))
-        # Two slots (see `_in_slots`) where the GEMMs are small enough for lanes and there are two groups to
-        # give them: each slot half of one group's memory, so the whole-tile workspace stays about the size one
-        # slot of whole groups had. Decided by the shapes alone, never by the thread count.
-        self.small = g.cout * 9 * g.cin * g.ho * g.wo <= lanes.MAX_SMALL_MACS
-        self.slots = 2 if self.small and g.n >= 2 else 1
-        self.size = max(1, size // self.slots) if self.slots == 2 else size
+        self.size = max(1, min(g.n, _GROUP_ELEMS // ((self.cib + self.cob) * per_sample)))
         self.groups = -(-g.n // self.size)
-        if self.groups < 2:
-            self.slots = 1
         tg = self.size * per_sample
         xs = (2 * self.th + 2) * (2 * self.tw + 2) * BLOCK
         ys = (2 * self.th) * (2 * self.tw) * BLOCK
-        per_slot = [len(range(j, self.groups, self.slots)) for j in range(self.slots)]   # groups of each slot
         wt = ("wt", (3, 3, g.cin, g.cout))
         if by_position:
             fwd = [("u", (self.cib, self.cob)), ("v", (tg, self.cib)), ("m", (tg, self.cob)), wt, ("xs", (xs,))]
-            dw = [("v", (tg, self.cib)), ("m", (tg, self.cob)), ("acc0", (16, self.cib, self.cob)),
-                  ("acc1", (self.cib, self.cob) if self.slots == 2 else (0,)),
-                  ("prod", (self.cib, self.cob) if max(per_slot) > 1 else (0,)), wt, ("xs", (xs,)),
-                  ("ys", (ys,))]
+            dw = [("v", (tg, self.cib)), ("m", (tg, self.cob)), ("acc", (16, self.cib, self.cob)),
+                  ("prod", (self.cib, self.cob) if self.groups > 1 else (0,)), wt, ("xs", (xs,)), ("ys", (ys,))]
         else:
-            fwd = [("u", (16, self.cib, self.cob)), wt]
-            dw = [wt]
-            for j in range(self.slots):
-                fwd += [(f"v{j}", (16, tg, self.cib)), (f"m{j}", (16, tg, self.cob)), (f"xs{j}", (xs,)),
-                        (f"ys{j}", (ys,)), (f"buf{j}", (256,))]
-                dw += [(f"v{j}", (16, tg, self.cib)), (f"m{j}", (16, tg, self.cob)),
-                       (f"acc{j}", (16, self.cib, self.cob)),
-                       (f"prod{j}", (16, self.cib, self.cob) if per_slot[j] > 1 else (0,)),
-                       (f"xs{j}", (xs,)), (f"ys{j}", (ys,)), (f"buf{j}", (256,))]
+            fwd = [("u", (16, self.cib, self.cob)), ("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)), wt,
+                   ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
+            dw = [("v", (16, tg, self.cib)), ("m", (16, tg, self.cob)), ("acc", (16, self.cib, self.cob)),
+                  ("prod", (16, self.cib, self.cob) if self.groups > 1 else (0,)), wt,
+                  ("xs", (xs,)), ("ys", (ys,)), ("buf", (256,))]
         self.fwd_layout, self.fwd_total = self._place(fwd)
         self.dw_layout, self.dw_total = self._place(dw)
         self.dgrad = None if forward_only else _Winograd(self._flipped(g), itemsize, True, by_position)
@@ -168,53 +152,32 @@ class _Winograd:
         """The groups of samples, [s0, s1) each: fixed by the shapes, the same in both variants."""
         return [(s0, min(self.g.n, s0 + self.size)) for s0 in range(0, self.g.n, self.size)]
 
-    def _in_slots(self, work) -> None:
-        """work(slot, [(group index, s0, s1), ...]) for each slot, its groups (i, i + slots, ...) in order.
-
-        Why slots. A hand-off to another thread costs tens of microseconds here, about what one group's transform
-        takes, so the whole-tile variant's lanes take whole slots, one hand-off per call: each slot has its own
-        V, M, scratch and (dW) accumulator, and group i belongs to slot i % slots whatever the thread count. dU
-        is then the sum of the slots' sums, each over its groups in order, the same sequence on one thread or
-        two; the forward's outputs are per sample. Two lanes run the slots side by side where the GEMMs are
-        small (`small`: the BLAS runs one thread there) and more than one thread is asked for."""
-        spans = list(enumerate(self._spans()))
-        parts = [spans[j::self.slots] for j in range(self.slots)]
-        if self.slots > 1 and self.small and lanes.count() > 1:
-            lanes.run([lambda j=j: work(j, parts[j]) for j in range(self.slots)])
-            return
-        for j in range(self.slots):
-            work(j, parts[j])
-
     def forward(self, x, w, y, ws) -> None:
         """y = conv(x, w) (no bias); `w` may be any strided view (dx passes the flipped, transposed kernel)."""
         k = jit()
         g, dt = self.g, x.dtype
         b = self._views(ws, self.fwd_layout, dt)
         np.copyto(b["wt"], w.transpose(2, 3, 1, 0))
-        ph, pw, th, tw = g.padding[0], g.padding[1], self.th, self.tw
+        xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
         if self.by_position:
-            xs = b["xs"].reshape(2 * th + 2, 2 * tw + 2, BLOCK)
             for pos in range(16):
                 k.weight_position(b["wt"], pos // 4, pos % 4, b["u"])
                 for s0, s1 in self._spans():
                     v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
                     m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
-                    k.input_position(x, s0, s1, ph, pw, th, tw, pos // 4, pos % 4, xs, v)
+                    k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
+                                     xs, v)
                     np.matmul(v, b["u"], out=m)
-                    k.output_position(m, s0, s1, th, tw, pos // 4, pos % 4, y)
+                    k.output_position(m, s0, s1, self.th, self.tw, pos // 4, pos % 4, y)
             return
         k.weight_tiles(b["wt"], b["u"])
-
-        def slot(j: int, groups) -> None:
-            xs = b[f"xs{j}"].reshape(2 * th + 2, 2 * tw + 2, BLOCK)
-            ys = b[f"ys{j}"].reshape(2 * th, 2 * tw, BLOCK)
-            for _, (s0, s1) in groups:
-                v = self._group_views(ws, self.fwd_layout, dt, f"v{j}", self.cib, s1 - s0)
-                m = self._group_views(ws, self.fwd_layout, dt, f"m{j}", self.cob, s1 - s0)
-                k.input_tiles(x, s0, s1, ph, pw, th, tw, xs, b[f"buf{j}"], v)
-                np.matmul(v, b["u"], out=m)
-                k.output_tiles(m, s0, s1, th, tw, ys, b[f"buf{j}"], y)
-        self._in_slots(slot)
+        ys = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
+        for s0, s1 in self._spans():
+            v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
+            m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
+            k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
+            np.matmul(v, b["u"], out=m)
+            k.output_tiles(m, s0, s1, self.th, self.tw, ys, b["buf"], y)
 
     def backward(self, x, w, dy, dx, dw, ws) -> None:
         """dW first (through the transforms' gradient), then dx as the flipped convolution, in the same memory."""
@@ -224,51 +187,33 @@ class _Winograd:
             self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws)
 
     def _weight_grad(self, x, dy, dw, ws) -> None:
-        """dU = the sum over the slots of (the sum over the slot's groups, in order, of V^T @ dM) per position;
-        dW = G^T dU G."""
+        """dU = sum over the groups (in order) of V^T @ dM per position; dW = G^T dU G."""
         k = jit()
         g, dt = self.g, x.dtype
         b = self._views(ws, self.dw_layout, dt)
-        ph, pw, th, tw = g.padding[0], g.padding[1], self.th, self.tw
-        if self.by_position:
-            xs = b["xs"].reshape(2 * th + 2, 2 * tw + 2, BLOCK)
-            ds = b["ys"].reshape(2 * th, 2 * tw, BLOCK)
-            du, prod = b["acc0"], b["prod"]
-            for pos in range(16):
-                accs = [du[pos], b["acc1"]]
-                for i, (s0, s1) in enumerate(self._spans()):
-                    v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
-                    dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
-                    k.input_position(x, s0, s1, ph, pw, th, tw, pos // 4, pos % 4, xs, v)
-                    k.grad_position(dy, s0, s1, th, tw, pos // 4, pos % 4, ds, dm)
-                    acc = accs[i % self.slots]
-                    if i < self.slots:   # the slot's first group
-                        np.matmul(v.T, dm, out=acc)
+        xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
+        ds = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
+        acc, prod = b["acc"], b["prod"]
+        for s0, s1 in self._spans():
+            v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
+            dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+            if self.by_position:
+                for pos in range(16):
+                    k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
+                                     xs, v)
+                    k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)
+                    if s0 == 0:
+                        np.matmul(v.T, dm, out=acc[pos])
                     else:
                         np.matmul(v.T, dm, out=prod)
-                        np.add(acc, prod, out=acc)
-                if self.slots == 2:
-                    np.add(accs[0], accs[1], out=accs[0])
-            k.weight_grad_tiles(du, b["wt"])
-            np.copyto(dw, b["wt"].transpose(3, 2, 0, 1))
-            return
-
-        def slot(j: int, groups) -> None:
-            xs = b[f"xs{j}"].reshape(2 * th + 2, 2 * tw + 2, BLOCK)
-            ds = b[f"ys{j}"].reshape(2 * th, 2 * tw, BLOCK)
-            acc, prod = b[f"acc{j}"], b[f"prod{j}"]
-            for n_done, (_, (s0, s1)) in enumerate(groups):
-                v = self._group_views(ws, self.dw_layout, dt, f"v{j}", self.cib, s1 - s0)
-                dm = self._group_views(ws, self.dw_layout, dt, f"m{j}", self.cob, s1 - s0)
-                k.input_tiles(x, s0, s1, ph, pw, th, tw, xs, b[f"buf{j}"], v)
-                k.grad_tiles(dy, s0, s1, th, tw, ds, b[f"buf{j}"], dm)
-                if n_done == 0:
-                    np.matmul(v.transpose(0, 2, 1), dm, out=acc)
-                else:
-                    np.matmul(v.transpose(0, 2, 1), dm, out=prod)
-                    np.add(acc, prod, out=acc)
-        self._in_slots(slot)
-        if self.slots == 2:
-            np.add(b["acc0"], b["acc1"], out=b["acc0"])
-        k.weight_grad_tiles(b["acc0"], b["wt"])
+                        np.add(acc[pos], prod, out=acc[pos])
+                continue
+            k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
+            k.grad_tiles(dy, s0, s1, self.th, self.tw, ds, b["buf"], dm)
+            if s0 == 0:
+                np.matmul(v.transpose(0, 2, 1), dm, out=acc)
+            else:
+                np.matmul(v.transpose(0, 2, 1), dm, out=prod)
+                np.add(acc, prod, out=acc)
+        k.weight_grad_tiles(acc, b["wt"])
         np.copyto(dw, b["wt"].transpose(3, 2, 0, 1))
