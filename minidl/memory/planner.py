@@ -22,7 +22,7 @@ from .liveness import analyze
 from .paged import PagedLayout, PagedPool, paged_capacity
 from .plan import Event, EventKind, Plan, StepPlan
 from .pool import ALIGNMENT, TensorPool, align_up, format_bytes
-from .workspace import WorkspaceChoice, WorkspaceFitter, workspace_choices
+from .workspace import WorkspaceChoice, WorkspaceFitter, smallest_workspaces, workspace_choices
 
 
 def default_workspace(route: Route, costs=None) -> dict[int, WorkspaceChoice]:
@@ -133,15 +133,7 @@ def _frugal_fallback(route: Route, policy: str, ws: dict[int, WorkspaceChoice], 
     where the smallest workspaces everywhere would have. Then the budget is met by the frugal plan, and an error
     names the smaller of the two minima, which is the smallest budget that works (seen on CIFAR ResNets: the
     greedy placement's minimum 0.8% above the frugal one's). Returns the plan with the smaller minimum."""
-    frugal = {}
-    for k, c in ws.items():
-        if not c.options:
-            frugal[k] = c
-            continue
-        o = min(c.options, key=lambda o: (align_up(o.workspace_bytes), o.est_cost))
-        frugal[k] = WorkspaceChoice(o.algo, o.workspace_bytes,
-                                    [f"{f.algo}: not taken (the fastest-that-fits placement missed the budget)"
-                                     for f in c.options if f.est_cost < o.est_cost])
+    frugal = smallest_workspaces(ws, "not taken (the fastest-that-fits placement missed the budget)")
     plan = _place(route, policy, frugal, schedule, budget)
     return plan if plan.min_budget_bytes < greedy.min_budget_bytes else greedy
 

@@ -233,13 +233,20 @@ def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int,
 
 def frugal_workspace(route: Route, costs: CostTable | None = None) -> dict[int, "WorkspaceChoice"]:
     """Every step on its smallest-workspace algorithm (ties: the faster), fixed: the most memory-frugal choice."""
+    return smallest_workspaces(workspace_choices(route, costs), "not tried (most frugal plan)")
 
+
+def smallest_workspaces(ws: dict[int, "WorkspaceChoice"], why: str) -> dict[int, "WorkspaceChoice"]:
+    """`ws` with every open choice (one with options) fixed on its smallest workspace (ties: the faster), each
+    faster option noted as refused with `why`; fixed choices are kept as they are."""
     out = {}
-    for k, c in workspace_choices(route, costs).items():
+    for k, c in ws.items():
+        if not c.options:
+            out[k] = c
+            continue
         o = min(c.options, key=lambda o: (align_up(o.workspace_bytes), o.est_cost))
         out[k] = WorkspaceChoice(o.algo, o.workspace_bytes,
-                                 [f"{f.algo}: not tried (most frugal plan)" for f in c.options
-                                  if f.est_cost < o.est_cost])
+                                 [f"{f.algo}: {why}" for f in c.options if f.est_cost < o.est_cost])
     return out
 
 
