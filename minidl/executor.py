@@ -12,6 +12,7 @@ layer that reads memory its declaration did not protect produces NaN instead of 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -306,7 +307,8 @@ class Executor:
         buffers = {tid: self._get_persistent(tid) for tid in self._buffers}
         persistent = set(self.offsets)
         try:
-            return self._train_step(x, y)
+            with self._step_scope():
+                return self._train_step(x, y)
         except DivergenceError:
             if self.host is not None:
                 self.host.end_iteration()
@@ -315,6 +317,11 @@ class Executor:
             for tid, arr in buffers.items():
                 self._set_persistent(tid, arr)
             raise
+
+    def _step_scope(self):
+        """The backend's context for one whole step (`CPUBackend.step_scope`: the BLAS threads), if its class
+        defines one (a wrapper that forwards every call, like the tests' recording backends, does not)."""
+        return self.be.step_scope() if hasattr(type(self.be), "step_scope") else nullcontext()
 
     def guard_grads(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
         """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order (resolved now: the
@@ -411,14 +418,15 @@ class Executor:
         persistent = set(self.offsets)
         turn = self.route.turn  # where the backward half starts (a packed route's re-forwards included)
         try:
-            for step, sp in zip(self.route.steps, self.plan.steps):
-                if step.index >= turn:
-                    break
-                self._apply(sp.before, step)
-                if step.index == 0:
-                    self._load_batch(x, y, step)
-                self._compute(step, sp)
-                self._apply(sp.after, step)
+            with self._step_scope():
+                for step, sp in zip(self.route.steps, self.plan.steps):
+                    if step.index >= turn:
+                        break
+                    self._apply(sp.before, step)
+                    if step.index == 0:
+                        self._load_batch(x, y, step)
+                    self._compute(step, sp)
+                    self._apply(sp.after, step)
         finally:
             if self.host is not None:
                 self.host.end_iteration()

@@ -10,8 +10,11 @@ gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
+from . import cpu_lanes as lanes
 from .cpu_conv import ConvOps
 from .cpu_jit import lazy
 from .cpu_norm import NormOps
@@ -35,6 +38,15 @@ def _flat_ok(*arrays: np.ndarray) -> bool:
 def _chunks(n: int):
     for s in range(0, n, CHUNK):
         yield slice(s, min(n, s + CHUNK))
+
+
+_LINEAR_THREADED = 1 << 20  # weights of at least this many values (VGG's 4096 x 25088) take the BLAS threads
+
+
+def _linear_blas(w: np.ndarray):
+    """A dense layer's BLAS threads within a step: its own for large weights (`cpu_lanes.blas_threaded`), else
+    the step's one."""
+    return lanes.blas_threaded() if w.size >= _LINEAR_THREADED else nullcontext()
 
 
 class CoreOps:
@@ -99,16 +111,18 @@ class CoreOps:
 
     # -- dense ------------------------------------------------------------------------------------------------
     def linear_forward(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray) -> None:
-        np.matmul(x.reshape(x.shape[0], -1), w.T, out=y)
+        with _linear_blas(w):
+            np.matmul(x.reshape(x.shape[0], -1), w.T, out=y)
         if b is not None:
             y += b
 
     def linear_backward(self, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None,
                         dw: np.ndarray | None, db: np.ndarray | None) -> None:
-        if dx is not None:
-            np.matmul(dy, w, out=dx.reshape(dx.shape[0], -1))
-        if dw is not None:
-            np.matmul(dy.T, x.reshape(x.shape[0], -1), out=dw)
+        with _linear_blas(w):
+            if dx is not None:
+                np.matmul(dy, w, out=dx.reshape(dx.shape[0], -1))
+            if dw is not None:
+                np.matmul(dy.T, x.reshape(x.shape[0], -1), out=dw)
         if db is not None:
             np.sum(dy, axis=0, out=db)
 
@@ -182,6 +196,13 @@ class CoreOps:
 
 class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps):
     """numpy backend: the reference every other backend is tested against."""
+
+    def step_scope(self):
+        """The context a whole step runs in (`Executor.train_step`, `evaluate`): with more than one lane, numpy's
+        BLAS at one thread, the kernels with large GEMMs taking its threads back for their call
+        (`cpu_lanes.blas_pinned`, `blas_threaded`). The threads are then the lanes' and the compiled kernels',
+        never OpenBLAS's spinning between calls. Results do not depend on it (the BLAS splits no sum)."""
+        return lanes.blas_pinned() if lanes.count() > 1 else nullcontext()
 
     def paged_backing(self):
         """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""

@@ -170,6 +170,14 @@ def _pin(g: ConvGeometry) -> bool:
     return small_gemms(g) and g.n > 1 and lanes.count() > 1
 
 
+def _blas_scope(g: ConvGeometry):
+    """The BLAS threads a convolution call runs with: all of them for large GEMMs (`cpu_lanes.blas_threaded`,
+    which undoes a training step's pin), one for small ones where `_pin` says so, else as they are."""
+    if not small_gemms(g):
+        return lanes.blas_threaded()
+    return lanes.blas_pinned() if _pin(g) else nullcontext()
+
+
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
     """The algorithms a configuration can run with: `im2col_grouped` alone or the Winograd pair where the
     shapes call for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the row-shift pair
@@ -730,7 +738,7 @@ class ConvOps:
         """y = conv2d(x, w) + b, written into y (N, Cout, Ho, Wo)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, y, stride, padding, dilation, groups, algo, "fwd", workspace)
-        with lanes.blas_pinned() if _pin(g) else nullcontext():
+        with _blas_scope(g):
             self._conv_forward(g, taps, ws, x, w, b, y, stride, algo)
 
     def _conv_forward(self, g, taps, ws, x, w, b, y, stride, algo) -> None:
@@ -762,7 +770,7 @@ class ConvOps:
         """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
         stride = tuple(stride)
         g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
-        with lanes.blas_pinned() if _pin(g) else nullcontext():
+        with _blas_scope(g):
             self._conv_backward(g, taps, ws, x, w, dy, dx, dw, db, stride, algo)
 
     def _conv_backward(self, g, taps, ws, x, w, dy, dx, dw, db, stride, algo) -> None:

@@ -34,13 +34,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from contextlib import nullcontext
 
 import numpy as np
 
+from . import cpu_lanes as lanes
 from .cpu_jit import lazy
 from .cpu_workspace import align, view
 
 jit = lazy("cpu_winograd_jit")
+gemm_jit = lazy("cpu_gemm_jit")
 
 BLOCK = 16  # channels per transform block (the jit module's L)
 _GROUP_ELEMS = 16384  # samples per group: V and M of a group hold about 16 * this many values (1 MiB in float32)
@@ -70,6 +73,34 @@ def applies(g) -> bool:
     return (g.groups == 1 and (g.kh, g.kw) == (3, 3) and tuple(g.stride) == (1, 1)
             and tuple(g.dilation) == (1, 1) and all(0 <= p <= 2 for p in g.padding)
             and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available() and jit() is not None)
+
+
+def workers() -> int:
+    """How many threads a whole-tile Winograd call runs on: the lanes' count (`cpu_lanes.count`) where compiled
+    kernels may run OpenMP regions with numpy's GEMM (`cpu_gemm_jit.parallel`), capped by numba's threads;
+    else 1. The bits do not depend on it."""
+    n = lanes.count()
+    if n == 1 or not _compiled_gemm() or not gemm_jit().parallel():
+        return 1
+    import numba
+    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def _compiled_gemm() -> bool:
+    """Whether the whole-tile variant runs its compiled path (`cpu_winograd_jit.forward` and the rest): numpy's
+    GEMM is bound for compiled code (`cpu_gemm_jit`). Decided once per process, so every call, variant and
+    thread count multiplies the same way."""
+    g = gemm_jit()
+    return g is not None and g.available()
+
+
+def _gemm(a, b, c, trans_a: bool) -> None:
+    """c = a @ b (a.T @ b with `trans_a`), 2-D, the by-position variant's products: the call the whole-tile
+    variant's GEMMs make (numpy's `matmul` makes it too; tested)."""
+    if _compiled_gemm():
+        gemm_jit().gemm(a, b, c, trans_a)
+    else:
+        np.matmul(a.T if trans_a else a, b, out=c)
 
 
 def _round(c: int) -> int:
@@ -167,10 +198,21 @@ class _Winograd:
                     m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
                     k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
                                      xs, v)
-                    np.matmul(v, b["u"], out=m)
+                    _gemm(v, b["u"], m, False)
                     k.output_position(m, s0, s1, self.th, self.tw, pos // 4, pos % 4, y)
             return
         k.weight_tiles(b["wt"], b["u"])
+        if _compiled_gemm():
+            # the slots lie from the transposed weight on: dead once U is built
+            slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, workers())
+            args = (x, b["u"], b["v"].reshape(-1), b["m"].reshape(-1), y, self.size, g.padding[0], g.padding[1],
+                    self.th, self.tw, slots)
+            if len(slots) > 1:
+                with lanes.blas_pinned():
+                    k.forward_parallel(*args)
+            else:
+                k.forward(*args)
+            return
         ys = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
         for s0, s1 in self._spans():
             v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
@@ -178,6 +220,16 @@ class _Winograd:
             k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
             np.matmul(v, b["u"], out=m)
             k.output_tiles(m, s0, s1, self.th, self.tw, ys, b["buf"], y)
+
+    def _slots(self, ws, dt, start: int, end: int, nw: int) -> np.ndarray:
+        """Scratch for up to `nw` workers (`cpu_winograd_jit`, the compiled-GEMM path) in the workspace's bytes
+        [start, end), memory that is dead while they run: a (k, slot) array, each slot one input block (the
+        larger of the input and output blocks, which a worker uses in turn) and 256 values; k as many as fit.
+        The regions hold the one-thread scratch (an input and an output block) and the transposed weight (at
+        least 32 x 32 x 9 values), so two slots fit up to planes of ~270 pixels a side; beyond, fewer workers."""
+        per = (2 * self.th + 2) * (2 * self.tw + 2) * BLOCK + 256
+        n = max(1, min(nw, (end - start) // (per * self.isz)))
+        return view(ws, start, (n, per), dt)
 
     def backward(self, x, w, dy, dx, dw, ws) -> None:
         """dW first (through the transforms' gradient), then dx as the flipped convolution, in the same memory."""
@@ -188,26 +240,49 @@ class _Winograd:
 
     def _weight_grad(self, x, dy, dw, ws) -> None:
         """dU = sum over the groups (in order) of V^T @ dM per position; dW = G^T dU G."""
+        b = self._views(ws, self.dw_layout, x.dtype)
+        if self.by_position:
+            self._weight_grad_by_position(x, dy, ws, b)
+        elif _compiled_gemm():
+            # the slots lie from the product buffer on (it, the transposed weight, the one-thread scratch):
+            # dead until the loop's GEMMs, which run after the transforms
+            slots = self._slots(ws, x.dtype, self.dw_layout["prod"][0], self.dw_total, workers())
+            with lanes.blas_pinned() if len(slots) > 1 else nullcontext():
+                self._weight_grad_compiled(x, dy, ws, b, slots)
+        else:
+            self._weight_grad_numpy(x, dy, ws, b)
+        jit().weight_grad_tiles(b["acc"], b["wt"])
+        np.copyto(dw, b["wt"].transpose(3, 2, 0, 1))
+
+    def _weight_grad_compiled(self, x, dy, ws, b, slots) -> None:
+        """Per group: V and dM (one OpenMP region when there are several slots), then the 16 products V^T dM
+        (another, by positions), added into dU in group order."""
         k = jit()
         g, dt = self.g, x.dtype
-        b = self._views(ws, self.dw_layout, dt)
+        nw = len(slots)
+        for s0, s1 in self._spans():
+            v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
+            dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+            args = (x, dy, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, v, dm, slots)
+            first = s0 == 0
+            out = b["acc"] if first else b["prod"]
+            if nw > 1:
+                k.transforms_parallel(*args)
+                k.positions_parallel(v, dm, out, b["acc"], not first, nw)
+            else:
+                k.transforms(*args)
+                k.positions(v, dm, out, b["acc"], not first)
+
+    def _weight_grad_numpy(self, x, dy, ws, b) -> None:
+        """The same sums with np.matmul, where the compiled GEMM is not bound (one thread)."""
+        k = jit()
+        g, dt = self.g, x.dtype
         xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
         ds = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
         acc, prod = b["acc"], b["prod"]
         for s0, s1 in self._spans():
             v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
             dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
-            if self.by_position:
-                for pos in range(16):
-                    k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
-                                     xs, v)
-                    k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)
-                    if s0 == 0:
-                        np.matmul(v.T, dm, out=acc[pos])
-                    else:
-                        np.matmul(v.T, dm, out=prod)
-                        np.add(acc[pos], prod, out=acc[pos])
-                continue
             k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
             k.grad_tiles(dy, s0, s1, self.th, self.tw, ds, b["buf"], dm)
             if s0 == 0:
@@ -215,5 +290,22 @@ class _Winograd:
             else:
                 np.matmul(v.transpose(0, 2, 1), dm, out=prod)
                 np.add(acc, prod, out=acc)
-        k.weight_grad_tiles(acc, b["wt"])
-        np.copyto(dw, b["wt"].transpose(3, 2, 0, 1))
+
+    def _weight_grad_by_position(self, x, dy, ws, b) -> None:
+        """dU position by position (the frugal variant): per group, per position, V1 and dM1, then V1^T dM1."""
+        k = jit()
+        g, dt = self.g, x.dtype
+        xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
+        ds = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
+        acc, prod = b["acc"], b["prod"]
+        for s0, s1 in self._spans():
+            v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
+            dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+            for pos in range(16):
+                k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4, xs, v)
+                k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)
+                if s0 == 0:
+                    _gemm(v, dm, acc[pos], True)
+                else:
+                    _gemm(v, dm, prod, True)
+                    np.add(acc[pos], prod, out=acc[pos])

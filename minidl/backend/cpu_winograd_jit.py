@@ -19,26 +19,31 @@ give the same bits whatever the group, the workspace or the thread count.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, uint64
+from numba import njit, prange, uint64
+
+from .cpu_gemm_jit import gemm
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 L = 16  # channels per block
 
 
 @njit(**_OPTS)
-def _to_block(x, s, cb, r_off, q_off, xs):
-    """xs[r + r_off, q + q_off, c] = x[s, cb + c, r, q] for the block's channels (zero for the padded ones).
+def _to_block(x, s, cb, r_off, q_off, xs, ra=0, rb=-1):
+    """xs[r + r_off, q + q_off, c] = x[s, cb + c, r, q] for the block's channels (zero for the padded ones),
+    for the rows r in [ra, rb) of the image (rb -1: all; rows outside the image are left as they are).
 
     A full block is read 16 channels at a time (a gather across the planes, one contiguous store): 4x faster
     than plane by plane with strided stores (measured, 32 x 16 x 32 x 32: 0.62 -> 0.14 ms)."""
     _, c, h, w = x.shape
     nb = min(L, c - cb)
+    ra = max(ra, 0)
+    rb = h if rb < 0 else min(rb, h)
     if nb == L:
         xf = x.reshape(-1)
         xsf = xs.reshape(-1)
         ll, wp, hw = uint64(L), uint64(xs.shape[1]), uint64(h * w)
         base = (uint64(s) * uint64(c) + uint64(cb)) * hw
-        for r in range(uint64(h)):
+        for r in range(uint64(ra), uint64(rb)):
             for q in range(uint64(w)):
                 d = ((r + uint64(r_off)) * wp + q + uint64(q_off)) * ll
                 src = base + r * uint64(w) + q
@@ -47,11 +52,11 @@ def _to_block(x, s, cb, r_off, q_off, xs):
         return
     zero = x.dtype.type(0)
     for ch in range(nb):
-        for r in range(h):
+        for r in range(ra, rb):
             for q in range(w):
                 xs[r + r_off, q + q_off, ch] = x[s, cb + ch, r, q]
     for ch in range(nb, L):
-        for r in range(h):
+        for r in range(ra, rb):
             for q in range(w):
                 xs[r + r_off, q + q_off, ch] = zero
 
@@ -78,11 +83,12 @@ def _put4(buf, k, ch, v0, v1, v2, v3):
 
 
 @njit(**_OPTS)
-def _input_block(xf, vf, th, tw, wp, base, cbo, ps, cbw, buf):
-    """B^T d B of every tile of one sample's block (xs flattened in xf) into vf at tiles base.."""
+def _input_block(xf, vf, ta, tb, tw, wp, base, cbo, ps, cbw, buf):
+    """B^T d B of the tiles in tile rows [ta, tb) of one sample's block (xs flattened in xf) into vf, tile
+    (ti, tj) at index base + ti * tw + tj."""
     ll = uint64(L)
     rw = uint64(wp) * ll
-    for ti in range(uint64(th)):
+    for ti in range(uint64(ta), uint64(tb)):
         for tj in range(uint64(tw)):
             i0 = (uint64(2) * ti * uint64(wp) + uint64(2) * tj) * ll
             for ch in range(ll):
@@ -120,11 +126,11 @@ def _input_block(xf, vf, th, tw, wp, base, cbo, ps, cbw, buf):
 
 
 @njit(**_OPTS)
-def _grad_block(df, mf, th, tw, wp, base, cbo, ps, cbw, buf):
-    """A dY A^T of every 2x2 tile of one sample's block of dy (flattened in df) into mf."""
+def _grad_block(df, mf, ta, tb, tw, wp, base, cbo, ps, cbw, buf):
+    """A dY A^T of the 2x2 tiles in tile rows [ta, tb) of one sample's block of dy (flattened in df) into mf."""
     ll = uint64(L)
     rw = uint64(wp) * ll
-    for ti in range(uint64(th)):
+    for ti in range(uint64(ta), uint64(tb)):
         for tj in range(uint64(tw)):
             i0 = (uint64(2) * ti * uint64(wp) + uint64(2) * tj) * ll
             for ch in range(ll):
@@ -147,24 +153,30 @@ def _grad_block(df, mf, th, tw, wp, base, cbo, ps, cbw, buf):
 
 
 @njit(**_OPTS)
-def _tiles(x, s0, s1, r_off, q_off, th, tw, xs, buf, out, grad):
-    """Samples [s0, s1) of x, block by block, through the channels-last scratch xs (x placed at rows r_off,
-    columns q_off; everything else stays zero) into `out`: the input transform, or with `grad` the gradient
-    of the output transform."""
+def _tiles(x, s0, s1, r_off, q_off, th, tw, xs, buf, out, grad, lo, hi):
+    """Units [lo, hi) of samples [s0, s1) of x into `out`: the input transform, or with `grad` the gradient of
+    the output transform. A unit is one tile row of one sample (unit u: sample s0 + u // th, tile row u % th),
+    so a range of units is a range of tiles, contiguous rows of `out`'s matrices. Sample by sample and block by
+    block of 16 channels, the rows the units read are copied into the channels-last scratch xs (x placed at
+    rows r_off, columns q_off; everything else zero), then transformed. Units are independent: any split of
+    them over threads gives the same bits."""
     c = x.shape[1]
     wp = xs.shape[1]
     xs[:] = 0
     xf = xs.reshape(-1)
     of = out.reshape(-1)
     ps, cbw = out.shape[1] * out.shape[2], out.shape[2]
-    for s in range(s0, s1):
-        base = (s - s0) * th * tw
+    span = 2 if grad else 4  # rows of x a tile reads
+    for j in range(lo // th, (hi + th - 1) // th):
+        ta = max(lo - j * th, 0)
+        tb = min(hi - j * th, th)
+        base = j * th * tw
         for cb in range(0, c, L):
-            _to_block(x, s, cb, r_off, q_off, xs)
+            _to_block(x, s0 + j, cb, r_off, q_off, xs, 2 * ta - r_off, 2 * (tb - 1) + span - r_off)
             if grad:
-                _grad_block(xf, of, th, tw, wp, base, cb, ps, cbw, buf)
+                _grad_block(xf, of, ta, tb, tw, wp, base, cb, ps, cbw, buf)
             else:
-                _input_block(xf, of, th, tw, wp, base, cb, ps, cbw, buf)
+                _input_block(xf, of, ta, tb, tw, wp, base, cb, ps, cbw, buf)
 
 
 @njit(**_OPTS)
@@ -172,24 +184,25 @@ def input_tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v):
     """v (16, (s1-s0)*th*tw, CB) <- B^T d B of every 4x4 input patch d of samples [s0, s1) of x (n, C, H, W);
     the patch of tile (ti, tj) starts at input row 2ti - pad_h, column 2tj - pad_w, zero outside the image.
     Scratch: xs (2th + 2, 2tw + 2, 16), buf (256,)."""
-    _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False)
+    _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, 0, (s1 - s0) * th)
 
 
 @njit(**_OPTS)
 def grad_tiles(dy, s0, s1, th, tw, ds, buf, dm):
     """dm (16, (s1-s0)*th*tw, CB) <- A dY A^T of every 2x2 tile dY of samples [s0, s1) of dy (n, Co, Ho, Wo),
     zero beyond Ho, Wo: the gradient of `output_tiles`. Scratch: ds (2th, 2tw, 16), buf (256,)."""
-    _tiles(dy, s0, s1, 0, 0, th, tw, ds, buf, dm, True)
+    _tiles(dy, s0, s1, 0, 0, th, tw, ds, buf, dm, True, 0, (s1 - s0) * th)
 
 
 @njit(**_OPTS)
-def _output_block(mf, yf, th, tw, base, cbo, ps, cbw, buf):
-    """A^T m A of every tile of one sample's block into the channels-last scratch (flattened in yf)."""
+def _output_block(mf, yf, ta, tb, tw, base, cbo, ps, cbw, buf):
+    """A^T m A of the tiles in tile rows [ta, tb) of one sample's block into the channels-last scratch
+    (flattened in yf)."""
     ll = uint64(L)
     ysw = uint64(2) * uint64(tw)
     rw = ysw * ll
     pss = uint64(ps)
-    for ti in range(uint64(th)):
+    for ti in range(uint64(ta), uint64(tb)):
         for tj in range(uint64(tw)):
             t = uint64(base) + ti * uint64(tw) + tj
             o = t * uint64(cbw) + uint64(cbo)
@@ -226,21 +239,30 @@ def _output_block(mf, yf, th, tw, base, cbo, ps, cbw, buf):
 
 
 @njit(**_OPTS)
-def output_tiles(m, s0, s1, th, tw, ys, buf, y):
-    """y[s0:s1] (n, Co, Ho, Wo) <- A^T m A of every tile of m (16, T, CB), the 2x2 outputs of tile (ti, tj) at
-    rows 2ti, 2ti + 1 and columns 2tj, 2tj + 1 (those beyond Ho, Wo are dropped). Scratch: ys (2th, 2tw, 16),
-    buf (64,)."""
+def _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi):
+    """Units [lo, hi) (tile rows of samples, as in `_tiles`) of `output_tiles`."""
     _, co, ho, wo = y.shape
     mf = m.reshape(-1)
     yf = ys.reshape(-1)
     ps, cbw = m.shape[1] * m.shape[2], m.shape[2]
-    for s in range(s0, s1):
+    for j in range(lo // th, (hi + th - 1) // th):
+        ta = max(lo - j * th, 0)
+        tb = min(hi - j * th, th)
+        s = s0 + j
         for cb in range(0, co, L):
-            _output_block(mf, yf, th, tw, (s - s0) * th * tw, cb, ps, cbw, buf)
+            _output_block(mf, yf, ta, tb, tw, j * th * tw, cb, ps, cbw, buf)
             for ch in range(min(L, co - cb)):
-                for r in range(ho):
+                for r in range(2 * ta, min(2 * tb, ho)):
                     for q in range(wo):
                         y[s, cb + ch, r, q] = ys[r, q, ch]
+
+
+@njit(**_OPTS)
+def output_tiles(m, s0, s1, th, tw, ys, buf, y):
+    """y[s0:s1] (n, Co, Ho, Wo) <- A^T m A of every tile of m (16, T, CB), the 2x2 outputs of tile (ti, tj) at
+    rows 2ti, 2ti + 1 and columns 2tj, 2tj + 1 (those beyond Ho, Wo are dropped). Scratch: ys (2th, 2tw, 16),
+    buf (64,)."""
+    _outputs(m, s0, s1, th, tw, ys, buf, y, 0, (s1 - s0) * th)
 
 
 @njit(**_OPTS)
@@ -447,3 +469,112 @@ def weight_position(wt, k, j, u1):
             t1 = _g_comb(k, wt[0, 1, i, o], wt[1, 1, i, o], wt[2, 1, i, o], half)
             t2 = _g_comb(k, wt[0, 2, i, o], wt[1, 2, i, o], wt[2, 2, i, o], half)
             u1[i, o] = _g_comb(j, t0, t1, t2, half)
+
+
+# -- with numpy's GEMM from compiled code, on one thread or several -----------------------------------------------
+# Where `cpu_gemm_jit` binds the BLAS, the whole-tile variant runs these instead of the per-phase calls above.
+# A worker takes a contiguous range of units (tile rows of samples) of each group, so its tiles are contiguous
+# rows of V and M. The forward then needs no hand-off between phases: each worker transforms its tiles, runs the
+# 16 GEMMs on its rows and transforms its outputs, in one OpenMP region per call, its data in its own core's
+# cache. The weight gradient, a sum over all tiles, transforms by units and multiplies by positions. Each
+# worker has its own scratch slot: its input block, later its output block, in the same memory, then 256
+# values for one tile's results. Every value is computed by the same code from the same operands whatever the
+# split (a GEMM row's sums do not depend on the other rows; tested), so the bits do not depend on the workers.
+
+@njit(inline="always", **_OPTS)
+def _share(units, w, workers):
+    """Worker w's contiguous share [lo, hi) of `units`."""
+    return units * w // workers, units * (w + 1) // workers
+
+
+@njit(**_OPTS)
+def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers):
+    """Worker w's share of every group of the forward: input transform, the 16 GEMMs on its rows, output
+    transform. vf, mf: the flat V and M buffers, seen as a full group's (16, rows, CB) for every group, so that
+    a worker's rows are the same memory in each (workers run through the groups without waiting for each
+    other); a short last group is cut at the same unit boundaries. slot: the worker's scratch."""
+    n = x.shape[0]
+    cib, cob = u.shape[1], u.shape[2]
+    xs = slot[:(2 * th + 2) * (2 * tw + 2) * L].reshape((2 * th + 2, 2 * tw + 2, L))
+    ys = slot[:4 * th * tw * L].reshape((2 * th, 2 * tw, L))
+    buf = slot[slot.size - 256:]
+    rows = size * th * tw
+    v = vf[:16 * rows * cib].reshape((16, rows, cib))
+    m = mf[:16 * rows * cob].reshape((16, rows, cob))
+    lo_full, hi_full = _share(size * th, w, workers)
+    for s0 in range(0, n, size):
+        s1 = min(n, s0 + size)
+        lo = min(lo_full, (s1 - s0) * th)
+        hi = min(hi_full, (s1 - s0) * th)
+        if lo == hi:
+            continue
+        _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
+        for p in range(16):
+            gemm(v[p, lo * tw:hi * tw], u[p], m[p, lo * tw:hi * tw], False)
+        _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi)
+
+
+@njit(**_OPTS)
+def forward(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots):
+    """The whole-tile forward (groups of `size` samples) on this thread, scratch slots[0]."""
+    _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[0], 0, 1)
+
+
+@njit(parallel=True, **_OPTS)
+def forward_parallel(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots):
+    """The whole-tile forward on len(slots) threads, one OpenMP region; the BLAS must run one thread a call."""
+    workers = slots.shape[0]
+    for w in prange(workers):
+        _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[w], w, workers)
+
+
+@njit(**_OPTS)
+def _transforms_share(x, dy, s0, s1, pad_h, pad_w, th, tw, v, dm, slot, w, workers):
+    """Worker w's share of one group's transforms for the weight gradient: V from x, then dM from dy."""
+    lo, hi = _share((s1 - s0) * th, w, workers)
+    if lo == hi:
+        return
+    xs = slot[:(2 * th + 2) * (2 * tw + 2) * L].reshape((2 * th + 2, 2 * tw + 2, L))
+    ds = slot[:4 * th * tw * L].reshape((2 * th, 2 * tw, L))
+    buf = slot[slot.size - 256:]
+    _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
+    _tiles(dy, s0, s1, 0, 0, th, tw, ds, buf, dm, True, lo, hi)
+
+
+@njit(**_OPTS)
+def transforms(x, dy, s0, s1, pad_h, pad_w, th, tw, v, dm, slots):
+    """V and dM of samples [s0, s1) on this thread (see `_transforms_share`)."""
+    _transforms_share(x, dy, s0, s1, pad_h, pad_w, th, tw, v, dm, slots[0], 0, 1)
+
+
+@njit(parallel=True, **_OPTS)
+def transforms_parallel(x, dy, s0, s1, pad_h, pad_w, th, tw, v, dm, slots):
+    """V and dM of samples [s0, s1) on len(slots) threads."""
+    workers = slots.shape[0]
+    for w in prange(workers):
+        _transforms_share(x, dy, s0, s1, pad_h, pad_w, th, tw, v, dm, slots[w], w, workers)
+
+
+@njit(**_OPTS)
+def _positions(a, b, c, acc, add, w, workers):
+    """Positions w, w + workers, ... of c[p] = a[p].T @ b[p] (dU's share of one group: V^T dM); with `add`,
+    then acc[p] += c[p] (one rounding per element, as `np.add`)."""
+    for p in range(w, a.shape[0], workers):
+        gemm(a[p], b[p], c[p], True)
+        if add:
+            ap, cp = acc[p].reshape(-1), c[p].reshape(-1)
+            for i in range(ap.size):
+                ap[i] = ap[i] + cp[i]
+
+
+@njit(**_OPTS)
+def positions(a, b, c, acc, add):
+    """The 16 positions' products on this thread (see `_positions`)."""
+    _positions(a, b, c, acc, add, 0, 1)
+
+
+@njit(parallel=True, **_OPTS)
+def positions_parallel(a, b, c, acc, add, workers):
+    """The 16 positions' products on `workers` threads (see `_positions`); the BLAS must run one thread a call."""
+    for w in prange(workers):
+        _positions(a, b, c, acc, add, w, workers)

@@ -59,6 +59,7 @@ def _guard_dev(fn, gs, x, code):
 _DEV = {"dropout_forward": _dropout_dev, "dropout_backward": _dropout_dev, "sgd_update": _sgd_dev,
         "adam_update": _adam_dev, "guard_nonfinite": _guard_dev}
 _PASS.add("scalar_buffer")
+_PASS.add("step_scope")  # host-side context of a whole step (the BLAS threads), not a kernel
 
 
 class GraphCPU(CPUBackend):

@@ -145,3 +145,43 @@ def test_blas_pinned_only_where_lanes_could_split(monkeypatch):
     assert not cpu_conv._pin(big)
     monkeypatch.setenv(cpu_lanes.ENV, "1")
     assert not cpu_conv._pin(_geom((8, 16, 32, 32, 16, 1)))
+
+
+def test_blas_threaded_undoes_a_pin_for_its_block():
+    """Inside a step's pin, a kernel with large GEMMs gets the BLAS threads back for its call; outside any pin
+    it changes nothing; a pin opened inside it pins again."""
+    libs = cpu_lanes._blas_controllers()
+    if not libs:
+        pytest.skip("numpy's BLAS is not visible to threadpoolctl")
+    before = [lib.get_num_threads() for lib in libs]
+    with cpu_lanes.blas_threaded():
+        assert [lib.get_num_threads() for lib in libs] == before
+    with cpu_lanes.blas_pinned():
+        with cpu_lanes.blas_threaded():
+            assert [lib.get_num_threads() for lib in libs] == before
+            with cpu_lanes.blas_pinned():
+                assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+            assert [lib.get_num_threads() for lib in libs] == before
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+    assert [lib.get_num_threads() for lib in libs] == before
+
+
+def test_a_step_pins_the_blas_and_large_convolutions_take_it_back(monkeypatch):
+    """`CPUBackend.step_scope` pins the BLAS with more than one lane (its threads would spin on the cores the
+    lanes need), not with one; a convolution with large GEMMs runs with the BLAS threads, a small one pinned."""
+    libs = cpu_lanes._blas_controllers()
+    if not libs:
+        pytest.skip("numpy's BLAS is not visible to threadpoolctl")
+    before = [lib.get_num_threads() for lib in libs]
+    big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
+    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    with CPUBackend().step_scope():
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+        with cpu_conv._blas_scope(big):
+            assert [lib.get_num_threads() for lib in libs] == before
+        with cpu_conv._blas_scope(_geom((8, 16, 32, 32, 16, 1))):
+            assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+    assert [lib.get_num_threads() for lib in libs] == before
+    monkeypatch.setenv(cpu_lanes.ENV, "1")
+    with CPUBackend().step_scope():
+        assert [lib.get_num_threads() for lib in libs] == before

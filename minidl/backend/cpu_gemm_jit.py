@@ -1,0 +1,117 @@
+"""numpy's own BLAS GEMM, callable from compiled (numba) kernels, and those kernels' threads.
+
+Why. A Winograd layer's 16 GEMMs are small ((256, 32) x (32, 32) in CIFAR ResNet-56): OpenBLAS does not
+thread one of them, and Python threads cannot split them, since handing work to a thread costs 30-70 us here
+(measured), about one GEMM group. Inside a numba kernel compiled with `parallel=True` the same hand-off is one
+OpenMP region, ~3 us, with no GIL: two threads then run positions 0, 2, 4, ... and 1, 3, 5, ... side by side.
+That needs the GEMM callable from compiled code. numba's own `np.dot` would call scipy's BLAS, another
+library (with other rounding than numpy's `matmul`) and another dependency; instead this module resolves the
+`cblas_?gemm` of the BLAS numpy itself loaded (found by threadpoolctl) and registers its address under a
+fixed name (`minidl_sgemm`, `minidl_dgemm`) with LLVM before any kernel is compiled or loaded from numba's
+cache. The kernels refer to the name, not the address, so they can still be cached.
+
+Bits. `gemm` makes exactly the call numpy's `matmul` makes for C-contiguous float32/float64 operands (row-major
+`cblas_?gemm`, alpha 1, beta 0; a transposed first operand as `CblasTrans`), and the BLAS runs one thread per
+call here (`cpu_lanes.blas_pinned`), so each product has the bits `np.matmul` gives it at one thread, whichever
+thread runs it (tested against `np.matmul`).
+
+Where it is not offered (`available()` False): numpy built against another BLAS than the 64-bit-integer
+OpenBLAS of its wheels, or numba without its OpenMP threading layer (its fallback layer costs ~90 us a region,
+measured). Then the Winograd kernels run on one thread with `np.matmul`, as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+from numba import njit, types
+
+_SYMBOLS = {"minidl_sgemm": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
+            "minidl_dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}  # 64-bit integer interfaces only
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _bind() -> bool:
+    """Register numpy's BLAS GEMMs with LLVM under the names the kernels use; False if not found."""
+    try:
+        import numpy  # noqa: F401 - threadpoolctl finds only the libraries already loaded
+        from llvmlite import binding as llvm
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return False
+    for lib in threadpool_info():
+        if lib.get("user_api") != "blas" or lib.get("internal_api") != "openblas":
+            continue
+        try:
+            dll = ctypes.CDLL(lib["filepath"])
+        except OSError:
+            continue
+        found = {}
+        for name, candidates in _SYMBOLS.items():
+            for symbol in candidates:
+                fn = getattr(dll, symbol, None)
+                if fn is not None:
+                    found[name] = ctypes.cast(fn, ctypes.c_void_p).value
+                    break
+        if len(found) == len(_SYMBOLS):
+            for name, address in found.items():
+                llvm.add_symbol(name, address)
+            return True
+    return False
+
+
+def _openmp() -> bool:
+    """Select numba's OpenMP threading layer (unless the user chose one with NUMBA_THREADING_LAYER) and say
+    whether it loads: the only one whose region costs microseconds here."""
+    layer = os.environ.get("NUMBA_THREADING_LAYER", "")
+    if layer and layer != "omp":
+        return False
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401
+    except ImportError:
+        return False
+    import numba
+    numba.config.THREADING_LAYER = "omp"
+    return True
+
+
+_BOUND = _bind()
+_PARALLEL = _BOUND and _openmp()
+_forked: list = []  # set in a forked child: GNU OpenMP cannot run there (numba would stop the process)
+os.register_at_fork(after_in_child=lambda: _forked.append(True))
+
+_I = types.int64
+_SIG = (types.int32, types.int32, types.int32, _I, _I, _I)
+_sgemm = types.ExternalFunction("minidl_sgemm", types.void(*_SIG, types.float32, types.voidptr, _I, types.voidptr,
+                                                              _I, types.float32, types.voidptr, _I))
+_dgemm = types.ExternalFunction("minidl_dgemm", types.void(*_SIG, types.float64, types.voidptr, _I, types.voidptr,
+                                                              _I, types.float64, types.voidptr, _I))
+_OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
+
+
+def available() -> bool:
+    """Whether the compiled GEMM is bound (and so whether the Winograd kernels use it, on any thread count)."""
+    return _BOUND
+
+
+def parallel() -> bool:
+    """Whether compiled kernels may run OpenMP regions: the GEMM is bound, numba's OpenMP layer loads, and this
+    is not a forked child (GNU OpenMP's threads do not survive a fork; there the kernels run on one thread)."""
+    return _PARALLEL and not _forked
+
+
+@njit(**_OPTS)
+def gemm(a, b, c, trans_a):
+    """c = a @ b (c = a.T @ b with `trans_a`): C-contiguous 2-D arrays of one float type, c (m, n) with m, n
+    the rows of a (its columns with `trans_a`) and the columns of b. The call numpy's matmul makes."""
+    m, n = c.shape
+    k = b.shape[0]
+    lda = a.shape[1]
+    ta = _TRANS if trans_a else _NO_TRANS
+    if a.itemsize == 4:
+        _sgemm(_ROW_MAJOR, ta, _NO_TRANS, m, n, k, np.float32(1.0), a.ctypes.data, lda, b.ctypes.data, n,
+               np.float32(0.0), c.ctypes.data, n)
+    else:
+        _dgemm(_ROW_MAJOR, ta, _NO_TRANS, m, n, k, np.float64(1.0), a.ctypes.data, lda, b.ctypes.data, n,
+               np.float64(0.0), c.ctypes.data, n)

@@ -1,0 +1,121 @@
+"""Winograd on several threads (`cpu_gemm_jit`, `cpu_winograd_jit`'s compiled path): numpy's own GEMM called
+from compiled code, the workers' shares and scratch slots, and the bits, which must not depend on any of it."""
+import numpy as np
+import pytest
+
+from minidl.backend import cpu_lanes, cpu_winograd
+from minidl.backend.cpu_conv import ConvGeometry
+
+gemm_jit = cpu_winograd.gemm_jit()
+needs_gemm = pytest.mark.skipif(gemm_jit is None or not gemm_jit.available(),
+                                reason="numpy's BLAS is not the 64-bit OpenBLAS of its wheels")
+
+
+@needs_gemm
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mkn", [(256, 32, 32), (37, 19, 45), (2, 64, 3), (512, 64, 64)])
+def test_compiled_gemm_gives_the_bits_of_matmul(dtype, mkn):
+    """The call numpy's matmul makes for matrices, so its bits, plain and with the first operand transposed;
+    and any block of rows, down to one row, gets the rows of the whole product (the workers' shares)."""
+    m, k, n = mkn
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    c = np.full((m, n), np.nan, dtype)
+    with cpu_lanes.blas_pinned():
+        gemm_jit.gemm(a, b, c, False)
+        assert np.array_equal(c, a @ b)
+        v, dm = rng.standard_normal((300, m)).astype(dtype), rng.standard_normal((300, n)).astype(dtype)
+        gemm_jit.gemm(v, dm, c, True)
+        assert np.array_equal(c, np.matmul(v.T, dm))
+        for rows in (slice(m // 3, m), slice(m - 1, m), slice(0, 1)):
+            part = np.full((rows.stop - rows.start, n), np.nan, dtype)
+            gemm_jit.gemm(a[rows], b, part, False)
+            assert np.array_equal(part, (a @ b)[rows])
+
+
+# (N, Cin, H, W, Cout, padding): a short last group (10 = 8 + 2), no padding, padding 2, channel blocks cut
+# short, a 2x2 image, and the shapes of CIFAR ResNet-56's two Winograd stages
+SHAPES = [(10, 33, 7, 9, 40, 0), (5, 33, 7, 9, 40, 1), (3, 40, 6, 5, 35, 2), (2, 48, 2, 2, 32, 1),
+          (32, 32, 16, 16, 32, 1), (32, 64, 8, 8, 64, 1)]
+
+
+def _run(shape, dtype, by_position=False):
+    n, c, h, w, co, p = shape
+    g = ConvGeometry(n, c, h, w, co, 3, 3, h + 2 * p - 2, w + 2 * p - 2, 1, (1, 1), (p, p), (1, 1))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((co, c, 3, 3)).astype(dtype)
+    dy = rng.standard_normal((n, co, g.ho, g.wo)).astype(dtype)
+    wg = cpu_winograd._Winograd(g, x.dtype.itemsize, by_position=by_position)
+    y, dx, dw = np.empty((n, co, g.ho, g.wo), dtype), np.empty_like(x), np.empty_like(wt)
+    # workspaces of exactly the declared size, filled with garbage: the slots must not read what they did not write
+    wg.forward(x, wt, y, np.full(wg.total("fwd"), 0xFF, np.uint8))
+    wg.backward(x, wt, dy, dx, dw, np.full(wg.total("bwd"), 0xFF, np.uint8))
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_same_bits_on_any_threads_path_and_variant(shape, dtype, monkeypatch):
+    """1, 2, 3 or 5 threads, the compiled path or the numpy one, the whole-tile variant or the by-position one:
+    the same y, dx and dW, bit for bit (the planner may mix them, the machine decides the threads)."""
+    results = {}
+    for threads in (1, 2, 3, 5):
+        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        results[threads] = _run(shape, dtype)
+    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    results["by position"] = _run(shape, dtype, by_position=True)
+    monkeypatch.setattr(cpu_winograd, "_compiled_gemm", lambda: False)
+    results["numpy"] = _run(shape, dtype)
+    for key, got in results.items():
+        for a, b, name in zip(got, results[1], ("y", "dx", "dW")):
+            assert np.array_equal(a, b), (key, name)
+
+
+def test_workers_follow_the_lanes(monkeypatch):
+    monkeypatch.setenv(cpu_lanes.ENV, "1")
+    assert cpu_winograd.workers() == 1
+    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    parallel = gemm_jit is not None and gemm_jit.available() and gemm_jit.parallel()
+    assert cpu_winograd.workers() == (2 if parallel else 1)
+    monkeypatch.setattr(cpu_winograd, "_compiled_gemm", lambda: False)
+    assert cpu_winograd.workers() == 1
+
+
+def test_slots_lie_in_dead_memory_and_fit_two_workers():
+    """A worker's slot: its input block (the larger) and 256 values. The forward's slots lie from the transposed
+    weight on, the weight gradient's from the product buffer on; for ResNet shapes at least two fit, and for a
+    plane too large for two, fewer workers run (the workspace never grows for threads)."""
+    g = ConvGeometry(32, 32, 16, 16, 32, 3, 3, 16, 16, 1, (1, 1), (1, 1), (1, 1))
+    wg = cpu_winograd._Winograd(g, 4)
+    ws = np.zeros(wg.total("bwd"), np.uint8)
+    per = 18 * 18 * 16 + 256
+    slots = wg._slots(ws, np.dtype(np.float32), wg.fwd_layout["wt"][0], wg.fwd_total, 8)
+    assert slots.shape == (min(8, (wg.fwd_total - wg.fwd_layout["wt"][0]) // (4 * per)), per)
+    assert len(slots) >= 2
+    assert len(wg._slots(ws, np.dtype(np.float32), wg.dw_layout["prod"][0], wg.dw_total, 2)) == 2
+    for n, c, hw in [(8, 64, 56), (8, 128, 28), (8, 256, 14)]:  # ResNet-50's 3x3 stride-1 shapes
+        big = cpu_winograd._Winograd(ConvGeometry(n, c, hw, hw, c, 3, 3, hw, hw, 1, (1, 1), (1, 1), (1, 1)), 4)
+        wsb = np.zeros(big.total("bwd"), np.uint8)
+        assert len(big._slots(wsb, np.dtype(np.float32), big.fwd_layout["wt"][0], big.fwd_total, 2)) == 2
+    huge = cpu_winograd._Winograd(ConvGeometry(1, 32, 600, 600, 32, 3, 3, 600, 600, 1, (1, 1), (1, 1), (1, 1)), 4)
+    wsh = np.zeros(huge.total("fwd"), np.uint8)
+    assert len(huge._slots(wsh, np.dtype(np.float32), huge.fwd_layout["wt"][0], huge.fwd_total, 2)) == 1
+
+
+def test_a_forked_child_runs_winograd_on_one_thread(monkeypatch):
+    """GNU OpenMP's threads do not survive a fork (numba stops a child that starts a region): a child falls back
+    to one thread, with the same bits."""
+    import os
+    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    ref = _run(SHAPES[0], np.float32)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        ok = cpu_winograd.workers() == 1 and all(np.array_equal(a, b) for a, b in zip(_run(SHAPES[0], np.float32),
+                                                                                      ref))
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1" and status == 0
