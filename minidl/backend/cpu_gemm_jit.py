@@ -16,8 +16,10 @@ call here (`cpu_lanes.blas_pinned`), so each product has the bits `np.matmul` gi
 thread runs it (tested against `np.matmul`).
 
 Where it is not offered (`available()` False): numpy built against another BLAS than the 64-bit-integer
-OpenBLAS of its wheels, or numba without its OpenMP threading layer (its fallback layer costs ~90 us a region,
-measured). Then the Winograd kernels run on one thread with `np.matmul`, as before.
+OpenBLAS of its wheels; then the Winograd kernels run on one thread with `np.matmul`. Where numba's OpenMP
+layer does not load (`parallel()` False; its fallback layer costs ~90 us a region, measured), every compiled
+kernel runs on one thread. `workers()` says how many threads the compiled kernels use: batch norm, ReLU and
+the residual add split channels or elements over them too (`cpu_norm_jit`, `cpu_eltwise_jit`).
 """
 from __future__ import annotations
 
@@ -27,9 +29,12 @@ import os
 import numpy as np
 from numba import njit, types
 
+from . import cpu_lanes as lanes
+
 _SYMBOLS = {"minidl_sgemm": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
             "minidl_dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}  # 64-bit integer interfaces only
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_SPINCOUNT = 10_000  # GNU OpenMP's busy-wait after a region, in spins (see `_openmp`)
 
 
 def _bind() -> bool:
@@ -67,17 +72,29 @@ def _openmp() -> bool:
     layer = os.environ.get("NUMBA_THREADING_LAYER", "")
     if layer and layer != "omp":
         return False
+    # GNU OpenMP reads its spin time when it loads, which importing numba's pool does. Its default (~300,000
+    # spins) keeps the idle worker busy for about a millisecond after each region, on the core that the
+    # convolution lanes (Python threads) and the BLAS need next; a short spin lets it sleep after ~10 us.
+    # Measured, CIFAR ResNet-56 b32 at 2 threads: ~288 ms per step at the default, ~231 at 3,000-10,000 spins,
+    # ~263 at 30,000, ~313 at 100,000 (and worse again at 1,000, where it sleeps between a call's regions).
+    # Set for that import only, unless the user chose a policy: a library loaded before keeps its own setting.
+    chosen = "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ
+    if not chosen:
+        os.environ["GOMP_SPINCOUNT"] = str(_SPINCOUNT)
     try:
         from numba.np.ufunc import omppool  # noqa: F401
     except ImportError:
         return False
+    finally:
+        if not chosen:
+            del os.environ["GOMP_SPINCOUNT"]
     import numba
     numba.config.THREADING_LAYER = "omp"
     return True
 
 
 _BOUND = _bind()
-_PARALLEL = _BOUND and _openmp()
+_PARALLEL = _openmp()
 _forked: list = []  # set in a forked child: GNU OpenMP cannot run there (numba would stop the process)
 os.register_at_fork(after_in_child=lambda: _forked.append(True))
 
@@ -96,9 +113,20 @@ def available() -> bool:
 
 
 def parallel() -> bool:
-    """Whether compiled kernels may run OpenMP regions: the GEMM is bound, numba's OpenMP layer loads, and this
-    is not a forked child (GNU OpenMP's threads do not survive a fork; there the kernels run on one thread)."""
+    """Whether compiled kernels may run OpenMP regions: numba's OpenMP layer loads, and this is not a forked
+    child (GNU OpenMP's threads do not survive a fork; there the kernels run on one thread)."""
     return _PARALLEL and not _forked
+
+
+def workers() -> int:
+    """How many threads a compiled kernel with an OpenMP region may use: the lanes' count (`cpu_lanes.count`,
+    MINIDL_CPU_THREADS or the usable cores) capped by numba's threads; 1 where regions cannot run. The kernels
+    split only work no sum runs across, so their bits never depend on it."""
+    n = lanes.count()
+    if n == 1 or not parallel():
+        return 1
+    import numba
+    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 @njit(**_OPTS)

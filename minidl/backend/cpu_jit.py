@@ -1,5 +1,5 @@
 """Lazy access to the CPU backend's compiled (numba) kernel modules: `cpu_norm_jit`, `cpu_update_jit`,
-`cpu_eltwise_jit`.
+`cpu_eltwise_jit`, `cpu_winograd_jit`, `cpu_gemm_jit`; and how many threads those kernels may use.
 
 Why lazy: importing numba costs ~0.3 s (more with its first compilation), which a process that never runs a
 compiled kernel (planning, the simulator, the CUDA backend) should not pay. Why optional: numba is a runtime
@@ -28,3 +28,17 @@ def lazy(module: str) -> Callable[[], object | None]:
         return cached[0]
     kernels.__name__ = f"{module}_kernels"
     return kernels
+
+
+gemm_kernels = lazy("cpu_gemm_jit")
+PARALLEL_MIN = 1 << 16  # values below which a compiled kernel stays on one thread
+
+
+def workers_for(values: int) -> int:
+    """Threads for a compiled per-channel or elementwise kernel over `values` values (`cpu_gemm_jit.workers`):
+    one below `PARALLEL_MIN`, where an OpenMP region (~3 us) and the other core's cache misses cost more than
+    the split saves (CIFAR at batch 1: 16K values a layer)."""
+    if values < PARALLEL_MIN:
+        return 1
+    g = gemm_kernels()
+    return 1 if g is None else g.workers()

@@ -27,13 +27,13 @@ import math
 
 import numpy as np
 
-from .cpu_jit import lazy
+from .cpu_jit import lazy, workers_for
 
 _BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best between 32K and 128K
 
 # The compiled batch-norm kernels (`cpu_norm_jit`), or None where numba cannot be imported (then the numpy passes
 # below run). numba's import (~0.3 s) is paid on the first batch-norm call only.
-jit_kernels = lazy("cpu_norm_jit")
+jit_kernels = lazy("cpu_norm_jit")  # its per-channel loops run on `workers_for` threads (same bits)
 
 
 def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
@@ -136,8 +136,13 @@ class NormOps:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         jit = jit_kernels()
         if jit is not None:
-            jit.train(x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, _ncl(y), mean, invstd,
-                      float(momentum), float(eps), bool(update_running), weight is not None, bias is not None)
+            args = (x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, _ncl(y), mean, invstd,
+                    float(momentum), float(eps), bool(update_running), weight is not None, bias is not None)
+            nw = min(workers_for(x3.size), c)
+            if nw > 1:
+                jit.train_parallel(*args, nw)
+            else:
+                jit.train(*args)
             return
         shift = np.add.reduce(x3[0], axis=1) * x.dtype.type(1.0 / hw)
         sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
@@ -164,7 +169,12 @@ class NormOps:
         x3, y3 = _ncl(x), _ncl(y)
         jit = jit_kernels()
         if jit is not None:
-            jit.apply(x3, _or(weight, mean), _or(bias, mean), mean, invstd, y3, weight is not None, bias is not None)
+            args = (x3, _or(weight, mean), _or(bias, mean), mean, invstd, y3, weight is not None, bias is not None)
+            nw = min(workers_for(x3.size), x3.shape[1])
+            if nw > 1:
+                jit.apply_parallel(*args, nw)
+            else:
+                jit.apply(*args)
             return
         n, c, hw = x3.shape
         a = invstd * weight if weight is not None else invstd.copy()
@@ -200,9 +210,13 @@ class NormOps:
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if jit is not None:
-            jit.backward(x3, _or(weight, mean), dy3, mean, invstd, x3 if dx is None else _ncl(dx),
-                         _or(dweight, mean), _or(dbias, mean), weight is not None, dx is not None,
-                         dweight is not None, dbias is not None)
+            args = (x3, _or(weight, mean), dy3, mean, invstd, x3 if dx is None else _ncl(dx), _or(dweight, mean),
+                    _or(dbias, mean), weight is not None, dx is not None, dweight is not None, dbias is not None)
+            nw = min(workers_for(x3.size), x3.shape[1])
+            if nw > 1:
+                jit.backward_parallel(*args, nw)
+            else:
+                jit.backward(*args)
             return
         n, c, hw = x3.shape
         m = n * hw

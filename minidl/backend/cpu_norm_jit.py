@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
@@ -132,24 +132,36 @@ def _affine(x3, y3, c, m, a, weight, bias, has_w, has_b):
 
 
 @njit(**_OPTS)
-def apply(x3, weight, bias, mean, invstd, y3, has_w, has_b):
-    """y = (x - mean) * (invstd * weight) + bias per channel, in float64, rounded once (weight/bias read only
-    if has_w/has_b)."""
-    for c in range(x3.shape[1]):
+def _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, c0, c1):
+    for c in range(c0, c1):
         m = np.float64(mean[c])
         a = np.float64(invstd[c])
         _affine(x3, y3, c, m, a, weight, bias, has_w, has_b)
 
 
 @njit(**_OPTS)
-def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running, has_w,
-          has_b):
-    """Batch statistics (two passes, see the module docstring), saved in mean/invstd, folded into the running
-    statistics if `update_running` (the variance unbiased, as PyTorch), then `apply`."""
+def apply(x3, weight, bias, mean, invstd, y3, has_w, has_b):
+    """y = (x - mean) * (invstd * weight) + bias per channel, in float64, rounded once (weight/bias read only
+    if has_w/has_b)."""
+    _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, 0, x3.shape[1])
+
+
+@njit(parallel=True, **_OPTS)
+def apply_parallel(x3, weight, bias, mean, invstd, y3, has_w, has_b, workers):
+    """`apply` with the channels split over `workers` threads (one OpenMP region; see `cpu_gemm_jit`)."""
+    nc = x3.shape[1]
+    for w in prange(workers):
+        _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, nc * w // workers,
+                        nc * (w + 1) // workers)
+
+
+@njit(**_OPTS)
+def _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
+                    has_w, has_b, c0, c1):
     n, nc, hw = x3.shape
     m = n * hw
     la, lq = np.empty(_lane_count(hw)), np.empty(_lane_count(hw))
-    for c in range(nc):
+    for c in range(c0, c1):
         k = np.float64(x3[0, c, 0])
         s1, _ = _sums(x3, c, k, la, lq)
         mean[c] = k + s1 / m
@@ -161,7 +173,26 @@ def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentu
         if update_running:
             running_mean[c] = (1.0 - momentum) * np.float64(running_mean[c]) + momentum * (mc + dmean)
             running_var[c] = (1.0 - momentum) * np.float64(running_var[c]) + momentum * var * (m / (m - 1))
-    apply(x3, weight, bias, mean, invstd, y3, has_w, has_b)
+    _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, c0, c1)
+
+
+@njit(**_OPTS)
+def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running, has_w,
+          has_b):
+    """Batch statistics (two passes, see the module docstring), saved in mean/invstd, folded into the running
+    statistics if `update_running` (the variance unbiased, as PyTorch), then `apply`."""
+    _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
+                    has_w, has_b, 0, x3.shape[1])
+
+
+@njit(parallel=True, **_OPTS)
+def train_parallel(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
+                   has_w, has_b, workers):
+    """`train` with the channels split over `workers` threads: each channel computed as on one thread."""
+    nc = x3.shape[1]
+    for w in prange(workers):
+        _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps,
+                        update_running, has_w, has_b, nc * w // workers, nc * (w + 1) // workers)
 
 
 @njit(**_OPTS)
@@ -174,14 +205,11 @@ def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3, has_w, ha
 
 
 @njit(**_OPTS)
-def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db):
-    """Through batch statistics: dbias = sum(dy), dweight = sum(dy * xhat), and
-    dx = dy * s + (x - mean) * kx + c with s = invstd * weight, kx = -s * invstd^2 * sum(dy (x - mean)) / M,
-    c = -s * sum(dy) / M (the mean subtracted first)."""
+def _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, c0, c1):
     n, nc, hw = x3.shape
     m = n * hw
     la, lq = np.empty(_lane_count(hw)), np.empty(_lane_count(hw))
-    for c in range(nc):
+    for c in range(c0, c1):
         mc = np.float64(mean[c])
         inv = np.float64(invstd[c])
         sdy, sdyd = _dsums(x3, dy3, c, mc, la, lq)
@@ -194,13 +222,31 @@ def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, 
             if has_w:
                 sc = inv * np.float64(weight[c])
             kx = -sc * (inv * inv * sdyd / m)
-            c0 = -sc * (sdy / m)
+            c0_ = -sc * (sdy / m)
             for s in range(n):
                 p = x3[s, c]
                 g = dy3[s, c]
                 q = dx3[s, c]
                 for i in range(hw):
-                    q[i] = np.float64(g[i]) * sc + (np.float64(p[i]) - mc) * kx + c0
+                    q[i] = np.float64(g[i]) * sc + (np.float64(p[i]) - mc) * kx + c0_
+
+
+@njit(**_OPTS)
+def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db):
+    """Through batch statistics: dbias = sum(dy), dweight = sum(dy * xhat), and
+    dx = dy * s + (x - mean) * kx + c with s = invstd * weight, kx = -s * invstd^2 * sum(dy (x - mean)) / M,
+    c = -s * sum(dy) / M (the mean subtracted first)."""
+    _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, 0,
+                       x3.shape[1])
+
+
+@njit(parallel=True, **_OPTS)
+def backward_parallel(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, workers):
+    """`backward` with the channels split over `workers` threads: each channel computed as on one thread."""
+    nc = x3.shape[1]
+    for w in prange(workers):
+        _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db,
+                           nc * w // workers, nc * (w + 1) // workers)
 
 
 @njit(**_OPTS)

@@ -76,14 +76,9 @@ def applies(g) -> bool:
 
 
 def workers() -> int:
-    """How many threads a whole-tile Winograd call runs on: the lanes' count (`cpu_lanes.count`) where compiled
-    kernels may run OpenMP regions with numpy's GEMM (`cpu_gemm_jit.parallel`), capped by numba's threads;
-    else 1. The bits do not depend on it."""
-    n = lanes.count()
-    if n == 1 or not _compiled_gemm() or not gemm_jit().parallel():
-        return 1
-    import numba
-    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+    """How many threads a whole-tile Winograd call runs on: the compiled kernels' (`cpu_gemm_jit.workers`) where
+    numpy's GEMM is bound for them, else 1. The bits do not depend on it."""
+    return gemm_jit().workers() if _compiled_gemm() else 1
 
 
 def _compiled_gemm() -> bool:

@@ -102,3 +102,21 @@ def test_numpy_fallback_keeps_its_numerics(shape, ratio, numpy_only):
 
     assert cpu_norm.jit_kernels() is None
     test_float32_error_within_twice_torch(shape, ratio)
+
+
+@pytest.mark.parametrize("shape", [(8, 16, 32, 32), (4, 5, 60, 60), (32, 64, 8, 8)])
+def test_same_bits_on_any_threads(shape, monkeypatch):
+    """Large enough to split (`cpu_jit.workers_for`), the channels go to the threads, each channel computed as
+    on one thread: the same bits with 1, 2, 3 or 5 threads, and `apply` (recomputation) still the forward's y."""
+    from minidl.backend import cpu_jit, cpu_lanes
+    x, w, b, dy = _inputs(shape, np.float32)
+    assert x.size >= cpu_jit.PARALLEL_MIN
+    results = {}
+    for threads in (1, 2, 3, 5):
+        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        results[threads] = _run_all(x, w, b, dy)
+        y = np.full_like(x, np.nan)
+        CPUBackend().batchnorm_forward_apply(x, w, b, results[1]["mean"], results[1]["invstd"], y)
+        assert y.tobytes() == results[1]["y"].tobytes()
+    for threads, got in results.items():
+        assert all(got[k].tobytes() == results[1][k].tobytes() for k in got), threads
