@@ -39,7 +39,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from . import cpu_lanes as lanes
-from .cpu_jit import lazy
+from .cpu_jit import PARALLEL_MIN, lazy, workers_for
 from .cpu_workspace import align, view
 
 jit = lazy("cpu_winograd_jit")
@@ -75,10 +75,11 @@ def applies(g) -> bool:
             and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available() and jit() is not None)
 
 
-def workers() -> int:
-    """How many threads a whole-tile Winograd call runs on: the compiled kernels' (`cpu_gemm_jit.workers`) where
-    numpy's GEMM is bound for them, else 1. The bits do not depend on it."""
-    return gemm_jit().workers() if _compiled_gemm() else 1
+def workers(values: int = PARALLEL_MIN) -> int:
+    """How many threads a whole-tile Winograd call over `values` input values runs on: the compiled kernels'
+    (`cpu_jit.workers_for`: one for small layers, CIFAR at batch 1) where numpy's GEMM is bound for them, else
+    1. The bits do not depend on it."""
+    return workers_for(values) if _compiled_gemm() else 1
 
 
 def _compiled_gemm() -> bool:
@@ -199,7 +200,7 @@ class _Winograd:
         k.weight_tiles(b["wt"], b["u"])
         if _compiled_gemm():
             # the slots lie from the transposed weight on: dead once U is built
-            slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, workers())
+            slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, workers(x.size))
             args = (x, b["u"], b["v"].reshape(-1), b["m"].reshape(-1), y, self.size, g.padding[0], g.padding[1],
                     self.th, self.tw, slots)
             if len(slots) > 1:
@@ -241,7 +242,7 @@ class _Winograd:
         elif _compiled_gemm():
             # the slots lie from the product buffer on (it, the transposed weight, the one-thread scratch):
             # dead until the loop's GEMMs, which run after the transforms
-            slots = self._slots(ws, x.dtype, self.dw_layout["prod"][0], self.dw_total, workers())
+            slots = self._slots(ws, x.dtype, self.dw_layout["prod"][0], self.dw_total, workers(x.size))
             with lanes.blas_pinned() if len(slots) > 1 else nullcontext():
                 self._weight_grad_compiled(x, dy, ws, b, slots)
         else:

@@ -3,7 +3,7 @@ from compiled code, the workers' shares and scratch slots, and the bits, which m
 import numpy as np
 import pytest
 
-from minidl.backend import cpu_lanes, cpu_winograd
+from minidl.backend import cpu_jit, cpu_lanes, cpu_winograd
 from minidl.backend.cpu_conv import ConvGeometry
 
 gemm_jit = cpu_winograd.gemm_jit()
@@ -58,10 +58,14 @@ def _run(shape, dtype, by_position=False):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_same_bits_on_any_threads_path_and_variant(shape, dtype, monkeypatch):
     """1, 2, 3 or 5 threads, the compiled path or the numpy one, the whole-tile variant or the by-position one:
-    the same y, dx and dW, bit for bit (the planner may mix them, the machine decides the threads)."""
+    the same y, dx and dW, bit for bit (the planner may mix them, the machine decides the threads). Small
+    layers are split too here (they run on one thread by default, `cpu_jit.workers_for`)."""
+    monkeypatch.setattr(cpu_jit, "PARALLEL_MIN", 0)
     results = {}
     for threads in (1, 2, 3, 5):
         monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        if gemm_jit is not None and gemm_jit.parallel():
+            assert cpu_winograd.workers(1) == min(threads, gemm_jit.workers())  # split, even this small
         results[threads] = _run(shape, dtype)
     monkeypatch.setenv(cpu_lanes.ENV, "2")
     results["by position"] = _run(shape, dtype, by_position=True)
@@ -78,6 +82,7 @@ def test_workers_follow_the_lanes(monkeypatch):
     monkeypatch.setenv(cpu_lanes.ENV, "2")
     parallel = gemm_jit is not None and gemm_jit.available() and gemm_jit.parallel()
     assert cpu_winograd.workers() == (2 if parallel else 1)
+    assert cpu_winograd.workers(cpu_jit.PARALLEL_MIN - 1) == 1  # a small layer: one thread
     monkeypatch.setattr(cpu_winograd, "_compiled_gemm", lambda: False)
     assert cpu_winograd.workers() == 1
 
@@ -108,6 +113,7 @@ def test_a_forked_child_runs_winograd_on_one_thread(monkeypatch):
     to one thread, with the same bits."""
     import os
     monkeypatch.setenv(cpu_lanes.ENV, "2")
+    monkeypatch.setattr(cpu_jit, "PARALLEL_MIN", 0)
     ref = _run(SHAPES[0], np.float32)
     r, w = os.pipe()
     pid = os.fork()
