@@ -40,15 +40,6 @@ def _chunks(n: int):
         yield slice(s, min(n, s + CHUNK))
 
 
-_LINEAR_THREADED = 1 << 20  # weights of at least this many values (VGG's 4096 x 25088) take the BLAS threads
-
-
-def _linear_blas(w: np.ndarray):
-    """A dense layer's BLAS threads within a step: its own for large weights (`cpu_lanes.blas_threaded`), else
-    the step's one."""
-    return lanes.blas_threaded() if w.size >= _LINEAR_THREADED else nullcontext()
-
-
 class CoreOps:
     """Elementwise, dense, loss and optimizer kernels."""
 
@@ -111,18 +102,16 @@ class CoreOps:
 
     # -- dense ------------------------------------------------------------------------------------------------
     def linear_forward(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray) -> None:
-        with _linear_blas(w):
-            np.matmul(x.reshape(x.shape[0], -1), w.T, out=y)
+        lanes.matmul(x.reshape(x.shape[0], -1), w.T, y)
         if b is not None:
             y += b
 
     def linear_backward(self, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None,
                         dw: np.ndarray | None, db: np.ndarray | None) -> None:
-        with _linear_blas(w):
-            if dx is not None:
-                np.matmul(dy, w, out=dx.reshape(dx.shape[0], -1))
-            if dw is not None:
-                np.matmul(dy.T, x.reshape(x.shape[0], -1), out=dw)
+        if dx is not None:
+            lanes.matmul(dy, w, dx.reshape(dx.shape[0], -1))
+        if dw is not None:
+            lanes.matmul(dy.T, x.reshape(x.shape[0], -1), dw)
         if db is not None:
             np.sum(dy, axis=0, out=db)
 
@@ -199,9 +188,9 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps):
 
     def step_scope(self):
         """The context a whole step runs in (`Executor.train_step`, `evaluate`): with more than one lane, numpy's
-        BLAS at one thread, the kernels with large GEMMs taking its threads back for their call
-        (`cpu_lanes.blas_pinned`, `blas_threaded`). The threads are then the lanes' and the compiled kernels',
-        never OpenBLAS's spinning between calls. Results do not depend on it (the BLAS splits no sum)."""
+        BLAS at one thread (`cpu_lanes.blas_pinned`); large products are split over the lanes instead
+        (`cpu_lanes.matmul`). The threads are then the lanes' and the compiled kernels', never OpenBLAS's, which
+        spin long after a call on the cores the others need. Results do not depend on it (no sum is split)."""
         return lanes.blas_pinned() if lanes.count() > 1 else nullcontext()
 
     def paged_backing(self):

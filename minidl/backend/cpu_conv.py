@@ -167,14 +167,12 @@ def _pin(g: ConvGeometry) -> bool:
     one thread asked for. With one thread the BLAS is meant to run one thread already; with one sample there is
     nothing for lanes to split, and the ~5 us of setting and restoring the BLAS threads land on the
     dispatch-bound batch-1 path (CIFAR ResNet-20 b1 at 2 threads: 9.5-9.7 -> 9.1-9.2 ms per step, measured)."""
-    return small_gemms(g) and g.n > 1 and lanes.count() > 1
+    return g.n > 1 and lanes.count() > 1
 
 
 def _blas_scope(g: ConvGeometry):
-    """The BLAS threads a convolution call runs with: all of them for large GEMMs (`cpu_lanes.blas_threaded`,
-    which undoes a training step's pin), one for small ones where `_pin` says so, else as they are."""
-    if not small_gemms(g):
-        return lanes.blas_threaded()
+    """The BLAS threads a convolution call runs with: one where `_pin` says so (large products are split over
+    the lanes instead, `cpu_lanes.matmul`), else as they are."""
     return lanes.blas_pinned() if _pin(g) else nullcontext()
 
 
@@ -540,7 +538,7 @@ class _RowShift:
         """How many lanes (threads) this layer's sample loops use, at most `most`: only `rows` (its buffer holds
         every sample, so lanes build and read disjoint parts of it), and only where a per-sample GEMM is small
         enough that OpenBLAS would not keep the cores busy by itself (`_LANE_MAX_MACS`)."""
-        if self.algo != "rows" or not small_gemms(self.g):
+        if self.algo != "rows":
             return 1
         return max(1, min(lanes.count(), most, self.g.n))
 
@@ -706,7 +704,7 @@ class _Grouped:
         y3 = _as(y, (g.n, g.cout, g.p))
         for n0, n1, cols, cols6, blk in self._groups(ws, w.dtype):
             _im2col(x[n0:n1], cols6, self.taps, g.stride)
-            np.matmul(w2, cols, out=blk)
+            lanes.matmul(w2, cols, blk)
             np.copyto(y3[n0:n1].transpose(1, 0, 2), _as(blk, (g.cout, n1 - n0, g.p)))
 
     def backward(self, x, w, dy, dx, dw, ws) -> None:
@@ -720,12 +718,12 @@ class _Grouped:
             if dw2 is not None:
                 _im2col(x[n0:n1], cols6, self.taps, g.stride)
                 if n0 == 0:
-                    np.matmul(blk, cols.T, out=dw2)
+                    lanes.matmul(blk, cols.T, dw2)
                 else:
-                    np.matmul(blk, cols.T, out=prod)
+                    lanes.matmul(blk, cols.T, prod)
                     np.add(dw2, prod, out=dw2)
             if dx is not None:  # the columns are spent: the same memory now receives dcols
-                np.matmul(w2t, blk, out=cols)
+                lanes.matmul(w2t, blk, cols)
                 _col2im(cols6, dx[n0:n1], self.taps, g.stride)
 
 
@@ -751,7 +749,7 @@ class ConvOps:
         w3 = _as(w, (G, cg_out, g.k))
         y4 = _as(y, (n, G, cg_out, g.p))
         if algo == "gemm_1x1":
-            np.matmul(w3, _as(x, (n, G, g.k, g.p)), out=y4)
+            lanes.matmul(w3, _as(x, (n, G, g.k, g.p)), y4)
         else:
             c = _chunk(algo, n)
             buf = view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
@@ -759,7 +757,7 @@ class ConvOps:
                 e = min(n, s + c)
                 cols6 = buf[:e - s]
                 _im2col(x[s:e], cols6, taps, stride)
-                np.matmul(w3, _as(cols6, (e - s, G, g.k, g.p)), out=y4[s:e])
+                lanes.matmul(w3, _as(cols6, (e - s, G, g.k, g.p)), y4[s:e])
         if b is not None:
             y += b.reshape(-1, 1, 1)
 
@@ -792,9 +790,9 @@ class ConvOps:
             """dW += dy[sample] @ cols.T, one GEMM per group; sample 0 goes straight into dW."""
             cols_t = cols4.transpose(0, 2, 1)  # (G, P, K): a transposed view, BLAS reads it as such
             if sample == 0:
-                np.matmul(dy4[sample], cols_t, out=dw3)
+                lanes.matmul(dy4[sample], cols_t, dw3)
             else:
-                np.matmul(dy4[sample], cols_t, out=prod)
+                lanes.matmul(dy4[sample], cols_t, prod)
                 np.add(dw3, prod, out=dw3)
 
         if algo == "gemm_1x1":
@@ -803,7 +801,7 @@ class ConvOps:
                 for s in range(n):
                     accumulate_dw(s, x4[s])
             if dx is not None:
-                np.matmul(w3t, dy4, out=_as(dx, (n, G, g.k, g.p)))
+                lanes.matmul(w3t, dy4, _as(dx, (n, G, g.k, g.p)))
         elif dw3 is not None or dx is not None:
             c = _chunk(algo, n)
             buf = view(ws, 0, (c, g.cin, g.kh, g.kw, g.ho, g.wo), x.dtype)
@@ -816,7 +814,7 @@ class ConvOps:
                     for k in range(s, e):
                         accumulate_dw(k, buf4[k - s])
                 if dx is not None:  # the columns are spent: the same memory now receives dcols
-                    np.matmul(w3t, dy4[s:e], out=buf4)
+                    lanes.matmul(w3t, dy4[s:e], buf4)
                     _col2im(buf6, dx[s:e], taps, stride)
         if db is not None:
             # per-plane sums (pairwise over the contiguous H*W), then over the batch: an (N, Cout) scratch only

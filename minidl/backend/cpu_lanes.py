@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
+import numpy as np
+
 ENV = "MINIDL_CPU_THREADS"
 MAX_LANES = 8  # more threads split the samples of a batch-32 layer too finely to pay their dispatch
 
@@ -93,7 +95,7 @@ def blas_pinned():
     loss (measured ResNet-56 b32 at 2 threads: 381 ms per step with only the lanes' GEMMs pinned, 360 with every
     small convolution's), and its threads, once woken, spin for a long while on the cores that the lanes and
     the compiled kernels' threads need (measured: 316 -> 264 ms with the whole step pinned, the 64-channel
-    backward 110 -> 29 ms; see `blas_threaded` for the kernels that want the BLAS threads)."""
+    backward 110 -> 29 ms; large products are split over the lanes instead, `matmul`)."""
     if _depth[0]:
         _depth[0] += 1
         try:
@@ -114,26 +116,42 @@ def blas_pinned():
             lib.set_num_threads(n)
 
 
-@contextmanager
-def blas_threaded():
-    """Inside a `blas_pinned` block, the BLAS back at the threads it had before the block, for the duration:
-    for a kernel whose GEMMs are large enough for OpenBLAS to thread well (ResNet-50's convolutions, VGG's
-    dense layers). Outside one, nothing to do. A `blas_pinned` block opened inside pins again."""
-    if not _depth[0]:
-        yield
-        return
-    libs = _blas_controllers()
-    saved, depth = list(_before), _depth[0]
-    for lib, n in zip(libs, saved):
-        lib.set_num_threads(n)
-    _depth[0] = 0
-    try:
-        yield
-    finally:
-        for lib in libs:
-            lib.set_num_threads(1)
-        _depth[0] = depth
-        _before[:] = saved
+_PIECE_MIN_MACS = 1 << 21  # each lane's product at least this large (see `matmul`)
+_PIECE_MIN_ROWS = 16
+
+
+def matmul(a, b, out) -> None:
+    """np.matmul(a, b, out=out), split over the lanes for large float32 products: the rows of `out` (its
+    second-to-last axis) into contiguous blocks, or its columns where it has too few rows (a dense layer's
+    batch), each lane's GEMMs on a one-thread BLAS (`run`).
+
+    Why not OpenBLAS's own threads: once woken they spin for a long while after the call, on the cores the
+    compiled kernels' OpenMP workers need next (ResNet-50 b8 at 2 threads: batch norm 211 -> 108 ms and the
+    64-channel Winograd backward 133 -> 63 ms per step with the products split here). Lanes block when idle.
+
+    Bits: a block of rows (columns) of a float32 product comes out as in the whole product where OpenBLAS takes
+    its regular path for both pieces and whole, which sums over K in blocks that depend on K only; its
+    small-matrix kernels (products of at most 100^3 multiply-adds on AVX-512) sum differently. Measured on this
+    machine's OpenBLAS over 350 random shapes and split points: float32 with every piece above 10^6
+    multiply-adds, always the same bits; float64 not always (other edge kernels), smaller pieces not always.
+    So only float32 products whose every piece has at least `_PIECE_MIN_MACS` (2^21) multiply-adds are split
+    (tested against the whole product); anything else runs whole."""
+    m, n = out.shape[-2], out.shape[-1]
+    k = a.shape[-1]
+    lanes = count()
+    if lanes > 1 and out.dtype == np.float32 and m * n * k >= 2 * _PIECE_MIN_MACS:
+        cap = (m * n * k) // _PIECE_MIN_MACS
+        if m >= 2 * _PIECE_MIN_ROWS:
+            parts = min(lanes, m // _PIECE_MIN_ROWS, cap)
+            run([lambda r0=r0, r1=r1: np.matmul(a[..., r0:r1, :], b, out=out[..., r0:r1, :])
+                 for r0, r1 in split(m, parts)])
+            return
+        if n >= 2 * _PIECE_MIN_ROWS:
+            parts = min(lanes, n // _PIECE_MIN_ROWS, cap)
+            run([lambda c0=c0, c1=c1: np.matmul(a, b[..., :, c0:c1], out=out[..., :, c0:c1])
+                 for c0, c1 in split(n, parts)])
+            return
+    np.matmul(a, b, out=out)
 
 
 def run(tasks: Sequence[Callable[[], None]]) -> None:

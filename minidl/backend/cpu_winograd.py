@@ -75,11 +75,20 @@ def applies(g) -> bool:
             and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available() and jit() is not None)
 
 
-def workers(values: int = PARALLEL_MIN) -> int:
-    """How many threads a whole-tile Winograd call over `values` input values runs on: the compiled kernels'
-    (`cpu_jit.workers_for`: one for small layers, CIFAR at batch 1) where numpy's GEMM is bound for them, else
-    1. The bits do not depend on it."""
-    return workers_for(values) if _compiled_gemm() else 1
+MAX_SPLIT_CHANNELS = 256  # beyond, a layer's GEMM rows are not split over workers (see `workers`)
+
+
+def workers(values: int = PARALLEL_MIN, channels: int = MIN_CHANNELS) -> int:
+    """How many threads a whole-tile Winograd call over `values` input values, with `channels` (rounded) input
+    channels, runs on: the compiled kernels' (`cpu_jit.workers_for`: one for small layers, CIFAR at batch 1)
+    where numpy's GEMM is bound for them, else 1. The forward splits its GEMMs' rows over the workers, which
+    gives the whole product's bits where the inner dimension and the columns are multiples of 16 (they are:
+    channel blocks) and the inner dimension is at most 256 (measured on 600 random shapes and split points;
+    beyond, OpenBLAS's small-matrix kernel sums a small piece differently): wider layers stay on one thread, so
+    the bits never depend on the threads."""
+    if not _compiled_gemm() or channels > MAX_SPLIT_CHANNELS:
+        return 1
+    return workers_for(values)
 
 
 def _compiled_gemm() -> bool:
@@ -200,7 +209,7 @@ class _Winograd:
         k.weight_tiles(b["wt"], b["u"])
         if _compiled_gemm():
             # the slots lie from the transposed weight on: dead once U is built
-            slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, workers(x.size))
+            slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, workers(x.size, self.cib))
             args = (x, b["u"], b["v"].reshape(-1), b["m"].reshape(-1), y, self.size, g.padding[0], g.padding[1],
                     self.th, self.tw, slots)
             if len(slots) > 1:

@@ -121,7 +121,7 @@ def test_same_bits_whatever_the_lanes(cfg, monkeypatch):
         np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_lanes_only_for_rows_and_small_gemms(monkeypatch):
+def test_lanes_for_rows_whatever_the_gemms(monkeypatch):
     monkeypatch.setenv(cpu_lanes.ENV, "4")
     small = _geom((8, 16, 32, 32, 16, 1))
     big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
@@ -129,46 +129,51 @@ def test_lanes_only_for_rows_and_small_gemms(monkeypatch):
     assert cpu_conv._RowShift(small, "rows", 4).lanes(4) == 4
     assert cpu_conv._RowShift(small, "rows", 4).lanes(2) == 2
     assert cpu_conv._RowShift(small, "rows_chunked", 4).lanes(4) == 1  # one sample's buffer: one lane
-    assert cpu_conv._RowShift(big, "rows", 4).lanes(4) == 1  # OpenBLAS threads these itself
+    assert cpu_conv._RowShift(big, "rows", 4).lanes(4) == 4  # large ones too: OpenBLAS's threads would spin
     one = _geom((1, 16, 32, 32, 16, 1))
     assert cpu_conv._RowShift(one, "rows", 4).lanes(4) == 1  # one sample: nothing to split
 
 
 def test_blas_pinned_only_where_lanes_could_split(monkeypatch):
-    """A convolution pins the BLAS to one thread only with small GEMMs, more than one sample and more than one
-    thread: a batch-1 call would pay the setting and restoring for nothing (measured ~4% of a ResNet-20 b1
-    step at 2 threads)."""
+    """A convolution pins the BLAS to one thread only with more than one sample and more than one thread: a
+    batch-1 call would pay the setting and restoring for nothing (measured ~4% of a ResNet-20 b1 step at 2
+    threads). Large products are split over the lanes (`cpu_lanes.matmul`), not over OpenBLAS's threads."""
     monkeypatch.setenv(cpu_lanes.ENV, "2")
     big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
     assert cpu_conv._pin(_geom((8, 16, 32, 32, 16, 1)))
     assert not cpu_conv._pin(_geom((1, 16, 32, 32, 16, 1)))
-    assert not cpu_conv._pin(big)
+    assert cpu_conv._pin(big)
     monkeypatch.setenv(cpu_lanes.ENV, "1")
     assert not cpu_conv._pin(_geom((8, 16, 32, 32, 16, 1)))
 
 
-def test_blas_threaded_undoes_a_pin_for_its_block():
-    """Inside a step's pin, a kernel with large GEMMs gets the BLAS threads back for its call; outside any pin
-    it changes nothing; a pin opened inside it pins again."""
-    libs = cpu_lanes._blas_controllers()
-    if not libs:
-        pytest.skip("numpy's BLAS is not visible to threadpoolctl")
-    before = [lib.get_num_threads() for lib in libs]
-    with cpu_lanes.blas_threaded():
-        assert [lib.get_num_threads() for lib in libs] == before
-    with cpu_lanes.blas_pinned():
-        with cpu_lanes.blas_threaded():
-            assert [lib.get_num_threads() for lib in libs] == before
-            with cpu_lanes.blas_pinned():
-                assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
-            assert [lib.get_num_threads() for lib in libs] == before
-        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
-    assert [lib.get_num_threads() for lib in libs] == before
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_splits_large_products_with_the_bits_of_the_whole(threads, dtype, monkeypatch):
+    """Rows (or, for few rows, columns) of large float32 products over the lanes; small ones, pieces OpenBLAS
+    would run through its small-matrix kernels (which sum differently) and float64 stay whole: np.matmul's bits
+    every time, with plain, transposed and stacked operands, shapes of ResNet-50's layers and odd ones."""
+    monkeypatch.setenv(cpu_lanes.ENV, threads)
+    rng = np.random.default_rng(4)
+    cases = [((64, 576), (576, 3136), False, False), ((8, 4608), (4608, 512), False, False),
+             ((576, 64), (3136, 576), True, True), ((37, 300), (300, 129), False, False),
+             ((4, 256, 64), (4, 64, 196), False, False), ((1, 300, 512), (6, 512, 196), False, False),
+             ((1024, 256), (256, 196), False, False), ((8, 2048), (1000, 2048), False, True),
+             ((436, 111), (111, 298), False, False), ((275, 571), (571, 284), False, False)]
+    for sa, sb, ta, tb in cases:
+        a = rng.standard_normal(sa).astype(dtype)
+        b = rng.standard_normal(sb).astype(dtype)
+        a, b = (a.T if ta else a), (b.T if tb else b)
+        out = np.full(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), np.nan, dtype)
+        with cpu_lanes.blas_pinned():  # as in a step: OpenBLAS's own threads would cut (37, 129) differently
+            ref = np.matmul(a, b)
+            cpu_lanes.matmul(a, b, out)
+        assert np.array_equal(out, ref), (sa, sb, ta, tb)
 
 
-def test_a_step_pins_the_blas_and_large_convolutions_take_it_back(monkeypatch):
+def test_a_step_pins_the_blas(monkeypatch):
     """`CPUBackend.step_scope` pins the BLAS with more than one lane (its threads would spin on the cores the
-    lanes need), not with one; a convolution with large GEMMs runs with the BLAS threads, a small one pinned."""
+    lanes and the OpenMP workers need), not with one; a convolution keeps it pinned, large or small."""
     libs = cpu_lanes._blas_controllers()
     if not libs:
         pytest.skip("numpy's BLAS is not visible to threadpoolctl")
@@ -178,7 +183,7 @@ def test_a_step_pins_the_blas_and_large_convolutions_take_it_back(monkeypatch):
     with CPUBackend().step_scope():
         assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
         with cpu_conv._blas_scope(big):
-            assert [lib.get_num_threads() for lib in libs] == before
+            assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
         with cpu_conv._blas_scope(_geom((8, 16, 32, 32, 16, 1))):
             assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
     assert [lib.get_num_threads() for lib in libs] == before

@@ -83,6 +83,7 @@ def test_workers_follow_the_lanes(monkeypatch):
     parallel = gemm_jit is not None and gemm_jit.available() and gemm_jit.parallel()
     assert cpu_winograd.workers() == (2 if parallel else 1)
     assert cpu_winograd.workers(cpu_jit.PARALLEL_MIN - 1) == 1  # a small layer: one thread
+    assert cpu_winograd.workers(10**6, cpu_winograd.MAX_SPLIT_CHANNELS + 16) == 1  # rows not split beyond 256
     monkeypatch.setattr(cpu_winograd, "_compiled_gemm", lambda: False)
     assert cpu_winograd.workers() == 1
 
