@@ -259,15 +259,22 @@ class _Winograd:
         jit().weight_grad_tiles(b["acc"], b["wt"])
         np.copyto(dw, b["wt"].transpose(3, 2, 0, 1))
 
+    def _dw_groups(self, ws, dt):
+        """(s0, s1, V, dM) per group of samples, the views of the weight gradient's layout."""
+        for s0, s1 in self._spans():
+            yield (s0, s1, self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0),
+                   self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0))
+
+    def _dw_scratch(self, b):
+        """The one-thread input and gradient scratch blocks of the weight gradient's layout."""
+        return (b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK),
+                b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK))
+
     def _weight_grad_compiled(self, x, dy, ws, b, slots) -> None:
         """Per group: V and dM (one OpenMP region when there are several slots), then the 16 products V^T dM
         (another, by positions), added into dU in group order."""
-        k = jit()
-        g, dt = self.g, x.dtype
-        nw = len(slots)
-        for s0, s1 in self._spans():
-            v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
-            dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+        k, g, nw = jit(), self.g, len(slots)
+        for s0, s1, v, dm in self._dw_groups(ws, x.dtype):
             args = (x, dy, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, v, dm, slots)
             first = s0 == 0
             out = b["acc"] if first else b["prod"]
@@ -280,14 +287,10 @@ class _Winograd:
 
     def _weight_grad_numpy(self, x, dy, ws, b) -> None:
         """The same sums with np.matmul, where the compiled GEMM is not bound (one thread)."""
-        k = jit()
-        g, dt = self.g, x.dtype
-        xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
-        ds = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
+        k, g = jit(), self.g
+        xs, ds = self._dw_scratch(b)
         acc, prod = b["acc"], b["prod"]
-        for s0, s1 in self._spans():
-            v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
-            dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+        for s0, s1, v, dm in self._dw_groups(ws, x.dtype):
             k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
             k.grad_tiles(dy, s0, s1, self.th, self.tw, ds, b["buf"], dm)
             if s0 == 0:
@@ -298,14 +301,10 @@ class _Winograd:
 
     def _weight_grad_by_position(self, x, dy, ws, b) -> None:
         """dU position by position (the frugal variant): per group, per position, V1 and dM1, then V1^T dM1."""
-        k = jit()
-        g, dt = self.g, x.dtype
-        xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
-        ds = b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK)
+        k, g = jit(), self.g
+        xs, ds = self._dw_scratch(b)
         acc, prod = b["acc"], b["prod"]
-        for s0, s1 in self._spans():
-            v = self._group_views(ws, self.dw_layout, dt, "v", self.cib, s1 - s0)
-            dm = self._group_views(ws, self.dw_layout, dt, "m", self.cob, s1 - s0)
+        for s0, s1, v, dm in self._dw_groups(ws, x.dtype):
             for pos in range(16):
                 k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4, xs, v)
                 k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)

@@ -487,6 +487,14 @@ def _share(units, w, workers):
     return units * w // workers, units * (w + 1) // workers
 
 
+@njit(inline="always", **_OPTS)
+def _slot_views(slot, th, tw):
+    """A worker's scratch slot as (its input block, its output or gradient block in the same memory, 256 values
+    for one tile's results)."""
+    return (slot[:(2 * th + 2) * (2 * tw + 2) * L].reshape((2 * th + 2, 2 * tw + 2, L)),
+            slot[:4 * th * tw * L].reshape((2 * th, 2 * tw, L)), slot[slot.size - 256:])
+
+
 @njit(**_OPTS)
 def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers):
     """Worker w's share of every group of the forward: input transform, the 16 GEMMs on its rows, output
@@ -495,9 +503,7 @@ def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers
     other); a short last group is cut at the same unit boundaries. slot: the worker's scratch."""
     n = x.shape[0]
     cib, cob = u.shape[1], u.shape[2]
-    xs = slot[:(2 * th + 2) * (2 * tw + 2) * L].reshape((2 * th + 2, 2 * tw + 2, L))
-    ys = slot[:4 * th * tw * L].reshape((2 * th, 2 * tw, L))
-    buf = slot[slot.size - 256:]
+    xs, ys, buf = _slot_views(slot, th, tw)
     rows = size * th * tw
     v = vf[:16 * rows * cib].reshape((16, rows, cib))
     m = mf[:16 * rows * cob].reshape((16, rows, cob))
@@ -534,9 +540,7 @@ def _transforms_share(x, dy, s0, s1, pad_h, pad_w, th, tw, v, dm, slot, w, worke
     lo, hi = _share((s1 - s0) * th, w, workers)
     if lo == hi:
         return
-    xs = slot[:(2 * th + 2) * (2 * tw + 2) * L].reshape((2 * th + 2, 2 * tw + 2, L))
-    ds = slot[:4 * th * tw * L].reshape((2 * th, 2 * tw, L))
-    buf = slot[slot.size - 256:]
+    xs, ds, buf = _slot_views(slot, th, tw)
     _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
     _tiles(dy, s0, s1, 0, 0, th, tw, ds, buf, dm, True, lo, hi)
 
