@@ -33,9 +33,10 @@ image: one strided in-place add per tap. For stride-1 convolutions whose output 
 (the usual 'same' 3x3), a tap is a single flat shift of each plane, so it is copied/added as one long contiguous
 run per plane instead of one short run per row (see `_flat_rows`).
 
-Threads. numpy's BLAS threads a large GEMM; the small per-sample GEMMs of CIFAR-sized layers it does not
-(or at a loss), so those layers run with a one-thread BLAS and the row-shift pair splits their samples over
-threads instead (`cpu_lanes`, `_RowShift.lanes`), with results that do not depend on the thread count.
+Threads. OpenBLAS threads the small per-sample GEMMs of CIFAR-sized layers poorly, and its threads, once
+woken, spin on the cores the other kernels need; so a call with more than one sample runs with a one-thread
+BLAS (`_pin`), the row-shift pair splits its samples over threads (`cpu_lanes`, `_RowShift.lanes`) and large
+float32 products split their rows (`cpu_lanes.matmul`), with results that do not depend on the thread count.
 
 Backward reuses the column buffer: the columns serve dW, then the same memory receives dcols for col2im. The only
 other scratch is one weight-sized product buffer, into which the dW contribution of sample n >= 1 is computed
@@ -157,16 +158,18 @@ def uses_grouped(g: ConvGeometry) -> bool:
 
 
 def small_gemms(g: ConvGeometry) -> bool:
-    """Whether a convolution's per-sample GEMMs are small (at most `_LANE_MAX_MACS` multiply-adds a sample):
-    those run with a one-thread BLAS, their sample loops in lanes where the algorithm allows (`cpu_lanes`)."""
+    """Whether a convolution's per-sample GEMMs are small (at most `_LANE_MAX_MACS` multiply-adds a sample).
+    It no longer decides anything: since large products split over the lanes (`cpu_lanes.matmul`), every layer
+    pins the BLAS and runs its sample loops in lanes alike."""
     return g.cout * g.k * g.p // g.groups <= _LANE_MAX_MACS
 
 
 def _pin(g: ConvGeometry) -> bool:
-    """Whether a convolution call runs with a one-thread BLAS: small GEMMs, more than one sample, and more than
-    one thread asked for. With one thread the BLAS is meant to run one thread already; with one sample there is
-    nothing for lanes to split, and the ~5 us of setting and restoring the BLAS threads land on the
-    dispatch-bound batch-1 path (CIFAR ResNet-20 b1 at 2 threads: 9.5-9.7 -> 9.1-9.2 ms per step, measured)."""
+    """Whether a convolution call runs with a one-thread BLAS: more than one sample, and more than one thread
+    asked for (large products are split over the lanes, `cpu_lanes.matmul`). With one thread the BLAS is meant
+    to run one thread already; with one sample there is nothing for lanes to split, and the ~5 us of setting
+    and restoring the BLAS threads land on the dispatch-bound batch-1 path (CIFAR ResNet-20 b1 at 2 threads:
+    9.5-9.7 -> 9.1-9.2 ms per step, measured)."""
     return g.n > 1 and lanes.count() > 1
 
 
@@ -391,11 +394,11 @@ class _RowShift:
     both run the same per-sample GEMMs and sums in the same order, so they agree bit for bit (and a layer's
     menu holds only these two, see `uses_rows`).
 
-    Lanes (`cpu_lanes`). Where the per-sample GEMMs are small (`small_gemms`), `rows` splits its loops over
-    threads: the forward's samples (each lane with its own slots of the accumulator; the input gradient is such
-    a forward too), and the weight gradient's kernel rows (each row's sum over the samples stays one sequence).
-    No sum is split, so the bits are those of one thread, and `rows_chunked` (one sample's buffer, one thread)
-    still agrees with `rows` bit for bit.
+    Lanes (`cpu_lanes`). With more than one sample, `rows` splits its loops over threads: the forward's
+    samples (each lane with its own slots of the accumulator; the input gradient is such a forward too), and
+    the weight gradient's kernel rows (each row's sum over the samples stays one sequence). No sum is split, so
+    the bits are those of one thread, and `rows_chunked` (one sample's buffer, one thread) still agrees with
+    `rows` bit for bit.
     """
 
     def __init__(self, g: ConvGeometry, algo: str, itemsize: int, forward_only: bool = False):
@@ -536,8 +539,8 @@ class _RowShift:
 
     def lanes(self, most: int) -> int:
         """How many lanes (threads) this layer's sample loops use, at most `most`: only `rows` (its buffer holds
-        every sample, so lanes build and read disjoint parts of it), and only where a per-sample GEMM is small
-        enough that OpenBLAS would not keep the cores busy by itself (`_LANE_MAX_MACS`)."""
+        every sample, so lanes build and read disjoint parts of it), large GEMMs too (OpenBLAS's own threads
+        would spin on the cores the other kernels need)."""
         if self.algo != "rows":
             return 1
         return max(1, min(lanes.count(), most, self.g.n))

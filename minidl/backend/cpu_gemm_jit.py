@@ -18,8 +18,8 @@ thread runs it (tested against `np.matmul`).
 Where it is not offered (`available()` False): numpy built against another BLAS than the 64-bit-integer
 OpenBLAS of its wheels; then the Winograd kernels run on one thread with `np.matmul`. Where numba's OpenMP
 layer does not load (`parallel()` False; its fallback layer costs ~90 us a region, measured), every compiled
-kernel runs on one thread. `workers()` says how many threads the compiled kernels use: batch norm, ReLU and
-the residual add split channels or elements over them too (`cpu_norm_jit`, `cpu_eltwise_jit`).
+kernel runs on one thread. `workers()` says how many threads the compiled kernels use: batch norm splits its
+channels over them too (`cpu_norm_jit`).
 """
 from __future__ import annotations
 

@@ -83,19 +83,18 @@ def _blas_controllers() -> list:
 
 
 _depth = [0]  # how many `blas_pinned` blocks are open (the executor's thread opens them; lanes never do)
-_before: list = []  # the BLAS threads the outermost `blas_pinned` block found, per library
 
 
 @contextmanager
 def blas_pinned():
-    """The BLAS at one thread per call for the duration, then back to what it was (nested blocks: only the
-    outermost one sets and restores). The CPU backend opens one around a whole training step when it has more
-    than one lane (`CPUBackend.step_scope`), and the convolution kernels one around a layer whose per-sample
-    GEMMs are small (`cpu_conv._LANE_MAX_MACS`), lanes or not: OpenBLAS splits such a product over threads at a
-    loss (measured ResNet-56 b32 at 2 threads: 381 ms per step with only the lanes' GEMMs pinned, 360 with every
-    small convolution's), and its threads, once woken, spin for a long while on the cores that the lanes and
-    the compiled kernels' threads need (measured: 316 -> 264 ms with the whole step pinned, the 64-channel
-    backward 110 -> 29 ms; large products are split over the lanes instead, `matmul`)."""
+    """The BLAS at one thread per call for the duration, then back to what it was (nested blocks: only the outermost
+    one sets and restores). The CPU backend opens one around a whole training step when it has more than one lane
+    (`CPUBackend.step_scope`), and the convolution kernels one around a call with more than one sample
+    (`cpu_conv._pin`): OpenBLAS splits a small product over threads at a loss (measured ResNet-56 b32 at 2 threads:
+    381 ms per step with only the lanes' GEMMs pinned, 360 with every small convolution's), and its threads, once
+    woken, spin for a long while on the cores that the lanes and the compiled kernels' threads need (measured: 316
+    -> 264 ms with the whole step pinned, the 64-channel backward 110 -> 29 ms; large products are split over the
+    lanes instead, `matmul`)."""
     if _depth[0]:
         _depth[0] += 1
         try:
@@ -104,7 +103,7 @@ def blas_pinned():
             _depth[0] -= 1
         return
     libs = _blas_controllers()
-    _before[:] = [lib.get_num_threads() for lib in libs]
+    before = [lib.get_num_threads() for lib in libs]
     for lib in libs:
         lib.set_num_threads(1)
     _depth[0] = 1
@@ -112,7 +111,7 @@ def blas_pinned():
         yield
     finally:
         _depth[0] = 0
-        for lib, n in zip(libs, _before):
+        for lib, n in zip(libs, before):
             lib.set_num_threads(n)
 
 

@@ -479,7 +479,9 @@ def weight_position(wt, k, j, u1):
 # cache. The weight gradient, a sum over all tiles, transforms by units and multiplies by positions. Each
 # worker has its own scratch slot: its input block, later its output block, in the same memory, then 256
 # values for one tile's results. Every value is computed by the same code from the same operands whatever the
-# split (a GEMM row's sums do not depend on the other rows; tested), so the bits do not depend on the workers.
+# split; a block of a GEMM's rows comes out as in the whole product for these shapes (inner dimension and
+# columns multiples of 16, inner dimension at most 256: `cpu_winograd.workers` keeps wider layers on one
+# thread; tested), so the bits do not depend on the workers.
 
 @njit(inline="always", **_OPTS)
 def _share(units, w, workers):
