@@ -55,7 +55,19 @@ import numpy as np
 from ..vocab import WorkspaceOption
 from . import cpu_lanes as lanes
 from . import cpu_winograd
+from .cpu_jit import gemm_kernels, lazy, workers_for
 from .cpu_workspace import align, view
+
+rows_jit = lazy("cpu_rows_jit")
+
+
+def _compiled_rows() -> bool:
+    """Whether the row-shift pair runs its compiled path (`cpu_rows_jit`): numba loads and numpy's GEMM is bound
+    for compiled code. Decided once per process (the import is cached), so every call, algorithm and thread
+    count of a layer sums the same way; where it does not hold, the numpy path below runs (other bits, the same
+    guarantees)."""
+    return rows_jit() is not None and gemm_kernels().available()
+
 
 IM2COL_ALGOS = ("im2col", "im2col_chunked", "gemm_1x1")
 ROW_ALGOS = ("rows", "rows_chunked")
@@ -433,6 +445,12 @@ class _RowShift:
         self.phase_start = starts
         self.wins = [(starts[(i * dh) % sh] + (i * dh) // sh) * g.wo for i in range(g.kh)]  # kernel rows' windows
         self.cols = [(j, *_axis_range(j, g.w, g.wo, g.stride[1], g.padding[1], g.dilation[1])) for j in range(g.kw)]
+        # the same geometry as arrays, for the compiled path: the input row each stored row holds (-1: padding),
+        # each column tap's (lo, n, iw0), the kernel rows' window offsets
+        src = [q + k * sh - g.padding[0] for q in range(sh) for k in range(self.phase_rows[q])]
+        self.row_src = np.array([r if 0 <= r < g.h else -1 for r in src], np.int64)
+        self.col_runs = np.array([c[1:] for c in self.cols], np.int64).reshape(g.kw, 3)
+        self.win_offsets = np.array(self.wins, np.int64)
 
     def _dgrad(self) -> _RowShift | None:
         """The input gradient of a stride-1 convolution is itself a stride-1 convolution: of dy with the kernel
@@ -550,14 +568,30 @@ class _RowShift:
         each with its own slots of the accumulator (the bits of y[n] do not depend on the split)."""
         g = self.g
         buf, wr = self._buffers(ws, w)
-        tmp = view(ws, self.off_t, (self.sub, g.cout, g.p), w.dtype)
         y3 = _as(y, (g.n, g.cout, g.p))
+        if _compiled_rows():
+            self._compiled_call("forward", (x, wr, y3, buf), self.c)
+            return
+        tmp = view(ws, self.off_t, (self.sub, g.cout, g.p), w.dtype)
         n_lanes = self.lanes(self.sub)
         if n_lanes == 1:  # no task list to build on the dispatch-bound path (batch 1, one thread)
             self._forward_samples(x, y3, buf, wr, tmp, 0, g.n)
             return
         lanes.run([lambda a=a, b=b, s0=s0, s1=s1: self._forward_samples(x, y3, buf, wr, tmp[s0:s1], a, b)
                    for (a, b), (s0, s1) in zip(lanes.split(g.n, n_lanes), lanes.split(self.sub, n_lanes))])
+
+    def _compiled_call(self, name: str, arrays: tuple, slots: int) -> None:
+        """Run `cpu_rows_jit.<name>` (forward, input_grad: samples split over workers, each with its own slot of
+        the rows buffer) on as many threads as the compiled kernels may use, the buffer has slots and the layer
+        is large enough for (`cpu_jit.workers_for`)."""
+        k, g = rows_jit(), self.g
+        args = arrays + (self.row_src, self.col_runs, g.stride[1], self.win_offsets, g.p)
+        workers = min(slots, g.n, workers_for(g.n * max(g.cin, g.cout) * g.h * g.w))
+        if workers > 1:
+            with lanes.blas_pinned():
+                getattr(k, name + "_parallel")(*args, workers)
+        else:
+            getattr(k, name)(*args)
 
     def _block(self, buf: np.ndarray, s: int, e: int) -> np.ndarray:
         """The part of the rows buffer that receives samples [s, e): their own place in `rows` (which holds the
@@ -609,6 +643,20 @@ class _RowShift:
         g, c, dt = self.g, self.c, dy3.dtype
         buf = view(ws, 0, (c, g.cin, g.kw, self.hp, g.wo), dt)
         acc = view(ws, self.off_acc, (g.kh, self.k3, g.cout), dt)
+        if _compiled_rows():
+            if not (dw.flags.c_contiguous and dw.dtype == dt):
+                raise ValueError(f"conv2d backward ({self.algo}): dw must be a C-contiguous {dt} array (its memory "
+                                 f"holds the second half-batch's sum), got {dw.dtype} with strides {dw.strides}")
+            k = rows_jit()
+            args = (x, dy3, acc, _as(dw, acc.shape), buf, self.row_src, self.col_runs, g.stride[1],
+                    self.win_offsets, g.p)
+            if min(c, g.n, workers_for(x.size)) > 1:
+                with lanes.blas_pinned():
+                    k.weight_grad_parallel(*args)
+            else:
+                k.weight_grad(*args)
+            _kernel_grad_rows(_as(acc, (g.kh, g.cin, g.kw, g.cout)), dw)
+            return
         prod = view(ws, self.off_prod, (self.k3, g.cout), dt) if g.n > 1 else None
         n_lanes = self.lanes(g.kh) if dw.flags.c_contiguous else 1
         if n_lanes == 1:
@@ -645,6 +693,9 @@ class _RowShift:
         i-th window, then the kw column taps scattered back (rows2im)."""
         g, c = self.g, self.c
         buf, wr = self._buffers(ws, w)
+        if _compiled_rows():
+            self._compiled_call("input_grad", (wr, dy3, dx, buf), c)
+            return
         t = view(ws, self.off_d, (self.k3, g.p), w.dtype)
         for s in range(0, g.n, c):
             e = min(g.n, s + c)

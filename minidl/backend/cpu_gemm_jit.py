@@ -143,3 +143,28 @@ def gemm(a, b, c, trans_a):
     else:
         _dgemm(_ROW_MAJOR, ta, _NO_TRANS, m, n, k, np.float64(1.0), a.ctypes.data, lda, b.ctypes.data, n,
                np.float64(0.0), c.ctypes.data, n)
+
+
+@njit(inline="always", **_OPTS)
+def _ld(a):
+    """The leading dimension BLAS gets for a 2-D array with unit column stride: its row stride in elements
+    (a one-row array's row stride is arbitrary in numpy, and BLAS wants it at least the row's length)."""
+    return a.strides[0] // a.itemsize if a.shape[0] > 1 else max(1, a.shape[1])
+
+
+@njit(**_OPTS)
+def gemm_acc(a, b, c, trans_a, trans_b, accumulate):
+    """c = op(a) @ op(b), or c += op(a) @ op(b) with `accumulate` (the BLAS's beta = 1: it adds each product,
+    as it sums it, to c); op(a) is a.T with `trans_a`, op(b) b.T with `trans_b`. 2-D arrays of one float type
+    with unit column strides, rows at any stride (a window of a larger buffer): the row-shift convolution's
+    products (`cpu_rows_jit`)."""
+    m, n = c.shape
+    k = a.shape[0] if trans_a else a.shape[1]
+    ta = _TRANS if trans_a else _NO_TRANS
+    tb = _TRANS if trans_b else _NO_TRANS
+    if a.itemsize == 4:
+        _sgemm(_ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), a.ctypes.data, _ld(a), b.ctypes.data, _ld(b),
+               np.float32(1.0 if accumulate else 0.0), c.ctypes.data, _ld(c))
+    else:
+        _dgemm(_ROW_MAJOR, ta, tb, m, n, k, np.float64(1.0), a.ctypes.data, _ld(a), b.ctypes.data, _ld(b),
+               np.float64(1.0 if accumulate else 0.0), c.ctypes.data, _ld(c))
