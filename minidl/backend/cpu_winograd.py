@@ -248,6 +248,8 @@ class _Winograd:
         b = self._views(ws, self.dw_layout, x.dtype)
         if self.by_position:
             self._weight_grad_by_position(x, dy, ws, b)
+        elif _compiled_gemm() and self.groups > 1:
+            self._weight_grad_halves(x, dy, b, ws)
         elif _compiled_gemm():
             # the slots lie from the product buffer on (it, the transposed weight, the one-thread scratch):
             # dead until the loop's GEMMs, which run after the transforms
@@ -269,6 +271,21 @@ class _Winograd:
         """The one-thread input and gradient scratch blocks of the weight gradient's layout."""
         return (b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK),
                 b["ys"].reshape(2 * self.th, 2 * self.tw, BLOCK))
+
+    def _weight_grad_halves(self, x, dy, b, ws) -> None:
+        """dU over several groups, compiled: two fixed halves of every group's tiles, summed apart and then added
+        (`cpu_winograd_jit.weight_grad_halves`), on two threads where two slots fit and the layer is large
+        enough. H0 accumulates in `acc`, H1 in `prod`; the slots lie from the transposed weight on (it and the
+        one-thread scratch are dead until the end), which holds two up to planes of ~270 pixels a side."""
+        g, k = self.g, jit()
+        slots = self._slots(ws, x.dtype, self.dw_layout["wt"][0], self.dw_total, min(2, workers(x.size)))
+        args = (x, dy, self.size, g.padding[0], g.padding[1], self.th, self.tw, b["v"].reshape(-1),
+                b["m"].reshape(-1), b["acc"], b["prod"], slots)
+        if len(slots) > 1:
+            with lanes.blas_pinned():
+                k.weight_grad_halves_parallel(*args)
+        else:
+            k.weight_grad_halves(*args)
 
     def _weight_grad_compiled(self, x, dy, ws, b, slots) -> None:
         """Per group: V and dM (one OpenMP region when there are several slots), then the 16 products V^T dM
@@ -304,6 +321,17 @@ class _Winograd:
         k, g = jit(), self.g
         xs, ds = self._dw_scratch(b)
         acc, prod = b["acc"], b["prod"]
+        if _compiled_gemm() and self.groups > 1:  # the whole-tile variant's two halves, position by position
+            for pos in range(16):
+                started = np.zeros(2, np.bool_)
+                for s0, s1, v, dm in self._dw_groups(ws, x.dtype):
+                    k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
+                                     xs, v)
+                    k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)
+                    k.half_products(v, dm, min(self.size * self.th // 2, (s1 - s0) * self.th), self.tw, acc[pos], prod,
+                                    started)
+                k.add(acc[pos], prod)
+            return
         for s0, s1, v, dm in self._dw_groups(ws, x.dtype):
             for pos in range(16):
                 k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4, xs, v)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, uint64
 
-from .cpu_gemm_jit import gemm
+from .cpu_gemm_jit import gemm, gemm_acc
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 L = 16  # channels per block
@@ -584,3 +584,78 @@ def positions_parallel(a, b, c, acc, add, workers):
     """The 16 positions' products on `workers` threads (see `_positions`); the BLAS must run one thread a call."""
     for w in prange(workers):
         _positions(a, b, c, acc, add, w, workers)
+
+
+# The weight gradient over several groups (`cpu_winograd._Winograd._weight_grad`): dU is a sum over every tile of
+# the batch, which a split over workers would cut; so its order is fixed by the shapes instead. Each group's
+# units (tile rows) fall in two halves at a full group's middle m: [0, m) and [m, u) (a short last
+# group cut at the same unit, so that the two workers' rows of V and dM never overlap while they run through
+# the groups at their own pace); dU = H0 + H1, where Hh sums the products
+# V[p]^T dM[p] over half h's rows of each group, group after group, accumulating in the BLAS (beta = 1). Two
+# workers run one half each, transforms and GEMMs on their own rows of V and dM (which stay in their caches, and
+# no worker waits for the other); one worker runs the halves in turn. The same GEMM calls, in the same order,
+# into the same accumulator: the same bits (tested), which the by-position variant reproduces position by
+# position (`half_products`).
+
+@njit(**_OPTS)
+def half_products(v, dm, cut, tw, acc, acc1, started):
+    """One position's share of one group: acc (+)= v[:cut * tw]^T dm[:cut * tw] (half 0's tile rows) and
+    acc1 (+)= the same over the rest (half 1's); `started[h]`: whether half h's accumulator holds a sum yet (set
+    here). v: (T, CiB), dm: (T, CoB), T the group's tiles; cut: the unit the halves meet at (`_dw_half`)."""
+    r = cut * tw
+    if r > 0:
+        gemm_acc(v[:r], dm[:r], acc, True, False, started[0])
+        started[0] = True
+    if r < v.shape[0]:
+        gemm_acc(v[r:], dm[r:], acc1, True, False, started[1])
+        started[1] = True
+
+
+@njit(**_OPTS)
+def _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, slot, h):
+    """Half h of every group, in group order: its units' V and dM, then its 16 products into acc (the first one
+    written, the others accumulated). vf, df: the flat V and dM buffers, seen as a full group's (16, rows, CB)
+    for every group (as in `_forward_share`)."""
+    n = x.shape[0]
+    cib, cob = acc.shape[1], acc.shape[2]
+    xs, ds, buf = _slot_views(slot, th, tw)
+    rows = size * th * tw
+    v = vf[:16 * rows * cib].reshape((16, rows, cib))
+    dm = df[:16 * rows * cob].reshape((16, rows, cob))
+    started = False
+    for s0 in range(0, n, size):
+        s1 = min(n, s0 + size)
+        units = (s1 - s0) * th
+        cut = min(size * th // 2, units)  # the full group's middle, so the workers' rows never meet
+        lo, hi = (0, cut) if h == 0 else (cut, units)
+        if lo == hi:
+            continue
+        _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
+        _tiles(dy, s0, s1, 0, 0, th, tw, ds, buf, dm, True, lo, hi)
+        for p in range(16):
+            gemm_acc(v[p, lo * tw:hi * tw], dm[p, lo * tw:hi * tw], acc[p], True, False, started)
+        started = True
+
+
+@njit(**_OPTS)
+def weight_grad_halves(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, acc1, slots):
+    """dU = H0 + H1 on this thread (scratch slots[0]): acc <- H0, acc1 <- H1, then acc += acc1."""
+    _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, slots[0], 0)
+    _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc1, slots[0], 1)
+    add(acc, acc1)
+
+
+@njit(parallel=True, **_OPTS)
+def weight_grad_halves_parallel(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, acc1, slots):
+    """The same on two threads, one half each (scratch slots[0] and slots[1]); the BLAS must run one thread a call."""
+    for h in prange(2):
+        _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc if h == 0 else acc1, slots[h], h)
+    add(acc, acc1)
+
+
+@njit(**_OPTS)
+def add(a, b):
+    """a += b, one rounding per element (as `np.add`)."""
+    af, bf = a.reshape(-1), b.reshape(-1)
+    for i in range(af.size):
+        af[i] = af[i] + bf[i]

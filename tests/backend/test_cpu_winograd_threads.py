@@ -33,15 +33,21 @@ def test_compiled_gemm_gives_the_bits_of_matmul(dtype, mkn):
             assert np.array_equal(part, (a @ b)[rows])
 
 
-# (N, Cin, H, W, Cout, padding): a short last group (10 = 8 + 2), no padding, padding 2, channel blocks cut
-# short, a 2x2 image, and the shapes of CIFAR ResNet-56's two Winograd stages
+# (N, Cin, H, W, Cout, padding): no padding, padding 2, channel blocks cut short, a 2x2 image (one group each);
+# several groups with a short last one and odd halves (4 + 4 + 3 samples of 7 tile rows; 3 + 2 of 5), and the
+# shapes of CIFAR ResNet-56's two Winograd stages (8 and 4 groups)
 SHAPES = [(10, 33, 7, 9, 40, 0), (5, 33, 7, 9, 40, 1), (3, 40, 6, 5, 35, 2), (2, 48, 2, 2, 32, 1),
-          (32, 32, 16, 16, 32, 1), (32, 64, 8, 8, 64, 1)]
+          (11, 33, 13, 11, 40, 1), (5, 130, 9, 9, 40, 1), (32, 32, 16, 16, 32, 1), (32, 64, 8, 8, 64, 1)]
+
+
+def _geometry(shape):
+    n, c, h, w, co, p = shape
+    return ConvGeometry(n, c, h, w, co, 3, 3, h + 2 * p - 2, w + 2 * p - 2, 1, (1, 1), (p, p), (1, 1))
 
 
 def _run(shape, dtype, by_position=False):
     n, c, h, w, co, p = shape
-    g = ConvGeometry(n, c, h, w, co, 3, 3, h + 2 * p - 2, w + 2 * p - 2, 1, (1, 1), (p, p), (1, 1))
+    g = _geometry(shape)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((co, c, 3, 3)).astype(dtype)
@@ -69,11 +75,23 @@ def test_same_bits_on_any_threads_path_and_variant(shape, dtype, monkeypatch):
         results[threads] = _run(shape, dtype)
     monkeypatch.setenv(cpu_lanes.ENV, "2")
     results["by position"] = _run(shape, dtype, by_position=True)
-    monkeypatch.setattr(cpu_winograd, "_compiled_gemm", lambda: False)
-    results["numpy"] = _run(shape, dtype)
     for key, got in results.items():
         for a, b, name in zip(got, results[1], ("y", "dx", "dW")):
             assert np.array_equal(a, b), (key, name)
+    # Where numpy's GEMM is not bound for compiled code (decided once per process), both variants run numpy's
+    # matmul and sum dU's groups in one sequence rather than two halves: the same bits as each other, and y, dx
+    # (no sum over tiles there) as the compiled path's; dW to rounding, or to the bit with a single group.
+    monkeypatch.setattr(cpu_winograd, "_compiled_gemm", lambda: False)
+    numpy_path = _run(shape, dtype), _run(shape, dtype, by_position=True)
+    groups = cpu_winograd._Winograd(_geometry(shape), np.dtype(dtype).itemsize).groups
+    for got in numpy_path:
+        for a, b, c, name in zip(got, numpy_path[0], results[1], ("y", "dx", "dW")):
+            assert np.array_equal(a, b), ("numpy by position", name)
+            if name != "dW" or groups == 1:
+                assert np.array_equal(a, c), ("numpy", name)
+            else:
+                np.testing.assert_allclose(a, c, rtol=1e-4 if dtype == np.float32 else 1e-12,
+                                           atol=1e-3 if dtype == np.float32 else 1e-10)
 
 
 def test_workers_follow_the_lanes(monkeypatch):
