@@ -82,6 +82,7 @@ _SUB = 4  # samples per product of the row-shift forward: its scratch holds this
 _GROUP_COLS = 512  # `im2col_grouped`: samples per GEMM so that it has at least this many columns (see `_Grouped`)
 _GROUPED_MAX_P = 196  # ... used for output planes of at most this many pixels (14x14) ...
 _GROUPED_MIN_K = 1152  # ... and column matrices of at least this many rows (128 channels of a 3x3 kernel)
+_WINOGRAD_OVER_GROUPED_P = 196  # see `_winograd_over_grouped`
 _LANE_MAX_MACS = 12_000_000  # layers with at most this many multiply-adds per sample run their sample loops in
 # lanes with a one-thread BLAS (`cpu_lanes`); larger per-sample GEMMs OpenBLAS threads well by itself
 # Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
@@ -159,7 +160,8 @@ def uses_rows(kernel, stride, groups: int = 1) -> bool:
 
 
 def uses_grouped(g: ConvGeometry) -> bool:
-    """Whether a convolution runs `im2col_grouped` (see `_Grouped`): small output planes (at most
+    """Whether a convolution may run `im2col_grouped` (see `_Grouped`; `conv_algorithms` gives some 14x14 stride-1
+    3x3s to Winograd instead, `_winograd_over_grouped`): small output planes (at most
     `_GROUPED_MAX_P` pixels) with long column matrices (K = Cin*kh*kw at least `_GROUPED_MIN_K`), one group, not
     a plain 1x1 (which needs no columns at all). There a per-sample GEMM has only P columns (49 at 7x7), which
     OpenBLAS runs at ~115 GFLOPS on this machine, against ~155 for the same product over 8 samples side by side
@@ -191,15 +193,27 @@ def _blas_scope(g: ConvGeometry):
     return lanes.blas_pinned() if _pin(g) else nullcontext()
 
 
+def _winograd_over_grouped(g: ConvGeometry) -> bool:
+    """Where both Winograd and `im2col_grouped` apply: Winograd for output planes of at least
+    `_WINOGRAD_OVER_GROUPED_P` pixels (14x14) with at most `cpu_winograd.MAX_SPLIT_CHANNELS` channels in and out.
+    Measured on the 2-core EPYC VM (forward + dW + dx): (8, 256, 14, 14) -> 256 24.8 ms against the grouped GEMM's
+    39.5 at two threads, 43.5 against 65 at one; (8, 128, 14, 14) -> 128 9.4 against 12.8. Wider layers run
+    Winograd's forward on one thread and are slower: (2, 512, 14, 14) -> 512 62 against 34. On 7x7 planes its
+    4x4 tiles waste a quarter of the outputs: (8, 512, 7, 7) 105 against 38, (8, 256, 7, 7) 18.7 against 16.6.
+    Shapes alone decide, so a layer's menu, and its summation order, never depend on the machine."""
+    return g.p >= _WINOGRAD_OVER_GROUPED_P and max(g.cin, g.cout) <= cpu_winograd.MAX_SPLIT_CHANNELS
+
+
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
     """The algorithms a configuration can run with: `im2col_grouped` alone or the Winograd pair where the
     shapes call for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the row-shift pair
     where it applies (`uses_rows`), else im2col and its per-sample variant, plus gemm_1x1 where the input is
-    the column matrix."""
+    the column matrix. Where both Winograd and `im2col_grouped` could run, Winograd takes planes of at least
+    `_WINOGRAD_OVER_GROUPED_P` output pixels (see there), the grouped GEMM smaller ones."""
+    if geom is not None and cpu_winograd.applies(geom) and (not uses_grouped(geom) or _winograd_over_grouped(geom)):
+        return list(WINOGRAD_ALGOS)
     if geom is not None and uses_grouped(geom):
         return [GROUPED]
-    if geom is not None and cpu_winograd.applies(geom):
-        return list(WINOGRAD_ALGOS)
     if uses_rows(kernel, stride, groups):
         return list(ROW_ALGOS)
     ok_1x1 = is_1x1(kernel, stride, padding, dilation)

@@ -252,7 +252,10 @@ def test_grouped_applies_to_small_planes_with_long_columns():
     one group, not a plain 1x1; then it is the layer's only algorithm (one summation order per layer)."""
     c3 = Conv2d(512, 3, padding=1)
     assert c3.algorithms((8, 512, 7, 7)) == ["im2col_grouped"]        # ResNet-50's last stage
-    assert c3.algorithms((8, 128, 14, 14)) == ["im2col_grouped"]      # 196 pixels, K = 1152: both limits
+    assert c3.algorithms((8, 128, 14, 14)) == ["im2col_grouped"]      # 196 pixels, K = 1152: both limits (to 512)
+    narrow = Conv2d(256, 3, padding=1)  # a 14x14 stride-1 3x3 up to 256 channels runs Winograd (faster)
+    assert narrow.algorithms((8, 128, 14, 14)) == WINOGRAD_PAIR and narrow.algorithms((8, 256, 14, 14)) == WINOGRAD_PAIR
+    assert narrow.algorithms((8, 256, 7, 7)) == ["im2col_grouped"]    # 7x7 planes: grouped
     assert c3.algorithms((8, 128, 15, 14)) == WINOGRAD_PAIR  # 210 pixels: not grouped (a 3x3 at stride 1)
     assert c3.algorithms((8, 127, 14, 14)) == WINOGRAD_PAIR  # K = 1143
     s2 = Conv2d(512, 3, stride=2, padding=1)
@@ -320,7 +323,8 @@ def test_winograd_applies_to_3x3_stride_1_with_32_channels(monkeypatch):
     assert Conv2d(32, 3, stride=2, padding=1).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
     assert Conv2d(32, 3, dilation=2, padding=2).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
     assert Conv2d(32, 3, groups=2).algorithms((8, 32, 16, 16)) == ["im2col", "im2col_chunked"]
-    assert Conv2d(256, 3, padding=1).algorithms((8, 256, 14, 14)) == ["im2col_grouped"]  # grouped first
+    assert Conv2d(512, 3, padding=1).algorithms((8, 256, 14, 14)) == ["im2col_grouped"]  # grouped first (512 out)
+    assert Conv2d(256, 3, padding=1).algorithms((8, 256, 14, 14)) == WINOGRAD_PAIR  # 14x14, at most 256 channels
     monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "0")
     assert Conv2d(32, 3, padding=1).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
     monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "yes")
