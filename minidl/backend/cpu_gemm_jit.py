@@ -168,3 +168,12 @@ def gemm_acc(a, b, c, trans_a, trans_b, accumulate):
     else:
         _dgemm(_ROW_MAJOR, ta, tb, m, n, k, np.float64(1.0), a.ctypes.data, _ld(a), b.ctypes.data, _ld(b),
                np.float64(1.0 if accumulate else 0.0), c.ctypes.data, _ld(c))
+
+
+@njit(**_OPTS)
+def add_into(a, b):
+    """a += b, one rounding per element (as `np.add`): the two halves of a weight gradient's sum (`cpu_rows_jit`,
+    `cpu_winograd_jit`). C-contiguous arrays of one shape."""
+    af, bf = a.reshape(-1), b.reshape(-1)
+    for i in range(af.size):
+        af[i] = af[i] + bf[i]

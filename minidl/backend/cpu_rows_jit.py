@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from numba import njit, prange, uint64
 
-from .cpu_gemm_jit import gemm_acc
+from .cpu_gemm_jit import add_into, gemm_acc
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 
@@ -67,21 +67,27 @@ def im2rows(x, b, row_src, cols, sw):
 
 
 @njit(**_OPTS)
-def _forward_share(x, wr, y, buf, row_src, cols, sw, wins, p, slot, lo, hi):
-    """Samples [lo, hi): rows in buf[slot], then y[k] = sum over kernel rows i (in order) of Wr[i] @ window_i."""
+def _per_sample(x, other, out, buf, row_src, cols, sw, wins, p, slot, lo, hi, grad):
+    """Samples [lo, hi), each one's rows built in buf[slot], then its kh GEMMs. Forward (other: Wr (kh, Cout,
+    K3), out: y (N, Cout, P)): y[k] = sum over kernel rows i (in order) of Wr[i] @ window_i. With `grad` (other:
+    dy (N, Cout, P), out: an accumulator (kh, K3, Cout)): out[i] = sum over the samples (in order) of
+    window_i @ dy[k].T."""
     k3 = buf.shape[1] * buf.shape[2]
     rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
     for k in range(lo, hi):
         im2rows(x[k], buf[slot], row_src, cols, sw)
         for i in range(wins.shape[0]):
             o = wins[i]
-            gemm_acc(wr[i], rows[:, o:o + p], y[k], False, False, i > 0)
+            if grad:
+                gemm_acc(rows[:, o:o + p], other[k], out[i], False, True, k > lo)
+            else:
+                gemm_acc(other[i], rows[:, o:o + p], out[k], False, False, i > 0)
 
 
 @njit(**_OPTS)
 def forward(x, wr, y, buf, row_src, cols, sw, wins, p):
     """The forward of every sample on this thread, rows in buf[0]. y: (N, Cout, P); wr: (kh, Cout, K3)."""
-    _forward_share(x, wr, y, buf, row_src, cols, sw, wins, p, 0, 0, x.shape[0])
+    _per_sample(x, wr, y, buf, row_src, cols, sw, wins, p, 0, 0, x.shape[0], False)
 
 
 @njit(parallel=True, **_OPTS)
@@ -90,7 +96,8 @@ def forward_parallel(x, wr, y, buf, row_src, cols, sw, wins, p, workers):
     with its rows in buf[w]; the BLAS must run one thread a call."""
     n = x.shape[0]
     for w in prange(workers):
-        _forward_share(x, wr, y, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers)
+        _per_sample(x, wr, y, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers,
+                    False)
 
 
 @njit(**_OPTS)
@@ -152,27 +159,15 @@ def input_grad_parallel(wr, dy, dx, buf, row_src, cols, sw, wins, p, workers):
 
 
 @njit(**_OPTS)
-def _grad_half(x, dy, acc, buf, row_src, cols, sw, wins, p, slot, lo, hi):
-    """acc[i] = sum over samples k = lo .. hi-1 (in order) of window_i(rows[k]) @ dy[k].T, for every kernel row."""
-    k3 = buf.shape[1] * buf.shape[2]
-    rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
-    for k in range(lo, hi):
-        im2rows(x[k], buf[slot], row_src, cols, sw)
-        for i in range(wins.shape[0]):
-            o = wins[i]
-            gemm_acc(rows[:, o:o + p], dy[k], acc[i], False, True, k > lo)
-
-
-@njit(**_OPTS)
 def weight_grad(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p):
     """dW's accumulator on this thread: acc = (the first half's sum) + (the second half's, in acc2); rows in
     buf[0]. acc, acc2: (kh, K3, Cout); dy: (N, Cout, P). With one sample there is one half."""
     n = x.shape[0]
     half = n // 2 if n > 1 else n
-    _grad_half(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half)
+    _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True)
     if half < n:
-        _grad_half(x, dy, acc2, buf, row_src, cols, sw, wins, p, 0, half, n)
-        _add(acc, acc2)
+        _per_sample(x, dy, acc2, buf, row_src, cols, sw, wins, p, 0, half, n, True)
+        add_into(acc, acc2)
 
 
 @njit(parallel=True, **_OPTS)
@@ -182,15 +177,7 @@ def weight_grad_parallel(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p):
     half = n // 2
     for w in prange(2):
         if w == 0:
-            _grad_half(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half)
+            _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True)
         else:
-            _grad_half(x, dy, acc2, buf, row_src, cols, sw, wins, p, 1, half, n)
-    _add(acc, acc2)
-
-
-@njit(**_OPTS)
-def _add(a, b):
-    """a += b, one rounding per element (as `np.add`)."""
-    af, bf = a.reshape(-1), b.reshape(-1)
-    for i in range(af.size):
-        af[i] = af[i] + bf[i]
+            _per_sample(x, dy, acc2, buf, row_src, cols, sw, wins, p, 1, half, n, True)
+    add_into(acc, acc2)

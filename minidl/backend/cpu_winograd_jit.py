@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, uint64
 
-from .cpu_gemm_jit import gemm, gemm_acc
+from .cpu_gemm_jit import add_into, gemm, gemm_acc
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 L = 16  # channels per block
@@ -497,6 +497,12 @@ def _slot_views(slot, th, tw):
             slot[:4 * th * tw * L].reshape((2 * th, 2 * tw, L)), slot[slot.size - 256:])
 
 
+@njit(inline="always", **_OPTS)
+def _full_group(flat, rows, cb):
+    """A flat V or M buffer seen as a full group's (16, rows, CB), whichever group is being worked on."""
+    return flat[:16 * rows * cb].reshape((16, rows, cb))
+
+
 @njit(**_OPTS)
 def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers):
     """Worker w's share of every group of the forward: input transform, the 16 GEMMs on its rows, output
@@ -506,9 +512,7 @@ def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers
     n = x.shape[0]
     cib, cob = u.shape[1], u.shape[2]
     xs, ys, buf = _slot_views(slot, th, tw)
-    rows = size * th * tw
-    v = vf[:16 * rows * cib].reshape((16, rows, cib))
-    m = mf[:16 * rows * cob].reshape((16, rows, cob))
+    v, m = _full_group(vf, size * th * tw, cib), _full_group(mf, size * th * tw, cob)
     lo_full, hi_full = _share(size * th, w, workers)
     for s0 in range(0, n, size):
         s1 = min(n, s0 + size)
@@ -619,9 +623,7 @@ def _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, slot, h):
     n = x.shape[0]
     cib, cob = acc.shape[1], acc.shape[2]
     xs, ds, buf = _slot_views(slot, th, tw)
-    rows = size * th * tw
-    v = vf[:16 * rows * cib].reshape((16, rows, cib))
-    dm = df[:16 * rows * cob].reshape((16, rows, cob))
+    v, dm = _full_group(vf, size * th * tw, cib), _full_group(df, size * th * tw, cob)
     started = False
     for s0 in range(0, n, size):
         s1 = min(n, s0 + size)
@@ -642,7 +644,7 @@ def weight_grad_halves(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, acc1, slo
     """dU = H0 + H1 on this thread (scratch slots[0]): acc <- H0, acc1 <- H1, then acc += acc1."""
     _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, slots[0], 0)
     _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc1, slots[0], 1)
-    add(acc, acc1)
+    add_into(acc, acc1)
 
 
 @njit(parallel=True, **_OPTS)
@@ -650,12 +652,4 @@ def weight_grad_halves_parallel(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, 
     """The same on two threads, one half each (scratch slots[0] and slots[1]); the BLAS must run one thread a call."""
     for h in prange(2):
         _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc if h == 0 else acc1, slots[h], h)
-    add(acc, acc1)
-
-
-@njit(**_OPTS)
-def add(a, b):
-    """a += b, one rounding per element (as `np.add`)."""
-    af, bf = a.reshape(-1), b.reshape(-1)
-    for i in range(af.size):
-        af[i] = af[i] + bf[i]
+    add_into(acc, acc1)

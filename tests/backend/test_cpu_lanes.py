@@ -3,10 +3,11 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 
 from minidl.backend import cpu_conv, cpu_lanes
 from minidl.backend.cpu import CPUBackend
+
+from .conv_checks import assert_same_bits_then_torch
 
 
 def test_split_covers_the_range_in_order():
@@ -98,27 +99,18 @@ def _geom(cfg):
 
 @pytest.mark.parametrize("cfg", LANE_CONFIGS, ids=str)
 def test_same_bits_whatever_the_lanes(cfg, monkeypatch):
-    """1, 2, 3 or 5 lanes, `rows` (lanes) or `rows_chunked` (one thread): the very same y, dx and dW; and
-    the kernel rows split over lanes still give the convolution's gradient (against PyTorch)."""
+    """The numpy path of the row-shift pair (where numba or numpy's 64-bit OpenBLAS is missing; the compiled
+    path is `test_cpu_rows_jit`'s): 1, 2, 3 or 5 lanes, `rows` (lanes) or `rows_chunked` (one thread), the very
+    same y, dx and dW; and the kernel rows split over lanes still give the convolution's gradient (PyTorch)."""
     assert cpu_conv.small_gemms(_geom(cfg))
     monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "0")   # 32 channels run Winograd by default; this is the row-shift
+    monkeypatch.setattr(cpu_conv, "_compiled_rows", lambda: False)
     results = {}
     for threads in (1, 2, 3, 5):
         monkeypatch.setenv(cpu_lanes.ENV, str(threads))
         for algo in ("rows", "rows_chunked"):
             inputs, results[threads, algo] = _conv_all(cfg, algo)
-    ref = results[1, "rows"]
-    for key, got in results.items():
-        for a, b, name in zip(got, ref, ("y", "dx", "dw")):
-            assert np.array_equal(a, b), (key, name)
-    x, wt, dy = (torch.tensor(a, dtype=torch.float64) for a in inputs)
-    x.requires_grad_(True)
-    wt.requires_grad_(True)
-    s = cfg[5]
-    ty = torch.nn.functional.conv2d(x, wt, stride=s, padding=1)
-    ty.backward(dy)
-    for a, b in zip(ref, (ty.detach(), x.grad, wt.grad)):
-        np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-4)
+    assert_same_bits_then_torch(results, inputs, cfg[5], 1)
 
 
 def test_lanes_for_rows_whatever_the_gemms(monkeypatch):

@@ -4,10 +4,11 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from minidl.backend import cpu_conv, cpu_jit, cpu_lanes
 from minidl.backend.cpu_conv import ConvGeometry, _RowShift
+
+from .conv_checks import assert_same_bits_then_torch
 
 rows_jit = cpu_conv.rows_jit()
 needs_compiled = pytest.mark.skipif(not cpu_conv._compiled_rows(),
@@ -83,19 +84,8 @@ def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch):
         monkeypatch.setenv(cpu_lanes.ENV, str(threads))
         for algo in cpu_conv.ROW_ALGOS:
             inputs, results[threads, algo] = _run(cfg, dtype, algo)
-    ref = results[1, "rows"]
-    for key, got in results.items():
-        for a, b, name in zip(got, ref, ("y", "dx", "dW")):
-            assert np.array_equal(a, b), (key, name)
-    x, wt, dy = (torch.tensor(a, dtype=torch.float64) for a in inputs)
-    x.requires_grad_(True)
-    wt.requires_grad_(True)
     _, _, _, _, _, stride, pad, dil = cfg
-    ty = torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad, dilation=dil)
-    ty.backward(dy)
-    tol = 1e-4 if dtype == np.float32 else 1e-10
-    for a, b in zip(ref, (ty.detach(), x.grad, wt.grad)):
-        np.testing.assert_allclose(a, b.numpy(), rtol=tol, atol=tol)
+    assert_same_bits_then_torch(results, inputs, stride, pad, dil, tol=1e-4 if dtype == np.float32 else 1e-10)
 
 
 @needs_compiled
