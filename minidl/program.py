@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from .layers.base import LayerContext
 from .memory.plan import Event, EventKind
 from .route import Phase, Step
@@ -56,8 +58,6 @@ class Program:
 
     def run(self, x, y) -> float:
         """One training step: the same effect as the interpreted `Executor.train_step(x, y)`."""
-        import numpy as np
-
         ex = self.executor
         key = ex.seed_key
         it = ex.iteration
@@ -135,6 +135,7 @@ class _Lowering:
         self.kinds: dict[str, int] = {}
         self.aux_names = ex._aux_names
         self.forward_step_of = ex._forward_step_of
+        self.bn_forward = None  # the last batch norm forward emitted, while a ReLU may still fold into it
 
     def emit(self, kind: str, call: Call) -> None:
         self.calls.append(call)
@@ -230,8 +231,13 @@ class _Lowering:
         if step.phase is Phase.FORWARD:
             inputs = [get(act_id(ex.net.nodes[i].name), step) for i in node.inputs]
             out = get(act_id(node.name), step)
+            if not recompute and self.fuse_relu(step, node, out):
+                return
             call = _bind(layer.forward, ex.be, inputs, out, params, ctx)
             self.emit("forward", call if recompute else self.timed(step, call))
+            if not recompute and node.type_name == "batchnorm" and getattr(ex.be, "fuses_batchnorm_relu", False):
+                self.bn_forward = (node.index, len(self.calls) - 1, step, ex.pool.in_use, layer, inputs, out, params,
+                                   ctx)
             if layer.is_loss and not recompute:
                 self.loss_view = out
                 self.emit("loss", _read_loss(ex, out))
@@ -246,6 +252,32 @@ class _Lowering:
         grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
         self.emit("backward", self.timed(step, _bind(layer.backward, ex.be, inputs, out, dout, dinputs, grads,
                                                      params, ctx)))
+
+    def fuse_relu(self, step: Step, node, out) -> bool:
+        """Fold a ReLU's forward into the batch norm's just before it (one pass: BN writes y and ReLU(y), the ReLU
+        does not read y again); True if done, and the ReLU then emits nothing. Only when nothing ran between the
+        two (the BN's call is the last one emitted: no transfer, no mapping, no other layer), the ReLU's input is
+        that BN's output, and the ReLU's output shares no memory with what the BN reads or writes (the plan may
+        place it where a tensor freed after the BN step lay, which the fused call, running at the BN's place,
+        would otherwise overwrite too early). y is still written, so any other reader of it is served. The values
+        are the same as unfused (tested), so the parameters stay bit-identical to the interpreted executor's.
+        With tracing on, the ReLU's step still records its compute event (near zero: its work is in the BN's), so a
+        trace keeps one event per step."""
+        pending, self.bn_forward = self.bn_forward, None
+        if pending is None or node.type_name != "relu" or node.layer.is_loss:
+            return False
+        bn_index, pos, bn_step, bn_in_use, bn_layer, bn_inputs, y, bn_params, bn_ctx = pending
+        if list(node.inputs) != [bn_index] or pos != len(self.calls) - 1:
+            return False
+        touched = [*bn_inputs, y, *bn_params.values(), *bn_ctx.aux.values()]
+        if any(np.may_share_memory(out, a) for a in touched):
+            return False
+        self.calls[pos] = self.timed(bn_step, _bind(bn_layer.forward_relu, self.ex.be, bn_inputs, y, out, bn_params,
+                                                    bn_ctx), in_use=bn_in_use)
+        self.kinds["fused_bn_relu"] = self.kinds.get("fused_bn_relu", 0) + 1
+        if self.ex.tracing:
+            self.emit("folded", self.timed(step, _nothing))
+        return True
 
     def update(self, step: Step, on_host: bool = False) -> Call:
         ex = self.ex
@@ -267,12 +299,14 @@ class _Lowering:
             update(ex.iteration)
         return self.timed(step, run_update)
 
-    def timed(self, step: Step, call: Call) -> Call:
-        """With tracing on, the call records a compute event like the interpreted executor's; else as is."""
+    def timed(self, step: Step, call: Call, in_use: int | None = None) -> Call:
+        """With tracing on, the call records a compute event like the interpreted executor's (the pool's bytes in
+        use: now, or `in_use` as it was at the step's own lowering); else as is."""
         ex = self.ex
         if not ex.tracing:
             return call
-        label, index, in_use, trace, t0 = step.label, step.index, ex.pool.in_use, ex.trace, ex._t0
+        label, index, trace, t0 = step.label, step.index, ex.trace, ex._t0
+        in_use = ex.pool.in_use if in_use is None else in_use
         clock = time.perf_counter
 
         def traced() -> None:
@@ -312,6 +346,10 @@ def _bind(fn, *args) -> Call:
         a, b, c = args
         return lambda: fn(a, b, c)
     return lambda: fn(*args)
+
+
+def _nothing() -> None:
+    """The call of a step whose work another call does (a ReLU folded into its batch norm), traced."""
 
 
 def _read_loss(ex, out) -> Call:

@@ -117,9 +117,12 @@ class NormOps:
     """Batch-norm and LRN kernels (mixed into CPUBackend)."""
 
     # -- batch normalization ------------------------------------------------------------------------------------
+    fuses_batchnorm_relu = True  # batchnorm_forward_train takes `relu_out` (the compiled step's BN+ReLU)
+
     def batchnorm_forward_train(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                 running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, mean: np.ndarray,
-                                invstd: np.ndarray, momentum: float, eps: float, update_running: bool = True) -> None:
+                                invstd: np.ndarray, momentum: float, eps: float, update_running: bool = True,
+                                relu_out: np.ndarray | None = None) -> None:
         """Normalize with batch statistics; save them in `mean`/`invstd` (for backward and for recomputation) and,
         if `update_running`, fold them into the running statistics (the variance unbiased, as in PyTorch).
 
@@ -128,7 +131,11 @@ class NormOps:
         as stored (float32 for float32 input, which is what the applying passes subtract): var = sum(d^2)/M -
         (sum(d)/M)^2 with d = x - mean. Pass 1 alone (var from the same shifted sums) would let the cancellation
         amplify rounding by up to N when the first sample sits far from the batch mean; pass 2 makes the
-        correction term a rounding error of the mean, so nothing cancels."""
+        correction term a rounding error of the mean, so nothing cancels.
+
+        `relu_out`: also write ReLU(y) there, as `relu_forward(y, relu_out)` would (the compiled step's fused
+        BN+ReLU, `minidl.program`): in the applying pass of the compiled kernel, so the ReLU does not read y again;
+        a second call on the numpy path."""
         x3 = _ncl(x)
         n, c, hw = x3.shape
         m = n * hw
@@ -136,8 +143,10 @@ class NormOps:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         jit = jit_kernels()
         if jit is not None:
-            args = (x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, _ncl(y), mean, invstd,
-                    float(momentum), float(eps), bool(update_running), weight is not None, bias is not None)
+            y3 = _ncl(y)
+            args = (x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, y3, mean, invstd,
+                    float(momentum), float(eps), bool(update_running), weight is not None, bias is not None,
+                    y3 if relu_out is None else _ncl(relu_out), relu_out is not None)
             nw = min(workers_for(x3.size), c)
             if nw > 1:
                 jit.train_parallel(*args, nw)
@@ -159,6 +168,8 @@ class NormOps:
             running_var *= 1.0 - momentum
             running_var += momentum * var64 * (m / (m - 1))
         self.batchnorm_forward_apply(x, weight, bias, mean, invstd, y)
+        if relu_out is not None:
+            self.relu_forward(y, relu_out)
 
     def batchnorm_forward_apply(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                 mean: np.ndarray, invstd: np.ndarray, y: np.ndarray) -> None:

@@ -115,15 +115,26 @@ def _dsums(x3, dy3, c, k, a, q):
 
 
 @njit(inline="always", **_OPTS)
-def _affine(x3, y3, c, m, a, weight, bias, has_w, has_b):
+def _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z):
     """y = (x - m) * (a * weight[c]) + bias[c] over channel c of every sample, in float64, rounded once (the mean
-    subtracted first; weight/bias read only if has_w/has_b)."""
+    subtracted first; weight/bias read only if has_w/has_b). With has_z, also z = ReLU(y) of the rounded y, as
+    `cpu_eltwise_jit.relu_forward` computes it (0 where y <= 0, else y; NaN stays NaN): the fused BN+ReLU of the
+    compiled step (`minidl.program`), which saves the ReLU's pass over y."""
     if has_w:
         a = a * np.float64(weight[c])
     b = 0.0
     if has_b:
         b = np.float64(bias[c])
     n, _, hw = x3.shape
+    if has_z:
+        zero = y3.dtype.type(0)
+        for s in range(n):
+            p, q, r = x3[s, c], y3[s, c], z3[s, c]
+            for i in range(hw):
+                v = y3.dtype.type((np.float64(p[i]) - m) * a + b)
+                q[i] = v
+                r[i] = zero if v <= zero else v
+        return
     for s in range(n):
         p = x3[s, c]
         q = y3[s, c]
@@ -132,18 +143,18 @@ def _affine(x3, y3, c, m, a, weight, bias, has_w, has_b):
 
 
 @njit(**_OPTS)
-def _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, c0, c1):
+def _apply_channels(x3, weight, bias, mean, invstd, y3, z3, has_w, has_b, has_z, c0, c1):
     for c in range(c0, c1):
         m = np.float64(mean[c])
         a = np.float64(invstd[c])
-        _affine(x3, y3, c, m, a, weight, bias, has_w, has_b)
+        _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z)
 
 
 @njit(**_OPTS)
 def apply(x3, weight, bias, mean, invstd, y3, has_w, has_b):
     """y = (x - mean) * (invstd * weight) + bias per channel, in float64, rounded once (weight/bias read only
     if has_w/has_b)."""
-    _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, 0, x3.shape[1])
+    _apply_channels(x3, weight, bias, mean, invstd, y3, y3, has_w, has_b, False, 0, x3.shape[1])
 
 
 @njit(parallel=True, **_OPTS)
@@ -151,13 +162,13 @@ def apply_parallel(x3, weight, bias, mean, invstd, y3, has_w, has_b, workers):
     """`apply` with the channels split over `workers` threads (one OpenMP region; see `cpu_gemm_jit`)."""
     nc = x3.shape[1]
     for w in prange(workers):
-        _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, nc * w // workers,
+        _apply_channels(x3, weight, bias, mean, invstd, y3, y3, has_w, has_b, False, nc * w // workers,
                         nc * (w + 1) // workers)
 
 
 @njit(**_OPTS)
 def _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
-                    has_w, has_b, c0, c1):
+                    has_w, has_b, z3, has_z, c0, c1):
     n, nc, hw = x3.shape
     m = n * hw
     la, lq = np.empty(_lane_count(hw)), np.empty(_lane_count(hw))
@@ -173,26 +184,27 @@ def _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invst
         if update_running:
             running_mean[c] = (1.0 - momentum) * np.float64(running_mean[c]) + momentum * (mc + dmean)
             running_var[c] = (1.0 - momentum) * np.float64(running_var[c]) + momentum * var * (m / (m - 1))
-    _apply_channels(x3, weight, bias, mean, invstd, y3, has_w, has_b, c0, c1)
+    _apply_channels(x3, weight, bias, mean, invstd, y3, z3, has_w, has_b, has_z, c0, c1)
 
 
 @njit(**_OPTS)
 def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running, has_w,
-          has_b):
+          has_b, z3, has_z):
     """Batch statistics (two passes, see the module docstring), saved in mean/invstd, folded into the running
-    statistics if `update_running` (the variance unbiased, as PyTorch), then `apply`."""
+    statistics if `update_running` (the variance unbiased, as PyTorch), then `apply`; with has_z, z3 = ReLU(y)
+    in the same pass (see `_affine`; z3 a stand-in otherwise)."""
     _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
-                    has_w, has_b, 0, x3.shape[1])
+                    has_w, has_b, z3, has_z, 0, x3.shape[1])
 
 
 @njit(parallel=True, **_OPTS)
 def train_parallel(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
-                   has_w, has_b, workers):
+                   has_w, has_b, z3, has_z, workers):
     """`train` with the channels split over `workers` threads: each channel computed as on one thread."""
     nc = x3.shape[1]
     for w in prange(workers):
         _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps,
-                        update_running, has_w, has_b, nc * w // workers, nc * (w + 1) // workers)
+                        update_running, has_w, has_b, z3, has_z, nc * w // workers, nc * (w + 1) // workers)
 
 
 @njit(**_OPTS)
@@ -201,7 +213,7 @@ def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3, has_w, ha
     for c in range(x3.shape[1]):
         m = np.float64(running_mean[c])
         a = 1.0 / math.sqrt(np.float64(running_var[c]) + eps)
-        _affine(x3, y3, c, m, a, weight, bias, has_w, has_b)
+        _affine(x3, y3, y3, c, m, a, weight, bias, has_w, has_b, False)
 
 
 @njit(**_OPTS)

@@ -71,9 +71,16 @@ class BatchNorm2d(Layer):
         elif ctx.recompute:
             be.batchnorm_forward_apply(x, w, b, ctx.aux["mean"], ctx.aux["invstd"], out)
         else:
-            be.batchnorm_forward_train(x, w, b, params["running_mean"], params["running_var"], out,
-                                       ctx.aux["mean"], ctx.aux["invstd"], self.momentum, self.eps,
-                                       update_running=True)
+            self.forward_relu(be, inputs, out, None, params, ctx)
+
+    def forward_relu(self, be, inputs, out, relu_out, params, ctx):
+        """The training forward, and with `relu_out` also ReLU(out) written there in the same pass: what the
+        compiled step runs for a BN whose output feeds a ReLU next (`minidl.program`, on backends with
+        `fuses_batchnorm_relu`). `out` is written as by `forward`, `relu_out` as `ReLU.forward(out)` would."""
+        be.batchnorm_forward_train(inputs[0], params.get("weight"), params.get("bias"), params["running_mean"],
+                                   params["running_var"], out, ctx.aux["mean"], ctx.aux["invstd"], self.momentum,
+                                   self.eps, update_running=True,
+                                   **({} if relu_out is None else {"relu_out": relu_out}))
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         x, w = inputs[0], params.get("weight")

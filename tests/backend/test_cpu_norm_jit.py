@@ -120,3 +120,33 @@ def test_same_bits_on_any_threads(shape, monkeypatch):
         assert y.tobytes() == results[1]["y"].tobytes()
     for threads, got in results.items():
         assert all(got[k].tobytes() == results[1][k].tobytes() for k in got), threads
+
+
+@pytest.mark.parametrize("path", ["compiled", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 7, 7), (8, 16, 32, 32), (5, 3)])
+def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch):
+    """The compiled step's BN+ReLU (`relu_out`): y, the statistics and the running ones exactly as without it,
+    and relu_out exactly `relu_forward(y)`, including where y is 0, negative zero or NaN; on 1 and 2 threads."""
+    from minidl.backend import cpu_lanes
+    if path == "numpy":
+        monkeypatch.setattr(cpu_norm, "jit_kernels", lambda: None)
+    x, w, b, _ = _inputs(shape, dtype)
+    x = x.copy()
+    x[(0, 0) + (0,) * (x.ndim - 2)] = np.nan  # channel 0's statistics, so its y and ReLU, are NaN
+    be, c = CPUBackend(), x.shape[1]
+    for threads in ("1", "2"):
+        monkeypatch.setenv(cpu_lanes.ENV, threads)
+        outs = []
+        for relu in (False, True):
+            o = {"rm": np.full(c, 0.5, dtype), "rv": np.full(c, 2.0, dtype), "y": np.full_like(x, 7.0),
+                 "mean": np.empty(c, dtype), "invstd": np.empty(c, dtype), "z": np.full_like(x, 7.0)}
+            be.batchnorm_forward_train(x, w, b, o["rm"], o["rv"], o["y"], o["mean"], o["invstd"], 0.1, 1e-5,
+                                       relu_out=o["z"] if relu else None)
+            if not relu:
+                be.relu_forward(o["y"], o["z"])
+            outs.append(o)
+        for k in outs[0]:
+            assert outs[0][k].tobytes() == outs[1][k].tobytes(), (threads, k)
+        z = outs[1]["z"]
+        assert np.isnan(z).any() and (z == 0).any() and not (np.signbit(z) & (z == 0)).any()
