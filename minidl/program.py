@@ -40,6 +40,9 @@ LOWERED = {EventKind.ALLOC: "_alloc", EventKind.FREE: "_free", EventKind.OFFLOAD
 
 Call = Callable[[], Any]
 
+# Layer types a following ReLU folds into (`_Lowering.fuse_relu`), and the backend flag saying it can run them so.
+FUSES_RELU = {"batchnorm": "fuses_batchnorm_relu", "add": "fuses_add_relu"}
+
 
 @dataclass(slots=True)
 class Program:
@@ -135,7 +138,7 @@ class _Lowering:
         self.kinds: dict[str, int] = {}
         self.aux_names = ex._aux_names
         self.forward_step_of = ex._forward_step_of
-        self.bn_forward = None  # the last batch norm forward emitted, while a ReLU may still fold into it
+        self.relu_host = None  # the last batch norm or add forward emitted, while a ReLU may still fold into it
 
     def emit(self, kind: str, call: Call) -> None:
         self.calls.append(call)
@@ -235,9 +238,9 @@ class _Lowering:
                 return
             call = _bind(layer.forward, ex.be, inputs, out, params, ctx)
             self.emit("forward", call if recompute else self.timed(step, call))
-            if not recompute and node.type_name == "batchnorm" and getattr(ex.be, "fuses_batchnorm_relu", False):
-                self.bn_forward = (node.index, len(self.calls) - 1, step, ex.pool.in_use, layer, inputs, out, params,
-                                   ctx)
+            if not recompute and getattr(ex.be, FUSES_RELU.get(node.type_name, ""), False):
+                self.relu_host = (node.index, len(self.calls) - 1, step, ex.pool.in_use, layer, inputs, out, params,
+                                  ctx)
             if layer.is_loss and not recompute:
                 self.loss_view = out
                 self.emit("loss", _read_loss(ex, out))
@@ -254,27 +257,30 @@ class _Lowering:
                                                      params, ctx)))
 
     def fuse_relu(self, step: Step, node, out) -> bool:
-        """Fold a ReLU's forward into the batch norm's just before it (one pass: BN writes y and ReLU(y), the ReLU
-        does not read y again); True if done, and the ReLU then emits nothing. Only when nothing ran between the
-        two (the BN's call is the last one emitted: no transfer, no mapping, no other layer), the ReLU's input is
-        that BN's output, and the ReLU's output shares no memory with what the BN reads or writes (the plan may
-        place it where a tensor freed after the BN step lay, which the fused call, running at the BN's place,
-        would otherwise overwrite too early). y is still written, so any other reader of it is served. The values
-        are the same as unfused (tested), so the parameters stay bit-identical to the interpreted executor's.
-        With tracing on, the ReLU's step still records its compute event (near zero: its work is in the BN's), so a
-        trace keeps one event per step."""
-        pending, self.bn_forward = self.bn_forward, None
+        """Fold a ReLU's forward into the batch norm or add just before it (`FUSES_RELU`: one pass writes y and
+        ReLU(y), the ReLU does not read y again); True if done, and the ReLU then emits nothing. Only when nothing
+        ran between the two (that layer's call is the last one emitted: no transfer, no mapping, no other layer),
+        the ReLU's input is that layer's output, and the ReLU's output shares no memory with what that layer
+        reads or writes (the plan may place it where a tensor freed after that step lay, which the fused call,
+        running at that step's place, would otherwise overwrite too early), except that it may be exactly an input
+        (the plan put it where an input that dies there lay: both kernels read each input value before they write
+        the same position, `_apart_or_same`). y is still written, so any other
+        reader of it is served. The values are the same as unfused (tested), so the parameters stay
+        bit-identical to the interpreted executor's. With tracing on, the ReLU's step still records its compute
+        event (near zero: its work is in the other's), so a trace keeps one event per step."""
+        pending, self.relu_host = self.relu_host, None
         if pending is None or node.type_name != "relu" or node.layer.is_loss:
             return False
-        bn_index, pos, bn_step, bn_in_use, bn_layer, bn_inputs, y, bn_params, bn_ctx = pending
-        if list(node.inputs) != [bn_index] or pos != len(self.calls) - 1:
+        host_index, pos, host_step, host_in_use, host, h_inputs, y, h_params, h_ctx = pending
+        if list(node.inputs) != [host_index] or pos != len(self.calls) - 1:
             return False
-        touched = [*bn_inputs, y, *bn_params.values(), *bn_ctx.aux.values()]
-        if any(np.may_share_memory(out, a) for a in touched):
+        touched = [y, *h_params.values(), *h_ctx.aux.values()]
+        if any(np.may_share_memory(out, a) for a in touched) or not all(_apart_or_same(out, x) for x in h_inputs):
             return False
-        self.calls[pos] = self.timed(bn_step, _bind(bn_layer.forward_relu, self.ex.be, bn_inputs, y, out, bn_params,
-                                                    bn_ctx), in_use=bn_in_use)
-        self.kinds["fused_bn_relu"] = self.kinds.get("fused_bn_relu", 0) + 1
+        self.calls[pos] = self.timed(host_step, _bind(host.forward_relu, self.ex.be, h_inputs, y, out, h_params,
+                                                      h_ctx), in_use=host_in_use)
+        kind = f"fused_{host.type_name}_relu"
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if self.ex.tracing:
             self.emit("folded", self.timed(step, _nothing))
         return True
@@ -346,6 +352,15 @@ def _bind(fn, *args) -> Call:
         a, b, c = args
         return lambda: fn(a, b, c)
     return lambda: fn(*args)
+
+
+def _apart_or_same(a, b) -> bool:
+    """Whether arrays a and b share no memory, or are exactly the same elements (same start, shape and strides):
+    an elementwise kernel that reads b[i] before it writes a[i] may then write a over b."""
+    if not np.may_share_memory(a, b):
+        return True
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
+            and a.strides == b.strides and a.dtype == b.dtype)
 
 
 def _nothing() -> None:

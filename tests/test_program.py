@@ -63,8 +63,13 @@ def test_compiled_bit_identical_to_interpreted(key, policy):
         # such pairs with no transfers; fewer, or none, where the plan moves tensors between the two steps
         nodes = a.net.nodes
         pairs = sum(1 for n in nodes if n.type_name == "relu" and nodes[n.inputs[0]].type_name == "batchnorm")
-        fused = a.executor.program.kinds.get("fused_bn_relu", 0)
+        kinds = a.executor.program.kinds
+        fused = kinds.get("fused_batchnorm_relu", 0)
         assert fused == pairs == 10 if policy in ("none", "liveness", "recompute") else fused <= pairs
+        # and those after a residual add (9 in ResNet-20: one per block)
+        adds = sum(1 for n in nodes if n.type_name == "relu" and nodes[n.inputs[0]].type_name == "add")
+        fused = kinds.get("fused_add_relu", 0)
+        assert fused == adds == 9 if policy in ("none", "liveness", "recompute") else fused <= adds
     if policy == "recompute":
         assert a.executor.recomputed_flops == b.executor.recomputed_flops > 0
 

@@ -82,10 +82,20 @@ class CoreOps:
             np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
 
     # -- joins ------------------------------------------------------------------------------------------------
-    def add_forward(self, xs: list[np.ndarray], y: np.ndarray) -> None:
+    fuses_add_relu = True  # add_forward takes `relu_out` (the compiled step's add+ReLU)
+
+    def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None) -> None:
+        """y = the sum of xs, in order; with `relu_out`, also ReLU(y) there, as `relu_forward(y, relu_out)` would
+        (in the same pass for two flat inputs, where the compiled kernels load)."""
+        jit = eltwise_kernels() if relu_out is not None and len(xs) == 2 else None
+        if jit is not None and _flat_ok(xs[0], xs[1], y, relu_out):
+            jit.add_relu(xs[0].reshape(-1), xs[1].reshape(-1), y.reshape(-1), relu_out.reshape(-1))
+            return
         np.add(xs[0], xs[1], out=y)
         for x in xs[2:]:
             np.add(y, x, out=y)
+        if relu_out is not None:
+            self.relu_forward(y, relu_out)
 
     def concat_forward(self, xs: list[np.ndarray], y: np.ndarray) -> None:
         c = 0

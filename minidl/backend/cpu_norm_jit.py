@@ -119,27 +119,24 @@ def _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z):
     """y = (x - m) * (a * weight[c]) + bias[c] over channel c of every sample, in float64, rounded once (the mean
     subtracted first; weight/bias read only if has_w/has_b). With has_z, also z = ReLU(y) of the rounded y, as
     `cpu_eltwise_jit.relu_forward` computes it (0 where y <= 0, else y; NaN stays NaN): the fused BN+ReLU of the
-    compiled step (`minidl.program`), which saves the ReLU's pass over y."""
+    compiled step (`minidl.program`), which saves the ReLU's pass over y from memory."""
     if has_w:
         a = a * np.float64(weight[c])
     b = 0.0
     if has_b:
         b = np.float64(bias[c])
     n, _, hw = x3.shape
-    if has_z:
-        zero = y3.dtype.type(0)
-        for s in range(n):
-            p, q, r = x3[s, c], y3[s, c], z3[s, c]
-            for i in range(hw):
-                v = y3.dtype.type((np.float64(p[i]) - m) * a + b)
-                q[i] = v
-                r[i] = zero if v <= zero else v
-        return
+    zero = y3.dtype.type(0)
     for s in range(n):
         p = x3[s, c]
         q = y3[s, c]
         for i in range(hw):
             q[i] = (np.float64(p[i]) - m) * a + b
+        if has_z:  # from the stored y, a plane at a time (it is in cache); z may be exactly x (see program)
+            r = z3[s, c]
+            for i in range(hw):
+                v = q[i]
+                r[i] = zero if v <= zero else v
 
 
 @njit(**_OPTS)

@@ -30,6 +30,11 @@ class Add(Layer):
     def forward(self, be, inputs, out, params, ctx):
         be.add_forward(inputs, out)
 
+    def forward_relu(self, be, inputs, out, relu_out, params, ctx):
+        """`forward`, and ReLU(out) written to `relu_out` in the same pass: what the compiled step runs for an add
+        whose output feeds a ReLU next (`minidl.program`, on backends with `fuses_add_relu`)."""
+        be.add_forward(inputs, out, relu_out=relu_out)
+
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         for dx in dinputs:
             if dx is not None:

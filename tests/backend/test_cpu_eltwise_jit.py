@@ -51,3 +51,30 @@ def test_non_contiguous_arrays_take_the_numpy_path():
     assert not cpu._flat_ok(x, y) and cpu._flat_ok(np.empty(3), np.empty(3))
     CPUBackend().relu_forward(x, y)
     assert np.array_equal(y, np.maximum(x, 0), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("inputs", [2, 3])
+def test_add_with_relu_out_is_the_add_then_the_relu(inputs, dtype, monkeypatch):
+    """The compiled step's add+ReLU (`add_forward(..., relu_out=)`): y as without it, relu_out as
+    `relu_forward(y)`, compiled (two inputs, one pass) or numpy, special values included; and the fused pass
+    may write relu_out over an input (the plan places it there when that input dies at the add)."""
+    xs = [_data((4, 5, 6, 7), dtype, seed) for seed in range(inputs)]
+    be = CPUBackend()
+
+    def fused():
+        y, z = np.full_like(xs[0], 9.0), np.full_like(xs[0], 9.0)
+        be.add_forward(xs, y, relu_out=z)
+        return y, z
+
+    got, ref = _both(monkeypatch, fused)
+    y = np.full_like(xs[0], 9.0)
+    be.add_forward(xs, y)
+    z = np.full_like(y, 9.0)
+    be.relu_forward(y, z)
+    assert got[0].tobytes() == ref[0].tobytes() == y.tobytes() and got[1].tobytes() == ref[1].tobytes() == z.tobytes()
+    if inputs == 2:
+        a, b = xs[0].copy(), xs[1].copy()
+        y2 = np.empty_like(a)
+        be.add_forward([a, b], y2, relu_out=a)  # ReLU(y) written over the first input, as the plan may place it
+        assert y2.tobytes() == y.tobytes() and a.tobytes() == z.tobytes()
