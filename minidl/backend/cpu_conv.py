@@ -35,7 +35,8 @@ run per plane instead of one short run per row (see `_flat_rows`).
 
 Threads. OpenBLAS threads the small per-sample GEMMs of CIFAR-sized layers poorly, and its threads, once
 woken, spin on the cores the other kernels need; so a call with more than one sample runs with a one-thread
-BLAS (`_pin`), the row-shift pair splits its samples over threads (`cpu_lanes`, `_RowShift.lanes`) and large
+BLAS (`_pin`), the row-shift pair runs compiled, its samples (and its weight gradient's two fixed halves of the
+batch) split over OpenMP workers (`cpu_rows_jit`; over Python threads on its numpy path, `cpu_lanes`), and large
 float32 products split their rows (`cpu_lanes.matmul`), with results that do not depend on the thread count.
 
 Backward reuses the column buffer: the columns serve dW, then the same memory receives dcols for col2im. The only
@@ -420,11 +421,16 @@ class _RowShift:
     both run the same per-sample GEMMs and sums in the same order, so they agree bit for bit (and a layer's
     menu holds only these two, see `uses_rows`).
 
-    Lanes (`cpu_lanes`). With more than one sample, `rows` splits its loops over threads: the forward's
-    samples (each lane with its own slots of the accumulator; the input gradient is such a forward too), and
-    the weight gradient's kernel rows (each row's sum over the samples stays one sequence). No sum is split, so
-    the bits are those of one thread, and `rows_chunked` (one sample's buffer, one thread) still agrees with
-    `rows` bit for bit.
+    Compiled (`cpu_rows_jit`, where numba and numpy's 64-bit OpenBLAS load: the default). Per sample, its rows
+    in its own slot of the buffer, then its kh GEMMs accumulating in the BLAS; the samples split over OpenMP
+    workers (`rows` only: `rows_chunked` has one slot). The weight gradient sums two fixed halves of the batch
+    apart and then adds them, so one or two workers give the same bits; both algorithms run this formulation.
+
+    Numpy path (lanes, `cpu_lanes`). With more than one sample, `rows` splits its loops over threads: the
+    forward's samples (each lane with its own slots of the accumulator; the input gradient is such a forward
+    too), and the weight gradient's kernel rows (each row's sum over the samples stays one sequence). No sum is
+    split, so the bits are those of one thread, and `rows_chunked` (one sample's buffer, one thread) still agrees
+    with `rows` bit for bit. (Other bits than the compiled path's: the formulations differ.)
     """
 
     def __init__(self, g: ConvGeometry, algo: str, itemsize: int, forward_only: bool = False):
@@ -647,7 +653,9 @@ class _RowShift:
         """dW[:, :, i] = sum over samples n (in order) of dy[n] @ window_i(rows[n]).T, accumulated transposed in
         a contiguous (kh, K3, Cout) buffer and written into dW's strided kernel rows once at the end.
 
-        In lanes (see `lanes`), the batch's rows are built by sample ranges, then the kernel rows are split over
+        Compiled (`cpu_rows_jit.weight_grad`): the sum runs in two fixed halves of the batch, the second in dW's
+        own memory (written only at the end, hence a C-contiguous dW), then added. On the numpy path, in lanes
+        (see `lanes`), the batch's rows are built by sample ranges, then the kernel rows are split over
         the lanes: each kernel row's sum is the same sequence of GEMMs and additions whichever lane runs it, so
         the bits are those of one thread. Each lane needs its own (K3, Cout) product buffer: the first uses the
         workspace's, the others borrow dW's own memory (kh of them fit), which is not written until the end.
