@@ -15,6 +15,10 @@ Bits. `gemm` makes exactly the call numpy's `matmul` makes for C-contiguous floa
 call here (`cpu_lanes.blas_pinned`), so each product has the bits `np.matmul` gives it at one thread, whichever
 thread runs it (tested against `np.matmul`).
 
+Beside `gemm` (the Winograd kernels' call), `gemm_acc` takes strided windows, either operand transposed and an
+accumulating beta of 1 (the row-shift kernels, `cpu_rows_jit`: the BLAS adds a product to its output as it sums
+it, so no scratch product and no separate addition), and `add_into` adds the two halves of a weight gradient.
+
 Where it is not offered (`available()` False): numpy built against another BLAS than the 64-bit-integer
 OpenBLAS of its wheels; then the Winograd kernels run on one thread with `np.matmul`. Where numba's OpenMP
 layer does not load (`parallel()` False; its fallback layer costs ~90 us a region, measured), every compiled
