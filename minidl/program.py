@@ -139,6 +139,7 @@ class _Lowering:
         self.aux_names = ex._aux_names
         self.forward_step_of = ex._forward_step_of
         self.relu_host = None  # the last batch norm or add forward emitted, while a ReLU may still fold into it
+        self.relu_backward = None  # the last ReLU backward emitted, while it may still fold into a batch norm's
 
     def emit(self, kind: str, call: Call) -> None:
         self.calls.append(call)
@@ -253,8 +254,12 @@ class _Lowering:
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
         grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
+        if self.fuse_relu_backward(step, node, inputs, dout, dinputs, grads, params, ctx):
+            return
         self.emit("backward", self.timed(step, _bind(layer.backward, ex.be, inputs, out, dout, dinputs, grads,
                                                      params, ctx)))
+        if node.type_name == "relu" and not step.seed_delta and getattr(ex.be, "fuses_batchnorm_relu", False):
+            self.relu_backward = (node, len(self.calls) - 1, step, ex.pool.in_use, out, dout, dinputs[0])
 
     def fuse_relu(self, step: Step, node, out) -> bool:
         """Fold a ReLU's forward into the batch norm or add just before it (`FUSES_RELU`: one pass writes y and
@@ -283,6 +288,37 @@ class _Lowering:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if self.ex.tracing:
             self.emit("folded", self.timed(step, _nothing))
+        return True
+
+    def fuse_relu_backward(self, step: Step, node, inputs, dout, dinputs, grads, params, ctx) -> bool:
+        """Fold the backward of a ReLU into the batch norm's backward that follows it (the pair of `fuse_relu`,
+        backwards): the batch norm's call writes its output gradient from the ReLU's, channel by channel, and
+        reduces it while it is in cache (`batchnorm_backward(..., relu=)`, the same values: tested); True if
+        done. Only where the ReLU's backward is the last call emitted, the ReLU reads this batch norm's output
+        alone and writes exactly this layer's output gradient, and nothing this call writes (dx, the parameter
+        gradients) overlaps the ReLU's output or gradient, which it reads, unless it is exactly one of them (each
+        channel of those is read before that channel is written). The ReLU's own call is dropped (with tracing
+        on, it becomes its step's near-zero event)."""
+        pending, self.relu_backward = self.relu_backward, None
+        if pending is None or node.type_name != "batchnorm" or not ctx.training:
+            return False
+        relu, pos, relu_step, relu_in_use, r, dr, d_in = pending
+        if list(relu.inputs) != [node.index] or pos != len(self.calls) - 1 or d_in is None:
+            return False
+        if not (np.may_share_memory(d_in, dout) and _apart_or_same(d_in, dout)):
+            return False
+        written = [dinputs[0], *grads.values()]
+        if not all(w is None or (_apart_or_same(w, r) and _apart_or_same(w, dr)) for w in written):
+            return False
+        if self.ex.tracing:
+            self.calls[pos] = self.timed(relu_step, _nothing, in_use=relu_in_use)
+            self.call_kinds[pos] = "folded"
+        else:
+            del self.calls[pos], self.call_kinds[pos]
+            self.kinds["backward"] -= 1
+        fused = _bind(node.layer.backward_relu, self.ex.be, inputs, dout, dinputs, grads, params, ctx, r, dr)
+        self.emit("backward", self.timed(step, fused))
+        self.kinds["fused_batchnorm_relu_backward"] = self.kinds.get("fused_batchnorm_relu_backward", 0) + 1
         return True
 
     def update(self, step: Step, on_host: bool = False) -> Call:

@@ -70,6 +70,9 @@ def test_compiled_bit_identical_to_interpreted(key, policy):
         adds = sum(1 for n in nodes if n.type_name == "relu" and nodes[n.inputs[0]].type_name == "add")
         fused = kinds.get("fused_add_relu", 0)
         assert fused == adds == 9 if policy in ("none", "liveness", "recompute") else fused <= adds
+        # and backwards, the ReLU's backward into the batch norm's
+        fused = kinds.get("fused_batchnorm_relu_backward", 0)
+        assert fused == pairs if policy in ("none", "liveness", "recompute") else fused <= pairs
     if policy == "recompute":
         assert a.executor.recomputed_flops == b.executor.recomputed_flops > 0
 

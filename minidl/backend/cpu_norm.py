@@ -212,17 +212,24 @@ class NormOps:
 
     def batchnorm_backward(self, x: np.ndarray, weight: np.ndarray | None, dy: np.ndarray, mean: np.ndarray,
                            invstd: np.ndarray, dx: np.ndarray | None, dweight: np.ndarray | None,
-                           dbias: np.ndarray | None) -> None:
+                           dbias: np.ndarray | None, relu: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Backward through batch statistics (training mode), from the input and the saved mean/invstd:
 
             dbias = sum(dy);  dweight = sum(dy * xhat);  xhat = (x - mean) * invstd
             dx = (dy - sum(dy)/M - (x - mean) * invstd^2 * sum(dy * (x - mean))/M) * invstd * weight
-        """
+
+        `relu` = (r, dr): a ReLU follows, r its output and dr its output's gradient; dy is first written as its
+        backward (`relu_backward(r, dr, dy)`), channel by channel inside the compiled kernel so that dy is still
+        in cache when the reductions read it (the compiled step's fused BN+ReLU backward, `minidl.program`)."""
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
+        if relu is not None and jit is None:
+            self.relu_backward(relu[0], relu[1], dy)
+            relu = None
         if jit is not None:
             args = (x3, _or(weight, mean), dy3, mean, invstd, x3 if dx is None else _ncl(dx), _or(dweight, mean),
-                    _or(dbias, mean), weight is not None, dx is not None, dweight is not None, dbias is not None)
+                    _or(dbias, mean), weight is not None, dx is not None, dweight is not None, dbias is not None,
+                    dy3 if relu is None else _ncl(relu[1]), dy3 if relu is None else _ncl(relu[0]), relu is not None)
             nw = min(workers_for(x3.size), x3.shape[1])
             if nw > 1:
                 jit.backward_parallel(*args, nw)

@@ -214,11 +214,18 @@ def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3, has_w, ha
 
 
 @njit(**_OPTS)
-def _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, c0, c1):
+def _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3, r3,
+                       has_relu, c0, c1):
     n, nc, hw = x3.shape
     m = n * hw
     la, lq = np.empty(_lane_count(hw)), np.empty(_lane_count(hw))
+    zero, one = dy3.dtype.type(0), dy3.dtype.type(1)
     for c in range(c0, c1):
+        if has_relu:  # the ReLU's backward for this channel first (as `relu_backward`): dy then stays in cache
+            for s in range(n):
+                g, d, r = dy3[s, c], dz3[s, c], r3[s, c]
+                for i in range(hw):
+                    g[i] = d[i] * (one if r[i] > zero else zero)
         mc = np.float64(mean[c])
         inv = np.float64(invstd[c])
         sdy, sdyd = _dsums(x3, dy3, c, mc, la, lq)
@@ -241,21 +248,24 @@ def _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w
 
 
 @njit(**_OPTS)
-def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db):
+def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3, r3, has_relu):
     """Through batch statistics: dbias = sum(dy), dweight = sum(dy * xhat), and
     dx = dy * s + (x - mean) * kx + c with s = invstd * weight, kx = -s * invstd^2 * sum(dy (x - mean)) / M,
-    c = -s * sum(dy) / M (the mean subtracted first)."""
-    _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, 0,
-                       x3.shape[1])
+    c = -s * sum(dy) / M (the mean subtracted first). With has_relu, dy is first written channel by channel as
+    the backward of a ReLU that follows the batch norm (dy = dz where r > 0, r the ReLU's output): the compiled
+    step's fused BN+ReLU backward (`minidl.program`); dz3, r3 are stand-ins otherwise."""
+    _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3, r3,
+                       has_relu, 0, x3.shape[1])
 
 
 @njit(parallel=True, **_OPTS)
-def backward_parallel(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, workers):
+def backward_parallel(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3, r3,
+                      has_relu, workers):
     """`backward` with the channels split over `workers` threads: each channel computed as on one thread."""
     nc = x3.shape[1]
     for w in prange(workers):
-        _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db,
-                           nc * w // workers, nc * (w + 1) // workers)
+        _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3,
+                           r3, has_relu, nc * w // workers, nc * (w + 1) // workers)
 
 
 @njit(**_OPTS)

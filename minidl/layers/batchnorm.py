@@ -90,3 +90,11 @@ class BatchNorm2d(Layer):
         else:
             be.batchnorm_backward_eval(x, w, dout, params["running_mean"], params["running_var"], self.eps,
                                        dx, dw, db)
+
+    def backward_relu(self, be, inputs, dout, dinputs, grads, params, ctx, relu_out, relu_dout):
+        """The training backward of a batch norm whose output feeds a ReLU, with that ReLU's backward first in
+        the same call: dout (this layer's output gradient) is written as `ReLU.backward` would write it from
+        relu_out and relu_dout, then used. What the compiled step runs where it folds the pair
+        (`minidl.program`, on backends with `fuses_batchnorm_relu`)."""
+        be.batchnorm_backward(inputs[0], params.get("weight"), dout, ctx.aux["mean"], ctx.aux["invstd"], dinputs[0],
+                              grads.get("weight"), grads.get("bias"), relu=(relu_out, relu_dout))

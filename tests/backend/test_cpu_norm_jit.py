@@ -150,3 +150,37 @@ def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch):
             assert outs[0][k].tobytes() == outs[1][k].tobytes(), (threads, k)
         z = outs[1]["z"]
         assert np.isnan(z).any() and (z == 0).any() and not (np.signbit(z) & (z == 0)).any()
+
+
+@pytest.mark.parametrize("path", ["compiled", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 7, 7), (8, 16, 32, 32)])
+def test_backward_through_a_relu_is_the_two_backwards(shape, dtype, path, monkeypatch):
+    """The compiled step's BN+ReLU backward (`relu=(r, dr)`): dy written as `relu_backward(r, dr, dy)` would,
+    and dx, dW, dB exactly those of the batch norm's backward from that dy; on 1 and 2 threads; and the gradient
+    may be written over the ReLU's gradient or output (the plan may place dx there)."""
+    from minidl.backend import cpu_lanes
+    if path == "numpy":
+        monkeypatch.setattr(cpu_norm, "jit_kernels", lambda: None)
+    x, w, b, dr = _inputs(shape, dtype)
+    be, c = CPUBackend(), x.shape[1]
+    y, mean, invstd = np.empty_like(x), np.empty(c, dtype), np.empty(c, dtype)
+    be.batchnorm_forward_train(x, w, b, np.zeros(c, dtype), np.ones(c, dtype), y, mean, invstd, 0.1, 1e-5)
+    r = np.empty_like(y)
+    be.relu_forward(y, r)
+    for threads in ("1", "2"):
+        monkeypatch.setenv(cpu_lanes.ENV, threads)
+        ref = {"dy": np.full_like(x, 7.0), "dx": np.full_like(x, 7.0), "dw": np.full(c, 7.0, dtype),
+               "db": np.full(c, 7.0, dtype)}
+        be.relu_backward(r, dr, ref["dy"])
+        be.batchnorm_backward(x, w, ref["dy"], mean, invstd, ref["dx"], ref["dw"], ref["db"])
+        got = {k: np.full_like(v, 7.0) for k, v in ref.items()}
+        be.batchnorm_backward(x, w, got["dy"], mean, invstd, got["dx"], got["dw"], got["db"], relu=(r, dr))
+        for k in ref:
+            assert got[k].tobytes() == ref[k].tobytes(), (threads, k)
+        for over in ("dr", "r"):  # dx written exactly over the ReLU's gradient or output
+            rr, ddr = r.copy(), dr.copy()
+            target = ddr if over == "dr" else rr
+            dy, dw, db = np.empty_like(x), np.empty(c, dtype), np.empty(c, dtype)
+            be.batchnorm_backward(x, w, dy, mean, invstd, target, dw, db, relu=(rr, ddr))
+            assert target.tobytes() == ref["dx"].tobytes() and dw.tobytes() == ref["dw"].tobytes(), over
