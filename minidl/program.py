@@ -310,12 +310,13 @@ class _Lowering:
         written = [dinputs[0], *grads.values()]
         if not all(w is None or (_apart_or_same(w, r) and _apart_or_same(w, dr)) for w in written):
             return False
+        self.kinds["backward"] -= 1
         if self.ex.tracing:
             self.calls[pos] = self.timed(relu_step, _nothing, in_use=relu_in_use)
             self.call_kinds[pos] = "folded"
+            self.kinds["folded"] = self.kinds.get("folded", 0) + 1
         else:
             del self.calls[pos], self.call_kinds[pos]
-            self.kinds["backward"] -= 1
         fused = _bind(node.layer.backward_relu, self.ex.be, inputs, dout, dinputs, grads, params, ctx, r, dr)
         self.emit("backward", self.timed(step, fused))
         self.kinds["fused_batchnorm_relu_backward"] = self.kinds.get("fused_batchnorm_relu_backward", 0) + 1

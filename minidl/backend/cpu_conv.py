@@ -601,9 +601,9 @@ class _RowShift:
                    for (a, b), (s0, s1) in zip(lanes.split(g.n, n_lanes), lanes.split(self.sub, n_lanes))])
 
     def _compiled_call(self, name: str, arrays: tuple, slots: int) -> None:
-        """Run `cpu_rows_jit.<name>` (forward, input_grad: samples split over workers, each with its own slot of
-        the rows buffer) on as many threads as the compiled kernels may use, the buffer has slots and the layer
-        is large enough for (`cpu_jit.workers_for`)."""
+        """Run `cpu_rows_jit.<name>` (forward, input_grad: samples split over workers; weight_grad: its two
+        halves; each worker with its own slot of the rows buffer) on as many threads as the compiled kernels may
+        use, the buffer has slots (`slots`) and the layer is large enough for (`cpu_jit.workers_for`)."""
         k, g = rows_jit(), self.g
         args = arrays + (self.row_src, self.col_runs, g.stride[1], self.win_offsets, g.p)
         workers = min(slots, g.n, workers_for(g.n * max(g.cin, g.cout) * g.h * g.w))
@@ -669,14 +669,7 @@ class _RowShift:
             if not (dw.flags.c_contiguous and dw.dtype == dt):
                 raise ValueError(f"conv2d backward ({self.algo}): dw must be a C-contiguous {dt} array (its memory "
                                  f"holds the second half-batch's sum), got {dw.dtype} with strides {dw.strides}")
-            k = rows_jit()
-            args = (x, dy3, acc, _as(dw, acc.shape), buf, self.row_src, self.col_runs, g.stride[1],
-                    self.win_offsets, g.p)
-            if min(c, g.n, workers_for(x.size)) > 1:
-                with lanes.blas_pinned():
-                    k.weight_grad_parallel(*args)
-            else:
-                k.weight_grad(*args)
+            self._compiled_call("weight_grad", (x, dy3, acc, _as(dw, acc.shape), buf), min(c, 2))  # two halves
             _kernel_grad_rows(_as(acc, (g.kh, g.cin, g.kw, g.cout)), dw)
             return
         prod = view(ws, self.off_prod, (self.k3, g.cout), dt) if g.n > 1 else None

@@ -171,11 +171,12 @@ def weight_grad(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p):
 
 
 @njit(parallel=True, **_OPTS)
-def weight_grad_parallel(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p):
-    """The same two halves on two threads, rows in buf[0] and buf[1]; then the same addition."""
+def weight_grad_parallel(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p, workers):
+    """The same two halves on two threads (`workers` is 2: one per half), rows in buf[0] and buf[1]; then the
+    same addition."""
     n = x.shape[0]
     half = n // 2
-    for w in prange(2):
+    for w in prange(workers):
         if w == 0:
             _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True)
         else:

@@ -328,8 +328,8 @@ class _Winograd:
                     k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
                                      xs, v)
                     k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)
-                    k.half_products(v, dm, min(self.size * self.th // 2, (s1 - s0) * self.th), self.tw, acc[pos], prod,
-                                    started)
+                    k.half_products(v, dm, k.half_cut(self.size, self.th, (s1 - s0) * self.th), self.tw, acc[pos],
+                                    prod, started)
                 gemm_jit().add_into(acc[pos], prod)
             return
         for s0, s1, v, dm in self._dw_groups(ws, x.dtype):

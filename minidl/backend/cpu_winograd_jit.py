@@ -601,6 +601,14 @@ def positions_parallel(a, b, c, acc, add, workers):
 # into the same accumulator: the same bits (tested), which the by-position variant reproduces position by
 # position (`half_products`).
 
+@njit(inline="always", **_OPTS)
+def half_cut(size, th, units):
+    """The unit where a group's two halves meet: a full group's middle (`size` samples of `th` tile rows), cut to
+    the group's own `units` (a short last group), so that the two workers' rows never meet. Both variants split
+    here, which keeps their bits equal."""
+    return min(size * th // 2, units)
+
+
 @njit(**_OPTS)
 def half_products(v, dm, cut, tw, acc, acc1, started):
     """One position's share of one group: acc (+)= v[:cut * tw]^T dm[:cut * tw] (half 0's tile rows) and
@@ -628,7 +636,7 @@ def _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, slot, h):
     for s0 in range(0, n, size):
         s1 = min(n, s0 + size)
         units = (s1 - s0) * th
-        cut = min(size * th // 2, units)  # the full group's middle, so the workers' rows never meet
+        cut = half_cut(size, th, units)
         lo, hi = (0, cut) if h == 0 else (cut, units)
         if lo == hi:
             continue
