@@ -1,5 +1,6 @@
 """Lazy access to the CPU backend's compiled (numba) kernel modules: `cpu_norm_jit`, `cpu_update_jit`,
-`cpu_eltwise_jit`, `cpu_winograd_jit`, `cpu_gemm_jit`; and how many threads those kernels may use.
+`cpu_eltwise_jit`, `cpu_winograd_jit`, `cpu_rows_jit`, `cpu_pool_jit`, `cpu_gemm_jit`; and how many threads those
+kernels may use.
 
 Why lazy: importing numba costs ~0.3 s (more with its first compilation), which a process that never runs a
 compiled kernel (planning, the simulator, the CUDA backend) should not pay. Why optional: numba is a runtime

@@ -12,6 +12,10 @@ elements each, the phase grids a stride-squared multiple of that), as the chunki
 
 Max-pool backward keeps neither the output nor argmax indices: it recomputes the window maxima of one block
 from the input and routes each gradient to the first maximum in row-major window order (PyTorch's choice).
+
+Where numba loads, max pooling runs the same formulation compiled, a plane at a time and planes split over
+threads (`cpu_pool_jit`: the same values term for term, 3x faster backward in ResNet-50); these numpy kernels
+stay as its twin and for average pooling.
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cpu_jit import lazy, workers_for
+
+pool_jit = lazy("cpu_pool_jit")  # the max-pool compiled (numba), or None: the numpy kernels below run
 _BLOCK = 1 << 15  # output elements per block of planes (measured: 32K-64K best for a 3x3/2 max-pool)
 
 
@@ -179,6 +186,38 @@ def _avg_inv_divisor(in_hw, out_hw, kernel, stride, padding, count_include_pad, 
     return inv.astype(dtype)
 
 
+def _compiled_max(x: np.ndarray, dy_or_y: np.ndarray, dx: np.ndarray | None, g: _Grid) -> bool:
+    """Run a max-pool forward (dx None: dy_or_y is y) or backward through `cpu_pool_jit` on as many threads as
+    the layer is large enough for; False (nothing done) where numba does not load or an array is not
+    C-contiguous."""
+    k = pool_jit()
+    arrays = (x, dy_or_y) if dx is None else (x, dy_or_y, dx)
+    if k is None or not all(a.flags.c_contiguous and a.dtype == x.dtype for a in arrays):
+        return False
+    x3, o3 = _planes(x), _planes(dy_or_y)
+    workers = min(x3.shape[0], workers_for(x.size))
+    phases = np.array([(p.slot, p.a, p.b, p.t0, p.nt, p.u0, p.nu) for p in g.phases], np.int64)
+    taps = np.array(g.taps, np.int64)
+    q = np.empty((workers, len(g.phases), g.cells), x.dtype)  # one plane's phase grids a worker
+    m = np.empty((workers, g.out_hw[0] * g.cols), x.dtype)
+    sh, sw = g.stride
+    if dx is None:
+        args = (x3, o3, q, m, phases, taps, g.cols, sh, sw)
+        if workers > 1:
+            k.maxpool_forward_parallel(*args, workers)
+        else:
+            k.maxpool_forward(*args[:2], q[0], m[0], *args[4:], 0, x3.shape[0])
+        return True
+    dq, r = np.empty_like(q), np.empty_like(m)
+    if workers > 1:
+        k.maxpool_backward_parallel(x3, o3, _planes(dx), q, dq, m, r, phases, taps, g.cols, sh, sw,
+                                    g.covers_input, workers)
+    else:
+        k.maxpool_backward(x3, o3, _planes(dx), q[0], dq[0], m[0], r[0], phases, taps, g.cols, sh, sw,
+                           g.covers_input, 0, x3.shape[0])
+    return True
+
+
 class PoolOps:
     """Max, average and global-average pooling kernels (mixed into CPUBackend)."""
 
@@ -186,6 +225,8 @@ class PoolOps:
     def maxpool2d_forward(self, x: np.ndarray, y: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
                           padding: tuple[int, int], dilation: tuple[int, int]) -> None:
         g = _grid(x.shape[2:], y.shape[2:], kernel, stride, padding, dilation)
+        if _compiled_max(x, y, None, g):
+            return
         x3, y3 = _planes(x), _planes(y)
         sc = _Scratch(g, x3.shape[0], x.dtype, flat=1)
         length = g.out_len
@@ -204,6 +245,8 @@ class PoolOps:
         to the first maximum, as in PyTorch. (Plain ufuncs throughout: masked ones, `where=`, are an order of
         magnitude slower.)"""
         g = _grid(x.shape[2:], dy.shape[2:], kernel, stride, padding, dilation)
+        if _compiled_max(x, dy, dx, g):
+            return
         x3, dy3, dx3 = _planes(x), _planes(dy), _planes(dx)
         sc = _Scratch(g, x3.shape[0], x.dtype, dphases=True, flat=3, masks=1)
         length = g.out_len
