@@ -42,6 +42,8 @@ Call = Callable[[], Any]
 
 # Layer types a following ReLU folds into (`_Lowering.fuse_relu`), and the backend flag saying it can run them so.
 FUSES_RELU = {"batchnorm": "fuses_batchnorm_relu", "add": "fuses_add_relu"}
+# Layers whose backward may take the backward of the ReLU after them into the same call, and the backend flag.
+FUSES_RELU_BACKWARD = {"batchnorm": "fuses_batchnorm_relu", "add": "fuses_add_relu_backward"}
 
 
 @dataclass(slots=True)
@@ -258,7 +260,8 @@ class _Lowering:
             return
         self.emit("backward", self.timed(step, _bind(layer.backward, ex.be, inputs, out, dout, dinputs, grads,
                                                      params, ctx)))
-        if node.type_name == "relu" and not step.seed_delta and getattr(ex.be, "fuses_batchnorm_relu", False):
+        if node.type_name == "relu" and not step.seed_delta and any(getattr(ex.be, f, False)
+                                                                     for f in FUSES_RELU_BACKWARD.values()):
             self.relu_backward = (node, len(self.calls) - 1, step, ex.pool.in_use, out, dout, dinputs[0])
 
     def fuse_relu(self, step: Step, node, out) -> bool:
@@ -291,23 +294,26 @@ class _Lowering:
         return True
 
     def fuse_relu_backward(self, step: Step, node, inputs, dout, dinputs, grads, params, ctx) -> bool:
-        """Fold the backward of a ReLU into the batch norm's backward that follows it (the pair of `fuse_relu`,
-        backwards): the batch norm's call writes its output gradient from the ReLU's, channel by channel, and
-        reduces it while it is in cache (`batchnorm_backward(..., relu=)`, the same values: tested); True if
-        done. Only where the ReLU's backward is the last call emitted, the ReLU reads this batch norm's output
-        alone and writes exactly this layer's output gradient, and nothing this call writes (dx, the parameter
-        gradients) overlaps the ReLU's output or gradient, which it reads, unless it is exactly one of them (each
-        channel of those is read before that channel is written). The ReLU's own call is dropped (with tracing
-        on, it becomes its step's near-zero event)."""
+        """Fold the backward of a ReLU into the backward of the batch norm or add that follows it (the pair of
+        `fuse_relu`, backwards; `FUSES_RELU_BACKWARD`): the batch norm's call writes its output gradient from
+        the ReLU's, channel by channel, and reduces it while it is in cache (`batchnorm_backward(..., relu=)`);
+        the add's writes its output gradient and copies it to its inputs' gradients in one pass
+        (`add_relu_backward`). The same values (tested); True if done. Only where the ReLU's backward is the
+        last call emitted, the ReLU reads this layer's output alone and writes exactly this layer's output
+        gradient, and nothing this call writes (dx, the parameter gradients) overlaps the ReLU's output or
+        gradient, which it reads, unless it is exactly one of them (each element or channel of those is read
+        before it is written). The ReLU's own call is dropped (with tracing on, it becomes its step's near-zero
+        event)."""
         pending, self.relu_backward = self.relu_backward, None
-        if pending is None or node.type_name != "batchnorm" or not ctx.training:
+        flag = FUSES_RELU_BACKWARD.get(node.type_name)
+        if pending is None or flag is None or not getattr(self.ex.be, flag, False) or not ctx.training:
             return False
         relu, pos, relu_step, relu_in_use, r, dr, d_in = pending
         if list(relu.inputs) != [node.index] or pos != len(self.calls) - 1 or d_in is None:
             return False
         if not (np.may_share_memory(d_in, dout) and _apart_or_same(d_in, dout)):
             return False
-        written = [dinputs[0], *grads.values()]
+        written = [*dinputs, *grads.values()]
         if not all(w is None or (_apart_or_same(w, r) and _apart_or_same(w, dr)) for w in written):
             return False
         self.kinds["backward"] -= 1
@@ -319,7 +325,8 @@ class _Lowering:
             del self.calls[pos], self.call_kinds[pos]
         fused = _bind(node.layer.backward_relu, self.ex.be, inputs, dout, dinputs, grads, params, ctx, r, dr)
         self.emit("backward", self.timed(step, fused))
-        self.kinds["fused_batchnorm_relu_backward"] = self.kinds.get("fused_batchnorm_relu_backward", 0) + 1
+        kind = f"fused_{node.type_name}_relu_backward"
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
         return True
 
     def update(self, step: Step, on_host: bool = False) -> Call:

@@ -73,6 +73,11 @@ def test_compiled_bit_identical_to_interpreted(key, policy):
         # and backwards, the ReLU's backward into the batch norm's
         fused = kinds.get("fused_batchnorm_relu_backward", 0)
         assert fused == pairs if policy in ("none", "liveness", "recompute") else fused <= pairs
+        # and the ReLU's backward after an add into the add's (its gradient copied to both inputs in one pass);
+        # under recompute the plan places one add's input gradient across part of the ReLU's: that one is refused
+        fused = kinds.get("fused_add_relu_backward", 0)
+        assert {"none": fused == adds, "liveness": fused == adds, "recompute": fused == adds - 1}.get(
+            policy, fused <= adds)
     if policy == "recompute":
         assert a.executor.recomputed_flops == b.executor.recomputed_flops > 0
 

@@ -97,6 +97,24 @@ class CoreOps:
         if relu_out is not None:
             self.relu_forward(y, relu_out)
 
+    fuses_add_relu_backward = True  # add_relu_backward: a ReLU's backward and the add's before it in one call
+
+    def add_relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
+                          dinputs: list[np.ndarray | None]) -> None:
+        """The backward of a ReLU (y, dy -> dx) and of the add that produced its input (dx copied to each input's
+        gradient) in one call: the compiled step's add+ReLU backward, which runs it only where the add is the
+        sole reader of dx (the add's output gradient) and runs right after the ReLU (`minidl.program`). Each
+        input gradient gets the values `relu_backward` gives; for two flat input gradients, where the compiled
+        kernels load, in one pass that leaves dx unwritten (nothing reads it again)."""
+        jit = eltwise_kernels()
+        live = [d for d in dinputs if d is not None]
+        if jit is not None and len(live) == 2 and _flat_ok(y, dy, *live):
+            jit.relu_backward_add(y.reshape(-1), dy.reshape(-1), live[0].reshape(-1), live[1].reshape(-1))
+            return
+        self.relu_backward(y, dy, dx)
+        for d in live:
+            self.copy(d, dx)
+
     def concat_forward(self, xs: list[np.ndarray], y: np.ndarray) -> None:
         c = 0
         for x in xs:

@@ -1,4 +1,4 @@
-"""ReLU of the CPU backend compiled with numba: forward and backward.
+"""ReLU of the CPU backend compiled with numba: forward and backward, and fused with an add (both ways).
 
 Why. numpy's `maximum` and the chunked `dy * (y > 0)` run at a few GB/s on this machine and cost a few us of
 fixed overhead per call; one compiled loop per call is ~4x faster at batch 32 (a (32, 16, 32, 32) ReLU: forward
@@ -10,6 +10,8 @@ Bit-identical to the numpy kernels they replace (`CoreOps.relu_forward` etc., wh
   +0.0 for -0.0);
 - relu backward: dx = dy * (1 if y > 0 else 0), a product as numpy's (so a non-finite dy stays non-finite:
   inf * 0 = NaN reaches the divergence guard);
+- add+ReLU (the compiled step's fusions, `minidl.program`): forward as `np.add` then the ReLU; backward as the
+  ReLU's backward, its result written to the add's two input gradients;
 (numpy's two-input `add` is as fast as a compiled loop here, measured: it stays numpy.)
 The arrays are flat (1-D) C-contiguous views: the caller falls back to numpy for anything else.
 """
@@ -53,3 +55,20 @@ def add_relu(a, b, y, r):
         for i in range(lo, hi):
             v = y[i]
             r[i] = z if v <= z else v
+
+
+@njit(**_OPTS)
+def relu_backward_add(y, dy, d1, d2):
+    """d1 = d2 = `relu_backward(y, dy)`: the ReLU's backward and the backward of the add before it (which copies
+    its output gradient to both inputs) in one pass, the compiled step's fused add+ReLU backward. The add's
+    output gradient itself is not written: the add is its only reader (see `CoreOps.add_relu_backward`).
+    d1 or d2 may be exactly y or dy (the plan may place an input gradient where the ReLU's tensors, dead after
+    this step, lay): each element is read before it is written. One loop, no block buffer: measured on
+    (8, 256, 56, 56), 3.4 ms, against 6.8 for the ReLU's backward and two copies, and 5.5 through a block
+    buffer."""
+    z = y.dtype.type(0)
+    one = y.dtype.type(1)
+    for i in range(uint64(y.size)):
+        v = dy[i] * (one if y[i] > z else z)
+        d1[i] = v
+        d2[i] = v

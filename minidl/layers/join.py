@@ -40,6 +40,12 @@ class Add(Layer):
             if dx is not None:
                 be.copy(dx, dout)
 
+    def backward_relu(self, be, inputs, dout, dinputs, grads, params, ctx, relu_out, relu_dout):
+        """The backward of the ReLU that follows this add, then `backward`, in one call: each input's gradient
+        as `ReLU.backward` then `backward` would leave it (`dout`, which only this add reads, may be left
+        unwritten): the compiled step's fusion, `minidl.program`, on backends with `fuses_add_relu_backward`."""
+        be.add_relu_backward(relu_out, relu_dout, dout, dinputs)
+
 
 class Concat(Layer):
     """Concatenate NCHW (or NC) tensors along channels (axis 1)."""

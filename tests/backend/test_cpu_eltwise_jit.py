@@ -78,3 +78,29 @@ def test_add_with_relu_out_is_the_add_then_the_relu(inputs, dtype, monkeypatch):
         y2 = np.empty_like(a)
         be.add_forward([a, b], y2, relu_out=a)  # ReLU(y) written over the first input, as the plan may place it
         assert y2.tobytes() == y.tobytes() and a.tobytes() == z.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("live", [2, 1])
+def test_add_relu_backward_is_the_relu_backward_then_the_copies(live, dtype, monkeypatch):
+    """The compiled step's add+ReLU backward (`add_relu_backward`): each input gradient as `relu_backward(y, dy)`
+    gives it, compiled (two gradients, one pass; a shape past one block) or numpy, special values
+    included; an input gradient may lie exactly over y or dy (the plan places it there when they die here)."""
+    shape = (3, 5, 33, 29)  # 14355 values: several of the kernel's blocks and a short last one
+    y, dy = _data(shape, dtype, 0), _data(shape, dtype, 1)
+    be = CPUBackend()
+    ref_dx = np.full_like(y, 9.0)
+    be.relu_backward(y, dy, ref_dx)
+
+    def fused():
+        dx, d1, d2 = (np.full_like(y, 9.0) for _ in range(3))
+        be.add_relu_backward(y, dy, dx, [d1, d2] if live == 2 else [None, d2])
+        return dx, d1, d2
+
+    got, ref = _both(monkeypatch, fused)
+    for out in (got, ref):
+        assert out[2].tobytes() == ref_dx.tobytes()
+        assert out[1].tobytes() == (ref_dx.tobytes() if live == 2 else np.full_like(y, 9.0).tobytes())
+    y2, dy2, dx = y.copy(), dy.copy(), np.empty_like(y)
+    be.add_relu_backward(y2, dy2, dx, [dy2, y2])  # written over what it reads, element by element
+    assert dy2.tobytes() == y2.tobytes() == ref_dx.tobytes()
