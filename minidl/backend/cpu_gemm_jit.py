@@ -31,7 +31,7 @@ import ctypes
 import os
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 
 from . import cpu_lanes as lanes
 
@@ -181,3 +181,23 @@ def add_into(a, b):
     af, bf = a.reshape(-1), b.reshape(-1)
     for i in range(af.size):
         af[i] = af[i] + bf[i]
+
+
+@njit(**_OPTS)
+def sum_products_nt(a, b, c, accumulate, r0, r1):
+    """c[r0:r1] (+)= the sum over s, in order, of a[s, r0:r1] @ b[s].T: each product added by the BLAS as it sums
+    it (beta = 1), the first written unless `accumulate`. a (n, m, k), b (n, p, k) and c (m, p), unit column
+    strides: an im2col-family weight gradient (`cpu_conv`), sample by sample, for one block of its rows."""
+    for s in range(a.shape[0]):
+        gemm_acc(a[s, r0:r1], b[s], c[r0:r1], False, True, accumulate or s > 0)
+
+
+@njit(**_OPTS, parallel=True)
+def sum_products_nt_pieces(a, b, c, accumulate, pieces, workers):
+    """`sum_products_nt` over the whole of c, its rows cut into `pieces` fixed blocks, run on `workers` threads
+    (one OpenMP region; worker t takes pieces t, t + workers, ...). The pieces are fixed by the caller from the
+    shapes, so the bits never depend on the threads."""
+    m = c.shape[0]
+    for t in prange(workers):
+        for q in range(t, pieces, workers):
+            sum_products_nt(a, b, c, accumulate, m * q // pieces, m * (q + 1) // pieces)
