@@ -16,7 +16,7 @@ import numpy as np
 
 from . import cpu_lanes as lanes
 from .cpu_conv import ConvOps
-from .cpu_jit import lazy
+from .cpu_jit import lazy, workers_for
 from .cpu_norm import NormOps
 from .cpu_pool import PoolOps
 from .cpu_update import UpdateOps
@@ -27,6 +27,18 @@ CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporar
 
 # ReLU compiled with numba (`cpu_eltwise_jit`), or None where numba cannot be imported: the numpy kernels run.
 eltwise_kernels = lazy("cpu_eltwise_jit")
+
+
+def _elementwise(name: str, *arrays: np.ndarray) -> None:
+    """Run `cpu_eltwise_jit.<name>` on the flat views of `arrays` (the last one sets the size), on as many
+    threads as it is large enough for (`cpu_jit.workers_for`): elementwise, so the split changes no bits."""
+    jit = eltwise_kernels()
+    flat = [a.reshape(-1) for a in arrays]
+    workers = workers_for(flat[-1].size)
+    if workers > 1:
+        getattr(jit, name + "_parallel")(*flat, workers)
+    else:
+        getattr(jit, name)(*flat)
 
 
 def _flat_ok(*arrays: np.ndarray) -> bool:
@@ -58,6 +70,9 @@ class CoreOps:
         dst.fill(value)
 
     def accumulate(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if eltwise_kernels() is not None and _flat_ok(dst, src) and workers_for(dst.size) > 1:
+            _elementwise("add_into", dst, src)  # the same sums on both cores (one thread: numpy is as fast)
+            return
         np.add(dst, src, out=dst)
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
@@ -67,14 +82,14 @@ class CoreOps:
     def relu_forward(self, x: np.ndarray, y: np.ndarray) -> None:
         jit = eltwise_kernels()
         if jit is not None and _flat_ok(x, y):
-            jit.relu_forward(x.reshape(-1), y.reshape(-1))  # the same values as below, ~4x faster
+            _elementwise("relu_forward", x, y)  # the same values as below, ~4x faster
             return
         np.maximum(x, 0, out=y)
 
     def relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
         jit = eltwise_kernels()
         if jit is not None and _flat_ok(y, dy, dx):
-            jit.relu_backward(y.reshape(-1), dy.reshape(-1), dx.reshape(-1))  # the same values as below
+            _elementwise("relu_backward", y, dy, dx)  # the same values as below
             return
         # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it.
         yf, dyf, dxf = y.reshape(-1), dy.reshape(-1), dx.reshape(-1)
@@ -89,7 +104,7 @@ class CoreOps:
         (in the same pass for two flat inputs, where the compiled kernels load)."""
         jit = eltwise_kernels() if relu_out is not None and len(xs) == 2 else None
         if jit is not None and _flat_ok(xs[0], xs[1], y, relu_out):
-            jit.add_relu(xs[0].reshape(-1), xs[1].reshape(-1), y.reshape(-1), relu_out.reshape(-1))
+            _elementwise("add_relu", xs[0], xs[1], y, relu_out)
             return
         np.add(xs[0], xs[1], out=y)
         for x in xs[2:]:
@@ -109,7 +124,7 @@ class CoreOps:
         jit = eltwise_kernels()
         live = [d for d in dinputs if d is not None]
         if jit is not None and len(live) == 2 and _flat_ok(y, dy, *live):
-            jit.relu_backward_add(y.reshape(-1), dy.reshape(-1), live[0].reshape(-1), live[1].reshape(-1))
+            _elementwise("relu_backward_add", y, dy, live[0], live[1])
             return
         self.relu_backward(y, dy, dx)
         for d in live:

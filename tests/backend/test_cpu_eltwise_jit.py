@@ -104,3 +104,29 @@ def test_add_relu_backward_is_the_relu_backward_then_the_copies(live, dtype, mon
     y2, dy2, dx = y.copy(), dy.copy(), np.empty_like(y)
     be.add_relu_backward(y2, dy2, dx, [dy2, y2])  # written over what it reads, element by element
     assert dy2.tobytes() == y2.tobytes() == ref_dx.tobytes()
+
+
+@pytest.mark.parametrize("workers", [2, 3, 7])
+def test_split_over_workers_gives_the_same_bits(workers, monkeypatch):
+    """Every compiled elementwise kernel cut into pieces (`_parallel`, block-aligned, the last piece short)
+    gives the one-thread bits, accumulate included."""
+    shape = (3, 7, 31, 33)  # 21483 values: pieces of several blocks and a short tail
+    y, dy, b = (_data(shape, np.float32, seed) for seed in range(3))
+    be = CPUBackend()
+
+    def everything():
+        out = [np.full_like(y, 9.0) for _ in range(7)]
+        be.relu_forward(y, out[0])
+        be.relu_backward(y, dy, out[1])
+        be.add_forward([y, b], out[2], relu_out=out[3])
+        be.add_relu_backward(y, dy, np.empty_like(y), [out[4], out[5]])
+        np.copyto(out[6], y)
+        be.accumulate(out[6], b)
+        return b"".join(o.tobytes() for o in out)
+
+    monkeypatch.setattr(cpu, "workers_for", lambda values: 1)
+    one = everything()
+    monkeypatch.setattr(cpu, "workers_for", lambda values: workers)
+    assert everything() == one
+    monkeypatch.setattr(cpu, "eltwise_kernels", lambda: None)
+    assert everything() == one  # and numpy's
