@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cpu_jit import lazy
+from .cpu_jit import lazy, workers_for
 
 # The compiled update kernels (`cpu_update_jit`), or None where numba cannot be imported (nothing is fused then).
 jit_kernels = lazy("cpu_update_jit")
@@ -38,6 +38,11 @@ class FusedParams:
     @property
     def count(self) -> int:
         return int(self.sizes.size)
+
+    def workers(self) -> int:
+        """Threads for one update of these parameters (`cpu_jit.workers_for` of their total size): each worker
+        takes its share of every parameter; elements are independent, so no bits move."""
+        return workers_for(int(self.sizes.sum()))
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -106,8 +111,13 @@ class UpdateOps:
         """`sgd_update` on every parameter of `fp`, in one call (same arithmetic, element by element)."""
         t = fp.flat.dtype.type
         bufs = fp.slots.get("momentum") if momentum else None  # as sgd_update: no momentum, no buffer
-        jit_kernels().sgd(fp.flat, fp.p_off, fp.g_off, bufs, fp.sizes, t(lr), t(momentum), t(1 - dampening),
-                          t(weight_decay) if weight_decay else None, True if nesterov else None, bool(first_step))
+        args = (fp.flat, fp.p_off, fp.g_off, bufs, fp.sizes, t(lr), t(momentum), t(1 - dampening),
+                t(weight_decay) if weight_decay else None, True if nesterov else None, bool(first_step))
+        workers = fp.workers()
+        if workers > 1:
+            jit_kernels().sgd_parallel(*args, workers)
+        else:
+            jit_kernels().sgd(*args)
 
     def adam_update_fused(self, fp: FusedParams, lr: float, beta1: float, beta2: float, eps: float,
                           weight_decay: float, step: int) -> None:
@@ -115,6 +125,11 @@ class UpdateOps:
         t = fp.flat.dtype.type
         bc1 = 1 - beta1 ** step
         bc2_sqrt = float(np.sqrt(1 - beta2 ** step))
-        jit_kernels().adam(fp.flat, fp.p_off, fp.g_off, fp.slots["exp_avg"], fp.slots["exp_avg_sq"], fp.sizes,
-                           t(lr / bc1), t(1 - beta1), t(beta2), t(1 - beta2), t(bc2_sqrt), t(eps),
-                           t(weight_decay) if weight_decay else None)
+        args = (fp.flat, fp.p_off, fp.g_off, fp.slots["exp_avg"], fp.slots["exp_avg_sq"], fp.sizes,
+                t(lr / bc1), t(1 - beta1), t(beta2), t(1 - beta2), t(bc2_sqrt), t(eps),
+                t(weight_decay) if weight_decay else None)
+        workers = fp.workers()
+        if workers > 1:
+            jit_kernels().adam_parallel(*args, workers)
+        else:
+            jit_kernels().adam(*args)

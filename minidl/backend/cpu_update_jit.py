@@ -17,13 +17,31 @@ Compiled lazily per dtype and flag combination, cached on disk (`cache=True`).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 
 @njit(**_OPTS)
+def _part(n, t, workers):
+    """Worker t's share [lo, hi) of a parameter's n elements (elements are independent: no bits move)."""
+    return n * t // workers, n * (t + 1) // workers
+
+
+@njit(**_OPTS)
 def sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step):
+    _sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, 0, 1)
+
+
+@njit(**_OPTS, parallel=True)
+def sgd_parallel(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, workers):
+    """`sgd` on `workers` threads, each on its share of every parameter."""
+    for t in prange(workers):
+        _sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, t, workers)
+
+
+@njit(**_OPTS)
+def _sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, t, workers):
     """torch.optim.SGD per element: d = g (+ wd * p); buf = d on the first step, else buf * momentum +
     (1 - dampening) * d; d = d + momentum * buf if nesterov else buf; p = p - lr * d. Parameter k is
     flat[p_off[k]:p_off[k] + sizes[k]], its gradient and momentum buffer likewise.
@@ -34,9 +52,10 @@ def sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, fir
     per element). `first_step` is a plain bool: it picks one of two loops per parameter, so the first and the
     later steps share one compilation (each costs ~0.6 s the first time on a machine)."""
     for k in range(sizes.size):
-        n = sizes[k]
-        p = flat[p_off[k]:p_off[k] + n]
-        g = flat[g_off[k]:g_off[k] + n]
+        lo, hi = _part(sizes[k], t, workers)
+        n = hi - lo
+        p = flat[p_off[k] + lo:p_off[k] + hi]
+        g = flat[g_off[k] + lo:g_off[k] + hi]
         if b_off is None:
             for i in range(n):
                 d = g[i]
@@ -44,7 +63,7 @@ def sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, fir
                     d = d + wd * p[i]
                 p[i] = p[i] - lr * d
         elif first_step:  # a runtime flag tested once per parameter, outside the element loop
-            b = flat[b_off[k]:b_off[k] + n]
+            b = flat[b_off[k] + lo:b_off[k] + hi]
             for i in range(n):
                 d = g[i]
                 if wd is not None:
@@ -54,7 +73,7 @@ def sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, fir
                     d = d + momentum * d
                 p[i] = p[i] - lr * d
         else:
-            b = flat[b_off[k]:b_off[k] + n]
+            b = flat[b_off[k] + lo:b_off[k] + hi]
             for i in range(n):
                 d = g[i]
                 if wd is not None:
@@ -70,15 +89,28 @@ def sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, fir
 
 @njit(**_OPTS)
 def adam(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd):
+    _adam(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd, 0, 1)
+
+
+@njit(**_OPTS, parallel=True)
+def adam_parallel(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd, workers):
+    """`adam` on `workers` threads, each on its share of every parameter."""
+    for t in prange(workers):
+        _adam(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd, t, workers)
+
+
+@njit(**_OPTS)
+def _adam(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd, t, workers):
     """torch.optim.Adam per element: d = g (+ wd * p, `wd` None for none); m = m + (1 - beta1) * (d - m);
     v = v * beta2 + (1 - beta2) * d * d; p = p - step_size * (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)).
     Offsets as `sgd`."""
     for k in range(sizes.size):
-        n = sizes[k]
-        p = flat[p_off[k]:p_off[k] + n]
-        g = flat[g_off[k]:g_off[k] + n]
-        m = flat[m_off[k]:m_off[k] + n]
-        v = flat[v_off[k]:v_off[k] + n]
+        lo, hi = _part(sizes[k], t, workers)
+        n = hi - lo
+        p = flat[p_off[k] + lo:p_off[k] + hi]
+        g = flat[g_off[k] + lo:g_off[k] + hi]
+        m = flat[m_off[k] + lo:m_off[k] + hi]
+        v = flat[v_off[k] + lo:v_off[k] + hi]
         for i in range(n):
             d = g[i]
             if wd is not None:

@@ -68,7 +68,10 @@ OPTS = [SGD(lr=0.1), SGD(lr=0.1, momentum=0.9), SGD(lr=0.05, momentum=0.9, dampe
 @pytest.mark.parametrize("opt", OPTS, ids=lambda o: repr(o.config()))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("layout", ["arena", "strided", "separate"])
-def test_fused_update_is_bit_identical_to_per_parameter(opt, dtype, layout):
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_fused_update_is_bit_identical_to_per_parameter(opt, dtype, layout, workers, monkeypatch):
+    """On one thread or split over workers (each takes its share of every parameter, some shares empty)."""
+    monkeypatch.setattr(cpu_update, "workers_for", lambda values: workers)
     be = CPUBackend()
     fused, single = _items(opt, dtype, 0, layout), _items(opt, dtype, 0, layout)
     groups, rest = be.fuse_update(fused, opt.slots)
