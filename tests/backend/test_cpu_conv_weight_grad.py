@@ -83,3 +83,21 @@ def test_the_numpy_path_computes_the_same_convolution(cfg, monkeypatch):
     numpy_path = _run(cfg, np.float64, "im2col")[1]
     for a, b in zip(compiled, numpy_path):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("lanes_n", [2, 3])
+@pytest.mark.parametrize("cfg", CONFIGS[1:4], ids=str)
+def test_im2col_split_over_lanes_gives_the_same_bits(cfg, lanes_n, monkeypatch):
+    """A multi-sample im2col split over the lanes (a share of the samples each; here every size is split)
+    builds the very columns of the whole-batch copy: y, dx and dW as unsplit."""
+    monkeypatch.setenv(cpu_lanes.ENV, str(lanes_n))
+    monkeypatch.setattr(cpu_conv, "_IM2COL_SPLIT_MIN", 10**12)
+    whole = _run(cfg, np.float32, "im2col")[1]
+    monkeypatch.setattr(cpu_conv, "_IM2COL_SPLIT_MIN", 1)
+    calls = []
+    real = cpu_conv._im2col_part
+    monkeypatch.setattr(cpu_conv, "_im2col_part", lambda *a: (calls.append(a[0].shape[0]), real(*a)))
+    split = _run(cfg, np.float32, "im2col")[1]
+    assert len(calls) >= 2 and sum(calls) % cfg[0] == 0  # the samples went out in shares
+    for a, b in zip(whole, split):
+        assert a.tobytes() == b.tobytes()
