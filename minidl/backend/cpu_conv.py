@@ -389,7 +389,17 @@ def _im2col_part(x: np.ndarray, cols6: np.ndarray, taps: list[_Tap], stride) -> 
 def _col2im(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> None:
     """dx (c, C, H, W) = the sum, tap by tap in row-major order, of dcols6 (c, C, kh, kw, Ho, Wo) scattered back.
 
-    dcols6 is scratch: on the flat-run path its padding-reading positions are zeroed in place."""
+    dcols6 is scratch: on the flat-run path its padding-reading positions are zeroed in place. Split over the
+    lanes as `_im2col` is: a sample's dx sums only its own columns, in the same tap order, so no bits move."""
+    lanes_n = min(lanes.count(), dx.shape[0])
+    if lanes_n > 1 and dcols6.size >= _IM2COL_SPLIT_MIN:
+        lanes.run([lambda a=a, b=b: _col2im_part(dcols6[a:b], dx[a:b], taps, stride)
+                   for a, b in lanes.split(dx.shape[0], lanes_n)])
+        return
+    _col2im_part(dcols6, dx, taps, stride)
+
+
+def _col2im_part(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> None:
     c, ch, _, _, ho, wo = dcols6.shape
     if len(taps) == 1 and taps[0].nh == dx.shape[2] and taps[0].nw == dx.shape[3] and tuple(stride) == (1, 1):
         t = taps[0]  # one tap covering the whole input (1x1 kernel): a copy, exactly as 0 + v would give

@@ -85,19 +85,26 @@ def test_the_numpy_path_computes_the_same_convolution(cfg, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+GROUPED = [(5, 128, 14, 14, 64, 3, 2, 1), (4, 128, 7, 7, 96, 3, 1, 1)]  # `im2col_grouped` (columns side by side)
+
+
 @pytest.mark.parametrize("lanes_n", [2, 3])
-@pytest.mark.parametrize("cfg", CONFIGS[1:4], ids=str)
+@pytest.mark.parametrize("cfg", CONFIGS[1:4] + GROUPED, ids=str)
 def test_im2col_split_over_lanes_gives_the_same_bits(cfg, lanes_n, monkeypatch):
-    """A multi-sample im2col split over the lanes (a share of the samples each; here every size is split)
-    builds the very columns of the whole-batch copy: y, dx and dW as unsplit."""
+    """A multi-sample im2col and col2im split over the lanes (a share of the samples each; here every size is
+    split) build the very columns, and sum the very dx, of the whole-batch pass: y, dx and dW as unsplit."""
     monkeypatch.setenv(cpu_lanes.ENV, str(lanes_n))
     monkeypatch.setattr(cpu_conv, "_IM2COL_SPLIT_MIN", 10**12)
-    whole = _run(cfg, np.float32, "im2col")[1]
+    algo = "im2col_grouped" if cfg in GROUPED else "im2col"
+    inputs, whole, algos = _run(cfg, np.float32, algo)
+    assert algo in algos
     monkeypatch.setattr(cpu_conv, "_IM2COL_SPLIT_MIN", 1)
-    calls = []
-    real = cpu_conv._im2col_part
+    calls, back = [], []
+    real, real_back = cpu_conv._im2col_part, cpu_conv._col2im_part
     monkeypatch.setattr(cpu_conv, "_im2col_part", lambda *a: (calls.append(a[0].shape[0]), real(*a)))
-    split = _run(cfg, np.float32, "im2col")[1]
+    monkeypatch.setattr(cpu_conv, "_col2im_part", lambda *a: (back.append(a[1].shape[0]), real_back(*a)))
+    split = _run(cfg, np.float32, algo)[1]
     assert len(calls) >= 2 and sum(calls) % cfg[0] == 0  # the samples went out in shares
+    assert len(back) >= 2 and sum(back) % cfg[0] == 0
     for a, b in zip(whole, split):
         assert a.tobytes() == b.tobytes()
