@@ -218,9 +218,11 @@ class NormOps:
             dbias = sum(dy);  dweight = sum(dy * xhat);  xhat = (x - mean) * invstd
             dx = (dy - sum(dy)/M - (x - mean) * invstd^2 * sum(dy * (x - mean))/M) * invstd * weight
 
-        `relu` = (r, dr): a ReLU follows, r its output and dr its output's gradient; dy is first written as its
-        backward (`relu_backward(r, dr, dy)`), channel by channel inside the compiled kernel so that dy is still
-        in cache when the reductions read it (the compiled step's fused BN+ReLU backward, `minidl.program`)."""
+        `relu` = (r, dr): a ReLU follows, r its output and dr its output's gradient; dy is first computed as its
+        backward (`relu_backward(r, dr, dy)`), channel by channel inside the compiled kernel, into a channel's
+        scratch that is still in cache when the reductions read it, so dy itself is not written there (the
+        compiled step's fused BN+ReLU backward, `minidl.program`, which fuses only where this batch norm is dy's
+        sole reader); without numba, dy is written first and used as usual."""
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if relu is not None and jit is None:

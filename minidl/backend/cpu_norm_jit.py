@@ -83,8 +83,9 @@ def _sums(x3, c, k, a, q):
 
 
 @njit(inline="always", **_OPTS)
-def _dsums(x3, dy3, c, k, a, q):
-    """Per channel c, in float64: (sum(dy), sum(dy * (x - k))), with the lanes of `_sums`."""
+def _dsums(x3, c, g3, cg, k, a, q):
+    """Per channel c, in float64: (sum(dy), sum(dy * (x - k))), dy being channel cg of g3 (the output gradient,
+    or a channel's scratch holding it), with the lanes of `_sums`."""
     n, _, hw = x3.shape
     lanes = _lane_count(hw)
     rows = hw // lanes
@@ -94,7 +95,7 @@ def _dsums(x3, dy3, c, k, a, q):
         q[j] = 0.0
     for s in range(n):
         p = x3[s, c]
-        g = dy3[s, c]
+        g = g3[s, cg]
         for r in range(rows):
             b = r * lanes
             for j in range(lanes):
@@ -213,47 +214,61 @@ def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3, has_w, ha
         _affine(x3, y3, y3, c, m, a, weight, bias, has_w, has_b, False)
 
 
+@njit(inline="always", **_OPTS)
+def _backward_channel(x3, weight, g3, cg, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, c, la,
+                      lq):
+    """Channel c's gradients from its output gradient, channel cg of g3."""
+    n, _, hw = x3.shape
+    m = n * hw
+    mc = np.float64(mean[c])
+    inv = np.float64(invstd[c])
+    sdy, sdyd = _dsums(x3, c, g3, cg, mc, la, lq)
+    if has_db:
+        dbias[c] = sdy
+    if has_dw:
+        dweight[c] = sdyd * inv
+    if has_dx:
+        sc = inv
+        if has_w:
+            sc = inv * np.float64(weight[c])
+        kx = -sc * (inv * inv * sdyd / m)
+        c0_ = -sc * (sdy / m)
+        for s in range(n):
+            p = x3[s, c]
+            g = g3[s, cg]
+            q = dx3[s, c]
+            for i in range(hw):
+                q[i] = np.float64(g[i]) * sc + (np.float64(p[i]) - mc) * kx + c0_
+
+
 @njit(**_OPTS)
 def _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3, r3,
                        has_relu, c0, c1):
     n, nc, hw = x3.shape
-    m = n * hw
     la, lq = np.empty(_lane_count(hw)), np.empty(_lane_count(hw))
     zero, one = dy3.dtype.type(0), dy3.dtype.type(1)
+    gbuf = np.empty((n if has_relu else 0, 1, hw), dy3.dtype)
     for c in range(c0, c1):
-        if has_relu:  # the ReLU's backward for this channel first (as `relu_backward`): dy then stays in cache
-            for s in range(n):
-                g, d, r = dy3[s, c], dz3[s, c], r3[s, c]
+        if has_relu:  # the ReLU's backward for this channel first (as `relu_backward`), into a channel scratch
+            for s in range(n):  # that stays in cache (dy itself is not written: only this batch norm reads it)
+                g, d, r = gbuf[s, 0], dz3[s, c], r3[s, c]
                 for i in range(hw):
                     g[i] = d[i] * (one if r[i] > zero else zero)
-        mc = np.float64(mean[c])
-        inv = np.float64(invstd[c])
-        sdy, sdyd = _dsums(x3, dy3, c, mc, la, lq)
-        if has_db:
-            dbias[c] = sdy
-        if has_dw:
-            dweight[c] = sdyd * inv
-        if has_dx:
-            sc = inv
-            if has_w:
-                sc = inv * np.float64(weight[c])
-            kx = -sc * (inv * inv * sdyd / m)
-            c0_ = -sc * (sdy / m)
-            for s in range(n):
-                p = x3[s, c]
-                g = dy3[s, c]
-                q = dx3[s, c]
-                for i in range(hw):
-                    q[i] = np.float64(g[i]) * sc + (np.float64(p[i]) - mc) * kx + c0_
+            _backward_channel(x3, weight, gbuf, 0, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw,
+                              has_db, c, la, lq)
+        else:
+            _backward_channel(x3, weight, dy3, c, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw,
+                              has_db, c, la, lq)
 
 
 @njit(**_OPTS)
 def backward(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3, r3, has_relu):
     """Through batch statistics: dbias = sum(dy), dweight = sum(dy * xhat), and
     dx = dy * s + (x - mean) * kx + c with s = invstd * weight, kx = -s * invstd^2 * sum(dy (x - mean)) / M,
-    c = -s * sum(dy) / M (the mean subtracted first). With has_relu, dy is first written channel by channel as
-    the backward of a ReLU that follows the batch norm (dy = dz where r > 0, r the ReLU's output): the compiled
-    step's fused BN+ReLU backward (`minidl.program`); dz3, r3 are stand-ins otherwise."""
+    c = -s * sum(dy) / M (the mean subtracted first). With has_relu, dy is first computed channel by channel as
+    the backward of a ReLU that follows the batch norm (dy = dz where r > 0, r the ReLU's output), into a scratch
+    of one channel (dy3 itself is left unwritten): the compiled step's fused BN+ReLU backward
+    (`minidl.program`); dz3, r3 are stand-ins otherwise."""
     _backward_channels(x3, weight, dy3, mean, invstd, dx3, dweight, dbias, has_w, has_dx, has_dw, has_db, dz3, r3,
                        has_relu, 0, x3.shape[1])
 
@@ -278,7 +293,7 @@ def backward_eval(x3, weight, dy3, running_mean, running_var, eps, dx3, dweight,
     for c in range(nc):
         inv = 1.0 / math.sqrt(np.float64(running_var[c]) + eps)
         if has_dw or has_db:
-            sdy, sdyd = _dsums(x3, dy3, c, np.float64(running_mean[c]), la, lq)
+            sdy, sdyd = _dsums(x3, c, dy3, c, np.float64(running_mean[c]), la, lq)
             if has_db:
                 dbias[c] = sdy
             if has_dw:
