@@ -141,6 +141,8 @@ class _Lowering:
         self.aux_names = ex._aux_names
         self.forward_step_of = ex._forward_step_of
         self.relu_host = None  # the last batch norm or add forward emitted, while a ReLU may still fold into it
+        self.readers: dict[str, set[int]] | None = None  # `read_only_by`'s tables, built on first use
+        self.moved: set[str] = set()
         self.relu_backward = None  # the last ReLU backward emitted, while it may still fold into a batch norm's
 
     def emit(self, kind: str, call: Call) -> None:
@@ -272,8 +274,10 @@ class _Lowering:
         reads or writes (the plan may place it where a tensor freed after that step lay, which the fused call,
         running at that step's place, would otherwise overwrite too early), except that it may be exactly an input
         (the plan put it where an input that dies there lay: both kernels read each input value before they write
-        the same position, `_apart_or_same`). y is still written, so any other
-        reader of it is served. The values are the same as unfused (tested), so the parameters stay
+        the same position, `_apart_or_same`). y is still written where anything else may read it; where the
+        ReLU's step is its only reader and the plan neither moves nor recomputes it, nor recomputes the ReLU
+        (`read_only_by`), the fused call may leave y unwritten (one stream of writes less; counted as
+        "output_not_kept"). The values are the same as unfused (tested), so the parameters stay
         bit-identical to the interpreted executor's. With tracing on, the ReLU's step still records its compute
         event (near zero: its work is in the other's), so a trace keeps one event per step."""
         pending, self.relu_host = self.relu_host, None
@@ -285,13 +289,39 @@ class _Lowering:
         touched = [y, *h_params.values(), *h_ctx.aux.values()]
         if any(np.may_share_memory(out, a) for a in touched) or not all(_apart_or_same(out, x) for x in h_inputs):
             return False
+        keep = not self.read_only_by(act_id(self.ex.net.nodes[host_index].name), step.index)
         self.calls[pos] = self.timed(host_step, _bind(host.forward_relu, self.ex.be, h_inputs, y, out, h_params,
-                                                      h_ctx), in_use=host_in_use)
+                                                      h_ctx, keep), in_use=host_in_use)
+        if not keep:
+            self.kinds["output_not_kept"] = self.kinds.get("output_not_kept", 0) + 1
         kind = f"fused_{host.type_name}_relu"
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if self.ex.tracing:
             self.emit("folded", self.timed(step, _nothing))
         return True
+
+    def read_only_by(self, tensor: str, step_index: int) -> bool:
+        """Whether the route step `step_index` is the only one that reads `tensor`, and no event of the plan
+        touches it other than allocating and freeing it (no transfer, no recomputation of it or of a layer that
+        reads it): then a fused host layer need not write it (`fuse_relu`: the ReLU reads y inside the fused
+        call). Worked out once per lowering, for all tensors."""
+        if self.readers is None:
+            ex = self.ex
+            readers: dict[str, set[int]] = {}
+            for st in ex.route.steps:
+                for t in st.reads:
+                    readers.setdefault(t, set()).add(st.index)
+            moved: set[str] = set()
+            for sp in ex.plan.steps:
+                for ev in (*sp.before, *sp.after):
+                    if ev.kind in (EventKind.ALLOC, EventKind.FREE):
+                        continue
+                    moved.add(ev.tensor)
+                    if ev.kind is EventKind.RECOMPUTE:  # its recomputation reads the layer's inputs
+                        node = ex.net.node(ev.tensor.split(":", 1)[1])
+                        moved.update(act_id(ex.net.nodes[i].name) for i in node.inputs)
+            self.readers, self.moved = readers, moved
+        return self.readers.get(tensor, set()) == {step_index} and tensor not in self.moved
 
     def fuse_relu_backward(self, step: Step, node, inputs, dout, dinputs, grads, params, ctx) -> bool:
         """Fold the backward of a ReLU into the backward of the batch norm or add that follows it (the pair of

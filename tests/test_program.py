@@ -70,6 +70,13 @@ def test_compiled_bit_identical_to_interpreted(key, policy):
         adds = sum(1 for n in nodes if n.type_name == "relu" and nodes[n.inputs[0]].type_name == "add")
         fused = kinds.get("fused_add_relu", 0)
         assert fused == adds == 9 if policy in ("none", "liveness", "recompute") else fused <= adds
+        # where nothing but the ReLU reads the fused layer's output, it is not written: every pair under none
+        # and liveness; under recompute only those whose ReLU is not recomputed (its recomputation reads it)
+        kept_out = kinds.get("output_not_kept", 0)
+        if policy in ("none", "liveness"):
+            assert kept_out == pairs + adds
+        elif policy == "recompute":
+            assert 0 < kept_out < pairs + adds
         # and backwards, the ReLU's backward into the batch norm's
         fused = kinds.get("fused_batchnorm_relu_backward", 0)
         assert fused == pairs if policy in ("none", "liveness", "recompute") else fused <= pairs

@@ -99,12 +99,17 @@ class CoreOps:
     # -- joins ------------------------------------------------------------------------------------------------
     fuses_add_relu = True  # add_forward takes `relu_out` (the compiled step's add+ReLU)
 
-    def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None) -> None:
+    def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None,
+                    keep_y: bool = True) -> None:
         """y = the sum of xs, in order; with `relu_out`, also ReLU(y) there, as `relu_forward(y, relu_out)` would
-        (in the same pass for two flat inputs, where the compiled kernels load)."""
+        (in the same pass for two flat inputs, where the compiled kernels load; there, without `keep_y`, y is
+        not written: nothing reads it, the compiled step checks the plan)."""
         jit = eltwise_kernels() if relu_out is not None and len(xs) == 2 else None
         if jit is not None and _flat_ok(xs[0], xs[1], y, relu_out):
-            _elementwise("add_relu", xs[0], xs[1], y, relu_out)
+            if keep_y:
+                _elementwise("add_relu", xs[0], xs[1], y, relu_out)
+            else:
+                _elementwise("add_relu_only", xs[0], xs[1], relu_out)
             return
         np.add(xs[0], xs[1], out=y)
         for x in xs[2:]:

@@ -21,6 +21,7 @@ The arrays are flat (1-D) C-contiguous views: the caller falls back to numpy for
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, prange, uint64
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
@@ -97,6 +98,34 @@ def add_relu(a, b, y, r):
 def add_relu_parallel(a, b, y, r, workers):
     for t in prange(workers):
         _add_relu(a, b, y, r, _cut(y.size, t, workers), _cut(y.size, t + 1, workers))
+
+
+@njit(**_OPTS)
+def _add_relu_only(a, b, r, start, stop):
+    z = r.dtype.type(0)
+    t = np.empty(_ADD_BLOCK, r.dtype)
+    for s in range(start, stop, _ADD_BLOCK):
+        lo = uint64(s)
+        m = uint64(min(stop, s + _ADD_BLOCK)) - lo
+        for i in range(m):
+            t[i] = a[lo + i] + b[lo + i]
+        for i in range(m):
+            v = t[i]
+            r[lo + i] = z if v <= z else v
+
+
+@njit(**_OPTS)
+def add_relu_only(a, b, r):
+    """r = ReLU(a + b), the sum kept a block at a time in a local buffer (in cache) and not stored: `add_relu`
+    where nothing reads the add's output (the compiled step checks the plan). The same values; r may be exactly
+    a or b (each block is read before it is written)."""
+    _add_relu_only(a, b, r, 0, r.size)
+
+
+@njit(**_OPTS, parallel=True)
+def add_relu_only_parallel(a, b, r, workers):
+    for t in prange(workers):
+        _add_relu_only(a, b, r, _cut(r.size, t, workers), _cut(r.size, t + 1, workers))
 
 
 @njit(**_OPTS)

@@ -122,7 +122,7 @@ class NormOps:
     def batchnorm_forward_train(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                 running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, mean: np.ndarray,
                                 invstd: np.ndarray, momentum: float, eps: float, update_running: bool = True,
-                                relu_out: np.ndarray | None = None) -> None:
+                                relu_out: np.ndarray | None = None, keep_y: bool = True) -> None:
         """Normalize with batch statistics; save them in `mean`/`invstd` (for backward and for recomputation) and,
         if `update_running`, fold them into the running statistics (the variance unbiased, as in PyTorch).
 
@@ -135,7 +135,8 @@ class NormOps:
 
         `relu_out`: also write ReLU(y) there, as `relu_forward(y, relu_out)` would (the compiled step's fused
         BN+ReLU, `minidl.program`): in the applying pass of the compiled kernel, so the ReLU does not read y again;
-        a second call on the numpy path."""
+        a second call on the numpy path. With `relu_out` and not `keep_y` (nothing will read y: the compiled step
+        checks the plan), the compiled kernel leaves y unwritten, each plane of it kept in a scratch in cache."""
         x3 = _ncl(x)
         n, c, hw = x3.shape
         m = n * hw
@@ -146,7 +147,7 @@ class NormOps:
             y3 = _ncl(y)
             args = (x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, y3, mean, invstd,
                     float(momentum), float(eps), bool(update_running), weight is not None, bias is not None,
-                    y3 if relu_out is None else _ncl(relu_out), relu_out is not None)
+                    y3 if relu_out is None else _ncl(relu_out), relu_out is not None, keep_y or relu_out is None)
             nw = min(workers_for(x3.size), c)
             if nw > 1:
                 jit.train_parallel(*args, nw)

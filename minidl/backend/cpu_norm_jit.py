@@ -116,11 +116,12 @@ def _dsums(x3, c, g3, cg, k, a, q):
 
 
 @njit(inline="always", **_OPTS)
-def _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z):
+def _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z, keep_y, ybuf):
     """y = (x - m) * (a * weight[c]) + bias[c] over channel c of every sample, in float64, rounded once (the mean
     subtracted first; weight/bias read only if has_w/has_b). With has_z, also z = ReLU(y) of the rounded y, as
     `cpu_eltwise_jit.relu_forward` computes it (0 where y <= 0, else y; NaN stays NaN): the fused BN+ReLU of the
-    compiled step (`minidl.program`), which saves the ReLU's pass over y from memory."""
+    compiled step (`minidl.program`), which saves the ReLU's pass over y from memory; and without keep_y, y's
+    planes go to ybuf (one plane's scratch, in cache), not to y3, which nothing reads then."""
     if has_w:
         a = a * np.float64(weight[c])
     b = 0.0
@@ -130,7 +131,7 @@ def _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z):
     zero = y3.dtype.type(0)
     for s in range(n):
         p = x3[s, c]
-        q = y3[s, c]
+        q = y3[s, c] if keep_y else ybuf
         for i in range(hw):
             q[i] = (np.float64(p[i]) - m) * a + b
         if has_z:  # from the stored y, a plane at a time (it is in cache); z may be exactly x (see program)
@@ -141,18 +142,19 @@ def _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z):
 
 
 @njit(**_OPTS)
-def _apply_channels(x3, weight, bias, mean, invstd, y3, z3, has_w, has_b, has_z, c0, c1):
+def _apply_channels(x3, weight, bias, mean, invstd, y3, z3, has_w, has_b, has_z, keep_y, c0, c1):
+    ybuf = np.empty(0 if keep_y else x3.shape[2], y3.dtype)
     for c in range(c0, c1):
         m = np.float64(mean[c])
         a = np.float64(invstd[c])
-        _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z)
+        _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z, keep_y, ybuf)
 
 
 @njit(**_OPTS)
 def apply(x3, weight, bias, mean, invstd, y3, has_w, has_b):
     """y = (x - mean) * (invstd * weight) + bias per channel, in float64, rounded once (weight/bias read only
     if has_w/has_b)."""
-    _apply_channels(x3, weight, bias, mean, invstd, y3, y3, has_w, has_b, False, 0, x3.shape[1])
+    _apply_channels(x3, weight, bias, mean, invstd, y3, y3, has_w, has_b, False, True, 0, x3.shape[1])
 
 
 @njit(parallel=True, **_OPTS)
@@ -160,13 +162,13 @@ def apply_parallel(x3, weight, bias, mean, invstd, y3, has_w, has_b, workers):
     """`apply` with the channels split over `workers` threads (one OpenMP region; see `cpu_gemm_jit`)."""
     nc = x3.shape[1]
     for w in prange(workers):
-        _apply_channels(x3, weight, bias, mean, invstd, y3, y3, has_w, has_b, False, nc * w // workers,
+        _apply_channels(x3, weight, bias, mean, invstd, y3, y3, has_w, has_b, False, True, nc * w // workers,
                         nc * (w + 1) // workers)
 
 
 @njit(**_OPTS)
 def _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
-                    has_w, has_b, z3, has_z, c0, c1):
+                    has_w, has_b, z3, has_z, keep_y, c0, c1):
     n, nc, hw = x3.shape
     m = n * hw
     la, lq = np.empty(_lane_count(hw)), np.empty(_lane_count(hw))
@@ -182,36 +184,37 @@ def _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invst
         if update_running:
             running_mean[c] = (1.0 - momentum) * np.float64(running_mean[c]) + momentum * (mc + dmean)
             running_var[c] = (1.0 - momentum) * np.float64(running_var[c]) + momentum * var * (m / (m - 1))
-    _apply_channels(x3, weight, bias, mean, invstd, y3, z3, has_w, has_b, has_z, c0, c1)
+    _apply_channels(x3, weight, bias, mean, invstd, y3, z3, has_w, has_b, has_z, keep_y, c0, c1)
 
 
 @njit(**_OPTS)
 def train(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running, has_w,
-          has_b, z3, has_z):
+          has_b, z3, has_z, keep_y):
     """Batch statistics (two passes, see the module docstring), saved in mean/invstd, folded into the running
     statistics if `update_running` (the variance unbiased, as PyTorch), then `apply`; with has_z, z3 = ReLU(y)
-    in the same pass (see `_affine`; z3 a stand-in otherwise)."""
+    in the same pass (see `_affine`; z3 a stand-in otherwise), y3 left unwritten unless keep_y."""
     _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
-                    has_w, has_b, z3, has_z, 0, x3.shape[1])
+                    has_w, has_b, z3, has_z, keep_y, 0, x3.shape[1])
 
 
 @njit(parallel=True, **_OPTS)
 def train_parallel(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps, update_running,
-                   has_w, has_b, z3, has_z, workers):
+                   has_w, has_b, z3, has_z, keep_y, workers):
     """`train` with the channels split over `workers` threads: each channel computed as on one thread."""
     nc = x3.shape[1]
     for w in prange(workers):
         _train_channels(x3, weight, bias, running_mean, running_var, y3, mean, invstd, momentum, eps,
-                        update_running, has_w, has_b, z3, has_z, nc * w // workers, nc * (w + 1) // workers)
+                        update_running, has_w, has_b, z3, has_z, keep_y, nc * w // workers, nc * (w + 1) // workers)
 
 
 @njit(**_OPTS)
 def eval_forward(x3, weight, bias, running_mean, running_var, eps, y3, has_w, has_b):
     """y with the running statistics: the affine map of `apply`, invstd = 1/sqrt(running_var + eps) in float64."""
+    ybuf = np.empty(0, y3.dtype)
     for c in range(x3.shape[1]):
         m = np.float64(running_mean[c])
         a = 1.0 / math.sqrt(np.float64(running_var[c]) + eps)
-        _affine(x3, y3, y3, c, m, a, weight, bias, has_w, has_b, False)
+        _affine(x3, y3, y3, c, m, a, weight, bias, has_w, has_b, False, True, ybuf)
 
 
 @njit(inline="always", **_OPTS)

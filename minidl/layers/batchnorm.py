@@ -73,14 +73,15 @@ class BatchNorm2d(Layer):
         else:
             self.forward_relu(be, inputs, out, None, params, ctx)
 
-    def forward_relu(self, be, inputs, out, relu_out, params, ctx):
+    def forward_relu(self, be, inputs, out, relu_out, params, ctx, keep_out=True):
         """The training forward, and with `relu_out` also ReLU(out) written there in the same pass: what the
         compiled step runs for a BN whose output feeds a ReLU next (`minidl.program`, on backends with
-        `fuses_batchnorm_relu`). `out` is written as by `forward`, `relu_out` as `ReLU.forward(out)` would."""
+        `fuses_batchnorm_relu`). `out` is written as by `forward` (unless `keep_out` is False: nothing else
+        reads it, and the backend may leave it unwritten), `relu_out` as `ReLU.forward(out)` would."""
+        extra = {} if relu_out is None else {"relu_out": relu_out, **({} if keep_out else {"keep_y": False})}
         be.batchnorm_forward_train(inputs[0], params.get("weight"), params.get("bias"), params["running_mean"],
                                    params["running_var"], out, ctx.aux["mean"], ctx.aux["invstd"], self.momentum,
-                                   self.eps, update_running=True,
-                                   **({} if relu_out is None else {"relu_out": relu_out}))
+                                   self.eps, update_running=True, **extra)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         x, w = inputs[0], params.get("weight")

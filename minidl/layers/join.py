@@ -30,10 +30,11 @@ class Add(Layer):
     def forward(self, be, inputs, out, params, ctx):
         be.add_forward(inputs, out)
 
-    def forward_relu(self, be, inputs, out, relu_out, params, ctx):
+    def forward_relu(self, be, inputs, out, relu_out, params, ctx, keep_out=True):
         """`forward`, and ReLU(out) written to `relu_out` in the same pass: what the compiled step runs for an add
-        whose output feeds a ReLU next (`minidl.program`, on backends with `fuses_add_relu`)."""
-        be.add_forward(inputs, out, relu_out=relu_out)
+        whose output feeds a ReLU next (`minidl.program`, on backends with `fuses_add_relu`); without `keep_out`
+        (nothing else reads out) the backend may leave `out` unwritten."""
+        be.add_forward(inputs, out, relu_out=relu_out, keep_y=keep_out)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         for dx in dinputs:

@@ -130,3 +130,20 @@ def test_split_over_workers_gives_the_same_bits(workers, monkeypatch):
     assert everything() == one
     monkeypatch.setattr(cpu, "eltwise_kernels", lambda: None)
     assert everything() == one  # and numpy's
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_add_relu_without_keeping_the_sum(workers, monkeypatch):
+    """`add_forward(..., relu_out=, keep_y=False)` (nothing reads the sum): relu_out as with the sum kept, the
+    sum's buffer untouched on the compiled path; relu_out may be exactly an input."""
+    monkeypatch.setattr(cpu, "workers_for", lambda values: workers)
+    a, b = _data((3, 5, 33, 29), np.float32, 0), _data((3, 5, 33, 29), np.float32, 1)
+    be = CPUBackend()
+    y, ref = np.full_like(a, 9.0), np.full_like(a, 9.0)
+    be.add_forward([a, b], y, relu_out=ref)
+    y2, got = np.full_like(a, 9.0), np.full_like(a, 9.0)
+    be.add_forward([a, b], y2, relu_out=got, keep_y=False)
+    assert got.tobytes() == ref.tobytes() and y2.tobytes() == np.full_like(a, 9.0).tobytes()
+    a2 = a.copy()
+    be.add_forward([a2, b], y2, relu_out=a2, keep_y=False)
+    assert a2.tobytes() == ref.tobytes()

@@ -150,6 +150,14 @@ def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch):
             assert outs[0][k].tobytes() == outs[1][k].tobytes(), (threads, k)
         z = outs[1]["z"]
         assert np.isnan(z).any() and (z == 0).any() and not (np.signbit(z) & (z == 0)).any()
+        # keep_y=False (nothing reads y): the same statistics and relu_out; y left unwritten where compiled
+        o = {"rm": np.full(c, 0.5, dtype), "rv": np.full(c, 2.0, dtype), "y": np.full_like(x, 7.0),
+             "mean": np.empty(c, dtype), "invstd": np.empty(c, dtype), "z": np.full_like(x, 7.0)}
+        be.batchnorm_forward_train(x, w, b, o["rm"], o["rv"], o["y"], o["mean"], o["invstd"], 0.1, 1e-5,
+                                   relu_out=o["z"], keep_y=False)
+        for k in o:
+            expect = np.full_like(x, 7.0) if k == "y" and path == "compiled" else outs[1][k]
+            assert o[k].tobytes() == expect.tobytes(), (threads, k)
 
 
 @pytest.mark.parametrize("path", ["compiled", "numpy"])
