@@ -82,7 +82,8 @@ _CHUNK = 1  # samples per chunk of `im2col_chunked` / `rows_chunked`
 _SUB = 4  # samples per product of the row-shift forward: its scratch holds this many samples' outputs, not N
 _GROUP_COLS = 512  # `im2col_grouped`: samples per GEMM so that it has at least this many columns (see `_Grouped`)
 _GROUPED_MAX_P = 196  # ... used for output planes of at most this many pixels (14x14) ...
-_GROUPED_MIN_K = 1152  # ... and column matrices of at least this many rows (128 channels of a 3x3 kernel)
+_GROUPED_MIN_K = 1024  # ... and column matrices of at least this many rows (ResNet-50's strided 1x1 on 1024
+#                        channels; 3x3s from 114 channels)
 _WINOGRAD_OVER_GROUPED_P = 196  # see `_winograd_over_grouped`
 _DW_PIECE_MIN_MACS = 1 << 21  # an im2col-family weight gradient is cut in two row blocks where each block's
 #                               per-sample product has at least this many multiply-adds (see `_sum_weight_grad`)
@@ -168,8 +169,12 @@ def uses_grouped(g: ConvGeometry) -> bool:
     `_GROUPED_MAX_P` pixels) with long column matrices (K = Cin*kh*kw at least `_GROUPED_MIN_K`), one group, not
     a plain 1x1 (which needs no columns at all). There a per-sample GEMM has only P columns (49 at 7x7), which
     OpenBLAS runs at ~115 GFLOPS on this machine, against ~155 for the same product over 8 samples side by side
-    (measured, (512, 4608) x (4608, 49 or 392)); its weight gradient, a sum over only P, is worse. Decided by the
-    shapes, never by the workspace: it is the layer's only algorithm, so its summation order is fixed."""
+    (measured, (512, 4608) x (4608, 49 or 392)); its weight gradient, a sum over only P, is worse. A strided
+    1x1 with a large weight is the extreme case: ResNet-50's (2048, 1024) at stride 2, 14x14 -> 7x7, re-packed its
+    8 MB weight for each sample's 49 columns (33 GFLOPS on one thread): forward 20.2 -> 9.6 ms, backward 40.3 ->
+    20.9 at two threads as grouped (PyTorch 10.0 / ~26). The smaller strided 1x1s and the plain ones gain
+    nothing there (measured), so K starts at 1024. Decided by the shapes, never by the workspace: it is the
+    layer's only algorithm, so its summation order is fixed."""
     return (g.groups == 1 and g.p <= _GROUPED_MAX_P and g.k >= _GROUPED_MIN_K
             and not is_1x1((g.kh, g.kw), g.stride, g.padding, g.dilation))
 

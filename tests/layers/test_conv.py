@@ -248,7 +248,7 @@ def test_row_shift_applies_to_stride_1_rows_only():
 
 
 def test_grouped_applies_to_small_planes_with_long_columns():
-    """`im2col_grouped` is decided by the shapes: output planes of at most 14x14 with K = Cin*kh*kw >= 1152,
+    """`im2col_grouped` is decided by the shapes: output planes of at most 14x14 with K = Cin*kh*kw >= 1024,
     one group, not a plain 1x1; then it is the layer's only algorithm (one summation order per layer)."""
     c3 = Conv2d(512, 3, padding=1)
     assert c3.algorithms((8, 512, 7, 7)) == ["im2col_grouped"]        # ResNet-50's last stage
@@ -257,10 +257,14 @@ def test_grouped_applies_to_small_planes_with_long_columns():
     assert narrow.algorithms((8, 128, 14, 14)) == WINOGRAD_PAIR and narrow.algorithms((8, 256, 14, 14)) == WINOGRAD_PAIR
     assert narrow.algorithms((8, 256, 7, 7)) == ["im2col_grouped"]    # 7x7 planes: grouped
     assert c3.algorithms((8, 128, 15, 14)) == WINOGRAD_PAIR  # 210 pixels: not grouped (a 3x3 at stride 1)
-    assert c3.algorithms((8, 127, 14, 14)) == WINOGRAD_PAIR  # K = 1143
+    assert c3.algorithms((8, 114, 14, 14)) == ["im2col_grouped"]      # K = 1026
+    assert c3.algorithms((8, 113, 14, 14)) == WINOGRAD_PAIR  # K = 1017
     s2 = Conv2d(512, 3, stride=2, padding=1)
     assert s2.algorithms((8, 128, 29, 29)) == ["rows", "rows_chunked"]  # 225 output pixels, stride 2
-    assert s2.algorithms((8, 127, 28, 28)) == ["rows", "rows_chunked"]  # K = 1143
+    assert s2.algorithms((8, 113, 28, 28)) == ["rows", "rows_chunked"]  # K = 1017
+    # a strided 1x1 on 1024 channels (ResNet-50's last projection): its 8 MB weight, one GEMM over the samples
+    assert Conv2d(2048, 1, stride=2).algorithms((8, 1024, 14, 14)) == ["im2col_grouped"]
+    assert Conv2d(1024, 1, stride=2).algorithms((8, 512, 28, 28)) == ["im2col", "im2col_chunked"]  # K = 512
     assert c3.algorithms() == ["rows", "rows_chunked"]                # without shapes: the configuration's
     assert Conv2d(512, 1).algorithms((8, 2048, 7, 7)) == ["im2col", "im2col_chunked", "gemm_1x1"]
     assert Conv2d(512, 3, padding=1, groups=2).algorithms((8, 512, 7, 7)) == ["im2col", "im2col_chunked"]
