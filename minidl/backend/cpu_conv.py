@@ -85,6 +85,8 @@ _GROUPED_MAX_P = 196  # ... used for output planes of at most this many pixels (
 _GROUPED_MIN_K = 1024  # ... and column matrices of at least this many rows (ResNet-50's strided 1x1 on 1024
 #                        channels; 3x3s from 114 channels)
 _WINOGRAD_OVER_GROUPED_P = 196  # see `_winograd_over_grouped`
+_GROUPED_MAX_P_OVER_ROWS = 64  # where the row-shift applies (a stride-2 3x3), the grouped GEMM takes planes up to
+#                                this many pixels only (see `uses_grouped`)
 _DW_PIECE_MIN_MACS = 1 << 21  # an im2col-family weight gradient is cut in two row blocks where each block's
 #                               per-sample product has at least this many multiply-adds (see `_sum_weight_grad`)
 _LANE_MAX_MACS = 12_000_000  # layers with at most this many multiply-adds per sample run their sample loops in
@@ -173,8 +175,14 @@ def uses_grouped(g: ConvGeometry) -> bool:
     1x1 with a large weight is the extreme case: ResNet-50's (2048, 1024) at stride 2, 14x14 -> 7x7, re-packed its
     8 MB weight for each sample's 49 columns (33 GFLOPS on one thread): forward 20.2 -> 9.6 ms, backward 40.3 ->
     20.9 at two threads as grouped (PyTorch 10.0 / ~26). The smaller strided 1x1s and the plain ones gain
-    nothing there (measured), so K starts at 1024. Decided by the shapes, never by the workspace: it is the
-    layer's only algorithm, so its summation order is fixed."""
+    nothing there (measured), so K starts at 1024. A stride-2 3x3, which the row-shift pair runs otherwise,
+    goes grouped only on planes of at most `_GROUPED_MAX_P_OVER_ROWS` pixels: ResNet-50's (256, 28 -> 14) ran
+    faster on the rows (two threads, forward + backward: 6.2 against 7.3 ms at batch 1, 34.9 against 46.0 at
+    8, 124 against 213 at 32), its (512, 14 -> 7) slower (18.6 against 8.6 at batch 1, 48.9 against 39.2 at 8).
+    Decided by the shapes, never by the workspace: it is the layer's only algorithm, so its summation order is
+    fixed."""
+    if g.stride[0] == 2 and uses_rows((g.kh, g.kw), g.stride, g.groups) and g.p > _GROUPED_MAX_P_OVER_ROWS:
+        return False
     return (g.groups == 1 and g.p <= _GROUPED_MAX_P and g.k >= _GROUPED_MIN_K
             and not is_1x1((g.kh, g.kw), g.stride, g.padding, g.dilation))
 

@@ -268,7 +268,10 @@ def test_grouped_applies_to_small_planes_with_long_columns():
     assert c3.algorithms() == ["rows", "rows_chunked"]                # without shapes: the configuration's
     assert Conv2d(512, 1).algorithms((8, 2048, 7, 7)) == ["im2col", "im2col_chunked", "gemm_1x1"]
     assert Conv2d(512, 3, padding=1, groups=2).algorithms((8, 512, 7, 7)) == ["im2col", "im2col_chunked"]
-    assert Conv2d(8, 3, stride=2, padding=1).algorithms((2, 256, 28, 28)) == ["im2col_grouped"]
+    # a stride-2 3x3 stays on the row-shift pair above 64 output pixels (ResNet-50's 28 -> 14), grouped below
+    assert Conv2d(8, 3, stride=2, padding=1).algorithms((2, 256, 28, 28)) == ["rows", "rows_chunked"]
+    assert Conv2d(8, 3, stride=2, padding=1).algorithms((2, 256, 16, 16)) == ["im2col_grouped"]  # 8x8
+    assert Conv2d(8, 3, stride=2, padding=1).algorithms((2, 512, 14, 14)) == ["im2col_grouped"]
     with pytest.raises(ValueError, match=r"'rows' is not available .* input \(8, 512, 7, 7\); have "
                                          r"\['im2col_grouped'\]"):
         c3.forward(CPUBackend(), [np.zeros((8, 512, 7, 7), np.float32)], np.zeros((8, 512, 7, 7), np.float32),
