@@ -365,12 +365,18 @@ def _im2col(x: np.ndarray, cols6: np.ndarray, taps: list[_Tap], stride) -> None:
     """cols6 (c, C, kh, kw, Ho, Wo) <- the kernel taps of x (c, C, H, W), zeros where a tap reads padding.
     Several samples of at least `_IM2COL_SPLIT_MIN` column elements are split over the lanes, a share of the
     samples each (copies: no bits move; ResNet-50's 7x7 stem at batch 8, two threads: 8.6 -> ~5 ms)."""
-    lanes_n = min(lanes.count(), x.shape[0])
-    if lanes_n > 1 and cols6.size >= _IM2COL_SPLIT_MIN:
-        lanes.run([lambda a=a, b=b: _im2col_part(x[a:b], cols6[a:b], taps, stride)
-                   for a, b in lanes.split(x.shape[0], lanes_n)])
+    _by_samples(_im2col_part, cols6.size, (x, cols6), (taps, stride))
+
+
+def _by_samples(part, size: int, arrays: tuple, rest: tuple) -> None:
+    """part(*arrays, *rest), the samples (the arrays' first axis) split over the lanes, a contiguous share each,
+    where there are several lanes and samples and the columns have at least `_IM2COL_SPLIT_MIN` elements."""
+    n = arrays[0].shape[0]
+    lanes_n = min(lanes.count(), n)
+    if lanes_n > 1 and size >= _IM2COL_SPLIT_MIN:
+        lanes.run([lambda a=a, b=b: part(*(v[a:b] for v in arrays), *rest) for a, b in lanes.split(n, lanes_n)])
         return
-    _im2col_part(x, cols6, taps, stride)
+    part(*arrays, *rest)
 
 
 def _im2col_part(x: np.ndarray, cols6: np.ndarray, taps: list[_Tap], stride) -> None:
@@ -404,12 +410,7 @@ def _col2im(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> Non
 
     dcols6 is scratch: on the flat-run path its padding-reading positions are zeroed in place. Split over the
     lanes as `_im2col` is: a sample's dx sums only its own columns, in the same tap order, so no bits move."""
-    lanes_n = min(lanes.count(), dx.shape[0])
-    if lanes_n > 1 and dcols6.size >= _IM2COL_SPLIT_MIN:
-        lanes.run([lambda a=a, b=b: _col2im_part(dcols6[a:b], dx[a:b], taps, stride)
-                   for a, b in lanes.split(dx.shape[0], lanes_n)])
-        return
-    _col2im_part(dcols6, dx, taps, stride)
+    _by_samples(_col2im_part, dcols6.size, (dcols6, dx), (taps, stride))
 
 
 def _col2im_part(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> None:
