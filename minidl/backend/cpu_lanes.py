@@ -120,9 +120,10 @@ _PIECE_MIN_ROWS = 16
 
 
 def matmul(a, b, out) -> None:
-    """np.matmul(a, b, out=out), split over the lanes for large float32 products: the rows of `out` (its
-    second-to-last axis) into contiguous blocks, or its columns where it has too few rows (a dense layer's
-    batch), each lane's GEMMs on a one-thread BLAS (`run`).
+    """np.matmul(a, b, out=out), split over the lanes: a stack of products with one broadcast `a` by its
+    leading axis (`_by_samples`); else, for large float32 products, the rows of `out` (its second-to-last axis)
+    into contiguous blocks, or its columns where it has too few rows (a dense layer's batch); each lane's GEMMs
+    on a one-thread BLAS (`run`).
 
     Why not OpenBLAS's own threads: once woken they spin for a long while after the call, on the cores the
     compiled kernels' OpenMP workers need next (ResNet-50 b8 at 2 threads: batch norm 211 -> 108 ms and the
@@ -138,6 +139,10 @@ def matmul(a, b, out) -> None:
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-1]
     lanes = count()
+    if lanes > 1 and _by_samples(a, b, out, lanes, m * n * k):
+        parts = min(lanes, out.shape[0])
+        run([lambda s0=s0, s1=s1: np.matmul(a, b[s0:s1], out=out[s0:s1]) for s0, s1 in split(out.shape[0], parts)])
+        return
     if lanes > 1 and out.dtype == np.float32 and m * n * k >= 2 * _PIECE_MIN_MACS:
         cap = (m * n * k) // _PIECE_MIN_MACS
         if m >= 2 * _PIECE_MIN_ROWS:
@@ -151,6 +156,23 @@ def matmul(a, b, out) -> None:
                  for c0, c1 in split(n, parts)])
             return
     np.matmul(a, b, out=out)
+
+
+def _by_samples(a, b, out, lanes: int, macs: int) -> bool:
+    """Whether `matmul` splits a stacked product by its leading axis (the samples of a convolution: one weight
+    `a`, broadcast, against each sample's matrix of `b`): np.matmul runs one GEMM per matrix of the stack, so
+    a share of the stack computes exactly those GEMMs, in any dtype and of any size, with no bits to check.
+    Measured at two lanes, ResNet-50's 1x1 products at batch 8: (64, 256) x (256, 3136) 6.9 -> 5.4-6.5 ms,
+    (128, 512) x (512, 784) 5.4 -> 4.7, against splitting the rows. Only for stacks that share out evenly
+    (or are long), and large enough for a hand-off to pay."""
+    if out.ndim < 3 or b.ndim != out.ndim or b.shape[0] != out.shape[0]:
+        return False
+    if not (a.ndim < out.ndim or a.shape[0] == 1):
+        return False
+    stack = out.shape[0]
+    parts = min(lanes, stack)
+    return (stack >= 2 and stack * macs >= 2 * _PIECE_MIN_MACS
+            and (stack % parts == 0 or stack >= 4 * parts))
 
 
 def run(tasks: Sequence[Callable[[], None]]) -> None:

@@ -151,7 +151,9 @@ def test_matmul_splits_large_products_with_the_bits_of_the_whole(threads, dtype,
              ((576, 64), (3136, 576), True, True), ((37, 300), (300, 129), False, False),
              ((4, 256, 64), (4, 64, 196), False, False), ((1, 300, 512), (6, 512, 196), False, False),
              ((1024, 256), (256, 196), False, False), ((8, 2048), (1000, 2048), False, True),
-             ((436, 111), (111, 298), False, False), ((275, 571), (571, 284), False, False)]
+             ((436, 111), (111, 298), False, False), ((275, 571), (571, 284), False, False),
+             ((64, 256), (8, 256, 3136), False, False), ((1, 64, 256), (6, 256, 196), False, False),
+             ((64, 256), (3, 256, 500), False, False), ((2, 64, 256), (2, 256, 300), False, False)]
     for sa, sb, ta, tb in cases:
         a = rng.standard_normal(sa).astype(dtype)
         b = rng.standard_normal(sb).astype(dtype)
@@ -182,3 +184,22 @@ def test_a_step_pins_the_blas(monkeypatch):
     monkeypatch.setenv(cpu_lanes.ENV, "1")
     with CPUBackend().step_scope():
         assert [lib.get_num_threads() for lib in libs] == before
+
+
+def test_matmul_splits_a_stack_by_samples_in_any_dtype(monkeypatch):
+    """One broadcast weight against a stack (a convolution's samples): a share of the stack a lane, float64
+    too (each matrix is its own GEMM, so no piece can round otherwise); a stack that shares out unevenly and
+    is short (3 on 2 lanes) does not split by samples."""
+    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    tasks = []
+    real = cpu_lanes.run
+    monkeypatch.setattr(cpu_lanes, "run", lambda ts: (tasks.append(len(ts)), real(ts)))
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((64, 256)), rng.standard_normal((8, 256, 300))
+    out = np.empty((8, 64, 300))
+    with cpu_lanes.blas_pinned():
+        cpu_lanes.matmul(a, b, out)
+        assert tasks == [2] and np.array_equal(out, np.matmul(a, b))
+        tasks.clear()
+        cpu_lanes.matmul(a, b[:3], out[:3])  # float64: no row split either, so it stays whole
+        assert tasks == [] and np.array_equal(out[:3], np.matmul(a, b[:3]))
