@@ -325,10 +325,11 @@ class _Lowering:
 
     def fuse_relu_backward(self, step: Step, node, inputs, dout, dinputs, grads, params, ctx) -> bool:
         """Fold the backward of a ReLU into the backward of the batch norm or add that follows it (the pair of
-        `fuse_relu`, backwards; `FUSES_RELU_BACKWARD`): the batch norm's call writes its output gradient from
-        the ReLU's, channel by channel, and reduces it while it is in cache (`batchnorm_backward(..., relu=)`);
-        the add's writes its output gradient and copies it to its inputs' gradients in one pass
-        (`add_relu_backward`). The same values (tested); True if done. Only where the ReLU's backward is the
+        `fuse_relu`, backwards; `FUSES_RELU_BACKWARD`): the batch norm's call computes its output gradient from
+        the ReLU's channel by channel, in a scratch it reduces while it is in cache (`batchnorm_backward(...,
+        relu=)`); the add's writes that gradient straight to its inputs' gradients in one pass
+        (`add_relu_backward`). Neither writes the layer's own output gradient (`dout`): the conditions below make
+        the layer its only reader. The same values (tested); True if done. Only where the ReLU's backward is the
         last call emitted, the ReLU reads this layer's output alone and writes exactly this layer's output
         gradient, and nothing this call writes (dx, the parameter gradients) overlaps the ReLU's output or
         gradient, which it reads, unless it is exactly one of them (each element or channel of those is read

@@ -162,6 +162,14 @@ def _add_into(a, b, lo, hi):
         a[i] = a[i] + b[i]
 
 
+@njit(**_OPTS)
+def add_into(a, b):
+    """a += b, one rounding per element (as `np.add`), C-contiguous arrays of one shape: the two halves of a
+    weight gradient's sum (`cpu_rows_jit`, `cpu_winograd_jit`, `cpu_winograd`)."""
+    af, bf = a.reshape(-1), b.reshape(-1)
+    _add_into(af, bf, 0, af.size)
+
+
 @njit(**_OPTS, parallel=True)
 def add_into_parallel(a, b, workers):
     """a += b (the executor's gradient accumulation), one piece per worker."""

@@ -17,7 +17,7 @@ thread runs it (tested against `np.matmul`).
 
 Beside `gemm` (the Winograd kernels' call), `gemm_acc` takes strided windows, either operand transposed and an
 accumulating beta of 1 (the row-shift kernels, `cpu_rows_jit`: the BLAS adds a product to its output as it sums
-it, so no scratch product and no separate addition), and `add_into` adds the two halves of a weight gradient.
+it, so no scratch product and no separate addition); `sum_products_nt` runs such sums for the im2col family.
 
 Where it is not offered (`available()` False): numpy built against another BLAS than the 64-bit-integer
 OpenBLAS of its wheels; then the Winograd kernels run on one thread with `np.matmul`. Where numba's OpenMP
@@ -172,15 +172,6 @@ def gemm_acc(a, b, c, trans_a, trans_b, accumulate):
     else:
         _dgemm(_ROW_MAJOR, ta, tb, m, n, k, np.float64(1.0), a.ctypes.data, _ld(a), b.ctypes.data, _ld(b),
                np.float64(1.0 if accumulate else 0.0), c.ctypes.data, _ld(c))
-
-
-@njit(**_OPTS)
-def add_into(a, b):
-    """a += b, one rounding per element (as `np.add`): the two halves of a weight gradient's sum (`cpu_rows_jit`,
-    `cpu_winograd_jit`). C-contiguous arrays of one shape."""
-    af, bf = a.reshape(-1), b.reshape(-1)
-    for i in range(af.size):
-        af[i] = af[i] + bf[i]
 
 
 @njit(**_OPTS)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from numba import njit, prange, uint64
 
-from .cpu_gemm_jit import add_into, gemm_acc
+from .cpu_eltwise_jit import add_into
+from .cpu_gemm_jit import gemm_acc
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 

@@ -330,7 +330,7 @@ class _Winograd:
                     k.grad_position(dy, s0, s1, self.th, self.tw, pos // 4, pos % 4, ds, dm)
                     k.half_products(v, dm, k.half_cut(self.size, self.th, (s1 - s0) * self.th), self.tw, acc[pos],
                                     prod, started)
-                gemm_jit().add_into(acc[pos], prod)
+                k.add_into(acc[pos], prod)  # the addition the compiled halves end with
             return
         for s0, s1, v, dm in self._dw_groups(ws, x.dtype):
             for pos in range(16):

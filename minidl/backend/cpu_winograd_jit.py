@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, uint64
 
-from .cpu_gemm_jit import add_into, gemm, gemm_acc
+from .cpu_eltwise_jit import add_into
+from .cpu_gemm_jit import gemm, gemm_acc
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 L = 16  # channels per block
