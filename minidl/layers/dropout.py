@@ -32,7 +32,8 @@ class Dropout(Layer):
             be.copy(out, inputs[0])
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
-        if self.p > 0:
+        # the gradient of what forward computed: in evaluation forward is the identity, so backward is too
+        if ctx.training and self.p > 0:
             be.dropout_backward(dout, dinputs[0], self.p, ctx.rng_key)
         else:
             be.copy(dinputs[0], dout)

@@ -100,6 +100,20 @@ def test_dropout_replays_mask_and_scales():
     np.testing.assert_array_equal(ev.out, x)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.9])
+def test_dropout_in_evaluation_is_the_identity_both_ways(p):
+    """PyTorch's F.dropout(training=False) is the identity, forward and backward: so is ours (backward must not
+    apply the training mask and scale)."""
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    dy = RNG.standard_normal(x.shape).astype(np.float32)
+    r = run_layer(L.Dropout(p), [x], dout=dy, training=False, rng_key=99)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = F.dropout(tx, p, training=False)
+    ty.backward(torch.tensor(dy))
+    np.testing.assert_array_equal(r.out, ty.detach().numpy())
+    np.testing.assert_array_equal(r.dinputs[0], tx.grad.numpy())
+
+
 def test_gradchecks_float64():
     x = RNG.standard_normal((3, 2, 3, 3))
     x[np.abs(x) < 1e-2] = 0.5  # keep away from the ReLU kink
