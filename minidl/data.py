@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import DataError
 from .guards import check_finite_data
+from .layers import args
 
 __all__ = [
     "Dataset",
@@ -106,9 +107,7 @@ class Dataset:
             raise DataError(f"{self.name}: dataset is empty (0 samples)")
         if any(d <= 0 for d in x.shape[1:]):
             raise DataError(f"{self.name}: image shape {x.shape[1:]} has an empty dimension")
-        num_classes = int(self.num_classes)
-        if num_classes < 1:
-            raise DataError(f"{self.name}: num_classes must be >= 1, got {self.num_classes}")
+        num_classes = args.integer("Dataset", self.name, "num_classes", self.num_classes, 1)
         lo, hi = int(y.min()), int(y.max())
         if lo < 0 or hi >= num_classes:
             bad = lo if lo < 0 else hi
@@ -201,9 +200,7 @@ class BatchIterator:
     ) -> None:
         if not isinstance(dataset, Dataset):
             raise TypeError(f"BatchIterator needs a Dataset, got {type(dataset).__name__}")
-        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
-            raise DataError(f"batch_size must be a positive integer, got {batch_size!r}")
-        batch_size = int(batch_size)
+        batch_size = args.integer("BatchIterator", dataset.name, "batch_size", batch_size, 1)
         if drop_last and batch_size > len(dataset):
             raise DataError(
                 f"batch_size {batch_size} exceeds the {len(dataset)} samples of {dataset.name!r}; with "
@@ -338,14 +335,11 @@ def synthetic(
     some classes almost empty); it is part of the fixed labeling function, not noise. Deterministic
     given the arguments.
     """
-    if int(num_samples) < 1:
-        raise DataError(f"synthetic: num_samples must be >= 1, got {num_samples}")
-    shape = tuple(int(d) for d in image_shape)
-    if len(shape) != 3 or any(d < 1 for d in shape):
-        raise DataError(f"synthetic: image_shape must be (C, H, W) with positive sizes, got {image_shape}")
-    if int(num_classes) < 1:
-        raise DataError(f"synthetic: num_classes must be >= 1, got {num_classes}")
-    n, k = int(num_samples), int(num_classes)
+    n = args.integer("synthetic", None, "num_samples", num_samples, 1)
+    shape = args.shape("synthetic", None, "image_shape", image_shape)
+    if len(shape) != 3:
+        raise DataError(f"synthetic: image_shape must be (C, H, W), got {image_shape}")
+    k = args.integer("synthetic", None, "num_classes", num_classes, 1)
     c, h, w = shape
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, *shape), dtype=np.float32)

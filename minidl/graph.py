@@ -22,12 +22,21 @@ from typing import Sequence
 import numpy as np
 
 from .errors import GraphError
+from .layers import args
 from .layers.base import Layer, ParamSpec, Shape
 from .route import Route
 from .summary import NetworkSummary, summarize
 from .symbol import Symbol
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+
+def _dtype(dtype, who: str) -> np.dtype:
+    """np.dtype(dtype), its TypeError ("data type 'flaot32' not understood") as a GraphError naming `who`."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise GraphError(f"{who}: dtype {dtype!r} is not a numpy dtype (e.g. 'float32', 'int64')") from None
 
 
 @dataclass(slots=True)
@@ -57,7 +66,7 @@ class Network:
 
     def __init__(self, name: str = "net", dtype="float32"):
         self.name = name
-        self.dtype = np.dtype(dtype)
+        self.dtype = _dtype(dtype, f"network '{name}'")
         if self.dtype not in (np.float32, np.float64):
             raise GraphError(f"network '{name}': dtype must be float32 or float64, got {self.dtype}")
         self.nodes: list[Node] = []
@@ -68,13 +77,14 @@ class Network:
 
     # -- building -------------------------------------------------------------------------------------------
     def input(self, shape: Sequence[int], dtype=None, name: str | None = None) -> Symbol:
-        """Declare a network input. An integer dtype marks a label input (never differentiated)."""
-        shape = tuple(int(s) for s in shape)
-        dt = self.dtype if dtype is None else np.dtype(dtype)
+        """Declare a network input. An integer dtype marks a label input (never differentiated). Every dimension
+        is an integer >= 1 (numpy integers too; a float or a bool is refused, never truncated)."""
         if name is None:
             name = "data" if not any(n.is_input for n in self.nodes) else f"input{len(self.nodes)}"
-        if any(s <= 0 for s in shape):
-            raise GraphError(f"input '{name}': every dimension must be positive, got shape {shape}")
+        shape = args.shape("input", name, "shape", shape)
+        dt = self.dtype if dtype is None else _dtype(dtype, f"input '{name}'")
+        if dt == np.bool_ or not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)):
+            raise GraphError(f"input '{name}': dtype must be a float (data) or an integer (labels), got {dt}")
         return self._append(Node(len(self.nodes), self._claim_name(name), None, [], shape, dt))
 
     def _claim_name(self, name: str) -> str:

@@ -38,6 +38,7 @@ from .dist.checkpoint import check_resume, save_on_rank0
 from .errors import CheckpointError, DivergenceError
 from .executor import Executor
 from .graph import Network
+from .layers import args
 from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 from .memory.policies import plan_network
 from .memory.pool import as_size
@@ -150,7 +151,8 @@ class Session:
         budget = as_size(budget, "budget")
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         paged = as_size(paged, "paged")
-        self.net, self.optimizer, self.seed = net, optimizer, int(seed)
+        seed = args.integer("Session", None, "seed", seed, 0)  # numpy's generators refuse a negative seed
+        self.net, self.optimizer, self.seed = net, optimizer, seed
         self.lr_schedule = lr_schedule or Constant()
         self.base_lr = float(getattr(optimizer, "lr", 0.0))
         if backend is None:
@@ -202,6 +204,7 @@ class Session:
         `DivergenceError` naming the step and the layer, before that step's update (the session keeps the last
         good state: `save` writes it).
         """
+        steps = args.integer("Session.fit", None, "steps", steps, 0)
         if tuple(data.image_shape) != tuple(self.net.input_nodes[0].shape[1:]):
             raise ValueError(f"data images are {data.image_shape}, but the network's input is "
                              f"{self.net.input_nodes[0].shape[1:]}")

@@ -3,14 +3,14 @@ layer count. It sits beneath both the builders and the registry, so neither impo
 from __future__ import annotations
 
 import minidl as dl
-from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy
+from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy, args
 
 
 def check_positive(model: str, **values: int) -> None:
-    """Raise ValueError naming the model and the argument if any value is not a positive integer."""
+    """Raise OptionError naming the model and the argument if any value is not an integer >= 1 (numpy's
+    included; a float or a bool is refused, never truncated)."""
     for key, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{model}: {key} must be a positive integer, got {v!r}")
+        args.integer(model, None, key, v, 1)
 
 
 def new_network(name: str, batch: int, in_channels: int, image_size: int, num_classes: int, dtype):

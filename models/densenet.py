@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU
+from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU, args
 
 from .common import check_positive, finish, new_network
 
@@ -62,14 +62,15 @@ def densenet(depth: int | None = None, batch: int = 32, image_size: int = 224, n
             raise ValueError("densenet: variant='tiny' fixes blocks=(2, 2); pass blocks without the variant")
         base = TINY
     elif blocks is not None:
-        base = DenseNetConfig(32, tuple(blocks), 64)
+        blocks = args.shape("densenet", None, "blocks", blocks)  # integers >= 1, never truncated
+        base = DenseNetConfig(32, blocks, 64)
     elif depth is None or depth in DENSENET_CONFIGS:
         depth = 121 if depth is None else depth
         base = DENSENET_CONFIGS[depth]
     else:
         raise ValueError(f"densenet: depth must be one of {sorted(DENSENET_CONFIGS)} (or give blocks=..., or "
                          f"variant='tiny'), got {depth!r}")
-    cfg = DenseNetConfig(base.growth if growth is None else growth, tuple(int(b) for b in base.blocks),
+    cfg = DenseNetConfig(base.growth if growth is None else growth, base.blocks,
                          base.init_features if init_features is None else init_features)
     if not cfg.blocks:
         raise ValueError("densenet: blocks must name at least one dense block")

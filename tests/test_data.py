@@ -467,6 +467,25 @@ def test_batch_iterator_next_into_errors():
 def test_batch_iterator_arg_errors():
     with pytest.raises(ValueError, match="exceeds"):
         BatchIterator(small_dataset(3), 4, seed=0)
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
         BatchIterator(small_dataset(3), 0, seed=0)
     assert BatchIterator(small_dataset(3), 4, seed=0, drop_last=False).next_batch()[0].shape[0] == 3
+
+
+def test_counts_and_shapes_are_integers_never_truncated():
+    """A float count or size is refused with an OptionError naming the argument, not read as int(2.7) = 2."""
+    import minidl as dl
+
+    cases = [
+        (lambda: synthetic(10.5, (1, 4, 4), 3), "synthetic: num_samples must be an integer >= 1, got 10.5"),
+        (lambda: synthetic(10, (1, 4.5, 4), 3), "synthetic: image_shape must be .* entry 1 is 4.5"),
+        (lambda: synthetic(10, (1, 4, 4), 2.9), "synthetic: num_classes must be an integer >= 1, got 2.9"),
+        (lambda: synthetic(10, (1, 4, 4), True), "num_classes must be an integer >= 1, got True"),
+        (lambda: Dataset(np.zeros((2, 1, 2, 2)), np.array([0, 1]), 2.5, name="d"),
+         "Dataset 'd': num_classes must be an integer >= 1, got 2.5"),
+        (lambda: BatchIterator(small_dataset(4), 2.0), "batch_size must be an integer >= 1, got 2.0"),
+    ]
+    for make, match in cases:
+        with pytest.raises(dl.OptionError, match=match):
+            make()
+    assert synthetic(np.int64(6), (np.int32(1), 4, 4), np.int16(3)).num_classes == 3

@@ -95,3 +95,34 @@ def test_num_params_and_flops():
     net = small_net()
     assert net.num_params() == (12 * 8 + 8) + (8 * 8 + 8) + (8 * 3 + 3)
     assert net.forward_flops() > 0
+
+
+@pytest.mark.parametrize("shape, bad", [
+    ((2.7, 3, 4.2, 4), "entry 0 is 2.7 (float)"),
+    ((2, 3.0, 4, 4), "entry 1 is 3.0 (float)"),
+    ((True, 3), "entry 0 is True (bool)"),
+    ((2, 0, 4), "entry 1 is 0 (int)"),
+    ((2, -3), "entry 1 is -3 (int)"),
+    ("2x3", "'2x3' (str)"),
+    (5, "5 (int)"),
+])
+def test_input_shapes_are_positive_integers_never_truncated(shape, bad):
+    with pytest.raises(dl.MinidlError) as e:
+        dl.Network().input(shape, name="pixels")
+    msg = str(e.value)
+    assert "input 'pixels'" in msg and "shape" in msg and bad in msg, msg
+
+
+def test_input_accepts_numpy_integers_and_checks_its_dtype():
+    import numpy as np
+
+    net = dl.Network()
+    x = net.input((np.int64(2), np.int32(3)), name="x")
+    assert x.node.shape == (2, 3) and all(type(s) is int for s in x.node.shape)
+    assert net.input(np.array([4, 5]), name="y").node.shape == (4, 5)
+    with pytest.raises(dl.GraphError, match="input 'z': dtype 'flaot32' is not a numpy dtype"):
+        net.input((2,), dtype="flaot32", name="z")
+    with pytest.raises(dl.GraphError, match="input 'w': dtype must be a float .* or an integer .*, got bool"):
+        net.input((2,), dtype=bool, name="w")
+    with pytest.raises(dl.GraphError, match="network 'n': dtype 'f99'"):
+        dl.Network("n", dtype="f99")

@@ -279,7 +279,17 @@ def test_registry_defaults_and_errors():
         build_model("vgg16", depth=19)
     with pytest.raises(ValueError, match="no depth option"):
         build_model("lenet", depth=5)
-    with pytest.raises(ValueError, match="batch must be a positive integer"):
+    with pytest.raises(dl.OptionError, match=r"lenet5?: batch must be an integer >= 1, got 0"):
         build_model("lenet", batch=0)
     for name, spec in M.MODELS.items():
         assert callable(spec.builder) and spec.description, name
+
+
+def test_model_counts_are_integers_never_truncated():
+    import numpy as np
+
+    assert build_model("lenet", batch=np.int64(4), image_size=8, in_channels=1).input_nodes[0].shape[0] == 4
+    with pytest.raises(dl.OptionError, match=r"lenet5?: batch must be an integer >= 1, got 4.5 \(float\)"):
+        build_model("lenet", batch=4.5)
+    with pytest.raises(dl.OptionError, match=r"densenet: blocks must be .* entry 0 is 2.5 \(float\)"):
+        densenet(blocks=(2.5, 2), batch=2, image_size=32)

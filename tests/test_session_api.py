@@ -154,3 +154,14 @@ def test_public_api_has_docstrings():
             if callable(fn) and not inspect.getdoc(fn):  # a docstring inherited from the base class counts
                 missing.append(f"{obj.__name__}.{name}")
     assert not missing, f"no docstring: {missing}"
+
+
+def test_seed_and_steps_are_integers_never_truncated():
+    with pytest.raises(dl.OptionError, match=r"Session: seed must be an integer >= 0, got 1.5 \(float\)"):
+        dl.Session(_tiny(), dl.SGD(lr=0.1), seed=1.5)
+    with pytest.raises(dl.OptionError, match=r"Session: seed must be an integer >= 0, got -1"):
+        dl.Session(_tiny(), dl.SGD(lr=0.1), seed=-1)
+    sess, train, _ = _digits_session(batch=8, seed=np.int64(3))
+    assert sess.seed == 3
+    with pytest.raises(dl.OptionError, match=r"Session.fit: steps must be an integer >= 0, got 2.5 \(float\)"):
+        sess.fit(train, 2.5)

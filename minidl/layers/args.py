@@ -43,6 +43,19 @@ def int_pair(cls_name: str, name: str | None, arg: str, v, least: int) -> tuple[
     return i, i
 
 
+def shape(cls_name: str, name: str | None, arg: str, v) -> tuple[int, ...]:
+    """A shape: a sequence (tuple, list, 1-D array) of integers >= 1. `tuple(int(s) for s in v)` would read
+    (2.7, 3) as (2, 3) and (True, 3) as (1, 3); the message shows the whole shape and the first bad entry."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or getattr(v, "ndim", 1) != 1:
+        raise _bad(cls_name, name, arg, "a sequence of integers >= 1 such as (8, 3, 32, 32)", v)
+    items = list(v)
+    for k, s in enumerate(items):
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, numbers.Integral) or int(s) < 1:
+            raise OptionError(f"{_who(cls_name, name)}: {arg} must be a sequence of integers >= 1, got "
+                              f"{tuple(items)!r}: entry {k} is {s!r} ({type(s).__name__})")
+    return tuple(int(s) for s in items)
+
+
 def real(cls_name: str, name: str | None, arg: str, v, lo: float, hi: float = math.inf,
          lo_open: bool = False, hi_open: bool = False) -> float:
     """A finite real in [lo, hi] (either end open if asked)."""

@@ -156,12 +156,3 @@ class Layer:
                  ctx: LayerContext) -> None:
         raise NotImplementedError
 
-
-def pair(v, what: str = "value") -> tuple[int, int]:
-    """Normalize an int-or-pair hyper-parameter to a pair of ints."""
-    if isinstance(v, (int, np.integer)):
-        return int(v), int(v)
-    t = tuple(int(a) for a in v)
-    if len(t) != 2:
-        raise GraphError(f"{what} must be an int or a pair, got {v!r}")
-    return t  # type: ignore[return-value]
