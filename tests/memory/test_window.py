@@ -7,6 +7,8 @@ waited on before its use, every swap-out is released or cancelled before the ten
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -183,3 +185,30 @@ def test_a_step_that_cannot_fit_is_rescheduled_with_its_window_budget_lowered(mo
     assert rescheduled
     lowered = [k for k, (a, b) in enumerate(zip(rescheduled[0], first)) if a != b]
     assert len(lowered) == 1 and rescheduled[0][lowered[0]] < first[lowered[0]]
+
+
+@pytest.mark.parametrize("key", ["densenet_tiny", "resnet20"])
+def test_each_prefetch_is_issued_as_soon_as_the_head_reaches_its_use(key):
+    """The schedule itself, not only its results: a tensor swapped back in for its use at step j is prefetched
+    before the first step whose window (the head recorded in the step's note) takes in step j, and waited on
+    right before step j. A prefetch issued later hides less of its copy but changes no result, so only this
+    check sees it."""
+    live, _, floor = budgets(key)
+    checked = 0
+    for k in (0, 1, 4, 20):
+        plan = plan_network(NETS[key](), opt(), "window", floor + (live - floor) * k // 40)
+        heads = [int(re.match(r"window \[(\d+), (\d+)\)", sp.note).group(2)) for sp in plan.steps]
+        issued: dict[str, tuple[int, int]] = {}   # tensor -> (step issued before, step its reason names)
+        for step, sp in enumerate(plan.steps):
+            for ev in sp.before:
+                if ev.kind is EventKind.PREFETCH:
+                    m = re.search(r"swapped in (\d+) steps ahead.*\(step (\d+)\)", ev.reason)
+                    ahead, use = int(m[1]), int(m[2])
+                    assert step + ahead == use, ev.reason
+                    issued[ev.tensor] = (step, use)
+                elif ev.kind is EventKind.WAIT:
+                    first = min(s for s, h in enumerate(heads) if h > step)   # the head takes in this step
+                    assert issued.pop(ev.tensor) == (first, step), (ev.tensor, step, heads[first - 1:step + 1])
+                    checked += 1
+        assert not issued
+    assert checked > 10, checked
