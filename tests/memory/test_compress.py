@@ -171,3 +171,69 @@ def test_auto_lossy_weighs_compression_by_cost_and_is_opt_in():
         plan_auto_lossy(route, 4096)
     with pytest.raises(SystemExit):
         main(["plan", "resnet", "--depth", "20", "--policy", "liveness", "--lossy"])
+
+
+def test_rule_b_is_the_formula_on_a_known_case():
+    """eb = rho* sqrt(3 / F) ||G||_F / ||d||_F, F = the fan-in of one output filter (C * KH * KW), on norms
+    known by hand: G all 2 over (4, 3, 3, 3) (F = 27, ||G|| = 2 sqrt(108)), d all 0.5 over 200 entries."""
+    rule = ErrorBoundRule(target=0.01)
+    rule.observe("conv", np.full((4, 3, 3, 3), 2.0, np.float32), np.full((2, 4, 5, 5), 0.5, np.float32))
+    x = np.full((2, 3, 7, 7), 100.0, np.float32)              # max|x| far above the bound: no cap
+    want = 0.01 * math.sqrt(3 / 27) * (2 * math.sqrt(108)) / (0.5 * math.sqrt(200))
+    assert rule.bound(x, [Reader("conv", ReaderKind.BILINEAR)]) == pytest.approx(want, rel=1e-12)
+    # rule B0 (nothing measured) and rule N on known cases too: sqrt(3) rho* rms(a); sqrt(3) rho* / sqrt(mean 1/var)
+    assert rule.bound(x, [Reader("other", ReaderKind.BILINEAR)]) == pytest.approx(math.sqrt(3) * 0.01 * 100.0)
+    bn = np.stack([np.tile([1.0, -1.0], 8), np.tile([3.0, -3.0], 8)])[None].astype(np.float64)  # var 1 and 9
+    assert rule.bound(bn, [Reader("bn", ReaderKind.NORMALIZE)]) == pytest.approx(
+        math.sqrt(3) * 0.01 / math.sqrt((1 / (1 + 1e-5) + 1 / (9 + 1e-5)) / 2), rel=1e-12)
+
+
+def test_rule_b_hits_its_target_under_the_noise_it_assumes():
+    """The derivation's own model: errors uniform on [-eb, eb], independent of d. Then the relative error of
+    G = d^T a is rho* up to sampling noise (64 x 512 gradient entries: a fraction of a percent), so a band of
+    +-5 % around the target holds on any machine, and a bound off by a constant factor (sqrt(1/F) instead of
+    sqrt(3/F) gives 0.58 rho*) falls far outside it."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 512))
+    d = rng.standard_normal((256, 64)) * 0.01
+    g = d.T @ a
+    rule = ErrorBoundRule(target=0.01)
+    rule.observe("fc", g, d)
+    eb = rule.bound(a, [Reader("fc", ReaderKind.BILINEAR)])
+    e = rng.uniform(-eb, eb, a.shape)
+    rel = np.linalg.norm(d.T @ e) / np.linalg.norm(g)
+    assert 0.0095 < rel < 0.0105, rel
+
+
+def test_each_tensor_is_stored_at_the_bound_the_rule_gives(monkeypatch):
+    """What the store encodes with is exactly `rule.bound(x, readers)` at that moment: the bound handed to the
+    codec, the one recorded in the figures and the error of the stored stream (decoded back) are checked per
+    compression against the rule's own answer, in a training run (rule B adapts from step 2 on)."""
+    from minidl.codec import sz
+    from minidl.memory.compressed import CompressedStore
+
+    given, encoded = [], []
+    real_bound, real_compress = ErrorBoundRule.bound, sz.compress
+
+    def bound(self, x, readers):
+        eb = real_bound(self, x, readers)
+        given.append(eb)
+        return eb
+
+    def compress(x, eb, entropy="none"):
+        stream = real_compress(x, eb, entropy)
+        encoded.append((eb, float(np.max(np.abs(sz.decompress(stream, x.shape) - x)))))
+        return stream
+
+    monkeypatch.setattr(ErrorBoundRule, "bound", bound)
+    monkeypatch.setattr(sz, "compress", compress)
+    net = NETS["dropnet"]()
+    plan = _plan(net)
+    ex, _ = _train(net, plan, steps=3)
+    store: CompressedStore = ex.compressed
+    order = zc.compressed_tensors(plan)      # the order the store compresses them in, every step
+    assert order and len(given) == len(encoded) == 3 * len(order)
+    for want, (eb, err) in zip(given, encoded):
+        assert eb == want and err <= want
+    for tid, want in zip(order, given[-len(order):]):
+        assert store.figures[tid].eb == want, tid
