@@ -142,6 +142,36 @@ def test_a_hand_edited_manifest_fails_its_checksum(saved, tmp_path):
         ck.load_checkpoint(p)
 
 
+def _with_array_replaced(src, dst, key):
+    """A copy of checkpoint `src` whose array `key` is another valid .npy of the same shape and dtype (one value
+    changed): a well-formed zip entry with a correct CRC-32, so only the manifest's SHA-256 can tell."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename == key + ".npy":
+                arr = np.load(io.BytesIO(data))
+                arr.flat[0] = arr.flat[0] + 1
+                buf = io.BytesIO()
+                np.save(buf, arr)
+                data = buf.getvalue()
+            zout.writestr(item, data)
+    return dst
+
+
+@pytest.mark.parametrize("key", ["conv0.weight", "bn1.running_var", ck.OPT_PREFIX + "fc2.weight.momentum"])
+def test_an_array_replaced_by_a_valid_entry_fails_its_digest(saved, tmp_path, key):
+    """Bit flips are caught by the zip's CRC-32 before the digest is read; an array swapped for another valid
+    entry (a parameter, a buffer, an optimizer state) passes the CRC and must be caught by its SHA-256."""
+    assert key in ck.read_manifest(saved)["arrays"]
+    p = _with_array_replaced(saved, tmp_path / "swapped.npz", key)
+    with pytest.raises(CheckpointError, match=f"array {key!r} does not match its checksum"):
+        ck.load_checkpoint(p)
+    with pytest.raises(CheckpointError, match="does not match its checksum"):
+        _session().load(p)
+
+
 def test_optimizer_state_removed_is_refused(saved, tmp_path, monkeypatch):
     # arrays removed from the file but still in its manifest: damaged
     import zipfile
