@@ -31,17 +31,23 @@ def _data():
     return synthetic(64, (3, 8, 8), 3, seed=0)
 
 
-@pytest.mark.parametrize("policy", ["none", "recompute"])
-def test_a_diverging_run_stops_before_the_update_with_the_last_good_state(policy):
+@pytest.mark.parametrize("policy, debug", [("none", False), ("recompute", False), ("none", True),
+                                           ("recompute", True), ("weights", False), ("weights", True)])
+def test_a_diverging_run_stops_before_the_update_with_the_last_good_state(policy, debug):
+    """On the compiled step and on the interpreter (debug mode), with the update on the device and on the host
+    (`weights`: parameters and optimizer state homed on the host, updated there)."""
     lr = 1e8  # diverges within a few steps
-    sess = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy)
+    sess = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy, debug=debug)
     with pytest.raises(DivergenceError) as e:
         sess.fit(_data(), 50)
+    assert sess.executor.step_runner == ("interpreted" if debug else "compiled")
+    if policy == "weights":
+        assert any(sp.on_host for sp in sess.plan.steps)
     k = e.value.iteration
     assert f"step {k}" in str(e.value) and e.value.layer in str(e.value)
     assert sess.executor.iteration == k and sess.batches_consumed == k
     # an identical run stopped just before step k has exactly these parameters, buffers and optimizer state
-    ref = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy)
+    ref = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy, debug=debug)
     ref.fit(_data(), k)
     for name, arr in ref.executor.state_dict().items():
         np.testing.assert_array_equal(sess.executor.state_dict()[name], arr, err_msg=name)
