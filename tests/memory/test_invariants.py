@@ -197,3 +197,47 @@ def test_out_of_memory_says_fragmented_when_exactly_the_request_is_free_in_piece
         pool.alloc(1024, tag="big")
     assert e.value.free_bytes == 1024 and e.value.requested == 1024
     assert "fragmented" in str(e.value) and "not enough free memory in total" not in str(e.value)
+
+
+def _peak_from_events(plan) -> int:
+    """The most bytes live at once, summed from the plan's events alone (blocks rounded as the pool rounds):
+    a second derivation beside memory/replay.py, with no pool and no offsets."""
+    from minidl.memory.plan import EventKind
+    from minidl.memory.pool import align_up
+
+    takes = {EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS, EventKind.DECOMPRESS}
+    gives = {EventKind.FREE, EventKind.RELEASE}
+    live: dict[str, int] = {}
+    now = peak = 0
+    for ev in [*plan.setup] + [ev for sp in plan.steps for ev in sp.before + sp.after]:
+        if ev.kind in takes:
+            live[ev.tensor] = align_up(ev.nbytes)
+            now += live[ev.tensor]
+            peak = max(peak, now)
+        elif ev.kind in gives:
+            now -= live.pop(ev.tensor)
+    return peak
+
+
+@pytest.mark.parametrize("policy, share", [("liveness", None), ("recompute", None), ("offload", 0.7),
+                                           ("window", 0.7), ("compress", None)])
+def test_the_simulated_peak_is_replayed_not_read_from_the_plan(policy, share):
+    """The simulator's peak follows the plan's events, never its recorded figure: a copy of the plan whose
+    `peak_bytes` says something else (more, less, zero) simulates to the same peak, which equals the peak summed
+    from the events by hand."""
+    import dataclasses
+
+    net = NETS["resnet20"]()
+    budget = None
+    if share:
+        budget = int(plan_network(NETS["resnet20"](), SGD(0.1), "liveness").min_budget_bytes * share)
+        try:
+            plan_network(NETS["resnet20"](), SGD(0.1), policy, budget)
+        except BudgetError as e:
+            budget = e.min_budget_bytes
+    plan = plan_network(net, SGD(0.1), policy, budget)
+    assert plan.offloaded_bytes > 0 or not share
+    want = _peak_from_events(plan)
+    assert want == plan.peak_bytes == simulate(plan, "cpu").peak_bytes
+    for lie in (0, plan.peak_bytes - 512, plan.peak_bytes + 4096, 2 * plan.peak_bytes):
+        assert simulate(dataclasses.replace(plan, peak_bytes=lie), "cpu").peak_bytes == want, lie
