@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .guards import check_finite_data
+from .guards import check_finite_data, check_images, check_labels
 from .layers import args
 
 __all__ = [
@@ -86,19 +86,15 @@ class Dataset:
     name: str = "dataset"
 
     def __post_init__(self) -> None:
-        x = np.asarray(self.x)
-        y = np.asarray(self.y)
+        x = check_images(self.x, self.name)
+        y = check_labels(self.y, None, self.name)
         if x.ndim != 4:
             raise DataError(
                 f"{self.name}: images must be a 4-D array (N, C, H, W), got shape {x.shape}; "
                 "use from_arrays() to add a channel axis to (N, H, W) images"
             )
-        if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-            raise DataError(f"{self.name}: images must be numeric, got dtype {x.dtype}")
         if y.ndim != 1:
             raise DataError(f"{self.name}: labels must be a 1-D array (N,), got shape {y.shape}")
-        if not np.issubdtype(y.dtype, np.integer):
-            raise DataError(f"{self.name}: labels must be integers, got dtype {y.dtype}")
         if x.shape[0] != y.shape[0]:
             raise DataError(
                 f"{self.name}: {x.shape[0]} images but {y.shape[0]} labels; they must match one to one"
@@ -108,12 +104,7 @@ class Dataset:
         if any(d <= 0 for d in x.shape[1:]):
             raise DataError(f"{self.name}: image shape {x.shape[1:]} has an empty dimension")
         num_classes = args.integer("Dataset", self.name, "num_classes", self.num_classes, 1)
-        lo, hi = int(y.min()), int(y.max())
-        if lo < 0 or hi >= num_classes:
-            bad = lo if lo < 0 else hi
-            raise DataError(
-                f"{self.name}: label {bad} is outside [0, {num_classes}) (num_classes={num_classes})"
-            )
+        check_labels(y, num_classes, self.name)
         with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused just below
             self.x = np.ascontiguousarray(x, dtype=np.float32)
         self.y = np.ascontiguousarray(y, dtype=np.int64)
@@ -368,18 +359,14 @@ def from_arrays(x, y, num_classes: int | None = None, name: str = "arrays") -> D
     `x` is (N, C, H, W) or (N, H, W) (a channel axis is added), numeric and finite; `y` is (N,) integers
     in [0, num_classes). `num_classes` defaults to max(y) + 1.
     """
-    x = np.asarray(x)
-    y = np.asarray(y)
+    x = check_images(x, f"{name}: x")
+    y = check_labels(y, None, f"{name}: y")
     if x.ndim == 3:
         x = x[:, None, :, :]
     elif x.ndim != 4:
         raise DataError(f"{name}: x must be 4-D (N, C, H, W) or 3-D (N, H, W), got shape {x.shape}")
-    if x.dtype == np.bool_ or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-        raise DataError(f"{name}: x must be a numeric (float or integer) array, got dtype {x.dtype}")
     if y.ndim != 1:
         raise DataError(f"{name}: y must be 1-D (N,), got shape {y.shape}")
-    if y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{name}: y must hold integer class indices, got dtype {y.dtype}")
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{name}: x has {x.shape[0]} samples but y has {y.shape[0]}")
     if x.shape[0] == 0:

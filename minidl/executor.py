@@ -21,7 +21,7 @@ from .backend import backend_name
 from .capture import CaptureRefused, graph_step
 from .errors import DivergenceError, ResidencyError
 from .graph import Network
-from .guards import check_labels, check_step
+from .guards import check_images, check_labels, check_step
 from .init import initial_values, param_rng
 from .layers.base import LayerContext
 from .memory.plan import Event, EventKind, Plan
@@ -281,10 +281,7 @@ class Executor:
         nodes = self.net.input_nodes
         arrays = [x, y][:len(nodes)]
         M = self.route.micro_batches
-        for node, arr in zip(nodes, arrays):
-            arr = np.asarray(arr)
-            if tuple(arr.shape) != tuple(node.shape):
-                raise ValueError(f"input '{node.name}' expects shape {node.shape}, got {arr.shape}")
+        for node, arr in zip(nodes, arrays):  # checked by check_batch
             if M == 1 and self.route.packing is None:
                 self.be.copy_in(self.get(act_id(node.name), step), arr)
                 continue
@@ -295,6 +292,17 @@ class Executor:
     def seed_key(self, node_index: int, iteration: int) -> int:
         return dropout_key(self.seed, node_index, iteration)
 
+    def check_batch(self, x, y) -> tuple[np.ndarray, np.ndarray]:
+        """The batch as arrays, checked before any of it is copied or indexed with (by `train_step` and
+        `evaluate`; every step runner relies on it): images of exactly the data input's shape, labels integers of
+        the label input's shape in [0, classes). `DataError` names the input, what it expects and what it got:
+        converting instead would truncate float labels and read bools as classes 0 and 1."""
+        nodes = self.net.input_nodes
+        x = check_images(x, f"input '{nodes[0].name}'", nodes[0].shape)
+        if len(nodes) > 1:
+            y = check_labels(y, self.net.logits_node.shape[1], f"input '{nodes[1].name}'", nodes[1].shape)
+        return x, y
+
     def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
         """One training step: forward, backward, optimizer update. Returns the loss.
 
@@ -302,8 +310,7 @@ class Executor:
         `guard_update`): the parameters and optimizer state stay those of the last good step, the buffers (BN
         running statistics, which the forward already updated) are put back, the step's tensors are freed and
         `iteration` is not advanced, so the executor can be saved, or trained on, as if the step never ran."""
-        if len(self.net.input_nodes) > 1:  # the labels, checked before any kernel indexes with them
-            check_labels(np.asarray(y), self.net.logits_node.shape[1], f"input '{self.net.input_nodes[1].name}'")
+        x, y = self.check_batch(x, y)
         buffers = {tid: self._get_persistent(tid) for tid in self._buffers}
         persistent = set(self.offsets)
         try:
@@ -414,6 +421,7 @@ class Executor:
         Runs the training plan's forward steps, then frees whatever the plan kept for the backward it skips,
         so the pool is left exactly as it was.
         """
+        x, y = self.check_batch(x, y)
         self.training = False
         persistent = set(self.offsets)
         turn = self.route.turn  # where the backward half starts (a packed route's re-forwards included)

@@ -14,15 +14,52 @@ import numpy as np
 from .errors import DataError, DivergenceError, HostMemoryError
 
 
-def check_labels(y: np.ndarray, num_classes: int, where: str) -> None:
-    """Labels must be integers in [0, num_classes): numpy reads -1 as the last class and K as an IndexError."""
-    if y.size == 0:
-        return
+def _as_array(a, where: str, what: str) -> np.ndarray:
+    try:
+        return np.asarray(a)
+    except (ValueError, TypeError) as e:  # a ragged list: "setting an array element with a sequence"
+        raise DataError(f"{where}: {what} must be an array, got {type(a).__name__} ({e})") from None
+
+
+def _shape_text(shape) -> str:
+    """(None, 1, 8, 8) -> "(N, 1, 8, 8)": None is a size that may be anything (the number of samples)."""
+    return "(" + ", ".join("N" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _shape_fits(got: tuple, want) -> bool:
+    return len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
+
+
+def check_images(x, where: str, shape=None) -> np.ndarray:
+    """Images must be numeric (float or integer, which the copy into the network's dtype converts exactly enough;
+    a bool or a string array is a mistake), and of `shape` when one is given (a batch: the network input's shape;
+    None in it matches any size). Returns `x` as an array. The one check of images: data sets, batches, predict."""
+    x = _as_array(x, where, "images")
+    numeric = x.dtype != np.bool_ and (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer))
+    if not numeric or (shape is not None and not _shape_fits(x.shape, shape)):
+        want = "" if shape is None else f" of shape {_shape_text(shape)}"
+        raise DataError(f"{where}: images must be numeric (float or integer){want}, got {x.dtype} of shape "
+                        f"{x.shape}")
+    return x
+
+
+def check_labels(y, num_classes: int | None, where: str, shape=None) -> np.ndarray:
+    """Labels must be integers (a float label would be truncated, a bool read as class 0 or 1), of `shape` when
+    given, and in [0, num_classes) when it is given: numpy reads -1 as the last class and K as an IndexError.
+    Returns `y` as an array. The one check of labels: data sets, batches."""
+    y = _as_array(y, where, "labels")
+    if y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer) or (
+            shape is not None and not _shape_fits(y.shape, shape)):
+        rng = "" if num_classes is None else f" in [0, {num_classes})"
+        want = "" if shape is None else f" of shape {_shape_text(shape)}"
+        raise DataError(f"{where}: labels must be integers{rng}{want}, got {y.dtype} of shape {y.shape}")
+    if num_classes is None or y.size == 0:
+        return y
     lo, hi = int(y.min()), int(y.max())
     if lo < 0 or hi >= num_classes:
         bad = lo if lo < 0 else hi
-        raise DataError(f"{where}: label {bad} is outside [0, {num_classes}) (the network has {num_classes} "
-                        f"classes)")
+        raise DataError(f"{where}: label {bad} is outside [0, {num_classes}) (there are {num_classes} classes)")
+    return y
 
 
 def check_finite_data(x: np.ndarray, where: str) -> None:

@@ -55,7 +55,6 @@ class Program:
     keyed: list[tuple[LayerContext, int]] = field(default_factory=list)  # contexts whose rng_key is per step
     inputs: list[Any] = field(default_factory=list)      # arena views the batch is copied into (data, label)
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    input_names: list[str] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # lowered calls per kind, for reports and tests
     prologue: list[Call] = field(default_factory=list)   # step 0's calls before the batch is loaded (paged maps)
     call_kinds: list[str] = field(default_factory=list)  # the kind of each of `calls` (what `minidl.capture` reads)
@@ -71,10 +70,7 @@ class Program:
         for call in self.prologue:   # as the interpreter: step 0's events, then the batch
             call()
         copy_in = ex.be.copy_in
-        for view, shape, arr, name in zip(self.inputs, self.input_shapes, (x, y), self.input_names):
-            arr = np.asarray(arr)
-            if tuple(arr.shape) != shape:
-                raise ValueError(f"input '{name}' expects shape {shape}, got {arr.shape}")
+        for view, arr in zip(self.inputs, (x, y)):  # arrays of the inputs' shapes (Executor.check_batch)
             copy_in(view, arr)
         for call in self.calls:
             call()
@@ -179,9 +175,8 @@ class _Lowering:
             self.events(sp.after, step)
             if ex.reducer is not None and step.phase is Phase.BACKWARD:
                 self.emit("progress", ex.reducer.progress)  # MPI moves a nonblocking collective only in its calls
-        names = [node.name for node in ex.net.input_nodes[:2]]
         return Program(self.calls[prologue:], ex, keyed=self.keyed, inputs=inputs, input_shapes=shapes,
-                       input_names=names, kinds=self.kinds, prologue=self.calls[:prologue],
+                       kinds=self.kinds, prologue=self.calls[:prologue],
                        call_kinds=self.call_kinds[prologue:], loss_view=self.loss_view)
 
     # -- events: the pool bookkeeping happens now, once; only the transfers are recorded -----------------------

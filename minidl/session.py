@@ -38,6 +38,7 @@ from .dist.checkpoint import check_resume, save_on_rank0
 from .errors import CheckpointError, DivergenceError
 from .executor import Executor
 from .graph import Network
+from .guards import check_images
 from .layers import args
 from .memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 from .memory.policies import plan_network
@@ -281,11 +282,8 @@ class Session:
     def _forward(self, x: np.ndarray, y: np.ndarray | None = None):
         """Inference on any number of samples, in batches of the plan's size (the last one padded by repeating
         its samples, whose outputs are dropped): yields (logits (n, K), labels or None) per batch."""
-        x = np.asarray(x, dtype=self.net.dtype)
-        want = tuple(self.net.input_nodes[0].shape[1:])
-        if x.ndim != 4 or tuple(x.shape[1:]) != want:
-            raise ValueError(f"inputs must be (N, {', '.join(map(str, want))}) to match the network's input, "
-                             f"got {x.shape}")
+        node = self.net.input_nodes[0]
+        x = check_images(x, f"input '{node.name}'", (None, *node.shape[1:])).astype(self.net.dtype, copy=False)
         b = self.batch
         for i in range(0, len(x), b):
             xb = x[i:i + b]

@@ -127,7 +127,8 @@ def test_tracing_records_one_compute_event_per_step_like_the_interpreter():
 def test_a_wrong_batch_shape_names_the_input():
     sess, _ = run("resnet20", "liveness", compiled=True, steps=1)
     x = np.zeros((3, 3, 16, 16), np.float32)
-    with pytest.raises(ValueError, match="input 'data' expects shape"):
+    with pytest.raises(dl.DataError, match=r"input 'data': images must be .* of shape \(2, 3, 16, 16\), got float32 "
+                                           r"of shape \(3, 3, 16, 16\)"):
         sess.executor.train_step(x, np.zeros(3, np.int64))
 
 

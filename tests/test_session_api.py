@@ -78,8 +78,11 @@ def test_evaluate_counts_every_sample_and_predict_matches():
 
 def test_predict_rejects_wrong_shape():
     sess, _, _ = _digits_session(batch=8)
-    with pytest.raises(ValueError, match=r"inputs must be \(N, 1, 8, 8\)"):
+    with pytest.raises(dl.DataError, match=r"input 'data': images must be .* of shape \(N, 1, 8, 8\), got float32 "
+                                           r"of shape \(3, 1, 9, 9\)"):
         sess.predict(np.zeros((3, 1, 9, 9), np.float32))
+    with pytest.raises(dl.DataError, match=r"input 'data': images must be numeric .* got <U1"):
+        sess.predict(np.full((3, 1, 8, 8), "a"))
 
 
 def test_fit_progress_bar_only_on_a_terminal(capsys):
@@ -165,3 +168,36 @@ def test_seed_and_steps_are_integers_never_truncated():
     assert sess.seed == 3
     with pytest.raises(dl.OptionError, match=r"Session.fit: steps must be an integer >= 0, got 2.5 \(float\)"):
         sess.fit(train, 2.5)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_train_step_refuses_a_bad_batch_naming_the_input(compiled):
+    """Float and bool labels were truncated or read as classes 0/1, string labels raised numpy's error, a wrong
+    batch shape a plain ValueError: each is a DataError naming the input, what it expects and what it got, raised
+    before anything runs (the step is not counted)."""
+    sess = dl.Session(_tiny(batch=4), dl.SGD(lr=0.1), compiled=compiled)
+    ex = sess.executor
+    x, y = np.zeros((4, 1, 8, 8), np.float32), np.array([0, 1, 2, 3])
+    want_y = r"input 'label': labels must be integers in \[0, 10\) of shape \(4,\), got "
+    want_x = r"input 'data': images must be numeric \(float or integer\) of shape \(4, 1, 8, 8\), got "
+    cases = [
+        ((x, y.astype(np.float64) + 0.7), want_y + r"float64 of shape \(4,\)"),
+        ((x, y.astype(bool)), want_y + r"bool of shape \(4,\)"),
+        ((x, np.array(["0", "1", "2", "3"])), want_y + r"<U1 of shape \(4,\)"),
+        ((x, y[:3]), want_y + r"int64 of shape \(3,\)"),
+        ((x, y.reshape(4, 1)), want_y + r"int64 of shape \(4, 1\)"),
+        ((x, np.array([0, 1, 2, 10])), r"input 'label': label 10 is outside \[0, 10\)"),
+        ((x, np.array([0, -1, 2, 3])), r"input 'label': label -1 is outside \[0, 10\)"),
+        ((x[:3], y[:3]), want_x + r"float32 of shape \(3, 1, 8, 8\)"),
+        ((x.reshape(4, 8, 8), y), want_x + r"float32 of shape \(4, 8, 8\)"),
+        ((x.astype(bool), y), want_x + r"bool of shape \(4, 1, 8, 8\)"),
+        ((np.full(x.shape, "a"), y), want_x + r"<U1 of shape \(4, 1, 8, 8\)"),
+        (([[1.0], [1.0, 2.0]], y), r"input 'data': images must be an array, got list"),
+    ]
+    for (xb, yb), match in cases:
+        with pytest.raises(dl.DataError, match=match):
+            ex.train_step(xb, yb)
+        with pytest.raises(dl.DataError, match=match):
+            ex.evaluate(xb, yb)
+    assert ex.iteration == 0
+    assert np.isfinite(ex.train_step(x, [0, 1, 2, 3])) and ex.iteration == 1  # a list of ints is a batch
