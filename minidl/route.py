@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .backend import backend_name
-from .errors import GraphError
 from .tensors import (
     Role,
     TensorSpec,
@@ -177,10 +176,7 @@ class Route:
             writes = [act_id(n.name)] + [param_id(n.name, p) for p, s in n.params.items()
                                          if not s.trainable and training]
             if training:
-                try:
-                    layer.check_training(in_shapes)
-                except ValueError as e:
-                    raise GraphError(f"{layer.describe()} with input {in_shapes[0]}: {e}") from None
+                layer.check_training(in_shapes)
                 # written by the training forward even when no backward reads them (BN on the data)
                 for aname, ashape in layer.aux_specs(in_shapes, training=True).items():
                     tid = add(aux_id(n.name, aname), Role.AUX, ashape, net.dtype, n.name)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import DataError, OptionError
 from .graph import Network
 from .layers.base import Layer, LayerContext
 
@@ -29,14 +30,16 @@ def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend):
         return None, None
     chosen = opts[0] if algo is None else next((o for o in opts if o.algo == algo), None)
     if chosen is None:
-        raise ValueError(f"{layer.describe()}: no {phase} algorithm {algo!r}; have {[o.algo for o in opts]}")
+        raise OptionError(f"{layer.describe()}: no {phase} algorithm {algo!r}; have {[o.algo for o in opts]}")
     return np.zeros(chosen.workspace_bytes, np.uint8), chosen.algo
 
 
 def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarray] | None = None,
               dout: np.ndarray | None = None, *, training: bool = True, backend=None, algo_fwd: str | None = None,
               algo_bwd: str | None = None, rng_key: int = 0, dtype=None) -> LayerRun:
-    """Run forward (and backward when `dout` is given) of `layer` on concrete arrays."""
+    """Run forward (and backward when `dout` is given) of `layer` on concrete arrays. The checks a network
+    makes run here too: the layer's shapes at build, its training check (`training=True`) and its input values
+    (a loss's labels in [0, classes)), each a MinidlError naming the layer."""
     from .backend.cpu import CPUBackend
 
     be = backend or CPUBackend()
@@ -48,10 +51,13 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
     params = dict(params or {})
     for pname, spec in node.params.items():
         if pname not in params:
-            raise ValueError(f"{layer.describe()}: parameter {pname!r} {spec.shape} not given")
+            raise DataError(f"{layer.describe()}: parameter {pname!r} {spec.shape} not given")
         if tuple(params[pname].shape) != tuple(spec.shape):
-            raise ValueError(f"{layer.describe()}: parameter {pname!r} must be {spec.shape}, "
-                             f"got {params[pname].shape}")
+            raise DataError(f"{layer.describe()}: parameter {pname!r} must be {spec.shape}, "
+                            f"got {params[pname].shape}")
+    if training:
+        layer.check_training(in_shapes)  # what a training route checks (BN on one value per channel)
+    layer.check_values(inputs)
     out = np.empty(node.shape, node.dtype)
     aux = {k: np.empty(s, net.dtype) for k, s in layer.aux_specs(in_shapes, training=training).items()}
     ws, algo = _workspace(layer, "fwd", in_shapes, node.shape, net.dtype.itemsize, algo_fwd, be)

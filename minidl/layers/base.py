@@ -117,8 +117,14 @@ class Layer:
                 raise ValueError(f"input {i} has dtype {np.dtype(dt).name}, expected a floating dtype")
 
     def check_training(self, in_shapes: Sequence[Shape]) -> None:
-        """Raise ValueError if the layer cannot train on inputs of these shapes (BN on one value per channel);
-        checked when a training route is built, i.e. before planning, while evaluation stays allowed."""
+        """Raise GraphError naming the layer if it cannot train on inputs of these shapes (BN on one value per
+        channel); checked when a training route is built (before planning) and by `testing.run_layer` in
+        training mode, while evaluation stays allowed."""
+
+    def check_values(self, inputs: Sequence[np.ndarray]) -> None:
+        """Raise a MinidlError if the layer cannot compute on these input values (a loss on labels outside
+        [0, classes)): run by `testing.run_layer` before forward. In a network the executor checks each batch
+        (`Executor.check_batch`), so a layer's kernels can index with its labels unchecked."""
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         return {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import GraphError
 from . import args
 from .base import Layer, ParamSpec
 
@@ -36,8 +37,9 @@ class BatchNorm2d(Layer):
     def check_training(self, in_shapes):
         s = in_shapes[0]
         if s[0] * s[2] * s[3] < 2:  # training normalizes by the batch variance, which one value does not have
-            raise ValueError(f"input {s} gives one value per channel (N x H x W = 1): training needs at least "
-                             f"two to compute a batch variance; use a larger batch")
+            raise GraphError(f"{self.describe()} with input {s}: expected more than one value per channel when "
+                             f"training (N x H x W = 1; PyTorch refuses it too): a batch variance needs two; use a "
+                             f"larger batch, or evaluate (training=False)")
 
     def param_specs(self, in_shapes):
         c = in_shapes[0][1]

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from ..guards import check_labels
 from .base import Layer
 
 
@@ -30,6 +31,9 @@ class SoftmaxCrossEntropy(Layer):
         if labels != (logits[0],):
             raise ValueError(f"labels must be ({logits[0]},) to match logits {logits}, got {labels}")
         return ()
+
+    def check_values(self, inputs):
+        check_labels(inputs[1], inputs[0].shape[1], f"{self.describe()}: labels")
 
     def flops(self, in_shapes, out_shape):
         return 5 * math.prod(in_shapes[0])

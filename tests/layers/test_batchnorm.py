@@ -142,6 +142,7 @@ def test_build_error_names_the_layer():
 def test_single_value_per_channel_in_training_is_an_error():
     x = np.ones((1, 3, 1, 1), np.float32)
     p = _params(3, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="more than one value per channel"):
-        run_layer(BatchNorm2d(), [x], p)
+    with pytest.raises(dl.GraphError, match=r"layer 'batchnorm1' \(batchnorm\) with input \(1, 3, 1, 1\): expected "
+                                            r"more than one value per channel when training"):
+        run_layer(BatchNorm2d(), [x], p)  # the layer's shape check, before forward: not the kernel's ValueError
     run_layer(BatchNorm2d(), [x], p, training=False)  # evaluation is fine

@@ -127,3 +127,14 @@ def test_gradchecks_float64():
     logits = RNG.standard_normal((5, 6))
     labels = RNG.integers(0, 6, 5)
     directional_gradcheck(L.SoftmaxCrossEntropy, [logits, labels], {})
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 7])
+def test_run_layer_refuses_labels_outside_the_classes(bad):
+    """numpy reads label -1 as the last class and label K as an IndexError: both are a DataError naming the
+    layer, the range and the label."""
+    import minidl as dl
+
+    logits = RNG.standard_normal((2, 3)).astype(np.float32)
+    with pytest.raises(dl.DataError, match=rf"'loss' \(softmax_xent\): labels: label {bad} is outside \[0, 3\)"):
+        run_layer(L.SoftmaxCrossEntropy(name="loss"), [logits, np.array([0, bad])], dout=np.float32(1))
