@@ -34,6 +34,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .data import BatchIterator, Dataset
+from .dist.agree import check_same
 from .dist.checkpoint import check_resume, save_on_rank0
 from .errors import CheckpointError, DivergenceError
 from .executor import Executor
@@ -153,7 +154,7 @@ class Session:
         host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
         paged = as_size(paged, "paged")
         seed = args.integer("Session", None, "seed", seed, 0)  # numpy's generators refuse a negative seed
-        self.net, self.optimizer, self.seed = net, optimizer, seed
+        self.net, self.optimizer, self.seed, self.policy = net, optimizer, seed, policy
         self.lr_schedule = lr_schedule or Constant()
         self.base_lr = float(getattr(optimizer, "lr", 0.0))
         if backend is None:
@@ -177,6 +178,7 @@ class Session:
         self._resume_data: dict | None = None  # what a loaded checkpoint says it was trained on (checked by fit)
         self._data_fingerprint: tuple | None = None
         self.batches_consumed = 0
+        self._agreed: dict | None = None  # data parallel: the run record every rank was checked to share
 
     @property
     def iteration(self) -> int:
@@ -220,6 +222,8 @@ class Session:
             raise CheckpointError(f"the data set differs from the one the resumed checkpoint was trained on "
                                   f"({'; '.join(diff)}): its data order would not continue")
         self._resume_data, self._data_desc = None, desc
+        if self.ranks > 1:
+            self._check_ranks_agree(steps, save_every)
         it = self._batches(data)
         result = TrainResult(batch=self.batch)
         bar = None
@@ -249,6 +253,30 @@ class Session:
         if result.interrupted and save_path is not None:
             result.saved.append(self.save(save_path))
         return result
+
+    def _check_ranks_agree(self, steps: int, save_every: int | None) -> None:
+        """Data parallel, before the first step of a fit: every rank must run the same training (`dist/agree.py`);
+        else every rank stops with a `DistError` naming what differs. Again only when the record changed (a
+        second fit with other steps, a checkpoint loaded in between)."""
+        record = self._run_record(steps, save_every)
+        if record != self._agreed:
+            check_same(self.comm, record)
+            self._agreed = record
+
+    def _run_record(self, steps: int, save_every: int | None) -> dict:
+        """What the ranks of one data-parallel run must share, as a flat record of plain values: each
+        parameter's shape and dtype (a different network or head), the optimizer's configuration and schedule,
+        seed, per-rank batch, policy, the gradient buckets (what is all-reduced), the data set and position, and
+        the steps this fit runs and when it saves (rank 0's checkpoint waits for every rank)."""
+        record = {"network": self.net.name, "seed": self.seed, "batch": self.batch, "policy": self.policy,
+                  "math": self.math, "lr schedule": repr(self.lr_schedule), "data": self._data_desc,
+                  "iteration": self.iteration, "batches_consumed": self.batches_consumed, "steps": steps,
+                  "save_every": save_every}
+        record.update({f"optimizer {k}": v for k, v in self.optimizer.config().items()})
+        record.update({f"parameter {k}": f"{tuple(shape)} {dtype}" for k, shape, dtype in self._fingerprint()})
+        tensors = self.plan.route.tensors
+        record["gradient buckets"] = [[b, list(tensors[b].shape)] for b in self.plan.buckets]
+        return record
 
     def _stop_requested(self, here: bool) -> bool:
         """Ctrl-C: stop after this step. Under mpiexec every rank gets the signal, but not at the same point of its

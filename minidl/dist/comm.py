@@ -6,6 +6,8 @@
   executor tests pending requests after every backward step), `wait` blocks until done.
 - `mean(value)`: the mean of a float over the ranks (the reported loss), summed in rank order on every rank.
 - `barrier()`: after rank 0 wrote a checkpoint, before anyone reads it.
+- `exchange(data)`: every rank's bytes, in rank order (before the first step, the ranks compare what they were
+  started with: `agree.check_same`).
 - `fail(message)`: this rank cannot go on. It says so, tells every other rank (a message on a communicator of
   its own, so it never mixes with gradients), waits a little for them to acknowledge, then aborts the job.
   The other ranks hear of it at their next `test`/`wait`, say so naming the failed rank and its error, and stop.
@@ -92,6 +94,18 @@ class Communicator:
 
     def barrier(self) -> None:
         pass
+
+    def exchange(self, data: bytes, what: str) -> list[bytes]:
+        """Every rank's `data`, in rank order, on every rank. Two all-gathers of host arrays (the lengths, then the
+        bytes padded to the longest), through `start_allgather` and `wait`: the same timeout as any collective."""
+        n = self.size
+        lens = np.zeros((n, 1), np.int64)
+        lens[self.rank, 0] = len(data)
+        self.wait(self.start_allgather(lens), what)
+        buf = np.zeros((n, max(int(lens.max()), 1)), np.uint8)
+        buf[self.rank, :len(data)] = np.frombuffer(data, np.uint8)
+        self.wait(self.start_allgather(buf), what)
+        return [bytes(buf[r, :int(lens[r, 0])]) for r in range(n)]
 
     def bcast(self, obj):
         """`obj` of rank 0, on every rank (a small picklable record: NCCL's unique id)."""

@@ -98,6 +98,9 @@ class NCCLComm(Communicator):
     def bcast(self, obj):
         return self.mpi.bcast(obj)
 
+    def exchange(self, data: bytes, what: str) -> list[bytes]:
+        return self.mpi.exchange(data, what)  # host bytes: NCCL gathers device buffers only
+
     def check_peers(self) -> None:
         self.mpi.check_peers()
 

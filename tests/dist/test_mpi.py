@@ -2,6 +2,7 @@
 
 Skipped, with the reason, where MPI cannot start (no mpi4py, no mpiexec, or a 2-rank hello that fails)."""
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -183,7 +184,6 @@ def test_a_rank_that_stops_answering_times_out_with_a_message(mpiexec, tmp_path)
     script.write_text(FAILING)
     r = run_ranks(mpiexec, 2, [str(script), "hang"], timeout=120)
     assert r.returncode != 0
-    import re
 
     assert re.search(r"rank 0 of 2: DistError: rank 0 of 2: .* did not complete within 3 s \(--comm-timeout\)",
                      r.stderr), r.stderr
@@ -213,3 +213,17 @@ def test_ctrl_c_stops_every_rank_after_the_same_step_and_saves(mpiexec, tmp_path
     assert res["interrupted"] and res["steps_done"] < 100000
     meta = read_manifest(ck)["meta"]
     assert meta["iteration"] == res["iteration"] == res["steps_done"]  # both ranks stopped after that step
+
+
+def test_ranks_started_with_different_options_stop_before_the_first_step_naming_them(mpiexec, tmp_path):
+    """Two command lines, one per rank (mpiexec's `A : B`): another seed and momentum on rank 1."""
+    args = ["-m", "minidl.cli", "train", *LENET, "--batch", "16", "--save", str(tmp_path / "ck.npz"),
+            "--no-progress", "--json"]
+    r = subprocess.run([mpiexec, "-n", "1", sys.executable, *args, ":", "-n", "1", sys.executable, *args,
+                        "--seed", "1", "--momentum", "0.5"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode != 0
+    for k in (0, 1):
+        assert re.search(rf"rank {k} of 2: DistError: the 2 ranks were not started with the same training options: "
+                         r"optimizer momentum: 0.9 on rank 0, 0.5 on rank 1; seed: 0 on rank 0, 1 on rank 1",
+                         r.stderr), r.stderr
+    assert not (tmp_path / "ck.npz").exists()  # no step ran, nothing was saved
