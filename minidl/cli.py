@@ -14,11 +14,9 @@ import time
 from pathlib import Path
 
 from .cli_args import check_args
-from .errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError
+from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError, exit_status
 from .memory.pool import format_bytes, parse_size
 from .optim.schedules import SCHEDULES
-
-EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT (128 + 2)
 
 
 def _size(value: str) -> int:
@@ -626,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(err))
         else:
             print(f"minidl: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return EXIT_DIVERGED if isinstance(e, DivergenceError) else EXIT_USER_ERROR
+        return exit_status(e)
     except KeyboardInterrupt:  # outside a training step (planning, evaluating), or a second Ctrl-C in one
         print("\nminidl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -65,3 +65,16 @@ class DivergenceError(MinidlError, FloatingPointError):
 # Exit statuses of the `minidl` command: argparse's usage errors are 2 as well; a bug (any other exception) is 1.
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
+EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT (128 + 2)
+
+
+def exit_status(e: BaseException) -> int:
+    """The exit status an error ends the `minidl` command with: the same for one process and for a rank under
+    mpiexec (where it is the status the failing rank aborts the job with, `dist.launch.guarded`)."""
+    if isinstance(e, DivergenceError):
+        return EXIT_DIVERGED
+    if isinstance(e, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(e, (MinidlError, ValueError, OSError)):
+        return EXIT_USER_ERROR
+    return 1

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable, Mapping, TypeVar
 
-from ..errors import DistError
+from ..errors import DistError, exit_status
 from .comm import DEFAULT_TIMEOUT_S, Communicator, PeerFailed
 
 T = TypeVar("T")
@@ -56,8 +56,9 @@ def with_nccl(comm: Communicator | None, backend, mode: str = "auto") -> Communi
 def guarded(comm: Communicator | None, fn: Callable[[], T]) -> T:
     """Run one rank's work; if it fails, make sure every rank stops with a message instead of hanging.
 
-    This rank's own error: it says so, tells the others and aborts the job (`Communicator.fail`). Another rank's
-    error, heard while waiting: say which rank failed and why, then stop. A single process just raises."""
+    This rank's own error: it says so, tells the others and aborts the job (`Communicator.fail`) with the exit
+    status one process would end with (`errors.exit_status`: 3 for a diverging run, 2 for a user error). Another
+    rank's error, heard while waiting: say which rank failed and why, then stop. A single process just raises."""
     if comm is None or comm.size == 1:
         return fn()
     try:
@@ -70,5 +71,5 @@ def guarded(comm: Communicator | None, fn: Callable[[], T]) -> T:
         comm.stop(1)
         raise
     except BaseException as e:
-        comm.fail(f"{type(e).__name__}: {e}")
+        comm.fail(f"{type(e).__name__}: {e}", exit_status(e))
         raise

@@ -9,7 +9,8 @@ import pytest
 from minidl.data import synthetic
 from minidl.dist.agree import check_same, differences
 from minidl.dist.comm import Communicator, Request
-from minidl.errors import DistError
+from minidl.dist.launch import guarded
+from minidl.errors import DistError, DivergenceError, OptionError, exit_status
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.session import Session
@@ -100,3 +101,28 @@ def test_ranks_with_the_same_options_agree():
     assert [err for _, err in out] == [None, None]
     a, b = (sess for sess, _ in out)
     assert a._agreed == b._agreed and a._agreed["seed"] == 0
+
+
+class Recorder(Communicator):
+    """Rank 0 of 2 that records how it was told to fail instead of aborting a job."""
+
+    def __init__(self):
+        super().__init__(0, 2)
+        self.failed = []
+
+    def fail(self, message, code=1):
+        self.failed.append((message, code))
+
+
+@pytest.mark.parametrize("error, code", [(DivergenceError("step 3: the loss is nan", 3), 3),
+                                         (DistError("the ranks differ"), 2), (OptionError("--lr"), 2),
+                                         (RuntimeError("a bug"), 1), (KeyboardInterrupt(), 130)])
+def test_a_failing_rank_aborts_the_job_with_the_status_one_process_exits_with(error, code):
+    comm = Recorder()
+
+    def work():
+        raise error
+    with pytest.raises(type(error)):
+        guarded(comm, work)
+    assert comm.failed == [(f"{type(error).__name__}: {error}", code)]
+    assert exit_status(error) == code

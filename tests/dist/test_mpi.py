@@ -221,9 +221,16 @@ def test_ranks_started_with_different_options_stop_before_the_first_step_naming_
             "--no-progress", "--json"]
     r = subprocess.run([mpiexec, "-n", "1", sys.executable, *args, ":", "-n", "1", sys.executable, *args,
                         "--seed", "1", "--momentum", "0.5"], capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert r.returncode != 0
+    assert r.returncode == 2, r.stderr  # a user error, as for one process
     for k in (0, 1):
         assert re.search(rf"rank {k} of 2: DistError: the 2 ranks were not started with the same training options: "
                          r"optimizer momentum: 0.9 on rank 0, 0.5 on rank 1; seed: 0 on rank 0, 1 on rank 1",
                          r.stderr), r.stderr
     assert not (tmp_path / "ck.npz").exists()  # no step ran, nothing was saved
+
+
+def test_a_diverging_run_exits_3_as_one_process_does(mpiexec, tmp_path):
+    r = run_ranks(mpiexec, 2, ["-m", "minidl.cli", "train", "lenet", "--data", "digits", "--batch", "8", "--steps",
+                               "20", "--lr", "1e6", "--no-progress", "--save", str(tmp_path / "ck.npz")])
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "DivergenceError: step " in r.stderr and "the last good state" in r.stderr
