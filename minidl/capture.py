@@ -24,13 +24,13 @@ Rules this module keeps:
   and says why).
 - The divergence guard runs on the device: the host guard (`Executor.guard_update`) reads the loss and the
   gradients before an update may run, which a graph cannot stop for. So each guard becomes `nonfinite_flag`
-  launches (kernels/elementwise.cu) on the same gradients, then the loss (kept in a slot at the loss layer), in
-  the host guard's order; the first non-finite one leaves its code in a device flag, the update kernels' graph
-  variants skip while it is set, and after the step the host reads the flag and raises the host guard's very
-  error (`_raise_if_diverged`). Same state as eager: unfused, nothing updated; fused, the layers updated before
-  the bad gradient. A step is then one graph. A backend without a device guard splits the step at each guard
-  instead (a host call between graphs, named in `describe()`), and refuses a split that would fall between a
-  host copy and its wait.
+  launches (kernels/elementwise.cu) on the same gradients, then the loss (kept in a slot at the loss layer), then
+  the running statistics (at the first update), in the host guard's order; the first non-finite one leaves its
+  code in a device flag, the update kernels' graph variants skip while it is set, and after the step the host
+  reads the flag and raises the host guard's very error (`_raise_if_diverged`). Same state as eager: unfused,
+  nothing updated; fused, the layers updated before the bad gradient. A step is then one graph. A backend
+  without a device guard splits the step at each guard instead (a host call between graphs, named in
+  `describe()`), and refuses a split that would fall between a host copy and its wait.
 - A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
   one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
   host copies that may go to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
@@ -202,7 +202,8 @@ class GraphStep:
         self.loss_host = be.host_empty(tuple(self.loss_flat.shape), lv.dtype)
         self.scalars = StepScalars(be, [node for _, node in program.keyed])
         self.loss_slot = be.scalar_buffer("graph_loss", int(self.loss_flat.size), lv.dtype)
-        self.codes: list[tuple[Any, str | None, str | None]] = []   # device guard code - 1 -> (step, layer, param)
+        # device guard code - 1 -> (step, layer, parameter or buffer, whether a buffer); layer None: the loss
+        self.codes: list[tuple[Any, str | None, str | None, bool]] = []
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
         self.signature: tuple | None = None
@@ -272,14 +273,17 @@ class GraphStep:
 
     def _device_guard(self, guard_call) -> Callable[[], Any]:
         """The device call replacing `guard_call` (a program.GuardCall): `nonfinite_flag` on each gradient, then
-        on the loss, in the host guard's order; each gets a code (an index into `self.codes`) the host reads
-        back after the step to raise the very error the host guard raises."""
+        on the loss, then on each running statistic, in the host guard's order; each gets a code (an index into
+        `self.codes`) the host reads back after the step to raise the very error the host guard raises."""
         be, checks = self.be, []
         for layer, pname, g in guard_call.grads:
-            self.codes.append((guard_call.step, layer, pname))
+            self.codes.append((guard_call.step, layer, pname, False))
             checks.append((g, len(self.codes)))
-        self.codes.append((guard_call.step, None, None))
+        self.codes.append((guard_call.step, None, None, False))
         checks.append((self.loss_slot, len(self.codes)))
+        for layer, name, b in guard_call.buffers:
+            self.codes.append((guard_call.step, layer, name, True))
+            checks.append((b, len(self.codes)))
 
         def run() -> None:
             for arr, code in checks:
@@ -292,9 +296,10 @@ class GraphStep:
         code = int(self.scalars.diverged_out[0])
         if not code:
             return
-        step, layer, pname = self.codes[code - 1]
-        bad = [] if layer is None else [(layer, pname, np.full(1, np.nan, np.float32))]
-        self.ex.guard_update(step, bad)   # raises DivergenceError (the loss, or the named gradient)
+        step, layer, name, buffer = self.codes[code - 1]
+        bad = [] if layer is None else [(layer, name, np.full(1, np.nan, np.float32))]
+        # raises DivergenceError (the loss, the named gradient, or the named running statistic)
+        self.ex.guard_update(step, [] if buffer else bad, bad if buffer else [])
         raise RuntimeError(f"the device guard flagged code {code} but the host guard found nothing")  # noqa
 
     # -- one step ----------------------------------------------------------------------------------------------

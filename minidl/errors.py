@@ -52,9 +52,10 @@ class CheckpointError(MinidlError, ValueError):
 
 
 class DivergenceError(MinidlError, FloatingPointError):
-    """Training produced a non-finite loss or gradient. Raised after backward and before the update, so the
-    parameters are those of the last good step; `iteration` is the step that failed, `layer` the first layer
-    (in backward order) whose gradient is not finite (None when only the loss is)."""
+    """Training produced a non-finite loss, gradient or running statistic (BN). Raised after backward and before
+    the update, so the parameters are those of the last good step; `iteration` is the step that failed, `layer`
+    the first layer (in backward order) whose gradient is not finite (None when only the loss is), or the layer
+    whose running statistic is not."""
 
     def __init__(self, message: str, iteration: int, layer: str | None = None):
         super().__init__(message)

@@ -129,6 +129,14 @@ class Executor:
                                 for p, spec in self.net.nodes[st.node].params.items() if spec.trainable]
         self._buffers = [param_id(n.name, p) for n in net.layer_nodes for p, s in n.params.items()
                          if not s.trainable]
+        # (layer, buffer, id) the forward updates (BN running statistics; always resident, decisions/weights.py),
+        # checked by the guard of the step's first UPDATE (every forward has run by then; a recompute leaves them)
+        self._guarded_buffers = [(n.name, p, param_id(n.name, p)) for n in net.layer_nodes
+                                 for p, s in n.params.items()
+                                 if not s.trainable and np.issubdtype(self.route.tensors[param_id(n.name, p)].dtype,
+                                                                      np.floating)]
+        updates = [st.index for st in self.route.steps if st.phase is Phase.UPDATE]
+        self._first_update = min(updates) if updates else None
 
     # -- parameters -------------------------------------------------------------------------------------------
     def _init_persistent(self) -> None:
@@ -335,23 +343,33 @@ class Executor:
         compiled program binds them once)."""
         return [(layer, p, self.get(gid, step)) for layer, p, gid in self._guarded(step)]
 
+    def guard_buffers(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
+        """(layer, buffer, array) the guard of UPDATE `step` checks: the running statistics, at the step's first
+        update (before any parameter changes), none at the others."""
+        if step.index != self._first_update:
+            return []
+        return [(layer, b, self.get(tid, step)) for layer, b, tid in self._guarded_buffers]
+
     def _guarded(self, step: Step) -> list[tuple[str, str, str]]:
         names = None if step.node is None else {self.net.nodes[step.node].name}
         return [(layer, p, gid) for layer, p, gid in self._grads_backward if names is None or layer in names]
 
-    def guard_update(self, step: Step, grads: list | None = None) -> None:
+    def guard_update(self, step: Step, grads: list | None = None, buffers: list | None = None) -> None:
         """The divergence guard, called by every UPDATE step before it updates anything (`_update`, on the device
         or the host copies, and the compiled program's update call): the loss and the gradients this step is about to
-        apply must be finite. Cost: one sum per gradient (`guards.nonfinite`), next to an update that reads the
-        same arrays. With fused per-layer updates a layer is updated right after its own backward, so a
+        apply must be finite, and so must the running statistics its forward updated (`guard_buffers`; `train_step`
+        puts back those of the last good step). Cost: one sum per gradient (`guards.nonfinite`), next to an update
+        that reads the same arrays. With fused per-layer updates a layer is updated right after its own backward, so a
         gradient that goes bad in an earlier layer is found after later layers were updated: the message says
         which (only the unfused update keeps the whole step unapplied)."""
         if not self.check_finite:
             return
         if grads is None:
             grads = self.guard_grads(step)
+        if buffers is None:
+            buffers = self.guard_buffers(step)
         try:
-            check_step(self.be, self.iteration, self.last_loss, grads)
+            check_step(self.be, self.iteration, self.last_loss, grads, buffers)
         except DivergenceError as e:
             done = [self.net.nodes[s.node].name for s in self.route.steps
                     if s.phase is Phase.UPDATE and s.node is not None and s.index < step.index]

@@ -108,10 +108,13 @@ def nonfinite(be, a) -> bool:
     return not bool(np.isfinite(np.asarray(be.to_host(a))).all())
 
 
-def check_step(be, iteration: int, loss: float, grads_backward_order) -> None:
-    """The divergence guard, run after backward and before the update: raise `DivergenceError` if the loss or
-    a gradient is not finite. `grads_backward_order` yields (layer name, parameter name, gradient array) in the
-    order backward produced them, so the layer named is where the non-finite values appeared first."""
+def check_step(be, iteration: int, loss: float, grads_backward_order, buffers=()) -> None:
+    """The divergence guard, run after backward and before the update: raise `DivergenceError` if the loss, a
+    gradient or a buffer is not finite. `grads_backward_order` yields (layer name, parameter name, gradient array)
+    in the order backward produced them, so the layer named is where the non-finite values appeared first.
+    `buffers` yields (layer name, buffer name, array) for the buffers the forward updated (BN running
+    statistics): a finite but huge input (3e38) can overflow a running variance while the normalized output, the
+    loss and every gradient stay finite, and an infinite statistic would then poison every later evaluation."""
     for layer, pname, g in grads_backward_order:
         if nonfinite(be, g):
             lossmsg = f"loss {loss}; " if not math.isfinite(loss) else ""
@@ -123,3 +126,10 @@ def check_step(be, iteration: int, loss: float, grads_backward_order) -> None:
         raise DivergenceError(f"step {iteration}: the loss is {loss}; the update was not applied, so the "
                               f"parameters are those after step {iteration - 1}. Lower the learning rate, or look "
                               f"at the data.", iteration, None)
+
+    for layer, name, b in buffers:
+        if nonfinite(be, b):
+            raise DivergenceError(f"step {iteration}: the running statistic {layer}.{name} is not finite (the "
+                                  f"inputs of {layer} overflowed float32); the step was not applied, so the "
+                                  f"parameters and running statistics are those after step {iteration - 1}. Look "
+                                  f"at the data (its scale), or lower the learning rate.", iteration, layer)

@@ -82,15 +82,16 @@ class Program:
 
 @dataclass(slots=True)
 class GuardCall:
-    """The divergence guard of one UPDATE step: a call (`Executor.guard_update` on these gradients) and the data
-    a CUDA graph needs to run the same check on the device instead (`minidl.capture`)."""
+    """The divergence guard of one UPDATE step: a call (`Executor.guard_update` on these gradients and buffers) and
+    the data a CUDA graph needs to run the same check on the device instead (`minidl.capture`)."""
 
     ex: Any
     step: Step
     grads: list   # (layer, parameter, gradient view), in backward order
+    buffers: list  # (layer, buffer, view): the running statistics, at the step's first update (else empty)
 
     def __call__(self) -> None:
-        self.ex.guard_update(self.step, self.grads)
+        self.ex.guard_update(self.step, self.grads, self.buffers)
 
 
 class NotLowered(Exception):
@@ -217,7 +218,7 @@ class _Lowering:
         ex = self.ex
         if step.phase is Phase.UPDATE:
             if not sp.on_host:  # its own call: the guard reads values on the host, the update does not
-                self.emit("guard", GuardCall(ex, step, ex.guard_grads(step)))
+                self.emit("guard", GuardCall(ex, step, ex.guard_grads(step), ex.guard_buffers(step)))
             self.emit("update", self.update(step, sp.on_host))
             return
         node = ex.net.nodes[step.node]

@@ -203,9 +203,9 @@ class Session:
         `progress`: a progress bar on stderr; None (default) shows one only on an interactive terminal.
         `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
         `save_every` steps (counted by `iteration`, so a resumed run keeps the rhythm) and, on Ctrl-C, for the
-        last completed step before returning early (`result.interrupted`). A non-finite loss or gradient raises
-        `DivergenceError` naming the step and the layer, before that step's update (the session keeps the last
-        good state: `save` writes it).
+        last completed step before returning early (`result.interrupted`). A non-finite loss, gradient or BN
+        running statistic raises `DivergenceError` naming the step and the layer, before that step's update (the
+        session keeps the last good state: `save` writes it).
         """
         steps = args.integer("Session.fit", None, "steps", steps, 0)
         if tuple(data.image_shape) != tuple(self.net.input_nodes[0].shape[1:]):

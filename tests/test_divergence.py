@@ -90,3 +90,30 @@ def test_cli_diverging_run_exits_3_with_one_line_and_saves_the_last_good_state(c
     assert rmeta["batches_consumed"] == meta["batches_consumed"] == k
     for name, arr in rparams.items():
         np.testing.assert_array_equal(params[name], arr, err_msg=name)
+
+
+@pytest.mark.parametrize("policy, compiled, fused", [("none", True, False), ("none", False, False),
+                                                     ("none", True, True), ("recompute", True, False),
+                                                     ("compress", True, False), ("compress", False, False)])
+def test_a_huge_finite_input_that_overflows_a_running_statistic_stops_the_step(policy, compiled, fused):
+    """1e30 is finite, and so are the convolution's outputs, the loss and the gradients (BN's inverse deviation
+    is 0), but the running variance overflows to inf: the step is stopped before its update, naming the
+    statistic, and the last good step's statistics remain (the compiled step and the interpreted one alike)."""
+    data = _data()
+    sess = dl.Session(_net(), SGD(0.01, momentum=0.9), policy=policy, compiled=compiled, fused_update=fused)
+    ex = sess.executor
+    ex.train_step(data.x[:4], data.y[:4])
+    before, opt_before = ex.state_dict(), ex.optimizer_state()
+    huge = np.full_like(data.x[4:8], 1e30)
+    with pytest.raises(DivergenceError) as e:
+        ex.train_step(huge, data.y[4:8])
+    assert e.value.layer == "bn" and e.value.iteration == 1
+    assert "step 1: the running statistic bn.running_var is not finite" in str(e.value)
+    assert ex.iteration == 1
+    for name, arr in ex.state_dict().items():
+        np.testing.assert_array_equal(arr, before[name], err_msg=name)
+    if not fused:
+        for name, arr in ex.optimizer_state().items():
+            np.testing.assert_array_equal(arr, opt_before[name], err_msg=name)
+    ex.train_step(data.x[8:12], data.y[8:12])  # and training goes on from the last good state
+    assert ex.iteration == 2 and all(np.isfinite(v).all() for v in ex.state_dict().values())

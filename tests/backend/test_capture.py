@@ -314,6 +314,28 @@ def test_the_device_guard_stops_a_diverging_update_as_the_host_guard_does(fused)
     _same(o_g, o_e)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_device_guard_checks_the_running_statistics_as_the_host_guard_does(fused):
+    """A finite but huge batch (1e30) overflows a BN running variance while the loss and gradients stay finite:
+    the device guard flags the statistic, and the host raises the host guard's error, with the last good step's
+    statistics and parameters put back, in a graph and eagerly alike."""
+    x, y = _data(steps=1, seed=3)[0]
+    huge = np.full_like(x, 1e30)
+    outcomes = []
+    for graphs in (True, False):
+        sess, _ = _train(GraphCPU(), graphs=graphs, steps=2, fused_update=fused)
+        ex = sess.executor
+        before = _params(sess)
+        with pytest.raises(DivergenceError) as e:
+            ex.train_step(huge, y)
+        assert "running statistic" in str(e.value) and "running_var is not finite" in str(e.value)
+        _same(_params(sess), before)
+        outcomes.append((str(e.value), e.value.layer, ex.iteration))
+        if graphs:
+            assert ex.graph_step.describe() == "cuda graph: 1 graph per step (divergence guard on the device)"
+    assert outcomes[0] == outcomes[1] and outcomes[0][2] == 2
+
+
 def test_without_a_device_guard_the_guard_splits_the_step():
     be = GraphCPU(device_guard=False)
     sess, _ = _train(be, steps=2)
