@@ -102,7 +102,8 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
                    help="let --policy auto also weigh lossy compression of stored activations (auto-lossy); "
                         "results are then not bit-identical to policy none")
     p.add_argument("--budget", type=_size, default=None,
-                   help="device memory budget, e.g. 512MiB, 12GB (default: no limit)")
+                   help="device memory budget, e.g. 512MiB, 12GB, 7.02MiB (a fraction of a byte is rounded up to a "
+                        "multiple of 512 bytes, the pool's unit; default: no limit)")
     p.add_argument("--paged", nargs="?", const="20MiB", default=None, type=_size, metavar="CHUNK",
                    help="place tensors on a paged arena: physical chunks (default 20MiB) mapped behind contiguous "
                         "virtual ranges, so the arena needed is the peak of live chunks (no fragmentation)")

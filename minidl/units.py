@@ -7,19 +7,20 @@ _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def format_bytes(n: int) -> str:
-    """A byte count in binary units with two decimals: 1572864 -> "1.50 MiB", 512 -> "512 B".
+    """A byte count in binary units with two decimals, rounded *up*: 1572864 -> "1.50 MiB", 512 -> "512 B",
+    7356416 (7.0156 MiB) -> "7.02 MiB".
 
-    Binary units (powers of 1024) because that is how memory is built and how `nvidia-smi` reports it.
+    Binary units (powers of 1024) because that is how memory is built and how `nvidia-smi` reports it. Rounded
+    up (never to nearest) so that a printed size is never below the true one: the smallest budget a plan needs,
+    printed and typed back as `--budget 7.02MiB`, still fits (`parse_size` reads it back, rounding up too).
     """
     n = int(n)
     sign = "-" if n < 0 else ""
     m = abs(n)
     if m < 1024:
         return f"{sign}{m} B"
-    value = float(m)
-    unit = "B"
-    for unit in _BINARY_UNITS[1:]:
-        value /= 1024.0
-        if round(value, 2) < 1024.0 or unit == _BINARY_UNITS[-1]:  # never "1024.00 KiB"
+    for k, unit in enumerate(_BINARY_UNITS[1:], start=1):
+        hundredths = -(-m * 100 // 1024**k)  # exact integer ceiling: no float rounding
+        if hundredths < 1024 * 100 or unit == _BINARY_UNITS[-1]:  # never "1024.00 KiB"
             break
-    return f"{sign}{value:.2f} {unit}"
+    return f"{sign}{hundredths // 100}.{hundredths % 100:02d} {unit}"

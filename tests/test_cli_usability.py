@@ -1,6 +1,7 @@
 """The command line a newcomer meets: help and defaults, --version, clear size errors, checkpoints while
 training (--save-every, Ctrl-C), learning-rate schedules, and saying what was written where."""
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+import minidl as dl
 from minidl.checkpoint import load_checkpoint
 from minidl.cli import build_parser, main
 
@@ -33,6 +35,19 @@ def test_bad_budget_says_what_a_size_is(capsys):
     err = capsys.readouterr().err
     assert "--budget: 'lots' is not a memory size; use e.g. 512MiB" in err
     assert "parse_size" not in err
+
+
+@pytest.mark.parametrize("policy", ["liveness", "auto"])
+def test_the_smallest_budget_printed_is_a_budget_that_works(capsys, policy):
+    """The minimum a BudgetError prints, typed back as --budget (decimals and all), plans: it was refused as "not
+    a memory size" and, printed rounded to nearest, could be below the minimum."""
+    argv = ["plan", "resnet", "--depth", "20", "--batch", "8", "--policy", policy]
+    assert main(argv + ["--budget", "1MiB"]) == 2
+    printed = re.search(r"smallest budget that works is (\d+\.\d\d) (KiB|MiB|GiB) \(([\d,]+) B\)",
+                        capsys.readouterr().err)
+    typed = printed.group(1) + printed.group(2)
+    assert dl.parse_size(typed) >= int(printed.group(3).replace(",", ""))
+    assert main(argv + ["--budget", typed]) == 0
 
 
 def test_alexnet_names_the_nearest_image_sizes_that_work(capsys):

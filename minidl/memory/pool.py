@@ -99,9 +99,11 @@ def parse_size(s: str | int) -> int:
 
     Units are case-insensitive: B, KB, MB, GB, TB are decimal (10^3, 10^6, ...: what disk and cloud vendors
     mean), KiB, MiB, GiB, TiB are binary (2^10, 2^20, ...: what memory is built in). No unit means bytes.
-    "mb" is read as megabytes, never megabits. Fractions are computed exactly (no float rounding), and the
-    result must be a whole number of bytes: "1.5 GiB" is fine, "1.5 B" is not. A plain non-negative int is
-    returned unchanged, so a budget can be given either way.
+    "mb" is read as megabytes, never megabits. Fractions are computed exactly (no float rounding); a size that
+    is not a whole number of bytes ("7.02MiB" is 7361003.52 bytes) is rounded *up* to the next multiple of
+    512 bytes (`ALIGNMENT`, the pool's unit: 7361024), never down, so a size minidl printed (which
+    `format_bytes` rounds up too) is always at least the size it stood for. A whole number of bytes is kept
+    as given. A plain non-negative int is returned unchanged, so a budget can be given either way.
     """
     if isinstance(s, bool):
         raise ValueError(f"not a memory size: {s!r}")
@@ -123,7 +125,7 @@ def parse_size(s: str | int) -> int:
             f"or KiB, MiB, GiB, TiB (powers of 1024)")
     exact = Fraction(m.group("num")) * _UNIT_FACTORS[unit]
     if exact.denominator != 1:
-        raise ValueError(f"memory size {s!r} is not a whole number of bytes ({float(exact)} bytes)")
+        return -(-math.ceil(exact) // ALIGNMENT) * ALIGNMENT
     return int(exact)
 
 

@@ -429,6 +429,26 @@ def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("7.02MiB", 7361024),           # 7361003.52 bytes, up to the next 512-byte unit
+    ("1.5 B", 512), ("0.001 KB", 1), ("0.0001 KB", 512), ("16.49MiB", 17291264), ("1.001 KiB", 1536),
+])
+def test_parse_size_rounds_a_fraction_of_a_byte_up_to_the_pool_unit(text, expected):
+    assert parse_size(text) == expected  # a whole number of bytes ("0.001 KB") stays as given
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**50))
+def test_a_printed_size_parses_back_to_at_least_itself(n):
+    """What minidl prints can be typed back: `--budget 7.02MiB` after "the smallest budget that works is 7.02 MiB"
+    is never below the budget printed (format_bytes and parse_size both round up)."""
+    text = format_bytes(n)
+    for typed in (text, text.replace(" ", "")):
+        back = parse_size(typed)
+        unit = 1024 ** ["B", "KiB", "MiB", "GiB", "TiB"].index(text.split()[1])
+        assert n <= back < n + unit // 100 + 512  # at most one hundredth of the unit and one pool unit above
+
+
 def test_parse_size_passes_ints_through():
     assert parse_size(4096) == 4096
 
@@ -436,7 +456,7 @@ def test_parse_size_passes_ints_through():
 @pytest.mark.parametrize("text, match", [
     ("", "cannot parse"), ("MiB", "cannot parse"), ("-5MiB", "cannot parse"), ("1.5.2 GiB", "cannot parse"),
     ("12 GBs", "unknown unit"), ("3 PiB", "unknown unit"), ("5 Mi", "unknown unit"),
-    ("1.5 B", "whole number"), ("1e3", "cannot parse"), ("12 G B", "cannot parse"),
+    ("1e3", "cannot parse"), ("12 G B", "cannot parse"),
 ])
 def test_parse_size_rejects(text, match):
     with pytest.raises(ValueError, match=match):
@@ -452,7 +472,8 @@ def test_parse_size_rejects_non_strings():
 @pytest.mark.parametrize("n, text", [
     (0, "0 B"), (512, "512 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
     (1572864, "1.50 MiB"), (12 * 2**30, "12.00 GiB"), (12 * 10**9, "11.18 GiB"), (2**40, "1.00 TiB"),
-    (2048 * 2**40, "2048.00 TiB"), (-1536, "-1.50 KiB"), (2**20 - 1, "1.00 MiB"), (2**20 - 6, "1023.99 KiB"),
+    (2048 * 2**40, "2048.00 TiB"), (-1536, "-1.50 KiB"), (2**20 - 1, "1.00 MiB"), (2**20 - 6, "1.00 MiB"),
+    (2**20 - 11, "1023.99 KiB"), (17_283_072, "16.49 MiB"), (1025, "1.01 KiB"), (7_356_416, "7.02 MiB"),
 ])
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
@@ -463,6 +484,7 @@ def test_format_bytes(n, text):
 def test_format_bytes_is_close_and_in_range(n):
     number, unit = format_bytes(n).split()
     factor = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
-    assert abs(float(number) * factor - n) <= 0.005 * factor * (1 + 1e-9)   # two decimals of the unit
+    shown = round(float(number) * 100) * factor  # 100 x the size shown, exactly
+    assert 0 <= shown - 100 * n < factor                              # two decimals of the unit, rounded up
     assert unit == "TiB" or float(number) < 1024                    # the largest unit that keeps it < 1024
     assert unit == "B" or float(number) >= 1
