@@ -141,7 +141,7 @@ class Dataset:
         """
         n = len(self)
         if isinstance(fraction_or_count, (bool, np.bool_)):
-            raise TypeError("split() takes a held-out fraction (float) or count (int), not a bool")
+            raise DataError("split() takes a held-out fraction (float) or count (int), not a bool")
         if isinstance(fraction_or_count, (int, np.integer)):
             count = int(fraction_or_count)
         elif isinstance(fraction_or_count, (float, np.floating)):
@@ -150,7 +150,7 @@ class Dataset:
                 raise DataError(f"split fraction must be in (0, 1), got {frac}")
             count = max(1, int(round(frac * n)))
         else:
-            raise TypeError(f"split() takes a float fraction or an int count, got {type(fraction_or_count)}")
+            raise DataError(f"split() takes a float fraction or an int count, got {type(fraction_or_count)}")
         if not 0 < count < n:
             raise DataError(
                 f"{self.name}: cannot hold out {count} of {n} samples; both parts must be non-empty"
@@ -190,7 +190,7 @@ class BatchIterator:
         drop_last: bool = True,
     ) -> None:
         if not isinstance(dataset, Dataset):
-            raise TypeError(f"BatchIterator needs a Dataset, got {type(dataset).__name__}")
+            raise DataError(f"BatchIterator needs a Dataset, got {type(dataset).__name__}")
         batch_size = args.integer("BatchIterator", dataset.name, "batch_size", batch_size, 1)
         if drop_last and batch_size > len(dataset):
             raise DataError(

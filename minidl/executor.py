@@ -19,7 +19,7 @@ import numpy as np
 
 from .backend import backend_name
 from .capture import CaptureRefused, graph_step
-from .errors import DivergenceError, ResidencyError
+from .errors import CheckpointError, DivergenceError, OptionError, ResidencyError
 from .graph import Network
 from .guards import check_images, check_labels, check_step
 from .init import initial_values, param_rng
@@ -61,20 +61,20 @@ class Executor:
         from .backend.cpu import CPUBackend
 
         if plan.route.network is not net:
-            raise ValueError("the plan was made for another network")
+            raise OptionError("the plan was made for another network")
         if tuple(optimizer.slots) != plan.route.optimizer_slots:
-            raise ValueError(f"the plan's route was built for optimizer slots {plan.route.optimizer_slots}, "
-                             f"but the optimizer keeps {tuple(optimizer.slots)}")
+            raise OptionError(f"the plan's route was built for optimizer slots {plan.route.optimizer_slots}, "
+                              f"but the optimizer keeps {tuple(optimizer.slots)}")
         self.net, self.plan, self.route, self.opt = net, plan, plan.route, optimizer
         self.be = backend or CPUBackend()
         be_name = backend_name(self.be)
         if be_name != plan.route.backend_name and any(s.workspace is not None for s in plan.route.steps):
-            raise ValueError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
-                             f"menu but runs on backend '{be_name}': plan with "
-                             f"plan_network(..., backend=<the backend it runs on>)")
+            raise OptionError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
+                              f"menu but runs on backend '{be_name}': plan with "
+                              f"plan_network(..., backend=<the backend it runs on>)")
         if be_name != "cpu" and any(sp.on_host for sp in plan.steps):
-            raise ValueError("the plan updates weights on the host, which runs on the CPU backend only (on a GPU "
-                             "the host would have to wait for each gradient's copy): plan without a host update")
+            raise OptionError("the plan updates weights on the host, which runs on the CPU backend only (on a GPU "
+                              "the host would have to wait for each gradient's copy): plan without a host update")
         self.seed, self.debug, self.tracing = int(seed), debug, trace
         self.iteration = 0
         self.training = True
@@ -84,7 +84,7 @@ class Executor:
 
             paged = getattr(self.be, "paged_backing", None)
             if paged is None:
-                raise ValueError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
+                raise OptionError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
             self.pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes, paged())
         else:
             self.pool = TensorPool(plan.arena_bytes, backing=backing() if backing else NumpyArenaBacking())
@@ -181,12 +181,12 @@ class Executor:
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
         if strict and (missing or unexpected):
-            raise KeyError(f"state mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise CheckpointError(f"state mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
         for key, (tid, shape) in expected.items():
             if key in state:
                 arr = np.asarray(state[key])
                 if tuple(arr.shape) != tuple(shape):
-                    raise ValueError(f"{key}: expected shape {shape}, got {arr.shape}")
+                    raise CheckpointError(f"{key}: expected shape {shape}, got {arr.shape}")
                 self._set_persistent(tid, arr)
         for key, arr in (optimizer_state or {}).items():
             layer, p, s = key.rsplit(".", 2)

@@ -150,11 +150,11 @@ class Network:
 
     # -- queries ----------------------------------------------------------------------------------------------
     def node(self, name: str) -> Node:
-        """The node named `name` (KeyError naming the network if there is none)."""
+        """The node named `name` (GraphError naming the network if there is none)."""
         try:
             return self.nodes[self._by_name[name]]
         except KeyError:
-            raise KeyError(f"no node named {name!r} in network '{self.name}'") from None
+            raise GraphError(f"no node named {name!r} in network '{self.name}'") from None
 
     @property
     def layer_nodes(self) -> list[Node]:

@@ -36,7 +36,7 @@ from .checkpoint import (
 from .data import BatchIterator, Dataset
 from .dist.agree import check_same
 from .dist.checkpoint import check_resume, save_on_rank0
-from .errors import CheckpointError, DivergenceError
+from .errors import CheckpointError, DataError, DivergenceError, OptionError
 from .executor import Executor
 from .graph import Network
 from .guards import check_images
@@ -209,11 +209,13 @@ class Session:
         """
         steps = args.integer("Session.fit", None, "steps", steps, 0)
         if tuple(data.image_shape) != tuple(self.net.input_nodes[0].shape[1:]):
-            raise ValueError(f"data images are {data.image_shape}, but the network's input is "
-                             f"{self.net.input_nodes[0].shape[1:]}")
-        if save_every is not None and (int(save_every) != save_every or save_every < 1 or save_path is None):
-            raise ValueError(f"save_every must be a positive integer and needs save_path, got save_every="
-                             f"{save_every!r}, save_path={save_path!r}")
+            raise DataError(f"Session.fit: data set {data.name!r} has images of shape {data.image_shape}, but the "
+                            f"network's input '{self.net.input_nodes[0].name}' takes "
+                            f"{self.net.input_nodes[0].shape[1:]}")
+        if save_every is not None:
+            save_every = args.integer("Session.fit", None, "save_every", save_every, 1)
+            if save_path is None:
+                raise OptionError(f"Session.fit: save_every={save_every} needs save_path (where to save)")
         if progress is None:
             progress = sys.stderr.isatty()
         desc = {"samples": len(data), "image_shape": list(data.image_shape), "num_classes": data.num_classes}

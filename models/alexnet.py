@@ -23,6 +23,7 @@ i.e. alpha=5e-4 in minidl's (torch's) LRN, which divides alpha by size. Same wid
 """
 from __future__ import annotations
 
+from minidl.errors import OptionError
 from minidl.layers import LRN, AvgPool2d, Conv2d, Dropout, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network
@@ -62,15 +63,15 @@ def alexnet(batch: int = 32, image_size: int = 224, num_classes: int = 1000, in_
             dtype="float32", variant: str | None = None, dropout: float = 0.5):
     """torchvision's AlexNet (`variant=None` or "torchvision") or the LRN one (`variant="lrn"`)."""
     if variant not in VARIANTS:
-        raise ValueError(f"alexnet: unknown variant {variant!r}; choose one of {VARIANTS}")
+        raise OptionError(f"alexnet: unknown variant {variant!r}; choose one of {VARIANTS}")
     lrn = variant == "lrn"
     net, x, y = new_network("alexnet_lrn" if lrn else "alexnet", batch, in_channels, image_size, num_classes,
                             dtype)
     fs = feature_size(image_size)
     if fs == 0 or fs % 6:
-        raise ValueError(f"alexnet: image_size {image_size} gives a {fs}x{fs} feature map; torchvision's 6x6 "
-                         f"adaptive average pooling is only expressible for a positive multiple of 6 (224 and "
-                         f"227 give 6x6); nearest sizes that work: {_nearest_working_sizes(image_size)}")
+        raise OptionError(f"alexnet: image_size {image_size} gives a {fs}x{fs} feature map; torchvision's 6x6 "
+                          f"adaptive average pooling is only expressible for a positive multiple of 6 (224 and "
+                          f"227 give 6x6); nearest sizes that work: {_nearest_working_sizes(image_size)}")
     specs = [  # name, out_channels, kernel, stride, padding, pool after
         ("conv1", 64, 11, 4, 2, True),
         ("conv2", 192, 5, 1, 2, True),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minidl.errors import OptionError
 from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU, args
 
 from .common import check_positive, finish, new_network
@@ -56,10 +57,10 @@ def densenet(depth: int | None = None, batch: int = 32, image_size: int = 224, n
     `drop_rate` > 0 adds torchvision's dropout after each dense layer's conv2.
     """
     if variant not in (None, "tiny"):
-        raise ValueError(f"densenet: unknown variant {variant!r}; choose None or 'tiny'")
+        raise OptionError(f"densenet: unknown variant {variant!r}; choose None or 'tiny'")
     if variant == "tiny":
         if blocks is not None:
-            raise ValueError("densenet: variant='tiny' fixes blocks=(2, 2); pass blocks without the variant")
+            raise OptionError("densenet: variant='tiny' fixes blocks=(2, 2); pass blocks without the variant")
         base = TINY
     elif blocks is not None:
         blocks = args.shape("densenet", None, "blocks", blocks)  # integers >= 1, never truncated
@@ -68,19 +69,19 @@ def densenet(depth: int | None = None, batch: int = 32, image_size: int = 224, n
         depth = 121 if depth is None else depth
         base = DENSENET_CONFIGS[depth]
     else:
-        raise ValueError(f"densenet: depth must be one of {sorted(DENSENET_CONFIGS)} (or give blocks=..., or "
-                         f"variant='tiny'), got {depth!r}")
+        raise OptionError(f"densenet: depth must be one of {sorted(DENSENET_CONFIGS)} (or give blocks=..., or "
+                          f"variant='tiny'), got {depth!r}")
     cfg = DenseNetConfig(base.growth if growth is None else growth, base.blocks,
                          base.init_features if init_features is None else init_features)
     if not cfg.blocks:
-        raise ValueError("densenet: blocks must name at least one dense block")
+        raise OptionError("densenet: blocks must name at least one dense block")
     check_positive("densenet", growth=cfg.growth, init_features=cfg.init_features, bn_size=bn_size,
                    **{f"blocks[{i}]": b for i, b in enumerate(cfg.blocks)})
     if depth is not None and depth != cfg.depth:
-        raise ValueError(f"densenet: blocks {cfg.blocks} give depth {cfg.depth} "
-                         f"(2 * sum(blocks) + len(blocks) + 1), not {depth}")
-    if not 0.0 < compression <= 1.0:
-        raise ValueError(f"densenet: compression must be in (0, 1], got {compression}")
+        raise OptionError(f"densenet: blocks {cfg.blocks} give depth {cfg.depth} "
+                          f"(2 * sum(blocks) + len(blocks) + 1), not {depth}")
+    compression = args.real("densenet", None, "compression", compression, 0.0, 1.0, lo_open=True)
+    drop_rate = args.real("densenet", None, "drop_rate", drop_rate, 0.0, 1.0, hi_open=True)
     name = f"densenet{cfg.depth}" if cfg in DENSENET_CONFIGS.values() else f"densenet{cfg.depth}_custom"
     net, x, y = new_network("densenet_tiny" if cfg == TINY else name, batch, in_channels, image_size, num_classes,
                             dtype)

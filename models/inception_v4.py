@@ -27,6 +27,7 @@ the forks of inception_c are "branch1.1a/1b" and "branch2.3a/3b", joined by "bra
 """
 from __future__ import annotations
 
+from minidl.errors import OptionError
 from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network
@@ -121,11 +122,11 @@ def inception_v4(batch: int = 32, image_size: int = 299, num_classes: int = 1000
                  dtype="float32", variant: str | None = None, drop_rate: float = 0.0):
     """Inception-v4 (see the module docstring). `drop_rate` > 0 adds dropout before fc (the paper: 0.2)."""
     if variant is not None:
-        raise ValueError(f"inception_v4: unknown variant {variant!r} (it has none)")
+        raise OptionError(f"inception_v4: unknown variant {variant!r} (it has none)")
     net, x, y = new_network("inception_v4", batch, in_channels, image_size, num_classes, dtype)
     if image_size < MIN_IMAGE_SIZE:
-        raise ValueError(f"inception_v4: image_size must be at least {MIN_IMAGE_SIZE} (299 is the design "
-                         f"size), got {image_size}")
+        raise OptionError(f"inception_v4: image_size must be at least {MIN_IMAGE_SIZE} (299 is the design "
+                          f"size), got {image_size}")
     h = _stem(x)
     for i in range(1, 5):
         h = _inception_a(h, f"inception_a{i}")

@@ -18,6 +18,7 @@ Parameters at 28x28, 1 channel, 10 classes: 61,706; at 8x8: 21,386 (fc1 sees 16*
 """
 from __future__ import annotations
 
+from minidl.errors import OptionError
 from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network
@@ -29,11 +30,11 @@ def lenet(batch: int = 64, image_size: int = 28, num_classes: int = 10, in_chann
           dtype="float32", variant: str | None = None):
     """LeNet-5 style network (see the module docstring for the exact layers). `variant` must be None."""
     if variant is not None:
-        raise ValueError(f"lenet: unknown variant {variant!r} (lenet has none)")
+        raise OptionError(f"lenet: unknown variant {variant!r} (lenet has none)")
     net, x, y = new_network("lenet5", batch, in_channels, image_size, num_classes, dtype)
     if image_size < MIN_IMAGE_SIZE:
-        raise ValueError(f"lenet: image_size must be at least {MIN_IMAGE_SIZE} (two 2x2 poolings), "
-                         f"got {image_size}")
+        raise OptionError(f"lenet: image_size must be at least {MIN_IMAGE_SIZE} (two 2x2 poolings), "
+                          f"got {image_size}")
     pad2 = 0 if image_size >= 12 else 2
     h = ReLU(name="relu1")(Conv2d(6, 5, padding=2, name="conv1")(x))
     h = MaxPool2d(2, name="pool1")(h)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minidl.errors import OptionError
 from minidl.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network
@@ -69,27 +70,27 @@ class ResNetConfig:
 
 
 def imagenet_blocks(depth: int) -> tuple[str, tuple[int, int, int, int]]:
-    """The block kind and blocks per stage of an ImageNet ResNet of `depth`; ValueError if there is none."""
+    """The block kind and blocks per stage of an ImageNet ResNet of `depth`; OptionError if there is none."""
     if isinstance(depth, bool) or not isinstance(depth, int):
-        raise ValueError(f"resnet: depth must be an integer, got {depth!r}")
+        raise OptionError(f"resnet: depth must be an integer, got {depth!r}")
     if depth in IMAGENET_BLOCKS:
         return IMAGENET_BLOCKS[depth]
     if depth >= 35 and (depth - 2) % 3 == 0:
         return "bottleneck", (3, 4, (depth - 2) // 3 - 10, 3)
-    raise ValueError(f"resnet: no ImageNet ResNet has depth {depth}: use 18 or 34 (basic blocks), 50, 101, 152, "
-                     f"200, 2500 (SuperNeurons' (6, 32, 788, 6)), or any depth d >= 35 with (d - 2) divisible by "
-                     f"3 (bottleneck blocks (3, 4, (d - 2)/3 - 10, 3)); a CIFAR ResNet (variant='cifar' or "
-                     f"image_size <= 64) takes depth 6n + 2")
+    raise OptionError(f"resnet: no ImageNet ResNet has depth {depth}: use 18 or 34 (basic blocks), 50, 101, 152, "
+                      f"200, 2500 (SuperNeurons' (6, 32, 788, 6)), or any depth d >= 35 with (d - 2) divisible by "
+                      f"3 (bottleneck blocks (3, 4, (d - 2)/3 - 10, 3)); a CIFAR ResNet (variant='cifar' or "
+                      f"image_size <= 64) takes depth 6n + 2")
 
 
 def cifar_blocks_per_stage(depth: int) -> int:
-    """n of a CIFAR ResNet of depth 6n + 2; ValueError otherwise."""
+    """n of a CIFAR ResNet of depth 6n + 2; OptionError otherwise."""
     if isinstance(depth, bool) or not isinstance(depth, int):
-        raise ValueError(f"resnet: depth must be an integer, got {depth!r}")
+        raise OptionError(f"resnet: depth must be an integer, got {depth!r}")
     if depth < 8 or (depth - 2) % 6:
-        raise ValueError(f"resnet: a CIFAR ResNet has depth 6n + 2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, "
-                         f"1202, ...), got {depth}; for an ImageNet ResNet on small images pass "
-                         f"variant='imagenet'")
+        raise OptionError(f"resnet: a CIFAR ResNet has depth 6n + 2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, "
+                          f"1202, ...), got {depth}; for an ImageNet ResNet on small images pass "
+                          f"variant='imagenet'")
     return (depth - 2) // 6
 
 
@@ -126,12 +127,12 @@ def resnet(depth: int = 50, batch: int = 32, image_size: int = 224, num_classes:
            dtype="float32", variant: str | None = None):
     """ResNet-`depth`; `variant` "imagenet" or "cifar" (None: "cifar" when image_size <= 64).
 
-    See the module docstring for the depth rules; an impossible depth raises ValueError saying which depths
+    See the module docstring for the depth rules; an impossible depth raises OptionError saying which depths
     are possible. Note that the default follows the image size: resnet(50, image_size=32) is the CIFAR
     ResNet-50 (n = 8); pass variant="imagenet" for torchvision's ResNet-50 on small images.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"resnet: unknown variant {variant!r}; choose one of {VARIANTS}")
+        raise OptionError(f"resnet: unknown variant {variant!r}; choose one of {VARIANTS}")
     if variant is None:
         variant = "cifar" if isinstance(image_size, int) and image_size <= 64 else "imagenet"
     cfg = resnet_config(depth, variant)

@@ -13,6 +13,7 @@ VGG-19 143,667,240. `batch_norm=True` follows torchvision's vgg*_bn exactly, whi
 """
 from __future__ import annotations
 
+from minidl.errors import OptionError
 from minidl.layers import AvgPool2d, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network
@@ -30,19 +31,19 @@ def vgg(depth: int = 16, batch: int = 32, image_size: int = 224, num_classes: in
         dtype="float32", variant: str | None = None, batch_norm: bool = False, dropout: float = 0.5):
     """VGG-`depth` (11, 13, 16 or 19). `variant="bn"` is the same as `batch_norm=True`."""
     if variant not in (None, "bn"):
-        raise ValueError(f"vgg: unknown variant {variant!r}; choose None or 'bn'")
+        raise OptionError(f"vgg: unknown variant {variant!r}; choose None or 'bn'")
     batch_norm = batch_norm or variant == "bn"
     if depth not in VGG_CONFIGS:
-        raise ValueError(f"vgg: depth must be one of {sorted(VGG_CONFIGS)}, got {depth!r}")
+        raise OptionError(f"vgg: depth must be one of {sorted(VGG_CONFIGS)}, got {depth!r}")
     net, x, y = new_network(f"vgg{depth}" + ("_bn" if batch_norm else ""), batch, in_channels, image_size,
                             num_classes, dtype)
     fs = image_size
     for _ in range(5):
         fs //= 2
     if fs == 0 or fs % 7:
-        raise ValueError(f"vgg: image_size {image_size} gives a {fs}x{fs} feature map after the 5 poolings; "
-                         f"torchvision's 7x7 adaptive average pooling is only expressible for a positive "
-                         f"multiple of 7 (224 gives 7x7; image_size must lie in [224k, 224k + 31] for k >= 1)")
+        raise OptionError(f"vgg: image_size {image_size} gives a {fs}x{fs} feature map after the 5 poolings; "
+                          f"torchvision's 7x7 adaptive average pooling is only expressible for a positive "
+                          f"multiple of 7 (224 gives 7x7; image_size must lie in [224k, 224k + 31] for k >= 1)")
     h = x
     for s, widths in enumerate(VGG_CONFIGS[depth], start=1):
         for i, c in enumerate(widths, start=1):

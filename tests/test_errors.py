@@ -11,7 +11,7 @@ import minidl as dl
 from minidl import guards
 from minidl.cli import main
 from minidl.data import Dataset
-from minidl.errors import DataError, GraphError, HostMemoryError, MinidlError, OptionError
+from minidl.errors import CheckpointError, DataError, GraphError, HostMemoryError, MinidlError, OptionError
 from minidl.layers import LRN, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, SoftmaxCrossEntropy
 from minidl.optim import SGD, Adam
 
@@ -167,3 +167,71 @@ def test_cli_debug_shows_the_traceback():
         main(["train", "lenet", "--lr", "nan", "--debug"])
     with pytest.raises(MinidlError):
         main(["info", "nosuchnet", "--debug"])
+
+
+def _tiny_session(**kw):
+    from minidl.models import build_model
+
+    return dl.Session(build_model("lenet", batch=4, image_size=8, in_channels=1, num_classes=10), SGD(0.1), **kw)
+
+
+def _user_mistakes():
+    """(what a user wrote, the error class, words the message must hold): one row per user-facing check that
+    used to raise a plain ValueError/TypeError/KeyError through the Python API."""
+    from minidl.backend import get_backend
+    from minidl.backend.cpu import CPUBackend
+    from minidl.data import BatchIterator, synthetic
+    from minidl.executor import Executor
+    from minidl.memory.calibrate import measured_profile
+    from minidl.memory.policies import plan_network
+    from minidl.memory.report.explain import parse_steps
+    from minidl.memory.simulate import get_profile
+    from minidl.models import build_model
+
+    tiny = _tiny_session
+    return [
+        (lambda: tiny().fit(synthetic(8, (3, 8, 8), 10), 1), DataError, ["(3, 8, 8)", "(1, 8, 8)", "'data'"]),
+        (lambda: tiny(policy="fastest"), OptionError, ["unknown policy", "'fastest'"]),
+        (lambda: plan_network(_net(lambda x: x), SGD(0.1), "fastest"), OptionError, ["unknown policy"]),
+        (lambda: dl.parse_size("lots"), OptionError, ["'lots'"]),
+        (lambda: dl.parse_size(-1), OptionError, ["negative", "-1"]),
+        (lambda: dl.parse_size(1.5), OptionError, ["1.5"]),
+        (lambda: dl.parse_size("3 parsecs"), OptionError, ["unknown unit", "parsecs"]),
+        (lambda: get_profile("k99"), OptionError, ["unknown device profile", "'k99'"]),
+        (lambda: get_profile("k40c:lots"), OptionError, ["'k40c:lots'"]),
+        (lambda: get_backend("tpu"), OptionError, ["unknown backend", "'tpu'"]),
+        (lambda: SGD(0.1, nesterov=True), OptionError, ["nesterov"]),
+        (lambda: build_model("resnet", depth=21), OptionError, ["resnet", "21"]),
+        (lambda: build_model("vgg", depth=12), OptionError, ["vgg", "12"]),
+        (lambda: build_model("lenet", image_size=3), OptionError, ["lenet", "image_size", "3"]),
+        (lambda: build_model("alexnet", image_size=100), OptionError, ["alexnet", "100"]),
+        (lambda: build_model("densenet", depth=122), OptionError, ["densenet", "122"]),
+        (lambda: build_model("densenet", variant="tiny", compression=0), OptionError, ["compression", "0"]),
+        (lambda: build_model("inception_v4", image_size=64), OptionError, ["inception_v4", "64"]),
+        (lambda: _net(lambda x: x).node("nope"), GraphError, ["no node named 'nope'", "'t'"]),
+        (lambda: tiny().fit(synthetic(8, (1, 8, 8), 10), 1, save_every=2), OptionError, ["save_every", "save_path"]),
+        (lambda: tiny().fit(synthetic(8, (1, 8, 8), 10), 1, save_every=1.5, save_path="x.npz"), OptionError,
+         ["save_every", "1.5"]),
+        (lambda: synthetic(8, (1, 4, 4), 2).split(True), DataError, ["bool"]),
+        (lambda: synthetic(8, (1, 4, 4), 2).split("half"), DataError, ["str"]),
+        (lambda: BatchIterator([1, 2, 3], 2), DataError, ["Dataset", "list"]),
+        (lambda: tiny().executor.load_state_dict({}), CheckpointError, ["missing"]),
+        (lambda: tiny().executor.load_state_dict({"conv1.weight": np.zeros(3)}, strict=False), CheckpointError,
+         ["conv1.weight", "(3,)"]),
+        (lambda: Executor(_net(lambda x: x), tiny().plan, SGD(0.1)), OptionError, ["another network"]),
+        (lambda: parse_steps("5"), OptionError, ["--explain-steps", "'5'"]),
+        (lambda: parse_steps("9:3"), OptionError, ["--explain-steps", "'9:3'"]),
+        (lambda: measured_profile(CPUBackend()), OptionError, ["cannot measure a host link"]),
+        (lambda: tiny(paged=1000), OptionError, ["1000"]),
+    ]
+
+
+def test_user_facing_mistakes_through_the_python_api_are_minidl_errors():
+    """The README promises every mistake is a MinidlError: walk the user-facing checks outside layers (whose
+    hyper-parameters the test above walks) and the CLI (whose exits the test below walks)."""
+    for make, cls, words in _user_mistakes():
+        with pytest.raises(MinidlError) as e:
+            make()
+        assert isinstance(e.value, cls), (type(e.value).__name__, str(e.value))
+        for w in words:
+            assert w in str(e.value), (w, str(e.value))

@@ -152,7 +152,7 @@ def test_resnet2500_superneurons():
     assert weighted_layers(net) == 2502
     for stage, blocks in zip((1, 2, 3, 4), (6, 32, 788, 6)):
         net.node(f"layer{stage}.{blocks - 1}.add")
-        with pytest.raises(KeyError):
+        with pytest.raises(dl.GraphError, match="no node named"):
             net.node(f"layer{stage}.{blocks}.add")
     assert shape(net, "fc") == (16, 1000)
 
@@ -162,7 +162,7 @@ def test_resnet_any_depth(depth, blocks):
     net = resnet(depth, batch=1, image_size=224)
     assert weighted_layers(net, include_shortcuts=False) == depth
     assert net.node(f"layer3.{blocks[2] - 1}.conv3") and net.node("layer2.3.conv3")
-    with pytest.raises(KeyError):
+    with pytest.raises(dl.GraphError, match="no node named"):
         net.node(f"layer3.{blocks[2]}.conv1")
 
 

@@ -1,6 +1,8 @@
 """Array/kernel backends. `cpu` (numpy) is the reference; `cuda` (cupy + cuDNN frontend) imports lazily."""
 from __future__ import annotations
 
+from ..errors import OptionError
+
 
 def backend_name(backend) -> str:
     """The kind of `backend` ('cpu', 'cuda', ...), which names whose algorithm menu a plan was made from. None
@@ -24,4 +26,4 @@ def get_backend(name: str = "cpu", device: int = 0, math: str | None = None):
         from .mathmode import check_math
 
         return CUDABackend(device=device, allow_tf32=check_math(math or "fp32") == "tf32")
-    raise ValueError(f"unknown backend {name!r}: expected 'cpu' or 'cuda'")
+    raise OptionError(f"unknown backend {name!r}: expected 'cpu' or 'cuda'")

@@ -29,6 +29,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..errors import OptionError
+
 ENV = "MINIDL_CPU_THREADS"
 MAX_LANES = 8  # more threads split the samples of a batch-32 layer too finely to pay their dispatch
 
@@ -44,9 +46,9 @@ def count() -> int:
         try:
             n = int(raw)
         except ValueError:
-            raise ValueError(f"{ENV} must be a positive integer, got {raw!r}") from None
+            raise OptionError(f"{ENV} must be a positive integer, got {raw!r}") from None
         if n < 1:
-            raise ValueError(f"{ENV} must be a positive integer, got {raw!r}")
+            raise OptionError(f"{ENV} must be a positive integer, got {raw!r}")
         return n
     try:
         cores = len(os.sched_getaffinity(0))

@@ -38,6 +38,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from ..errors import OptionError
 from . import cpu_lanes as lanes
 from .cpu_jit import PARALLEL_MIN, lazy, workers_for
 from .cpu_workspace import align, view
@@ -57,7 +58,7 @@ def enabled() -> bool:
     or 1 is refused, naming the variable: a typo should not silently pick an algorithm."""
     value = os.environ.get(ENV, "1").strip()
     if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 (off) or 1 (on, the default), got {value!r}")
+        raise OptionError(f"{ENV} must be 0 (off) or 1 (on, the default), got {value!r}")
     return value == "1"
 
 

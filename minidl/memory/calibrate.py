@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..errors import OptionError
 from ..route import Phase, Route
 from .simulate import DeviceProfile, get_profile
 from .workspace import CostTable, cost_key
@@ -77,5 +78,5 @@ def measured_profile(backend, base: DeviceProfile | str | None = None, costs: Co
     defaults to the backend's nearest datasheet profile."""
     measure = getattr(backend, "measure_link", None)
     if measure is None:
-        raise ValueError(f"backend '{getattr(backend, 'name', 'cpu')}' cannot measure a host link (CUDA only)")
+        raise OptionError(f"backend '{getattr(backend, 'name', 'cpu')}' cannot measure a host link (CUDA only)")
     return calibrated_profile(base or getattr(backend, "profile", "h100"), measure(), costs, route)

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import OptionError
+
 TARGET_REL_ERROR = 0.01
 """rho*: the relative error (Frobenius norm) of each reader's weight gradient the bound aims at."""
 
@@ -92,7 +94,7 @@ class ErrorBoundRule:
 
     def __init__(self, target: float = TARGET_REL_ERROR):
         if not (math.isfinite(target) and target > 0):
-            raise ValueError(f"error bound target must be a finite relative error > 0, got {target!r}")
+            raise OptionError(f"error bound target must be a finite relative error > 0, got {target!r}")
         self.target = float(target)
         self.measured: dict[str, Measure] = {}
 

@@ -74,7 +74,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import MinidlError
+from ..errors import MinidlError, OptionError
 from ..vocab import TraceEvent
 
 __all__ = ["HostStore", "StreamTransfers", "ThreadTransfers", "TransferEngine", "TransferError", "TransferStats",
@@ -331,7 +331,7 @@ class HostStore:
     def __init__(self, limit_bytes: int | None = None, t0: float | None = None, trace: list | None = None,
                  spill_dir: str | os.PathLike | None = None, backend: Any = None):
         if limit_bytes is not None and limit_bytes < 0:
-            raise ValueError(f"host limit must be >= 0 bytes, got {limit_bytes}")
+            raise OptionError(f"host limit must be >= 0 bytes, got {limit_bytes}")
         self.limit_bytes = limit_bytes
         self.t0 = time.perf_counter() if t0 is None else t0
         self.trace = trace

@@ -36,6 +36,8 @@ from typing import Any, Hashable, Protocol
 
 import numpy as np
 
+from minidl.errors import OptionError
+
 from .pool import ALIGNMENT, PoolOutOfMemory, TensorPool, align_up, format_bytes, parse_size
 
 DEFAULT_CHUNK = 20 * 2**20
@@ -74,7 +76,7 @@ class PagedPool:
         self.budget = parse_size(budget)
         self.chunk = int(chunk)
         if self.chunk <= 0 or self.chunk % ALIGNMENT:
-            raise ValueError(f"paged chunk {self.chunk} bytes must be a positive multiple of {ALIGNMENT} bytes")
+            raise OptionError(f"paged chunk {self.chunk} bytes must be a positive multiple of {ALIGNMENT} bytes")
         self.n_chunks = self.budget // self.chunk
         self.capacity = self.n_chunks * self.chunk
         n_virtual = -(-virtual_bytes // self.chunk) if virtual_bytes else 2 * self.n_chunks + 16

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import BudgetError, DistError
+from ..errors import BudgetError, DistError, OptionError
 from ..graph import Network
 from ..optim import Optimizer
 from ..route import Route
@@ -124,7 +124,7 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     """
     budget = as_size(budget, "budget")
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        raise OptionError(f"unknown policy {policy!r}: expected one of {', '.join(POLICIES)}")
     slots = tuple(optimizer.slots) if optimizer is not None else ()
     fused = use_fused_update(fused_update, policy, budget)
     if data_parallel is not None and training:
@@ -156,5 +156,5 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
             raise
         raise verified_minimum(lambda b: fn(route, b, device, costs), policy, budget, e) from None
     if route.paged_chunk and plan.paged is None:   # a policy that plans a route of its own must pass --paged on
-        raise ValueError(f"policy '{policy}' did not place its plan by chunks: --paged is not supported with it")
+        raise OptionError(f"policy '{policy}' did not place its plan by chunks: --paged is not supported with it")
     return plan

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -105,22 +106,22 @@ def parse_size(s: str | int) -> int:
     `format_bytes` rounds up too) is always at least the size it stood for. A whole number of bytes is kept
     as given. A plain non-negative int is returned unchanged, so a budget can be given either way.
     """
-    if isinstance(s, bool):
-        raise ValueError(f"not a memory size: {s!r}")
-    if isinstance(s, int):
+    if isinstance(s, (bool, np.bool_)):
+        raise OptionError(f"not a memory size: {s!r}")
+    if isinstance(s, numbers.Integral):  # numpy's integers too
         if s < 0:
-            raise ValueError(f"a memory size cannot be negative, got {s}")
-        return s
+            raise OptionError(f"a memory size cannot be negative, got {s}")
+        return int(s)
     if not isinstance(s, str):
-        raise ValueError(f"not a memory size: {s!r} (expected a string such as '512MiB' or an int)")
+        raise OptionError(f"not a memory size: {s!r} (expected a string such as '512MiB' or an int)")
     m = _SIZE_RE.match(s)
     if m is None:
-        raise ValueError(
+        raise OptionError(
             f"cannot parse memory size {s!r}: expected a non-negative number and an optional unit, "
             f"e.g. '1024', '64KiB', '1.5 GiB', '12GB'")
     unit = m.group("unit").lower()
     if unit not in _UNIT_FACTORS:
-        raise ValueError(
+        raise OptionError(
             f"unknown unit {m.group('unit')!r} in memory size {s!r}: use B, KB, MB, GB, TB (powers of 1000) "
             f"or KiB, MiB, GiB, TiB (powers of 1024)")
     exact = Fraction(m.group("num")) * _UNIT_FACTORS[unit]
@@ -274,8 +275,8 @@ class TensorPool:
         self.budget = parse_size(budget)
         self.capacity = self.budget // ALIGNMENT * ALIGNMENT
         if self.capacity == 0:
-            raise ValueError(f"pool budget {_bytes_both(self.budget)} is smaller than one block "
-                             f"({ALIGNMENT} bytes)")
+            raise OptionError(f"pool budget {_bytes_both(self.budget)} is smaller than one block "
+                              f"({ALIGNMENT} bytes)")
         self.arena = backing.allocate(self.capacity) if backing is not None else None
         # The block at offset 0 is never absorbed by a neighbour (merges keep the left block), so it is a
         # stable head for walking the arena in address order.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..errors import OptionError
 from ..graph import Network
 from ..route import Phase, Route
 from .plan import Plan
@@ -65,8 +66,8 @@ def get_profile(name: str) -> DeviceProfile:
     try:
         prof = PROFILES[base]
     except KeyError:
-        raise ValueError(f"unknown device profile {name!r}: expected one of {', '.join(PROFILES)}, optionally "
-                         f"with ':SIZE' (e.g. k40c:64GB)") from None
+        raise OptionError(f"unknown device profile {name!r}: expected one of {', '.join(PROFILES)}, optionally "
+                          f"with ':SIZE' (e.g. k40c:64GB)") from None
     if not sep:
         return prof
     from dataclasses import replace
@@ -76,7 +77,7 @@ def get_profile(name: str) -> DeviceProfile:
     try:
         size = parse_size(mem)
     except ValueError as e:
-        raise ValueError(f"device profile {name!r}: {e}") from None
+        raise OptionError(f"device profile {name!r}: {e}") from None
     return replace(prof, memory_bytes=size, note=f"{prof.note}; memory set to {mem}")
 
 

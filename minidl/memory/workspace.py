@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..backend import backend_name
+from ..errors import OptionError
 from ..layers.base import Layer, LayerContext
 from ..route import Phase, Route
 from ..vocab import WorkspaceOption
@@ -224,8 +225,8 @@ def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int,
         phase = "fwd" if step.phase is Phase.FORWARD else "bwd"
         in_shapes, out_shape = route.shapes_of(node.index)  # a micro-batch's, on a packed route
         if costs.autotune and costs.backend_name != route.backend_name:
-            raise ValueError(f"the cost table measures on backend '{costs.backend_name}' but the route lists "
-                             f"the algorithms of backend '{route.backend_name}'")
+            raise OptionError(f"the cost table measures on backend '{costs.backend_name}' but the route lists "
+                              f"the algorithms of backend '{route.backend_name}'")
         opts = costs.rank(node.layer, phase, in_shapes, out_shape, net.dtype.itemsize, step.workspace_options)
         out[step.index] = WorkspaceChoice(opts[0].algo, opts[0].workspace_bytes, [], opts)
     return out

@@ -80,7 +80,7 @@ class SGD(Optimizer):
         for what in ("lr", "momentum", "dampening", "weight_decay"):
             _check_real("SGD", what, getattr(self, what))
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
-            raise ValueError("SGD: nesterov momentum requires momentum > 0 and dampening = 0")
+            raise OptionError("SGD: nesterov momentum requires momentum > 0 and dampening = 0")
         self.slots = ("momentum",) if self.momentum else ()
 
     def update(self, be, param, grad, state, step):

@@ -451,6 +451,7 @@ def test_a_printed_size_parses_back_to_at_least_itself(n):
 
 def test_parse_size_passes_ints_through():
     assert parse_size(4096) == 4096
+    assert parse_size(np.int64(4096)) == 4096 and type(parse_size(np.int64(4096))) is int
 
 
 @pytest.mark.parametrize("text, match", [

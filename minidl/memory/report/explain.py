@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 
+from ...errors import OptionError
 from ...tensors import Role
 from ..decisions.weights import weights_lines
 from ..liveness import analyze
@@ -27,9 +28,9 @@ def parse_steps(spec: str) -> tuple[int, int]:
         lo = int(a) if a.strip() else 0
         hi = int(b) if b.strip() else 1 << 62
     except ValueError:
-        raise ValueError(f"--explain-steps {spec!r}: expected A:B, e.g. 100:200 (steps A to B-1)") from None
+        raise OptionError(f"--explain-steps {spec!r}: expected A:B, e.g. 100:200 (steps A to B-1)") from None
     if not sep or lo < 0 or hi <= lo:
-        raise ValueError(f"--explain-steps {spec!r}: expected A:B with 0 <= A < B, e.g. 100:200")
+        raise OptionError(f"--explain-steps {spec!r}: expected A:B with 0 <= A < B, e.g. 100:200")
     return lo, hi
 
 

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ...errors import BudgetError
+from ...errors import BudgetError, OptionError
 from ...packs import Packing, even_packs
 from ...route import Route
 from ..decisions.weights import layer_candidates, moved_by_role, plan_weights
@@ -356,7 +356,7 @@ def search_pipeline(net: "Network", devices: int, budget: int | None = None, dev
     device (1, 2, 4, ... up to `max_packs_per_device`) and the cuts of `CUTS`. `budget`: per device (default:
     the profile's memory). BudgetError if none fits, with the closest."""
     if devices < 1:
-        raise ValueError(f"--devices must be at least 1, got {devices}")
+        raise OptionError(f"--devices must be at least 1, got {devices}")
     profile = get_profile(device)
     budget = profile.memory_bytes if budget is None else budget
     batch = net.input_nodes[0].shape[0]
