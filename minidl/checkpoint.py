@@ -290,10 +290,15 @@ def compare_optimizers(saved: dict, current: dict, slots_saved: list, slots_now:
     return out
 
 
+REPLAY_LIMIT_SAMPLES = 10**8
+"""How many samples a resume may shuffle again to find its place in the data order when the checkpoint has only
+a count of batches (written without `data_position`): one permutation per epoch passed, about a second."""
+
+
 def check_positions(meta: dict, path) -> tuple[int, int]:
     """(iteration, batches_consumed) from a checkpoint's metadata, refused unless they are integers with
-    0 <= batches_consumed <= iteration: a run consumes one batch per step, and resuming replays the data order
-    batch by batch (10^10 would hang, a negative count would be silently read as 0)."""
+    0 <= batches_consumed <= iteration: a run consumes one batch per step (a negative count would be silently
+    read as 0). Where in the data order they put the run is `check_data_position`'s."""
     it, bc = meta.get("iteration"), meta.get("batches_consumed")
     for what, v in (("iteration", it), ("batches_consumed", bc)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -302,6 +307,45 @@ def check_positions(meta: dict, path) -> tuple[int, int]:
         raise CheckpointError(f"checkpoint {path}: batches_consumed {bc} exceeds iteration {it} (one batch per "
                               f"step): the metadata is inconsistent")
     return it, bc
+
+
+def check_data_position(meta: dict, consumed: int, path) -> dict | None:
+    """The data position a checkpoint resumes at (`BatchIterator.position()`: epoch, samples of it taken, the
+    generator's state before that epoch's order), refused unless it is where `consumed` batches of the recorded
+    global batch end in the recorded data set. Restoring it costs one permutation however far the run went, so
+    a position is never replayed batch by batch (a manifest claiming 10^9 batches used to replay them for hours).
+    None: the run is at the start, or the checkpoint has only the count (an older writer): then the count is
+    skipped epoch by epoch, refused beyond `REPLAY_LIMIT_SAMPLES` shuffled samples."""
+    pos, batch = meta.get("data_position"), meta.get("batch")
+    samples = (meta.get("data") or {}).get("samples")
+    if consumed == 0 and pos in (None, {"epoch": -1, "offset": 0, "rng": None}):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (samples, batch)) \
+            or samples < batch:
+        raise CheckpointError(f"checkpoint {path}: batches_consumed is {consumed}, but the data set ({samples} "
+                              f"samples) and global batch ({batch}) it records cannot have given that many")
+    per_epoch = samples // batch
+    if pos is None:
+        epochs = consumed // per_epoch
+        if epochs * samples > REPLAY_LIMIT_SAMPLES:
+            raise CheckpointError(f"checkpoint {path} has no data position, only batches_consumed = {consumed}: "
+                                  f"finding that place in the data order would shuffle {epochs} epochs of "
+                                  f"{samples} samples again; resume with --resume-params-only (the parameters "
+                                  f"alone) instead")
+        return None
+    epoch, offset = (pos.get("epoch"), pos.get("offset")) if isinstance(pos, dict) else (None, None)
+    exact = all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, offset)) and epoch >= 0 \
+        and 0 <= offset <= per_epoch * batch and offset % batch == 0
+    if not exact or epoch * per_epoch + offset // batch != consumed:
+        raise CheckpointError(f"checkpoint {path}: its data position (epoch {epoch}, offset {offset}) is not where "
+                              f"batches_consumed = {consumed} batches of {batch} end in {samples} samples "
+                              f"({per_epoch} batches per epoch): the metadata is inconsistent")
+    try:
+        np.random.default_rng().bit_generator.state = pos.get("rng")
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path}: its data position's generator state is unusable "
+                              f"({type(e).__name__}: {e})") from None
+    return pos
 
 
 def resume_problems(meta: dict, *, fingerprint: list, optimizer: dict, slots: list, seed: int, batch: int) -> list[str]:

@@ -210,6 +210,7 @@ class BatchIterator:
         self._order: np.ndarray | None = None
         self._pos = 0
         self.epoch_index = -1  # index of the epoch the last batch came from; -1 before the first batch
+        self._epoch_rng: dict | None = None  # the generator's state just before it drew this epoch's order
 
     @property
     def batches_per_epoch(self) -> int:
@@ -227,6 +228,8 @@ class BatchIterator:
 
     def _start_epoch(self) -> None:
         n = len(self.dataset)
+        if self.shuffle:
+            self._epoch_rng = self._rng.bit_generator.state
         self._order = self._rng.permutation(n) if self.shuffle else np.arange(n)
         self._pos = 0
         self.epoch_index += 1
@@ -244,6 +247,47 @@ class BatchIterator:
         idx = self._take_indices()
         # Fancy indexing gathers into a fresh C-contiguous array of the source dtype.
         return self.dataset.x[idx], self.dataset.y[idx]
+
+    # -- the position in the sequence of batches, as checkpoints keep it -------------------------------------
+    def position(self) -> dict:
+        """Where the iterator stands, as plain values: the epoch, the samples of it already taken, and the
+        generator's state just before it drew that epoch's order (None without shuffling, or before the first
+        batch). `seek` goes back to it in one permutation, whatever the number of batches before it."""
+        return {"epoch": self.epoch_index, "offset": self._pos, "rng": self._epoch_rng}
+
+    def seek(self, position: dict) -> None:
+        """Stand where `position()` said: the same batches follow, bit for bit. Raises ValueError, TypeError or
+        KeyError for a position this iterator could not have had (the caller names where it came from)."""
+        epoch, offset, rng = position["epoch"], position["offset"], position.get("rng")
+        for what, v in (("epoch", epoch), ("offset", offset)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"data position: {what} is {v!r}, not an integer")
+        self.reset()
+        if epoch < 0:
+            if epoch != -1 or offset != 0:
+                raise ValueError(f"data position: epoch {epoch}, offset {offset} before the first batch")
+            return
+        if not 0 <= offset <= len(self.dataset):
+            raise ValueError(f"data position: offset {offset} outside the {len(self.dataset)} samples of an epoch")
+        if self.shuffle:
+            if not isinstance(rng, dict):
+                raise TypeError(f"data position: the generator state is {rng!r}, not a state")
+            self._rng.bit_generator.state = rng
+        self.epoch_index = epoch - 1
+        self._start_epoch()
+        self._pos = offset
+
+    def skip(self, batches: int) -> None:
+        """From the start, stand after `batches` batches, epoch by epoch: one permutation per epoch passed
+        (batches // batches_per_epoch of them) instead of taking every batch. For positions kept as a count."""
+        self.reset()
+        epochs, rest = divmod(int(batches), self.batches_per_epoch)
+        for _ in range(epochs):
+            self._start_epoch()
+            self._pos = len(self._order)  # the epoch is used up; the next batch starts the next one
+        if rest:
+            self._start_epoch()
+            self._pos = rest * self.batch_size
 
     def next_into(self, x_out: np.ndarray, y_out: np.ndarray) -> None:
         """Write the next batch into caller-provided arrays (e.g. views into an executor's arena).

@@ -25,6 +25,7 @@ import numpy as np
 
 from .backend.mathmode import apply_math
 from .checkpoint import (
+    check_data_position,
     check_positions,
     compare_data,
     compare_networks,
@@ -178,6 +179,7 @@ class Session:
         self._resume_data: dict | None = None  # what a loaded checkpoint says it was trained on (checked by fit)
         self._data_fingerprint: tuple | None = None
         self.batches_consumed = 0
+        self._resume_position: dict | None = None  # a loaded checkpoint's data position, taken by the next fit
         self._agreed: dict | None = None  # data parallel: the run record every rank was checked to share
 
     @property
@@ -188,11 +190,16 @@ class Session:
     def _batches(self, data: Dataset) -> BatchIterator:
         fp = (id(data), len(data))
         if self._iterator is None or self._data_fingerprint != fp:
-            self._iterator = BatchIterator(data, self.batch * self.ranks, seed=self.seed, shuffle=True,
-                                           drop_last=True)  # data parallel: the global batch, sliced per rank
-            self._data_fingerprint = fp
-            for _ in range(self.batches_consumed):  # resume: replay the data order without copying data
-                self._iterator._take_indices()
+            it = BatchIterator(data, self.batch * self.ranks, seed=self.seed, shuffle=True,
+                               drop_last=True)  # data parallel: the global batch, sliced per rank
+            old, self._iterator, self._data_fingerprint = self._iterator, it, fp
+            if self._resume_position is not None:  # resume: one permutation, however far the run went
+                it.seek(self._resume_position)
+                self._resume_position = None
+            elif old is not None and len(old.dataset) == len(data):  # another data set of the same size
+                it.seek(old.position())
+            elif self.batches_consumed:  # a position known only as a count (bounded by check_data_position)
+                it.skip(self.batches_consumed)
         return self._iterator
 
     def fit(self, data: Dataset, steps: int, progress: bool | None = None, on_step=None,
@@ -236,7 +243,7 @@ class Session:
         try:
             with _StopOnSigint() as stop:
                 for k in range(steps):
-                    loss, dt = self._train_one(it.next_batch())
+                    loss, dt = self._train_one(it)
                     result.losses.append(loss)
                     result.step_times.append(dt)
                     if bar:
@@ -286,19 +293,20 @@ class Session:
         for the others' next all-reduce."""
         return self.comm.any(here) if self.ranks > 1 else here
 
-    def _train_one(self, batch: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
-        """One step at the schedule's learning rate: (loss, seconds)."""
+    def _train_one(self, it: BatchIterator) -> tuple[float, float]:
+        """One step, on the iterator's next batch, at the schedule's learning rate: (loss, seconds)."""
         if hasattr(self.optimizer, "lr"):
             self.optimizer.lr = self.lr_schedule.lr(self.base_lr, self.iteration)
-        x, y = batch
+        before = it.position()
+        x, y = it.next_batch()
         if self.ranks > 1:  # this rank's slice of the global batch
             r, b = self.comm.rank, self.batch
             x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
         t = time.perf_counter()
         try:
             loss = self.executor.train_step(x, y)
-        except DivergenceError:  # nothing was applied: the data order replays from batches_consumed
-            self._iterator = None
+        except BaseException:  # the step does not count (a DivergenceError applied nothing): its batch comes next
+            it.seek(before)
             raise
         if self.ranks > 1:
             loss = self.comm.mean(loss)  # the global batch's loss, as one process would report it
@@ -364,10 +372,17 @@ class Session:
                 "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
                 "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
-                "math": self.math}
+                "math": self.math, "data_position": self._data_position()}
         if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)
+
+    def _data_position(self) -> dict | None:
+        """Where the data order stands (`BatchIterator.position`), so that a resume restores it in one step
+        instead of replaying the batches before it; None before the first fit."""
+        if self._iterator is not None:
+            return self._iterator.position()
+        return self._resume_position
 
     def _save(self, path, meta: dict, with_optimizer: bool) -> Path:
         opt = self.executor.optimizer_state() if with_optimizer else None
@@ -405,16 +420,17 @@ class Session:
             raise CheckpointError(f"cannot resume from {path}: {'; '.join(problems)}. To load the parameters "
                                   f"alone use --resume-params-only (Session.load(path, params_only=True)); for a "
                                   f"partial load, Session.load(path, strict=False)")
+        position_ok = meta.get("seed") == self.seed and meta.get("batch") == self.batch * self.ranks
+        position = check_data_position(meta, consumed, path) if position_ok else None
         mine = {k: (tuple(s), d) for k, s, d in here}
         usable = {k: v for k, v in params.items() if mine.get(k) == (tuple(v.shape), str(v.dtype))}
         opt_ok = not any(p.startswith(("optimizer", "the checkpoint has no optimizer")) for p in problems)
         opt = {k: v for k, v in opt.items() if k.rsplit(".", 1)[0] in usable} if opt_ok else {}
         self.executor.load_state_dict(usable, opt or None, strict=False)
-        position_ok = meta.get("seed") == self.seed and meta.get("batch") == self.batch * self.ranks
         if position_ok:
             self.executor.iteration, self.batches_consumed = iteration, consumed
             self._resume_data = self._data_desc = meta.get("data")
-        self._iterator = None
+        self._iterator, self._resume_position = None, position
         meta["not_loaded"] = sorted(set(mine) - set(usable)) + ([] if opt_ok else ["optimizer state"]) + (
             [] if position_ok else ["iteration and data position"])
         return meta

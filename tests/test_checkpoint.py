@@ -129,6 +129,86 @@ def test_impossible_data_positions_are_refused_at_once(saved, tmp_path, bc):
     assert sess.batches_consumed == 0 and replayed == []
 
 
+@pytest.mark.parametrize("update, words", [
+    ({"iteration": 10**9, "batches_consumed": 10**9}, "its data position (epoch 0, offset 12) is not where"),
+    ({"iteration": 10**9, "batches_consumed": 10**9, "data_position": None}, "has no data position"),
+    ({"data_position": {"epoch": 0, "offset": 5, "rng": None}}, "its data position (epoch 0, offset 5)"),
+    ({"data_position": {"epoch": 0, "offset": 12, "rng": {"bit_generator": "MT19937"}}}, "generator state"),
+    ({"data": None}, "the data set (None samples)"),
+])
+def test_a_data_position_the_data_set_cannot_have_given_is_refused_at_once(saved, tmp_path, update, words):
+    """Self-consistent files (checksums recomputed) whose data position is impossible: 10^9 batches used to be
+    replayed one by one at the next fit (for hours); now the position is checked against the recorded data set
+    and batch at load, before anything is applied."""
+    p = tmp_path / "m.npz"
+    _rewrite(saved, p, update)
+    sess = _session()
+    applied = []
+    sess.executor.load_state_dict = lambda *a, **k: applied.append("state")
+    with pytest.raises(CheckpointError) as e:
+        sess.load(p)
+    assert words in str(e.value) and str(p) in str(e.value)
+    assert sess.batches_consumed == 0 and applied == []
+
+
+def test_a_far_data_position_is_restored_without_replaying_the_batches_before_it(saved, tmp_path):
+    """A position 10^9 batches in (epoch 10^8, 12 batches of 4 each) is one permutation away: the fit starts at
+    once, on the batches that position stands for."""
+    rng = ck.load_checkpoint(saved)[2]["data_position"]["rng"]
+    far = {"epoch": 10**8, "offset": 8, "rng": rng}
+    p = tmp_path / "far.npz"
+    _rewrite(saved, p, {"iteration": 12 * 10**8 + 2, "batches_consumed": 12 * 10**8 + 2, "data_position": far})
+    sess = _session()
+    sess.load(p)
+    sess.fit(_data(), 2)
+    assert sess.batches_consumed == 12 * 10**8 + 4
+    assert sess._data_position()["epoch"] == 10**8 and sess._data_position()["offset"] == 16
+
+
+@pytest.mark.parametrize("k", [12, 17])
+@pytest.mark.parametrize("kept", ["position", "count"])
+def test_resume_across_epochs_is_exact(tmp_path, k, kept):
+    """Several epochs (12 batches each): resumed at an epoch's end (k=12) or inside the next one (k=17), from the
+    data position or (a checkpoint of an older writer) from the count of batches alone, the resumed run is the
+    straight run, bit for bit."""
+    straight = _session()
+    straight.fit(_data(), 30)
+    first = _session()
+    first.fit(_data(), k)
+    first.save(tmp_path / "k.npz")
+    if kept == "count":
+        _rewrite(tmp_path / "k.npz", tmp_path / "k.npz", {"data_position": None})
+    resumed = _session()
+    resumed.load(tmp_path / "k.npz")
+    resumed.fit(_data(), 30 - k)
+    for name, v in straight.executor.state_dict().items():
+        assert np.array_equal(resumed.executor.state_dict()[name], v), name
+
+
+def test_a_diverged_step_gives_its_batch_to_the_next_fit():
+    """A step the guard stopped consumed nothing: the next fit trains on that batch, as a run without the
+    failed step would have."""
+    from minidl.errors import DivergenceError
+
+    data = _data()
+    straight = _session()
+    straight.fit(data, 5)
+    sess = _session()
+    sess.fit(data, 2)
+    step = sess.executor.train_step
+
+    def diverging(x, y):  # as the guard raises: after the forward, before anything is applied
+        sess.executor.train_step = step
+        raise DivergenceError("step 2: injected", 2)
+    sess.executor.train_step = diverging
+    with pytest.raises(DivergenceError):
+        sess.fit(data, 3)
+    assert sess.batches_consumed == sess.iteration
+    sess.fit(data, 5 - sess.iteration)
+    for name, v in straight.executor.state_dict().items():
+        assert np.array_equal(sess.executor.state_dict()[name], v), name
+
+
 def test_a_hand_edited_manifest_fails_its_checksum(saved, tmp_path):
     import zipfile
     p = tmp_path / "edited.npz"
