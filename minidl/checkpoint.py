@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -124,11 +124,24 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new temporary file beside `path` (named as `clean_stale_temps` expects), opened for writing, created with
+    mode 0666 less the process umask: what any file the user writes gets (tempfile.mkstemp's 0600 would make
+    every checkpoint private, whatever the umask says, and the rename keeps the mode)."""
+    for _ in range(100):
+        tmp = str(path.parent / f"{_tmp_prefix(path)}{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise CheckpointError(f"cannot create a temporary file beside {path}: 100 names were all taken")
+
+
 def atomic_savez(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
     """Write `arrays` as an uncompressed npz at exactly `path`, atomically (rule 1 of the module doc)."""
     path = _target(path)
     clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f"{_tmp_prefix(path)}{os.getpid()}.", suffix=_TMP_SUFFIX, dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)

@@ -340,6 +340,21 @@ def test_the_path_written_is_the_path_given(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary left behind
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_checkpoint_gets_the_mode_the_umask_gives_any_new_file(tmp_path, umask):
+    path = tmp_path / "run.npz"
+    old = os.umask(umask)
+    try:
+        for _ in range(2):  # written, then replaced atomically: the same mode both times
+            ck.save_checkpoint(path, _state(0), None, {"i": 0})
+            assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+            (tmp_path / "plain").write_bytes(b"")
+            assert path.stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "run.npz"]
+
+
 def test_stale_temporaries_of_dead_writers_are_cleaned(tmp_path):
     target = tmp_path / "c.npz"
     dead = os.fork()
