@@ -112,7 +112,13 @@ class ErrorBoundRule:
             return math.inf
         if reader.kind is ReaderKind.NORMALIZE:
             xs = np.moveaxis(np.asarray(x, np.float64), 1, 0).reshape(x.shape[1], -1) if x.ndim > 1 else x[None]
-            var = np.nanvar(np.where(np.isfinite(xs), xs, np.nan), axis=1) + BN_EPS
+            finite = np.isfinite(xs)
+            rows = finite.any(axis=1)  # a channel with no finite value has no variance: it constrains nothing
+            if not rows.all():         # (and nanvar / nanmean would warn on it: a diverging step's activations)
+                if not rows.any():
+                    return math.inf
+                xs, finite = xs[rows], finite[rows]
+            var = np.nanvar(np.where(finite, xs, np.nan), axis=1) + BN_EPS
             return math.sqrt(3.0) * rho / math.sqrt(float(np.nanmean(1.0 / var)))
         m = self.measured.get(reader.node)
         if m is None:                                   # rule B0: nothing measured yet

@@ -237,3 +237,40 @@ def test_each_tensor_is_stored_at_the_bound_the_rule_gives(monkeypatch):
         assert eb == want and err <= want
     for tid, want in zip(order, given[-len(order):]):
         assert store.figures[tid].eb == want, tid
+
+
+def test_a_channel_with_no_finite_value_constrains_nothing_and_warns_nothing():
+    """A diverging step's activations can be non-finite in whole channels: rule N's variance skips them (numpy's
+    nanvar / nanmean warned 'Degrees of freedom <= 0' and 'Mean of empty slice' on them)."""
+    import warnings
+
+    rule = ErrorBoundRule()
+    bn = [Reader("bn", ReaderKind.NORMALIZE)]
+    x = np.random.default_rng(0).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = rule.bound_for(x[:, :2], bn[0])
+        x[:, 2] = np.nan
+        x[0, 2, 0, 0] = np.inf
+        assert rule.bound_for(x, bn[0]) == want  # the finite channels alone, as before
+        assert rule.bound_for(np.full_like(x, np.inf), bn[0]) == math.inf
+        assert rule.bound(np.full_like(x, np.nan), bn) == 1.0  # nothing finite: any bound keeps NaN exactly
+
+
+def test_a_diverging_compressed_run_stops_with_the_guards_error_alone():
+    """lr 1e30 makes step 1's activations non-finite: the compressed store encodes them without a numpy warning,
+    and the run stops with the divergence guard's error naming the layer."""
+    import warnings
+
+    import minidl as dl
+    from minidl.data import synthetic
+    from minidl.errors import DivergenceError
+    from minidl.models import build_model
+
+    net = build_model("resnet", depth=8, batch=8, image_size=8, in_channels=1, num_classes=10)
+    sess = dl.Session(net, SGD(1e30, momentum=0.9), policy="compress")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DivergenceError) as e:
+            sess.fit(synthetic(64, (1, 8, 8), 10, seed=0), 5)
+    assert e.value.layer and e.value.layer in str(e.value)
