@@ -5,7 +5,7 @@
 // tensor compressed on one backend decodes on the other:
 //
 //   sz_quantize        one thread per element: bin index p (sign-keeping midpoint quantizer, step 2*eb) and an
-//                      outlier flag (NaN/Inf, |p| > 2^40, or float32 rounding past the bound), computed in double
+//                      outlier flag (NaN/Inf, -0.0, |p| > 2^40, or float32 rounding past the bound), computed in double
 //                      exactly as numpy does (IEEE division, ceil, one rounding to float).
 //   sz_encode_blocks   one 256-thread block per block of 256 codes: Lorenzo difference inside the block (its
 //                      first p is the anchor), zigzag, width w = bit length of the block's largest code, and w
@@ -57,7 +57,7 @@ extern "C" __global__ void sz_quantize(long long* __restrict__ bins, unsigned ch
         if (ok && p == 0 && xf != 0.0) p = 1;        // |x| / 2eb underflowed: keep the sign in the first bin
         if (xf < 0.0) p = -p;
         const double err = fabs(xf - (double)sz_dequant(p, eb));
-        const bool bad = !(ok && err <= eb);
+        const bool bad = !(ok && err <= eb) || __float_as_uint(x[i]) == 0x80000000u;  // -0.0: bin 0 is +0.0
         bins[i] = bad ? 0 : p;
         outlier[i] = bad ? 1 : 0;
     }

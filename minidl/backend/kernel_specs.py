@@ -248,7 +248,7 @@ _SPECS: Sequence[KernelSpec] = (
         _args("long long* bins, unsigned char* outlier, const float* x, long long n, double eb"),
         launch="elementwise", work="n",
         doc="SZ codec stage 1 (minidl/codec/sz.py quantize): sign-keeping bin index per element, step 2*eb; "
-            "outlier = 1 (and bin 0) where the bound cannot be met in float32 or x is NaN/Inf"),
+            "outlier = 1 (and bin 0) where the bound cannot be met in float32 or x is NaN/Inf or -0.0"),
     KernelSpec(
         "sz_encode_blocks", "compress.cu",
         _args("unsigned int* planes, unsigned char* widths, long long* anchors, const long long* bins, "

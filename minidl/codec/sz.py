@@ -2,7 +2,7 @@
 
 **The guarantee.** `decompress(compress(x, eb))` returns y with |x - y| <= eb for every finite element of x,
 the same dtype and shape; NaN, +-Inf (and any element the bound cannot be met for in floating point) come back
-bit for bit; zeros come back as exact zeros and no element changes sign. Same input, same bytes (no
+bit for bit; zeros come back as exact zeros and no element changes sign, -0.0 included. Same input, same bytes (no
 randomness, no dependence on threads). The stream is never larger than the raw array plus `HEADER_BYTES`.
 
 **Approach (three stages, each vectorized, each a kernel on the GPU: `kernels/compress.cu`).**
@@ -10,10 +10,12 @@ randomness, no dependence on threads). The stream is never larger than the raw a
 1. *Quantize* each element to an integer bin p on a grid of step 2*eb, with a zero class:
    p = sign(x) * ceil(|x| / (2 eb)), reconstructed as x' = sign(p) * (2|p| - 1) * eb. Bin |p| >= 1 covers
    ((2|p|-2) eb, 2|p| eb] and reconstructs at its midpoint, so |x - x'| <= eb; p = 0 only for x = 0, so zeros
-   are exact and signs never flip (a ReLU's mask `out > 0` survives compression exactly). The bound is then
+   are exact and signs never flip (a ReLU's mask `out > 0` survives compression exactly). Bin 0 decodes as
+   +0.0, so a -0.0 is an outlier (below): its sign is kept at 4 + 4 bytes each, which costs nothing in practice
+   (ReLU and pooling outputs hold +0.0; no activation of the test networks holds a -0.0). The bound is then
    *verified* in float64 on the values as they will be decoded (float32 rounding of x' can push an element at a
-   bin's edge past eb): every element that fails, and every NaN/Inf or element whose bin index would exceed
-   `P_MAX`, is an *outlier*, stored verbatim (index + raw bits) and given p = 0.
+   bin's edge past eb): every element that fails, and every NaN/Inf, -0.0 or element whose bin index would
+   exceed `P_MAX`, is an *outlier*, stored verbatim (index + raw bits) and given p = 0.
 2. *Predict* (Lorenzo, order 1, along the flattened array, i.e. the fastest axis first): code = p[i] - p[i-1].
    Quantizing before predicting ("dual quantization", cuSZ) makes prediction exact integer arithmetic, so it
    needs no reconstructed neighbour and runs in parallel; decoding is a prefix sum. The prediction restarts at
@@ -84,7 +86,7 @@ def quantize(x: np.ndarray, eb: float) -> tuple[np.ndarray, np.ndarray]:
         p[(p == 0) & (xf != 0) & ok] = 1    # |x| / 2eb underflowed to 0: the first bin still keeps the sign
         p = np.where(xf < 0, -p, p)
         err = np.abs(xf - dequantize(p, eb, x.dtype).astype(np.float64))
-    bad = ~(ok & (err <= float(eb)))
+    bad = ~(ok & (err <= float(eb))) | ((xf == 0) & np.signbit(xf))   # -0.0: bin 0 would decode as +0.0
     p[bad] = 0
     return p, np.flatnonzero(bad)
 

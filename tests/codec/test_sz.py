@@ -26,6 +26,7 @@ def _assert_promises(x: np.ndarray, eb: float, entropy: str = "none") -> np.ndar
     assert (err <= eb).all(), f"bound {eb} broken: max error {err.max()}"
     assert (_bits(x[~fin]) == _bits(y[~fin])).all(), "a NaN/Inf was not stored exactly"
     assert (y[x == 0] == 0).all() and (np.sign(y[fin]) == np.sign(x[fin])).all()
+    assert (np.signbit(y[fin]) == np.signbit(x[fin])).all(), "a sign was lost (-0.0 came back as +0.0?)"
     assert len(s) <= x.nbytes + sz.HEADER_BYTES
     assert sz.compress(x, eb, entropy) == s, "not deterministic"
     assert sz.stream_nbytes(s + b"\0" * 100) == len(s)
@@ -97,6 +98,20 @@ def test_compresses_smooth_data_and_larger_bound_compresses_more():
     sizes = [sz.compressed_nbytes(x, eb) for eb in (1e-4, 1e-3, 1e-2)]
     assert sizes[0] > sizes[1] > sizes[2]
     assert x.nbytes / sizes[1] > 4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("eb", [1e-6, 1e-3, 0.5, 10.0, 1e6])
+def test_negative_zeros_keep_their_sign(dtype, eb):
+    """-0.0 among smooth values, +0.0 and tiny negatives, compressed (not the raw fallback) at bounds below and
+    far above the data: every -0.0 comes back as -0.0, every +0.0 as +0.0."""
+    rng = np.random.default_rng(3)
+    x = np.cumsum(rng.standard_normal(6000) * 0.01).astype(dtype)
+    x[::9], x[4::9], x[7::90] = -0.0, 0.0, -1e-30
+    s = sz.compress(x, eb)
+    assert len(s) < x.nbytes  # the SZ stream, not raw
+    y = _assert_promises(x, eb)
+    assert (_bits(y[::9]) == _bits(np.array(-0.0, dtype))).all() and not np.signbit(y[4::9]).any()
 
 
 def test_incompressible_falls_back_to_raw():
