@@ -24,7 +24,7 @@ from .decisions.recompute import recompute_policy
 from .decisions.weights import weights_policy
 from .plan import Plan
 from .planner import default_workspace, make_plan
-from .pool import as_size
+from .pool import ALIGNMENT, as_size, format_bytes
 from .schedulers.auto import auto_policy
 from .schedulers.lossy import auto_lossy_policy
 from .schedulers.minimum import verified_minimum
@@ -147,14 +147,36 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
 
 def _plan_verified(route: Route, policy: str, budget: int | None, device: str, costs: CostTable | None) -> Plan:
     """Plan with the table's function; a BudgetError leaves with a minimum verified by planning at it
-    (`schedulers/minimum.py` says what "minimum" means per policy)."""
+    (`schedulers/minimum.py` says what "minimum" means per policy).
+
+    A budget is planned as the whole pool blocks it holds (`ALIGNMENT`: every block starts and ends on one, so the
+    bytes past the last boundary can never be used). Handing the policies the raw number let its last few bytes
+    steer their choices (`offload` scales its room by the excess of a first placement): 36,045 B planned where
+    36,044 B did not and 35,533 B did again, so no stated minimum could be the edge. The plan's arena is still the
+    budget given."""
     fn = POLICIES[policy].plan
+
+    def plan_at(b: int | None) -> Plan:
+        if b is None:
+            return fn(route, None, device, costs)
+        usable = b - b % ALIGNMENT
+        try:
+            plan = fn(route, usable, device, costs)
+        except BudgetError as e:
+            if usable == b:
+                raise
+            raise BudgetError(str(e).replace(f"{format_bytes(usable)} ({usable:,} B)", f"{format_bytes(b)} ({b:,} B)",
+                                             1), e.min_budget_bytes, e.binding) from None
+        if plan.arena_bytes == usable:
+            plan.arena_bytes = b
+        return plan
+
     try:
-        plan = fn(route, budget, device, costs)
+        plan = plan_at(budget)
     except BudgetError as e:
         if budget is None:
             raise
-        raise verified_minimum(lambda b: fn(route, b, device, costs), policy, budget, e) from None
+        raise verified_minimum(plan_at, policy, budget, e) from None
     if route.paged_chunk and plan.paged is None:   # a policy that plans a route of its own must pass --paged on
         raise OptionError(f"policy '{policy}' did not place its plan by chunks: --paged is not supported with it")
     return plan
