@@ -22,7 +22,9 @@ The arrays are flat (1-D) C-contiguous views: the caller falls back to numpy for
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, uint64
+from numba import prange, uint64
+
+from .cpu_jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 _ADD_BLOCK = 4096  # elements per block of `add_relu` (16 KiB of float32: y's block stays in L1)

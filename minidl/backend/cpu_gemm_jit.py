@@ -31,9 +31,10 @@ import ctypes
 import os
 
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, types
 
 from . import cpu_lanes as lanes
+from .cpu_jit_cache import njit
 
 _SYMBOLS = {"minidl_sgemm": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
             "minidl_dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}  # 64-bit integer interfaces only

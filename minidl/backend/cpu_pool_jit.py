@@ -19,7 +19,9 @@ Planes are independent, so the split over threads changes no bits. Nothing is co
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, uint64
+from numba import prange, uint64
+
+from .cpu_jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 

@@ -23,10 +23,11 @@ compiled with fastmath.
 """
 from __future__ import annotations
 
-from numba import njit, prange, uint64
+from numba import prange, uint64
 
 from .cpu_eltwise_jit import add_into
 from .cpu_gemm_jit import gemm_acc
+from .cpu_jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 

@@ -17,7 +17,9 @@ Compiled lazily per dtype and flag combination, cached on disk (`cache=True`).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from .cpu_jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 

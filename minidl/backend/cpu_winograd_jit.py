@@ -19,10 +19,11 @@ give the same bits whatever the group, the workspace or the thread count.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, uint64
+from numba import prange, uint64
 
 from .cpu_eltwise_jit import add_into
 from .cpu_gemm_jit import gemm, gemm_acc
+from .cpu_jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 L = 16  # channels per block

@@ -1,0 +1,96 @@
+"""Where numba keeps the compiled CPU kernels (`cpu_*_jit`): a user cache folder, never the package's folder.
+
+Why. With `cache=True` numba writes each kernel's index and machine code (.nbi, .nbc files) into the
+`__pycache__` folder beside the module that defines it, when that folder is writable. For an installed minidl
+that is site-packages/minidl/backend/__pycache__, ~100 files pip never installed and so never removes: after
+`pip install .` and one training run, `pip install -e .` (the README's two commands, in that order) uninstalls
+the package but leaves that folder, and the leftover `minidl` folder, without its `__init__.py`, imports as a
+namespace package ahead of the editable install: every `minidl` command (even `--version`) then fails with
+"cannot import name '__version__' from 'minidl' (unknown location)". In a checkout the same files litter the
+source tree. So every minidl kernel is cached in `cache_dir()`:
+
+* `NUMBA_CACHE_DIR` (`numba.config.CACHE_DIR`) when set: numba's own documented setting wins;
+* else `$MINIDL_CACHE_DIR/numba` when that variable is set;
+* else the platform's user cache folder: `$XDG_CACHE_HOME/minidl/numba` (`~/.cache/minidl/numba` by default)
+  on Linux, `~/Library/Caches/minidl/numba` on macOS, `%LOCALAPPDATA%\\minidl\\Cache\\numba` on Windows.
+
+numba keeps one sub-folder per source folder (named after it, with a hash of its full path), so two installs
+or checkouts never share entries, and an entry is used only while its source file's contents are unchanged.
+
+How. numba chooses a function's cache folder once, when the decorator runs (`Dispatcher.enable_caching`), and
+takes it from `numba.config.CACHE_DIR` (what NUMBA_CACHE_DIR sets) before its beside-the-source default.
+`njit` below is numba's `njit` that sets that value while it decorates one minidl kernel and puts it back
+right after. So it holds whether numba was imported before minidl or by it (a setting made before numba's
+import would miss the first case), and the cache of any other numba code in the process (the user's, another
+library's) stays where numba puts it. Every `cpu_*_jit` module decorates with this `njit`
+(tests/backend/test_cpu_jit_cache.py checks every kernel's folder). Where the folder cannot be created or
+written, the kernels are compiled without a disk cache (every process compiles them again: ~30 s for
+ResNet-20's) rather than into the package, and a warning names the folder.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+import threading
+import warnings
+
+import numba
+from numba.core import config
+
+_decorating = threading.Lock()  # config.CACHE_DIR is process-wide: one decoration at a time
+
+
+def _platform_cache_root() -> str:
+    """minidl's folder in the platform's user cache folder (the XDG base directory spec on Linux)."""
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(os.path.join("~", "AppData", "Local"))
+        return os.path.join(base, "minidl", "Cache")
+    if sys.platform == "darwin":
+        return os.path.expanduser(os.path.join("~", "Library", "Caches", "minidl"))
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the spec: a relative value is ignored
+        base = os.path.expanduser(os.path.join("~", ".cache"))
+    return os.path.join(base, "minidl")
+
+
+def cache_dir() -> str:
+    """The folder the kernels' machine code is cached in (the order of precedence above)."""
+    if config.CACHE_DIR:
+        return config.CACHE_DIR
+    root = os.environ.get("MINIDL_CACHE_DIR") or _platform_cache_root()
+    return os.path.join(os.path.abspath(os.path.expanduser(root)), "numba")
+
+
+@functools.lru_cache(maxsize=None)
+def _writable(folder: str) -> bool:
+    """Whether `folder` exists or can be made, and takes a file (checked once per folder and process)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        warnings.warn(f"minidl: numba's cache folder {folder} cannot be written ({e.strerror}); the CPU kernels "
+                      "are compiled again in every process. Set MINIDL_CACHE_DIR to a writable folder.",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def njit(**options):
+    """`numba.njit(**options)` for a minidl kernel: with `cache=True`, its machine code is kept in
+    `cache_dir()`, never beside this package's files."""
+    def decorate(fn):
+        with _decorating:
+            config.reload_config()  # a NUMBA_CACHE_DIR set after numba's import counts, as numba reads it
+            if not options.get("cache") or config.CACHE_DIR:
+                return numba.njit(**options)(fn)
+            folder = cache_dir()
+            if not _writable(folder):
+                return numba.njit(**{**options, "cache": False})(fn)
+            config.CACHE_DIR = folder
+            try:
+                return numba.njit(**options)(fn)
+            finally:
+                config.CACHE_DIR = ""
+    return decorate
