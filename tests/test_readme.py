@@ -8,7 +8,8 @@ How a block runs (the only changes made to what the README says, so a reader kno
   (so ``minidl`` and ``python`` are this checkout's), after two rewrites:
   - a leading ``pip install ... &&`` is dropped: the test already runs inside an install of this checkout
     (``test_fresh_venv_runs_readme_command_1`` runs README command 1 verbatim, ``pip install`` included,
-    in a new virtual environment);
+    in a new virtual environment; ``test_fresh_venv_runs_both_readme_commands_in_either_order`` runs command 1
+    and command 2's install in one new environment, each after the other);
   - ``--steps N`` above ``FAST_STEPS`` becomes ``--steps FAST_STEPS`` (a shorter run of the same command), and
     ``--warmup-steps W`` / ``--save-every N`` at least that long become ``FAST_STEPS - 1`` (so they still happen
     inside the shorter run).
@@ -21,10 +22,12 @@ How a block runs (the only changes made to what the README says, so a reader kno
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import venv
+from pathlib import Path
 
 import pytest
 
@@ -73,17 +76,29 @@ def test_readme_bash_block_runs(index, tmp_path):
     assert r.returncode == 0, f"README bash block {index} failed:\n{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
-def _readme_command_1() -> str:
-    body, _ = readme_blocks("bash")[0]
+def _readme_command(index: int, starts: str) -> str:
+    """README command `index` (0: train, 1: run the tests) verbatim: the one line of its bash block."""
+    body, _ = readme_blocks("bash")[index]
     (line,) = [ln for ln in body.splitlines() if ln.strip()]
-    assert line.startswith("pip install . &&"), line
+    assert line.startswith(starts), line
     return line
 
 
-@pytest.mark.slow
-def test_fresh_venv_runs_readme_command_1(tmp_path):
-    """A new virtual environment with nothing but Python, a copy of this checkout's files, and README
-    command 1 verbatim: `pip install .` must bring everything the first run needs (the digits included)."""
+def _readme_command_1() -> str:
+    return _readme_command(0, "pip install . &&")
+
+
+def _readme_command_2_install() -> str:
+    """README command 2 up to its `&&`: the install (the suite it then runs is not run inside the suite)."""
+    install, _, _ = _readme_command(1, 'pip install -e ".[test]" &&').partition("&&")
+    return install.strip()
+
+
+def _fresh_venv(tmp_path):
+    """A new virtual environment with nothing but Python and pip, and a copy of this checkout's files (tracked
+    and untracked, not ignored): the path of the copy, the environment's folder and the variables to run in it.
+    pip runs as configured on this machine (its index and its cache: a cold cache only makes it slower). The
+    compiled kernels are cached in a folder of this test (MINIDL_CACHE_DIR), not in the user's cache."""
     src = tmp_path / "minidl"
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split("\n")
@@ -93,14 +108,87 @@ def test_fresh_venv_runs_readme_command_1(tmp_path):
             shutil.copy2(ROOT / f, src / f)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True, clear=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "NUMBA_CACHE_DIR")}
     env["PATH"] = str(env_dir / "bin") + os.pathsep + env.get("PATH", "")
     env["VIRTUAL_ENV"] = str(env_dir)
     env["MPLBACKEND"] = "Agg"
-    line = _readme_command_1()
-    r = subprocess.run(["bash", "-c", "set -euo pipefail\n" + line], cwd=src, capture_output=True, text=True,
+    env["MINIDL_CACHE_DIR"] = str(tmp_path / "cache")
+    return src, env_dir, env
+
+
+def _run_line(line: str, cwd, env) -> subprocess.CompletedProcess:
+    r = subprocess.run(["bash", "-c", "set -euo pipefail\n" + line], cwd=cwd, capture_output=True, text=True,
                        timeout=900, env=env)
     assert r.returncode == 0, f"{line}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    assert "held-out accuracy" in r.stdout
+    return r
+
+
+def _site_package(env_dir) -> Path:
+    """The folder `pip install .` puts the minidl package in, in the environment at `env_dir`."""
+    r = subprocess.run([str(env_dir / "bin" / "python"), "-c",
+                        "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True,
+                       check=True)
+    return Path(r.stdout.strip()).resolve() / "minidl"
+
+
+def _files_pip_did_not_install(package: Path) -> list[str]:
+    """Files inside an installed (not editable) minidl that its RECORD does not list: written by someone else,
+    so pip will not remove them when it uninstalls the package (bytecode aside: pip removes the compiled
+    bytecode of every module it installed, whoever wrote it)."""
+    (record,) = package.parent.glob("minidl-*.dist-info/RECORD")
+    listed = {(package.parent / row.split(",")[0]).resolve() for row in record.read_text().splitlines() if row}
+    return sorted(str(p.relative_to(package)) for p in package.rglob("*")
+                  if p.is_file() and p.suffix != ".pyc" and p.resolve() not in listed)
+
+
+@pytest.mark.slow
+def test_fresh_venv_runs_readme_command_1(tmp_path):
+    """A new virtual environment with nothing but Python, a copy of this checkout's files, and README
+    command 1 verbatim: `pip install .` must bring everything the first run needs (the digits included)."""
+    src, env_dir, env = _fresh_venv(tmp_path)
+    line = _readme_command_1()
+    r = _run_line(line, src, env)
+    accuracy = re.search(r"held-out accuracy ([\d.]+)%", r.stdout)
+    # The README: "above 90% held-out accuracy"; its exact figures depend on the CPU's BLAS kernel (96.38% and
+    # 97.77% on two kernels of one machine), so only the floor it promises is checked.
+    assert accuracy and float(accuracy[1]) > 90.0, r.stdout[-2000:]
     r = subprocess.run([str(env_dir / "bin" / "python"), "-c", "import sklearn"], capture_output=True, env=env)
     assert r.returncode != 0, "scikit-learn got installed: the first command must not need it"
+
+
+@pytest.mark.slow
+def test_fresh_venv_runs_both_readme_commands_in_either_order(tmp_path):
+    """Both README commands in one new virtual environment, each order: command 2's install (editable), then
+    command 1 (a regular install over it, and a training run), then command 2's install again (editable over
+    the regular install). Training must write nothing inside the installed package: a file pip did not install
+    is one it leaves behind when it uninstalls, and a leftover `minidl` folder without its `__init__.py` imports
+    as a namespace package ahead of the editable install, which breaks every `minidl` command. One environment
+    serves both orders: command 2's dependencies (the test extras, torch among them) are installed once."""
+    src, env_dir, env = _fresh_venv(tmp_path)
+    src = src.resolve()
+    install_2, line_1 = _readme_command_2_install(), _readme_command_1()
+    package = _site_package(env_dir)
+
+    elsewhere = tmp_path / "elsewhere"  # a folder with no `minidl` in it, as the current directory
+    elsewhere.mkdir()
+
+    def minidl_works(after: str) -> Path:
+        """`minidl --version` and `import minidl` work; the folder minidl was imported from."""
+        r = subprocess.run(["minidl", "--version"], cwd=elsewhere, capture_output=True, text=True, env=env)
+        assert r.returncode == 0 and "minidl" in r.stdout, f"`minidl --version` after {after}:\n{r.stderr[-3000:]}"
+        r = subprocess.run(["python", "-c", "import minidl; print(minidl.__file__)"], cwd=elsewhere,
+                           capture_output=True, text=True, env=env)
+        assert r.returncode == 0, f"`import minidl` after {after}:\n{r.stderr[-3000:]}"
+        return Path(r.stdout.strip()).resolve().parent
+
+    _run_line(install_2, src, env)
+    assert minidl_works(install_2) == src / "minidl"
+    r = _run_line(line_1, src, env)
+    assert "held-out accuracy" in r.stdout
+    assert minidl_works(line_1) == package
+    stray = _files_pip_did_not_install(package)
+    _run_line(install_2, src, env)
+    assert minidl_works(f"{line_1}, then {install_2}") == src / "minidl"
+    assert not stray, f"training wrote inside the installed package {package}: {stray[:10]}"
+    assert not package.exists(), f"the uninstalled package left {package} behind"
+    assert any((tmp_path / "cache" / "numba").rglob("*.nbi")), "the kernels were not cached in MINIDL_CACHE_DIR"
