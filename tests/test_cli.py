@@ -105,6 +105,7 @@ def test_autotune_measures_once_and_keeps_the_measurements(capsys, tmp_path):
     assert frugal["peak_bytes"] < default["peak_bytes"]
 
 
+@pytest.mark.bits
 def test_threads_option_sets_the_lanes_and_keeps_the_bits(capsys, tmp_path, monkeypatch):
     from threadpoolctl import threadpool_limits
     monkeypatch.delenv("MINIDL_CPU_THREADS", raising=False)

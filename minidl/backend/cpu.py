@@ -10,8 +10,6 @@ gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 
 from . import cpu_lanes as lanes
@@ -235,11 +233,12 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps):
     """numpy backend: the reference every other backend is tested against."""
 
     def step_scope(self):
-        """The context a whole step runs in (`Executor.train_step`, `evaluate`): with more than one lane, numpy's
-        BLAS at one thread (`cpu_lanes.blas_pinned`); large products are split over the lanes instead
-        (`cpu_lanes.matmul`). The threads are then the lanes' and the compiled kernels', never OpenBLAS's, which
-        spin long after a call on the cores the others need. Results do not depend on it (no sum is split)."""
-        return lanes.blas_pinned() if lanes.count() > 1 else nullcontext()
+        """The context a whole step runs in (`Executor.train_step`, `evaluate`): numpy's BLAS at one thread
+        (`cpu_lanes.blas_pinned`), at any lane count; large products are split over the lanes instead, in blocks
+        fixed by their shapes (`cpu_lanes.matmul`). The threads are then the lanes' and the compiled kernels',
+        never OpenBLAS's, which spin long after a call on the cores the others need, and which would cut a
+        product by their own count (other bits on another thread count)."""
+        return lanes.blas_pinned()
 
     def paged_backing(self):
         """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""

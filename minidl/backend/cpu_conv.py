@@ -48,7 +48,6 @@ for its size and layout, and the layer declares exactly these sizes to the plann
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,19 +193,11 @@ def small_gemms(g: ConvGeometry) -> bool:
     return g.cout * g.k * g.p // g.groups <= _LANE_MAX_MACS
 
 
-def _pin(g: ConvGeometry) -> bool:
-    """Whether a convolution call runs with a one-thread BLAS: more than one sample, and more than one thread
-    asked for (large products are split over the lanes, `cpu_lanes.matmul`). With one thread the BLAS is meant
-    to run one thread already; with one sample there is nothing for lanes to split, and the ~5 us of setting
-    and restoring the BLAS threads land on the dispatch-bound batch-1 path (CIFAR ResNet-20 b1 at 2 threads:
-    9.5-9.7 -> 9.1-9.2 ms per step, measured)."""
-    return g.n > 1 and lanes.count() > 1
-
-
 def _blas_scope(g: ConvGeometry):
-    """The BLAS threads a convolution call runs with: one where `_pin` says so (large products are split over
-    the lanes instead, `cpu_lanes.matmul`), else as they are."""
-    return lanes.blas_pinned() if _pin(g) else nullcontext()
+    """The BLAS threads a convolution call runs with: one, always (`cpu_lanes.blas_pinned`; nothing to do inside a
+    step, which pinned it already): large products are split over the lanes instead, in blocks fixed by the
+    shapes (`cpu_lanes.matmul`), so the thread count never reaches OpenBLAS's own partitioning of a product."""
+    return lanes.blas_pinned()
 
 
 def _winograd_over_grouped(g: ConvGeometry) -> bool:

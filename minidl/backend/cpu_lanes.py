@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Sequence
 
 import numpy as np
@@ -84,26 +84,29 @@ def _blas_controllers() -> list:
     return _blas[0]
 
 
-_depth = [0]  # how many `blas_pinned` blocks are open (the executor's thread opens them; lanes never do)
+_depth = [0]  # 1 while a `blas_pinned` block is open (the executor's thread opens them; lanes never do)
+
+
+def blas_pinned():
+    """A context with the BLAS at one thread per call, then back to what it was; inside one already open, it
+    does nothing (a check, no threadpoolctl call: a convolution's own block inside a step's costs nothing).
+    The CPU backend opens one around every training or evaluation step (`CPUBackend.step_scope`), every
+    convolution call (`cpu_conv._blas_scope`) and every product here (`matmul`), at any lane count.
+
+    Why always, not only with several lanes: OpenBLAS's own threads cut a large product by their count, and a
+    block of a product need not have the bits of the whole (see `blocks`), so with the BLAS's threads free,
+    one lane would give other bits than two. Pinned, every product is the BLAS's one-thread call on operands
+    fixed by the shapes, and the thread count never reaches the BLAS. It is also faster with lanes: OpenBLAS
+    splits a small product over threads at a loss (measured ResNet-56 b32 at 2 threads: 381 ms per step with
+    only the lanes' GEMMs pinned, 360 with every small convolution's), and its threads, once woken, spin for a
+    long while on the cores that the lanes and the compiled kernels' threads need (measured: 316 -> 264 ms with
+    the whole step pinned, the 64-channel backward 110 -> 29 ms; large products are split over the lanes
+    instead, `matmul`)."""
+    return nullcontext() if _depth[0] else _pin()
 
 
 @contextmanager
-def blas_pinned():
-    """The BLAS at one thread per call for the duration, then back to what it was (nested blocks: only the outermost
-    one sets and restores). The CPU backend opens one around a whole training step when it has more than one lane
-    (`CPUBackend.step_scope`), and the convolution kernels one around a call with more than one sample
-    (`cpu_conv._pin`): OpenBLAS splits a small product over threads at a loss (measured ResNet-56 b32 at 2 threads:
-    381 ms per step with only the lanes' GEMMs pinned, 360 with every small convolution's), and its threads, once
-    woken, spin for a long while on the cores that the lanes and the compiled kernels' threads need (measured: 316
-    -> 264 ms with the whole step pinned, the 64-channel backward 110 -> 29 ms; large products are split over the
-    lanes instead, `matmul`)."""
-    if _depth[0]:
-        _depth[0] += 1
-        try:
-            yield
-        finally:
-            _depth[0] -= 1
-        return
+def _pin():
     libs = _blas_controllers()
     before = [lib.get_num_threads() for lib in libs]
     for lib in libs:
@@ -117,47 +120,71 @@ def blas_pinned():
             lib.set_num_threads(n)
 
 
-_PIECE_MIN_MACS = 1 << 21  # each lane's product at least this large (see `matmul`)
-_PIECE_MIN_ROWS = 16
+_PIECE_MIN_MACS = 1 << 21  # each block of a cut product has at least this many multiply-adds (see `blocks`)
+_PIECE_MIN_COLS = 16  # ... and at least this many columns (rows), its edges on multiples of `_PIECE_ALIGN`
+_PIECE_ALIGN = 16
+_MAX_PIECES = 4  # at most this many blocks: a power of two, so 2 or 4 lanes get even shares
+
+
+def blocks(m: int, n: int, k: int) -> tuple[int, list[tuple[int, int]]]:
+    """How `matmul` cuts one (m, k) x (k, n) product: (axis, [start, end) blocks) of the output's columns
+    (axis -1) or, where it has too few, its rows (axis -2); one block for a small product. Decided by the
+    shapes alone, never by the thread count, so that every block is the same BLAS call however many lanes run
+    them, and one lane runs them in turn.
+
+    Why the shapes and not the lanes: OpenBLAS sums an element differently depending on where it falls in its
+    kernel's tiles (edge and small-matrix kernels), so a block of a product does not in general have the bits
+    of the whole product (seen on Haswell's kernels: (64, 576) x (576, 3136) cut in two by rows). Blocks fixed
+    by the shapes give one set of bits on 1, 2 or 8 lanes whatever the kernel. Columns first: a column block
+    re-packs only A (m x k, the weight of a convolution, usually the smaller operand), a row block all of B.
+    Each block has at least `_PIECE_MIN_MACS` multiply-adds (a hand-off to a lane costs 30-70 us) and there
+    are at most `_MAX_PIECES`, a power of two."""
+    macs = m * n * k
+    for axis, size in ((-1, n), (-2, m)):
+        parts = min(_MAX_PIECES, macs // _PIECE_MIN_MACS, size // _PIECE_MIN_COLS)
+        if parts >= 2:
+            parts = 1 << (parts.bit_length() - 1)  # a power of two
+            units = -(-size // _PIECE_ALIGN)
+            edges = [min(size, e * _PIECE_ALIGN) for _, e in split(units, parts)]
+            return axis, list(zip([0] + edges[:-1], edges))
+    return -1, [(0, n)]
 
 
 def matmul(a, b, out) -> None:
-    """np.matmul(a, b, out=out), split over the lanes: a stack of products with one broadcast `a` by its
-    leading axis (`_by_samples`); else, for large float32 products, the rows of `out` (its second-to-last axis)
-    into contiguous blocks, or its columns where it has too few rows (a dense layer's batch); each lane's GEMMs
-    on a one-thread BLAS (`run`).
+    """np.matmul(a, b, out=out) in the fixed blocks of `blocks` (the same for every matrix of a stack), over the
+    lanes: a stack of products with one broadcast `a` by its leading axis (`_by_samples`), each share running
+    every block of its matrices; else the blocks themselves, a lane taking blocks j, j + lanes, ... On a
+    one-thread BLAS throughout (`blas_pinned`): OpenBLAS's own threads would cut a product by their count.
 
     Why not OpenBLAS's own threads: once woken they spin for a long while after the call, on the cores the
     compiled kernels' OpenMP workers need next (ResNet-50 b8 at 2 threads: batch norm 211 -> 108 ms and the
     64-channel Winograd backward 133 -> 63 ms per step with the products split here). Lanes block when idle.
 
-    Bits: a block of rows (columns) of a float32 product comes out as in the whole product where OpenBLAS takes
-    its regular path for both pieces and whole, which sums over K in blocks that depend on K only; its
-    small-matrix kernels (products of at most 100^3 multiply-adds on AVX-512) sum differently. Measured on this
-    machine's OpenBLAS over 350 random shapes and split points: float32 with every piece above 10^6
-    multiply-adds, always the same bits; float64 not always (other edge kernels), smaller pieces not always.
-    So only float32 products whose every piece has at least `_PIECE_MIN_MACS` (2^21) multiply-adds are split
-    (tested against the whole product); anything else runs whole."""
+    Bits: every block is one np.matmul call whose operands' shapes depend on the product's shapes only, and a
+    stacked np.matmul runs one GEMM per matrix; so the result is the same on any number of lanes, for a stack
+    or each of its matrices alone (im2col and im2col_chunked agree), on any BLAS kernel (tested under two)."""
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-1]
+    axis, cuts = blocks(m, n, k)
+    if axis == -1:
+        pieces = [(a, b[..., :, c0:c1], (Ellipsis, slice(None), slice(c0, c1))) for c0, c1 in cuts]
+    else:
+        pieces = [(a[..., r0:r1, :], b, (Ellipsis, slice(r0, r1), slice(None))) for r0, r1 in cuts]
     lanes = count()
-    if lanes > 1 and _by_samples(a, b, out, lanes, m * n * k):
-        parts = min(lanes, out.shape[0])
-        run([lambda s0=s0, s1=s1: np.matmul(a, b[s0:s1], out=out[s0:s1]) for s0, s1 in split(out.shape[0], parts)])
-        return
-    if lanes > 1 and out.dtype == np.float32 and m * n * k >= 2 * _PIECE_MIN_MACS:
-        cap = (m * n * k) // _PIECE_MIN_MACS
-        if m >= 2 * _PIECE_MIN_ROWS:
-            parts = min(lanes, m // _PIECE_MIN_ROWS, cap)
-            run([lambda r0=r0, r1=r1: np.matmul(a[..., r0:r1, :], b, out=out[..., r0:r1, :])
-                 for r0, r1 in split(m, parts)])
+    with blas_pinned():
+        if lanes > 1 and _by_samples(a, b, out, lanes, m * n * k):
+            def share(s0: int, s1: int) -> None:
+                for pa, pb, where in pieces:
+                    np.matmul(pa, pb[s0:s1], out=out[s0:s1][where])
+            parts = min(lanes, out.shape[0])
+            run([lambda s0=s0, s1=s1: share(s0, s1) for s0, s1 in split(out.shape[0], parts)])
             return
-        if n >= 2 * _PIECE_MIN_ROWS:
-            parts = min(lanes, n // _PIECE_MIN_ROWS, cap)
-            run([lambda c0=c0, c1=c1: np.matmul(a, b[..., :, c0:c1], out=out[..., :, c0:c1])
-                 for c0, c1 in split(n, parts)])
-            return
-    np.matmul(a, b, out=out)
+        parts = min(lanes, len(pieces))
+
+        def lane(j: int) -> None:
+            for pa, pb, where in pieces[j::parts]:
+                np.matmul(pa, pb, out=out[where])
+        run([lambda j=j: lane(j) for j in range(parts)])
 
 
 def _by_samples(a, b, out, lanes: int, macs: int) -> bool:

@@ -76,17 +76,16 @@ def applies(g) -> bool:
             and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available() and jit() is not None)
 
 
-MAX_SPLIT_CHANNELS = 256  # beyond, a layer's GEMM rows are not split over workers (see `workers`)
+MAX_SPLIT_CHANNELS = 256  # beyond, a layer's forward runs on one thread (see `workers`)
 
 
 def workers(values: int = PARALLEL_MIN, channels: int = MIN_CHANNELS) -> int:
     """How many threads a whole-tile Winograd call over `values` input values, with `channels` (rounded) input
     channels, runs on: the compiled kernels' (`cpu_jit.workers_for`: one for small layers, CIFAR at batch 1)
-    where numpy's GEMM is bound for them, else 1. The forward splits its GEMMs' rows over the workers, which
-    gives the whole product's bits where the inner dimension and the columns are multiples of 16 (they are:
-    channel blocks) and the inner dimension is at most 256 (measured on 600 random shapes and split points;
-    beyond, OpenBLAS's small-matrix kernel sums a small piece differently): wider layers stay on one thread, so
-    the bits never depend on the threads."""
+    where numpy's GEMM is bound for them, else 1. The forward's workers take fixed pieces of each group
+    (`cpu_winograd_jit.forward_pieces`, decided by the shapes), so the bits never depend on this. Layers wider
+    than `MAX_SPLIT_CHANNELS` stay on one thread: Winograd runs them only on planes of at least 14x14 with such
+    channels where `im2col_grouped` does not apply, which no measured network has."""
     if not _compiled_gemm() or channels > MAX_SPLIT_CHANNELS:
         return 1
     return workers_for(values)
@@ -189,6 +188,15 @@ class _Winograd:
         """The groups of samples, [s0, s1) each: fixed by the shapes, the same in both variants."""
         return [(s0, min(self.g.n, s0 + self.size)) for s0 in range(0, self.g.n, self.size)]
 
+    def _pieces(self, s0: int, s1: int) -> list[tuple[int, int]]:
+        """The rows [r0, r1) of group [s0, s1)'s V and M that the forward multiplies in one GEMM each: the
+        compiled forward's fixed pieces (`cpu_winograd_jit.forward_pieces`), which every path and variant uses,
+        so that all run the same GEMMs."""
+        k = jit()
+        pieces = k.forward_pieces(self.size * self.th * self.tw)
+        cuts = [k.piece_units(self.size, self.th, (s1 - s0) * self.th, q, pieces) for q in range(pieces)]
+        return [(lo * self.tw, hi * self.tw) for lo, hi in cuts if lo < hi]
+
     def forward(self, x, w, y, ws) -> None:
         """y = conv(x, w) (no bias); `w` may be any strided view (dx passes the flipped, transposed kernel)."""
         k = jit()
@@ -204,13 +212,15 @@ class _Winograd:
                     m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
                     k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4,
                                      xs, v)
-                    _gemm(v, b["u"], m, False)
+                    for r0, r1 in self._pieces(s0, s1):
+                        _gemm(v[r0:r1], b["u"], m[r0:r1], False)
                     k.output_position(m, s0, s1, self.th, self.tw, pos // 4, pos % 4, y)
             return
         k.weight_tiles(b["wt"], b["u"])
         if _compiled_gemm():
             # the slots lie from the transposed weight on: dead once U is built
-            slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, workers(x.size, self.cib))
+            nw = min(workers(x.size, self.cib), k.forward_pieces(self.size * self.th * self.tw))
+            slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, nw)
             args = (x, b["u"], b["v"].reshape(-1), b["m"].reshape(-1), y, self.size, g.padding[0], g.padding[1],
                     self.th, self.tw, slots)
             if len(slots) > 1:
@@ -224,7 +234,8 @@ class _Winograd:
             v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
             m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
             k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
-            np.matmul(v, b["u"], out=m)
+            for r0, r1 in self._pieces(s0, s1):
+                np.matmul(v[:, r0:r1], b["u"], out=m[:, r0:r1])
             k.output_tiles(m, s0, s1, self.th, self.tw, ys, b["buf"], y)
 
     def _slots(self, ws, dt, start: int, end: int, nw: int) -> np.ndarray:

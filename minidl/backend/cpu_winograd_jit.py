@@ -475,15 +475,37 @@ def weight_position(wt, k, j, u1):
 
 # -- with numpy's GEMM from compiled code, on one thread or several -----------------------------------------------
 # Where `cpu_gemm_jit` binds the BLAS, the whole-tile variant runs these instead of the per-phase calls above.
-# A worker takes a contiguous range of units (tile rows of samples) of each group, so its tiles are contiguous
-# rows of V and M. The forward then needs no hand-off between phases: each worker transforms its tiles, runs the
-# 16 GEMMs on its rows and transforms its outputs, in one OpenMP region per call, its data in its own core's
-# cache. The weight gradient, a sum over all tiles, transforms by units and multiplies by positions. Each
-# worker has its own scratch slot: its input block, later its output block, in the same memory, then 256
-# values for one tile's results. Every value is computed by the same code from the same operands whatever the
-# split; a block of a GEMM's rows comes out as in the whole product for these shapes (inner dimension and
-# columns multiples of 16, inner dimension at most 256: `cpu_winograd.workers` keeps wider layers on one
-# thread; tested), so the bits do not depend on the workers.
+# The forward cuts each group's units (tile rows of samples) into `forward_pieces` fixed pieces, so a piece's
+# tiles are contiguous rows of V and M; worker w takes pieces w, w + workers, ... and needs no hand-off between
+# phases: it transforms a piece's tiles, runs the 16 GEMMs on its rows and transforms its outputs, in one OpenMP
+# region per call, its data in its own core's cache. The weight gradient, a sum over all tiles, transforms by
+# units and multiplies by positions (whole GEMMs). Each worker has its own scratch slot: its input block, later
+# its output block, in the same memory, then 256 values for one tile's results. Every value is computed by the
+# same code from the same operands whatever the split, and every GEMM is the same call whichever worker makes it:
+# a piece is fixed by the shapes, never by the workers, since a block of a GEMM's rows does not in general come
+# out as in the whole product (OpenBLAS's edge and small-matrix kernels sum otherwise). So the bits do not
+# depend on the workers, on any BLAS kernel (tested).
+
+_PIECE_ROWS = 32  # a forward piece has at least this many rows (tiles) of a full group ...
+_WIDE_ROWS = 1024  # ... and four pieces from this many rows, else two (or one, below 2 * _PIECE_ROWS)
+
+
+@njit(**_OPTS)
+def forward_pieces(rows):
+    """The number of pieces the forward cuts a group into, from a full group's `rows` (tiles) alone: 1, 2 or 4
+    (two workers, the usual case, get even shares: the same calls they ran when each took half a group)."""
+    if rows < 2 * _PIECE_ROWS:
+        return 1
+    return 2 if rows < _WIDE_ROWS else 4
+
+
+@njit(inline="always", **_OPTS)
+def piece_units(size, th, units, q, pieces):
+    """Piece q's units [lo, hi) of a group of `units` units (a full group has `size` samples of `th` tile rows):
+    the full group's cut, clipped to a short last group, so that every group is cut at the same units."""
+    full = size * th
+    return min(full * q // pieces, units), min(full * (q + 1) // pieces, units)
+
 
 @njit(inline="always", **_OPTS)
 def _share(units, w, workers):
@@ -507,25 +529,25 @@ def _full_group(flat, rows, cb):
 
 @njit(**_OPTS)
 def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers):
-    """Worker w's share of every group of the forward: input transform, the 16 GEMMs on its rows, output
-    transform. vf, mf: the flat V and M buffers, seen as a full group's (16, rows, CB) for every group, so that
-    a worker's rows are the same memory in each (workers run through the groups without waiting for each
-    other); a short last group is cut at the same unit boundaries. slot: the worker's scratch."""
+    """Worker w's pieces (w, w + workers, ...) of every group of the forward: input transform, the 16 GEMMs on
+    the piece's rows, output transform. vf, mf: the flat V and M buffers, seen as a full group's (16, rows, CB)
+    for every group, so that a piece's rows are the same memory in each (workers run through the groups without
+    waiting for each other); a short last group is cut at the same units. slot: the worker's scratch."""
     n = x.shape[0]
     cib, cob = u.shape[1], u.shape[2]
     xs, ys, buf = _slot_views(slot, th, tw)
     v, m = _full_group(vf, size * th * tw, cib), _full_group(mf, size * th * tw, cob)
-    lo_full, hi_full = _share(size * th, w, workers)
+    pieces = forward_pieces(size * th * tw)
     for s0 in range(0, n, size):
         s1 = min(n, s0 + size)
-        lo = min(lo_full, (s1 - s0) * th)
-        hi = min(hi_full, (s1 - s0) * th)
-        if lo == hi:
-            continue
-        _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
-        for p in range(16):
-            gemm(v[p, lo * tw:hi * tw], u[p], m[p, lo * tw:hi * tw], False)
-        _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi)
+        for q in range(w, pieces, workers):
+            lo, hi = piece_units(size, th, (s1 - s0) * th, q, pieces)
+            if lo == hi:
+                continue
+            _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
+            for p in range(16):
+                gemm(v[p, lo * tw:hi * tw], u[p], m[p, lo * tw:hi * tw], False)
+            _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi)
 
 
 @njit(**_OPTS)

@@ -47,6 +47,7 @@ def _run(cfg, dtype, algo):
     return (x, wt, dy), (y, dx, dw), list(opts)
 
 
+@pytest.mark.bits
 @needs_compiled
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
@@ -88,6 +89,7 @@ def test_the_numpy_path_computes_the_same_convolution(cfg, monkeypatch):
 GROUPED = [(5, 128, 14, 14, 64, 3, 2, 1), (4, 128, 7, 7, 96, 3, 1, 1)]  # `im2col_grouped` (columns side by side)
 
 
+@pytest.mark.bits
 @pytest.mark.parametrize("lanes_n", [2, 3])
 @pytest.mark.parametrize("cfg", CONFIGS[1:4] + GROUPED, ids=str)
 def test_im2col_split_over_lanes_gives_the_same_bits(cfg, lanes_n, monkeypatch):

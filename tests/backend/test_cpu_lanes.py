@@ -97,6 +97,7 @@ def _geom(cfg):
     return cpu_conv.ConvGeometry(n, cin, h, w, cout, 3, 3, ho, wo, 1, (s, s), (1, 1), (1, 1))
 
 
+@pytest.mark.bits
 @pytest.mark.parametrize("cfg", LANE_CONFIGS, ids=str)
 def test_same_bits_whatever_the_lanes(cfg, monkeypatch):
     """The numpy path of the row-shift pair (where numba or numpy's 64-bit OpenBLAS is missing; the compiled
@@ -126,48 +127,89 @@ def test_lanes_for_rows_whatever_the_gemms(monkeypatch):
     assert cpu_conv._RowShift(one, "rows", 4).lanes(4) == 1  # one sample: nothing to split
 
 
-def test_blas_pinned_only_where_lanes_could_split(monkeypatch):
-    """A convolution pins the BLAS to one thread only with more than one sample and more than one thread: a
-    batch-1 call would pay the setting and restoring for nothing (measured ~4% of a ResNet-20 b1 step at 2
-    threads). Large products are split over the lanes (`cpu_lanes.matmul`), not over OpenBLAS's threads."""
-    monkeypatch.setenv(cpu_lanes.ENV, "2")
-    big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
-    assert cpu_conv._pin(_geom((8, 16, 32, 32, 16, 1)))
-    assert not cpu_conv._pin(_geom((1, 16, 32, 32, 16, 1)))
-    assert cpu_conv._pin(big)
-    monkeypatch.setenv(cpu_lanes.ENV, "1")
-    assert not cpu_conv._pin(_geom((8, 16, 32, 32, 16, 1)))
+def test_a_convolution_pins_the_blas_on_any_lanes(monkeypatch):
+    """A convolution call runs on a one-thread BLAS whatever the lanes and the batch (OpenBLAS's own threads
+    would cut a large product by their count: other bits); inside a step's pin it calls nothing."""
+    libs = cpu_lanes._blas_controllers()
+    if not libs:
+        pytest.skip("numpy's BLAS is not visible to threadpoolctl")
+    before = [lib.get_num_threads() for lib in libs]
+    for threads in ("1", "2"):
+        monkeypatch.setenv(cpu_lanes.ENV, threads)
+        for n in (1, 8):
+            with cpu_conv._blas_scope(_geom((n, 16, 32, 32, 16, 1))):
+                assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+            assert [lib.get_num_threads() for lib in libs] == before
+    with cpu_lanes.blas_pinned():
+        monkeypatch.setattr(cpu_lanes, "_blas_controllers", lambda: pytest.fail("pinned twice"))
+        with cpu_conv._blas_scope(_geom((8, 16, 32, 32, 16, 1))):
+            pass
 
 
-@pytest.mark.parametrize("threads", ["1", "2", "3"])
+CASES = [((64, 576), (576, 3136), False, False), ((8, 4608), (4608, 512), False, False),
+         ((576, 64), (3136, 576), True, True), ((37, 300), (300, 129), False, False),
+         ((4, 256, 64), (4, 64, 196), False, False), ((1, 300, 512), (6, 512, 196), False, False),
+         ((1024, 256), (256, 196), False, False), ((8, 2048), (1000, 2048), False, True),
+         ((436, 111), (111, 298), False, False), ((275, 571), (571, 284), False, False),
+         ((64, 256), (8, 256, 3136), False, False), ((1, 64, 256), (6, 256, 196), False, False),
+         ((64, 256), (3, 256, 500), False, False), ((2, 64, 256), (2, 256, 300), False, False),
+         ((2048, 512), (512, 20), False, False)]
+
+
+def _blockwise(a, b):
+    """The product as `cpu_lanes.matmul` promises it: every matrix of the stack alone, in the blocks of
+    `cpu_lanes.blocks`, each one np.matmul call."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    axis, cuts = cpu_lanes.blocks(m, n, k)
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = np.empty(shape + (m, n), np.result_type(a, b))
+    for idx in np.ndindex(*shape):
+        ai = a[tuple(i if d > 1 else 0 for i, d in zip(idx[len(idx) - a.ndim + 2:], a.shape[:-2]))]
+        bi = b[tuple(i if d > 1 else 0 for i, d in zip(idx[len(idx) - b.ndim + 2:], b.shape[:-2]))]
+        for c0, c1 in cuts:
+            if axis == -1:
+                np.matmul(ai, bi[:, c0:c1], out=out[idx][:, c0:c1])
+            else:
+                np.matmul(ai[c0:c1], bi, out=out[idx][c0:c1])
+    return out
+
+
+@pytest.mark.bits
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matmul_splits_large_products_with_the_bits_of_the_whole(threads, dtype, monkeypatch):
-    """Rows (or, for few rows, columns) of large float32 products over the lanes; small ones, pieces OpenBLAS
-    would run through its small-matrix kernels (which sum differently) and float64 stay whole: np.matmul's bits
-    every time, with plain, transposed and stacked operands, shapes of ResNet-50's layers and odd ones."""
-    monkeypatch.setenv(cpu_lanes.ENV, threads)
+def test_matmul_gives_the_same_bits_on_any_lanes(dtype, monkeypatch):
+    """1, 2, 3 or 5 lanes, plain, transposed and stacked operands, shapes of ResNet-50's layers and odd ones:
+    the bits of the fixed blocks run one by one, a stack's matrices each alone (so a stack and its matrices
+    one at a time agree: im2col and im2col_chunked)."""
     rng = np.random.default_rng(4)
-    cases = [((64, 576), (576, 3136), False, False), ((8, 4608), (4608, 512), False, False),
-             ((576, 64), (3136, 576), True, True), ((37, 300), (300, 129), False, False),
-             ((4, 256, 64), (4, 64, 196), False, False), ((1, 300, 512), (6, 512, 196), False, False),
-             ((1024, 256), (256, 196), False, False), ((8, 2048), (1000, 2048), False, True),
-             ((436, 111), (111, 298), False, False), ((275, 571), (571, 284), False, False),
-             ((64, 256), (8, 256, 3136), False, False), ((1, 64, 256), (6, 256, 196), False, False),
-             ((64, 256), (3, 256, 500), False, False), ((2, 64, 256), (2, 256, 300), False, False)]
-    for sa, sb, ta, tb in cases:
+    for sa, sb, ta, tb in CASES:
         a = rng.standard_normal(sa).astype(dtype)
         b = rng.standard_normal(sb).astype(dtype)
         a, b = (a.T if ta else a), (b.T if tb else b)
-        out = np.full(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), np.nan, dtype)
-        with cpu_lanes.blas_pinned():  # as in a step: OpenBLAS's own threads would cut (37, 129) differently
-            ref = np.matmul(a, b)
+        with cpu_lanes.blas_pinned():  # as in a step
+            ref = _blockwise(a, b)
+        for threads in ("1", "2", "3", "5"):
+            monkeypatch.setenv(cpu_lanes.ENV, threads)
+            out = np.full_like(ref, np.nan)
             cpu_lanes.matmul(a, b, out)
-        assert np.array_equal(out, ref), (sa, sb, ta, tb)
+            assert np.array_equal(out, ref), (sa, sb, ta, tb, threads)
+
+
+def test_blocks_are_fixed_by_the_shapes():
+    """Columns first, rows where there are too few; at most four, a power of two, edges on multiples of 16,
+    covering the axis in order; one block for a small product."""
+    assert cpu_lanes.blocks(64, 3136, 576) == (-1, [(0, 784), (784, 1568), (1568, 2352), (2352, 3136)])
+    assert cpu_lanes.blocks(2048, 20, 512) == (-2, [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)])
+    assert cpu_lanes.blocks(37, 129, 300) == (-1, [(0, 129)])  # 1.4M multiply-adds: whole
+    for m, n, k in [(64, 300, 256), (8, 1000, 2048), (275, 284, 571), (512, 49, 4608), (16, 17, 100000)]:
+        axis, cuts = cpu_lanes.blocks(m, n, k)
+        size = n if axis == -1 else m
+        assert cuts[0][0] == 0 and cuts[-1][1] == size and len(cuts) in (1, 2, 4)
+        assert all(e0 == s1 and e0 % 16 == 0 for (_, e0), (s1, _) in zip(cuts, cuts[1:]))
 
 
 def test_a_step_pins_the_blas(monkeypatch):
-    """`CPUBackend.step_scope` pins the BLAS with more than one lane (its threads would spin on the cores the
-    lanes and the OpenMP workers need), not with one; a convolution keeps it pinned, large or small."""
+    """`CPUBackend.step_scope` pins the BLAS on any lane count (its threads would spin on the cores the lanes and
+    the OpenMP workers need, and cut a product by their own count); a convolution keeps it pinned."""
     libs = cpu_lanes._blas_controllers()
     if not libs:
         pytest.skip("numpy's BLAS is not visible to threadpoolctl")
@@ -183,13 +225,15 @@ def test_a_step_pins_the_blas(monkeypatch):
     assert [lib.get_num_threads() for lib in libs] == before
     monkeypatch.setenv(cpu_lanes.ENV, "1")
     with CPUBackend().step_scope():
-        assert [lib.get_num_threads() for lib in libs] == before
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+    assert [lib.get_num_threads() for lib in libs] == before
 
 
+@pytest.mark.bits
 def test_matmul_splits_a_stack_by_samples_in_any_dtype(monkeypatch):
     """One broadcast weight against a stack (a convolution's samples): a share of the stack a lane, float64
-    too (each matrix is its own GEMM, so no piece can round otherwise); a stack that shares out unevenly and
-    is short (3 on 2 lanes) does not split by samples."""
+    too, each matrix in its blocks; a stack that shares out unevenly and is short (3 on 2 lanes) goes out by
+    blocks instead. The same bits either way."""
     monkeypatch.setenv(cpu_lanes.ENV, "2")
     tasks = []
     real = cpu_lanes.run
@@ -199,7 +243,7 @@ def test_matmul_splits_a_stack_by_samples_in_any_dtype(monkeypatch):
     out = np.empty((8, 64, 300))
     with cpu_lanes.blas_pinned():
         cpu_lanes.matmul(a, b, out)
-        assert tasks == [2] and np.array_equal(out, np.matmul(a, b))
+        assert tasks == [2] and np.array_equal(out, _blockwise(a, b))
         tasks.clear()
-        cpu_lanes.matmul(a, b[:3], out[:3])  # float64: no row split either, so it stays whole
-        assert tasks == [] and np.array_equal(out[:3], np.matmul(a, b[:3]))
+        cpu_lanes.matmul(a, b[:3], out[:3])
+        assert tasks == [len(cpu_lanes.blocks(64, 300, 256)[1])] and np.array_equal(out[:3], _blockwise(a, b[:3]))

@@ -104,6 +104,7 @@ def test_numpy_fallback_keeps_its_numerics(shape, ratio, numpy_only):
     test_float32_error_within_twice_torch(shape, ratio)
 
 
+@pytest.mark.bits
 @pytest.mark.parametrize("shape", [(8, 16, 32, 32), (4, 5, 60, 60), (32, 64, 8, 8)])
 def test_same_bits_on_any_threads(shape, monkeypatch):
     """Large enough to split (`cpu_jit.workers_for`), the channels go to the threads, each channel computed as

@@ -71,6 +71,7 @@ def _run(cfg, dtype, algo):
     return (x, wt, dy), (y, dx, dw)
 
 
+@pytest.mark.bits
 @needs_compiled
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)

@@ -105,6 +105,7 @@ def _assert_bit_identical(runs):
             assert np.array_equal(r.grads[name], ref.grads[name]), (algo, name)
 
 
+@pytest.mark.bits
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
 def test_matches_torch_and_algorithms_agree_bitwise(cfg):
     x, params = _data(cfg)
@@ -134,6 +135,7 @@ def test_matches_torch_and_algorithms_agree_bitwise(cfg):
     (3, 8, 12, 10, 8, (3, 5), (1, 2), (1, 2), (2, 1), 1, True),  # row-shift with column stride and dilation
     (6, 32, 14, 14, 32, 3, 2, 1, 1, 1, False),       # ResNet's downsampling 3x3 (row-shift by phases)
 ])
+@pytest.mark.bits
 def test_bit_identical_across_algorithms_larger(cfg):
     """Big enough that BLAS blocks and threads; every algorithm still gives the very same bits."""
     rng = np.random.default_rng(1)
@@ -285,6 +287,7 @@ def winograd(monkeypatch):
     monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
 
 
+@pytest.mark.bits
 @pytest.mark.parametrize("cfg", WINOGRAD_CONFIGS, ids=_id)
 def test_winograd_matches_torch_and_both_variants_agree_bitwise(cfg, winograd):
     """Both variants against PyTorch; the by-position one gives the whole-tile one's bits (the planner may pick
