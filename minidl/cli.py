@@ -96,8 +96,10 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
                    help="CPU backend: Winograd F(2x2, 3x3) for those convolutions (the default; sets "
                         "MINIDL_CPU_WINOGRAD=1, overriding the environment)")
     p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
-                   help="CPU backend: threads for the convolution lanes and numpy's BLAS (default: the usable "
-                        "cores, at most 8); sets MINIDL_CPU_THREADS. Results are the same bits whatever N")
+                   help="CPU backend: threads for the convolution lanes, compiled kernels and numpy's BLAS "
+                        "(default: the usable cores, at most 8); sets MINIDL_CPU_THREADS. Results are the same bits "
+                        "whatever N: every split is fixed by the shapes, and a step runs the BLAS on one thread a "
+                        "call")
     p.add_argument("--lossy", action="store_true",
                    help="let --policy auto also weigh lossy compression of stored activations (auto-lossy); "
                         "results are then not bit-identical to policy none")

@@ -33,11 +33,12 @@ image: one strided in-place add per tap. For stride-1 convolutions whose output 
 (the usual 'same' 3x3), a tap is a single flat shift of each plane, so it is copied/added as one long contiguous
 run per plane instead of one short run per row (see `_flat_rows`).
 
-Threads. OpenBLAS threads the small per-sample GEMMs of CIFAR-sized layers poorly, and its threads, once
-woken, spin on the cores the other kernels need; so a call with more than one sample runs with a one-thread
-BLAS (`_pin`), the row-shift pair runs compiled, its samples (and its weight gradient's two fixed halves of the
-batch) split over OpenMP workers (`cpu_rows_jit`; over Python threads on its numpy path, `cpu_lanes`), and large
-float32 products split their rows (`cpu_lanes.matmul`), with results that do not depend on the thread count.
+Threads. OpenBLAS threads the small per-sample GEMMs of CIFAR-sized layers poorly, its threads, once woken,
+spin on the cores the other kernels need, and they would cut a large product by their count; so every call runs
+with a one-thread BLAS (`_blas_scope`), the row-shift pair runs compiled, its samples (and its weight gradient's
+two fixed halves of the batch) split over OpenMP workers (`cpu_rows_jit`; over Python threads on its numpy path,
+`cpu_lanes`), and products go out in blocks fixed by their shapes (`cpu_lanes.matmul`), with results that do not
+depend on the thread count.
 
 Backward reuses the column buffer: the columns serve dW, then the same memory receives dcols for col2im. The only
 other scratch is one weight-sized product buffer, into which the dW contribution of sample n >= 1 is computed

@@ -8,14 +8,19 @@ GIL, so Python threads overlap them (measured on the 2-core VM: a (32, 16, 32, 3
 1.4 ms).
 
 Determinism is the contract: lanes split only work that no sum runs across (the samples of a forward, the
-kernel rows of a weight gradient), and each lane computes exactly the products and sums one thread would, in
-the same order. So the bits are the same with 1, 2 or 8 threads, and every memory policy still gives the
-parameters of `none`.
+kernel rows of a weight gradient, the blocks of a product), and each lane computes exactly the products and sums
+one thread would, in the same order. Where one product is split, its blocks are fixed by its shapes (`blocks`),
+never by the lane count: a block of a product need not have the bits of the whole product (OpenBLAS's edge and
+small-matrix kernels sum otherwise), so one lane runs the same blocks in turn. So the bits are the same with 1,
+2 or 8 threads on any BLAS kernel (the suite checks two: tests/test_second_blas_kernel.py), and every memory
+policy still gives the parameters of `none`.
 
-While lanes run, the BLAS runs one thread per call (`blas_pinned`): each lane's GEMMs are its own, and an
-OpenBLAS that also threads them puts two threads per core in each other's way (measured: ResNet-56 b32 at 2
-threads, 437 ms per step with lanes over a 2-thread BLAS, 366 with lanes over a 1-thread BLAS, 440 without
-lanes). threadpoolctl finds the BLAS numpy loaded and sets its threads through its C API (~1 us a call).
+The BLAS runs one thread per call (`blas_pinned`) during every step and convolution, at any lane count: each
+lane's GEMMs are its own; OpenBLAS's own threads would cut a large product by their count (other bits), and
+an OpenBLAS that also threads the lanes' products puts two threads per core in each other's way (measured:
+ResNet-56 b32 at 2 threads, 437 ms per step with lanes over a 2-thread BLAS, 366 with lanes over a 1-thread
+BLAS, 440 without lanes). threadpoolctl finds the BLAS numpy loaded and sets its threads through its C API
+(~1 us a call).
 
 How many lanes: `count()`, from MINIDL_CPU_THREADS, else the cores this process may run on (at most
 `MAX_LANES`). `benchmarks/step_vs_torch.py --threads T` sets it to T, like PyTorch's and numpy's threads.
@@ -190,7 +195,7 @@ def matmul(a, b, out) -> None:
 def _by_samples(a, b, out, lanes: int, macs: int) -> bool:
     """Whether `matmul` splits a stacked product by its leading axis (the samples of a convolution: one weight
     `a`, broadcast, against each sample's matrix of `b`): np.matmul runs one GEMM per matrix of the stack, so
-    a share of the stack computes exactly those GEMMs, in any dtype and of any size, with no bits to check.
+    a share of the stack computes exactly those GEMMs (each in the blocks of `blocks`), in any dtype and size.
     Measured at two lanes, ResNet-50's 1x1 products at batch 8: (64, 256) x (256, 3136) 6.9 -> 5.4-6.5 ms,
     (128, 512) x (512, 784) 5.4 -> 4.7, against splitting the rows. Only for stacks that share out evenly
     (or are long), and large enough for a hand-off to pay."""

@@ -128,10 +128,11 @@ class _Winograd:
       | input and gradient scratch), then dx in the same memory. Slower (each position re-reads the input and
       re-walks the outputs), for budgets the whole-tile workspace does not fit.
 
-    Why the two agree bit for bit: every GEMM has the same operands (position p's (Tg, CiB) by (CiB, CoB),
-    the same groups of samples), every transformed value is the same expression of the same inputs
-    (`cpu_winograd_jit`), each output sums its nine terms in position order in both, and dU sums the groups in
-    order per position in both. CiB, CoB are the channels rounded up to 16, Tg the tiles of one group."""
+    Why the two agree bit for bit: every GEMM has the same operands (position p's (Tg, CiB) by (CiB, CoB), the same
+    groups of samples, in the forward the same fixed pieces of a group's rows: `_pieces`), every transformed value
+    is the same expression of the same inputs (`cpu_winograd_jit`), each output sums its nine terms in position
+    order in both, and dU sums the groups in order per position in both. CiB, CoB are the channels rounded up to 16,
+    Tg the tiles of one group."""
 
     def __init__(self, g, itemsize: int, forward_only: bool = False, by_position: bool = False):
         self.g, self.isz, self.by_position = g, itemsize, by_position
