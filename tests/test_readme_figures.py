@@ -3,11 +3,15 @@ fits in 4 MiB (`auto`), and ResNet-2500 planning within 12 GB under `auto` (slow
 said 38 / 7.5 MiB: the planner and the row-shift convolutions had lowered both, and nothing noticed.)"""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.optim import make_optimizer
+
+from .md_blocks import ROOT
 
 MIB = 2**20
 
@@ -35,3 +39,25 @@ def test_resnet2500_plans_within_12gb_under_auto():
     net = build_model("resnet", depth=2500, batch=16)
     plan = plan_network(net, make_optimizer("sgd", 0.1, 0.9, 0.0), "auto", 12 * 10**9, device="k40c")
     assert plan.peak_bytes <= 12 * 10**9
+
+
+def _readme_paragraph(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    paragraphs = [p for p in text.split("\n\n") if marker in p]
+    assert len(paragraphs) == 1, f"{len(paragraphs)} README paragraphs name {marker}"
+    return " ".join(paragraphs[0].split())
+
+
+def test_mutation_kill_rate_is_the_recorded_one():
+    """The README's mutation-testing paragraph quotes the kill rate that `benchmarks/mutation.py` wrote (its
+    percentage, counts and date), or, with no run recorded, quotes none."""
+    para = _readme_paragraph("benchmarks/mutation.py")
+    results = ROOT / "benchmarks" / "results" / "mutation.json"
+    if not results.exists():
+        assert "%" not in para and "No run is recorded yet" in para, para
+        return
+    res = json.loads(results.read_text())
+    o = res["overall"]
+    assert f"{100 * o['kill_rate']:.1f}% ({o['killed']} of {o['total']} mutants" in para, para
+    assert res["date"][:10] in para, para
+    assert ("every file" in para) == res["complete"], para   # a sample is never quoted as the whole
