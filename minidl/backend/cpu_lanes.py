@@ -128,24 +128,28 @@ def _pin():
 _PIECE_MIN_MACS = 1 << 21  # each block of a cut product has at least this many multiply-adds (see `blocks`)
 _PIECE_MIN_COLS = 16  # ... and at least this many columns (rows), its edges on multiples of `_PIECE_ALIGN`
 _PIECE_ALIGN = 16
-_MAX_PIECES = 4  # at most this many blocks: a power of two, so 2 or 4 lanes get even shares
+_MAX_PIECES = 2  # at most this many blocks (see `blocks`)
 
 
 def blocks(m: int, n: int, k: int) -> tuple[int, list[tuple[int, int]]]:
     """How `matmul` cuts one (m, k) x (k, n) product: (axis, [start, end) blocks) of the output's columns
-    (axis -1) or, where it has too few, its rows (axis -2); one block for a small product. Decided by the
+    (axis -1) or its rows (axis -2), whichever is longer (the other where it has too few); one block for a small
+    product. Decided by the
     shapes alone, never by the thread count, so that every block is the same BLAS call however many lanes run
     them, and one lane runs them in turn.
 
     Why the shapes and not the lanes: OpenBLAS sums an element differently depending on where it falls in its
     kernel's tiles (edge and small-matrix kernels), so a block of a product does not in general have the bits
     of the whole product (seen on Haswell's kernels: (64, 576) x (576, 3136) cut in two by rows). Blocks fixed
-    by the shapes give one set of bits on 1, 2 or 8 lanes whatever the kernel. Columns first: a column block
-    re-packs only A (m x k, the weight of a convolution, usually the smaller operand), a row block all of B.
-    Each block has at least `_PIECE_MIN_MACS` multiply-adds (a hand-off to a lane costs 30-70 us) and there
-    are at most `_MAX_PIECES`, a power of two."""
+    by the shapes give one set of bits on 1, 2 or 8 lanes whatever the kernel. The longer side: a column block
+    re-packs all of A (m x k), a row block all of B (k x n), so the smaller operand is the one packed again
+    (measured, (512, 4608) x (4608, 196) in four column blocks: 15 -> 20 ms on one thread).
+    Each block has at least `_PIECE_MIN_MACS` multiply-adds (a hand-off to a lane costs 30-70 us), and there
+    are at most `_MAX_PIECES` (2): one thread pays for every extra block (paired against the whole product on
+    one thread, ResNet-50 shapes: +2-5% with two blocks, +3-9% with four), two lanes get even shares, and a
+    stack of products still goes to every lane by samples."""
     macs = m * n * k
-    for axis, size in ((-1, n), (-2, m)):
+    for axis, size in ((-1, n), (-2, m)) if n >= m else ((-2, m), (-1, n)):
         parts = min(_MAX_PIECES, macs // _PIECE_MIN_MACS, size // _PIECE_MIN_COLS)
         if parts >= 2:
             parts = 1 << (parts.bit_length() - 1)  # a power of two
