@@ -43,9 +43,10 @@ def check_images(x, where: str, shape=None) -> np.ndarray:
     return x
 
 
-def check_labels(y, num_classes: int | None, where: str, shape=None) -> np.ndarray:
+def check_labels(y, num_classes: int | None, where: str, shape=None, ignore_index: int | None = None) -> np.ndarray:
     """Labels must be integers (a float label would be truncated, a bool read as class 0 or 1), of `shape` when
     given, and in [0, num_classes) when it is given: numpy reads -1 as the last class and K as an IndexError.
+    `ignore_index` (a loss's label that counts for nothing, e.g. -100 on padding) is allowed besides.
     Returns `y` as an array. The one check of labels: data sets, batches."""
     y = _as_array(y, where, "labels")
     if y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer) or (
@@ -55,7 +56,10 @@ def check_labels(y, num_classes: int | None, where: str, shape=None) -> np.ndarr
         raise DataError(f"{where}: labels must be integers{rng}{want}, got {y.dtype} of shape {y.shape}")
     if num_classes is None or y.size == 0:
         return y
-    lo, hi = int(y.min()), int(y.max())
+    real = y if ignore_index is None else y[y != ignore_index]
+    if real.size == 0:
+        return y
+    lo, hi = int(real.min()), int(real.max())
     if lo < 0 or hi >= num_classes:
         bad = lo if lo < 0 else hi
         raise DataError(f"{where}: label {bad} is outside [0, {num_classes}) (there are {num_classes} classes)")

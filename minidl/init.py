@@ -39,6 +39,9 @@ def initialize(spec: ParamSpec, out: np.ndarray, rng: np.random.Generator) -> No
     elif kind == "kaiming_normal_fan_out":
         # torchvision's ResNet convs: kaiming_normal_(mode="fan_out", nonlinearity="relu").
         out[...] = rng.standard_normal(out.shape) * math.sqrt(2.0 / max(1, spec.fan_out))
+    elif kind == "normal":
+        # PyTorch's nn.Embedding default: N(0, 1).
+        out[...] = rng.standard_normal(out.shape)
     elif kind == "xavier_uniform":
         bound = math.sqrt(6.0 / max(1, spec.fan_in + spec.fan_out))
         out[...] = rng.uniform(-bound, bound, size=out.shape)

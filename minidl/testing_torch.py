@@ -34,7 +34,21 @@ def _node_fn(node) -> Callable:
     if t == "gap":
         return lambda xs, p: xs[0].mean(dim=(2, 3))
     if t == "linear":
+        if not L.flatten:
+            return lambda xs, p: F.linear(xs[0], p["weight"], p.get("bias"))
         return lambda xs, p: F.linear(xs[0].reshape(xs[0].shape[0], -1), p["weight"], p.get("bias"))
+    if t == "layernorm":
+        return lambda xs, p: F.layer_norm(xs[0], xs[0].shape[-1:], p.get("weight"), p.get("bias"), L.eps)
+    if t == "gelu":
+        return lambda xs, p: F.gelu(xs[0], approximate=L.approximate)
+    if t == "softmax":
+        return lambda xs, p: F.softmax(xs[0], dim=-1)
+    if t == "embedding":
+        return lambda xs, p: F.embedding(xs[0], p["weight"])
+    if t == "position_embedding":
+        return lambda xs, p: xs[0] + p["weight"][:xs[0].shape[1]]
+    if t == "attention":
+        return lambda xs, p: causal_attention(xs[0], L.num_heads)
     if t == "dropout":
         return lambda xs, p: xs[0] if L.p == 0 else F.dropout(xs[0], L.p, True)
     if t == "add":
@@ -51,8 +65,19 @@ def _node_fn(node) -> Callable:
     if t == "lrn":
         return lambda xs, p: F.local_response_norm(xs[0], L.size, L.alpha, L.beta, L.k)
     if t == "softmax_xent":
-        return lambda xs, p: F.cross_entropy(xs[0], xs[1])
+        ignore = -100 if L.ignore_index is None else L.ignore_index
+        return lambda xs, p: F.cross_entropy(xs[0].reshape(-1, xs[0].shape[-1]), xs[1].reshape(-1),
+                                             ignore_index=ignore)
     raise NotImplementedError(f"no PyTorch translation for layer type {t!r}")
+
+
+def causal_attention(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """`CausalSelfAttention` in PyTorch: qkv (B, T, 3C) -> (B, T, C), through its own scaled_dot_product_attention."""
+    b, t, c3 = qkv.shape
+    c = c3 // 3
+    q, k, v = (a.reshape(b, t, num_heads, c // num_heads).transpose(1, 2) for a in qkv.split(c, dim=2))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return y.transpose(1, 2).reshape(b, t, c)
 
 
 class TorchTwin:

@@ -17,6 +17,7 @@ from .cpu_conv import ConvOps
 from .cpu_jit import lazy, workers_for
 from .cpu_norm import NormOps
 from .cpu_pool import PoolOps
+from .cpu_seq import SeqOps
 from .cpu_update import UpdateOps
 from .kernel_specs import dropout_keep_mask
 
@@ -192,6 +193,29 @@ class CoreOps:
         dlogits[np.arange(n), labels] -= 1
         dlogits *= dloss.reshape(()) / logits.dtype.type(n)
 
+    def softmax_xent_ignore_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray,
+                                    ignore_index: int) -> None:
+        """The mean over the rows whose label is not `ignore_index` (NaN when every row is ignored, as PyTorch)."""
+        valid = labels != ignore_index
+        z = logits - logits.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=1))
+        picked = z[np.arange(z.shape[0]), np.where(valid, labels, 0)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            loss[...] = np.sum((lse - picked)[valid], dtype=logits.dtype) / logits.dtype.type(valid.sum())
+
+    def softmax_xent_ignore_backward(self, logits: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
+                                     dlogits: np.ndarray, ignore_index: int) -> None:
+        """(softmax - one-hot) / (rows not ignored) on the rows not ignored, zeros on the others."""
+        valid = labels != ignore_index
+        np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)
+        np.exp(dlogits, out=dlogits)
+        dlogits /= dlogits.sum(axis=1, keepdims=True)
+        rows = np.flatnonzero(valid)
+        dlogits[rows, labels[rows]] -= 1
+        dlogits[~valid] = 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dlogits *= dloss.reshape(()) / logits.dtype.type(rows.size)
+
     # -- optimizers (PyTorch semantics, chunked so no parameter-sized temporary is made) ----------------------
     def sgd_update(self, p: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float, momentum: float,
                    dampening: float, weight_decay: float, nesterov: bool, first_step: bool) -> None:
@@ -229,7 +253,7 @@ class CoreOps:
             pf[s] -= step_size * (mf[s] / denom)
 
 
-class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps):
+class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
     """numpy backend: the reference every other backend is tested against."""
 
     def step_scope(self):

@@ -74,3 +74,10 @@ def flag(cls_name: str, name: str | None, arg: str, v) -> bool:
     if isinstance(v, (bool, np.bool_)) or (isinstance(v, numbers.Integral) and int(v) in (0, 1)):
         return bool(v)
     raise _bad(cls_name, name, arg, "True or False", v)
+
+
+def choice(cls_name: str, name: str | None, arg: str, v, options: tuple[str, ...]) -> str:
+    """One of the strings `options` (GELU's approximate='tanh'): a typo fails here, naming what is accepted."""
+    if not isinstance(v, str) or v not in options:
+        raise _bad(cls_name, name, arg, "one of " + ", ".join(repr(o) for o in options), v)
+    return v

@@ -29,6 +29,12 @@ from ..vocab import WorkspaceOption  # noqa: F401  (re-exported: layers declare 
 Shape = tuple[int, ...]
 
 
+def last_axis_rows(shape: Shape) -> tuple[int, int]:
+    """(rows, C) of a tensor worked on along its last axis (layer norm, softmax, a per-token linear): every other
+    axis is a row, so a (B, T, C) tensor is the (B*T, C) matrix its kernels take."""
+    return math.prod(shape[:-1]), shape[-1]
+
+
 @dataclass(slots=True)
 class ParamSpec:
     """A parameter or buffer of a layer. `init` names an initializer in `minidl.init`."""
@@ -126,6 +132,11 @@ class Layer:
         [0, classes)): run by `testing.run_layer` before forward. In a network the executor checks each batch
         (`Executor.check_batch`), so a layer's kernels can index with its labels unchecked."""
 
+    def check_batch_input(self, k: int, batch: np.ndarray, where: str) -> None:
+        """Raise a DataError naming `where` if `batch`, fed from a network input to this layer's input `k`, is
+        unusable (token indices outside an embedding's table): run by the executor on every batch, before it is
+        copied in, so the kernels can index with it unchecked."""
+
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         return {}
 
@@ -147,6 +158,12 @@ class Layer:
         backend's (cuDNN's execution plans are not the CPU's im2col). None means the CPU reference backend.
         """
         return []
+
+    def backend_ops(self) -> tuple[str, ...]:
+        """The backend methods this layer calls beyond those every backend has (the convolutional family's):
+        a backend that lacks one cannot run the layer, and the executor says so, naming the layer, before any
+        step runs (`check_backend`)."""
+        return ()
 
     def config(self) -> dict[str, Any]:
         """Hyper-parameters, for summaries and checkpoints."""

@@ -8,16 +8,22 @@ from .base import Layer, ParamSpec
 
 
 class Linear(Layer):
-    """y = x W^T + b on the flattened input (N, F); W has PyTorch's layout (out_features, in_features)."""
+    """y = x W^T + b; W has PyTorch's layout (out_features, in_features).
+
+    `flatten=True` (the default, a classifier's head): the input (N, features...) is read as (N, F), F the product
+    of its other axes, and the output is (N, out_features). `flatten=False`: the product applies to the last axis,
+    as `torch.nn.Linear` does, (..., C) -> (..., out_features): a transformer's per-token projection of (B, T, C).
+    Either way the kernels see one 2-D product (rows, F) x (F, out), so every backend's linear runs both."""
 
     type_name = "linear"
     needs_inputs = (0,)
     checkpoint = True
 
-    def __init__(self, out_features: int, bias: bool = True, name: str | None = None):
+    def __init__(self, out_features: int, bias: bool = True, flatten: bool = True, name: str | None = None):
         super().__init__(name)
         self.out_features = args.integer(type(self).__name__, name, "out_features", out_features, 1)
         self.bias = args.flag(type(self).__name__, name, "bias", bias)
+        self.flatten = args.flag(type(self).__name__, name, "flatten", flatten)
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
@@ -25,10 +31,19 @@ class Linear(Layer):
             raise ValueError(f"expects a batched input (N, features...), got {s}")
         if self.out_features <= 0:
             raise ValueError(f"out_features must be positive, got {self.out_features}")
-        return (s[0], self.out_features)
+        return (s[0], self.out_features) if self.flatten else s[:-1] + (self.out_features,)
+
+    def _in_features(self, shape) -> int:
+        return math.prod(shape[1:]) if self.flatten else shape[-1]
+
+    def _matrix(self, a):
+        """`a` (an input or an output, or their deltas) as the 2-D matrix the kernels take (a view)."""
+        if a is None:
+            return None
+        return a.reshape(a.shape[0], -1) if self.flatten else a.reshape(-1, a.shape[-1])
 
     def param_specs(self, in_shapes):
-        fin = math.prod(in_shapes[0][1:])
+        fin = self._in_features(in_shapes[0])
         specs = {"weight": ParamSpec((self.out_features, fin), "kaiming_uniform", fan_in=fin,
                                      fan_out=self.out_features)}
         if self.bias:
@@ -39,13 +54,14 @@ class Linear(Layer):
         return 2 * math.prod(in_shapes[0]) * self.out_features
 
     def config(self):
-        return {"out_features": self.out_features, "bias": self.bias}
+        return {"out_features": self.out_features, "bias": self.bias, "flatten": self.flatten}
 
     def forward(self, be, inputs, out, params, ctx):
-        be.linear_forward(inputs[0], params["weight"], params.get("bias"), out)
+        be.linear_forward(self._matrix(inputs[0]), params["weight"], params.get("bias"), self._matrix(out))
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
-        be.linear_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"))
+        be.linear_backward(self._matrix(inputs[0]), params["weight"], self._matrix(dout), self._matrix(dinputs[0]),
+                           grads.get("weight"), grads.get("bias"))
 
 
 class Flatten(Layer):

@@ -1,4 +1,10 @@
-"""Softmax cross-entropy loss: mean over the batch of -log softmax(logits)[label]."""
+"""Softmax cross-entropy loss: the mean over samples (or tokens) of -log softmax(logits)[label].
+
+Logits (N, classes) with labels (N,), a classifier's; or logits (..., classes) with one label per row, labels
+(...), a language model's (B, T, vocabulary) with (B, T) targets: classes are on the last axis. With
+`ignore_index`, rows whose label is that value count for nothing, and the mean is over the others (PyTorch's
+`F.cross_entropy(..., ignore_index=i)`, reduction 'mean'; all rows ignored gives NaN there and here).
+"""
 from __future__ import annotations
 
 import math
@@ -6,7 +12,8 @@ import math
 import numpy as np
 
 from ..guards import check_labels
-from .base import Layer
+from . import args
+from .base import Layer, last_axis_rows
 
 
 class SoftmaxCrossEntropy(Layer):
@@ -17,6 +24,11 @@ class SoftmaxCrossEntropy(Layer):
     is_loss = True
     checkpoint = True
 
+    def __init__(self, ignore_index: int | None = None, name: str | None = None):
+        super().__init__(name)
+        self.ignore_index = (None if ignore_index is None else
+                             args.integer(type(self).__name__, name, "ignore_index", ignore_index, -2**63))
+
     def check_input_dtypes(self, in_dtypes):
         if not np.issubdtype(in_dtypes[0], np.floating):
             raise ValueError(f"logits must be floating, got {np.dtype(in_dtypes[0]).name}")
@@ -26,20 +38,42 @@ class SoftmaxCrossEntropy(Layer):
 
     def infer_shape(self, in_shapes):
         logits, labels = in_shapes
-        if len(logits) != 2:
-            raise ValueError(f"logits must be (N, classes), got {logits}; add a Flatten/Linear first")
-        if labels != (logits[0],):
-            raise ValueError(f"labels must be ({logits[0]},) to match logits {logits}, got {labels}")
+        if len(logits) < 2:
+            raise ValueError(f"logits must be (N, classes) or (N, ..., classes), got {logits}; add a "
+                             f"Flatten/Linear first")
+        if labels != logits[:-1]:
+            raise ValueError(f"labels must be {logits[:-1]} (one per row of logits {logits}, classes on the last "
+                             f"axis), got {labels}")
         return ()
 
     def check_values(self, inputs):
-        check_labels(inputs[1], inputs[0].shape[1], f"{self.describe()}: labels")
+        self.check_label_values(inputs[1], inputs[0].shape[-1], f"{self.describe()}: labels")
+
+    def check_label_values(self, labels, classes: int, where: str, shape=None) -> np.ndarray:
+        """The labels checked (`guards.check_labels`): integers in [0, classes), or `ignore_index`."""
+        return check_labels(labels, classes, where, shape, ignore_index=self.ignore_index)
 
     def flops(self, in_shapes, out_shape):
         return 5 * math.prod(in_shapes[0])
 
+    def config(self):
+        return {} if self.ignore_index is None else {"ignore_index": self.ignore_index}
+
+    def backend_ops(self):
+        return () if self.ignore_index is None else ("softmax_xent_ignore_forward", "softmax_xent_ignore_backward")
+
     def forward(self, be, inputs, out, params, ctx):
-        be.softmax_xent_forward(inputs[0], inputs[1], out)
+        r, k = last_axis_rows(inputs[0].shape)
+        logits, labels = inputs[0].reshape(r, k), inputs[1].reshape(r)
+        if self.ignore_index is None:
+            be.softmax_xent_forward(logits, labels, out)
+        else:
+            be.softmax_xent_ignore_forward(logits, labels, out, self.ignore_index)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
-        be.softmax_xent_backward(inputs[0], inputs[1], dout, dinputs[0])
+        r, k = last_axis_rows(inputs[0].shape)
+        logits, labels, dlogits = inputs[0].reshape(r, k), inputs[1].reshape(r), dinputs[0].reshape(r, k)
+        if self.ignore_index is None:
+            be.softmax_xent_backward(logits, labels, dout, dlogits)
+        else:
+            be.softmax_xent_ignore_backward(logits, labels, dout, dlogits, self.ignore_index)

@@ -1,0 +1,77 @@
+"""Causal self-attention: several heads of scaled dot-product attention, each position attending to itself and
+the positions before it (GPT's). The projections around it are `Linear(..., flatten=False)` layers.
+
+Input: q, k and v side by side on the last axis, (B, T, 3C) (what one `Linear(3 * C, flatten=False)` produces,
+nanoGPT's `c_attn`); output (B, T, C), the heads' outputs side by side. Each head h uses the channels
+[h D, (h + 1) D) of q, k and v, D = C / num_heads, and scores scaled by 1 / sqrt(D).
+
+What backward reads: the input (q, k, v) and the attention probabilities P = softmax(q k^T / sqrt(D)), (B, H, T, T),
+which forward saves as an aux tensor (`probs`): the score matrix is a planned tensor, visible to every policy.
+Backward from P costs two products less than rebuilding it; rebuilding it from q and k instead (what
+FlashAttention does) would trade those products for the B H T^2 values kept between forward and backward.
+"""
+from __future__ import annotations
+
+import math
+
+from . import args
+from .base import Layer
+
+
+class CausalSelfAttention(Layer):
+    type_name = "attention"
+    needs_inputs = (0,)
+    checkpoint = True  # two batched products per head: expensive to rebuild, like a linear's output
+
+    def __init__(self, num_heads: int, name: str | None = None):
+        super().__init__(name)
+        self.num_heads = args.integer(type(self).__name__, name, "num_heads", num_heads, 1)
+
+    def infer_shape(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 3:
+            raise ValueError(f"expects q, k, v side by side as (B, T, 3C), got shape {s}")
+        if s[2] % (3 * self.num_heads):
+            raise ValueError(f"the last axis ({s[2]}) must be 3 C with C a multiple of num_heads="
+                             f"{self.num_heads} (q, k, v of C = {s[2] / 3:g} channels each)")
+        return (s[0], s[1], s[2] // 3)
+
+    def aux_specs(self, in_shapes, training=True):
+        b, t, _ = in_shapes[0]
+        return {"probs": (b, self.num_heads, t, t)} if training else {}
+
+    def flops(self, in_shapes, out_shape):
+        b, t, c = out_shape
+        return 4 * b * t * t * c + 5 * b * self.num_heads * t * t  # q k^T and P v; scale, mask, softmax
+
+    def backward_flops(self, in_shapes, out_shape):
+        b, t, c = out_shape
+        return 8 * b * t * t * c + 4 * b * self.num_heads * t * t  # dv, dP, dq, dk; softmax's backward
+
+    def config(self):
+        return {"num_heads": self.num_heads}
+
+    def backend_ops(self):
+        return ("attention_forward", "attention_backward")
+
+    def _heads(self, a, c: int):
+        """(B, T, H*D) -> its (B, H, T, D) view (no copy)."""
+        b, t = a.shape[:2]
+        return a.reshape(b, t, self.num_heads, c // self.num_heads).transpose(0, 2, 1, 3)
+
+    def _qkv(self, a):
+        c = a.shape[2] // 3
+        return [self._heads(a[:, :, i * c:(i + 1) * c], c) for i in range(3)]
+
+    def forward(self, be, inputs, out, params, ctx):
+        q, k, v = self._qkv(inputs[0])
+        c = out.shape[2]
+        be.attention_forward(q, k, v, ctx.aux.get("probs"), self._heads(out, c),
+                             1.0 / math.sqrt(c // self.num_heads))
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        q, k, v = self._qkv(inputs[0])
+        dq, dk, dv = self._qkv(dinputs[0])
+        c = dout.shape[2]
+        be.attention_backward(q, k, v, ctx.aux["probs"], self._heads(dout, c), dq, dk, dv,
+                              1.0 / math.sqrt(c // self.num_heads))

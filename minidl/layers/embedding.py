@@ -1,0 +1,121 @@
+"""Embeddings: `Embedding` (a table of vectors looked up by integer index, the tokens of a language model) and
+`PositionEmbedding` (a learned vector per position added to a (B, T, C) sequence).
+
+`Embedding`'s backward reads its indices (to scatter the gradient into the rows they picked) and nothing else;
+its indices never receive a gradient. `PositionEmbedding`'s backward reads no forward tensor: the delta passes
+through, and the weight gradient is the delta summed over the batch.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import DataError
+from . import args
+from .base import Layer, ParamSpec
+
+
+class Embedding(Layer):
+    """Integer indices of any shape (...) -> their rows of the table, (..., embedding_dim), as `nn.Embedding`.
+
+    The table's gradient accumulates every occurrence of an index (a token repeated in the batch adds its
+    gradients); rows no index picked get zeros. The table is initialized N(0, 1), PyTorch's default."""
+
+    type_name = "embedding"
+    needs_inputs = (0,)
+    nondiff_inputs = (0,)
+    checkpoint = True  # a lookup into a parameter: kept, like a linear's output, rather than rebuilt from indices
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, name: str | None = None):
+        super().__init__(name)
+        who = (type(self).__name__, name)
+        self.num_embeddings = args.integer(*who, "num_embeddings", num_embeddings, 1)
+        self.embedding_dim = args.integer(*who, "embedding_dim", embedding_dim, 1)
+
+    def check_input_dtypes(self, in_dtypes):
+        dt = np.dtype(in_dtypes[0])
+        if dt == np.bool_ or not np.issubdtype(dt, np.integer):
+            raise ValueError(f"indices must be integers (declare them with net.input(shape, dtype='int64')), "
+                             f"got {dt.name}")
+
+    def infer_shape(self, in_shapes):
+        return tuple(in_shapes[0]) + (self.embedding_dim,)
+
+    def check_values(self, inputs):
+        self.check_indices(inputs[0], f"{self.describe()}: indices")
+
+    def check_batch_input(self, k, batch, where):
+        self.check_indices(batch, where)
+
+    def check_indices(self, idx: np.ndarray, where: str) -> None:
+        """Indices outside [0, num_embeddings) are a DataError naming `where` and the index (numpy would read -1
+        as the last row): run on every batch by the executor, and by `testing.run_layer`."""
+        if idx.size == 0:
+            return
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.num_embeddings:
+            raise DataError(f"{where}: index {lo if lo < 0 else hi} is outside [0, {self.num_embeddings}) "
+                            f"(the embedding has {self.num_embeddings} rows)")
+
+    def param_specs(self, in_shapes):
+        return {"weight": ParamSpec((self.num_embeddings, self.embedding_dim), "normal",
+                                    fan_in=self.num_embeddings, fan_out=self.embedding_dim)}
+
+    def flops(self, in_shapes, out_shape):
+        return 0  # a copy of rows
+
+    def backward_flops(self, in_shapes, out_shape):
+        return math.prod(out_shape)  # one addition per value scattered
+
+    def config(self):
+        return {"num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim}
+
+    def backend_ops(self):
+        return ("embedding_forward", "embedding_backward")
+
+    def forward(self, be, inputs, out, params, ctx):
+        be.embedding_forward(inputs[0].reshape(-1), params["weight"], out.reshape(-1, self.embedding_dim))
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        if "weight" in grads:
+            be.embedding_backward(inputs[0].reshape(-1), dout.reshape(-1, self.embedding_dim), grads["weight"])
+
+
+class PositionEmbedding(Layer):
+    """(B, T, C) -> x + P[:T]: a learned vector per position (GPT's `wpe(arange(T))` added to the token
+    embeddings), `max_positions` >= T rows. Initialized N(0, 1) like an `nn.Embedding`."""
+
+    type_name = "position_embedding"
+    checkpoint = True  # an add: kept, like `Add`'s output
+
+    def __init__(self, max_positions: int, name: str | None = None):
+        super().__init__(name)
+        self.max_positions = args.integer(type(self).__name__, name, "max_positions", max_positions, 1)
+
+    def infer_shape(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 3:
+            raise ValueError(f"expects a sequence (B, T, C), got shape {s}")
+        if s[1] > self.max_positions:
+            raise ValueError(f"the sequence has {s[1]} positions, more than max_positions={self.max_positions}")
+        return s
+
+    def param_specs(self, in_shapes):
+        c = in_shapes[0][2]
+        return {"weight": ParamSpec((self.max_positions, c), "normal", fan_in=self.max_positions, fan_out=c)}
+
+    def flops(self, in_shapes, out_shape):
+        return math.prod(out_shape)
+
+    def config(self):
+        return {"max_positions": self.max_positions}
+
+    def backend_ops(self):
+        return ("position_embedding_forward", "position_embedding_backward")
+
+    def forward(self, be, inputs, out, params, ctx):
+        be.position_embedding_forward(inputs[0], params["weight"], out)
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        be.position_embedding_backward(dout, dinputs[0], grads.get("weight"))
