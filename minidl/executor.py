@@ -21,7 +21,7 @@ from .backend import backend_name
 from .capture import CaptureRefused, graph_step
 from .errors import CheckpointError, DivergenceError, OptionError, ResidencyError
 from .graph import Network
-from .guards import check_images, check_labels, check_step
+from .guards import check_images, check_step
 from .init import initial_values, param_rng
 from .layers.base import LayerContext
 from .memory.plan import Event, EventKind, Plan
@@ -72,6 +72,12 @@ class Executor:
             raise OptionError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
                               f"menu but runs on backend '{be_name}': plan with "
                               f"plan_network(..., backend=<the backend it runs on>)")
+        for n in net.layer_nodes:
+            missing = [op for op in n.layer.backend_ops() if not hasattr(self.be, op)]
+            if missing:
+                raise OptionError(f"{n.layer.describe()} cannot run on backend '{be_name}': its kernels "
+                                  f"({', '.join(missing)}) are not yet written for that backend; run this network "
+                                  f"on backend 'cpu'")
         if be_name != "cpu" and any(sp.on_host for sp in plan.steps):
             raise OptionError("the plan updates weights on the host, which runs on the CPU backend only (on a GPU "
                               "the host would have to wait for each gradient's copy): plan without a host update")
@@ -307,8 +313,13 @@ class Executor:
         converting instead would truncate float labels and read bools as classes 0 and 1."""
         nodes = self.net.input_nodes
         x = check_images(x, f"input '{nodes[0].name}'", nodes[0].shape)
+        for c in nodes[0].consumers:  # token indices, checked by the layers that index with them (Embedding)
+            self.net.nodes[c].layer.check_batch_input(self.net.nodes[c].inputs.index(nodes[0].index), x,
+                                                      f"input '{nodes[0].name}'")
         if len(nodes) > 1:
-            y = check_labels(y, self.net.logits_node.shape[1], f"input '{nodes[1].name}'", nodes[1].shape)
+            loss = self.net.loss_node.layer
+            y = loss.check_label_values(y, self.net.logits_node.shape[-1], f"input '{nodes[1].name}'",
+                                        nodes[1].shape)
         return x, y
 
     def train_step(self, x: np.ndarray, y: np.ndarray) -> float:

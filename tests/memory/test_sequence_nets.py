@@ -1,0 +1,134 @@
+"""A one-block transformer (token and position embeddings, layer norm, causal attention, a GELU MLP, residual adds,
+per-token cross-entropy with an ignore index) built with dl.Network: every exact policy trains it to the parameters
+of policy `none`, bit for bit, and its first loss and gradients are PyTorch's."""
+import numpy as np
+import pytest
+import torch
+
+import minidl as dl
+from minidl import layers as L
+from minidl.memory.plan import EventKind
+from minidl.memory.policies import plan_network
+from minidl.optim import SGD
+from minidl.session import Session
+from minidl.testing_torch import TorchTwin
+
+B, T, V, C, HEADS = 4, 8, 11, 16, 2
+IGNORE = -1
+
+
+def block_net(attention: bool = True):
+    """embedding (+ positions) -> [layernorm -> attention -> add] -> layernorm -> linear -> gelu -> linear -> add ->
+    layernorm -> linear (vocabulary) -> per-token cross-entropy."""
+    net = dl.Network("gpt1")
+    tok = net.input((B, T), dtype="int64", name="tokens")
+    tgt = net.input((B, T), dtype="int64", name="targets")
+    h = L.Embedding(V, C, name="wte")(tok)
+    h = L.PositionEmbedding(T, name="wpe")(h)
+    if attention:
+        a = L.LayerNorm(name="ln_attn")(h)
+        a = L.Linear(3 * C, flatten=False, name="qkv")(a)
+        a = L.CausalSelfAttention(HEADS, name="attn")(a)
+        a = L.Linear(C, flatten=False, name="proj")(a)
+        h = L.Add(name="res_attn")(h, a)
+    m = L.LayerNorm(name="ln_mlp")(h)
+    m = L.Linear(4 * C, flatten=False, name="fc")(m)
+    m = L.GELU("tanh", name="gelu")(m)
+    m = L.Dropout(0.1, name="drop")(m)
+    m = L.Linear(C, flatten=False, name="fc_out")(m)
+    h = L.Add(name="res_mlp")(h, m)
+    h = L.LayerNorm(name="ln_f")(h)
+    logits = L.Linear(V, bias=False, flatten=False, name="head")(h)
+    net.set_loss(L.SoftmaxCrossEntropy(ignore_index=IGNORE, name="loss")(logits, tgt))
+    return net
+
+
+def batches(steps, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        x = rng.integers(0, V, (B, T)).astype(np.int64)
+        y = np.roll(x, -1, axis=1)
+        y[:, -1] = IGNORE  # the last position has no next token
+        out.append((x, y))
+    return out
+
+
+def train(policy, steps=4, attention=True, **kw):
+    sess = Session(block_net(attention), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), policy=policy, seed=5, **kw)
+    losses = [sess.executor.train_step(x, y) for x, y in batches(steps)]
+    return sess, losses
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return train("none")
+
+
+@pytest.mark.parametrize("policy", ["liveness", "recompute"])
+def test_exact_policies_train_a_transformer_block_bit_identically(policy, reference):
+    ref, ref_losses = reference
+    sess, losses = train(policy)
+    assert losses == ref_losses
+    want, got = ref.executor.state_dict(), sess.executor.state_dict()
+    assert want.keys() == got.keys()
+    for k in want:
+        assert np.array_equal(want[k], got[k]), k
+    assert sess.plan.peak_bytes < ref.plan.peak_bytes
+
+
+def test_recompute_rebuilds_the_cheap_layers_in_backward():
+    """Layer norm, GELU and dropout are cheap (not checkpoints): recompute drops their outputs after forward and
+    rebuilds them in backward, attention's probabilities stay planned aux tensors."""
+    plan = plan_network(block_net(), SGD(lr=0.1, momentum=0.9), "recompute")
+    rebuilt = {ev.tensor for sp in plan.steps for ev in sp.before if ev.kind is EventKind.RECOMPUTE}
+    assert {"act:ln_attn", "act:ln_mlp", "act:gelu", "act:drop", "act:ln_f"} <= rebuilt, rebuilt
+    assert "aux:attn.probs" in plan.route.tensors
+
+
+def test_loss_decreases_and_matches_torch(reference):
+    _, losses = reference
+    assert losses[-1] < losses[0]
+    net = block_net()
+    sess = Session(net, SGD(lr=0.1), policy="none", seed=5)
+    state = sess.executor.state_dict()
+    twin = TorchTwin(net, state, dtype=torch.float32)
+    twin.fns[net.node("drop").index] = lambda xs, p: xs[0]  # evaluation: dropout is the identity
+    x, y = batches(1)[0]
+    want, _ = twin.forward(torch.tensor(x), torch.tensor(y))
+    got, logits = sess.executor.evaluate(x, y)
+    assert logits.shape == (B, T, V)
+    np.testing.assert_allclose(got, want.item(), rtol=1e-5)
+
+
+def test_each_batch_is_checked_tokens_against_the_table_labels_against_the_vocabulary():
+    sess = Session(block_net(attention=False), SGD(lr=0.1), policy="liveness")
+    x, y = batches(1)[0]
+    bad = x.copy()
+    bad[1, 2] = V
+    with pytest.raises(dl.DataError, match=rf"input 'tokens': index {V} is outside \[0, {V}\)"):
+        sess.executor.train_step(bad, y)
+    bad = y.copy()
+    bad[0, 0] = -2
+    with pytest.raises(dl.DataError, match=rf"input 'targets': label -2 is outside \[0, {V}\)"):
+        sess.executor.train_step(x, bad)
+    assert sess.executor.iteration == 0
+    sess.executor.train_step(x, y)  # IGNORE (-1) on the last position is accepted
+
+
+def test_a_backend_without_a_layers_kernels_is_refused_naming_the_layer():
+    """The CUDA backend has no layer norm, GELU, embedding or attention kernels yet: a network that needs them is
+    refused before any step, naming the first layer and the missing kernels (here a CPU backend without them)."""
+    from minidl.backend.cpu import CPUBackend
+
+    class NoSequenceKernels(CPUBackend):
+        name = "cpu"
+
+        def __getattribute__(self, attr):
+            if attr.startswith(("layernorm", "gelu", "embedding", "position_embedding", "attention")):
+                raise AttributeError(attr)
+            return super().__getattribute__(attr)
+
+    with pytest.raises(dl.OptionError, match=r"layer 'wte' \(embedding\) cannot run on backend 'cpu': its kernels "
+                                             r"\(embedding_forward, embedding_backward\) are not yet written"):
+        Session(block_net(), SGD(lr=0.1), policy="liveness", backend=NoSequenceKernels())
