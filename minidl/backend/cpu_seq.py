@@ -16,6 +16,8 @@ import numpy as np
 from .cpu_jit import lazy, workers_for
 
 CHUNK = 1 << 16  # elements per block of rows (256 KiB of float32)
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_TANH_CUBIC = 0.044715  # the cubic term of GELU's tanh approximation
 
 # GELU compiled with numba (`cpu_seq_jit`), or None where numba cannot be imported: the numpy twins run.
 seq_kernels = lazy("cpu_seq_jit")
@@ -87,45 +89,65 @@ class SeqOps:
             np.multiply(g, rstd[s, None], out=dx[s])
 
     # -- GELU (elementwise) ----------------------------------------------------------------------------------------
+    # The tanh form runs in numpy, in the array's dtype, by blocks: numpy's vectorized float32 tanh is ~150x faster
+    # than numba's scalar call to the C library's (measured on a 262K-value tensor: 0.05 ms against 8 ms), so the
+    # ~9 numpy passes over a block in cache beat one compiled loop (GPT's MLP, (1024, 512): ~1 ms against ~9 ms).
+    # The exact form needs erf, which numpy lacks: compiled (`cpu_seq_jit`), in float64, ~16 ns a value.
     def gelu_forward(self, x: np.ndarray, y: np.ndarray, approximate: str) -> None:
+        xf, yf = x.reshape(-1), y.reshape(-1)
+        if approximate == "tanh":
+            t = x.dtype.type
+            for s in _rows(xf.size, 1):
+                a, u = xf[s], yf[s]
+                _tanh_inner(a, u)
+                u += t(1)
+                u *= a
+                u *= t(0.5)
+            return
         jit = seq_kernels()
-        tanh_form = approximate == "tanh"
         if jit is not None and _flat(x, y):
-            xf, yf = x.reshape(-1), y.reshape(-1)
             workers = workers_for(xf.size)
             if workers > 1:
-                jit.gelu_forward_parallel(xf, yf, tanh_form, workers)
+                jit.gelu_exact_forward_parallel(xf, yf, workers)
             else:
-                jit.gelu_forward(xf, yf, tanh_form)
+                jit.gelu_exact_forward(xf, yf)
             return
-        xf, yf = x.reshape(-1), y.reshape(-1)
         for s in _rows(xf.size, 1):
             a = xf[s].astype(np.float64)
-            if tanh_form:
-                yf[s] = 0.5 * a * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
-            else:
-                yf[s] = 0.5 * a * (1.0 + _erf(a / math.sqrt(2)))
+            yf[s] = 0.5 * a * (1.0 + _erf(a / math.sqrt(2)))
 
     def gelu_backward(self, x: np.ndarray, dy: np.ndarray, dx: np.ndarray, approximate: str) -> None:
+        xf, dyf, dxf = x.reshape(-1), dy.reshape(-1), dx.reshape(-1)
+        if approximate == "tanh":
+            t = x.dtype.type
+            for s in _rows(xf.size, 1):
+                a, th = xf[s], dxf[s]
+                _tanh_inner(a, th)                                # th = tanh(k (a + c a^3))
+                # slope = 0.5 (1 + th) + 0.5 a (1 - th^2) k (1 + 3 c a^2)
+                q = a * a
+                q *= t(3 * _TANH_CUBIC)
+                q += t(1)
+                q *= a
+                q *= t(0.5 * _SQRT_2_OVER_PI)
+                r = th * th
+                np.subtract(t(1), r, out=r)
+                q *= r
+                th += t(1)
+                th *= t(0.5)
+                th += q
+                th *= dyf[s]
+            return
         jit = seq_kernels()
-        tanh_form = approximate == "tanh"
         if jit is not None and _flat(x, dy, dx):
-            xf, dyf, dxf = x.reshape(-1), dy.reshape(-1), dx.reshape(-1)
             workers = workers_for(xf.size)
             if workers > 1:
-                jit.gelu_backward_parallel(xf, dyf, dxf, tanh_form, workers)
+                jit.gelu_exact_backward_parallel(xf, dyf, dxf, workers)
             else:
-                jit.gelu_backward(xf, dyf, dxf, tanh_form)
+                jit.gelu_exact_backward(xf, dyf, dxf)
             return
-        xf, dyf, dxf = x.reshape(-1), dy.reshape(-1), dx.reshape(-1)
-        k = math.sqrt(2 / math.pi)
         for s in _rows(xf.size, 1):
             a = xf[s].astype(np.float64)
-            if tanh_form:
-                t = np.tanh(k * (a + 0.044715 * a ** 3))
-                slope = 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * k * (1 + 3 * 0.044715 * a * a)
-            else:
-                slope = 0.5 * (1 + _erf(a / math.sqrt(2))) + a * np.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
+            slope = 0.5 * (1 + _erf(a / math.sqrt(2))) + a * np.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
             dxf[s] = dyf[s] * slope
 
     # -- embeddings --------------------------------------------------------------------------------------------------
@@ -200,6 +222,17 @@ class SeqOps:
             ds *= q.dtype.type(scale)
             np.matmul(ds, k[bi], out=dq[bi])
             np.matmul(ds.swapaxes(-1, -2), q[bi], out=dk[bi])
+
+
+def _tanh_inner(a: np.ndarray, out: np.ndarray) -> None:
+    """out = tanh(sqrt(2/pi) (a + 0.044715 a^3)), the tanh GELU's inner value, in a's dtype without temporaries."""
+    t = a.dtype.type
+    np.multiply(a, a, out=out)
+    out *= t(_TANH_CUBIC)
+    out += t(1)
+    out *= a
+    out *= t(_SQRT_2_OVER_PI)
+    np.tanh(out, out=out)
 
 
 def _ln_apply(x: np.ndarray, w, b, m: np.ndarray, r: np.ndarray, y: np.ndarray) -> None:

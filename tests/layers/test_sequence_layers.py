@@ -85,7 +85,8 @@ def test_gelu_vs_torch(dtype, approximate, shape):
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_numpy_fallback_matches_compiled(approximate, monkeypatch):
-    """Where numba cannot be imported the numpy twins run: the same values to a rounding of float64."""
+    """Where numba cannot be imported the numpy twin of exact GELU runs: the same values to a rounding of float64
+    (the tanh form is numpy either way)."""
     from minidl.backend import cpu_seq
 
     x = randn((3, 50), np.float64, 3)
