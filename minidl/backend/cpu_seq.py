@@ -195,26 +195,28 @@ class SeqOps:
                           y: np.ndarray, scale: float) -> None:
         """Per (batch, head): probs = softmax(q k^T * scale, masked to keys at or before the query), y = probs v.
         q, k, v, y are (B, H, T, D) views; probs (B, H, T, T), its masked entries exactly 0, saved for backward
-        (None in evaluation: one sample's scores at a time in scratch)."""
+        (None: not kept, one sample's scores at a time in scratch)."""
         b, h, t, _ = q.shape
-        above = np.triu(np.ones((t, t), bool), 1)
         scratch = np.empty((h, t, t), q.dtype) if probs is None else None
         for bi in range(b):
             p = scratch if probs is None else probs[bi]  # (H, T, T)
-            np.matmul(q[bi], k[bi].swapaxes(-1, -2), out=p)
-            p *= q.dtype.type(scale)
-            p[:, above] = -np.inf
-            p -= p.max(axis=-1, keepdims=True)
-            np.exp(p, out=p)
-            p /= p.sum(axis=-1, keepdims=True)
+            _attention_probs(q[bi], k[bi], scale, p)
             np.matmul(p, v[bi], out=y[bi])
 
-    def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray, dy: np.ndarray,
-                           dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float) -> None:
-        """From the saved probs: dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
+    def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
+                           dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float) -> None:
+        """From the probs forward saved, or (probs None) from the probs rebuilt per sample from q and k, as
+        FlashAttention's backward does: the same operations as forward's, so the same bits and the same
+        gradients either way. dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
         dk = dS^T q (per batch and head; masked entries have P = 0, so they contribute nothing)."""
-        for bi in range(q.shape[0]):
-            p = probs[bi]
+        b, h, t, _ = q.shape
+        scratch = np.empty((h, t, t), q.dtype) if probs is None else None
+        for bi in range(b):
+            if probs is None:
+                p = scratch
+                _attention_probs(q[bi], k[bi], scale, p)
+            else:
+                p = probs[bi]
             np.matmul(p.swapaxes(-1, -2), dy[bi], out=dv[bi])
             ds = np.matmul(dy[bi], v[bi].swapaxes(-1, -2))   # (H, T, T) scratch: one sample's scores
             ds -= np.sum(ds * p, axis=-1, keepdims=True, dtype=ds.dtype)
@@ -222,6 +224,17 @@ class SeqOps:
             ds *= q.dtype.type(scale)
             np.matmul(ds, k[bi], out=dq[bi])
             np.matmul(ds.swapaxes(-1, -2), q[bi], out=dk[bi])
+
+
+def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, p: np.ndarray) -> None:
+    """One sample's causal attention probabilities, p (H, T, T) = softmax(q k^T * scale) below the diagonal."""
+    t = q.shape[1]
+    np.matmul(q, k.swapaxes(-1, -2), out=p)
+    p *= q.dtype.type(scale)
+    p[:, np.triu(np.ones((t, t), bool), 1)] = -np.inf
+    p -= p.max(axis=-1, keepdims=True)
+    np.exp(p, out=p)
+    p /= p.sum(axis=-1, keepdims=True)
 
 
 def _tanh_inner(a: np.ndarray, out: np.ndarray) -> None:

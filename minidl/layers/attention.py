@@ -5,10 +5,12 @@ Input: q, k and v side by side on the last axis, (B, T, 3C) (what one `Linear(3 
 nanoGPT's `c_attn`); output (B, T, C), the heads' outputs side by side. Each head h uses the channels
 [h D, (h + 1) D) of q, k and v, D = C / num_heads, and scores scaled by 1 / sqrt(D).
 
-What backward reads: the input (q, k, v) and the attention probabilities P = softmax(q k^T / sqrt(D)), (B, H, T, T),
-which forward saves as an aux tensor (`probs`): the score matrix is a planned tensor, visible to every policy.
-Backward from P costs two products less than rebuilding it; rebuilding it from q and k instead (what
-FlashAttention does) would trade those products for the B H T^2 values kept between forward and backward.
+What backward reads: the input (q, k, v) and, with `keep_scores=True` (the default), the attention probabilities
+P = softmax(q k^T / sqrt(D)), (B, H, T, T), which forward saves as an aux tensor (`probs`): the score matrix is a
+planned tensor, visible to every policy. With `keep_scores=False` nothing but the input is kept, and backward
+rebuilds P one sample at a time from q and k (FlashAttention's trade: one more q k^T product and softmax per
+sample in backward, for B H T^2 values fewer between forward and backward, and a scratch of H T^2 values). The
+rebuilt P has the bits of the saved one (the same operations on the same values), so both give the same gradients.
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ class CausalSelfAttention(Layer):
     needs_inputs = (0,)
     checkpoint = True  # two batched products per head: expensive to rebuild, like a linear's output
 
-    def __init__(self, num_heads: int, name: str | None = None):
+    def __init__(self, num_heads: int, keep_scores: bool = True, name: str | None = None):
         super().__init__(name)
         self.num_heads = args.integer(type(self).__name__, name, "num_heads", num_heads, 1)
+        self.keep_scores = args.flag(type(self).__name__, name, "keep_scores", keep_scores)
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
@@ -38,7 +41,7 @@ class CausalSelfAttention(Layer):
 
     def aux_specs(self, in_shapes, training=True):
         b, t, _ = in_shapes[0]
-        return {"probs": (b, self.num_heads, t, t)} if training else {}
+        return {"probs": (b, self.num_heads, t, t)} if training and self.keep_scores else {}
 
     def flops(self, in_shapes, out_shape):
         b, t, c = out_shape
@@ -46,10 +49,11 @@ class CausalSelfAttention(Layer):
 
     def backward_flops(self, in_shapes, out_shape):
         b, t, c = out_shape
-        return 8 * b * t * t * c + 4 * b * self.num_heads * t * t  # dv, dP, dq, dk; softmax's backward
+        rebuild = 0 if self.keep_scores else self.flops(in_shapes, out_shape) - 2 * b * t * t * c  # q k^T, softmax
+        return 8 * b * t * t * c + 4 * b * self.num_heads * t * t + rebuild  # dv, dP, dq, dk; softmax's backward
 
     def config(self):
-        return {"num_heads": self.num_heads}
+        return {"num_heads": self.num_heads, "keep_scores": self.keep_scores}
 
     def backend_ops(self):
         return ("attention_forward", "attention_backward")
@@ -73,5 +77,5 @@ class CausalSelfAttention(Layer):
         q, k, v = self._qkv(inputs[0])
         dq, dk, dv = self._qkv(dinputs[0])
         c = dout.shape[2]
-        be.attention_backward(q, k, v, ctx.aux["probs"], self._heads(dout, c), dq, dk, dv,
+        be.attention_backward(q, k, v, ctx.aux.get("probs"), self._heads(dout, c), dq, dk, dv,
                               1.0 / math.sqrt(c // self.num_heads))

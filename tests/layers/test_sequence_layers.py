@@ -206,6 +206,19 @@ def test_causal_attention_vs_torch(dtype, b, tt, heads, d):
     np.testing.assert_array_equal(ev.out, r.out)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_without_kept_scores_gives_the_same_bits(dtype):
+    """keep_scores=False keeps no (B, H, T, T) tensor: backward rebuilds the probabilities from q and k, with the
+    bits of the saved ones, so output and gradient are bit-identical to the default's."""
+    qkv = randn((3, 7, 12), dtype)
+    dy = randn((3, 7, 4), dtype)
+    kept = run_layer(L.CausalSelfAttention(2), [qkv], dout=dy)
+    rebuilt = run_layer(L.CausalSelfAttention(2, keep_scores=False), [qkv], dout=dy)
+    assert rebuilt.aux == {}
+    np.testing.assert_array_equal(rebuilt.out, kept.out)
+    np.testing.assert_array_equal(rebuilt.dinputs[0], kept.dinputs[0])
+
+
 def test_gradchecks_float64():
     x = RNG.standard_normal((2, 3, 6)) * 2 + 1
     directional_gradcheck(L.LayerNorm, [x], {"weight": RNG.standard_normal(6), "bias": RNG.standard_normal(6)})
@@ -224,6 +237,7 @@ def test_gradchecks_float64():
     labels[1, 1] = -1
     directional_gradcheck(lambda: L.SoftmaxCrossEntropy(ignore_index=-1), [x, labels], {})
     directional_gradcheck(lambda: L.CausalSelfAttention(2), [x], {})
+    directional_gradcheck(lambda: L.CausalSelfAttention(2, keep_scores=False), [x], {})
     directional_gradcheck(lambda: L.Dropout(0.3), [x], {}, rng_key=5)  # any shape
 
 

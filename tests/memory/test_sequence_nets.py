@@ -17,7 +17,7 @@ B, T, V, C, HEADS = 4, 8, 11, 16, 2
 IGNORE = -1
 
 
-def block_net(attention: bool = True):
+def block_net(attention: bool = True, keep_scores: bool = True):
     """embedding (+ positions) -> [layernorm -> attention -> add] -> layernorm -> linear -> gelu -> linear -> add ->
     layernorm -> linear (vocabulary) -> per-token cross-entropy."""
     net = dl.Network("gpt1")
@@ -28,7 +28,7 @@ def block_net(attention: bool = True):
     if attention:
         a = L.LayerNorm(name="ln_attn")(h)
         a = L.Linear(3 * C, flatten=False, name="qkv")(a)
-        a = L.CausalSelfAttention(HEADS, name="attn")(a)
+        a = L.CausalSelfAttention(HEADS, keep_scores=keep_scores, name="attn")(a)
         a = L.Linear(C, flatten=False, name="proj")(a)
         h = L.Add(name="res_attn")(h, a)
     m = L.LayerNorm(name="ln_mlp")(h)
@@ -54,8 +54,9 @@ def batches(steps, seed=0):
     return out
 
 
-def train(policy, steps=4, attention=True, **kw):
-    sess = Session(block_net(attention), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), policy=policy, seed=5, **kw)
+def train(policy, steps=4, attention=True, keep_scores=True, **kw):
+    sess = Session(block_net(attention, keep_scores), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), policy=policy,
+                   seed=5, **kw)
     losses = [sess.executor.train_step(x, y) for x, y in batches(steps)]
     return sess, losses
 
@@ -75,6 +76,18 @@ def test_exact_policies_train_a_transformer_block_bit_identically(policy, refere
     for k in want:
         assert np.array_equal(want[k], got[k]), k
     assert sess.plan.peak_bytes < ref.plan.peak_bytes
+
+
+def test_attention_scores_rebuilt_in_backward_train_to_the_same_bits_with_less_memory(reference):
+    ref, ref_losses = reference
+    sess, losses = train("liveness", keep_scores=False)
+    assert losses == ref_losses
+    want, got = ref.executor.state_dict(), sess.executor.state_dict()
+    for k in want:
+        assert np.array_equal(want[k], got[k]), k
+    assert "aux:attn.probs" not in sess.plan.route.tensors
+    live = plan_network(block_net(), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness")
+    assert sess.plan.peak_bytes < live.peak_bytes
 
 
 def test_recompute_rebuilds_the_cheap_layers_in_backward():
