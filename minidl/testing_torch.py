@@ -37,6 +37,8 @@ def _node_fn(node) -> Callable:
         if not L.flatten:
             return lambda xs, p: F.linear(xs[0], p["weight"], p.get("bias"))
         return lambda xs, p: F.linear(xs[0].reshape(xs[0].shape[0], -1), p["weight"], p.get("bias"))
+    if t == "matmul":
+        return lambda xs, p: torch.matmul(xs[0], xs[1].transpose(-1, -2) if L.transpose_b else xs[1])
     if t == "layernorm":
         return lambda xs, p: F.layer_norm(xs[0], xs[0].shape[-1:], p.get("weight"), p.get("bias"), L.eps)
     if t == "gelu":

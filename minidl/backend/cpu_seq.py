@@ -1,5 +1,5 @@
-"""Sequence-model kernels of the CPU backend: layer norm, GELU, embeddings, softmax over the last axis and
-causal self-attention.
+"""Sequence-model kernels of the CPU backend: layer norm, GELU, embeddings, softmax over the last axis, batched
+matrix products and causal self-attention.
 
 Every kernel takes the 2-D (rows, C) views the layer hands it (a (B, T, C) tensor is B*T rows of C values),
 writes into arrays it is given and works through blocks of rows (`_rows`), so its numpy temporaries stay within
@@ -189,6 +189,19 @@ class SeqOps:
             dot = np.sum(dy[s] * y[s], axis=1, keepdims=True, dtype=y.dtype)
             np.subtract(dy[s], dot, out=dx[s])
             dx[s] *= y[s]
+
+    # -- batched matrix product ------------------------------------------------------------------------------------
+    def matmul_forward(self, a: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
+        """y = a b over the batch axes (b may be a transposed view)."""
+        np.matmul(a, b, out=y)
+
+    def matmul_backward(self, a: np.ndarray, b: np.ndarray, dy: np.ndarray, da: np.ndarray | None,
+                        db: np.ndarray | None) -> None:
+        """da = dy b^T, db = a^T dy (db may be a transposed view: it is written through)."""
+        if da is not None:
+            np.matmul(dy, b.swapaxes(-1, -2), out=da)
+        if db is not None:
+            np.matmul(a.swapaxes(-1, -2), dy, out=db)
 
     # -- causal self-attention ----------------------------------------------------------------------------------------
     def attention_forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,

@@ -8,13 +8,14 @@ from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
 from .join import Add, Concat
 from .layernorm import LayerNorm
-from .linear import Flatten, Linear
+from .linear import Flatten, Linear, MatMul
 from .loss import SoftmaxCrossEntropy
 from .lrn import LRN
 from .pool import AvgPool2d, GlobalAvgPool, MaxPool2d
 
 __all__ = [
     "Add", "AvgPool2d", "BatchNorm2d", "CausalSelfAttention", "Concat", "Conv2d", "Dropout", "Embedding", "Flatten",
-    "GELU", "GlobalAvgPool", "LRN", "Layer", "LayerContext", "LayerNorm", "Linear", "MaxPool2d", "ParamSpec",
+    "GELU", "GlobalAvgPool", "LRN", "Layer", "LayerContext", "LayerNorm", "Linear", "MatMul", "MaxPool2d",
+    "ParamSpec",
     "PositionEmbedding", "ReLU", "Softmax", "SoftmaxCrossEntropy", "WorkspaceOption",
 ]

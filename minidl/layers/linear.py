@@ -1,4 +1,4 @@
-"""Linear (fully connected) and Flatten."""
+"""Linear (fully connected), MatMul (a batched product of two tensors) and Flatten."""
 from __future__ import annotations
 
 import math
@@ -62,6 +62,50 @@ class Linear(Layer):
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         be.linear_backward(self._matrix(inputs[0]), params["weight"], self._matrix(dout), self._matrix(dinputs[0]),
                            grads.get("weight"), grads.get("bias"))
+
+
+class MatMul(Layer):
+    """A batched matrix product of two tensors, `torch.matmul` on equal batch axes: a (..., M, K) times
+    b (..., K, N) -> (..., M, N); with `transpose_b`, b is (..., N, K) and the product is a b^T (attention's
+    scores q k^T). Backward reads both inputs (da = dy b^T, db = a^T dy)."""
+
+    type_name = "matmul"
+    num_inputs = 2
+    needs_inputs = (0, 1)
+    checkpoint = True
+
+    def __init__(self, transpose_b: bool = False, name: str | None = None):
+        super().__init__(name)
+        self.transpose_b = args.flag(type(self).__name__, name, "transpose_b", transpose_b)
+
+    def infer_shape(self, in_shapes):
+        a, b = in_shapes
+        if len(a) < 2 or len(b) != len(a) or a[:-2] != b[:-2]:
+            raise ValueError(f"expects a (..., M, K) and b (..., K, N) with the same batch axes, got {a} and {b}")
+        k_b, n = (b[-1], b[-2]) if self.transpose_b else (b[-2], b[-1])
+        if a[-1] != k_b:
+            raise ValueError(f"the inner sizes differ: a {a} has K={a[-1]}, b {b} has K={k_b}"
+                             f"{' (transpose_b: its last axis)' if self.transpose_b else ''}")
+        return a[:-1] + (n,)
+
+    def flops(self, in_shapes, out_shape):
+        return 2 * math.prod(out_shape) * in_shapes[0][-1]
+
+    def config(self):
+        return {"transpose_b": self.transpose_b}
+
+    def backend_ops(self):
+        return ("matmul_forward", "matmul_backward")
+
+    def _b(self, b):
+        return b.swapaxes(-1, -2) if self.transpose_b else b
+
+    def forward(self, be, inputs, out, params, ctx):
+        be.matmul_forward(inputs[0], self._b(inputs[1]), out)
+
+    def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
+        db = dinputs[1]
+        be.matmul_backward(inputs[0], self._b(inputs[1]), dout, dinputs[0], None if db is None else self._b(db))
 
 
 class Flatten(Layer):

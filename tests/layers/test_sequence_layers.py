@@ -118,6 +118,22 @@ def test_linear_on_the_last_axis_vs_torch(dtype, shape, out, bias):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sa,sb,tb", [((2, 3, 4, 5), (2, 3, 5, 6), False), ((3, 4, 5), (3, 6, 5), True),
+                                      ((4, 5), (5, 1), False)])
+def test_batched_matmul_vs_torch(dtype, sa, sb, tb):
+    a, b = randn(sa, dtype), randn(sb, dtype)
+    r0 = run_layer(L.MatMul(transpose_b=tb), [a, b])
+    dy = randn(r0.out.shape, dtype)
+    r = run_layer(L.MatMul(transpose_b=tb), [a, b], dout=dy)
+    ta, tb_ = t(a), t(b)
+    ty = torch.matmul(ta, tb_.transpose(-1, -2) if tb else tb_)
+    ty.backward(torch.tensor(dy))
+    close(r.out, ty, dtype)
+    close(r.dinputs[0], ta.grad, dtype)
+    close(r.dinputs[1], tb_.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("idx_shape", [(2, 7), (5,), (2, 3, 4)])
 def test_embedding_vs_torch_accumulates_repeated_indices(dtype, idx_shape):
     v, c = 6, 5
@@ -228,6 +244,8 @@ def test_gradchecks_float64():
     directional_gradcheck(lambda: L.Linear(4, flatten=False), [x],
                           {"weight": RNG.standard_normal((4, 6)), "bias": RNG.standard_normal(4)})
     directional_gradcheck(L.Softmax, [x], {})
+    directional_gradcheck(L.MatMul, [x, RNG.standard_normal((2, 6, 4))], {})
+    directional_gradcheck(lambda: L.MatMul(transpose_b=True), [x, RNG.standard_normal((2, 5, 6))], {})
     idx = RNG.integers(0, 5, (2, 3))
     idx[0, 0] = idx[1, 2]
     directional_gradcheck(lambda: L.Embedding(5, 6), [idx], {"weight": RNG.standard_normal((5, 6))},
@@ -248,6 +266,8 @@ def test_gradchecks_float64():
     (lambda: L.CausalSelfAttention(2, name="att"), [(2, 3, 9)], r"layer 'att' \(attention\).*multiple of"),
     (lambda: L.CausalSelfAttention(2, name="att"), [(2, 12)], r"layer 'att' \(attention\).*\(B, T, 3C\)"),
     (lambda: L.Linear(3, flatten=False, name="fc"), [(4,)], r"layer 'fc' \(linear\)"),
+    (lambda: L.MatMul(name="mm"), [(2, 3, 4), (2, 5, 6)], r"layer 'mm' \(matmul\).*inner sizes differ"),
+    (lambda: L.MatMul(name="mm"), [(2, 3, 4), (3, 4, 6)], r"layer 'mm' \(matmul\).*same batch axes"),
 ])
 def test_bad_shapes_raise_graph_error_naming_the_layer(make, shapes, match):
     net = dl.Network()
