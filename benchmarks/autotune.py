@@ -23,7 +23,7 @@ from minidl.memory.pool import format_bytes
 from minidl.memory.workspace import CostTable
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from minidl.data import BatchIterator, digits
-from minidl.executor import Executor
 from minidl.memory.compressed import CompressedStore
 from minidl.memory.decisions.compress import backward_readers, compressed_tensors, plan_compress
 from minidl.memory.errorbound import ErrorBoundRule
@@ -33,6 +32,7 @@ from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.optim.schedules import Cosine
+from minidl.runtime.executor import Executor
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -173,7 +173,7 @@ def accuracy(steps: int, batch: int, target: float, seed: int = 0) -> dict:
 def auto_vs_lossy(fractions=(0.7, 0.5, 0.3, 0.22), devices=("cpu", "k40c")) -> list[str]:
     """ResNet-20, CIFAR shape, batch 32: what `auto` and `auto-lossy` choose at budgets below liveness' minimum
     (planning only: the simulator's estimated step time on each device profile)."""
-    from minidl.errors import BudgetError
+    from minidl.core.errors import BudgetError
     from minidl.memory.simulate import simulate
 
     net = build_model("resnet", depth=20, batch=32, image_size=32, num_classes=10)

@@ -20,11 +20,11 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from minidl.executor import Executor
+from minidl.core.vocab import TraceEvent
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
-from minidl.vocab import TraceEvent
+from minidl.runtime.executor import Executor
+from minidl.runtime.session import Session
 
 
 def trace_overhead_s(n: int = 20000) -> float:

@@ -11,7 +11,7 @@ Rows (each in fp32 and in tf32, `--math`):
   resnet2500 224 px, batch 16, minidl `--budget 12GB` (auto)       vs PyTorch checkpoint_sequential
 PyTorch runs the same network (`minidl.testing_torch.TorchTwin`: one functional call per layer, the same initial
 weights) with SGD (momentum 0.9) and `cudnn.benchmark`; minidl runs its compiled step, as CUDA graphs where the
-plan can be captured (`minidl.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
+plan can be captured (`minidl.runtime.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
 autotuned on the GPU (cache: results/gpu_autotune.json). Math modes match: fp32 turns TF32 off on both sides
 (`torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False`), tf32 on on both.
 
@@ -101,7 +101,7 @@ def why_no_gpu() -> str | None:
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} sees no CUDA GPU"
     try:
-        from minidl.backend.cuda import load_cuda_modules
+        from minidl.backend.cuda.backend import load_cuda_modules
 
         load_cuda_modules()
     except Exception as e:  # noqa: BLE001 - CUDAUnavailable says what is missing
@@ -251,7 +251,7 @@ class MinidlStep:
         from minidl.memory.simulate import simulate
         from minidl.memory.workspace import CostTable, workspace_choices
         from minidl.optim import SGD
-        from minidl.session import Session
+        from minidl.runtime.session import Session
 
         self.be = get_backend("cuda", math=spec.math)
         budget = None if spec.minidl == "liveness" else spec.minidl

@@ -14,7 +14,7 @@ import numpy as np
 from minidl.data import digits
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import json
 import platform
 import time
 
-from minidl.errors import BudgetError
+from minidl.core.errors import BudgetError
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.schedulers.window import window_min_budget

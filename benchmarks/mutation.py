@@ -2,7 +2,7 @@
 
     pip install -e ".[test,mutation]"
     nice -n 19 python benchmarks/mutation.py                       # every file [tool.mutmut] mutates
-    nice -n 19 python benchmarks/mutation.py minidl/guards.py ...  # only these files (a sample; said so below)
+    nice -n 19 python benchmarks/mutation.py minidl/core/guards.py ...  # only these files (a sample; said so below)
 
 mutmut (configured in pyproject.toml, `[tool.mutmut]`) copies the package into mutants/, makes every small
 change it knows to the mutated files (a `<` for a `<=`, a constant off by one, a dropped argument, ...) and runs,

@@ -33,14 +33,14 @@ import time
 
 import numpy as np
 
-from minidl.errors import BudgetError
+from minidl.core.errors import BudgetError
 from minidl.memory.host import transfer_json
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 MiB = 1 << 20
 

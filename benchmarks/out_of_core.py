@@ -36,14 +36,14 @@ import platform
 import time
 from pathlib import Path
 
+from minidl.core.errors import BudgetError
 from minidl.data import synthetic
-from minidl.errors import BudgetError
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.simulate import get_profile, simulate
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 FACTORS = (2, 4, 7.5, 10)
 SIM_FACTORS = (2, 3, 4, 5, 6, 7, 7.5, 10)   # planning only: a finer curve costs seconds, not hours

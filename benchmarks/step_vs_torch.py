@@ -6,7 +6,7 @@ Both run forward, backward and an SGD update after warm-up; the median of --step
 whole step and per layer type (minidl from its executor trace, PyTorch from torch.profiler's self CPU time
 mapped from aten ops to layer types). Both use the same number of threads: torch's intra-op pool, minidl's
 convolution lanes (MINIDL_CPU_THREADS) and numpy's BLAS (threadpoolctl) are set to --threads. minidl runs its
-compiled step (`minidl.program`) unless --interpreted. Steps alternate (minidl, torch, minidl, ...) so a machine
+compiled step (`minidl.runtime.program`) unless --interpreted. Steps alternate (minidl, torch, minidl, ...) so a machine
 shared with other jobs slows both alike.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-# Both frameworks' OpenMP with the short idle spin minidl uses for its own (`minidl.backend.cpu_gemm_jit`): with
+# Both frameworks' OpenMP with the short idle spin minidl uses for its own (`minidl.backend.cpu.gemm_jit`): with
 # torch imported first, numba's OpenMP regions run on torch's GNU OpenMP runtime, which reads the setting once,
 # when it loads. PyTorch's own step is not slower with it (measured, ResNet-56 b32 at 2 threads: 184 ms against
 # 184-200 at the default); minidl's is (~300 -> ~240 ms).
@@ -27,10 +27,10 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 import torch  # noqa: E402 - after the OpenMP setting above
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from minidl.graph.route import Phase  # noqa: E402
 from minidl.models import build_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
-from minidl.route import Phase  # noqa: E402
-from minidl.session import Session  # noqa: E402
+from minidl.runtime.session import Session  # noqa: E402
 from minidl.testing_torch import TorchTwin  # noqa: E402
 
 ATEN_TO_TYPE = [

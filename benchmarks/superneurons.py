@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minidl.errors import BudgetError
+from minidl.core.errors import BudgetError
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes
 from minidl.memory.schedulers.auto import auto_search
@@ -174,7 +174,7 @@ def cpu_run(steps: int, log, warmup: int = 1) -> dict:
     per-pair ratios. `warmup` steps of each are run first and not timed.
     """
     from minidl.data import BatchIterator, synthetic
-    from minidl.session import Session
+    from minidl.runtime.session import Session
 
     def make():
         return build_model("resnet50", batch=32, image_size=112)

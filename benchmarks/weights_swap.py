@@ -21,14 +21,14 @@ import json
 import time
 from pathlib import Path
 
-from minidl.errors import BudgetError
+from minidl.core.errors import BudgetError
+from minidl.core.tensors import Role
 from minidl.memory.decisions.weights import moved_by_role
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.tensors import Role
 
 OUT = Path(__file__).resolve().parent / "results"
 BUDGETS = {"vgg16": "1.25GiB", "resnet152": "512MiB"}

@@ -26,7 +26,7 @@ from minidl.memory.decisions.weights import host_homed, moved_by_role
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 RESULTS = Path(__file__).parent / "results"
 

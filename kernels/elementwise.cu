@@ -9,10 +9,10 @@
 //   * outputs come first in the argument list, then inputs, then sizes, then
 //     scalar hyper-parameters;
 //   * sizes are `long long` and every kernel uses a grid-stride loop, so any
-//     grid (see minidl/backend/kernel_specs.py: launch_config) covers any n;
+//     grid (see minidl/backend/cuda/kernel_specs.py: launch_config) covers any n;
 //   * n == 0 is legal and does nothing.
 //
-// The argument lists here are mirrored in minidl/backend/kernel_specs.py and
+// The argument lists here are mirrored in minidl/backend/cuda/kernel_specs.py and
 // tests/backend/test_kernels.py checks that they agree.
 
 // Grid-stride loop over [0, n) with a 64-bit index.
@@ -76,7 +76,7 @@ extern "C" __global__ void relu_backward(float* dx, const float* __restrict__ y,
 //
 // The keep mask is a pure function of (key, element index), so the backward
 // pass replays it instead of storing it, and the numpy CPU backend computes
-// the very same mask (minidl/backend/kernel_specs.py: splitmix64,
+// the very same mask (minidl/backend/cuda/kernel_specs.py: splitmix64,
 // dropout_keep_mask). For element i (0-based, uint64 arithmetic mod 2^64):
 //     z    = splitmix64(key + i)
 //     keep = (z >> 40) >= threshold24        (top 24 bits of z vs threshold)
@@ -135,7 +135,7 @@ extern "C" __global__ void dropout_backward(float* dx, const float* dy,
 }
 
 // The same two with the key read from device memory (`key[0]`): what a CUDA
-// graph replays (minidl/capture.py), since the key changes at every step and a
+// graph replays (minidl/runtime/capture.py), since the key changes at every step and a
 // launch argument is fixed at capture. Same mask for the same key.
 extern "C" __global__ void dropout_forward_dev(float* out, const float* x,
                                                long long n,
@@ -156,7 +156,7 @@ extern "C" __global__ void dropout_backward_dev(float* dx, const float* dy,
 }
 
 // ---------------------------------------------------------------------------
-// The divergence guard on the device (minidl/capture.py): a CUDA graph cannot
+// The divergence guard on the device (minidl/runtime/capture.py): a CUDA graph cannot
 // stop for the host to look at a gradient, so each guarded tensor is checked
 // here and the first non-finite one (in launch order, i.e. the host guard's
 // order) leaves its `code` in `flag[0]`; the update kernels' graph variants

@@ -73,7 +73,7 @@ extern "C" __global__ void sgd_update(float* __restrict__ param,
 }
 
 // The same step with the learning rate read from device memory (`lr[0]`):
-// what a CUDA graph replays (minidl/capture.py), since a launch argument is
+// what a CUDA graph replays (minidl/runtime/capture.py), since a launch argument is
 // fixed at capture and a schedule changes the rate between steps. Same
 // arithmetic as sgd_update, so both give the same bits for the same rate.
 // `diverged[0]` != 0 (set by nonfinite_flag, the divergence guard on the
@@ -152,7 +152,7 @@ extern "C" __global__ void adam_update(float* __restrict__ param,
 }
 
 // The same step with `scalars` = {lr, step} read from device memory (step as
-// a double: exact up to 2^53): a CUDA graph's replay (minidl/capture.py),
+// a double: exact up to 2^53): a CUDA graph's replay (minidl/runtime/capture.py),
 // where the bias corrections change at every step; skipped if `diverged[0]`.
 extern "C" __global__ void adam_update_dev(float* __restrict__ param,
                                            const float* __restrict__ grad,

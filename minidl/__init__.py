@@ -6,23 +6,23 @@
     ...
 """
 from . import layers
-from .errors import (
-                     BudgetError,
-                     CheckpointError,
-                     DataError,
-                     DivergenceError,
-                     GraphError,
-                     HostMemoryError,
-                     MinidlError,
-                     OptionError,
-                     ResidencyError,
+from .core.errors import (
+           BudgetError,
+           CheckpointError,
+           DataError,
+           DivergenceError,
+           GraphError,
+           HostMemoryError,
+           MinidlError,
+           OptionError,
+           ResidencyError,
 )
-from .graph import Network, Symbol
+from .core.tensors import Role, TensorSpec
+from .graph.network import Network, Symbol
+from .graph.route import Phase, Route, Step
 from .memory.pool import format_bytes, parse_size
 from .optim import SGD, Adam, Optimizer
-from .route import Phase, Route, Step
-from .session import Session, TrainResult
-from .tensors import Role, TensorSpec
+from .runtime.session import Session, TrainResult
 
 __version__ = "0.1.0"
 

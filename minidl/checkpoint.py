@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError
+from .core.errors import CheckpointError
 
 MANIFEST_KEY = "__manifest__"
 MANIFEST_HASH_KEY = "__manifest_sha256__"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .cli_args import check_args
-from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError, exit_status
+from .core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError, exit_status
 from .memory.pool import format_bytes, parse_size
 from .optim.schedules import SCHEDULES
 
@@ -242,7 +242,7 @@ def _build(args, image_shape=None, num_classes=None):
 
 
 def cmd_info(args) -> dict:
-    from .summary import summarize
+    from .graph.summary import summarize
 
     summary = summarize(_build(args), name=args.model)  # the same table as Network.summary()
     if not args.json:
@@ -483,7 +483,7 @@ def _train(args, backend, comm) -> dict:
     from .memory.report import plot_timeline, write_trace
     from .optim import make_optimizer
     from .optim.schedules import make_schedule
-    from .session import Session
+    from .runtime.session import Session
 
     batch = args.batch or 32
     args.batch = batch

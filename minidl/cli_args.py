@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 
-from .errors import OptionError
+from .core.errors import OptionError
 
 # integer options -> the smallest value accepted
 _COUNTS = {"steps": 1, "batch": 1, "depth": 1, "image_size": 1, "num_classes": 1, "in_channels": 1, "seed": 0,

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
-from .guards import check_finite_data, check_images, check_labels
+from .core.errors import DataError
+from .core.guards import check_finite_data, check_images, check_labels
 from .layers import args
 
 __all__ = [

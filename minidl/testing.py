@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DataError, OptionError
-from .graph import Network
+from .core.errors import DataError, OptionError
+from .graph.network import Network
 from .layers.base import Layer, LayerContext
 
 
@@ -40,7 +40,7 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
     """Run forward (and backward when `dout` is given) of `layer` on concrete arrays. The checks a network
     makes run here too: the layer's shapes at build, its training check (`training=True`) and its input values
     (a loss's labels in [0, classes)), each a MinidlError naming the layer."""
-    from .backend.cpu import CPUBackend
+    from .backend.cpu.backend import CPUBackend
 
     be = backend or CPUBackend()
     floats = [x for x in inputs if np.issubdtype(x.dtype, np.floating)]

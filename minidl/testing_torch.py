@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .graph import Network
+from .graph.network import Network
 
 
 def _node_fn(node) -> Callable:

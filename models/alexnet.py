@@ -23,7 +23,7 @@ i.e. alpha=5e-4 in minidl's (torch's) LRN, which divides alpha by size. Same wid
 """
 from __future__ import annotations
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.layers import LRN, AvgPool2d, Conv2d, Dropout, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network

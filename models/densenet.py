@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU, args
 
 from .common import check_positive, finish, new_network

@@ -27,7 +27,7 @@ the forks of inception_c are "branch1.1a/1b" and "branch2.3a/3b", joined by "bra
 """
 from __future__ import annotations
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.layers import AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, GlobalAvgPool, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network

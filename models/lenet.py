@@ -18,7 +18,7 @@ Parameters at 28x28, 1 channel, 10 classes: 61,706; at 8x8: 21,386 (fc1 sees 16*
 """
 from __future__ import annotations
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network

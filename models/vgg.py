@@ -13,7 +13,7 @@ VGG-19 143,667,240. `batch_norm=True` follows torchvision's vgg*_bn exactly, whi
 """
 from __future__ import annotations
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.layers import AvgPool2d, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d, ReLU
 
 from .common import finish, new_network

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from minidl.models import build_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
-from minidl.session import Session  # noqa: E402
+from minidl.runtime.session import Session  # noqa: E402
 from minidl.testing_torch import TorchTwin  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_vs_torch.py"

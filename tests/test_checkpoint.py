@@ -17,8 +17,8 @@ import pytest
 import minidl as dl
 from minidl import checkpoint as ck
 from minidl.cli import main
+from minidl.core.errors import CheckpointError
 from minidl.data import synthetic
-from minidl.errors import CheckpointError
 from minidl.optim import SGD, Adam
 from tests.memory.nets import dropnet
 
@@ -188,7 +188,7 @@ def test_resume_across_epochs_is_exact(tmp_path, k, kept):
 def test_a_diverged_step_gives_its_batch_to_the_next_fit():
     """A step the guard stopped consumed nothing: the next fit trains on that batch, as a run without the
     failed step would have."""
-    from minidl.errors import DivergenceError
+    from minidl.core.errors import DivergenceError
 
     data = _data()
     straight = _session()

@@ -75,7 +75,7 @@ def test_errors_are_clean(capsys, bad):
 
 
 def test_plan_for_the_cuda_backend_without_cuda_says_what_is_missing(capsys):
-    pytest.importorskip("minidl.backend.cuda")
+    pytest.importorskip("minidl.backend.cuda.backend")
     try:
         import cupy  # noqa: F401
         pytest.skip("cupy is importable here: the CUDA backend would be constructed")

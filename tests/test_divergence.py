@@ -11,8 +11,8 @@ import pytest
 import minidl as dl
 from minidl.checkpoint import load_checkpoint
 from minidl.cli import main
+from minidl.core.errors import DivergenceError
 from minidl.data import synthetic
-from minidl.errors import DivergenceError
 from minidl.layers import BatchNorm2d, Conv2d, Flatten, Linear, ReLU, SoftmaxCrossEntropy
 from minidl.optim import SGD
 
@@ -63,7 +63,7 @@ def test_the_first_layer_in_backward_order_is_named():
     ex = sess.executor
     w = ex.views["param:fc1.weight"] if "param:fc1.weight" in ex.views else None
     if w is None:
-        from minidl.tensors import param_id
+        from minidl.core.tensors import param_id
         w = ex.views[param_id("fc1", "weight")]
     w[0, 0] = np.inf  # fc1's output and everything downstream is inf/nan; fc2 is backward's first layer
     x, y = _data().x[:4], _data().y[:4]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import minidl as dl
-from minidl import guards
 from minidl.cli import main
+from minidl.core import guards
+from minidl.core.errors import CheckpointError, DataError, GraphError, HostMemoryError, MinidlError, OptionError
 from minidl.data import Dataset
-from minidl.errors import CheckpointError, DataError, GraphError, HostMemoryError, MinidlError, OptionError
 from minidl.layers import LRN, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, SoftmaxCrossEntropy
 from minidl.optim import SGD, Adam
 
@@ -179,14 +179,14 @@ def _user_mistakes():
     """(what a user wrote, the error class, words the message must hold): one row per user-facing check that
     used to raise a plain ValueError/TypeError/KeyError through the Python API."""
     from minidl.backend import get_backend
-    from minidl.backend.cpu import CPUBackend
+    from minidl.backend.cpu.backend import CPUBackend
     from minidl.data import BatchIterator, synthetic
-    from minidl.executor import Executor
     from minidl.memory.calibrate import measured_profile
     from minidl.memory.policies import plan_network
     from minidl.memory.report.explain import parse_steps
     from minidl.memory.simulate import get_profile
     from minidl.models import build_model
+    from minidl.runtime.executor import Executor
 
     tiny = _tiny_session
     return [

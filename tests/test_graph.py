@@ -3,7 +3,7 @@ import pytest
 
 import minidl as dl
 from minidl import layers as L
-from minidl.route import Phase
+from minidl.graph.route import Phase
 
 
 def small_net(batch=4):

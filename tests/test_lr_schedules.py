@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.optim.schedules import Constant, Cosine, LinearLR, StepLR, WarmUp, make_schedule
 
 torch = pytest.importorskip("torch")

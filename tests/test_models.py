@@ -218,7 +218,7 @@ def test_lenet_trains_on_digits():
     """End to end: the 8x8 LeNet learns the digits (60 SGD steps, batch 32; about 0.5 s)."""
     from minidl.data import digits
     from minidl.optim import SGD
-    from minidl.session import Session
+    from minidl.runtime.session import Session
 
     sess = Session(lenet(batch=32, image_size=8), SGD(lr=0.05, momentum=0.9), policy="liveness", seed=0)
     losses = sess.fit(digits(seed=0), steps=60).losses

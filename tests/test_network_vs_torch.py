@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
+from minidl.core.tensors import grad_id
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
-from minidl.tensors import grad_id
+from minidl.runtime.session import Session
 from minidl.testing_torch import TorchTwin
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu.backend import CPUBackend
 from minidl.optim import SGD, Adam
 
 CASES = [

@@ -1,15 +1,15 @@
-"""The compiled step (minidl.program): bit-identical to the interpreted executor under every policy, and it
+"""The compiled step (minidl.runtime.program): bit-identical to the interpreted executor under every policy, and it
 refuses (falling back to interpreting) what it does not lower."""
 import numpy as np
 import pytest
 
 import minidl as dl
 from minidl.data import synthetic
-from minidl.executor import Executor
 from minidl.memory.plan import Event, EventKind
 from minidl.memory.policies import plan_network
 from minidl.optim import SGD, Adam
-from minidl.session import Session
+from minidl.runtime.executor import Executor
+from minidl.runtime.session import Session
 
 from .memory.nets import NETS
 
@@ -145,7 +145,7 @@ def test_an_event_kind_it_does_not_lower_falls_back_to_the_interpreter():
     sess = Session(net, opt(), policy="liveness", seed=5)
     ex = sess.executor
     seen = []
-    kind = "future-mechanism"  # not an EventKind member: a kind minidl.program was written without
+    kind = "future-mechanism"  # not an EventKind member: a kind minidl.runtime.program was written without
     ex._handlers[kind] = lambda ev, step: seen.append(step.index)
     sess.plan.steps[1].before.append(Event(kind, "act:none"))
     sess.fit(synthetic(4, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2), 2)

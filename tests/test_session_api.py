@@ -12,7 +12,7 @@ def _tiny(batch=8):
 
 def test_top_level_names():
     from minidl.optim import SGD, Adam
-    from minidl.session import Session
+    from minidl.runtime.session import Session
 
     assert dl.Session is Session and dl.SGD is SGD and dl.Adam is Adam
     assert dl.parse_size("16MiB") == 16 * 2**20

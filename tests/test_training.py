@@ -2,7 +2,7 @@
 from minidl.data import load_data
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 
 def test_lenet_learns_digits_to_95_percent():

@@ -1,7 +1,7 @@
 """Array/kernel backends. `cpu` (numpy) is the reference; `cuda` (cupy + cuDNN frontend) imports lazily."""
 from __future__ import annotations
 
-from ..errors import OptionError
+from ..core.errors import OptionError
 
 
 def backend_name(backend) -> str:
@@ -16,13 +16,13 @@ def get_backend(name: str = "cpu", device: int = 0, math: str | None = None):
     from .mathmode import apply_math
 
     if name == "cpu":
-        from .cpu import CPUBackend
+        from .cpu.backend import CPUBackend
 
         backend = CPUBackend()
         apply_math(backend, math)  # the CPU computes in fp32 only: tf32 is refused, naming --math
         return backend
     if name == "cuda":
-        from .cuda import CUDABackend  # noqa: WPS433 - deliberate lazy import: CUDA is optional
+        from .cuda.backend import CUDABackend  # noqa: WPS433 - deliberate lazy import: CUDA is optional
         from .mathmode import check_math
 
         return CUDABackend(device=device, allow_tf32=check_math(math or "fp32") == "tf32")

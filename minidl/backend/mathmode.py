@@ -17,7 +17,7 @@ options (the cuDNN graph cache is keyed by the engine filters, so the two modes 
 """
 from __future__ import annotations
 
-from ..errors import OptionError
+from ..core.errors import OptionError
 
 #: The modes `--math` accepts; the first is the default.
 MATH_MODES = ("fp32", "tf32")

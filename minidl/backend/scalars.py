@@ -1,4 +1,4 @@
-"""Per-step scalars at fixed device addresses, for a captured CUDA graph (`minidl/capture.py`).
+"""Per-step scalars at fixed device addresses, for a captured CUDA graph (`minidl/runtime/capture.py`).
 
 A kernel launch argument is fixed when a graph is captured, but some arguments change at every step: each dropout
 layer's key (a function of the iteration), the learning rate (a schedule) and Adam's step count (its bias

@@ -38,7 +38,7 @@ import struct
 
 import numpy as np
 
-from ..errors import MinidlError
+from ..core.errors import MinidlError
 
 BLOCK = 256
 """Codes per fixed-length block (cuSZ's chunk size; one block of 256 threads per block on the GPU)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import DistError
+from ..core.errors import DistError
 from .comm import Communicator
 
 SHOWN = 6

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import DistError
+from ..core.errors import DistError
 
 
 def save_on_rank0(comm, write, path) -> Path:

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ..errors import DistError
+from ..core.errors import DistError
 
 POLL_S = 2e-4
 """Seconds between two tests of a pending request while waiting: short against a step (tens of ms), long enough

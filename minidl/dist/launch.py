@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable, Mapping, TypeVar
 
-from ..errors import DistError, exit_status
+from ..core.errors import DistError, exit_status
 from .comm import DEFAULT_TIMEOUT_S, Communicator, PeerFailed
 
 T = TypeVar("T")

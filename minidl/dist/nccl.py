@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ..errors import DistError
+from ..core.errors import DistError
 from .comm import POLL_S, Communicator, Request
 
 _NCCL_TYPES = {np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.float64): "NCCL_FLOAT64",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..vocab import TraceEvent
+from ..core.vocab import TraceEvent
 from .comm import Communicator, Request
 
 

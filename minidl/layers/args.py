@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import OptionError
+from ..core.errors import OptionError
 
 
 def _who(cls_name: str, name: str | None) -> str:

@@ -22,9 +22,9 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from ..errors import GraphError
-from ..symbol import Symbol
-from ..vocab import WorkspaceOption  # noqa: F401  (re-exported: layers declare their algorithms with it)
+from ..core.errors import GraphError
+from ..core.symbol import Symbol
+from ..core.vocab import WorkspaceOption  # noqa: F401  (re-exported: layers declare their algorithms with it)
 
 Shape = tuple[int, ...]
 

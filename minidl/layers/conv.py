@@ -1,7 +1,7 @@
 """2-D convolution (NCHW, PyTorch's weight layout and default initialization).
 
 The layer declares its algorithms and their exact workspace sizes (`workspace_options`): the CPU table of
-`minidl.backend.cpu_conv` by default, or the menu of the backend the plan is for (`conv_workspace_options`: on
+`minidl.backend.cpu.conv` by default, or the menu of the backend the plan is for (`conv_workspace_options`: on
 CUDA, cuDNN's execution plans). The memory planner picks one per phase and hands the executor's workspace block
 and the algorithm's name in through the LayerContext. Every CPU algorithm gives bit-identical results, so on
 the CPU the choice changes memory and speed, never values.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import cpu_winograd
-from ..backend.cpu_conv import ALGOS as CPU_ALGOS
-from ..backend.cpu_conv import ConvGeometry, conv_algorithms, conv_options, conv_output_hw
+from ..backend.cpu import winograd as cpu_winograd
+from ..backend.cpu.conv import ALGOS as CPU_ALGOS
+from ..backend.cpu.conv import ConvGeometry, conv_algorithms, conv_options, conv_output_hw
 from . import args
 from .base import Layer, LayerContext, ParamSpec
 
@@ -102,7 +102,7 @@ class Conv2d(Layer):
 
     def workspace_options(self, phase, in_shapes, out_shape, itemsize, backend=None):
         """The algorithms `backend` runs this convolution with, fastest first, with their exact workspace bytes
-        (None: the CPU table, see `minidl.backend.cpu_conv`; the CPU backend answers the same)."""
+        (None: the CPU table, see `minidl.backend.cpu.conv`; the CPU backend answers the same)."""
         if backend is None:
             return conv_options(phase, self._geometry(in_shapes, out_shape), itemsize, self.stride, self.padding,
                                 self.dilation)

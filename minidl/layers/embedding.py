@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..errors import DataError
+from ..core.errors import DataError
 from . import args
 from .base import Layer, ParamSpec
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..guards import check_labels
+from ..core.guards import check_labels
 from . import args
 from .base import Layer, last_axis_rows
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import OptionError
-from ..route import Phase, Route
+from ..core.errors import OptionError
+from ..graph.route import Phase, Route
 from .simulate import DeviceProfile, get_profile
 from .workspace import CostTable, cost_key
 

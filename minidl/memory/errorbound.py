@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import OptionError
+from ..core.errors import OptionError
 
 TARGET_REL_ERROR = 0.01
 """rho*: the relative error (Frobenius norm) of each reader's weight gradient the bound aims at."""

@@ -74,8 +74,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import MinidlError, OptionError
-from ..vocab import TraceEvent
+from ..core.errors import MinidlError, OptionError
+from ..core.vocab import TraceEvent
 
 __all__ = ["HostStore", "StreamTransfers", "ThreadTransfers", "TransferEngine", "TransferError", "TransferStats",
            "transfer_json"]
@@ -347,7 +347,7 @@ class HostStore:
         self._spill_size = 0
         self._stats = TransferStats()
         self._finalizer = weakref.finalize(self, _close_spill, self._spill)
-        self.untimed_copies = 0   # copies replayed inside a CUDA graph (minidl/capture.py): counted, not timed
+        self.untimed_copies = 0   # copies replayed inside a CUDA graph (minidl/runtime/capture.py): counted, not timed
 
     @property
     def _thread(self) -> threading.Thread | None:
@@ -503,7 +503,7 @@ class HostStore:
         # Drop the job's array references: a finished job must not keep a device view alive.
         job.src = job.dst = None  # type: ignore[assignment]
 
-    # -- CUDA graphs (minidl/capture.py) --------------------------------------------------------------------
+    # -- CUDA graphs (minidl/runtime/capture.py) --------------------------------------------------------------------
     @property
     def capturable(self) -> str | None:
         """None if this store's copies can be captured in a CUDA graph, else why not: the copies must be stream

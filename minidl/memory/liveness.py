@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..route import Route
+from ..graph.route import Route
 
 
 @dataclass(slots=True)

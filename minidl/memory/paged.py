@@ -22,7 +22,7 @@ The pool is the planner's and the executor's alike (like `TensorPool`): the plan
 backing-less `PagedPool`, the executor replays the same events with `alloc_at` on one whose backing really maps
 memory (`backend.cpu_paged`: a memfd mapped with MAP_FIXED; `backend.cuda_vmm`: the CUDA driver's virtual memory
 API). Same events, same physical chunks, same peak: the simulator's peak equals the executor's byte for byte.
-The compiled step (`minidl.program`) records each map/unmap as a call while lowering and replays them per step.
+The compiled step (`minidl.runtime.program`) records each map/unmap as a call while lowering and replays them per step.
 
 Limitations: a chunk is the unit of mapping, so a chunk much larger than the tensors (20 MB for a CIFAR net)
 wastes up to one chunk per large tensor; choose the chunk for the network (`--paged 2MiB`).
@@ -36,7 +36,7 @@ from typing import Any, Hashable, Protocol
 
 import numpy as np
 
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 
 from .pool import ALIGNMENT, PoolOutOfMemory, TensorPool, align_up, format_bytes, parse_size
 

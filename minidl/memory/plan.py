@@ -17,8 +17,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..route import Route
-from ..tensors import Role
+from ..core.tensors import Role
+from ..graph.route import Route
 
 if TYPE_CHECKING:  # pragma: no cover
     from .paged import PagedLayout

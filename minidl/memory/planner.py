@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import BudgetError
-from ..route import Route
-from ..tensors import Role
+from ..core.errors import BudgetError
+from ..core.tensors import Role
+from ..graph.route import Route
 from .liveness import analyze
 from .paged import PagedLayout, PagedPool, paged_capacity
 from .plan import Event, EventKind, Plan, StepPlan

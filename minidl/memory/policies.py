@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import BudgetError, DistError, OptionError
-from ..graph import Network
+from ..core.errors import BudgetError, DistError, OptionError
+from ..graph.network import Network
+from ..graph.route import Route
 from ..optim import Optimizer
-from ..route import Route
 from .decisions.allreduce import DataParallel, add_allreduce_events, with_buckets
 from .decisions.compress import compress_policy
 from .decisions.offload_fit import offload_policy

@@ -50,9 +50,9 @@ from typing import Any, Hashable, Iterator, Protocol
 
 import numpy as np
 
-from minidl.errors import MinidlError, OptionError
-from minidl.guards import check_host_allocation
-from minidl.units import format_bytes  # noqa: F401  (re-exported: it lived here first)
+from minidl.core.errors import MinidlError, OptionError
+from minidl.core.guards import check_host_allocation
+from minidl.core.units import format_bytes  # noqa: F401  (re-exported: it lived here first)
 
 __all__ = [
     "ALIGNMENT", "ARENA_ALIGNMENT", "Block", "FreeBlock", "LiveBlock", "NumpyArenaBacking", "PoolOutOfMemory",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..errors import OptionError
-from ..graph import Network
-from ..route import Phase, Route
+from ..core.errors import OptionError
+from ..graph.network import Network
+from ..graph.route import Phase, Route
 from .plan import Plan
 from .replay import replay_peak
 

@@ -1,7 +1,7 @@
 """Convolution workspace sizing: which algorithm each convolution runs, given the memory free at its step.
 
 A convolution can be computed several ways that give the same numbers but need different scratch space
-("workspace"). On the CPU (`minidl.backend.cpu_conv`):
+("workspace"). On the CPU (`minidl.backend.cpu.conv`):
 
 - ``im2col``          builds the column matrix of the whole batch: the largest workspace, usually fastest;
 - ``im2col_chunked``  builds it one sample at a time: 1/N of the workspace, a little slower;
@@ -58,10 +58,10 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..backend import backend_name
-from ..errors import OptionError
+from ..core.errors import OptionError
+from ..core.vocab import WorkspaceOption
+from ..graph.route import Phase, Route
 from ..layers.base import Layer, LayerContext
-from ..route import Phase, Route
-from ..vocab import WorkspaceOption
 from .pool import ALIGNMENT, align_up, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -167,8 +167,8 @@ def measure(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Sha
     """Seconds one `phase` call of `layer` takes with `option` on `backend` (None: the CPU backend), on random
     data (fastest of `repeats`). Arrays are made with the backend's array module (`xp`) and the clock is read
     after `synchronize()`, so a GPU's asynchronous kernels are timed to completion."""
-    from ..backend.cpu import CPUBackend
-    from ..graph import Network
+    from ..backend.cpu.backend import CPUBackend
+    from ..graph.network import Network
 
     be = backend if backend is not None else CPUBackend()
     xp = be.xp

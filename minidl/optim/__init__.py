@@ -15,7 +15,7 @@ from .schedules import Constant, Cosine, LinearLR, LRSchedule, StepLR, WarmUp
 __all__ = ["Optimizer", "SGD", "Adam", "make_optimizer", "LRSchedule", "Constant", "StepLR", "Cosine", "LinearLR",
            "WarmUp"]
 
-from ..errors import OptionError
+from ..core.errors import OptionError
 
 
 def _check_real(opt: str, what: str, v, lo_open: bool = False) -> None:

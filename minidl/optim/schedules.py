@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import OptionError
+from ..core.errors import OptionError
 
 __all__ = ["LRSchedule", "Constant", "StepLR", "Cosine", "LinearLR", "WarmUp", "make_schedule", "SCHEDULES"]
 

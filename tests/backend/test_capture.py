@@ -1,4 +1,4 @@
-"""One CUDA graph per step (minidl/capture.py), tested on the host.
+"""One CUDA graph per step (minidl/runtime/capture.py), tested on the host.
 
 `GraphCPU` is the numpy backend with CUDA's capture semantics: between `begin_graph` and `end_graph` a backend
 call is recorded, not run (and a host synchronization fails, as it does on a capturing stream); `launch_graph`
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import minidl as dl
-from minidl.backend.cpu import CPUBackend
-from minidl.capture import GraphStep, split
-from minidl.errors import DivergenceError
+from minidl.backend.cpu.backend import CPUBackend
+from minidl.core.errors import DivergenceError
 from minidl.models import build_model
+from minidl.runtime.capture import GraphStep, split
 
 # Methods that are the capture machinery itself, or pure host helpers: never recorded.
 _PASS = {"begin_graph", "end_graph", "launch_graph", "copy_in_async", "copy_out_async", "wait_compute",
@@ -501,8 +501,8 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
     stream, graph and arrays): everything on the compute stream, nothing blocking but `wait_compute`."""
     from types import SimpleNamespace
 
-    from minidl.backend import cuda_plan as cuplan
-    from minidl.backend.cuda import CUDABackend
+    from minidl.backend.cuda import plan as cuplan
+    from minidl.backend.cuda.backend import CUDABackend
 
     log = []
 
@@ -553,7 +553,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
 
 
 def test_a_host_call_between_a_copy_and_its_wait_refuses_the_split():
-    from minidl.capture import CaptureRefused
+    from minidl.runtime.capture import CaptureRefused
 
     class P:
         calls = list(range(5))

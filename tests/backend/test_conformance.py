@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from minidl import layers as L
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu.backend import CPUBackend
 from minidl.testing import run_layer
 
 RTOL = 1e-4
@@ -101,7 +101,7 @@ def _cuda_backend_or_skip():
         pytest.skip("cupy is installed but no CUDA device is visible")
     pytest.importorskip("cudnn", reason="the CUDA backend needs NVIDIA's cuDNN frontend (nvidia-cudnn-frontend); "
                                         "not installed here")
-    from minidl.backend.cuda import CUDABackend
+    from minidl.backend.cuda.backend import CUDABackend
 
     return CUDABackend()
 

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from minidl.backend import cpu_conv, cpu_gemm_jit, cpu_lanes
-from minidl.backend.cpu import CPUBackend
-from minidl.backend.cpu_conv import ConvGeometry
+from minidl.backend.cpu import conv as cpu_conv
+from minidl.backend.cpu import gemm_jit as cpu_gemm_jit
+from minidl.backend.cpu import lanes as cpu_lanes
+from minidl.backend.cpu.backend import CPUBackend
+from minidl.backend.cpu.conv import ConvGeometry
 
 from .conv_checks import assert_same_bits_then_torch
 

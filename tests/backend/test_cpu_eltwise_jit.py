@@ -1,4 +1,4 @@
-"""The compiled ReLU (minidl/backend/cpu_eltwise_jit.py) gives the numpy kernels' values bit for bit, special
+"""The compiled ReLU (minidl/backend/cpu/eltwise_jit.py) gives the numpy kernels' values bit for bit, special
 values included (NaN and inf propagate, -0.0 gives +0.0 as numpy's maximum); non-contiguous arrays take the
 numpy path."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.backend import cpu
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu import backend as cpu
+from minidl.backend.cpu.backend import CPUBackend
 
 pytest.importorskip("numba")
 

@@ -1,4 +1,4 @@
-"""Where the compiled kernels are cached (`minidl/backend/cpu_jit_cache.py`): the user cache folder, never the
+"""Where the compiled kernels are cached (`minidl/backend/cpu/jit_cache.py`): the user cache folder, never the
 package's folder (a leftover `__pycache__` there turns an uninstalled minidl into a namespace package that hides
 the next install). Each case runs in a fresh interpreter, since numba picks the folder when a kernel module is
 imported, with the environment variables of that case."""
@@ -20,7 +20,7 @@ PACKAGE = Path(minidl.__file__).resolve().parent
 # Every module of the package that caches compiled code, found by what it says, so a new one cannot be missed.
 KERNEL_MODULES = sorted(
     "minidl." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
-    for p in PACKAGE.rglob("*.py") if "cache=True" in p.read_text() and p.name != "cpu_jit_cache.py")
+    for p in PACKAGE.rglob("*.py") if "cache=True" in p.read_text() and p.name != "jit_cache.py")
 
 PROBE = """
 import importlib, json, sys
@@ -34,7 +34,7 @@ for name in sys.argv[2:]:
     for attr, value in vars(module).items():
         if isinstance(value, Dispatcher) and value.__module__ == name:
             folders[f"{name}.{attr}"] = value.stats.cache_path
-from minidl.backend import cpu_update_jit
+from minidl.backend.cpu import update_jit as cpu_update_jit
 cpu_update_jit._part(10, 0, 2)  # one small kernel compiled (or loaded) and so written to its cache
 print(json.dumps({"folders": folders, "config_after": config.CACHE_DIR}))
 """
@@ -56,7 +56,7 @@ def _cache_files_since(folder: Path, start: float) -> list[Path]:
 
 
 def test_kernel_modules_found():
-    assert "minidl.backend.cpu_norm_jit" in KERNEL_MODULES and "minidl.backend.cpu_gemm_jit" in KERNEL_MODULES
+    assert "minidl.backend.cpu.norm_jit" in KERNEL_MODULES and "minidl.backend.cpu.gemm_jit" in KERNEL_MODULES
 
 
 @pytest.mark.parametrize("numba_first", [False, True], ids=["minidl-first", "numba-first"])
@@ -67,7 +67,7 @@ def test_every_kernel_is_cached_in_minidl_cache_dir(tmp_path, numba_first):
     assert len(out["folders"]) > 50, out["folders"]
     outside = {k: v for k, v in out["folders"].items() if not v.startswith(str(folder) + os.sep)}
     assert not outside, f"kernels cached outside {folder}: {outside}"
-    assert any(folder.rglob("cpu_update_jit._part-*.nbi")), "the compiled kernel was not cached there"
+    assert any(folder.rglob("update_jit._part-*.nbi")), "the compiled kernel was not cached there"
     assert not _cache_files_since(PACKAGE, start), "numba wrote cache files inside the package"
     assert out["config_after"] == "", "numba's cache setting was left changed for the rest of the process"
 

@@ -4,8 +4,9 @@ import threading
 import numpy as np
 import pytest
 
-from minidl.backend import cpu_conv, cpu_lanes
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu import conv as cpu_conv
+from minidl.backend.cpu import lanes as cpu_lanes
+from minidl.backend.cpu.backend import CPUBackend
 
 from .conv_checks import assert_same_bits_then_torch
 

@@ -1,4 +1,4 @@
-"""The compiled batch-norm kernels (minidl/backend/cpu_norm_jit.py) against the numpy passes they replace.
+"""The compiled batch-norm kernels (minidl/backend/cpu/norm_jit.py) against the numpy passes they replace.
 
 Both implement the same corrected two-pass statistics with the mean subtracted first; they differ only in
 rounding (the compiled kernels sum and evaluate in float64, round once), so they agree to a few float32 roundings.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.backend import cpu_norm
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu import norm as cpu_norm
+from minidl.backend.cpu.backend import CPUBackend
 
 pytest.importorskip("numba")
 
@@ -109,7 +109,8 @@ def test_numpy_fallback_keeps_its_numerics(shape, ratio, numpy_only):
 def test_same_bits_on_any_threads(shape, monkeypatch):
     """Large enough to split (`cpu_jit.workers_for`), the channels go to the threads, each channel computed as
     on one thread: the same bits with 1, 2, 3 or 5 threads, and `apply` (recomputation) still the forward's y."""
-    from minidl.backend import cpu_jit, cpu_lanes
+    from minidl.backend.cpu import jit as cpu_jit
+    from minidl.backend.cpu import lanes as cpu_lanes
     x, w, b, dy = _inputs(shape, np.float32)
     assert x.size >= cpu_jit.PARALLEL_MIN
     results = {}
@@ -129,7 +130,7 @@ def test_same_bits_on_any_threads(shape, monkeypatch):
 def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch):
     """The compiled step's BN+ReLU (`relu_out`): y, the statistics and the running ones exactly as without it,
     and relu_out exactly `relu_forward(y)`, including where y is 0, negative zero or NaN; on 1 and 2 threads."""
-    from minidl.backend import cpu_lanes
+    from minidl.backend.cpu import lanes as cpu_lanes
     if path == "numpy":
         monkeypatch.setattr(cpu_norm, "jit_kernels", lambda: None)
     x, w, b, _ = _inputs(shape, dtype)
@@ -168,7 +169,7 @@ def test_backward_through_a_relu_is_the_two_backwards(shape, dtype, path, monkey
     """The compiled step's BN+ReLU backward (`relu=(r, dr)`): dx, dW, dB exactly those of the batch norm's
     backward from the dy `relu_backward(r, dr, dy)` gives; on 1 and 2 threads; and the gradient
     may be written over the ReLU's gradient or output (the plan may place dx there)."""
-    from minidl.backend import cpu_lanes
+    from minidl.backend.cpu import lanes as cpu_lanes
     if path == "numpy":
         monkeypatch.setattr(cpu_norm, "jit_kernels", lambda: None)
     x, w, b, dr = _inputs(shape, dtype)

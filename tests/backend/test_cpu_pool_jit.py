@@ -1,4 +1,4 @@
-"""The compiled max-pool (minidl/backend/cpu_pool_jit.py) gives the numpy kernels' values: bit for bit on
+"""The compiled max-pool (minidl/backend/cpu/pool_jit.py) gives the numpy kernels' values: bit for bit on
 finite data (ties, zeros and sums of several windows' gradients included), NaN where numpy gives NaN (only a
 NaN's sign bit may differ: numpy's and LLVM's invalid operations make different NaNs), on one thread and split
 over planes on two; non-contiguous arrays take the numpy path."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.backend import cpu_pool
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu import pool as cpu_pool
+from minidl.backend.cpu.backend import CPUBackend
 
 pytest.importorskip("numba")
 

@@ -5,8 +5,10 @@ import os
 import numpy as np
 import pytest
 
-from minidl.backend import cpu_conv, cpu_jit, cpu_lanes
-from minidl.backend.cpu_conv import ConvGeometry, _RowShift
+from minidl.backend.cpu import conv as cpu_conv
+from minidl.backend.cpu import jit as cpu_jit
+from minidl.backend.cpu import lanes as cpu_lanes
+from minidl.backend.cpu.conv import ConvGeometry, _RowShift
 
 from .conv_checks import assert_same_bits_then_torch
 

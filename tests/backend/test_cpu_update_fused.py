@@ -1,4 +1,4 @@
-"""The fused optimizer update (minidl/backend/cpu_update*.py, `Optimizer.prepare`) against the per-parameter
+"""The fused optimizer update (minidl/backend/cpu/update*.py, `Optimizer.prepare`) against the per-parameter
 update the interpreted executor runs: bit-identical parameters and state, for every option of SGD and Adam, in
 float32 and float64, with fused groups, with parameters left out of them (not contiguous), and without numba."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.backend import cpu_update
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu import update as cpu_update
+from minidl.backend.cpu.backend import CPUBackend
 from minidl.optim import SGD, Adam
 
 SHAPES = [(16, 3, 3, 3), (16,), (10, 64), (1,), (7, 5)]

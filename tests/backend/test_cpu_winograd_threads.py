@@ -3,8 +3,10 @@ from compiled code, the workers' shares and scratch slots, and the bits, which m
 import numpy as np
 import pytest
 
-from minidl.backend import cpu_jit, cpu_lanes, cpu_winograd
-from minidl.backend.cpu_conv import ConvGeometry
+from minidl.backend.cpu import jit as cpu_jit
+from minidl.backend.cpu import lanes as cpu_lanes
+from minidl.backend.cpu import winograd as cpu_winograd
+from minidl.backend.cpu.conv import ConvGeometry
 
 gemm_jit = cpu_winograd.gemm_jit()
 needs_gemm = pytest.mark.skipif(gemm_jit is None or not gemm_jit.available(),

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from minidl.backend import cuda_plan as cuplan
+from minidl.backend.cuda import plan as cuplan
 
 from .test_cuda_host import FakeCudnn, _host_backend, _op_of
 
@@ -54,7 +54,7 @@ def test_fallback_reasons_are_one_short_line():
 
 
 def test_cudnn_graphs_are_released_before_interpreter_shutdown():
-    """An atexit hook registered when minidl.backend.cuda is imported drops every cached graph (and handle) while
+    """An atexit hook registered when the CUDA backend is imported drops every cached graph (and handle) while
     the cudnn module is alive; a hook registered *before* that import runs *after* it and sees them gone."""
     code = textwrap.dedent("""
         import atexit, weakref

@@ -1,7 +1,7 @@
 """Host-only tests of the CUDA backend: everything it computes without a device.
 
 No GPU, cupy or cuDNN is needed (nor used, even where installed):
-  * importing minidl and minidl.backend.cuda works with cupy/cudnn unimportable, and constructing the backend then
+  * importing minidl and the CUDA backend's module works with cupy/cudnn unimportable, and constructing the backend then
     fails with a clear CUDAUnavailable;
   * arena views (cuda_plan.view_spec): byte ranges, strides (against numpy), bounds and alignment, fuzzed against
     the tensor pool; DeviceArena with a fake cupy;
@@ -25,9 +25,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minidl.backend import cuda_plan as cuplan
-from minidl.backend import kernel_specs as ks
-from minidl.backend.cuda import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
+from minidl.backend.cuda import kernel_specs as ks
+from minidl.backend.cuda import plan as cuplan
+from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
 from minidl.layers.base import WorkspaceOption
 from minidl.memory.pool import ALIGNMENT, TensorPool
 
@@ -44,9 +44,9 @@ def _run_isolated(code: str) -> subprocess.CompletedProcess:
 
 def test_import_needs_no_cupy_or_cudnn():
     r = _run_isolated("""
-        import minidl, minidl.backend.cuda, minidl.backend.cuda_plan
+        import minidl, minidl.backend.cuda.backend, minidl.backend.cuda.plan
         from minidl.backend import get_backend
-        from minidl.backend.cuda import CUDABackend, CUDAUnavailable
+        from minidl.backend.cuda.backend import CUDABackend, CUDAUnavailable
         assert sys.modules['cupy'] is None and sys.modules['cudnn'] is None
         for make in (CUDABackend, lambda: get_backend('cuda')):
             try:
@@ -67,7 +67,7 @@ def test_missing_cudnn_frontend_is_named():
         import types
         sys.modules['cupy'] = types.ModuleType('cupy')    # a cupy that imports ...
         sys.modules['cupyx'] = types.ModuleType('cupyx')
-        from minidl.backend.cuda import CUDABackend, CUDAUnavailable
+        from minidl.backend.cuda.backend import CUDABackend, CUDAUnavailable
         try:
             CUDABackend()
         except CUDAUnavailable as e:
@@ -877,7 +877,7 @@ class _EmulatedKernel:
     """A cupy Elementwise/ReductionKernel evaluated with numpy (broadcasting, C types, reading outputs)."""
 
     def __init__(self, src):
-        from minidl.backend.cuda import ReductionSource
+        from minidl.backend.cuda.backend import ReductionSource
 
         self.src, self.reduction = src, isinstance(src, ReductionSource)
         self.ins = [(_NP[t], n) for t, n in (p.split() for p in src.in_params.split(","))]
@@ -920,7 +920,7 @@ class _EmulatedKernel:
 
 class EmulatedNormKernels:
     def __init__(self):
-        from minidl.backend.cuda import NORM_KERNELS
+        from minidl.backend.cuda.backend import NORM_KERNELS
 
         for name, src in NORM_KERNELS.items():
             setattr(self, name, _EmulatedKernel(src))
@@ -1131,7 +1131,7 @@ def _cupy_like_source(name: str, src) -> str:
     """The kernel as cupy generates it, reduced to what matters for compiling the user code: inputs bound as
     const values, outputs as references, the elementwise loop index `i`, and the reduction's REDUCE/POST_MAP
     macros over `_type_reduce` operands."""
-    from minidl.backend.cuda import ElementwiseSource
+    from minidl.backend.cuda.backend import ElementwiseSource
 
     ins, outs = _params(src.in_params), _params(src.out_params)
     sig = ", ".join([f"const {t}* _raw_{n}" for t, n in ins] + [f"{t}* _raw_{n}" for t, n in outs]
@@ -1157,7 +1157,7 @@ def _cupy_like_source(name: str, src) -> str:
 def test_fallback_kernels_compile(tmp_path):
     import shutil
 
-    from minidl.backend.cuda import NORM_KERNELS
+    from minidl.backend.cuda.backend import NORM_KERNELS
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -1175,7 +1175,7 @@ def test_reduction_kernels_name_reduce_type_in_c():
     cupy/_core/_kernel.pyx ParameterInfo) but `reduce_type` as C source: it is substituted verbatim into
     `typedef ${reduce_type} _type_reduce;` (cupy/_core/_reduction.pyx), so "float64" would not compile on the
     GPU. Checked here because the nvcc compile test is skipped where nvcc is missing."""
-    from minidl.backend.cuda import NORM_KERNELS, ReductionSource
+    from minidl.backend.cuda.backend import NORM_KERNELS, ReductionSource
 
     reductions = {name: k for name, k in NORM_KERNELS.items() if isinstance(k, ReductionSource)}
     assert reductions
@@ -1188,7 +1188,7 @@ def test_reduction_kernels_name_reduce_type_in_c():
 def test_fallback_kernel_operations_avoid_reserved_names():
     import re
 
-    from minidl.backend.cuda import NORM_KERNELS, ElementwiseSource
+    from minidl.backend.cuda.backend import NORM_KERNELS, ElementwiseSource
 
     for name, k in NORM_KERNELS.items():
         names = [n for _, n in _params(k.in_params) + _params(k.out_params)]
@@ -1331,7 +1331,7 @@ def _timed_backend(duplex: bool = False):
 @pytest.fixture
 def perf_counter(monkeypatch):
     """The host clock the backend pairs its anchor with: fixed at 1000 s, calls counted."""
-    import minidl.backend.cuda as cuda_mod
+    import minidl.backend.cuda.backend as cuda_mod
 
     calls = []
     monkeypatch.setattr(cuda_mod, "time", SimpleNamespace(perf_counter=lambda: calls.append(1) or 1000.0))

@@ -97,7 +97,7 @@ def test_the_chosen_plan_reaches_the_backend(be):
                                           ("NVIDIA GeForce GTX TITAN X", "titanx"), ("NVIDIA L4", "v100"),
                                           ("", "v100")])
 def test_a_gpu_plans_with_its_nearest_simulator_profile(name, profile, be):
-    from minidl.backend import cuda_plan as cuplan
+    from minidl.backend.cuda import plan as cuplan
     from minidl.memory.simulate import PROFILES
 
     assert cuplan.profile_for_gpu(name) == profile and profile in PROFILES

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minidl.backend.cuda_vmm import VmmArena, VmmBacking, VmmError
+from minidl.backend.cuda.vmm import VmmArena, VmmBacking, VmmError
 from minidl.memory.paged import PagedPool
 
 CHUNK = 2 * 2**20

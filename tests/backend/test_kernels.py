@@ -4,7 +4,7 @@ No GPU is needed:
   (a) every ``kernels/*.cu`` compiles with nvcc for sm_70 (sm_75 where nvcc
       no longer builds sm_70) and sm_90 with all
       warnings as errors (skipped, with the reason, when nvcc is absent);
-  (b) every kernel of ``minidl.backend.kernel_specs.KERNELS`` is an
+  (b) every kernel of ``minidl.backend.cuda.kernel_specs.KERNELS`` is an
       ``extern "C" __global__`` function of its file with exactly the
       registered parameters, both in the source text and in the PTX nvcc
       emits (unmangled ``.entry`` with matching parameter widths), and every
@@ -17,14 +17,11 @@ The kernels' numerics are exercised on a GPU by the CUDA backend's tests.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,23 +35,8 @@ CU_FILES = sorted(p.name for p in KERNEL_SRC_DIR.glob("*.cu"))
 MASK64 = (1 << 64) - 1
 
 
-def _load_kernel_specs():
-    """Import minidl.backend.kernel_specs; if the package's __init__ cannot be
-    imported right now, load the (self-contained) module from its file."""
-    try:
-        return importlib.import_module("minidl.backend.kernel_specs")
-    except Exception:  # e.g. another part of the package is mid-edit
-        path = REPO / "minidl" / "backend" / "kernel_specs.py"
-        name = "_minidl_kernel_specs_standalone"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-
-
-ks = _load_kernel_specs()
-
+from minidl.backend import common  # noqa: E402 - after the paths above, as the module reads
+from minidl.backend.cuda import kernel_specs as ks  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # Source parsing helpers
@@ -400,21 +382,21 @@ SPLITMIX_INPUTS = [0, 1, 2, 3, 42, 0xDEADBEEF, 0x9E3779B97F4A7C15, 1 << 63,
 def test_splitmix64_published_value():
     # First output of the reference SplitMix64 generator seeded with 0.
     assert _py_splitmix64(0) == 0xE220A8397B1DCDAF
-    assert int(ks.splitmix64(np.uint64(0))) == 0xE220A8397B1DCDAF
+    assert int(common.splitmix64(np.uint64(0))) == 0xE220A8397B1DCDAF
 
 
 def test_splitmix64_matches_python_ints():
     x = np.array(SPLITMIX_INPUTS, dtype=np.uint64)
     x_before = x.copy()
-    z = ks.splitmix64(x)
+    z = common.splitmix64(x)
     assert z.dtype == np.uint64 and z.shape == x.shape
     assert [int(v) for v in z] == [_py_splitmix64(v) for v in SPLITMIX_INPUTS]
     assert np.array_equal(x, x_before), "input must not be modified"
     # any shape, and 0-d
-    z2 = ks.splitmix64(x[:10].reshape(2, 5))
+    z2 = common.splitmix64(x[:10].reshape(2, 5))
     assert z2.shape == (2, 5) and np.array_equal(z2.ravel(), z[:10])
-    assert ks.splitmix64(np.uint64(42)).shape == ()
-    assert int(ks.splitmix64(np.uint64(42))) == _py_splitmix64(42)
+    assert common.splitmix64(np.uint64(42)).shape == ()
+    assert int(common.splitmix64(np.uint64(42))) == _py_splitmix64(42)
 
 
 def test_splitmix64_constants_match_cuda_source():
@@ -425,23 +407,23 @@ def test_splitmix64_constants_match_cuda_source():
 
 
 def test_dropout_threshold24():
-    assert ks.dropout_threshold24(0.0) == 0
-    assert ks.dropout_threshold24(1.0) == 1 << 24
-    assert ks.dropout_threshold24(0.5) == 1 << 23
-    assert ks.dropout_threshold24(0.1) == round(0.1 * 2**24) == 1677722
+    assert common.dropout_threshold24(0.0) == 0
+    assert common.dropout_threshold24(1.0) == 1 << 24
+    assert common.dropout_threshold24(0.5) == 1 << 23
+    assert common.dropout_threshold24(0.1) == round(0.1 * 2**24) == 1677722
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError):
-            ks.dropout_threshold24(bad)
-    assert ks.dropout_scale(0.5) == 2.0 and ks.dropout_scale(0.0) == 1.0
+            common.dropout_threshold24(bad)
+    assert common.dropout_scale(0.5) == 2.0 and common.dropout_scale(0.0) == 1.0
 
 
 @pytest.mark.parametrize("key, p", [(0, 0.5), (123456789, 0.1), (MASK64 - 3, 0.5),
                                     ((1 << 63) + 5, 0.9)])
 def test_dropout_mask_matches_python_ints(key, p):
     n = 16  # key near 2**64 checks that key + i wraps
-    thr = ks.dropout_threshold24(p)
+    thr = common.dropout_threshold24(p)
     expected = [(_py_splitmix64((key + i) & MASK64) >> 40) >= thr for i in range(n)]
-    mask = ks.dropout_keep_mask(key, n, p)
+    mask = common.dropout_keep_mask(key, n, p)
     assert mask.dtype == np.bool_ and mask.shape == (n,)
     assert mask.tolist() == expected
 
@@ -449,7 +431,7 @@ def test_dropout_mask_matches_python_ints(key, p):
 @pytest.mark.parametrize("p", [0.1, 0.25, 0.5, 0.8])
 def test_dropout_mask_statistics(p):
     n = 100_000
-    mask = ks.dropout_keep_mask(2024 + int(p * 100), n, p)
+    mask = common.dropout_keep_mask(2024 + int(p * 100), n, p)
     sigma = math.sqrt(p * (1 - p) / n)
     assert abs(mask.mean() - (1 - p)) < 6 * sigma
     # no obvious structure: halves and even/odd positions agree too
@@ -458,29 +440,29 @@ def test_dropout_mask_statistics(p):
 
 
 def test_dropout_mask_extremes():
-    assert ks.dropout_keep_mask(7, 1000, 0.0).all()
-    assert not ks.dropout_keep_mask(7, 1000, 1.0).any()
-    assert ks.dropout_keep_mask(7, 0, 0.5).shape == (0,)
+    assert common.dropout_keep_mask(7, 1000, 0.0).all()
+    assert not common.dropout_keep_mask(7, 1000, 1.0).any()
+    assert common.dropout_keep_mask(7, 0, 0.5).shape == (0,)
     with pytest.raises(ValueError):
-        ks.dropout_keep_mask(7, -1, 0.5)
+        common.dropout_keep_mask(7, -1, 0.5)
 
 
 def test_dropout_mask_determinism():
-    a = ks.dropout_keep_mask(99, 5000, 0.5)
-    b = ks.dropout_keep_mask(99, 5000, 0.5)
+    a = common.dropout_keep_mask(99, 5000, 0.5)
+    b = common.dropout_keep_mask(99, 5000, 0.5)
     assert np.array_equal(a, b)
     # a prefix does not depend on n, and key + offset shifts the stream
-    assert np.array_equal(ks.dropout_keep_mask(99, 1234, 0.5), a[:1234])
-    assert np.array_equal(ks.dropout_keep_mask(99 + 1000, 4000, 0.5), a[1000:])
+    assert np.array_equal(common.dropout_keep_mask(99, 1234, 0.5), a[:1234])
+    assert np.array_equal(common.dropout_keep_mask(99 + 1000, 4000, 0.5), a[1000:])
     # a different key gives a different mask (~half the positions differ)
-    c = ks.dropout_keep_mask(100_000, 5000, 0.5)
+    c = common.dropout_keep_mask(100_000, 5000, 0.5)
     assert 0.4 < (a != c).mean() < 0.6
 
 
 def test_dropout_mask_across_chunks():
     n = (1 << 20) + 37  # crosses the internal chunk boundary
     key = MASK64 - (1 << 20)  # and wraps past 2**64 in the second chunk
-    mask = ks.dropout_keep_mask(key, n, 0.3)
-    thr = ks.dropout_threshold24(0.3)
+    mask = common.dropout_keep_mask(key, n, 0.3)
+    thr = common.dropout_threshold24(0.3)
     for i in list(range(0, 5)) + list(range((1 << 20) - 3, n)):
         assert mask[i] == ((_py_splitmix64((key + i) & MASK64) >> 40) >= thr), i

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import minidl as dl
-from minidl.backend import cuda_plan as cuplan
 from minidl.backend import get_backend
+from minidl.backend.cuda import plan as cuplan
 from minidl.backend.mathmode import MATH_MODES, apply_math, backend_math
 from minidl.checkpoint import load_checkpoint
 from minidl.cli import main
-from minidl.errors import OptionError
+from minidl.core.errors import OptionError
 from minidl.models import build_model
 from tests.backend.test_cuda_host import TABLES, FakeCudnn, _conv_arrays, _host_backend, _table_by_op
 
@@ -85,7 +85,7 @@ def test_cublas_math_mode_is_set_on_cupys_handle(monkeypatch):
     import sys
     import types
 
-    from minidl.backend.cuda import _cublas_math_setter
+    from minidl.backend.cuda.backend import _cublas_math_setter
 
     calls = []
     lib = types.SimpleNamespace(CUBLAS_TF32_TENSOR_OP_MATH=3, CUBLAS_DEFAULT_MATH=0,

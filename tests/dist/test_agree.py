@@ -6,14 +6,14 @@ import threading
 
 import pytest
 
+from minidl.core.errors import DistError, DivergenceError, OptionError, exit_status
 from minidl.data import synthetic
 from minidl.dist.agree import check_same, differences
 from minidl.dist.comm import Communicator, Request
 from minidl.dist.launch import guarded
-from minidl.errors import DistError, DivergenceError, OptionError, exit_status
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 
 class ThreadRanks(Communicator):

@@ -5,19 +5,19 @@ import json
 import numpy as np
 import pytest
 
+from minidl.core.errors import BudgetError, DistError
+from minidl.core.tensors import Role
 from minidl.data import synthetic
 from minidl.dist.checkpoint import check_resume
 from minidl.dist.comm import Communicator
-from minidl.errors import BudgetError, DistError
+from minidl.graph.route import Phase
 from minidl.memory.decisions.allreduce import DataParallel, assign_buckets
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import plan_network
 from minidl.memory.report import explain, write_trace
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.route import Phase
-from minidl.session import Session
-from minidl.tensors import Role
+from minidl.runtime.session import Session
 
 
 def lenet(batch=8):

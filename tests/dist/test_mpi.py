@@ -133,7 +133,7 @@ FAILING = textwrap.dedent("""
     from minidl.dist.launch import communicator, guarded
     from minidl.models import build_model
     from minidl.optim import SGD
-    from minidl.session import Session
+    from minidl.runtime.session import Session
 
     mode = sys.argv[1]
     if mode == "both":  # ranks failing together must end at once: waiting out this grace would time the test out

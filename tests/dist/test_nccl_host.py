@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu.backend import CPUBackend
+from minidl.core.errors import DistError
 from minidl.dist.comm import Communicator, Request
 from minidl.dist.nccl import NCCLComm
 from minidl.dist.reducer import GradientReducer
-from minidl.errors import DistError
 
 
 class Log(list):

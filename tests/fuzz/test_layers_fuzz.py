@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import minidl as dl
-from minidl.errors import GraphError, MinidlError
+from minidl.core.errors import GraphError, MinidlError
 from minidl.layers import LRN, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d
 from minidl.testing import run_layer
 

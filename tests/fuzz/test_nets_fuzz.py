@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import minidl as dl
 from minidl import checkpoint as ck
-from minidl.errors import CheckpointError, GraphError
+from minidl.core.errors import CheckpointError, GraphError
 from minidl.layers import (
     LRN,
     AvgPool2d,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import minidl as dl
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu.backend import CPUBackend
 from minidl.layers import BatchNorm2d, LayerContext
 from minidl.testing import directional_gradcheck, run_layer
 

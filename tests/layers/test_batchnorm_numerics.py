@@ -1,7 +1,7 @@
 """BatchNorm2d float32 accuracy against PyTorch float32, both measured against a float64 reference.
 
 The statistics are a corrected two-pass algorithm and the applying passes subtract the mean first
-(minidl/backend/cpu_norm.py), so a large mean/std ratio or a tiny per-channel count costs no more accuracy than in
+(minidl/backend/cpu/norm.py), so a large mean/std ratio or a tiny per-channel count costs no more accuracy than in
 PyTorch: every error here is at most twice PyTorch's on the same input (plus a floor of a few float32 roundings).
 Errors are scaled by the natural size of each output: max |y| for y, max |dy * weight * invstd| for dx (the exact
 dx of a two-value channel is nearly zero, so a relative error against it measures only cancellation), the
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu.backend import CPUBackend
 
 _FLOOR = 1e-6  # a few float32 roundings: below it both implementations are exact to the precision that matters
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from minidl import GraphError, Network
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu.backend import CPUBackend
 from minidl.layers import Conv2d, LayerContext
 from minidl.testing import directional_gradcheck, run_layer
 
@@ -321,7 +321,7 @@ def test_winograd_applies_to_3x3_stride_1_with_32_channels(monkeypatch):
     """The Winograd pair: on by default; 3x3, stride 1, dilation 1, one group, padding 0..2, at least 32 channels
     in and out (below that the row-shift formulation is faster, measured), numba importable; then the layer's
     only algorithms. MINIDL_CPU_WINOGRAD=0 switches it off; another value is refused, by name."""
-    from minidl.backend import cpu_winograd
+    from minidl.backend.cpu import winograd as cpu_winograd
 
     monkeypatch.delenv("MINIDL_CPU_WINOGRAD", raising=False)
     c = Conv2d(32, 3, padding=1)

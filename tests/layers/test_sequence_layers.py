@@ -55,7 +55,7 @@ def test_layernorm_vs_torch(dtype, shape, affine, bias):
 
 def test_layernorm_recompute_applies_saved_statistics_bit_identically():
     """A recomputed forward (`ctx.recompute`) reads the saved mean and 1/std and writes the very same output."""
-    from minidl.backend.cpu import CPUBackend
+    from minidl.backend.cpu.backend import CPUBackend
     from minidl.layers.base import LayerContext
 
     x = randn((4, 9, 33), np.float32, 5)
@@ -87,7 +87,7 @@ def test_gelu_vs_torch(dtype, approximate, shape):
 def test_gelu_numpy_fallback_matches_compiled(approximate, monkeypatch):
     """Where numba cannot be imported the numpy twin of exact GELU runs: the same values to a rounding of float64
     (the tanh form is numpy either way)."""
-    from minidl.backend import cpu_seq
+    from minidl.backend.cpu import seq as cpu_seq
 
     x = randn((3, 50), np.float64, 3)
     dy = randn(x.shape, np.float64)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from minidl import layers as L
-from minidl.backend.kernel_specs import dropout_keep_mask
+from minidl.backend.common import dropout_keep_mask
 from minidl.testing import directional_gradcheck, run_layer
 
 RNG = np.random.default_rng(0)

@@ -5,7 +5,7 @@ from minidl.data import synthetic
 from minidl.layers import BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 
 def dropnet(batch=4):

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from minidl.cli import main
+from minidl.core.errors import BudgetError
 from minidl.data import synthetic
-from minidl.errors import BudgetError
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import plan_network
 from minidl.memory.report import explain, tensor_decisions
 from minidl.memory.schedulers.auto import auto_search
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 from .nets import NETS
 
@@ -98,10 +98,10 @@ def test_tight_budgets_use_the_mechanisms():
 @pytest.mark.parametrize("key", ["resnet20", "densenet_tiny"])
 def test_recompute_composed_with_offload_is_bit_identical(key):
     """Roots that recomputation reads are prefetched before the recomputation sequence needs them."""
-    from minidl.executor import Executor
     from minidl.memory.decisions.recompute import recompute_schedule
     from minidl.memory.schedulers.auto import _finish, cache_search
     from minidl.memory.workspace import workspace_choices
+    from minidl.runtime.executor import Executor
 
     net = NETS[key]()
     route = net.route(optimizer_slots=("momentum",))
@@ -149,11 +149,11 @@ def test_cli_budget_alone_means_auto(capsys):
 
 
 def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
-    from minidl.executor import Executor
+    from minidl.core.tensors import Role
     from minidl.memory.planner import liveness_schedule
     from minidl.memory.schedulers.auto import LAYOUTS, _finish, pin_long_lived, place
     from minidl.memory.workspace import workspace_choices
-    from minidl.tensors import Role
+    from minidl.runtime.executor import Executor
 
     net = NETS["resnet20"]()
     route = net.route(optimizer_slots=("momentum",))

@@ -4,16 +4,16 @@ another backend's menu."""
 import numpy as np
 import pytest
 
-from minidl.backend.cpu import CPUBackend
+from minidl.backend.cpu.backend import CPUBackend
 from minidl.data import synthetic
-from minidl.executor import Executor
 from minidl.layers import WorkspaceOption
 from minidl.memory.planner import lower_bound
 from minidl.memory.policies import plan_network
 from minidl.memory.workspace import CostTable, workspace_choices
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.executor import Executor
+from minidl.runtime.session import Session
 
 
 def resnet(batch=2):

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minidl as dl
-from minidl.errors import BudgetError
+from minidl.core.errors import BudgetError
 from minidl.layers import BatchNorm2d, Conv2d, Flatten, Linear, ReLU, SoftmaxCrossEntropy
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes

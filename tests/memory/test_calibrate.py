@@ -7,14 +7,14 @@ from dataclasses import replace
 import pytest
 
 import minidl as dl
-from minidl.backend.cuda_calibrate import LinkMeasurement
+from minidl.backend.cuda.calibrate import LinkMeasurement
+from minidl.graph.route import Phase
 from minidl.memory.calibrate import calibrated_profile, fit_efficiency, measured_profile
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import plan_network
 from minidl.memory.simulate import get_profile, link_timeline, simulate
 from minidl.memory.workspace import CostTable, cost_key
 from minidl.models import build_model
-from minidl.route import Phase
 
 
 def _net():
@@ -109,7 +109,7 @@ def test_auto_recomputes_where_the_measured_link_cannot_hide_a_copy():
 def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions():
     """`minidl train --device measured --autotune`: the link from the backend, the convolutions measured (on
     the CPU backend here, standing in for the GPU) and the efficiency fitted to them."""
-    from minidl.backend.cpu import CPUBackend
+    from minidl.backend.cpu.backend import CPUBackend
     from minidl.cli import _measured_device
 
     class Measured(CPUBackend):

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from minidl.codec.sz import HEADER_BYTES
-from minidl.errors import BudgetError
-from minidl.executor import Executor
+from minidl.core.errors import BudgetError
+from minidl.core.tensors import act_id
 from minidl.memory.decisions import compress as zc
 from minidl.memory.errorbound import ErrorBoundRule, Reader, ReaderKind
 from minidl.memory.planner import default_workspace, liveness_schedule
 from minidl.memory.policies import available_policies, plan_network
 from minidl.optim import SGD
-from minidl.tensors import act_id
+from minidl.runtime.executor import Executor
 
 from .nets import NETS
 
@@ -263,8 +263,8 @@ def test_a_diverging_compressed_run_stops_with_the_guards_error_alone():
     import warnings
 
     import minidl as dl
+    from minidl.core.errors import DivergenceError
     from minidl.data import synthetic
-    from minidl.errors import DivergenceError
     from minidl.models import build_model
 
     net = build_model("resnet", depth=8, batch=8, image_size=8, in_channels=1, num_classes=10)

@@ -16,7 +16,7 @@ from minidl.memory.policies import plan_network
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 NETS = {
     "lenet": dict(name="lenet", batch=8, image_size=28, num_classes=10, in_channels=1),
@@ -163,7 +163,7 @@ RSS_SCRIPT = textwrap.dedent("""
     from minidl.data import synthetic
     from minidl.models import build_model
     from minidl.optim import SGD
-    from minidl.session import Session
+    from minidl.runtime.session import Session
     net = build_model("resnet", depth=20, batch=32, image_size=32, num_classes=10)
     sess = Session(net, SGD(lr=0.05, momentum=0.9), policy="liveness", seed=0)
     data = synthetic(128, (3, 32, 32), 10, seed=0)

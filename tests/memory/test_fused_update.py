@@ -6,7 +6,9 @@ import pytest
 
 import minidl as dl
 from minidl.cli import main
+from minidl.core.tensors import Role
 from minidl.data import synthetic
+from minidl.graph.route import Phase
 from minidl.layers import Conv2d, Dropout, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.liveness import analyze
 from minidl.memory.planner import live_at
@@ -14,9 +16,7 @@ from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.models.vgg import VGG_CONFIGS
 from minidl.optim import SGD, Adam
-from minidl.route import Phase
-from minidl.session import Session
-from minidl.tensors import Role
+from minidl.runtime.session import Session
 
 
 def vgg11_narrow(batch=2, size=32, width=8):

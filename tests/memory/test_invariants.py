@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import pytest
 
+from minidl.core.errors import BudgetError
+from minidl.core.tensors import Role, act_id, aux_id, delta_id, grad_id
 from minidl.data import synthetic
-from minidl.errors import BudgetError
+from minidl.graph.route import Phase, Route
 from minidl.memory.liveness import analyze
 from minidl.memory.policies import plan_network
 from minidl.memory.replay import replay_peak
 from minidl.memory.simulate import simulate
 from minidl.optim import SGD, Adam
-from minidl.route import Phase, Route
-from minidl.session import Session
-from minidl.tensors import Role, act_id, aux_id, delta_id, grad_id
+from minidl.runtime.session import Session
 
 from .nets import NETS
 

@@ -23,7 +23,7 @@ from minidl.memory.planner import default_workspace, liveness_schedule
 from minidl.memory.policies import available_policies, plan_network
 from minidl.memory.simulate import DeviceProfile, simulate
 from minidl.models import build_model
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 from . import nets
 from .nets import data_for, opt, reference_states

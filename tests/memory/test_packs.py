@@ -7,16 +7,16 @@ import pytest
 
 import minidl as dl
 from minidl.cli import main
+from minidl.core.tensors import Role
 from minidl.data import synthetic
+from minidl.graph.packs import PackError, even_packs
 from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.decisions.weights import moved_by_role
 from minidl.memory.liveness import analyze
 from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.packs import PackError, even_packs
-from minidl.session import Session
-from minidl.tensors import Role
+from minidl.runtime.session import Session
 
 from .test_fused_update import assert_same_state, vgg11_narrow
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minidl as dl
-from minidl.backend.cpu_paged import MemfdArena
+from minidl.backend.cpu.paged import MemfdArena
 from minidl.memory.paged import PagedPool
 from minidl.memory.policies import exact_policies, plan_network
 from minidl.memory.pool import PoolOutOfMemory

@@ -7,7 +7,9 @@ import pytest
 
 import minidl as dl
 from minidl.cli import main
-from minidl.errors import BudgetError
+from minidl.core.errors import BudgetError
+from minidl.core.tensors import Role
+from minidl.graph.packs import even_packs
 from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.decisions.weights import moved_by_role, plan_weights
 from minidl.memory.planner import make_plan
@@ -25,8 +27,6 @@ from minidl.memory.schedulers.pipeline import (
 )
 from minidl.memory.simulate import get_profile, simulate
 from minidl.memory.workspace import workspace_choices
-from minidl.packs import even_packs
-from minidl.tensors import Role
 
 from .test_packs import plain_net
 

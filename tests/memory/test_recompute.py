@@ -6,6 +6,7 @@ import pytest
 
 import minidl as dl
 from minidl.data import synthetic
+from minidl.graph.route import Phase
 from minidl.layers import BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.decisions.recompute import (
     MEMORY,
@@ -21,8 +22,7 @@ from minidl.memory.simulate import simulate
 from minidl.memory.workspace import workspace_choices
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.route import Phase
-from minidl.session import Session
+from minidl.runtime.session import Session
 
 from .nets import NETS, dropnet
 
@@ -36,7 +36,7 @@ def train(net, policy, budget=None, steps=5, plan=None, debug=True):
     opt = SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
     sess = Session(net, opt, policy=policy or "liveness", budget=budget, seed=7, debug=debug)
     if plan is not None:  # a plan made outside the registry (forced modes)
-        from minidl.executor import Executor
+        from minidl.runtime.executor import Executor
 
         sess.plan = plan
         sess.executor = Executor(net, plan, opt, seed=7, debug=debug)
@@ -227,7 +227,7 @@ def test_recompute_share_in_the_simulator():
 
 
 def test_budget_is_checked():
-    from minidl.errors import BudgetError
+    from minidl.core.errors import BudgetError
 
     net = NETS["resnet20"]()
     plan = plan_network(net, SGD(lr=0.1, momentum=0.9), "recompute")

@@ -10,7 +10,7 @@ from minidl import layers as L
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import exact_policies, plan_network
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.session import Session
 from minidl.testing_torch import TorchTwin
 
 B, T, V, C, HEADS = 4, 8, 11, 16, 2
@@ -140,7 +140,7 @@ def test_each_batch_is_checked_tokens_against_the_table_labels_against_the_vocab
 def test_a_backend_without_a_layers_kernels_is_refused_naming_the_layer():
     """The CUDA backend has no layer norm, GELU, embedding or attention kernels yet: a network that needs them is
     refused before any step, naming the first layer and the missing kernels (here a CPU backend without them)."""
-    from minidl.backend.cpu import CPUBackend
+    from minidl.backend.cpu.backend import CPUBackend
 
     class NoSequenceKernels(CPUBackend):
         name = "cpu"

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from minidl.cli import main
+from minidl.core.tensors import Role
 from minidl.data import BatchIterator, synthetic
-from minidl.executor import Executor
 from minidl.memory.decisions.weights import host_homed, layer_candidates, moved_by_role, visits, weights_schedule
 from minidl.memory.planner import default_workspace, liveness_schedule, make_plan
 from minidl.memory.policies import plan_network
 from minidl.memory.report import explain
 from minidl.optim import SGD, Adam
-from minidl.tensors import Role
+from minidl.runtime.executor import Executor
 
 from .test_fused_update import NETS, assert_same_state, train
 

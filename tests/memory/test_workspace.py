@@ -5,9 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from minidl.core.errors import BudgetError
 from minidl.data import synthetic
-from minidl.errors import BudgetError
-from minidl.executor import Executor
 from minidl.layers import Conv2d, WorkspaceOption
 from minidl.memory.plan import EventKind
 from minidl.memory.planner import default_workspace, make_plan
@@ -17,7 +16,8 @@ from minidl.memory.simulate import simulate
 from minidl.memory.workspace import CostTable, fit_workspace, frugal_workspace, largest_free_below, workspace_choices
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.session import Session
+from minidl.runtime.executor import Executor
+from minidl.runtime.session import Session
 
 OPTS = [WorkspaceOption("fast", 3000, 1.0), WorkspaceOption("medium", 600, 1.2), WorkspaceOption("slow", 0, 2.0)]
 

@@ -44,9 +44,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import DistError
-from ...route import Phase, Route
-from ...tensors import Role, TensorSpec, bucket_id
+from ...core.errors import DistError
+from ...core.tensors import Role, TensorSpec, bucket_id
+from ...graph.route import Phase, Route
 from ..plan import Event, EventKind, Plan
 from ..pool import format_bytes
 from ..simulate import DeviceProfile, add_plan_costs, get_profile, step_costs

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...codec.sz import HEADER_BYTES
-from ...route import Phase, Route
-from ...tensors import Role, act_id
+from ...core.tensors import Role, act_id
+from ...graph.route import Phase, Route
 from ..errorbound import Reader, ReaderKind
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan

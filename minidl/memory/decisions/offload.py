@@ -58,9 +58,9 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from ...errors import BudgetError
-from ...route import Route
-from ...tensors import Role
+from ...core.errors import BudgetError
+from ...core.tensors import Role
+from ...graph.route import Route
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan
 from ..planner import Marker, Residency, Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...route import Route
+from ...graph.route import Route
 from ..plan import Plan
 from ..planner import Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
 from ..pool import align_up

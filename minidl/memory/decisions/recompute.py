@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...route import Phase, Route
-from ...tensors import Role, act_id
+from ...core.tensors import Role, act_id
+from ...graph.route import Phase, Route
 from ..liveness import analyze
 from ..plan import EventKind, Plan
 from ..planner import Residency, Schedule, WorkspaceChoice, liveness_schedule, make_plan

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...route import Phase, Route
-from ...tensors import Role
+from ...core.tensors import Role
+from ...graph.route import Phase, Route
 from ..plan import EventKind, Plan
 from ..planner import Marker, Residency, Schedule
 
@@ -178,7 +178,7 @@ def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, works
     """Liveness with the weights and optimizer state of `layers` (default: every candidate) homed on the host,
     updated on the host when the route is fused; under a budget, the activation cache on top (`offload.py`).
     Prefetches lead their visits by `lead` steps; if that does not fit, they come just in time."""
-    from ...errors import BudgetError
+    from ...core.errors import BudgetError
     from ..planner import default_workspace, liveness_schedule
     from .offload import plan_offload
 

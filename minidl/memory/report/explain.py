@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 
-from ...errors import OptionError
-from ...tensors import Role
+from ...core.errors import OptionError
+from ...core.tensors import Role
 from ..decisions.weights import weights_lines
 from ..liveness import analyze
 from ..plan import EventKind, Plan

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...tensors import Role
+from ...core.tensors import Role
 from ..plan import EventKind, Plan
 from ..pool import align_up, format_bytes
 

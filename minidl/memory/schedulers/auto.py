@@ -51,9 +51,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...errors import BudgetError
-from ...route import Route
-from ...tensors import Role
+from ...core.errors import BudgetError
+from ...core.tensors import Role
+from ...graph.route import Route
 from ..decisions import offload as offload_decision
 from ..decisions import offload_fit
 from ..decisions import weights as weights_decision

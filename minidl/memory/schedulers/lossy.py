@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from ...errors import BudgetError
-from ...route import Route
+from ...core.errors import BudgetError
+from ...graph.route import Route
 from ..decisions.compress import compressed_tensors, plan_compress
 from ..decisions.recompute import MEMORY, recompute_schedule
 from ..liveness import analyze

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...errors import BudgetError
+from ...core.errors import BudgetError
 from ..pool import ALIGNMENT, format_bytes
 
 VERIFY_ROUNDS = 4

@@ -1,6 +1,6 @@
 """Policy `packs` (Harmony): choose the micro-batch count and the layer packs, then home the weights per pack.
 
-The route of packs and micro-batches is `minidl/packs.py`; the weights decision (`decisions/weights.py`) brings
+The route of packs and micro-batches is `minidl/graph/packs.py`; the weights decision (`decisions/weights.py`) brings
 a pack's weights in once per block, updates on the host, and the activation cache offloads the stashes. This
 module searches the two numbers that route leaves open:
 
@@ -18,9 +18,9 @@ Limitations: packs are cut by weight bytes only, not by activation sizes; the se
 """
 from __future__ import annotations
 
-from ...errors import BudgetError
-from ...packs import PackError, even_packs
-from ...route import Phase, Route
+from ...core.errors import BudgetError
+from ...graph.packs import PackError, even_packs
+from ...graph.route import Phase, Route
 from ..decisions.weights import moved_by_role, plan_weights
 from ..plan import Plan
 from ..pool import align_up, format_bytes

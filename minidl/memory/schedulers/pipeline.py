@@ -45,9 +45,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ...errors import BudgetError, OptionError
-from ...packs import Packing, even_packs
-from ...route import Route
+from ...core.errors import BudgetError, OptionError
+from ...graph.packs import Packing, even_packs
+from ...graph.route import Route
 from ..decisions.weights import layer_candidates, moved_by_role, plan_weights
 from ..plan import Plan
 from ..pool import format_bytes
@@ -55,7 +55,7 @@ from ..simulate import DeviceProfile, get_profile, predicted_timeline, simulate
 from ..workspace import workspace_choices
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...graph import Network
+    from ...graph.network import Network
 
 
 @dataclass(slots=True)

@@ -61,9 +61,9 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ...errors import BudgetError
-from ...route import Route
-from ...tensors import Role
+from ...core.errors import BudgetError
+from ...core.tensors import Role
+from ...graph.route import Route
 from ..decisions.offload import transfer_bytes
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan

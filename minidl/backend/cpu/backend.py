@@ -1,0 +1,271 @@
+"""The CPU backend: numpy kernels, the reference implementation.
+
+Every kernel writes into arrays it is given (views into the executor's arena). Elementwise work that would
+need a temporary as large as a tensor is done in fixed-size chunks, so kernels never allocate more than a
+small bounded scratch outside the pool: the memory budget is real, not bookkeeping. Larger scratch (im2col
+buffers) is declared as workspace by the layer and handed in by the executor.
+
+The kernels of each layer family live in their own module (`cpu_conv`, `cpu_pool`, `cpu_norm`, `cpu_update`); this class
+gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..common import dropout_keep_mask
+from . import lanes
+from .conv import ConvOps
+from .jit import lazy, workers_for
+from .norm import NormOps
+from .pool import PoolOps
+from .seq import SeqOps
+from .update import UpdateOps
+
+CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporaries to ~512 KiB
+
+
+# ReLU compiled with numba (`cpu_eltwise_jit`), or None where numba cannot be imported: the numpy kernels run.
+eltwise_kernels = lazy("eltwise_jit")
+
+
+def _elementwise(name: str, *arrays: np.ndarray) -> None:
+    """Run `cpu_eltwise_jit.<name>` on the flat views of `arrays` (the last one sets the size), on as many
+    threads as it is large enough for (`cpu_jit.workers_for`): elementwise, so the split changes no bits."""
+    jit = eltwise_kernels()
+    flat = [a.reshape(-1) for a in arrays]
+    workers = workers_for(flat[-1].size)
+    if workers > 1:
+        getattr(jit, name + "_parallel")(*flat, workers)
+    else:
+        getattr(jit, name)(*flat)
+
+
+def _flat_ok(*arrays: np.ndarray) -> bool:
+    """All C-contiguous numpy arrays of one dtype: flat views of them are the arrays themselves."""
+    dt = arrays[0].dtype
+    return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == dt for a in arrays)
+
+
+def _chunks(n: int):
+    for s in range(0, n, CHUNK):
+        yield slice(s, min(n, s + CHUNK))
+
+
+class CoreOps:
+    """Elementwise, dense, loss and optimizer kernels."""
+
+    name = "cpu"
+    profile = "cpu"  # the simulator profile whose speeds plans for this backend assume (measured here)
+    xp = np
+
+    # -- memory helpers ---------------------------------------------------------------------------------------
+    def to_host(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def copy_in(self, dst: np.ndarray, src) -> None:
+        np.copyto(dst, np.asarray(src, dtype=dst.dtype).reshape(dst.shape))
+
+    def fill(self, dst: np.ndarray, value: float) -> None:
+        dst.fill(value)
+
+    def accumulate(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if eltwise_kernels() is not None and _flat_ok(dst, src) and workers_for(dst.size) > 1:
+            _elementwise("add_into", dst, src)  # the same sums on both cores (one thread: numpy is as fast)
+            return
+        np.add(dst, src, out=dst)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src)
+
+    # -- activation -------------------------------------------------------------------------------------------
+    def relu_forward(self, x: np.ndarray, y: np.ndarray) -> None:
+        jit = eltwise_kernels()
+        if jit is not None and _flat_ok(x, y):
+            _elementwise("relu_forward", x, y)  # the same values as below, ~4x faster
+            return
+        np.maximum(x, 0, out=y)
+
+    def relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
+        jit = eltwise_kernels()
+        if jit is not None and _flat_ok(y, dy, dx):
+            _elementwise("relu_backward", y, dy, dx)  # the same values as below
+            return
+        # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it.
+        yf, dyf, dxf = y.reshape(-1), dy.reshape(-1), dx.reshape(-1)
+        for s in _chunks(yf.size):
+            np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
+
+    # -- joins ------------------------------------------------------------------------------------------------
+    fuses_add_relu = True  # add_forward takes `relu_out` (the compiled step's add+ReLU)
+
+    def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None,
+                    keep_y: bool = True) -> None:
+        """y = the sum of xs, in order; with `relu_out`, also ReLU(y) there, as `relu_forward(y, relu_out)` would
+        (in the same pass for two flat inputs, where the compiled kernels load; there, without `keep_y`, y is
+        not written: nothing reads it, the compiled step checks the plan)."""
+        jit = eltwise_kernels() if relu_out is not None and len(xs) == 2 else None
+        if jit is not None and _flat_ok(xs[0], xs[1], y, relu_out):
+            if keep_y:
+                _elementwise("add_relu", xs[0], xs[1], y, relu_out)
+            else:
+                _elementwise("add_relu_only", xs[0], xs[1], relu_out)
+            return
+        np.add(xs[0], xs[1], out=y)
+        for x in xs[2:]:
+            np.add(y, x, out=y)
+        if relu_out is not None:
+            self.relu_forward(y, relu_out)
+
+    fuses_add_relu_backward = True  # add_relu_backward: a ReLU's backward and the add's before it in one call
+
+    def add_relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
+                          dinputs: list[np.ndarray | None]) -> None:
+        """The backward of a ReLU (y, dy -> dx) and of the add that produced its input (dx copied to each input's
+        gradient) in one call: the compiled step's add+ReLU backward, which runs it only where the add is the
+        sole reader of dx (the add's output gradient) and runs right after the ReLU (`minidl.runtime.program`). Each
+        input gradient gets the values `relu_backward` gives; for two flat input gradients, where the compiled
+        kernels load, in one pass that leaves dx unwritten (nothing reads it again)."""
+        jit = eltwise_kernels()
+        live = [d for d in dinputs if d is not None]
+        if jit is not None and len(live) == 2 and _flat_ok(y, dy, *live):
+            _elementwise("relu_backward_add", y, dy, live[0], live[1])
+            return
+        self.relu_backward(y, dy, dx)
+        for d in live:
+            self.copy(d, dx)
+
+    def concat_forward(self, xs: list[np.ndarray], y: np.ndarray) -> None:
+        c = 0
+        for x in xs:
+            y[:, c:c + x.shape[1]] = x
+            c += x.shape[1]
+
+    def concat_backward(self, dy: np.ndarray, dxs: list[np.ndarray | None], channels: list[int]) -> None:
+        c = 0
+        for dx, ch in zip(dxs, channels):
+            if dx is not None:
+                dx[...] = dy[:, c:c + ch]
+            c += ch
+
+    # -- dense ------------------------------------------------------------------------------------------------
+    def linear_forward(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray) -> None:
+        lanes.matmul(x.reshape(x.shape[0], -1), w.T, y)
+        if b is not None:
+            y += b
+
+    def linear_backward(self, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None,
+                        dw: np.ndarray | None, db: np.ndarray | None) -> None:
+        if dx is not None:
+            lanes.matmul(dy, w, dx.reshape(dx.shape[0], -1))
+        if dw is not None:
+            lanes.matmul(dy.T, x.reshape(x.shape[0], -1), dw)
+        if db is not None:
+            np.sum(dy, axis=0, out=db)
+
+    # -- dropout: the mask is replayed from a counter-based RNG, never stored ---------------------------------
+    def dropout_forward(self, x: np.ndarray, y: np.ndarray, p: float, key: int) -> None:
+        self._dropout(x, y, p, key)
+
+    def dropout_backward(self, dy: np.ndarray, dx: np.ndarray, p: float, key: int) -> None:
+        self._dropout(dy, dx, p, key)
+
+    def _dropout(self, src: np.ndarray, dst: np.ndarray, p: float, key: int) -> None:
+        scale = src.dtype.type(1.0 / (1.0 - p))
+        sf, df = src.reshape(-1), dst.reshape(-1)
+        for s in _chunks(sf.size):
+            # keep[i] depends only on (key + i): shifting the key by the chunk start continues the sequence.
+            keep = dropout_keep_mask((key + s.start) & 0xFFFFFFFFFFFFFFFF, s.stop - s.start, p)
+            np.multiply(sf[s], keep * scale, out=df[s])
+
+    # -- loss -------------------------------------------------------------------------------------------------
+    def softmax_xent_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray) -> None:
+        z = logits - logits.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=1))
+        picked = z[np.arange(z.shape[0]), labels]
+        loss[...] = np.mean(lse - picked, dtype=logits.dtype)
+
+    def softmax_xent_backward(self, logits: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
+                              dlogits: np.ndarray) -> None:
+        n = logits.shape[0]
+        np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)
+        np.exp(dlogits, out=dlogits)
+        dlogits /= dlogits.sum(axis=1, keepdims=True)
+        dlogits[np.arange(n), labels] -= 1
+        dlogits *= dloss.reshape(()) / logits.dtype.type(n)
+
+    def softmax_xent_ignore_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray,
+                                    ignore_index: int) -> None:
+        """The mean over the rows whose label is not `ignore_index` (NaN when every row is ignored, as PyTorch)."""
+        valid = labels != ignore_index
+        z = logits - logits.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=1))
+        picked = z[np.arange(z.shape[0]), np.where(valid, labels, 0)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            loss[...] = np.sum((lse - picked)[valid], dtype=logits.dtype) / logits.dtype.type(valid.sum())
+
+    def softmax_xent_ignore_backward(self, logits: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
+                                     dlogits: np.ndarray, ignore_index: int) -> None:
+        """(softmax - one-hot) / (rows not ignored) on the rows not ignored, zeros on the others."""
+        valid = labels != ignore_index
+        np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)
+        np.exp(dlogits, out=dlogits)
+        dlogits /= dlogits.sum(axis=1, keepdims=True)
+        rows = np.flatnonzero(valid)
+        dlogits[rows, labels[rows]] -= 1
+        dlogits[~valid] = 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dlogits *= dloss.reshape(()) / logits.dtype.type(rows.size)
+
+    # -- optimizers (PyTorch semantics, chunked so no parameter-sized temporary is made) ----------------------
+    def sgd_update(self, p: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float, momentum: float,
+                   dampening: float, weight_decay: float, nesterov: bool, first_step: bool) -> None:
+        pf, gf = p.reshape(-1), g.reshape(-1)
+        bf = buf.reshape(-1) if buf is not None else None
+        t = p.dtype.type
+        for s in _chunks(pf.size):
+            d = gf[s]
+            if weight_decay:
+                d = d + t(weight_decay) * pf[s]
+            if bf is not None and momentum:
+                if first_step:
+                    bf[s] = d
+                else:
+                    bf[s] *= t(momentum)
+                    bf[s] += t(1 - dampening) * d
+                d = d + t(momentum) * bf[s] if nesterov else bf[s]
+            pf[s] -= t(lr) * d
+
+    def adam_update(self, p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float, beta1: float,
+                    beta2: float, eps: float, weight_decay: float, step: int) -> None:
+        pf, gf, mf, vf = p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1)
+        t = p.dtype.type
+        bc1 = 1 - beta1 ** step
+        bc2_sqrt = float(np.sqrt(1 - beta2 ** step))
+        step_size = t(lr / bc1)
+        for s in _chunks(pf.size):
+            d = gf[s]
+            if weight_decay:
+                d = d + t(weight_decay) * pf[s]
+            mf[s] += t(1 - beta1) * (d - mf[s])
+            vf[s] *= t(beta2)
+            vf[s] += t(1 - beta2) * d * d
+            denom = np.sqrt(vf[s]) / t(bc2_sqrt) + t(eps)
+            pf[s] -= step_size * (mf[s] / denom)
+
+
+class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
+    """numpy backend: the reference every other backend is tested against."""
+
+    def step_scope(self):
+        """The context a whole step runs in (`Executor.train_step`, `evaluate`): numpy's BLAS at one thread
+        (`cpu_lanes.blas_pinned`), at any lane count; large products are split over the lanes instead, in blocks
+        fixed by their shapes (`cpu_lanes.matmul`). The threads are then the lanes' and the compiled kernels',
+        never OpenBLAS's, which spin long after a call on the cores the others need, and which would cut a
+        product by their own count (other bits on another thread count)."""
+        return lanes.blas_pinned()
+
+    def paged_backing(self):
+        """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""
+        from .paged import MemfdBacking
+
+        return MemfdBacking()

@@ -1,0 +1,407 @@
+"""Normalization kernels of the CPU backend: batch normalization (NCHW, per channel) and cross-channel LRN.
+
+Both work through blocks of the (N, C, H*W) view: per-channel reductions are dot products along the contiguous
+H*W axis of a block, and elementwise passes run on a block while it is in cache. The only scratch is a few
+blocks (`_BLOCK` elements each, or one plane when a plane is larger), as the chunking rule of the backend asks.
+
+Numerics (why the passes are what they are). Per-channel sums are taken per plane in float32 and summed over
+planes in float64. The statistics are a corrected two-pass algorithm (Chan, Golub & LeVeque 1983): pass 1 finds
+the mean from deviations to a rough per-channel shift, pass 2 sums deviations from that mean (rounded to the
+stored dtype) and their squares, var = S2/M - (S1/M)^2 with S1/M of the order of one rounding of the mean, so the
+subtraction cancels nothing. The applying passes subtract the mean first, y = (x - mean) * a + bias and
+dx = dy * s + (x - mean) * kx + c: x - mean is exact when the two are close (Sterbenz), so a large |mean| / std
+costs no accuracy beyond the rounding of the stored mean itself (the form x * a + b loses eps * |mean| / std).
+Float32 errors measured against float64: within 2x of PyTorch's float32 for mean/std up to 1e4 and two values
+per channel (tests/layers/test_batchnorm_numerics.py).
+Batch norm on CPU is memory-bound: training forward reads x three times and writes y once, backward reads x and
+dy twice and writes dx once.
+
+Batch norm runs as compiled kernels (`cpu_norm_jit`, numba: one call per phase, the same two-pass numerics with
+float64 sums) when numba is installed, which it is with minidl (a runtime dependency): the numpy passes below cost
+~14 calls per layer, whose fixed cost dominates at small batches. The numpy passes stay as the fallback when
+numba cannot be imported, and as the reference the compiled kernels are tested against.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .jit import lazy, workers_for
+
+_BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best between 32K and 128K
+
+# The compiled batch-norm kernels (`cpu_norm_jit`), or None where numba cannot be imported (then the numpy passes
+# below run). numba's import (~0.3 s) is paid on the first batch-norm call only.
+jit_kernels = lazy("norm_jit")  # its per-channel loops run on `workers_for` threads (same bits)
+
+
+def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
+    """`a`, or a stand-in of the same kind the compiled kernel will not touch (its flag says `a` is absent)."""
+    return stand_in if a is None else a
+
+
+def _ncl(a: np.ndarray) -> np.ndarray:
+    """(N, C, H, W) -> (N, C, H*W) as a view (raises rather than copies)."""
+    return np.reshape(a, a.shape[:2] + (-1,), copy=False)
+
+
+def _nc_blocks(n: int, c: int, hw: int):
+    """Blocks covering (N, C), grouped by channel range: yields (channel slice, [sample slices]).
+
+    Small samples are taken several at a time with all channels; large ones one at a time, a channel range each.
+    Grouping by channel range lets per-channel constants be broadcast once into a block-shaped buffer and reused
+    for every sample: numpy's (C, 1)-against-(C, HW) broadcasting costs an iterator step per row, about twice the
+    time of a contiguous operand."""
+    if c * hw <= _BLOCK:
+        step = max(1, _BLOCK // (c * hw))
+        yield slice(0, c), [slice(n0, min(n, n0 + step)) for n0 in range(0, n, step)]
+    else:
+        step = max(1, _BLOCK // hw)
+        for c0 in range(0, c, step):
+            yield slice(c0, min(c, c0 + step)), [slice(i, i + 1) for i in range(n)]
+
+
+def _block_elems(n: int, c: int, hw: int) -> int:
+    if c * hw <= _BLOCK:
+        return min(n, max(1, _BLOCK // (c * hw))) * c * hw
+    return min(c, max(1, _BLOCK // hw)) * hw
+
+
+class _Scratch:
+    """Block-sized buffers: `take(i, shape)` is buffer i viewed as `shape` (at most one block of elements)."""
+
+    def __init__(self, count: int, elems: int, dtype):
+        self._bufs = [np.empty(elems, dtype) for _ in range(count)]
+
+    def take(self, i: int, shape) -> np.ndarray:
+        size = math.prod(shape)  # (np.prod on a tuple costs ~5 us: more than a batch-1 block's arithmetic)
+        return self._bufs[i][:size].reshape(shape)
+
+    def spread(self, i: int, v: np.ndarray, cs: slice, hw: int) -> np.ndarray:
+        """Per-channel vector v[cs] broadcast into buffer i as a contiguous (channels, hw) block."""
+        out = self.take(i, (cs.stop - cs.start, hw))
+        np.copyto(out, v[cs, None])
+        return out
+
+
+def _centered_sums(x3: np.ndarray, center: np.ndarray, dy3: np.ndarray | None,
+                   sc: _Scratch, squares: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per channel, in float64, with d = x - center: (sum(d), sum(d * d)) if dy3 is None (sum(d * d) left out,
+    None, if not `squares`), else (sum(dy), sum(dy * d)). One pass; each plane is reduced in float32 (BLAS dot
+    products along H*W), the planes are then summed in float64 in a fixed order, so the result does not depend
+    on the blocking."""
+    n, c, hw = x3.shape
+    p1 = np.empty((n, c), x3.dtype)
+    p2 = np.empty((n, c), x3.dtype)
+    ones = np.ones(hw, x3.dtype)
+    for cs, samples in _nc_blocks(n, c, hw):
+        cb = sc.spread(0, center, cs, hw)
+        for ns in samples:
+            xb = x3[ns, cs]
+            d = sc.take(1, xb.shape)
+            np.subtract(xb, cb, out=d)
+            if dy3 is None:
+                np.vecdot(d, ones, out=p1[ns, cs])
+                if squares:
+                    np.vecdot(d, d, out=p2[ns, cs])
+            else:
+                dyb = dy3[ns, cs]
+                np.vecdot(dyb, ones, out=p1[ns, cs])
+                np.vecdot(dyb, d, out=p2[ns, cs])
+    s2 = p2.sum(axis=0, dtype=np.float64) if dy3 is not None or squares else None
+    return p1.sum(axis=0, dtype=np.float64), s2
+
+
+class NormOps:
+    """Batch-norm and LRN kernels (mixed into CPUBackend)."""
+
+    # -- batch normalization ------------------------------------------------------------------------------------
+    fuses_batchnorm_relu = True  # batchnorm_forward_train takes `relu_out` (the compiled step's BN+ReLU)
+
+    def batchnorm_forward_train(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                                running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, mean: np.ndarray,
+                                invstd: np.ndarray, momentum: float, eps: float, update_running: bool = True,
+                                relu_out: np.ndarray | None = None, keep_y: bool = True) -> None:
+        """Normalize with batch statistics; save them in `mean`/`invstd` (for backward and for recomputation) and,
+        if `update_running`, fold them into the running statistics (the variance unbiased, as in PyTorch).
+
+        Pass 1 centres on a shift K (each channel's mean over the first sample) so that the float32 per-plane sums
+        see values of the order of the spread, not of |mean|: mean = K + sum(x - K)/M. Pass 2 centres on that mean
+        as stored (float32 for float32 input, which is what the applying passes subtract): var = sum(d^2)/M -
+        (sum(d)/M)^2 with d = x - mean. Pass 1 alone (var from the same shifted sums) would let the cancellation
+        amplify rounding by up to N when the first sample sits far from the batch mean; pass 2 makes the
+        correction term a rounding error of the mean, so nothing cancels.
+
+        `relu_out`: also write ReLU(y) there, as `relu_forward(y, relu_out)` would (the compiled step's fused
+        BN+ReLU, `runtime.program`): in the applying pass of the compiled kernel, so the ReLU does not read y again;
+        a second call on the numpy path. With `relu_out` and not `keep_y` (nothing will read y: the compiled step
+        checks the plan), the compiled kernel leaves y unwritten, each plane of it kept in a scratch in cache."""
+        x3 = _ncl(x)
+        n, c, hw = x3.shape
+        m = n * hw
+        if m < 2:
+            raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
+        jit = jit_kernels()
+        if jit is not None:
+            y3 = _ncl(y)
+            args = (x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, y3, mean, invstd,
+                    float(momentum), float(eps), bool(update_running), weight is not None, bias is not None,
+                    y3 if relu_out is None else _ncl(relu_out), relu_out is not None, keep_y or relu_out is None)
+            nw = min(workers_for(x3.size), c)
+            if nw > 1:
+                jit.train_parallel(*args, nw)
+            else:
+                jit.train(*args)
+            return
+        shift = np.add.reduce(x3[0], axis=1) * x.dtype.type(1.0 / hw)
+        sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
+        s1, _ = _centered_sums(x3, shift, None, sc, squares=False)
+        mean[...] = shift + s1 / m
+        d1, d2 = _centered_sums(x3, mean, None, sc)
+        dmean = d1 / m
+        mean64 = mean.astype(np.float64) + dmean
+        var64 = np.maximum(d2 / m - dmean * dmean, 0.0)
+        invstd[...] = 1.0 / np.sqrt(var64 + eps)
+        if update_running:
+            running_mean *= 1.0 - momentum
+            running_mean += momentum * mean64
+            running_var *= 1.0 - momentum
+            running_var += momentum * var64 * (m / (m - 1))
+        self.batchnorm_forward_apply(x, weight, bias, mean, invstd, y)
+        if relu_out is not None:
+            self.relu_forward(y, relu_out)
+
+    def batchnorm_forward_apply(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                                mean: np.ndarray, invstd: np.ndarray, y: np.ndarray) -> None:
+        """y = (x - mean) * a + bias with a = invstd * weight, the mean subtracted first: PyTorch's x * a + b
+        (b = bias - mean * a) rounds two products of size |mean| * a and loses eps * |mean| / std, the subtraction
+        first is exact when x is near the mean and costs one elementwise pass more. Recomputation calls this with
+        the saved statistics, so it reproduces the first forward bit for bit."""
+        x3, y3 = _ncl(x), _ncl(y)
+        jit = jit_kernels()
+        if jit is not None:
+            args = (x3, _or(weight, mean), _or(bias, mean), mean, invstd, y3, weight is not None, bias is not None)
+            nw = min(workers_for(x3.size), x3.shape[1])
+            if nw > 1:
+                jit.apply_parallel(*args, nw)
+            else:
+                jit.apply(*args)
+            return
+        n, c, hw = x3.shape
+        a = invstd * weight if weight is not None else invstd.copy()
+        sc = _Scratch(3, _block_elems(n, c, hw), x.dtype)
+        for cs, samples in _nc_blocks(n, c, hw):
+            mb, ab = sc.spread(0, mean, cs, hw), sc.spread(1, a, cs, hw)
+            bb = sc.spread(2, bias, cs, hw) if bias is not None else None
+            for ns in samples:
+                yb = y3[ns, cs]
+                np.subtract(x3[ns, cs], mb, out=yb)
+                np.multiply(yb, ab, out=yb)
+                if bb is not None:
+                    np.add(yb, bb, out=yb)
+
+    def batchnorm_forward_eval(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                               running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, eps: float) -> None:
+        jit = jit_kernels()
+        if jit is not None:
+            jit.eval_forward(_ncl(x), _or(weight, running_mean), _or(bias, running_mean), running_mean, running_var,
+                             float(eps), _ncl(y), weight is not None, bias is not None)
+            return
+        invstd = (1.0 / np.sqrt(running_var.astype(np.float64) + eps)).astype(x.dtype)
+        self.batchnorm_forward_apply(x, weight, bias, running_mean, invstd, y)
+
+    def batchnorm_backward(self, x: np.ndarray, weight: np.ndarray | None, dy: np.ndarray, mean: np.ndarray,
+                           invstd: np.ndarray, dx: np.ndarray | None, dweight: np.ndarray | None,
+                           dbias: np.ndarray | None, relu: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Backward through batch statistics (training mode), from the input and the saved mean/invstd:
+
+            dbias = sum(dy);  dweight = sum(dy * xhat);  xhat = (x - mean) * invstd
+            dx = (dy - sum(dy)/M - (x - mean) * invstd^2 * sum(dy * (x - mean))/M) * invstd * weight
+
+        `relu` = (r, dr): a ReLU follows, r its output and dr its output's gradient; dy is first computed as its
+        backward (`relu_backward(r, dr, dy)`), channel by channel inside the compiled kernel, into a channel's
+        scratch that is still in cache when the reductions read it, so dy itself is not written there (the
+        compiled step's fused BN+ReLU backward, `minidl.runtime.program`, which fuses only where this batch norm is dy's
+        sole reader); without numba, dy is written first and used as usual."""
+        x3, dy3 = _ncl(x), _ncl(dy)
+        jit = jit_kernels()
+        if relu is not None and jit is None:
+            self.relu_backward(relu[0], relu[1], dy)
+            relu = None
+        if jit is not None:
+            args = (x3, _or(weight, mean), dy3, mean, invstd, x3 if dx is None else _ncl(dx), _or(dweight, mean),
+                    _or(dbias, mean), weight is not None, dx is not None, dweight is not None, dbias is not None,
+                    dy3 if relu is None else _ncl(relu[1]), dy3 if relu is None else _ncl(relu[0]), relu is not None)
+            nw = min(workers_for(x3.size), x3.shape[1])
+            if nw > 1:
+                jit.backward_parallel(*args, nw)
+            else:
+                jit.backward(*args)
+            return
+        n, c, hw = x3.shape
+        m = n * hw
+        sc = _Scratch(5, _block_elems(n, c, hw), x.dtype)
+        sdy, sdyd = _centered_sums(x3, mean, dy3, sc)
+        inv64 = invstd.astype(np.float64)
+        if dbias is not None:
+            dbias[...] = sdy
+        if dweight is not None:
+            dweight[...] = sdyd * inv64
+        if dx is None:
+            return
+        # dx = dy * s + (x - mean) * kx + c per channel, with s = invstd * weight,
+        # kx = -s * invstd^2 * sum(dy (x-mean))/M and c = -s * sum(dy)/M. The mean is subtracted first for the
+        # reason the forward does it (x * kx + c' would lose eps * |mean| / std).
+        k = inv64 * inv64 * sdyd / m
+        s64 = inv64 * weight if weight is not None else inv64
+        dt = x.dtype
+        scale, kx, c0 = s64.astype(dt), (-s64 * k).astype(dt), (-s64 * (sdy / m)).astype(dt)
+        dx3 = _ncl(dx)
+        for cs, samples in _nc_blocks(n, c, hw):
+            sb, kb, cb = sc.spread(0, scale, cs, hw), sc.spread(2, kx, cs, hw), sc.spread(3, c0, cs, hw)
+            mb = sc.spread(4, mean, cs, hw)
+            for ns in samples:
+                xb, dxb = x3[ns, cs], dx3[ns, cs]
+                t = sc.take(1, xb.shape)
+                np.multiply(dy3[ns, cs], sb, out=dxb)
+                np.subtract(xb, mb, out=t)
+                t *= kb
+                dxb += t
+                dxb += cb
+
+    def batchnorm_backward_eval(self, x: np.ndarray, weight: np.ndarray | None, dy: np.ndarray,
+                                running_mean: np.ndarray, running_var: np.ndarray, eps: float,
+                                dx: np.ndarray | None, dweight: np.ndarray | None, dbias: np.ndarray | None) -> None:
+        """Backward with fixed (running) statistics: a per-channel affine map, so dx = dy * weight * invstd."""
+        x3, dy3 = _ncl(x), _ncl(dy)
+        jit = jit_kernels()
+        if jit is not None:
+            jit.backward_eval(x3, _or(weight, running_mean), dy3, running_mean, running_var, float(eps),
+                              x3 if dx is None else _ncl(dx), _or(dweight, running_mean), _or(dbias, running_mean),
+                              weight is not None, dx is not None, dweight is not None, dbias is not None)
+            return
+        n, c, hw = x3.shape
+        inv64 = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
+        sc = _Scratch(2, _block_elems(n, c, hw), x.dtype)
+        if dweight is not None or dbias is not None:
+            sdy, sdyd = _centered_sums(x3, running_mean, dy3, sc)
+            if dbias is not None:
+                dbias[...] = sdy
+            if dweight is not None:
+                dweight[...] = sdyd * inv64
+        if dx is not None:
+            scale = (inv64 * weight if weight is not None else inv64).astype(x.dtype)
+            dx3 = _ncl(dx)
+            for cs, samples in _nc_blocks(n, c, hw):
+                sb = sc.spread(0, scale, cs, hw)
+                for ns in samples:
+                    np.multiply(dy3[ns, cs], sb, out=dx3[ns, cs])
+
+    # -- local response normalization (across channels) ---------------------------------------------------------
+    def lrn_forward(self, x: np.ndarray, y: np.ndarray, size: int, alpha: float, beta: float, k: float) -> None:
+        """y = x / (k + alpha/size * sum_{window} x^2)^beta, the window spanning channels
+        [c - size//2, c + (size-1)//2] clipped to the input (zero padding), as torch's local_response_norm."""
+        x3, y3 = _ncl(x), _ncl(y)
+        bufs = _LRNScratch(x3.shape, x.dtype)
+        for ns, ls in _nl_blocks(*x3.shape):
+            xb = x3[ns, :, ls]
+            s = bufs.scale(xb, size, alpha, k)
+            _pow_neg(s, beta, out=s)
+            np.multiply(xb, s, out=y3[ns, :, ls])
+
+    def lrn_backward(self, x: np.ndarray, y: np.ndarray, dy: np.ndarray, dx: np.ndarray, size: int, alpha: float,
+                     beta: float, k: float) -> None:
+        """With s_c = k + alpha/size * sum_{j in W(c)} x_j^2 and y_c = x_c s_c^-beta:
+
+            dx_i = dy_i s_i^-beta - (2 alpha beta / size) x_i sum_{c : i in W(c)} dy_c y_c / s_c
+
+        where i in W(c) <=> c in [i - (size-1)//2, i + size//2] (the window mirrored). s is recomputed from x."""
+        x3, y3, dy3, dx3 = _ncl(x), _ncl(y), _ncl(dy), _ncl(dx)
+        bufs = _LRNScratch(x3.shape, x.dtype)
+        coef = x.dtype.type(2.0 * alpha * beta / size)
+        for ns, ls in _nl_blocks(*x3.shape):
+            xb, yb, dyb, dxb = x3[ns, :, ls], y3[ns, :, ls], dy3[ns, :, ls], dx3[ns, :, ls]
+            s = bufs.scale(xb, size, alpha, k)
+            t = bufs.view(bufs.t, xb)
+            np.multiply(dyb, yb, out=t)
+            t /= s  # t = dy * y / s
+            tw = bufs.view(bufs.sq, xb)
+            _window_sum(t, tw, lo=-((size - 1) // 2), hi=size // 2)
+            tw *= xb
+            tw *= coef
+            _pow_neg(s, beta, out=s)
+            np.multiply(dyb, s, out=dxb)
+            dxb -= tw
+
+
+class _LRNScratch:
+    """Block-sized scratch of the LRN kernels: squares / window sums, the scale s, and one more."""
+
+    def __init__(self, shape, dtype):
+        n, c, hw = shape
+        elems = _nl_block_elems(n, c, hw)
+        self.sq = np.empty(elems, dtype)
+        self.s = np.empty(elems, dtype)
+        self.t = np.empty(elems, dtype)
+
+    @staticmethod
+    def view(buf: np.ndarray, like: np.ndarray) -> np.ndarray:
+        return buf[:like.size].reshape(like.shape)
+
+    def scale(self, xb: np.ndarray, size: int, alpha: float, k: float) -> np.ndarray:
+        """s = k + alpha/size * (window sum of x^2) for one block."""
+        sq, s = self.view(self.sq, xb), self.view(self.s, xb)
+        np.multiply(xb, xb, out=sq)
+        _window_sum(sq, s, lo=-(size // 2), hi=(size - 1) // 2)
+        s *= xb.dtype.type(alpha / size)
+        s += xb.dtype.type(k)
+        return s
+
+
+def _window_sum(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> None:
+    """dst[:, c] = sum_{o=lo..hi} src[:, c+o] over channels (axis 1), terms outside [0, C) taken as zero."""
+    c = src.shape[1]
+    np.copyto(dst, src)  # offset 0 (lo <= 0 <= hi always)
+    for o in range(lo, hi + 1):
+        if o == 0 or abs(o) >= c:
+            continue
+        if o > 0:
+            np.add(dst[:, :c - o], src[:, o:], out=dst[:, :c - o])
+        else:
+            np.add(dst[:, -o:], src[:, :c + o], out=dst[:, -o:])
+
+
+def _pow_neg(s: np.ndarray, beta: float, out: np.ndarray) -> None:
+    """out = s ** -beta, with square roots instead of the (much slower) pow for the usual betas."""
+    if beta == 0.75:
+        np.sqrt(s, out=out)         # s^1/2
+        r = np.sqrt(out)            # s^1/4 (block-sized temporary)
+        out *= r                    # s^3/4
+        np.reciprocal(out, out=out)
+    elif beta == 0.5:
+        np.sqrt(s, out=out)
+        np.reciprocal(out, out=out)
+    elif beta == 1.0:
+        np.reciprocal(s, out=out)
+    else:
+        np.power(s, -beta, out=out)
+
+
+def _nl_blocks(n: int, c: int, hw: int):
+    """(sample slice, H*W slice) blocks: LRN couples channels, so every block holds all channels."""
+    if c * hw <= _BLOCK:
+        step = max(1, _BLOCK // (c * hw))
+        for n0 in range(0, n, step):
+            yield slice(n0, min(n, n0 + step)), slice(0, hw)
+    else:
+        step = max(1, _BLOCK // c)
+        for i in range(n):
+            for l0 in range(0, hw, step):
+                yield slice(i, i + 1), slice(l0, min(hw, l0 + step))
+
+
+def _nl_block_elems(n: int, c: int, hw: int) -> int:
+    if c * hw <= _BLOCK:
+        return min(n, max(1, _BLOCK // (c * hw))) * c * hw
+    return c * min(hw, max(1, _BLOCK // c))

@@ -1,0 +1,512 @@
+"""Description of minidl's hand-written CUDA kernels (``kernels/*.cu``).
+
+Pure Python (numpy only, no cupy), so it can be imported and tested on
+machines without a GPU. It provides:
+
+* ``KERNELS``: a registry ``name -> KernelSpec`` giving, for every
+  ``extern "C" __global__`` entry point, its source file, its argument list
+  (name + C type, in order) and how it is launched. The CUDA backend uses it
+  to load the kernels with ``cupy.RawModule`` and to convert Python scalars
+  to the exact C types (cupy passes a Python ``float`` as ``double`` and an
+  ``int`` as ``long long``; see ``scalar_type`` / ``coerce_scalars``).
+* ``launch_config(kernel_name, n_or_shape)``: the grid/block to use.
+* The numpy reference of the counter-based dropout RNG of
+  ``kernels/elementwise.cu`` lives in ``minidl.backend.common``, which the CPU
+  backend uses too, so both backends draw the same mask bit for bit from the
+  same ``key``.
+
+Conventions of the kernels (see the header of ``kernels/elementwise.cu``):
+float32 data, int64 labels, outputs first, ``long long`` sizes, grid-stride
+loops (any grid is correct; ``launch_config`` only picks an efficient one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, Sequence, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "KERNEL_DIR",
+    "Arg",
+    "KernelSpec",
+    "KERNELS",
+    "kernel_files",
+    "kernels_in_file",
+    "source_path",
+    "scalar_type",
+    "coerce_scalars",
+    "launch_config",
+    "THREADS_PER_BLOCK",
+    "BLOCKS_PER_SM",
+]
+
+
+
+def _find_kernel_dir() -> Path:
+    """``<repo>/kernels`` in a source checkout; ``minidl/kernels`` once
+    installed (pyproject.toml maps the ``minidl.kernels`` package onto
+    ``kernels/``)."""
+    here = Path(__file__).resolve()
+    candidates = (here.parents[3] / "kernels", here.parents[2] / "kernels")
+    for d in candidates:
+        if any(d.glob("*.cu")):
+            return d
+    return candidates[0]
+
+
+#: Directory holding the ``.cu`` sources.
+KERNEL_DIR = _find_kernel_dir()
+
+#: Threads per block of the grid-stride kernels.
+THREADS_PER_BLOCK = 256
+#: Grid-stride kernels launch at most ``sm_count * BLOCKS_PER_SM`` blocks.
+BLOCKS_PER_SM = 32
+#: Hardware limit on gridDim.x.
+_MAX_GRID_X = 2**31 - 1
+
+# Launch kinds (KernelSpec.launch):
+#   "elementwise":  1-D grid-stride over n work items, 256 threads.
+#   "row":          one block per row of an (N, K) matrix (loss kernels).
+#   "single_block": one block reducing n items (the batch mean).
+#   "warp_row":     one warp per row of an (R, L) matrix, 256 threads.
+LAUNCH_KINDS = ("elementwise", "row", "single_block", "warp_row")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel parameter: its name and C type (``float*``, ``long long``...)."""
+
+    name: str
+    ctype: str
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """An ``extern "C" __global__`` kernel of ``kernels/<file>``.
+
+    ``work`` says what ``n_or_shape`` to pass to ``launch_config``: the size
+    of the kernel's iteration space (e.g. ``"y.size"``), or for "row" /
+    "warp_row" kernels the ``(rows, row_length)`` shape.
+    """
+
+    name: str
+    file: str
+    args: Tuple[Arg, ...]
+    launch: str
+    work: str
+    doc: str = ""
+    torch_op: str = ""
+
+    @property
+    def nargs(self) -> int:
+        return len(self.args)
+
+    @property
+    def arg_names(self) -> Tuple[str, ...]:
+        return tuple(a.name for a in self.args)
+
+    @property
+    def ctypes(self) -> Tuple[str, ...]:
+        return tuple(a.ctype for a in self.args)
+
+
+def _args(sig: str) -> Tuple[Arg, ...]:
+    """Parse ``"float* out, const float* x, long long n"`` into Args."""
+    out = []
+    for part in sig.split(","):
+        part = " ".join(part.split())
+        # the name is the last identifier; the C type is everything before it
+        # (a '*' may be glued to either side)
+        star = part.rfind("*")
+        space = part.rfind(" ")
+        cut = max(star, space)
+        ctype, name = part[: cut + 1].strip(), part[cut + 1 :].strip()
+        ctype = ctype.replace(" *", "*")
+        out.append(Arg(name, ctype))
+    return tuple(out)
+
+
+_POOL_DIMS = "long long N, long long C, long long H, long long W, long long OH, long long OW"
+
+_SPECS: Sequence[KernelSpec] = (
+    # ------------------------------------------------------------ loss.cu
+    KernelSpec(
+        "softmax_xent_forward", "loss.cu",
+        _args("float* loss, const float* logits, const long long* labels, "
+              "long long N, long long K"),
+        launch="row", work="(N, K)",
+        doc="per-sample loss[r] = logsumexp(x[r]) - x[r, labels[r]]; NaN for a "
+            "label outside [0, K)",
+        torch_op="F.cross_entropy(reduction='none')"),
+    KernelSpec(
+        "softmax_xent_mean", "loss.cu",
+        _args("float* out, const float* loss, long long N"),
+        launch="single_block", work="N",
+        doc="out[0] = mean(loss[:N]) (NaN if N == 0)",
+        torch_op="Tensor.mean"),
+    KernelSpec(
+        "softmax_xent_backward", "loss.cu",
+        _args("float* dlogits, const float* logits, const long long* labels, "
+              "long long N, long long K, float scale"),
+        launch="row", work="(N, K)",
+        doc="dlogits = (softmax(logits) - onehot(labels)) * scale, scale = "
+            "dloss / N for the mean; NaN rows for invalid labels",
+        torch_op="F.cross_entropy backward"),
+    # ----------------------------------------------------------- optim.cu
+    KernelSpec(
+        "sgd_update", "optim.cu",
+        _args("float* param, const float* grad, float* momentum_buf, long long n, "
+              "double lr, double momentum, double dampening, double weight_decay, "
+              "int nesterov, int first_step"),
+        launch="elementwise", work="param.size",
+        doc="in-place SGD step; momentum_buf unused (may be NULL) if momentum == 0; "
+            "first_step != 0 initialises it to the gradient",
+        torch_op="torch.optim.SGD.step"),
+    KernelSpec(
+        "adam_update", "optim.cu",
+        _args("float* param, const float* grad, float* m, float* v, long long n, "
+              "double lr, double beta1, double beta2, double eps, "
+              "double weight_decay, int step"),
+        launch="elementwise", work="param.size",
+        doc="in-place Adam step (L2 weight decay, no amsgrad); step is 1-based",
+        torch_op="torch.optim.Adam.step"),
+    KernelSpec(
+        "sgd_update_dev", "optim.cu",
+        _args("float* param, const float* grad, float* momentum_buf, long long n, "
+              "const double* lr, double momentum, double dampening, double weight_decay, "
+              "int nesterov, int first_step, const int* diverged"),
+        launch="elementwise", work="param.size",
+        doc="sgd_update with lr read from device memory (lr[0]), skipped if diverged[0]: a CUDA graph's replay",
+        torch_op="torch.optim.SGD.step"),
+    KernelSpec(
+        "adam_update_dev", "optim.cu",
+        _args("float* param, const float* grad, float* m, float* v, long long n, "
+              "const double* scalars, double beta1, double beta2, double eps, double weight_decay, "
+              "const int* diverged"),
+        launch="elementwise", work="param.size",
+        doc="adam_update with {lr, step} read from device memory, skipped if diverged[0]: a CUDA graph's replay",
+        torch_op="torch.optim.Adam.step"),
+    # ------------------------------------------------------------ pool.cu
+    KernelSpec(
+        "maxpool2d_forward", "pool.cu",
+        _args("float* y, const float* x, " + _POOL_DIMS + ", int kh, int kw, "
+              "int sh, int sw, int ph, int pw, int dh, int dw"),
+        launch="elementwise", work="y.size",
+        doc="NCHW max pooling, padding = -inf, dilation supported",
+        torch_op="F.max_pool2d"),
+    KernelSpec(
+        "maxpool2d_backward", "pool.cu",
+        _args("float* dx, const float* dy, const float* x, " + _POOL_DIMS +
+              ", int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw"),
+        launch="elementwise", work="dy.size",
+        doc="recomputes the argmax (first max, row-major) from x and atomicAdds "
+            "dy into dx; THE HOST MUST ZERO dx FIRST",
+        torch_op="F.max_pool2d backward"),
+    KernelSpec(
+        "avgpool2d_forward", "pool.cu",
+        _args("float* y, const float* x, " + _POOL_DIMS + ", int kh, int kw, "
+              "int sh, int sw, int ph, int pw, int count_include_pad, "
+              "int divisor_override"),
+        launch="elementwise", work="y.size",
+        doc="NCHW average pooling; divisor_override = 0 means None",
+        torch_op="F.avg_pool2d"),
+    KernelSpec(
+        "avgpool2d_backward", "pool.cu",
+        _args("float* dx, const float* dy, " + _POOL_DIMS + ", int kh, int kw, "
+              "int sh, int sw, int ph, int pw, int count_include_pad, "
+              "int divisor_override"),
+        launch="elementwise", work="dx.size",
+        doc="gather form: one thread per input element, overwrites dx",
+        torch_op="F.avg_pool2d backward"),
+    KernelSpec(
+        "global_avgpool_forward", "pool.cu",
+        _args("float* y, const float* x, long long NC, long long HW"),
+        launch="warp_row", work="(N*C, H*W)",
+        doc="y[r] = mean(x[r, :]) over H*W; one warp per row, blockDim.x must "
+            "be a multiple of 32",
+        torch_op="F.adaptive_avg_pool2d(x, 1)"),
+    KernelSpec(
+        "global_avgpool_backward", "pool.cu",
+        _args("float* dx, const float* dy, long long NC, long long HW"),
+        launch="elementwise", work="dx.size",
+        doc="dx[r, j] = dy[r] / HW",
+        torch_op="F.adaptive_avg_pool2d(x, 1) backward"),
+    # --------------------------------------------------------- compress.cu
+    KernelSpec(
+        "sz_quantize", "compress.cu",
+        _args("long long* bins, unsigned char* outlier, const float* x, long long n, double eb"),
+        launch="elementwise", work="n",
+        doc="SZ codec stage 1 (minidl/codec/sz.py quantize): sign-keeping bin index per element, step 2*eb; "
+            "outlier = 1 (and bin 0) where the bound cannot be met in float32 or x is NaN/Inf or -0.0"),
+    KernelSpec(
+        "sz_encode_blocks", "compress.cu",
+        _args("unsigned int* planes, unsigned char* widths, long long* anchors, const long long* bins, "
+              "long long n, long long nblocks"),
+        launch="row", work="(nblocks, 256)",
+        doc="SZ stages 2-3 per 256-code block: Lorenzo difference, zigzag, width, bit-planes by __ballot_sync "
+            "into a fixed 64-plane slot per block; blockDim.x must be 256"),
+    KernelSpec(
+        "sz_gather_planes", "compress.cu",
+        _args("unsigned int* body, const unsigned int* planes, const unsigned char* widths, "
+              "const long long* starts, long long nblocks"),
+        launch="elementwise", work="nblocks * 64 * 8",
+        doc="compact the fixed plane slots into the stream body; starts = exclusive prefix sum of widths"),
+    KernelSpec(
+        "sz_decode_blocks", "compress.cu",
+        _args("float* y, const unsigned int* body, const unsigned char* widths, const long long* starts, "
+              "const long long* anchors, long long n, long long nblocks, double eb"),
+        launch="row", work="(nblocks, 256)",
+        doc="inverse of sz_encode_blocks + dequantize: codes from planes, block prefix sum from the anchor; "
+            "blockDim.x must be 256"),
+    KernelSpec(
+        "sz_scatter_outliers", "compress.cu",
+        _args("float* y, const long long* idx, const float* vals, long long n_out"),
+        launch="elementwise", work="n_out",
+        doc="write the outliers' exact values back after sz_decode_blocks"),
+    # ----------------------------------------------------- elementwise.cu
+    KernelSpec(
+        "add_forward", "elementwise.cu",
+        _args("float* out, const float* a, const float* b, long long n"),
+        launch="elementwise", work="n",
+        doc="out = a + b (out may alias a or b)", torch_op="torch.add"),
+    KernelSpec(
+        "accumulate", "elementwise.cu",
+        _args("float* dst, const float* src, long long n"),
+        launch="elementwise", work="n",
+        doc="dst += src", torch_op="Tensor.add_"),
+    KernelSpec(
+        "scale_copy", "elementwise.cu",
+        _args("float* out, const float* x, long long n, float scale"),
+        launch="elementwise", work="n",
+        doc="out = x * scale (out may alias x)", torch_op="torch.mul"),
+    KernelSpec(
+        "relu_forward", "elementwise.cu",
+        _args("float* y, const float* x, long long n"),
+        launch="elementwise", work="n",
+        doc="y = max(x, 0), NaN propagates", torch_op="torch.relu"),
+    KernelSpec(
+        "relu_backward", "elementwise.cu",
+        _args("float* dx, const float* y, const float* dy, long long n"),
+        launch="elementwise", work="n",
+        doc="dx = y > 0 ? dy : 0 (y is the forward OUTPUT)",
+        torch_op="threshold_backward"),
+    KernelSpec(
+        "dropout_forward", "elementwise.cu",
+        _args("float* out, const float* x, long long n, unsigned long long key, "
+              "unsigned int threshold24, float scale"),
+        launch="elementwise", work="n",
+        doc="out = keep ? x * scale : 0, keep = (splitmix64(key + i) >> 40) >= "
+            "threshold24 (see dropout_keep_mask)",
+        torch_op="F.dropout(training=True)"),
+    KernelSpec(
+        "dropout_backward", "elementwise.cu",
+        _args("float* dx, const float* dy, long long n, unsigned long long key, "
+              "unsigned int threshold24, float scale"),
+        launch="elementwise", work="n",
+        doc="dx = keep ? dy * scale : 0 with the forward's key (mask replayed)",
+        torch_op="F.dropout backward"),
+    KernelSpec(
+        "nonfinite_flag", "elementwise.cu",
+        _args("int* flag, const float* x, long long n, int code"),
+        launch="elementwise", work="n",
+        doc="flag[0] = code (atomicCAS from 0) if any x[i] is not finite: the divergence guard in a CUDA graph",
+        torch_op="torch.isfinite(x).all()"),
+    KernelSpec(
+        "dropout_forward_dev", "elementwise.cu",
+        _args("float* out, const float* x, long long n, const unsigned long long* key, "
+              "unsigned int threshold24, float scale"),
+        launch="elementwise", work="n",
+        doc="dropout_forward with the key read from device memory (key[0]): a CUDA graph's replay",
+        torch_op="F.dropout(training=True)"),
+    KernelSpec(
+        "dropout_backward_dev", "elementwise.cu",
+        _args("float* dx, const float* dy, long long n, const unsigned long long* key, "
+              "unsigned int threshold24, float scale"),
+        launch="elementwise", work="n",
+        doc="dropout_backward with the key read from device memory (key[0]): a CUDA graph's replay",
+        torch_op="F.dropout backward"),
+    KernelSpec(
+        "concat_copy_forward", "elementwise.cu",
+        _args("float* out, const float* x, long long N, long long Ci, "
+              "long long inner, long long Ctotal, long long c0"),
+        launch="elementwise", work="x.size",
+        doc="out[:, c0:c0+Ci] = x for x (N, Ci, *S), out (N, Ctotal, *S), "
+            "inner = prod(S)",
+        torch_op="torch.cat(dim=1)"),
+    KernelSpec(
+        "concat_copy_backward", "elementwise.cu",
+        _args("float* dx, const float* dout, long long N, long long Ci, "
+              "long long inner, long long Ctotal, long long c0"),
+        launch="elementwise", work="dx.size",
+        doc="dx = dout[:, c0:c0+Ci] (overwrites dx)",
+        torch_op="torch.cat(dim=1) backward"),
+    KernelSpec(
+        "lrn_forward", "elementwise.cu",
+        _args("float* y, const float* x, long long N, long long C, long long inner, "
+              "int size, float alpha, float beta, float k"),
+        launch="elementwise", work="x.size",
+        doc="y = x / (k + alpha/size * sum_{window} x^2)^beta across channels",
+        torch_op="nn.LocalResponseNorm"),
+    KernelSpec(
+        "lrn_backward", "elementwise.cu",
+        _args("float* dx, const float* x, const float* y, const float* dy, "
+              "long long N, long long C, long long inner, int size, float alpha, "
+              "float beta, float k"),
+        launch="elementwise", work="x.size",
+        doc="gradient of lrn_forward given x, its output y and dy",
+        torch_op="nn.LocalResponseNorm backward"),
+)
+
+#: name -> KernelSpec, for every kernel in kernels/*.cu.
+KERNELS: Dict[str, KernelSpec] = {s.name: s for s in _SPECS}
+assert len(KERNELS) == len(_SPECS), "duplicate kernel name"
+assert all(s.launch in LAUNCH_KINDS for s in _SPECS)
+
+
+def kernel_files() -> Tuple[str, ...]:
+    """The ``.cu`` file names that hold registered kernels (sorted)."""
+    return tuple(sorted({s.file for s in _SPECS}))
+
+
+def kernels_in_file(file: str) -> Tuple[KernelSpec, ...]:
+    """Specs of the kernels defined in ``file`` (e.g. ``"pool.cu"``)."""
+    return tuple(s for s in _SPECS if s.file == file)
+
+
+def source_path(file_or_kernel: str) -> Path:
+    """Path of a ``.cu`` file, given its file name or one of its kernels' names."""
+    if file_or_kernel in KERNELS:
+        file_or_kernel = KERNELS[file_or_kernel].file
+    return KERNEL_DIR / file_or_kernel
+
+
+# ---------------------------------------------------------------------------
+# Scalar argument types
+# ---------------------------------------------------------------------------
+
+_SCALAR_TYPES = {
+    "float": np.float32,
+    "double": np.float64,
+    "int": np.int32,
+    "unsigned int": np.uint32,
+    "unsigned char": np.uint8,
+    "long long": np.int64,
+    "unsigned long long": np.uint64,
+}
+
+
+def scalar_type(ctype: str):
+    """numpy scalar type matching a non-pointer C parameter type."""
+    try:
+        return _SCALAR_TYPES[ctype]
+    except KeyError:
+        raise ValueError(f"no numpy scalar type for C type {ctype!r}") from None
+
+
+def coerce_scalars(kernel_name: str, args: Sequence) -> tuple:
+    """Convert the scalar arguments of ``args`` to the kernel's exact C types.
+
+    Pointer arguments (device arrays) are passed through untouched. Use it
+    right before ``RawKernel(grid, block, coerce_scalars(name, args))``.
+    """
+    spec = KERNELS[kernel_name]
+    if len(args) != spec.nargs:
+        raise TypeError(f"{kernel_name} takes {spec.nargs} arguments "
+                        f"({', '.join(spec.arg_names)}), got {len(args)}")
+    out = []
+    for a, v in zip(spec.args, args):
+        if a.is_pointer:
+            out.append(v)
+        elif a.ctype == "unsigned long long":
+            out.append(np.uint64(int(v) % 2**64))
+        else:
+            out.append(scalar_type(a.ctype)(v))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# Launch configuration
+# ---------------------------------------------------------------------------
+
+
+def _prod(shape: Iterable[int]) -> int:
+    p = 1
+    for d in shape:
+        p *= int(d)
+    return p
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def _pow2_ceil(x: int) -> int:
+    x = max(int(x), 1)
+    return 1 << (x - 1).bit_length()
+
+
+def launch_config(kernel_name: str,
+                  n_or_shape: Union[int, Sequence[int]],
+                  device_max_threads: int = 1024,
+                  sm_count: int = 132) -> Tuple[Tuple[int, int, int], Tuple[int, int, int]]:
+    """Return ``(grid, block)`` 3-tuples for launching ``kernel_name``.
+
+    ``n_or_shape`` is the kernel's work size (``KERNELS[name].work``): an int,
+    or a shape whose product is used for 1-D kernels. "row" kernels take
+    ``(N, K)`` and "warp_row" kernels ``(rows, row_length)`` (an int means
+    ``rows``).
+
+    * "elementwise" (grid-stride): threads = 256 (capped by
+      ``device_max_threads``), blocks = min(ceil(n / threads),
+      sm_count * 32), at least 1.
+    * "row" (loss): one block per row (grid = N, capped at the gridDim.x
+      limit; the kernel grid-strides over rows), threads = the next power of
+      two >= min(K, 1024), capped by ``device_max_threads``.
+    * "single_block": grid = 1, threads = min(256, next power of two >= n).
+    * "warp_row": 256 threads = 8 warps per block, one warp per row, blocks
+      capped at sm_count * 32.
+
+    n == 0 still yields a valid (1-block) launch; the kernels then do nothing
+    (the host may equally skip the launch).
+    """
+    spec = KERNELS[kernel_name]
+    max_threads = _pow2_floor(min(int(device_max_threads), 1024))
+    max_blocks = max(1, int(sm_count) * BLOCKS_PER_SM)
+
+    if spec.launch == "row":
+        if isinstance(n_or_shape, (int, np.integer)):
+            raise TypeError(f"{kernel_name} needs the (N, K) shape of the logits")
+        n_rows, k = (int(d) for d in n_or_shape)
+        threads = min(_pow2_ceil(min(k, 1024)), max_threads)
+        blocks = max(1, min(n_rows, _MAX_GRID_X))
+        return (blocks, 1, 1), (threads, 1, 1)
+
+    if spec.launch == "warp_row":
+        if isinstance(n_or_shape, (int, np.integer)):
+            rows = int(n_or_shape)
+        else:
+            rows = int(n_or_shape[0])
+        threads = min(THREADS_PER_BLOCK, max_threads)
+        threads = max(32, threads - threads % 32)
+        warps_per_block = threads // 32
+        blocks = max(1, min(-(-rows // warps_per_block), max_blocks))
+        return (blocks, 1, 1), (threads, 1, 1)
+
+    n = int(n_or_shape) if isinstance(n_or_shape, (int, np.integer)) else _prod(n_or_shape)
+    if n < 0:
+        raise ValueError(f"negative work size {n}")
+
+    if spec.launch == "single_block":
+        threads = min(THREADS_PER_BLOCK, max_threads, _pow2_ceil(n))
+        return (1, 1, 1), (threads, 1, 1)
+
+    threads = min(THREADS_PER_BLOCK, max_threads)
+    blocks = max(1, min(-(-n // threads), max_blocks))
+    return (blocks, 1, 1), (threads, 1, 1)

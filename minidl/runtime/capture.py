@@ -1,0 +1,382 @@
+"""One CUDA graph per step: the compiled program (`minidl.runtime.program`) captured once and replayed.
+
+On the GPU about 80 ms of every ResNet-50 step was host-side dispatch (Python per kernel, ../shared/GPU.md). The
+compiled program already fixes every call, view, algorithm and workspace before the first step; a CUDA graph
+records the kernels those calls enqueue once, and a step becomes one `cudaGraphLaunch` (the divergence guard
+included: see below).
+
+Rules this module keeps:
+- Replay runs exactly the calls the eager program runs, in its order, on the same stream, with the same arguments:
+  the parameters are bit-identical to the compiled eager loop's (tests/backend/test_capture.py checks the order
+  and the arguments against fakes; tests/backend/test_capture_gpu.py the bits, behind `-m gpu`).
+- What changes per step lives at fixed addresses: the batch and labels are copied into fixed pinned staging
+  buffers on the host, and the graph's first nodes copy them into the arena; the loss is copied out by the graph
+  into a fixed pinned buffer that the host reads after the step. The host blocks once per step (to read it).
+- The first `WARMUP_STEPS` run eagerly: they build the cuDNN graphs, compile and load the kernels and size the
+  side buffers, none of which may happen while a stream is captured.
+- The scalars that change per step are in device memory too (`backend/scalars.py`): each dropout layer's key,
+  the learning rate (a schedule) and Adam's step count (its bias corrections) are written by the host into a
+  fixed pinned buffer before each replay, copied to the device by the graph's first node, and read there by the
+  `_dev` kernels, which the backend launches instead of the ordinary ones while a capture is under way.
+- Every other value baked into the captured kernels as a launch argument must not change between replays: the
+  optimizer's other hyper-parameters, SGD's first-step flag and whether the divergence guard is on are checked
+  before every replay (the `signature`); a change re-captures, one at every step gives up (the eager loop runs,
+  and says why).
+- The divergence guard runs on the device: the host guard (`Executor.guard_update`) reads the loss and the
+  gradients before an update may run, which a graph cannot stop for. So each guard becomes `nonfinite_flag`
+  launches (kernels/elementwise.cu) on the same gradients, then the loss (kept in a slot at the loss layer), then
+  the running statistics (at the first update), in the host guard's order; the first non-finite one leaves its
+  code in a device flag, the update kernels' graph variants skip while it is set, and after the step the host
+  reads the flag and raises the host guard's very error (`_raise_if_diverged`). Same state as eager: unfused,
+  nothing updated; fused, the layers updated before the bad gradient. A step is then one graph. A backend
+  without a device guard splits the step at each guard instead (a host call between graphs, named in
+  `describe()`), and refuses a split that would fall between a host copy and its wait.
+- A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
+  one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
+  host copies that may go to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
+  Adam, an allocation made by cupy during capture (a temporary the graph would keep reusing), or the capture's
+  own error.
+- Host copies (offload/prefetch) are captured with the compute they overlap: each copy waits on its stream for
+  an event recorded on compute, and compute waits for the copy's `done` event at RELEASE/WAIT, so the graph has
+  the same dependencies as the eager step. The host store's buffers are fixed per tensor, so the graph's copies
+  always read and write the same pinned memory. The copies' events belong to the graph: the store forgets them
+  after the capture (`HostStore.drop_captured`) and counts each replay's copies without times
+  (`HostStore.untimed_copies`; the JSON's `transfer_hidden_fraction` is then null: `--cuda-graph off` measures
+  the overlap eagerly).
+
+Rationale: capture is at the program's granularity (not per layer) because the program is already the whole
+step as a flat list; segments fall out of the call kinds the lowering records (`Program.call_kinds`).
+Limitations: measured nowhere yet (no GPU in the session that wrote it); copies inside a graph are not timed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..backend.scalars import StepScalars
+
+#: Call kinds the graph contains (they only enqueue device work on the compute stream).
+DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
+#: Host copies: captured too (on their own streams, joined to compute by events) where the host store's copies
+#: are stream copies between fixed pinned buffers (`HostStore.capturable`); their times are then not measured.
+COPY_KINDS = frozenset({"offload", "release", "prefetch", "wait"})
+#: Call kinds that must run on the host between graphs, with the reason (said in `describe()`).
+HOST_KINDS = {"guard": "the divergence guard reads the loss and gradients on the host before the update"}
+#: Host-only bookkeeping: run once per step outside the graphs (it enqueues nothing).
+HOISTED_KINDS = frozenset({"recompute_flops"})
+#: Call kinds a capture cannot contain, with the reason the fallback gives.
+REFUSED_KINDS = {
+    "map": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
+    "unmap": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
+    "progress": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
+    "allreduce": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
+    "reduced": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
+}
+#: Why host copies are not captured when they cannot be.
+COPIES_REFUSED = ("host copies: a host limit (--host-limit) may put them on the disk tier, which a graph cannot "
+                  "contain")
+#: Steps after which a graph is captured: the first step runs eagerly, which builds the cuDNN graphs, compiles
+#: the kernels and allocates the side buffers (none of which may happen inside a capture).
+WARMUP_STEPS = 1
+
+
+class CaptureRefused(Exception):
+    """The step cannot be captured; the message says why (one line)."""
+
+
+def why_not(ex, program) -> str | None:
+    """Why executor `ex`'s compiled `program` cannot be captured as CUDA graphs (None: it can be tried)."""
+    be = ex.be
+    if not hasattr(be, "begin_graph"):
+        return f"backend '{getattr(be, 'name', 'cpu')}' has no graph capture (CUDA only): the compiled loop runs"
+    if program is None:
+        return f"the step is not compiled ({ex.program_fallback})"
+    if ex.tracing:
+        return "tracing times every call on the host; a graph runs them as one launch"
+    if program.prologue:
+        return REFUSED_KINDS["map"]
+    if any(sp.on_host for sp in ex.plan.steps):
+        return "a host update (decisions/weights.py) runs the optimizer on the host inside the step"
+    for kind in program.call_kinds:
+        if kind in REFUSED_KINDS:
+            return REFUSED_KINDS[kind]
+        if kind in COPY_KINDS:
+            if not hasattr(be, "offload_async"):
+                return "host copies run on a host thread on this backend, which a graph cannot contain"
+            if ex.host_limit_bytes is not None:
+                return COPIES_REFUSED
+            continue
+        if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss":
+            return f"call kind '{kind}' is unknown to minidl.runtime.capture"
+    kind = _optimizer_kind(ex.opt)
+    if kind not in ("sgd", "adam"):
+        return (f"optimizer '{kind}': only SGD's and Adam's per-step scalars have device slots "
+                f"(backend/scalars.py); a graph would replay the captured step's")
+    if program.loss_view is None:
+        return "the network has no loss layer whose value a graph could copy out"
+    return None
+
+
+def _optimizer_kind(opt) -> str:
+    try:
+        return str(opt.config().get("type", type(opt).__name__))
+    except Exception:  # noqa: BLE001 - an optimizer without a config is simply not one we know
+        return type(opt).__name__
+
+
+def signature(ex) -> tuple:
+    """The host values the captured kernels hold as launch arguments: a replay is valid only while they are the
+    ones of the capture. They are the optimizer's hyper-parameters except the learning rate (which has a device
+    slot), whether this is the run's first update (SGD's momentum buffer is then initialized) and whether the
+    divergence guard splits the step."""
+    cfg = ex.opt.config()
+    return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "lr")) + (
+        ("first_update", ex.iteration == 0), ("guard", bool(ex.check_finite)))
+
+
+@dataclass(slots=True)
+class Segment:
+    """One part of a step: a captured graph (`graph` set) or a host call between graphs (`host` set)."""
+
+    calls: list[Callable[[], Any]]
+    kinds: list[str]
+    graph: Any = None
+    host: Callable[[], Any] | None = None
+    reason: str = ""
+
+
+def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any], guard: bool = True,
+          device_guard: Callable[[Any], Callable[[], Any]] | None = None,
+          epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list]:
+    """The program's calls as segments: maximal runs of device calls (to capture) and the host calls between
+    them. `copy_in` (the batch: staging -> arena) opens the first graph; `copy_out` (the loss -> pinned) takes the
+    place of the loss read; `guard` False leaves the divergence guard out (`Executor.check_finite` off: it would
+    return at once); `device_guard(guard_call)`, where the backend can, is the device call that replaces a guard
+    (then the step is one graph); `epilogue` closes the last graph. Returns (segments, hoisted host calls)."""
+    segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
+    hoisted = []
+    in_flight = 0   # host copies started and not yet waited for: a graph must end with none (its streams joined)
+    for call, kind in zip(program.calls, program.call_kinds):
+        if kind in HOISTED_KINDS:
+            hoisted.append(call)
+            continue
+        if kind == "guard" and not guard:
+            continue
+        if kind == "guard" and device_guard is not None:
+            call, kind = device_guard(call), "device_guard"
+        elif kind in HOST_KINDS:
+            if in_flight:
+                raise CaptureRefused(f"{HOST_KINDS[kind]}, between a host copy and its wait (a graph must end "
+                                     f"with its copies joined): an unfused update, or no guard, avoids it")
+            segments.append(Segment([], [], host=call, reason=HOST_KINDS[kind]))
+            continue
+        in_flight += {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}.get(kind, 0)
+        if kind == "loss":
+            call, kind = copy_out, "copy_out"
+        if segments[-1].host is not None:
+            segments.append(Segment([], []))
+        segments[-1].calls.append(call)
+        segments[-1].kinds.append(kind)
+    if epilogue:
+        if segments[-1].host is not None:
+            segments.append(Segment([], []))
+        segments[-1].calls.extend(epilogue)
+        segments[-1].kinds.extend(["epilogue"] * len(epilogue))
+    return [s for s in segments if s.host is not None or s.calls], hoisted
+
+
+class GraphStep:
+    """Runs executor `ex`'s compiled program as captured CUDA graphs (see the module docstring).
+
+    `run(x, y)` has the effect of `Program.run(x, y)`. The first `WARMUP_STEPS` steps run the program eagerly;
+    then the step is captured (again whenever `signature` changes) and replayed."""
+
+    def __init__(self, ex, program):
+        self.ex, self.program, self.be = ex, program, ex.be
+        be = self.be
+        self.staging = [be.host_empty(shape, view.dtype) for view, shape in zip(program.inputs, program.input_shapes)]
+        lv = program.loss_view
+        self.loss_flat = lv.reshape(-1)   # a 0-d loss as a (1,) view: 0-d host<->device copies are fragile
+        self.loss_host = be.host_empty(tuple(self.loss_flat.shape), lv.dtype)
+        self.scalars = StepScalars(be, [node for _, node in program.keyed])
+        self.loss_slot = be.scalar_buffer("graph_loss", int(self.loss_flat.size), lv.dtype)
+        # device guard code - 1 -> (step, layer, parameter or buffer, whether a buffer); layer None: the loss
+        self.codes: list[tuple[Any, str | None, str | None, bool]] = []
+        self.segments: list[Segment] | None = None
+        self.hoisted: list[Callable[[], Any]] = []
+        self.signature: tuple | None = None
+        self.copies: list[tuple[str, str, int]] = []   # (kind, tensor, bytes) of the host copies in the graphs
+        self.captures = 0
+        self.replays = 0
+        self.eager_steps = 0
+        self._changed_last = False
+
+    # -- capture -----------------------------------------------------------------------------------------------
+    def capture(self) -> None:
+        """Capture every device segment of the step (nothing runs while capturing). Raises CaptureRefused."""
+        be, program = self.be, self.program
+        copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
+        copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
+        sc = self.scalars
+        guard = bool(self.ex.check_finite)
+        device_guard = epilogue = None
+        self.codes = []
+        if guard and getattr(be, "device_guard", False):
+            device_guard = self._device_guard
+            epilogue = [_copy(be.copy_out_async, sc.diverged, sc.diverged_out)]
+            loss_out = self._keep_loss   # the loss kept where the guards can read it, and copied out
+        else:
+            loss_out = _copy(be.copy_out_async, self.loss_flat, self.loss_host)
+        segments, hoisted = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
+                                  epilogue=epilogue or [])
+        strays = getattr(be, "stray_bytes", 0)
+        host = self.ex.host
+        if host is not None and host.capturable is not None:
+            raise CaptureRefused(host.capturable)
+        prepare = getattr(be, "prepare_graph", None)
+        if prepare is not None:
+            prepare()
+        be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
+        copies: list[tuple[str, str, int]] = []
+        try:
+            for seg in segments:
+                if seg.host is not None:
+                    continue
+                be.begin_graph()
+                try:
+                    for call in seg.calls:
+                        call()
+                except Exception as e:
+                    _end_quietly(be)
+                    raise CaptureRefused(f"the capture failed: {type(e).__name__}: {_one_line(e)}") from e
+                seg.graph = be.end_graph()
+        finally:
+            be.graph_scalars = None
+            if host is not None:  # the copies issued while capturing belong to the graph: never to be settled
+                copies = host.drop_captured()
+        grown = getattr(be, "stray_bytes", 0) - strays
+        if grown:
+            raise CaptureRefused(f"cupy allocated {grown} bytes outside the arena while capturing (a temporary the "
+                                 f"graph would keep using after cupy reuses its memory)")
+        self.segments, self.hoisted, self.copies = segments, hoisted, copies
+        self.captures += 1
+
+    # -- the divergence guard on the device ---------------------------------------------------------------------
+    def _keep_loss(self) -> None:
+        """At the loss layer: the loss into its persistent slot (the arena block may be reused before the
+        update's guard runs), and out to the pinned buffer."""
+        be = self.be
+        be.copy(self.loss_slot, self.loss_flat)
+        be.copy_out_async(self.loss_slot, self.loss_host)
+
+    def _device_guard(self, guard_call) -> Callable[[], Any]:
+        """The device call replacing `guard_call` (a program.GuardCall): `nonfinite_flag` on each gradient, then
+        on the loss, then on each running statistic, in the host guard's order; each gets a code (an index into
+        `self.codes`) the host reads back after the step to raise the very error the host guard raises."""
+        be, checks = self.be, []
+        for layer, pname, g in guard_call.grads:
+            self.codes.append((guard_call.step, layer, pname, False))
+            checks.append((g, len(self.codes)))
+        self.codes.append((guard_call.step, None, None, False))
+        checks.append((self.loss_slot, len(self.codes)))
+        for layer, name, b in guard_call.buffers:
+            self.codes.append((guard_call.step, layer, name, True))
+            checks.append((b, len(self.codes)))
+
+        def run() -> None:
+            for arr, code in checks:
+                be.guard_nonfinite(arr, code)
+        return run
+
+    def _raise_if_diverged(self) -> None:
+        """After a replay with the device guard: the first non-finite tensor's code, if any, raised as the host
+        guard raises it (its message, its note on fused updates already applied); no update ran after it."""
+        code = int(self.scalars.diverged_out[0])
+        if not code:
+            return
+        step, layer, name, buffer = self.codes[code - 1]
+        bad = [] if layer is None else [(layer, name, np.full(1, np.nan, np.float32))]
+        # raises DivergenceError (the loss, the named gradient, or the named running statistic)
+        self.ex.guard_update(step, [] if buffer else bad, bad if buffer else [])
+        raise RuntimeError(f"the device guard flagged code {code} but the host guard found nothing")  # noqa
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def run(self, x, y) -> float:
+        ex, program = self.ex, self.program
+        if self.eager_steps < WARMUP_STEPS:
+            self.eager_steps += 1
+            return program.run(x, y)
+        it = ex.iteration
+        keys = [ex.seed_key(node, it) for _, node in program.keyed]
+        for (ctx, _), key in zip(program.keyed, keys):
+            ctx.rng_key = key
+        self.scalars.fill(keys, getattr(ex.opt, "lr", 0.0), it + 1)
+        sig = signature(ex)
+        if sig != self.signature:
+            if self.signature is not None and self._changed_last:
+                raise CaptureRefused("the optimizer's launch arguments (hyper-parameters other than the learning "
+                                     "rate) change at every step; a graph would replay the captured ones")
+            self._changed_last = self.signature is not None
+            self.capture()
+            self.signature = sig
+        else:
+            self._changed_last = False
+        for buf, arr in zip(self.staging, (x, y)):  # arrays of the inputs' shapes (Executor.check_batch)
+            np.copyto(buf, arr, casting="unsafe")
+        be = self.be
+        for seg in self.segments:
+            if seg.host is None:
+                be.launch_graph(seg.graph)
+            else:  # a host call reads what the graphs before it wrote: wait for them, then the loss is known
+                be.wait_compute()
+                ex.last_loss = float(self.loss_host.reshape(-1)[0])
+                seg.host()
+        for call in self.hoisted:
+            call()
+        be.wait_compute()   # compute joined every copy stream (RELEASE and WAIT wait on the copies' events)
+        ex.last_loss = float(self.loss_host.reshape(-1)[0])
+        if self.copies:
+            ex.host.count_replayed(self.copies)
+        if self.codes:
+            self._raise_if_diverged()
+        self.replays += 1
+        return ex.end_iteration()
+
+    def describe(self) -> str:
+        """One line for reports: how the step runs."""
+        if self.segments is None:
+            return "cuda graph: not captured yet (warm-up step)"
+        graphs = sum(1 for s in self.segments if s.host is None)
+        hosts = sorted({s.reason for s in self.segments if s.host is not None})
+        line = f"cuda graph: {graphs} graph{'s' if graphs != 1 else ''} per step"
+        if self.codes:
+            line += " (divergence guard on the device)"
+        if hosts:
+            line += " (split where " + "; ".join(hosts) + ")"
+        return line
+
+
+def _copy(fn, a, b) -> Callable[[], Any]:
+    return lambda: fn(a, b)
+
+
+def _end_quietly(be) -> None:
+    try:
+        be.end_graph()
+    except Exception:  # noqa: BLE001 - an invalidated capture raises when ended; it is over either way
+        pass
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def graph_step(ex, program) -> tuple[GraphStep | None, str | None]:
+    """(a GraphStep for `ex`, None) when its program can be captured, else (None, the reason)."""
+    reason = why_not(ex, program)
+    if reason is not None:
+        return None, reason
+    return GraphStep(ex, program), None

@@ -1,0 +1,550 @@
+"""The executor: runs a plan on a backend, one route step at a time.
+
+For each step it applies the step's `before` events (allocate, prefetch, recompute...), runs the layer's
+forward or backward (or the optimizer), adds partial deltas into forks, then applies the `after` events (free,
+offload...). Every array a kernel sees is a view into the tensor pool's arena, placed at the offset the plan
+chose; the pool checks each placement, so a plan that would overlap two live tensors fails loudly.
+
+Residency is enforced: a kernel can only be handed tensors that are resident at that moment, otherwise a
+`ResidencyError` names the tensor and the step. In debug mode freed blocks are also poisoned with NaN, so a
+layer that reads memory its declaration did not protect produces NaN instead of silently stale data.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backend import backend_name
+from ..core.errors import CheckpointError, DivergenceError, OptionError, ResidencyError
+from ..core.guards import check_images, check_step
+from ..core.tensors import Role, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id
+from ..core.vocab import TraceEvent
+from ..graph.network import Network
+from ..graph.route import Phase, Step
+from ..init import initial_values, param_rng
+from ..layers.base import LayerContext
+from ..memory.plan import Event, EventKind, Plan
+from ..memory.pool import NumpyArenaBacking, TensorPool
+from ..optim import Optimizer
+from .capture import CaptureRefused, graph_step
+from .program import NotLowered, Program, lower
+
+_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def dropout_key(seed: int, node_index: int, iteration: int) -> int:
+    """A 64-bit key per (run, layer, iteration): the mask of a dropout layer is a pure function of it."""
+    return (seed * _MIX[0] + (node_index + 1) * _MIX[1] + (iteration + 1) * _MIX[2]) & 0xFFFFFFFFFFFFFFFF
+
+
+@dataclass(slots=True)
+class StepStats:
+    loss: float = float("nan")
+    time_s: float = 0.0
+    trace: list[TraceEvent] = field(default_factory=list)
+
+
+class Executor:
+    """Trains a network by replaying a plan. Construct once; call `train_step` per batch."""
+
+    def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
+                 debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None,
+                 compiled: bool = True, comm=None, graphs: bool = True):
+        """`compiled`: lower the plan into a flat program on the first `train_step` (see `minidl.runtime.program`);
+        where it cannot be lowered (debug mode, an event kind it does not know), `program_fallback` says why
+        and steps are interpreted. `comm` (a `dist.comm.Communicator`): the ranks a data-parallel plan's gradient
+        buckets are reduced over (None: a single process). `graphs`: on a backend with graph capture (CUDA),
+        replay the compiled step as captured graphs (`minidl.runtime.capture`); `graph_fallback` says why not."""
+        from ..backend.cpu.backend import CPUBackend
+
+        if plan.route.network is not net:
+            raise OptionError("the plan was made for another network")
+        if tuple(optimizer.slots) != plan.route.optimizer_slots:
+            raise OptionError(f"the plan's route was built for optimizer slots {plan.route.optimizer_slots}, "
+                              f"but the optimizer keeps {tuple(optimizer.slots)}")
+        self.net, self.plan, self.route, self.opt = net, plan, plan.route, optimizer
+        self.be = backend or CPUBackend()
+        be_name = backend_name(self.be)
+        if be_name != plan.route.backend_name and any(s.workspace is not None for s in plan.route.steps):
+            raise OptionError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
+                              f"menu but runs on backend '{be_name}': plan with "
+                              f"plan_network(..., backend=<the backend it runs on>)")
+        for n in net.layer_nodes:
+            missing = [op for op in n.layer.backend_ops() if not hasattr(self.be, op)]
+            if missing:
+                raise OptionError(f"{n.layer.describe()} cannot run on backend '{be_name}': its kernels "
+                                  f"({', '.join(missing)}) are not yet written for that backend; run this network "
+                                  f"on backend 'cpu'")
+        if be_name != "cpu" and any(sp.on_host for sp in plan.steps):
+            raise OptionError("the plan updates weights on the host, which runs on the CPU backend only (on a GPU "
+                              "the host would have to wait for each gradient's copy): plan without a host update")
+        self.seed, self.debug, self.tracing = int(seed), debug, trace
+        self.iteration = 0
+        self.training = True
+        backing = getattr(self.be, "arena_backing", None)
+        if plan.paged is not None:   # placed by chunks: physical chunks mapped behind virtual ranges
+            from ..memory.paged import PagedPool
+
+            paged = getattr(self.be, "paged_backing", None)
+            if paged is None:
+                raise OptionError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
+            self.pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes, paged())
+        else:
+            self.pool = TensorPool(plan.arena_bytes, backing=backing() if backing else NumpyArenaBacking())
+        self.views: dict[str, np.ndarray] = {}
+        self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
+        self.offsets: dict[str, int] = {}
+        self._t0 = time.perf_counter()
+        self.trace: list[TraceEvent] = []
+        for ev in plan.setup:
+            self._alloc(ev, None)
+        self._aux_names = {n.index: list(n.layer.aux_specs([net.nodes[i].shape for i in n.inputs], True))
+                           for n in net.layer_nodes}
+        self._handlers = {EventKind.ALLOC: self._alloc, EventKind.FREE: self._free,
+                          EventKind.OFFLOAD: self._offload, EventKind.RELEASE: self._release,
+                          EventKind.PREFETCH: self._prefetch, EventKind.WAIT: self._wait,
+                          EventKind.RECOMPUTE: self._recompute,
+                          EventKind.ALLREDUCE: self._allreduce, EventKind.REDUCED: self._reduced,
+                          EventKind.COMPRESS: self._compress, EventKind.DECOMPRESS: self._decompress}
+        self.reducer = None  # data parallel: runs the plan's ALLREDUCE / REDUCED events (dist/reducer.py)
+        if plan.buckets:
+            from ..dist.comm import Communicator
+            from ..dist.reducer import GradientReducer
+
+            self.reducer = GradientReducer(comm or Communicator(), self.be, self._t0,
+                                           self.trace if trace else None, plan.data_parallel.reduction)
+        self.compressed = None  # the compressed-activation store, created on the first COMPRESS (lossy plans)
+        self.host = None  # the host store + transfer engine, created on the first offload
+        self.host_limit_bytes = host_limit_bytes
+        self.recomputed_flops = 0
+        self.last_loss = float("nan")
+        self._logits: np.ndarray | None = None
+        self.compiled = compiled
+        self.program: Program | None = None
+        self.program_fallback: str | None = None if compiled else "compiled=False"
+        self.graph_step = None  # minidl.runtime.capture.GraphStep: the compiled step as CUDA graphs
+        self.graph_fallback: str | None = None if graphs else "graphs=False"
+        self._init_persistent()
+        self.check_finite = True  # the divergence guard (guard_update); off only to measure what it costs
+        # (layer, parameter, gradient id) in the order backward writes them: the guard names the first bad one
+        self._grads_backward = [(self.net.nodes[st.node].name, p, grad_id(self.net.nodes[st.node].name, p))
+                                for st in self.route.steps if st.phase is Phase.BACKWARD
+                                for p, spec in self.net.nodes[st.node].params.items() if spec.trainable]
+        self._buffers = [param_id(n.name, p) for n in net.layer_nodes for p, s in n.params.items()
+                         if not s.trainable]
+        # (layer, buffer, id) the forward updates (BN running statistics; always resident, decisions/weights.py),
+        # checked by the guard of the step's first UPDATE (every forward has run by then; a recompute leaves them)
+        self._guarded_buffers = [(n.name, p, param_id(n.name, p)) for n in net.layer_nodes
+                                 for p, s in n.params.items()
+                                 if not s.trainable and np.issubdtype(self.route.tensors[param_id(n.name, p)].dtype,
+                                                                      np.floating)]
+        updates = [st.index for st in self.route.steps if st.phase is Phase.UPDATE]
+        self._first_update = min(updates) if updates else None
+
+    # -- parameters -------------------------------------------------------------------------------------------
+    def _init_persistent(self) -> None:
+        for n in self.net.layer_nodes:
+            for pname, spec in n.params.items():
+                tid = param_id(n.name, pname)
+                values = initial_values(spec, param_rng(self.seed, f"{n.name}.{pname}"),
+                                        self.route.tensors[tid].dtype)
+                self._set_persistent(tid, values)
+                for slot in self.route.optimizer_slots if spec.trainable else ():
+                    sid = opt_state_id(n.name, pname, slot)
+                    self._set_persistent(sid, np.zeros(spec.shape, self.route.tensors[sid].dtype))
+
+    def _set_persistent(self, tid: str, values: np.ndarray) -> None:
+        """Write a parameter's or optimizer slot's value where it lives between steps: its device block, or the
+        host store for a tensor the plan homes on the host (decisions/weights.py)."""
+        if tid in self.views:
+            self.be.copy_in(self.views[tid], values)  # a device backend copies host values into its arena view
+        else:
+            self._host().store(tid, values)
+
+    def _get_persistent(self, tid: str) -> np.ndarray:
+        """A host copy of a parameter's or optimizer slot's value between steps (wherever it lives)."""
+        if tid in self.views:
+            return np.array(self.be.to_host(self.views[tid]))
+        return np.array(self._host().host_copy(tid))
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every parameter and buffer under its layer-qualified name ("conv1.weight")."""
+        return {f"{n.name}.{p}": self._get_persistent(param_id(n.name, p))
+                for n in self.net.layer_nodes for p in n.params}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        return {f"{n.name}.{p}.{s}": self._get_persistent(opt_state_id(n.name, p, s))
+                for n in self.net.layer_nodes for p, spec in n.params.items() if spec.trainable
+                for s in self.route.optimizer_slots}
+
+    def load_state_dict(self, state: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None,
+                        strict: bool = True) -> None:
+        expected = {f"{n.name}.{p}": (param_id(n.name, p), spec.shape) for n in self.net.layer_nodes
+                    for p, spec in n.params.items()}
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if strict and (missing or unexpected):
+            raise CheckpointError(f"state mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for key, (tid, shape) in expected.items():
+            if key in state:
+                arr = np.asarray(state[key])
+                if tuple(arr.shape) != tuple(shape):
+                    raise CheckpointError(f"{key}: expected shape {shape}, got {arr.shape}")
+                self._set_persistent(tid, arr)
+        for key, arr in (optimizer_state or {}).items():
+            layer, p, s = key.rsplit(".", 2)
+            self._set_persistent(opt_state_id(layer, p, s), np.asarray(arr))
+
+    # -- events -----------------------------------------------------------------------------------------------
+    def _alloc(self, ev: Event, step: Step | None = None) -> None:
+        spec = self.route.tensors.get(ev.tensor)
+        self.pool.alloc_at(ev.offset, ev.nbytes, tag=ev.tensor)
+        self.offsets[ev.tensor] = ev.offset
+        if spec is None or spec.role is Role.WORKSPACE:
+            self.views[ev.tensor] = self.pool.view(ev.offset, (ev.nbytes,), np.uint8)
+        else:
+            self.views[ev.tensor] = self.pool.view(ev.offset, spec.shape, spec.dtype)
+
+    def _free(self, ev: Event, step: Step | None = None) -> None:
+        view = self.views.pop(ev.tensor)
+        if self.debug and np.issubdtype(view.dtype, np.floating):
+            # poison: a read after free now yields NaN, not stale numbers. Through the backend, so that on a GPU
+            # it runs on the compute stream, ordered after the offload copy the RELEASE waited for.
+            self.be.fill(view, np.nan)
+        self.pool.free(self.offsets.pop(ev.tensor))
+
+    def _apply(self, events: list[Event], step: Step) -> None:
+        for ev in events:
+            self._handlers[ev.kind](ev, step)
+
+    # The tensor cache: offload to the host store and prefetch back on the transfer engine (a thread on the
+    # CPU, the backend's transfer stream on a GPU).
+    def _host(self):
+        if self.host is None:
+            from ..memory.host import HostStore
+
+            self.host = HostStore(limit_bytes=self.host_limit_bytes, t0=self._t0, backend=self.be,
+                                  trace=self.trace if self.tracing else None)
+        return self.host
+
+    def _offload(self, ev: Event, step: Step) -> None:
+        self._host().offload(ev.tensor, self.get(ev.tensor, step), step.index)
+
+    def _release(self, ev: Event, step: Step) -> None:
+        self._host().wait_offload(ev.tensor)
+        self._free(ev, step)
+
+    def _prefetch(self, ev: Event, step: Step) -> None:
+        self._alloc(ev, step)
+        self._host().prefetch(ev.tensor, self.views[ev.tensor], step.index)
+
+    def _wait(self, ev: Event, step: Step) -> None:
+        self._host().wait_prefetch(ev.tensor)
+
+    def _recompute(self, ev: Event, step: Step) -> None:
+        """Rebuild a dropped activation by re-running its layer's forward (side-effect free, same result)."""
+        self._alloc(ev, step)
+        name = ev.tensor.split(":", 1)[1]
+        node = self.net.node(name)
+        fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
+        sp = self.plan.steps[self._forward_step_of[node.index]]
+        self._compute(fake, sp, recompute=True)
+        in_shapes = [self.net.nodes[i].shape for i in node.inputs]
+        self.recomputed_flops += node.layer.flops(in_shapes, node.shape)
+
+    def _allreduce(self, ev: Event, step: Step) -> None:
+        grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
+        self.reducer.start(ev.tensor, self.get(ev.tensor, step), grads, step.index)
+
+    def _reduced(self, ev: Event, step: Step) -> None:
+        grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
+        self.reducer.finish(ev.tensor, self.get(ev.tensor, step), grads, step.index)
+
+    # Lossy compression of stored activations (decisions/compress.py): the codec runs on the compute stream.
+    def _zstore(self):
+        if self.compressed is None:
+            from ..memory.compressed import CompressedStore
+            from ..memory.decisions.compress import backward_readers
+
+            readers = {t: r for t, r in backward_readers(self.route).items() if r}
+            self.compressed = CompressedStore(readers, backend=self.be)
+        return self.compressed
+
+    def _compress(self, ev: Event, step: Step) -> None:
+        self._alloc(ev, step)
+        if self.training:  # evaluate() runs the forward events too, but nothing reads the stream afterwards
+            src = ev.tensor.split(":", 1)[1]
+            self._zstore().compress(src, self.get(src, step), self.views[ev.tensor])
+
+    def _decompress(self, ev: Event, step: Step) -> None:
+        self._alloc(ev, step)
+        self._zstore().decompress(ev.tensor, self.views[ev.tensor], self.get("z:" + ev.tensor, step))
+
+    def get(self, tid: str, step: Step) -> np.ndarray:
+        try:
+            return self.views[tid]
+        except KeyError:
+            raise ResidencyError(f"step {step.index} ({step.label}) needs tensor '{tid}', which is not resident "
+                                 f"on the device at that point of plan '{self.plan.policy}'") from None
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def _load_batch(self, x: np.ndarray, y: np.ndarray, step: Step) -> None:
+        nodes = self.net.input_nodes
+        arrays = [x, y][:len(nodes)]
+        M = self.route.micro_batches
+        for node, arr in zip(nodes, arrays):  # checked by check_batch
+            if M == 1 and self.route.packing is None:
+                self.be.copy_in(self.get(act_id(node.name), step), arr)
+                continue
+            b = arr.shape[0] // M  # micro-batch m is samples [m b, (m + 1) b) (packs.py)
+            for m in range(M):
+                self.be.copy_in(self.get(f"{act_id(node.name)}@{m}", step), arr[m * b:(m + 1) * b])
+
+    def seed_key(self, node_index: int, iteration: int) -> int:
+        return dropout_key(self.seed, node_index, iteration)
+
+    def check_batch(self, x, y) -> tuple[np.ndarray, np.ndarray]:
+        """The batch as arrays, checked before any of it is copied or indexed with (by `train_step` and
+        `evaluate`; every step runner relies on it): images of exactly the data input's shape, labels integers of
+        the label input's shape in [0, classes). `DataError` names the input, what it expects and what it got:
+        converting instead would truncate float labels and read bools as classes 0 and 1."""
+        nodes = self.net.input_nodes
+        x = check_images(x, f"input '{nodes[0].name}'", nodes[0].shape)
+        for c in nodes[0].consumers:  # token indices, checked by the layers that index with them (Embedding)
+            self.net.nodes[c].layer.check_batch_input(self.net.nodes[c].inputs.index(nodes[0].index), x,
+                                                      f"input '{nodes[0].name}'")
+        if len(nodes) > 1:
+            loss = self.net.loss_node.layer
+            y = loss.check_label_values(y, self.net.logits_node.shape[-1], f"input '{nodes[1].name}'",
+                                        nodes[1].shape)
+        return x, y
+
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One training step: forward, backward, optimizer update. Returns the loss.
+
+        If the loss or a gradient is not finite, `DivergenceError` is raised before the update (see
+        `guard_update`): the parameters and optimizer state stay those of the last good step, the buffers (BN
+        running statistics, which the forward already updated) are put back, the step's tensors are freed and
+        `iteration` is not advanced, so the executor can be saved, or trained on, as if the step never ran."""
+        x, y = self.check_batch(x, y)
+        buffers = {tid: self._get_persistent(tid) for tid in self._buffers}
+        persistent = set(self.offsets)
+        try:
+            with self._step_scope():
+                return self._train_step(x, y)
+        except DivergenceError:
+            if self.host is not None:
+                self.host.end_iteration()
+            for tid in [t for t in self.offsets if t not in persistent]:
+                self._free(Event(EventKind.FREE, tid))
+            for tid, arr in buffers.items():
+                self._set_persistent(tid, arr)
+            raise
+
+    def _step_scope(self):
+        """The backend's context for one whole step (`CPUBackend.step_scope`: the BLAS threads), if its class
+        defines one (a wrapper that forwards every call, like the tests' recording backends, does not)."""
+        return self.be.step_scope() if hasattr(type(self.be), "step_scope") else nullcontext()
+
+    def guard_grads(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
+        """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order (resolved now: the
+        compiled program binds them once)."""
+        return [(layer, p, self.get(gid, step)) for layer, p, gid in self._guarded(step)]
+
+    def guard_buffers(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
+        """(layer, buffer, array) the guard of UPDATE `step` checks: the running statistics, at the step's first
+        update (before any parameter changes), none at the others."""
+        if step.index != self._first_update:
+            return []
+        return [(layer, b, self.get(tid, step)) for layer, b, tid in self._guarded_buffers]
+
+    def _guarded(self, step: Step) -> list[tuple[str, str, str]]:
+        names = None if step.node is None else {self.net.nodes[step.node].name}
+        return [(layer, p, gid) for layer, p, gid in self._grads_backward if names is None or layer in names]
+
+    def guard_update(self, step: Step, grads: list | None = None, buffers: list | None = None) -> None:
+        """The divergence guard, called by every UPDATE step before it updates anything (`_update`, on the device
+        or the host copies, and the compiled program's update call): the loss and the gradients this step is about to
+        apply must be finite, and so must the running statistics its forward updated (`guard_buffers`; `train_step`
+        puts back those of the last good step). Cost: one sum per gradient (`guards.nonfinite`), next to an update
+        that reads the same arrays. With fused per-layer updates a layer is updated right after its own backward, so a
+        gradient that goes bad in an earlier layer is found after later layers were updated: the message says
+        which (only the unfused update keeps the whole step unapplied)."""
+        if not self.check_finite:
+            return
+        if grads is None:
+            grads = self.guard_grads(step)
+        if buffers is None:
+            buffers = self.guard_buffers(step)
+        try:
+            check_step(self.be, self.iteration, self.last_loss, grads, buffers)
+        except DivergenceError as e:
+            done = [self.net.nodes[s.node].name for s in self.route.steps
+                    if s.phase is Phase.UPDATE and s.node is not None and s.index < step.index]
+            if done:
+                e.args = (f"{e} (fused updates had already been applied this step to: {', '.join(done[:8])}"
+                          f"{' ...' if len(done) > 8 else ''})",)
+            raise
+
+    def _train_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        self.training = True
+        if self.program is None and self.program_fallback is None:
+            try:
+                self.program = lower(self)
+            except NotLowered as e:
+                self.program_fallback = str(e)
+                self.graph_fallback = self.graph_fallback or f"the step is not compiled ({e})"
+        if self.program is not None:
+            if self.graph_step is None and self.graph_fallback is None:
+                self.graph_step, self.graph_fallback = graph_step(self, self.program)
+            if self.graph_step is not None:
+                try:
+                    return self.graph_step.run(x, y)
+                except CaptureRefused as e:  # raised before anything of this step ran: run it eagerly
+                    self.graph_step, self.graph_fallback = None, str(e)
+            return self.program.run(x, y)
+        return self.interpret_step(x, y)
+
+    @property
+    def step_runner(self) -> str:
+        """How training steps run: 'cuda graph', 'compiled' or 'interpreted' (the reasons: `program_fallback`,
+        `graph_fallback`)."""
+        if self.graph_step is not None:
+            return "cuda graph"
+        return "compiled" if self.program is not None else "interpreted"
+
+    def interpret_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One training step, every event and argument decided as it runs (debug mode's path)."""
+        self.training = True
+        for step, sp in zip(self.route.steps, self.plan.steps):
+            self._apply(sp.before, step)
+            if step.index == 0:
+                self._load_batch(x, y, step)
+            t = time.perf_counter()
+            self._compute(step, sp)
+            if self.tracing:
+                self.trace.append(TraceEvent(step.label, "compute", t - self._t0, time.perf_counter() - t,
+                                             step.index, self.pool.in_use))
+            for acc in step.accumulate:
+                self.be.accumulate(self.get(acc.into, step), self.get(acc.partial, step))
+            self._apply(sp.after, step)
+            if self.reducer is not None and self.reducer.pending:
+                self.reducer.progress()  # MPI moves a nonblocking collective only inside its calls
+        return self.end_iteration()
+
+    def end_iteration(self) -> float:
+        """Close a training step (interpreted or compiled): settle the host store and the reducer, count it."""
+        if self.host is not None:
+            self.host.end_iteration()
+        if self.reducer is not None:
+            self.reducer.end_iteration()
+        self.iteration += 1
+        return self.last_loss
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+        """Forward only in inference mode (BN running statistics, no dropout): (loss, logits copy).
+
+        Runs the training plan's forward steps, then frees whatever the plan kept for the backward it skips,
+        so the pool is left exactly as it was.
+        """
+        x, y = self.check_batch(x, y)
+        self.training = False
+        persistent = set(self.offsets)
+        turn = self.route.turn  # where the backward half starts (a packed route's re-forwards included)
+        try:
+            with self._step_scope():
+                for step, sp in zip(self.route.steps, self.plan.steps):
+                    if step.index >= turn:
+                        break
+                    self._apply(sp.before, step)
+                    if step.index == 0:
+                        self._load_batch(x, y, step)
+                    self._compute(step, sp)
+                    self._apply(sp.after, step)
+        finally:
+            if self.host is not None:
+                self.host.end_iteration()
+            for tid in [t for t in self.offsets if t not in persistent]:
+                self._free(Event(EventKind.FREE, tid))
+            self.training = True
+        logits, self._logits = self._logits, None
+        return self.last_loss, logits
+
+    def _compute(self, step: Step, sp, recompute: bool = False) -> None:
+        if step.phase is Phase.UPDATE:
+            self._update(step, sp.on_host)
+            return
+        node = self.net.nodes[step.node]
+        layer = node.layer
+        get = self.get
+        if step.rename:  # a micro-batch's own tensors (packs.py): the layer asks by canonical id
+            def get(tid, step, _get=self.get, _rename=step.rename):
+                return _get(_rename.get(tid, tid), step)
+        params = {p: get(param_id(node.name, p), step) for p in node.params}
+        aux = {a: get(aux_id(node.name, a), step) for a in self._aux_names[node.index]
+               if step.rename.get(aux_id(node.name, a), aux_id(node.name, a)) in self.route.tensors}
+        ws = self.get(step.workspace, step) if step.workspace else None
+        if recompute:
+            ws = None  # a recomputed layer runs its zero-workspace path (recomputed layers are cheap ones)
+        M = self.route.micro_batches
+        ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=None if recompute else sp.algo,
+                           rng_key=self.seed_key(node.index, self.iteration * M + step.micro),
+                           recompute=recompute or step.recompute)
+        if step.phase is Phase.FORWARD:
+            inputs = [get(act_id(self.net.nodes[i].name), step) for i in node.inputs]
+            out = get(act_id(node.name), step)
+            layer.forward(self.be, inputs, out, params, ctx)
+            if recompute or step.recompute:
+                return
+            if layer.is_loss:
+                self._record_loss(float(self.be.to_host(out)), inputs[0], step.micro, M)
+            return
+        dout = get(delta_id(node.name), step)
+        if step.seed_delta:
+            self.be.fill(dout, 1.0 / M)  # M micro-batches: each one's mean loss weighs 1/M (packs.py)
+        inputs = [get(act_id(self.net.nodes[i].name), step) if k in layer.needs_inputs else None
+                  for k, i in enumerate(node.inputs)]
+        out = get(act_id(node.name), step) if layer.needs_output else None
+        dinputs = [get(t, step) if t else None for t in step.dinputs]
+        grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
+        layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
+        if self.compressed is not None:
+            self.compressed.observe(node.name, grads, dout)  # the adaptive bound's measurements
+
+    def _record_loss(self, loss: float, logits, micro: int, M: int) -> None:
+        """The step's loss: the mean of its micro-batches' mean losses (just the loss when M = 1)."""
+        if micro == 0:
+            self._loss_parts, self._logit_parts = [], []
+        self._loss_parts.append(loss)
+        self.last_loss = loss if M == 1 else float(np.mean(self._loss_parts))
+        if not self.training:
+            self._logit_parts.append(np.array(self.be.to_host(logits)))
+            self._logits = np.concatenate(self._logit_parts) if M > 1 else self._logit_parts[0]
+
+    def _update(self, step: Step, on_host: bool = False) -> None:
+        """The optimizer on the step's parameters: every layer's, or (fused update) one layer's. `on_host`: on
+        the host store's copies, with the host's kernels (a host update, decisions/weights.py)."""
+        nodes = self.net.layer_nodes if step.node is None else [self.net.nodes[step.node]]
+        get, be = self.get, self.be
+        if on_host:
+            host = self._host()
+            get, be = (lambda tid, _step: host.host_copy(tid)), self._host_backend()
+            self.guard_update(step, [(layer, p, get(gid, step)) for layer, p, gid in self._guarded(step)])
+        else:
+            self.guard_update(step)
+        for n in nodes:
+            for pname, spec in n.params.items():
+                if not spec.trainable:
+                    continue
+                state = {s: get(opt_state_id(n.name, pname, s), step) for s in self.route.optimizer_slots}
+                self.opt.update(be, get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state,
+                                self.iteration)
+
+    def _host_backend(self):
+        """The backend that runs on host arrays: the CPU reference (the executor's own when it is the CPU)."""
+        from ..backend.cpu.backend import CPUBackend
+
+        return self.be if backend_name(self.be) == "cpu" else CPUBackend()

@@ -1,0 +1,436 @@
+"""A training session: plan once, then run steps, evaluate, predict, checkpoint and resume.
+
+    import minidl as dl
+    sess = dl.Session(net, dl.SGD(lr=0.1, momentum=0.9), policy="auto", budget="64MiB", seed=0)
+    result = sess.fit(train_set, steps=100, save_every=50, save_path="run.npz")
+    loss, accuracy = sess.evaluate(heldout_set)
+    classes = sess.predict_classes(images)
+    print(sess.report().format())
+
+Ctrl-C during `fit` finishes the step under way, saves the last completed step (when a save path is given) and
+returns with `result.interrupted` set: a step stopped half-way would leave parameters updated but not the
+optimizer's momentum or the BN statistics, a state no run ever had.
+"""
+from __future__ import annotations
+
+import signal
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.mathmode import apply_math
+from ..checkpoint import (
+    check_data_position,
+    check_positions,
+    compare_data,
+    compare_networks,
+    load_checkpoint,
+    network_fingerprint,
+    resume_problems,
+    save_checkpoint,
+)
+from ..core.errors import CheckpointError, DataError, DivergenceError, OptionError
+from ..core.guards import check_images
+from ..core.tensors import param_id
+from ..data import BatchIterator, Dataset
+from ..dist.agree import check_same
+from ..dist.checkpoint import check_resume, save_on_rank0
+from ..graph.network import Network
+from ..layers import args
+from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
+from ..memory.policies import plan_network
+from ..memory.pool import as_size
+from ..memory.report import memory_report
+from ..optim import Optimizer
+from ..optim.schedules import Constant, LRSchedule
+from .executor import Executor
+
+
+@dataclass(slots=True)
+class TrainResult:
+    """What `Session.fit` did: the loss and wall time of each step it ran, and where it saved.
+
+    `interrupted` is True when Ctrl-C stopped the run early (the steps listed all completed);
+    `saved` lists every checkpoint path written, in order."""
+
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    batch: int = 0
+    interrupted: bool = False
+    saved: list[Path] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Steps completed by this call."""
+        return len(self.losses)
+
+    @property
+    def final_loss(self) -> float:
+        """The loss of the last completed step (NaN if none ran)."""
+        return self.losses[-1] if self.losses else float("nan")
+
+    @property
+    def median_step_time(self) -> float:
+        """Median wall time of one step, in seconds (the median, so one slow first step does not skew it)."""
+        return statistics.median(self.step_times) if self.step_times else float("nan")
+
+    @property
+    def images_per_s(self) -> float:
+        """Batch size over the median step time."""
+        t = self.median_step_time
+        return self.batch / t if t and t == t else float("nan")
+
+
+class _StopOnSigint:
+    """While active (main thread only), the first SIGINT sets `requested` instead of raising, so the step under
+    way completes; a second SIGINT raises KeyboardInterrupt at once (a user who insists is not kept waiting)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> _StopOnSigint:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nminidl: interrupted; finishing the current step, then stopping (Ctrl-C again to abort at once)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Session:
+    """Trains one network under one memory plan: the plan is made once, here, before any array exists.
+
+    `policy` (none, liveness, offload, recompute, auto) and `budget` (bytes or a size string such as "16MiB";
+    None: no limit) choose the plan; a budget below the plan's minimum raises `BudgetError` naming the smallest
+    budget that works. `seed` fixes initialization, data order and dropout masks: same seed, same parameters,
+    bit for bit, whatever the policy. `lr_schedule` (`minidl.optim.schedules`) sets the optimizer's learning
+    rate before each step from its initial one.
+
+    `backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
+    `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
+    to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
+    `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the menu's estimates.
+    `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
+    a memory-mapped file. `debug` poisons freed memory and checks residency; `trace` records every event.
+    `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
+    `compiled` (default) runs training steps as the plan lowered once into a flat program (`minidl.runtime.program`);
+    debug mode, and plans with an event kind it does not lower, interpret every step instead.
+    `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
+
+    `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
+    batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
+    would take; gradients are all-reduced in buckets of `bucket_bytes` (`memory/decisions/allreduce.py`), by
+    `reduction` ("ring" or "gather"; None: the communicator's own); rank 0 writes checkpoints and every rank
+    reads them.
+    `micro_batches`: Harmony's micro-batches (`packs.py`): policy `packs` chooses when None.
+    `math` ('fp32' or 'tf32'; None: the backend's own, fp32 unless it was built otherwise) puts the backend in that
+    math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. `self.math` is the mode, and
+    checkpoints record it (resuming in the other mode is allowed: only the arithmetic of later steps differs).
+    `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
+    `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
+    """
+
+    def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
+                 budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
+                 trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
+                 costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
+                 compiled: bool = True, paged: int | str | None = None, comm=None,
+                 bucket_bytes: int | None = None, reduction: str | None = None,
+                 micro_batches: int | None = None, math: str | None = None, graphs: bool = True):
+        budget = as_size(budget, "budget")
+        host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
+        paged = as_size(paged, "paged")
+        seed = args.integer("Session", None, "seed", seed, 0)  # numpy's generators refuse a negative seed
+        self.net, self.optimizer, self.seed, self.policy = net, optimizer, seed, policy
+        self.lr_schedule = lr_schedule or Constant()
+        self.base_lr = float(getattr(optimizer, "lr", 0.0))
+        if backend is None:
+            from ..backend.cpu.backend import CPUBackend
+
+            backend = CPUBackend()
+        self.math = apply_math(backend, math)  # before planning: the mode decides the convolution engines
+        self.device = device or getattr(backend, "profile", "cpu")
+        self.comm = comm
+        dp = (DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES, reduction or comm.reduction)
+              if comm is not None else None)
+        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
+                                 fused_update=fused_update, paged=paged, data_parallel=dp,
+                                 micro_batches=micro_batches)
+        self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
+                                 host_limit_bytes=host_limit_bytes, compiled=compiled, comm=comm, graphs=graphs)
+        self.batch = net.input_nodes[0].shape[0]
+        self.ranks = comm.size if comm is not None else 1
+        self._iterator: BatchIterator | None = None
+        self._data_desc: dict | None = None  # the data set fit() last trained on, as checkpoints record it
+        self._resume_data: dict | None = None  # what a loaded checkpoint says it was trained on (checked by fit)
+        self._data_fingerprint: tuple | None = None
+        self.batches_consumed = 0
+        self._resume_position: dict | None = None  # a loaded checkpoint's data position, taken by the next fit
+        self._agreed: dict | None = None  # data parallel: the run record every rank was checked to share
+
+    @property
+    def iteration(self) -> int:
+        """Training steps completed since initialization (a resumed session counts the loaded ones too)."""
+        return self.executor.iteration
+
+    def _batches(self, data: Dataset) -> BatchIterator:
+        fp = (id(data), len(data))
+        if self._iterator is None or self._data_fingerprint != fp:
+            it = BatchIterator(data, self.batch * self.ranks, seed=self.seed, shuffle=True,
+                               drop_last=True)  # data parallel: the global batch, sliced per rank
+            old, self._iterator, self._data_fingerprint = self._iterator, it, fp
+            if self._resume_position is not None:  # resume: one permutation, however far the run went
+                it.seek(self._resume_position)
+                self._resume_position = None
+            elif old is not None and len(old.dataset) == len(data):  # another data set of the same size
+                it.seek(old.position())
+            elif self.batches_consumed:  # a position known only as a count (bounded by check_data_position)
+                it.skip(self.batches_consumed)
+        return self._iterator
+
+    def fit(self, data: Dataset, steps: int, progress: bool | None = None, on_step=None,
+            save_every: int | None = None, save_path: str | Path | None = None) -> TrainResult:
+        """Run `steps` training steps on mini-batches of `data` (reshuffled each epoch, in an order fixed by the
+        seed; a resumed session continues the same order). Returns a `TrainResult`.
+
+        `progress`: a progress bar on stderr; None (default) shows one only on an interactive terminal.
+        `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
+        `save_every` steps (counted by `iteration`, so a resumed run keeps the rhythm) and, on Ctrl-C, for the
+        last completed step before returning early (`result.interrupted`). A non-finite loss, gradient or BN
+        running statistic raises `DivergenceError` naming the step and the layer, before that step's update (the
+        session keeps the last good state: `save` writes it).
+        """
+        steps = args.integer("Session.fit", None, "steps", steps, 0)
+        if tuple(data.image_shape) != tuple(self.net.input_nodes[0].shape[1:]):
+            raise DataError(f"Session.fit: data set {data.name!r} has images of shape {data.image_shape}, but the "
+                            f"network's input '{self.net.input_nodes[0].name}' takes "
+                            f"{self.net.input_nodes[0].shape[1:]}")
+        if save_every is not None:
+            save_every = args.integer("Session.fit", None, "save_every", save_every, 1)
+            if save_path is None:
+                raise OptionError(f"Session.fit: save_every={save_every} needs save_path (where to save)")
+        if progress is None:
+            progress = sys.stderr.isatty()
+        desc = {"samples": len(data), "image_shape": list(data.image_shape), "num_classes": data.num_classes}
+        diff = compare_data(self._resume_data, desc)
+        if diff:
+            raise CheckpointError(f"the data set differs from the one the resumed checkpoint was trained on "
+                                  f"({'; '.join(diff)}): its data order would not continue")
+        self._resume_data, self._data_desc = None, desc
+        if self.ranks > 1:
+            self._check_ranks_agree(steps, save_every)
+        it = self._batches(data)
+        result = TrainResult(batch=self.batch)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=steps, unit="step", dynamic_ncols=True, leave=True)
+        try:
+            with _StopOnSigint() as stop:
+                for k in range(steps):
+                    loss, dt = self._train_one(it)
+                    result.losses.append(loss)
+                    result.step_times.append(dt)
+                    if bar:
+                        bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{self.batch / dt:.1f}")
+                        bar.update(1)
+                    if on_step:
+                        on_step(k, loss, dt)
+                    if self._stop_requested(stop.requested):
+                        result.interrupted = True
+                        break
+                    if save_every and self.iteration % save_every == 0:
+                        result.saved.append(self.save(save_path))
+        finally:
+            if bar:
+                bar.close()
+        if result.interrupted and save_path is not None:
+            result.saved.append(self.save(save_path))
+        return result
+
+    def _check_ranks_agree(self, steps: int, save_every: int | None) -> None:
+        """Data parallel, before the first step of a fit: every rank must run the same training (`dist/agree.py`);
+        else every rank stops with a `DistError` naming what differs. Again only when the record changed (a
+        second fit with other steps, a checkpoint loaded in between)."""
+        record = self._run_record(steps, save_every)
+        if record != self._agreed:
+            check_same(self.comm, record)
+            self._agreed = record
+
+    def _run_record(self, steps: int, save_every: int | None) -> dict:
+        """What the ranks of one data-parallel run must share, as a flat record of plain values: each
+        parameter's shape and dtype (a different network or head), the optimizer's configuration and schedule,
+        seed, per-rank batch, policy, the gradient buckets (what is all-reduced), the data set and position, and
+        the steps this fit runs and when it saves (rank 0's checkpoint waits for every rank)."""
+        record = {"network": self.net.name, "seed": self.seed, "batch": self.batch, "policy": self.policy,
+                  "math": self.math, "lr schedule": repr(self.lr_schedule), "data": self._data_desc,
+                  "iteration": self.iteration, "batches_consumed": self.batches_consumed, "steps": steps,
+                  "save_every": save_every}
+        record.update({f"optimizer {k}": v for k, v in self.optimizer.config().items()})
+        record.update({f"parameter {k}": f"{tuple(shape)} {dtype}" for k, shape, dtype in self._fingerprint()})
+        tensors = self.plan.route.tensors
+        record["gradient buckets"] = [[b, list(tensors[b].shape)] for b in self.plan.buckets]
+        return record
+
+    def _stop_requested(self, here: bool) -> bool:
+        """Ctrl-C: stop after this step. Under mpiexec every rank gets the signal, but not at the same point of its
+        step, so the ranks agree (any rank asked -> all stop after the same step) instead of one waiting forever
+        for the others' next all-reduce."""
+        return self.comm.any(here) if self.ranks > 1 else here
+
+    def _train_one(self, it: BatchIterator) -> tuple[float, float]:
+        """One step, on the iterator's next batch, at the schedule's learning rate: (loss, seconds)."""
+        if hasattr(self.optimizer, "lr"):
+            self.optimizer.lr = self.lr_schedule.lr(self.base_lr, self.iteration)
+        before = it.position()
+        x, y = it.next_batch()
+        if self.ranks > 1:  # this rank's slice of the global batch
+            r, b = self.comm.rank, self.batch
+            x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
+        t = time.perf_counter()
+        try:
+            loss = self.executor.train_step(x, y)
+        except BaseException:  # the step does not count (a DivergenceError applied nothing): its batch comes next
+            it.seek(before)
+            raise
+        if self.ranks > 1:
+            loss = self.comm.mean(loss)  # the global batch's loss, as one process would report it
+        dt = time.perf_counter() - t
+        self.batches_consumed += 1
+        if not np.isfinite(loss):  # only with the executor's guard off (check_finite=False), or another rank's
+            raise DivergenceError(f"step {self.iteration - 1}: the loss is {loss} and the update was applied (the "
+                                  f"divergence guard is off)", self.iteration - 1)
+        return loss, dt
+
+    def _forward(self, x: np.ndarray, y: np.ndarray | None = None):
+        """Inference on any number of samples, in batches of the plan's size (the last one padded by repeating
+        its samples, whose outputs are dropped): yields (logits (n, K), labels or None) per batch."""
+        node = self.net.input_nodes[0]
+        x = check_images(x, f"input '{node.name}'", (None, *node.shape[1:])).astype(self.net.dtype, copy=False)
+        b = self.batch
+        for i in range(0, len(x), b):
+            xb = x[i:i + b]
+            n = len(xb)
+            yb = np.zeros(n, np.int64) if y is None else np.asarray(y[i:i + b], np.int64)
+            if n < b:
+                pad = np.arange(b) % n
+                xb, yb_full = xb[pad], yb[pad]
+            else:
+                yb_full = yb
+            _, logits = self.executor.evaluate(np.ascontiguousarray(xb), np.ascontiguousarray(yb_full))
+            yield np.asarray(logits[:n], np.float64), yb
+
+    def evaluate(self, data: Dataset) -> tuple[float, float]:
+        """(mean loss, accuracy) over EVERY sample of `data`, in inference mode (BN running statistics, no
+        dropout). The last partial batch counts: it is padded to the plan's batch size and the padding's outputs
+        are dropped (inference treats samples independently, so padding changes no other sample's output).
+        The loss is the mean softmax cross-entropy of the logits, in float64."""
+        total_loss, correct = 0.0, 0
+        for logits, y in self._forward(data.x, data.y):
+            shifted = logits - logits.max(axis=1, keepdims=True)
+            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            total_loss -= float(logp[np.arange(len(y)), y].sum())
+            correct += int((logits.argmax(axis=1) == y).sum())
+        return total_loss / len(data), correct / len(data)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Logits (N, classes), float64, for images `x` (N, C, H, W), any N, in inference mode."""
+        parts = [logits for logits, _ in self._forward(x)]
+        return np.concatenate(parts) if parts else np.zeros((0, self.net.logits_node.shape[1]))
+
+    def predict_classes(self, x: np.ndarray) -> np.ndarray:
+        """The predicted class (argmax of the logits) of each image of `x`, int64 (N,)."""
+        return self.predict(x).argmax(axis=1).astype(np.int64)
+
+    def report(self):
+        """The plan's memory report (peak by role, the binding step, the largest tensors at the peak...);
+        `.format()` is the text `minidl train` prints, `.to_json()` its numbers."""
+        return memory_report(self.plan)
+
+    # -- persistence ------------------------------------------------------------------------------------------
+    def save(self, path, with_optimizer: bool = True) -> Path:
+        """Write a checkpoint at exactly `path` (atomically; see `minidl.checkpoint`): parameters, BN statistics,
+        optimizer state unless `with_optimizer` is False, and what `load` checks: the network's fingerprint, the
+        optimizer's configuration, the seed, the (global) batch and the data position. Returns the path written.
+        `load` resumes from it exactly: the same later steps, bit for bit, as a run never stopped."""
+        meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
+                "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
+                "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
+                "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
+                "math": self.math, "data_position": self._data_position()}
+        if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
+            return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
+        return self._save(path, meta, with_optimizer)
+
+    def _data_position(self) -> dict | None:
+        """Where the data order stands (`BatchIterator.position`), so that a resume restores it in one step
+        instead of replaying the batches before it; None before the first fit."""
+        if self._iterator is not None:
+            return self._iterator.position()
+        return self._resume_position
+
+    def _save(self, path, meta: dict, with_optimizer: bool) -> Path:
+        opt = self.executor.optimizer_state() if with_optimizer else None
+        return save_checkpoint(path, self.executor.state_dict(), opt, meta)
+
+    def _fingerprint(self) -> list:
+        tensors = self.executor.route.tensors
+        return network_fingerprint({f"{n.name}.{p}": (spec.shape, tensors[param_id(n.name, p)].dtype)
+                                    for n in self.net.layer_nodes for p, spec in n.params.items()})
+
+    def load(self, path, strict: bool = True, params_only: bool = False) -> dict:
+        """Resume from a checkpoint (verified whole first: a damaged file is a `CheckpointError`).
+
+        strict (default): the network, the optimizer (type, configuration except `lr`, and its state), the seed
+        and the (global) batch size must be those of the checkpoint, and the data set given to the next `fit` is
+        checked against the one it was trained on; anything else is refused, naming what differs. Then
+        parameters, optimizer state, iteration and data position are restored: training continues exactly.
+        params_only: the network must match; only parameters and buffers are loaded (fresh optimizer state,
+        iteration 0, data order from the start). strict=False: a partial load of whatever matches (parameters
+        with the same name, shape and dtype; optimizer state if the optimizer matches; the position if seed and
+        batch do); the returned metadata's `not_loaded` says what was left out."""
+        params, opt, meta = load_checkpoint(path)
+        iteration, consumed = check_positions(meta, path)
+        here = self._fingerprint()
+        if params_only:
+            diff = compare_networks(meta.get("fingerprint", []), here)
+            if diff:
+                raise CheckpointError(f"{path} does not fit this network: {'; '.join(diff)}")
+            self.executor.load_state_dict(params, None)
+            return meta
+        check_resume(meta, self.batch, self.ranks, path)
+        problems = resume_problems(meta, fingerprint=here, optimizer=self.optimizer.config(),
+                                   slots=list(self.optimizer.slots), seed=self.seed, batch=self.batch * self.ranks)
+        if problems and strict:
+            raise CheckpointError(f"cannot resume from {path}: {'; '.join(problems)}. To load the parameters "
+                                  f"alone use --resume-params-only (Session.load(path, params_only=True)); for a "
+                                  f"partial load, Session.load(path, strict=False)")
+        position_ok = meta.get("seed") == self.seed and meta.get("batch") == self.batch * self.ranks
+        position = check_data_position(meta, consumed, path) if position_ok else None
+        mine = {k: (tuple(s), d) for k, s, d in here}
+        usable = {k: v for k, v in params.items() if mine.get(k) == (tuple(v.shape), str(v.dtype))}
+        opt_ok = not any(p.startswith(("optimizer", "the checkpoint has no optimizer")) for p in problems)
+        opt = {k: v for k, v in opt.items() if k.rsplit(".", 1)[0] in usable} if opt_ok else {}
+        self.executor.load_state_dict(usable, opt or None, strict=False)
+        if position_ok:
+            self.executor.iteration, self.batches_consumed = iteration, consumed
+            self._resume_data = self._data_desc = meta.get("data")
+        self._iterator, self._resume_position = None, position
+        meta["not_loaded"] = sorted(set(mine) - set(usable)) + ([] if opt_ok else ["optimizer state"]) + (
+            [] if position_ok else ["iteration and data position"])
+        return meta
