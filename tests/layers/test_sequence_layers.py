@@ -69,6 +69,23 @@ def test_layernorm_recompute_applies_saved_statistics_bit_identically():
         np.testing.assert_array_equal(r.aux[k], saved[k])
 
 
+@pytest.mark.parametrize("affine", [True, False])
+def test_layernorm_numpy_fallback_matches_compiled(affine, monkeypatch):
+    """Where numba cannot be imported the numpy passes run: the same values to float32's rounding."""
+    from minidl.backend.cpu import seq as cpu_seq
+
+    x = randn((5, 70, 48), np.float32, 3) + np.float32(10)
+    dy = randn(x.shape, np.float32)
+    params = {"weight": randn(48, np.float32), "bias": randn(48, np.float32)} if affine else {}
+    make = lambda: L.LayerNorm(elementwise_affine=affine)  # noqa: E731
+    jit = run_layer(make(), [x], params, dout=dy)
+    monkeypatch.setattr(cpu_seq, "seq_kernels", lambda: None)
+    plain = run_layer(make(), [x], params, dout=dy)
+    for a, b in [(plain.out, jit.out), (plain.dinputs[0], jit.dinputs[0])] + [
+            (plain.grads[k], jit.grads[k]) for k in params]:
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("shape", [(2, 5, 8), (3, 70001), (1,)])
