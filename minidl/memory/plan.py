@@ -37,6 +37,24 @@ class EventKind(str, enum.Enum):
     COMPRESS = "compress"    # allocate block z:<t> and encode tensor t into it (decisions/compress.py)
     DECOMPRESS = "decompress"  # allocate tensor t again and decode it from z:<t>
 
+    @property
+    def allocates(self) -> bool:
+        """The event claims a device block for its tensor (the tensor becomes resident)."""
+        return self in _ALLOCATING
+
+    @property
+    def frees(self) -> bool:
+        """The event returns its tensor's device block to the pool (the tensor stops being resident).
+
+        A kind that neither allocates nor frees (OFFLOAD, WAIT, ALLREDUCE, REDUCED) leaves device memory as it is.
+        Declared here, once, so that the planner, the replay, the timeline and the explanation cannot disagree."""
+        return self in _FREEING
+
+
+_ALLOCATING = frozenset({EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS,
+                         EventKind.DECOMPRESS})
+_FREEING = frozenset({EventKind.FREE, EventKind.RELEASE})
+
 
 @dataclass(slots=True)
 class Event:

@@ -354,8 +354,7 @@ def live_at(plan: Plan, k: int) -> list[str]:
 
 
 def _apply_residency(live: set[str], ev: Event) -> None:
-    if ev.kind in (EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS,
-                   EventKind.DECOMPRESS):
+    if ev.kind.allocates:
         live.add(ev.tensor)
-    elif ev.kind in (EventKind.FREE, EventKind.RELEASE):
+    elif ev.kind.frees:
         live.discard(ev.tensor)

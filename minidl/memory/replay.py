@@ -14,11 +14,6 @@ from .paged import PagedPool
 from .plan import EventKind, Plan
 from .pool import TensorPool
 
-# what each event kind does to device memory; a kind missing here is refused (see `replay_peak`)
-_ALLOCATES = {EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS, EventKind.DECOMPRESS}
-_FREES = {EventKind.FREE, EventKind.RELEASE}
-_NEUTRAL = {EventKind.OFFLOAD, EventKind.WAIT, EventKind.ALLREDUCE, EventKind.REDUCED}
-
 
 def replay(plan: Plan):
     """The pool after one training step's events replayed on it (shape only): `.peak`, `.in_use`."""
@@ -32,18 +27,18 @@ def replay(plan: Plan):
         events += sp.before
         events += sp.after
     for ev in events:
-        if ev.kind in _ALLOCATES:
+        if not isinstance(ev.kind, EventKind):   # what a kind does to memory is declared by `EventKind` alone
+            raise ValueError(f"replay: event kind '{getattr(ev.kind, 'value', ev.kind)}' has no memory effect "
+                             f"declared (not a minidl.memory.plan.EventKind)")
+        if ev.kind.allocates:
             if ev.tensor in live:
                 raise ValueError(f"replay: {ev.kind.value} of '{ev.tensor}', which is already resident")
             pool.alloc_at(ev.offset, ev.nbytes, tag=ev.tensor)
             live[ev.tensor] = ev.offset
-        elif ev.kind in _FREES:
+        elif ev.kind.frees:
             if ev.tensor not in live:
                 raise ValueError(f"replay: {ev.kind.value} of '{ev.tensor}', which is not resident")
             pool.free(live.pop(ev.tensor))
-        elif ev.kind not in _NEUTRAL:
-            raise ValueError(f"replay: event kind '{getattr(ev.kind, 'value', ev.kind)}' has no memory effect "
-                             f"declared in minidl.memory.replay")
     return pool
 
 

@@ -175,6 +175,18 @@ def test_replay_refuses_inconsistent_events():
         replay_peak(plan)
 
 
+def test_event_kinds_declare_their_memory_effect():
+    """Whether a kind allocates or frees is said once, by `EventKind`; the planner, the replay, the timeline and
+    --explain all read it there. Every kind does at most one of the two."""
+    from minidl.memory.plan import EventKind
+
+    takes = {EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS, EventKind.DECOMPRESS}
+    gives = {EventKind.FREE, EventKind.RELEASE}
+    for kind in EventKind:
+        assert kind.allocates == (kind in takes) and kind.frees == (kind in gives), kind
+        assert not (kind.allocates and kind.frees), kind
+
+
 def test_sizes_zero_is_a_size_and_negative_is_not():
     """`--host-limit 0` (every offload to disk) needs 0 to parse; a mutant refusing it survived the pool tests."""
     from minidl.memory.pool import parse_size

@@ -98,7 +98,7 @@ def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
         if sp.note:
             lines.append(f"    = {sp.note}")
         for ev in evs_before:  # a recomputation sequence may free a transient input before the step: "-"
-            lines.append(f"    {'-' if ev.kind in (EventKind.FREE, EventKind.RELEASE) else '+'} {ev.kind.value:<9} "
+            lines.append(f"    {'-' if ev.kind.frees else '+'} {ev.kind.value:<9} "
                          f"{ev.tensor:<40} {_size(plan, ev):>11} @{ev.offset}  "
                          f"{_why_alloc(ev, route, iv)}")
         for ev in evs_after:  # "*": starts a collective (data parallel), frees nothing

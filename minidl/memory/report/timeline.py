@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core.tensors import Role
-from ..plan import EventKind, Plan
+from ..plan import Plan
 from ..pool import align_up, format_bytes
 
 
@@ -17,11 +17,10 @@ def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
 
     def apply(ev):
         role = plan.role_of(ev.tensor).value
-        if ev.kind in (EventKind.ALLOC, EventKind.PREFETCH, EventKind.RECOMPUTE, EventKind.COMPRESS,
-                       EventKind.DECOMPRESS):
+        if ev.kind.allocates:
             resident[ev.tensor] = ev.nbytes
             cur[role] += align_up(ev.nbytes)
-        elif ev.kind in (EventKind.FREE, EventKind.RELEASE):
+        elif ev.kind.frees:
             cur[role] -= align_up(resident.pop(ev.tensor, ev.nbytes))
 
     for ev in plan.setup:
