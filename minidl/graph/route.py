@@ -18,7 +18,7 @@ this costs is visible in every plan.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -123,6 +123,29 @@ class Route:
     @property
     def backward_steps(self) -> list[Step]:
         return [s for s in self.steps if s.phase is Phase.BACKWARD]
+
+    def rebuildable_aux(self) -> list[str]:
+        """The aux tensors of this route a plan may leave out (`Layer.rebuildable_aux`: attention's scores)."""
+        if self.packing is not None:  # a packed route's aux tensors are per micro-batch (renamed): not offered
+            return []
+        out = []
+        for st in self.forward_steps:
+            layer = self.network.nodes[st.node].layer
+            out += [t for t in (aux_id(st.name, a) for a in layer.rebuildable_aux) if t in self.tensors]
+        return out
+
+    def without_aux(self, aux: Sequence[str]) -> "Route":
+        """This route without the aux tensors `aux` (among `rebuildable_aux()`): no step writes or reads them, and
+        their layers, finding no array for them, rebuild what they hold in backward (same bits). A new route
+        (its own memo); the steps keep their indices, so per-step choices made on this one still apply."""
+        drop = set(aux)
+        others = drop - set(self.rebuildable_aux())
+        if others:
+            raise ValueError(f"not rebuildable aux tensors of this route: {sorted(others)}")
+        steps = [replace(st, reads=[t for t in st.reads if t not in drop],
+                         writes=[t for t in st.writes if t not in drop])
+                 if drop & (set(st.reads) | set(st.writes)) else st for st in self.steps]
+        return replace(self, steps=steps, tensors={k: v for k, v in self.tensors.items() if k not in drop}, memo={})
 
     def tensors_of(self, *roles: Role) -> list[TensorSpec]:
         return [t for t in self.tensors.values() if t.role in roles]

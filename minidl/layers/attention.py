@@ -5,10 +5,11 @@ Input: q, k and v side by side on the last axis, (B, T, 3C) (what one `Linear(3 
 nanoGPT's `c_attn`); output (B, T, C), the heads' outputs side by side. Each head h uses the channels
 [h D, (h + 1) D) of q, k and v, D = C / num_heads, and scores scaled by 1 / sqrt(D).
 
-What backward reads: the input (q, k, v) and, with `keep_scores=True` (the default), the attention probabilities
-P = softmax(q k^T / sqrt(D)), (B, H, T, T), which forward saves as an aux tensor (`probs`): the score matrix is a
-planned tensor, visible to every policy. With `keep_scores=False` nothing but the input is kept, and backward
-rebuilds P one sample at a time from q and k (FlashAttention's trade: one more q k^T product and softmax per
+What backward reads: the input (q, k, v) and the attention probabilities P = softmax(q k^T / sqrt(D)),
+(B, H, T, T), which forward saves as an aux tensor (`probs`): the score matrix is a planned tensor, visible to
+every policy, and a rebuildable one (`rebuildable_aux`): a plan may leave it out (policy `recompute` does where
+that lowers its peak), and so does `keep_scores=False` always. Without it nothing but the input is kept, and
+backward rebuilds P one sample at a time from q and k (FlashAttention's trade: one more q k^T product and softmax per
 sample in backward, for B H T^2 values fewer between forward and backward, and a scratch of H T^2 values). The
 rebuilt P has the bits of the saved one (the same operations on the same values), so both give the same gradients.
 """
@@ -24,6 +25,7 @@ class CausalSelfAttention(Layer):
     type_name = "attention"
     needs_inputs = (0,)
     checkpoint = True  # two batched products per head: expensive to rebuild, like a linear's output
+    rebuildable_aux = ("probs",)
 
     def __init__(self, num_heads: int, keep_scores: bool = True, name: str | None = None):
         super().__init__(name)

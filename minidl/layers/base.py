@@ -7,7 +7,8 @@ here as class attributes or pure functions of the input shapes, never discovered
   `retain_inputs` / `retain_outputs`). Liveness, offload and recomputation all read this declaration, so a
   layer must never keep an array in `self` between forward and backward: it would be invisible to the planner.
 - `param_specs`: parameters and persistent buffers, with their shapes.
-- `aux_specs`: small tensors forward saves for backward (BN's batch mean and inverse std), also planned.
+- `aux_specs`: small tensors forward saves for backward (BN's batch mean and inverse std), also planned;
+  `rebuildable_aux` names those a plan may choose not to keep (attention's scores, rebuilt in backward).
 - `checkpoint`: whether recomputation keeps this layer's output (conv, linear, joins) or may drop it
   (cheap layers: ReLU, BN, pooling, LRN, dropout).
 
@@ -76,6 +77,10 @@ class Layer:
     uses_rng_key: ClassVar[bool] = False
     # Inputs that never receive a gradient (labels of a loss).
     nondiff_inputs: ClassVar[tuple[int, ...]] = ()
+    # Aux tensors backward can rebuild from what it reads anyway (attention's probabilities, from q and k): a plan
+    # may leave them out of its route (`Route.without_aux`); the layer then gets no array for them in `ctx.aux`,
+    # and forward and backward take the path that rebuilds them, with the same bits.
+    rebuildable_aux: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str | None = None):
         self.name = name

@@ -7,6 +7,7 @@ import torch
 
 import minidl as dl
 from minidl import layers as L
+from minidl.memory.decisions.recompute import recompute_plan
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import exact_policies, plan_network
 from minidl.optim import SGD
@@ -98,13 +99,20 @@ def test_attention_scores_rebuilt_in_backward_train_to_the_same_bits_with_less_m
     assert sess.plan.peak_bytes < live.peak_bytes
 
 
-def test_recompute_rebuilds_the_cheap_layers_in_backward():
+def test_recompute_rebuilds_the_cheap_layers_and_the_attention_scores_in_backward():
     """Layer norm, GELU and dropout are cheap (not checkpoints): recompute drops their outputs after forward and
-    rebuilds them in backward, attention's probabilities stay planned aux tensors."""
-    plan = plan_network(block_net(), SGD(lr=0.1, momentum=0.9), "recompute")
+    rebuilds them in backward. The attention scores are a rebuildable aux tensor: recompute plans the route without
+    them too and keeps it, its peak being lower here (the parameters it trains to: the test above)."""
+    opt = SGD(lr=0.1, momentum=0.9)
+    plan = plan_network(block_net(), opt, "recompute")
     rebuilt = {ev.tensor for sp in plan.steps for ev in sp.before if ev.kind is EventKind.RECOMPUTE}
     assert {"act:ln_attn", "act:ln_mlp", "act:gelu", "act:drop", "act:ln_f"} <= rebuilt, rebuilt
-    assert "aux:attn.probs" in plan.route.tensors
+    route = block_net().route(optimizer_slots=opt.slots)
+    assert route.rebuildable_aux() == ["aux:attn.probs"]
+    assert "aux:attn.probs" not in plan.route.tensors
+    kept = recompute_plan(route)
+    assert plan.peak_bytes < kept.peak_bytes
+    assert all("aux:attn.probs" not in st.reads + st.writes for st in plan.route.steps)
 
 
 def test_loss_decreases_and_matches_torch(reference):

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...core.errors import BudgetError
 from ...core.tensors import Role, act_id
 from ...graph.route import Phase, Route
 from ..liveness import analyze
@@ -422,8 +423,29 @@ def recompute_plan(route: Route, budget: int | None = None, ws: dict[int, Worksp
 
 
 def recompute_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
-    """The `recompute` policy: liveness plus cost-aware recomputation of cheap layers."""
-    return recompute_plan(route, budget, workspace_choices(route, costs))
+    """The `recompute` policy: liveness plus cost-aware recomputation of cheap layers; and, where the route has
+    rebuildable aux tensors (attention's scores, `Route.rebuildable_aux`), the same planned on the route without
+    them too, keeping the plan with the lower peak (the scores kept where the peaks tie: backward then rebuilds
+    nothing). Under a budget, the plan that fits; if neither does, the error of the smaller one."""
+    plan, err = _attempt(route, budget, costs)
+    rebuildable = route.rebuildable_aux()
+    if not rebuildable:
+        if err is not None:
+            raise err
+        return plan
+    alt, alt_err = _attempt(route.without_aux(rebuildable), budget, costs)
+    if plan is None and alt is None:
+        raise alt_err
+    if plan is None or (alt is not None and alt.peak_bytes < plan.peak_bytes):
+        return alt
+    return plan
+
+
+def _attempt(route: Route, budget: int | None, costs) -> tuple[Plan | None, BudgetError | None]:
+    try:
+        return recompute_plan(route, budget, workspace_choices(route, costs)), None
+    except BudgetError as e:
+        return None, e
 
 
 def recompute_flops(plan: Plan) -> int:
