@@ -47,7 +47,7 @@ def _node_fn(node) -> Callable:
         return lambda xs, p: F.softmax(xs[0], dim=-1)
     if t == "embedding":
         return lambda xs, p: F.embedding(xs[0], p["weight"])
-    if t == "position_embedding":
+    if t == "pos_embedding":
         return lambda xs, p: xs[0] + p["weight"][:xs[0].shape[1]]
     if t == "attention":
         return lambda xs, p: causal_attention(xs[0], L.num_heads)

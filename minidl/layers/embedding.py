@@ -86,7 +86,7 @@ class PositionEmbedding(Layer):
     """(B, T, C) -> x + P[:T]: a learned vector per position (GPT's `wpe(arange(T))` added to the token
     embeddings), `max_positions` >= T rows. Initialized N(0, 1) like an `nn.Embedding`."""
 
-    type_name = "position_embedding"
+    type_name = "pos_embedding"  # fits the summary's type column (13 characters)
     checkpoint = True  # an add: kept, like `Add`'s output
 
     def __init__(self, max_positions: int, name: str | None = None):

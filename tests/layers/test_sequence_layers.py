@@ -278,8 +278,8 @@ def test_gradchecks_float64():
 
 @pytest.mark.parametrize("make,shapes,match", [
     (lambda: L.LayerNorm(name="ln"), [(5,)], r"layer 'ln' \(layernorm\).*\(N, \.\.\., C\)"),
-    (lambda: L.PositionEmbedding(4, name="pos"), [(2, 5, 3)], r"layer 'pos' \(position_embedding\).*max_positions"),
-    (lambda: L.PositionEmbedding(4, name="pos"), [(2, 3)], r"layer 'pos' \(position_embedding\).*\(B, T, C\)"),
+    (lambda: L.PositionEmbedding(4, name="pos"), [(2, 5, 3)], r"layer 'pos' \(pos_embedding\).*max_positions"),
+    (lambda: L.PositionEmbedding(4, name="pos"), [(2, 3)], r"layer 'pos' \(pos_embedding\).*\(B, T, C\)"),
     (lambda: L.CausalSelfAttention(2, name="att"), [(2, 3, 9)], r"layer 'att' \(attention\).*multiple of"),
     (lambda: L.CausalSelfAttention(2, name="att"), [(2, 12)], r"layer 'att' \(attention\).*\(B, T, 3C\)"),
     (lambda: L.Linear(3, flatten=False, name="fc"), [(4,)], r"layer 'fc' \(linear\)"),

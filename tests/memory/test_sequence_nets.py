@@ -18,10 +18,10 @@ B, T, V, C, HEADS = 4, 8, 11, 16, 2
 IGNORE = -1
 
 
-def block_net(attention: bool = True, keep_scores: bool = True):
+def block_net(attention: bool = True, keep_scores: bool = True, dtype="float32", dropout: float = 0.1):
     """embedding (+ positions) -> [layernorm -> attention -> add] -> layernorm -> linear -> gelu -> linear -> add ->
     layernorm -> linear (vocabulary) -> per-token cross-entropy."""
-    net = dl.Network("gpt1")
+    net = dl.Network("gpt1", dtype=dtype)
     tok = net.input((B, T), dtype="int64", name="tokens")
     tgt = net.input((B, T), dtype="int64", name="targets")
     h = L.Embedding(V, C, name="wte")(tok)
@@ -35,7 +35,7 @@ def block_net(attention: bool = True, keep_scores: bool = True):
     m = L.LayerNorm(name="ln_mlp")(h)
     m = L.Linear(4 * C, flatten=False, name="fc")(m)
     m = L.GELU("tanh", name="gelu")(m)
-    m = L.Dropout(0.1, name="drop")(m)
+    m = L.Dropout(dropout, name="drop")(m)
     m = L.Linear(C, flatten=False, name="fc_out")(m)
     h = L.Add(name="res_mlp")(h, m)
     h = L.LayerNorm(name="ln_f")(h)
@@ -161,3 +161,21 @@ def test_a_backend_without_a_layers_kernels_is_refused_naming_the_layer():
     with pytest.raises(dl.OptionError, match=r"layer 'wte' \(embedding\) cannot run on backend 'cpu': its kernels "
                                              r"\(embedding_forward, embedding_backward\) are not yet written"):
         Session(block_net(), SGD(lr=0.1), policy="liveness", backend=NoSequenceKernels())
+
+
+def test_one_training_step_matches_pytorch_in_float64():
+    """Forward, backward through every layer (attention, layer norms, embeddings, ignored targets) and one SGD
+    step, in float64 without dropout: the loss and every updated parameter are PyTorch's."""
+    net = block_net(dtype="float64", dropout=0.0)
+    sess = Session(net, SGD(lr=0.1), policy="liveness", seed=5)
+    before = {k: np.array(v) for k, v in sess.executor.state_dict().items()}
+    twin = TorchTwin(net, before, dtype=torch.float64)
+    x, y = batches(1)[0]
+    loss = sess.executor.train_step(x, y)
+    want, _ = twin.forward(torch.tensor(x), torch.tensor(y))
+    want.backward()
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-12)
+    after, grads = sess.executor.state_dict(), twin.grads()
+    assert grads.keys() == after.keys()
+    for k in after:
+        np.testing.assert_allclose(after[k], before[k] - 0.1 * grads[k], rtol=1e-10, atol=1e-12, err_msg=k)
