@@ -133,3 +133,11 @@ def test_architecture_doc_names_every_module_of_the_contracts():
             assert full in listed or full.replace("minidl.", "minidl.memory.", 1) in listed \
                 or full == "minidl.models", \
                 f"docs/architecture.md names {mod!r}, which no contract lists"
+
+
+def test_tensor_ids_are_never_parsed_back():
+    """The layer a tensor belongs to is its spec's `owner`; a compressed block's tensor is `compressed_source`.
+    Splitting an id at its first ':' is a second, silent definition of the id format, so none may remain."""
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "minidl").rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if 'split(":", 1)' in line]
+    assert not hits, hits

@@ -49,6 +49,26 @@ class TensorSpec:
         return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
+def id_name(tid: str) -> str:
+    """What a tensor id names, without its kind prefix: 'act:conv1' -> 'conv1', 'param:fc.weight' ->
+    'fc.weight' (a string without a prefix is returned as is). For matching names a user typed; the layer a
+    tensor belongs to is its spec's `owner`, never parsed back from the id."""
+    return tid.partition(":")[2] or tid
+
+
+COMPRESSED_PREFIX = "z:"
+
+
+def compressed_id(tid: str) -> str:
+    """The block holding tensor `tid` in compressed form between forward and backward (decisions/compress.py)."""
+    return COMPRESSED_PREFIX + tid
+
+
+def compressed_source(tid: str) -> str | None:
+    """The tensor a compressed block stores (`compressed_id`'s inverse), or None if `tid` is not one."""
+    return tid[len(COMPRESSED_PREFIX):] if tid.startswith(COMPRESSED_PREFIX) else None
+
+
 def act_id(node_name: str) -> str:
     return f"act:{node_name}"
 

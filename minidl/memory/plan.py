@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..core.tensors import Role
+from ..core.tensors import Role, compressed_source
 from ..graph.route import Route
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,8 +110,8 @@ class Plan:
 
     def role_of(self, tid: str) -> Role:
         spec = self.route.tensors.get(tid)
-        if spec is None and tid.startswith("z:"):   # a compressed stream counts as what it stores
-            spec = self.route.tensors.get(tid[2:])
+        if spec is None and compressed_source(tid) is not None:   # a compressed stream counts as what it stores
+            spec = self.route.tensors.get(compressed_source(tid))
         return spec.role if spec is not None else Role.WORKSPACE
 
     def timeline(self) -> list[int]:

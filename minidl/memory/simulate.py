@@ -185,7 +185,7 @@ def add_plan_costs(plan: Plan, costs: list[StepCost]) -> int:
                 costs[k].time_s *= cost[sp.algo] / best
         for ev in sp.before + sp.after:
             if ev.kind is EventKind.RECOMPUTE:
-                src = costs[fwd[route.network.node(ev.tensor.split(":", 1)[1]).index]]
+                src = costs[fwd[route.network.node(route.tensors[ev.tensor].owner).index]]
                 costs[k].time_s += src.time_s
                 costs[k].flops += src.flops
                 costs[k].bytes += src.bytes

@@ -20,7 +20,17 @@ import numpy as np
 from ..backend import backend_name
 from ..core.errors import CheckpointError, DivergenceError, OptionError, ResidencyError
 from ..core.guards import check_images, check_step
-from ..core.tensors import Role, act_id, aux_id, delta_id, grad_id, opt_state_id, param_id
+from ..core.tensors import (
+    Role,
+    act_id,
+    aux_id,
+    compressed_id,
+    compressed_source,
+    delta_id,
+    grad_id,
+    opt_state_id,
+    param_id,
+)
 from ..core.vocab import TraceEvent
 from ..graph.network import Network
 from ..graph.route import Phase, Step
@@ -247,8 +257,7 @@ class Executor:
     def _recompute(self, ev: Event, step: Step) -> None:
         """Rebuild a dropped activation by re-running its layer's forward (side-effect free, same result)."""
         self._alloc(ev, step)
-        name = ev.tensor.split(":", 1)[1]
-        node = self.net.node(name)
+        node = self.net.node(self.route.tensors[ev.tensor].owner)
         fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
         sp = self.plan.steps[self._forward_step_of[node.index]]
         self._compute(fake, sp, recompute=True)
@@ -276,12 +285,12 @@ class Executor:
     def _compress(self, ev: Event, step: Step) -> None:
         self._alloc(ev, step)
         if self.training:  # evaluate() runs the forward events too, but nothing reads the stream afterwards
-            src = ev.tensor.split(":", 1)[1]
+            src = compressed_source(ev.tensor)
             self._zstore().compress(src, self.get(src, step), self.views[ev.tensor])
 
     def _decompress(self, ev: Event, step: Step) -> None:
         self._alloc(ev, step)
-        self._zstore().decompress(ev.tensor, self.views[ev.tensor], self.get("z:" + ev.tensor, step))
+        self._zstore().decompress(ev.tensor, self.views[ev.tensor], self.get(compressed_id(ev.tensor), step))
 
     def get(self, tid: str, step: Step) -> np.ndarray:
         try:

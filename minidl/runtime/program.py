@@ -201,7 +201,7 @@ class _Lowering:
                 self.emit("wait", _bind(ex._host().wait_prefetch, ev.tensor))
             elif kind is EventKind.RECOMPUTE:
                 ex._alloc(ev, step)
-                node = ex.net.node(ev.tensor.split(":", 1)[1])
+                node = ex.net.node(ex.route.tensors[ev.tensor].owner)
                 fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
                 self.compute(fake, ex.plan.steps[self.forward_step_of[node.index]], recompute=True)
                 in_shapes = [ex.net.nodes[i].shape for i in node.inputs]
@@ -314,7 +314,7 @@ class _Lowering:
                         continue
                     moved.add(ev.tensor)
                     if ev.kind is EventKind.RECOMPUTE:  # its recomputation reads the layer's inputs
-                        node = ex.net.node(ev.tensor.split(":", 1)[1])
+                        node = ex.net.node(ex.route.tensors[ev.tensor].owner)
                         moved.update(act_id(ex.net.nodes[i].name) for i in node.inputs)
             self.readers, self.moved = readers, moved
         return self.readers.get(tensor, set()) == {step_index} and tensor not in self.moved

@@ -187,6 +187,20 @@ def test_event_kinds_declare_their_memory_effect():
         assert not (kind.allocates and kind.frees), kind
 
 
+def test_tensor_id_helpers_and_owners():
+    """Tensor ids are made and read by `core.tensors` alone: the owner of every planned tensor is in its spec
+    (what recomputation, the simulator and the executor look a layer up by), and a compressed block names the
+    tensor it stores."""
+    from minidl.core.tensors import compressed_id, compressed_source, id_name
+
+    assert id_name("act:conv1") == "conv1" and id_name("param:fc.weight") == "fc.weight" and id_name("fc") == "fc"
+    assert compressed_source(compressed_id("act:conv1")) == "act:conv1" and compressed_source("act:conv1") is None
+    net = NETS["dropnet"]()
+    plan = plan_network(net, SGD(0.1), "recompute", budget=None)
+    names = {n.name for n in net.nodes}
+    assert all(spec.owner in names for spec in plan.route.tensors.values())
+
+
 def test_sizes_zero_is_a_size_and_negative_is_not():
     """`--host-limit 0` (every offload to disk) needs 0 to parse; a mutant refusing it survived the pool tests."""
     from minidl.memory.pool import parse_size

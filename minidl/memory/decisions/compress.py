@@ -46,14 +46,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...codec.sz import HEADER_BYTES
-from ...core.tensors import Role, act_id
+from ...core.tensors import Role, act_id, compressed_id, compressed_source
 from ...graph.route import Phase, Route
 from ..errorbound import Reader, ReaderKind
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan
 from ..planner import Residency, Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
 
-Z_PREFIX = "z:"
 """The compressed stream of tensor t is the plannable block `z:<t>`."""
 
 DEFAULT_RATIO = 2.5
@@ -65,14 +64,6 @@ MARGIN = 1.25
 
 _READER_KINDS = {("Conv2d", "input"): ReaderKind.BILINEAR, ("Linear", "input"): ReaderKind.BILINEAR,
                  ("BatchNorm2d", "input"): ReaderKind.NORMALIZE, ("ReLU", "output"): ReaderKind.SIGN}
-
-
-def z_id(tid: str) -> str:
-    return Z_PREFIX + tid
-
-
-def source_of(zid: str) -> str:
-    return zid[len(Z_PREFIX):]
 
 
 @dataclass(slots=True)
@@ -140,7 +131,7 @@ def compress_schedule(base: Schedule, chosen: list[Candidate], ratios: dict[str,
     sizes = dict(base.sizes)
     ratios = ratios or {}
     for c in chosen:
-        b, z = c.base, z_id(c.tensor)
+        b, z = c.base, compressed_id(c.tensor)
         sizes[z] = reserve_bytes(c.nbytes, ratios.get(c.tensor))
         res[c.tensor] = [
             Residency(b.start, b.start_at, b.start_kind, c.last_forward, "after", EventKind.FREE,
@@ -176,4 +167,4 @@ def compress_policy(route: Route, budget: int | None, device: str = "cpu", costs
 
 def compressed_tensors(plan: Plan) -> list[str]:
     """Tensors the plan stores compressed (their COMPRESS events), in route order."""
-    return [source_of(ev.tensor) for sp in plan.steps for ev in sp.after if ev.kind is EventKind.COMPRESS]
+    return [compressed_source(ev.tensor) for sp in plan.steps for ev in sp.after if ev.kind is EventKind.COMPRESS]

@@ -455,7 +455,7 @@ def recompute_flops(plan: Plan) -> int:
     for sp in plan.steps:
         for ev in sp.before + sp.after:
             if ev.kind is EventKind.RECOMPUTE:
-                node = net.node(ev.tensor.split(":", 1)[1])
+                node = net.node(plan.route.tensors[ev.tensor].owner)
                 total += node.layer.flops([net.nodes[i].shape for i in node.inputs], node.shape)
     return total
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 
 from ...core.errors import OptionError
-from ...core.tensors import Role
+from ...core.tensors import Role, id_name
 from ..decisions.weights import weights_lines
 from ..liveness import analyze
 from ..plan import EventKind, Plan
@@ -38,7 +38,7 @@ def _matches(pattern: str, *names: str) -> bool:
     """A layer or tensor name, exactly or as a glob; a tensor id matches by its name too ('conv1' matches
     'act:conv1' and 'param:conv1.weight')."""
     for n in names:
-        for cand in (n, n.split(":", 1)[-1]):
+        for cand in (n, id_name(n)):
             if cand == pattern or fnmatch.fnmatchcase(cand, pattern):
                 return True
             if not any(ch in pattern for ch in "*?[") and cand.split(".")[0:len(pattern.split("."))] == \

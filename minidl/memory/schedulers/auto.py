@@ -286,7 +286,7 @@ def schedule_time(route: Route, sched: Schedule, device) -> float:
     for tid, lst in sched.residencies.items():
         for r in lst:
             if r.start_kind is EventKind.RECOMPUTE:
-                extra += costs[fwd[route.network.node(tid.split(":", 1)[1]).index]].time_s
+                extra += costs[fwd[route.network.node(route.tensors[tid].owner).index]].time_s
     return math.fsum(c.time_s for c in costs) + extra
 
 
