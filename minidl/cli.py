@@ -59,8 +59,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"minidl: error: {message} (see {self.prog} --help)\n")
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default after its help text (skipped where the default is None or False)."""
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default after its help text (skipped where the default is None or False), and the
+    epilog as written (the policies' table, one line each)."""
 
     def _get_help_string(self, action):
         if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
@@ -87,7 +88,7 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
     from .memory.policies import available_policies
 
     p.add_argument("--policy", default=None, choices=available_policies(),
-                   help="memory policy (default: auto when --budget is given, else liveness)")
+                   help="memory policy, each described below (default: auto when --budget is given, else liveness)")
     p.add_argument("--no-cpu-winograd", dest="cpu_winograd", action="store_false", default=None,
                    help="CPU backend: run 3x3 stride-1 convolutions with >= 32 channels as the row-shift pair "
                         "instead of Winograd F(2x2, 3x3), which is the default (faster; other rounding, the same "
@@ -132,14 +133,17 @@ def _math_arg(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .memory.policies import policies_help
 
-    ap = _Parser(prog="minidl", description=__doc__.splitlines()[0], formatter_class=_Formatter)
+    ap = _Parser(prog="minidl", description=__doc__.splitlines()[0], formatter_class=_Formatter,
+                 epilog=policies_help())
     ap.add_argument("--version", action="version", version=f"minidl {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="layer table of a model", formatter_class=_Formatter)
     _model_args(p)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    p = sub.add_parser("plan", help="plan memory for a model (no compute)", formatter_class=_Formatter)
+    p = sub.add_parser("plan", help="plan memory for a model (no compute)", formatter_class=_Formatter,
+                       epilog=policies_help())
     _model_args(p)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     _memory_args(p, "liveness")
@@ -168,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose convolution algorithms (and workspace sizes) the plan chooses among; cuda asks "
                         "cuDNN and needs a GPU")
     _math_arg(p)
-    p = sub.add_parser("train", help="train a model", formatter_class=_Formatter)
+    p = sub.add_parser("train", help="train a model", formatter_class=_Formatter, epilog=policies_help())
     _model_args(p)
     _memory_args(p, "liveness")
     p.add_argument("--steps", type=_positive_int, default=20, help="training steps (one mini-batch each)")

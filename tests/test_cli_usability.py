@@ -119,3 +119,18 @@ def test_plan_says_what_it_wrote_where(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-2:] == [f"wrote memory timeline: {png}", f"wrote trace: {trace}"]
     assert png.stat().st_size > 0 and trace.stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plan", "--help"], ["train", "--help"]])
+def test_help_describes_every_policy_in_one_line(argv, capsys, monkeypatch):
+    """`--policy` lists ten names; the help says what each one does, one line each, from the policies table."""
+    from minidl.memory.policies import POLICIES
+
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, policy in POLICIES.items():
+        assert any(line.split() and line.split()[0] == name and " ".join(line.split()[1:]) == policy.help
+                   for line in lines), f"minidl {' '.join(argv)}: no line describes policy {name!r}"

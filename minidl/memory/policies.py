@@ -37,7 +37,8 @@ PolicyFn = Callable[[Route, "int | None", str, "CostTable | None"], Plan]
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """One row of the table: the name users type, what it does (CLI help), and the function that plans it."""
+    """One row of the table: the name users type, what it does in one line (every `--help` lists these; the
+    mechanism's own module says the rest), and the function that plans it."""
 
     name: str
     help: str
@@ -55,34 +56,35 @@ def _liveness(route: Route, budget: int | None, device: str, costs: CostTable | 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("none", "every tensor allocated up front, never freed: the baseline", _none),
-    Policy("liveness", "allocate each tensor just before its first use, free it right after its last", _liveness),
-    Policy("offload", "liveness plus the tensor cache: under a tight budget, offload the longest-idle tensors to "
-                      "host memory between forward and backward, prefetched to hide the copy", offload_policy),
-    Policy("recompute", "liveness + drop cheap layers' outputs (ReLU, BN, pool, LRN, dropout) after forward and "
-                        "recompute them in backward, per segment speed- or memory-centric", recompute_policy),
-    Policy("weights", "liveness + the weights and optimizer state of convolutions and fully connected layers homed "
-                      "on the host: prefetched for forward and backward, updated on the host; under a budget, "
-                      "the activation cache on top", weights_policy),
-    Policy("compress", "LOSSY, opt-in: liveness + store activations compressed between forward and backward "
-                       "(SZ-style codec, error bound adapted per layer from the gradients; not bit-identical to "
-                       "'none')", compress_policy, lossy=True),
-    Policy("packs", "Harmony's layer packs and micro-batches: each pack's weights brought in once for all "
-                    "micro-batches, only pack inputs stashed, the pack's forward recomputed in backward, updates on "
-                    "the host; chooses the packing (and --micro-batches when not given) that fits the budget",
+    Policy("liveness", "each tensor allocated just before its first use, freed right after its last", _liveness),
+    Policy("offload", "liveness + under a budget, the longest-idle tensors copied to the host and prefetched back",
+           offload_policy),
+    Policy("recompute", "liveness + cheap layers' outputs (ReLU, BN, pool) dropped after forward, recomputed in "
+                        "backward", recompute_policy),
+    Policy("weights", "liveness + weights and optimizer state of conv/FC layers kept and updated on the host",
+           weights_policy),
+    Policy("compress", "LOSSY, opt-in: liveness + activations stored compressed between forward and backward",
+           compress_policy, lossy=True),
+    Policy("packs", "Harmony's layer packs and micro-batches, packed to fit the budget (weights in once a pack)",
            packs_policy),
-    Policy("auto", "with a budget: the fastest plan that fits, searched over liveness, recomputation, offload and "
-                   "per-step workspace sizing (without one: liveness)", auto_policy),
-    Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of stored "
-                         "activations against its exact plans by estimated step time (codec time included)",
+    Policy("auto", "with a budget: the fastest exact plan that fits (recompute, offload, workspaces); else liveness",
+           auto_policy),
+    Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of activations",
            auto_lossy_policy, lossy=True),
-    Policy("window", "nnabla's out-of-core schedule: a window over the recorded access order swaps tensors in "
-                     "ahead of use and out when no use is left in it, adapting its width to the budget",
+    Policy("window", "nnabla's out-of-core schedule: tensors swapped by a window over the access order",
            window_policy),
 )}
 
 
 def available_policies() -> tuple[str, ...]:
     return tuple(POLICIES)
+
+
+def policies_help() -> str:
+    """One line per policy, name and what it does: the epilog of `minidl --help`, `plan --help` and `train --help`
+    (a list of ten names says nothing about which one to pick)."""
+    width = max(map(len, POLICIES))
+    return "policies (--policy):\n" + "\n".join(f"  {p.name:<{width}}  {p.help}" for p in POLICIES.values())
 
 
 def exact_policies() -> tuple[str, ...]:
