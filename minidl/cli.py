@@ -296,6 +296,7 @@ def _fused(args) -> bool | None:
 def cmd_plan(args) -> dict:
     from .memory.policies import plan_network
     from .memory.report import explain, memory_report, plot_timeline, write_trace
+    from .memory.report.fit import check_fit
     from .memory.simulate import simulate
     from .optim import make_optimizer
 
@@ -325,12 +326,16 @@ def cmd_plan(args) -> dict:
         device = _measured_device(net, opt, backend, costs)
     what = (f"planning {args.model}{f'-{args.depth}' if args.depth else ''} ({len(net.layer_nodes)} layers), policy "
             f"{args.policy}" + (f", budget {format_bytes(args.budget)}" if args.budget is not None else ""))
+    def plan_at(policy: str, budget: int | None):
+        return plan_network(net, opt, policy, budget, device=device, backend=backend, costs=costs,
+                            fused_update=_fused(args), paged=args.paged, data_parallel=dp,
+                            micro_batches=args.micro_batches)
+
     with _ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
-        plan = plan_network(net, opt, args.policy, args.budget, device=device, backend=backend,
-                            costs=costs, fused_update=_fused(args), paged=args.paged,
-                            data_parallel=dp, micro_batches=args.micro_batches)
+        plan = plan_at(args.policy, args.budget)
         sim = simulate(plan, device)
-    out = _memory_json(plan)
+        fit = check_fit(plan, sim.device, args.budget, plan_at)   # and, if not on the device, what would
+    out = {**_memory_json(plan), **fit.to_json()}
     if dp is not None:
         from .memory.decisions.allreduce import allreduce_timeline
 
@@ -371,6 +376,7 @@ def cmd_plan(args) -> dict:
             print(f"  all-reduce       {out['ranks']} ranks, {out['buckets']} buckets: {out['est_allreduce_s']:.4f} s "
                   f"at {out['interconnect_bw'] / 1e9:g} GB/s, {out['est_allreduce_exposed_s']:.4f} s exposed, "
                   f"{out['est_allreduce_hidden_fraction']:.1%} hidden behind backward")
+        print(fit.format())
     _say_written(args, [("memory timeline", out.get("plot")), ("trace", out.get("trace"))])
     return out
 

@@ -133,3 +133,25 @@ def test_winograd_options_set_the_switch(capsys, monkeypatch):
     again = run_json(capsys, *argv, "--cpu-winograd")["peak_bytes"]
     assert os.environ["MINIDL_CPU_WINOGRAD"] == "1"
     assert on == again != off
+
+
+def test_plan_says_whether_it_fits_and_what_would(capsys):
+    """Without --budget, a plan larger than the device's memory says so, with a policy and budget that fit; that
+    suggestion, typed back, plans and says it fits. --json carries `fits` and `budget_bytes`."""
+    argv = ["plan", "resnet", "--depth", "20", "--batch", "8", "--device", "k40c:3MiB"]
+    assert main(argv) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.strip().startswith("fits:"))
+    assert "fits: no. It does not fit k40c's 3.00 MiB" in line
+    suggested = line.split("Policy auto fits: ")[1].split(" (")[0].split()
+    assert suggested == ["--policy", "auto", "--budget", "3MiB"]
+    assert main([*argv, *suggested, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is True and out["budget_bytes"] == 3 * 2**20 and out["needs_bytes"] <= 3 * 2**20
+    assert main([*argv, *suggested]) == 0
+    assert "fits: yes. It fits the 3.00 MiB budget" in capsys.readouterr().out
+    assert main([*argv[:-1], "k40c:2MiB", "--json"]) == 0   # auto cannot fit it either: its smallest budget
+    out = json.loads(capsys.readouterr().out)
+    least = out["suggested"]["least_budget_bytes"]
+    assert out["fits"] is False and out["budget_bytes"] is None and least > 2 * 2**20
+    assert main([*argv[:-1], f"k40c:{least}", "--policy", "auto", "--budget", str(least), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is True

@@ -1,0 +1,105 @@
+"""Whether a plan fits, said in words: against `--budget`, and against the device profile's memory.
+
+A plan made without a budget is never refused (nothing limits it), so `minidl plan` could print a 38 GiB plan and
+a step time for a 12 GB card without a word that it cannot run there. The verdict here compares the plan's
+smallest budget with the budget given and with the device's memory; when the device is what is exceeded, it asks
+policy `auto` (the search over recomputation, offload and workspaces) for a plan under the device's memory, so
+the answer names a policy and a budget that work, or the smallest budget auto itself would need (the verified
+minimum of `schedulers/minimum.py`). Planning again is left to the caller (`replan`), so the suggestion is made
+with the same options (backend, costs, paging, micro-batches) as the plan it stands beside.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ...core.errors import BudgetError, MinidlError
+from ..plan import Plan
+from ..pool import format_bytes
+from ..simulate import DeviceProfile, simulate
+
+SUGGESTED_POLICY = "auto"
+"""The policy asked for a plan that fits: the fastest exact plan under a budget, by its own search."""
+
+
+def size_text(n: int) -> str:
+    """A size as a user would type it: "12 GB" for a whole number of decimal gigabytes (how cards are sold and
+    how the device profiles are given), else `format_bytes`'s binary units."""
+    return f"{n // 10**9} GB" if n and n % 10**9 == 0 else format_bytes(n)
+
+
+def _option(n: int) -> str:
+    """`n` as a --budget value: the largest unit that states it exactly."""
+    for unit, factor in (("GB", 10**9), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
+@dataclass(slots=True)
+class Fit:
+    fits: bool                   # within the budget given and within the device's memory
+    needs_bytes: int             # the plan's smallest budget
+    budget_bytes: int | None     # --budget (None: not given)
+    device: DeviceProfile
+    suggested_policy: str | None = None          # a policy that fits the device's memory, when this plan does not
+    suggested_budget_bytes: int | None = None    # the budget to give it (the device's memory)
+    suggested_needs_bytes: int | None = None     # what that plan needs (at most the suggested budget)
+    suggested_step_time_s: float | None = None
+    least_bytes: int | None = None               # when auto cannot fit the device: the smallest budget it needs
+    no_suggestion: str | None = None             # why auto could not be asked (another option rules it out)
+
+    def to_json(self) -> dict:
+        return {"fits": self.fits, "budget_bytes": self.budget_bytes, "needs_bytes": self.needs_bytes,
+                "device_memory_bytes": self.device.memory_bytes,
+                "suggested": None if self.suggested_policy is None and self.least_bytes is None else {
+                    "policy": SUGGESTED_POLICY, "budget_bytes": self.suggested_budget_bytes,
+                    "needs_bytes": self.suggested_needs_bytes, "est_step_time_s": self.suggested_step_time_s,
+                    "least_budget_bytes": self.least_bytes}}
+
+    def format(self) -> str:
+        dev, mem = self.device.name, self.device.memory_bytes
+        need = f"this plan needs {format_bytes(self.needs_bytes)}"
+        if self.budget_bytes is not None:
+            head = f"fits the {size_text(self.budget_bytes)} budget ({need})"
+            if self.needs_bytes <= mem:
+                return f"  fits: yes. It {head} and {dev}'s {size_text(mem)}"
+            head = f"  fits: no. It {head}, but not {dev}'s {size_text(mem)}"
+        elif self.fits:
+            return f"  fits: yes, {dev}'s {size_text(mem)} ({need}; no --budget given, so checked against the device)"
+        else:
+            head = f"  fits: no. It does not fit {dev}'s {size_text(mem)}: {need}"
+        if self.suggested_policy is not None:
+            return (f"{head}. Policy {self.suggested_policy} fits: --policy {self.suggested_policy} --budget "
+                    f"{_option(self.suggested_budget_bytes)} (its plan needs {format_bytes(self.suggested_needs_bytes)}"
+                    f", estimated step {self.suggested_step_time_s * 1e3:.1f} ms on {dev})")
+        if self.least_bytes is not None:
+            return (f"{head}. Policy {SUGGESTED_POLICY} (the search over recomputation, offload and workspaces) "
+                    f"does not fit it either: it needs --budget {format_bytes(self.least_bytes)} "
+                    f"({self.least_bytes:,} B) at least")
+        if self.no_suggestion is not None:
+            return f"{head}. Policy {SUGGESTED_POLICY} could not be tried with these options: {self.no_suggestion}"
+        return head
+
+
+def check_fit(plan: Plan, device: DeviceProfile, budget: int | None,
+              replan: Callable[[str, int], Plan] | None = None) -> Fit:
+    """The verdict for `plan` (made under `budget`, None for none) on `device`. When it does not fit the device's
+    memory and `replan(policy, budget)` is given, policy auto is planned at that memory for a suggestion (one
+    planning if it fits; if not, its BudgetError's verified minimum is reported instead)."""
+    need, mem = plan.min_budget_bytes, device.memory_bytes
+    fit = Fit(need <= mem and (budget is None or need <= budget), need, budget, device)
+    if need <= mem or replan is None:
+        return fit
+    try:
+        other = replan(SUGGESTED_POLICY, mem)
+    except BudgetError as e:
+        fit.least_bytes = e.min_budget_bytes
+        return fit
+    except MinidlError as e:   # e.g. --paged or --ranks with a route auto does not plan: the verdict stands alone
+        fit.no_suggestion = str(e)
+        return fit
+    fit.suggested_policy, fit.suggested_budget_bytes = SUGGESTED_POLICY, mem
+    fit.suggested_needs_bytes = other.min_budget_bytes
+    fit.suggested_step_time_s = simulate(other, device).est_step_time_s
+    return fit
