@@ -38,7 +38,7 @@ import numpy as np
 
 from minidl.core.errors import OptionError
 
-from .pool import ALIGNMENT, PoolOutOfMemory, TensorPool, align_up, format_bytes, parse_size
+from .pool import ALIGNMENT, LiveQueries, PoolOutOfMemory, TensorPool, align_up, format_bytes, parse_size
 
 DEFAULT_CHUNK = 20 * 2**20
 """The paper's physical chunk, 20 MB (as 20 MiB: a multiple of CUDA's 2 MiB mapping granularity and of any page)."""
@@ -62,13 +62,13 @@ class PagedBacking(Protocol):
 
 @dataclass(slots=True)
 class _Range:
-    nbytes: int       # aligned bytes
+    size: int         # aligned bytes
     vchunk: int       # first virtual chunk
     nchunks: int      # chunks it owns (0: it lives in a shared chunk)
     tag: Hashable | None
 
 
-class PagedPool:
+class PagedPool(LiveQueries):
     """A pool of `budget // chunk` physical chunks behind a virtual range (see the module note)."""
 
     def __init__(self, budget: int | str, chunk: int = DEFAULT_CHUNK, virtual_bytes: int | None = None,
@@ -188,8 +188,8 @@ class PagedPool:
         r = self._live.pop(offset, None)
         if r is None:
             raise ValueError(f"free of unknown offset {offset}: no live range starts there")
-        self._live_bytes -= r.nbytes
-        self._rounded -= -(-r.nbytes // self.chunk) * self.chunk
+        self._live_bytes -= r.size
+        self._rounded -= -(-r.size // self.chunk) * self.chunk
         if r.nchunks:
             self._unmap(r.vchunk, r.nchunks)
             self._virt.free(r.vchunk * ALIGNMENT)
@@ -201,37 +201,7 @@ class PagedPool:
             self._unmap(r.vchunk, 1)
             self._virt.free(r.vchunk * ALIGNMENT)
 
-    # -- queries ------------------------------------------------------------------------------------------------
-    def size_of(self, offset: int) -> int:
-        return self._live_range(offset).nbytes
-
-    def tag_of(self, offset: int) -> Hashable | None:
-        return self._live_range(offset).tag
-
-    def _live_range(self, offset: int) -> _Range:
-        try:
-            return self._live[offset]
-        except KeyError:
-            raise ValueError(f"no live range starts at offset {offset}") from None
-
-    def __contains__(self, offset: object) -> bool:
-        return offset in self._live
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    @property
-    def in_use(self) -> int:
-        """Bytes of mapped physical chunks."""
-        return self._in_use
-
-    @property
-    def peak(self) -> int:
-        return self._peak
-
-    def reset_peak(self) -> None:
-        self._peak = self._in_use
-
+    # -- queries (the rest are LiveQueries', shared with the contiguous pool) -------------------------------------
     @property
     def live_bytes(self) -> int:
         """Bytes of live tensors, 512-aligned (what a contiguous pool would count as in use)."""
@@ -240,10 +210,6 @@ class PagedPool:
     @property
     def live_peak(self) -> int:
         return self._live_peak
-
-    @property
-    def free_bytes(self) -> int:
-        return self.capacity - self._in_use
 
     @property
     def largest_free_block(self) -> int:
@@ -268,10 +234,10 @@ class PagedPool:
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         nbytes = int(math.prod(shp)) * dt.itemsize
-        r = self._live_range(offset)
-        if nbytes > r.nbytes:
+        r = self._live_block(offset)
+        if nbytes > r.size:
             raise ValueError(f"cannot view {shp} {dt} ({nbytes} bytes) at offset {offset}: the live range there "
-                             f"(tag {r.tag!r}) holds only {r.nbytes} bytes")
+                             f"(tag {r.tag!r}) holds only {r.size} bytes")
         return self.arena.view_at(offset, shp, dt)
 
     def close(self) -> None:

@@ -262,7 +262,60 @@ class PoolOutOfMemory(MinidlError, MemoryError):
 # The pool
 # ---------------------------------------------------------------------------------------------------------
 
-class TensorPool:
+class LiveQueries:
+    """The queries a pool answers from its live ranges and counters, written once for the contiguous pool
+    (`TensorPool`) and the paged one (`paged.PagedPool`), so that the planner, the replay and the executor ask
+    both the same questions the same way.
+
+    A pool keeps `_live` (offset -> a record with `.size`, its rounded bytes, and `.tag`), `_in_use` (the bytes
+    it counts as used), `_peak` and `capacity`."""
+
+    _live: dict
+    _in_use: int
+    _peak: int
+    capacity: int
+
+    def size_of(self, offset: int) -> int:
+        """The (rounded) size of the live block starting at `offset`."""
+        return self._live_block(offset).size
+
+    def tag_of(self, offset: int) -> Hashable | None:
+        """The tag the live block starting at `offset` was allocated with."""
+        return self._live_block(offset).tag
+
+    def _live_block(self, offset: int):
+        try:
+            return self._live[offset]
+        except KeyError:
+            raise ValueError(f"no live block starts at offset {offset}") from None
+
+    def __contains__(self, offset: object) -> bool:
+        return offset in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    @property
+    def in_use(self) -> int:
+        """Bytes the pool counts as used: live blocks with their alignment padding (it is just as unusable);
+        for the paged pool, its mapped chunks."""
+        return self._in_use
+
+    @property
+    def peak(self) -> int:
+        """The highest `in_use` since construction or the last `reset_peak()`."""
+        return self._peak
+
+    def reset_peak(self) -> None:
+        """Start a new peak measurement (e.g. per training step) from the current usage."""
+        self._peak = self._in_use
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self._in_use
+
+
+class TensorPool(LiveQueries):
     """A best-fit, coalescing allocator over one arena of `budget` bytes (see the module docstring).
 
     `budget` may be an int or a size string ("512MiB"). The usable `capacity` is `budget` rounded down to
@@ -421,45 +474,7 @@ class TensorPool:
                 nxt.next.prev = block
         self._index_add(block)
 
-    # -- queries -----------------------------------------------------------------------------------------------
-    def size_of(self, offset: int) -> int:
-        """The (rounded) size of the live block starting at `offset`."""
-        return self._live_block(offset).size
-
-    def tag_of(self, offset: int) -> Hashable | None:
-        """The tag the live block starting at `offset` was allocated with."""
-        return self._live_block(offset).tag
-
-    def _live_block(self, offset: int) -> Block:
-        try:
-            return self._live[offset]
-        except KeyError:
-            raise ValueError(f"no live block starts at offset {offset}") from None
-
-    def __contains__(self, offset: object) -> bool:
-        return offset in self._live
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    @property
-    def in_use(self) -> int:
-        """Bytes held by live blocks, counting the alignment padding (it is just as unusable)."""
-        return self._in_use
-
-    @property
-    def peak(self) -> int:
-        """The highest `in_use` since construction or the last `reset_peak()`."""
-        return self._peak
-
-    def reset_peak(self) -> None:
-        """Start a new peak measurement (e.g. per training step) from the current usage."""
-        self._peak = self._in_use
-
-    @property
-    def free_bytes(self) -> int:
-        return self.capacity - self._in_use
-
+    # -- queries (the rest are LiveQueries') -------------------------------------------------------------------
     @property
     def largest_free_block(self) -> int:
         """The largest request that can succeed now: the last entry of the size-sorted free index."""

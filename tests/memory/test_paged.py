@@ -157,3 +157,19 @@ def test_the_compiled_step_replays_the_mappings(reference):
     got, ref = sess.executor.state_dict(), reference("resnet20")
     for name in ref:
         assert np.array_equal(ref[name], got[name]), name
+
+
+def test_paged_and_contiguous_pools_share_their_queries():
+    """size_of, tag_of, in_use, peak ... are one implementation for both pools (`pool.LiveQueries`), so an
+    unknown offset is refused by both in the same words."""
+    from minidl.memory.paged import PagedPool
+    from minidl.memory.pool import LiveQueries, TensorPool
+
+    for name in ("size_of", "tag_of", "__contains__", "__len__", "in_use", "peak", "reset_peak", "free_bytes"):
+        assert name not in vars(PagedPool) and name not in vars(TensorPool), name
+        assert getattr(PagedPool, name) is getattr(LiveQueries, name) is getattr(TensorPool, name), name
+    for pool in (TensorPool(8 * 4096), PagedPool(8 * 4096, 4096)):
+        off = pool.alloc(1000, tag="t")
+        assert pool.size_of(off) == 1024 and pool.tag_of(off) == "t" and off in pool and len(pool) == 1
+        with pytest.raises(ValueError, match="no live block starts at offset 7"):
+            pool.size_of(7)
