@@ -119,7 +119,7 @@ def test_packs_choose_micro_batches_when_one_batch_step_cannot_fit():
     net = act_net()
     per_layer = [[n.name] for n in net.layer_nodes]
     floor = step_floor(net.route(optimizer_slots=("momentum",), micro_batches=1, packs=per_layer))
-    with pytest.raises(dl.errors.BudgetError):
+    with pytest.raises(dl.BudgetError):
         plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "auto", budget=floor - 1)  # no micro-batching in auto
     got = train(act_net(), "packs", None, budget=floor - 1, debug=True)  # below one full-batch step's own tensors
     assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
