@@ -38,12 +38,16 @@ PolicyFn = Callable[[Route, "int | None", str, "CostTable | None"], Plan]
 @dataclass(frozen=True, slots=True)
 class Policy:
     """One row of the table: the name users type, what it does in one line (every `--help` lists these; the
-    mechanism's own module says the rest), and the function that plans it."""
+    mechanism's own module says the rest), the function that plans it, when to pick it and the paper it comes
+    from. README's policy table and docs/policies/ are generated from these fields (docs/make_readme.py,
+    docs/make_policies.py), so --help and the docs cannot disagree."""
 
     name: str
     help: str
     plan: PolicyFn
     lossy: bool = False   # True: parameters are NOT bit-identical to policy 'none' (opt-in compression)
+    when: str = ""        # when a user should pick it, in one line
+    paper: str = ""       # the system it reproduces
 
 
 def _none(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
@@ -55,24 +59,44 @@ def _liveness(route: Route, budget: int | None, device: str, costs: CostTable | 
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("none", "every tensor allocated up front, never freed: the baseline", _none),
-    Policy("liveness", "each tensor allocated just before its first use, freed right after its last", _liveness),
+    Policy("none", "every tensor allocated up front, never freed: the baseline", _none,
+           when="to measure what planning saves, or as the reference for another policy's results",
+           paper="the baseline"),
+    Policy("liveness", "each tensor allocated just before its first use, freed right after its last", _liveness,
+           when="the default without a budget: no copies, no recomputation, nothing to tune",
+           paper="SuperNeurons (Wang et al., PPoPP 2018): liveness analysis"),
     Policy("offload", "liveness + under a budget, the longest-idle tensors copied to the host and prefetched back",
-           offload_policy),
+           offload_policy,
+           when="the activations do not fit and the host link is fast enough to hide their copies",
+           paper="SuperNeurons (Wang et al., PPoPP 2018): unified tensor pool"),
     Policy("recompute", "liveness + cheap layers' outputs (ReLU, BN, pool) dropped after forward, recomputed in "
-                        "backward", recompute_policy),
+                        "backward", recompute_policy,
+           when="the activations do not fit and spare compute is cheaper than host copies",
+           paper="SuperNeurons (Wang et al., PPoPP 2018): cost-aware recomputation"),
     Policy("weights", "liveness + weights and optimizer state of conv/FC layers kept and updated on the host",
-           weights_policy),
+           weights_policy,
+           when="the parameters, gradients and optimizer state alone do not fit on the device",
+           paper="Harmony (Li et al., VLDB 2022): per-layer weight swapping"),
     Policy("compress", "LOSSY, opt-in: liveness + activations stored compressed between forward and backward",
-           compress_policy, lossy=True),
+           compress_policy, lossy=True,
+           when="memory matters more than bit-identical results (opt-in; check accuracy on your task)",
+           paper="COMET (Jin et al., VLDB 2022)"),
     Policy("packs", "Harmony's layer packs and micro-batches, packed to fit the budget (weights in once a pack)",
-           packs_policy),
+           packs_policy,
+           when="weights do not fit and a larger batch should move fewer bytes per sample",
+           paper="Harmony (Li et al., VLDB 2022): layer packs and micro-batches"),
     Policy("auto", "with a budget: the fastest exact plan that fits (recompute, offload, workspaces); else liveness",
-           auto_policy),
+           auto_policy,
+           when="the default with --budget: the fastest exact plan that fits; start here",
+           paper="SuperNeurons (Wang et al., PPoPP 2018), extended to weights (Harmony)"),
     Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of activations",
-           auto_lossy_policy, lossy=True),
+           auto_lossy_policy, lossy=True,
+           when="auto could not fit, or is slow, and lossy results are acceptable",
+           paper="SuperNeurons's search with COMET's compression (Jin et al., VLDB 2022)"),
     Policy("window", "nnabla's out-of-core schedule: tensors swapped by a window over the access order",
-           window_policy),
+           window_policy,
+           when="the largest batch under a budget, activations swapped by a local schedule",
+           paper="Hayakawa & Narihira, 2020 (nnabla's out-of-core training)"),
 )}
 
 
