@@ -1,0 +1,134 @@
+"""Generate the figures of docs/reproductions.md and docs/performance.md from `benchmarks/results/`: the tables the
+benchmark scripts wrote (`*.md`, included as they are) and tables rendered here from their JSON results. The
+pages' prose is written by hand around these regions and holds no figure of its own.
+
+    python docs/make_results.py [--check]
+
+Each benchmark script says how to re-run it; re-running one rewrites its results file, and this script then
+rewrites the pages (tests/test_docs.py fails until it has).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generated import ROOT, fill, main, table  # noqa: E402
+
+SCRIPT = "docs/make_results.py"
+RESULTS = ROOT / "benchmarks" / "results"
+REPRODUCTIONS = ROOT / "docs" / "reproductions.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+NOT_RECORDED = "(the results file records no machine or date)"
+
+
+def _json(name: str):
+    return json.loads((RESULTS / name).read_text())
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f} ms"
+
+
+def included(name: str) -> str:
+    """A table a benchmark script wrote, as it is (its headings below this page's)."""
+    lines = [("#### " + ln.lstrip("# ")) if ln.startswith("#") else ln
+             for ln in (RESULTS / name).read_text().strip("\n").splitlines()]
+    return f"From `benchmarks/results/{name}`:\n\n" + "\n".join(lines) + "\n"
+
+
+def compression() -> str:
+    d = _json("compression.json")
+    head = (f"From `benchmarks/results/compression.json` ({d['date']}, {d['machine']}; "
+            "`python benchmarks/compression.py`).\n\n")
+    err = table(["target rho*", "median layer", "worst layer", "all layers", "compression ratio"],
+                [[f"{r['target']:g}", f"{r['median_layer_rel_err']:.4f}", f"{r['max_layer_rel_err']:.4f}",
+                  f"{r['total_rel_err']:.4f}", f"{r['ratio']:.1f}x"] for r in d["gradient_error"]], "rrrrr")
+    seeds = d["accuracy_seeds"]
+    acc_rows = [[s["seed"], f"{s['none']:.4f}", f"{s['compress']:.4f}",
+                 f"{100 * (s['compress'] - s['none']):+.2f} points"] for s in seeds]
+    mean_none = sum(s["none"] for s in seeds) / len(seeds)
+    mean_comp = sum(s["compress"] for s in seeds) / len(seeds)
+    acc_rows.append(["mean", f"{mean_none:.4f}", f"{mean_comp:.4f}", f"{100 * (mean_comp - mean_none):+.2f} points"])
+    acc = table(["seed", "`none`", "`compress`", "difference"], acc_rows, "rrrr")
+    a = d["accuracy"]
+    nets = table(["net (input)", "peak `none`", "`liveness`", "`compress`", "stored for backward", "spills"],
+                 [[f"{n['net']} ({'x'.join(map(str, n['shape']))})", _mb(n["peak_none"]), _mb(n["peak_liveness"]),
+                   _mb(n["peak_compress"]), f"{_mb(n['stored_raw'])} -> {_mb(n['stored_stream'])} "
+                   f"({n['stored_raw'] / n['stored_stream']:.1f}x)", n["spills"]] for n in d["nets"]], "lrrrrr")
+    return (head + "Relative weight-gradient error of one step against the exact step from the same state (ResNet-20, "
+            "CIFAR shape, batch 2):\n\n" + err +
+            f"\nHeld-out accuracy, ResNet-20 on the digits, {a['steps']} steps at batch {a['batch']}, target "
+            f"{a['target']:g}, the same seed and steps for both:\n\n" + acc +
+            "\nPeak memory per network (one step, on a plan reserved from the ratios its first step measured):\n\n"
+            + nets)
+
+
+def scaling() -> str:
+    d = _json("scaling.json")
+    rows = [[r["ranks"], r["global_batch"], _ms(r["step_time_s"]),
+             f"{r['images_per_s']:.0f} ({r['images_per_s_range'][0]:.0f}-{r['images_per_s_range'][1]:.0f})",
+             r["buckets"], f"{100 * r['hidden_behind_backward']:.0f}%" if r["ranks"] > 1 else "-"]
+            for r in d["rows"]]
+    acc = d["accuracy"]
+    return (f"From `benchmarks/results/scaling.json` ({d['machine']}; ResNet-20 on the digits, "
+            f"{d['batch_per_rank']} images per rank, {d['bucket_size']} buckets, {d['blas_threads']} BLAS thread per "
+            "rank; `python benchmarks/scaling.py`):\n\n" +
+            table(["ranks", "global batch", "step (median)", "images/s (range)", "buckets",
+                   "all-reduce hidden behind backward"], rows, "rrrrrr") +
+            f"\nHeld-out accuracy after {acc['steps']} steps: one process {100 * acc['one_process']:.2f}%, two ranks "
+            f"{100 * acc['two_ranks']:.2f}%.\n")
+
+
+def dispatch() -> str:
+    d = _json("dispatch_resnet1202_b1.json")
+    rows = [[k, _ms(d[k]["step_s"]), _ms(d[k]["kernels_s"]), _ms(d[k]["dispatch_s"]),
+             f"{d[k]['dispatch_us_per_step']:.2f} us"] for k in ("interpreted", "compiled")]
+    return (f"From `benchmarks/results/dispatch_resnet1202_b1.json` {NOT_RECORDED}: {d['model']}, batch "
+            f"{d['batch']}, {d['route_steps']:,} route steps, policy `{d['policy']}`; dispatch is the step's wall "
+            "time minus its kernels' (`python benchmarks/dispatch.py`).\n\n" +
+            table(["executor", "step", "kernels", "dispatch", "dispatch per route step"], rows, "lrrrr") +
+            f"\nParameters bit-identical between the two: {d['bit_identical']}.\n")
+
+
+def autotune() -> str:
+    d = _json("autotune.json")
+    rows = [[k, ", ".join(f"{a} {n}" for a, n in p["algorithms"].items()), f"{p['peak_bytes']:,} B",
+             f"{p['step_s']:.3f} s"] for k, p in d["plans"].items()]
+    return (f"From `benchmarks/results/autotune.json` {NOT_RECORDED}: {d['model']}, batch {d['batch']}, "
+            f"{d['image_size']} px, policy `{d['policy']}`; measuring took {d['autotune_s']:.1f} s "
+            f"({d['measurements']} measurements of {d['distinct_shapes']} distinct shapes) "
+            "(`python benchmarks/autotune.py`).\n\n" +
+            table(["ranking", "algorithms chosen (forward + backward steps)", "planned peak", "step (median)"],
+                  rows, "llrr") + f"\nParameters bit-identical: {d['bit_identical']}.\n")
+
+
+def first_command() -> str:
+    d = _json("first_command.json")
+    m = d["machine"]
+    rows = [["first (empty kernel cache)", f"{d['cold']['wall_s']:.1f} s", d["cold"]["load_average_before"]]]
+    rows += [[f"cached, run {i + 1}", f"{w['wall_s']:.1f} s", w["load_average_before"]]
+             for i, w in enumerate(d["warm"])]
+    return (f"From `benchmarks/results/first_command.json` ({d['date']}; {m['cpu']}, {m['cores']} cores, "
+            f"{m['blas']}, Python {m['python']}; `python benchmarks/first_command.py`): `{d['command']}`\n\n" +
+            table(["run", "wall time", "load average before"], rows, "lrr") +
+            f"\nHeld-out accuracy {100 * d['cold']['accuracy']:.2f}%, final loss {d['cold']['final_loss']:.4f}.\n")
+
+
+def pages() -> dict[Path, str]:
+    repro = {"superneurons": included("superneurons.md"), "memory-table": included("memory_table.md"),
+             "out-of-core": included("out_of_core.md"), "weights-swap": included("weights_swap.md"),
+             "weights-vgg16": included("weights_vgg16.md"), "harmony": included("harmony.md"),
+             "compression": compression()}
+    perf = {"first-command": first_command(), "dispatch": dispatch(), "autotune": autotune(), "scaling": scaling()}
+    return {REPRODUCTIONS: fill(REPRODUCTIONS.read_text(), SCRIPT, repro, "docs/reproductions.md"),
+            PERFORMANCE: fill(PERFORMANCE.read_text(), SCRIPT, perf, "docs/performance.md")}
+
+
+if __name__ == "__main__":
+    main(SCRIPT, pages)
