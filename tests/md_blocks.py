@@ -1,4 +1,4 @@
-"""Code blocks of the project's Markdown pages (README.md, docs/tour.md), and the documented rewrites with which
+"""Code blocks of the project's Markdown pages (README.md, docs/*.md), and the documented rewrites with which
 the tests run their commands. tests/test_readme.py's docstring lists the rules."""
 from __future__ import annotations
 
