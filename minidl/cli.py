@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-size", type=_size, default=None, metavar="SIZE",
                    help="with --ranks: gradient bucket size (default 1MiB)")
     p.add_argument("--reduction", default="ring", choices=("ring", "gather"),
-                   help="with --ranks: how buckets are reduced (both sum in rank order; see README)")
+                   help="with --ranks: how buckets are reduced (both sum in rank order; see docs/multi-process.md)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"),
                    help="whose state (momentum, Adam's moments) the plan holds")
     p.add_argument("--devices", type=_positive_int, default=None, metavar="N",

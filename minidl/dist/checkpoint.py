@@ -3,7 +3,7 @@
 Every replica holds the same parameters and optimizer state (the reducer keeps them bit-identical), so one copy
 is the whole state: rank 0 writes it (atomically, through `checkpoint.save_checkpoint`), and a barrier keeps the
 other ranks from going on, and possibly reading it, before it is complete. BN running statistics are rank 0's
-(see README: batch statistics are per rank, as in PyTorch DDP). On resume every rank loads the same file; the
+(docs/multi-process.md: batch statistics are per rank, as in PyTorch DDP). On resume every rank loads the same file; the
 data position is counted in global batches, so a resume must keep the global batch (ranks x batch) the
 checkpoint was written with, or the replayed data order would differ.
 """

@@ -41,7 +41,7 @@ and no sign flips), so they impose no bound at all. A tensor read only by sign r
 useful bound, max|a| (every nonzero value lands in the first bin: a one-bit mask, in effect).
 
 The tensor's bound is the smallest over its readers. The measured relative gradient error against rho* is in
-`benchmarks/compression.py` (README, section on compression).
+`benchmarks/compression.py` (docs/reproductions.md, COMET).
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ exposed all-reduce time; the rest hid behind backward.
 
 Limitations: the in-flight buckets take 2x (`ring`) or N x (`gather`) the gradient bytes, where DDP's buckets
 take 1x (its library sums in place, in an order of its own). Only trainable parameters' gradients are reduced:
-BN running statistics stay per rank (see README).
+BN running statistics stay per rank (see docs/multi-process.md).
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ from ..planner import Residency, Schedule, WorkspaceChoice, default_workspace, l
 
 DEFAULT_RATIO = 2.5
 """Compression ratio assumed for a tensor with no measurement: below what ResNet-20's stored activations reach
-at the default bound on the first iterations (README, compression section), so a first plan rarely spills."""
+at the default bound on the first iterations (CHANGELOG.md, compression), so a first plan rarely spills."""
 
 MARGIN = 1.25
 """Reserve this much more than the measured compressed size: the data and the adaptive bound drift in training."""

@@ -16,7 +16,7 @@ from, less. A number a user is told to use must work, and be the edge, so it is 
    more than steps 1-2 (the plan's own arena, then one byte below it: `offload` on 25 random small nets, 9.0
    plannings in all on average instead of 6.7); at most about twice log2 of the interval step 2 left (23).
 
-What the figure is, per policy (also in the README):
+What the figure is, per policy (docs/policies/auto.md summarizes it for users):
 - `none`: exact. Its placement does not depend on the budget (everything up front, fastest algorithms).
 - every other policy: a budget at which it plans, with one byte less failing, found below the policy's own figure
   and above the budget that failed. For `liveness` and `recompute` this is the smallest budget in practice
