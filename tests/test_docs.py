@@ -64,17 +64,6 @@ def test_readme_policy_table_is_the_policies_table():
         assert f"[`{name}`](docs/policies/{name}.md) | {p.help} | {p.when} | {p.paper} |" in table
 
 
-def test_help_lists_every_policy_with_when_to_pick_it():
-    from minidl.cli import build_parser
-    from minidl.memory.policies import POLICIES
-
-    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
-    for command in ("plan", "train"):
-        text = sub.choices[command].format_help()
-        for name, p in POLICIES.items():
-            assert re.search(rf"^\s+{re.escape(name)}\s+{re.escape(p.when[:30])}", text, re.M), (command, name)
-
-
 def test_every_policy_has_a_page():
     from minidl.memory.policies import POLICIES
 
