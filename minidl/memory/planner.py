@@ -115,10 +115,20 @@ def make_plan(route: Route, policy: str = "liveness", budget: int | None = None,
     to the one placement pass; without it, plain liveness.
     """
     ws = default_workspace(route) if workspace is None else workspace
-    plan = _place(route, policy, ws, schedule, budget)
+    plan = place(route, ws, schedule, budget, policy=policy)
     if budget is not None and plan.min_budget_bytes > budget and any(c.options for c in ws.values()):
         plan = _frugal_fallback(route, policy, ws, schedule, budget, plan)
-    plan.lower_bound_bytes = lower_bound(route)
+    return finalize(plan, budget)
+
+
+def finalize(plan: Plan, budget: int | None, policy: str | None = None) -> Plan:
+    """The one place a placed plan becomes the plan a policy returns: named `policy` (when given), held to
+    `budget` (BudgetError naming the smallest budget that works) and given the budget as its arena.
+
+    Why one place: schedulers search over many placements and keep one; finishing it here means no policy can
+    return a plan whose arena, budget check or name was set differently from the others'."""
+    if policy is not None:
+        plan.policy = policy
     check_budget(plan, budget)
     plan.arena_bytes = budget if budget is not None else plan.min_budget_bytes
     return plan
@@ -134,7 +144,7 @@ def _frugal_fallback(route: Route, policy: str, ws: dict[int, WorkspaceChoice], 
     names the smaller of the two minima, which is the smallest budget that works (seen on CIFAR ResNets: the
     greedy placement's minimum 0.8% above the frugal one's). Returns the plan with the smaller minimum."""
     frugal = smallest_workspaces(ws, "not taken (the fastest-that-fits placement missed the budget)")
-    plan = _place(route, policy, frugal, schedule, budget)
+    plan = place(route, frugal, schedule, budget, policy=policy)
     return plan if plan.min_budget_bytes < greedy.min_budget_bytes else greedy
 
 
@@ -206,8 +216,14 @@ def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
     return sched
 
 
-def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None,
-           budget: int | None = None) -> Plan:
+def place(route: Route, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None,
+          budget: int | None = None, *, policy: str = "liveness") -> Plan:
+    """One placement pass: `schedule` (plain liveness when None) replayed on the pool, with offsets, peak and
+    minimum arena; with `budget`, open workspace algorithms are fitted to what is free (no budget check).
+
+    The placed plan is whole and runnable on an arena of its own minimum (its `arena_bytes`); schedulers place
+    many and keep one, which `finalize` holds to the budget. The only other way to a plan is `make_plan`, which
+    is these two in a row."""
     rec = PlacementRecorder(capacity_bound(route, ws), _paged_pool(route, ws))
     sizes = {tid: t.nbytes for tid, t in route.tensors.items()}
     for k, c in ws.items():
@@ -246,7 +262,22 @@ def _place(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: 
     plan.peak_live = live_at(plan, plan.peak_step)
     if rec.paged:
         plan.paged = PagedLayout(rec.pool.chunk, rec.pool.virtual_high, rec.pool.live_peak, rec.pool.rounded_peak)
+    plan.lower_bound_bytes = lower_bound(route)
+    plan.arena_bytes = plan.min_budget_bytes
+    plan.offloaded_bytes, plan.prefetched_bytes = transfer_bytes(plan)
     return plan
+
+
+def transfer_bytes(plan: Plan) -> tuple[int, int]:
+    """(bytes offloaded, bytes prefetched) per training step, from the plan's events."""
+    off = pre = 0
+    for sp in plan.steps:
+        for ev in sp.before + sp.after:
+            if ev.kind is EventKind.OFFLOAD:
+                off += ev.nbytes
+            elif ev.kind is EventKind.PREFETCH:
+                pre += ev.nbytes
+    return off, pre
 
 
 def _paged_pool(route: Route, ws: dict[int, WorkspaceChoice]) -> PagedPool | None:

@@ -99,7 +99,8 @@ def test_tight_budgets_use_the_mechanisms():
 def test_recompute_composed_with_offload_is_bit_identical(key):
     """Roots that recomputation reads are prefetched before the recomputation sequence needs them."""
     from minidl.memory.decisions.recompute import recompute_schedule
-    from minidl.memory.schedulers.auto import _finish, cache_search
+    from minidl.memory.planner import finalize
+    from minidl.memory.schedulers.auto import cache_search
     from minidl.memory.workspace import workspace_choices
     from minidl.runtime.executor import Executor
 
@@ -111,7 +112,7 @@ def test_recompute_composed_with_offload_is_bit_identical(key):
     floor = cache_search(route, rs.schedule, ws, 1, "cpu", reads).plan.min_budget_bytes
     cr = cache_search(route, rs.schedule, ws, floor, "cpu", reads)
     assert cr.fits and cr.offloaded > 0
-    plan = _finish(cr.plan, route, floor)
+    plan = finalize(cr.plan, floor)
     kinds = {ev.kind for sp in plan.steps for ev in sp.before + sp.after}
     assert {EventKind.OFFLOAD, EventKind.RECOMPUTE} <= kinds
     ref = train(NETS[key](), "none", steps=5).executor.state_dict()
@@ -150,8 +151,8 @@ def test_cli_budget_alone_means_auto(capsys):
 
 def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
     from minidl.core.tensors import Role
-    from minidl.memory.planner import liveness_schedule
-    from minidl.memory.schedulers.auto import LAYOUTS, _finish, pin_long_lived, place
+    from minidl.memory.planner import finalize, liveness_schedule, place
+    from minidl.memory.schedulers.auto import LAYOUTS, pin_long_lived
     from minidl.memory.workspace import workspace_choices
     from minidl.runtime.executor import Executor
 
@@ -159,7 +160,7 @@ def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
     route = net.route(optimizer_slots=("momentum",))
     ws = workspace_choices(route)
     sched = pin_long_lived(route, liveness_schedule(route, ws), LAYOUTS["grads+aux pinned"])
-    plan = _finish(place(route, ws, sched, None), route, None)
+    plan = finalize(place(route, ws, sched), None)
     first = [ev.tensor for ev in plan.steps[0].before]
     pinned = [t for t, s in route.tensors.items() if s.role in (Role.GRADIENT, Role.AUX, Role.LABEL)]
     assert set(first[:len(pinned)]) == set(pinned)

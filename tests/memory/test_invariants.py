@@ -267,3 +267,26 @@ def test_the_simulated_peak_is_replayed_not_read_from_the_plan(policy, share):
     assert want == plan.peak_bytes == simulate(plan, "cpu").peak_bytes
     for lie in (0, plan.peak_bytes - 512, plan.peak_bytes + 4096, 2 * plan.peak_bytes):
         assert simulate(dataclasses.replace(plan, peak_bytes=lie), "cpu").peak_bytes == want, lie
+
+
+def test_plans_are_placed_and_finalized_by_the_planner_alone():
+    """`planner.place` and `planner.finalize` are the one way to a plan: no scheduler reaches into the planner's
+    private placement, and every policy's plan carries the same finishing (lower bound, arena = the budget,
+    transfer bytes counted from its events)."""
+    import re
+    from pathlib import Path
+
+    import minidl.memory as memory
+    from minidl.memory.planner import transfer_bytes
+
+    root = Path(memory.__file__).parent
+    private = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if re.search(r"planner import[^\n]*\b_place\b|\bdef _finish\(", p.read_text())]
+    assert not private, private
+    net = NETS["dropnet"]()
+    for policy in ("none", "liveness", "offload", "window", "auto"):
+        plan = plan_network(net, SGD(0.1), policy)
+        budget = plan.min_budget_bytes + 4096
+        plan = plan_network(net, SGD(0.1), policy, budget=budget)
+        assert plan.arena_bytes == budget and plan.policy == policy, policy
+        assert plan.lower_bound_bytes > 0 and (plan.offloaded_bytes, plan.prefetched_bytes) == transfer_bytes(plan)

@@ -61,9 +61,10 @@ from dataclasses import dataclass
 from ...core.errors import BudgetError
 from ...core.tensors import Role
 from ...graph.route import Route
+from .. import planner
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan
-from ..planner import Marker, Residency, Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
+from ..planner import Marker, Residency, Schedule, WorkspaceChoice, default_workspace, finalize, liveness_schedule
 from ..pool import format_bytes
 from ..simulate import DeviceProfile, get_profile, step_costs
 
@@ -244,25 +245,6 @@ def offload_schedule(route: Route, base: Schedule, chosen: list[Candidate],
     return Schedule(res, markers, set(base.host_steps))
 
 
-def transfer_bytes(plan: Plan) -> tuple[int, int]:
-    """(bytes offloaded, bytes prefetched) per training step, from the plan's events."""
-    off = pre = 0
-    for sp in plan.steps:
-        for ev in sp.before + sp.after:
-            if ev.kind is EventKind.OFFLOAD:
-                off += ev.nbytes
-            elif ev.kind is EventKind.PREFETCH:
-                pre += ev.nbytes
-    return off, pre
-
-
-def _finish(plan: Plan, budget: int | None) -> Plan:
-    plan.offloaded_bytes, plan.prefetched_bytes = transfer_bytes(plan)
-    if budget is not None:
-        plan.arena_bytes = budget
-    return plan
-
-
 def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile = "cpu", *,
                  base: Schedule | None = None, workspace: dict[int, WorkspaceChoice] | None = None,
                  policy: str = "offload", slack: float | None = None) -> Plan:
@@ -275,11 +257,11 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
     base = liveness_schedule(route, ws) if base is None else base
 
     def place(sched: Schedule) -> Plan:
-        return make_plan(route, policy, None, ws, sched)
+        return planner.place(route, ws, sched, policy=policy)
 
     plan = place(base)
     if budget is None or plan.min_budget_bytes <= budget:
-        return _finish(plan, budget)   # the cache keeps everything resident: nothing moves
+        return finalize(plan, budget)   # the cache keeps everything resident: nothing moves
 
     dev = get_profile(device) if isinstance(device, str) else device
     clock = _clock(route, dev, copy_slack(dev) if slack is None else slack)
@@ -303,7 +285,7 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
                     hi, best = mid, p
                 else:
                     lo = mid
-            return _finish(best, budget)
+            return finalize(best, budget)
 
     floor = with_first(len(cands), tight=True) if cands else plan
     if floor.min_budget_bytes > budget:
@@ -314,7 +296,7 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
             f"{floor.binding_step} ({floor.binding_label}); without offload it is "
             f"{format_bytes(plan.min_budget_bytes)}. Try a larger budget or add recomputation.",
             floor.min_budget_bytes, floor.binding_label)
-    return _finish(_repair(route, base, cands, clock, budget, place) or floor, budget)
+    return finalize(_repair(route, base, cands, clock, budget, place) or floor, budget)
 
 
 def _repair(route: Route, base: Schedule, cands: list[Candidate], clock: _Clock, budget: int,

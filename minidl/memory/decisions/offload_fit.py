@@ -34,7 +34,7 @@ import numpy as np
 
 from ...graph.route import Route
 from ..plan import Plan
-from ..planner import Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
+from ..planner import Schedule, WorkspaceChoice, default_workspace, finalize, liveness_schedule, place
 from ..pool import align_up
 from . import offload as _offload
 from .offload import Candidate, Timing, _Clock, hiding_timing
@@ -217,19 +217,19 @@ def plan_offload_fitted(route: Route, budget: int | None, device="cpu", *, base:
     the timeline; `offload.plan_offload` (the older search) when the timeline finds no fit."""
     ws = default_workspace(route) if workspace is None else workspace
     base = liveness_schedule(route, ws) if base is None else base
-    plan = make_plan(route, policy, None, ws, base)
+    plan = place(route, ws, base, policy=policy)
     if budget is None or plan.min_budget_bytes <= budget:
-        return _offload._finish(plan, budget)   # the cache keeps everything resident: nothing moves
+        return finalize(plan, budget)   # the cache keeps everything resident: nothing moves
     dev = _offload.get_profile(device) if isinstance(device, str) else device
     clock = _offload._clock(route, dev, _offload.copy_slack(dev))
     cands = _offload.find_candidates(route, base, clock)
     if cands:
         persistent = sum(align_up(t.nbytes) for t in route.tensors.values() if t.role.persistent)
         fitted = fitted_plan(base_usage(route, base, ws), cands, clock, budget, persistent, dev.link_bw,
-                             lambda chosen, timing: make_plan(route, policy, None, ws,
-                                                              _offload.offload_schedule(route, base, chosen, timing)))
+                             lambda chosen, timing: place(
+                                 route, ws, _offload.offload_schedule(route, base, chosen, timing), policy=policy))
         if fitted is not None:
-            return _offload._finish(fitted, budget)
+            return finalize(fitted, budget)
     return _offload.plan_offload(route, budget, dev, base=base, workspace=ws, policy=policy)
 
 

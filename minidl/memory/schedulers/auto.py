@@ -60,7 +60,7 @@ from ..decisions import weights as weights_decision
 from ..decisions.recompute import MEMORY, RecomputeSchedule, compute_peak_lower_bound, recompute_schedule
 from ..liveness import analyze
 from ..plan import EventKind, Plan
-from ..planner import Residency, Schedule, WorkspaceChoice, _place, check_budget, liveness_schedule, lower_bound
+from ..planner import Residency, Schedule, WorkspaceChoice, finalize, liveness_schedule, lower_bound, place
 from ..pool import ALIGNMENT, align_up, format_bytes
 from ..simulate import get_profile, simulate, step_costs
 from ..workspace import CostTable, workspace_choices
@@ -93,24 +93,6 @@ class AutoResult:
             mb = format_bytes(t.min_budget_bytes) if t.plan is not None else "-"
             lines.append(f" {mark} {t.name:<44} {state:<11} min budget {mb:>11}  est {time}  {t.note}")
         return "\n".join(lines)
-
-
-def place(route: Route, ws: dict[int, WorkspaceChoice], sched: Schedule, budget: int | None,
-          policy: str = "auto") -> Plan:
-    """One placement pass (no budget check); workspace algorithms fitted to `budget` when given."""
-    plan = _place(route, policy, ws, sched, budget)
-    plan.arena_bytes = plan.min_budget_bytes
-    return plan
-
-
-def _finish(plan: Plan, route: Route, budget: int | None, policy: str = "auto") -> Plan:
-    plan.policy = policy
-    plan.lower_bound_bytes = lower_bound(route)
-    check_budget(plan, budget)
-    plan.arena_bytes = budget if budget is not None else plan.min_budget_bytes
-    if hasattr(plan, "offloaded_bytes"):
-        plan.offloaded_bytes, plan.prefetched_bytes = offload_decision.transfer_bytes(plan)
-    return plan
 
 
 # -- offload on top of any base schedule ------------------------------------------------------------------------
@@ -435,7 +417,6 @@ def weights_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice],
         sched = weights_decision.weights_schedule(route, base, layers[:n], host_update=True, lead=lead)
         cr = cache_search(route, sched, ws, budget, device, reads)
         p = cr.plan
-        p.offloaded_bytes, p.prefetched_bytes = offload_decision.transfer_bytes(p)
         return Trial(f"{name} + weights on host ({n} of {len(layers)} layers) + offload", p,
                      note=f"{cr.offloaded} of {cr.candidates} activation candidates offloaded"
                           + ("" if lead else "; weights prefetched just in time"))
@@ -467,7 +448,7 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
             f"smallest budget that works is {format_bytes(p.min_budget_bytes)} ({p.min_budget_bytes:,} B), with "
             f"the most memory-frugal plan ({f.name}), bound at step {p.binding_step} ({p.binding_label}).\n"
             f"tried:\n{res.summary()}", p.min_budget_bytes, p.binding_label)
-    return _finish(res.plan, route, budget)
+    return finalize(res.plan, budget, policy="auto")
 
 
 def auto_policy(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:

@@ -23,11 +23,11 @@ from ..decisions.compress import compressed_tensors, plan_compress
 from ..decisions.recompute import MEMORY, recompute_schedule
 from ..liveness import analyze
 from ..plan import Plan
-from ..planner import liveness_schedule
+from ..planner import finalize, liveness_schedule
 from ..pool import format_bytes
 from ..simulate import get_profile, simulate
 from ..workspace import CostTable, workspace_choices
-from .auto import Trial, _finish, auto_search
+from .auto import Trial, auto_search
 
 CPU_CODEC_S_PER_BYTE = 1 / 43e6 + 1 / 52e6
 """Encode + decode time per raw byte of the numpy codec (ReLU maps, bound 1e-2; 43 MB/s and 52 MB/s measured on
@@ -80,7 +80,7 @@ def plan_auto_lossy(route: Route, budget: int | None, device: str = "cpu", costs
     # the exact plan auto itself returns first: a compress plan must be strictly faster to replace it
     best = min(fitting, key=lambda t: (t.est_step_time_s if math.isfinite(t.est_step_time_s) else math.inf,
                                        t.plan is not res.plan, t.min_budget_bytes))
-    return _finish(best.plan, route, budget, policy="auto-lossy")
+    return finalize(best.plan, budget, policy="auto-lossy")
 
 
 def auto_lossy_policy(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:

@@ -64,10 +64,9 @@ from dataclasses import dataclass, field
 from ...core.errors import BudgetError
 from ...core.tensors import Role
 from ...graph.route import Route
-from ..decisions.offload import transfer_bytes
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan
-from ..planner import Marker, Residency, Schedule, WorkspaceChoice, _place, lower_bound
+from ..planner import Marker, Residency, Schedule, WorkspaceChoice, finalize, place
 from ..pool import align_up, format_bytes
 from ..workspace import frugal_workspace, workspace_choices
 
@@ -264,37 +263,35 @@ def plan_window(route: Route, budget: int | None, *, workspace: dict[int, Worksp
     n = len(route.steps)
     frugal = frugal_workspace(route) if any(s.workspace for s in route.steps) else ws
 
-    def place(cap: list[float], limit: float, fit: int | None, w=ws) -> Plan:
+    def place_window(cap: list[float], limit: float, fit: int | None, w=ws) -> Plan:
         """Schedule, then place; with `fit` (a budget) each convolution gets the fastest workspace that fits."""
         wr = window_schedule(route, order, cap, limit, w)
-        plan = _place(route, policy, {k: WorkspaceChoice(c.algo, c.nbytes, list(c.refused), c.options)
-                                      for k, c in w.items()}, wr.schedule, fit)
-        plan.lower_bound_bytes = lower_bound(route)
-        plan.arena_bytes = plan.min_budget_bytes
+        plan = place(route, {k: WorkspaceChoice(c.algo, c.nbytes, list(c.refused), c.options)
+                             for k, c in w.items()}, wr.schedule, fit, policy=policy)
         for k, (sp, st) in enumerate(zip(plan.steps, wr.steps)):
             sp.note = _note(st, k)
         return plan
 
-    whole = place([math.inf] * n, math.inf, None)   # a window as wide as the step: plain liveness
+    whole = place_window([math.inf] * n, math.inf, None)   # a window as wide as the step: plain liveness
     if budget is None or whole.min_budget_bytes <= budget:
-        return _finish(whole, budget)            # like the tensor cache: nothing moves while everything fits
+        return finalize(whole, budget)            # like the tensor cache: nothing moves while everything fits
 
     fixed = sum(align_up(t.nbytes) for t in route.tensors.values() if t.role.persistent)
     base = max(0, budget - fixed)
     limit = base * PREFETCH_SHARE if prefetch_limit is None else prefetch_limit
     cap: list[float] = [base] * n
     for _ in range(MAX_RESCHEDULES):
-        plan = place(cap, limit, budget)
+        plan = place_window(cap, limit, budget)
         if plan.min_budget_bytes <= budget:
-            return _finish(plan, budget)
+            return finalize(plan, budget)
         b, excess = plan.binding_step, plan.min_budget_bytes - budget
         if cap[b] <= 0:
             break
         cap[b] = max(0, cap[b] - excess)        # a step that cannot fit: cancel prefetches across it
     # the tightest window, then also with the most frugal workspaces: the smallest arena this scheduler reaches
-    for tight in (place([0] * n, 0, budget), place([0] * n, 0, None, frugal)):
+    for tight in (place_window([0] * n, 0, budget), place_window([0] * n, 0, None, frugal)):
         if tight.min_budget_bytes <= budget:
-            return _finish(tight, budget)
+            return finalize(tight, budget)
     raise BudgetError(
         f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy '{policy}': the tightest window "
         f"(only the current step's tensors on the device, every swap-out waited on at once, the smallest "
@@ -309,13 +306,6 @@ def window_min_budget(route: Route, costs=None) -> int:
     except BudgetError as e:
         return int(e.min_budget_bytes)
     return 1
-
-
-def _finish(plan: Plan, budget: int | None) -> Plan:
-    plan.offloaded_bytes, plan.prefetched_bytes = transfer_bytes(plan)
-    if budget is not None:
-        plan.arena_bytes = budget
-    return plan
 
 
 def window_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
