@@ -29,6 +29,11 @@ def _size(value: str) -> int:
             "or a plain number of bytes") from None
 
 
+def _chunk(value: str) -> int | str:
+    """argparse type for --paged's CHUNK: a size, or "auto" (the bare flag: chosen from the budget in `main`)."""
+    return value if value == "auto" else _size(value)
+
+
 def _positive_int(value: str) -> int:
     """argparse type for counts that must be >= 1."""
     try:
@@ -107,9 +112,11 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
     p.add_argument("--budget", type=_size, default=None,
                    help="device memory budget, e.g. 512MiB, 12GB, 7.02MiB (a fraction of a byte is rounded up to a "
                         "multiple of 512 bytes, the pool's unit; default: no limit)")
-    p.add_argument("--paged", nargs="?", const="20MiB", default=None, type=_size, metavar="CHUNK",
-                   help="place tensors on a paged arena: physical chunks (default 20MiB) mapped behind contiguous "
-                        "virtual ranges, so the arena needed is the peak of live chunks (no fragmentation)")
+    p.add_argument("--paged", nargs="?", const="auto", default=None, type=_chunk, metavar="CHUNK",
+                   help="place tensors on a paged arena: physical chunks mapped behind contiguous virtual ranges, so "
+                        "the arena needed is the peak of live chunks (no fragmentation). Without CHUNK: 20MiB, or "
+                        "under a budget below 1.25 GiB the largest power of two within 1/64 of it (at least 64KiB; "
+                        "2MiB on cuda)")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the memory timeline into this PNG file")
     p.add_argument("--trace", default=None, metavar="JSON",
                    help="write a Chrome/Perfetto trace (open in https://ui.perfetto.dev)")
@@ -620,6 +627,10 @@ def main(argv: list[str] | None = None) -> int:
         threadpool_limits(args.threads, user_api="blas")
     if getattr(args, "cmd", None) in ("plan", "train") and args.policy is None:
         args.policy = "auto" if args.budget is not None else "liveness"  # --budget alone means auto
+    if getattr(args, "paged", None) == "auto":   # bare --paged: a chunk the budget can hold many of
+        from .memory.paged import chunk_for_budget
+
+        args.paged = chunk_for_budget(args.budget, args.backend)
     if getattr(args, "lossy", False):   # opt-in only: auto weighs compression when asked to
         if args.policy not in ("auto", "auto-lossy"):
             build_parser().error(f"--lossy applies to --policy auto, not {args.policy!r}")

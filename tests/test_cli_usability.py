@@ -134,3 +134,16 @@ def test_help_describes_every_policy_in_one_line(argv, capsys, monkeypatch):
     for name, policy in POLICIES.items():
         assert any(line.split() and line.split()[0] == name and " ".join(line.split()[1:]) == policy.help
                    for line in lines), f"minidl {' '.join(argv)}: no line describes policy {name!r}"
+
+
+def test_paged_chunk_adapts_to_the_budget_and_the_error_names_it(capsys):
+    """A bare --paged under a small budget picks a chunk the budget holds many of (20 MiB chunks made a 1.5 MiB
+    net need 20 MiB); a chunk given that is too coarse is named in the error, with a smaller one to try."""
+    assert main(["plan", "lenet", "--batch", "4", "--paged", "--budget", "2MiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["paged_chunk_bytes"] <= 2 * 2**20 // 64 * 2
+    argv = ["plan", "resnet", "--depth", "20", "--batch", "8", "--policy", "liveness", "--budget", "17MiB"]
+    assert main([*argv, "--paged", "4MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "Tensors are placed by 4.00 MiB chunks (--paged 4MiB)" in err and "--paged 512KiB" in err
+    assert main([*argv, "--paged", "512KiB"]) == 0

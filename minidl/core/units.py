@@ -24,3 +24,14 @@ def format_bytes(n: int) -> str:
         if hundredths < 1024 * 100 or unit == _BINARY_UNITS[-1]:  # never "1024.00 KiB"
             break
     return f"{sign}{hundredths // 100}.{hundredths % 100:02d} {unit}"
+
+
+def size_option(n: int) -> str:
+    """`n` bytes as a user would type it after `--budget` or `--paged`, exactly: the largest unit that divides it
+    (12000000000 -> "12GB", 3145728 -> "3MiB", 65536 -> "64KiB"), else plain bytes. A suggestion printed with it
+    and typed back is the same number of bytes."""
+    n = int(n)
+    for unit, factor in (("TB", 10**12), ("GB", 10**9), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)

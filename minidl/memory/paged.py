@@ -25,7 +25,8 @@ API). Same events, same physical chunks, same peak: the simulator's peak equals 
 The compiled step (`minidl.runtime.program`) records each map/unmap as a call while lowering and replays them per step.
 
 Limitations: a chunk is the unit of mapping, so a chunk much larger than the tensors (20 MB for a CIFAR net)
-wastes up to one chunk per large tensor; choose the chunk for the network (`--paged 2MiB`).
+wastes up to one chunk per large tensor; `--paged` alone picks the chunk from the budget (`chunk_for_budget`),
+`--paged 2MiB` sets it.
 """
 from __future__ import annotations
 
@@ -42,6 +43,28 @@ from .pool import ALIGNMENT, LiveQueries, PoolOutOfMemory, TensorPool, align_up,
 
 DEFAULT_CHUNK = 20 * 2**20
 """The paper's physical chunk, 20 MB (as 20 MiB: a multiple of CUDA's 2 MiB mapping granularity and of any page)."""
+
+CHUNKS_PER_BUDGET = 64
+"""`--paged` without a size: the chunk is at most this share of the budget (`chunk_for_budget`)."""
+
+LEAST_CHUNK = {"cpu": 64 * 2**10, "cuda": 2 * 2**20}
+"""The smallest chunk `chunk_for_budget` picks, per backend: a multiple of any page size (4, 16 or 64 KiB) on the
+CPU, CUDA's mapping granularity on a GPU."""
+
+
+def chunk_for_budget(budget: int | None, backend: str = "cpu") -> int:
+    """The chunk `--paged` uses when none is given: the paper's 20 MiB, unless the budget is under 64 of them;
+    then the largest power of two that is at most 1/64 of the budget (never below `LEAST_CHUNK[backend]`).
+
+    Why adapt: a tensor takes whole chunks (small ones share one), so the arena is at least one chunk and every
+    large tensor wastes up to a chunk. With a fixed 20 MiB, a network that plans in 2 MiB contiguously needed a
+    20 MiB budget paged, and the error asked for that budget rather than a smaller chunk. At 1/64 of the budget
+    the rounding costs at most a few chunks, a small share of what was given. No budget: nothing to fit, the
+    paper's chunk."""
+    least = LEAST_CHUNK.get(backend, LEAST_CHUNK["cuda"])
+    if budget is None or budget >= CHUNKS_PER_BUDGET * DEFAULT_CHUNK:
+        return DEFAULT_CHUNK
+    return max(least, 1 << max(0, (budget // CHUNKS_PER_BUDGET).bit_length() - 1))
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..core.errors import BudgetError, DistError, OptionError
+from ..core.units import size_option
 from ..graph.network import Network
 from ..graph.route import Route
 from ..optim import Optimizer
@@ -22,6 +23,7 @@ from .decisions.compress import compress_policy
 from .decisions.offload_fit import offload_policy
 from .decisions.recompute import recompute_policy
 from .decisions.weights import weights_policy
+from .paged import LEAST_CHUNK
 from .plan import Plan
 from .planner import default_workspace, make_plan
 from .pool import ALIGNMENT, as_size, format_bytes
@@ -202,7 +204,15 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
     except BudgetError as e:
         if budget is None:
             raise
-        raise verified_minimum(plan_at, policy, budget, e) from None
+        e = verified_minimum(plan_at, policy, budget, e)
+        if route.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller
+            chunk = route.paged_chunk
+            smaller = max(LEAST_CHUNK["cpu"], chunk // 8)
+            hint = (f"each large tensor takes whole chunks, so a smaller chunk (e.g. --paged {size_option(smaller)}) "
+                    f"may plan in less" if smaller < chunk else "the smallest chunk --paged picks by itself")
+            e = BudgetError(f"{e} Tensors are placed by {format_bytes(chunk)} chunks (--paged {size_option(chunk)}): "
+                            f"{hint}.", e.min_budget_bytes, e.binding)
+        raise e from None
     if route.paged_chunk and plan.paged is None:   # a policy that plans a route of its own must pass --paged on
         raise OptionError(f"policy '{policy}' did not place its plan by chunks: --paged is not supported with it")
     return plan

@@ -173,3 +173,14 @@ def test_paged_and_contiguous_pools_share_their_queries():
         assert pool.size_of(off) == 1024 and pool.tag_of(off) == "t" and off in pool and len(pool) == 1
         with pytest.raises(ValueError, match="no live block starts at offset 7"):
             pool.size_of(7)
+
+
+def test_chunk_for_budget():
+    """The paper's chunk unless the budget holds fewer than 64 of them; then a power of two within 1/64 of it,
+    never below the backend's least (a page multiple on the CPU, CUDA's granularity)."""
+    from minidl.memory.paged import DEFAULT_CHUNK, chunk_for_budget
+
+    assert chunk_for_budget(None) == chunk_for_budget(2 * 2**30) == DEFAULT_CHUNK
+    assert chunk_for_budget(64 * 2**20) == 2**20 and chunk_for_budget(100 * 2**20) == 2**20
+    assert chunk_for_budget(2 * 2**20) == 64 * 2**10 == chunk_for_budget(1000)
+    assert chunk_for_budget(64 * 2**20, "cuda") == 2 * 2**20

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...core.errors import BudgetError, MinidlError
+from ...core.units import size_option
 from ..plan import Plan
 from ..pool import format_bytes
 from ..simulate import DeviceProfile, simulate
@@ -25,15 +26,7 @@ SUGGESTED_POLICY = "auto"
 def size_text(n: int) -> str:
     """A size as a user would type it: "12 GB" for a whole number of decimal gigabytes (how cards are sold and
     how the device profiles are given), else `format_bytes`'s binary units."""
-    return f"{n // 10**9} GB" if n and n % 10**9 == 0 else format_bytes(n)
-
-
-def _option(n: int) -> str:
-    """`n` as a --budget value: the largest unit that states it exactly."""
-    for unit, factor in (("GB", 10**9), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
+    return f"{n // 10**9} GB" if n and n % 10**9 == 0 else format_bytes(n)  # not size_option: "12 GB", "3.00 MiB"
 
 
 @dataclass(slots=True)
@@ -70,9 +63,10 @@ class Fit:
         else:
             head = f"  fits: no. It does not fit {dev}'s {size_text(mem)}: {need}"
         if self.suggested_policy is not None:
+            budget, needs = size_option(self.suggested_budget_bytes), format_bytes(self.suggested_needs_bytes)
             return (f"{head}. Policy {self.suggested_policy} fits: --policy {self.suggested_policy} --budget "
-                    f"{_option(self.suggested_budget_bytes)} (its plan needs {format_bytes(self.suggested_needs_bytes)}"
-                    f", estimated step {self.suggested_step_time_s * 1e3:.1f} ms on {dev})")
+                    f"{budget} (its plan needs {needs}, estimated step {self.suggested_step_time_s * 1e3:.1f} ms "
+                    f"on {dev})")
         if self.least_bytes is not None:
             return (f"{head}. Policy {SUGGESTED_POLICY} (the search over recomputation, offload and workspaces) "
                     f"does not fit it either: it needs --budget {format_bytes(self.least_bytes)} "
