@@ -93,7 +93,8 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
     from .memory.policies import available_policies
 
     p.add_argument("--policy", default=None, choices=available_policies(),
-                   help="memory policy, each described below (default: auto when --budget is given, else liveness)")
+                   help="memory policy, each described in one line at the end of --help (default: auto when "
+                        "--budget is given, else liveness)")
     p.add_argument("--no-cpu-winograd", dest="cpu_winograd", action="store_false", default=None,
                    help="CPU backend: run 3x3 stride-1 convolutions with >= 32 channels as the row-shift pair "
                         "instead of Winograd F(2x2, 3x3), which is the default (faster; other rounding, the same "
