@@ -4,10 +4,10 @@ The planner is a pure pass: it reads only the route (shapes, dtypes, per-step re
 events with arena offsets. It places tensors by replaying the very allocator the executor uses (`TensorPool`)
 on shape-only blocks, so the offsets, the peak and the fragmentation it reports are exactly what a run gets.
 
-Policies in this module:
-- `none`: every tensor of the step is allocated once, up front, and lives for the whole step (and across
-  steps): the baseline every framework without memory planning pays.
-- `liveness`: each tensor is allocated just before its first use and freed right after its last use.
+Schedules in this module (a policy is a schedule placed by the one placement pass, `place`):
+- `none_schedule`: every tensor of the step is allocated once, up front, and lives for the whole step (and
+  across steps): the baseline every framework without memory planning pays.
+- `liveness_schedule`: each tensor is allocated just before its first use and freed right after its last use.
 
 Offload and recomputation extend `liveness` in their own modules; they add event kinds, not special cases.
 """
@@ -201,6 +201,20 @@ class Schedule:
     markers: list[Marker] = field(default_factory=list)
     host_steps: set[int] = field(default_factory=set)  # steps that run on the host's copies (weights decision)
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of blocks that are not route tensors (z:<t>)
+    upfront: list[tuple[str, str]] = field(default_factory=list)  # (tensor, reason): allocated before the first
+    # step in this order and never freed (policy none), like the persistent tensors
+
+
+def none_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
+    """Policy none: every tensor of the step allocated up front, in first-use order (workspaces last, by step),
+    and never freed: the baseline every framework without memory planning pays. A schedule like any other, so
+    the placement pass has no policy of its own to know about."""
+    intervals = analyze(route)
+    upfront = [(tid, "policy none: lives for the whole step")
+               for tid in sorted(intervals, key=lambda t: (intervals[t].first, t))
+               if route.tensors[tid].role is not Role.WORKSPACE]
+    upfront += [(route.steps[k].workspace, "policy none") for k in sorted(ws)]
+    return Schedule(upfront=upfront)
 
 
 def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
@@ -242,19 +256,10 @@ def place(route: Route, ws: dict[int, WorkspaceChoice], schedule: Schedule | Non
     for k in schedule.host_steps if schedule is not None else ():
         steps[k].on_host = True
 
-    if policy == "none":
-        # Everything up front, in first-use order: nothing is ever freed.
-        intervals = analyze(route)
-        for tid in sorted(intervals, key=lambda t: (intervals[t].first, t)):
-            if route.tensors[tid].role is not Role.WORKSPACE:
-                setup.append(rec.alloc(tid, sizes[tid], reason="policy none: lives for the whole step"))
-        for k in sorted(ws):
-            setup.append(rec.alloc(route.steps[k].workspace, ws[k].nbytes, reason="policy none"))
-        for sp in steps:
-            sp.in_use = rec.pool.in_use
-    else:
-        sched = schedule if schedule is not None else liveness_schedule(route, ws)
-        _place_schedule(route, sched, sizes, steps, rec, _workspace_fitter(route, ws, budget, steps))
+    sched = schedule if schedule is not None else liveness_schedule(route, ws)
+    for tid, reason in sched.upfront:
+        setup.append(rec.alloc(tid, sizes[tid], reason=reason))
+    _place_schedule(route, sched, sizes, steps, rec, _workspace_fitter(route, ws, budget, steps))
     peak = rec.pool.peak
     plan = Plan(route=route, policy=policy, arena_bytes=0, setup=setup, steps=steps, peak_bytes=peak,
                 min_budget_bytes=rec.high_water, binding_step=max(rec.high_water_step, 0),

@@ -25,7 +25,7 @@ from .decisions.recompute import recompute_policy
 from .decisions.weights import weights_policy
 from .paged import LEAST_CHUNK
 from .plan import Plan
-from .planner import default_workspace, make_plan
+from .planner import default_workspace, make_plan, none_schedule
 from .pool import ALIGNMENT, as_size, format_bytes
 from .schedulers.auto import auto_policy
 from .schedulers.lossy import auto_lossy_policy
@@ -53,7 +53,8 @@ class Policy:
 
 
 def _none(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
-    return make_plan(route, "none", budget, workspace=default_workspace(route, costs))
+    ws = default_workspace(route, costs)
+    return make_plan(route, "none", budget, workspace=ws, schedule=none_schedule(route, ws))
 
 
 def _liveness(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:

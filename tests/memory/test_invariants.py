@@ -290,3 +290,21 @@ def test_plans_are_placed_and_finalized_by_the_planner_alone():
         plan = plan_network(net, SGD(0.1), policy, budget=budget)
         assert plan.arena_bytes == budget and plan.policy == policy, policy
         assert plan.lower_bound_bytes > 0 and (plan.offloaded_bytes, plan.prefetched_bytes) == transfer_bytes(plan)
+
+
+def test_policy_none_is_a_schedule_the_one_placement_pass_places():
+    """`none` is `planner.none_schedule` placed like any schedule: the placement pass never branches on a
+    policy's name (placing it under any name gives the same events), and nothing is freed in a step."""
+    import inspect
+
+    from minidl.memory import planner
+    from minidl.memory.planner import default_workspace, none_schedule, place
+
+    assert "policy ==" not in inspect.getsource(planner)
+    ref = plan_network(NETS["dropnet"](), SGD(0.1), "none")
+    route = ref.route
+    ws = default_workspace(route)
+    got = place(route, ws, none_schedule(route, ws), policy="anything")
+    assert got.setup == ref.setup and got.steps == ref.steps and got.min_budget_bytes == ref.min_budget_bytes
+    assert not [ev for sp in got.steps for ev in sp.before + sp.after if ev.kind.frees]
+    assert all(sp.in_use == got.peak_bytes for sp in got.steps)
