@@ -561,7 +561,7 @@ def _train(args, backend, comm) -> dict:
     from .memory.simulate import simulate
 
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
-    from .memory.host import transfer_json
+    from .memory.host import copies_line, transfer_json
 
     out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
     if heldout is not None and not res.interrupted:
@@ -595,13 +595,9 @@ def _train(args, backend, comm) -> dict:
                 f"({sess.math}), {res.images_per_s:.1f} images/s")
         if "accuracy" in out:
             line += f", held-out accuracy {out['accuracy']:.2%}"
-        if out["offloaded_bytes"]:
-            if out["transfer_hidden_fraction"] is None:   # copies replayed inside CUDA graphs are not timed
-                line += "; copies inside CUDA graphs (not timed: --cuda-graph off measures their overlap)"
-            else:
-                line += (f"; copies at {out['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
-                         f"{out['transfer_hidden_fraction']:.0%} hidden behind compute")
         print(line)
+        if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
+            print("  " + copies_line(out, res.median_step_time))
         if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
             gs = sess.executor.graph_step
             print(f"  steps: {gs.describe()}" if gs is not None else

@@ -147,3 +147,24 @@ def test_paged_chunk_adapts_to_the_budget_and_the_error_names_it(capsys):
     err = capsys.readouterr().err
     assert "Tensors are placed by 4.00 MiB chunks (--paged 4MiB)" in err and "--paged 512KiB" in err
     assert main([*argv, "--paged", "512KiB"]) == 0
+
+
+def test_the_copies_line_says_what_the_overlap_costs_this_run(capsys):
+    """"copies at 4.7 GB/s, 0% hidden behind compute" said nothing about whether that was good: the line gives the
+    time the step waited for the copies as a share of the step, and a verdict."""
+    from minidl.memory.host import copies_line
+
+    t = {"offloaded_bytes": 2 << 20, "prefetched_bytes": 2 << 20, "copy_bandwidth_bytes_per_s": 10e9,
+         "transfer_time_s": 0.0004, "transfer_stall_s": 0.0004, "transfer_hidden_fraction": 0.0}
+    small = copies_line(t, 0.08)
+    assert "4.00 MiB a step at 10.0 GB/s" in small and "0% hidden behind compute" in small
+    assert "waited 0.4 ms for them, 0.5% of its 80.0 ms, which is small" in small
+    costly = copies_line({**t, "transfer_stall_s": 0.04, "transfer_time_s": 0.05, "transfer_hidden_fraction": 0.2},
+                         0.08)
+    assert "20% hidden" in costly and "50.0% of its 80.0 ms, which is costly: a larger budget" in costly
+    assert "not timed" in copies_line({**t, "transfer_hidden_fraction": None}, 0.08)
+    argv = ["train", "resnet", "--depth", "20", "--data", "digits", "--batch", "32", "--steps", "2", "--budget",
+            "4MiB", "--no-progress"]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("  copies: ") and "the step waited" in line and ("small" in line or "costly" in line)
