@@ -359,7 +359,7 @@ def cmd_plan(args) -> dict:
                 "copy_bandwidth_bytes_per_s": sim.device.link_bw if sim.transfer_time_s else 0.0,
                 "steps": len(plan.route.steps), "recompute_flops_share": sim.recompute_flops_share})
     if args.plot:
-        plot_timeline(plan, args.plot, title=_plot_title(args, plan))
+        plot_timeline(plan, args.plot, title=_plot_title(args, plan), budget=args.budget)
         out["plot"] = args.plot
     if args.trace:
         write_trace(args.trace, plan, device=device)
@@ -455,12 +455,9 @@ class _ProgressLine:
 
 
 def _plot_title(args, plan) -> str:
-    """Model, depth, batch, budget and policy: what a reader needs to tell two timelines apart."""
+    """Model, depth and batch: what a reader needs to tell two timelines apart (the plot adds budget and policy)."""
     batch = plan.route.network.input_nodes[0].shape[0]
-    parts = [args.model + (f"-{args.depth}" if args.depth else ""), f"batch {batch}",
-             f"budget {format_bytes(args.budget)}" if args.budget is not None else "no budget",
-             f"policy {args.policy}"]
-    return ", ".join(parts)
+    return f"{args.model}{f'-{args.depth}' if args.depth else ''}, batch {batch}"
 
 
 def _say_written(args, written: list[tuple[str, object]]) -> None:
@@ -581,7 +578,7 @@ def _train(args, backend, comm) -> dict:
     if not lead:
         return out
     if args.plot:
-        plot_timeline(sess.plan, args.plot, title=_plot_title(args, sess.plan))
+        plot_timeline(sess.plan, args.plot, title=_plot_title(args, sess.plan), budget=args.budget)
         out["plot"] = args.plot
         written.append(("memory timeline", args.plot))
     if args.trace:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ...core.tensors import Role
 from ..plan import Plan
-from ..pool import align_up, format_bytes
+from ..pool import align_up
 
 
 def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
@@ -35,31 +35,69 @@ def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
     return labels, series
 
 
-def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Path:
-    """A PNG of resident bytes over route steps, stacked by role, with the peak marked."""
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def plot_unit(nbytes: int) -> tuple[str, int]:
+    """The one unit of a timeline (axis, title, budget and peak labels alike): the largest binary unit of which
+    `nbytes` (the larger of the peak and the budget) holds at least one."""
+    return next(((u, f) for u, f in _UNITS if nbytes >= f), _UNITS[-1])
+
+
+def timeline_figure(plan: Plan, title: str | None = None, budget: int | None = None):
+    """The figure `plot_timeline` saves: resident bytes over route steps, stacked by role, with the budget's line
+    (when one was given), the peak marked, every size in one unit, and the legend beside the plot, not on it.
+
+    `title` names the run (model, batch); the budget (or "no budget") and the policy are added here, in the plot's
+    unit. `budget`: the budget the plan was made under, None for none: a plan made without one has nothing that
+    binds, so the axis then says where the arena it needs is set instead."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels, series = role_timeline(plan)
+    unit, factor = plot_unit(max(plan.peak_bytes, budget or 0))
+
+    def size(n: int) -> str:   # rounded up, as format_bytes and the memory report round
+        h = -(-int(n) * 100 // factor)
+        return f"{h // 100}.{h % 100:02d} {unit}" if factor > 1 else f"{n} B"
+
     xs = range(len(labels))
-    fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(12, 4.5), dpi=110, layout="constrained")
     order = [r for r in series if any(series[r])]
-    ax.stackplot(xs, [[b / 2**20 for b in series[r]] for r in order], labels=order, alpha=0.85)
-    k = plan.binding_step if plan.steps else 0
+    ax.stackplot(xs, [[b / factor for b in series[r]] for r in order], labels=order, alpha=0.85)
     peak_k = plan.peak_step
-    ax.axvline(peak_k, color="k", lw=0.8, ls="--")
-    ax.annotate(f"peak {format_bytes(plan.peak_bytes)}\n{labels[peak_k] if labels else ''}",
-                (peak_k, plan.peak_bytes / 2**20), textcoords="offset points", xytext=(8, -20), fontsize=8)
+    ax.axvline(peak_k, color="k", lw=0.8, ls="--",   # said in the legend: a label on the plot would hide data
+               label=f"peak {size(plan.peak_bytes)}" + (f",\n{labels[peak_k]}" if labels else ""))
+    top = plan.peak_bytes
+    if budget is not None:
+        ax.axhline(budget / factor, color="crimson", lw=1.4, label=f"budget {size(budget)}")
+        top = max(top, budget)
     n_fwd = plan.route.turn  # the first backward step (a packed route's re-forwards belong to backward)
     ax.axvspan(0, n_fwd - 0.5, color="0.93", zorder=-1)
-    ax.set_xlabel(f"route step (shaded: forward; then backward and update); budget binds at step {k}")
-    ax.set_ylabel("MiB resident")
-    ax.set_title(title or f"memory timeline, policy '{plan.policy}'")
-    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    k = plan.binding_step if plan.steps else 0
+    where = (f"the budget binds at step {k}" if budget is not None else
+             f"no budget: the arena needed ({size(plan.min_budget_bytes)}) is set at step {k}")
+    ax.set_xlabel(f"route step (shaded: forward; then backward and update); {where}")
+    ax.set_ylabel(f"{unit} resident")
+    run = f"{title}, " if title else "memory timeline, "
+    given = ""
+    if budget is not None and budget % 10**9 == 0:   # as typed (--budget 12GB), beside the plot's unit
+        given = f" ({budget // 10**9} GB)"
+    ax.set_title(f"{run}{f'budget {size(budget)}{given}' if budget is not None else 'no budget'}, "
+                 f"policy {plan.policy}")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0.0)
     ax.set_xlim(0, max(1, len(labels) - 1))
-    fig.tight_layout()
+    ax.set_ylim(0, top / factor * 1.08 or 1)
+    return fig
+
+
+def plot_timeline(plan: Plan, path: str | Path, title: str | None = None, budget: int | None = None) -> Path:
+    """A PNG of `timeline_figure` (`--plot`)."""
+    import matplotlib.pyplot as plt
+
+    fig = timeline_figure(plan, title, budget)
     path = Path(path)
     fig.savefig(path)
     plt.close(fig)
