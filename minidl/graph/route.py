@@ -82,6 +82,18 @@ class Step:
         return f"{kind} {self.name}" + (f" [{self.micro}]" if self.rename else "")
 
 
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """How a plan of a route is placed, beyond the route itself: `paged_chunk` (`--paged`), the chunk every
+    placement pass places tensors by (None: the contiguous pool).
+
+    A value, attached to a route only by `Route.with_options`, which returns a copy: `Network.route` caches one
+    route per configuration and every plan of the network shares it, so writing an option into that route
+    would change the plans made before (and the next one made without the option)."""
+
+    paged_chunk: int | None = None
+
+
 @dataclass(slots=True)
 class Route:
     network: "Network"
@@ -92,7 +104,7 @@ class Route:
     requires_grad: list[bool] = field(default_factory=list)
     backend_name: str = "cpu"  # whose algorithm menu the steps' workspace options are (see `build`)
     fused_update: bool = False  # one update step per layer, right after its backward (see the module doc)
-    paged_chunk: int | None = None  # `--paged`: every planner pass places tensors by chunks of this many bytes
+    options: PlanOptions = field(default_factory=PlanOptions)  # how plans of it are placed (`with_options`)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Analyses derived from the route alone (liveness, per-step cost estimates), computed once: a plan of a deep
     network asks for them a dozen times, and a route does not change after `build`."""
@@ -133,6 +145,11 @@ class Route:
             layer = self.network.nodes[st.node].layer
             out += [t for t in (aux_id(st.name, a) for a in layer.rebuildable_aux) if t in self.tensors]
         return out
+
+    def with_options(self, options: PlanOptions) -> "Route":
+        """This route planned under `options`: a copy (the cached route is shared and never changes). It keeps
+        the memo: the analyses there (liveness, bounds, step costs) do not depend on how tensors are placed."""
+        return self if options == self.options else replace(self, options=options)
 
     def without_aux(self, aux: Sequence[str]) -> "Route":
         """This route without the aux tensors `aux` (among `rebuildable_aux()`): no step writes or reads them, and

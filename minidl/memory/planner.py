@@ -286,8 +286,8 @@ def transfer_bytes(plan: Plan) -> tuple[int, int]:
 
 
 def _paged_pool(route: Route, ws: dict[int, WorkspaceChoice]) -> PagedPool | None:
-    """Under `--paged` (the route's `paged_chunk`), the shape-only paged pool placement replays on."""
-    chunk = route.paged_chunk
+    """Under `--paged` (the route's `options.paged_chunk`), the shape-only paged pool placement replays on."""
+    chunk = route.options.paged_chunk
     if not chunk:
         return None
     sizes = [t.nbytes for t in route.tensors.values()]

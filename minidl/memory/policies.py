@@ -16,7 +16,7 @@ from typing import Callable
 from ..core.errors import BudgetError, DistError, OptionError
 from ..core.units import size_option
 from ..graph.network import Network
-from ..graph.route import Route
+from ..graph.route import PlanOptions, Route
 from ..optim import Optimizer
 from .decisions.allreduce import DataParallel, add_allreduce_events, with_buckets
 from .decisions.compress import compress_policy
@@ -167,7 +167,7 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused,
                       micro_batches=micro_batches or 1,
                       packs=[[n.name] for n in net.layer_nodes] if packed else None)
-    route.paged_chunk = paged
+    route = route.with_options(PlanOptions(paged_chunk=paged))
     if data_parallel is None or not training:
         return _plan_verified(route, policy, budget, device, costs)
     route, buckets = with_buckets(route, data_parallel)
@@ -206,14 +206,14 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
         if budget is None:
             raise
         e = verified_minimum(plan_at, policy, budget, e)
-        if route.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller
-            chunk = route.paged_chunk
+        if route.options.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller
+            chunk = route.options.paged_chunk
             smaller = max(LEAST_CHUNK["cpu"], chunk // 8)
             hint = (f"each large tensor takes whole chunks, so a smaller chunk (e.g. --paged {size_option(smaller)}) "
                     f"may plan in less" if smaller < chunk else "the smallest chunk --paged picks by itself")
             e = BudgetError(f"{e} Tensors are placed by {format_bytes(chunk)} chunks (--paged {size_option(chunk)}): "
                             f"{hint}.", e.min_budget_bytes, e.binding)
         raise e from None
-    if route.paged_chunk and plan.paged is None:   # a policy that plans a route of its own must pass --paged on
+    if route.options.paged_chunk and plan.paged is None:   # a policy that plans a route of its own must pass --paged on
         raise OptionError(f"policy '{policy}' did not place its plan by chunks: --paged is not supported with it")
     return plan

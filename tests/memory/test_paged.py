@@ -184,3 +184,17 @@ def test_chunk_for_budget():
     assert chunk_for_budget(64 * 2**20) == 2**20 and chunk_for_budget(100 * 2**20) == 2**20
     assert chunk_for_budget(2 * 2**20) == 64 * 2**10 == chunk_for_budget(1000)
     assert chunk_for_budget(64 * 2**20, "cuda") == 2 * 2**20
+
+
+def test_paged_options_never_change_the_cached_route():
+    """`--paged` travels as a `PlanOptions` value on a copy of the route: the route `Network.route` caches (and
+    every plan of the network shares) is left as it was, so a plan made without --paged afterwards does not
+    turn an earlier paged plan's route into a contiguous one, and the other way round."""
+    net = nets.NETS["dropnet"]()
+    paged = plan_network(net, opt(), "liveness", paged=4096)
+    cached = net.route(optimizer_slots=tuple(opt().slots))
+    assert cached.options.paged_chunk is None and paged.route.options.paged_chunk == 4096
+    plain = plan_network(net, opt(), "liveness")
+    assert plain.paged is None and plain.route is cached
+    assert paged.route.options.paged_chunk == 4096 and paged.paged is not None
+    assert paged.route.memo is cached.memo   # placement options leave the route's analyses valid

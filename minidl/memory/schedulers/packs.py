@@ -72,7 +72,7 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
             continue  # one micro-batch's single step does not fit: no packing can help
         for n in _powers(len(net.layer_nodes)):
             r = net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=even_packs(net, n))
-            r.paged_chunk = route.paged_chunk   # `--paged`: the rebuilt route is placed by chunks too
+            r = r.with_options(route.options)   # `--paged`: the rebuilt route is placed by chunks too
             try:
                 plan = plan_weights(r, budget, device, workspace=workspace_choices(r, costs), policy="packs")
             except BudgetError as e:
