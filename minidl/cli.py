@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "every --save-every steps, and on Ctrl-C (the last completed step)")
     p.add_argument("--save-every", type=_positive_int, default=None, metavar="N",
                    help="also write the --save checkpoint every N steps")
+    p.add_argument("--log", default=None, metavar="PATH.csv",
+                   help="write one CSV row per step as it ends: iteration, loss, lr, step time, images/s and the "
+                        "step's host copies (bytes, copy time, the time the step waited for them)")
     p.add_argument("--resume", default=None, metavar="PATH.npz", help="resume from a checkpoint written by --save")
     p.add_argument("--resume-params-only", action="store_true",
                    help="with --resume: load only the parameters (fresh optimizer state, data order from the "
@@ -499,6 +502,7 @@ def _train(args, backend, comm) -> dict:
     from .optim import make_optimizer
     from .optim.schedules import make_schedule
     from .runtime.session import Session
+    from .runtime.steplog import StepLog
 
     batch = args.batch or 32
     args.batch = batch
@@ -538,16 +542,20 @@ def _train(args, backend, comm) -> dict:
     # resumed with --steps (N - k) and the same options follows the schedule of the uninterrupted N steps.
     sess.lr_schedule = make_schedule(args.lr_schedule, sess.iteration + args.steps, args.warmup_steps,
                                      args.lr_step_size, args.lr_gamma, args.lr_min)
+    log = StepLog(args.log, sess) if args.log and lead else None
     try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             res = sess.fit(train, args.steps, progress=lead and not args.no_progress and not args.json
-                           and sys.stderr.isatty(),
+                           and sys.stderr.isatty(), on_step=log,
                            save_every=args.save_every, save_path=args.save)
     except DivergenceError as e:  # the update was not applied: what is saved is the last good state
         if args.save:
             e.args = (f"{e}; the last good state (after step {e.iteration - 1}) is saved in "
                       f"{sess.save(args.save)}",)
         raise
+    finally:
+        if log is not None:
+            log.close()
     out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,
            "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
@@ -575,6 +583,9 @@ def _train(args, backend, comm) -> dict:
         path = res.saved[-1] if already else sess.save(args.save)
         out["saved"] = str(path)
         written.append((f"checkpoint (step {sess.iteration})", path))
+    if log is not None:
+        out["log"] = str(log.path)
+        written.append(("step log", log.path))
     if not lead:
         return out
     if args.plot:

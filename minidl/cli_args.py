@@ -36,17 +36,19 @@ def check_args(args) -> None:
     budget = getattr(args, "budget", None)
     if budget is not None and budget <= 0:  # (--host-limit 0 is meaningful: every offload goes to disk)
         raise OptionError(f"--budget must be a positive size, got {budget}")
-    save = getattr(args, "save", None)
-    if save is not None:
-        check_save_path(save)
+    for option, example in (("save", "ckpt.npz"), ("log", "steps.csv")):
+        path = getattr(args, option, None)
+        if path is not None:
+            check_output_path(path, f"--{option}", example)
 
 
-def check_save_path(path: str) -> None:
-    """--save is checked before training, not after it: a directory, or a missing parent directory."""
+def check_output_path(path: str, option: str = "--save", example: str = "ckpt.npz") -> None:
+    """A file the run writes (--save, --log) is checked before training, not after it: a directory, or a missing
+    or read-only parent directory."""
     if os.path.isdir(path):
-        raise OptionError(f"--save {path}: is a directory; give a file name, e.g. {os.path.join(path, 'ckpt.npz')}")
+        raise OptionError(f"{option} {path}: is a directory; give a file name, e.g. {os.path.join(path, example)}")
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
-        raise OptionError(f"--save {path}: directory {parent} does not exist (it is not created for you)")
+        raise OptionError(f"{option} {path}: directory {parent} does not exist (it is not created for you)")
     if not os.access(parent, os.W_OK):
-        raise OptionError(f"--save {path}: directory {parent} is not writable")
+        raise OptionError(f"{option} {path}: directory {parent} is not writable")

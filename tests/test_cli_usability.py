@@ -168,3 +168,23 @@ def test_the_copies_line_says_what_the_overlap_costs_this_run(capsys):
     assert main(argv) == 0
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith("  copies: ") and "the step waited" in line and ("small" in line or "costly" in line)
+
+
+def test_log_writes_a_csv_row_per_step(tmp_path, capsys):
+    """--log PATH: the per-step figures the summary leaves out (loss, lr, step time, the step's copies), one row a
+    step; the last row's loss is the run's final loss, and the copies add up to what the summary reports."""
+    import csv
+
+    log = tmp_path / "steps.csv"
+    argv = ["train", "resnet", "--depth", "20", "--data", "digits", "--batch", "32", "--steps", "3", "--budget",
+            "4MiB", "--lr-schedule", "step", "--lr-step-size", "2", "--no-progress", "--log", str(log)]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = list(csv.DictReader(log.open()))
+    assert out["log"] == str(log) and [int(r["iteration"]) for r in rows] == [1, 2, 3]
+    assert float(rows[-1]["loss"]) == out["final_loss"]
+    assert [float(r["lr"]) for r in rows] == pytest.approx([0.05, 0.05, 0.005])
+    assert out["offloaded_bytes"] > 0 and sum(int(r["offloaded_bytes"]) for r in rows) == 3 * out["offloaded_bytes"]
+    assert all(float(r["step_time_s"]) > 0 and float(r["copy_wait_s"]) >= 0 for r in rows)
+    assert main([*argv[:-1], str(tmp_path)]) == 2
+    assert "--log " + str(tmp_path) + ": is a directory" in capsys.readouterr().err
