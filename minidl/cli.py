@@ -1,8 +1,9 @@
-"""The `minidl` command: info, plan, train. Every command takes --json and then prints one JSON object.
+"""The `minidl` command: info, plan, train, evaluate, predict (with --json, each prints one JSON object).
 
     minidl info resnet --depth 50 --batch 32
     minidl plan resnet --depth 2500 --batch 16 --policy liveness --budget 12GB --device k40c
-    minidl train resnet --depth 20 --data digits --batch 32 --steps 50 --policy liveness --budget 16MiB
+    minidl train resnet --depth 20 --data digits --batch 32 --steps 50 --policy liveness --budget 16MiB --save r.npz
+    minidl evaluate resnet --depth 20 --data digits --checkpoint r.npz
 """
 from __future__ import annotations
 
@@ -240,7 +241,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "so both give the same bits")
     p.add_argument("--comm-timeout", type=float, default=300.0, metavar="S",
                    help="data parallel: seconds a rank waits for the others before stopping the job")
+    _infer_parsers(sub)
     return ap
+
+
+def _infer_parsers(sub) -> None:
+    """`minidl evaluate` and `minidl predict`: a checkpoint written by `train --save`, on held-out data or images."""
+    for name, what in (("evaluate", "mean loss and accuracy of a checkpoint on every held-out sample of --data (the "
+                                    "training run's own evaluation)"),
+                       ("predict", "predicted classes of a checkpoint for images (--input) or a data set (--data)")):
+        p = sub.add_parser(name, help=what, formatter_class=_Formatter)
+        _model_args(p)
+        p.add_argument("--checkpoint", required=True, metavar="PATH.npz",
+                       help="a checkpoint written by minidl train --save, of the network the model options build "
+                            "(the same MODEL and options as the training run; --batch defaults to its batch)")
+        p.add_argument("--seed", type=int, default=None,
+                       help="the held-out split of --data digits (default: the checkpoint's seed, so the held-out "
+                            "samples are the training run's)")
+        p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="where the network runs")
+        _math_arg(p)
+        p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+        if name == "evaluate":
+            p.add_argument("--data", required=True, help="digits | cifar10:DIR | mnist:DIR: its held-out samples")
+        else:
+            p.add_argument("--data", default=None,
+                           help="digits | cifar10:DIR | mnist:DIR: its held-out samples (else its training samples), "
+                                "with their labels (accuracy)")
+            p.add_argument("--input", default=None, metavar="IMAGES.npy",
+                           help="a float array of images (N, C, H, W), instead of --data")
+            p.add_argument("--output", default=None, metavar="CLASSES.npy", help="write the classes (int64, N)")
+            p.add_argument("--limit", type=_count, default=10, help="classes printed (0: all; --json lists all)")
 
 
 def _build(args, image_shape=None, num_classes=None):
@@ -471,6 +501,96 @@ def _say_written(args, written: list[tuple[str, object]]) -> None:
                 print(f"wrote {what}: {path}")
 
 
+def _checkpoint_meta(args) -> dict:
+    """The --checkpoint's metadata (its manifest verified, the arrays not read yet); --seed defaults to its seed,
+    so the held-out split of --data digits is the training run's."""
+    from .checkpoint import read_manifest
+
+    if not Path(args.checkpoint).expanduser().is_file():
+        raise OptionError(f"--checkpoint: no checkpoint file at {args.checkpoint}")
+    meta = read_manifest(args.checkpoint).get("meta", {})
+    if args.seed is None:
+        args.seed = meta.get("seed", 0)
+    return meta
+
+
+def _checkpoint_session(args, meta: dict, image_shape, num_classes):
+    """A session of the checkpoint's network with its parameters and BN statistics (parameters only: no optimizer
+    state or data position is needed to infer), at the checkpoint's batch unless --batch says otherwise."""
+    from .backend import get_backend
+    from .optim import make_optimizer
+    from .runtime.session import Session
+
+    args.batch = args.batch or max(1, meta.get("batch", 32) // max(1, meta.get("ranks", 1)))
+    saved = meta.get("data") or {}
+    net = _build(args, image_shape or tuple(saved.get("image_shape", ())) or None,
+                 num_classes or saved.get("num_classes"))
+    backend = get_backend(args.backend, math=args.math)
+    sess = Session(net, make_optimizer("sgd", 0.0), policy="liveness", seed=args.seed, backend=backend,
+                   debug=args.debug, math=args.math)
+    sess.load(args.checkpoint, params_only=True)
+    return sess
+
+
+def cmd_evaluate(args) -> dict:
+    """The held-out loss and accuracy, computed as `train` computes them at its end (Session.evaluate, every
+    sample, the split of the checkpoint's seed), so a checkpoint's accuracy is the one its run printed."""
+    from .data import load_data
+
+    meta = _checkpoint_meta(args)
+    _, heldout = load_data(args.data, seed=args.seed)
+    if heldout is None:
+        raise OptionError(f"--data {args.data}: has no held-out samples to evaluate on (digits holds out 20%; "
+                          f"cifar10:DIR and mnist:DIR need their test files in DIR)")
+    sess = _checkpoint_session(args, meta, heldout.image_shape, heldout.num_classes)
+    loss, acc = sess.evaluate(heldout)
+    out = {"model": args.model, "checkpoint": args.checkpoint, "iteration": meta.get("iteration"),
+           "data": args.data, "samples": len(heldout), "loss": loss, "accuracy": acc}
+    if not args.json:
+        print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out accuracy {acc:.2%}, mean loss "
+              f"{loss:.4f}, on {len(heldout)} samples of --data {args.data}")
+    return out
+
+
+def cmd_predict(args) -> dict:
+    """Classes (argmax of the logits, in inference mode) for --input images or a --data set's samples."""
+    import numpy as np
+
+    from .data import load_data
+
+    if (args.input is None) == (args.data is None):
+        raise OptionError("predict: give either --input IMAGES.npy or --data SPEC")
+    meta = _checkpoint_meta(args)
+    labels = None
+    if args.input is not None:
+        try:
+            x = np.load(Path(args.input).expanduser(), allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise OptionError(f"--input {args.input}: not a readable .npy array ({e})") from None
+        if x.ndim != 4:
+            raise OptionError(f"--input {args.input}: images must be an array (N, C, H, W), got shape {x.shape}")
+        sess = _checkpoint_session(args, meta, tuple(x.shape[1:]), None)
+    else:
+        train, heldout = load_data(args.data, seed=args.seed)
+        data = heldout if heldout is not None else train
+        x, labels = data.x, data.y
+        sess = _checkpoint_session(args, meta, data.image_shape, data.num_classes)
+    classes = sess.predict_classes(x)
+    out = {"model": args.model, "checkpoint": args.checkpoint, "iteration": meta.get("iteration"),
+           "count": len(classes), "classes": classes.tolist()}
+    if labels is not None:
+        out["accuracy"] = float((classes == labels).mean()) if len(classes) else None
+    if args.output:
+        np.save(args.output, classes)
+        out["output"] = args.output
+    if not args.json:
+        shown = classes if args.limit == 0 else classes[:args.limit]
+        print(f"{len(classes)} predictions" + (f", accuracy {out['accuracy']:.2%}" if labels is not None else "")
+              + f"; the first {len(shown)}: " + " ".join(map(str, shown.tolist())))
+    _say_written(args, [("classes", args.output)])
+    return out
+
+
 def cmd_train(args) -> dict:
     from .backend import get_backend
     from .dist.launch import communicator, guarded, with_nccl
@@ -642,7 +762,8 @@ def main(argv: list[str] | None = None) -> int:
         args.policy = "auto-lossy"
     try:
         check_args(args)
-        out = {"info": cmd_info, "plan": cmd_plan, "train": cmd_train}[args.cmd](args)
+        out = {"info": cmd_info, "plan": cmd_plan, "train": cmd_train, "evaluate": cmd_evaluate,
+               "predict": cmd_predict}[args.cmd](args)
     except (MinidlError, ValueError, OSError) as e:  # user errors: one line (a bug keeps its traceback)
         if getattr(args, "debug", False):
             raise

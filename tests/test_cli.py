@@ -155,3 +155,31 @@ def test_plan_says_whether_it_fits_and_what_would(capsys):
     assert out["fits"] is False and out["budget_bytes"] is None and least > 2 * 2**20
     assert main([*argv[:-1], f"k40c:{least}", "--policy", "auto", "--budget", str(least), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] is True
+
+
+def test_evaluate_and_predict_a_checkpoint_as_the_training_run_did(capsys, tmp_path):
+    """`minidl evaluate` on a `train --save` checkpoint gives the run's own held-out loss and accuracy (the split of
+    the checkpoint's seed, every sample); `predict` gives the same classes from --data as from --input images."""
+    from minidl.data import load_data
+
+    ck = tmp_path / "ck.npz"
+    model = ["lenet", "--batch", "16"]
+    assert main(["train", *model, "--data", "digits", "--steps", "8", "--seed", "3", "--budget", "450KiB",
+                 "--save", str(ck), "--no-progress", "--json"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", *model[:1], "--data", "digits", "--checkpoint", str(ck), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["accuracy"] == trained["accuracy"] and ev["iteration"] == 8 and ev["samples"] == 359
+    assert main(["predict", "lenet", "--data", "digits", "--checkpoint", str(ck), "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert pred["accuracy"] == trained["accuracy"] and pred["count"] == 359
+    images = tmp_path / "x.npy"
+    np.save(images, load_data("digits", seed=3)[1].x[:5])
+    out = tmp_path / "classes.npy"
+    assert main(["predict", "lenet", "--input", str(images), "--checkpoint", str(ck), "--output", str(out)]) == 0
+    assert f"wrote classes: {out}" in capsys.readouterr().out
+    assert np.load(out).tolist() == pred["classes"][:5]
+    assert main(["evaluate", "lenet", "--data", "digits", "--checkpoint", str(tmp_path / "none.npz")]) == 2
+    assert "--checkpoint: no checkpoint file at" in capsys.readouterr().err
+    assert main(["evaluate", "resnet", "--depth", "8", "--data", "digits", "--checkpoint", str(ck)]) == 2
+    assert "does not fit this network" in capsys.readouterr().err
