@@ -365,6 +365,12 @@ def cmd_plan(args) -> dict:
         if backend is None:
             raise OptionError("--device measured measures a GPU's host link: give --backend cuda")
         device = _measured_device(net, opt, backend, costs)
+    elif costs is None and args.policy != "packs":
+        # A GPU profile planned here sizes cuDNN's modeled workspaces (memory/cudnn_model.py); with --autotune the
+        # menu stays that of the backend that measures, and policy packs plans its own routes on the CPU's menu.
+        from .memory.cudnn_model import planning_backend
+
+        backend = planning_backend(device, backend)
     what = (f"planning {args.model}{f'-{args.depth}' if args.depth else ''} ({len(net.layer_nodes)} layers), policy "
             f"{args.policy}" + (f", budget {format_bytes(args.budget)}" if args.budget is not None else ""))
     def plan_at(policy: str, budget: int | None):

@@ -101,7 +101,7 @@ def test_autotune_measures_once_and_keeps_the_measurements(capsys, tmp_path):
     edited = cache.read_text()
     frugal = run_json(capsys, *argv, "--autotune", str(cache))
     assert cache.read_text() == edited
-    default = run_json(capsys, *argv)
+    default = run_json(capsys, *argv, "--device", "cpu")   # the CPU menu's estimates (a GPU profile: cuDNN's)
     assert frugal["peak_bytes"] < default["peak_bytes"]
 
 
@@ -126,7 +126,8 @@ def test_winograd_options_set_the_switch(capsys, monkeypatch):
     """Winograd is the CPU default; `--no-cpu-winograd` switches it off for the run (MINIDL_CPU_WINOGRAD=0, read
     when layers are planned, so the workspaces and the plan's bytes change), `--cpu-winograd` back on."""
     monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")   # restored after the test (main() sets it)
-    argv = ("plan", "resnet", "--depth", "8", "--batch", "4", "--image-size", "16", "--policy", "none")
+    argv = ("plan", "resnet", "--depth", "8", "--batch", "4", "--image-size", "16", "--policy", "none", "--device",
+            "cpu")   # the CPU's menu (a GPU profile's plan sizes cuDNN's workspaces)
     on = run_json(capsys, *argv)["peak_bytes"]
     off = run_json(capsys, *argv, "--no-cpu-winograd")["peak_bytes"]
     assert os.environ["MINIDL_CPU_WINOGRAD"] == "0"

@@ -430,7 +430,7 @@ def plan_cost(rank: int) -> float:
     return 1.0 + 0.1 * int(rank)
 
 
-def _pareto(cands: list[tuple[float, int, str]]) -> list[WorkspaceOption]:
+def pareto(cands: list[tuple[float, int, str]]) -> list[WorkspaceOption]:
     """Keep an option only if it needs less workspace than every faster one (others are never chosen)."""
     out: list[WorkspaceOption] = []
     best_ws = None
@@ -449,14 +449,14 @@ def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[Wo
         fp = plans["fprop"]
         if not fp:
             raise ValueError("conv2d fwd: cuDNN offers no execution plan")
-        return _pareto([(plan_cost(r), p.workspace_bytes, fwd_algo(p.index)) for r, p in enumerate(fp)])
+        return pareto([(plan_cost(r), p.workspace_bytes, fwd_algo(p.index)) for r, p in enumerate(fp)])
     if phase == "bwd":
         dg, wg = plans["dgrad"], plans["wgrad"]
         if not dg or not wg:
             raise ValueError("conv2d bwd: cuDNN offers no execution plan for dgrad or wgrad")
         cands = [(plan_cost(rd) + plan_cost(rw), max(d.workspace_bytes, w.workspace_bytes), bwd_algo(d.index, w.index))
                  for rd, d in enumerate(dg) for rw, w in enumerate(wg)]
-        return _pareto(cands)
+        return pareto(cands)
     raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
 
 

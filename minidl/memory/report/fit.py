@@ -29,6 +29,16 @@ def size_text(n: int) -> str:
     return f"{n // 10**9} GB" if n and n % 10**9 == 0 else format_bytes(n)  # not size_option: "12 GB", "3.00 MiB"
 
 
+def device_text(device: DeviceProfile) -> str:
+    """The memory a plan may use on `device`, in words: "k40c's 12 GB" or, where a CUDA context is reserved,
+    "k40c's 12 GB less its 320 MiB CUDA context (10.9 GiB)"."""
+    text = f"{device.name}'s {size_text(device.memory_bytes)}"
+    if device.context_bytes:
+        text += (f" less its {format_bytes(device.context_bytes)} CUDA context and library handles "
+                 f"({format_bytes(device.usable_bytes)})")
+    return text
+
+
 @dataclass(slots=True)
 class Fit:
     fits: bool                   # within the budget given and within the device's memory
@@ -45,23 +55,25 @@ class Fit:
     def to_json(self) -> dict:
         return {"fits": self.fits, "budget_bytes": self.budget_bytes, "needs_bytes": self.needs_bytes,
                 "device_memory_bytes": self.device.memory_bytes,
+                "device_context_bytes": self.device.context_bytes,
                 "suggested": None if self.suggested_policy is None and self.least_bytes is None else {
                     "policy": SUGGESTED_POLICY, "budget_bytes": self.suggested_budget_bytes,
                     "needs_bytes": self.suggested_needs_bytes, "est_step_time_s": self.suggested_step_time_s,
                     "least_budget_bytes": self.least_bytes}}
 
     def format(self) -> str:
-        dev, mem = self.device.name, self.device.memory_bytes
+        dev, mem = self.device.name, self.device.usable_bytes
         need = f"this plan needs {format_bytes(self.needs_bytes)}"
         if self.budget_bytes is not None:
             head = f"fits the {size_text(self.budget_bytes)} budget ({need})"
             if self.needs_bytes <= mem:
-                return f"  fits: yes. It {head} and {dev}'s {size_text(mem)}"
-            head = f"  fits: no. It {head}, but not {dev}'s {size_text(mem)}"
+                return f"  fits: yes. It {head} and {device_text(self.device)}"
+            head = f"  fits: no. It {head}, but not {device_text(self.device)}"
         elif self.fits:
-            return f"  fits: yes, {dev}'s {size_text(mem)} ({need}; no --budget given, so checked against the device)"
+            return (f"  fits: yes, {device_text(self.device)} ({need}; no --budget given, so checked against the "
+                    f"device)")
         else:
-            head = f"  fits: no. It does not fit {dev}'s {size_text(mem)}: {need}"
+            head = f"  fits: no. It does not fit {device_text(self.device)}: {need}"
         if self.suggested_policy is not None:
             budget, needs = size_option(self.suggested_budget_bytes), format_bytes(self.suggested_needs_bytes)
             return (f"{head}. Policy {self.suggested_policy} fits: --policy {self.suggested_policy} --budget "
@@ -81,7 +93,7 @@ def check_fit(plan: Plan, device: DeviceProfile, budget: int | None,
     """The verdict for `plan` (made under `budget`, None for none) on `device`. When it does not fit the device's
     memory and `replan(policy, budget)` is given, policy auto is planned at that memory for a suggestion (one
     planning if it fits; if not, its BudgetError's verified minimum is reported instead)."""
-    need, mem = plan.min_budget_bytes, device.memory_bytes
+    need, mem = plan.min_budget_bytes, device.usable_bytes
     fit = Fit(need <= mem and (budget is None or need <= budget), need, budget, device)
     if need <= mem or replan is None:
         return fit
