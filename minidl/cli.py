@@ -731,7 +731,7 @@ def _train(args, backend, comm) -> dict:
             line += f", held-out accuracy {out['accuracy']:.2%}"
         print(line)
         if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
-            print("  " + copies_line(out, res.median_step_time))
+            print("  " + copies_line(out, sum(res.step_times) / len(res.step_times)))   # the waits' mean: a mean
         if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
             gs = sess.executor.graph_step
             print(f"  steps: {gs.describe()}" if gs is not None else

@@ -158,16 +158,16 @@ def test_the_copies_line_says_what_the_overlap_costs_this_run(capsys):
          "transfer_time_s": 0.0004, "transfer_stall_s": 0.0004, "transfer_hidden_fraction": 0.0}
     small = copies_line(t, 0.08)
     assert "4.00 MiB a step at 10.0 GB/s" in small and "0% hidden behind compute" in small
-    assert "waited 0.4 ms for them, 0.5% of its 80.0 ms, which is small" in small
+    assert "waited 0.4 ms for them, 0.5% of its 80.0 ms (means), which is small" in small
     costly = copies_line({**t, "transfer_stall_s": 0.04, "transfer_time_s": 0.05, "transfer_hidden_fraction": 0.2},
                          0.08)
-    assert "20% hidden" in costly and "50.0% of its 80.0 ms, which is costly: a larger budget" in costly
+    assert "20% hidden" in costly and "50.0% of its 80.0 ms (means), which is costly: a larger budget" in costly
     assert "not timed" in copies_line({**t, "transfer_hidden_fraction": None}, 0.08)
     argv = ["train", "resnet", "--depth", "20", "--data", "digits", "--batch", "32", "--steps", "2", "--budget",
             "4MiB", "--no-progress"]
     assert main(argv) == 0
     line = capsys.readouterr().out.splitlines()[-1]
-    assert line.startswith("  copies: ") and "the step waited" in line and ("small" in line or "costly" in line)
+    assert line.startswith("  copies: ") and "a step waited" in line and ("small" in line or "costly" in line)
 
 
 def test_log_writes_a_csv_row_per_step(tmp_path, capsys):

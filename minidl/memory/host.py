@@ -599,7 +599,9 @@ def copies_line(transfer: dict, step_time_s: float) -> str:
     Why the wait and not the hidden share alone: "0% hidden behind compute" reads as a failure, yet 2 MiB copied in
     0.4 ms of an 80 ms step costs nothing that matters, while 50% hidden of copies that take as long as the compute
     is a slow run. The wait, as a share of the step, is the time the budget costs; the hidden share says how much
-    more of it overlap could save. `transfer`: `transfer_json`'s keys (per step)."""
+    more of it overlap could save. `transfer`: `transfer_json`'s keys (per step: means over the run's steps);
+    `step_time_s`: the mean step time, so that the share compares a mean with a mean (the first steps, slower,
+    weigh in both)."""
     if transfer["transfer_hidden_fraction"] is None:
         return "copies inside CUDA graphs (not timed: --cuda-graph off measures their overlap)"
     moved = transfer["offloaded_bytes"] + transfer["prefetched_bytes"]
@@ -609,5 +611,5 @@ def copies_line(transfer: dict, step_time_s: float) -> str:
                "which is costly: a larger budget (fewer copies) would win most of it back")
     return (f"copies: {format_bytes(moved)} a step at {transfer['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s "
             f"({transfer['transfer_time_s'] * 1e3:.1f} ms), {transfer['transfer_hidden_fraction']:.0%} hidden behind "
-            f"compute; the step waited {wait * 1e3:.1f} ms for them, {share:.1%} of its {step_time_s * 1e3:.1f} ms, "
-            f"{verdict}")
+            f"compute; a step waited {wait * 1e3:.1f} ms for them, {share:.1%} of its {step_time_s * 1e3:.1f} ms "
+            f"(means), {verdict}")
