@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from minidl.core.errors import BudgetError
+from minidl.memory.cudnn_model import planning_backend
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes
 from minidl.memory.schedulers.auto import auto_search
@@ -56,13 +57,14 @@ def optimizer() -> SGD:
 
 
 def fits(net, policy: str, device: str) -> tuple[bool, int]:
-    """(does `net` plan within the device's memory under `policy`, the bytes that decided it)."""
-    mem = get_profile(device).memory_bytes
+    """(does `net` plan within the device's memory under `policy`, the bytes that decided it). The memory is the
+    device's less its CUDA context, and the workspaces are cuDNN's as modeled for it (memory/cudnn_model.py)."""
+    mem = get_profile(device).usable_bytes
     if policy == "auto":
-        route = net.route(optimizer_slots=tuple(optimizer().slots))
+        route = net.route(optimizer_slots=tuple(optimizer().slots), backend=planning_backend(device))
         res = auto_search(route, mem, device, frugal=False)
         return res.plan is not None, (res.plan.min_budget_bytes if res.plan is not None else 0)
-    plan = plan_network(net, optimizer(), policy, device=device)
+    plan = plan_network(net, optimizer(), policy, device=device, backend=planning_backend(device))
     return plan.min_budget_bytes <= mem, plan.min_budget_bytes
 
 
@@ -103,8 +105,8 @@ def depth_search(device: str, log) -> dict:
         out[pol] = {"k": k, "depth": depth_of(k), "blocks": [3, 4, k, 3], "search_s": time.perf_counter() - t}
     t = time.perf_counter()
     net = build_model("resnet", depth=2500, batch=16)
-    route = net.route(optimizer_slots=tuple(optimizer().slots))
-    res = auto_search(route, get_profile(device).memory_bytes, device, frugal=False)
+    route = net.route(optimizer_slots=tuple(optimizer().slots), backend=planning_backend(device))
+    res = auto_search(route, get_profile(device).usable_bytes, device, frugal=False)
     out["resnet2500"] = {"fits": res.plan is not None, "planning_s": time.perf_counter() - t,
                          "min_budget_bytes": res.plan.min_budget_bytes if res.plan else None,
                          "chosen": next((x.name for x in res.trials if x.plan is res.plan), None),
@@ -139,7 +141,7 @@ def packs_batch_search(device: str, models, log, cap: int = 1024) -> dict:
     weights homed on the host, micro-batch count chosen by the planner), for the rows `auto` leaves below 2x
     SuperNeurons (VGG16: bound by its first 224x224 convolutions' working set, which only micro-batching shrinks)."""
     out = {}
-    mem = get_profile(device).memory_bytes
+    mem = get_profile(device).usable_bytes
     for m in models:
         t = time.perf_counter()
         chosen = {}
