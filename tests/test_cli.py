@@ -184,3 +184,13 @@ def test_evaluate_and_predict_a_checkpoint_as_the_training_run_did(capsys, tmp_p
     assert "--checkpoint: no checkpoint file at" in capsys.readouterr().err
     assert main(["evaluate", "resnet", "--depth", "8", "--data", "digits", "--checkpoint", str(ck)]) == 2
     assert "does not fit this network" in capsys.readouterr().err
+
+
+def test_a_suggested_budget_is_typable_and_within_the_memory():
+    from minidl.memory.pool import parse_size
+    from minidl.memory.report.fit import typable_budget
+
+    assert typable_budget(12 * 10**9) == ("12GB", 12 * 10**9) and typable_budget(3 << 20) == ("3MiB", 3 << 20)
+    n = 11391070 * 1024
+    text, b = typable_budget(n)
+    assert text == "10.86GiB" and b == parse_size(text) <= n

@@ -16,7 +16,7 @@ from typing import Callable
 from ...core.errors import BudgetError, MinidlError
 from ...core.units import size_option
 from ..plan import Plan
-from ..pool import format_bytes
+from ..pool import format_bytes, parse_size
 from ..simulate import DeviceProfile, simulate
 
 SUGGESTED_POLICY = "auto"
@@ -46,7 +46,7 @@ class Fit:
     budget_bytes: int | None     # --budget (None: not given)
     device: DeviceProfile
     suggested_policy: str | None = None          # a policy that fits the device's memory, when this plan does not
-    suggested_budget_bytes: int | None = None    # the budget to give it (the device's memory)
+    suggested_budget_bytes: int | None = None    # the budget to give it (the device's usable memory, as typed)
     suggested_needs_bytes: int | None = None     # what that plan needs (at most the suggested budget)
     suggested_step_time_s: float | None = None
     least_bytes: int | None = None               # when auto cannot fit the device: the smallest budget it needs
@@ -75,7 +75,7 @@ class Fit:
         else:
             head = f"  fits: no. It does not fit {device_text(self.device)}: {need}"
         if self.suggested_policy is not None:
-            budget, needs = size_option(self.suggested_budget_bytes), format_bytes(self.suggested_needs_bytes)
+            budget, needs = typable_budget(self.suggested_budget_bytes)[0], format_bytes(self.suggested_needs_bytes)
             return (f"{head}. Policy {self.suggested_policy} fits: --policy {self.suggested_policy} --budget "
                     f"{budget} (its plan needs {needs}, estimated step {self.suggested_step_time_s * 1e3:.1f} ms "
                     f"on {dev})")
@@ -88,6 +88,24 @@ class Fit:
         return head
 
 
+def typable_budget(n: int) -> tuple[str, int]:
+    """A --budget a user can type, of at most `n` bytes, and its bytes: `n` itself where a unit states it in a few
+    digits ("12GB", "3MiB"), else `n` rounded down to two decimals of its binary unit ("10.86GiB", not
+    "11391070KiB"). Rounded down, so that the suggestion stays within the memory it was computed for."""
+    exact = size_option(n)
+    if len(exact) <= 7:
+        return exact, n
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= factor:
+            h = n * 100 // factor
+            while h > 0:   # parse_size rounds a fraction up to 512 B: step down until it is within n
+                text = f"{h // 100}.{h % 100:02d}{unit}"
+                if parse_size(text) <= n:
+                    return text, parse_size(text)
+                h -= 1
+    return exact, n
+
+
 def check_fit(plan: Plan, device: DeviceProfile, budget: int | None,
               replan: Callable[[str, int], Plan] | None = None) -> Fit:
     """The verdict for `plan` (made under `budget`, None for none) on `device`. When it does not fit the device's
@@ -97,15 +115,16 @@ def check_fit(plan: Plan, device: DeviceProfile, budget: int | None,
     fit = Fit(need <= mem and (budget is None or need <= budget), need, budget, device)
     if need <= mem or replan is None:
         return fit
+    text, suggested = typable_budget(mem)   # planned at what is printed, so the suggestion is verified as typed
     try:
-        other = replan(SUGGESTED_POLICY, mem)
+        other = replan(SUGGESTED_POLICY, suggested)
     except BudgetError as e:
         fit.least_bytes = e.min_budget_bytes
         return fit
     except MinidlError as e:   # e.g. --paged or --ranks with a route auto does not plan: the verdict stands alone
         fit.no_suggestion = str(e)
         return fit
-    fit.suggested_policy, fit.suggested_budget_bytes = SUGGESTED_POLICY, mem
+    fit.suggested_policy, fit.suggested_budget_bytes = SUGGESTED_POLICY, suggested
     fit.suggested_needs_bytes = other.min_budget_bytes
     fit.suggested_step_time_s = simulate(other, device).est_step_time_s
     return fit
