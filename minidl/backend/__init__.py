@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 from ..core.errors import OptionError
+from .base import Backend, Capabilities, backend_name
 
-
-def backend_name(backend) -> str:
-    """The kind of `backend` ('cpu', 'cuda', ...), which names whose algorithm menu a plan was made from. None
-    (the default everywhere) and a backend that declares no name are the CPU reference."""
-    return getattr(backend, "name", "cpu") if backend is not None else "cpu"
+__all__ = ["Backend", "Capabilities", "backend_name", "get_backend"]
 
 
 def get_backend(name: str = "cpu", device: int = 0, math: str | None = None):

@@ -18,6 +18,7 @@ options (the cuDNN graph cache is keyed by the engine filters, so the two modes 
 from __future__ import annotations
 
 from ..core.errors import OptionError
+from .base import backend_name
 
 #: The modes `--math` accepts; the first is the default.
 MATH_MODES = ("fp32", "tf32")
@@ -46,7 +47,7 @@ def apply_math(backend, math: str | None) -> str:
     if math == backend_math(backend):
         return math
     setter = getattr(backend, "set_math", None)
-    name = getattr(backend, "name", "cpu") if backend is not None else "cpu"
+    name = backend_name(backend)
     if setter is None:
         raise OptionError(f"--math {math}: backend '{name}' computes in fp32 only (TF32 is a tensor-core format of "
                           f"NVIDIA GPUs since Ampere); use --math fp32, or --backend cuda on such a GPU")

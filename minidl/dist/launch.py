@@ -43,7 +43,7 @@ def communicator(mode: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
 
 def with_nccl(comm: Communicator | None, backend, mode: str = "auto") -> Communicator | None:
     """NCCL over `comm` when the ranks run on GPUs ('auto' with a CUDA backend, or 'nccl'); else `comm`."""
-    on_gpu = getattr(backend, "name", "cpu") == "cuda"
+    on_gpu = backend is not None and backend.capabilities.device == "gpu"
     if comm is None or not (mode == "nccl" or (mode == "auto" and on_gpu)):
         return comm
     if not on_gpu:

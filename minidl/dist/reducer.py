@@ -161,9 +161,5 @@ class GradientReducer:
 
 def _divide(be, a, n: int) -> None:
     """a /= n on the backend's compute stream (a device backend has one; on the CPU it is numpy in place)."""
-    stream = getattr(be, "compute", None)
-    if stream is None:
+    with be.compute_scope():
         a /= n
-    else:
-        with stream:
-            a /= n

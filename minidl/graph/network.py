@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..backend.base import backend_name
 from ..core.errors import GraphError
 from ..core.symbol import Symbol
 from ..layers import args
@@ -224,7 +225,7 @@ class Network:
         after its backward (see `route.py`). `micro_batches` > 1 or `packs` (lists of layer names): Harmony's
         route of layer packs and micro-batches (see `packs.py`; always fused).
         """
-        if backend is not None and getattr(backend, "name", None) == "cpu":
+        if backend is not None and backend_name(backend) == "cpu":
             backend = None
         key = (bool(training), tuple(optimizer_slots), backend, bool(fused_update) and bool(training))
         if training and (micro_batches != 1 or packs is not None):

@@ -77,9 +77,9 @@ class BatchNorm2d(Layer):
 
     def forward_relu(self, be, inputs, out, relu_out, params, ctx, keep_out=True):
         """The training forward, and with `relu_out` also ReLU(out) written there in the same pass: what the
-        compiled step runs for a BN whose output feeds a ReLU next (`minidl.runtime.program`, on backends with
-        `fuses_batchnorm_relu`). `out` is written as by `forward` (unless `keep_out` is False: nothing else
-        reads it, and the backend may leave it unwritten), `relu_out` as `ReLU.forward(out)` would."""
+        compiled step runs for a BN whose output feeds a ReLU next (`minidl.runtime.program`, on backends whose
+        `capabilities.fuses` has `batchnorm_relu`). `out` is written as by `forward` (unless `keep_out` is False:
+        nothing else reads it, and the backend may leave it unwritten), `relu_out` as `ReLU.forward(out)` would."""
         extra = {} if relu_out is None else {"relu_out": relu_out, **({} if keep_out else {"keep_y": False})}
         be.batchnorm_forward_train(inputs[0], params.get("weight"), params.get("bias"), params["running_mean"],
                                    params["running_var"], out, ctx.aux["mean"], ctx.aux["invstd"], self.momentum,
@@ -98,6 +98,6 @@ class BatchNorm2d(Layer):
         """The training backward of a batch norm whose output feeds a ReLU, with that ReLU's backward first in
         the same call: dout (this layer's output gradient) is written as `ReLU.backward` would write it from
         relu_out and relu_dout, then used. What the compiled step runs where it folds the pair
-        (`minidl.runtime.program`, on backends with `fuses_batchnorm_relu`)."""
+        (`minidl.runtime.program`, on backends whose `capabilities.fuses` has `batchnorm_relu`)."""
         be.batchnorm_backward(inputs[0], params.get("weight"), dout, ctx.aux["mean"], ctx.aux["invstd"], dinputs[0],
                               grads.get("weight"), grads.get("bias"), relu=(relu_out, relu_dout))

@@ -32,8 +32,8 @@ class Add(Layer):
 
     def forward_relu(self, be, inputs, out, relu_out, params, ctx, keep_out=True):
         """`forward`, and ReLU(out) written to `relu_out` in the same pass: what the compiled step runs for an add
-        whose output feeds a ReLU next (`minidl.runtime.program`, on backends with `fuses_add_relu`); without `keep_out`
-        (nothing else reads out) the backend may leave `out` unwritten."""
+        whose output feeds a ReLU next (`minidl.runtime.program`, on backends whose `capabilities.fuses` has
+        `add_relu`); without `keep_out` (nothing else reads out) the backend may leave `out` unwritten."""
         be.add_forward(inputs, out, relu_out=relu_out, keep_y=keep_out)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
@@ -44,7 +44,8 @@ class Add(Layer):
     def backward_relu(self, be, inputs, dout, dinputs, grads, params, ctx, relu_out, relu_dout):
         """The backward of the ReLU that follows this add, then `backward`, in one call: each input's gradient
         as `ReLU.backward` then `backward` would leave it (`dout`, which only this add reads, may be left
-        unwritten): the compiled step's fusion, `minidl.runtime.program`, on backends with `fuses_add_relu_backward`."""
+        unwritten): the compiled step's fusion, `minidl.runtime.program`, on backends whose `capabilities.fuses`
+        has `add_relu_backward`."""
         be.add_relu_backward(relu_out, relu_dout, dout, dinputs)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.errors import OptionError
 from ..graph.route import Phase, Route
 from .simulate import DeviceProfile, get_profile
 from .workspace import CostTable, cost_key
@@ -76,7 +75,4 @@ def measured_profile(backend, base: DeviceProfile | str | None = None, costs: Co
                      route: Route | None = None) -> DeviceProfile:
     """Measure `backend`'s link (`backend.measure_link()`, a GPU) and return the calibrated profile; `base`
     defaults to the backend's nearest datasheet profile."""
-    measure = getattr(backend, "measure_link", None)
-    if measure is None:
-        raise OptionError(f"backend '{getattr(backend, 'name', 'cpu')}' cannot measure a host link (CUDA only)")
-    return calibrated_profile(base or getattr(backend, "profile", "h100"), measure(), costs, route)
+    return calibrated_profile(base or backend.profile, backend.measure_link(), costs, route)

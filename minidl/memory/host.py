@@ -337,7 +337,8 @@ class HostStore:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.trace = trace
         self.spill_dir = spill_dir
-        self.engine: TransferEngine = (StreamTransfers(backend) if hasattr(backend, "offload_async")
+        self.engine: TransferEngine = (StreamTransfers(backend)
+                                       if backend is not None and backend.capabilities.stream_copies
                                        else ThreadTransfers())
         self._buffers: dict[str, np.ndarray] = {}
         self._on_disk: set[str] = set()

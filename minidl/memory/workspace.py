@@ -172,7 +172,7 @@ def measure(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Sha
 
     be = backend if backend is not None else CPUBackend()
     xp = be.xp
-    sync = getattr(be, "synchronize", lambda: None)
+    sync = be.synchronize
     dtype = np.float32 if itemsize == 4 else np.float64
     rng = np.random.default_rng(0)
     net = Network("autotune", dtype=dtype)

@@ -52,9 +52,8 @@ class Optimizer:
         in one call per group, the rest one by one; both compute the same arithmetic per element, so the
         parameters are bit-identical to `update` called per item (the interpreted executor's path). Reads the
         hyper-parameters at every call: a learning-rate schedule's changes apply."""
-        fuse = getattr(be, "fuse_update", None)
-        fusable = type(self).update_fused is not Optimizer.update_fused
-        groups, rest = fuse(items, self.slots) if fuse is not None and fusable and items else ([], list(items))
+        fusable = be.capabilities.fused_update and type(self).update_fused is not Optimizer.update_fused
+        groups, rest = be.fuse_update(items, self.slots) if fusable and items else ([], list(items))
         update, update_fused = self.update, self.update_fused
 
         def run(step: int) -> None:

@@ -55,6 +55,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..backend.base import backend_name
 from ..backend.scalars import StepScalars
 
 #: Call kinds the graph contains (they only enqueue device work on the compute stream).
@@ -89,8 +90,8 @@ class CaptureRefused(Exception):
 def why_not(ex, program) -> str | None:
     """Why executor `ex`'s compiled `program` cannot be captured as CUDA graphs (None: it can be tried)."""
     be = ex.be
-    if not hasattr(be, "begin_graph"):
-        return f"backend '{getattr(be, 'name', 'cpu')}' has no graph capture (CUDA only): the compiled loop runs"
+    if not be.capabilities.graph_capture:
+        return f"backend '{backend_name(be)}' has no graph capture (CUDA only): the compiled loop runs"
     if program is None:
         return f"the step is not compiled ({ex.program_fallback})"
     if ex.tracing:
@@ -103,7 +104,7 @@ def why_not(ex, program) -> str | None:
         if kind in REFUSED_KINDS:
             return REFUSED_KINDS[kind]
         if kind in COPY_KINDS:
-            if not hasattr(be, "offload_async"):
+            if not be.capabilities.stream_copies:
                 return "host copies run on a host thread on this backend, which a graph cannot contain"
             if ex.host_limit_bytes is not None:
                 return COPIES_REFUSED
@@ -223,7 +224,7 @@ class GraphStep:
         guard = bool(self.ex.check_finite)
         device_guard = epilogue = None
         self.codes = []
-        if guard and getattr(be, "device_guard", False):
+        if guard and be.capabilities.device_guard:
             device_guard = self._device_guard
             epilogue = [_copy(be.copy_out_async, sc.diverged, sc.diverged_out)]
             loss_out = self._keep_loss   # the loss kept where the guards can read it, and copied out
@@ -231,13 +232,11 @@ class GraphStep:
             loss_out = _copy(be.copy_out_async, self.loss_flat, self.loss_host)
         segments, hoisted = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
                                   epilogue=epilogue or [])
-        strays = getattr(be, "stray_bytes", 0)
+        strays = be.stray_bytes
         host = self.ex.host
         if host is not None and host.capturable is not None:
             raise CaptureRefused(host.capturable)
-        prepare = getattr(be, "prepare_graph", None)
-        if prepare is not None:
-            prepare()
+        be.prepare_graph()
         be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
         copies: list[tuple[str, str, int]] = []
         try:
@@ -256,7 +255,7 @@ class GraphStep:
             be.graph_scalars = None
             if host is not None:  # the copies issued while capturing belong to the graph: never to be settled
                 copies = host.drop_captured()
-        grown = getattr(be, "stray_bytes", 0) - strays
+        grown = be.stray_bytes - strays
         if grown:
             raise CaptureRefused(f"cupy allocated {grown} bytes outside the arena while capturing (a temporary the "
                                  f"graph would keep using after cupy reuses its memory)")

@@ -12,7 +12,6 @@ layer that reads memory its declaration did not protect produces NaN instead of 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,7 +82,7 @@ class Executor:
                               f"menu but runs on backend '{be_name}': plan with "
                               f"plan_network(..., backend=<the backend it runs on>)")
         for n in net.layer_nodes:
-            missing = [op for op in n.layer.backend_ops() if not hasattr(self.be, op)]
+            missing = [op for op in n.layer.backend_ops() if op not in self.be.capabilities.kernels]
             if missing:
                 raise OptionError(f"{n.layer.describe()} cannot run on backend '{be_name}': its kernels "
                                   f"({', '.join(missing)}) are not yet written for that backend; run this network "
@@ -94,16 +93,15 @@ class Executor:
         self.seed, self.debug, self.tracing = int(seed), debug, trace
         self.iteration = 0
         self.training = True
-        backing = getattr(self.be, "arena_backing", None)
         if plan.paged is not None:   # placed by chunks: physical chunks mapped behind virtual ranges
             from ..memory.paged import PagedPool
 
-            paged = getattr(self.be, "paged_backing", None)
-            if paged is None:
+            if not self.be.capabilities.paged_arena:
                 raise OptionError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
-            self.pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes, paged())
+            self.pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes,
+                                  self.be.paged_backing())
         else:
-            self.pool = TensorPool(plan.arena_bytes, backing=backing() if backing else NumpyArenaBacking())
+            self.pool = TensorPool(plan.arena_bytes, backing=self.be.arena_backing() or NumpyArenaBacking())
         self.views: dict[str, np.ndarray] = {}
         self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
         self.offsets: dict[str, int] = {}
@@ -354,9 +352,8 @@ class Executor:
             raise
 
     def _step_scope(self):
-        """The backend's context for one whole step (`CPUBackend.step_scope`: the BLAS threads), if its class
-        defines one (a wrapper that forwards every call, like the tests' recording backends, does not)."""
-        return self.be.step_scope() if hasattr(type(self.be), "step_scope") else nullcontext()
+        """The backend's context for one whole step (`CPUBackend.step_scope`: the BLAS threads)."""
+        return self.be.step_scope()
 
     def guard_grads(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
         """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order (resolved now: the

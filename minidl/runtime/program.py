@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..backend.base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU
 from ..core.tensors import act_id, aux_id, delta_id, grad_id, opt_state_id, param_id
 from ..core.vocab import TraceEvent
 from ..graph.route import Phase, Step
@@ -40,10 +41,11 @@ LOWERED = {EventKind.ALLOC: "_alloc", EventKind.FREE: "_free", EventKind.OFFLOAD
 
 Call = Callable[[], Any]
 
-# Layer types a following ReLU folds into (`_Lowering.fuse_relu`), and the backend flag saying it can run them so.
-FUSES_RELU = {"batchnorm": "fuses_batchnorm_relu", "add": "fuses_add_relu"}
-# Layers whose backward may take the backward of the ReLU after them into the same call, and the backend flag.
-FUSES_RELU_BACKWARD = {"batchnorm": "fuses_batchnorm_relu", "add": "fuses_add_relu_backward"}
+# Layer types a following ReLU folds into (`_Lowering.fuse_relu`), and the fusion a backend lists in its
+# capabilities (`Capabilities.fuses`) when it can run them so.
+FUSES_RELU = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU}
+# Layers whose backward may take the backward of the ReLU after them into the same call, and the fusion.
+FUSES_RELU_BACKWARD = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU_BACKWARD}
 
 
 @dataclass(slots=True)
@@ -239,7 +241,7 @@ class _Lowering:
                 return
             call = _bind(layer.forward, ex.be, inputs, out, params, ctx)
             self.emit("forward", call if recompute else self.timed(step, call))
-            if not recompute and getattr(ex.be, FUSES_RELU.get(node.type_name, ""), False):
+            if not recompute and FUSES_RELU.get(node.type_name) in ex.be.capabilities.fuses:
                 self.relu_host = (node.index, len(self.calls) - 1, step, ex.pool.in_use, layer, inputs, out, params,
                                   ctx)
             if layer.is_loss and not recompute:
@@ -258,8 +260,8 @@ class _Lowering:
             return
         self.emit("backward", self.timed(step, _bind(layer.backward, ex.be, inputs, out, dout, dinputs, grads,
                                                      params, ctx)))
-        if node.type_name == "relu" and not step.seed_delta and any(getattr(ex.be, f, False)
-                                                                     for f in FUSES_RELU_BACKWARD.values()):
+        if node.type_name == "relu" and not step.seed_delta and not ex.be.capabilities.fuses.isdisjoint(
+                FUSES_RELU_BACKWARD.values()):
             self.relu_backward = (node, len(self.calls) - 1, step, ex.pool.in_use, out, dout, dinputs[0])
 
     def fuse_relu(self, step: Step, node, out) -> bool:
@@ -333,7 +335,7 @@ class _Lowering:
         event)."""
         pending, self.relu_backward = self.relu_backward, None
         flag = FUSES_RELU_BACKWARD.get(node.type_name)
-        if pending is None or flag is None or not getattr(self.ex.be, flag, False) or not ctx.training:
+        if pending is None or flag not in self.ex.be.capabilities.fuses or not ctx.training:
             return False
         relu, pos, relu_step, relu_in_use, r, dr, d_in = pending
         if list(relu.inputs) != [node.index] or pos != len(self.calls) - 1 or d_in is None:

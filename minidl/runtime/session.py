@@ -163,7 +163,7 @@ class Session:
 
             backend = CPUBackend()
         self.math = apply_math(backend, math)  # before planning: the mode decides the convolution engines
-        self.device = device or getattr(backend, "profile", "cpu")
+        self.device = device or backend.profile
         self.comm = comm
         dp = (DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES, reduction or comm.reduction)
               if comm is not None else None)

@@ -9,6 +9,8 @@ tests/backend/test_capture_gpu.py (`-m gpu`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -21,7 +23,8 @@ from minidl.runtime.capture import GraphStep, split
 # Methods that are the capture machinery itself, or pure host helpers: never recorded.
 _PASS = {"begin_graph", "end_graph", "launch_graph", "copy_in_async", "copy_out_async", "wait_compute",
          "host_empty", "paged_backing", "arena_backing", "conv_workspace_options", "name", "profile", "xp",
-         "offload_async", "prefetch_async", "transfer_wait", "transfer_sync", "transfer_times"}
+         "offload_async", "prefetch_async", "transfer_wait", "transfer_sync", "transfer_times", "prepare_graph",
+         "compute_scope", "synchronize", "measure_link"}
 
 
 class _Copy:
@@ -65,12 +68,14 @@ _PASS.add("step_scope")  # host-side context of a whole step (the BLAS threads),
 class GraphCPU(CPUBackend):
     """CPUBackend with graph capture emulated: recorded calls replayed by `launch_graph`."""
 
-    fuse_update = None  # as the CUDA backend it stands for: one update per parameter (its _dev kernels, above)
+    # As the CUDA backend it stands for: one update per parameter (its _dev kernels, above), copies on streams.
+    capabilities = replace(CPUBackend.capabilities, fused_update=False, stream_copies=True, graph_capture=True,
+                           device_guard=True)
 
     def __init__(self, strays_during_capture: int = 0, device_guard: bool = True):
         self.capturing: list | None = None
         self.graph_scalars = None
-        self.device_guard = device_guard
+        self.capabilities = replace(type(self).capabilities, device_guard=device_guard)
         self.graphs: list[list] = []
         self.log: list[str] = []             # backend calls as they RUN (eager or replayed), by name
         self.stray_bytes = 0
@@ -78,8 +83,7 @@ class GraphCPU(CPUBackend):
 
     def __getattribute__(self, name):
         attr = object.__getattribute__(self, name)
-        if name.startswith("_") or name in _PASS or not callable(attr) or name in ("capturing", "graphs", "log",
-                                                                                     "device_guard"):
+        if name.startswith("_") or name in _PASS or not callable(attr) or name in ("capturing", "graphs", "log"):
             return attr
         if name == "to_host":
             def to_host(a):
@@ -157,6 +161,9 @@ class GraphCPU(CPUBackend):
     def transfer_times(self, handle):
         self.transfer_sync(handle)
         return 0.0, 0.0, 0.0
+
+    def prepare_graph(self):
+        pass   # nothing to load ahead of a capture here
 
     def guard_nonfinite(self, x, code):
         raise AssertionError("the device guard exists only inside a capture")

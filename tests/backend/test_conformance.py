@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from minidl import layers as L
+from minidl.backend.base import backend_name
 from minidl.backend.cpu.backend import CPUBackend
 from minidl.testing import run_layer
 
@@ -41,8 +42,6 @@ def _t(a, grad=True):
 
 class OnDevice:
     """Runs a device backend on host (numpy) arguments: copy in, call, copy back."""
-
-    name = "cuda"
 
     def __init__(self, be):
         self.be = be
@@ -118,7 +117,7 @@ def backend(request):
 
 
 def _is_cuda(backend) -> bool:
-    return getattr(backend, "name", "cpu") == "cuda"
+    return backend_name(backend) == "cuda"
 
 
 def _conv_variants(backend, layer_factory, x_shape, w_shape, y_shape):

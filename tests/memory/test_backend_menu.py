@@ -1,6 +1,8 @@
 """The convolution algorithms a plan chooses among are the backend's: the route asks the backend the plan is for
 (`conv_workspace_options`), every planner pass reads that one menu, and the executor refuses a plan made from
 another backend's menu."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,7 @@ class LeanCPU(CPUBackend):
     """The CPU backend under another name, offering only its most frugal algorithm per phase (renamed for the
     menu, so that a plan made for it cannot be mistaken for a CPU plan). Its convolutions run the CPU code."""
 
-    name = "lean"
+    capabilities = replace(CPUBackend.capabilities, name="lean")
 
     def conv_workspace_options(self, phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
                                dtype=np.float32):

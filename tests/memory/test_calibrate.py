@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 import minidl as dl
+from minidl.backend.cpu.backend import CPUBackend
 from minidl.backend.cuda.calibrate import LinkMeasurement
 from minidl.graph.route import Phase
 from minidl.memory.calibrate import calibrated_profile, fit_efficiency, measured_profile
@@ -39,7 +40,7 @@ def test_profile_takes_the_slower_duplex_direction_and_the_latency():
     with pytest.raises(ValueError, match="positive bandwidths"):
         calibrated_profile("h100", replace(FAST, duplex_d2h_bw=0.0))
     with pytest.raises(ValueError, match="cannot measure a host link"):
-        measured_profile(object())
+        measured_profile(CPUBackend())
 
 
 def test_efficiency_is_fitted_to_the_autotune_cache():
@@ -109,7 +110,6 @@ def test_auto_recomputes_where_the_measured_link_cannot_hide_a_copy():
 def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions():
     """`minidl train --device measured --autotune`: the link from the backend, the convolutions measured (on
     the CPU backend here, standing in for the GPU) and the efficiency fitted to them."""
-    from minidl.backend.cpu.backend import CPUBackend
     from minidl.cli import _measured_device
 
     class Measured(CPUBackend):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.backend import get_backend
+from minidl.backend import Capabilities, get_backend
 from minidl.memory.host import HostStore, StreamTransfers, ThreadTransfers, TransferError
 
 from .test_offload import assert_misuse_is_named
@@ -39,6 +39,8 @@ class FakeTransfer:
 
 class FakeStreamBackend:
     """A transfer stream: FIFO, lazy, with pinned-buffer allocation counted and deterministic times."""
+
+    capabilities = Capabilities(name="fake", device="gpu", stream_copies=True)
 
     def __init__(self, stall_s: float = 0.0, fail_sync: int | None = None):
         self.stall_s = stall_s          # the stall reported for every copy the compute stream waited on
@@ -127,7 +129,7 @@ def _one_step(h: HostStore, arrays: dict, outs: dict | None = None) -> dict:
 def test_the_backend_picks_the_engine():
     with HostStore() as h:
         assert isinstance(h.engine, ThreadTransfers)
-    with HostStore(backend=get_backend("cpu")) as h:    # no offload_async: the host copies on a thread
+    with HostStore(backend=get_backend("cpu")) as h:    # no stream copies: the host copies on a thread
         assert isinstance(h.engine, ThreadTransfers)
     fake = FakeStreamBackend()
     with HostStore(backend=fake) as h:

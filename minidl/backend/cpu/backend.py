@@ -10,15 +10,19 @@ gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
+from ...core.errors import OptionError
+from ..base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU, Capabilities
 from ..common import dropout_keep_mask
 from . import lanes
 from .conv import ConvOps
 from .jit import lazy, workers_for
 from .norm import NormOps
 from .pool import PoolOps
-from .seq import SeqOps
+from .seq import SEQ_KERNELS, SeqOps
 from .update import UpdateOps
 
 CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporaries to ~512 KiB
@@ -54,7 +58,6 @@ def _chunks(n: int):
 class CoreOps:
     """Elementwise, dense, loss and optimizer kernels."""
 
-    name = "cpu"
     profile = "cpu"  # the simulator profile whose speeds plans for this backend assume (measured here)
     xp = np
 
@@ -96,8 +99,6 @@ class CoreOps:
             np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
 
     # -- joins ------------------------------------------------------------------------------------------------
-    fuses_add_relu = True  # add_forward takes `relu_out` (the compiled step's add+ReLU)
-
     def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None,
                     keep_y: bool = True) -> None:
         """y = the sum of xs, in order; with `relu_out`, also ReLU(y) there, as `relu_forward(y, relu_out)` would
@@ -115,8 +116,6 @@ class CoreOps:
             np.add(y, x, out=y)
         if relu_out is not None:
             self.relu_forward(y, relu_out)
-
-    fuses_add_relu_backward = True  # add_relu_backward: a ReLU's backward and the add's before it in one call
 
     def add_relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
                           dinputs: list[np.ndarray | None]) -> None:
@@ -255,6 +254,29 @@ class CoreOps:
 
 class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
     """numpy backend: the reference every other backend is tested against."""
+
+    # add_forward takes `relu_out`, add_relu_backward runs a ReLU's and the add's backward in one call, the batch
+    # norm's kernels take `relu=` (the compiled step's fusions); `fuse_update` groups parameters (`cpu_update`).
+    capabilities = Capabilities(
+        name="cpu", device="host", kernels=SEQ_KERNELS | {"softmax_xent_ignore_forward",
+                                                          "softmax_xent_ignore_backward"},
+        fuses=frozenset({FUSES_BATCHNORM_RELU, FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD}), fused_update=True,
+        paged_arena=True)
+
+    def compute_scope(self):
+        """Kernels run on the calling thread: nothing to enter."""
+        return nullcontext()
+
+    def synchronize(self) -> None:
+        """Every kernel has finished when it returns: nothing to wait for."""
+
+    def arena_backing(self):
+        """None: the tensor pool's own aligned numpy arena (`memory.pool.NumpyArenaBacking`)."""
+        return None
+
+    def measure_link(self, nbytes: int | None = None, repeats: int = 3):
+        """The CPU has no host link to measure: refused, naming the backend."""
+        raise OptionError("backend 'cpu' cannot measure a host link (CUDA only): use a datasheet --device profile")
 
     def step_scope(self):
         """The context a whole step runs in (`Executor.train_step`, `evaluate`): numpy's BLAS at one thread

@@ -117,7 +117,6 @@ class NormOps:
     """Batch-norm and LRN kernels (mixed into CPUBackend)."""
 
     # -- batch normalization ------------------------------------------------------------------------------------
-    fuses_batchnorm_relu = True  # batchnorm_forward_train takes `relu_out` (the compiled step's BN+ReLU)
 
     def batchnorm_forward_train(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                 running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, mean: np.ndarray,

@@ -36,6 +36,13 @@ def _erf(a: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[np.float64])(a)
 
 
+#: The kernels of this family, beyond the `Backend` protocol's (`Capabilities.kernels`; `Layer.backend_ops`).
+SEQ_KERNELS = frozenset({"layernorm_forward", "layernorm_forward_apply", "layernorm_backward", "gelu_forward",
+                         "gelu_backward", "embedding_forward", "embedding_backward", "position_embedding_forward",
+                         "position_embedding_backward", "softmax_forward", "softmax_backward", "matmul_forward",
+                         "matmul_backward", "attention_forward", "attention_backward"})
+
+
 class SeqOps:
     """Layer norm, GELU, embedding, last-axis softmax and attention kernels."""
 

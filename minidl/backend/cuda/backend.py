@@ -49,6 +49,7 @@ import atexit
 import functools
 import time
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -56,6 +57,7 @@ import numpy as np
 
 from ...core.errors import MinidlError
 from ...core.vocab import WorkspaceOption
+from ..base import Capabilities
 from . import kernel_specs as ks
 from . import plan as cuplan
 
@@ -554,7 +556,10 @@ class CUDABackend:
     outside the arena.
     """
 
-    name = "cuda"
+    # No sequence kernels (yet), no fusions, one update per parameter; host copies on copy streams, the step
+    # replayed as captured graphs whose gradients are checked on the device (`guard_nonfinite`).
+    capabilities = Capabilities(name="cuda", device="gpu", stream_copies=True, graph_capture=True,
+                                device_guard=True, paged_arena=True, host_link=True)
 
     def __init__(self, device: int = 0, *, allow_tf32: bool = False, deterministic: bool = True,
                  max_plans: int = 8, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True,
@@ -687,6 +692,15 @@ class CUDABackend:
                 "stray_allocs": self.stray_allocs, "cached_graphs": len(self.graphs),
                 "fallbacks": dict(self.fallbacks)}
 
+    def step_scope(self):
+        """A step needs no host-side context here: the kernels run on the streams."""
+        return nullcontext()
+
+    def compute_scope(self):
+        """The compute stream as the current one: cupy work done by a caller (the gradient reducer's division)
+        is ordered with the kernels'."""
+        return self.compute
+
     def synchronize(self) -> None:
         self.compute.synchronize()
         self.transfer.synchronize()
@@ -714,9 +728,6 @@ class CUDABackend:
         return measure_link(self, nbytes or BANDWIDTH_BYTES, repeats)
 
     # -- CUDA graphs (minidl/runtime/capture.py) -----------------------------------------------------------------------
-    #: A captured step checks gradients with `guard_nonfinite` on the device instead of stopping for the host.
-    device_guard = True
-
     #: The kernels a captured graph launches instead of their plain variants (backend/scalars.py).
     GRAPH_KERNELS = ("dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev", "adam_update_dev",
                      "nonfinite_flag")
