@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..backend.base import Capabilities
 from ..backend.cuda.plan import pareto
 from ..core.vocab import WorkspaceOption
 
@@ -242,6 +243,7 @@ class CudnnModel:
     `device`, so that a route built for a simulated GPU lists cuDNN's families with their modeled workspaces."""
 
     name = NAME
+    capabilities = Capabilities(name=NAME, device="gpu")  # what `backend_name` reads: plans made from the model
 
     def __init__(self, device: "DeviceProfile"):
         self.device = device
