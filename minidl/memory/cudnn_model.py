@@ -239,10 +239,9 @@ def bwd_algo(dgrad: str, wgrad: str) -> str:
 
 
 class CudnnModel:
-    """The CUDA backend's planning interface (`name`, `conv_workspace_options`) answered by the model for
+    """The CUDA backend's planning interface (`capabilities`, `conv_workspace_options`) answered by the model for
     `device`, so that a route built for a simulated GPU lists cuDNN's families with their modeled workspaces."""
 
-    name = NAME
     capabilities = Capabilities(name=NAME, device="gpu")  # what `backend_name` reads: plans made from the model
 
     def __init__(self, device: "DeviceProfile"):
