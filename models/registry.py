@@ -54,7 +54,8 @@ def _registry() -> dict[str, ModelSpec]:
         "inception_v4": ModelSpec(inception_v4, "Inception-v4 (Szegedy et al. 2016), 299x299", image_size=299),
     }
     for d in sorted(VGG_CONFIGS):
-        m[f"vgg{d}"] = ModelSpec(vgg, f"VGG-{d} (torchvision, no BN)", fixed={"depth": d})
+        what = "vDNN's VGG-416, as Harmony builds it" if d == 416 else "torchvision"
+        m[f"vgg{d}"] = ModelSpec(vgg, f"VGG-{d} ({what}, no BN)", fixed={"depth": d})
         m[f"vgg{d}_bn"] = ModelSpec(vgg, f"VGG-{d} with BatchNorm (torchvision)",
                                     fixed={"depth": d, "batch_norm": True})
     for d in sorted(IMAGENET_BLOCKS):

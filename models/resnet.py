@@ -12,8 +12,10 @@ on the 3x3 convolution of a bottleneck):
     avgpool GlobalAvgPool, fc Linear(num_classes)
 
 Depths: 18 (2,2,2,2) and 34 (3,4,6,3) basic; 50 (3,4,6,3), 101 (3,4,23,3), 152 (3,8,36,3), 200 (3,24,36,3)
-bottleneck; any other depth d with (d - 2) divisible by 3 and d >= 35 is bottleneck with blocks (3, 4, k, 3),
-stage 3 grown so that 3 * (10 + k) + 2 = d; and 2500 is SuperNeurons' ResNet-2500, blocks (6, 32, 788, 6),
+bottleneck; 1026 (128, 128, 128, 128) basic, the ResNet-1026 Harmony trains (Chen et al.'s 1K-layer ResNet,
+801,800,232 parameters at 1000 classes); any other depth d with (d - 2) divisible by 3 and d >= 35 is
+bottleneck with blocks (3, 4, k, 3), stage 3 grown so that 3 * (10 + k) + 2 = d; and 2500 is SuperNeurons'
+ResNet-2500, blocks (6, 32, 788, 6),
 which has 3 * 832 + 2 = 2498 weighted layers on its main path (the name rounds; their code uses these blocks).
 The depth counts the main path's weighted layers: conv1, the block convolutions and fc; the four projection
 shortcuts are not counted (as for ResNet-50, whose net has 54 conv/linear layers). Every convolution is
@@ -46,6 +48,7 @@ IMAGENET_BLOCKS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
     152: ("bottleneck", (3, 8, 36, 3)),
     200: ("bottleneck", (3, 24, 36, 3)),
     2500: ("bottleneck", (6, 32, 788, 6)),  # SuperNeurons' ResNet-2500: 2498 weighted layers
+    1026: ("basic", (128, 128, 128, 128)),  # ResNet-1026 of Harmony (after Chen et al.'s sublinear-memory paper)
 }
 CIFAR_DEPTHS_EXAMPLES = (20, 32, 44, 56, 110, 1202)
 

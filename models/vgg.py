@@ -1,4 +1,4 @@
-"""VGG (Simonyan & Zisserman 2014), torchvision's configurations A/B/D/E = VGG-11/13/16/19.
+"""VGG (Simonyan & Zisserman 2014), torchvision's configurations A/B/D/E = VGG-11/13/16/19, and vDNN's VGG-416.
 
 Stage s (1..5) has the configuration's 3x3 convolutions (padding 1, with bias), named "conv{s}_{i}", each
 followed by "relu{s}_{i}" (with `batch_norm=True`: "bn{s}_{i}" between them), and ends with the 2x2 max-pool
@@ -8,8 +8,9 @@ fc8 Linear(num_classes); fc6 reads (N, 512, 7, 7) directly (Linear flattens).
 torchvision's AdaptiveAvgPool2d((7, 7)) before the classifier is the identity at 224x224 (pool5 is 7x7), so
 no layer is emitted; when pool5 is a multiple of 7 it is a plain AvgPool2d named "avgpool"; other sizes are
 rejected. Parameters at 1000 classes: VGG-11 132,863,336, VGG-13 133,047,848, VGG-16 138,357,544,
-VGG-19 143,667,240. `batch_norm=True` follows torchvision's vgg*_bn exactly, which keeps the convolution bias
-(VGG-11-BN 132,868,840, VGG-16-BN 138,365,992).
+VGG-19 143,667,240, VGG-416 577,894,184 (vDNN's deep VGG, which Harmony trains: configuration D with 80 more
+3x3 convolutions per stage, its classifier unchanged). `batch_norm=True` follows torchvision's vgg*_bn exactly,
+which keeps the convolution bias (VGG-11-BN 132,868,840, VGG-16-BN 138,365,992).
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ VGG_CONFIGS: dict[int, tuple[tuple[int, ...], ...]] = {
     13: ((64, 64), (128, 128), (256, 256), (512, 512), (512, 512)),                     # B
     16: ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512)),      # D
     19: ((64, 64), (128, 128), (256,) * 4, (512,) * 4, (512,) * 4),                     # E
+    # vDNN's VGG-416 (Rhu et al. 2016) as Harmony's scripts build it: configuration D with 80 more
+    # convolutions in every stage (82 + 82 + 83 + 83 + 83 = 413 convolutions, plus the three fc layers)
+    416: ((64,) * 82, (128,) * 82, (256,) * 83, (512,) * 83, (512,) * 83),
 }
 
 

@@ -157,6 +157,24 @@ def test_resnet2500_superneurons():
     assert shape(net, "fc") == (16, 1000)
 
 
+def test_harmony_models():
+    """Harmony's two CNNs as its model library builds them: vDNN's VGG-416 (configuration D with 80 more 3x3
+    convolutions per stage, torchvision's classifier) and the basic-block ResNet-1026 (128 blocks per stage)."""
+    vgg416 = build_model("vgg416", batch=2)
+    assert weighted_layers(vgg416) == 416
+    assert [sum(1 for n in vgg416.layer_nodes if n.name.startswith(f"conv{s}_")) for s in range(1, 6)] == \
+        [82, 82, 83, 83, 83]
+    assert vgg416.num_params() == 577_894_184
+    assert shape(vgg416, "pool5") == (2, 512, 7, 7) and shape(vgg416, "fc8") == (2, 1000)
+    r = build_model("resnet1026", batch=2)
+    assert weighted_layers(r, include_shortcuts=False) == 1026
+    assert weighted_layers(r) == 1029          # three projection shortcuts (stages 2-4)
+    assert r.num_params() == 801_800_232
+    assert r.node("layer4.127.conv2").layer.__class__.__name__ == "Conv2d"
+    with pytest.raises(dl.GraphError, match="no node named"):
+        r.node("layer4.128.conv1")
+
+
 @pytest.mark.parametrize("depth,blocks", [(35, (3, 4, 1, 3)), (56, (3, 4, 8, 3)), (2498, (3, 4, 822, 3))])
 def test_resnet_any_depth(depth, blocks):
     net = resnet(depth, batch=1, image_size=224)
