@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .cli_args import check_args
@@ -620,23 +621,38 @@ def _measured_device(net, opt, backend, costs):
     return measured_profile(backend, costs=costs, route=route)
 
 
-def _train(args, backend, comm) -> dict:
-    import numpy as np
+@dataclass(slots=True)
+class _TrainInputs:
+    """What `_train_inputs` checked and built before any session exists: the network, the optimizer, the data
+    (`heldout` None when the source has no held-out part) and the device profile and cost table to plan with."""
 
+    net: object
+    opt: object
+    train: object
+    heldout: object
+    device: object
+    costs: object
+
+
+def _train(args, backend, comm) -> dict:
+    """`minidl train`: inputs checked, then the run, then what it reports (three steps, so an option added to
+    one of them does not have to be read among the other two)."""
+    inputs = _train_inputs(args, backend)
+    sess, res, log = _train_run(args, inputs, backend, comm)
+    return _train_report(args, sess, res, log, inputs.heldout, comm)
+
+
+def _train_inputs(args, backend) -> _TrainInputs:
+    """Validate the options against the data and build what the session is made of, so that every user error
+    (a batch larger than the data, a missing --resume file, --save-every without --save) comes before planning."""
     from .data import load_data
-    from .memory.report import plot_timeline, write_trace
     from .optim import make_optimizer
-    from .optim.schedules import make_schedule
-    from .runtime.session import Session
-    from .runtime.steplog import StepLog
 
     batch = args.batch or 32
     args.batch = batch
-    image_shape = num_classes = None
     if args.data != "synthetic":
         train, heldout = load_data(args.data, seed=args.seed)
-        image_shape, num_classes = train.image_shape, train.num_classes
-        net = _build(args, image_shape, num_classes)
+        net = _build(args, train.image_shape, train.num_classes)
     else:
         net = _build(args)
         shape = net.input_nodes[0].shape[1:]
@@ -654,9 +670,21 @@ def _train(args, backend, comm) -> dict:
     device, costs = args.device, _costs(args, backend)
     if device == "measured":   # the simulator's link figures (and, with --autotune, efficiency) from this GPU
         device = _measured_device(net, opt, backend, costs)
-    sess = Session(net, opt, policy=args.policy, budget=args.budget, seed=args.seed,
+    return _TrainInputs(net, opt, train, heldout, device, costs)
+
+
+def _train_run(args, inputs: _TrainInputs, backend, comm):
+    """Plan and train: the session, fit's result and the step log (None without --log, or on a rank other than
+    0). On divergence the last good state is saved when --save is given, and the error says where."""
+    import numpy as np
+
+    from .optim.schedules import make_schedule
+    from .runtime.session import Session
+    from .runtime.steplog import StepLog
+
+    sess = Session(inputs.net, inputs.opt, policy=args.policy, budget=args.budget, seed=args.seed,
                    backend=backend, debug=args.debug, trace=bool(args.trace),
-                   host_limit_bytes=args.host_limit, device=device, costs=costs,
+                   host_limit_bytes=args.host_limit, device=inputs.device, costs=inputs.costs,
                    fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
                    reduction=args.reduction, micro_batches=args.micro_batches, math=args.math,
                    graphs=args.cuda_graph == "on")
@@ -671,7 +699,7 @@ def _train(args, backend, comm) -> dict:
     log = StepLog(args.log, sess) if args.log and lead else None
     try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            res = sess.fit(train, args.steps, progress=lead and not args.no_progress and not args.json
+            res = sess.fit(inputs.train, args.steps, progress=lead and not args.no_progress and not args.json
                            and sys.stderr.isatty(), on_step=log,
                            save_every=args.save_every, save_path=args.save)
     except DivergenceError as e:  # the update was not applied: what is saved is the last good state
@@ -682,18 +710,24 @@ def _train(args, backend, comm) -> dict:
     finally:
         if log is not None:
             log.close()
-    out = {"model": args.model, "data": args.data, "batch": batch, "steps": args.steps, "steps_done": res.steps,
-           "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
+    return sess, res, log
+
+
+def _train_report(args, sess, res, log, heldout, comm) -> dict:
+    """The run's JSON fields, the files written at its end (checkpoint, plot, trace) and, without --json, the
+    text summary; ranks other than 0 return their fields without writing or printing (`args.quiet`)."""
+    from .memory.host import transfer_json
+    from .memory.report import plot_timeline, write_trace
+    from .memory.simulate import simulate
+
+    out = {"model": args.model, "data": args.data, "batch": args.batch, "steps": args.steps,
+           "steps_done": res.steps, "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
            "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak,
            "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback,
            "device_profile": getattr(sess.device, "note", sess.device)}
     out.update(_memory_json(sess.plan))
-    from .memory.simulate import simulate
-
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
-    from .memory.host import copies_line, transfer_json
-
     out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
     if heldout is not None and not res.interrupted:
         _, acc = sess.evaluate(heldout)
@@ -712,7 +746,7 @@ def _train(args, backend, comm) -> dict:
     if log is not None:
         out["log"] = str(log.path)
         written.append(("step log", log.path))
-    if not lead:
+    if args.quiet:
         return out
     if args.plot:
         plot_timeline(sess.plan, args.plot, title=_plot_title(args, sess.plan), budget=args.budget)
@@ -723,28 +757,36 @@ def _train(args, backend, comm) -> dict:
         out["trace"] = args.trace
         written.append(("trace", args.trace))
     if not args.json:
-        print(sess.report().format())
-        print(_moved_line(out["moved_bytes_by_role"]))
-        line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms "
-                f"({sess.math}), {res.images_per_s:.1f} images/s")
-        if "accuracy" in out:
-            line += f", held-out accuracy {out['accuracy']:.2%}"
-        print(line)
-        if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
-            print("  " + copies_line(out, sum(res.step_times) / len(res.step_times)))   # the waits' mean: a mean
-        if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
-            gs = sess.executor.graph_step
-            print(f"  steps: {gs.describe()}" if gs is not None else
-                  f"  steps: {sess.executor.step_runner}, no CUDA graph: {sess.executor.graph_fallback}")
-        if comm is not None:
-            from .dist.report import dist_line
-
-            print(dist_line(out))
-        if res.interrupted:
-            print(f"interrupted after {res.steps} of {args.steps} steps (Ctrl-C)"
-                  + ("" if args.save else "; nothing saved: give --save PATH.npz to keep the progress"))
+        _print_train_summary(args, sess, res, out, comm)
     _say_written(args, written)
     return out
+
+
+def _print_train_summary(args, sess, res, out: dict, comm) -> None:
+    """The text `minidl train` ends with: the memory report, the bytes moved, loss and speed, what the copies
+    cost, how the steps ran (on a GPU), the ranks' figures, and an interruption."""
+    from .memory.host import copies_line
+
+    print(sess.report().format())
+    print(_moved_line(out["moved_bytes_by_role"]))
+    line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms "
+            f"({sess.math}), {res.images_per_s:.1f} images/s")
+    if "accuracy" in out:
+        line += f", held-out accuracy {out['accuracy']:.2%}"
+    print(line)
+    if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
+        print("  " + copies_line(out, sum(res.step_times) / len(res.step_times)))   # the waits' mean: a mean
+    if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
+        gs = sess.executor.graph_step
+        print(f"  steps: {gs.describe()}" if gs is not None else
+              f"  steps: {sess.executor.step_runner}, no CUDA graph: {sess.executor.graph_fallback}")
+    if comm is not None:
+        from .dist.report import dist_line
+
+        print(dist_line(out))
+    if res.interrupted:
+        print(f"interrupted after {res.steps} of {args.steps} steps (Ctrl-C)"
+              + ("" if args.save else "; nothing saved: give --save PATH.npz to keep the progress"))
 
 
 def main(argv: list[str] | None = None) -> int:
