@@ -94,6 +94,7 @@ class TorchTwin:
                 tensor = torch.tensor(np.array(state[f"{n.name}.{pname}"]), dtype=dtype)
                 ps[pname] = tensor.requires_grad_(spec.trainable)
             self.params[n.name] = ps
+        self.tied = {n.name: {p: self.params[o][op] for p, (o, op) in n.tied.items()} for n in net.layer_nodes}
         self.fns = {n.index: _node_fn(n) for n in net.layer_nodes}
 
     def parameters(self) -> list[torch.Tensor]:
@@ -108,10 +109,11 @@ class TorchTwin:
         for n in self.net.layer_nodes:
             xs = [vals[i] for i in n.inputs]
             fn = self.fns[n.index]
+            params = self.params[n.name] | self.tied[n.name]  # a tied parameter: its owner's very tensor
             if n.layer.type_name == "batchnorm":
-                vals[n.index] = fn(xs, self.params[n.name], training)
+                vals[n.index] = fn(xs, params, training)
             else:
-                vals[n.index] = fn(xs, self.params[n.name])
+                vals[n.index] = fn(xs, params)
             if keep:
                 vals[n.index].retain_grad()
         return vals[self.net.loss_index], vals

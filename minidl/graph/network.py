@@ -24,6 +24,7 @@ import numpy as np
 from ..backend.base import backend_name
 from ..core.errors import GraphError
 from ..core.symbol import Symbol
+from ..core.tensors import grad_id, param_id
 from ..layers import args
 from ..layers.base import Layer, ParamSpec, Shape
 from .route import Route
@@ -52,6 +53,23 @@ class Node:
     dtype: np.dtype
     params: dict[str, ParamSpec] = field(default_factory=dict)
     consumers: list[int] = field(default_factory=list)
+    tied: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Parameters this layer reads but another, earlier layer owns (`Network.tie`): name -> (owner layer, its
+    parameter). They are not in `params`: counted, initialized, saved and updated once, by their owner."""
+
+    def param_ids(self) -> dict[str, str]:
+        """The tensor id of every parameter the layer's kernels receive, by the name the layer knows it by
+        (a tied one is its owner's tensor)."""
+        ids = {p: param_id(self.name, p) for p in self.params}
+        ids.update({p: param_id(*owner) for p, owner in self.tied.items()})
+        return ids
+
+    def grad_ids(self) -> dict[str, str]:
+        """The tensor id of every gradient the layer's backward writes, by parameter name. A tied parameter's
+        is this layer's own contribution (`grad:head.weight`), which the route adds into the owner's gradient
+        at the owner's backward."""
+        return {p: grad_id(self.name, p) for p, s in self.params.items() if s.trainable} | {
+            p: grad_id(self.name, p) for p in self.tied}
 
     @property
     def is_input(self) -> bool:
@@ -148,6 +166,44 @@ class Network:
                              f"(e.g. SoftmaxCrossEntropy)")
         self.loss_index = node.index
         self._route_cache.clear()
+
+    def tie(self, param: str, to: str) -> None:
+        """Make parameter `param` (e.g. "head.weight") one tensor with parameter `to` ("wte.weight"): GPT's
+        output projection reading the token embedding's table. Why one tensor rather than two kept equal: the
+        model has one set of weights (GPT-2 small is 124,439,808 parameters because of it), so memory, planning,
+        checkpoints and the optimizer see it once, and its gradient is the sum of both layers' contributions,
+        as in PyTorch when two modules share an `nn.Parameter`.
+
+        `to`'s layer must come before `param`'s (its backward runs after, where the sum is completed); both have
+        the same shape; `to` is trainable and is not itself tied."""
+        user, pname = self._param_ref(param, "param")
+        owner, oname = self._param_ref(to, "to")
+        where = f"tie({param!r}, to={to!r})"
+        if owner.index >= user.index:
+            raise GraphError(f"{where}: the owner '{owner.name}' must come before '{user.name}' in the network "
+                             f"(its backward adds the contributions up, so it must run last)")
+        spec, ospec = user.params[pname], owner.params[oname]
+        if tuple(spec.shape) != tuple(ospec.shape):
+            raise GraphError(f"{where}: shapes differ: {param} is {tuple(spec.shape)}, {to} is "
+                             f"{tuple(ospec.shape)}")
+        if not (spec.trainable and ospec.trainable):
+            raise GraphError(f"{where}: only trainable parameters can be tied")
+        del user.params[pname]
+        user.tied[pname] = (owner.name, oname)
+        self._route_cache.clear()
+
+    def _param_ref(self, ref, arg: str) -> tuple[Node, str]:
+        """("layer.param" -> (its node, the parameter name)), a GraphError naming `arg` otherwise."""
+        layer, _, pname = ref.rpartition(".") if isinstance(ref, str) else ("", "", "")
+        node = self.nodes[self._by_name[layer]] if layer in self._by_name else None
+        if node is None or node.layer is None:
+            raise GraphError(f"tie(): {arg}={ref!r} names no layer of network '{self.name}' (write 'layer.param', "
+                             f"e.g. 'wte.weight')")
+        if pname not in node.params:
+            have = sorted(node.params) + [f"{p} (tied)" for p in sorted(node.tied)]
+            raise GraphError(f"tie(): {arg}={ref!r}: layer '{layer}' ({node.type_name}) has no own parameter "
+                             f"{pname!r} (it has: {', '.join(have) or 'none'})")
+        return node, pname
 
     # -- queries ----------------------------------------------------------------------------------------------
     def node(self, name: str) -> Node:

@@ -40,7 +40,7 @@ import numpy as np
 from ..backend import backend_name
 from ..core.errors import MinidlError
 from ..core.tensors import Role, TensorSpec, act_id, aux_id, delta_id, grad_id, param_id, partial_delta_id
-from .route import Accumulation, Phase, Route, Step, update_step
+from .route import Accumulation, Phase, Route, Step, tied_contributions, update_step
 
 if TYPE_CHECKING:  # pragma: no cover
     from .network import Network
@@ -126,7 +126,7 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
     for n in nodes:
         if n.layer is None:
             continue
-        rg[n.index] = any(p.trainable for p in n.params.values()) or any(
+        rg[n.index] = any(p.trainable for p in n.params.values()) or bool(n.tied) or any(
             rg[i] for k, i in enumerate(n.inputs) if k not in n.layer.nondiff_inputs)
 
     def act(i: int, m: int, pack: int | None = None) -> str:
@@ -158,7 +158,7 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
         rename = {act_id(nodes[i].name): act(i, m, pack) for i in n.inputs}
         out = act(n.index, m, pack)
         rename[act_id(n.name)] = out
-        reads = [rename[act_id(nodes[i].name)] for i in n.inputs] + [param_id(n.name, p) for p in n.params]
+        reads = [rename[act_id(nodes[i].name)] for i in n.inputs] + list(n.param_ids().values())
         writes = [out]
         if not again:
             writes += [param_id(n.name, p) for p, s in n.params.items() if not s.trainable]
@@ -181,6 +181,7 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
                 steps.append(fwd_step(net.node(name), m, again=False))
         blocks.append((first, len(steps) - 1))
 
+    tied_in = tied_contributions(net)
     seen: list[set[str]] = [set() for _ in range(M)]
     for k in reversed(range(len(packs))):
         first = len(steps)
@@ -191,7 +192,8 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
             for n in reversed(pack_nodes):
                 if not rg[n.index]:
                     continue
-                steps.append(_bwd_step(net, n, m, M, k, len(steps), rg, shapes, act, add, seen[m], backend))
+                steps.append(_bwd_step(net, n, m, M, k, len(steps), rg, shapes, act, add, seen[m], backend,
+                                       tied_in.get(n.index, ()) if m == M - 1 else ()))
         for n in pack_nodes:
             upd = update_step(len(steps), [n], optimizer_slots, add, net.dtype)
             if upd is not None:
@@ -204,7 +206,10 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
 
 
 def _bwd_step(net, n, m: int, M: int, pack: int, index: int, rg, shapes, act, add, seen: set[str],
-              backend) -> Step:
+              backend, tied_in=()) -> Step:
+    """Layer `n`'s backward for micro-batch m. `tied_in`: the tied users' gradient contributions its owner adds
+    in (`route.tied_contributions`), at the last micro-batch: every micro-batch of the users has run by then,
+    whether they share the owner's pack or sit in a later one."""
     nodes = net.nodes
     layer = n.layer
     ins, out_shape = shapes[n.index]
@@ -222,7 +227,7 @@ def _bwd_step(net, n, m: int, M: int, pack: int, index: int, rg, shapes, act, ad
         tid = f"{aux_id(n.name, aname)}@{m}"
         rename[aux_id(n.name, aname)] = tid
         reads.append(tid)
-    reads += [param_id(n.name, p) for p in n.params]
+    reads += list(n.param_ids().values())
     writes: list[str] = []
     dinputs: list[str | None] = []
     accs: list[Accumulation] = []
@@ -241,16 +246,20 @@ def _bwd_step(net, n, m: int, M: int, pack: int, index: int, rg, shapes, act, ad
             accs.append(Accumulation(target, d))
         dinputs.append(target)
         writes.append(target)
-    for pname, spec in n.params.items():
-        if spec.trainable:
-            g = add(grad_id(n.name, pname), Role.GRADIENT, spec.shape, net.dtype, n.name)
-            if m:
-                part = add(f"{g}@{m}", Role.GRADIENT, spec.shape, net.dtype, n.name)
-                rename[g] = part
-                accs.append(Accumulation(part, g))
-                writes.append(part)
-            else:
-                writes.append(g)
+    own = [(p, s.shape) for p, s in n.params.items() if s.trainable]
+    own += [(p, net.node(o).params[op].shape) for p, (o, op) in n.tied.items()]
+    for pname, shape in own:
+        g = add(grad_id(n.name, pname), Role.GRADIENT, shape, net.dtype, n.name)
+        if m:
+            part = add(f"{g}@{m}", Role.GRADIENT, shape, net.dtype, n.name)
+            rename[g] = part
+            accs.append(Accumulation(part, g))
+            writes.append(part)
+        else:
+            writes.append(g)
+    for part, into in tied_in:
+        reads.append(part)
+        accs.append(Accumulation(part, into))
     opts = layer.workspace_options("bwd", ins, out_shape, net.dtype.itemsize, backend=backend)
     ws = add(f"ws:{n.name}.bwd@{m}", Role.WORKSPACE, (0,), np.uint8, n.name) if opts else None
     step = Step(index, Phase.BACKWARD, n.index, n.name, reads, writes, ws, list(opts), dinputs, accs, micro=m,

@@ -190,7 +190,7 @@ class Route:
         for n in nodes:
             if n.layer is None:
                 continue
-            has_trainable = any(p.trainable for p in n.params.values())
+            has_trainable = any(p.trainable for p in n.params.values()) or bool(n.tied)
             rg[n.index] = has_trainable or any(
                 rg[i] for k, i in enumerate(n.inputs) if k not in n.layer.nondiff_inputs)
 
@@ -212,7 +212,7 @@ class Route:
                 continue
             layer = n.layer
             in_shapes = [nodes[i].shape for i in n.inputs]
-            reads = [act_id(nodes[i].name) for i in n.inputs] + [param_id(n.name, p) for p in n.params]
+            reads = [act_id(nodes[i].name) for i in n.inputs] + list(n.param_ids().values())
             writes = [act_id(n.name)] + [param_id(n.name, p) for p, s in n.params.items()
                                          if not s.trainable and training]
             if training:
@@ -227,6 +227,7 @@ class Route:
             steps.append(Step(len(steps), Phase.FORWARD, n.index, n.name, reads, writes, ws, list(opts)))
 
         if training:
+            tied_in = tied_contributions(net)
             seen_delta: set[str] = set()
             for n in reversed(nodes):
                 if n.layer is None or not rg[n.index]:
@@ -239,7 +240,7 @@ class Route:
                 if layer.needs_output:
                     reads.append(act_id(n.name))
                 reads += aux_of.get(n.index, [])
-                reads += [param_id(n.name, p) for p in n.params]
+                reads += list(n.param_ids().values())
                 writes: list[str] = []
                 dinputs: list[str | None] = []
                 accs: list[Accumulation] = []
@@ -262,6 +263,12 @@ class Route:
                 for pname, spec in n.params.items():
                     if spec.trainable:
                         writes.append(add(grad_id(n.name, pname), Role.GRADIENT, spec.shape, net.dtype, n.name))
+                for pname, (owner, oname) in n.tied.items():
+                    shape = net.node(owner).params[oname].shape
+                    writes.append(add(grad_id(n.name, pname), Role.GRADIENT, shape, net.dtype, n.name))
+                for part, into in tied_in.get(n.index, ()):
+                    reads.append(part)
+                    accs.append(Accumulation(part, into))
                 opts = layer.workspace_options("bwd", in_shapes, n.shape, net.dtype.itemsize, backend=backend)
                 ws = add(workspace_id(n.name, "bwd"), Role.WORKSPACE, (0,), np.uint8, n.name) if opts else None
                 step = Step(len(steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, list(opts), dinputs,
@@ -278,6 +285,16 @@ class Route:
                              or Step(len(steps), Phase.UPDATE, None, "", [], []))
         return Route(net, training, steps, tensors, tuple(optimizer_slots), rg,
                      backend_name(backend), fused_update)
+
+
+def tied_contributions(net: "Network") -> dict[int, list[tuple[str, str]]]:
+    """Owner node -> [(a tied user's gradient contribution, the owner's gradient it is added into)]: the additions
+    the owner's backward step makes after its own (`Network.tie`; the users' backward steps ran before it)."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    for n in net.layer_nodes:
+        for pname, (owner, oname) in n.tied.items():
+            out.setdefault(net.node(owner).index, []).append((grad_id(n.name, pname), grad_id(owner, oname)))
+    return out
 
 
 def update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype) -> Step | None:

@@ -489,7 +489,7 @@ class Executor:
         if step.rename:  # a micro-batch's own tensors (packs.py): the layer asks by canonical id
             def get(tid, step, _get=self.get, _rename=step.rename):
                 return _get(_rename.get(tid, tid), step)
-        params = {p: get(param_id(node.name, p), step) for p in node.params}
+        params = {p: get(tid, step) for p, tid in node.param_ids().items()}
         aux = {a: get(aux_id(node.name, a), step) for a in self._aux_names[node.index]
                if step.rename.get(aux_id(node.name, a), aux_id(node.name, a)) in self.route.tensors}
         ws = self.get(step.workspace, step) if step.workspace else None
@@ -515,7 +515,7 @@ class Executor:
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
-        grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
+        grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
         layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
         if self.compressed is not None:
             self.compressed.observe(node.name, grads, dout)  # the adaptive bound's measurements

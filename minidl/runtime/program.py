@@ -226,7 +226,7 @@ class _Lowering:
         node = ex.net.nodes[step.node]
         layer = node.layer
         get = ex.get
-        params = {p: get(param_id(node.name, p), step) for p in node.params}
+        params = {p: get(tid, step) for p, tid in node.param_ids().items()}
         aux = {a: get(aux_id(node.name, a), step) for a in self.aux_names[node.index]
                if aux_id(node.name, a) in ex.route.tensors}
         ws = get(step.workspace, step) if step.workspace and not recompute else None
@@ -255,7 +255,7 @@ class _Lowering:
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
-        grads = {p: get(grad_id(node.name, p), step) for p, s in node.params.items() if s.trainable}
+        grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
         if self.fuse_relu_backward(step, node, inputs, dout, dinputs, grads, params, ctx):
             return
         self.emit("backward", self.timed(step, _bind(layer.backward, ex.be, inputs, out, dout, dinputs, grads,

@@ -20,9 +20,11 @@ B, T, V, C, HEADS = 4, 8, 11, 16, 2
 IGNORE = -1
 
 
-def block_net(attention: bool = True, keep_scores: bool = True, dtype="float32", dropout: float = 0.1):
+def block_net(attention: bool = True, keep_scores: bool = True, dtype="float32", dropout: float = 0.1,
+              tied: bool = False):
     """embedding (+ positions) -> [layernorm -> attention -> add] -> layernorm -> linear -> gelu -> linear -> add ->
-    layernorm -> linear (vocabulary) -> per-token cross-entropy."""
+    layernorm -> linear (vocabulary) -> per-token cross-entropy. `tied`: the vocabulary projection reads the token
+    embedding's table (GPT-2's weight tying)."""
     net = dl.Network("gpt1", dtype=dtype)
     tok = net.input((B, T), dtype="int64", name="tokens")
     tgt = net.input((B, T), dtype="int64", name="targets")
@@ -43,6 +45,8 @@ def block_net(attention: bool = True, keep_scores: bool = True, dtype="float32",
     h = L.LayerNorm(name="ln_f")(h)
     logits = L.Linear(V, bias=False, flatten=False, name="head")(h)
     net.set_loss(L.SoftmaxCrossEntropy(ignore_index=IGNORE, name="loss")(logits, tgt))
+    if tied:
+        net.tie("head.weight", to="wte.weight")
     return net
 
 
@@ -57,9 +61,9 @@ def batches(steps, seed=0):
     return out
 
 
-def train(policy, steps=4, attention=True, keep_scores=True, **kw):
-    sess = Session(block_net(attention, keep_scores), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), policy=policy,
-                   seed=5, **kw)
+def train(policy, steps=4, attention=True, keep_scores=True, tied=False, **kw):
+    sess = Session(block_net(attention, keep_scores, tied=tied), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4),
+                   policy=policy, seed=5, **kw)
     losses = [sess.executor.train_step(x, y) for x, y in batches(steps)]
     return sess, losses
 
@@ -160,10 +164,12 @@ def test_a_backend_without_a_layers_kernels_is_refused_naming_the_layer():
         Session(block_net(), SGD(lr=0.1), policy="liveness", backend=NoSequenceKernels())
 
 
-def test_one_training_step_matches_pytorch_in_float64():
+@pytest.mark.parametrize("tied", [False, True])
+def test_one_training_step_matches_pytorch_in_float64(tied):
     """Forward, backward through every layer (attention, layer norms, embeddings, ignored targets) and one SGD
-    step, in float64 without dropout: the loss and every updated parameter are PyTorch's."""
-    net = block_net(dtype="float64", dropout=0.0)
+    step, in float64 without dropout: the loss and every updated parameter are PyTorch's. Tied, the token table
+    is one tensor read by the embedding and the head: its gradient is the sum of both uses, as PyTorch's is."""
+    net = block_net(dtype="float64", dropout=0.0, tied=tied)
     sess = Session(net, SGD(lr=0.1), policy="liveness", seed=5)
     before = {k: np.array(v) for k, v in sess.executor.state_dict().items()}
     twin = TorchTwin(net, before, dtype=torch.float64)
@@ -176,3 +182,66 @@ def test_one_training_step_matches_pytorch_in_float64():
     assert grads.keys() == after.keys()
     for k in after:
         np.testing.assert_allclose(after[k], before[k] - 0.1 * grads[k], rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def tied_reference():
+    return train("none", tied=True)
+
+
+def test_a_tied_head_is_one_parameter():
+    plain, tied = block_net(), block_net(tied=True)
+    assert plain.num_params() - tied.num_params() == V * C
+    sess = Session(tied, SGD(lr=0.1), policy="liveness", seed=5)
+    assert "head.weight" not in sess.executor.state_dict() and "wte.weight" in sess.executor.state_dict()
+    route = tied.route(optimizer_slots=())
+    assert "param:head.weight" not in route.tensors
+    fwd = next(st for st in route.forward_steps if st.name == "head")
+    assert "param:wte.weight" in fwd.reads
+    owner = next(st for st in route.backward_steps if st.name == "wte")
+    assert [(a.partial, a.into) for a in owner.accumulate] == [("grad:head.weight", "grad:wte.weight")]
+
+
+@pytest.mark.parametrize("policy", [p for p in exact_policies() if p != "none"])
+def test_exact_policies_train_a_tied_transformer_block_bit_identically(policy, tied_reference):
+    ref, ref_losses = tied_reference
+    kw = {}
+    if policy in BUDGETED:
+        live = plan_network(block_net(tied=True), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness")
+        kw["budget"] = int(live.peak_bytes * 0.9)
+    sess, losses = train(policy, tied=True, **kw)
+    assert losses == ref_losses
+    want, got = ref.executor.state_dict(), sess.executor.state_dict()
+    assert want.keys() == got.keys()
+    for k in want:
+        assert np.array_equal(want[k], got[k]), k
+    assert sess.executor.pool.peak <= sess.plan.arena_bytes
+
+
+@pytest.mark.parametrize("policy,fraction", [("liveness", None), ("packs", None), ("packs", 0.6)])
+def test_tied_weights_under_micro_batches_and_packs_match_none(policy, fraction):
+    """With 2 micro-batches the head's two contributions are summed before the owner adds them in (at the owner's
+    last micro-batch), whether the owner shares the head's pack or not: the same bits as `none` micro-batched."""
+    opt = lambda: SGD(lr=0.1, momentum=0.9)  # noqa: E731
+    net = lambda: block_net(tied=True)  # noqa: E731
+    budget = None if fraction is None else int(plan_network(net(), opt(), "liveness").peak_bytes * fraction)
+    ref = Session(net(), opt(), policy="none", seed=5, micro_batches=2)
+    got = Session(net(), opt(), policy=policy, seed=5, micro_batches=2, budget=budget, debug=True)
+    packs = got.plan.route.packing.packs
+    assert any("wte" in p and "head" in p for p in packs) == (policy == "packs" and fraction is None)
+    for x, y in batches(3):
+        assert ref.executor.train_step(x, y) == got.executor.train_step(x, y)
+    want, have = ref.executor.state_dict(), got.executor.state_dict()
+    for k in want:
+        assert np.array_equal(want[k], have[k]), k
+
+
+@pytest.mark.parametrize("param,to,match", [
+    ("head.weight", "fc.weight", r"shapes differ: head.weight is \(11, 16\), fc.weight is \(64, 16\)"),
+    ("wte.weight", "head.weight", r"the owner 'head' must come before 'wte'"),
+    ("head.bias", "wte.weight", r"layer 'head' \(linear\) has no own parameter 'bias' \(it has: weight\)"),
+    ("nohead.weight", "wte.weight", r"param='nohead.weight' names no layer"),
+])
+def test_bad_ties_are_graph_errors_naming_both(param, to, match):
+    with pytest.raises(dl.GraphError, match=match):
+        block_net().tie(param, to=to)
