@@ -86,6 +86,14 @@ PROFILES: dict[str, DeviceProfile] = {
     "harmony": DeviceProfile("harmony", 12 * 10**9, 4.29e12, 288e9, 11.5 * GiB, 0.5,
                              "k40c datasheet; host and peer links as Harmony's simulator assumes", 8.2 * GiB,
                              context_bytes=CONTEXT_KEPLER, gpu=True),
+    # Harmony's own machine (Li et al., VLDB 2022): GeForce GTX 1080 Ti (Pascal), 11 GiB GDDR5X, 11.3 TFLOP/s fp32
+    # at boost clock, 484 GB/s; the links as Harmony's simulator assumes them, per direction (its scheduler's
+    # --bw_swap 11.5 GiB/s and --bw_p2p 8.2 GiB/s; the GPU copies both ways at once: duplex). Harmony's scheduler
+    # plans each GPU under a 10 GiB cap (--memory_cap), leaving the rest to the CUDA context, NCCL and allocator
+    # slack: that 1 GiB is reserved here, so a plan gets the 10 GiB Harmony's own plans get.
+    "gtx1080ti": DeviceProfile("gtx1080ti", 11 * GiB, 11.3e12, 484e9, 11.5 * GiB, 0.5,
+                               "datasheet; host and peer links (per direction) and the 10 GiB usable per GPU as "
+                               "Harmony's scheduler assumes", 8.2 * GiB, duplex=True, context_bytes=GiB, gpu=True),
 }
 
 

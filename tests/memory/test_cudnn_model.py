@@ -81,7 +81,7 @@ def test_options_are_pareto_and_the_chooser_takes_a_smaller_family_when_memory_b
 def test_planning_backend_is_the_model_for_gpu_profiles_and_the_cpu_menu_for_the_cpu():
     assert cm.planning_backend("cpu") is None and cm.planning_backend("cpu:1GB") is None
     assert isinstance(cm.planning_backend("k40c:3MiB"), cm.CudnnModel)
-    for name in ("k40c", "titanx", "v100", "h100", "harmony"):
+    for name in ("k40c", "titanx", "v100", "h100", "harmony", "gtx1080ti"):
         assert isinstance(cm.planning_backend(name), cm.CudnnModel)
     real = object()
     assert cm.planning_backend("k40c", real) is real           # a real backend keeps its own menu
@@ -90,10 +90,11 @@ def test_planning_backend_is_the_model_for_gpu_profiles_and_the_cpu_menu_for_the
 
 def test_gpu_profiles_hold_a_cuda_context_and_the_cpu_none():
     assert PROFILES["cpu"].context_bytes == 0
-    for name in ("k40c", "titanx", "v100", "h100", "harmony"):
+    for name in ("k40c", "titanx", "v100", "h100", "harmony", "gtx1080ti"):
         p = PROFILES[name]
         assert 0 < p.context_bytes < p.memory_bytes // 8
         assert p.usable_bytes == p.memory_bytes - p.context_bytes
+    assert PROFILES["gtx1080ti"].usable_bytes == 10 * 2**30   # Harmony's scheduler's per-GPU cap
     sized = get_profile("k40c:64GB")        # SIZE is what the plan may use: a GPU still, no context reserved
     assert sized.gpu and sized.context_bytes == 0 and sized.usable_bytes == 64 * 10**9
 

@@ -1,0 +1,265 @@
+"""The baseline Harmony is measured against: training under virtualized device memory, a swapper that moves each
+micro-batch's weights and activations through the host, simulated on a device profile.
+
+Harmony (Li et al., VLDB 2022) compares itself with frameworks that virtualize GPU memory by swapping to and from
+the host: they run a minibatch as micro-batches, each through the whole network (forward, then backward, the
+gradients accumulated), and a layer's tensors come to the device when the layer runs and leave after, *for every
+micro-batch*. Harmony's own schedule (policy `packs`, `schedulers/pipeline.py` across devices) brings a pack's
+weights in once for all micro-batches and stashes only each pack's input. This module is that baseline, so the two
+can be compared on one device profile, with one cost model (the simulator's roofline per route step,
+`simulate.step_costs`) and bytes counted the same way.
+
+The swapper, per micro-batch of `u` samples, on the plain route of the network at batch `u`:
+- **forward step**: its layer's parameters (and BN buffers) are swapped in; every activation it writes that a
+  backward step reads later (the stash) is swapped out once written; activations only later forward steps read
+  stay on the device until then.
+- **backward step**: its layer's parameters are swapped in again, and the stashed activations it reads (each once,
+  by its first backward reader); the weight gradients it writes are swapped out (accumulated on the host across
+  micro-batches and, in data parallel, across replicas: no gradient comes back in, and the all-reduce costs nothing
+  here, which favours the baseline). Deltas stay on the device.
+- **update**: on the host, as Harmony's (and minidl's `packs`) host update: no copies; its time is the device's
+  update time, as the simulator charges a host update everywhere.
+- **timeline**: three clocks per device, compute and one copy stream per direction (the links as the profile
+  states them; Harmony's simulator assumes per-direction bandwidths too). A step's inputs are prefetched while the
+  step before it computes (double buffering: at most two steps' inputs on the device), its outputs are copied out
+  as soon as it has computed; the step waits only for its own inputs. So the baseline hides every copy it can.
+- **micro-batch size**: of the powers of two dividing the batch each device trains whose double-buffered working
+  set (twice the bytes the busiest step touches, `packs.step_floor`) fits the device, the one whose step is
+  fastest (data parallel: the largest, which moves least; GPipe trades swaps for a shorter pipeline fill).
+
+Two ways to spread it over N devices, as the paper's baselines are data-parallel or pipeline-parallel:
+- `dp`: N replicas, each training B / N samples in micro-batches as above (host bytes: N x one replica's; step
+  time: one replica's).
+- `pp`: GPipe with swapping: the layers cut into N stages of balanced FLOPs (`pipeline.compute_packs`), stage s on
+  device s; all micro-batches' forwards, then all backwards in reverse; activations and deltas cross stages device
+  to device at the profile's peer bandwidth.
+
+Limitations: a swapper keeps nothing resident between a layer's uses, even when it would fit (that is the
+baseline's definition here: what re-swapping per micro-batch costs); copies are charged at the link's full rate
+with no per-copy latency; devices' host links are independent (no shared PCIe switch).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from ..core.errors import BudgetError, OptionError
+from ..core.tensors import Role
+from ..graph.route import Phase, Route
+from .pool import format_bytes
+from .schedulers.packs import step_floor
+from .simulate import DeviceProfile, get_profile, step_costs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph.network import Network
+
+MODES = ("dp", "pp")
+_WEIGHTS = (Role.PARAMETER, Role.BUFFER)
+_STASHED = (Role.ACTIVATION, Role.AUX)
+
+
+@dataclass(slots=True)
+class SwapTask:
+    """One route step under the swapper: its compute time and the bytes it swaps in before and out after."""
+
+    step: int
+    phase: Phase
+    layer: str
+    compute_s: float
+    in_bytes: dict[str, int] = field(default_factory=dict)    # by role word: weights, activations
+    out_bytes: dict[str, int] = field(default_factory=dict)   # weights (BN buffers), activations, gradients
+
+    @property
+    def swap_in(self) -> int:
+        return sum(self.in_bytes.values())
+
+    @property
+    def swap_out(self) -> int:
+        return sum(self.out_bytes.values())
+
+
+@dataclass(slots=True)
+class SwapperResult:
+    """The baseline over `devices` devices: `micro_batches` of `micro_batch` samples per device (dp) or in all (pp)."""
+
+    mode: str
+    devices: int
+    micro_batch: int
+    micro_batches: int
+    host_bytes: int                  # host<->device bytes per training step, all devices
+    host_by_role: dict[str, int]     # weights, gradients, activations
+    p2p_bytes: int                   # device<->device bytes per step (pp only)
+    step_time_s: float
+    compute_time_s: float            # the busiest device's compute time alone
+    working_set_bytes: int           # twice the busiest step's bytes (the double buffer the size was chosen by)
+    profile: DeviceProfile
+
+
+def swap_tasks(route: Route, profile: DeviceProfile) -> list[SwapTask]:
+    """The route's forward, backward and update steps with what the swapper moves at each (see the module doc)."""
+    costs = step_costs(route, profile)
+    read_in_bwd: set[str] = set()
+    for s in route.steps:
+        if s.phase is Phase.BACKWARD:
+            read_in_bwd.update(s.reads)
+    brought: set[str] = set()
+    out: list[SwapTask] = []
+    for s, c in zip(route.steps, costs):
+        t = SwapTask(s.index, s.phase, s.name, c.time_s)
+        role = {tid: route.tensors[tid].role for tid in set(s.reads) | set(s.writes)}
+        if s.phase is Phase.FORWARD:
+            t.in_bytes["weights"] = sum(route.tensors[x].nbytes for x in set(s.reads) if role[x] in _WEIGHTS)
+            t.out_bytes["weights"] = sum(route.tensors[x].nbytes for x in set(s.writes) if role[x] is Role.BUFFER)
+            t.out_bytes["activations"] = sum(route.tensors[x].nbytes for x in set(s.writes)
+                                             if role[x] in _STASHED and x in read_in_bwd)
+        elif s.phase is Phase.BACKWARD:
+            stashed = {x for x in set(s.reads) if role[x] in _STASHED and x not in brought
+                       and route.tensors[x].role is not Role.DELTA}
+            brought.update(stashed)
+            t.in_bytes["weights"] = sum(route.tensors[x].nbytes for x in set(s.reads) if role[x] in _WEIGHTS)
+            t.in_bytes["activations"] = sum(route.tensors[x].nbytes for x in stashed)
+            grads = {x for x in s.writes if route.tensors[x].role is Role.GRADIENT}
+            grads.update(a.into for a in s.accumulate if route.tensors[a.into].role is Role.GRADIENT)
+            t.out_bytes["gradients"] = sum(route.tensors[x].nbytes for x in grads)
+        out.append(t)
+    return out
+
+
+def timeline(tasks: list[SwapTask], profile: DeviceProfile, start: float = 0.0) -> float:
+    """The end time of `tasks` run in order on one device (see the module doc): compute, one copy stream in, one
+    out (one shared stream unless the profile is duplex); a task's inputs are copied in once the task two before it
+    has computed, it computes once they are in, its outputs go out once it has computed."""
+    bw = profile.link_bw
+    lanes = [start, start]                     # when the copy stream in, and the one out, are free
+    out_lane = 1 if profile.duplex else 0      # one shared stream unless duplex
+    compute = start
+    ends: list[float] = []
+    for k, t in enumerate(tasks):
+        free_buffer = ends[k - 2] if k >= 2 else start
+        lanes[0] = max(lanes[0], free_buffer) + t.swap_in / bw
+        compute = max(compute, lanes[0]) + t.compute_s
+        ends.append(compute)
+        if t.swap_out:
+            lanes[out_lane] = max(lanes[out_lane], compute) + t.swap_out / bw
+    return max(compute, *lanes)
+
+
+def _sum_roles(tasks: list[SwapTask], times: int = 1) -> dict[str, int]:
+    out = {"weights": 0, "gradients": 0, "activations": 0}
+    for t in tasks:
+        for d in (t.in_bytes, t.out_bytes):
+            for k, v in d.items():
+                out[k] += v * times
+    return out
+
+
+def micro_batch_sizes(build: Callable[[int], "Network"], batch: int, profile: DeviceProfile,
+                      optimizer_slots=()) -> list[tuple[int, Route, int]]:
+    """The powers of two dividing `batch` whose double-buffered working set fits the profile's usable memory,
+    largest first, each with its plain route and working set. BudgetError if not even one sample fits."""
+    u = batch & -batch                       # the largest power of two dividing the batch
+    out: list[tuple[int, Route, int]] = []
+    while u >= 1:
+        route = build(u).route(optimizer_slots=optimizer_slots, fused_update=True)
+        need = 2 * step_floor(route)
+        if need <= profile.usable_bytes:
+            out.append((u, route, need))
+        elif out:
+            break
+        u //= 2
+    if not out:
+        raise BudgetError(f"the swapper baseline: one sample's busiest step needs {format_bytes(need // 2)} twice "
+                          f"(double buffered), more than the {format_bytes(profile.usable_bytes)} a "
+                          f"{profile.name} leaves", need, "one sample")
+    return out
+
+
+def simulate_swapper(build: Callable[[int], "Network"], batch: int, devices: int, device: DeviceProfile | str,
+                     mode: str = "dp", optimizer_slots=()) -> SwapperResult:
+    """The swapper baseline (module doc) for the network `build(b)` builds at batch b, trained at minibatch `batch`
+    over `devices` devices of profile `device`: of the micro-batch sizes that fit, the fastest (ties: the larger)."""
+    if mode not in MODES:
+        raise OptionError(f"swapper mode must be one of {MODES}, got {mode!r}")
+    if devices < 1 or (mode == "dp" and batch % devices):
+        raise OptionError(f"the swapper baseline: {devices} devices must divide the batch of {batch} (mode dp)")
+    profile = get_profile(device) if isinstance(device, str) else device
+    per_device = batch // devices if mode == "dp" else batch
+    best: SwapperResult | None = None
+    for u, route, need in micro_batch_sizes(build, per_device, profile, optimizer_slots):
+        tasks = swap_tasks(route, profile)
+        r = _data_parallel(tasks, per_device // u, u, devices, profile, need) if mode == "dp" else \
+            _gpipe(route, tasks, batch // u, u, devices, profile, need)
+        if best is None or r.step_time_s < best.step_time_s:
+            best = r
+    return best
+
+
+def _data_parallel(tasks: list[SwapTask], m: int, u: int, devices: int, profile: DeviceProfile,
+                   need: int) -> SwapperResult:
+    """N replicas, each `m` micro-batches of `u` samples (mode `dp`, see the module doc)."""
+    train = [t for t in tasks if t.phase is not Phase.UPDATE]
+    update = [t for t in tasks if t.phase is Phase.UPDATE]
+    t = timeline(train * m + update, profile)
+    roles = _sum_roles(train, m * devices)
+    compute = m * math.fsum(x.compute_s for x in train) + math.fsum(x.compute_s for x in update)
+    return SwapperResult("dp", devices, u, m, sum(roles.values()), roles, 0, t, compute, need, profile)
+
+
+def _gpipe(route: Route, tasks: list[SwapTask], m: int, u: int, devices: int, profile: DeviceProfile,
+           need: int) -> SwapperResult:
+    """GPipe with swapping (mode `pp`, see the module doc)."""
+    from .schedulers.pipeline import compute_packs
+
+    stages = compute_packs(route.network, devices)
+    n = len(stages)
+    stage_of = {name: k for k, names in enumerate(stages) for name in names}
+    per = [[t for t in tasks if t.phase is ph and stage_of[t.layer] == k] for k in range(n)
+           for ph in (Phase.FORWARD, Phase.BACKWARD, Phase.UPDATE)]
+    fwd, bwd, upd = per[0::3], per[1::3], per[2::3]
+    f = [timeline(x, profile) for x in fwd]
+    b = [timeline(x, profile) for x in bwd]
+    up = [timeline(x, profile) for x in upd]
+    # bytes crossing stage boundaries per micro-batch: a tensor written on one stage, read on another
+    writer: dict[str, int] = {}
+    for s in route.steps:
+        if s.phase is not Phase.UPDATE:
+            for tid in list(s.writes) + [a.into for a in s.accumulate]:
+                writer.setdefault(tid, stage_of[s.name])
+    cross_f = [0] * n   # into stage k in forward
+    cross_b = [0] * n   # into stage k in backward
+    seen: set[tuple[str, int]] = set()
+    for s in route.steps:
+        if s.phase is Phase.UPDATE:
+            continue
+        k = stage_of[s.name]
+        for tid in s.reads:
+            w = writer.get(tid)
+            spec = route.tensors[tid]
+            if w is None or w == k or spec.role.persistent or (tid, k) in seen:
+                continue
+            seen.add((tid, k))
+            (cross_f if s.phase is Phase.FORWARD else cross_b)[k] += spec.nbytes
+    fe = [[0.0] * m for _ in range(n)]
+    for j in range(m):
+        for k in range(n):
+            ready = fe[k][j - 1] if j else 0.0
+            if k:
+                ready = max(ready, fe[k - 1][j] + cross_f[k] / profile.peer_bw)
+            fe[k][j] = ready + f[k]
+    be = [[0.0] * m for _ in range(n)]
+    for jj, j in enumerate(reversed(range(m))):
+        for k in reversed(range(n)):
+            ready = be[k][m - jj] if jj else fe[k][m - 1]
+            if k < n - 1:
+                ready = max(ready, be[k + 1][j] + cross_b[k] / profile.peer_bw)
+            be[k][j] = ready + b[k]
+    end = max(be[k][0] + up[k] for k in range(n))
+    roles = _sum_roles([t for t in tasks if t.phase is not Phase.UPDATE], m)
+    compute = max(m * math.fsum(t.compute_s for t in fwd[k] + bwd[k]) + math.fsum(t.compute_s for t in upd[k])
+                  for k in range(n))
+    return SwapperResult("pp", n, u, m, sum(roles.values()), roles, m * (sum(cross_f) + sum(cross_b)), end,
+                         compute, need, profile)
+
+
+__all__ = ["MODES", "SwapTask", "SwapperResult", "micro_batch_sizes", "simulate_swapper", "swap_tasks", "timeline"]
