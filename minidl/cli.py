@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .augment import parse_augment
 from .cli_args import check_args
 from .core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError, exit_status
 from .memory.pool import format_bytes, parse_size
@@ -34,6 +35,14 @@ def _size(value: str) -> int:
 def _chunk(value: str) -> int | str:
     """argparse type for --paged's CHUNK: a size, or "auto" (the bare flag: chosen from the budget in `main`)."""
     return value if value == "auto" else _size(value)
+
+
+def _augment(value: str):
+    """argparse type for --augment: its error is parse_augment's, naming the accepted forms."""
+    try:
+        return parse_augment(value)
+    except OptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive_int(value: str) -> int:
@@ -188,7 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive_int, default=20, help="training steps (one mini-batch each)")
     p.add_argument("--seed", type=int, default=0,
                    help="fixes initialization, data order and dropout: same seed, bit-identical parameters")
-    p.add_argument("--data", default="synthetic", help="synthetic | digits | cifar10:DIR | mnist:DIR")
+    p.add_argument("--data", default="synthetic",
+                   help="synthetic | digits | cifar10:DIR | mnist:DIR | npz:PATH.npz (arrays x, y; x_test, y_test "
+                        "held out) | npy:IMAGES.npy,LABELS.npy | images:DIR (DIR/CLASS/*.png, or DIR/train/ and "
+                        "DIR/test/); held out: the test part, else 20%% split by --seed")
+    p.add_argument("--augment", type=_augment, default=None, metavar="crop,flip",
+                   help="augment the training batches: crop (pad 4 pixels, crop back at a random offset), crop:N "
+                        "(pad N), flip (mirror half the images); drawn from --seed and each batch's place in the "
+                        "data order, so a resumed run augments as an uninterrupted one")
     p.add_argument("--lr", type=float, default=0.05, help="learning rate (the schedule's starting point)")
     p.add_argument("--lr-schedule", default="constant", choices=SCHEDULES,
                    help="constant; step: x --lr-gamma every --lr-step-size steps; cosine: down to --lr-min over "
@@ -257,17 +273,19 @@ def _infer_parsers(sub) -> None:
                        help="a checkpoint written by minidl train --save, of the network the model options build "
                             "(the same MODEL and options as the training run; --batch defaults to its batch)")
         p.add_argument("--seed", type=int, default=None,
-                       help="the held-out split of --data digits (default: the checkpoint's seed, so the held-out "
-                            "samples are the training run's)")
+                       help="the held-out split of --data digits, npz, npy or images without a test part (default: "
+                            "the checkpoint's seed, so the held-out samples are the training run's)")
         p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="where the network runs")
         _math_arg(p)
         p.add_argument("--debug", action="store_true", help="show the traceback of an error")
         if name == "evaluate":
-            p.add_argument("--data", required=True, help="digits | cifar10:DIR | mnist:DIR: its held-out samples")
+            p.add_argument("--data", required=True,
+                           help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR: its "
+                                "held-out samples")
         else:
             p.add_argument("--data", default=None,
-                           help="digits | cifar10:DIR | mnist:DIR: its held-out samples (else its training samples), "
-                                "with their labels (accuracy)")
+                           help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR: its "
+                                "held-out samples (else its training samples), with their labels (accuracy)")
             p.add_argument("--input", default=None, metavar="IMAGES.npy",
                            help="a float array of images (N, C, H, W), instead of --data")
             p.add_argument("--output", default=None, metavar="CLASSES.npy", help="write the classes (int64, N)")
@@ -651,14 +669,14 @@ def _train_inputs(args, backend) -> _TrainInputs:
     batch = args.batch or 32
     args.batch = batch
     if args.data != "synthetic":
-        train, heldout = load_data(args.data, seed=args.seed)
+        train, heldout = load_data(args.data, seed=args.seed, augment=args.augment)
         net = _build(args, train.image_shape, train.num_classes)
     else:
         net = _build(args)
         shape = net.input_nodes[0].shape[1:]
         k = net.logits_node.shape[1]
         train, heldout = load_data("synthetic", seed=args.seed, image_shape=shape, num_classes=k,
-                                   num_samples=max(4 * batch, 256))
+                                   num_samples=max(4 * batch, 256), augment=args.augment)
     if len(train) < batch:
         raise OptionError(f"--batch {batch} exceeds the {len(train)} training samples of --data {args.data}; "
                           f"lower --batch")

@@ -11,7 +11,12 @@ Sources:
   minidl; a small *real* problem with no download and no extra dependency.
 * `load_cifar10` / `load_mnist` -- the canonical binary distributions, parsed strictly, so a truncated or
   mislabeled download fails loudly at load time instead of silently training on garbage.
+* `npz:PATH`, `npy:X.npy,Y.npy`, `images:DIR` -- a user's own arrays or folder of images per class
+  (`minidl.datafiles` reads and checks them; `from_files` scales and splits them here).
 * `load_data` -- parses the CLI's ``--data`` value into (train, held-out).
+
+Augmentation (random crops, flips: `minidl.augment`) belongs to a training set (`Dataset.augment`), and
+`BatchIterator` applies it to each batch it gathers.
 
 Determinism: every random choice (synthetic images, splits, shuffling) comes from
 ``np.random.default_rng(seed)``, so a run is reproducible from its seed alone.
@@ -27,8 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .augment import Augment
 from .core.errors import DataError
 from .core.guards import check_finite_data, check_images, check_labels
+from .datafiles import Arrays, read_image_folder, read_npy, read_npz
 from .layers import args
 
 __all__ = [
@@ -39,6 +46,7 @@ __all__ = [
     "digits",
     "load_cifar10",
     "load_mnist",
+    "from_files",
     "load_data",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
@@ -72,18 +80,22 @@ _DIGITS_FILE = Path(__file__).with_name("datasets") / "digits.npz"  # package da
 
 @dataclass(slots=True, eq=False)
 class Dataset:
-    """Images (float32, NCHW) and their labels (int64, shape (N,)).
+    """Images (float32, NCHW) and their labels (int64, shape (N,)), and the augmentation of its batches.
 
     The constructor normalizes dtypes and memory layout (C-contiguous float32 / int64) once, so batching
     is a plain gather with no per-step conversion, and validates that the labels fit `num_classes`, so a
     bad label shows up here and not as an out-of-range index deep inside a loss kernel. Equality is
     identity: comparing image arrays element-wise is not what `==` on a dataset should do.
+
+    `augment` (an `Augment`, or None) is applied by `BatchIterator` to each training batch; `subset` and
+    `split` leave it out, so a held-out part is never augmented (set it on the training part).
     """
 
     x: np.ndarray = field(repr=False)
     y: np.ndarray = field(repr=False)
     num_classes: int
     name: str = "dataset"
+    augment: Augment | None = None
 
     def __post_init__(self) -> None:
         x = check_images(self.x, self.name)
@@ -95,6 +107,8 @@ class Dataset:
             )
         if y.ndim != 1:
             raise DataError(f"{self.name}: labels must be a 1-D array (N,), got shape {y.shape}")
+        if self.augment is not None and not isinstance(self.augment, Augment):
+            raise DataError(f"{self.name}: augment must be an Augment or None, got {type(self.augment).__name__}")
         if x.shape[0] != y.shape[0]:
             raise DataError(
                 f"{self.name}: {x.shape[0]} images but {y.shape[0]} labels; they must match one to one"
@@ -112,9 +126,10 @@ class Dataset:
         check_finite_data(self.x, self.name)  # after the cast: a float64 beyond 3.4e38 becomes inf here
 
     def __repr__(self) -> str:  # the arrays themselves would flood a log
+        aug = f", augment={self.augment.describe()!r}" if self.augment else ""
         return (
             f"Dataset(name={self.name!r}, n={len(self)}, image_shape={self.image_shape}, "
-            f"num_classes={self.num_classes})"
+            f"num_classes={self.num_classes}{aug})"
         )
 
     @property
@@ -167,7 +182,8 @@ class Dataset:
 
 
 class BatchIterator:
-    """Endless, seed-deterministic mini-batches over a Dataset, reshuffled every epoch.
+    """Endless, seed-deterministic mini-batches over a Dataset, reshuffled every epoch, augmented when the
+    data set says so (`Dataset.augment`: the crops and flips of a batch drawn from its seed, epoch and offset).
 
     * ``next(it)`` / ``it.next_batch()`` return fresh contiguous ``(x, y)`` arrays (float32, int64).
     * ``it.next_into(x_out, y_out)`` gathers the same batch straight into caller-owned arrays. The
@@ -239,14 +255,21 @@ class BatchIterator:
             self._start_epoch()
         assert self._order is not None
         idx = self._order[self._pos : self._pos + self.batch_size]
+        self._augment_key = (self.seed, self.epoch_index, self._pos)  # where this batch stands: its augmentation
         self._pos += len(idx)
         return idx
+
+    def _augment(self, x: np.ndarray) -> None:
+        if self.dataset.augment:
+            self.dataset.augment.apply(x, self._augment_key)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch as new contiguous arrays (x float32 NCHW, y int64)."""
         idx = self._take_indices()
         # Fancy indexing gathers into a fresh C-contiguous array of the source dtype.
-        return self.dataset.x[idx], self.dataset.y[idx]
+        x = self.dataset.x[idx]
+        self._augment(x)
+        return x, self.dataset.y[idx]
 
     # -- the position in the sequence of batches, as checkpoints keep it -------------------------------------
     def position(self) -> dict:
@@ -318,6 +341,7 @@ class BatchIterator:
                 np.take(src, idx, axis=0, out=out, mode="clip")
             else:
                 out[...] = src[idx]
+        self._augment(x_out)
 
     def epoch(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield the batches left in the current epoch (a full epoch when at an epoch boundary)."""
@@ -630,7 +654,57 @@ def _mnist_test_present(directory: str | os.PathLike) -> bool:
 # CLI entry point
 # ---------------------------------------------------------------------------------------------------------
 
-_SPEC_HELP = "expected one of: synthetic, digits, cifar10:DIR, mnist:DIR"
+# ---------------------------------------------------------------------------------------------------------
+# A user's own files (read and checked by minidl.datafiles)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2) -> tuple[Dataset, Dataset]:
+    """(train, heldout) Datasets from what `minidl.datafiles` read.
+
+    Pixels stored as uint8 are scaled to [0, 1] and standardized per channel with the mean and std of the
+    training part (held-out images with the same figures: the held-out set must not inform its own scaling);
+    float images are taken as they are (the user normalized them). Without a held-out part in the files,
+    `heldout_fraction` of the samples is held out, split by `seed` (as for ``digits``).
+    """
+    x, xh = arrays.x, arrays.x_heldout
+    if x.dtype == np.uint8:
+        scaled = x.astype(np.float32) / np.float32(255.0)
+        mean = scaled.mean(axis=(0, 2, 3), dtype=np.float64, keepdims=True)
+        std = scaled.std(axis=(0, 2, 3), dtype=np.float64, keepdims=True)
+        std[std == 0] = 1.0  # a constant channel (a blank plane) stays zero instead of dividing by zero
+
+        def standardize(a: np.ndarray) -> np.ndarray:
+            return ((a.astype(np.float32) / np.float32(255.0) - mean) / std).astype(np.float32)
+
+        x = standardize(x)
+        xh = standardize(xh) if xh is not None else None
+    name = Path(arrays.name).name or arrays.name
+    if xh is None:
+        return Dataset(x, arrays.y, arrays.num_classes, name=name).split(heldout_fraction, seed)
+    return (Dataset(x, arrays.y, arrays.num_classes, name=f"{name}/train"),
+            Dataset(xh, arrays.y_heldout, arrays.num_classes, name=f"{name}/heldout"))
+
+
+def _read_files(kind: str, arg: str, spec: str) -> Arrays:
+    if not arg.strip():
+        want = {"npz": "npz:PATH.npz", "npy": "npy:IMAGES.npy,LABELS.npy", "images": "images:DIR"}[kind]
+        raise DataError(f"--data {kind} needs a path: {want}, got {spec!r}")
+    if kind == "npz":
+        return read_npz(arg.strip())
+    if kind == "npy":
+        paths = [a.strip() for a in arg.split(",")]
+        if len(paths) != 2 or not all(paths):
+            raise DataError(f"--data npy takes two files, images and labels: npy:IMAGES.npy,LABELS.npy, got {spec!r}")
+        return read_npy(*paths)
+    return read_image_folder(arg.strip())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI entry point
+# ---------------------------------------------------------------------------------------------------------
+
+_SPEC_HELP = "expected one of: synthetic, digits, cifar10:DIR, mnist:DIR, npz:PATH, npy:IMAGES,LABELS, images:DIR"
 
 
 def load_data(
@@ -641,6 +715,7 @@ def load_data(
     num_classes: int = 10,
     num_samples: int = 512,
     heldout_fraction: float = 0.2,
+    augment: Augment | None = None,
 ) -> tuple[Dataset, Dataset | None]:
     """Turn the CLI's ``--data`` value into (train, heldout-or-None).
 
@@ -649,10 +724,19 @@ def load_data(
     * ``digits`` -- the bundled digits, `heldout_fraction` (20%) held out, split by `seed`.
     * ``cifar10:DIR`` / ``mnist:DIR`` -- the training files for training, the test files as held-out set
       if they are present (None if absent).
+    * ``npz:PATH`` / ``npy:IMAGES.npy,LABELS.npy`` / ``images:DIR`` -- a user's arrays or image folder
+      (`minidl.datafiles` gives the layouts): their held-out part, or `heldout_fraction` split off by `seed`.
 
-    The keyword arguments other than `heldout_fraction` only affect ``synthetic``; `heldout_fraction`
-    only ``digits``. Real datasets keep their own shapes and class counts.
+    `augment` is set on the training set (never on the held-out one). The keyword arguments `image_shape`,
+    `num_classes` and `num_samples` only affect ``synthetic``; `heldout_fraction` the sources without a
+    held-out part of their own. Real datasets keep their own shapes and class counts.
     """
+    train, heldout = _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction)
+    train.augment = augment
+    return train, heldout
+
+
+def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction) -> tuple[Dataset, Dataset | None]:
     if not isinstance(spec, str) or not spec.strip():
         raise DataError(f"empty --data value; {_SPEC_HELP}")
     kind, sep, arg = spec.strip().partition(":")
@@ -665,6 +749,8 @@ def load_data(
         if sep:
             raise DataError(f"--data digits takes no ':' argument, got {spec!r}")
         return digits().split(heldout_fraction, seed)
+    if kind in ("npz", "npy", "images"):
+        return from_files(_read_files(kind, arg, spec), seed, heldout_fraction)
     if kind in ("cifar10", "mnist"):
         if not arg.strip():
             raise DataError(f"--data {kind} needs a directory: {kind}:DIR, got {spec!r}")
