@@ -736,7 +736,8 @@ def _train_report(args, sess, res, log, heldout, comm) -> dict:
     text summary; ranks other than 0 return their fields without writing or printing (`args.quiet`)."""
     from .memory.host import transfer_json
     from .memory.report import plot_timeline, write_trace
-    from .memory.simulate import simulate
+    from .memory.report.fit import check_fit
+    from .memory.simulate import get_profile, simulate
 
     out = {"model": args.model, "data": args.data, "batch": args.batch, "steps": args.steps,
            "steps_done": res.steps, "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
@@ -745,6 +746,11 @@ def _train_report(args, sess, res, log, heldout, comm) -> dict:
            "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback,
            "device_profile": getattr(sess.device, "note", sess.device)}
     out.update(_memory_json(sess.plan))
+    # The verdict `minidl plan` gives, against the budget and the memory of the device profile the plan was made
+    # for: a run under a budget too small never gets here (planning refuses it), so this says by how much it fits.
+    device = get_profile(sess.device) if isinstance(sess.device, str) else sess.device
+    fit = check_fit(sess.plan, device, args.budget)
+    out.update(fit.to_json())
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
     out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
     if heldout is not None and not res.interrupted:
@@ -775,17 +781,18 @@ def _train_report(args, sess, res, log, heldout, comm) -> dict:
         out["trace"] = args.trace
         written.append(("trace", args.trace))
     if not args.json:
-        _print_train_summary(args, sess, res, out, comm)
+        _print_train_summary(args, sess, res, out, comm, fit)
     _say_written(args, written)
     return out
 
 
-def _print_train_summary(args, sess, res, out: dict, comm) -> None:
-    """The text `minidl train` ends with: the memory report, the bytes moved, loss and speed, what the copies
-    cost, how the steps ran (on a GPU), the ranks' figures, and an interruption."""
+def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
+    """The text `minidl train` ends with: the memory report and whether the plan fits (`fit`), the bytes moved,
+    loss and speed, what the copies cost, how the steps ran (on a GPU), the ranks' figures, and an interruption."""
     from .memory.host import copies_line
 
     print(sess.report().format())
+    print(fit.format())
     print(_moved_line(out["moved_bytes_by_role"]))
     line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms "
             f"({sess.math}), {res.images_per_s:.1f} images/s")

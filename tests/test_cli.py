@@ -194,3 +194,16 @@ def test_a_suggested_budget_is_typable_and_within_the_memory():
     n = 11391070 * 1024
     text, b = typable_budget(n)
     assert text == "10.86GiB" and b == parse_size(text) <= n
+
+
+def test_train_says_whether_the_plan_fits_as_plan_does(capsys):
+    """`minidl train` repeats `minidl plan`'s verdict in its memory report: the budget, what the plan needs, the
+    device; its JSON carries `fits` and `budget_bytes`."""
+    argv = ["train", "lenet", "--data", "digits", "--steps", "1", "--batch", "16", "--budget", "450KiB",
+            "--no-progress"]
+    assert main(argv) == 0
+    assert "fits: yes. It fits the 450.00 KiB budget (this plan needs " in capsys.readouterr().out
+    out = run_json(capsys, *argv)
+    assert out["fits"] is True and out["budget_bytes"] == 450 * 1024 and out["needs_bytes"] <= 450 * 1024
+    out = run_json(capsys, *argv[:-3], "--no-progress")
+    assert out["fits"] is True and out["budget_bytes"] is None
