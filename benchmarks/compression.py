@@ -104,6 +104,85 @@ def net_figures(key: str, target: float) -> dict:
     return out
 
 
+def _code_version() -> str:
+    """The commit of the minidl being measured (run this script with PYTHONPATH=<another checkout> to measure
+    that code: the codec time before and after a change, side by side in the results)."""
+    import subprocess
+
+    import minidl
+
+    root = Path(minidl.__file__).resolve().parent
+    r = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    return r.stdout.strip()[:72] or "unknown"
+
+
+def codec_step(batch: int = 64, steps: int = 3, target: float = 0.01) -> tuple[dict, list]:
+    """ResNet-20 (CIFAR shape) at `batch`, policy `compress`: the codec's share of the last of `steps` training
+    steps (the first compiles kernels and measures the adaptive bound). Also returns what that step compressed
+    (tensor, array, bound) for `codec_variants`."""
+    net = build_model("resnet", depth=20, batch=batch, image_size=32, num_classes=10)
+    opt = SGD(lr=0.01, momentum=0.9)
+    ex = Executor(net, plan_network(net, opt, "compress"), opt, seed=0)
+    store = _store(ex, target)
+    x, y = _batch(net)
+    for _ in range(steps - 1):
+        ex.train_step(x, y)
+    seen: list = []
+    encode = store.compress
+
+    def recording(tid, src, block):
+        encode(tid, src, block)
+        seen.append((tid, np.array(store._host(src)), store.figures[tid].eb))
+
+    store.compress = recording
+    store.compress_s = store.decompress_s = 0.0
+    t = time.perf_counter()
+    ex.train_step(x, y)
+    step = time.perf_counter() - t
+    figs = store.figures.values()
+    row = {"code": _code_version(), "net": "resnet20", "batch": batch, "entropy": getattr(store, "entropy", "none"),
+           "step_s": step, "compress_s": store.compress_s, "decompress_s": store.decompress_s,
+           "stored_raw": sum(f.raw_bytes for f in figs), "stored_stream": sum(f.stream_bytes for f in figs)}
+    return row, seen
+
+
+def codec_variants(seen: list, reps: int = 3) -> list[dict]:
+    """Each entropy stage on the same stored activations (one ResNet-20 step's): bytes stored and time per
+    MB to encode and to decode (the best of `reps`), with Zstandard over the fixed-length blocks as the
+    alternative to Huffman where the `zstandard` package is installed."""
+    from minidl.codec import sz
+
+    raw = sum(x.nbytes for _, x, _ in seen)
+    variants = {e: (lambda x, eb, e=e: sz.compress(x, eb, e), sz.decompress) for e in sz.ENTROPY}
+    try:
+        import zstandard
+
+        variants["zstd over blocks"] = (
+            lambda x, eb: zstandard.ZstdCompressor(level=3).compress(sz.compress(x, eb, "none")),
+            lambda s, shape: sz.decompress(zstandard.ZstdDecompressor().decompress(s), shape))
+    except ImportError:
+        pass
+    rows = []
+    for name, (enc, dec) in variants.items():
+        best_e = best_d = float("inf")
+        for _ in range(reps):
+            te = td = 0.0
+            stored = 0
+            for _, x, eb in seen:
+                t = time.perf_counter()
+                s = enc(x, eb)
+                te += time.perf_counter() - t
+                stored += len(s)
+                t = time.perf_counter()
+                y = dec(s, x.shape)
+                td += time.perf_counter() - t
+                assert np.all(np.abs(y.astype(np.float64) - x) <= eb), name
+            best_e, best_d = min(best_e, te), min(best_d, td)
+        rows.append({"entropy": name, "ratio": raw / stored, "encode_ms_per_mb": best_e / raw * 1e9,
+                     "decode_ms_per_mb": best_d / raw * 1e9})
+    return rows
+
+
 def gradient_error(targets, steps=2) -> list[dict]:
     """ResNet-20 (CIFAR shape, batch 2): train `steps` steps with compress (the rule adapts), then one step from
     the same state with and without compression; plain SGD, so the update is -lr * gradient."""
@@ -222,6 +301,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="*", default=[0], help="accuracy runs, one per seed")
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--auto", action="store_true", help="also compare auto and auto-lossy under budgets (planning)")
+    ap.add_argument("--codec", action="store_true", help="the codec's time in a ResNet-20 step at --codec-batch, "
+                    "and each entropy stage's ratio and speed on that step's activations")
+    ap.add_argument("--codec-batch", type=int, default=64)
     args = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "compression.json"
@@ -264,6 +346,20 @@ def main() -> None:
         print(f"rho* {r['target']:g}: relative weight-gradient error median {r['median_layer_rel_err']:.4f} "
               f"(max {r['max_layer_rel_err']:.4f}, all layers {r['total_rel_err']:.4f}), ratio x{r['ratio']:.1f}",
               flush=True)
+    if args.codec:
+        row, seen = codec_step(args.codec_batch, target=args.target)
+        res["codec_step"] = [r for r in res.get("codec_step", []) if r["code"] != row["code"]] + [row]
+        print(f"codec in a ResNet-20 b{row['batch']} step ({row['code']}): {row['compress_s']:.2f} + "
+              f"{row['decompress_s']:.2f} s of {row['step_s']:.2f} s, stored x"
+              f"{row['stored_raw'] / max(row['stored_stream'], 1):.2f}", flush=True)
+        from minidl.codec import sz
+
+        if hasattr(sz, "ENTROPY"):   # older code measured for its step time has one encoding only
+            res["codec_variants"] = codec_variants(seen)
+            for r in res["codec_variants"]:
+                print(f"    {r['entropy']:<18} x{r['ratio']:.2f}  encode {r['encode_ms_per_mb']:.2f} ms/MB  "
+                      f"decode {r['decode_ms_per_mb']:.2f} ms/MB", flush=True)
+        path.write_text(json.dumps(res, indent=1))
     if args.auto:
         res["auto_vs_lossy"] = auto_vs_lossy()
         for r in res["auto_vs_lossy"]:

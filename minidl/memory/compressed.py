@@ -37,7 +37,7 @@ class TensorFigures:
 
 class CompressedStore:
     def __init__(self, readers: dict[str, list[Reader]], rule: ErrorBoundRule | None = None, backend=None,
-                 entropy: str = "none"):
+                 entropy: str = "huffman"):
         self.readers = readers
         self.rule = rule or ErrorBoundRule()
         self.be = backend

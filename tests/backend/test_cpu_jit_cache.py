@@ -1,4 +1,4 @@
-"""Where the compiled kernels are cached (`minidl/backend/cpu/jit_cache.py`): the user cache folder, never the
+"""Where the compiled kernels are cached (`minidl/core/jit_cache.py`): the user cache folder, never the
 package's folder (a leftover `__pycache__` there turns an uninstalled minidl into a namespace package that hides
 the next install). Each case runs in a fresh interpreter, since numba picks the folder when a kernel module is
 imported, with the environment variables of that case."""

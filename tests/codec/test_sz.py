@@ -37,18 +37,55 @@ _floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subno
 _bounds = st.sampled_from([1e-40, 1e-30, 1e-7, 1e-3, 0.5, 1.0, 3.0, 1e6, 1e30, 3e38])
 
 
+_entropy = st.sampled_from(sz.ENTROPY)
+
+
 @_SETTINGS
-@given(hnp.arrays(np.float32, hnp.array_shapes(max_dims=2, max_side=300), elements=_floats32), _bounds)
-def test_bound_on_arbitrary_float32(x, eb):
-    _assert_promises(x, eb)
+@given(hnp.arrays(np.float32, hnp.array_shapes(max_dims=2, max_side=300), elements=_floats32), _bounds, _entropy)
+def test_bound_on_arbitrary_float32(x, eb, entropy):
+    _assert_promises(x, eb, entropy)
 
 
 @_SETTINGS
 @given(hnp.arrays(np.float64, st.integers(0, 700),
                   elements=st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True)),
-       st.sampled_from([1e-300, 1e-9, 0.25, 7.0, 1e200]))
-def test_bound_on_arbitrary_float64(x, eb):
-    _assert_promises(x, eb)
+       st.sampled_from([1e-300, 1e-9, 0.25, 7.0, 1e200]), _entropy)
+def test_bound_on_arbitrary_float64(x, eb, entropy):
+    _assert_promises(x, eb, entropy)
+
+
+@_SETTINGS
+@given(hnp.arrays(np.float32, st.integers(0, 3000), elements=_floats32), _bounds)
+def test_compiled_quantize_is_the_numpy_reference(x, eb):
+    """The compiled quantizer every encoding uses gives the numpy reference's bins and outliers exactly."""
+    p, out = sz.quantize(x, eb)
+    pj, outj = sz._jit().quantize(x, float(eb), float(sz.P_MAX))
+    assert (p == pj).all() and (out == outj).all()
+
+
+@_SETTINGS
+@given(st.integers(1, 5000), st.floats(0.01, 3.0), st.integers(0, 2**31), st.sampled_from([0, 30, 1000, 10**9]))
+def test_huffman_on_skewed_codes(n, scale, seed, jump):
+    """Smooth data with rare jumps: long codes (the length limit), escaped codes beyond `HUFF_SYMBOLS`, single-
+    symbol streams (constant data) all decode within the bound, and the stream is the same bytes each time."""
+    rng = np.random.default_rng(seed)
+    x = np.cumsum(rng.standard_normal(n) * scale).astype(np.float32)
+    x[rng.random(n) < 0.01] += jump
+    x[rng.random(n) < 0.5] = 0.0
+    _assert_promises(x, 0.05, "huffman")
+
+
+def test_huffman_code_lengths_are_limited_and_complete():
+    """Fibonacci counts make the unlimited Huffman code ~40 bits deep: the limited one stays within
+    HUFF_MAX_LEN and still satisfies Kraft's equality (a complete prefix code, so every 16-bit peek decodes)."""
+    k = sz._jit()
+    fib = [1, 1]
+    while len(fib) < 40:
+        fib.append(fib[-1] + fib[-2])
+    lens = k.code_lengths(np.array(fib, np.int64), k.HUFF_MAX_LEN)
+    assert lens.max() == k.HUFF_MAX_LEN and (lens > 0).all()
+    assert sum(2.0 ** -int(v) for v in lens) == 1.0
+    assert list(k.code_lengths(np.array([0, 7, 0], np.int64), k.HUFF_MAX_LEN)) == [0, 1, 0]
 
 
 @pytest.mark.parametrize("x, eb", [(np.array([1.73604885e-263]), 1e200), (np.zeros(0), 1e-300)])
@@ -79,17 +116,17 @@ def test_values_on_bin_edges(eb, n, shift):
     np.zeros(0, np.float32),
 ])
 @pytest.mark.parametrize("eb", [1e-4, 1.0])
-def test_adversarial(x, eb):
-    _assert_promises(x, eb)
+@pytest.mark.parametrize("entropy", sz.ENTROPY)
+def test_adversarial(x, eb, entropy):
+    _assert_promises(x, eb, entropy)
 
 
-def test_zstd_stage_keeps_promises_and_shrinks_relu_maps():
-    pytest.importorskip("zstandard")
+def test_huffman_stage_keeps_promises_and_shrinks_relu_maps():
     rng = np.random.default_rng(0)
     smooth = np.cumsum(rng.standard_normal((8, 16, 32, 32)), axis=-1).astype(np.float32)
     x = np.maximum(smooth, 0)
-    _assert_promises(x, 1e-2, "zstd")
-    assert len(sz.compress(x, 1e-2, "zstd")) < len(sz.compress(x, 1e-2))
+    _assert_promises(x, 1e-2, "huffman")
+    assert len(sz.compress(x, 1e-2, "huffman")) < len(sz.compress(x, 1e-2))
 
 
 def test_compresses_smooth_data_and_larger_bound_compresses_more():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange, uint64
 
-from .jit_cache import njit
+from ...core.jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 _ADD_BLOCK = 4096  # elements per block of `add_relu` (16 KiB of float32: y's block stays in L1)

@@ -33,8 +33,8 @@ import os
 import numpy as np
 from numba import prange, types
 
+from ...core.jit_cache import njit
 from . import lanes
-from .jit_cache import njit
 
 _SYMBOLS = {"minidl_sgemm": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
             "minidl_dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}  # 64-bit integer interfaces only

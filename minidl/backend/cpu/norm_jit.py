@@ -26,7 +26,7 @@ step and of ResNet-56 b32 63 -> 37 ms (PyTorch: 0.8 and 58 ms).
 Optional arrays (weight, bias, dx, dweight, dbias) are passed as flags with a stand-in array of the same type
 (`cpu_norm` does it), not as None, so an affine and a non-affine layer share one compilation: each specialization
 costs ~0.6 s the first time on a machine. Compiled lazily, per dtype, on first use; `cache=True` keeps
-the machine code on disk (numba's cache, in the user cache folder `cpu_jit_cache` picks), so only the first
+the machine code on disk (numba's cache, in the user cache folder `core.jit_cache` picks), so only the first
 process on a machine pays the compilation. This module imports numba at import time: `cpu_norm` imports it on
 first use only.
 """
@@ -37,7 +37,7 @@ import math
 import numpy as np
 from numba import prange
 
-from .jit_cache import njit
+from ...core.jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange, uint64
 
-from .jit_cache import njit
+from ...core.jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 

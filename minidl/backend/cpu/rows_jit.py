@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from numba import prange, uint64
 
+from ...core.jit_cache import njit
 from .eltwise_jit import add_into
 from .gemm_jit import gemm_acc
-from .jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 

@@ -15,7 +15,7 @@ import math
 
 from numba import prange
 
-from .jit_cache import njit
+from ...core.jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 _SQRT_HALF = 0.7071067811865476      # 1 / sqrt(2)

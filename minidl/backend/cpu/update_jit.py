@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .jit_cache import njit
+from ...core.jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 

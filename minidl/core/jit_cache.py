@@ -22,9 +22,9 @@ takes it from `numba.config.CACHE_DIR` (what NUMBA_CACHE_DIR sets) before its be
 `njit` below is numba's `njit` that sets that value while it decorates one minidl kernel and puts it back
 right after. So it holds whether numba was imported before minidl or by it (a setting made before numba's
 import would miss the first case), and the cache of any other numba code in the process (the user's, another
-library's) stays where numba puts it. Every `cpu_*_jit` module decorates with this `njit`
-(tests/backend/test_cpu_jit_cache.py checks every kernel's folder). Where the folder cannot be created or
-written, the kernels are compiled without a disk cache (every process compiles them again: ~30 s for
+library's) stays where numba puts it. Every `cpu_*_jit` module and the codec's kernels (`codec.sz_jit`) decorate
+with this `njit` (tests/backend/test_cpu_jit_cache.py checks every kernel's folder). Where the folder cannot be
+created or written, the kernels are compiled without a disk cache (every process compiles them again: ~30 s for
 ResNet-20's) rather than into the package, and a warning names the folder.
 """
 from __future__ import annotations
