@@ -184,13 +184,17 @@ class Residency:
 
 @dataclass(slots=True)
 class Marker:
-    """An event that does not change residency: the start of an offload copy, a wait for a prefetch."""
+    """An event that does not change residency: the start of an offload copy, a wait for a prefetch.
+
+    `seq` > 0 puts it in its boundary's explicit sequence (after the sequence's starts of the same number, before
+    its ends): a prefetched checkpoint that a recomputation chain reads is waited for just before that chain."""
 
     step: int
     at: str
     kind: EventKind
     tensor: str
     reason: str = ""
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -301,9 +305,10 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
 
     At each step boundary the order is fixed and explained:
     - before a step: ends (frees, releases) first so their memory is reusable, then the explicitly sequenced
-      events (`start_seq`/`end_seq` > 0, in sequence order: a recomputation chain rebuilds a tensor's input
-      before the tensor and frees that input as soon as it is consumed), then starts (allocations, prefetches,
-      recomputations) largest first (big blocks claim the best holes before small ones split them), then
+      events (`start_seq`/`end_seq` > 0, and markers with `seq` > 0, in sequence order, starts then markers then
+      ends within one number: a recomputation chain rebuilds a tensor's input before the tensor and frees that
+      input as soon as it is consumed; a prefetched checkpoint it reads is waited for first), then starts
+      (allocations, prefetches, recomputations) largest first (big blocks claim the best holes before small ones split them), then
       markers (waits: a prefetch must have landed before the step reads it);
     - after a step: markers first (an offload copy starts while the tensor is still resident), then ends,
       then sequenced events, then starts (a prefetch issued early for a later step).
@@ -312,7 +317,8 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
     """
     starts: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
     ends: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
-    seqd: dict[tuple[int, str], list[tuple[int, int, str, Residency]]] = {}
+    # sequenced items: (number, 0 start / 1 marker / 2 end, tensor, residency or marker)
+    seqd: dict[tuple[int, str], list[tuple[int, int, str, Residency | Marker]]] = {}
     for tid, lst in sched.residencies.items():
         for r in lst:
             if r.start_seq > 0:
@@ -320,21 +326,29 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
             else:
                 starts.setdefault((r.start, r.start_at), []).append((tid, r))
             if r.end_seq > 0:
-                seqd.setdefault((r.end, r.end_at), []).append((r.end_seq, 1, tid, r))
+                seqd.setdefault((r.end, r.end_at), []).append((r.end_seq, 2, tid, r))
             else:
                 ends.setdefault((r.end, r.end_at), []).append((tid, r))
     marks: dict[tuple[int, str], list[Marker]] = {}
     for m in sched.markers:
-        marks.setdefault((m.step, m.at), []).append(m)
+        if m.seq > 0:
+            seqd.setdefault((m.step, m.at), []).append((m.seq, 1, m.tensor, m))
+        else:
+            marks.setdefault((m.step, m.at), []).append(m)
 
     def do_ends(key, out):
         for tid, r in sorted(ends.get(key, ()), key=lambda e: e[0]):
             out.append(rec.free(tid, r.end_kind, reason=r.reason or "last use"))
 
+    def marker_event(m: Marker) -> Event:
+        return Event(m.kind, m.tensor, rec.offsets.get(m.tensor, -1), sizes[m.tensor], m.reason)
+
     def do_seq(key, out):
-        for _, is_end, tid, r in sorted(seqd.get(key, ()), key=lambda e: (e[0], e[1], e[2])):
-            if is_end:
+        for _, what, tid, r in sorted(seqd.get(key, ()), key=lambda e: (e[0], e[1], e[2])):
+            if what == 2:
                 out.append(rec.free(tid, r.end_kind, reason=r.reason or "last use"))
+            elif what == 1:
+                out.append(marker_event(r))
             else:
                 out.append(rec.alloc(tid, sizes[tid], r.start_kind, reason=r.reason or "first use"))
 
@@ -351,8 +365,7 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
 
     def do_marks(key, out):
         for m in marks.get(key, ()):
-            off = rec.offsets.get(m.tensor, -1)
-            out.append(Event(m.kind, m.tensor, off, sizes[m.tensor], m.reason))
+            out.append(marker_event(m))
 
     for step in route.steps:
         k = step.index

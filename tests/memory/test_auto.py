@@ -100,7 +100,7 @@ def test_recompute_composed_with_offload_is_bit_identical(key):
     """Roots that recomputation reads are prefetched before the recomputation sequence needs them."""
     from minidl.memory.decisions.recompute import recompute_schedule
     from minidl.memory.planner import finalize
-    from minidl.memory.schedulers.auto import cache_search
+    from minidl.memory.schedulers.auto import OffloadSearch
     from minidl.memory.workspace import workspace_choices
     from minidl.runtime.executor import Executor
 
@@ -109,10 +109,10 @@ def test_recompute_composed_with_offload_is_bit_identical(key):
     ws = workspace_choices(route)
     rs = recompute_schedule(route, ws)
     reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads}
-    floor = cache_search(route, rs.schedule, ws, 1, "cpu", reads).plan.min_budget_bytes
-    cr = cache_search(route, rs.schedule, ws, floor, "cpu", reads)
-    assert cr.fits and cr.offloaded > 0
-    plan = finalize(cr.plan, floor)
+    # the most frugal plan of this base: every candidate offloaded (checkpoints recomputation reads included)
+    cr = OffloadSearch(route, rs.schedule, ws, 1, "cpu", reads).place_tight()
+    assert cr.offloaded > 0
+    plan = finalize(cr.plan, cr.plan.min_budget_bytes)
     kinds = {ev.kind for sp in plan.steps for ev in sp.before + sp.after}
     assert {EventKind.OFFLOAD, EventKind.RECOMPUTE} <= kinds
     ref = train(NETS[key](), "none", steps=5).executor.state_dict()
@@ -171,3 +171,45 @@ def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
     got = sess.executor.state_dict()
     assert all(np.array_equal(ref[k], got[k]) for k in ref)
     assert sess.executor.pool.peak == plan.peak_bytes
+
+
+def run_plan(net, plan, steps=5):
+    from minidl.runtime.executor import Executor
+
+    sess = Session(net, opt(), policy="liveness", seed=11)
+    sess.plan, sess.executor = plan, Executor(net, plan, sess.optimizer, seed=11, debug=True)
+    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), steps)
+    return sess
+
+
+def test_an_offloaded_checkpoint_comes_back_exactly_when_its_recomputation_reads_it():
+    """Just in time means before the step whose recomputation sequence first reads the checkpoint, waited for
+    right before that sequence: not one step earlier (a step's worth of memory held for nothing)."""
+    from minidl.memory.decisions.recompute import recompute_schedule
+    from minidl.memory.planner import finalize
+    from minidl.memory.schedulers.auto import OffloadSearch
+    from minidl.memory.workspace import workspace_choices
+
+    net = NETS["resnet20"]()
+    route = net.route(optimizer_slots=("momentum",))
+    ws = workspace_choices(route)
+    rs = recompute_schedule(route, ws)
+    reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads}
+    plan = finalize(OffloadSearch(route, rs.schedule, ws, 1, "cpu", reads).place_tight().plan, None)
+    checked = 0
+    for root, a in reads.items():
+        moved = [(k, at) for k, sp in enumerate(plan.steps) for at in ("before", "after")
+                 for ev in getattr(sp, at) if ev.tensor == root and ev.kind is EventKind.PREFETCH]
+        if not moved:
+            continue
+        assert moved == [(a, "before")], root
+        kinds = [(ev.kind, ev.tensor) for ev in plan.steps[a].before]
+        first_recompute = next(i for i, (k, _) in enumerate(kinds) if k is EventKind.RECOMPUTE)
+        assert kinds.index((EventKind.WAIT, root)) < first_recompute, root
+        checked += 1
+    assert checked >= 5
+    sess = run_plan(net, plan)
+    assert sess.executor.pool.peak == plan.peak_bytes
+    ref = train(NETS["resnet20"](), "none").executor.state_dict()
+    got = sess.executor.state_dict()
+    assert all(np.array_equal(ref[k], got[k]) for k in ref)

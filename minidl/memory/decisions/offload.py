@@ -115,6 +115,7 @@ class Candidate:
     base: Residency        # its residency in the base schedule
     idle_s: float = 0.0    # estimated compute time between the two uses
     checkpoint: bool = False
+    seq_read: bool = False  # first read by a recomputation sequence before `first_backward`: back before it
 
     @property
     def gap(self) -> int:
@@ -229,6 +230,8 @@ def offload_schedule(route: Route, base: Schedule, chosen: list[Candidate],
     for c in sorted(chosen, key=lambda c: (c.last_forward, c.tensor)):
         t, b = timing[c.tensor], c.base
         back = steps[c.first_backward].label
+        # a tensor a recomputation sequence reads first is prefetched and waited for in that sequence, before it
+        seq = 1 if c.seq_read else 0
         res[c.tensor] = [
             Residency(b.start, b.start_at, b.start_kind, t.release, "after", EventKind.RELEASE,
                       f"on the host until step {t.prefetch}: next use '{back}' is {c.gap} steps after its last "
@@ -236,12 +239,13 @@ def offload_schedule(route: Route, base: Schedule, chosen: list[Candidate],
                       start_seq=b.start_seq),
             Residency(t.prefetch, "before", EventKind.PREFETCH, b.end, b.end_at, b.end_kind,
                       f"prefetch {c.first_backward - t.prefetch} steps ahead of '{back}' so the copy hides "
-                      f"behind compute", end_seq=b.end_seq),
+                      f"behind compute", end_seq=b.end_seq, start_seq=seq if t.prefetch == c.first_backward else 0),
         ]
         markers.append(Marker(c.last_forward, "after", EventKind.OFFLOAD, c.tensor,
                               f"start the copy out: next use is '{back}', {c.gap} steps away"))
         markers.append(Marker(c.first_backward, "before", EventKind.WAIT, c.tensor,
-                              f"the prefetch issued before step {t.prefetch} must have landed"))
+                              f"the prefetch issued before step {t.prefetch} must have landed"
+                              + (" (before the recomputation that reads it)" if seq else ""), seq=seq))
     return Schedule(res, markers, set(base.host_steps))
 
 

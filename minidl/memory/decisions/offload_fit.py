@@ -44,6 +44,7 @@ from .recompute import SLOTS, Timeline
 # slot r*SLOTS + AFTER_END; one prefetched before step p is back from slot p*SLOTS + BEFORE_START.
 AFTER_END = 3
 BEFORE_START = 2
+BEFORE_SEQ = 1
 
 CANDIDATE_SHARES = (0.0, 0.25, 0.5, 1.0)
 """Offload sets scored per base: the fewest that fit, then that plus these shares of the remaining candidates
@@ -78,9 +79,15 @@ def base_usage(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice]) -> 
     return tl.freeze().copy()
 
 
+def _back(c: Candidate) -> int:
+    """The first slot at which an offloaded tensor must be on the device again: its first backward step's starts,
+    or that boundary's sequence when a recomputation there reads it (`Candidate.seq_read`)."""
+    return c.first_backward * SLOTS + (BEFORE_SEQ if c.seq_read else BEFORE_START)
+
+
 def _absent(c: Candidate) -> tuple[int, int]:
     """Slots [lo, hi) where a tensor offloaded with the tightest timing is off the device."""
-    return c.last_forward * SLOTS + AFTER_END, c.first_backward * SLOTS + BEFORE_START
+    return c.last_forward * SLOTS + AFTER_END, _back(c)
 
 
 def tight_usage(usage: np.ndarray, chosen: list[Candidate]) -> np.ndarray:
@@ -132,7 +139,7 @@ def fitted_timing(chosen: list[Candidate], clock: _Clock, room: np.ndarray) -> d
     for c in sorted(chosen, key=lambda c: (c.first_backward, c.tensor)):  # copies back, in deadline order
         nb = align_up(c.nbytes)
         t = timing[c.tensor]
-        hi = c.first_backward * SLOTS + BEFORE_START
+        hi = _back(c)
         p = max(want[c.tensor].prefetch, t.release + 2)
         lo = p * SLOTS + BEFORE_START
         short = np.flatnonzero(room[lo:hi] < nb)

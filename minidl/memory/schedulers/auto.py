@@ -43,8 +43,9 @@ in time, the smallest workspace everywhere), then verified and searched by `poli
 
 Offload composed with recomputation needs one adjustment: a checkpoint that a recomputation reads must be back
 on the device *before* the recomputation sequence at that step boundary, which runs before the boundary's plain
-allocations and waits. So a root's "first backward use" for offload purposes is one step before its first
-recomputation read, and its end keeps the recomputation sequence number.
+allocations and waits. So a root's "first backward use" for offload purposes is its first recomputation read,
+its prefetch (when just in time) and its wait are the first items of that boundary's sequence, and its end keeps
+the recomputation sequence number.
 """
 from __future__ import annotations
 
@@ -105,19 +106,19 @@ class CacheResult:
 
 
 def offload_candidates(route: Route, base: Schedule, clock, root_reads: dict[str, int]) -> list:
-    """offload.find_candidates, adjusted for recomputation: a root must be back before its first recompute read
-    (one step early, since recomputations run before the boundary's waits), and roots that only recomputation
-    reads in backward become candidates too."""
+    """offload.find_candidates, adjusted for recomputation: a root must be back for its first recompute read,
+    which runs in the sequence before that step (`Candidate.seq_read`: prefetched and waited for in the sequence,
+    just before the chain), and roots that only recomputation reads in backward become candidates too."""
     n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
     cands = []
     seen = set()
     for c in offload_decision.find_candidates(route, base, clock):
         seen.add(c.tensor)
-        if c.tensor in root_reads:
-            fb = min(c.first_backward, root_reads[c.tensor] - 1)
+        if c.tensor in root_reads and root_reads[c.tensor] <= c.first_backward:
+            fb = root_reads[c.tensor]
             if fb - c.last_forward < 2:
                 continue
-            c.first_backward = fb
+            c.first_backward, c.seq_read = fb, True
             c.idle_s = clock.start[fb] - clock.end(c.last_forward)
         cands.append(c)
     iv = analyze(route)
@@ -128,11 +129,12 @@ def offload_candidates(route: Route, base: Schedule, clock, root_reads: dict[str
         fwd = [u for u in iv[tid].uses if u < n_fwd]
         if not fwd or any(u >= n_fwd for u in iv[tid].uses):
             continue
-        lf, fb = fwd[-1], a - 1
+        lf, fb = fwd[-1], a
         if fb - lf < 2:
             continue
         spec = route.tensors[tid]
-        cands.append(offload_decision.Candidate(tid, spec.nbytes, lf, fb, r, clock.start[fb] - clock.end(lf), True))
+        cands.append(offload_decision.Candidate(tid, spec.nbytes, lf, fb, r, clock.start[fb] - clock.end(lf), True,
+                                                seq_read=True))
     cands.sort(key=lambda c: (-c.priority, -c.nbytes, c.tensor))
     return cands
 
