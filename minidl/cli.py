@@ -224,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "every --save-every steps, and on Ctrl-C (the last completed step)")
     p.add_argument("--save-every", type=_positive_int, default=None, metavar="N",
                    help="also write the --save checkpoint every N steps")
+    p.add_argument("--early-stop", type=_positive_int, default=None, metavar="PATIENCE",
+                   help="stop once PATIENCE evaluations of the held-out loss in a row have not improved on the best "
+                        "(needs --data with a held-out part); with --save, the best state is also written to "
+                        "PATH.best.npz each time the held-out loss improves")
+    p.add_argument("--eval-every", type=_positive_int, default=None, metavar="N",
+                   help="with --early-stop: evaluate the held-out loss every N steps (default: once per epoch)")
     p.add_argument("--log", default=None, metavar="PATH.csv",
                    help="write one CSV row per step as it ends: iteration, loss, lr, step time, images/s and the "
                         "step's host copies (bytes, copy time, the time the step waited for them)")
@@ -684,11 +690,22 @@ def _train_inputs(args, backend) -> _TrainInputs:
         raise OptionError(f"--resume: no checkpoint file at {args.resume}")
     if args.save_every and not args.save:
         raise OptionError("--save-every needs --save PATH.npz: the path the checkpoints are written to")
+    if args.eval_every and not args.early_stop:
+        raise OptionError("--eval-every sets how often --early-stop evaluates: give --early-stop PATIENCE too")
+    if args.early_stop and heldout is None:
+        raise OptionError(f"--early-stop watches the held-out loss, but --data {args.data} has no held-out part "
+                          f"(digits, npz, npy and images have one; cifar10:DIR and mnist:DIR need their test files)")
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
     device, costs = args.device, _costs(args, backend)
     if device == "measured":   # the simulator's link figures (and, with --autotune, efficiency) from this GPU
         device = _measured_device(net, opt, backend, costs)
     return _TrainInputs(net, opt, train, heldout, device, costs)
+
+
+def _best_path(save: str) -> Path:
+    """Where --early-stop keeps the best state beside --save: r.npz -> r.best.npz."""
+    p = Path(save)
+    return p.with_name(f"{p.stem}.best{p.suffix or '.npz'}")
 
 
 def _train_run(args, inputs: _TrainInputs, backend, comm):
@@ -715,11 +732,17 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
     sess.lr_schedule = make_schedule(args.lr_schedule, sess.iteration + args.steps, args.warmup_steps,
                                      args.lr_step_size, args.lr_gamma, args.lr_min)
     log = StepLog(args.log, sess) if args.log and lead else None
+    early = None
+    if args.early_stop:
+        from .runtime.earlystop import EarlyStop
+
+        early = EarlyStop(args.early_stop, args.eval_every, best_path=_best_path(args.save) if args.save else None)
     try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             res = sess.fit(inputs.train, args.steps, progress=lead and not args.no_progress and not args.json
                            and sys.stderr.isatty(), on_step=log,
-                           save_every=args.save_every, save_path=args.save)
+                           save_every=args.save_every, save_path=args.save, heldout=inputs.heldout,
+                           early_stop=early)
     except DivergenceError as e:  # the update was not applied: what is saved is the last good state
         if args.save:
             e.args = (f"{e}; the last good state (after step {e.iteration - 1}) is saved in "
@@ -767,6 +790,12 @@ def _train_report(args, sess, res, log, heldout, comm) -> dict:
         path = res.saved[-1] if already else sess.save(args.save)
         out["saved"] = str(path)
         written.append((f"checkpoint (step {sess.iteration})", path))
+    if res.early_stop is not None:
+        out["stopped_early"] = res.stopped_early
+        out["early_stop"] = res.early_stop.to_json()
+        if res.best_saved is not None:
+            out["best_saved"] = str(res.best_saved)
+            written.append((f"best checkpoint (step {res.early_stop.best_iteration})", res.best_saved))
     if log is not None:
         out["log"] = str(log.path)
         written.append(("step log", log.path))
@@ -809,9 +838,22 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
         from .dist.report import dist_line
 
         print(dist_line(out))
+    if res.early_stop is not None:
+        print(_early_stop_line(res, args.steps))
     if res.interrupted:
         print(f"interrupted after {res.steps} of {args.steps} steps (Ctrl-C)"
               + ("" if args.save else "; nothing saved: give --save PATH.npz to keep the progress"))
+
+
+def _early_stop_line(res, steps: int) -> str:
+    """What early stopping did: when it stopped (or that it did not), and the best held-out loss and its step."""
+    w = res.early_stop
+    best = (f"best held-out loss {w.best_loss:.4f} at step {w.best_iteration}" if w.best_iteration is not None
+            else "no finite held-out loss")
+    if res.stopped_early:
+        return (f"early stop after {res.steps} of {steps} steps: the held-out loss did not improve in "
+                f"{w.rule.patience} evaluations (every {w.every} steps); {best}")
+    return f"early stopping watched {len(w.evaluations)} evaluations (every {w.every} steps), no stop; {best}"
 
 
 def main(argv: list[str] | None = None) -> int:

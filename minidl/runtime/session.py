@@ -48,6 +48,7 @@ from ..memory.pool import as_size
 from ..memory.report import memory_report
 from ..optim import Optimizer
 from ..optim.schedules import Constant, LRSchedule
+from .earlystop import EarlyStop, EarlyStopWatch
 from .executor import Executor
 
 
@@ -63,6 +64,13 @@ class TrainResult:
     batch: int = 0
     interrupted: bool = False
     saved: list[Path] = field(default_factory=list)
+    early_stop: EarlyStopWatch | None = None   # with fit(early_stop=...): the evaluations, the best, the verdict
+    best_saved: Path | None = None              # the checkpoint of the best held-out loss (EarlyStop.best_path)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether fit stopped before its steps because the held-out loss stopped improving."""
+        return self.early_stop is not None and self.early_stop.stop
 
     @property
     def steps(self) -> int:
@@ -203,9 +211,16 @@ class Session:
         return self._iterator
 
     def fit(self, data: Dataset, steps: int, progress: bool | None = None, on_step=None,
-            save_every: int | None = None, save_path: str | Path | None = None) -> TrainResult:
+            save_every: int | None = None, save_path: str | Path | None = None, heldout: Dataset | None = None,
+            early_stop: EarlyStop | None = None) -> TrainResult:
         """Run `steps` training steps on mini-batches of `data` (reshuffled each epoch, in an order fixed by the
         seed; a resumed session continues the same order). Returns a `TrainResult`.
+
+        `early_stop` (an `EarlyStop`, with `heldout`): the mean loss on every sample of `heldout` is evaluated
+        every `early_stop.every` steps (default: an epoch of `data`), and fit returns once `patience` evaluations
+        in a row did not improve on the best (`result.stopped_early`, `result.early_stop`: when and the best);
+        `early_stop.best_path` receives the checkpoint of each new best (`result.best_saved`). Evaluating changes
+        no later step: the training losses are those of the same run without it.
 
         `progress`: a progress bar on stderr; None (default) shows one only on an interactive terminal.
         `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
@@ -223,6 +238,14 @@ class Session:
             save_every = args.integer("Session.fit", None, "save_every", save_every, 1)
             if save_path is None:
                 raise OptionError(f"Session.fit: save_every={save_every} needs save_path (where to save)")
+        if early_stop is not None:
+            if not isinstance(early_stop, EarlyStop):
+                raise OptionError(f"Session.fit: early_stop must be an EarlyStop, got {type(early_stop).__name__}")
+            if heldout is None:
+                raise OptionError("Session.fit: early_stop needs heldout (the data set whose loss it watches)")
+            if tuple(heldout.image_shape) != tuple(data.image_shape):
+                raise DataError(f"Session.fit: the held-out set {heldout.name!r} has images of shape "
+                                f"{heldout.image_shape}, the training set {data.image_shape}")
         if progress is None:
             progress = sys.stderr.isatty()
         desc = {"samples": len(data), "image_shape": list(data.image_shape), "num_classes": data.num_classes}
@@ -235,6 +258,8 @@ class Session:
             self._check_ranks_agree(steps, save_every)
         it = self._batches(data)
         result = TrainResult(batch=self.batch)
+        if early_stop is not None:
+            result.early_stop = EarlyStopWatch(early_stop, early_stop.every or it.batches_per_epoch)
         bar = None
         if progress:
             from tqdm import tqdm
@@ -251,6 +276,10 @@ class Session:
                         bar.update(1)
                     if on_step:
                         on_step(k, loss, dt)
+                    if result.early_stop is not None and result.early_stop.due(self.iteration):
+                        self._watch(heldout, result)
+                        if result.stopped_early:
+                            break
                     if self._stop_requested(stop.requested):
                         result.interrupted = True
                         break
@@ -262,6 +291,13 @@ class Session:
         if result.interrupted and save_path is not None:
             result.saved.append(self.save(save_path))
         return result
+
+    def _watch(self, heldout: Dataset, result: TrainResult) -> None:
+        """Early stopping: evaluate the held-out loss after this step; keep the state if it is the best so far."""
+        loss, _ = self.evaluate(heldout)
+        watch = result.early_stop
+        if watch.observe(self.iteration, loss) and watch.rule.best_path is not None:
+            result.best_saved = self.save(watch.rule.best_path)
 
     def _check_ranks_agree(self, steps: int, save_every: int | None) -> None:
         """Data parallel, before the first step of a fit: every rank must run the same training (`dist/agree.py`);
