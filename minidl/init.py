@@ -40,8 +40,8 @@ def initialize(spec: ParamSpec, out: np.ndarray, rng: np.random.Generator) -> No
         # torchvision's ResNet convs: kaiming_normal_(mode="fan_out", nonlinearity="relu").
         out[...] = rng.standard_normal(out.shape) * math.sqrt(2.0 / max(1, spec.fan_out))
     elif kind == "normal":
-        # PyTorch's nn.Embedding default: N(0, 1).
-        out[...] = rng.standard_normal(out.shape)
+        # PyTorch's nn.Embedding default: N(0, 1); N(0, std^2) where a model says so.
+        out[...] = rng.standard_normal(out.shape) if spec.std == 1.0 else rng.standard_normal(out.shape) * spec.std
     elif kind == "xavier_uniform":
         bound = math.sqrt(6.0 / max(1, spec.fan_in + spec.fan_out))
         out[...] = rng.uniform(-bound, bound, size=out.shape)

@@ -50,7 +50,7 @@ def _node_fn(node) -> Callable:
     if t == "pos_embedding":
         return lambda xs, p: xs[0] + p["weight"][:xs[0].shape[1]]
     if t == "attention":
-        return lambda xs, p: causal_attention(xs[0], L.num_heads)
+        return lambda xs, p: causal_attention(xs[0], L.num_heads, L.causal)
     if t == "dropout":
         return lambda xs, p: xs[0] if L.p == 0 else F.dropout(xs[0], L.p, True)
     if t == "add":
@@ -73,12 +73,13 @@ def _node_fn(node) -> Callable:
     raise NotImplementedError(f"no PyTorch translation for layer type {t!r}")
 
 
-def causal_attention(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """`CausalSelfAttention` in PyTorch: qkv (B, T, 3C) -> (B, T, C), through its own scaled_dot_product_attention."""
+def causal_attention(qkv: torch.Tensor, num_heads: int, causal: bool = True) -> torch.Tensor:
+    """`CausalSelfAttention` in PyTorch (`SelfAttention` with causal=False): qkv (B, T, 3C) -> (B, T, C), through its
+    own scaled_dot_product_attention."""
     b, t, c3 = qkv.shape
     c = c3 // 3
     q, k, v = (a.reshape(b, t, num_heads, c // num_heads).transpose(1, 2) for a in qkv.split(c, dim=2))
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return y.transpose(1, 2).reshape(b, t, c)
 
 

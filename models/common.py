@@ -13,6 +13,25 @@ def check_positive(model: str, **values: int) -> None:
         args.integer(model, None, key, v, 1)
 
 
+IGNORE_INDEX = -100  # a sequence model's targets equal to this count for nothing (PyTorch's default ignore_index)
+
+
+def transformer_size(model: str, configs: dict[str, tuple[int, int, int]], size: str, layers, heads,
+                     width) -> tuple[int, int, int]:
+    """(layers, heads, width): the named size's, each overridden where given; checked (OptionError naming the
+    model and the value): a known size, positive integers, a width that the heads divide."""
+    if size not in configs:
+        raise dl.OptionError(f"model '{model}': unknown size {size!r}; choose one of {', '.join(configs)}")
+    base = configs[size]
+    layers, heads, width = (base[0] if layers is None else layers, base[1] if heads is None else heads,
+                            base[2] if width is None else width)
+    check_positive(model, layers=layers, heads=heads, width=width)
+    if width % heads:
+        raise dl.OptionError(f"model '{model}': width {width} is not a multiple of heads={heads} (each head "
+                             f"takes width / heads channels)")
+    return layers, heads, width
+
+
 def new_network(name: str, batch: int, in_channels: int, image_size: int, num_classes: int, dtype):
     """A fresh Network with the image input "data" (N, C, H, W) and the int64 input "label" (N,)."""
     check_positive(name, batch=batch, in_channels=in_channels, image_size=image_size, num_classes=num_classes)

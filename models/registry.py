@@ -4,6 +4,7 @@
     net = build_model("resnet", depth=2500, batch=16)        # SuperNeurons' ResNet-2500
     net = build_model("resnet56")                             # CIFAR ResNet-56 at 32x32, 10 classes
     net = build_model("lenet", image_size=8)                  # sklearn's 8x8 digits
+    net = build_model("gpt2", size="xl", batch=64, seq=1024)  # a sequence model: size, layers, heads, width, seq
 
 The scaffolding every builder shares (argument checks, the "data"/"label" inputs, the loss) lives in `common.py`,
 beneath both the builders and this registry.
@@ -18,7 +19,9 @@ from typing import Any, Callable
 import minidl as dl
 
 from .alexnet import alexnet
+from .bert import BERT_CONFIGS, bert
 from .densenet import DENSENET_CONFIGS, densenet
+from .gpt2 import GPT2_CONFIGS, gpt2
 from .inception_v4 import inception_v4
 from .lenet import lenet
 from .resnet import CIFAR_DEPTHS_EXAMPLES, IMAGENET_BLOCKS, cifar_blocks_per_stage, imagenet_blocks, resnet
@@ -37,6 +40,7 @@ class ModelSpec:
     num_classes: int = 1000
     in_channels: int = 3
     batch: int = 32
+    sequence: bool = False  # reads token sequences: no image options; num_classes is its vocabulary
 
 
 def _registry() -> dict[str, ModelSpec]:
@@ -68,6 +72,17 @@ def _registry() -> dict[str, ModelSpec]:
                                     fixed={"depth": d, "variant": "cifar"}, image_size=32, num_classes=10)
     for d in sorted(DENSENET_CONFIGS):
         m[f"densenet{d}"] = ModelSpec(densenet, f"DenseNet-{d} (torchvision)", fixed={"depth": d})
+    m["gpt2"] = ModelSpec(gpt2, "GPT-2 (size small/medium/large/xl, or any layers/heads/width; seq tokens)",
+                          batch=8, sequence=True)
+    for size, (layers, heads, width) in GPT2_CONFIGS.items():
+        m[f"gpt2_{size}"] = ModelSpec(gpt2, f"GPT-2 {size} ({layers} layers, {heads} heads, width {width})",
+                                      fixed={"size": size}, batch=8, sequence=True)
+    m["bert"] = ModelSpec(bert, "BERT with its masked-LM head (size base/large/96, or any layers/heads/width)",
+                          batch=8, sequence=True)
+    for size, (layers, heads, width) in BERT_CONFIGS.items():
+        key, what = ("bert96", "Harmony's BERT-96 (BERT-large") if size == "96" else (f"bert_{size}", f"BERT-{size} (")
+        m[key] = ModelSpec(bert, f"{what}{layers} layers, {heads} heads, width {width}), masked-LM head",
+                           fixed={"size": size}, batch=8, sequence=True)
     m["densenet_tiny"] = ModelSpec(densenet, "a small DenseNet for tests (2 blocks of 2 layers, growth 8)",
                                    fixed={"variant": "tiny"}, image_size=32, num_classes=10)
     return m
@@ -126,6 +141,8 @@ def build_model(name: str, depth: int | None = None, batch: int | None = None, i
             raise dl.OptionError(f"model {name!r} fixes {k}={v!r}, got {k}={given!r}; use the generic name "
                              f"'{spec.builder.__name__}' to choose {k}")
         args[k] = v
+    if spec.sequence:
+        return _build_sequence(name, spec, args, depth, batch, image_size, num_classes, in_channels)
     if "depth" not in spec.fixed and depth is not None:
         if not spec.takes_depth:
             raise dl.OptionError(f"model {name!r} has no depth option (got depth={depth})")
@@ -139,6 +156,20 @@ def build_model(name: str, depth: int | None = None, batch: int | None = None, i
     args["image_size"] = size if image_size is None else image_size
     args["num_classes"] = classes if num_classes is None else num_classes
     args["in_channels"] = spec.in_channels if in_channels is None else in_channels
+    return spec.builder(**args)
+
+
+def _build_sequence(name: str, spec: ModelSpec, args: dict, depth, batch, image_size, num_classes,
+                    in_channels) -> dl.Network:
+    """A sequence model: its vocabulary is `num_classes` (the classes of its per-token loss: a byte-level corpus
+    gives 256); image options are refused by name (it has `layers` where an image model has a depth)."""
+    for opt, v in (("depth", depth), ("image_size", image_size), ("in_channels", in_channels)):
+        if v is not None:
+            raise dl.OptionError(f"model {name!r} reads token sequences: it has no {opt} option (got {opt}={v}); "
+                                 f"it takes size, layers, heads, width and seq")
+    args["batch"] = spec.batch if batch is None else batch
+    if num_classes is not None:
+        args["vocab"] = num_classes
     return spec.builder(**args)
 
 

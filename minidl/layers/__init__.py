@@ -1,6 +1,6 @@
 """Layers, one module per family. Each declares shapes, parameters, FLOPs and what its backward needs."""
 from .activation import GELU, ReLU, Softmax
-from .attention import CausalSelfAttention
+from .attention import CausalSelfAttention, SelfAttention
 from .base import Layer, LayerContext, ParamSpec, WorkspaceOption
 from .batchnorm import BatchNorm2d
 from .conv import Conv2d
@@ -17,5 +17,5 @@ __all__ = [
     "Add", "AvgPool2d", "BatchNorm2d", "CausalSelfAttention", "Concat", "Conv2d", "Dropout", "Embedding", "Flatten",
     "GELU", "GlobalAvgPool", "LRN", "Layer", "LayerContext", "LayerNorm", "Linear", "MatMul", "MaxPool2d",
     "ParamSpec",
-    "PositionEmbedding", "ReLU", "Softmax", "SoftmaxCrossEntropy", "WorkspaceOption",
+    "PositionEmbedding", "ReLU", "SelfAttention", "Softmax", "SoftmaxCrossEntropy", "WorkspaceOption",
 ]

@@ -1,5 +1,6 @@
-"""Causal self-attention: several heads of scaled dot-product attention, each position attending to itself and
-the positions before it (GPT's). The projections around it are `Linear(..., flatten=False)` layers.
+"""Self-attention: several heads of scaled dot-product attention, each position attending to itself and the positions
+before it (`CausalSelfAttention`, GPT's) or to every position (`SelfAttention`, BERT's). The projections around it
+are `Linear(..., flatten=False)` layers.
 
 Input: q, k and v side by side on the last axis, (B, T, 3C) (what one `Linear(3 * C, flatten=False)` produces,
 nanoGPT's `c_attn`); output (B, T, C), the heads' outputs side by side. Each head h uses the channels
@@ -21,16 +22,20 @@ from . import args
 from .base import Layer
 
 
-class CausalSelfAttention(Layer):
+class SelfAttention(Layer):
+    """Bidirectional self-attention (BERT's encoder): every position attends to every position of its sequence.
+    `causal=True` masks the keys after each query (`CausalSelfAttention`, the same kernels)."""
+
     type_name = "attention"
     needs_inputs = (0,)
     checkpoint = True  # two batched products per head: expensive to rebuild, like a linear's output
     rebuildable_aux = ("probs",)
 
-    def __init__(self, num_heads: int, keep_scores: bool = True, name: str | None = None):
+    def __init__(self, num_heads: int, keep_scores: bool = True, causal: bool = False, name: str | None = None):
         super().__init__(name)
         self.num_heads = args.integer(type(self).__name__, name, "num_heads", num_heads, 1)
         self.keep_scores = args.flag(type(self).__name__, name, "keep_scores", keep_scores)
+        self.causal = args.flag(type(self).__name__, name, "causal", causal)
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
@@ -55,7 +60,7 @@ class CausalSelfAttention(Layer):
         return 8 * b * t * t * c + 4 * b * self.num_heads * t * t + rebuild  # dv, dP, dq, dk; softmax's backward
 
     def config(self):
-        return {"num_heads": self.num_heads, "keep_scores": self.keep_scores}
+        return {"num_heads": self.num_heads, "keep_scores": self.keep_scores, "causal": self.causal}
 
     def backend_ops(self):
         return ("attention_forward", "attention_backward")
@@ -73,11 +78,21 @@ class CausalSelfAttention(Layer):
         q, k, v = self._qkv(inputs[0])
         c = out.shape[2]
         be.attention_forward(q, k, v, ctx.aux.get("probs"), self._heads(out, c),
-                             1.0 / math.sqrt(c // self.num_heads))
+                             1.0 / math.sqrt(c // self.num_heads), self.causal)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         q, k, v = self._qkv(inputs[0])
         dq, dk, dv = self._qkv(dinputs[0])
         c = dout.shape[2]
         be.attention_backward(q, k, v, ctx.aux.get("probs"), self._heads(dout, c), dq, dk, dv,
-                              1.0 / math.sqrt(c // self.num_heads))
+                              1.0 / math.sqrt(c // self.num_heads), self.causal)
+
+
+class CausalSelfAttention(SelfAttention):
+    """GPT's attention: each position attends to itself and the positions before it."""
+
+    def __init__(self, num_heads: int, keep_scores: bool = True, name: str | None = None):
+        super().__init__(num_heads, keep_scores, causal=True, name=name)
+
+    def config(self):
+        return {"num_heads": self.num_heads, "keep_scores": self.keep_scores}

@@ -45,6 +45,7 @@ class ParamSpec:
     trainable: bool = True
     fan_in: int = 1
     fan_out: int = 1
+    std: float = 1.0  # the "normal" initializer's standard deviation (GPT-2 and BERT draw their tables at 0.02)
 
 
 @dataclass(slots=True)

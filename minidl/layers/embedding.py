@@ -20,18 +20,20 @@ class Embedding(Layer):
     """Integer indices of any shape (...) -> their rows of the table, (..., embedding_dim), as `nn.Embedding`.
 
     The table's gradient accumulates every occurrence of an index (a token repeated in the batch adds its
-    gradients); rows no index picked get zeros. The table is initialized N(0, 1), PyTorch's default."""
+    gradients); rows no index picked get zeros. The table is initialized N(0, std^2): std 1 is PyTorch's default,
+    GPT-2 and BERT use 0.02 (a table read by a tied output projection must start small)."""
 
     type_name = "embedding"
     needs_inputs = (0,)
     nondiff_inputs = (0,)
     checkpoint = True  # a lookup into a parameter: kept, like a linear's output, rather than rebuilt from indices
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, name: str | None = None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, std: float = 1.0, name: str | None = None):
         super().__init__(name)
         who = (type(self).__name__, name)
         self.num_embeddings = args.integer(*who, "num_embeddings", num_embeddings, 1)
         self.embedding_dim = args.integer(*who, "embedding_dim", embedding_dim, 1)
+        self.std = args.real(*who, "std", std, 0.0, lo_open=True)
 
     def check_input_dtypes(self, in_dtypes):
         dt = np.dtype(in_dtypes[0])
@@ -60,7 +62,7 @@ class Embedding(Layer):
 
     def param_specs(self, in_shapes):
         return {"weight": ParamSpec((self.num_embeddings, self.embedding_dim), "normal",
-                                    fan_in=self.num_embeddings, fan_out=self.embedding_dim)}
+                                    fan_in=self.num_embeddings, fan_out=self.embedding_dim, std=self.std)}
 
     def flops(self, in_shapes, out_shape):
         return 0  # a copy of rows
@@ -69,7 +71,7 @@ class Embedding(Layer):
         return math.prod(out_shape)  # one addition per value scattered
 
     def config(self):
-        return {"num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim}
+        return {"num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim, "std": self.std}
 
     def backend_ops(self):
         return ("embedding_forward", "embedding_backward")
@@ -84,14 +86,15 @@ class Embedding(Layer):
 
 class PositionEmbedding(Layer):
     """(B, T, C) -> x + P[:T]: a learned vector per position (GPT's `wpe(arange(T))` added to the token
-    embeddings), `max_positions` >= T rows. Initialized N(0, 1) like an `nn.Embedding`."""
+    embeddings), `max_positions` >= T rows. Initialized N(0, std^2) like an `nn.Embedding`."""
 
     type_name = "pos_embedding"  # fits the summary's type column (13 characters)
     checkpoint = True  # an add: kept, like `Add`'s output
 
-    def __init__(self, max_positions: int, name: str | None = None):
+    def __init__(self, max_positions: int, std: float = 1.0, name: str | None = None):
         super().__init__(name)
         self.max_positions = args.integer(type(self).__name__, name, "max_positions", max_positions, 1)
+        self.std = args.real(type(self).__name__, name, "std", std, 0.0, lo_open=True)
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
@@ -103,13 +106,14 @@ class PositionEmbedding(Layer):
 
     def param_specs(self, in_shapes):
         c = in_shapes[0][2]
-        return {"weight": ParamSpec((self.max_positions, c), "normal", fan_in=self.max_positions, fan_out=c)}
+        return {"weight": ParamSpec((self.max_positions, c), "normal", fan_in=self.max_positions, fan_out=c,
+                                    std=self.std)}
 
     def flops(self, in_shapes, out_shape):
         return math.prod(out_shape)
 
     def config(self):
-        return {"max_positions": self.max_positions}
+        return {"max_positions": self.max_positions, "std": self.std}
 
     def backend_ops(self):
         return ("position_embedding_forward", "position_embedding_backward")

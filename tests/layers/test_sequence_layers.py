@@ -240,6 +240,22 @@ def test_causal_attention_vs_torch(dtype, b, tt, heads, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("keep", [True, False])
+def test_bidirectional_attention_vs_torch(dtype, keep):
+    """BERT's attention: every position attends to every position (no mask), scores kept or rebuilt."""
+    qkv = randn((2, 6, 12), dtype)
+    dy = randn((2, 6, 4), dtype)
+    r = run_layer(L.SelfAttention(2, keep_scores=keep), [qkv], dout=dy)
+    tq = t(qkv)
+    ty = causal_attention(tq, 2, causal=False)
+    ty.backward(torch.tensor(dy))
+    close(r.out, ty, dtype)
+    close(r.dinputs[0], tq.grad, dtype)
+    if keep:
+        assert np.all(r.aux["probs"] > 0)  # nothing masked
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_without_kept_scores_gives_the_same_bits(dtype):
     """keep_scores=False keeps no (B, H, T, T) tensor: backward rebuilds the probabilities from q and k, with the
     bits of the saved ones, so output and gradient are bit-identical to the default's."""
@@ -273,6 +289,8 @@ def test_gradchecks_float64():
     directional_gradcheck(lambda: L.SoftmaxCrossEntropy(ignore_index=-1), [x, labels], {})
     directional_gradcheck(lambda: L.CausalSelfAttention(2), [x], {})
     directional_gradcheck(lambda: L.CausalSelfAttention(2, keep_scores=False), [x], {})
+    directional_gradcheck(lambda: L.SelfAttention(2), [x], {})
+    directional_gradcheck(lambda: L.SelfAttention(2, keep_scores=False), [x], {})
     directional_gradcheck(lambda: L.Dropout(0.3), [x], {}, rng_key=5)  # any shape
 
 

@@ -234,29 +234,31 @@ class SeqOps:
         if db is not None:
             np.matmul(a.swapaxes(-1, -2), dy, out=db)
 
-    # -- causal self-attention ----------------------------------------------------------------------------------------
+    # -- self-attention (causal or bidirectional) ---------------------------------------------------------------------
     def attention_forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
-                          y: np.ndarray, scale: float) -> None:
-        """Per (batch, head): probs = softmax(q k^T * scale, masked to keys at or before the query), y = probs v.
+                          y: np.ndarray, scale: float, causal: bool = True) -> None:
+        """Per (batch, head): probs = softmax(q k^T * scale, masked to keys at or before the query when `causal`,
+        else over every key: BERT's), y = probs v.
         q, k, v, y are (B, H, T, D) views; probs (B, H, T, T), its masked entries exactly 0, saved for backward
         (None: not kept, one sample's scores at a time in scratch)."""
         b, h, t, _ = q.shape
         scratch = np.empty((h, t, t), q.dtype) if probs is None else None
-        mask = _causal_mask(t, q.dtype)
+        mask = _causal_mask(t, q.dtype) if causal else None
         for bi in range(b):
             p = scratch if probs is None else probs[bi]  # (H, T, T)
             _attention_probs(q[bi], k[bi], scale, mask, p)
             np.matmul(p, v[bi], out=y[bi])
 
     def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
-                           dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float) -> None:
+                           dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float,
+                           causal: bool = True) -> None:
         """From the probs forward saved, or (probs None) from the probs rebuilt per sample from q and k, as
         FlashAttention's backward does: the same operations as forward's, so the same bits and the same
         gradients either way. dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
         dk = dS^T q (per batch and head; masked entries have P = 0, so they contribute nothing)."""
         b, h, t, _ = q.shape
         scratch = np.empty((h, t, t), q.dtype) if probs is None else None
-        mask = _causal_mask(t, q.dtype) if probs is None else None
+        mask = _causal_mask(t, q.dtype) if probs is None and causal else None
         for bi in range(b):
             if probs is None:
                 p = scratch
@@ -279,11 +281,12 @@ def _causal_mask(t: int, dtype) -> np.ndarray:
     return np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, 0).astype(dtype)
 
 
-def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray, p: np.ndarray) -> None:
-    """One sample's causal attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask)."""
+def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None, p: np.ndarray) -> None:
+    """One sample's attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask) (no mask: every key)."""
     np.matmul(q, k.swapaxes(-1, -2), out=p)
     p *= q.dtype.type(scale)
-    p += mask
+    if mask is not None:
+        p += mask
     p -= p.max(axis=-1, keepdims=True)
     np.exp(p, out=p)
     p /= p.sum(axis=-1, keepdims=True)

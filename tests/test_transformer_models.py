@@ -1,0 +1,171 @@
+"""GPT-2 and BERT in the zoo: the published parameter counts, and two-layer models against PyTorch twins written here
+by hand (HuggingFace's layout, their own forward): same loss, same gradients, tied tables included."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minidl as dl
+from minidl.models import bert, build_model, gpt2
+from minidl.optim import SGD
+from minidl.runtime.session import Session
+
+
+# -- PyTorch twins: every tensor's name and shape, as HuggingFace lays them out (the tied head has none) -----------
+def gpt2_shapes(layers: int, width: int, vocab: int = 50257, positions: int = 1024) -> dict[str, tuple]:
+    c = width
+    out = {"wte.weight": (vocab, c), "wpe.weight": (positions, c)}
+    for i in range(layers):
+        b = f"h{i}"
+        out |= {f"{b}.ln_1.weight": (c,), f"{b}.ln_1.bias": (c,),
+                f"{b}.attn.c_attn.weight": (3 * c, c), f"{b}.attn.c_attn.bias": (3 * c,),
+                f"{b}.attn.c_proj.weight": (c, c), f"{b}.attn.c_proj.bias": (c,),
+                f"{b}.ln_2.weight": (c,), f"{b}.ln_2.bias": (c,),
+                f"{b}.mlp.c_fc.weight": (4 * c, c), f"{b}.mlp.c_fc.bias": (4 * c,),
+                f"{b}.mlp.c_proj.weight": (c, 4 * c), f"{b}.mlp.c_proj.bias": (c,)}
+    return out | {"ln_f.weight": (c,), "ln_f.bias": (c,)}
+
+
+def bert_shapes(layers: int, width: int, vocab: int = 30522, positions: int = 512) -> dict[str, tuple]:
+    """BertForMaskedLM's tensors but the token-type table (one segment per sequence); q, k, v as one (3C, C)."""
+    c = width
+    out = {"word_embeddings.weight": (vocab, c), "position_embeddings.weight": (positions, c),
+           "embeddings.ln.weight": (c,), "embeddings.ln.bias": (c,)}
+    for i in range(layers):
+        b = f"layer{i}"
+        out |= {f"{b}.attention.qkv.weight": (3 * c, c), f"{b}.attention.qkv.bias": (3 * c,),
+                f"{b}.attention.out.weight": (c, c), f"{b}.attention.out.bias": (c,),
+                f"{b}.attention.ln.weight": (c,), f"{b}.attention.ln.bias": (c,),
+                f"{b}.intermediate.weight": (4 * c, c), f"{b}.intermediate.bias": (4 * c,),
+                f"{b}.output.weight": (c, 4 * c), f"{b}.output.bias": (c,),
+                f"{b}.output.ln.weight": (c,), f"{b}.output.ln.bias": (c,)}
+    return out | {"mlm.transform.weight": (c, c), "mlm.transform.bias": (c,), "mlm.ln.weight": (c,),
+                  "mlm.ln.bias": (c,), "mlm.decoder.bias": (vocab,)}
+
+
+def torch_count(shapes: dict[str, tuple]) -> int:
+    """The twin's parameters, made on PyTorch's meta device (no memory: GPT-2 XL is 6 GB in float32)."""
+    return sum(torch.empty(s, device="meta").numel() for s in shapes.values())
+
+
+def attention(x, w, b, heads: int, causal: bool):
+    bsz, t, c = x.shape
+    q, k, v = (a.reshape(bsz, t, heads, c // heads).transpose(1, 2) for a in F.linear(x, w, b).split(c, dim=2))
+    s = q @ k.transpose(-1, -2) / math.sqrt(c // heads)
+    if causal:
+        s = s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2).reshape(bsz, t, c)
+
+
+def gpt2_twin(p: dict, tokens, targets, layers: int, heads: int):
+    t = tokens.shape[1]
+    x = F.embedding(tokens, p["wte.weight"]) + p["wpe.weight"][:t]
+    for i in range(layers):
+        b = f"h{i}."
+
+        def ln(n, a):
+            return F.layer_norm(a, a.shape[-1:], p[b + n + ".weight"], p[b + n + ".bias"], 1e-5)
+
+        a = attention(ln("ln_1", x), p[b + "attn.c_attn.weight"], p[b + "attn.c_attn.bias"], heads, True)
+        x = x + F.linear(a, p[b + "attn.c_proj.weight"], p[b + "attn.c_proj.bias"])
+        m = F.gelu(F.linear(ln("ln_2", x), p[b + "mlp.c_fc.weight"], p[b + "mlp.c_fc.bias"]), approximate="tanh")
+        x = x + F.linear(m, p[b + "mlp.c_proj.weight"], p[b + "mlp.c_proj.bias"])
+    x = F.layer_norm(x, x.shape[-1:], p["ln_f.weight"], p["ln_f.bias"], 1e-5)
+    logits = F.linear(x, p["wte.weight"])  # the tied head
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+
+
+def bert_twin(p: dict, tokens, targets, layers: int, heads: int):
+    def ln(n, a):
+        return F.layer_norm(a, a.shape[-1:], p[n + ".weight"], p[n + ".bias"], 1e-12)
+
+    t = tokens.shape[1]
+    x = ln("embeddings.ln", F.embedding(tokens, p["word_embeddings.weight"]) + p["position_embeddings.weight"][:t])
+    for i in range(layers):
+        b = f"layer{i}."
+        a = attention(x, p[b + "attention.qkv.weight"], p[b + "attention.qkv.bias"], heads, False)
+        x = ln(b + "attention.ln", x + F.linear(a, p[b + "attention.out.weight"], p[b + "attention.out.bias"]))
+        m = F.gelu(F.linear(x, p[b + "intermediate.weight"], p[b + "intermediate.bias"]))
+        x = ln(b + "output.ln", x + F.linear(m, p[b + "output.weight"], p[b + "output.bias"]))
+    x = ln("mlm.ln", F.gelu(F.linear(x, p["mlm.transform.weight"], p["mlm.transform.bias"])))
+    logits = F.linear(x, p["word_embeddings.weight"], p["mlm.decoder.bias"])  # the tied decoder
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+
+
+# -- parameter counts ------------------------------------------------------------------------------------------------
+GPT2_PARAMS = {"small": 124_439_808, "medium": 354_823_168, "large": 774_030_080, "xl": 1_557_611_200}
+GPT2_SIZES = {"small": (12, 768), "medium": (24, 1024), "large": (36, 1280), "xl": (48, 1600)}
+BERT_PARAMS = {"base": 109_512_762, "large": 335_172_410, "96": 1_242_100_538}
+BERT_SIZES = {"base": (12, 768), "large": (24, 1024), "96": (96, 1024)}
+
+
+@pytest.mark.parametrize("size", list(GPT2_PARAMS))
+def test_gpt2_parameter_counts_are_the_published_ones(size):
+    net = build_model(f"gpt2-{size}")
+    assert net.num_params() == GPT2_PARAMS[size] == torch_count(gpt2_shapes(*GPT2_SIZES[size]))
+    assert build_model("gpt2", size=size).num_params() == GPT2_PARAMS[size]
+
+
+@pytest.mark.parametrize("size", list(BERT_PARAMS))
+def test_bert_parameter_counts_match_the_twin(size):
+    name = "bert-96" if size == "96" else f"bert-{size}"
+    net = build_model(name)
+    assert net.num_params() == BERT_PARAMS[size] == torch_count(bert_shapes(*BERT_SIZES[size]))
+    # HuggingFace's BertForMaskedLM has the token-type table (2 x C) besides: 335,174,458 for BERT-large
+    assert net.num_params() + 2 * BERT_SIZES[size][1] == {"base": 109_514_298, "large": 335_174_458,
+                                                            "96": 1_242_102_586}[size]
+
+
+def test_untied_gpt2_has_a_head_of_its_own():
+    assert gpt2(tied=False).num_params() == GPT2_PARAMS["small"] + 50257 * 768
+
+
+# -- two layers against the twins ----------------------------------------------------------------------------------
+def _against_twin(net, twin, shapes, vocab, layers, heads):
+    sess = Session(net, SGD(lr=0.1), policy="liveness", seed=3)
+    state = sess.executor.state_dict()
+    assert {k: tuple(v.shape) for k, v in state.items()} == shapes
+    rng = np.random.default_rng(0)
+    b, t = net.input_nodes[0].shape
+    x = rng.integers(0, vocab, (b, t)).astype(np.int64)
+    y = rng.integers(0, vocab, (b, t)).astype(np.int64)
+    y[0, :3] = -100  # ignored positions
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in state.items()}
+    want = twin(p, torch.tensor(x), torch.tensor(y), layers, heads)
+    want.backward()
+    loss = sess.executor.train_step(x, y)
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-11)
+    after = sess.executor.state_dict()
+    for k in state:  # one SGD step at lr 0.1: the parameters moved by 0.1 times PyTorch's gradients
+        np.testing.assert_allclose((state[k] - after[k]) / 0.1, p[k].grad.numpy(), rtol=1e-7, atol=1e-9, err_msg=k)
+
+
+def test_two_layer_gpt2_matches_its_pytorch_twin_in_float64():
+    net = gpt2(layers=2, heads=2, width=16, seq=7, batch=3, vocab=23, positions=9, dropout=0.0, dtype="float64")
+    _against_twin(net, gpt2_twin, gpt2_shapes(2, 16, 23, 9), 23, 2, 2)
+
+
+def test_two_layer_bert_matches_its_pytorch_twin_in_float64():
+    net = bert(layers=2, heads=2, width=16, seq=7, batch=3, vocab=23, positions=9, dropout=0.0, dtype="float64")
+    _against_twin(net, bert_twin, bert_shapes(2, 16, 23, 9), 23, 2, 2)
+
+
+# -- the registry ----------------------------------------------------------------------------------------------------
+def test_sequence_models_in_the_registry():
+    net = build_model("gpt2", layers=4, width=128, heads=4, seq=64, batch=2, num_classes=256)
+    assert net.node("tokens").shape == (2, 64) and net.node("lm_head").shape == (2, 64, 256)
+    assert net.node("wpe").params["weight"].shape == (1024, 128)
+    assert build_model("gpt2", seq=2048, layers=1).node("wpe").params["weight"].shape == (2048, 768)
+    assert build_model("bert96", batch=1).name == "bert96"
+    with pytest.raises(dl.OptionError, match=r"model 'gpt2' reads token sequences: it has no image_size option"):
+        build_model("gpt2", image_size=32)
+    with pytest.raises(dl.OptionError, match=r"model 'bert': unknown size 'huge'; choose one of base, large, 96"):
+        build_model("bert", size="huge")
+    with pytest.raises(dl.OptionError, match=r"model 'gpt2': width 100 is not a multiple of heads=12"):
+        build_model("gpt2", width=100)
+    with pytest.raises(dl.OptionError, match=r"fixes size='xl'"):
+        build_model("gpt2-xl", size="small")
