@@ -97,6 +97,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="classes of the last layer (default: the model's own, or the data set's for train)")
     p.add_argument("--in-channels", type=_positive_int, default=None,
                    help="input channels (default: the model's own, or the data set's for train)")
+    p.add_argument("--size", "--config", dest="size", default=None,
+                   help="gpt2: small | medium | large | xl; bert: base | large | 96 (Harmony's BERT-96)")
+    for opt, what in (("layers", "transformer blocks"), ("heads", "attention heads"),
+                      ("width", "channels per token"), ("seq", "tokens per sequence")):
+        p.add_argument(f"--{opt}", type=_positive_int, default=None,
+                       help=f"gpt2/bert: {what} (default: the size's own)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -299,7 +305,7 @@ def _infer_parsers(sub) -> None:
 
 
 def _build(args, image_shape=None, num_classes=None):
-    from minidl.models import build_model
+    from minidl.models import SEQUENCE_OPTIONS, build_model
 
     kw = dict(depth=args.depth, batch=args.batch, image_size=args.image_size, num_classes=args.num_classes,
               in_channels=args.in_channels)
@@ -308,6 +314,7 @@ def _build(args, image_shape=None, num_classes=None):
         kw["image_size"] = kw["image_size"] or image_shape[1]
     if num_classes is not None:
         kw["num_classes"] = kw["num_classes"] or num_classes
+    kw.update({k: getattr(args, k) for k in SEQUENCE_OPTIONS if getattr(args, k, None) is not None})
     return build_model(args.model, **kw)
 
 

@@ -27,6 +27,9 @@ from .lenet import lenet
 from .resnet import CIFAR_DEPTHS_EXAMPLES, IMAGENET_BLOCKS, cifar_blocks_per_stage, imagenet_blocks, resnet
 from .vgg import VGG_CONFIGS, vgg
 
+#: The options only sequence models (gpt2, bert) take.
+SEQUENCE_OPTIONS = ("size", "layers", "heads", "width", "seq")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -141,6 +144,10 @@ def build_model(name: str, depth: int | None = None, batch: int | None = None, i
             raise dl.OptionError(f"model {name!r} fixes {k}={v!r}, got {k}={given!r}; use the generic name "
                              f"'{spec.builder.__name__}' to choose {k}")
         args[k] = v
+    if not spec.sequence and any(k in args for k in SEQUENCE_OPTIONS):
+        k = next(k for k in SEQUENCE_OPTIONS if k in args)
+        raise dl.OptionError(f"model {name!r} has no {k} option (got {k}={args[k]!r}): it belongs to the sequence "
+                             f"models, gpt2 and bert")
     if spec.sequence:
         return _build_sequence(name, spec, args, depth, batch, image_size, num_classes, in_channels)
     if "depth" not in spec.fixed and depth is not None:

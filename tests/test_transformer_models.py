@@ -67,7 +67,7 @@ def gpt2_twin(p: dict, tokens, targets, layers: int, heads: int):
     for i in range(layers):
         b = f"h{i}."
 
-        def ln(n, a):
+        def ln(n, a, b=b):
             return F.layer_norm(a, a.shape[-1:], p[b + n + ".weight"], p[b + n + ".bias"], 1e-5)
 
         a = attention(ln("ln_1", x), p[b + "attn.c_attn.weight"], p[b + "attn.c_attn.bias"], heads, True)
@@ -169,3 +169,53 @@ def test_sequence_models_in_the_registry():
         build_model("gpt2", width=100)
     with pytest.raises(dl.OptionError, match=r"fixes size='xl'"):
         build_model("gpt2-xl", size="small")
+
+
+# -- the command line ------------------------------------------------------------------------------------------------
+def _json(capsys, *argv):
+    import json
+
+    from minidl.cli import main
+
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_info_names_the_published_counts(capsys):
+    assert _json(capsys, "info", "gpt2", "--size", "xl")["params"] == GPT2_PARAMS["xl"]
+    assert _json(capsys, "info", "gpt2", "--config", "small")["params"] == GPT2_PARAMS["small"]
+    assert _json(capsys, "info", "bert-96")["params"] == BERT_PARAMS["96"]
+    assert _json(capsys, "info", "bert", "--size", "large")["params"] == BERT_PARAMS["large"]
+    r = _json(capsys, "info", "gpt2", "--layers", "4", "--width", "128", "--heads", "4", "--seq", "128")
+    assert r["params"] == torch_count(gpt2_shapes(4, 128))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["recompute", "offload", "window", "packs", "auto"])
+@pytest.mark.parametrize("model", [["gpt2", "--size", "xl"], ["bert-96"]])
+def test_the_harmony_transformers_plan_under_every_policy(capsys, model, policy):
+    """Full-size GPT-2 XL and BERT-96 (batch 2, 128 tokens: Harmony's depth and width) plan under each policy; packs
+    and auto, which may home weights on the host, also at 80% of liveness's peak (weights, gradients and momentum
+    are most of it), which they then respect."""
+    args = ["plan", *model, "--batch", "2", "--seq", "128", "--device", "v100"]
+    live = _json(capsys, *args, "--policy", "liveness")["peak_bytes"]
+    r = _json(capsys, *args, "--policy", policy)
+    assert r["peak_bytes"] <= live or policy == "window"
+    if policy in ("packs", "auto"):
+        r = _json(capsys, *args, "--policy", policy, "--budget", str(int(live * 0.8)))
+        assert r["peak_bytes"] <= live * 0.8, r["peak_bytes"]
+
+
+def test_auto_leaves_the_attention_scores_out_where_only_that_fits():
+    """The scores (B H T^2 a layer) live from forward to backward whatever else moves: auto searches the route
+    without them too when nothing fits with them, and plans at the budget that route needs."""
+    import minidl as dl
+    from minidl.memory.policies import plan_network
+
+    def net(keep):
+        return gpt2(layers=2, heads=2, width=16, seq=64, batch=4, vocab=32, dropout=0.0, keep_scores=keep)
+
+    with pytest.raises(dl.BudgetError) as e:
+        plan_network(net(False), SGD(lr=0.1, momentum=0.9), "auto", budget=1)
+    plan = plan_network(net(True), SGD(lr=0.1, momentum=0.9), "auto", budget=e.value.min_budget_bytes)
+    assert plan.route.rebuildable_aux() == [] and plan.peak_bytes <= e.value.min_budget_bytes

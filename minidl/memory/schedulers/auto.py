@@ -440,7 +440,16 @@ def weights_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice],
 
 
 def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None) -> Plan:
+    """The search on `route`; where nothing fits and the route has rebuildable aux tensors (attention's scores,
+    `Route.rebuildable_aux`: B H T^2 values a layer, kept until its backward whatever else moves), the search again
+    on the route without them (backward rebuilds them, same bits), as policy `recompute` does: kept where they
+    fit (backward then rebuilds nothing), left out where only that fits."""
     res = auto_search(route, budget, device, costs)
+    rebuildable = route.rebuildable_aux()
+    if res.plan is None and rebuildable:
+        alt = auto_search(route.without_aux(rebuildable), budget, device, costs)
+        if alt.plan is not None or alt.frugal.plan.min_budget_bytes < res.frugal.plan.min_budget_bytes:
+            res = alt
     if res.plan is None:
         f = res.frugal
         p = f.plan
