@@ -114,8 +114,7 @@ def swap_tasks(route: Route, profile: DeviceProfile) -> list[SwapTask]:
             t.out_bytes["activations"] = sum(route.tensors[x].nbytes for x in set(s.writes)
                                              if role[x] in _STASHED and x in read_in_bwd)
         elif s.phase is Phase.BACKWARD:
-            stashed = {x for x in set(s.reads) if role[x] in _STASHED and x not in brought
-                       and route.tensors[x].role is not Role.DELTA}
+            stashed = {x for x in set(s.reads) if role[x] in _STASHED and x not in brought}
             brought.update(stashed)
             t.in_bytes["weights"] = sum(route.tensors[x].nbytes for x in set(s.reads) if role[x] in _WEIGHTS)
             t.in_bytes["activations"] = sum(route.tensors[x].nbytes for x in stashed)

@@ -208,3 +208,21 @@ def test_objectives_pick_from_the_same_candidates():
     assert fast.step_time_s == min(r.step_time_s for r in found)
     assert (lean.host_bytes, lean.p2p_bytes) == min((r.host_bytes, r.p2p_bytes) for r in found)
     assert lean.step_time_s >= fast.step_time_s and lean.p2p_bytes <= fast.p2p_bytes
+
+
+def test_weights_on_the_host_swap_each_packs_weights_once_per_block_whatever_fits():
+    """`weights="host"` is Harmony's runtime: every layer's weights live on the host and visit their device per
+    pack block, the gradient going out once, even where the device could hold them (the default keeps them
+    resident then, moving nothing)."""
+    net = plain_net(8)
+    params = sum(t.nbytes for t in net.route().tensors.values() if t.role is Role.PARAMETER)
+    fit = plan_pipeline_fixed(net, 2, 2, 4, BIG, "gtx1080ti", SLOTS, cut="compute")
+    host = plan_pipeline_fixed(net, 2, 2, 4, BIG, "gtx1080ti", SLOTS, cut="compute", weights="host")
+    assert fit.host_bytes == 0 and all(d.homed_layers == 0 for d in fit.device_plans)
+    assert all(d.homed_layers == d.candidate_layers > 0 for d in host.device_plans)
+    moved = {k: sum(d.host_by_role[k] for d in host.device_plans) for k in ("weights", "gradients")}
+    # in for the forward block and again for the backward block, unless a device's two blocks touch (one visit)
+    assert params <= moved["weights"] <= 2 * params and moved["gradients"] == params
+    assert host.host_bytes == moved["weights"] + moved["gradients"]
+    with pytest.raises(dl.OptionError, match="weights must be"):
+        plan_pipeline_fixed(net, 2, 2, 4, BIG, "gtx1080ti", SLOTS, weights="resident")

@@ -186,10 +186,12 @@ def transfers(route: Route, step_dev: list[int]) -> list[tuple[int, int, int, st
     return out
 
 
-def _plan_device(sub: Route, budget: int, device: str, costs, d: int) -> tuple[Plan, int, int]:
+def _plan_device(sub: Route, budget: int, device: str, costs, d: int,
+                 weights: str = "fit") -> tuple[Plan, int, int]:
     """The device's plan with the fewest of its layers' weights homed on the host (largest first, as `auto`'s
     weights search does): all resident if that fits, all homed (policy `packs`' plan) if nothing less does, else
     the fewest found by bisection (homing more layers only frees memory, give or take placement details).
+    `weights="host"` homes them all whatever fits (Harmony's runtime: every task swaps its pack's weights in).
     Returns (plan, layers homed, candidate layers)."""
     ws = workspace_choices(sub, costs)
     cands = layer_candidates(sub)
@@ -200,13 +202,15 @@ def _plan_device(sub: Route, budget: int, device: str, costs, d: int) -> tuple[P
         except BudgetError:
             return None
 
-    plan = attempt(0)
+    plan = attempt(0) if weights == "fit" else None
     if plan is not None:
         return plan, 0, len(cands)
     try:
         best = plan_weights(sub, budget, device, workspace=ws, layers=cands, policy="pipeline")
     except BudgetError as e:
         raise BudgetError(f"device {d} of the pipeline: {e}", e.min_budget_bytes, e.binding) from None
+    if weights == "host":
+        return best, len(cands), len(cands)
     lo, hi = 0, len(cands)          # homing lo layers does not fit; homing hi does
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -259,8 +263,12 @@ def pipeline_time(route: Route, step_dev: list[int], plans: list[Plan], profile:
 
 
 def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_packs: int, budget: int,
-                        device: str = "k40c", optimizer_slots=(), costs=None, cut: str = "weights") -> PipelineResult:
-    """The pipeline plan with M = `micro_batches` and `n_packs` packs cut by `cut` (a key of `CUTS`)."""
+                        device: str = "k40c", optimizer_slots=(), costs=None, cut: str = "weights",
+                        weights: str = "fit") -> PipelineResult:
+    """The pipeline plan with M = `micro_batches` and `n_packs` packs cut by `cut` (a key of `CUTS`); `weights`:
+    "fit" keeps a device's weights resident where they fit, "host" homes every layer's weights on the host."""
+    if weights not in ("fit", "host"):
+        raise OptionError(f"weights must be 'fit' or 'host', got {weights!r}")
     profile = get_profile(device)
     packs = CUTS[cut](net, n_packs)
     route = net.route(optimizer_slots=optimizer_slots, micro_batches=micro_batches, packs=packs)
@@ -268,7 +276,7 @@ def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_pack
     dplans: list[DevicePlan] = []
     dev_of_pack = pack_devices(len(packs), devices)
     for d, sub in enumerate(parts):
-        plan, homed, cands = _plan_device(sub, budget, device, costs, d)
+        plan, homed, cands = _plan_device(sub, budget, device, costs, d, weights)
         moved = moved_by_role(plan)
         dplans.append(DevicePlan(d, [k for k, dd in enumerate(dev_of_pack) if dd == d], plan, homed, cands,
                                  sum(moved.values()), moved))
