@@ -47,7 +47,7 @@ def test_readme_has_blocks_to_check():
 def test_fast_command_rewrites():
     assert fast_command("pip install . && minidl train x --steps 150 --budget 4MiB") == \
         "minidl train x --steps 3 --budget 4MiB"
-    assert fast_command('pip install -e ".[test]" && python -m pytest -q') == "python -m pytest --collect-only -q"
+    assert fast_command('pip install -e ".[test,docs]" && python -m pytest -q') == "python -m pytest --collect-only -q"
     assert fast_command("minidl train x --steps 60 --warmup-steps 5 --save-every 20") == \
         "minidl train x --steps 3 --warmup-steps 2 --save-every 2"
 
@@ -90,7 +90,7 @@ def _readme_command_1() -> str:
 
 def _readme_command_2_install() -> str:
     """README command 2 up to its `&&`: the install (the suite it then runs is not run inside the suite)."""
-    install, _, _ = _readme_command(1, 'pip install -e ".[test]" &&').partition("&&")
+    install, _, _ = _readme_command(1, 'pip install -e ".[test,docs]" &&').partition("&&")
     return install.strip()
 
 
