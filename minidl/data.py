@@ -667,23 +667,20 @@ def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2) -> 
     float images are taken as they are (the user normalized them). Without a held-out part in the files,
     `heldout_fraction` of the samples is held out, split by `seed` (as for ``digits``).
     """
-    x, xh = arrays.x, arrays.x_heldout
-    if x.dtype == np.uint8:
-        scaled = x.astype(np.float32) / np.float32(255.0)
+    name = Path(arrays.name).name or arrays.name
+    if arrays.x_heldout is None:   # split first: the statistics are the training part's alone
+        train, held = Dataset(arrays.x, arrays.y, arrays.num_classes, name=name).split(heldout_fraction, seed)
+    else:
+        train = Dataset(arrays.x, arrays.y, arrays.num_classes, name=f"{name}/train")
+        held = Dataset(arrays.x_heldout, arrays.y_heldout, arrays.num_classes, name=f"{name}/heldout")
+    if arrays.x.dtype == np.uint8:   # the Datasets hold the bytes as float32 0..255, exactly
+        scaled = train.x / np.float32(255.0)
         mean = scaled.mean(axis=(0, 2, 3), dtype=np.float64, keepdims=True)
         std = scaled.std(axis=(0, 2, 3), dtype=np.float64, keepdims=True)
         std[std == 0] = 1.0  # a constant channel (a blank plane) stays zero instead of dividing by zero
-
-        def standardize(a: np.ndarray) -> np.ndarray:
-            return ((a.astype(np.float32) / np.float32(255.0) - mean) / std).astype(np.float32)
-
-        x = standardize(x)
-        xh = standardize(xh) if xh is not None else None
-    name = Path(arrays.name).name or arrays.name
-    if xh is None:
-        return Dataset(x, arrays.y, arrays.num_classes, name=name).split(heldout_fraction, seed)
-    return (Dataset(x, arrays.y, arrays.num_classes, name=f"{name}/train"),
-            Dataset(xh, arrays.y_heldout, arrays.num_classes, name=f"{name}/heldout"))
+        for part in (train, held):
+            part.x[...] = (part.x / np.float32(255.0) - mean) / std
+    return train, held
 
 
 def _read_files(kind: str, arg: str, spec: str) -> Arrays:

@@ -50,6 +50,15 @@ def test_npz_with_a_test_part_is_standardized_by_the_training_part(tmp_path):
     assert train.y.tolist() == y.tolist() and held.y.tolist() == yt.tolist()
 
 
+def test_bytes_are_standardized_by_the_training_part_alone_when_the_held_out_part_is_split_off(tmp_path):
+    x, y = pixels(40, 8)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    train, held = load_data(f"npz:{tmp_path / 'd.npz'}", seed=4)
+    np.testing.assert_allclose(train.x.mean(axis=(0, 2, 3)), 0, atol=1e-5)
+    np.testing.assert_allclose(train.x.std(axis=(0, 2, 3)), 1, atol=1e-4)
+    assert np.abs(held.x.mean(axis=(0, 2, 3))).max() > 1e-3   # the held-out part's own figures were not used
+
+
 def test_npz_without_a_test_part_holds_out_a_fifth_by_seed_and_floats_stay_as_they_are(tmp_path):
     x = np.random.default_rng(0).standard_normal((50, 8, 8)).astype(np.float32)   # (N, H, W): one channel
     y = np.arange(50) % 4
