@@ -204,10 +204,10 @@ def _jit():
     return sz_jit
 
 
-def _huffman_encode(p: np.ndarray) -> bytes:
-    """Bins -> symbol table + escaped codes + Huffman bits (layout in `_huffman_decode`)."""
+def _huffman_encode(s: np.ndarray, esc: np.ndarray, freq: np.ndarray) -> bytes:
+    """Symbols, escaped codes, counts (`sz_jit.quantize_symbols`) -> symbol table + escaped codes + Huffman bits
+    (layout in `_huffman_decode`)."""
     k = _jit()
-    s, esc, freq = k.symbols(p, HUFF_SYMBOLS)
     lens = k.code_lengths(freq, k.HUFF_MAX_LEN)
     used = np.flatnonzero(lens)
     bits = k.huff_encode(s, k.canonical_codes(lens), lens, int((freq * lens).sum()))
@@ -247,11 +247,12 @@ def compress(x: np.ndarray, eb: float, entropy: str = "none") -> bytes:
         raise CodecError(f"sz.compress: entropy must be one of {', '.join(ENTROPY)}, got {entropy!r}")
     flat = np.ascontiguousarray(x).ravel()
     n = flat.size
-    p, out_idx = _jit().quantize(flat, float(eb), float(P_MAX))
     aw = 0
     if entropy == "huffman":
-        body, mode = _huffman_encode(p), _MODE_SZ_HUFF
+        s, esc, freq, out_idx = _jit().quantize_symbols(flat, float(eb), float(P_MAX), HUFF_SYMBOLS)
+        body, mode = _huffman_encode(s, esc, freq), _MODE_SZ_HUFF
     else:
+        p, out_idx = _jit().quantize(flat, float(eb), float(P_MAX))
         (body, aw), mode = _encode_blocks(p), _MODE_SZ
     idx_dtype = np.uint32 if n <= 0xFFFFFFFF else np.uint64
     body += out_idx.astype(idx_dtype).tobytes() + flat[out_idx].tobytes()

@@ -1,5 +1,6 @@
-"""The SZ codec's compiled (numba) kernels: quantization with its bound check, the Huffman stage, and the decoder
-that turns a Huffman stream back into values in one pass.
+"""The SZ codec's compiled (numba) kernels: quantization with its bound check, the Huffman stage, the decoder
+that turns a Huffman stream back into values in one pass, and the statistics an error bound is chosen from
+(`memory.errorbound`).
 
 Why compiled: the numpy codec makes ~15 full passes over each tensor (float64 copies, `where`s, the bound
 check in float64, bit-planes one by one) and took most of a training step that compresses its activations
@@ -25,52 +26,64 @@ HUFF_MAX_LEN = 16
 
 
 @njit(**_OPTS)
+def _bin(xf, eb, two_eb, p_max, rt):
+    """(bin, kept) of one value read as float64: `sz.quantize` for one element. `rt` is a 1-element array of the
+    tensor's dtype, through which the decoded value is rounded as the decoder will store it."""
+    a = abs(xf) / two_eb
+    if not (np.isfinite(a) and a <= p_max):
+        return 0, False
+    q = np.int64(math.ceil(a))
+    if q == 0 and xf != 0.0:
+        q = 1
+    if xf < 0.0:
+        q = -q
+    if q == 0:
+        return 0, math.copysign(1.0, xf) > 0.0     # -0.0 would decode as +0.0: an outlier
+    rt[0] = math.copysign((2.0 * abs(q) - 1.0) * eb, q)
+    return q, abs(xf - np.float64(rt[0])) <= eb
+
+
+@njit(**_OPTS)
 def quantize(x, eb, p_max):
     """(bin per element, outlier indices) for a flat float array: `sz.quantize`, element by element."""
     n = x.size
     p = np.empty(n, np.int64)
     bad = np.empty(n, np.int64)
     nbad = 0
-    two_eb = 2.0 * eb
-    rt = np.empty(1, x.dtype)   # a rounding to x's dtype, as the decoder stores the value
+    rt = np.empty(1, x.dtype)
     for i in range(n):
-        xf = np.float64(x[i])
-        a = abs(xf) / two_eb
-        q = 0
-        ok = np.isfinite(a) and a <= p_max
-        if ok:
-            q = np.int64(math.ceil(a))
-            if q == 0 and xf != 0.0:
-                q = 1
-            if xf < 0.0:
-                q = -q
-            if q == 0:
-                ok = math.copysign(1.0, xf) > 0.0     # -0.0 would decode as +0.0: an outlier
-            else:
-                rt[0] = math.copysign((2.0 * abs(q) - 1.0) * eb, q)
-                ok = abs(xf - np.float64(rt[0])) <= eb
-        if ok:
-            p[i] = q
-        else:
-            p[i] = 0
+        q, ok = _bin(np.float64(x[i]), eb, 2.0 * eb, p_max, rt)
+        p[i] = q if ok else 0
+        if not ok:
             bad[nbad] = i
             nbad += 1
     return p, bad[:nbad].copy()
 
 
 @njit(**_OPTS)
-def symbols(p, nsym):
-    """Lorenzo codes of bins `p` (p[i] - p[i-1], zigzagged) as Huffman symbols: code u < nsym is symbol u, a
-    larger one the escape symbol nsym with u kept apart. Returns (symbols as uint16, escaped codes, counts)."""
-    n = p.size
+def quantize_symbols(x, eb, p_max, nsym):
+    """Quantization and Lorenzo prediction in one pass, for the Huffman stage: the bins `quantize` gives (an
+    outlier's bin 0), their codes p[i] - p[i-1] zigzagged, a code u < nsym as symbol u and a larger one as the
+    escape symbol nsym with u kept apart. Returns (symbols as uint16, escaped codes, symbol counts, outlier
+    indices); the bins themselves are never stored (8 bytes an element of memory traffic saved)."""
+    n = x.size
     s = np.empty(n, np.uint16)
-    esc = np.empty(n, np.int64)
+    esc = np.empty(n, np.int64)   # pages never written are never committed: these cost what they hold
     ne = 0
+    bad = np.empty(n, np.int64)
+    nbad = 0
     freq = np.zeros(nsym + 1, np.int64)
+    rt = np.empty(1, x.dtype)
+    two_eb = 2.0 * eb
     prev = 0
     for i in range(n):
-        d = p[i] - prev
-        prev = p[i]
+        q, ok = _bin(np.float64(x[i]), eb, two_eb, p_max, rt)
+        if not ok:
+            q = 0
+            bad[nbad] = i
+            nbad += 1
+        d = q - prev
+        prev = q
         u = (d << 1) ^ (d >> 63)
         if u < nsym:
             s[i] = u
@@ -80,7 +93,55 @@ def symbols(p, nsym):
             freq[nsym] += 1
             esc[ne] = u
             ne += 1
-    return s, esc[:ne].copy(), freq
+    return s, esc[:ne].copy(), freq, bad[:nbad].copy()
+
+
+@njit(**_OPTS)
+def finite_stats(x):
+    """(max |x|, sum of x^2, count) over the finite values of a flat array, in float64: the error bound's cap and
+    rule B0's rms in one pass instead of a boolean-indexed copy each."""
+    top = 0.0
+    sq = 0.0
+    cnt = 0
+    for i in range(x.size):
+        v = np.float64(x[i])
+        if np.isfinite(v):
+            a = abs(v)
+            if a > top:
+                top = a
+            sq += v * v
+            cnt += 1
+    return top, sq, cnt
+
+
+@njit(**_OPTS)
+def channel_variances(x):
+    """Variance per channel of x seen as (N, C, M) over its finite values (the mean first, then the mean squared
+    deviation, in float64, as numpy's nanvar), NaN for a channel with none: rule N's sigma_c in two compiled
+    passes instead of a float64 copy and five numpy reductions."""
+    nn, c, m = x.shape
+    out = np.empty(c, np.float64)
+    for ch in range(c):
+        tot = 0.0
+        cnt = 0
+        for k in range(nn):
+            for j in range(m):
+                v = np.float64(x[k, ch, j])
+                if np.isfinite(v):
+                    tot += v
+                    cnt += 1
+        if cnt == 0:
+            out[ch] = np.nan
+            continue
+        mean = tot / cnt
+        dev = 0.0
+        for k in range(nn):
+            for j in range(m):
+                v = np.float64(x[k, ch, j])
+                if np.isfinite(v):
+                    dev += (v - mean) * (v - mean)
+        out[ch] = dev / cnt
+    return out
 
 
 @njit(**_OPTS)

@@ -60,6 +60,15 @@ BN_EPS = 1e-5
 """Added to each channel's variance, as batch norm does, so a dead channel does not force a zero bound."""
 
 
+def _stats():
+    """The compiled statistics (`codec.sz_jit`: max |x|, rms, per-channel variance over finite values, one pass
+    each), imported on first use: planning, which imports this module, never pays numba's import. They replaced
+    numpy reductions over float64 copies that cost as much as the codec itself in a compressed step."""
+    from ..codec import sz_jit
+
+    return sz_jit
+
+
 def _norm(a) -> float:
     """Frobenius norm accumulated in float64 by a plain reduction: `np.linalg.norm` goes through BLAS dot, which
     cost ~14 ms per call on the shared 2-core machine (thread hand-offs) and tripled a ResNet-20/digits step."""
@@ -111,26 +120,23 @@ class ErrorBoundRule:
         if reader.kind is ReaderKind.SIGN:
             return math.inf
         if reader.kind is ReaderKind.NORMALIZE:
-            xs = np.moveaxis(np.asarray(x, np.float64), 1, 0).reshape(x.shape[1], -1) if x.ndim > 1 else x[None]
-            finite = np.isfinite(xs)
-            rows = finite.any(axis=1)  # a channel with no finite value has no variance: it constrains nothing
-            if not rows.all():         # (and nanvar / nanmean would warn on it: a diverging step's activations)
-                if not rows.any():
-                    return math.inf
-                xs, finite = xs[rows], finite[rows]
-            var = np.nanvar(np.where(finite, xs, np.nan), axis=1) + BN_EPS
-            return math.sqrt(3.0) * rho / math.sqrt(float(np.nanmean(1.0 / var)))
+            x = np.ascontiguousarray(x)
+            xs = x.reshape(x.shape[0], x.shape[1], -1) if x.ndim > 1 else x.reshape(1, 1, -1)
+            var = _stats().channel_variances(xs)
+            var = var[np.isfinite(var)]  # a channel with no finite value has no variance: it constrains nothing
+            if not var.size:
+                return math.inf
+            return math.sqrt(3.0) * rho / math.sqrt(float(np.mean(1.0 / (var + BN_EPS))))
         m = self.measured.get(reader.node)
         if m is None:                                   # rule B0: nothing measured yet
-            fin = np.asarray(x, np.float64)[np.isfinite(x)]
-            rms = math.sqrt(float(np.mean(fin * fin))) if fin.size else 0.0
+            _, sq, cnt = _stats().finite_stats(np.ascontiguousarray(x).ravel())
+            rms = math.sqrt(sq / cnt) if cnt else 0.0
             return math.sqrt(3.0) * rho * rms
         return rho * math.sqrt(3.0 / m.fan_in) * m.grad_norm / m.delta_norm   # rule B
 
     def bound(self, x: np.ndarray, readers: list[Reader]) -> float:
         """The smallest bound over `readers`, capped at max|x| (a larger one changes nothing), always > 0."""
-        fin = np.abs(np.asarray(x)[np.isfinite(x)])
-        top = float(fin.max()) if fin.size else 0.0
+        top = _stats().finite_stats(np.ascontiguousarray(x).ravel())[0]
         eb = min([self.bound_for(x, r) for r in readers] + [top])
         if not (math.isfinite(eb) and eb > 0):
             eb = top if top > 0 else 1.0   # all zeros (or a zero rms): any bound stores them exactly

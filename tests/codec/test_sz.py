@@ -172,3 +172,21 @@ def test_bad_dtype_and_stream_are_refused():
         sz.decompress(b"x" * 100)
     with pytest.raises(sz.CodecError, match="header"):
         sz.decompress(b"MSZ1")
+
+
+@_SETTINGS
+@given(hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(1, 40)),
+                  elements=st.floats(-1e6, 1e6, width=32) | st.sampled_from([np.nan, np.inf, -np.inf])))
+def test_bound_statistics_match_numpy(x):
+    """The compiled statistics the error bound is chosen from (max |x|, rms, per-channel variance, over the
+    finite values) agree with numpy's reductions on the same values."""
+    k = sz._jit()
+    fin = x[np.isfinite(x)].astype(np.float64)
+    top, sq, cnt = k.finite_stats(x.ravel())
+    assert cnt == fin.size and top == (np.abs(fin).max() if fin.size else 0.0)
+    assert np.isclose(sq, (fin * fin).sum(), rtol=1e-12, atol=0)
+    var = k.channel_variances(x)
+    xs = np.where(np.isfinite(x), x, np.nan).astype(np.float64)
+    for c in range(x.shape[1]):
+        col = xs[:, c][~np.isnan(xs[:, c])]
+        assert (np.isnan(var[c]) if not col.size else np.isclose(var[c], col.var(), rtol=1e-9, atol=1e-300))
