@@ -61,12 +61,26 @@ def compression() -> str:
                  [[f"{n['net']} ({'x'.join(map(str, n['shape']))})", _mb(n["peak_none"]), _mb(n["peak_liveness"]),
                    _mb(n["peak_compress"]), f"{_mb(n['stored_raw'])} -> {_mb(n['stored_stream'])} "
                    f"({n['stored_raw'] / n['stored_stream']:.1f}x)", n["spills"]] for n in d["nets"]], "lrrrrr")
+    codec = ""
+    if d.get("codec_step"):
+        rows = [[f"`{r['code'].split()[0]}`", r["entropy"], f"{r['compress_s']:.2f} s", f"{r['decompress_s']:.2f} s",
+                 f"{r['step_s']:.2f} s", f"{r['stored_raw'] / r['stored_stream']:.2f}x"] for r in d["codec_step"]]
+        codec = ("\nThe codec's time in one ResNet-20 training step (CIFAR shape, batch "
+                 f"{d['codec_step'][-1]['batch']}; `--codec`), per version of the code measured (the error bound's "
+                 "statistics included in encode):\n\n"
+                 + table(["code", "entropy stage", "encode", "decode", "step", "stored"], rows, "llrrrr"))
+    if d.get("codec_variants"):
+        codec += ("\nEach entropy stage on that step's stored activations (bytes stored, time per MB of "
+                  "activations):\n\n"
+                  + table(["entropy stage", "ratio", "encode", "decode"],
+                          [[r["entropy"], f"{r['ratio']:.2f}x", f"{r['encode_ms_per_mb']:.1f} ms/MB",
+                            f"{r['decode_ms_per_mb']:.1f} ms/MB"] for r in d["codec_variants"]], "lrrr"))
     return (head + "Relative weight-gradient error of one step against the exact step from the same state (ResNet-20, "
             "CIFAR shape, batch 2):\n\n" + err +
             f"\nHeld-out accuracy, ResNet-20 on the digits, {a['steps']} steps at batch {a['batch']}, target "
             f"{a['target']:g}, the same seed and steps for both:\n\n" + acc +
             "\nPeak memory per network (one step, on a plan reserved from the ratios its first step measured):\n\n"
-            + nets)
+            + nets + codec)
 
 
 def scaling() -> str:

@@ -204,9 +204,11 @@ def _jit():
     return sz_jit
 
 
-def _huffman_encode(s: np.ndarray, esc: np.ndarray, freq: np.ndarray) -> bytes:
-    """Symbols, escaped codes, counts (`sz_jit.quantize_symbols`) -> symbol table + escaped codes + Huffman bits
-    (layout in `_huffman_decode`)."""
+def huffman_pack(s: np.ndarray, esc: np.ndarray, freq: np.ndarray) -> bytes:
+    """Symbols, escaped codes and counts (`sz_jit.quantize_symbols`, `sz_jit.int_symbols`) -> a symbol table,
+    the escaped codes and the Huffman bits. Layout: number of symbols used (u32), escaped codes (u64), bit bytes
+    (u64); the used symbols (u16 each), their code lengths (u8 each), the escaped codes (i64 each), the bits
+    (most significant first)."""
     k = _jit()
     lens = k.code_lengths(freq, k.HUFF_MAX_LEN)
     used = np.flatnonzero(lens)
@@ -215,12 +217,12 @@ def _huffman_encode(s: np.ndarray, esc: np.ndarray, freq: np.ndarray) -> bytes:
             + lens[used].astype(np.uint8).tobytes() + esc.astype("<i8").tobytes() + bits.tobytes())
 
 
-def _huffman_decode(body: memoryview, n: int, eb: float, dtype) -> np.ndarray:
-    """Layout: number of symbols used (u32), escaped codes (u64), bit bytes (u64); the used symbols (u16 each),
-    their code lengths (u8 each), the escaped codes (i64 each), the bits (most significant first)."""
+def huffman_unpack(body, pos: int = 0) -> tuple:
+    """Inverse of `huffman_pack`'s layout at `pos`: (bits, used symbols, their lengths, their codes, escaped
+    codes, the position after the stream), the arguments of `sz_jit.huff_decode` / `huff_decode_ints`."""
     k = _jit()
-    nused, nesc, nbytes = struct.unpack_from("<IQQ", body, 0)
-    pos = struct.calcsize("<IQQ")
+    nused, nesc, nbytes = struct.unpack_from("<IQQ", body, pos)
+    pos += struct.calcsize("<IQQ")
     syms = np.frombuffer(body, "<u2", nused, pos).astype(np.int64)
     pos += 2 * nused
     lens = np.frombuffer(body, np.uint8, nused, pos).astype(np.int64)
@@ -230,8 +232,7 @@ def _huffman_decode(body: memoryview, n: int, eb: float, dtype) -> np.ndarray:
     bits = np.frombuffer(body, np.uint8, nbytes, pos)
     full = np.zeros(HUFF_SYMBOLS + 1, np.int64)
     full[syms] = lens
-    codes = k.canonical_codes(full)[syms]
-    return k.huff_decode(bits, syms, lens, codes, HUFF_SYMBOLS, esc, n, float(eb), np.empty(n, dtype))
+    return bits, syms, lens, k.canonical_codes(full)[syms], esc, pos + nbytes
 
 
 def compress(x: np.ndarray, eb: float, entropy: str = "none") -> bytes:
@@ -250,7 +251,7 @@ def compress(x: np.ndarray, eb: float, entropy: str = "none") -> bytes:
     aw = 0
     if entropy == "huffman":
         s, esc, freq, out_idx = _jit().quantize_symbols(flat, float(eb), float(P_MAX), HUFF_SYMBOLS)
-        body, mode = _huffman_encode(s, esc, freq), _MODE_SZ_HUFF
+        body, mode = huffman_pack(s, esc, freq), _MODE_SZ_HUFF
     else:
         p, out_idx = _jit().quantize(flat, float(eb), float(P_MAX))
         (body, aw), mode = _encode_blocks(p), _MODE_SZ
@@ -289,7 +290,8 @@ def decompress(buf, shape=None) -> np.ndarray:
         out = np.frombuffer(body, dtype, n).copy()
     else:
         if mode == _MODE_SZ_HUFF:
-            out = _huffman_decode(body, n, eb, dtype)
+            bits, syms, lens, codes, esc, _ = huffman_unpack(body)
+            out = _jit().huff_decode(bits, syms, lens, codes, HUFF_SYMBOLS, esc, n, float(eb), np.empty(n, dtype))
         else:
             out = dequantize(_decode_blocks(body, n, aw), eb, dtype)
         if n_out:

@@ -268,3 +268,60 @@ def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
         else:
             out[i] = math.copysign((2.0 * abs(q) - 1.0) * eb, q)
     return out
+
+
+@njit(**_OPTS)
+def int_symbols(v, nsym):
+    """Integers as Huffman symbols without prediction: v zigzagged, a code u < nsym as symbol u, a larger one
+    the escape symbol nsym with u kept apart (`jpeg_act`'s quantized coefficients). Returns (symbols, escaped
+    codes, counts)."""
+    n = v.size
+    s = np.empty(n, np.uint16)
+    esc = np.empty(n, np.int64)
+    ne = 0
+    freq = np.zeros(nsym + 1, np.int64)
+    for i in range(n):
+        d = np.int64(v[i])
+        u = (d << 1) ^ (d >> 63)
+        if u < nsym:
+            s[i] = u
+            freq[u] += 1
+        else:
+            s[i] = nsym
+            freq[nsym] += 1
+            esc[ne] = u
+            ne += 1
+    return s, esc[:ne].copy(), freq
+
+
+@njit(**_OPTS)
+def huff_decode_ints(bits, syms, lens, codes, nsym, esc, n):
+    """Inverse of `int_symbols` + `huff_encode`: the integers back, as int64."""
+    tsym = np.zeros(1 << HUFF_MAX_LEN, np.uint16)
+    tlen = np.zeros(1 << HUFF_MAX_LEN, np.uint8)
+    for k in range(syms.size):
+        sh = HUFF_MAX_LEN - lens[k]
+        lo = codes[k] << sh
+        for j in range(lo, lo + (1 << sh)):
+            tsym[j] = syms[k]
+            tlen[j] = lens[k]
+    out = np.empty(n, np.int64)
+    acc = 0
+    nacc = 0
+    pos = 0
+    nb = bits.size
+    ke = 0
+    for i in range(n):
+        while nacc <= 48:
+            acc = (acc << 8) | (np.int64(bits[pos]) if pos < nb else 0)
+            pos += 1
+            nacc += 8
+        peek = (acc >> (nacc - HUFF_MAX_LEN)) & 0xFFFF
+        u = np.int64(tsym[peek])
+        nacc -= np.int64(tlen[peek])
+        acc &= (1 << nacc) - 1
+        if u == nsym:
+            u = esc[ke]
+            ke += 1
+        out[i] = (u >> 1) ^ -(u & 1)
+    return out
