@@ -23,7 +23,7 @@ from minidl.memory.pool import format_bytes
 from minidl.memory.workspace import CostTable
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
 
     table = CostTable(autotune=True, repeats=2)
     t = time.perf_counter()
-    tuned = Session(build(), SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, costs=table)
+    tuned = Session(build(), SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, config=RunConfig(costs=table))
     tune_s = time.perf_counter() - t
     est = Session(build(), SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0)
     sessions = {"estimates": est, "autotune": tuned}

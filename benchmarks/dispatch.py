@@ -24,7 +24,7 @@ from minidl.core.vocab import TraceEvent
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.executor import Executor
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 
 def trace_overhead_s(n: int = 20000) -> float:
@@ -60,7 +60,7 @@ def main() -> None:
     net = build_model("resnet", depth=args.depth, batch=args.batch, image_size=32, num_classes=10)
     opt = SGD(lr=1e-4, momentum=0.9)
     t = time.perf_counter()
-    sess = Session(net, opt, policy=args.policy, seed=0, trace=True)
+    sess = Session(net, opt, policy=args.policy, seed=0, config=RunConfig(trace=True))
     plan_s = time.perf_counter() - t
     runners = {"compiled": sess.executor,
                "interpreted": Executor(net, sess.plan, opt, seed=0, trace=True, compiled=False)}

@@ -251,7 +251,7 @@ class MinidlStep:
         from minidl.memory.simulate import simulate
         from minidl.memory.workspace import CostTable, workspace_choices
         from minidl.optim import SGD
-        from minidl.runtime.session import Session
+        from minidl.runtime.session import RunConfig, Session
 
         self.be = get_backend("cuda", math=spec.math)
         budget = None if spec.minidl == "liveness" else spec.minidl
@@ -263,7 +263,8 @@ class MinidlStep:
             workspace_choices(route, costs)
         self.device = measured_profile(self.be, costs=costs, route=route)
         self.sess = Session(net, opt, policy="liveness" if budget is None else "auto", budget=budget, seed=0,
-                            backend=self.be, costs=costs, math=spec.math, device=self.device, graphs=graphs)
+                            backend=self.be, math=spec.math, device=self.device,
+                            config=RunConfig(costs=costs, graphs=graphs))
         self.sim_s = simulate(self.sess.plan, self.device).est_step_time_s
         self.x, self.y = x, y
 

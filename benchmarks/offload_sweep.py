@@ -40,7 +40,7 @@ from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 MiB = 1 << 20
 
@@ -65,7 +65,7 @@ def smallest_offload_budget(args) -> int:
 def run_budget(args, budget: int, ref: Session, x, y) -> dict:
     t = time.perf_counter()
     sess = Session(make_net(args), optimizer(), policy="offload", budget=budget, seed=0,
-                   host_limit_bytes=args.host_limit)
+                   config=RunConfig(host_limit_bytes=args.host_limit))
     planning_s = time.perf_counter() - t
     sim = simulate(sess.plan, args.device)
     ref_times, times = [], []

@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from minidl.graph.route import Phase  # noqa: E402
 from minidl.models import build_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
-from minidl.runtime.session import Session  # noqa: E402
+from minidl.runtime.session import RunConfig, Session  # noqa: E402
 from minidl.testing_torch import TorchTwin  # noqa: E402
 
 ATEN_TO_TYPE = [
@@ -75,8 +75,8 @@ def main() -> None:
     os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # minidl's convolution lanes (cpu_lanes)
 
     net = build_model(args.model, depth=args.depth, batch=args.batch, image_size=args.image_size)
-    sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, trace=True,
-                   compiled=not args.interpreted)
+    sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0,
+                   config=RunConfig(trace=True, compiled=not args.interpreted))
     rng = np.random.default_rng(0)
     x = rng.standard_normal(net.input_nodes[0].shape).astype(np.float32)
     y = rng.integers(0, net.logits_node.shape[1], args.batch).astype(np.int64)

@@ -26,7 +26,7 @@ from minidl.memory.decisions.weights import host_homed, moved_by_role
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -34,7 +34,8 @@ RESULTS = Path(__file__).parent / "results"
 def run(policy: str, budget, steps: int, batch: int, fused):
     net = build_model("vgg", depth=16, batch=batch, image_size=224, num_classes=1000)
     t = time.perf_counter()
-    sess = Session(net, SGD(lr=0.01, momentum=0.9), policy=policy, budget=budget, seed=0, fused_update=fused)
+    sess = Session(net, SGD(lr=0.01, momentum=0.9), policy=policy, budget=budget, seed=0,
+                   config=RunConfig(fused_update=fused))
     plan_s = time.perf_counter() - t
     data = synthetic(batch * steps, (3, 224, 224), 1000, seed=0)
     res = sess.fit(data, steps)

@@ -22,11 +22,11 @@ from .graph.network import Network, Symbol
 from .graph.route import Phase, Route, Step
 from .memory.pool import format_bytes, parse_size
 from .optim import SGD, Adam, Optimizer
-from .runtime.session import Session, TrainResult
+from .runtime.session import RunConfig, Session, TrainResult
 
 __version__ = "0.1.0"
 
 __all__ = ["Adam", "BudgetError", "CheckpointError", "DataError", "DivergenceError", "GraphError",
            "HostMemoryError", "MinidlError", "Network", "OptionError", "Optimizer", "Phase",
-           "ResidencyError", "Role", "Route", "SGD", "Session", "Step", "Symbol", "TensorSpec", "TrainResult",
-           "format_bytes", "layers", "parse_size", "__version__"]
+           "ResidencyError", "Role", "Route", "RunConfig", "SGD", "Session", "Step", "Symbol", "TensorSpec",
+           "TrainResult", "format_bytes", "layers", "parse_size", "__version__"]

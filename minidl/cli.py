@@ -557,15 +557,15 @@ def _checkpoint_session(args, meta: dict, image_shape, num_classes):
     state or data position is needed to infer), at the checkpoint's batch unless --batch says otherwise."""
     from .backend import get_backend
     from .optim import make_optimizer
-    from .runtime.session import Session
+    from .runtime.session import RunConfig, Session
 
     args.batch = args.batch or max(1, meta.get("batch", 32) // max(1, meta.get("ranks", 1)))
     saved = meta.get("data") or {}
     net = _build(args, image_shape or tuple(saved.get("image_shape", ())) or None,
                  num_classes or saved.get("num_classes"))
     backend = get_backend(args.backend, math=args.math)
-    sess = Session(net, make_optimizer("sgd", 0.0), policy="liveness", seed=args.seed, backend=backend,
-                   debug=args.debug, math=args.math)
+    sess = Session(net, make_optimizer("sgd", 0.0), policy="liveness", seed=args.seed, backend=backend, math=args.math,
+                   config=RunConfig(debug=args.debug))
     sess.load(args.checkpoint, params_only=True)
     return sess
 
@@ -721,15 +721,14 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
     import numpy as np
 
     from .optim.schedules import make_schedule
-    from .runtime.session import Session
+    from .runtime.session import RunConfig, Session
     from .runtime.steplog import StepLog
 
-    sess = Session(inputs.net, inputs.opt, policy=args.policy, budget=args.budget, seed=args.seed,
-                   backend=backend, debug=args.debug, trace=bool(args.trace),
-                   host_limit_bytes=args.host_limit, device=inputs.device, costs=inputs.costs,
-                   fused_update=_fused(args), paged=args.paged, comm=comm, bucket_bytes=args.bucket_size,
-                   reduction=args.reduction, micro_batches=args.micro_batches, math=args.math,
-                   graphs=args.cuda_graph == "on")
+    config = RunConfig(debug=args.debug, trace=bool(args.trace), host_limit_bytes=args.host_limit,
+                       costs=inputs.costs, fused_update=_fused(args), paged=args.paged,
+                       bucket_bytes=args.bucket_size, reduction=args.reduction, graphs=args.cuda_graph == "on")
+    sess = Session(inputs.net, inputs.opt, policy=args.policy, budget=args.budget, seed=args.seed, backend=backend,
+                   device=inputs.device, comm=comm, micro_batches=args.micro_batches, math=args.math, config=config)
     lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:

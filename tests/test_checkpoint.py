@@ -21,6 +21,7 @@ from minidl.core.errors import CheckpointError
 from minidl.data import synthetic
 from minidl.optim import SGD, Adam
 from tests.memory.nets import dropnet
+from tests.sessions import session_kw
 
 
 def _data():
@@ -28,7 +29,7 @@ def _data():
 
 
 def _session(opt=None, policy="none", seed=0, **kw):
-    return dl.Session(dropnet(), opt or SGD(0.05, momentum=0.9), policy=policy, seed=seed, **kw)
+    return dl.Session(dropnet(), opt or SGD(0.05, momentum=0.9), policy=policy, seed=seed, **session_kw(kw))
 
 
 @pytest.fixture(scope="module")

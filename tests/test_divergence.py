@@ -37,7 +37,7 @@ def test_a_diverging_run_stops_before_the_update_with_the_last_good_state(policy
     """On the compiled step and on the interpreter (debug mode), with the update on the device and on the host
     (`weights`: parameters and optimizer state homed on the host, updated there)."""
     lr = 1e8  # diverges within a few steps
-    sess = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy, debug=debug)
+    sess = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy, config=dl.RunConfig(debug=debug))
     with pytest.raises(DivergenceError) as e:
         sess.fit(_data(), 50)
     assert sess.executor.step_runner == ("interpreted" if debug else "compiled")
@@ -47,7 +47,7 @@ def test_a_diverging_run_stops_before_the_update_with_the_last_good_state(policy
     assert f"step {k}" in str(e.value) and e.value.layer in str(e.value)
     assert sess.executor.iteration == k and sess.batches_consumed == k
     # an identical run stopped just before step k has exactly these parameters, buffers and optimizer state
-    ref = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy, debug=debug)
+    ref = dl.Session(_net(), SGD(lr, momentum=0.9), policy=policy, config=dl.RunConfig(debug=debug))
     ref.fit(_data(), k)
     for name, arr in ref.executor.state_dict().items():
         np.testing.assert_array_equal(sess.executor.state_dict()[name], arr, err_msg=name)
@@ -100,7 +100,8 @@ def test_a_huge_finite_input_that_overflows_a_running_statistic_stops_the_step(p
     is 0), but the running variance overflows to inf: the step is stopped before its update, naming the
     statistic, and the last good step's statistics remain (the compiled step and the interpreted one alike)."""
     data = _data()
-    sess = dl.Session(_net(), SGD(0.01, momentum=0.9), policy=policy, compiled=compiled, fused_update=fused)
+    sess = dl.Session(_net(), SGD(0.01, momentum=0.9), policy=policy,
+                      config=dl.RunConfig(compiled=compiled, fused_update=fused))
     ex = sess.executor
     ex.train_step(data.x[:4], data.y[:4])
     before, opt_before = ex.state_dict(), ex.optimizer_state()

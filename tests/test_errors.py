@@ -14,6 +14,7 @@ from minidl.core.errors import CheckpointError, DataError, GraphError, HostMemor
 from minidl.data import Dataset
 from minidl.layers import LRN, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, SoftmaxCrossEntropy
 from minidl.optim import SGD, Adam
+from tests.sessions import session_kw
 
 
 def _net(body, shape=(4, 3, 8, 8), classes=5):
@@ -172,7 +173,8 @@ def test_cli_debug_shows_the_traceback():
 def _tiny_session(**kw):
     from minidl.models import build_model
 
-    return dl.Session(build_model("lenet", batch=4, image_size=8, in_channels=1, num_classes=10), SGD(0.1), **kw)
+    net = build_model("lenet", batch=4, image_size=8, in_channels=1, num_classes=10)
+    return dl.Session(net, SGD(0.1), **session_kw(kw))
 
 
 def _user_mistakes():

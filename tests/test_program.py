@@ -9,7 +9,7 @@ from minidl.memory.plan import Event, EventKind
 from minidl.memory.policies import plan_network
 from minidl.optim import SGD, Adam
 from minidl.runtime.executor import Executor
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 from .memory.nets import NETS
 
@@ -30,8 +30,8 @@ def budget_for(key, policy):
 
 def run(key, policy, compiled, steps=3, optim="sgd", trace=False, fused_update=None):
     net = NETS[key]()
-    sess = Session(net, opt(optim), policy=policy, budget=budget_for(key, policy), seed=5, trace=trace,
-                   fused_update=fused_update)
+    sess = Session(net, opt(optim), policy=policy, budget=budget_for(key, policy), seed=5,
+                   config=RunConfig(trace=trace, fused_update=fused_update))
     if not compiled:
         sess.executor = Executor(net, sess.plan, sess.optimizer, seed=5, trace=trace, compiled=False)
     data = synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2)
@@ -134,7 +134,7 @@ def test_a_wrong_batch_shape_names_the_input():
 
 def test_debug_mode_runs_the_interpreter():
     net = NETS["resnet20"]()
-    sess = Session(net, opt(), policy="liveness", seed=5, debug=True)
+    sess = Session(net, opt(), policy="liveness", seed=5, config=RunConfig(debug=True))
     sess.fit(synthetic(4, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2), 1)
     assert sess.executor.program is None and "debug" in sess.executor.program_fallback
 

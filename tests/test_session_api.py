@@ -4,6 +4,7 @@ import pytest
 
 import minidl as dl
 from minidl.models import build_model
+from tests.sessions import session_kw
 
 
 def _tiny(batch=8):
@@ -22,14 +23,14 @@ def test_session_takes_budget_as_string():
     a = dl.Session(_tiny(), dl.SGD(lr=0.1), policy="liveness", budget="16MiB")
     b = dl.Session(_tiny(), dl.SGD(lr=0.1), policy="liveness", budget=16 * 2**20)
     assert a.plan.arena_bytes == b.plan.arena_bytes and a.plan.peak_bytes == b.plan.peak_bytes
-    dl.Session(_tiny(), dl.SGD(lr=0.1), policy="offload", budget="16MiB", host_limit_bytes="1MiB")
+    dl.Session(_tiny(), dl.SGD(lr=0.1), policy="offload", budget="16MiB", config=dl.RunConfig(host_limit_bytes="1MiB"))
 
 
 def test_bad_size_string_names_the_option():
     with pytest.raises(dl.OptionError, match="budget: .*'lots'"):
         dl.Session(_tiny(), dl.SGD(lr=0.1), budget="lots")
     with pytest.raises(dl.OptionError, match="host_limit_bytes"):
-        dl.Session(_tiny(), dl.SGD(lr=0.1), host_limit_bytes="3 parsecs")
+        dl.Session(_tiny(), dl.SGD(lr=0.1), config=dl.RunConfig(host_limit_bytes="3 parsecs"))
 
 
 def _digits_session(batch=32, **kw):
@@ -37,7 +38,7 @@ def _digits_session(batch=32, **kw):
 
     train, held = digits().split(0.2, seed=0)
     net = build_model("lenet", batch=batch, image_size=8, in_channels=1, num_classes=10)
-    return dl.Session(net, dl.SGD(lr=0.05, momentum=0.9), **kw), train, held
+    return dl.Session(net, dl.SGD(lr=0.05, momentum=0.9), **session_kw(kw)), train, held
 
 
 def test_network_summary_is_the_info_table(capsys):
@@ -175,7 +176,7 @@ def test_train_step_refuses_a_bad_batch_naming_the_input(compiled):
     """Float and bool labels were truncated or read as classes 0/1, string labels raised numpy's error, a wrong
     batch shape a plain ValueError: each is a DataError naming the input, what it expects and what it got, raised
     before anything runs (the step is not counted)."""
-    sess = dl.Session(_tiny(batch=4), dl.SGD(lr=0.1), compiled=compiled)
+    sess = dl.Session(_tiny(batch=4), dl.SGD(lr=0.1), config=dl.RunConfig(compiled=compiled))
     ex = sess.executor
     x, y = np.zeros((4, 1, 8, 8), np.float32), np.array([0, 1, 2, 3])
     want_y = r"input 'label': labels must be integers in \[0, 10\) of shape \(4,\), got "
@@ -201,3 +202,22 @@ def test_train_step_refuses_a_bad_batch_naming_the_input(compiled):
             ex.evaluate(xb, yb)
     assert ex.iteration == 0
     assert np.isfinite(ex.train_step(x, [0, 1, 2, 3])) and ex.iteration == 1  # a list of ints is a batch
+
+
+def test_run_options_travel_in_one_checked_config_value():
+    """The rarely used options are one frozen RunConfig: its sizes are checked where it is written (naming the
+    field), the session keeps it, and the old keywords are gone from Session's signature."""
+    import dataclasses
+    import inspect
+
+    cfg = dl.RunConfig(paged="64KiB", host_limit_bytes="1MiB", debug=True)
+    assert (cfg.paged, cfg.host_limit_bytes) == (64 * 2**10, 2**20)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.debug = False
+    with pytest.raises(dl.OptionError, match=r"paged: .*'a lot'"):
+        dl.RunConfig(paged="a lot")
+    sess = dl.Session(_tiny(), dl.SGD(lr=0.1), config=dl.RunConfig(trace=True, compiled=False))
+    assert sess.config.trace and sess.executor.step_runner == "interpreted"
+    with pytest.raises(dl.OptionError, match="config must be a RunConfig, got dict"):
+        dl.Session(_tiny(), dl.SGD(lr=0.1), config={"debug": True})
+    assert not set(inspect.signature(dl.Session).parameters) & {f.name for f in dataclasses.fields(dl.RunConfig)}

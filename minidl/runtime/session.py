@@ -119,6 +119,41 @@ class _StopOnSigint:
             signal.signal(signal.SIGINT, self._previous)
 
 
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """A session's rarely changed options, as one value (`Session(..., config=RunConfig(debug=True))`): they tune
+    or inspect how the plan runs, never what is trained, so they are kept out of `Session`'s own signature.
+
+    `debug` poisons freed memory and checks residency; `trace` records every event (`executor.trace`).
+    `compiled` (default) runs training steps as the plan lowered once into a flat program
+    (`minidl.runtime.program`); debug mode, and plans with an event kind it does not lower, interpret every step.
+    `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
+    `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
+    `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
+    `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
+    `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
+    a memory-mapped file. `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the
+    menu's estimates. `bucket_bytes` and `reduction` ("ring" or "gather"; None: the communicator's own) set how a
+    data-parallel session all-reduces its gradients (`memory/decisions/allreduce.py`).
+
+    Sizes are checked and turned into bytes here, so a bad one is refused where it is written."""
+
+    debug: bool = False
+    trace: bool = False
+    compiled: bool = True
+    graphs: bool = True
+    fused_update: bool | None = None
+    paged: int | str | None = None
+    host_limit_bytes: int | str | None = None
+    costs: object = None
+    bucket_bytes: int | None = None
+    reduction: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("paged", "host_limit_bytes", "bucket_bytes"):
+            object.__setattr__(self, name, as_size(getattr(self, name), name))
+
+
 class Session:
     """Trains one network under one memory plan: the plan is made once, here, before any array exists.
 
@@ -131,39 +166,32 @@ class Session:
     `backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
     `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
     to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
-    `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the menu's estimates.
-    `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
-    a memory-mapped file. `debug` poisons freed memory and checks residency; `trace` records every event.
-    `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
-    `compiled` (default) runs training steps as the plan lowered once into a flat program (`minidl.runtime.program`);
-    debug mode, and plans with an event kind it does not lower, interpret every step instead.
-    `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
-
-    `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
-    batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
-    would take; gradients are all-reduced in buckets of `bucket_bytes` (`memory/decisions/allreduce.py`), by
-    `reduction` ("ring" or "gather"; None: the communicator's own); rank 0 writes checkpoints and every rank
-    reads them.
     `micro_batches`: Harmony's micro-batches (`packs.py`): policy `packs` chooses when None.
     `math` ('fp32' or 'tf32'; None: the backend's own, fp32 unless it was built otherwise) puts the backend in that
     math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. `self.math` is the mode, and
     checkpoints record it (resuming in the other mode is allowed: only the arithmetic of later steps differs).
-    `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
-    `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
+
+    `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
+    batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
+    would take; gradients are all-reduced in buckets (`memory/decisions/allreduce.py`); rank 0 writes
+    checkpoints and every rank reads them.
+
+    `config` (a `RunConfig`): the options most runs leave at their defaults (diagnostics, the step runner, the
+    arena, the host limit, the cost table, the all-reduce buckets), in one value so that this signature stays
+    the short list of what a run is about.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
-                 budget: int | str | None = None, seed: int = 0, backend=None, debug: bool = False,
-                 trace: bool = False, host_limit_bytes: int | str | None = None, device: str | None = None,
-                 costs=None, lr_schedule: LRSchedule | None = None, fused_update: bool | None = None,
-                 compiled: bool = True, paged: int | str | None = None, comm=None,
-                 bucket_bytes: int | None = None, reduction: str | None = None,
-                 micro_batches: int | None = None, math: str | None = None, graphs: bool = True):
+                 budget: int | str | None = None, seed: int = 0, backend=None, device: str | None = None,
+                 lr_schedule: LRSchedule | None = None, micro_batches: int | None = None, math: str | None = None,
+                 comm=None, config: RunConfig | None = None):
+        if config is not None and not isinstance(config, RunConfig):
+            raise OptionError(f"Session: config must be a RunConfig, got {type(config).__name__} (options such as "
+                              f"debug or paged go in RunConfig(...))")
+        config = config or RunConfig()
         budget = as_size(budget, "budget")
-        host_limit_bytes = as_size(host_limit_bytes, "host_limit_bytes")
-        paged = as_size(paged, "paged")
         seed = args.integer("Session", None, "seed", seed, 0)  # numpy's generators refuse a negative seed
-        self.net, self.optimizer, self.seed, self.policy = net, optimizer, seed, policy
+        self.net, self.optimizer, self.seed, self.policy, self.config = net, optimizer, seed, policy, config
         self.lr_schedule = lr_schedule or Constant()
         self.base_lr = float(getattr(optimizer, "lr", 0.0))
         if backend is None:
@@ -173,13 +201,14 @@ class Session:
         self.math = apply_math(backend, math)  # before planning: the mode decides the convolution engines
         self.device = device or backend.profile
         self.comm = comm
-        dp = (DataParallel(comm.size, bucket_bytes or DEFAULT_BUCKET_BYTES, reduction or comm.reduction)
-              if comm is not None else None)
-        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend, costs=costs,
-                                 fused_update=fused_update, paged=paged, data_parallel=dp,
-                                 micro_batches=micro_batches)
-        self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=debug, trace=trace,
-                                 host_limit_bytes=host_limit_bytes, compiled=compiled, comm=comm, graphs=graphs)
+        dp = (DataParallel(comm.size, config.bucket_bytes or DEFAULT_BUCKET_BYTES,
+                           config.reduction or comm.reduction) if comm is not None else None)
+        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend,
+                                 costs=config.costs, fused_update=config.fused_update, paged=config.paged,
+                                 data_parallel=dp, micro_batches=micro_batches)
+        self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=config.debug,
+                                 trace=config.trace, host_limit_bytes=config.host_limit_bytes,
+                                 compiled=config.compiled, comm=comm, graphs=config.graphs)
         self.batch = net.input_nodes[0].shape[0]
         self.ranks = comm.size if comm is not None else 1
         self._iterator: BatchIterator | None = None

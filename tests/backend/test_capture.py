@@ -19,6 +19,7 @@ from minidl.backend.cpu.backend import CPUBackend
 from minidl.core.errors import DivergenceError
 from minidl.models import build_model
 from minidl.runtime.capture import GraphStep, split
+from tests.sessions import session_kw
 
 # Methods that are the capture machinery itself, or pure host helpers: never recorded.
 _PASS = {"begin_graph", "end_graph", "launch_graph", "copy_in_async", "copy_out_async", "wait_compute",
@@ -215,7 +216,7 @@ def _train(backend, graphs=True, policy="liveness", opt=None, net="resnet", step
     if "budget" not in kw:
         kw["budget"] = _budget(policy, net)
     sess = dl.Session(_net(net), opt or dl.SGD(lr=0.05, momentum=0.9), policy=policy, seed=0, backend=backend,
-                      **kw)
+                      **session_kw(kw))
     sess.executor.graph_fallback = None if graphs else "graphs=False"
     losses = []
     for k, (x, y) in enumerate(_data(steps=steps)):
@@ -386,7 +387,7 @@ def test_per_step_scalars_come_from_device_slots(case):
 def test_a_hyper_parameter_change_recaptures_and_one_every_step_falls_back():
     def train(momenta, graphs=True):
         opt = dl.SGD(lr=0.05, momentum=0.9)
-        sess = dl.Session(_net(), opt, seed=0, backend=GraphCPU(), graphs=graphs)
+        sess = dl.Session(_net(), opt, seed=0, backend=GraphCPU(), config=dl.RunConfig(graphs=graphs))
         for m, (x, y) in zip(momenta, _data()):
             opt.momentum = m
             sess.executor.train_step(x, y)

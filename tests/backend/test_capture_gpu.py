@@ -59,7 +59,8 @@ def _budget(policy):
 def _train(policy="liveness", graphs=True, math="fp32", adam=False, dropout=False):
     be = _cuda(math)
     opt = dl.Adam(lr=1e-3) if adam else dl.SGD(lr=0.05, momentum=0.9)
-    sess = dl.Session(_net(dropout), opt, policy=policy, budget=_budget(policy), seed=0, backend=be, graphs=graphs)
+    sess = dl.Session(_net(dropout), opt, policy=policy, budget=_budget(policy), seed=0, backend=be,
+                      config=dl.RunConfig(graphs=graphs))
     losses = []
     for k, (x, y) in enumerate(_data()):
         opt.lr *= 0.9 if k else 1.0        # a schedule: the learning rate comes from its device slot

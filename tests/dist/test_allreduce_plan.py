@@ -17,7 +17,7 @@ from minidl.memory.policies import plan_network
 from minidl.memory.report import explain, write_trace
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 
 def lenet(batch=8):
@@ -88,7 +88,7 @@ def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False, compiled
     net = build_model("resnet", depth=8, batch=4, image_size=8, num_classes=10)
     data = synthetic(64, (3, 8, 8), 10, seed=1)
     sess = Session(net, SGD(0.05, momentum=0.9), policy=policy, budget=budget, seed=3, comm=comm,
-                   bucket_bytes=bucket, trace=trace, compiled=compiled, reduction=reduction)
+                   config=RunConfig(bucket_bytes=bucket, trace=trace, compiled=compiled, reduction=reduction))
     res = sess.fit(data, steps)
     return sess, res
 

@@ -6,6 +6,7 @@ from minidl.layers import BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import Session
+from tests.sessions import session_kw
 
 
 def dropnet(batch=4):
@@ -43,11 +44,11 @@ def data_for(net, n=32, seed=0):
     return synthetic(n, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=seed)
 
 
-def train(key, policy, budget=None, steps=5, n=32, seed=3, nets=None, **session_kw):
+def train(key, policy, budget=None, steps=5, n=32, seed=3, nets=None, **kw):
     """`steps` steps of `nets[key]` (default: NETS) on `n` synthetic samples under `policy`: the run every policy
     is compared on."""
     net = (NETS if nets is None else nets)[key]()
-    sess = Session(net, opt(), policy=policy, budget=budget, seed=seed, **session_kw)
+    sess = Session(net, opt(), policy=policy, budget=budget, seed=seed, **session_kw(kw))
     sess.fit(data_for(net, n), steps)
     return sess
 

@@ -14,7 +14,7 @@ from minidl.memory.policies import plan_network
 from minidl.memory.report import explain, tensor_decisions
 from minidl.memory.schedulers.auto import auto_search
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 from .nets import NETS
 
@@ -24,7 +24,7 @@ def opt():
 
 
 def train(net, policy, budget=None, steps=5):
-    sess = Session(net, opt(), policy=policy, budget=budget, seed=11, debug=True)
+    sess = Session(net, opt(), policy=policy, budget=budget, seed=11, config=RunConfig(debug=True))
     sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), steps)
     return sess
 

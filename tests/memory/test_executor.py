@@ -16,7 +16,8 @@ from minidl.memory.policies import plan_network
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
+from tests.sessions import session_kw
 
 NETS = {
     "lenet": dict(name="lenet", batch=8, image_size=28, num_classes=10, in_channels=1),
@@ -37,7 +38,7 @@ def data_for(net, n=64, seed=0):
 def train(key, policy, steps=5, budget=None, seed=0, **kw):
     net = make(key)
     sess = Session(net, SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), policy=policy, budget=budget, seed=seed,
-                   **kw)
+                   **session_kw(kw))
     sess.fit(data_for(net), steps)
     return sess
 
@@ -112,7 +113,7 @@ def test_plan_offsets_never_overlap():
 def test_residency_is_enforced():
     """Free an activation one step too early: the executor refuses to hand it to the layer that needs it."""
     net = make("lenet")
-    sess = Session(net, SGD(lr=0.1), policy="liveness", debug=True)
+    sess = Session(net, SGD(lr=0.1), policy="liveness", config=RunConfig(debug=True))
     steps = sess.plan.steps
     # find a FREE after a forward step of a tensor that a later step reads, and move it earlier
     victim = None
@@ -163,7 +164,7 @@ RSS_SCRIPT = textwrap.dedent("""
     from minidl.data import synthetic
     from minidl.models import build_model
     from minidl.optim import SGD
-    from minidl.runtime.session import Session
+    from minidl.runtime.session import RunConfig, Session
     net = build_model("resnet", depth=20, batch=32, image_size=32, num_classes=10)
     sess = Session(net, SGD(lr=0.05, momentum=0.9), policy="liveness", seed=0)
     data = synthetic(128, (3, 32, 32), 10, seed=0)

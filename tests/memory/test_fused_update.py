@@ -17,6 +17,7 @@ from minidl.models import build_model
 from minidl.models.vgg import VGG_CONFIGS
 from minidl.optim import SGD, Adam
 from minidl.runtime.session import Session
+from tests.sessions import session_kw
 
 
 def vgg11_narrow(batch=2, size=32, width=8):
@@ -44,7 +45,8 @@ NETS = {
 
 def train(net, policy, fused, opt=None, steps=3, budget=None, **kw):
     opt = opt or SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
-    sess = Session(net, opt, policy=policy, budget=budget, seed=0, fused_update=fused, **kw)
+    sess = Session(net, opt, policy=policy, budget=budget, seed=0,
+                   **session_kw({**kw, "fused_update": fused}))
     data = synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0)
     sess.fit(data, steps)
     return sess

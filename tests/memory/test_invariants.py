@@ -19,7 +19,7 @@ from minidl.memory.policies import plan_network
 from minidl.memory.replay import replay_peak
 from minidl.memory.simulate import simulate
 from minidl.optim import SGD, Adam
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 from .nets import NETS
 
@@ -143,7 +143,7 @@ def test_interval_records_are_consistent():
 
 def test_paged_plans_replay_on_a_paged_pool():
     chunk = 64 * 1024
-    sess = Session(NETS["resnet20"](), Adam(), policy="liveness", paged=chunk)
+    sess = Session(NETS["resnet20"](), Adam(), policy="liveness", config=RunConfig(paged=chunk))
     sess.fit(synthetic(16, (3, 16, 16), 10, seed=0), 1)
     assert sess.plan.paged is not None
     assert simulate(sess.plan, "cpu").peak_bytes == sess.plan.peak_bytes == sess.executor.pool.peak

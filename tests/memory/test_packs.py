@@ -17,6 +17,7 @@ from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import Session
+from tests.sessions import session_kw
 
 from .test_fused_update import assert_same_state, vgg11_narrow
 
@@ -40,7 +41,7 @@ def plain_net(batch=4):
 
 def train(net, policy, M, budget=None, steps=2, **kw):
     sess = Session(net, SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), policy=policy, budget=budget, seed=0,
-                   micro_batches=M, **kw)
+                   micro_batches=M, **session_kw(kw))
     sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
     return sess
 
@@ -134,3 +135,4 @@ def test_evaluate_on_a_packed_route_matches_the_plain_route():
     loss_a, acc_a = plain.evaluate(data)
     loss_b, acc_b = packed.evaluate(data)
     assert acc_a == acc_b and loss_b == pytest.approx(loss_a, rel=1e-6)
+

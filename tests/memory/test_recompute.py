@@ -22,7 +22,7 @@ from minidl.memory.simulate import simulate
 from minidl.memory.workspace import workspace_choices
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 from .nets import NETS, dropnet
 
@@ -34,7 +34,7 @@ def route_of(net, opt=None):
 
 def train(net, policy, budget=None, steps=5, plan=None, debug=True):
     opt = SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
-    sess = Session(net, opt, policy=policy or "liveness", budget=budget, seed=7, debug=debug)
+    sess = Session(net, opt, policy=policy or "liveness", budget=budget, seed=7, config=RunConfig(debug=debug))
     if plan is not None:  # a plan made outside the registry (forced modes)
         from minidl.runtime.executor import Executor
 

@@ -13,8 +13,9 @@ from minidl.memory.decisions.recompute import recompute_plan
 from minidl.memory.plan import EventKind
 from minidl.memory.policies import exact_policies, plan_network
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 from minidl.testing_torch import TorchTwin
+from tests.sessions import session_kw
 
 B, T, V, C, HEADS = 4, 8, 11, 16, 2
 IGNORE = -1
@@ -63,7 +64,7 @@ def batches(steps, seed=0):
 
 def train(policy, steps=4, attention=True, keep_scores=True, tied=False, **kw):
     sess = Session(block_net(attention, keep_scores, tied=tied), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4),
-                   policy=policy, seed=5, **kw)
+                   policy=policy, seed=5, **session_kw(kw))
     losses = [sess.executor.train_step(x, y) for x, y in batches(steps)]
     return sess, losses
 
@@ -226,7 +227,8 @@ def test_tied_weights_under_micro_batches_and_packs_match_none(policy, fraction)
     net = lambda: block_net(tied=True)  # noqa: E731
     budget = None if fraction is None else int(plan_network(net(), opt(), "liveness").peak_bytes * fraction)
     ref = Session(net(), opt(), policy="none", seed=5, micro_batches=2)
-    got = Session(net(), opt(), policy=policy, seed=5, micro_batches=2, budget=budget, debug=True)
+    got = Session(net(), opt(), policy=policy, seed=5, micro_batches=2, budget=budget,
+                  config=RunConfig(debug=True))
     packs = got.plan.route.packing.packs
     assert any("wte" in p and "head" in p for p in packs) == (policy == "packs" and fraction is None)
     for x, y in batches(3):

@@ -17,7 +17,7 @@ from minidl.memory.workspace import CostTable, fit_workspace, frugal_workspace, 
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.executor import Executor
-from minidl.runtime.session import Session
+from minidl.runtime.session import RunConfig, Session
 
 OPTS = [WorkspaceOption("fast", 3000, 1.0), WorkspaceOption("medium", 600, 1.2), WorkspaceOption("slow", 0, 2.0)]
 
@@ -160,7 +160,7 @@ def test_fitted_algorithms_train_bit_identically():
     def run(policy, fitted_budget=None):
         net = resnet()
         opt = SGD(lr=0.05, momentum=0.9)
-        sess = Session(net, opt, policy=policy, seed=3, debug=True)
+        sess = Session(net, opt, policy=policy, seed=3, config=RunConfig(debug=True))
         if fitted_budget is not None:  # the placement pass fitting each step's workspace to a budget
             route = net.route(optimizer_slots=("momentum",))
             sess.plan = make_plan(route, "liveness", fitted_budget, workspace=workspace_choices(route))
