@@ -206,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default="synthetic",
                    help="synthetic | digits | cifar10:DIR | mnist:DIR | npz:PATH.npz (arrays x, y; x_test, y_test "
                         "held out) | npy:IMAGES.npy,LABELS.npy | images:DIR (DIR/CLASS/*.png, or DIR/train/ and "
-                        "DIR/test/); held out: the test part, else 20%% split by --seed")
+                        "DIR/test/); held out: the test part, else 20%% split by --seed. A sequence model (gpt2, "
+                        "bert): stdlib (Python's own sources, the default for them) | text:PATH (a text file), as "
+                        "bytes in --seq token sequences, the last 10%% held out")
     p.add_argument("--augment", type=_augment, default=None, metavar="crop,flip",
                    help="augment the training batches: crop (pad 4 pixels, crop back at a random offset), crop:N "
                         "(pad N), flip (mirror half the images); drawn from --seed and each batch's place in the "
@@ -670,18 +672,22 @@ def _train(args, backend, comm) -> dict:
     one of them does not have to be read among the other two)."""
     inputs = _train_inputs(args, backend)
     sess, res, log = _train_run(args, inputs, backend, comm)
-    return _train_report(args, sess, res, log, inputs.heldout, comm)
+    return _train_report(args, sess, res, log, inputs.heldout, comm, inputs.train)
 
 
 def _train_inputs(args, backend) -> _TrainInputs:
     """Validate the options against the data and build what the session is made of, so that every user error
     (a batch larger than the data, a missing --resume file, --save-every without --save) comes before planning."""
+    from minidl.models import is_sequence_model
+
     from .data import load_data
     from .optim import make_optimizer
 
     batch = args.batch or 32
     args.batch = batch
-    if args.data != "synthetic":
+    if is_sequence_model(args.model):
+        train, heldout, net = _sequence_inputs(args)
+    elif args.data != "synthetic":
         train, heldout = load_data(args.data, seed=args.seed, augment=args.augment)
         net = _build(args, train.image_shape, train.num_classes)
     else:
@@ -707,6 +713,25 @@ def _train_inputs(args, backend) -> _TrainInputs:
     if device == "measured":   # the simulator's link figures (and, with --autotune, efficiency) from this GPU
         device = _measured_device(net, opt, backend, costs)
     return _TrainInputs(net, opt, train, heldout, device, costs)
+
+
+def _sequence_inputs(args):
+    """A language model's data: byte-level text (`--data stdlib`, the default, or `text:PATH`) in sequences of the
+    network's length, and the network with a vocabulary of 256 bytes."""
+    from .data import load_data
+    from .data_text import BYTE_VOCAB
+
+    if args.data == "synthetic":
+        args.data = "stdlib"
+    if args.data.partition(":")[0].strip().lower() not in ("stdlib", "text"):
+        raise OptionError(f"--data {args.data}: model '{args.model}' reads token sequences; give --data stdlib "
+                          f"(Python's own sources) or --data text:PATH")
+    if args.num_classes not in (None, BYTE_VOCAB):
+        raise OptionError(f"--num-classes {args.num_classes}: --data {args.data} is byte-level text, a vocabulary "
+                          f"of {BYTE_VOCAB}")
+    net = _build(args, num_classes=BYTE_VOCAB)
+    train, heldout = load_data(args.data, seed=args.seed, augment=args.augment, seq=net.input_nodes[0].shape[1])
+    return train, heldout, net
 
 
 def _best_path(save: str) -> Path:
@@ -760,9 +785,10 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
     return sess, res, log
 
 
-def _train_report(args, sess, res, log, heldout, comm) -> dict:
+def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     """The run's JSON fields, the files written at its end (checkpoint, plot, trace) and, without --json, the
     text summary; ranks other than 0 return their fields without writing or printing (`args.quiet`)."""
+    from .data_text import SequenceDataset, perplexity, unigram_loss
     from .memory.host import transfer_json
     from .memory.report import plot_timeline, write_trace
     from .memory.report.fit import check_fit
@@ -783,8 +809,12 @@ def _train_report(args, sess, res, log, heldout, comm) -> dict:
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
     out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
     if heldout is not None and not res.interrupted:
-        _, acc = sess.evaluate(heldout)
+        loss, acc = sess.evaluate(heldout)
         out["accuracy"] = acc
+        out["heldout_loss"] = loss
+        if isinstance(heldout, SequenceDataset):  # a language model: perplexity, and the bar it must clear
+            out["perplexity"] = perplexity(loss)
+            out["unigram_loss"] = unigram_loss(train, heldout)
     if comm is not None:
         from .dist.report import dist_json
 
@@ -831,7 +861,10 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     print(_moved_line(out["moved_bytes_by_role"]))
     line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms "
             f"({sess.math}), {res.images_per_s:.1f} images/s")
-    if "accuracy" in out:
+    if "perplexity" in out:
+        line += (f", held-out loss {out['heldout_loss']:.4f} (perplexity {out['perplexity']:.2f}; a unigram model's "
+                 f"{out['unigram_loss']:.4f}), next-token accuracy {out['accuracy']:.2%}")
+    elif "accuracy" in out:
         line += f", held-out accuracy {out['accuracy']:.2%}"
     print(line)
     if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were

@@ -13,6 +13,8 @@ Sources:
   mislabeled download fails loudly at load time instead of silently training on garbage.
 * `npz:PATH`, `npy:X.npy,Y.npy`, `images:DIR` -- a user's own arrays or folder of images per class
   (`minidl.datafiles` reads and checks them; `from_files` scales and splits them here).
+* `stdlib`, `text:PATH` -- byte-level text for language models (`minidl.data_text`: Python's own sources, or a
+  user's file), cut into (tokens, next tokens) sequences: a `SequenceDataset`, batched like the images.
 * `load_data` -- parses the CLI's ``--data`` value into (train, held-out).
 
 Augmentation (random crops, flips: `minidl.augment`) belongs to a training set (`Dataset.augment`), and
@@ -35,6 +37,7 @@ import numpy as np
 from .augment import Augment
 from .core.errors import DataError
 from .core.guards import check_finite_data, check_images, check_labels
+from .data_text import SequenceDataset, sequences, stdlib_corpus, text_file
 from .datafiles import Arrays, read_image_folder, read_npy, read_npz
 from .layers import args
 
@@ -138,6 +141,11 @@ class Dataset:
         c, h, w = self.x.shape[1:]
         return (int(c), int(h), int(w))
 
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's shape, the network's input without its batch axis (a `SequenceDataset`'s is (T,))."""
+        return self.image_shape
+
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
@@ -199,14 +207,14 @@ class BatchIterator:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset | SequenceDataset,
         batch_size: int,
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = True,
     ) -> None:
-        if not isinstance(dataset, Dataset):
-            raise DataError(f"BatchIterator needs a Dataset, got {type(dataset).__name__}")
+        if not isinstance(dataset, (Dataset, SequenceDataset)):
+            raise DataError(f"BatchIterator needs a Dataset or a SequenceDataset, got {type(dataset).__name__}")
         batch_size = args.integer("BatchIterator", dataset.name, "batch_size", batch_size, 1)
         if drop_last and batch_size > len(dataset):
             raise DataError(
@@ -315,17 +323,15 @@ class BatchIterator:
     def next_into(self, x_out: np.ndarray, y_out: np.ndarray) -> None:
         """Write the next batch into caller-provided arrays (e.g. views into an executor's arena).
 
-        The outputs must be exactly (batch_size, C, H, W) float32 and (batch_size,) int64: a size or dtype
-        mismatch means the memory plan and the data disagree, and converting silently would hide that.
+        The outputs must be exactly (batch_size, C, H, W) float32 and (batch_size,) int64 (a `SequenceDataset`'s:
+        (batch_size, T) int64 both): a size or dtype mismatch means the memory plan and the data disagree, and
+        converting silently would hide that.
         """
         bs = self.batch_size
-        expected_x = (bs, *self.dataset.image_shape)
-        if x_out.shape != expected_x or x_out.dtype != np.float32:
-            raise DataError(
-                f"next_into: x_out must be float32 {expected_x}, got {x_out.dtype} {tuple(x_out.shape)}"
-            )
-        if y_out.shape != (bs,) or y_out.dtype != np.int64:
-            raise DataError(f"next_into: y_out must be int64 {(bs,)}, got {y_out.dtype} {tuple(y_out.shape)}")
+        for what, src, out in (("x_out", self.dataset.x, x_out), ("y_out", self.dataset.y, y_out)):
+            want = (bs, *src.shape[1:])
+            if out.shape != want or out.dtype != src.dtype:
+                raise DataError(f"next_into: {what} must be {src.dtype} {want}, got {out.dtype} {tuple(out.shape)}")
         if not self.drop_last and len(self.dataset) % bs:
             raise DataError(
                 f"next_into needs full batches, but {len(self.dataset)} samples with batch_size {bs} and "
@@ -701,7 +707,8 @@ def _read_files(kind: str, arg: str, spec: str) -> Arrays:
 # CLI entry point
 # ---------------------------------------------------------------------------------------------------------
 
-_SPEC_HELP = "expected one of: synthetic, digits, cifar10:DIR, mnist:DIR, npz:PATH, npy:IMAGES,LABELS, images:DIR"
+_SPEC_HELP = ("expected one of: synthetic, digits, cifar10:DIR, mnist:DIR, npz:PATH, npy:IMAGES,LABELS, images:DIR; "
+              "for a sequence model: stdlib, text:PATH")
 
 
 def load_data(
@@ -713,7 +720,8 @@ def load_data(
     num_samples: int = 512,
     heldout_fraction: float = 0.2,
     augment: Augment | None = None,
-) -> tuple[Dataset, Dataset | None]:
+    seq: int = 128,
+) -> tuple[Dataset | SequenceDataset, Dataset | SequenceDataset | None]:
     """Turn the CLI's ``--data`` value into (train, heldout-or-None).
 
     * ``synthetic`` -- `synthetic(num_samples, image_shape, num_classes, seed)`; no held-out set (the
@@ -724,13 +732,32 @@ def load_data(
     * ``npz:PATH`` / ``npy:IMAGES.npy,LABELS.npy`` / ``images:DIR`` -- a user's arrays or image folder
       (`minidl.datafiles` gives the layouts): their held-out part, or `heldout_fraction` split off by `seed`.
 
+    * ``stdlib`` / ``text:PATH`` -- byte-level text (Python's standard library sources, or the file at PATH) in
+      sequences of `seq` tokens, the last 10% held out (`minidl.data_text`).
+
     `augment` is set on the training set (never on the held-out one). The keyword arguments `image_shape`,
     `num_classes` and `num_samples` only affect ``synthetic``; `heldout_fraction` the sources without a
     held-out part of their own. Real datasets keep their own shapes and class counts.
     """
+    if isinstance(spec, str) and spec.strip().partition(":")[0].strip().lower() in ("stdlib", "text"):
+        if augment is not None:
+            raise DataError(f"--data {spec}: text is not augmented (crops and flips are for images)")
+        return _load_text(spec.strip(), seq)
     train, heldout = _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction)
     train.augment = augment
     return train, heldout
+
+
+def _load_text(spec: str, seq: int) -> tuple[SequenceDataset, SequenceDataset]:
+    kind, sep, arg = spec.partition(":")
+    if kind.strip().lower() == "stdlib":
+        if sep:
+            raise DataError(f"--data stdlib takes no ':' argument, got {spec!r}")
+        tokens, name = stdlib_corpus()
+        return sequences(tokens, seq, name=name)
+    if not arg.strip():
+        raise DataError(f"--data text needs a file: text:PATH, got {spec!r}")
+    return sequences(text_file(arg.strip()), seq, name=Path(arg.strip()).name)
 
 
 def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction) -> tuple[Dataset, Dataset | None]:

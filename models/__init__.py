@@ -16,9 +16,17 @@ from .densenet import densenet
 from .gpt2 import gpt2
 from .inception_v4 import inception_v4
 from .lenet import lenet
-from .registry import MODELS, SEQUENCE_OPTIONS, ModelSpec, build_model, describe_models, model_names
+from .registry import (
+    MODELS,
+    SEQUENCE_OPTIONS,
+    ModelSpec,
+    build_model,
+    describe_models,
+    is_sequence_model,
+    model_names,
+)
 from .resnet import resnet
 from .vgg import vgg
 
 __all__ = ["MODELS", "SEQUENCE_OPTIONS", "ModelSpec", "alexnet", "bert", "build_model", "densenet", "describe_models",
-           "gpt2", "inception_v4", "lenet", "model_names", "resnet", "vgg", "weighted_layers"]
+           "gpt2", "inception_v4", "is_sequence_model", "lenet", "model_names", "resnet", "vgg", "weighted_layers"]

@@ -180,6 +180,13 @@ def _build_sequence(name: str, spec: ModelSpec, args: dict, depth, batch, image_
     return spec.builder(**args)
 
 
+def is_sequence_model(name: str) -> bool:
+    """True for a registered model that reads token sequences (gpt2, bert and their sizes); False otherwise,
+    unknown names included (`build_model` names those)."""
+    key = _canonical(name)
+    return key is not None and MODELS[key].sequence
+
+
 def describe_models() -> str:
     """One line per registered name, for `--help` texts and error messages."""
     return "\n".join(f"{k:<14} {MODELS[k].description}" for k in model_names())

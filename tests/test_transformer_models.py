@@ -219,3 +219,38 @@ def test_auto_leaves_the_attention_scores_out_where_only_that_fits():
         plan_network(net(False), SGD(lr=0.1, momentum=0.9), "auto", budget=1)
     plan = plan_network(net(True), SGD(lr=0.1, momentum=0.9), "auto", budget=e.value.min_budget_bytes)
     assert plan.route.rebuildable_aux() == [] and plan.peak_bytes <= e.value.min_budget_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_none():
+    return _train_tiny_gpt("none")
+
+
+def _tiny_gpt():
+    return gpt2(layers=2, heads=2, width=16, seq=16, batch=4, vocab=40, dropout=0.1)
+
+
+def _train_tiny_gpt(policy, budget=None):
+    sess = Session(_tiny_gpt(), SGD(lr=0.1, momentum=0.9), policy=policy, budget=budget, seed=1)
+    rng = np.random.default_rng(2)
+    losses = []
+    for _ in range(3):
+        x = rng.integers(0, 40, (4, 17))
+        losses.append(sess.executor.train_step(x[:, :-1].copy(), x[:, 1:].copy()))
+    return sess, losses
+
+
+@pytest.mark.parametrize("policy", ["liveness", "recompute", "offload", "window", "packs", "auto"])
+def test_every_exact_policy_trains_the_zoo_gpt2_to_the_bits_of_none(policy, tiny_gpt_none):
+    """GPT-2 from the zoo (tied head, dropout, two blocks): the budgeted policies at 85% of liveness's peak."""
+    from minidl.memory.policies import plan_network
+
+    ref, ref_losses = tiny_gpt_none
+    budget = None
+    if policy in ("offload", "window", "packs", "auto"):
+        budget = int(plan_network(_tiny_gpt(), SGD(lr=0.1, momentum=0.9), "liveness").peak_bytes * 0.85)
+    sess, losses = _train_tiny_gpt(policy, budget)
+    assert losses == ref_losses
+    want, got = ref.executor.state_dict(), sess.executor.state_dict()
+    for k in want:
+        assert np.array_equal(want[k], got[k]), k

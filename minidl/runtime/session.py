@@ -38,6 +38,7 @@ from ..core.errors import CheckpointError, DataError, DivergenceError, OptionErr
 from ..core.guards import check_images
 from ..core.tensors import param_id
 from ..data import BatchIterator, Dataset
+from ..data_text import SequenceDataset
 from ..dist.agree import check_same
 from ..dist.checkpoint import check_resume, save_on_rank0
 from ..graph.network import Network
@@ -259,8 +260,8 @@ class Session:
         session keeps the last good state: `save` writes it).
         """
         steps = args.integer("Session.fit", None, "steps", steps, 0)
-        if tuple(data.image_shape) != tuple(self.net.input_nodes[0].shape[1:]):
-            raise DataError(f"Session.fit: data set {data.name!r} has images of shape {data.image_shape}, but the "
+        if tuple(data.sample_shape) != tuple(self.net.input_nodes[0].shape[1:]):
+            raise DataError(f"Session.fit: data set {data.name!r} has samples of shape {data.sample_shape}, but the "
                             f"network's input '{self.net.input_nodes[0].name}' takes "
                             f"{self.net.input_nodes[0].shape[1:]}")
         if save_every is not None:
@@ -272,12 +273,12 @@ class Session:
                 raise OptionError(f"Session.fit: early_stop must be an EarlyStop, got {type(early_stop).__name__}")
             if heldout is None:
                 raise OptionError("Session.fit: early_stop needs heldout (the data set whose loss it watches)")
-            if tuple(heldout.image_shape) != tuple(data.image_shape):
-                raise DataError(f"Session.fit: the held-out set {heldout.name!r} has images of shape "
-                                f"{heldout.image_shape}, the training set {data.image_shape}")
+            if tuple(heldout.sample_shape) != tuple(data.sample_shape):
+                raise DataError(f"Session.fit: the held-out set {heldout.name!r} has samples of shape "
+                                f"{heldout.sample_shape}, the training set {data.sample_shape}")
         if progress is None:
             progress = sys.stderr.isatty()
-        desc = {"samples": len(data), "image_shape": list(data.image_shape), "num_classes": data.num_classes}
+        desc = {"samples": len(data), "image_shape": list(data.sample_shape), "num_classes": data.num_classes}
         diff = compare_data(self._resume_data, desc)
         if diff:
             raise CheckpointError(f"the data set differs from the one the resumed checkpoint was trained on "
@@ -404,7 +405,13 @@ class Session:
         """(mean loss, accuracy) over EVERY sample of `data`, in inference mode (BN running statistics, no
         dropout). The last partial batch counts: it is padded to the plan's batch size and the padding's outputs
         are dropped (inference treats samples independently, so padding changes no other sample's output).
-        The loss is the mean softmax cross-entropy of the logits, in float64."""
+        The loss is the mean softmax cross-entropy of the logits, in float64.
+
+        A `SequenceDataset` (a language model's): the mean over every token of every sequence, and the share of
+        tokens whose next token is the most likely one (`data_text.perplexity(loss)` turns the loss into a
+        perplexity)."""
+        if isinstance(data, SequenceDataset):
+            return self._evaluate_tokens(data)
         total_loss, correct = 0.0, 0
         for logits, y in self._forward(data.x, data.y):
             shifted = logits - logits.max(axis=1, keepdims=True)
@@ -412,6 +419,26 @@ class Session:
             total_loss -= float(logp[np.arange(len(y)), y].sum())
             correct += int((logits.argmax(axis=1) == y).sum())
         return total_loss / len(data), correct / len(data)
+
+    def _evaluate_tokens(self, data: SequenceDataset) -> tuple[float, float]:
+        node = self.net.input_nodes[0]
+        if tuple(data.sample_shape) != tuple(node.shape[1:]):
+            raise DataError(f"Session.evaluate: data set {data.name!r} has sequences of shape {data.sample_shape}, "
+                            f"but the network's input '{node.name}' takes {node.shape[1:]}")
+        total_loss, correct, b = 0.0, 0, self.batch
+        for i in range(0, len(data), b):
+            xb, yb = data.x[i:i + b], data.y[i:i + b]
+            n = len(xb)
+            pad = np.arange(b) % n  # a last partial batch repeats its sequences; their outputs are dropped
+            _, logits = self.executor.evaluate(np.ascontiguousarray(xb[pad]), np.ascontiguousarray(yb[pad]))
+            logits = np.asarray(logits[:n], np.float64).reshape(-1, logits.shape[-1])
+            y = yb.reshape(-1)
+            shifted = logits - logits.max(axis=1, keepdims=True)
+            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            total_loss -= float(logp[np.arange(len(y)), y].sum())
+            correct += int((logits.argmax(axis=1) == y).sum())
+        tokens = data.x.size
+        return total_loss / tokens, correct / tokens
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Logits (N, classes), float64, for images `x` (N, C, H, W), any N, in inference mode."""
