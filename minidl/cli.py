@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "steps are summarized unless --explain-full")
     p.add_argument("--explain-steps", default=None, metavar="A:B", help="explain only route steps A to B-1")
     p.add_argument("--explain-full", action="store_true", help="explain every step, however long the plan")
+    p.add_argument("--max-micro-batches", type=_positive_int, default=None, metavar="M",
+                   help="the most micro-batches auto may split the batch into by itself when no single-batch plan "
+                        "fits (default: any count dividing the batch; 1: never)")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="plan one rank of an N-rank data-parallel job: gradient buckets and their all-reduce events")
     p.add_argument("--bucket-size", type=_size, default=None, metavar="SIZE",
@@ -342,6 +345,7 @@ def _memory_json(plan) -> dict:
             "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes,
             "fused_update": plan.route.fused_update, "moved_bytes_by_role": moved_by_role(plan),
             "micro_batches": plan.route.micro_batches,
+            "decision": plan.decision,
             "packs": plan.route.packing.packs if plan.route.packing is not None else None,
             **({"paged_chunk_bytes": plan.paged.chunk_bytes, "live_peak_bytes": plan.paged.live_peak_bytes}
                if plan.paged else {})}
@@ -358,9 +362,11 @@ def _costs(args, backend):
 
 def _moved_line(moved: dict[str, int]) -> str:
     """Bytes copied between device and host per step, by role (weights, optimizer state, ...)."""
+    from .memory.decisions.weights import moved_words
     from .memory.pool import format_bytes
 
-    return "  moved per step: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in moved.items())
+    return "  moved per step: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}"
+                                           for k, v in moved_words(moved).items())
 
 
 def _fused(args) -> bool | None:
@@ -410,7 +416,7 @@ def cmd_plan(args) -> dict:
     def plan_at(policy: str, budget: int | None):
         return plan_network(net, opt, policy, budget, device=device, backend=backend, costs=costs,
                             fused_update=_fused(args), paged=args.paged, data_parallel=dp,
-                            micro_batches=args.micro_batches)
+                            micro_batches=args.micro_batches, max_micro_batches=args.max_micro_batches)
 
     with _ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
         plan = plan_at(args.policy, args.budget)

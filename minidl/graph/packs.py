@@ -200,7 +200,8 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
                 steps.append(upd)
         blocks.append((first, len(steps) - 1))
 
-    route = Route(net, True, steps, tensors, tuple(optimizer_slots), rg, backend_name(backend), fused_update=True)
+    route = Route(net, True, steps, tensors, tuple(optimizer_slots), rg, backend_name(backend), fused_update=True,
+                  backend=backend)
     route.packing = Packing(M, b, [list(p) for p in packs], blocks, shapes)
     return route
 

@@ -92,6 +92,9 @@ class PlanOptions:
     would change the plans made before (and the next one made without the option)."""
 
     paged_chunk: int | None = None
+    max_micro_batches: int | None = None
+    """The most micro-batches a policy may split the batch into by itself (`auto`, when no single-batch plan fits;
+    None: as many as divide the batch; 1: never). A route already cut into micro-batches keeps its count."""
 
 
 @dataclass(slots=True)
@@ -109,6 +112,7 @@ class Route:
     """Analyses derived from the route alone (liveness, per-step cost estimates), computed once: a plan of a deep
     network asks for them a dozen times, and a route does not change after `build`."""
     packing: object = None      # packs.Packing for a route of layer packs and micro-batches, else None
+    backend: object = field(default=None, repr=False, compare=False)  # whose menu (None: the CPU's); rebuilds keep it
 
     @property
     def micro_batches(self) -> int:
@@ -145,6 +149,15 @@ class Route:
             layer = self.network.nodes[st.node].layer
             out += [t for t in (aux_id(st.name, a) for a in layer.rebuildable_aux) if t in self.tensors]
         return out
+
+    def with_micro_batches(self, micro_batches: int, packs: list[list[str]] | None = None) -> "Route":
+        """This route's network cut into `micro_batches` micro-batches and `packs` (default: one per layer), on
+        the same backend's menu and under the same options: how a policy that chooses the count or the packing
+        itself (`packs`, `auto`) rebuilds the route it was given."""
+        packs = [[n.name] for n in self.network.layer_nodes] if packs is None else packs
+        return self.network.route(training=True, optimizer_slots=self.optimizer_slots, backend=self.backend,
+                                  fused_update=True, micro_batches=micro_batches,
+                                  packs=packs).with_options(self.options)
 
     def with_options(self, options: PlanOptions) -> "Route":
         """This route planned under `options`: a copy (the cached route is shared and never changes). It keeps
@@ -284,7 +297,7 @@ class Route:
                 steps.append(update_step(len(steps), nodes, optimizer_slots, add, net.dtype)
                              or Step(len(steps), Phase.UPDATE, None, "", [], []))
         return Route(net, training, steps, tensors, tuple(optimizer_slots), rg,
-                     backend_name(backend), fused_update)
+                     backend_name(backend), fused_update, backend=backend)
 
 
 def tied_contributions(net: "Network") -> dict[int, list[tuple[str, str]]]:

@@ -98,6 +98,7 @@ class Plan:
     paged: "PagedLayout | None" = None  # placed by chunks (`--paged`): offsets are virtual, the arena is chunks
     buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> gradients it packs
     data_parallel: object = None   # data parallel: the `decisions.allreduce.DataParallel` the buckets were made for
+    decision: str = ""             # a searching policy's word on why this plan (auto: which one, why micro-batches)
 
     def by_role_at_peak(self) -> dict[str, int]:
         """Pool bytes (rounded to the pool's alignment, as allocated) per role at the peak: they sum to it."""

@@ -309,8 +309,7 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
       ends within one number: a recomputation chain rebuilds a tensor's input before the tensor and frees that
       input as soon as it is consumed; a prefetched checkpoint it reads is waited for first), then starts
       (allocations, prefetches, recomputations) largest first (big blocks claim the best holes before small ones
-      split them), then
-      markers (waits: a prefetch must have landed before the step reads it);
+      split them), then markers (waits: a prefetch must have landed before the step reads it);
     - after a step: markers first (an offload copy starts while the tensor is still resident), then ends,
       then sequenced events, then starts (a prefetch issued early for a later step).
     With `fit_workspace` (a budget was given), a workspace whose algorithm is still open is placed after the

@@ -134,7 +134,7 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
                  budget: int | str | None = None, device: str = "cpu", training: bool = True, backend=None,
                  costs: CostTable | None = None, fused_update: bool | None = None,
                  paged: int | None = None, data_parallel: DataParallel | None = None,
-                 micro_batches: int | None = None) -> Plan:
+                 micro_batches: int | None = None, max_micro_batches: int | None = None) -> Plan:
     """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
 
     `device` names the simulator profile whose speeds (compute, link) the policy's timing decisions use;
@@ -149,7 +149,9 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     and their all-reduce events to the plan (`decisions/allreduce.py`); it needs the textbook route (the update
     must wait for the reduced gradients), so it rules out a fused update.
     `micro_batches`: Harmony's micro-batching (`packs.py`; policy `packs` chooses it when None, the other
-    policies plan the same micro-batched route when it is given).
+    policies plan the same micro-batched route when it is given). `max_micro_batches`: when `micro_batches` is not
+    given, the most micro-batches `auto` may split the batch into by itself where no single-batch plan fits
+    (None: any count dividing the batch; 1: never, e.g. to measure the largest batch without micro-batching).
     """
     budget = as_size(budget, "budget")
     if policy not in POLICIES:
@@ -167,7 +169,7 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused,
                       micro_batches=micro_batches or 1,
                       packs=[[n.name] for n in net.layer_nodes] if packed else None)
-    route = route.with_options(PlanOptions(paged_chunk=paged))
+    route = route.with_options(PlanOptions(paged_chunk=paged, max_micro_batches=max_micro_batches))
     if data_parallel is None or not training:
         return _plan_verified(route, policy, budget, device, costs)
     route, buckets = with_buckets(route, data_parallel)

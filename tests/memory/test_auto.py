@@ -213,3 +213,17 @@ def test_an_offloaded_checkpoint_comes_back_exactly_when_its_recomputation_reads
     ref = train(NETS["resnet20"](), "none").executor.state_dict()
     got = sess.executor.state_dict()
     assert all(np.array_equal(ref[k], got[k]) for k in ref)
+
+
+def test_auto_micro_batches_by_itself_where_no_single_batch_plan_fits(capsys):
+    """VGG-16 at batch 1024 needs tens of GiB as one batch whatever is moved or recomputed; split into micro-batches
+    it fits a 12 GB K40c, and plain auto finds that (the JSON says how many micro-batches, the plan says why)."""
+    args = ["plan", "vgg", "--depth", "16", "--batch", "1024", "--image-size", "224", "--budget", "12GB",
+            "--device", "k40c", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "auto" and out["micro_batches"] > 1 and out["min_budget_bytes"] <= 12 * 10**9
+    assert "no single-batch plan fits" in out["decision"]
+    assert main(args + ["--max-micro-batches", "1"]) == 2   # switched off: the single-batch minimum is far above
+    err = json.loads(capsys.readouterr().out)
+    assert err["error"] == "BudgetError" and err["min_budget_bytes"] > 12 * 10**9

@@ -120,12 +120,14 @@ def test_packs_choose_micro_batches_when_one_batch_step_cannot_fit():
     net = act_net()
     per_layer = [[n.name] for n in net.layer_nodes]
     floor = step_floor(net.route(optimizer_slots=("momentum",), micro_batches=1, packs=per_layer))
-    with pytest.raises(dl.BudgetError):
-        plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "auto", budget=floor - 1)  # no micro-batching in auto
-    got = train(act_net(), "packs", None, budget=floor - 1, debug=True)  # below one full-batch step's own tensors
-    assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
-    assert got.executor.pool.peak == got.plan.peak_bytes
-    assert_same_state(got, train(act_net(), "none", got.plan.route.micro_batches))
+    with pytest.raises(dl.BudgetError):   # micro-batching switched off: no single-batch plan fits
+        plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "auto", budget=floor - 1, max_micro_batches=1)
+    for policy in ("packs", "auto"):   # auto micro-batches by itself when no single-batch plan fits
+        got = train(act_net(), policy, None, budget=floor - 1, debug=True)  # below one full-batch step's tensors
+        assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
+        assert got.executor.pool.peak == got.plan.peak_bytes
+        assert_same_state(got, train(act_net(), "none", got.plan.route.micro_batches))
+    assert "micro-batches" in got.plan.decision and "no single-batch plan fits" in got.plan.decision
 
 
 def test_evaluate_on_a_packed_route_matches_the_plain_route():

@@ -33,9 +33,16 @@ and counted (`CompressedStore.spilled`). So a bad guess costs host memory and a 
 byte over the budget: the pool only ever holds what the plan placed. The raw-size cap means a tensor that does not
 compress at all costs one header more than keeping it, never more (the codec falls back to raw).
 
+**Compressed and offloaded.** A stream may also wait on the host (`stream_candidates`: the tensor cache's
+candidates): COMPRESS, then at once in the same sequence OFFLOAD of `z:<t>` (and its RELEASE, when just in time);
+before the first backward step, PREFETCH and WAIT of `z:<t>`, then DECOMPRESS. The link then moves the reserved
+stream instead of the tensor: about 1 / DEFAULT_RATIO x MARGIN of its bytes. `auto --lossy` weighs it
+(`schedulers/lossy.py`); the `compress` policy alone never offloads.
+
 Limitations: the codec runs on the host on both backends for now (the CUDA kernels in `kernels/compress.cu` are
-registered and compile, their wiring is pending a GPU). Compression is not combined with offload or
-recomputation in one plan yet: under a budget `compress` either fits or fails with the smallest budget it needs.
+registered and compile, their wiring is pending a GPU). Under a budget the `compress` policy either fits or fails
+with the smallest budget it needs; a checkpoint a recomputation reads is never compressed (its reader is not one
+the bound accounts for).
 """
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ from ..errorbound import Reader, ReaderKind
 from ..liveness import tensor_uses
 from ..plan import EventKind, Plan
 from ..planner import Residency, Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
+from . import offload
 
 """The compressed stream of tensor t is the plannable block `z:<t>`."""
 
@@ -97,14 +105,15 @@ def backward_readers(route: Route) -> dict[str, list[Reader] | None]:
     return out
 
 
-def find_candidates(route: Route, base: Schedule) -> list[Candidate]:
-    """Tensors the bound allows to be compressed between their forward and backward uses, in route order."""
+def find_candidates(route: Route, base: Schedule, exclude=()) -> list[Candidate]:
+    """Tensors the bound allows to be compressed between their forward and backward uses, in route order.
+    `exclude`: tensors a reader the bound does not know reads in backward (a recomputation's checkpoint)."""
     uses = tensor_uses(route)
     readers = backward_readers(route)
     out: list[Candidate] = []
     for tid, lst in base.residencies.items():
         spec = route.tensors.get(tid)
-        if (spec is None or spec.role not in (Role.ACTIVATION, Role.DATA) or len(lst) != 1
+        if (spec is None or tid in exclude or spec.role not in (Role.ACTIVATION, Role.DATA) or len(lst) != 1
                 or np.dtype(spec.dtype) not in (np.float32, np.float64) or not readers.get(tid)):
             continue
         r = lst[0]
@@ -125,11 +134,15 @@ def reserve_bytes(nbytes: int, ratio: float | None) -> int:
     return min(nbytes, math.ceil(nbytes / r * MARGIN)) + HEADER_BYTES
 
 
-def compress_schedule(base: Schedule, chosen: list[Candidate], ratios: dict[str, float] | None = None) -> Schedule:
-    """`base` with each chosen tensor's residency split around its stay in compressed form."""
+def compress_schedule(base: Schedule, chosen: list[Candidate], ratios: dict[str, float] | None = None,
+                      offloadable: bool = False) -> Schedule:
+    """`base` with each chosen tensor's residency split around its stay in compressed form. `offloadable`: the
+    streams may then be offloaded (`stream_candidates`), so the decompression leaves the first place of its
+    sequence to the stream's prefetch and wait."""
     res = dict(base.residencies)
     sizes = dict(base.sizes)
     ratios = ratios or {}
+    d = 1 if offloadable else 0   # the decompression's place in its sequence, moved up by one
     for c in chosen:
         b, z = c.base, compressed_id(c.tensor)
         sizes[z] = reserve_bytes(c.nbytes, ratios.get(c.tensor))
@@ -138,12 +151,29 @@ def compress_schedule(base: Schedule, chosen: list[Candidate], ratios: dict[str,
                       f"stored compressed as {z} until step {c.first_backward}", start_seq=b.start_seq, end_seq=2),
             Residency(c.first_backward, "before", EventKind.DECOMPRESS, b.end, b.end_at, b.end_kind,
                       f"decompressed from {z} for its backward readers "
-                      f"({', '.join(r.node for r in c.readers)})", start_seq=1, end_seq=b.end_seq),
+                      f"({', '.join(r.node for r in c.readers)})", start_seq=1 + d, end_seq=b.end_seq),
         ]
         res[z] = [Residency(c.last_forward, "after", EventKind.COMPRESS, c.first_backward, "before", EventKind.FREE,
                             f"{c.tensor} compressed (reserved for ratio "
-                            f"{ratios.get(c.tensor, DEFAULT_RATIO):.2f} x margin {MARGIN})", start_seq=1, end_seq=2)]
+                            f"{ratios.get(c.tensor, DEFAULT_RATIO):.2f} x margin {MARGIN})", start_seq=1,
+                            end_seq=2 + d)]
     return dataclasses.replace(base, residencies=res, markers=list(base.markers), sizes=sizes)
+
+
+def stream_candidates(route: Route, sched: Schedule, chosen: list[Candidate], clock) -> list[offload.Candidate]:
+    """The compressed streams of `chosen` (in `sched`, made `offloadable`) as candidates of the tensor cache: a
+    stream may wait on the host between its compression and its decompression, moving its reserved bytes over the
+    link instead of the tensor's. It is written in the sequence after its tensor's last forward step (`out_seq`:
+    the copy out starts there) and read in the sequence before its first backward step (`seq_read`)."""
+    out = []
+    for c in chosen:
+        z = compressed_id(c.tensor)
+        if c.first_backward - c.last_forward < 2:
+            continue
+        out.append(offload.Candidate(z, sched.sizes[z], c.last_forward, c.first_backward, sched.residencies[z][0],
+                                     clock.start[c.first_backward] - clock.end(c.last_forward), seq_read=True,
+                                     out_seq=1))
+    return out
 
 
 def plan_compress(route: Route, budget: int | None, device: str = "cpu", costs=None, *,

@@ -55,6 +55,7 @@ the tightest plan (everything offloaded, released at once, prefetched just in ti
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -115,7 +116,8 @@ class Candidate:
     base: Residency        # its residency in the base schedule
     idle_s: float = 0.0    # estimated compute time between the two uses
     checkpoint: bool = False
-    seq_read: bool = False  # first read by a recomputation sequence before `first_backward`: back before it
+    seq_read: bool = False  # first read by a sequence before `first_backward` (recomputation, decompression)
+    out_seq: int = 0        # written in the sequence after `last_forward` (a compressed stream): copied out there
 
     @property
     def gap(self) -> int:
@@ -156,7 +158,7 @@ def _clock(route: Route, device: DeviceProfile, slack: float) -> _Clock:
     start = [0.0]
     for c in step_costs(route, device):
         start.append(start[-1] + c.time_s)
-    latency = getattr(device, "link_latency_s", 0.0) or DEFAULT_LATENCY_S   # measured (calibrate.py), else default
+    latency = device.link_latency_s or DEFAULT_LATENCY_S   # measured (calibrate.py), else default
     return _Clock(start, device.link_bw, slack, COPY_LATENCY_S.get(device.name, latency))
 
 
@@ -230,23 +232,24 @@ def offload_schedule(route: Route, base: Schedule, chosen: list[Candidate],
     for c in sorted(chosen, key=lambda c: (c.last_forward, c.tensor)):
         t, b = timing[c.tensor], c.base
         back = steps[c.first_backward].label
-        # a tensor a recomputation sequence reads first is prefetched and waited for in that sequence, before it
+        # a tensor a sequence reads first (a recomputation, a decompression) is prefetched and waited for in that
+        # sequence, before its reader; one a sequence writes (a compressed stream) is copied out right after
         seq = 1 if c.seq_read else 0
         res[c.tensor] = [
             Residency(b.start, b.start_at, b.start_kind, t.release, "after", EventKind.RELEASE,
                       f"on the host until step {t.prefetch}: next use '{back}' is {c.gap} steps after its last "
                       f"forward use (step {c.last_forward}); release waits for the copy out",
-                      start_seq=b.start_seq),
+                      start_seq=b.start_seq, end_seq=c.out_seq if t.release == c.last_forward else 0),
             Residency(t.prefetch, "before", EventKind.PREFETCH, b.end, b.end_at, b.end_kind,
                       f"prefetch {c.first_backward - t.prefetch} steps ahead of '{back}' so the copy hides "
                       f"behind compute", end_seq=b.end_seq, start_seq=seq if t.prefetch == c.first_backward else 0),
         ]
         markers.append(Marker(c.last_forward, "after", EventKind.OFFLOAD, c.tensor,
-                              f"start the copy out: next use is '{back}', {c.gap} steps away"))
+                              f"start the copy out: next use is '{back}', {c.gap} steps away", seq=c.out_seq))
         markers.append(Marker(c.first_backward, "before", EventKind.WAIT, c.tensor,
                               f"the prefetch issued before step {t.prefetch} must have landed"
                               + (" (before the recomputation that reads it)" if seq else ""), seq=seq))
-    return Schedule(res, markers, set(base.host_steps))
+    return dataclasses.replace(base, residencies=res, markers=markers, host_steps=set(base.host_steps))
 
 
 def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile = "cpu", *,

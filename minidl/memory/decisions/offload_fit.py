@@ -43,6 +43,7 @@ from .recompute import SLOTS, Timeline
 # Where a step's slots start (see recompute.SLOTS): an offloaded tensor released after step r is gone from
 # slot r*SLOTS + AFTER_END; one prefetched before step p is back from slot p*SLOTS + BEFORE_START.
 AFTER_END = 3
+AFTER_START = 5
 BEFORE_START = 2
 BEFORE_SEQ = 1
 
@@ -72,6 +73,7 @@ def base_usage(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice]) -> 
     sizes = {tid: align_up(t.nbytes) for tid, t in route.tensors.items()}
     for k, c in ws.items():
         sizes[route.steps[k].workspace] = align_up(c.nbytes)
+    sizes.update((tid, align_up(n)) for tid, n in base.sizes.items())   # blocks of the schedule's own (z:<t>)
     tl = Timeline(len(route.steps))
     for tid, lst in base.residencies.items():
         for r in lst:
@@ -86,8 +88,9 @@ def _back(c: Candidate) -> int:
 
 
 def _absent(c: Candidate) -> tuple[int, int]:
-    """Slots [lo, hi) where a tensor offloaded with the tightest timing is off the device."""
-    return c.last_forward * SLOTS + AFTER_END, _back(c)
+    """Slots [lo, hi) where a tensor offloaded with the tightest timing is off the device (one written in the
+    sequence after its last forward step, a compressed stream, is there only inside that sequence)."""
+    return c.last_forward * SLOTS + (AFTER_START if c.out_seq else AFTER_END), _back(c)
 
 
 def tight_usage(usage: np.ndarray, chosen: list[Candidate]) -> np.ndarray:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.tensors import Role
+from ...core.tensors import Role, compressed_source
 from ...graph.route import Phase, Route
 from ..plan import EventKind, Plan
 from ..planner import Marker, Residency, Schedule
@@ -164,13 +164,21 @@ MOVED_ROLES = {Role.PARAMETER: "weights", Role.OPTIMIZER: "optimizer_state", Rol
 
 def moved_by_role(plan: Plan) -> dict[str, int]:
     """Bytes copied between device and host per training step (both directions), by what they are: weights,
-    optimizer state, gradients (a host update's), activations (everything else the tensor cache moves)."""
-    out = {"weights": 0, "optimizer_state": 0, "gradients": 0, "activations": 0}
+    optimizer state, gradients (a host update's), activations (everything else the tensor cache moves), and of
+    those the activations moved as compressed streams (`decisions/compress.py`: their reserved bytes)."""
+    out = {"weights": 0, "optimizer_state": 0, "gradients": 0, "activations": 0, "compressed_activations": 0}
     for sp in plan.steps:
         for ev in sp.before + sp.after:
             if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
-                out[MOVED_ROLES.get(plan.role_of(ev.tensor), "activations")] += ev.nbytes
+                what = "compressed_activations" if compressed_source(ev.tensor) is not None else \
+                    MOVED_ROLES.get(plan.role_of(ev.tensor), "activations")
+                out[what] += ev.nbytes
     return out
+
+
+def moved_words(moved: dict[str, int]) -> dict[str, int]:
+    """`moved_by_role` as the text reports say it: compressed activations only where some moved."""
+    return {k: v for k, v in moved.items() if v or k != "compressed_activations"}
 
 
 def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, workspace=None, layers=None,
@@ -231,5 +239,5 @@ def weights_lines(plan: Plan) -> list[str]:
         lines.append(f"    {owner:<24} visits: {v}; update "
                      + ("on the host (gradient copied out)" if owner in host_updates else "on the device"))
     lines.append("    bytes moved per step: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}"
-                                                         for k, v in moved.items()))
+                                                         for k, v in moved_words(moved).items()))
     return lines

@@ -63,6 +63,8 @@ def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
              f"({format_bytes(sum(align_up(e.nbytes) for e in plan.setup))})"
              + (": parameters, buffers and optimizer state live for the whole run" if plan.policy != "none"
                 else ": under policy 'none' every tensor is allocated here and never freed")]
+    if plan.decision:
+        lines.insert(1, f"chosen: {plan.decision}")
     summary = full is None and select is None and steps is None and n > SUMMARY_STEPS
     if full is False:
         summary = True

@@ -36,6 +36,16 @@ the best plan by more than `GOOD_ENOUGH`; the recomputation bases are not even b
 already that close to liveness' own time, the least any plan can take. ResNet-2500 b16 at 12 GB on a K40c:
 one placement, about 4 s of CPU (it was 45 s, hiding nothing).
 
+The search is a list of `Candidate` records (base, decisions on top, layout, micro-batch count, plan, estimated
+time), made and timed by `AutoSearch` stage by stage; the fastest that fits is the plan, and its `decision` says
+which and why.
+
+**Micro-batches.** When no single-batch plan fits, the batch is split (`micro_batch_search`): 2, 4, 8, ...
+micro-batches dividing the batch, the fewest at which a plan fits, and at that count the fastest of this search on
+the micro-batched route and Harmony's layer packs (`schedulers/packs.py`). `PlanOptions.max_micro_batches` bounds
+the count (1: never split); a route already cut into micro-batches (`--micro-batches`) keeps its count. VGG-16 at
+batch 1024 on a K40c: 43 GiB as one batch, 16 micro-batches in one pack under 12 GB.
+
 If nothing fits, `BudgetError` states the smallest budget that works: that of the most memory-frugal plan
 (every mechanism at its most frugal: memory-centric recomputation, every candidate offloaded and prefetched just
 in time, the smallest workspace everywhere), then verified and searched by `policies.plan_network`
@@ -49,11 +59,13 @@ the recomputation sequence number.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from ...core.errors import BudgetError
 from ...core.tensors import Role
+from ...graph.packs import PackError
 from ...graph.route import Route
 from ..decisions import offload as offload_decision
 from ..decisions import offload_fit
@@ -65,25 +77,52 @@ from ..planner import Residency, Schedule, WorkspaceChoice, finalize, liveness_s
 from ..pool import ALIGNMENT, align_up, format_bytes
 from ..simulate import get_profile, simulate, step_costs
 from ..workspace import CostTable, workspace_choices
+from .packs import plan_packs, step_floor
 
 
 @dataclass(slots=True)
-class Trial:
-    """One combination `auto` tried: its plan (when one was made), whether it fits, and its estimated time."""
+class Candidate:
+    """One plan `auto` considered: the decisions it combines (a base schedule, the mechanisms put on top of it,
+    the arena layout, the micro-batch count), the plan when one was placed, and what the search learnt of it.
 
-    name: str
-    plan: Plan | None = None
-    fits: bool = False
-    min_budget_bytes: int = 0
-    est_step_time_s: float = math.inf
+    The search is a list of these: it ranks them by `est_step_time_s` among those that fit, and, when none fits,
+    names the smallest budget from the one with the smallest `min_budget_bytes`."""
+
+    base: str                               # the base schedule: liveness or a recomputation variant (`Base`)
+    decisions: tuple[str, ...] = ()         # mechanisms on top of it, in words: "offload", "compress", ...
+    layout: str = ""                        # the arena layout (`LAYOUTS`), "" for the plain one
+    micro_batches: int = 1                  # the batch split into this many micro-batches (packs.py)
+    plan: Plan | None = None                # None: not placed (`note` says why)
+    fits: bool = False                      # the plan's smallest arena is within the budget
+    est_step_time_s: float = math.inf       # the simulator's estimate (and the codec's, for compression), if it fits
     note: str = ""
+
+    @property
+    def name(self) -> str:
+        text = " + ".join((self.base,) + self.decisions)
+        if self.layout:
+            text += f", {self.layout}"
+        return text + (f", {self.micro_batches} micro-batches" if self.micro_batches > 1 else "")
+
+    @property
+    def min_budget_bytes(self) -> int:
+        return self.plan.min_budget_bytes if self.plan is not None else 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.plan.peak_bytes if self.plan is not None else 0
 
 
 @dataclass(slots=True)
 class AutoResult:
     plan: Plan | None
-    trials: list[Trial] = field(default_factory=list)
-    frugal: Trial | None = None
+    trials: list[Candidate] = field(default_factory=list)
+    frugal: Candidate | None = None
+
+    @property
+    def chosen(self) -> Candidate | None:
+        """The candidate whose plan the search returns (None if nothing fits)."""
+        return next((t for t in self.trials if self.plan is not None and t.plan is self.plan), None)
 
     def summary(self) -> str:
         lines = []
@@ -168,11 +207,15 @@ class OffloadSearch:
     `auto` can rank bases by their estimated time and place only the promising ones."""
 
     def __init__(self, route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
-                 root_reads: dict[str, int] | None = None):
+                 root_reads: dict[str, int] | None = None, streams=None):
+        """`streams(clock)`, if given, adds candidates the base's own tensors do not show: its compressed
+        streams (`compress.stream_candidates`)."""
         self.route, self.base, self.ws, self.budget = route, base, ws, budget
         self.dev = get_profile(device) if isinstance(device, str) else device
         self.clock = offload_decision._clock(route, self.dev, offload_decision.copy_slack(self.dev))
         self.cands = offload_candidates(route, base, self.clock, root_reads or {})
+        if streams is not None:
+            self.cands = sorted(self.cands + streams(self.clock), key=lambda c: (-c.priority, -c.nbytes, c.tensor))
         self.usage = offload_fit.base_usage(route, base, ws) if self.cands else None
         self.persistent = sum(align_up(t.nbytes) for t in route.tensors.values() if t.role.persistent)
         self.margin = int(budget * INITIAL_MARGIN)
@@ -256,7 +299,7 @@ def pin_long_lived(route: Route, sched: Schedule, roles: tuple[Role, ...]) -> Sc
         res[tid] = [Residency(0, "before", EventKind.ALLOC, r.end, r.end_at, r.end_kind,
                               "small and long-lived: placed once at the bottom of the arena (less fragmentation)",
                               start_seq=i + 1, end_seq=r.end_seq)]
-    return Schedule(res, list(sched.markers), set(sched.host_steps))
+    return dataclasses.replace(sched, residencies=res, markers=list(sched.markers), host_steps=set(sched.host_steps))
 
 
 def schedule_time(route: Route, sched: Schedule, device) -> float:
@@ -275,163 +318,191 @@ def schedule_time(route: Route, sched: Schedule, device) -> float:
 
 
 # -- the search -------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Base:
+    """A base schedule the search puts decisions on: plain liveness or a recomputation variant."""
+
+    name: str
+    schedule: Schedule
+    own_time_s: float                  # its step time with nothing moved: no plan built on it can be faster
+    root_reads: dict[str, int] = field(default_factory=dict)   # checkpoint -> first step a recomputation reads it
+
+
+class AutoSearch:
+    """The candidates `auto` tries under one budget, in the order the module docstring gives, each one placed and
+    timed once (`consider`); `auto_search` says which stages run."""
+
+    def __init__(self, route: Route, budget: int | None, device, costs: CostTable | None = None):
+        self.route, self.budget, self.device = route, budget, device
+        self.ws = workspace_choices(route, costs)
+        self.iv = analyze(route)
+        self.tried: list[Candidate] = []
+        self.offloads: list[tuple[Base, str, OffloadSearch]] = []  # offload searches made, for the frugal stage
+
+    # -- bookkeeping ----------------------------------------------------------------------------------------
+    def consider(self, cand: Candidate) -> Candidate:
+        """Record `cand`; if placed, whether it fits and (if so) its simulated step time."""
+        if cand.plan is not None:
+            cand.fits = self.budget is None or cand.plan.min_budget_bytes <= self.budget
+            if cand.fits:
+                cand.est_step_time_s = simulate(cand.plan, self.device).est_step_time_s
+        self.tried.append(cand)
+        return cand
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self.tried if c.fits]
+
+    def best_time(self) -> float:
+        return min((c.est_step_time_s for c in self.fitting), default=math.inf)
+
+    def could_win(self, time_s: float) -> bool:
+        """A candidate whose best possible time is `time_s` could still beat the best fitting one by more than
+        `GOOD_ENOUGH`."""
+        return time_s < self.best_time() * (1 - GOOD_ENOUGH)
+
+    def result(self, frugal: bool) -> AutoResult:
+        res = AutoResult(None, self.tried)
+        if self.fitting:
+            res.plan = min(self.fitting, key=lambda c: (c.est_step_time_s, c.min_budget_bytes)).plan
+        elif frugal and any(c.plan is not None for c in self.tried):
+            res.frugal = min((c for c in self.tried if c.plan is not None), key=lambda c: c.min_budget_bytes)
+        return res
+
+    # -- bases ----------------------------------------------------------------------------------------------
+    def base(self, name: str, sched: Schedule, rs: RecomputeSchedule | None = None) -> Base:
+        reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs is not None else {}
+        return Base(name, sched, schedule_time(self.route, sched, self.device), reads)
+
+    def liveness_base(self) -> Base:
+        return self.base("liveness", liveness_schedule(self.route, self.ws))
+
+    def recompute_bases(self) -> list[Base]:
+        """Speed-centric where the budget allows, the default (speed-centric under the bottleneck), and
+        memory-centric: the variants whose segment modes differ."""
+        route, ws, iv = self.route, self.ws, self.iv
+        default = recompute_schedule(route, ws, limit=None, iv=iv)
+        if not default.segments:
+            return []
+        modes = [s.mode for s in default.segments]
+        under_budget = recompute_schedule(route, ws, limit=max(self.budget, default.bottleneck), iv=iv)
+        memory = recompute_schedule(route, ws, mode=MEMORY, iv=iv)
+        out = []
+        if [s.mode for s in under_budget.segments] != modes:
+            out.append(self.base("recompute (speed under budget)", under_budget.schedule, under_budget))
+        out.append(self.base("recompute", default.schedule, default))
+        if [s.mode for s in memory.segments] != modes:
+            out.append(self.base("recompute (memory-centric)", memory.schedule, memory))
+        return out
+
+    # -- stages ---------------------------------------------------------------------------------------------
+    def explore(self, bases: list[Base]) -> None:
+        """Each base placed as it is (plain layout and small long-lived tensors pinned); then offload on the
+        bases that do not fit, in order of their best possible time, while one could still win."""
+        for b in bases:
+            if compute_peak_lower_bound(self.route, b.schedule, self.ws) > self.budget:
+                # cannot fit without offload (placing it would only confirm that)
+                self.consider(Candidate(b.name, note="skipped: busiest step alone exceeds the budget"))
+                continue
+            for layout in ("", "grads+aux pinned"):
+                self.consider(Candidate(b.name, layout=layout, plan=place(
+                    self.route, self.ws, pin_long_lived(self.route, b.schedule, LAYOUTS[layout]), self.budget)))
+        # Offload: every (base, layout) that could still win is fitted on the byte timeline (no placement) and
+        # ranked by its own time; then placed in that order while its estimate beats the best plan found.
+        fitted = {b.name for b in bases for c in self.fitting if c.base == b.name and not c.decisions}
+        order = sorted(((b.own_time_s, i, li, b, layout) for i, b in enumerate(bases) if b.name not in fitted
+                        for li, layout in enumerate(LAYOUTS)), key=lambda e: e[:3])
+        for own, _, _, b, layout in order:
+            if not self.could_win(own):
+                break             # sorted by their best possible time: none of the rest can win (by more than a hair)
+            search = OffloadSearch(self.route, pin_long_lived(self.route, b.schedule, LAYOUTS[layout]), self.ws,
+                                   self.budget, self.device, b.root_reads)
+            self.offloads.append((b, layout, search))
+            if not self.could_win(own + search.est_exposed_s):
+                continue          # its estimate already loses: not worth a placement
+            cr = search.place_fitted()
+            if cr is not None:
+                self.consider(Candidate(b.name, ("offload",), layout, plan=cr.plan, note=(
+                    f"{cr.offloaded} of {cr.candidates} candidates offloaded, copies fitted to the budget "
+                    f"(estimated {search.est_exposed_s:.3g} s exposed)")))
+
+    def tightest(self) -> None:
+        """The most frugal plans (every candidate offloaded, just in time): they name the smallest budget."""
+        for b, layout, search in self.offloads:
+            if search.cands:
+                cr = search.place_tight()
+                self.consider(Candidate(b.name, ("offload (tightest)",), layout, plan=cr.plan,
+                                        note=f"all {cr.candidates} candidates offloaded, prefetched just in time"))
+
+    def weights(self, bases: list[Base]) -> None:
+        """Weights on the host, on each base in order of its own time, until one fits (`weights_search`)."""
+        for b in sorted(bases, key=lambda b: b.own_time_s):
+            found = weights_search(self, b)
+            if found is not None and found.fits:
+                return
+
+
 def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
                 frugal: bool = True) -> AutoResult:
     """Try the combinations (module docstring) and return the fastest that fits `budget`.
 
     Without a budget, the fastest plan is plain liveness with every convolution on its fastest algorithm.
-    Stage 1 places every base (liveness, recomputation variants) in the plain layout and with small long-lived
-    tensors pinned; stage 2, only if offload exists and it could still win, searches offloads on every base and
-    layout in order of their best possible time, and stops as soon as no remaining one can beat the best fitting
-    plan. When nothing fits, the plan with the smallest budget among all tried is the most frugal one.
+    The liveness base is explored first (`AutoSearch.explore`: placed as it is, then with offload); the
+    recomputation bases only if liveness' best plan is not already within `GOOD_ENOUGH` of liveness' own time,
+    the least any plan can take. If nothing fits, the most frugal offload plans (`frugal`) and then weights on the
+    host (fused-update routes) are tried. When nothing fits, `frugal` is the candidate with the smallest budget.
     """
-    ws = workspace_choices(route, costs)
-    iv = analyze(route)
-    res = AutoResult(None)
+    search = AutoSearch(route, budget, device, costs)
     if budget is None:
-        plan = place(route, ws, liveness_schedule(route, ws), None)
-        t = Trial("liveness", plan, True, plan.min_budget_bytes, simulate(plan, device).est_step_time_s)
-        res.trials.append(t)
-        res.plan = plan
-        return res
-
+        search.consider(Candidate("liveness", plan=place(route, search.ws, liveness_schedule(route, search.ws))))
+        return search.result(frugal)
     if not frugal and lower_bound(route) > budget:
-        res.trials.append(Trial("any", note="skipped: parameters, gradients, optimizer state and the largest "
-                                            "step's working set alone exceed the budget"))
-        return res
-    bases: list[tuple[str, Schedule, RecomputeSchedule | None]] = [("liveness", liveness_schedule(route, ws), None)]
-
-    def recompute_bases() -> list[tuple[str, Schedule, RecomputeSchedule | None]]:
-        out: list[tuple[str, Schedule, RecomputeSchedule | None]] = []
-        rs_default = recompute_schedule(route, ws, limit=None, iv=iv)
-        if rs_default.segments:
-            modes = [s.mode for s in rs_default.segments]
-            rs_budget = recompute_schedule(route, ws, limit=max(budget, rs_default.bottleneck), iv=iv)
-            rs_mem = recompute_schedule(route, ws, mode=MEMORY, iv=iv)
-            if [s.mode for s in rs_budget.segments] != modes:
-                out.append(("recompute (speed under budget)", rs_budget.schedule, rs_budget))
-            out.append(("recompute", rs_default.schedule, rs_default))
-            if [s.mode for s in rs_mem.segments] != modes:
-                out.append(("recompute (memory-centric)", rs_mem.schedule, rs_mem))
-        return out
-
-    def evaluate(trial: Trial) -> Trial:
-        p = trial.plan
-        trial.min_budget_bytes = p.min_budget_bytes
-        trial.fits = p.min_budget_bytes <= budget
-        if trial.fits:
-            trial.est_step_time_s = simulate(p, device).est_step_time_s
-        res.trials.append(trial)
-        return trial
-
-    def label(name: str, layout: str) -> str:
-        return f"{name}, {layout}" if layout else name
-
-    own_time: dict[str, float] = {}   # a base's time with nothing moved: no offload of it can be faster
-    tried = []
-
-    def best_time() -> float:
-        return min((t.est_step_time_s for t in res.trials if t.fits), default=math.inf)
-
-    def search(group: list[tuple[int, tuple[str, Schedule, RecomputeSchedule | None]]]) -> None:
-        stage1 = ("", "grads+aux pinned")
-        for _, (name, sched, _) in group:
-            own_time[name] = schedule_time(route, sched, device)
-            if compute_peak_lower_bound(route, sched, ws) > budget:
-                # cannot fit without offload (placing it would only confirm that)
-                res.trials.append(Trial(name, note="skipped: busiest step alone exceeds the budget"))
-                continue
-            for layout in stage1:
-                evaluate(Trial(label(name, layout), place(route, ws, pin_long_lived(route, sched, LAYOUTS[layout]),
-                                                          budget)))
-
-        # Stage 2: offload. Every (base, layout) that could still win is fitted on the byte timeline (no placement)
-        # and ranked by its estimated time (own time + estimated exposed copies); then placed in that order while
-        # the next estimate beats the best plan found.
-        searches = []   # (own time, base index, layout index, name, layout, base schedule, root reads)
-        for i, (name, sched, rs) in group:
-            if any(t.fits for t in res.trials if t.name.split(",")[0] == name):
-                continue          # this base already fits (offload would only add copies)
-            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
-            for li, layout in enumerate(LAYOUTS):
-                searches.append((own_time[name], i, li, name, layout, sched, reads))
-        searches.sort(key=lambda e: e[:3])
-        for lb, _, _, name, layout, sched, reads in searches:
-            if lb >= best_time() * (1 - GOOD_ENOUGH):
-                break             # sorted by their best possible time: none of the rest can win (by more than a hair)
-            osearch = OffloadSearch(route, pin_long_lived(route, sched, LAYOUTS[layout]), ws, budget, device, reads)
-            tried.append((name, layout, osearch))
-            if lb + osearch.est_exposed_s >= best_time() * (1 - GOOD_ENOUGH):
-                continue          # its estimate already loses: not worth a placement
-            cr = osearch.place_fitted()
-            if cr is None:
-                continue
-            evaluate(Trial(label(f"{name} + offload", layout), cr.plan,
-                           note=f"{cr.offloaded} of {cr.candidates} candidates offloaded, copies fitted to the "
-                                f"budget (estimated {osearch.est_exposed_s:.3g} s exposed)"))
-
-    search([(0, bases[0])])
-    # Recomputation only adds FLOPs to liveness' own time, the least any plan can take: if a liveness plan is
-    # already within GOOD_ENOUGH of it, no recomputation base can win, and computing them is skipped.
-    if best_time() * (1 - GOOD_ENOUGH) > own_time["liveness"]:
-        bases += recompute_bases()
-        search(list(enumerate(bases))[1:])
-
-    if not any(t.fits for t in res.trials) and frugal:
-        # Nothing fits: the most frugal plans (every candidate offloaded, just in time) name the smallest budget.
-        for name, layout, search in tried:
-            if search.cands:
-                cr = search.place_tight()
-                evaluate(Trial(label(f"{name} + offload (tightest)", layout), cr.plan,
-                               note=f"all {cr.candidates} candidates offloaded, prefetched just in time"))
-
-    if not any(t.fits for t in res.trials) and route.fused_update:
-        # Stage 3: the training state itself does not fit beside the activations: home weights on the host.
-        for _, _, name, sched, rs, _ in sorted(((own_time[n], i, n, s, r, "") for i, (n, s, r) in enumerate(bases)),
-                                               key=lambda e: (e[0], e[1])):
-            reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs else {}
-            t = weights_search(route, sched, ws, budget, device, reads, evaluate, name)
-            if t is not None and t.fits:
-                break
-
-    fitting = [t for t in res.trials if t.fits]
-    if fitting:
-        res.plan = min(fitting, key=lambda t: (t.est_step_time_s, t.min_budget_bytes)).plan
-    elif frugal:
-        res.frugal = min((t for t in res.trials if t.plan is not None), key=lambda t: t.min_budget_bytes)
-    return res
+        search.consider(Candidate("any", note="skipped: parameters, gradients, optimizer state and the largest "
+                                              "step's working set alone exceed the budget"))
+        return search.result(frugal)
+    bases = [search.liveness_base()]
+    search.explore(bases)
+    if search.could_win(bases[0].own_time_s):
+        more = search.recompute_bases()
+        search.explore(more)
+        bases += more
+    if not search.fitting and frugal:
+        search.tightest()
+    if not search.fitting and route.fused_update:
+        search.weights(bases)
+    return search.result(frugal)
 
 
 WEIGHTS_SEARCH_STEPS = 6
 """At most this many placements of `cache_search` to find the fewest layers whose weights go to the host."""
 
 
-def weights_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
-                   reads: dict[str, int], evaluate, name: str) -> Trial | None:
+def weights_search(search: AutoSearch, base: Base) -> Candidate | None:
     """The fewest layers whose weights and optimizer state must live on the host (largest first, host update,
-    the activation cache on top) for `base` to fit `budget`: every candidate first; if that fits, a binary search
-    on how many; if not, the same with prefetches just in time (the most frugal weights plan)."""
+    the activation cache on top) for `base` to fit the budget: every candidate first; if that fits, a binary
+    search on how many; if not, the same with prefetches just in time (the most frugal weights plan)."""
+    route = search.route
     layers = weights_decision.layer_candidates(route)
     if not layers:
         return None
 
-    def trial(n: int, lead: int = 1) -> Trial:
-        sched = weights_decision.weights_schedule(route, base, layers[:n], host_update=True, lead=lead)
-        cr = cache_search(route, sched, ws, budget, device, reads)
-        p = cr.plan
-        return Trial(f"{name} + weights on host ({n} of {len(layers)} layers) + offload", p,
-                     note=f"{cr.offloaded} of {cr.candidates} activation candidates offloaded"
-                          + ("" if lead else "; weights prefetched just in time"))
+    def trial(n: int, lead: int = 1) -> Candidate:
+        sched = weights_decision.weights_schedule(route, base.schedule, layers[:n], host_update=True, lead=lead)
+        cr = cache_search(route, sched, search.ws, search.budget, search.device, base.root_reads)
+        return search.consider(Candidate(
+            base.name, (f"weights on host ({n} of {len(layers)} layers)", "offload"), plan=cr.plan,
+            note=f"{cr.offloaded} of {cr.candidates} activation candidates offloaded"
+                 + ("" if lead else "; weights prefetched just in time")))
 
-    full = evaluate(trial(len(layers)))
+    full = trial(len(layers))
     if not full.fits:
-        return evaluate(trial(len(layers), lead=0))
+        return trial(len(layers), lead=0)
     lo, hi, best = 0, len(layers), full
     for _ in range(WEIGHTS_SEARCH_STEPS):
         if hi - lo <= 1:
             break
         mid = (lo + hi) // 2
-        t = evaluate(trial(mid))
+        t = trial(mid)
         if t.fits:
             hi, best = mid, t
         else:
@@ -439,27 +510,96 @@ def weights_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice],
     return best
 
 
-def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None) -> Plan:
-    """The search on `route`; where nothing fits and the route has rebuildable aux tensors (attention's scores,
+# -- micro-batches: when no single-batch plan fits --------------------------------------------------------------
+def micro_batch_counts(route: Route) -> list[int]:
+    """The micro-batch counts `auto` may try by itself on `route`: 2, 4, 8, ... dividing the batch, up to the
+    route's `PlanOptions.max_micro_batches`; none for a route that is not a fused training route (data parallel,
+    `--fused-update off`, inference) or that is already cut into micro-batches (the user chose the count)."""
+    if not route.training or not route.fused_update or route.packing is not None:
+        return []
+    batch = route.network.input_nodes[0].shape[0]
+    limit = min(batch, route.options.max_micro_batches or batch)
+    out, m = [], 2
+    while m <= limit:
+        if batch % m == 0:
+            out.append(m)
+        m *= 2
+    return out
+
+
+def micro_batch_search(route: Route, budget: int, device, costs: CostTable | None = None) -> AutoResult:
+    """The fewest micro-batches (`micro_batch_counts`) with a plan that fits `budget`, and at that count the
+    fastest plan among `auto`'s own search on the micro-batched route (one pack per layer) and Harmony's layer
+    packs (`schedulers/packs.py`: packs cut to fit, weights brought in once per pack). Fewer micro-batches run
+    larger kernels and stash less, so the search stops at the first count that fits."""
+    tried: list[Candidate] = []
+    for m in micro_batch_counts(route):
+        try:
+            mroute = route.with_micro_batches(m)
+        except PackError as e:   # a network the packed route cannot express: it stays one batch
+            tried.append(Candidate("any", micro_batches=m, note=f"skipped: {e}"))
+            break
+        if step_floor(mroute) > budget:
+            tried.append(Candidate("any", micro_batches=m,
+                                   note="skipped: one micro-batch's busiest step alone exceeds the budget"))
+            continue
+        res = auto_search(mroute, budget, device, costs, frugal=False)
+        for c in res.trials:
+            c.micro_batches = m
+        tried += res.trials
+        try:
+            packed = plan_packs(route, budget, device, costs, micro_batches=m)
+        except (BudgetError, PackError) as e:
+            tried.append(Candidate("layer packs", ("weights per pack", "offload"), micro_batches=m,
+                                   note=f"no packing fits: {e}".splitlines()[0][:200]))
+        else:
+            n = len(packed.route.packing.packs)
+            tried.append(Candidate(f"layer packs ({n} pack{'s' if n > 1 else ''})", ("weights per pack", "offload"),
+                                   micro_batches=m, plan=packed, fits=True,
+                                   est_step_time_s=simulate(packed, device).est_step_time_s))
+        fitting = [c for c in tried if c.fits]
+        if fitting:
+            best = min(fitting, key=lambda c: (c.est_step_time_s, c.min_budget_bytes))
+            return AutoResult(best.plan, tried)
+    return AutoResult(None, tried)
+
+
+def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
+              policy: str = "auto") -> Plan:
+    """`auto_search` on `route`; where nothing fits and the route has rebuildable aux tensors (attention's scores,
     `Route.rebuildable_aux`: B H T^2 values a layer, kept until its backward whatever else moves), the search again
-    on the route without them (backward rebuilds them, same bits), as policy `recompute` does: kept where they
-    fit (backward then rebuilds nothing), left out where only that fits."""
+    on the route without them (backward rebuilds them, same bits), as policy `recompute` does: kept where they fit
+    (backward then rebuilds nothing), left out where only that fits. If still nothing fits and the route may be cut
+    (`micro_batch_counts`), the fewest micro-batches that fit (`micro_batch_search`). The plan's `decision` says
+    which and why."""
     res = auto_search(route, budget, device, costs)
     rebuildable = route.rebuildable_aux()
     if res.plan is None and rebuildable:
         alt = auto_search(route.without_aux(rebuildable), budget, device, costs)
         if alt.plan is not None or alt.frugal.plan.min_budget_bytes < res.frugal.plan.min_budget_bytes:
             res = alt
-    if res.plan is None:
-        f = res.frugal
-        p = f.plan
-        raise BudgetError(
-            f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy 'auto': no combination of "
-            f"liveness, recomputation, offload and workspace sizing fits. The "
-            f"smallest budget that works is {format_bytes(p.min_budget_bytes)} ({p.min_budget_bytes:,} B), with "
-            f"the most memory-frugal plan ({f.name}), bound at step {p.binding_step} ({p.binding_label}).\n"
-            f"tried:\n{res.summary()}", p.min_budget_bytes, p.binding_label)
-    return finalize(res.plan, budget, policy="auto")
+    if res.plan is not None:
+        res.plan.decision = f"{res.chosen.name}: the fastest of {len(res.trials)} candidates that fits"
+        return finalize(res.plan, budget, policy=policy)
+    counts = micro_batch_counts(route)
+    micro = micro_batch_search(route, budget, device, costs) if counts else AutoResult(None)
+    f = res.frugal
+    if micro.plan is not None:
+        c = micro.chosen
+        micro.plan.decision = (
+            f"{c.name}: no single-batch plan fits {format_bytes(budget)} (the most frugal needs "
+            f"{format_bytes(f.min_budget_bytes)}), so the batch is split into the fewest micro-batches that fit "
+            f"({c.micro_batches}); the fastest of the {sum(t.fits for t in micro.trials)} that fit at that count")
+        return finalize(micro.plan, budget, policy=policy)
+    p = f.plan
+    tried = res.summary() + ("\n" + AutoResult(None, micro.trials).summary() if micro.trials else "")
+    raise BudgetError(
+        f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy '{policy}': no combination of "
+        f"liveness, recomputation, offload, weights on the host and workspace sizing fits"
+        + (f", nor with the batch split into {', '.join(map(str, counts))} micro-batches" if counts else "")
+        + f". The smallest budget that works is {format_bytes(p.min_budget_bytes)} ({p.min_budget_bytes:,} B), "
+        f"with the most memory-frugal plan ({f.name}), bound at step {p.binding_step} ({p.binding_label}).\n"
+        f"tried:\n{tried}", p.min_budget_bytes, p.binding_label)
 
 
 def auto_policy(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:

@@ -19,7 +19,7 @@ Limitations: packs are cut by weight bytes only, not by activation sizes; the se
 from __future__ import annotations
 
 from ...core.errors import BudgetError
-from ...graph.packs import PackError, even_packs
+from ...graph.packs import even_packs
 from ...graph.route import Phase, Route
 from ..decisions.weights import moved_by_role, plan_weights
 from ..plan import Plan
@@ -54,8 +54,6 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
                micro_batches: int | None = None) -> Plan:
     """The `packs` plan of `route.network` under `budget` (see the module doc). `micro_batches`: None searches
     (unless `route` is already a packed route, whose M is kept)."""
-    if route.backend_name != "cpu":
-        raise PackError("policy 'packs' plans with the CPU backend's convolution algorithms only")
     net = route.network
     batch = net.input_nodes[0].shape[0]
     if micro_batches is None and route.packing is not None:
@@ -64,15 +62,13 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
     floor: tuple[int, str] | None = None
     best: tuple[int, int, Plan] | None = None    # (bytes moved, micro-batches, plan)
     for m in ms:
-        per_layer = [[n.name] for n in net.layer_nodes]
-        floor_m = step_floor(net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=per_layer))
+        floor_m = step_floor(route.with_micro_batches(m))
         if budget is not None and floor_m > budget:
             if floor is None or floor_m < floor[0]:
                 floor = (floor_m, f"{m} micro-batches (one step's own tensors)")
             continue  # one micro-batch's single step does not fit: no packing can help
         for n in _powers(len(net.layer_nodes)):
-            r = net.route(optimizer_slots=route.optimizer_slots, micro_batches=m, packs=even_packs(net, n))
-            r = r.with_options(route.options)   # `--paged`: the rebuilt route is placed by chunks too
+            r = route.with_micro_batches(m, even_packs(net, n))   # same menu and options (`--paged`)
             try:
                 plan = plan_weights(r, budget, device, workspace=workspace_choices(r, costs), policy="packs")
             except BudgetError as e:

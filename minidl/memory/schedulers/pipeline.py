@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from ...core.errors import BudgetError, OptionError
 from ...graph.packs import Packing, even_packs
-from ...graph.route import Route
+from ...graph.route import PlanOptions, Route
 from ..decisions.weights import layer_candidates, moved_by_role, plan_weights
 from ..plan import Plan
 from ..pool import format_bytes
@@ -408,7 +408,9 @@ def plan_replicas(replica: "Network", devices: int, budget: int | None = None, d
 
     profile = get_profile(device)
     budget = profile.memory_bytes if budget is None else budget
-    route = replica.route(optimizer_slots=optimizer_slots, fused_update=True)
+    # replicas keep their batch whole: data parallel with micro-batches is not supported (policies.plan_network)
+    route = replica.route(optimizer_slots=optimizer_slots, fused_update=True).with_options(
+        PlanOptions(max_micro_batches=1))
     plan = plan_auto(route, budget, device, costs)
     sim = simulate(plan, profile)
     grad = sum(t.nbytes for t in route.tensors.values() if t.role.name == "GRADIENT")
