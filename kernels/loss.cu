@@ -131,3 +131,100 @@ extern "C" __global__ void softmax_xent_backward(float* dlogits,
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Cross-entropy over every token with an ignore index
+// (F.cross_entropy(logits, labels, ignore_index=ignore_index), the mean over
+// the rows whose label is not ignore_index; NaN when every row is ignored, as
+// PyTorch's 0/0)
+// ---------------------------------------------------------------------------
+
+// Number of rows whose label is not `ignore_index`, as a float (single block).
+static __device__ float count_kept(const long long* labels, long long N,
+                                   long long ignore_index, float* smem)
+{
+    float c = 0.0f;
+    for (long long i = threadIdx.x; i < N; i += blockDim.x) c += labels[i] != ignore_index ? 1.0f : 0.0f;
+    return block_reduce<false>(c, smem);
+}
+
+// loss[r] = softmax_xent_forward's row loss, 0 for an ignored row (its label
+// is ignore_index); NaN for any other label outside [0, K).
+extern "C" __global__ void softmax_xent_ignore_forward(float* __restrict__ loss,
+                                                       const float* __restrict__ logits,
+                                                       const long long* __restrict__ labels,
+                                                       long long N, long long K,
+                                                       long long ignore_index)
+{
+    __shared__ float smem[LOSS_MAX_THREADS];
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const long long t = labels[row];
+        if (t == ignore_index) {  // the same for every thread of the block: no reduction skipped by half of it
+            if (threadIdx.x == 0) loss[row] = 0.0f;
+            continue;
+        }
+        const float* xr = logits + row * K;
+        float m, log_s;
+        row_logsumexp(xr, K, smem, &m, &log_s);
+        if (threadIdx.x == 0) loss[row] = (t >= 0 && t < K) ? log_s - (xr[t] - m) : nan_f();
+    }
+}
+
+// out[0] = sum(loss[:N]) / (rows not ignored). Single block, as
+// softmax_xent_mean.
+extern "C" __global__ void softmax_xent_ignore_mean(float* __restrict__ out,
+                                                    const float* __restrict__ loss,
+                                                    const long long* __restrict__ labels,
+                                                    long long N, long long ignore_index)
+{
+    __shared__ float smem[LOSS_MAX_THREADS];
+    if (blockIdx.x != 0) return;
+    const float kept = count_kept(labels, N, ignore_index, smem);
+    float s = 0.0f;
+    for (long long i = threadIdx.x; i < N; i += blockDim.x) s += loss[i];
+    s = block_reduce<false>(s, smem);
+    if (threadIdx.x == 0) out[0] = s / kept;
+}
+
+// scale[0] = dloss[0] / (rows not ignored): the gradient's factor, computed
+// on the device so the backward needs no host round trip. Single block.
+extern "C" __global__ void softmax_xent_ignore_scale(float* __restrict__ scale,
+                                                     const float* __restrict__ dloss,
+                                                     const long long* __restrict__ labels,
+                                                     long long N, long long ignore_index)
+{
+    __shared__ float smem[LOSS_MAX_THREADS];
+    if (blockIdx.x != 0) return;
+    const float kept = count_kept(labels, N, ignore_index, smem);
+    if (threadIdx.x == 0) scale[0] = dloss[0] / kept;
+}
+
+// dlogits[r] = (softmax(logits[r]) - onehot(labels[r])) * scale[0], zeros
+// for an ignored row, NaN for any other invalid label. `dlogits` may alias
+// `logits`.
+extern "C" __global__ void softmax_xent_ignore_backward(float* dlogits,
+                                                        const float* logits,
+                                                        const long long* __restrict__ labels,
+                                                        const float* __restrict__ scale,
+                                                        long long N, long long K,
+                                                        long long ignore_index)
+{
+    __shared__ float smem[LOSS_MAX_THREADS];
+    const float sc = scale[0];
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        float* dr = dlogits + row * K;
+        const long long t = labels[row];
+        if (t == ignore_index) {
+            for (long long j = threadIdx.x; j < K; j += blockDim.x) dr[j] = 0.0f;
+            continue;
+        }
+        const float* xr = logits + row * K;
+        float m, log_s;
+        row_logsumexp(xr, K, smem, &m, &log_s);
+        const bool valid = (t >= 0 && t < K);
+        for (long long j = threadIdx.x; j < K; j += blockDim.x) {
+            const float p = expf((xr[j] - m) - log_s);
+            dr[j] = valid ? (p - (j == t ? 1.0f : 0.0f)) * sc : nan_f();
+        }
+    }
+}

@@ -419,6 +419,25 @@ LAUNCH_CASES = {
     "sz_decode_blocks": ((_f(700), np.zeros(100, np.uint32), np.zeros(3, np.uint8), np.zeros(3, np.int64),
                           np.zeros(3, np.int64), 0.5), lambda a: (*a[:5], 700, 3, 0.5), (3, 256)),
     "sz_scatter_outliers": ((_f(700), np.zeros(4, np.int64), _f(4)), lambda a: (*a, 4), 4),
+    "softmax_xent_ignore_forward": ((_rows, _logits, _lab, -100), lambda a: (*a[:3], 6, 5, -100), (6, 5)),
+    "softmax_xent_ignore_mean": ((np.zeros((), np.float32), _rows, _lab, 3), lambda a: (*a[:3], 6, 3), 6),
+    "softmax_xent_ignore_scale": ((_f(1), np.ones((), np.float32), _lab, 3), lambda a: (*a[:3], 6, 3), 6),
+    "softmax_xent_ignore_backward": ((_f(6, 5), _logits, _lab, _f(1), 2),
+                                     lambda a: (*a[:4], 6, 5, 2), (6, 5)),
+    "layernorm_forward": ((_f(4, 3, 8), _f(12), _f(12), _f(4, 3, 8), _f(8), None, 1e-5),
+                          lambda a: (*a[:6], 12, 8, 1e-5), (12, 8)),
+    "layernorm_forward_apply": ((_f(12, 8), _f(12, 8), None, _f(8), _f(12), _f(12)),
+                                lambda a: (*a, 12, 8), 96),
+    "layernorm_backward_dx": ((_f(12, 8), _f(12, 8), _f(8), _f(12, 8), _f(12), _f(12)),
+                              lambda a: (*a, 12, 8), (12, 8)),
+    "layernorm_backward_params": ((_f(8), None, _f(12, 8), _f(12, 8), _f(12), _f(12)),
+                                  lambda a: (*a, 12, 8), 8),
+    "gelu_forward": ((_f(3, 7), _f(3, 7), "tanh"), lambda a: (a[0], a[1], 21, 0), 21),
+    "gelu_backward": ((_f(3, 7), _f(3, 7), _f(3, 7), "none"), lambda a: (*a[:3], 21, 1), 21),
+    "softmax_forward": ((_f(2, 3, 5, 5), _f(2, 3, 5, 5), 0.5, 5), lambda a: (a[0], a[1], 30, 5, 0.5, 5), (30, 5)),
+    "softmax_backward": ((_f(6, 5), _f(6, 5), _f(6, 5), 0.25), lambda a: (*a[:3], 6, 5, 0.25), (6, 5)),
+    "embedding_forward": ((_f(6, 4), _f(10, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10), 24),
+    "embedding_backward": ((_f(10, 4), _f(2, 3, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10), 4),
 }
 
 
@@ -485,7 +504,7 @@ def test_sgd_without_momentum_passes_null():
         cuplan.nonfinite_flag(flag, _f(3), 0)
     with pytest.raises(ValueError, match="uint64"):
         cuplan.dropout_forward_dev(_f(3), _f(3), 0.5, np.zeros(2, np.uint64))
-    assert cuplan.ZERO_OUTPUT_FIRST == {"maxpool2d_backward"}
+    assert cuplan.ZERO_OUTPUT_FIRST == {"maxpool2d_backward", "embedding_backward"}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -264,7 +264,12 @@ def test_registry_shape():
         assert s.args[0].is_pointer and not s.args[0].ctype.startswith("const"), (
             f"{name}: the output comes first")
     expected = {
-        "loss.cu": {"softmax_xent_forward", "softmax_xent_mean", "softmax_xent_backward"},
+        "loss.cu": {"softmax_xent_forward", "softmax_xent_mean", "softmax_xent_backward",
+                    "softmax_xent_ignore_forward", "softmax_xent_ignore_mean", "softmax_xent_ignore_scale",
+                    "softmax_xent_ignore_backward"},
+        "seq.cu": {"layernorm_forward", "layernorm_forward_apply", "layernorm_backward_dx",
+                   "layernorm_backward_params", "gelu_forward", "gelu_backward", "softmax_forward",
+                   "softmax_backward", "embedding_forward", "embedding_backward"},
         "optim.cu": {"sgd_update", "adam_update", "sgd_update_dev", "adam_update_dev"},
         "compress.cu": {"sz_quantize", "sz_encode_blocks", "sz_gather_planes", "sz_decode_blocks",
                         "sz_scatter_outliers"},

@@ -159,6 +159,35 @@ _SPECS: Sequence[KernelSpec] = (
         doc="dlogits = (softmax(logits) - onehot(labels)) * scale, scale = "
             "dloss / N for the mean; NaN rows for invalid labels",
         torch_op="F.cross_entropy backward"),
+    KernelSpec(
+        "softmax_xent_ignore_forward", "loss.cu",
+        _args("float* loss, const float* logits, const long long* labels, "
+              "long long N, long long K, long long ignore_index"),
+        launch="row", work="(N, K)",
+        doc="per-row loss as softmax_xent_forward, 0 for a row whose label is "
+            "ignore_index",
+        torch_op="F.cross_entropy(ignore_index=..., reduction='none')"),
+    KernelSpec(
+        "softmax_xent_ignore_mean", "loss.cu",
+        _args("float* out, const float* loss, const long long* labels, "
+              "long long N, long long ignore_index"),
+        launch="single_block", work="N",
+        doc="out[0] = sum(loss[:N]) / (rows not ignored); NaN when all are",
+        torch_op="F.cross_entropy(ignore_index=...)"),
+    KernelSpec(
+        "softmax_xent_ignore_scale", "loss.cu",
+        _args("float* scale, const float* dloss, const long long* labels, "
+              "long long N, long long ignore_index"),
+        launch="single_block", work="N",
+        doc="scale[0] = dloss[0] / (rows not ignored), on the device",
+        torch_op="F.cross_entropy(ignore_index=...) backward"),
+    KernelSpec(
+        "softmax_xent_ignore_backward", "loss.cu",
+        _args("float* dlogits, const float* logits, const long long* labels, "
+              "const float* scale, long long N, long long K, long long ignore_index"),
+        launch="row", work="(N, K)",
+        doc="(softmax - onehot) * scale[0] per row, zeros for ignored rows",
+        torch_op="F.cross_entropy(ignore_index=...) backward"),
     # ----------------------------------------------------------- optim.cu
     KernelSpec(
         "sgd_update", "optim.cu",
@@ -362,6 +391,78 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="x.size",
         doc="gradient of lrn_forward given x, its output y and dy",
         torch_op="nn.LocalResponseNorm backward"),
+    # ------------------------------------------------------------- seq.cu
+    KernelSpec(
+        "layernorm_forward", "seq.cu",
+        _args("float* y, float* mean, float* rstd, const float* x, const float* w, "
+              "const float* b, long long R, long long C, float eps"),
+        launch="row", work="(R, C)",
+        doc="layer norm of R rows of C values; mean, rstd saved; w, b may be NULL",
+        torch_op="F.layer_norm"),
+    KernelSpec(
+        "layernorm_forward_apply", "seq.cu",
+        _args("float* y, const float* x, const float* w, const float* b, "
+              "const float* mean, const float* rstd, long long R, long long C"),
+        launch="elementwise", work="R * C",
+        doc="layer norm's output from saved statistics (a recomputed forward)",
+        torch_op="F.layer_norm"),
+    KernelSpec(
+        "layernorm_backward_dx", "seq.cu",
+        _args("float* dx, const float* x, const float* w, const float* dy, "
+              "const float* mean, const float* rstd, long long R, long long C"),
+        launch="row", work="(R, C)",
+        doc="dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w",
+        torch_op="F.layer_norm backward"),
+    KernelSpec(
+        "layernorm_backward_params", "seq.cu",
+        _args("float* dw, float* db, const float* x, const float* dy, "
+              "const float* mean, const float* rstd, long long R, long long C"),
+        launch="elementwise", work="C",
+        doc="dw = sum_r dy xhat, db = sum_r dy, one thread per column in row "
+            "order (double sums); either may be NULL",
+        torch_op="F.layer_norm backward"),
+    KernelSpec(
+        "gelu_forward", "seq.cu",
+        _args("float* y, const float* x, long long n, int exact"),
+        launch="elementwise", work="n",
+        doc="GELU, exact (erf) or the tanh approximation",
+        torch_op="F.gelu"),
+    KernelSpec(
+        "gelu_backward", "seq.cu",
+        _args("float* dx, const float* x, const float* dy, long long n, int exact"),
+        launch="elementwise", work="n",
+        doc="dx = dy * GELU'(x)",
+        torch_op="F.gelu backward"),
+    KernelSpec(
+        "softmax_forward", "seq.cu",
+        _args("float* y, const float* x, long long R, long long C, float scale, "
+              "long long causal_t"),
+        launch="row", work="(R, C)",
+        doc="softmax(x * scale) per row; causal_t > 0: keys after query "
+            "(row mod causal_t) get 0; y may alias x",
+        torch_op="F.softmax(x * scale, -1)"),
+    KernelSpec(
+        "softmax_backward", "seq.cu",
+        _args("float* dx, const float* y, const float* dy, long long R, long long C, "
+              "float scale"),
+        launch="row", work="(R, C)",
+        doc="dx = scale y (dy - sum(dy y)) per row; dx may alias dy",
+        torch_op="F.softmax backward"),
+    KernelSpec(
+        "embedding_forward", "seq.cu",
+        _args("float* y, const float* w, const long long* idx, long long R, "
+              "long long C, long long V"),
+        launch="elementwise", work="R * C",
+        doc="y[r] = w[idx[r]]; NaN rows for indices outside [0, V)",
+        torch_op="F.embedding"),
+    KernelSpec(
+        "embedding_backward", "seq.cu",
+        _args("float* dw, const float* dy, const long long* idx, long long R, "
+              "long long C, long long V"),
+        launch="elementwise", work="C",
+        doc="dw[idx[r]] += dy[r] in row order, one thread per column; THE HOST "
+            "MUST ZERO dw FIRST",
+        torch_op="F.embedding backward"),
 )
 
 #: name -> KernelSpec, for every kernel in kernels/*.cu.

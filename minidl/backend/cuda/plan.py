@@ -508,11 +508,16 @@ class KernelLaunch:
     args: tuple
 
 
-#: Pointer parameters that may be NULL (passed as None): SGD's momentum buffer when momentum == 0.
-NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev", "momentum_buf")})
+#: Pointer parameters that may be NULL (passed as None): SGD's momentum buffer when momentum == 0; layer norm's
+#: weight and bias (and their gradients) where the layer has none or does not want them.
+NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev", "momentum_buf"),
+                               ("layernorm_forward", "w"), ("layernorm_forward", "b"),
+                               ("layernorm_forward_apply", "w"), ("layernorm_forward_apply", "b"),
+                               ("layernorm_backward_dx", "w"), ("layernorm_backward_params", "dw"),
+                               ("layernorm_backward_params", "db")})
 
-#: Kernels whose first (output) argument the host must zero before the launch (they accumulate atomically).
-ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward"})
+#: Kernels whose first (output) argument the host must zero before the launch (they add into it).
+ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward", "embedding_backward"})
 
 
 def pack_launch(name: str, args: Sequence, work, limits: DeviceLimits = DeviceLimits()) -> KernelLaunch:
@@ -678,6 +683,41 @@ def softmax_xent_backward(dlogits, logits, labels, scale: float, limits=DeviceLi
     n, k = _logits_dims("softmax_xent_backward", logits, labels)
     _same_size("softmax_xent_backward", dlogits, logits)
     return pack_launch("softmax_xent_backward", (dlogits, logits, labels, n, k, scale), (n, k), limits)
+
+
+def softmax_xent_ignore_forward(loss_rows, logits, labels, ignore_index: int,
+                                limits=DeviceLimits()) -> KernelLaunch:
+    """Per-row losses into `loss_rows` (at least N floats of scratch), 0 for the rows whose label is
+    `ignore_index`."""
+    n, k = _logits_dims("softmax_xent_ignore_forward", logits, labels)
+    if _size(loss_rows) < n:
+        raise ValueError(f"softmax_xent_ignore_forward: the row-loss buffer holds {_size(loss_rows)} < {n} values")
+    return pack_launch("softmax_xent_ignore_forward", (loss_rows, logits, labels, n, k, ignore_index), (n, k),
+                       limits)
+
+
+def softmax_xent_ignore_mean(out, loss_rows, labels, ignore_index: int, limits=DeviceLimits()) -> KernelLaunch:
+    n = _size(labels)
+    if _size(out) != 1 or _size(loss_rows) < n:
+        raise ValueError(f"softmax_xent_ignore_mean: out must hold 1 value and the rows {n}")
+    return pack_launch("softmax_xent_ignore_mean", (out, loss_rows, labels, n, ignore_index), n, limits)
+
+
+def softmax_xent_ignore_scale(scale, dloss, labels, ignore_index: int, limits=DeviceLimits()) -> KernelLaunch:
+    n = _size(labels)
+    if _size(scale) != 1 or _size(dloss) != 1:
+        raise ValueError("softmax_xent_ignore_scale: scale and dloss must hold 1 value each")
+    return pack_launch("softmax_xent_ignore_scale", (scale, dloss, labels, n, ignore_index), n, limits)
+
+
+def softmax_xent_ignore_backward(dlogits, logits, labels, scale, ignore_index: int,
+                                 limits=DeviceLimits()) -> KernelLaunch:
+    n, k = _logits_dims("softmax_xent_ignore_backward", logits, labels)
+    _same_size("softmax_xent_ignore_backward", dlogits, logits)
+    if _size(scale) != 1:
+        raise ValueError("softmax_xent_ignore_backward: scale must hold 1 value (softmax_xent_ignore_scale's)")
+    return pack_launch("softmax_xent_ignore_backward", (dlogits, logits, labels, scale, n, k, ignore_index),
+                       (n, k), limits)
 
 
 # -- optim.cu --------------------------------------------------------------------------------------------------
@@ -848,6 +888,112 @@ def sz_scatter_outliers(y, idx, vals, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch("sz_scatter_outliers", (y, idx, vals, n_out), n_out, limits)
 
 
+# -- seq.cu ----------------------------------------------------------------------------------------------------
+def _rows_cols(name, x) -> tuple[int, int]:
+    """(R, C) of a tensor read as rows of its last axis."""
+    if len(x.shape) < 1:
+        raise ValueError(f"{name}: a tensor of at least one axis is needed, got shape {tuple(x.shape)}")
+    c = int(x.shape[-1])
+    return (_size(x) // c if c else 0), c
+
+
+def _vectors(name, c: int, **vectors) -> None:
+    for label, v in vectors.items():
+        if v is not None and _size(v) != c:
+            raise ValueError(f"{name}: {label} holds {_size(v)} values, the rows have {c}")
+
+
+def _row_stats(name, r: int, **stats) -> None:
+    for label, v in stats.items():
+        if _size(v) != r:
+            raise ValueError(f"{name}: {label} holds {_size(v)} values for {r} rows")
+
+
+def layernorm_forward(y, mean, rstd, x, w, b, eps: float, limits=DeviceLimits()) -> KernelLaunch:
+    r, c = _rows_cols("layernorm_forward", x)
+    _same_size("layernorm_forward", y, x)
+    _vectors("layernorm_forward", c, w=w, b=b)
+    _row_stats("layernorm_forward", r, mean=mean, rstd=rstd)
+    return pack_launch("layernorm_forward", (y, mean, rstd, x, w, b, r, c, eps), (r, c), limits)
+
+
+def layernorm_forward_apply(y, x, w, b, mean, rstd, limits=DeviceLimits()) -> KernelLaunch:
+    r, c = _rows_cols("layernorm_forward_apply", x)
+    _same_size("layernorm_forward_apply", y, x)
+    _vectors("layernorm_forward_apply", c, w=w, b=b)
+    _row_stats("layernorm_forward_apply", r, mean=mean, rstd=rstd)
+    return pack_launch("layernorm_forward_apply", (y, x, w, b, mean, rstd, r, c), r * c, limits)
+
+
+def layernorm_backward_dx(dx, x, w, dy, mean, rstd, limits=DeviceLimits()) -> KernelLaunch:
+    r, c = _rows_cols("layernorm_backward_dx", x)
+    _same_size("layernorm_backward_dx", dx, x, dy)
+    _vectors("layernorm_backward_dx", c, w=w)
+    _row_stats("layernorm_backward_dx", r, mean=mean, rstd=rstd)
+    return pack_launch("layernorm_backward_dx", (dx, x, w, dy, mean, rstd, r, c), (r, c), limits)
+
+
+def layernorm_backward_params(dw, db, x, dy, mean, rstd, limits=DeviceLimits()) -> KernelLaunch:
+    r, c = _rows_cols("layernorm_backward_params", x)
+    _same_size("layernorm_backward_params", x, dy)
+    _vectors("layernorm_backward_params", c, dw=dw, db=db)
+    _row_stats("layernorm_backward_params", r, mean=mean, rstd=rstd)
+    return pack_launch("layernorm_backward_params", (dw, db, x, dy, mean, rstd, r, c), c, limits)
+
+
+def _exact(approximate: str) -> int:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return int(approximate == "none")
+
+
+def gelu_forward(y, x, approximate: str, limits=DeviceLimits()) -> KernelLaunch:
+    n = _same_size("gelu_forward", y, x)
+    return pack_launch("gelu_forward", (y, x, n, _exact(approximate)), n, limits)
+
+
+def gelu_backward(dx, x, dy, approximate: str, limits=DeviceLimits()) -> KernelLaunch:
+    n = _same_size("gelu_backward", dx, x, dy)
+    return pack_launch("gelu_backward", (dx, x, dy, n, _exact(approximate)), n, limits)
+
+
+def softmax_forward(y, x, scale: float = 1.0, causal_t: int = 0, limits=DeviceLimits()) -> KernelLaunch:
+    """Rows of x's last axis; `causal_t` > 0: x holds (T, T) score matrices (last axis T = causal_t) whose row
+    r attends to keys 0..r mod T."""
+    r, c = _rows_cols("softmax_forward", x)
+    _same_size("softmax_forward", y, x)
+    if causal_t and c != causal_t:
+        raise ValueError(f"softmax_forward: a causal mask over {causal_t} keys needs rows of {causal_t}, got {c}")
+    return pack_launch("softmax_forward", (y, x, r, c, scale, causal_t), (r, c), limits)
+
+
+def softmax_backward(dx, y, dy, scale: float = 1.0, limits=DeviceLimits()) -> KernelLaunch:
+    r, c = _rows_cols("softmax_backward", y)
+    _same_size("softmax_backward", dx, y, dy)
+    return pack_launch("softmax_backward", (dx, y, dy, r, c, scale), (r, c), limits)
+
+
+def _table(name, idx, w, rows) -> tuple[int, int, int]:
+    if len(w.shape) != 2:
+        raise ValueError(f"{name}: the table must be (V, C), got shape {tuple(w.shape)}")
+    v, c = (int(d) for d in w.shape)
+    r = _size(idx)
+    if _size(rows) != r * c:
+        raise ValueError(f"{name}: {r} indices of rows of {c} values need {r * c} values, got {_size(rows)}")
+    return r, c, v
+
+
+def embedding_forward(y, w, idx, limits=DeviceLimits()) -> KernelLaunch:
+    r, c, v = _table("embedding_forward", idx, w, y)
+    return pack_launch("embedding_forward", (y, w, idx, r, c, v), r * c, limits)
+
+
+def embedding_backward(dw, dy, idx, limits=DeviceLimits()) -> KernelLaunch:
+    """dw must be zeroed first (`ZERO_OUTPUT_FIRST`): the kernel adds into it."""
+    r, c, v = _table("embedding_backward", idx, dw, dy)
+    return pack_launch("embedding_backward", (dw, dy, idx, r, c, v), c, limits)
+
+
 #: kernel name -> the function that packs its launch (one per entry point of kernels/*.cu).
 LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
     f.__name__: f for f in (
@@ -856,5 +1002,9 @@ LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
         concat_copy_forward, concat_copy_backward, lrn_forward, lrn_backward, softmax_xent_forward,
         softmax_xent_mean, softmax_xent_backward, sgd_update, adam_update, maxpool2d_forward, maxpool2d_backward,
         avgpool2d_forward, avgpool2d_backward, global_avgpool_forward, global_avgpool_backward,
-        sz_quantize, sz_encode_blocks, sz_gather_planes, sz_decode_blocks, sz_scatter_outliers)
+        sz_quantize, sz_encode_blocks, sz_gather_planes, sz_decode_blocks, sz_scatter_outliers,
+        softmax_xent_ignore_forward, softmax_xent_ignore_mean, softmax_xent_ignore_scale,
+        softmax_xent_ignore_backward, layernorm_forward, layernorm_forward_apply, layernorm_backward_dx,
+        layernorm_backward_params, gelu_forward, gelu_backward, softmax_forward, softmax_backward,
+        embedding_forward, embedding_backward)
 }

@@ -1,0 +1,299 @@
+// minidl CUDA kernels: the sequence models' layers (layer norm, GELU, softmax
+// over the last axis, embedding gather and its gradient).
+//
+// Loaded with cupy.RawModule (NVRTC): device code only, no #include, every
+// entry point `extern "C" __global__`. See elementwise.cu for the shared
+// conventions (outputs first, `long long` sizes, grid-stride loops).
+//
+// Rows: a (B, T, C) tensor is R = B*T rows of C contiguous floats. "Row"
+// kernels run ONE BLOCK PER ROW (blocks grid-stride over rows, so any grid is
+// correct; the threads of a block stride over the row's C values and combine
+// through a shared-memory tree reduction; any blockDim.x <= 1024).
+//
+// Determinism: every sum has a fixed order for a given launch (the tree
+// reduction; the column sums of layernorm_backward_params and the gradient of
+// embedding_backward walk the rows in order, one thread per column), never an
+// atomic, so a recomputed forward gives the bits that ran and a step is
+// bit-identical from run to run, as the CPU backend's kernels are.
+
+#define SEQ_MAX_THREADS 1024
+
+#define GRID_STRIDE_LOOP(i, n)                                                 \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
+         i < (n); i += (long long)blockDim.x * gridDim.x)
+
+static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
+static __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
+
+// max that propagates NaN (fmaxf would drop it).
+static __device__ __forceinline__ float nan_max(float a, float b)
+{
+    return (a > b || a != a) ? a : b;
+}
+
+// Tree reduction over the block through `smem` (SEQ_MAX_THREADS floats), as
+// loss.cu's (NVRTC has no #include, so each file carries its own). Every
+// thread of the block must call it; every thread receives the result.
+template <bool IS_MAX>
+static __device__ float block_reduce(float v, float* smem)
+{
+    const unsigned int tid = threadIdx.x;
+    const unsigned int nt = blockDim.x;
+    smem[tid] = v;
+    __syncthreads();
+    unsigned int p = 1;  // smallest power of two >= nt
+    while (p < nt) p <<= 1;
+    for (unsigned int s = p >> 1; s > 0; s >>= 1) {
+        if (tid < s && tid + s < nt) {
+            smem[tid] = IS_MAX ? nan_max(smem[tid], smem[tid + s])
+                               : smem[tid] + smem[tid + s];
+        }
+        __syncthreads();
+    }
+    const float r = smem[0];
+    __syncthreads();  // smem is reused by the caller's next reduction
+    return r;
+}
+
+// ---------------------------------------------------------------------------
+// Layer norm over the last axis                   (F.layer_norm(x, (C,), w, b))
+// ---------------------------------------------------------------------------
+
+// One output of layer norm, ((x - m) * r) * w[j] + b[j] (w, b may be NULL), in
+// round-to-nearest intrinsics: the compiler may not contract them into an
+// FMA in one kernel and not the other, so layernorm_forward and
+// layernorm_forward_apply give the same bits from the same statistics.
+static __device__ __forceinline__ float ln_out(float x, float m, float r, const float* w,
+                                               const float* b, long long j)
+{
+    float v = __fmul_rn(__fsub_rn(x, m), r);
+    if (w) v = __fmul_rn(v, w[j]);
+    if (b) v = __fadd_rn(v, b[j]);
+    return v;
+}
+
+// y[r] = (x[r] - mean[r]) * rstd[r] * w + b, with mean[r] and rstd[r] =
+// 1 / sqrt(var[r] + eps) written for backward; the variance is the mean of
+// squared deviations from the row mean (two passes: no cancellation). w and b
+// may be NULL (no affine weight / bias). The output is `ln_out`, as
+// layernorm_forward_apply's, so a recomputed layer norm gives the same bits.
+extern "C" __global__ void layernorm_forward(float* y, float* mean, float* rstd,
+                                             const float* x, const float* w,
+                                             const float* b, long long R,
+                                             long long C, float eps)
+{
+    __shared__ float smem[SEQ_MAX_THREADS];
+    for (long long row = blockIdx.x; row < R; row += gridDim.x) {
+        const float* xr = x + row * C;
+        float s = 0.0f;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) s += xr[j];
+        const float m = block_reduce<false>(s, smem) / (float)C;
+        float q = 0.0f;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) {
+            const float d = xr[j] - m;
+            q += d * d;
+        }
+        const float r = 1.0f / sqrtf(block_reduce<false>(q, smem) / (float)C + eps);
+        float* yr = y + row * C;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) yr[j] = ln_out(xr[j], m, r, w, b, j);
+        if (threadIdx.x == 0) {
+            mean[row] = m;
+            rstd[row] = r;
+        }
+    }
+}
+
+// y from saved statistics: y[r, j] = ln_out(x[r, j], mean[r], rstd[r], ...).
+// One thread per element.
+extern "C" __global__ void layernorm_forward_apply(float* y, const float* x,
+                                                   const float* w, const float* b,
+                                                   const float* mean,
+                                                   const float* rstd,
+                                                   long long R, long long C)
+{
+    GRID_STRIDE_LOOP(i, R * C) {
+        const long long row = i / C;
+        y[i] = ln_out(x[i], mean[row], rstd[row], w, b, i - row * C);
+    }
+}
+
+// dx of layer norm: with g = dy * w (w NULL: g = dy) and xhat = (x - mean)
+// * rstd, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) per row. dx may
+// alias dy: each thread writes only the columns it reads, after both means
+// are complete.
+extern "C" __global__ void layernorm_backward_dx(float* dx, const float* x,
+                                                 const float* w, const float* dy,
+                                                 const float* mean,
+                                                 const float* rstd, long long R,
+                                                 long long C)
+{
+    __shared__ float smem[SEQ_MAX_THREADS];
+    for (long long row = blockIdx.x; row < R; row += gridDim.x) {
+        const float* xr = x + row * C;
+        const float* dyr = dy + row * C;
+        const float m = mean[row], r = rstd[row];
+        float s1 = 0.0f, s2 = 0.0f;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) {
+            const float g = w ? dyr[j] * w[j] : dyr[j];
+            s1 += g;
+            s2 += g * ((xr[j] - m) * r);
+        }
+        const float c1 = block_reduce<false>(s1, smem) / (float)C;
+        const float c2 = block_reduce<false>(s2, smem) / (float)C;
+        float* dxr = dx + row * C;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) {
+            const float g = w ? dyr[j] * w[j] : dyr[j];
+            dxr[j] = r * (g - c1 - ((xr[j] - m) * r) * c2);
+        }
+    }
+}
+
+// The weight and bias gradients of layer norm: dw[j] = sum_r dy[r, j] *
+// xhat[r, j], db[j] = sum_r dy[r, j], summed in double over the rows in row
+// order by one thread per column (adjacent threads read adjacent columns).
+// Either output may be NULL.
+extern "C" __global__ void layernorm_backward_params(float* dw, float* db,
+                                                     const float* x,
+                                                     const float* dy,
+                                                     const float* mean,
+                                                     const float* rstd,
+                                                     long long R, long long C)
+{
+    GRID_STRIDE_LOOP(j, C) {
+        double sw = 0.0, sb = 0.0;
+        for (long long row = 0; row < R; ++row) {
+            const float g = dy[row * C + j];
+            sw += (double)(g * ((x[row * C + j] - mean[row]) * rstd[row]));
+            sb += (double)g;
+        }
+        if (dw) dw[j] = (float)sw;
+        if (db) db[j] = (float)sb;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// GELU                       (F.gelu(x), F.gelu(x, approximate='tanh'))
+// ---------------------------------------------------------------------------
+
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_INV_SQRT_2 0.7071067811865476f
+#define GELU_INV_SQRT_2PI 0.3989422804014327f
+#define GELU_CUBIC 0.044715f
+
+// exact != 0: y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2));
+// exact == 0: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+extern "C" __global__ void gelu_forward(float* y, const float* x, long long n,
+                                        int exact)
+{
+    GRID_STRIDE_LOOP(i, n) {
+        const float a = x[i];
+        if (exact) {
+            y[i] = 0.5f * a * (1.0f + erff(a * GELU_INV_SQRT_2));
+        } else {
+            const float t = tanhf(GELU_SQRT_2_OVER_PI * a * (1.0f + GELU_CUBIC * a * a));
+            y[i] = 0.5f * a * (1.0f + t);
+        }
+    }
+}
+
+// dx = dy * GELU'(x): exact: Phi(x) + x phi(x); tanh form: 0.5 (1 + t) +
+// 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). dx may alias dy.
+extern "C" __global__ void gelu_backward(float* dx, const float* x,
+                                         const float* dy, long long n, int exact)
+{
+    GRID_STRIDE_LOOP(i, n) {
+        const float a = x[i];
+        float slope;
+        if (exact) {
+            slope = 0.5f * (1.0f + erff(a * GELU_INV_SQRT_2))
+                  + a * GELU_INV_SQRT_2PI * expf(-0.5f * a * a);
+        } else {
+            const float t = tanhf(GELU_SQRT_2_OVER_PI * a * (1.0f + GELU_CUBIC * a * a));
+            slope = 0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * GELU_SQRT_2_OVER_PI
+                  * (1.0f + 3.0f * GELU_CUBIC * a * a);
+        }
+        dx[i] = dy[i] * slope;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Softmax over the last axis, and attention's masked, scaled softmax
+// ---------------------------------------------------------------------------
+
+// y[r] = softmax(x[r] * scale) over the C values of row r. causal_t > 0 masks
+// the keys after the query: row r is query (r mod causal_t) of a (T, T) score
+// matrix (C == causal_t) and keys j > r mod T get exactly 0 (attention's
+// causal mask). causal_t == 0: every key (F.softmax(x * scale, -1)). y may
+// alias x (attention normalizes its scores in place): each thread writes only
+// the values it read, after both reductions are complete.
+extern "C" __global__ void softmax_forward(float* y, const float* x, long long R,
+                                           long long C, float scale,
+                                           long long causal_t)
+{
+    __shared__ float smem[SEQ_MAX_THREADS];
+    for (long long row = blockIdx.x; row < R; row += gridDim.x) {
+        const float* xr = x + row * C;
+        const long long last = causal_t > 0 ? row % causal_t : C - 1;  // last key attended
+        float m = neg_inf_f();
+        for (long long j = threadIdx.x; j <= last; j += blockDim.x) m = nan_max(m, xr[j] * scale);
+        m = block_reduce<true>(m, smem);
+        float s = 0.0f;
+        for (long long j = threadIdx.x; j <= last; j += blockDim.x) s += expf(xr[j] * scale - m);
+        s = block_reduce<false>(s, smem);
+        float* yr = y + row * C;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x)
+            yr[j] = j <= last ? expf(xr[j] * scale - m) / s : 0.0f;
+    }
+}
+
+// dx[r] = scale * y[r] * (dy[r] - sum_j dy[r, j] y[r, j]): the backward of
+// softmax_forward from its output (masked entries have y = 0, so they get 0).
+// dx may alias dy.
+extern "C" __global__ void softmax_backward(float* dx, const float* y,
+                                            const float* dy, long long R,
+                                            long long C, float scale)
+{
+    __shared__ float smem[SEQ_MAX_THREADS];
+    for (long long row = blockIdx.x; row < R; row += gridDim.x) {
+        const float* yr = y + row * C;
+        const float* dyr = dy + row * C;
+        float s = 0.0f;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) s += dyr[j] * yr[j];
+        const float dot = block_reduce<false>(s, smem);
+        float* dxr = dx + row * C;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x)
+            dxr[j] = scale * (yr[j] * (dyr[j] - dot));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Embedding                                       (F.embedding(idx, w))
+// ---------------------------------------------------------------------------
+
+// y[r, j] = w[idx[r], j] for R indices into a (V, C) table; an index outside
+// [0, V) gives a NaN row (PyTorch raises; reading out of bounds is worse).
+extern "C" __global__ void embedding_forward(float* y, const float* w,
+                                             const long long* idx, long long R,
+                                             long long C, long long V)
+{
+    GRID_STRIDE_LOOP(i, R * C) {
+        const long long row = i / C, j = i - row * C;
+        const long long v = idx[row];
+        y[i] = (v >= 0 && v < V) ? w[v * C + j] : nan_f();
+    }
+}
+
+// dw[v, j] += dy[r, j] for every row r with idx[r] == v, in row order: one
+// thread per column walks the rows (deterministic, where an atomic scatter is
+// not). THE HOST MUST ZERO dw FIRST. Indices outside [0, V) are skipped.
+extern "C" __global__ void embedding_backward(float* dw, const float* dy,
+                                              const long long* idx, long long R,
+                                              long long C, long long V)
+{
+    GRID_STRIDE_LOOP(j, C) {
+        for (long long row = 0; row < R; ++row) {
+            const long long v = idx[row];
+            if (v >= 0 && v < V) dw[v * C + j] += dy[row * C + j];
+        }
+    }
+}
