@@ -101,16 +101,28 @@ def test_a_cpu_backend_instance_satisfies_the_runtime_protocol():
     assert CUDABackend.capabilities.name == "cuda"
 
 
-def test_every_kernel_a_layer_declares_is_declared_by_the_cpu_backend():
-    """`Layer.backend_ops` names kernels beyond the protocol; the CPU reference has them all, in its record."""
+def _declared_by_layers() -> set[str]:
+    """Every kernel some layer names in `Layer.backend_ops`."""
     from minidl import layers as L
 
     declared = set()
     for cls in vars(L).values():
         if isinstance(cls, type) and issubclass(cls, L.Layer) and "backend_ops" in vars(cls):
             declared |= set(_ops_of(cls))
+    return declared
+
+
+def test_every_kernel_a_layer_declares_is_declared_by_the_cpu_backend():
+    """`Layer.backend_ops` names kernels beyond the protocol; the CPU reference has them all, in its record."""
+    declared = _declared_by_layers()
     assert declared and declared <= CPUBackend.capabilities.kernels
     assert not declared & set(_members(Backend)), "a protocol kernel need not be declared by a layer"
+
+
+def test_the_cuda_backend_runs_every_layer():
+    """The CUDA backend declares (and, by the test above, has) every kernel a layer declares: no layer is
+    refused on the GPU (the executor refuses a layer whose kernels a backend does not declare)."""
+    assert _declared_by_layers() <= CUDABackend.capabilities.kernels
 
 
 def _ops_of(cls) -> tuple[str, ...]:

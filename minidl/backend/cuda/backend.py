@@ -60,6 +60,7 @@ from ...core.vocab import WorkspaceOption
 from ..base import Capabilities
 from . import kernel_specs as ks
 from . import plan as cuplan
+from .sequence import SEQUENCE_KERNELS, SequenceOps
 
 __all__ = ["CUDABackend", "CUDAUnavailable", "CudnnGraphs", "BuiltGraph", "GraphUnsupported", "DeviceArena",
            "DeviceArenaBacking", "Transfer", "load_cuda_modules", "NORM_KERNELS", "ElementwiseSource",
@@ -545,7 +546,7 @@ def _chan4(v):
 # The backend
 # ---------------------------------------------------------------------------------------------------------
 
-class CUDABackend:
+class CUDABackend(SequenceOps):
     """cupy + cuDNN frontend backend with the CPU backend's interface (see minidl/backend/cpu/backend.py).
 
     Options: `allow_tf32` lets cuDNN compute float32 convolutions, and cuBLAS float32 products, in TF32 (faster on
@@ -556,10 +557,10 @@ class CUDABackend:
     outside the arena.
     """
 
-    # No sequence kernels (yet), no fusions, one update per parameter; host copies on copy streams, the step
-    # replayed as captured graphs whose gradients are checked on the device (`guard_nonfinite`).
-    capabilities = Capabilities(name="cuda", device="gpu", stream_copies=True, graph_capture=True,
-                                device_guard=True, paged_arena=True, host_link=True)
+    # The sequence family's kernels (`sequence.py`), no fusions, one update per parameter; host copies on copy
+    # streams, the step replayed as captured graphs whose gradients are checked on the device (`guard_nonfinite`).
+    capabilities = Capabilities(name="cuda", device="gpu", kernels=SEQUENCE_KERNELS, stream_copies=True,
+                                graph_capture=True, device_guard=True, paged_arena=True, host_link=True)
 
     def __init__(self, device: int = 0, *, allow_tf32: bool = False, deterministic: bool = True,
                  max_plans: int = 8, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True,
