@@ -5,9 +5,10 @@ import pytest
 
 import minidl as dl
 from minidl.data import synthetic
-from minidl.memory.plan import Event, EventKind
+from minidl.memory.plan import Event
 from minidl.memory.policies import plan_network
 from minidl.optim import SGD, Adam
+from minidl.runtime.binding import BoundCall
 from minidl.runtime.executor import Executor
 from minidl.runtime.session import RunConfig, Session
 
@@ -139,26 +140,50 @@ def test_debug_mode_runs_the_interpreter():
     assert sess.executor.program is None and "debug" in sess.executor.program_fallback
 
 
-def test_an_event_kind_it_does_not_lower_falls_back_to_the_interpreter():
-    """Another mechanism adds an event kind and its executor handler: the compiled step must step aside."""
+def test_a_mechanism_added_as_an_event_handler_runs_compiled():
+    """Another mechanism adds an event kind and its handler: the compiled step records the calls the handler hands
+    its sink, as the interpreter runs them, with no change to minidl.runtime.program."""
     net = NETS["resnet20"]()
     sess = Session(net, opt(), policy="liveness", seed=5)
     ex = sess.executor
     seen = []
     kind = "future-mechanism"  # not an EventKind member: a kind minidl.runtime.program was written without
-    ex._handlers[kind] = lambda ev, step: seen.append(step.index)
+
+    def handler(ev, step, sink):
+        sink(BoundCall(kind, seen.append, (step.index,), step))
+    ex.add_event_handler(kind, handler)
     sess.plan.steps[1].before.append(Event(kind, "act:none"))
     sess.fit(synthetic(4, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2), 2)
-    assert ex.program is None and "future-mechanism" in ex.program_fallback
+    assert ex.step_runner == "compiled" and ex.program.kinds[kind] == 1
     assert seen == [1, 1]
 
 
-def test_a_replaced_handler_falls_back_to_the_interpreter():
+def test_an_event_kind_without_a_handler_is_named():
     net = NETS["resnet20"]()
     sess = Session(net, opt(), policy="liveness", seed=5)
-    ex = sess.executor
-    calls = []
-    original = ex._handlers[EventKind.ALLOC]
-    ex._handlers[EventKind.ALLOC] = lambda ev, step=None: (calls.append(ev.tensor), original(ev, step))
-    sess.fit(synthetic(4, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2), 1)
-    assert ex.program is None and "alloc" in ex.program_fallback and calls
+    sess.plan.steps[1].before.append(Event("future-mechanism", "act:none"))
+    with pytest.raises(dl.OptionError, match=r"kind 'future-mechanism' at step 1 \(fwd bn1\).*no handler"):
+        sess.fit(synthetic(4, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2), 1)
+
+
+def test_program_and_capture_use_the_step_binding_alone():
+    """The compiled step and the graph capture see the executor only through `StepBinding`: no private member,
+    nothing the protocol does not name."""
+    import ast
+    import inspect
+
+    from minidl.runtime import binding, capture, program
+
+    surface = {n for n in dir(binding.StepBinding) if not n.startswith("_")} | set(
+        binding.StepBinding.__annotations__)
+    for module in (program, capture):
+        used = set()
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            v = node.value
+            if (isinstance(v, ast.Name) and v.id == "ex") or (isinstance(v, ast.Attribute)
+                                                               and v.attr in ("ex", "executor")):
+                used.add(node.attr)
+        assert used, module.__name__
+        assert used <= surface, (module.__name__, sorted(used - surface))

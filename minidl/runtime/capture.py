@@ -74,6 +74,9 @@ REFUSED_KINDS = {
     "progress": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
     "allreduce": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
     "reduced": "data parallel: the gradient all-reduce runs host calls (MPI/NCCL) inside the step",
+    "compress": "lossy compression encodes and decodes on the host (the sz codec) inside the step",
+    "decompress": "lossy compression encodes and decodes on the host (the sz codec) inside the step",
+    "observe": "lossy compression encodes and decodes on the host (the sz codec) inside the step",
 }
 #: Why host copies are not captured when they cannot be.
 COPIES_REFUSED = ("host copies: a host limit (--host-limit) may put them on the disk tier, which a graph cannot "
@@ -98,6 +101,9 @@ def why_not(ex, program) -> str | None:
         return "tracing times every call on the host; a graph runs them as one launch"
     if program.prologue:
         return REFUSED_KINDS["map"]
+    if program.micro_batches > 1:
+        return ("micro-batches: the host reads each micro-batch's loss and copies in its slice of the batch "
+                "(one staging buffer and one loss per step is what a graph replays)")
     if any(sp.on_host for sp in ex.plan.steps):
         return "a host update (decisions/weights.py) runs the optimizer on the host inside the step"
     for kind in program.call_kinds:
@@ -201,7 +207,7 @@ class GraphStep:
         lv = program.loss_view
         self.loss_flat = lv.reshape(-1)   # a 0-d loss as a (1,) view: 0-d host<->device copies are fragile
         self.loss_host = be.host_empty(tuple(self.loss_flat.shape), lv.dtype)
-        self.scalars = StepScalars(be, [node for _, node in program.keyed])
+        self.scalars = StepScalars(be, [node for _, node, _ in program.keyed])
         self.loss_slot = be.scalar_buffer("graph_loss", int(self.loss_flat.size), lv.dtype)
         # device guard code - 1 -> (step, layer, parameter or buffer, whether a buffer); layer None: the loss
         self.codes: list[tuple[Any, str | None, str | None, bool]] = []
@@ -271,7 +277,7 @@ class GraphStep:
         be.copy_out_async(self.loss_slot, self.loss_host)
 
     def _device_guard(self, guard_call) -> Callable[[], Any]:
-        """The device call replacing `guard_call` (a program.GuardCall): `nonfinite_flag` on each gradient, then
+        """The device call replacing `guard_call` (a binding.GuardCall): `nonfinite_flag` on each gradient, then
         on the loss, then on each running statistic, in the host guard's order; each gets a code (an index into
         `self.codes`) the host reads back after the step to raise the very error the host guard raises."""
         be, checks = self.be, []
@@ -308,8 +314,8 @@ class GraphStep:
             self.eager_steps += 1
             return program.run(x, y)
         it = ex.iteration
-        keys = [ex.seed_key(node, it) for _, node in program.keyed]
-        for (ctx, _), key in zip(program.keyed, keys):
+        keys = program.step_keys(it)
+        for (ctx, _, _), key in zip(program.keyed, keys):
             ctx.rng_key = key
         self.scalars.fill(keys, getattr(ex.opt, "lr", 0.0), it + 1)
         sig = signature(ex)

@@ -38,6 +38,7 @@ from ..layers.base import LayerContext
 from ..memory.plan import Event, EventKind, Plan
 from ..memory.pool import NumpyArenaBacking, TensorPool
 from ..optim import Optimizer
+from .binding import BoundCall, GuardCall, LayerCall, Sink, run_now
 from .capture import CaptureRefused, graph_step
 from .program import NotLowered, Program, lower
 
@@ -62,10 +63,10 @@ class Executor:
     def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
                  debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None,
                  compiled: bool = True, comm=None, graphs: bool = True):
-        """`compiled`: lower the plan into a flat program on the first `train_step` (see `minidl.runtime.program`);
-        where it cannot be lowered (debug mode, an event kind it does not know), `program_fallback` says why
-        and steps are interpreted. `comm` (a `dist.comm.Communicator`): the ranks a data-parallel plan's gradient
-        buckets are reduced over (None: a single process). `graphs`: on a backend with graph capture (CUDA),
+        """`compiled`: record the first `train_step`'s calls into a flat program that every step replays (see
+        `minidl.runtime.program`); in debug mode `program_fallback` says so and steps are interpreted. `comm` (a
+        `dist.comm.Communicator`): the ranks a data-parallel plan's gradient buckets are reduced over (None: a
+        single process). `graphs`: on a backend with graph capture (CUDA),
         replay the compiled step as captured graphs (`minidl.runtime.capture`); `graph_fallback` says why not."""
         from ..backend.cpu.backend import CPUBackend
 
@@ -105,7 +106,7 @@ class Executor:
         self.views: dict[str, np.ndarray] = {}
         self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
         self.offsets: dict[str, int] = {}
-        self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter()  # the run's clock origin: every trace event's time is relative to it
         self.trace: list[TraceEvent] = []
         for ev in plan.setup:
             self._alloc(ev, None)
@@ -206,8 +207,9 @@ class Executor:
             layer, p, s = key.rsplit(".", 2)
             self._set_persistent(opt_state_id(layer, p, s), np.asarray(arr))
 
-    # -- events -----------------------------------------------------------------------------------------------
-    def _alloc(self, ev: Event, step: Step | None = None) -> None:
+    # -- events: each handler does the pool's bookkeeping now and hands its transfers to the sink ----------------
+    # (`minidl.runtime.binding`: the interpreter's sink runs them at once, the compiled step's records them)
+    def _alloc(self, ev: Event, step: Step | None = None, sink: Sink = run_now) -> None:
         spec = self.route.tensors.get(ev.tensor)
         self.pool.alloc_at(ev.offset, ev.nbytes, tag=ev.tensor)
         self.offsets[ev.tensor] = ev.offset
@@ -216,17 +218,32 @@ class Executor:
         else:
             self.views[ev.tensor] = self.pool.view(ev.offset, spec.shape, spec.dtype)
 
-    def _free(self, ev: Event, step: Step | None = None) -> None:
+    def _free(self, ev: Event, step: Step | None = None, sink: Sink = run_now) -> None:
         view = self.views.pop(ev.tensor)
         if self.debug and np.issubdtype(view.dtype, np.floating):
             # poison: a read after free now yields NaN, not stale numbers. Through the backend, so that on a GPU
             # it runs on the compute stream, ordered after the offload copy the RELEASE waited for.
-            self.be.fill(view, np.nan)
+            sink(BoundCall("poison", self.be.fill, (view, np.nan), step))
         self.pool.free(self.offsets.pop(ev.tensor))
 
-    def _apply(self, events: list[Event], step: Step) -> None:
+    def bind_events(self, events: list[Event], step: Step, sink: Sink) -> None:
+        """Apply `events` at route step `step`: the pool's bookkeeping now, every call to `sink`, in order."""
         for ev in events:
-            self._handlers[ev.kind](ev, step)
+            handler = self._handlers.get(ev.kind)
+            if handler is None:
+                raise OptionError(f"plan '{self.plan.policy}' has an event of kind "
+                                  f"'{getattr(ev.kind, 'value', ev.kind)}' at step {step.index} ({step.label}), "
+                                  f"which this executor has no handler for")
+            handler(ev, step, sink)
+
+    def add_event_handler(self, kind, handler) -> None:
+        """Handle events of `kind` with `handler(event, step, sink)`: it does its bookkeeping at once and hands
+        each call it makes to `sink` as a `BoundCall` (the interpreter runs it there and then, the compiled step
+        records it), so a mechanism added this way runs compiled with nothing else to change."""
+        self._handlers[kind] = handler
+
+    def _apply(self, events: list[Event], step: Step) -> None:
+        self.bind_events(events, step, run_now)
 
     # The tensor cache: offload to the host store and prefetch back on the transfer engine (a thread on the
     # CPU, the backend's transfer stream on a GPU).
@@ -238,37 +255,42 @@ class Executor:
                                   trace=self.trace if self.tracing else None)
         return self.host
 
-    def _offload(self, ev: Event, step: Step) -> None:
-        self._host().offload(ev.tensor, self.get(ev.tensor, step), step.index)
+    def _offload(self, ev: Event, step: Step, sink: Sink) -> None:
+        sink(BoundCall("offload", self._host().offload, (ev.tensor, self.get(ev.tensor, step), step.index), step))
 
-    def _release(self, ev: Event, step: Step) -> None:
-        self._host().wait_offload(ev.tensor)
-        self._free(ev, step)
+    def _release(self, ev: Event, step: Step, sink: Sink) -> None:
+        sink(BoundCall("release", self._host().wait_offload, (ev.tensor,), step))
+        self._free(ev, step, sink)
 
-    def _prefetch(self, ev: Event, step: Step) -> None:
+    def _prefetch(self, ev: Event, step: Step, sink: Sink) -> None:
         self._alloc(ev, step)
-        self._host().prefetch(ev.tensor, self.views[ev.tensor], step.index)
+        sink(BoundCall("prefetch", self._host().prefetch, (ev.tensor, self.views[ev.tensor], step.index), step))
 
-    def _wait(self, ev: Event, step: Step) -> None:
-        self._host().wait_prefetch(ev.tensor)
+    def _wait(self, ev: Event, step: Step, sink: Sink) -> None:
+        sink(BoundCall("wait", self._host().wait_prefetch, (ev.tensor,), step))
 
-    def _recompute(self, ev: Event, step: Step) -> None:
+    def _recompute(self, ev: Event, step: Step, sink: Sink) -> None:
         """Rebuild a dropped activation by re-running its layer's forward (side-effect free, same result)."""
         self._alloc(ev, step)
         node = self.net.node(self.route.tensors[ev.tensor].owner)
         fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
         sp = self.plan.steps[self._forward_step_of[node.index]]
-        self._compute(fake, sp, recompute=True)
+        self.bind_compute(fake, sp, sink, recompute=True)
         in_shapes = [self.net.nodes[i].shape for i in node.inputs]
-        self.recomputed_flops += node.layer.flops(in_shapes, node.shape)
+        sink(BoundCall("recompute_flops", self._count_recomputed, (node.layer.flops(in_shapes, node.shape),), step))
 
-    def _allreduce(self, ev: Event, step: Step) -> None:
-        grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
-        self.reducer.start(ev.tensor, self.get(ev.tensor, step), grads, step.index)
+    def _count_recomputed(self, flops: int) -> None:
+        self.recomputed_flops += flops
 
-    def _reduced(self, ev: Event, step: Step) -> None:
+    def _allreduce(self, ev: Event, step: Step, sink: Sink) -> None:
         grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
-        self.reducer.finish(ev.tensor, self.get(ev.tensor, step), grads, step.index)
+        sink(BoundCall("allreduce", self.reducer.start, (ev.tensor, self.get(ev.tensor, step), grads, step.index),
+                       step))
+
+    def _reduced(self, ev: Event, step: Step, sink: Sink) -> None:
+        grads = [self.get(g, step) for g in self.plan.buckets[ev.tensor]]
+        sink(BoundCall("reduced", self.reducer.finish, (ev.tensor, self.get(ev.tensor, step), grads, step.index),
+                       step))
 
     # Lossy compression of stored activations (decisions/compress.py): the codec runs on the compute stream.
     def _zstore(self):
@@ -280,15 +302,17 @@ class Executor:
             self.compressed = CompressedStore(readers, backend=self.be)
         return self.compressed
 
-    def _compress(self, ev: Event, step: Step) -> None:
+    def _compress(self, ev: Event, step: Step, sink: Sink) -> None:
         self._alloc(ev, step)
         if self.training:  # evaluate() runs the forward events too, but nothing reads the stream afterwards
             src = compressed_source(ev.tensor)
-            self._zstore().compress(src, self.get(src, step), self.views[ev.tensor])
+            sink(BoundCall("compress", self._zstore().compress, (src, self.get(src, step), self.views[ev.tensor]),
+                           step))
 
-    def _decompress(self, ev: Event, step: Step) -> None:
+    def _decompress(self, ev: Event, step: Step, sink: Sink) -> None:
         self._alloc(ev, step)
-        self._zstore().decompress(ev.tensor, self.views[ev.tensor], self.get(compressed_id(ev.tensor), step))
+        sink(BoundCall("decompress", self._zstore().decompress,
+                       (ev.tensor, self.views[ev.tensor], self.get(compressed_id(ev.tensor), step)), step))
 
     def get(self, tid: str, step: Step) -> np.ndarray:
         try:
@@ -298,17 +322,23 @@ class Executor:
                                  f"on the device at that point of plan '{self.plan.policy}'") from None
 
     # -- running ----------------------------------------------------------------------------------------------
-    def _load_batch(self, x: np.ndarray, y: np.ndarray, step: Step) -> None:
-        nodes = self.net.input_nodes
-        arrays = [x, y][:len(nodes)]
+    def batch_slots(self, step: Step) -> list[tuple[np.ndarray, int, int | None, int | None]]:
+        """Where the batch goes at route step 0: (arena view, input k, first sample, end) per slot, input 0 the
+        images and 1 the labels; with M micro-batches, micro-batch m is samples [m b, (m + 1) b) (packs.py)."""
         M = self.route.micro_batches
-        for node, arr in zip(nodes, arrays):  # checked by check_batch
+        slots = []
+        for k, node in enumerate(self.net.input_nodes[:2]):
             if M == 1 and self.route.packing is None:
-                self.be.copy_in(self.get(act_id(node.name), step), arr)
+                slots.append((self.get(act_id(node.name), step), k, None, None))
                 continue
-            b = arr.shape[0] // M  # micro-batch m is samples [m b, (m + 1) b) (packs.py)
-            for m in range(M):
-                self.be.copy_in(self.get(f"{act_id(node.name)}@{m}", step), arr[m * b:(m + 1) * b])
+            b = node.shape[0] // M
+            slots.extend((self.get(f"{act_id(node.name)}@{m}", step), k, m * b, (m + 1) * b) for m in range(M))
+        return slots
+
+    def _load_batch(self, x: np.ndarray, y: np.ndarray, step: Step) -> None:
+        arrays = (x, y)  # checked by check_batch
+        for view, k, lo, hi in self.batch_slots(step):
+            self.be.copy_in(view, arrays[k] if lo is None else arrays[k][lo:hi])
 
     def seed_key(self, node_index: int, iteration: int) -> int:
         return dropout_key(self.seed, node_index, iteration)
@@ -415,6 +445,11 @@ class Executor:
         return self.interpret_step(x, y)
 
     @property
+    def t0(self) -> float:
+        """The run's clock origin (`time.perf_counter()` at construction): trace events are timed from it."""
+        return self._t0
+
+    @property
     def step_runner(self) -> str:
         """How training steps run: 'cuda graph', 'compiled' or 'interpreted' (the reasons: `program_fallback`,
         `graph_fallback`)."""
@@ -423,22 +458,21 @@ class Executor:
         return "compiled" if self.program is not None else "interpreted"
 
     def interpret_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """One training step, every event and argument decided as it runs (debug mode's path)."""
+        """One training step, every event and argument decided as it runs (debug mode's path): the calls the
+        compiled step records (`minidl.runtime.program`), run as they are assembled."""
         self.training = True
         for step, sp in zip(self.route.steps, self.plan.steps):
-            self._apply(sp.before, step)
+            self.bind_events(sp.before, step, run_now)
             if step.index == 0:
                 self._load_batch(x, y, step)
             t = time.perf_counter()
-            self._compute(step, sp)
+            self.bind_compute(step, sp, run_now)
             if self.tracing:
                 self.trace.append(TraceEvent(step.label, "compute", t - self._t0, time.perf_counter() - t,
                                              step.index, self.pool.in_use))
-            for acc in step.accumulate:
-                self.be.accumulate(self.get(acc.into, step), self.get(acc.partial, step))
-            self._apply(sp.after, step)
-            if self.reducer is not None and self.reducer.pending:
-                self.reducer.progress()  # MPI moves a nonblocking collective only inside its calls
+            self.bind_after_compute(step, run_now)
+            self.bind_events(sp.after, step, run_now)
+            self.bind_progress(step, run_now)
         return self.end_iteration()
 
     def end_iteration(self) -> float:
@@ -479,9 +513,15 @@ class Executor:
         logits, self._logits = self._logits, None
         return self.last_loss, logits
 
-    def _compute(self, step: Step, sp, recompute: bool = False) -> None:
+    def _compute(self, step: Step, sp) -> None:
+        self.bind_compute(step, sp, run_now)
+
+    def bind_compute(self, step: Step, sp, sink: Sink, recompute: bool = False) -> None:
+        """The calls of route step `step` (plan step `sp`) to `sink`: a layer's forward (and its loss) or backward
+        with every argument assembled, or the optimizer update behind its divergence guard. `recompute`: the
+        forward a RECOMPUTE event re-runs (`step` is then a stand-in at the event's step)."""
         if step.phase is Phase.UPDATE:
-            self._update(step, sp.on_host)
+            self._bind_update(step, sp.on_host, sink)
             return
         node = self.net.nodes[step.node]
         layer = node.layer
@@ -502,26 +542,40 @@ class Executor:
         if step.phase is Phase.FORWARD:
             inputs = [get(act_id(self.net.nodes[i].name), step) for i in node.inputs]
             out = get(act_id(node.name), step)
-            layer.forward(self.be, inputs, out, params, ctx)
-            if recompute or step.recompute:
-                return
-            if layer.is_loss:
-                self._record_loss(float(self.be.to_host(out)), inputs[0], step.micro, M)
+            sink(BoundCall("forward", layer.forward, (self.be, inputs, out, params, ctx), step,
+                           LayerCall(node, inputs, out, params, ctx, step.micro, recompute)))
+            if layer.is_loss and not (recompute or step.recompute):
+                sink(BoundCall("loss", self.record_loss, (out, inputs[0], step.micro), step))
             return
         dout = get(delta_id(node.name), step)
         if step.seed_delta:
-            self.be.fill(dout, 1.0 / M)  # M micro-batches: each one's mean loss weighs 1/M (packs.py)
+            sink(BoundCall("seed", self.be.fill, (dout, 1.0 / M), step))  # each micro-batch's mean loss weighs 1/M
         inputs = [get(act_id(self.net.nodes[i].name), step) if k in layer.needs_inputs else None
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
         grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
-        layer.backward(self.be, inputs, out, dout, dinputs, grads, params, ctx)
-        if self.compressed is not None:
-            self.compressed.observe(node.name, grads, dout)  # the adaptive bound's measurements
+        sink(BoundCall("backward", layer.backward, (self.be, inputs, out, dout, dinputs, grads, params, ctx), step,
+                       LayerCall(node, inputs, out, params, ctx, step.micro, False, dout, dinputs, grads)))
+        if self.compressed is not None:  # the adaptive bound's measurements
+            sink(BoundCall("observe", self.compressed.observe, (node.name, grads, dout), step))
 
-    def _record_loss(self, loss: float, logits, micro: int, M: int) -> None:
-        """The step's loss: the mean of its micro-batches' mean losses (just the loss when M = 1)."""
+    def bind_after_compute(self, step: Step, sink: Sink) -> None:
+        """The calls after a step's compute: its partial deltas added into their forks."""
+        for acc in step.accumulate:
+            sink(BoundCall("accumulate", self.be.accumulate, (self.get(acc.into, step), self.get(acc.partial, step)),
+                           step))
+
+    def bind_progress(self, step: Step, sink: Sink) -> None:
+        """After a backward step of a data-parallel plan, the reducer's progress call (MPI moves a nonblocking
+        collective only inside its calls), else nothing."""
+        if self.reducer is not None and step.phase is Phase.BACKWARD:
+            sink(BoundCall("progress", self.reducer.progress, (), step))
+
+    def record_loss(self, out, logits, micro: int) -> None:
+        """The step's loss, read from the loss layer's output: the mean of its micro-batches' mean losses (just
+        the loss with one); in evaluation, the logits too."""
+        loss, M = float(self.be.to_host(out)), self.route.micro_batches
         if micro == 0:
             self._loss_parts, self._logit_parts = [], []
         self._loss_parts.append(loss)
@@ -530,24 +584,44 @@ class Executor:
             self._logit_parts.append(np.array(self.be.to_host(logits)))
             self._logits = np.concatenate(self._logit_parts) if M > 1 else self._logit_parts[0]
 
-    def _update(self, step: Step, on_host: bool = False) -> None:
-        """The optimizer on the step's parameters: every layer's, or (fused update) one layer's. `on_host`: on
-        the host store's copies, with the host's kernels (a host update, decisions/weights.py)."""
-        nodes = self.net.layer_nodes if step.node is None else [self.net.nodes[step.node]]
-        get, be = self.get, self.be
+    def _bind_update(self, step: Step, on_host: bool, sink: Sink) -> None:
+        """The optimizer on the step's parameters: every layer's, or (fused update) one layer's, after the
+        divergence guard. `on_host`: on the host store's copies, with the host's kernels (a host update,
+        decisions/weights.py): one call that assembles its arguments when it runs, since a gradient's host copy
+        exists only once copied out."""
         if on_host:
-            host = self._host()
-            get, be = (lambda tid, _step: host.host_copy(tid)), self._host_backend()
-            self.guard_update(step, [(layer, p, get(gid, step)) for layer, p, gid in self._guarded(step)])
-        else:
-            self.guard_update(step)
+            sink(BoundCall("update", self.host_update, (step,), step))
+            return
+        nodes = self.net.layer_nodes if step.node is None else [self.net.nodes[step.node]]
+        get = self.get
+        items = []
+        for n in nodes:
+            for pname, spec in n.params.items():
+                if spec.trainable:
+                    state = {s: get(opt_state_id(n.name, pname, s), step) for s in self.route.optimizer_slots}
+                    items.append((get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state))
+        sink(BoundCall("guard", GuardCall(self, step, self.guard_grads(step), self.guard_buffers(step)), (), step))
+        sink(BoundCall("update", self._update_items, (items,), step, items=items))
+
+    def _update_items(self, items: list) -> None:
+        """The optimizer on (param, grad, state) triples, one by one (the reference a fused update matches)."""
+        for p, g, state in items:
+            self.opt.update(self.be, p, g, state, self.iteration)
+
+    def host_update(self, step: Step) -> None:
+        """The UPDATE `step` on the host store's copies of its parameters, gradients and optimizer state, with the
+        host's kernels, behind the divergence guard on those copies (decisions/weights.py)."""
+        host = self._host()
+        be = self._host_backend()
+        self.guard_update(step, [(layer, p, host.host_copy(gid)) for layer, p, gid in self._guarded(step)])
+        nodes = self.net.layer_nodes if step.node is None else [self.net.nodes[step.node]]
         for n in nodes:
             for pname, spec in n.params.items():
                 if not spec.trainable:
                     continue
-                state = {s: get(opt_state_id(n.name, pname, s), step) for s in self.route.optimizer_slots}
-                self.opt.update(be, get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state,
-                                self.iteration)
+                state = {s: host.host_copy(opt_state_id(n.name, pname, s)) for s in self.route.optimizer_slots}
+                self.opt.update(be, host.host_copy(param_id(n.name, pname)), host.host_copy(grad_id(n.name, pname)),
+                                state, self.iteration)
 
     def _host_backend(self):
         """The backend that runs on host arrays: the CPU reference (the executor's own when it is the CPU)."""

@@ -126,8 +126,9 @@ class RunConfig:
     or inspect how the plan runs, never what is trained, so they are kept out of `Session`'s own signature.
 
     `debug` poisons freed memory and checks residency; `trace` records every event (`executor.trace`).
-    `compiled` (default) runs training steps as the plan lowered once into a flat program
-    (`minidl.runtime.program`); debug mode, and plans with an event kind it does not lower, interpret every step.
+    `compiled` (default) runs training steps as a recording of one step's calls, replayed
+    (`minidl.runtime.program`), whatever the plan; debug mode interprets every step (the same calls, assembled as
+    they run).
     `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
     `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
     `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).

@@ -2,6 +2,7 @@
 
 Skipped, with the reason, where MPI cannot start (no mpi4py, no mpiexec, or a 2-rank hello that fails)."""
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -76,6 +77,20 @@ def test_two_ranks_match_one_process_at_the_global_batch_and_repeat_bit_identica
         assert np.array_equal(a[k], ring[k]), k  # the other reduction: the same additions, the same bits
         scale = max(float(np.abs(one[k]).max()), 1e-12)
         assert float(np.abs(a[k] - one[k]).max()) / scale <= 1e-4, k  # vs one process at 2 x 16
+
+
+@pytest.mark.slow
+def test_two_ranks_run_compiled_and_match_the_interpreter(mpiexec, tmp_path):
+    """Data parallel runs the compiled step (its all-reduce calls recorded with the rest), bit-identical to the
+    interpreter (`--debug`) on the same 2 ranks."""
+    r = train_ranks(mpiexec, 2, [*LENET, "--batch", "16", "--save", str(tmp_path / "c.npz")])
+    assert json.loads(r.stdout)["step_runner"] == "compiled"
+    r = train_ranks(mpiexec, 2, [*LENET, "--batch", "16", "--debug", "--save", str(tmp_path / "i.npz")])
+    assert json.loads(r.stdout)["step_runner"] == "interpreted"
+    a, b = load(tmp_path / "c.npz"), load(tmp_path / "i.npz")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
 
 
 @pytest.mark.slow

@@ -1,0 +1,121 @@
+"""The step binding: what the executor hands its step runners, one call at a time.
+
+A training step is a sequence of calls (kernels, host copies, collectives, the optimizer, the divergence guard),
+each with its arguments: views into the arena, layer contexts, host buffers. The executor assembles every one of
+them in one place (`Executor.bind_events`, `bind_compute`, ...) and passes each, as a `BoundCall`, to a *sink*:
+the interpreter's sink runs it at once; the compiled step's (`minidl.runtime.program`) records it, to be replayed
+at every step. The pool's bookkeeping (which block each tensor occupies) happens while the calls are assembled, so
+a recording is exactly what the interpreter would run, in its order, with its arguments: the two cannot drift
+apart, and a mechanism added to the executor as one more event handler runs compiled with no change here or in
+the program.
+
+What changes from one step to the next is read by the calls themselves when they run (the iteration, the batch,
+the loss), or, for the dropout keys, set on the layer contexts the records expose (`LayerCall.ctx`).
+
+`StepBinding` names the executor's surface that the program and the CUDA graph capture use: nothing else of the
+executor, none of its private members.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    from ..graph.route import Step
+    from ..layers.base import LayerContext
+
+Call = Callable[[], Any]
+
+
+@dataclass(slots=True)
+class LayerCall:
+    """A layer's forward or backward as assembled: what a runner may fuse, or key per step."""
+
+    node: Any                       # the graph node
+    inputs: list                    # forward: every input's view; backward: those the layer reads (else None)
+    out: Any                        # the output's view (backward: None unless the layer reads it)
+    params: dict
+    ctx: "LayerContext"
+    micro: int = 0                  # the micro-batch (its dropout key: iteration * M + micro)
+    recompute: bool = False         # re-run by a RECOMPUTE event (not the route's own step)
+    dout: Any = None                # backward: the output's gradient
+    dinputs: list | None = None     # backward: where each input's gradient goes (None: not wanted)
+    grads: dict | None = None       # backward: the parameters' gradients
+
+
+@dataclass(slots=True)
+class BoundCall:
+    """One call of a step: `fn(*args)`, of a `kind` runners and reports know ("forward", "offload", ...), made at
+    route step `step`. `layer`: a layer's call, as assembled; `items`: an update's (param, grad, state) triples,
+    which a runner may update in fused groups (`Optimizer.prepare`, bit-identical)."""
+
+    kind: str
+    fn: Callable[..., Any]
+    args: tuple = ()
+    step: "Step | None" = None
+    layer: LayerCall | None = None
+    items: list | None = None
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args)
+
+
+Sink = Callable[[BoundCall], None]
+
+
+def run_now(call: BoundCall) -> None:
+    """The interpreter's sink: every call runs as it is assembled."""
+    call.fn(*call.args)
+
+
+@dataclass(slots=True)
+class GuardCall:
+    """The divergence guard of one UPDATE step: a call (`StepBinding.guard_update` on these gradients and buffers)
+    and the data a CUDA graph needs to run the same check on the device instead (`minidl.runtime.capture`)."""
+
+    ex: Any
+    step: "Step"
+    grads: list   # (layer, parameter, gradient view), in backward order
+    buffers: list  # (layer, buffer, view): the running statistics, at the step's first update (else empty)
+
+    def __call__(self) -> None:
+        self.ex.guard_update(self.step, self.grads, self.buffers)
+
+
+class StepBinding(Protocol):
+    """The executor as its step runners see it (`minidl.runtime.executor.Executor` provides it)."""
+
+    be: Any
+    net: Any
+    route: Any
+    plan: Any
+    opt: Any
+    pool: Any
+    trace: list
+    tracing: bool
+    debug: bool
+    iteration: int
+    last_loss: float
+    check_finite: bool
+    host: Any
+    host_limit_bytes: int | None
+    program_fallback: str | None
+
+    @property
+    def t0(self) -> float: ...
+
+    def bind_events(self, events: list, step: "Step", sink: Sink) -> None: ...
+
+    def bind_compute(self, step: "Step", sp: Any, sink: Sink, recompute: bool = False) -> None: ...
+
+    def bind_after_compute(self, step: "Step", sink: Sink) -> None: ...
+
+    def bind_progress(self, step: "Step", sink: Sink) -> None: ...
+
+    def batch_slots(self, step: "Step") -> list[tuple[Any, int, int | None, int | None]]: ...
+
+    def seed_key(self, node_index: int, iteration: int) -> int: ...
+
+    def guard_update(self, step: "Step", grads: list | None = None, buffers: list | None = None) -> None: ...
+
+    def end_iteration(self) -> float: ...
