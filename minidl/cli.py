@@ -1,9 +1,10 @@
-"""The `minidl` command: info, plan, train, evaluate, predict (with --json, each prints one JSON object).
+"""The `minidl` command: info, plan, train, evaluate, predict, reproduce (with --json, each prints one JSON object).
 
     minidl info resnet --depth 50 --batch 32
     minidl plan resnet --depth 2500 --batch 16 --policy liveness --budget 12GB --device k40c
     minidl train resnet --depth 20 --data digits --batch 32 --steps 50 --policy liveness --budget 16MiB --save r.npz
     minidl evaluate resnet --depth 20 --data digits --checkpoint r.npz
+    minidl reproduce out-of-core --quick
 """
 from __future__ import annotations
 
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     _memory_args(p, "liveness")
+    p.add_argument("--weights-on-device", action="store_true",
+                   help="keep weights and optimizer state on the device: auto does not home them on the host when "
+                        "nothing else fits (SuperNeurons' and nnabla's setting; minidl reproduce plans this way)")
     p.add_argument("--device", default="k40c",
                    help="device profile for time estimates (cpu, k40c, titanx, v100, h100; measured: this GPU's "
                         "link measured first, with --backend cuda)")
@@ -276,7 +280,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comm-timeout", type=float, default=300.0, metavar="S",
                    help="data parallel: seconds a rank waits for the others before stopping the job")
     _infer_parsers(sub)
+    _reproduce_parser(sub)
     return ap
+
+
+def _reproduce_parser(sub) -> None:
+    from .reproduce import PAPERS
+
+    p = sub.add_parser("reproduce", help="a paper's tables on its own setup, our figures beside the paper's",
+                       formatter_class=_Formatter,
+                       epilog="papers:\n" + "\n".join(f"  {k:<13} {v.title}" for k, v in PAPERS.items()))
+    p.add_argument("paper", choices=tuple(PAPERS), metavar="PAPER", help=f"one of: {', '.join(PAPERS)}")
+    p.add_argument("--quick", action="store_true",
+                   help="only the rows a test re-runs (seconds to a minute); the full run takes minutes")
+    p.add_argument("--out", default="benchmarks/results", metavar="DIR",
+                   help="where PAPER.json and PAPER.md are written (created if missing)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+
+
+def cmd_reproduce(args) -> dict:
+    """Run one paper's reproduction; progress on stderr (a full run plans hundreds of networks)."""
+    from .reproduce import reproduce
+
+    report, written = reproduce(args.paper, args.quick, args.out,
+                                log=lambda s: print(s, file=sys.stderr, flush=True))
+    if not args.json:
+        print(report.format_text())
+        print("written: " + ", ".join(str(w) for w in written))
+    return {**report.to_json(), "written": [str(w) for w in written]}
 
 
 def _infer_parsers(sub) -> None:
@@ -416,7 +448,8 @@ def cmd_plan(args) -> dict:
     def plan_at(policy: str, budget: int | None):
         return plan_network(net, opt, policy, budget, device=device, backend=backend, costs=costs,
                             fused_update=_fused(args), paged=args.paged, data_parallel=dp,
-                            micro_batches=args.micro_batches, max_micro_batches=args.max_micro_batches)
+                            micro_batches=args.micro_batches, max_micro_batches=args.max_micro_batches,
+                            host_weights=not args.weights_on_device)
 
     with _ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
         plan = plan_at(args.policy, args.budget)
@@ -923,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
         out = {"info": cmd_info, "plan": cmd_plan, "train": cmd_train, "evaluate": cmd_evaluate,
-               "predict": cmd_predict}[args.cmd](args)
+               "predict": cmd_predict, "reproduce": cmd_reproduce}[args.cmd](args)
     except (MinidlError, ValueError, OSError) as e:  # user errors: one line (a bug keeps its traceback)
         if getattr(args, "debug", False):
             raise

@@ -17,6 +17,8 @@ bottleneck; 1026 (128, 128, 128, 128) basic, the ResNet-1026 Harmony trains (Che
 bottleneck with blocks (3, 4, k, 3), stage 3 grown so that 3 * (10 + k) + 2 = d; and 2500 is SuperNeurons'
 ResNet-2500, blocks (6, 32, 788, 6),
 which has 3 * 832 + 2 = 2498 weighted layers on its main path (the name rounds; their code uses these blocks).
+`blocks=(n1, n2, n3, n4)` builds any bottleneck ResNet with those blocks per stage (depth 3 (n1+n2+n3+n4) + 2,
+given or not): SuperNeurons' depth table grows stage 3 of (6, 32, k, 6), a family the depth alone cannot name.
 The depth counts the main path's weighted layers: conv1, the block convolutions and fc; the four projection
 shortcuts are not counted (as for ResNet-50, whose net has 54 conv/linear layers). Every convolution is
 followed by BN and has no bias. ResNet-50 has 25,557,032 parameters at 1000 classes.
@@ -105,6 +107,18 @@ def resnet_config(depth: int, variant: str) -> ResNetConfig:
     return ResNetConfig(kind, blocks, (64, 128, 256, 512), (1, 2, 2, 2), "imagenet")
 
 
+def _bottleneck_blocks(blocks, depth: int, variant: str) -> ResNetConfig:
+    """The ImageNet bottleneck configuration of `blocks` per stage; OptionError if it cannot be one (or the depth
+    given with it is not the one those blocks make)."""
+    if variant != "imagenet" or len(blocks) != 4 or not all(isinstance(n, int) and n >= 1 for n in blocks):
+        raise OptionError(f"resnet: blocks must be four positive integers of an ImageNet (bottleneck) ResNet, got "
+                          f"blocks={tuple(blocks)!r} with variant={variant!r}")
+    cfg = ResNetConfig("bottleneck", tuple(blocks), (64, 128, 256, 512), (1, 2, 2, 2), "imagenet")
+    if depth not in (50, cfg.depth):   # 50: the default depth, i.e. not given
+        raise OptionError(f"resnet: blocks {tuple(blocks)} make depth {cfg.depth}, not the depth={depth} given")
+    return cfg
+
+
 def _conv_bn(h, out_channels: int, kernel: int, stride: int, prefix: str, conv: str, bn: str):
     h = Conv2d(out_channels, kernel, stride=stride, padding=kernel // 2, bias=False, name=f"{prefix}{conv}")(h)
     return BatchNorm2d(name=f"{prefix}{bn}")(h)
@@ -127,7 +141,7 @@ def _block(h, cfg: ResNetConfig, planes: int, stride: int, name: str):
 
 
 def resnet(depth: int = 50, batch: int = 32, image_size: int = 224, num_classes: int = 1000, in_channels: int = 3,
-           dtype="float32", variant: str | None = None):
+           dtype="float32", variant: str | None = None, blocks: tuple[int, ...] | None = None):
     """ResNet-`depth`; `variant` "imagenet" or "cifar" (None: "cifar" when image_size <= 64).
 
     See the module docstring for the depth rules; an impossible depth raises OptionError saying which depths
@@ -138,7 +152,8 @@ def resnet(depth: int = 50, batch: int = 32, image_size: int = 224, num_classes:
         raise OptionError(f"resnet: unknown variant {variant!r}; choose one of {VARIANTS}")
     if variant is None:
         variant = "cifar" if isinstance(image_size, int) and image_size <= 64 else "imagenet"
-    cfg = resnet_config(depth, variant)
+    cfg = resnet_config(depth, variant) if blocks is None else _bottleneck_blocks(blocks, depth, variant)
+    depth = cfg.depth if blocks is not None else depth
     name = f"resnet{depth}" + ("_cifar" if variant == "cifar" else "")
     net, x, y = new_network(name, batch, in_channels, image_size, num_classes, dtype)
     if cfg.stem == "imagenet":

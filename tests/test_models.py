@@ -311,3 +311,16 @@ def test_model_counts_are_integers_never_truncated():
         build_model("lenet", batch=4.5)
     with pytest.raises(dl.OptionError, match=r"densenet: blocks must be .* entry 0 is 2.5 \(float\)"):
         densenet(blocks=(2.5, 2), batch=2, image_size=32)
+
+
+def test_resnet_blocks_builds_superneurons_depth_family():
+    """blocks=(6, 32, k, 6): the family SuperNeurons' depth table grows, depth 3 (44 + k) + 2."""
+    net = build_model("resnet", blocks=(6, 32, 5, 6), batch=1)
+    assert net.name == "resnet149" and weighted_layers(net, include_shortcuts=False) == 149
+    assert net.node("layer2.31.conv3") and net.node("layer3.4.conv3")
+    assert weighted_layers(build_model("resnet", blocks=(6, 32, 788, 6), batch=1), include_shortcuts=False) == \
+        weighted_layers(resnet(2500, batch=1), include_shortcuts=False)
+    with pytest.raises(ValueError, match="make depth 149"):
+        build_model("resnet", depth=152, blocks=(6, 32, 5, 6), batch=1)
+    with pytest.raises(ValueError, match="four positive integers"):
+        build_model("resnet", blocks=(6, 32, 0, 6), batch=1)

@@ -95,6 +95,7 @@ class PlanOptions:
     max_micro_batches: int | None = None
     """The most micro-batches a policy may split the batch into by itself (`auto`, when no single-batch plan fits;
     None: as many as divide the batch; 1: never). A route already cut into micro-batches keeps its count."""
+    host_weights: bool = True   # a search may home weights and optimizer state on the host (auto's last resort)
 
 
 @dataclass(slots=True)

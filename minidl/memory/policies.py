@@ -134,7 +134,8 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
                  budget: int | str | None = None, device: str = "cpu", training: bool = True, backend=None,
                  costs: CostTable | None = None, fused_update: bool | None = None,
                  paged: int | None = None, data_parallel: DataParallel | None = None,
-                 micro_batches: int | None = None, max_micro_batches: int | None = None) -> Plan:
+                 micro_batches: int | None = None, max_micro_batches: int | None = None,
+                 verify_minimum: bool = True, host_weights: bool = True) -> Plan:
     """Plan `net` (with `optimizer`'s state) under `policy` and `budget`.
 
     `device` names the simulator profile whose speeds (compute, link) the policy's timing decisions use;
@@ -152,6 +153,11 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     policies plan the same micro-batched route when it is given). `max_micro_batches`: when `micro_batches` is not
     given, the most micro-batches `auto` may split the batch into by itself where no single-batch plan fits
     (None: any count dividing the batch; 1: never, e.g. to measure the largest batch without micro-batching).
+    `host_weights=False`: weights and optimizer state stay on the device whatever the budget (`auto` does not
+    home them on the host when nothing else fits), as SuperNeurons and nnabla's out-of-core training keep them.
+    `verify_minimum=False`: a plan that does not fit raises the policy's own BudgetError, without the search for
+    the edge budget it would state (`schedulers/minimum.py`: a dozen plannings more). For callers that only ask
+    "does it fit", many times over (a search for the largest batch), and never show the stated minimum.
     """
     budget = as_size(budget, "budget")
     if policy not in POLICIES:
@@ -169,14 +175,17 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused,
                       micro_batches=micro_batches or 1,
                       packs=[[n.name] for n in net.layer_nodes] if packed else None)
-    route = route.with_options(PlanOptions(paged_chunk=paged, max_micro_batches=max_micro_batches))
+    route = route.with_options(PlanOptions(paged_chunk=paged, max_micro_batches=max_micro_batches,
+                                           host_weights=host_weights))
     if data_parallel is None or not training:
-        return _plan_verified(route, policy, budget, device, costs)
+        return _plan_verified(route, policy, budget, device, costs, verify_minimum)
     route, buckets = with_buckets(route, data_parallel)
-    return add_allreduce_events(_plan_verified(route, policy, budget, device, costs), buckets, data_parallel)
+    return add_allreduce_events(_plan_verified(route, policy, budget, device, costs, verify_minimum), buckets,
+                                data_parallel)
 
 
-def _plan_verified(route: Route, policy: str, budget: int | None, device: str, costs: CostTable | None) -> Plan:
+def _plan_verified(route: Route, policy: str, budget: int | None, device: str, costs: CostTable | None,
+                   verify_minimum: bool = True) -> Plan:
     """Plan with the table's function; a BudgetError leaves with a minimum verified by planning at it
     (`schedulers/minimum.py` says what "minimum" means per policy).
 
@@ -205,7 +214,7 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
     try:
         plan = plan_at(budget)
     except BudgetError as e:
-        if budget is None:
+        if budget is None or not verify_minimum:
             raise
         e = verified_minimum(plan_at, policy, budget, e)
         if route.options.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller

@@ -119,3 +119,15 @@ def test_host_update_with_adam_is_bit_identical(debug):
     got = train(NETS["resnet20"](), "weights", fused=None, opt=Adam(lr=1e-3), debug=debug)
     assert (got.executor.program is None) == debug
     assert_same_state(got, ref)
+
+
+def test_weights_on_device_keeps_auto_from_homing_them():
+    """host_weights=False (`minidl plan --weights-on-device`, the papers' setting): below the training state auto
+    refuses instead of homing weights on the host, naming the budget."""
+    from minidl.core.errors import BudgetError
+
+    net = NETS["resnet20"]()
+    budget = net.route(optimizer_slots=("momentum",)).persistent_bytes() // 2
+    assert host_homed(plan_network(NETS["resnet20"](), opt(), "auto", budget))
+    with pytest.raises(BudgetError, match="too small for policy 'auto'"):
+        plan_network(NETS["resnet20"](), opt(), "auto", budget, host_weights=False)

@@ -468,7 +468,7 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
         bases += more
     if not search.fitting and frugal:
         search.tightest()
-    if not search.fitting and route.fused_update:
+    if not search.fitting and route.fused_update and route.options.host_weights:
         search.weights(bases)
     return search.result(frugal)
 

@@ -1,0 +1,27 @@
+"""The papers `minidl reproduce` knows: one row each.
+
+Adding a paper is a module in this package with `run(quick: bool, log) -> Report` (its own models and setup, rows
+of the paper's figures with ours beside them, `quick` the subset a test re-runs in seconds) and one row below.
+The rows of a `--quick` run must be rows of the full run, with the same keys, so that the test can hold them to
+the committed results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import out_of_core
+from .report import Report
+
+
+@dataclass(frozen=True, slots=True)
+class Paper:
+    name: str                                  # what `minidl reproduce NAME` takes
+    title: str                                 # one line for --help
+    run: Callable[[bool, Callable[[str], None]], Report]
+
+
+PAPERS: dict[str, Paper] = {p.name: p for p in (
+    Paper("out-of-core", "nnabla's out-of-core training (2020): ResNet-50 beyond the in-memory batch on a V100",
+          out_of_core.run),
+)}

@@ -1,0 +1,60 @@
+"""The one answer to "does it fit on this device", and the search for the largest size that does.
+
+`plan_on_device` is what `minidl plan MODEL --policy P --budget M --device D` does with M the memory the device
+leaves once its CUDA context is loaded (`DeviceProfile.usable_bytes`): the same entry point (`plan_network`), the
+same route (a fused update under a budget where the policy chooses one), cuDNN's modeled workspaces for a GPU
+profile. A reproduction asks nothing else, so its tables and the command line cannot disagree about a fit.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..core.errors import BudgetError
+from ..graph.network import Network
+from ..memory.cudnn_model import planning_backend
+from ..memory.plan import Plan
+from ..memory.policies import plan_network
+from ..memory.simulate import get_profile
+from ..optim import SGD
+
+
+def momentum_sgd() -> SGD:
+    """The optimizer every reproduction plans: SGD with momentum (one state tensor per parameter), as the papers'
+    ImageNet runs use."""
+    return SGD(lr=0.01, momentum=0.9)
+
+
+def plan_on_device(net: Network, policy: str, device: str, budget: int | None = None, **options) -> Plan | None:
+    """The plan of `net` under `policy` within `budget` (default: the device's usable memory), or None where it
+    does not fit. `options` go to `plan_network` (micro_batches, fused_update, ...)."""
+    budget = get_profile(device).usable_bytes if budget is None else budget
+    opt = momentum_sgd()
+    if not options.get("host_weights", True):
+        # Parameters and optimizer state that stay on the device and alone exceed it: no plan can fit. Said here
+        # at once, where `auto` would first try every placement it knows (minutes for a ResNet of 6000 layers).
+        route = net.route(optimizer_slots=tuple(opt.slots), backend=planning_backend(device))
+        if route.persistent_bytes() > budget:
+            return None
+    try:
+        plan = plan_network(net, opt, policy, budget, device=device, backend=planning_backend(device),
+                            verify_minimum=False, **options)
+    except BudgetError:
+        return None
+    return plan if plan.min_budget_bytes <= budget else None
+
+
+def largest(ok: Callable[[int], bool], start: int, lo: int = 1) -> int:
+    """The largest n >= lo with ok(n), given that ok is monotone (true up to some n, false above); 0 if not ok(lo).
+    Doubling from `start`, then bisection."""
+    if not ok(lo):
+        return 0
+    hi = max(start, lo + 1)
+    while ok(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
