@@ -1,5 +1,6 @@
 """The minimum a BudgetError states is a budget at which that policy plans and one byte less does not
 (`schedulers/minimum.py`)."""
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -95,7 +96,7 @@ def test_verification_replaces_a_minimum_that_does_not_plan():
         calls.append(b)
         if b < 1_000_000:
             raise BudgetError(f"too small: the smallest budget that works is {b + 100_000:,}", b + 100_000)
-        return object()
+        return _Plan(b)   # a plan fits the budget it was made at
 
     err = BudgetError("budget too small: the smallest budget that works is 878.91 KiB (900,000 B), bound at x",
                       900_000, "x")
@@ -111,7 +112,7 @@ def test_stated_minimum_is_searched_down():
     def plan_at(b):
         if b < 800_000:
             raise BudgetError(f"too small: the smallest budget that works is {900_000:,}", 900_000)
-        return object()
+        return _Plan(b)   # a plan fits the budget it was made at
 
     err = BudgetError("budget too small: the smallest budget that works is 878.91 KiB (900,000 B), bound at x",
                       900_000, "x")

@@ -122,7 +122,7 @@ def test_packs_choose_micro_batches_when_one_batch_step_cannot_fit():
     floor = step_floor(net.route(optimizer_slots=("momentum",), micro_batches=1, packs=per_layer))
     with pytest.raises(dl.BudgetError):   # micro-batching switched off: no single-batch plan fits
         plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "auto", budget=floor - 1, max_micro_batches=1)
-    for policy in ("packs", "auto"):   # auto micro-batches by itself when no single-batch plan fits
+    for policy in ("packs", "auto", "auto-lossy"):   # auto micro-batches by itself when no single-batch plan fits
         got = train(act_net(), policy, None, budget=floor - 1, debug=True)  # below one full-batch step's tensors
         assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
         assert got.executor.pool.peak == got.plan.peak_bytes

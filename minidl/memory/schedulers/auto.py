@@ -564,6 +564,14 @@ def micro_batch_search(route: Route, budget: int, device, costs: CostTable | Non
     return AutoResult(None, tried)
 
 
+def micro_decision(micro: AutoResult, budget: int, single_min: int) -> str:
+    """Why a micro-batched plan (`micro_batch_search`'s choice): the single-batch minimum it had to beat."""
+    c = micro.chosen
+    return (f"{c.name}: no single-batch plan fits {format_bytes(budget)} (the most frugal needs "
+            f"{format_bytes(single_min)}), so the batch is split into the fewest micro-batches that fit "
+            f"({c.micro_batches}); the fastest of the {sum(t.fits for t in micro.trials)} that fit at that count")
+
+
 def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
               policy: str = "auto") -> Plan:
     """`auto_search` on `route`; where nothing fits and the route has rebuildable aux tensors (attention's scores,
@@ -585,11 +593,7 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
     micro = micro_batch_search(route, budget, device, costs) if counts else AutoResult(None)
     f = res.frugal
     if micro.plan is not None:
-        c = micro.chosen
-        micro.plan.decision = (
-            f"{c.name}: no single-batch plan fits {format_bytes(budget)} (the most frugal needs "
-            f"{format_bytes(f.min_budget_bytes)}), so the batch is split into the fewest micro-batches that fit "
-            f"({c.micro_batches}); the fastest of the {sum(t.fits for t in micro.trials)} that fit at that count")
+        micro.plan.decision = micro_decision(micro, budget, f.min_budget_bytes)
         return finalize(micro.plan, budget, policy=policy)
     p = f.plan
     tried = res.summary() + ("\n" + AutoResult(None, micro.trials).summary() if micro.trials else "")

@@ -31,7 +31,7 @@ from ..planner import finalize, liveness_schedule, place
 from ..pool import format_bytes
 from ..simulate import get_profile, simulate
 from ..workspace import CostTable, workspace_choices
-from .auto import Candidate, OffloadSearch, auto_search
+from .auto import Candidate, OffloadSearch, auto_search, micro_batch_search, micro_decision
 
 CPU_CODEC_S_PER_BYTE = 1 / 43e6 + 1 / 52e6
 """Encode + decode time per raw byte of the numpy codec (ReLU maps, bound 1e-2; 43 MB/s and 52 MB/s measured on
@@ -93,7 +93,8 @@ def _offloads(plan: Plan):
 
 
 def plan_auto_lossy(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None) -> Plan:
-    """The fastest plan that fits `budget` among `auto`'s exact ones and the compress plans."""
+    """The fastest plan that fits `budget` among `auto`'s exact ones and the compress plans; where none fits one
+    batch, `auto`'s micro-batched plan (exact: compression is not tried on micro-batched routes)."""
     res = auto_search(route, budget, device, costs)
     trials = [t for t in res.trials if t.fits] + compress_trials(route, budget, device, costs)
     fitting = [t for t in trials if t.fits]
@@ -102,6 +103,10 @@ def plan_auto_lossy(route: Route, budget: int | None, device: str = "cpu", costs
     if not fitting:
         cands = [t for t in trials if t.plan is not None] + ([res.frugal] if res.frugal else [])
         best = min(cands, key=lambda t: t.min_budget_bytes)
+        micro = micro_batch_search(route, budget, device, costs)
+        if micro.plan is not None:
+            micro.plan.decision = micro_decision(micro, budget, best.min_budget_bytes)
+            return finalize(micro.plan, budget, policy="auto-lossy")
         raise BudgetError(
             f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy 'auto-lossy': the smallest "
             f"budget that works is {format_bytes(best.min_budget_bytes)} ({best.min_budget_bytes:,} B), with "

@@ -89,8 +89,8 @@ def verified_minimum(plan_at: Callable[[int], object], policy: str, budget: int,
         probe((lo + hi) // 2)
     edge_planned_at = None        # hi - 1 planned without telling anything smaller: bisect instead of walking
     while hi - lo > 1:
-        arena = getattr(plan, "min_budget_bytes", None)
-        if arena is not None and lo < arena < hi:
+        arena = plan.min_budget_bytes
+        if lo < arena < hi:
             probe(arena)          # the plan made at hi fits in less: try its own arena
         elif edge_planned_at != hi:
             if probe(hi - 1):
