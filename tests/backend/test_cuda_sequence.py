@@ -468,3 +468,30 @@ def test_attention_scratch_is_one_sample():
     assert be.side.bufs["attn_probs"].shape == (2, 5, 5)
     assert [launch.name for launch in be.launches] == ["softmax_forward"] * 3
     assert all(int(launch.args[-1]) == 5 for launch in be.launches)   # the causal mask over T keys
+
+
+def test_attention_products_read_and_write_plain_matrices():
+    """Every product attention hands cuBLAS has a C-contiguous output and operands that are C-contiguous or the
+    transpose of a C-contiguous array (what cuBLAS takes with a transpose flag): the strided heads are staged in
+    side buffers, so cupy has nothing to copy outside the arena (a captured step refuses such an allocation)."""
+    be = _emulated_backend()
+    calls = []
+
+    def matmul(a, b, out):
+        calls.append((a, b, out))
+        return np.matmul(a, b, out=out)
+
+    be.cp.matmul = matmul
+
+    def plain(m):
+        return m.flags.c_contiguous or m.swapaxes(-1, -2).flags.c_contiguous
+
+    rng = _rng(11)
+    qkv, (q, k, v) = _qkv(rng, 2, 6, 2, 4)
+    dqkv = np.zeros_like(qkv)
+    dq, dk, dv = (_heads(dqkv[:, :, i * 8:(i + 1) * 8], 2) for i in range(3))
+    y, dy = np.zeros((2, 6, 8), _f32), _randn(rng, 2, 6, 8)
+    for probs in (np.zeros((2, 2, 6, 6), _f32), None):
+        be.attention_forward(q, k, v, probs, _heads(y, 2), 0.5, True)
+        be.attention_backward(q, k, v, probs, _heads(dy, 2), dq, dk, dv, 0.5, True)
+    assert calls and all(out.flags.c_contiguous and plain(a) and plain(b) for a, b, out in calls)

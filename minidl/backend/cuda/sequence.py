@@ -118,13 +118,25 @@ class SequenceOps:
 
     # -- batched matrix product (cuBLAS) ---------------------------------------------------------------------------
     def _product(self, a, b, out) -> None:
-        """out = a @ b over the batch axes through cuBLAS; operands may be strided views (cupy passes their
-        strides or copies them), and a strided `out` (a transposed gradient, a head's columns) is written
-        through."""
+        """out = a @ b over the batch axes through cuBLAS. A strided `out` (a transposed gradient, a head's
+        columns) is written through a side buffer: cupy would otherwise allocate the product outside the arena,
+        which a captured step refuses."""
         if out.flags.c_contiguous:
             self.cp.matmul(a, b, out=out)
-        else:
-            out[...] = self.cp.matmul(a, b)
+            return
+        staged = self.side.get("matmul_out", out.shape, np.float32)
+        self.cp.matmul(a, b, out=staged)
+        self.cp.copyto(out, staged)
+
+    def _staged(self, name: str, a):
+        """`a` itself where C-contiguous, else a copy in side buffer `name`: attention's q, k, v and dy are
+        (H, T, D) views of one sample's (T, 3C) or (T, C) rows, copied (one sample's worth) so that cuBLAS reads
+        plain matrices and cupy makes no copy of its own outside the arena."""
+        if a.flags.c_contiguous:
+            return a
+        buf = self.side.get(name, a.shape, np.float32)
+        self.cp.copyto(buf, a)
+        return buf
 
     def matmul_forward(self, a, b, y) -> None:
         """y = a b over the batch axes (b may be a transposed view)."""
@@ -161,8 +173,8 @@ class SequenceOps:
             scratch = self.side.get("attn_probs", (h, t, t), np.float32) if probs is None else None
             for bi in range(b):
                 p = scratch if probs is None else probs[bi]
-                self._probs(q[bi], k[bi], scale, causal, p)
-                self._product(p, v[bi], y[bi])
+                self._probs(self._staged("attn_q", q[bi]), self._staged("attn_k", k[bi]), scale, causal, p)
+                self._product(p, self._staged("attn_v", v[bi]), y[bi])
 
     def attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool = True) -> None:
         """From the probs forward saved, or (probs None) from the probs rebuilt per sample with forward's
@@ -174,16 +186,18 @@ class SequenceOps:
             scratch = self.side.get("attn_probs", (h, t, t), np.float32) if probs is None else None
             ds = self.side.get("attn_dscores", (h, t, t), np.float32)
             for bi in range(b):
+                qs, ks = self._staged("attn_q", q[bi]), self._staged("attn_k", k[bi])
+                dys = self._staged("attn_dy", dy[bi])
                 if probs is None:
                     p = scratch
-                    self._probs(q[bi], k[bi], scale, causal, p)
+                    self._probs(qs, ks, scale, causal, p)
                 else:
                     p = probs[bi]
-                self._product(p.swapaxes(-1, -2), dy[bi], dv[bi])
-                self._product(dy[bi], v[bi].swapaxes(-1, -2), ds)
+                self._product(p.swapaxes(-1, -2), dys, dv[bi])
+                self._product(dys, self._staged("attn_v", v[bi]).swapaxes(-1, -2), ds)
                 self._launch(cuplan.softmax_backward(ds, p, ds, scale, self.limits))
-                self._product(ds, k[bi], dq[bi])
-                self._product(ds.swapaxes(-1, -2), q[bi], dk[bi])
+                self._product(ds, ks, dq[bi])
+                self._product(ds.swapaxes(-1, -2), qs, dk[bi])
 
     # -- cross-entropy over every token, with an ignore index ---------------------------------------------------------
     def softmax_xent_ignore_forward(self, logits, labels, loss, ignore_index: int) -> None:
