@@ -9,6 +9,11 @@ kernels of `kernels/seq.cu` and `kernels/loss.cu` (launches packed by `plan.py`)
 same way where it was not kept (FlashAttention's trade), so a saved and a rebuilt P have the same bits and every
 policy the same gradients. Nothing here sums atomically: a step gives the same bits from run to run.
 
+Not the cuDNN frontend's SDPA graph (FlashAttention in one call): its support matrix has fp16, bf16 and fp8
+tensors, not the float32 this backend computes in; and it hands back the output and softmax statistics, never P,
+so the kept and the recomputed attention would be different computations (different bits under different
+policies), where the planner's choice must not change a step's result.
+
 A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods call
 (`compute`, `cp`, `side`, `limits`, `_check`, `_launch`). Imports no cupy: host tests run it on numpy arrays.
 """
