@@ -1,6 +1,7 @@
 """One training step of the same network (weights copied) in minidl and in PyTorch (CPU), in one process.
 
     python benchmarks/step_vs_torch.py --model resnet --depth 50 --batch 8 --image-size 224
+    python benchmarks/step_vs_torch.py --model gpt2 --size small --seq 128 --batch 4     # a sequence model
 
 Both run forward, backward and an SGD update after warm-up; the median of --steps timed steps is reported,
 whole step and per layer type (minidl from its executor trace, PyTorch from torch.profiler's self CPU time
@@ -28,7 +29,7 @@ import torch  # noqa: E402 - after the OpenMP setting above
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from minidl.graph.route import Phase  # noqa: E402
-from minidl.models import build_model  # noqa: E402
+from minidl.models import build_model, is_sequence_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.runtime.session import RunConfig, Session  # noqa: E402
 from minidl.testing_torch import TorchTwin  # noqa: E402
@@ -41,6 +42,9 @@ ATEN_TO_TYPE = [
     ("addmm", "linear"), ("aten::mm", "linear"), ("aten::t", "linear"),
     ("mean", "gap"), ("aten::sum", "gap"), ("expand", "gap"), ("div", "gap"),
     ("aten::add", "add"), ("aten::cat", "concat"),
+    ("native_layer_norm", "layernorm"), ("layer_norm", "layernorm"), ("gelu", "gelu"),
+    ("scaled_dot_product", "attention"), ("_flash_attention", "attention"), ("bmm", "attention"),
+    ("embedding", "embedding"), ("aten::matmul", "linear"), ("aten::linear", "linear"),
     ("softmax", "softmax_xent"), ("nll_loss", "softmax_xent"),
     ("sgd", "update"), ("add_", "update"), ("_foreach", "update"),
 ]
@@ -59,6 +63,9 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=50)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--size", default=None, help="a sequence model's size (gpt2: small ... xl; bert: base ...)")
+    ap.add_argument("--layers", type=int, default=None, help="a sequence model's blocks (default: the size's)")
+    ap.add_argument("--seq", type=int, default=128, help="a sequence model's tokens per sequence")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--policy", default="liveness")
@@ -74,12 +81,22 @@ def main() -> None:
     threadpool_limits(args.threads)
     os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # minidl's convolution lanes (cpu_lanes)
 
-    net = build_model(args.model, depth=args.depth, batch=args.batch, image_size=args.image_size)
+    sequence = is_sequence_model(args.model)
+    if sequence:  # dropout off: its masks differ between the frameworks, and it costs each about the same
+        kw = {k: v for k, v in (("size", args.size), ("layers", args.layers)) if v is not None}
+        net = build_model(args.model, batch=args.batch, seq=args.seq, dropout=0.0, **kw)
+    else:
+        net = build_model(args.model, depth=args.depth, batch=args.batch, image_size=args.image_size)
     sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0,
                    config=RunConfig(trace=True, compiled=not args.interpreted))
     rng = np.random.default_rng(0)
-    x = rng.standard_normal(net.input_nodes[0].shape).astype(np.float32)
-    y = rng.integers(0, net.logits_node.shape[1], args.batch).astype(np.int64)
+    classes = net.logits_node.shape[-1]
+    if sequence:  # tokens and their next tokens
+        tokens = rng.integers(0, classes, (args.batch, args.seq + 1)).astype(np.int64)
+        x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+    else:
+        x = rng.standard_normal(net.input_nodes[0].shape).astype(np.float32)
+        y = rng.integers(0, classes, args.batch).astype(np.int64)
     twin = TorchTwin(net, sess.executor.state_dict())
     topt = torch.optim.SGD(twin.parameters(), lr=1e-4, momentum=0.9)
     tx, ty = torch.tensor(x), torch.tensor(y)
@@ -119,7 +136,9 @@ def main() -> None:
         per_theirs[torch_type(evt.key)] += evt.self_cpu_time_total / 1e6 / args.steps
 
     mo, mt = statistics.median(ours), statistics.median(theirs)
-    print(f"{args.model}-{args.depth} batch {args.batch} {args.image_size}px, {args.threads} threads, "
+    shape = (f"{args.model}{'-' + args.size if args.size else ''} batch {args.batch} seq {args.seq}" if sequence
+             else f"{args.model}-{args.depth} batch {args.batch} {args.image_size}px")
+    print(f"{shape}, {args.threads} threads, "
           f"policy {args.policy}, {'interpreted' if args.interpreted else 'compiled'}"
           f"{', winograd' if args.winograd else ', no winograd'}; steps {ours=} {theirs=}")
     print(f"{'layer type':<14} {'minidl ms':>10} {'torch ms':>10} {'ratio':>7}")
