@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import out_of_core
+from . import harmony, out_of_core
 from .report import Report
 
 
@@ -24,4 +24,6 @@ class Paper:
 PAPERS: dict[str, Paper] = {p.name: p for p in (
     Paper("out-of-core", "nnabla's out-of-core training (2020): ResNet-50 beyond the in-memory batch on a V100",
           out_of_core.run),
+    Paper("harmony", "Harmony (VLDB 2022): swap volume and throughput against a per-micro-batch swapper on "
+                     "4 x GTX 1080 Ti", harmony.run),
 )}
