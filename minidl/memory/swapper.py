@@ -27,7 +27,7 @@ The swapper, per micro-batch of `u` samples, on the plain route of the network a
   set (twice the bytes the busiest step touches, `packs.step_floor`) fits the device, the one whose step is
   fastest (data parallel: the largest, which moves least; GPipe trades swaps for a shorter pipeline fill).
 
-Two ways to spread it over N devices, as the paper's baselines are data-parallel or pipeline-parallel:
+Two ways to spread it over N devices (Harmony itself has a data-parallel and a pipeline mode, vDP and vPP):
 - `dp`: N replicas, each training B / N samples in micro-batches as above (host bytes: N x one replica's; step
   time: one replica's).
 - `pp`: GPipe with swapping: the layers cut into N stages of balanced FLOPs (`pipeline.compute_packs`), stage s on
