@@ -11,9 +11,9 @@
 // through a shared-memory tree reduction; any blockDim.x <= 1024).
 //
 // Determinism: every sum has a fixed order for a given launch (the tree
-// reduction; the column sums of layernorm_backward_params and the gradient of
-// embedding_backward walk the rows in order, one thread per column), never an
-// atomic, so a recomputed forward gives the bits that ran and a step is
+// reduction; the column sums of layer norm's backward and the gradient of
+// embedding_backward have one owner thread per value, which walks its rows in
+// order), never an atomic, so a recomputed forward gives the bits that ran and a step is
 // bit-identical from run to run, as the CPU backend's kernels are.
 
 #define SEQ_MAX_THREADS 1024
@@ -148,23 +148,48 @@ extern "C" __global__ void layernorm_backward_dx(float* dx, const float* x,
     }
 }
 
-// The weight and bias gradients of layer norm: dw[j] = sum_r dy[r, j] *
-// xhat[r, j], db[j] = sum_r dy[r, j], summed in double over the rows in row
-// order by one thread per column (adjacent threads read adjacent columns).
-// Either output may be NULL.
+// The weight and bias gradients of layer norm, in two deterministic passes.
+// layernorm_backward_partials: for chunk g of `chunk` rows (the last may be
+// shorter) and column j, pw[g, j] = sum of dy * xhat and pb[g, j] = sum of dy
+// over the chunk's rows in row order, in double; one thread per (chunk,
+// column), adjacent threads on adjacent columns.
+extern "C" __global__ void layernorm_backward_partials(double* pw, double* pb,
+                                                       const float* x,
+                                                       const float* dy,
+                                                       const float* mean,
+                                                       const float* rstd,
+                                                       long long R, long long C,
+                                                       long long chunk)
+{
+    const long long nchunks = (R + chunk - 1) / chunk;
+    GRID_STRIDE_LOOP(i, nchunks * C) {
+        const long long g = i / C, j = i - g * C;
+        const long long stop = (g + 1) * chunk < R ? (g + 1) * chunk : R;
+        double sw = 0.0, sb = 0.0;
+        for (long long row = g * chunk; row < stop; ++row) {
+            const float d = dy[row * C + j];
+            sw += (double)(d * ((x[row * C + j] - mean[row]) * rstd[row]));
+            sb += (double)d;
+        }
+        pw[i] = sw;
+        pb[i] = sb;
+    }
+}
+
+// layernorm_backward_params: dw[j] = sum over the chunks of pw[g, j], db[j]
+// likewise, in chunk order (one thread per column). Either output may be
+// NULL.
 extern "C" __global__ void layernorm_backward_params(float* dw, float* db,
-                                                     const float* x,
-                                                     const float* dy,
-                                                     const float* mean,
-                                                     const float* rstd,
-                                                     long long R, long long C)
+                                                     const double* pw,
+                                                     const double* pb,
+                                                     long long nchunks,
+                                                     long long C)
 {
     GRID_STRIDE_LOOP(j, C) {
         double sw = 0.0, sb = 0.0;
-        for (long long row = 0; row < R; ++row) {
-            const float g = dy[row * C + j];
-            sw += (double)(g * ((x[row * C + j] - mean[row]) * rstd[row]));
-            sb += (double)g;
+        for (long long g = 0; g < nchunks; ++g) {
+            sw += pw[g * C + j];
+            sb += pb[g * C + j];
         }
         if (dw) dw[j] = (float)sw;
         if (db) db[j] = (float)sb;
@@ -283,17 +308,24 @@ extern "C" __global__ void embedding_forward(float* y, const float* w,
     }
 }
 
-// dw[v, j] += dy[r, j] for every row r with idx[r] == v, in row order: one
-// thread per column walks the rows (deterministic, where an atomic scatter is
-// not). THE HOST MUST ZERO dw FIRST. Indices outside [0, V) are skipped.
+// dw[v, j] = the sum of dy[r, j] over the rows r with idx[r] == v, in row
+// order. Thread (g, j) owns column j of the table rows v in [g V / groups,
+// (g + 1) V / groups) and walks every row, adding the ones whose index falls
+// in its range: each value of dw has one owner and one order of sums
+// (deterministic, where an atomic scatter is not), and `groups` threads per
+// column keep the GPU busy where C alone would not. THE HOST MUST ZERO dw
+// FIRST. Indices outside [0, V) are skipped.
 extern "C" __global__ void embedding_backward(float* dw, const float* dy,
                                               const long long* idx, long long R,
-                                              long long C, long long V)
+                                              long long C, long long V,
+                                              long long groups)
 {
-    GRID_STRIDE_LOOP(j, C) {
+    GRID_STRIDE_LOOP(i, groups * C) {
+        const long long g = i / C, j = i - g * C;
+        const long long lo = g * V / groups, hi = (g + 1) * V / groups;
         for (long long row = 0; row < R; ++row) {
             const long long v = idx[row];
-            if (v >= 0 && v < V) dw[v * C + j] += dy[row * C + j];
+            if (v >= lo && v < hi) dw[v * C + j] += dy[row * C + j];
         }
     }
 }

@@ -430,14 +430,16 @@ LAUNCH_CASES = {
                                 lambda a: (*a, 12, 8), 96),
     "layernorm_backward_dx": ((_f(12, 8), _f(12, 8), _f(8), _f(12, 8), _f(12), _f(12)),
                               lambda a: (*a, 12, 8), (12, 8)),
-    "layernorm_backward_params": ((_f(8), None, _f(12, 8), _f(12, 8), _f(12), _f(12)),
-                                  lambda a: (*a, 12, 8), 8),
+    "layernorm_backward_partials": ((np.zeros((1, 8)), np.zeros((1, 8)), _f(12, 8), _f(12, 8), _f(12), _f(12)),
+                                    lambda a: (*a, 12, 8, 32), 8),
+    "layernorm_backward_params": ((_f(8), None, np.zeros((3, 8)), np.zeros((3, 8)), 96),
+                                  lambda a: (*a[:4], 3, 8), 8),
     "gelu_forward": ((_f(3, 7), _f(3, 7), "tanh"), lambda a: (a[0], a[1], 21, 0), 21),
     "gelu_backward": ((_f(3, 7), _f(3, 7), _f(3, 7), "none"), lambda a: (*a[:3], 21, 1), 21),
     "softmax_forward": ((_f(2, 3, 5, 5), _f(2, 3, 5, 5), 0.5, 5), lambda a: (a[0], a[1], 30, 5, 0.5, 5), (30, 5)),
     "softmax_backward": ((_f(6, 5), _f(6, 5), _f(6, 5), 0.25), lambda a: (*a[:3], 6, 5, 0.25), (6, 5)),
     "embedding_forward": ((_f(6, 4), _f(10, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10), 24),
-    "embedding_backward": ((_f(10, 4), _f(2, 3, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10), 4),
+    "embedding_backward": ((_f(10, 4), _f(2, 3, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10, 10), 40),
 }
 
 
@@ -486,6 +488,12 @@ def test_launch_rejects_bad_arguments():
         cuplan.adam_update(_f(3), _f(3), _f(3), _f(3), 1e-3, 0.9, 0.999, 1e-8, 0, 0)
     with pytest.raises(ValueError, match="labels"):
         cuplan.softmax_xent_forward(_f(6), _f(6, 5), _labels(5))
+    with pytest.raises(ValueError, match="float64 partial sums"):
+        cuplan.layernorm_backward_partials(_f(1, 8), _f(1, 8), _f(12, 8), _f(12, 8), _f(12), _f(12))
+    with pytest.raises(ValueError, match="needs rows of 4, got 5"):
+        cuplan.softmax_forward(_f(4, 5), _f(4, 5), 1.0, 4)
+    with pytest.raises(ValueError, match="w holds"):
+        cuplan.layernorm_forward(_f(2, 3), _f(2), _f(2), _f(2, 3), _f(4), None, 1e-5)
     with pytest.raises(ValueError, match="same N and C"):
         cuplan.maxpool2d_forward(_f(2, 4, 4, 4), _f(2, 3, 9, 9), 2, 2, 0, 1)
 

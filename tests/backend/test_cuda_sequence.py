@@ -65,12 +65,19 @@ def _ln_dx(dx, x, w, dy, mean, rstd, R, C):
     _flat(dx)[:] = (_flat(rstd)[:, None] * (g - c1[:, None] - xh * c2[:, None])).reshape(-1)
 
 
-def _ln_params(dw, db, x, dy, mean, rstd, R, C):
-    g = _flat(dy).reshape(R, C)
+def _ln_partials(pw, pb, x, dy, mean, rstd, R, C, chunk):
+    g, xh = _flat(dy).reshape(R, C).astype(np.float64), _xhat(x, mean, rstd, R, C)
+    gx = (_flat(dy).reshape(R, C) * xh).astype(np.float64)
+    for k, s in enumerate(range(0, R, chunk)):
+        pw.reshape(-1, C)[k] = gx[s:s + chunk].sum(axis=0)
+        pb.reshape(-1, C)[k] = g[s:s + chunk].sum(axis=0)
+
+
+def _ln_params(dw, db, pw, pb, nchunks, C):
     if dw is not None:
-        _flat(dw)[:] = np.sum((g * _xhat(x, mean, rstd, R, C)).astype(np.float64), axis=0)
+        _flat(dw)[:] = pw.reshape(-1, C)[:nchunks].sum(axis=0)
     if db is not None:
-        _flat(db)[:] = np.sum(g.astype(np.float64), axis=0)
+        _flat(db)[:] = pb.reshape(-1, C)[:nchunks].sum(axis=0)
 
 
 def _erf(a):
@@ -116,8 +123,12 @@ def _emb_fwd(y, w, idx, R, C, V):
     _flat(y)[:] = w.reshape(V, C)[_flat(idx)].reshape(-1)
 
 
-def _emb_bwd(dw, dy, idx, R, C, V):
-    np.add.at(dw.reshape(V, C), _flat(idx), _flat(dy).reshape(R, C))
+def _emb_bwd(dw, dy, idx, R, C, V, groups):
+    table, rows, ids = dw.reshape(V, C), _flat(dy).reshape(R, C), _flat(idx)
+    for g in range(groups):          # thread (g, j) owns table rows [g V / groups, (g + 1) V / groups)
+        lo, hi = g * V // groups, (g + 1) * V // groups
+        for r in np.flatnonzero((ids >= lo) & (ids < hi)):
+            table[ids[r]] += rows[r]
 
 
 def _xent_rows(logits, labels, N, K):
@@ -159,11 +170,11 @@ def _xent_ignore_bwd(dlogits, logits, labels, scale, N, K, ignore):
 
 KERNEL_TWINS = {
     "layernorm_forward": _ln_fwd, "layernorm_forward_apply": _ln_apply, "layernorm_backward_dx": _ln_dx,
-    "layernorm_backward_params": _ln_params, "gelu_forward": _gelu_fwd, "gelu_backward": _gelu_bwd,
-    "softmax_forward": _softmax_fwd, "softmax_backward": _softmax_bwd, "embedding_forward": _emb_fwd,
-    "embedding_backward": _emb_bwd, "softmax_xent_ignore_forward": _xent_ignore_fwd,
-    "softmax_xent_ignore_mean": _xent_ignore_mean, "softmax_xent_ignore_scale": _xent_ignore_scale,
-    "softmax_xent_ignore_backward": _xent_ignore_bwd,
+    "layernorm_backward_partials": _ln_partials, "layernorm_backward_params": _ln_params,
+    "gelu_forward": _gelu_fwd, "gelu_backward": _gelu_bwd, "softmax_forward": _softmax_fwd,
+    "softmax_backward": _softmax_bwd, "embedding_forward": _emb_fwd, "embedding_backward": _emb_bwd,
+    "softmax_xent_ignore_forward": _xent_ignore_fwd, "softmax_xent_ignore_mean": _xent_ignore_mean,
+    "softmax_xent_ignore_scale": _xent_ignore_scale, "softmax_xent_ignore_backward": _xent_ignore_bwd,
 }
 
 
@@ -249,7 +260,7 @@ def _both(fn_name, make_args, cuda, outputs, rtol=RTOL, atol=1e-6):
 @pytest.mark.parametrize("affine", [True, False])
 def test_layernorm(cuda, affine):
     rng = _rng(1)
-    r, c = 37, 48
+    r, c = 2100, 48   # more rows than LN_CHUNKS chunks of LN_MIN_CHUNK: the sums run in several chunks
     x, w, b = _randn(rng, r, c, scale=3.0) + 1.5, _randn(rng, c), _randn(rng, c)
     dy = _randn(rng, r, c)
 
@@ -495,3 +506,14 @@ def test_attention_products_read_and_write_plain_matrices():
         be.attention_forward(q, k, v, probs, _heads(y, 2), 0.5, True)
         be.attention_backward(q, k, v, probs, _heads(dy, 2), dq, dk, dv, 0.5, True)
     assert calls and all(out.flags.c_contiguous and plain(a) and plain(b) for a, b, out in calls)
+
+
+@pytest.mark.parametrize("c, v", [(6, 11), (768, 50257), (1600, 50257), (70000, 5), (1, 1)])
+def test_the_work_splits_cover_every_value_once(c, v):
+    groups = cuplan.embedding_groups(c, v)
+    owned = np.concatenate([np.arange(g * v // groups, (g + 1) * v // groups) for g in range(groups)])
+    np.testing.assert_array_equal(owned, np.arange(v))          # each table row: one owner, none left out
+    assert groups * c >= min(cuplan.EMBEDDING_THREADS, v * c) or groups == v
+    for rows in (1, 31, 32, 33, 2048, 65536, 10**6):
+        chunk, n = cuplan.layernorm_chunks(rows)
+        assert (n - 1) * chunk < rows <= n * chunk and n <= cuplan.LN_CHUNKS

@@ -414,12 +414,18 @@ _SPECS: Sequence[KernelSpec] = (
         doc="dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w",
         torch_op="F.layer_norm backward"),
     KernelSpec(
+        "layernorm_backward_partials", "seq.cu",
+        _args("double* pw, double* pb, const float* x, const float* dy, "
+              "const float* mean, const float* rstd, long long R, long long C, long long chunk"),
+        launch="elementwise", work="ceil(R / chunk) * C",
+        doc="per chunk of rows and column: sums of dy xhat and of dy (double), rows in order",
+        torch_op="F.layer_norm backward"),
+    KernelSpec(
         "layernorm_backward_params", "seq.cu",
-        _args("float* dw, float* db, const float* x, const float* dy, "
-              "const float* mean, const float* rstd, long long R, long long C"),
+        _args("float* dw, float* db, const double* pw, const double* pb, "
+              "long long nchunks, long long C"),
         launch="elementwise", work="C",
-        doc="dw = sum_r dy xhat, db = sum_r dy, one thread per column in row "
-            "order (double sums); either may be NULL",
+        doc="dw, db = the chunks' partial sums, in chunk order; either may be NULL",
         torch_op="F.layer_norm backward"),
     KernelSpec(
         "gelu_forward", "seq.cu",
@@ -458,10 +464,10 @@ _SPECS: Sequence[KernelSpec] = (
     KernelSpec(
         "embedding_backward", "seq.cu",
         _args("float* dw, const float* dy, const long long* idx, long long R, "
-              "long long C, long long V"),
-        launch="elementwise", work="C",
-        doc="dw[idx[r]] += dy[r] in row order, one thread per column; THE HOST "
-            "MUST ZERO dw FIRST",
+              "long long C, long long V, long long groups"),
+        launch="elementwise", work="groups * C",
+        doc="dw[idx[r]] += dy[r] in row order, each value of dw owned by one thread "
+            "(a vocabulary range and a column); THE HOST MUST ZERO dw FIRST",
         torch_op="F.embedding backward"),
 )
 

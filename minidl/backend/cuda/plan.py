@@ -933,12 +933,36 @@ def layernorm_backward_dx(dx, x, w, dy, mean, rstd, limits=DeviceLimits()) -> Ke
     return pack_launch("layernorm_backward_dx", (dx, x, w, dy, mean, rstd, r, c), (r, c), limits)
 
 
-def layernorm_backward_params(dw, db, x, dy, mean, rstd, limits=DeviceLimits()) -> KernelLaunch:
-    r, c = _rows_cols("layernorm_backward_params", x)
-    _same_size("layernorm_backward_params", x, dy)
+#: Layer norm's weight and bias sums run in at most this many chunks of rows (a partial sum per chunk and column,
+#: in float64: LN_CHUNKS x C x 16 bytes of scratch), each of at least LN_MIN_CHUNK rows.
+LN_CHUNKS = 64
+LN_MIN_CHUNK = 32
+
+
+def layernorm_chunks(rows: int) -> tuple[int, int]:
+    """(rows per chunk, chunks) of layer norm's weight and bias sums over `rows` rows."""
+    chunk = max(LN_MIN_CHUNK, -(-rows // LN_CHUNKS))
+    return chunk, max(1, -(-rows // chunk))
+
+
+def layernorm_backward_partials(pw, pb, x, dy, mean, rstd, limits=DeviceLimits()) -> KernelLaunch:
+    r, c = _rows_cols("layernorm_backward_partials", x)
+    _same_size("layernorm_backward_partials", x, dy)
+    _row_stats("layernorm_backward_partials", r, mean=mean, rstd=rstd)
+    chunk, n = layernorm_chunks(r)
+    for label, buf in (("pw", pw), ("pb", pb)):
+        if _size(buf) < n * c or np.dtype(buf.dtype) != np.float64:
+            raise ValueError(f"layernorm_backward_partials: {label} must hold {n} x {c} float64 partial sums, "
+                             f"got {_size(buf)} {buf.dtype}")
+    return pack_launch("layernorm_backward_partials", (pw, pb, x, dy, mean, rstd, r, c, chunk), n * c, limits)
+
+
+def layernorm_backward_params(dw, db, pw, pb, rows: int, limits=DeviceLimits()) -> KernelLaunch:
+    """dw, db from the partial sums `layernorm_backward_partials` left for `rows` rows."""
+    c = _size(dw if dw is not None else db)
     _vectors("layernorm_backward_params", c, dw=dw, db=db)
-    _row_stats("layernorm_backward_params", r, mean=mean, rstd=rstd)
-    return pack_launch("layernorm_backward_params", (dw, db, x, dy, mean, rstd, r, c), c, limits)
+    _, n = layernorm_chunks(rows)
+    return pack_launch("layernorm_backward_params", (dw, db, pw, pb, n, c), c, limits)
 
 
 def _exact(approximate: str) -> int:
@@ -988,10 +1012,21 @@ def embedding_forward(y, w, idx, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch("embedding_forward", (y, w, idx, r, c, v), r * c, limits)
 
 
+#: embedding_backward runs about this many threads (vocabulary ranges x columns), at most one range per row of
+#: the table: enough to fill a GPU, where one thread per column (C of them) would not.
+EMBEDDING_THREADS = 1 << 16
+
+
+def embedding_groups(c: int, v: int) -> int:
+    """How many vocabulary ranges embedding_backward splits a (V, C) table's gradient into."""
+    return max(1, min(v, -(-EMBEDDING_THREADS // max(1, c))))
+
+
 def embedding_backward(dw, dy, idx, limits=DeviceLimits()) -> KernelLaunch:
     """dw must be zeroed first (`ZERO_OUTPUT_FIRST`): the kernel adds into it."""
     r, c, v = _table("embedding_backward", idx, dw, dy)
-    return pack_launch("embedding_backward", (dw, dy, idx, r, c, v), c, limits)
+    groups = embedding_groups(c, v)
+    return pack_launch("embedding_backward", (dw, dy, idx, r, c, v, groups), groups * c, limits)
 
 
 #: kernel name -> the function that packs its launch (one per entry point of kernels/*.cu).
@@ -1005,6 +1040,6 @@ LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
         sz_quantize, sz_encode_blocks, sz_gather_planes, sz_decode_blocks, sz_scatter_outliers,
         softmax_xent_ignore_forward, softmax_xent_ignore_mean, softmax_xent_ignore_scale,
         softmax_xent_ignore_backward, layernorm_forward, layernorm_forward_apply, layernorm_backward_dx,
-        layernorm_backward_params, gelu_forward, gelu_backward, softmax_forward, softmax_backward,
-        embedding_forward, embedding_backward)
+        layernorm_backward_partials, layernorm_backward_params, gelu_forward, gelu_backward, softmax_forward,
+        softmax_backward, embedding_forward, embedding_backward)
 }

@@ -57,11 +57,17 @@ class SequenceOps:
             self._launch(cuplan.layernorm_forward_apply(y, x, w, b, mean, rstd, self.limits))
 
     def layernorm_backward(self, x, w, dy, mean, rstd, dx, dw, db) -> None:
-        """dx per row (one block each); dw, db as column sums over the rows in row order (float64)."""
+        """dx per row (one block each); dw, db as column sums in float64, by chunks of rows then over the
+        chunks, each in a fixed order (`cuplan.layernorm_chunks`; the partial sums in side buffers)."""
         with self.compute:
             self._check("layernorm_backward", x=x, w=w, dy=dy, mean=mean, rstd=rstd, dx=dx, dw=dw, db=db)
             if dw is not None or db is not None:
-                self._launch(cuplan.layernorm_backward_params(dw, db, x, dy, mean, rstd, self.limits))
+                r, c = x.shape
+                _, n = cuplan.layernorm_chunks(r)
+                pw = self.side.get("ln_partial_w", (n, c), np.float64)
+                pb = self.side.get("ln_partial_b", (n, c), np.float64)
+                self._launch(cuplan.layernorm_backward_partials(pw, pb, x, dy, mean, rstd, self.limits))
+                self._launch(cuplan.layernorm_backward_params(dw, db, pw, pb, r, self.limits))
             if dx is not None:
                 self._launch(cuplan.layernorm_backward_dx(dx, x, w, dy, mean, rstd, self.limits))
 
