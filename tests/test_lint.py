@@ -141,3 +141,16 @@ def test_tensor_ids_are_never_parsed_back():
     hits = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "minidl").rglob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if 'split(":", 1)' in line]
     assert not hits, hits
+
+
+def test_micro_batch_ids_are_spelled_in_one_place():
+    """A micro-batch's tensor ids (`act:conv1@2`, `act:conv1@2r`) are spelled by `core.tensors.micro_id` alone:
+    the route builder names tensors with it and the executor loads a micro-batch's inputs with it. A second
+    f-string spelling `...@{m}` would be a second definition of the format."""
+    import re
+
+    spelled = re.compile(r"[\w}]@\{")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "minidl").rglob("*.py"))
+            if p.relative_to(ROOT).as_posix() != "minidl/core/tensors.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
+    assert not hits, hits

@@ -69,6 +69,14 @@ def compressed_source(tid: str) -> str | None:
     return tid[len(COMPRESSED_PREFIX):] if tid.startswith(COMPRESSED_PREFIX) else None
 
 
+def micro_id(tid: str, micro: int | None, again: bool = False) -> str:
+    """Tensor `tid` as micro-batch `micro` of a packed route holds it (`graph/packs.py`): `act:conv1@2`, and
+    `act:conv1@2r` for the copy a pack's re-forward makes (`again`). `micro` None: the plain route, whose single
+    micro-batch uses the canonical ids. The one place these ids are spelled: the route builder names tensors
+    with it and the executor loads a micro-batch's inputs with it."""
+    return tid if micro is None else f"{tid}@{micro}{'r' if again else ''}"
+
+
 def act_id(node_name: str) -> str:
     return f"act:{node_name}"
 

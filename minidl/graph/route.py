@@ -10,6 +10,9 @@ tensors it reads and writes, derived from the layers' declared backward needs; f
 liveness analysis can tell when every tensor is born and when it dies, and a plan can attach events
 (allocate, free, offload, prefetch, recompute...) to steps.
 
+One builder (`build_route`) makes every route: the plain route is the one-micro-batch case of Harmony's route of
+layer packs and micro-batches (`packs.py`), with the canonical tensor ids and no re-forward.
+
 Forks need no special layer: when a tensor feeds several layers, its delta receives several contributions in
 backward. The first consumer to run backward writes the delta directly; each later one writes a *partial
 delta* that is added into it and freed at once. Partials are planned tensors like any other, so the memory
@@ -31,6 +34,7 @@ from ..core.tensors import (
     aux_id,
     delta_id,
     grad_id,
+    micro_id,
     opt_state_id,
     param_id,
     partial_delta_id,
@@ -70,9 +74,11 @@ class Step:
     dinputs: list[str | None] = field(default_factory=list)   # backward: where each input's delta goes
     accumulate: list[Accumulation] = field(default_factory=list)
     seed_delta: str | None = None  # backward of the loss: the delta set to 1.0 (1/M with M micro-batches)
-    micro: int = 0                 # the micro-batch this step runs (packs.py); 0 without micro-batching
-    recompute: bool = False        # a pack's re-forward in backward (packs.py): no running-statistics update
-    rename: dict[str, str] = field(default_factory=dict)  # canonical tensor id -> this step's (packs.py)
+    # Every route is built as micro-batches (`build_route`); the plain route is the case of one, under the
+    # canonical ids: micro 0, no re-forward, no renames.
+    micro: int = 0                 # the micro-batch this step runs
+    recompute: bool = False        # a pack's re-forward in backward: no running-statistics update
+    rename: dict[str, str] = field(default_factory=dict)  # canonical tensor id -> this step's (`micro_id`)
 
     @property
     def label(self) -> str:
@@ -188,117 +194,249 @@ class Route:
     @staticmethod
     def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (),
               backend=None, fused_update: bool = False) -> "Route":
-        """The route of `net`. `backend` (None: the CPU reference) is asked, once per step, which algorithms
-        a layer can run with and how much workspace each needs: the route is where that menu is fixed, so
-        every planner pass (sizing, bounds, simulation, auto's search) reads the same one. `fused_update`:
-        each layer's optimizer update right after its backward instead of one update step at the end."""
-        nodes = net.nodes
-        tensors: dict[str, TensorSpec] = {}
+        """The plain route of `net` (`build_route` with one micro-batch and no packs)."""
+        return build_route(net, training, optimizer_slots, backend, fused_update)
 
-        def add(tid: str, role: Role, shape, dtype, owner: str) -> str:
-            tensors[tid] = TensorSpec(tid, role, tuple(shape), np.dtype(dtype), owner)
-            return tid
 
-        # requires_grad: does the delta of this node's output have to be computed?
-        rg = [False] * len(nodes)
-        for n in nodes:
-            if n.layer is None:
-                continue
-            has_trainable = any(p.trainable for p in n.params.values()) or bool(n.tied)
-            rg[n.index] = has_trainable or any(
+@dataclass(slots=True)
+class Packing:
+    """How a packed route was cut (`packs.py`): M micro-batches of `micro_batch` samples; `packs` lists each pack's
+    layer names; `blocks` the (first, last) step of each pack's forward block and backward block; `shapes` each
+    node's (input shapes, output shape) for one micro-batch."""
+
+    micro_batches: int
+    micro_batch: int
+    packs: list[list[str]]
+    blocks: list[tuple[int, int]] = field(default_factory=list)
+    shapes: dict[int, tuple[list[tuple[int, ...]], tuple[int, ...]]] = field(default_factory=dict)
+
+
+def micro_shapes(net: "Network", b: int) -> dict[int, tuple[list[tuple[int, ...]], tuple[int, ...]]]:
+    """(input shapes, output shape) of every node for a micro-batch of `b` samples, by re-running shape
+    inference from the inputs (a layer's output shape is a pure function of its input shapes)."""
+    out: dict[int, tuple[int, ...]] = {}
+    res = {}
+    for n in net.nodes:
+        if n.layer is None:
+            out[n.index] = (b,) + tuple(n.shape[1:])
+            res[n.index] = ([], out[n.index])
+            continue
+        ins = [out[i] for i in n.inputs]
+        out[n.index] = tuple(n.layer.infer_shape(ins))
+        res[n.index] = (ins, out[n.index])
+    return res
+
+
+def requires_grad(net: "Network") -> list[bool]:
+    """Per node: does the delta of its output have to be computed (a trainable parameter in it or before it)?"""
+    rg = [False] * len(net.nodes)
+    for n in net.nodes:
+        if n.layer is not None:
+            rg[n.index] = any(p.trainable for p in n.params.values()) or bool(n.tied) or any(
                 rg[i] for k, i in enumerate(n.inputs) if k not in n.layer.nondiff_inputs)
+    return rg
 
-        for n in nodes:
-            if n.layer is None:
-                role = Role.DATA if np.issubdtype(n.dtype, np.floating) else Role.LABEL
-                add(act_id(n.name), role, n.shape, n.dtype, n.name)
-            else:
-                add(act_id(n.name), Role.ACTIVATION, n.shape, n.dtype, n.name)
-                for pname, spec in n.params.items():
-                    role = Role.PARAMETER if spec.trainable else Role.BUFFER
-                    add(param_id(n.name, pname), role, spec.shape, n.dtype if np.issubdtype(
-                        n.dtype, np.floating) else net.dtype, n.name)
 
-        steps: list[Step] = []
-        aux_of: dict[int, list[str]] = {}  # node -> its aux tensor ids (looked up in backward; no scan)
-        for n in nodes:
-            if n.layer is None:
+def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (), backend=None,
+                fused_update: bool = False, micro_batches: int = 1,
+                packs: Sequence[Sequence[str]] | None = None) -> Route:
+    """The one route builder: the plain route is the one-micro-batch case of the packed route.
+
+    Forward runs pack by pack, every micro-batch through a pack before the next pack; backward runs the packs in
+    reverse, each micro-batch re-running the pack's forward (packed routes only) and then its backward, and the
+    pack's updates follow its backward block when the update is fused. `packs` None is the plain route: one
+    micro-batch of the whole batch under the canonical tensor ids (`micro_id(tid, None)`), one layer per pack, no
+    re-forward, `fused_update` as asked; `packs` given (checked by `packs.build_packed`) is Harmony's route:
+    `micro_batches` micro-batches with ids of their own, always fused.
+
+    `backend` (None: the CPU reference) is asked, once per step, which algorithms a layer can run with and how
+    much workspace each needs: the route is where that menu is fixed, so every planner pass (sizing, bounds,
+    simulation, auto's search) reads the same one."""
+    return _RouteBuilder(net, training, tuple(optimizer_slots), backend, fused_update, int(micro_batches),
+                         packs).build()
+
+
+class _RouteBuilder:
+    """The state of one `build_route` call: the tensor table being filled, the steps, and per micro-batch the
+    deltas already written (a second contribution to one is a partial delta, accumulated)."""
+
+    def __init__(self, net, training, optimizer_slots, backend, fused_update, micro_batches, packs):
+        self.net, self.nodes, self.training, self.slots, self.backend = net, net.nodes, training, optimizer_slots, \
+            backend
+        self.packed = packs is not None
+        self.M = micro_batches
+        self.packs = [list(p) for p in packs] if self.packed else [[n.name] for n in net.layer_nodes]
+        self.fused = self.packed or (fused_update and training)
+        self.shapes = micro_shapes(net, net.input_nodes[0].shape[0] // self.M)
+        self.pack_of = {net.node(name).index: k for k, p in enumerate(self.packs) for name in p}
+        self.rg = requires_grad(net)
+        self.tensors: dict[str, TensorSpec] = {}
+        self.steps: list[Step] = []
+        self.aux: dict[tuple[int, int], list[tuple[str, str]]] = {}  # (node, micro) -> [(canonical id, id)]
+        self.seen: list[set[str]] = [set() for _ in range(self.M)]
+        self.blocks: list[tuple[int, int]] = []
+        self.tied_in = tied_contributions(net)
+
+    def micro(self, tid: str, m: int, again: bool = False) -> str:
+        return micro_id(tid, m if self.packed else None, again)
+
+    def add(self, tid: str, role: Role, shape, dtype, owner: str) -> str:
+        if tid not in self.tensors:
+            self.tensors[tid] = TensorSpec(tid, role, tuple(shape), np.dtype(dtype), owner)
+        return tid
+
+    def act(self, i: int, m: int, pack: int | None = None) -> str:
+        """Node i's output in micro-batch m, as pack `pack`'s re-forward and backward read it (the re-forward's
+        copy for a layer of that pack; None: the forward's)."""
+        src = self.nodes[i]
+        again = pack is not None and src.layer is not None and self.pack_of[i] == pack
+        return self.add(self.micro(act_id(src.name), m, again), self.act_role(src), self.shapes[i][1], src.dtype,
+                        src.name)
+
+    @staticmethod
+    def act_role(n) -> Role:
+        if n.layer is not None:
+            return Role.ACTIVATION
+        return Role.DATA if np.issubdtype(n.dtype, np.floating) else Role.LABEL
+
+    def build(self) -> Route:
+        net = self.net
+        for n in self.nodes:
+            for m in range(self.M):
+                self.act(n.index, m)
+            for pname, spec in n.params.items():
+                self.add(param_id(n.name, pname), Role.PARAMETER if spec.trainable else Role.BUFFER, spec.shape,
+                         n.dtype if np.issubdtype(n.dtype, np.floating) else net.dtype, n.name)
+        for pack in self.packs:
+            first = len(self.steps)
+            for m in range(self.M):
+                for name in pack:
+                    self.forward(net.node(name), m, again=False)
+            self.blocks.append((first, len(self.steps) - 1))
+        if self.training:
+            self.backward()
+        route = Route(net, self.training, self.steps, self.tensors, self.slots, self.rg, backend_name(self.backend),
+                      self.fused, backend=self.backend)
+        if self.packed:
+            route.packing = Packing(self.M, self.shapes[net.input_nodes[0].index][1][0], self.packs, self.blocks,
+                                    self.shapes)
+        return route
+
+    def backward(self) -> None:
+        for k in reversed(range(len(self.packs))):
+            first = len(self.steps)
+            pack_nodes = [self.net.node(name) for name in self.packs[k]]
+            for m in range(self.M):
+                if self.packed:
+                    for n in pack_nodes:
+                        self.forward(n, m, again=True)
+                for n in reversed(pack_nodes):
+                    if self.rg[n.index]:
+                        self.backward_step(n, m, k if self.packed else None)
+            if self.fused:
+                for n in pack_nodes:
+                    self.update([n])
+            self.blocks.append((first, len(self.steps) - 1))
+        if not self.fused:
+            if not self.update(self.nodes):
+                self.steps.append(Step(len(self.steps), Phase.UPDATE, None, "", [], []))
+
+    def update(self, nodes) -> bool:
+        step = update_step(len(self.steps), nodes, self.slots, self.add, self.net.dtype)
+        if step is not None:
+            self.steps.append(step)
+        return step is not None
+
+    def forward(self, n, m: int, again: bool) -> None:
+        """Layer n's forward on micro-batch m; `again`: its re-forward in backward (reads what the forward saved)."""
+        layer, net = n.layer, self.net
+        ins, out_shape = self.shapes[n.index]
+        pack = self.pack_of[n.index] if again else None
+        rename = {act_id(self.nodes[i].name): self.act(i, m, pack) for i in n.inputs}
+        out = rename[act_id(n.name)] = self.act(n.index, m, pack)
+        reads = [rename[act_id(self.nodes[i].name)] for i in n.inputs] + list(n.param_ids().values())
+        writes = [out]
+        if self.training and not again:
+            writes += [param_id(n.name, p) for p, s in n.params.items() if not s.trainable]
+            if m == 0:  # on the network's own (whole-batch) shapes, as a plain route would check it
+                layer.check_training([self.nodes[i].shape for i in n.inputs])
+            # written by the training forward even when no backward reads them (BN on the data)
+            self.aux[n.index, m] = [(aux_id(n.name, a), self.add(self.micro(aux_id(n.name, a), m), Role.AUX, shape,
+                                                                 net.dtype, n.name))
+                                    for a, shape in layer.aux_specs(ins, training=True).items()]
+        for canonical, tid in self.aux.get((n.index, m), []) if self.training else ():
+            rename[canonical] = tid
+            (reads if again else writes).append(tid)
+        opts = layer.workspace_options("fwd", ins, out_shape, net.dtype.itemsize, backend=self.backend)
+        ws = self.add(self.micro(workspace_id(n.name, "rfwd" if again else "fwd"), m), Role.WORKSPACE, (0,),
+                      np.uint8, n.name) if opts else None
+        self.steps.append(Step(len(self.steps), Phase.FORWARD, n.index, n.name, reads, writes, ws, list(opts),
+                               micro=m, recompute=again, rename=_renamed(rename)))
+
+    def backward_step(self, n, m: int, pack: int | None) -> None:
+        """Layer n's backward on micro-batch m, reading the activations of pack `pack`'s re-forward (None: the
+        forward's)."""
+        layer, net, nodes = n.layer, self.net, self.nodes
+        ins, out_shape = self.shapes[n.index]
+        dout = self.add(self.micro(delta_id(n.name), m), Role.DELTA, out_shape, n.dtype, n.name)
+        rename = {delta_id(n.name): dout}
+        reads = [dout]
+        for k in layer.needs_inputs:
+            i = n.inputs[k]
+            rename[act_id(nodes[i].name)] = self.act(i, m, pack)
+            reads.append(rename[act_id(nodes[i].name)])
+        if layer.needs_output:
+            rename[act_id(n.name)] = self.act(n.index, m, pack)
+            reads.append(rename[act_id(n.name)])
+        for canonical, tid in self.aux.get((n.index, m), []):
+            rename[canonical] = tid
+            reads.append(tid)
+        reads += list(n.param_ids().values())
+        writes: list[str] = []
+        dinputs: list[str | None] = []
+        accs: list[Accumulation] = []
+        for k, i in enumerate(n.inputs):
+            src = nodes[i]
+            if k in layer.nondiff_inputs or not self.rg[i]:
+                dinputs.append(None)
                 continue
-            layer = n.layer
-            in_shapes = [nodes[i].shape for i in n.inputs]
-            reads = [act_id(nodes[i].name) for i in n.inputs] + list(n.param_ids().values())
-            writes = [act_id(n.name)] + [param_id(n.name, p) for p, s in n.params.items()
-                                         if not s.trainable and training]
-            if training:
-                layer.check_training(in_shapes)
-                # written by the training forward even when no backward reads them (BN on the data)
-                for aname, ashape in layer.aux_specs(in_shapes, training=True).items():
-                    tid = add(aux_id(n.name, aname), Role.AUX, ashape, net.dtype, n.name)
-                    writes.append(tid)
-                    aux_of.setdefault(n.index, []).append(tid)
-            opts = layer.workspace_options("fwd", in_shapes, n.shape, net.dtype.itemsize, backend=backend)
-            ws = add(workspace_id(n.name, "fwd"), Role.WORKSPACE, (0,), np.uint8, n.name) if opts else None
-            steps.append(Step(len(steps), Phase.FORWARD, n.index, n.name, reads, writes, ws, list(opts)))
+            d = self.micro(delta_id(src.name), m)
+            if d not in self.seen[m]:
+                self.seen[m].add(d)
+                target = self.add(d, Role.DELTA, self.shapes[i][1], src.dtype, src.name)
+            else:
+                target = self.add(self.micro(partial_delta_id(src.name, n.name, k), m), Role.DELTA,
+                                  self.shapes[i][1], src.dtype, src.name)
+                accs.append(Accumulation(target, d))
+            dinputs.append(target)
+            writes.append(target)
+        own = [(p, s.shape) for p, s in n.params.items() if s.trainable]
+        own += [(p, net.node(o).params[op].shape) for p, (o, op) in n.tied.items()]  # this layer's contribution
+        for pname, shape in own:
+            g = self.add(grad_id(n.name, pname), Role.GRADIENT, shape, net.dtype, n.name)
+            if m:  # micro-batch m > 0 writes its own gradient, added into the gradient right after
+                part = rename[g] = self.add(self.micro(g, m), Role.GRADIENT, shape, net.dtype, n.name)
+                accs.append(Accumulation(part, g))
+                writes.append(part)
+            else:
+                writes.append(g)
+        if m == self.M - 1:  # the tied users' contributions, once all their micro-batches have run (they come later)
+            for part, into in self.tied_in.get(n.index, ()):
+                reads.append(part)
+                accs.append(Accumulation(part, into))
+        opts = layer.workspace_options("bwd", ins, out_shape, net.dtype.itemsize, backend=self.backend)
+        ws = self.add(self.micro(workspace_id(n.name, "bwd"), m), Role.WORKSPACE, (0,), np.uint8, n.name) \
+            if opts else None
+        step = Step(len(self.steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, list(opts), dinputs, accs,
+                    micro=m, rename=_renamed(rename))
+        if layer.is_loss:
+            step.seed_delta = dout
+        self.steps.append(step)
 
-        if training:
-            tied_in = tied_contributions(net)
-            seen_delta: set[str] = set()
-            for n in reversed(nodes):
-                if n.layer is None or not rg[n.index]:
-                    continue
-                layer = n.layer
-                in_shapes = [nodes[i].shape for i in n.inputs]
-                dout = add(delta_id(n.name), Role.DELTA, n.shape, n.dtype, n.name)
-                reads = [dout]
-                reads += [act_id(nodes[n.inputs[k]].name) for k in layer.needs_inputs]
-                if layer.needs_output:
-                    reads.append(act_id(n.name))
-                reads += aux_of.get(n.index, [])
-                reads += list(n.param_ids().values())
-                writes: list[str] = []
-                dinputs: list[str | None] = []
-                accs: list[Accumulation] = []
-                for k, i in enumerate(n.inputs):
-                    src = nodes[i]
-                    if k in layer.nondiff_inputs or not rg[i]:
-                        dinputs.append(None)
-                        continue
-                    d = delta_id(src.name)
-                    if d not in seen_delta:
-                        seen_delta.add(d)
-                        add(d, Role.DELTA, src.shape, src.dtype, src.name)
-                        target = d
-                    else:
-                        target = add(partial_delta_id(src.name, n.name, k), Role.DELTA, src.shape, src.dtype,
-                                     src.name)
-                        accs.append(Accumulation(target, d))
-                    dinputs.append(target)
-                    writes.append(target)
-                for pname, spec in n.params.items():
-                    if spec.trainable:
-                        writes.append(add(grad_id(n.name, pname), Role.GRADIENT, spec.shape, net.dtype, n.name))
-                for pname, (owner, oname) in n.tied.items():
-                    shape = net.node(owner).params[oname].shape
-                    writes.append(add(grad_id(n.name, pname), Role.GRADIENT, shape, net.dtype, n.name))
-                for part, into in tied_in.get(n.index, ()):
-                    reads.append(part)
-                    accs.append(Accumulation(part, into))
-                opts = layer.workspace_options("bwd", in_shapes, n.shape, net.dtype.itemsize, backend=backend)
-                ws = add(workspace_id(n.name, "bwd"), Role.WORKSPACE, (0,), np.uint8, n.name) if opts else None
-                step = Step(len(steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, list(opts), dinputs,
-                            accs)
-                if layer.is_loss:
-                    step.seed_delta = dout
-                steps.append(step)
-                if fused_update:
-                    update = update_step(len(steps), [n], optimizer_slots, add, net.dtype)
-                    if update is not None:
-                        steps.append(update)
-            if not fused_update:
-                steps.append(update_step(len(steps), nodes, optimizer_slots, add, net.dtype)
-                             or Step(len(steps), Phase.UPDATE, None, "", [], []))
-        return Route(net, training, steps, tensors, tuple(optimizer_slots), rg,
-                     backend_name(backend), fused_update, backend=backend)
+
+def _renamed(rename: dict[str, str]) -> dict[str, str]:
+    """A step's renames, without the ids that stay what they are (all of them on the plain route)."""
+    return {k: v for k, v in rename.items() if k != v}
 
 
 def tied_contributions(net: "Network") -> dict[int, list[tuple[str, str]]]:

@@ -27,6 +27,7 @@ from ..core.tensors import (
     compressed_source,
     delta_id,
     grad_id,
+    micro_id,
     opt_state_id,
     param_id,
 )
@@ -328,11 +329,11 @@ class Executor:
         M = self.route.micro_batches
         slots = []
         for k, node in enumerate(self.net.input_nodes[:2]):
-            if M == 1 and self.route.packing is None:
+            if self.route.packing is None:  # the plain route: its one micro-batch under the canonical ids
                 slots.append((self.get(act_id(node.name), step), k, None, None))
                 continue
             b = node.shape[0] // M
-            slots.extend((self.get(f"{act_id(node.name)}@{m}", step), k, m * b, (m + 1) * b) for m in range(M))
+            slots.extend((self.get(micro_id(act_id(node.name), m), step), k, m * b, (m + 1) * b) for m in range(M))
         return slots
 
     def _load_batch(self, x: np.ndarray, y: np.ndarray, step: Step) -> None:

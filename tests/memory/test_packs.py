@@ -138,3 +138,41 @@ def test_evaluate_on_a_packed_route_matches_the_plain_route():
     loss_b, acc_b = packed.evaluate(data)
     assert acc_a == acc_b and loss_b == pytest.approx(loss_a, rel=1e-6)
 
+
+def _bn_on_the_data(batch=4):
+    """BatchNorm without affine parameters on the data: nothing trainable before it, so it has no backward, but
+    its training forward still writes its batch statistics."""
+    from minidl.layers import BatchNorm2d, Flatten
+
+    net = dl.Network("bn_on_data")
+    x = net.input((batch, 3, 8, 8), name="data")
+    y = net.input((batch,), dtype="int64", name="label")
+    h = ReLU(name="relu")(Conv2d(4, 3, padding=1, name="conv")(BatchNorm2d(affine=False, name="bn0")(x)))
+    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(5, name="fc")(Flatten(name="flat")(h)), y))
+    return net
+
+
+@pytest.mark.parametrize("make", [plain_net, _bn_on_the_data, NETS["resnet20"], NETS["densenet_tiny"]])
+def test_the_plain_route_is_the_packed_route_of_one_micro_batch(make):
+    """One builder: the packed route of one micro-batch and one layer per pack, without its re-forward steps and
+    with its ids read back to the canonical ones, has the plain fused route's steps, step for step, and the same
+    tensors."""
+    from minidl.core.tensors import micro_id
+    from minidl.graph.packs import build_packed
+    from minidl.graph.route import Route
+
+    net = make()
+    plain = Route.build(net, True, ("momentum",), fused_update=True)
+    packed = build_packed(net, 1, None, ("momentum",))
+    back = {micro_id(t, 0, again): t for t in plain.tensors for again in (False, True)}
+    ids = lambda ts: [back.get(t, t) for t in ts]  # noqa: E731
+    steps = [s for s in packed.steps if not s.recompute]
+    assert [s.label for s in plain.steps] == [s.label.removesuffix(" [0]") for s in steps]
+    for a, b in zip(plain.steps, steps):
+        assert (a.reads, a.writes, a.dinputs) == (ids(b.reads), ids(b.writes), ids(b.dinputs)), a.label
+        assert [(x.partial, x.into) for x in a.accumulate] == [(back[x.partial], back[x.into]) for x in b.accumulate]
+        assert a.workspace == (b.workspace and back.get(b.workspace))
+        assert a.rename == {} and set(b.rename.values()) <= set(packed.tensors)
+    copies = {micro_id(t, 0, again=True) for t in plain.tensors}  # the re-forward's outputs and workspaces
+    copies |= {s.workspace for s in packed.steps if s.recompute}
+    assert set(plain.tensors) == {back.get(t, t) for t in packed.tensors if t not in copies}
