@@ -1358,7 +1358,7 @@ def _timed_backend(duplex: bool = False):
 @pytest.fixture
 def perf_counter(monkeypatch):
     """The host clock the backend pairs its anchor with: fixed at 1000 s, calls counted."""
-    import minidl.backend.cuda.backend as cuda_mod
+    import minidl.backend.cuda.copies as cuda_mod  # the transfer clock lives with the transfers
 
     calls = []
     monkeypatch.setattr(cuda_mod, "time", SimpleNamespace(perf_counter=lambda: calls.append(1) or 1000.0))

@@ -46,8 +46,6 @@ TypeError naming the argument.
 from __future__ import annotations
 
 import atexit
-import functools
-import time
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -56,19 +54,21 @@ from typing import Any, Callable
 import numpy as np
 
 from ...core.errors import MinidlError
-from ...core.vocab import WorkspaceOption
 from ..base import Capabilities
 from . import kernel_specs as ks
 from . import plan as cuplan
+from .conv import ConvOps
+from .copies import CopyOps, Transfer
+from .dense import DenseOps
+from .norm import NormOps
+from .ops import F32, on_compute
+from .pointwise import PointwiseOps
 from .sequence import SEQUENCE_KERNELS, SequenceOps
+from .update import UpdateOps
 
 __all__ = ["CUDABackend", "CUDAUnavailable", "CudnnGraphs", "BuiltGraph", "GraphUnsupported", "DeviceArena",
            "DeviceArenaBacking", "Transfer", "load_cuda_modules", "NORM_KERNELS", "ElementwiseSource",
            "ReductionSource"]
-
-_F32 = np.dtype(np.float32)
-_I64 = np.dtype(np.int64)
-
 
 class CUDAUnavailable(MinidlError, RuntimeError):
     """cupy, the cuDNN frontend or a CUDA device is missing."""
@@ -414,21 +414,6 @@ class _SideBuffers:
         return sum(int(m.size) for m in self._mem.values())
 
 
-@dataclass(slots=True)
-class Transfer:
-    """An asynchronous device<->host copy on the transfer stream, with the timing events around it.
-
-    `start` and `done` are recorded on the transfer stream just before and just after the copy; `reached` is
-    recorded on the compute stream by `transfer_wait`, where compute begins to wait for `done` (None while
-    nobody waited). All three are timing-enabled, so `transfer_times` can measure both the copy and the stall.
-    """
-
-    kind: str    # "offload" (device -> host) or "prefetch" (host -> device)
-    nbytes: int
-    done: Any
-    start: Any = None
-    reached: Any = None
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Fallback kernels for batch norm (cupy ElementwiseKernel / ReductionKernel), used when cuDNN has no engine
@@ -512,15 +497,6 @@ def _device_name(cupy, device: int) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def _on_compute(fn):
-    """Run a backend op with the compute stream current (cupy ops and cuBLAS then enqueue there)."""
-    @functools.wraps(fn)
-    def wrapper(self, *args, **kwargs):
-        with self.compute:
-            return fn(self, *args, **kwargs)
-    return wrapper
-
-
 def _cublas_math_setter(cupy) -> Callable[[bool], None]:
     """A function that puts cupy's cuBLAS handle (the one `cupy.cublas.gemm` uses on this device) in TF32
     tensor-op math (True) or default math (False): cuBLAS's half of `--math tf32` (cuDNN's half is the engine
@@ -537,16 +513,11 @@ def _cublas_math_setter(cupy) -> Callable[[bool], None]:
     return set_tf32
 
 
-def _chan4(v):
-    """A (C,) device vector as (1, C, 1, 1), to broadcast over NCHW."""
-    return v.reshape(1, -1, 1, 1)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The backend
 # ---------------------------------------------------------------------------------------------------------
 
-class CUDABackend(SequenceOps):
+class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateOps, CopyOps):
     """cupy + cuDNN frontend backend with the CPU backend's interface (see minidl/backend/cpu/backend.py).
 
     Options: `allow_tf32` lets cuDNN compute float32 convolutions, and cuBLAS float32 products, in TF32 (faster on
@@ -733,7 +704,7 @@ class CUDABackend(SequenceOps):
     GRAPH_KERNELS = ("dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev", "adam_update_dev",
                      "nonfinite_flag")
 
-    @_on_compute
+    @on_compute
     def guard_nonfinite(self, x, code: int) -> None:
         """The divergence guard inside a graph: set the capture's `diverged` flag to `code` if `x` (a gradient,
         or the loss) is not finite and no earlier guarded tensor was (minidl/runtime/capture.py)."""
@@ -778,107 +749,8 @@ class CUDABackend(SequenceOps):
         """Block the host until the compute stream is idle (after a step's graphs, to read the loss)."""
         self.compute.synchronize()
 
-    # -- host transfers (offload / prefetch) -----------------------------------------------------------------
-    def host_empty(self, shape, dtype) -> np.ndarray:
-        """A numpy array in pinned (page-locked) host memory: the host store's buffers."""
-        return self.cpx.empty_pinned(shape, dtype=dtype)
-
-    def offload_async(self, src, dst: np.ndarray) -> Transfer:
-        """Copy device view `src` into host array `dst` on the transfer stream, after every kernel already
-        enqueued on the compute stream (which may still be writing `src`). Returns at once."""
-        self._check_transfer(src, dst)
-        self._anchor()  # before the first copy: every transfer event is then later than the anchor
-        ready = self._event()
-        ready.record(self.compute)
-        self.transfer.wait_event(ready)
-        start = self._record(self.transfer, timing=True)
-        src.get(stream=self.transfer, out=dst, blocking=False)
-        return Transfer("offload", int(src.nbytes), self._record(self.transfer, timing=True), start)
-
-    def prefetch_async(self, src: np.ndarray, dst) -> Transfer:
-        """Copy host array `src` into device view `dst` on the prefetch stream, after every kernel already
-        enqueued on the compute stream (the block's previous tenant may still be in use). Returns at once."""
-        self._check_transfer(dst, src)
-        self._anchor()
-        stream = self.prefetch_stream
-        ready = self._event()
-        ready.record(self.compute)
-        stream.wait_event(ready)
-        start = self._record(stream, timing=True)
-        dst.set(src, stream=stream)
-        return Transfer("prefetch", int(dst.nbytes), self._record(stream, timing=True), start)
-
-    def transfer_wait(self, t: Transfer) -> None:
-        """Make the compute stream wait for `t` (device-side: the host does not block). Call before a kernel
-        reads a prefetched tensor, and before an offloaded tensor's block is reused.
-
-        The `reached` event marks where compute starts waiting, so `transfer_times` can tell how long it stalled.
-        """
-        t.reached = self._record(self.compute, timing=True)
-        self.compute.wait_event(t.done)
-
-    def transfer_sync(self, t: Transfer) -> None:
-        """Block the host until `t` has completed (e.g. before reading or reusing its host buffer)."""
-        t.done.synchronize()
-
-    @staticmethod
-    def transfer_done(t: Transfer) -> bool:
-        return bool(t.done.done)
-
-    def transfer_times(self, t: Transfer) -> tuple[float, float, float]:
-        """(start_s, end_s, stall_s) of transfer `t`, in seconds; blocks until the copy (and the compute stream's
-        wait for it, if any) has happened.
-
-        These are device times mapped onto the host's `time.perf_counter` clock: the first transfer records an
-        anchor event on the compute stream, synchronizes it and reads `perf_counter()` right after (once per
-        backend, before any transfer event exists, so every elapsed time read from it is positive), and every
-        time is then the anchor's host time plus `get_elapsed_time(anchor, event)`. The offset is approximate
-        (the host wakes up a few microseconds after the anchor completes, and the clocks may drift apart over a
-        long run), the durations exact: both ends are device timestamps. `stall_s` is how long the compute
-        stream sat at `transfer_wait` before the copy completed, elapsed(reached, done), clamped at 0 when the
-        copy was done first; 0 when nobody waited.
-        """
-        t.done.synchronize()
-        anchor, anchor_s = self._anchor()
-        ms = self.cp.cuda.get_elapsed_time  # milliseconds from its first event to its second
-        start_s = anchor_s + ms(anchor, t.start) / 1e3
-        end_s = anchor_s + ms(anchor, t.done) / 1e3
-        stall_s = 0.0
-        if t.reached is not None:
-            t.reached.synchronize()  # recorded on the compute stream, which may still be behind
-            stall_s = max(0.0, ms(t.reached, t.done) / 1e3)
-        return start_s, end_s, stall_s
-
-    def _anchor(self) -> tuple[Any, float]:
-        """A completed compute-stream event and the `perf_counter()` time just after it (made once, by the first
-        transfer)."""
-        if self._clock_anchor is None:
-            ev = self._record(self.compute, timing=True)
-            ev.synchronize()
-            self._clock_anchor = (ev, time.perf_counter())
-        return self._clock_anchor
-
-    def _event(self, timing: bool = False):
-        """A CUDA event; timing only where it is measured (a timing event costs more to record and wait on)."""
-        return self.cp.cuda.Event(disable_timing=not timing)
-
-    def _record(self, stream, timing: bool = False):
-        ev = self._event(timing)
-        ev.record(stream)
-        return ev
-
-    @staticmethod
-    def _check_transfer(dev, host) -> None:
-        if not isinstance(host, np.ndarray):
-            raise TypeError(f"host side of a transfer must be a numpy array, got {type(host).__name__}")
-        if tuple(dev.shape) != tuple(host.shape) or np.dtype(dev.dtype) != host.dtype:
-            raise ValueError(f"transfer between {tuple(dev.shape)} {dev.dtype} (device) and {host.shape} "
-                             f"{host.dtype} (host): shapes and dtypes must match")
-        if not host.flags.c_contiguous:
-            raise ValueError("host side of a transfer must be C-contiguous")
-
     # -- helpers ---------------------------------------------------------------------------------------------
-    def _check(self, op: str, dtype: np.dtype = _F32, **arrays) -> None:
+    def _check(self, op: str, dtype: np.dtype = F32, **arrays) -> None:
         """Arrays given (not None) must be C-contiguous device arrays of `dtype`."""
         for name, a in arrays.items():
             if a is None:
@@ -948,387 +820,3 @@ class CUDABackend(SequenceOps):
             buf.fill(value)
             self._filled.add(key)
         return buf
-
-    # -- memory helpers --------------------------------------------------------------------------------------
-    def to_host(self, a) -> np.ndarray:
-        if isinstance(a, np.ndarray):
-            return a
-        self.compute.synchronize()
-        return a.get(stream=self.compute)
-
-    @_on_compute
-    def copy_in(self, dst, src) -> None:
-        if isinstance(src, self.cp.ndarray):
-            self.cp.copyto(dst, src.reshape(dst.shape))
-            return
-        # np.asarray + copy, not np.ascontiguousarray: that one returns at least 1-d, so a 0-d source (a loss
-        # delta) became shape (1,) and cupy's set() refused it for the 0-d destination.
-        host = np.asarray(src, dtype=dst.dtype).reshape(dst.shape)
-        if not host.flags.c_contiguous:
-            host = host.copy(order="C")
-        # Pageable host memory: the copy is staged before memcpyAsync returns, so `host` may die afterwards.
-        dst.set(host, stream=self.compute)
-
-    @_on_compute
-    def fill(self, dst, value: float) -> None:
-        dst.fill(value)
-
-    @_on_compute
-    def accumulate(self, dst, src) -> None:
-        if dst.dtype == _F32 and src.dtype == _F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
-            self._launch(cuplan.accumulate(dst, src, self.limits))
-        else:
-            self.cp.add(dst, src, out=dst)
-
-    @_on_compute
-    def copy(self, dst, src) -> None:
-        self.cp.copyto(dst, src)
-
-    # -- activation ------------------------------------------------------------------------------------------
-    @_on_compute
-    def relu_forward(self, x, y) -> None:
-        self._check("relu_forward", x=x, y=y)
-        built = self._graph(cuplan.PointwiseSpec.from_shape(x.shape, x.dtype).key("relu_fwd", self.filters)) \
-            if self.use_cudnn_relu and x.size else None
-        if built is not None:
-            self._run_graph(built, {"x": x, "y": y})
-        else:
-            self._launch(cuplan.relu_forward(y, x, self.limits))
-
-    @_on_compute
-    def relu_backward(self, y, dy, dx) -> None:
-        self._check("relu_backward", y=y, dy=dy, dx=dx)
-        built = self._graph(cuplan.PointwiseSpec.from_shape(y.shape, y.dtype).key("relu_bwd", self.filters)) \
-            if self.use_cudnn_relu and y.size else None
-        if built is not None:
-            self._run_graph(built, {"y": y, "dy": dy, "dx": dx})
-        else:
-            self._launch(cuplan.relu_backward(dx, y, dy, self.limits))
-
-    # -- joins -----------------------------------------------------------------------------------------------
-    @_on_compute
-    def add_forward(self, xs: list, y) -> None:
-        self._check("add_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
-        self._launch(cuplan.add_forward(y, xs[0], xs[1], self.limits))
-        for x in xs[2:]:
-            self._launch(cuplan.add_forward(y, y, x, self.limits))  # out may alias an input
-
-    @_on_compute
-    def concat_forward(self, xs: list, y) -> None:
-        self._check("concat_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
-        c = 0
-        for x in xs:
-            self._launch(cuplan.concat_copy_forward(y, x, c, self.limits))
-            c += x.shape[1]
-
-    @_on_compute
-    def concat_backward(self, dy, dxs: list, channels: list[int]) -> None:
-        self._check("concat_backward", dy=dy, **{f"dx{i}": d for i, d in enumerate(dxs)})
-        c = 0
-        for dx, ch in zip(dxs, channels):
-            if dx is not None:
-                self._launch(cuplan.concat_copy_backward(dx, dy, c, self.limits))
-            c += ch
-
-    # -- dense (cuBLAS through cupy.cublas.gemm: writes straight into the given views) ----------------------
-    @_on_compute
-    def linear_forward(self, x, w, b, y) -> None:
-        self._check("linear_forward", x=x, w=w, b=b, y=y)
-        self._cublas.gemm("N", "T", x.reshape(x.shape[0], -1), w, out=y)
-        if b is not None:
-            self.cp.add(y, b, out=y)
-
-    @_on_compute
-    def linear_backward(self, x, w, dy, dx, dw, db) -> None:
-        self._check("linear_backward", x=x, w=w, dy=dy, dx=dx, dw=dw, db=db)
-        if dx is not None:
-            self._cublas.gemm("N", "N", dy, w, out=dx.reshape(dx.shape[0], -1))
-        if dw is not None:
-            self._cublas.gemm("T", "N", dy, x.reshape(x.shape[0], -1), out=dw)
-        if db is not None:
-            self._norm_kernels().sum_f32(dy, axis=0, out=db)
-
-    # -- dropout ---------------------------------------------------------------------------------------------
-    # While a graph is captured (`graph_scalars` set) the key is read from its device slot (backend/scalars.py).
-    @_on_compute
-    def dropout_forward(self, x, y, p: float, key: int) -> None:
-        self._check("dropout_forward", x=x, y=y)
-        gs = self.graph_scalars
-        self._launch(cuplan.dropout_forward(y, x, p, key, self.limits) if gs is None else
-                     cuplan.dropout_forward_dev(y, x, p, gs.key_slot(key), self.limits))
-
-    @_on_compute
-    def dropout_backward(self, dy, dx, p: float, key: int) -> None:
-        self._check("dropout_backward", dy=dy, dx=dx)
-        gs = self.graph_scalars
-        self._launch(cuplan.dropout_backward(dx, dy, p, key, self.limits) if gs is None else
-                     cuplan.dropout_backward_dev(dx, dy, p, gs.key_slot(key), self.limits))
-
-    # -- loss ------------------------------------------------------------------------------------------------
-    @_on_compute
-    def softmax_xent_forward(self, logits, labels, loss) -> None:
-        self._check("softmax_xent_forward", logits=logits, loss=loss)
-        self._check("softmax_xent_forward", _I64, labels=labels)
-        n = logits.shape[0]
-        rows = self.side.get("xent_rows", (n,), np.float32)
-        self._launch(cuplan.softmax_xent_forward(rows, logits, labels, self.limits))
-        self._launch(cuplan.softmax_xent_mean(loss, rows, n, self.limits))
-
-    @_on_compute
-    def softmax_xent_backward(self, logits, labels, dloss, dlogits) -> None:
-        self._check("softmax_xent_backward", logits=logits, dloss=dloss, dlogits=dlogits)
-        self._check("softmax_xent_backward", _I64, labels=labels)
-        n = logits.shape[0]
-        # scale = 1/N in the kernel, then * dloss on the device: no device->host sync to read dloss.
-        self._launch(cuplan.softmax_xent_backward(dlogits, logits, labels, 1.0 / n, self.limits))
-        self.cp.multiply(dlogits, dloss.reshape(()), out=dlogits)
-
-    # -- optimizers ------------------------------------------------------------------------------------------
-    @_on_compute
-    def sgd_update(self, p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step) -> None:
-        self._check("sgd_update", p=p, g=g, buf=buf)
-        gs = self.graph_scalars  # capturing: the learning rate from its device slot (a schedule changes it)
-        if gs is not None:
-            self._launch(cuplan.sgd_update_dev(p, g, buf, gs.lr_slot(lr), momentum, dampening, weight_decay,
-                                               nesterov, first_step, gs.diverged, self.limits))
-            return
-        self._launch(cuplan.sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
-                                       self.limits))
-
-    @_on_compute
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step) -> None:
-        self._check("adam_update", p=p, g=g, m=m, v=v)
-        gs = self.graph_scalars  # capturing: lr and the step (bias corrections) from their device slots
-        if gs is not None:
-            self._launch(cuplan.adam_update_dev(p, g, m, v, gs.adam_slot(lr, step), beta1, beta2, eps, weight_decay,
-                                                gs.diverged, self.limits))
-            return
-        self._launch(cuplan.adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, self.limits))
-
-    # -- convolution (cuDNN graphs; the planner picks the execution plan) -----------------------------------
-    def _conv_graph(self, op: str, spec: cuplan.ConvSpec) -> BuiltGraph:
-        return self.graphs.get(spec.key(op, self.filters))  # no fallback: GraphUnsupported propagates
-
-    def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
-                               groups: int, dtype=np.float32) -> list[WorkspaceOption]:
-        """The convolution's algorithms for `phase` ('fwd' or 'bwd') with their exact workspace bytes, fastest
-        first: what `Conv2d.workspace_options` returns on the CPU. Builds (and caches) the cuDNN graphs."""
-        spec = cuplan.ConvSpec.from_shapes(x_shape, w_shape, y_shape, stride, padding, dilation, groups, dtype)
-        if phase == "fwd":
-            plans = {"fprop": self._conv_graph("fprop", spec).plans}
-        elif phase == "bwd":
-            plans = {"dgrad": self._conv_graph("dgrad", spec).plans, "wgrad": self._conv_graph("wgrad", spec).plans}
-        else:
-            raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
-        return cuplan.conv_options(phase, plans)
-
-    def _workspace(self, op: str, workspace) -> tuple[int, int]:
-        if workspace is None:
-            return 0, 0
-        self._check(op, np.dtype(np.uint8), workspace=workspace)
-        return self._ptr(workspace), int(workspace.nbytes)
-
-    @staticmethod
-    def _choose(built: BuiltGraph, phase: str, algo: str | None, which: int, ws_bytes: int) -> cuplan.PlanInfo:
-        if algo is None:  # e.g. a recomputation: the heuristics' first plan that fits what was handed in
-            return cuplan.pick_plan(built.plans, ws_bytes)
-        plan = built.plan(cuplan.parse_conv_algo(phase, algo)[which])
-        if plan.workspace_bytes > ws_bytes:
-            raise ValueError(f"conv2d {phase}: algorithm {algo!r} ({built.key.op} plan {plan.index}, "
-                             f"{plan.name}) needs a workspace of {plan.workspace_bytes} bytes, got {ws_bytes}")
-        return plan
-
-    @_on_compute
-    def conv2d_forward(self, x, w, b, y, stride, padding, dilation, groups: int, algo: str | None,
-                       workspace) -> None:
-        self._check("conv2d_forward", x=x, w=w, b=b, y=y)
-        spec = cuplan.ConvSpec.from_shapes(x.shape, w.shape, y.shape, stride, padding, dilation, groups, x.dtype)
-        ws_ptr, ws_bytes = self._workspace("conv2d_forward", workspace)
-        g = self._conv_graph("fprop", spec)
-        plan = self._choose(g, "fwd", algo, 0, ws_bytes)
-        self.graphs.execute(g, {"x": self._ptr(x), "w": self._ptr(w), "y": self._ptr(y)}, ws_ptr, plan.index)
-        if b is not None:
-            self.cp.add(y, _chan4(b), out=y)
-
-    @_on_compute
-    def conv2d_backward(self, x, w, dy, dx, dw, db, stride, padding, dilation, groups: int, algo: str | None,
-                        workspace) -> None:
-        self._check("conv2d_backward", x=x, w=w, dy=dy, dx=dx, dw=dw, db=db)
-        spec = cuplan.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, stride, padding, dilation, groups,
-                                           x.dtype)
-        ws_ptr, ws_bytes = self._workspace("conv2d_backward", workspace)
-        if dx is not None:
-            g = self._conv_graph("dgrad", spec)
-            plan = self._choose(g, "bwd", algo, 0, ws_bytes)
-            self.graphs.execute(g, {"y": self._ptr(dy), "w": self._ptr(w), "x": self._ptr(dx)}, ws_ptr,
-                                plan.index)
-        if dw is not None:  # same stream, so it reuses the workspace after dgrad is done with it
-            g = self._conv_graph("wgrad", spec)
-            plan = self._choose(g, "bwd", algo, 1, ws_bytes)
-            self.graphs.execute(g, {"x": self._ptr(x), "y": self._ptr(dy), "w": self._ptr(dw)}, ws_ptr,
-                                plan.index)
-        if db is not None:
-            self._norm_kernels().sum_f32(dy, axis=(0, 2, 3), out=db)
-
-    # -- pooling (kernels/pool.cu) ---------------------------------------------------------------------------
-    @_on_compute
-    def maxpool2d_forward(self, x, y, kernel, stride, padding, dilation) -> None:
-        self._check("maxpool2d_forward", x=x, y=y)
-        self._launch(cuplan.maxpool2d_forward(y, x, kernel, stride, padding, dilation, self.limits))
-
-    @_on_compute
-    def maxpool2d_backward(self, x, dy, dx, kernel, stride, padding, dilation) -> None:
-        self._check("maxpool2d_backward", x=x, dy=dy, dx=dx)
-        launch = cuplan.maxpool2d_backward(dx, dy, x, kernel, stride, padding, dilation, self.limits)
-        dx.fill(0)  # the kernel scatters with atomicAdd (cuda_plan.ZERO_OUTPUT_FIRST)
-        self._launch(launch)
-
-    @_on_compute
-    def avgpool2d_forward(self, x, y, kernel, stride, padding, count_include_pad: bool) -> None:
-        self._check("avgpool2d_forward", x=x, y=y)
-        self._launch(cuplan.avgpool2d_forward(y, x, kernel, stride, padding, count_include_pad, 0, self.limits))
-
-    @_on_compute
-    def avgpool2d_backward(self, dy, dx, kernel, stride, padding, count_include_pad: bool) -> None:
-        self._check("avgpool2d_backward", dy=dy, dx=dx)
-        self._launch(cuplan.avgpool2d_backward(dx, dy, kernel, stride, padding, count_include_pad, 0,
-                                               self.limits))
-
-    @_on_compute
-    def global_avgpool_forward(self, x, y) -> None:
-        self._check("global_avgpool_forward", x=x, y=y)
-        self._launch(cuplan.global_avgpool_forward(y, x, self.limits))
-
-    @_on_compute
-    def global_avgpool_backward(self, dy, dx) -> None:
-        self._check("global_avgpool_backward", dy=dy, dx=dx)
-        self._launch(cuplan.global_avgpool_backward(dx, dy, self.limits))
-
-    # -- LRN (kernels/elementwise.cu) ------------------------------------------------------------------------
-    @_on_compute
-    def lrn_forward(self, x, y, size: int, alpha: float, beta: float, k: float) -> None:
-        self._check("lrn_forward", x=x, y=y)
-        self._launch(cuplan.lrn_forward(y, x, size, alpha, beta, k, self.limits))
-
-    @_on_compute
-    def lrn_backward(self, x, y, dy, dx, size: int, alpha: float, beta: float, k: float) -> None:
-        self._check("lrn_backward", x=x, y=y, dy=dy, dx=dx)
-        self._launch(cuplan.lrn_backward(dx, x, y, dy, size, alpha, beta, k, self.limits))
-
-    # -- batch normalization (cuDNN graphs, cupy kernels as the fallback) -----------------------------------
-    def _bn_graph(self, op: str, spec: cuplan.BNSpec) -> BuiltGraph | None:
-        return self._graph(spec.key(op, self.filters)) if self.use_cudnn_bn else None
-
-    def _affine(self, weight, bias, c: int):
-        scale = weight if weight is not None else self._constant("ones", c, 1.0)
-        shift = bias if bias is not None else self._constant("zeros", c, 0.0)
-        return scale, shift
-
-    @_on_compute
-    def batchnorm_forward_train(self, x, weight, bias, running_mean, running_var, y, mean, invstd,
-                                momentum: float, eps: float, update_running: bool = True) -> None:
-        self._check("batchnorm_forward_train", x=x, weight=weight, bias=bias, running_mean=running_mean,
-                    running_var=running_var, y=y, mean=mean, invstd=invstd)
-        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
-        if spec.count < 2:
-            raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
-        c = spec.channels
-        built = self._bn_graph("bn_train", spec)
-        if built is not None:
-            scale, shift = self._affine(weight, bias, c)
-            if update_running:
-                nrm, nrv = running_mean, running_var  # read and updated in place, as in cuDNN's own samples
-            else:
-                nrm = self.side.get("bn_next_mean", (c,), np.float32)
-                nrv = self.side.get("bn_next_var", (c,), np.float32)
-            self._run_graph(built, {"x": x, "y": y, "scale": scale, "bias": shift, "running_mean": running_mean,
-                                    "running_var": running_var, "next_running_mean": nrm, "next_running_var": nrv,
-                                    "mean": mean, "invstd": invstd},
-                            scalars={"epsilon": eps, "momentum": momentum})
-            return
-        k = self._norm_kernels()
-        m = spec.count
-        s = self.side.get("bn_sum", (c,), np.float64)
-        ssq = self.side.get("bn_ssq", (c,), np.float64)
-        k.sum(x, axis=(0, 2, 3), out=s)
-        k.mean(s, 1.0 / m, mean)
-        k.sqdev(x, _chan4(mean), axis=(0, 2, 3), out=ssq)
-        k.invstd(ssq, 1.0 / m, float(eps), invstd)
-        if update_running:
-            k.running(s, ssq, 1.0 / m, m / (m - 1), float(momentum), running_mean, running_var)
-        self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
-
-    def _bn_apply_fallback(self, x, weight, bias, mean, invstd, y) -> None:
-        k = self._norm_kernels()
-        c = x.shape[1]
-        scale, shift = self._affine(weight, bias, c)
-        a = self.side.get("bn_a", (c,), np.float32)
-        b = self.side.get("bn_b", (c,), np.float32)
-        k.coef(invstd, scale, mean, shift, a, b)
-        k.affine(x, _chan4(a), _chan4(b), y)
-
-    @_on_compute
-    def batchnorm_forward_apply(self, x, weight, bias, mean, invstd, y) -> None:
-        self._check("batchnorm_forward_apply", x=x, weight=weight, bias=bias, mean=mean, invstd=invstd, y=y)
-        built = self._bn_graph("bn_infer", cuplan.BNSpec.from_shape(x.shape, x.dtype))
-        if built is None:
-            self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
-            return
-        scale, shift = self._affine(weight, bias, x.shape[1])
-        self._run_graph(built, {"x": x, "y": y, "mean": mean, "invstd": invstd, "scale": scale, "bias": shift})
-
-    @_on_compute
-    def batchnorm_forward_eval(self, x, weight, bias, running_mean, running_var, y, eps: float) -> None:
-        self._check("batchnorm_forward_eval", x=x, weight=weight, bias=bias, running_mean=running_mean,
-                    running_var=running_var, y=y)
-        inv = self.side.get("bn_eval_invstd", (x.shape[1],), np.float32)
-        self._norm_kernels().invstd_from_var(running_var, float(eps), inv)
-        self.batchnorm_forward_apply(x, weight, bias, running_mean, inv, y)
-
-    @_on_compute
-    def batchnorm_backward(self, x, weight, dy, mean, invstd, dx, dweight, dbias) -> None:
-        self._check("batchnorm_backward", x=x, weight=weight, dy=dy, mean=mean, invstd=invstd, dx=dx,
-                    dweight=dweight, dbias=dbias)
-        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
-        c = spec.channels
-        built = self._bn_graph("bn_backward", spec) if dx is not None else None
-        if built is not None:
-            scale, _ = self._affine(weight, None, c)
-            dw = dweight if dweight is not None else self.side.get("bn_dscale", (c,), np.float32)
-            db = dbias if dbias is not None else self.side.get("bn_dbias", (c,), np.float32)
-            self._run_graph(built, {"x": x, "dy": dy, "dx": dx, "scale": scale, "mean": mean, "invstd": invstd,
-                                    "dscale": dw, "dbias": db})
-            return
-        self._bn_backward_fallback(x, weight, dy, mean, invstd, dx, dweight, dbias, spec)
-
-    def _bn_backward_fallback(self, x, weight, dy, mean, invstd, dx, dweight, dbias, spec, batch_stats=True):
-        k = self._norm_kernels()
-        c, m = spec.channels, spec.count
-        sdy = self.side.get("bn_sdy", (c,), np.float64)
-        sdyd = self.side.get("bn_sdyd", (c,), np.float64)
-        k.sum(dy, axis=(0, 2, 3), out=sdy)
-        k.dot(dy, x, _chan4(mean), axis=(0, 2, 3), out=sdyd)
-        scale, _ = self._affine(weight, None, c)
-        kk = self.side.get("bn_k", (c,), np.float32)
-        g = self.side.get("bn_g", (c,), np.float32)
-        s = self.side.get("bn_s", (c,), np.float32)
-        dw = dweight if dweight is not None else self.side.get("bn_dscale", (c,), np.float32)
-        db = dbias if dbias is not None else self.side.get("bn_dbias", (c,), np.float32)
-        k.bwd_coef(sdy, sdyd, invstd, scale, 1.0 / m, kk, g, s, dw, db)
-        if dx is None:
-            return
-        if batch_stats:
-            k.dx(x, dy, _chan4(mean), _chan4(kk), _chan4(g), _chan4(s), dx)
-        else:  # fixed statistics: a per-channel affine map, dx = dy * weight * invstd
-            k.scale(dy, _chan4(s), dx)
-
-    @_on_compute
-    def batchnorm_backward_eval(self, x, weight, dy, running_mean, running_var, eps: float, dx, dweight,
-                                dbias) -> None:
-        """Backward with the running statistics (no cuDNN op covers it): cupy kernels."""
-        self._check("batchnorm_backward_eval", x=x, weight=weight, dy=dy, running_mean=running_mean,
-                    running_var=running_var, dx=dx, dweight=dweight, dbias=dbias)
-        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
-        inv = self.side.get("bn_eval_invstd", (spec.channels,), np.float32)
-        self._norm_kernels().invstd_from_var(running_var, float(eps), inv)
-        self._bn_backward_fallback(x, weight, dy, running_mean, inv, dx, dweight, dbias, spec, batch_stats=False)

@@ -22,9 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import plan as cuplan
-
-_F32 = np.dtype(np.float32)
-_I64 = np.dtype(np.int64)
+from .ops import F32, I64
 
 #: The kernels of this family beyond the `Backend` protocol's (`Capabilities.kernels`; `Layer.backend_ops`): the
 #: CPU backend's sequence family and the loss with an ignore index.
@@ -87,14 +85,14 @@ class SequenceOps:
         """y[r] = w[idx[r]] for the flat int64 indices idx (R,) and rows y (R, C)."""
         with self.compute:
             self._check("embedding_forward", w=w, y=y)
-            self._check("embedding_forward", _I64, idx=idx)
+            self._check("embedding_forward", I64, idx=idx)
             self._launch(cuplan.embedding_forward(y, w, idx, self.limits))
 
     def embedding_backward(self, idx, dy, dw) -> None:
         """dw[v] = the sum of dy[r] over the rows with idx[r] == v, in row order; zeros elsewhere."""
         with self.compute:
             self._check("embedding_backward", dy=dy, dw=dw)
-            self._check("embedding_backward", _I64, idx=idx)
+            self._check("embedding_backward", I64, idx=idx)
             dw.fill(0)  # the kernel adds into it (cuplan.ZERO_OUTPUT_FIRST)
             self._launch(cuplan.embedding_backward(dw, dy, idx, self.limits))
 
@@ -216,7 +214,7 @@ class SequenceOps:
         per-row losses into scratch, then their sum over the count, both on the device."""
         with self.compute:
             self._check("softmax_xent_ignore_forward", logits=logits, loss=loss)
-            self._check("softmax_xent_ignore_forward", _I64, labels=labels)
+            self._check("softmax_xent_ignore_forward", I64, labels=labels)
             rows = self.side.get("xent_rows", (logits.shape[0],), np.float32)
             self._launch(cuplan.softmax_xent_ignore_forward(rows, logits, labels, ignore_index, self.limits))
             self._launch(cuplan.softmax_xent_ignore_mean(loss, rows, labels, ignore_index, self.limits))
@@ -226,7 +224,7 @@ class SequenceOps:
         factor is computed on the device (no host round trip to read dloss or count the rows)."""
         with self.compute:
             self._check("softmax_xent_ignore_backward", logits=logits, dloss=dloss, dlogits=dlogits)
-            self._check("softmax_xent_ignore_backward", _I64, labels=labels)
+            self._check("softmax_xent_ignore_backward", I64, labels=labels)
             scale = self.side.get("xent_scale", (1,), np.float32)
             self._launch(cuplan.softmax_xent_ignore_scale(scale, dloss, labels, ignore_index, self.limits))
             self._launch(cuplan.softmax_xent_ignore_backward(dlogits, logits, labels, scale, ignore_index,
@@ -241,6 +239,6 @@ class SequenceOps:
                 continue
             if not isinstance(a, self.cp.ndarray):
                 raise TypeError(f"{op}: {name} must be a cupy array on the device, got {type(a).__name__}")
-            if a.dtype != _F32:
-                raise TypeError(f"{op}: {name} must be {_F32}, got {a.dtype} (the CUDA backend is float32 with "
+            if a.dtype != F32:
+                raise TypeError(f"{op}: {name} must be {F32}, got {a.dtype} (the CUDA backend is float32 with "
                                 f"int64 indices)")

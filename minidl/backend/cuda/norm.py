@@ -1,0 +1,149 @@
+"""The CUDA backend's normalizations: batch norm (cuDNN graphs, cupy kernels from `NORM_KERNELS` as the
+fallback when cuDNN has no engine) and LRN (kernels/elementwise.cu)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import plan as cuplan
+from .ops import chan4, on_compute
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .backend import BuiltGraph
+
+
+class NormOps:
+    """Batch normalization and local response normalization.
+
+    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
+    call (`_check`, `_launch`, `_graph`...)."""
+
+    # -- LRN (kernels/elementwise.cu) ------------------------------------------------------------------------
+    @on_compute
+    def lrn_forward(self, x, y, size: int, alpha: float, beta: float, k: float) -> None:
+        self._check("lrn_forward", x=x, y=y)
+        self._launch(cuplan.lrn_forward(y, x, size, alpha, beta, k, self.limits))
+
+    @on_compute
+    def lrn_backward(self, x, y, dy, dx, size: int, alpha: float, beta: float, k: float) -> None:
+        self._check("lrn_backward", x=x, y=y, dy=dy, dx=dx)
+        self._launch(cuplan.lrn_backward(dx, x, y, dy, size, alpha, beta, k, self.limits))
+
+    # -- batch normalization (cuDNN graphs, cupy kernels as the fallback) -----------------------------------
+    def _bn_graph(self, op: str, spec: cuplan.BNSpec) -> BuiltGraph | None:
+        return self._graph(spec.key(op, self.filters)) if self.use_cudnn_bn else None
+
+    def _affine(self, weight, bias, c: int):
+        scale = weight if weight is not None else self._constant("ones", c, 1.0)
+        shift = bias if bias is not None else self._constant("zeros", c, 0.0)
+        return scale, shift
+
+    @on_compute
+    def batchnorm_forward_train(self, x, weight, bias, running_mean, running_var, y, mean, invstd,
+                                momentum: float, eps: float, update_running: bool = True) -> None:
+        self._check("batchnorm_forward_train", x=x, weight=weight, bias=bias, running_mean=running_mean,
+                    running_var=running_var, y=y, mean=mean, invstd=invstd)
+        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
+        if spec.count < 2:
+            raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
+        c = spec.channels
+        built = self._bn_graph("bn_train", spec)
+        if built is not None:
+            scale, shift = self._affine(weight, bias, c)
+            if update_running:
+                nrm, nrv = running_mean, running_var  # read and updated in place, as in cuDNN's own samples
+            else:
+                nrm = self.side.get("bn_next_mean", (c,), np.float32)
+                nrv = self.side.get("bn_next_var", (c,), np.float32)
+            self._run_graph(built, {"x": x, "y": y, "scale": scale, "bias": shift, "running_mean": running_mean,
+                                    "running_var": running_var, "next_running_mean": nrm, "next_running_var": nrv,
+                                    "mean": mean, "invstd": invstd},
+                            scalars={"epsilon": eps, "momentum": momentum})
+            return
+        k = self._norm_kernels()
+        m = spec.count
+        s = self.side.get("bn_sum", (c,), np.float64)
+        ssq = self.side.get("bn_ssq", (c,), np.float64)
+        k.sum(x, axis=(0, 2, 3), out=s)
+        k.mean(s, 1.0 / m, mean)
+        k.sqdev(x, chan4(mean), axis=(0, 2, 3), out=ssq)
+        k.invstd(ssq, 1.0 / m, float(eps), invstd)
+        if update_running:
+            k.running(s, ssq, 1.0 / m, m / (m - 1), float(momentum), running_mean, running_var)
+        self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
+
+    def _bn_apply_fallback(self, x, weight, bias, mean, invstd, y) -> None:
+        k = self._norm_kernels()
+        c = x.shape[1]
+        scale, shift = self._affine(weight, bias, c)
+        a = self.side.get("bn_a", (c,), np.float32)
+        b = self.side.get("bn_b", (c,), np.float32)
+        k.coef(invstd, scale, mean, shift, a, b)
+        k.affine(x, chan4(a), chan4(b), y)
+
+    @on_compute
+    def batchnorm_forward_apply(self, x, weight, bias, mean, invstd, y) -> None:
+        self._check("batchnorm_forward_apply", x=x, weight=weight, bias=bias, mean=mean, invstd=invstd, y=y)
+        built = self._bn_graph("bn_infer", cuplan.BNSpec.from_shape(x.shape, x.dtype))
+        if built is None:
+            self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
+            return
+        scale, shift = self._affine(weight, bias, x.shape[1])
+        self._run_graph(built, {"x": x, "y": y, "mean": mean, "invstd": invstd, "scale": scale, "bias": shift})
+
+    @on_compute
+    def batchnorm_forward_eval(self, x, weight, bias, running_mean, running_var, y, eps: float) -> None:
+        self._check("batchnorm_forward_eval", x=x, weight=weight, bias=bias, running_mean=running_mean,
+                    running_var=running_var, y=y)
+        inv = self.side.get("bn_eval_invstd", (x.shape[1],), np.float32)
+        self._norm_kernels().invstd_from_var(running_var, float(eps), inv)
+        self.batchnorm_forward_apply(x, weight, bias, running_mean, inv, y)
+
+    @on_compute
+    def batchnorm_backward(self, x, weight, dy, mean, invstd, dx, dweight, dbias) -> None:
+        self._check("batchnorm_backward", x=x, weight=weight, dy=dy, mean=mean, invstd=invstd, dx=dx,
+                    dweight=dweight, dbias=dbias)
+        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
+        c = spec.channels
+        built = self._bn_graph("bn_backward", spec) if dx is not None else None
+        if built is not None:
+            scale, _ = self._affine(weight, None, c)
+            dw = dweight if dweight is not None else self.side.get("bn_dscale", (c,), np.float32)
+            db = dbias if dbias is not None else self.side.get("bn_dbias", (c,), np.float32)
+            self._run_graph(built, {"x": x, "dy": dy, "dx": dx, "scale": scale, "mean": mean, "invstd": invstd,
+                                    "dscale": dw, "dbias": db})
+            return
+        self._bn_backward_fallback(x, weight, dy, mean, invstd, dx, dweight, dbias, spec)
+
+    def _bn_backward_fallback(self, x, weight, dy, mean, invstd, dx, dweight, dbias, spec, batch_stats=True):
+        k = self._norm_kernels()
+        c, m = spec.channels, spec.count
+        sdy = self.side.get("bn_sdy", (c,), np.float64)
+        sdyd = self.side.get("bn_sdyd", (c,), np.float64)
+        k.sum(dy, axis=(0, 2, 3), out=sdy)
+        k.dot(dy, x, chan4(mean), axis=(0, 2, 3), out=sdyd)
+        scale, _ = self._affine(weight, None, c)
+        kk = self.side.get("bn_k", (c,), np.float32)
+        g = self.side.get("bn_g", (c,), np.float32)
+        s = self.side.get("bn_s", (c,), np.float32)
+        dw = dweight if dweight is not None else self.side.get("bn_dscale", (c,), np.float32)
+        db = dbias if dbias is not None else self.side.get("bn_dbias", (c,), np.float32)
+        k.bwd_coef(sdy, sdyd, invstd, scale, 1.0 / m, kk, g, s, dw, db)
+        if dx is None:
+            return
+        if batch_stats:
+            k.dx(x, dy, chan4(mean), chan4(kk), chan4(g), chan4(s), dx)
+        else:  # fixed statistics: a per-channel affine map, dx = dy * weight * invstd
+            k.scale(dy, chan4(s), dx)
+
+    @on_compute
+    def batchnorm_backward_eval(self, x, weight, dy, running_mean, running_var, eps: float, dx, dweight,
+                                dbias) -> None:
+        """Backward with the running statistics (no cuDNN op covers it): cupy kernels."""
+        self._check("batchnorm_backward_eval", x=x, weight=weight, dy=dy, running_mean=running_mean,
+                    running_var=running_var, dx=dx, dweight=dweight, dbias=dbias)
+        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
+        inv = self.side.get("bn_eval_invstd", (spec.channels,), np.float32)
+        self._norm_kernels().invstd_from_var(running_var, float(eps), inv)
+        self._bn_backward_fallback(x, weight, dy, running_mean, inv, dx, dweight, dbias, spec, batch_stats=False)
