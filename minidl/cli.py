@@ -596,14 +596,21 @@ def _checkpoint_meta(args) -> dict:
 def _checkpoint_session(args, meta: dict, image_shape, num_classes):
     """A session of the checkpoint's network with its parameters and BN statistics (parameters only: no optimizer
     state or data position is needed to infer), at the checkpoint's batch unless --batch says otherwise."""
+    from minidl.models import is_sequence_model
+
     from .backend import get_backend
     from .optim import make_optimizer
     from .runtime.session import RunConfig, Session
 
     args.batch = args.batch or max(1, meta.get("batch", 32) // max(1, meta.get("ranks", 1)))
     saved = meta.get("data") or {}
-    net = _build(args, image_shape or tuple(saved.get("image_shape", ())) or None,
-                 num_classes or saved.get("num_classes"))
+    if is_sequence_model(args.model):  # the sequence length it trained on (its data's sample shape is (T,))
+        if args.seq is None and len(saved.get("image_shape", ())) == 1:
+            args.seq = int(saved["image_shape"][0])
+        net = _build(args, None, num_classes or saved.get("num_classes"))
+    else:
+        net = _build(args, image_shape or tuple(saved.get("image_shape", ())) or None,
+                     num_classes or saved.get("num_classes"))
     backend = get_backend(args.backend, math=args.math)
     sess = Session(net, make_optimizer("sgd", 0.0), policy="liveness", seed=args.seed, backend=backend, math=args.math,
                    config=RunConfig(debug=args.debug))
@@ -614,17 +621,32 @@ def _checkpoint_session(args, meta: dict, image_shape, num_classes):
 def cmd_evaluate(args) -> dict:
     """The held-out loss and accuracy, computed as `train` computes them at its end (Session.evaluate, every
     sample, the split of the checkpoint's seed), so a checkpoint's accuracy is the one its run printed."""
+    from minidl.models import is_sequence_model
+
     from .data import load_data
+    from .data_text import BYTE_VOCAB, perplexity
 
     meta = _checkpoint_meta(args)
-    _, heldout = load_data(args.data, seed=args.seed)
+    if is_sequence_model(args.model):  # the network first: its sequence length cuts the text
+        sess = _checkpoint_session(args, meta, None, BYTE_VOCAB)
+        _, heldout = load_data(args.data, seed=args.seed, seq=sess.net.input_nodes[0].shape[1])
+    else:
+        _, heldout = load_data(args.data, seed=args.seed)
     if heldout is None:
         raise OptionError(f"--data {args.data}: has no held-out samples to evaluate on (digits holds out 20%; "
                           f"cifar10:DIR and mnist:DIR need their test files in DIR)")
-    sess = _checkpoint_session(args, meta, heldout.image_shape, heldout.num_classes)
+    if not is_sequence_model(args.model):
+        sess = _checkpoint_session(args, meta, heldout.image_shape, heldout.num_classes)
     loss, acc = sess.evaluate(heldout)
     out = {"model": args.model, "checkpoint": args.checkpoint, "iteration": meta.get("iteration"),
            "data": args.data, "samples": len(heldout), "loss": loss, "accuracy": acc}
+    if is_sequence_model(args.model):
+        out["perplexity"] = perplexity(loss)
+        if not args.json:
+            print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out loss {loss:.4f} per token "
+                  f"(perplexity {out['perplexity']:.2f}), next-token accuracy {acc:.2%}, on {len(heldout)} "
+                  f"sequences of --data {args.data}")
+        return out
     if not args.json:
         print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out accuracy {acc:.2%}, mean loss "
               f"{loss:.4f}, on {len(heldout)} samples of --data {args.data}")

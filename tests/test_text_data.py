@@ -98,6 +98,21 @@ def test_minidl_train_gpt2_on_a_text_file_beats_the_unigram_baseline(tmp_path, c
     assert r["heldout_loss"] < r["unigram_loss"] and r["perplexity"] == pytest.approx(math.exp(r["heldout_loss"]))
 
 
+def test_minidl_evaluate_a_language_model_checkpoint(tmp_path, capsys):
+    """evaluate reads the sequence length from the checkpoint and gives the loss train reported at its end."""
+    p = tmp_path / "corpus.txt"
+    p.write_text(structured_text(800))
+    ck = tmp_path / "lm.npz"
+    net = ["gpt2", "--layers", "1", "--width", "16", "--heads", "2"]
+    assert main(["train", *net, "--seq", "16", "--batch", "4", "--steps", "3", "--data", f"text:{p}",
+                 "--save", str(ck), "--json"]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["evaluate", *net, "--checkpoint", str(ck), "--data", f"text:{p}", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["loss"] == pytest.approx(trained["heldout_loss"], rel=1e-6)
+    assert r["perplexity"] == pytest.approx(trained["perplexity"], rel=1e-6)
+
+
 def test_minidl_train_a_sequence_model_defaults_to_the_stdlib_corpus_and_refuses_images(capsys):
     assert main(["train", "gpt2", "--layers", "1", "--width", "16", "--heads", "2", "--seq", "128", "--batch", "32",
                  "--steps", "1", "--json"]) == 0
