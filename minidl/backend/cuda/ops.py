@@ -1,4 +1,4 @@
-"""What the CUDA backend's op families (conv, dense, norm, pointwise, update, copies) share: the dtypes their
+"""What the CUDA backend's op families (conv, dense, norm, pointwise, sequence, update, copies) share: the dtypes their
 kernels are written for, the decorator that runs an op on the compute stream, and the NCHW channel broadcast."""
 from __future__ import annotations
 
