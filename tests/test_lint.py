@@ -162,12 +162,15 @@ def _resolve(ref: str) -> bool:
     somewhere in minidl and an attribute of it (an instance attribute counts when its class assigns it)."""
     import importlib
     import inspect
+    import re
 
     parts = ref.split(".")
     obj = None
     for k in range(len(parts), 0, -1):
-        for base in ("", "minidl.", "minidl.memory.", "minidl.runtime.", "minidl.graph.", "minidl.core.",
-                     "minidl.memory.decisions.", "minidl.memory.schedulers.", "minidl.backend."):
+        bases = ("",) if parts[0] == "minidl" else (  # never a top-level module of the same name (docs/policies/)
+            "minidl.", "minidl.memory.", "minidl.runtime.", "minidl.graph.", "minidl.core.", "minidl.memory.decisions.",
+            "minidl.memory.schedulers.", "minidl.backend.")
+        for base in bases:
             try:
                 obj = importlib.import_module(base + ".".join(parts[:k]))
             except ImportError:
@@ -178,7 +181,7 @@ def _resolve(ref: str) -> bool:
             break
     if obj is None:  # a class named by itself: find the module that defines it
         for p in sorted((ROOT / "minidl").rglob("*.py")):
-            if f"\nclass {parts[0]}" in p.read_text():
+            if re.search(rf"^class {parts[0]}\b", p.read_text(), re.M):
                 mod = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
                 obj, rest = importlib.import_module(mod), parts
                 break
