@@ -63,8 +63,8 @@ _MODE_RAW, _MODE_SZ, _MODE_SZ_HUFF = 0, 1, 3   # 2 was Zstandard over the blocks
 ENTROPY = ("none", "huffman")
 """The encodings after quantization and prediction: fixed-length blocks (the GPU kernels' layout) or Huffman."""
 
-HUFF_SYMBOLS = 1024
-"""Lorenzo codes below this are Huffman symbols; a larger one (a jump of over 512 bins between neighbours) is
+HUFF_SYMBOLS = 32768
+"""Lorenzo codes below this are Huffman symbols; a larger one (a jump of over 16384 bins between neighbours) is
 the escape symbol, its value kept apart in 8 bytes."""
 
 
