@@ -304,6 +304,7 @@ def main() -> None:
     ap.add_argument("--codec", action="store_true", help="the codec's time in a ResNet-20 step at --codec-batch, "
                     "and each entropy stage's ratio and speed on that step's activations")
     ap.add_argument("--codec-batch", type=int, default=64)
+    ap.add_argument("--codec-label", help="the row's name in the codec table (default: the commit measured)")
     args = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "compression.json"
@@ -348,6 +349,7 @@ def main() -> None:
               flush=True)
     if args.codec:
         row, seen = codec_step(args.codec_batch, target=args.target)
+        row["code"] = args.codec_label or row["code"]
         res["codec_step"] = [r for r in res.get("codec_step", []) if r["code"] != row["code"]] + [row]
         print(f"codec in a ResNet-20 b{row['batch']} step ({row['code']}): {row['compress_s']:.2f} + "
               f"{row['decompress_s']:.2f} s of {row['step_s']:.2f} s, stored x"

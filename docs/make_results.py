@@ -63,7 +63,7 @@ def compression() -> str:
                    f"({n['stored_raw'] / n['stored_stream']:.1f}x)", n["spills"]] for n in d["nets"]], "lrrrrr")
     codec = ""
     if d.get("codec_step"):
-        rows = [[f"`{r['code'].split()[0]}`", r["entropy"], f"{r['compress_s']:.2f} s", f"{r['decompress_s']:.2f} s",
+        rows = [[r["code"], r["entropy"], f"{r['compress_s']:.2f} s", f"{r['decompress_s']:.2f} s",
                  f"{r['step_s']:.2f} s", f"{r['stored_raw'] / r['stored_stream']:.2f}x"] for r in d["codec_step"]]
         codec = ("\nThe codec's time in one ResNet-20 training step (CIFAR shape, batch "
                  f"{d['codec_step'][-1]['batch']}; `--codec`), per version of the code measured (the error bound's "
