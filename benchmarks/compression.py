@@ -125,16 +125,17 @@ def codec_step(batch: int = 64, steps: int = 3, target: float = 0.01) -> tuple[d
     ex = Executor(net, plan_network(net, opt, "compress"), opt, seed=0)
     store = _store(ex, target)
     x, y = _batch(net)
-    for _ in range(steps - 1):
-        ex.train_step(x, y)
     seen: list = []
     encode = store.compress
 
-    def recording(tid, src, block):
+    def recording(tid, src, block):   # installed before the first step: a compiled step records this call
         encode(tid, src, block)
         seen.append((tid, np.array(store._host(src)), store.figures[tid].eb))
 
     store.compress = recording
+    for _ in range(steps - 1):
+        ex.train_step(x, y)
+    seen.clear()
     store.compress_s = store.decompress_s = 0.0
     t = time.perf_counter()
     ex.train_step(x, y)

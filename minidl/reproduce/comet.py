@@ -77,22 +77,25 @@ def measure_ratios(key: str, log) -> dict:
     ex = Executor(net, plan, opt, seed=0)
     readers = {t: r for t, r in backward_readers(ex.route).items() if r}
     store = ex.compressed = CompressedStore(readers, ErrorBoundRule(TARGET), backend=ex.be)
-    x, y = _images(net)
-    ex.train_step(x, y)                                   # rule B0; the next step's bounds are measured ones
     seen: dict = {}
     encode = store.compress
 
-    def recording(tid, src, block):
+    def recording(tid, src, block):   # installed before the first step: the compiled step records this call
         encode(tid, src, block)
         seen[tid] = np.array(store._host(src))
 
     store.compress = recording
+    x, y = _images(net)
+    ex.train_step(x, y)                                   # rule B0; the next step's bounds are measured ones
+    seen.clear()
     t = time.perf_counter()
     ex.train_step(x, y)
     log(f"  {key}: ratios measured on a batch-1 step ({time.perf_counter() - t:.1f} s, {len(seen)} tensors)")
     sign_only = {t for t, rs in readers.items() if all(r.kind is ReaderKind.SIGN for r in rs)}
     sz_err = [_rel(v, sz.decompress(sz.compress(v, store.figures[t].eb, "huffman"), v.shape))
               for t, v in seen.items() if t not in sign_only]
+    if not seen or not sz_err:
+        raise RuntimeError(f"comet: no stored activation of {key} was seen compressed")
     target_err = float(np.median(sz_err))
     quality, jp = QUALITIES[-1], {}
     for q in QUALITIES:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import harmony, out_of_core
+from . import comet, harmony, out_of_core
 from .report import Report
 
 
@@ -26,4 +26,6 @@ PAPERS: dict[str, Paper] = {p.name: p for p in (
           out_of_core.run),
     Paper("harmony", "Harmony (VLDB 2022): swap volume and throughput against a per-micro-batch swapper on "
                      "4 x GTX 1080 Ti", harmony.run),
+    Paper("comet", "COMET (VLDB 2022): AlexNet, VGG-16, ResNet-18/50 with SZ-compressed activations; accuracy over "
+          "seeds", comet.run),
 )}
