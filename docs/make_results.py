@@ -138,7 +138,7 @@ def pages() -> dict[Path, str]:
     repro = {"superneurons": included("superneurons.md"), "memory-table": included("memory_table.md"),
              "out-of-core": included("out_of_core.md"), "weights-swap": included("weights_swap.md"),
              "weights-vgg16": included("weights_vgg16.md"), "harmony": included("harmony.md"),
-             "compression": compression()}
+             "compression": compression(), "comet": included("comet.md")}
     perf = {"first-command": first_command(), "dispatch": dispatch(), "autotune": autotune(), "scaling": scaling()}
     return {REPRODUCTIONS: fill(REPRODUCTIONS.read_text(), SCRIPT, repro, "docs/reproductions.md"),
             PERFORMANCE: fill(PERFORMANCE.read_text(), SCRIPT, perf, "docs/performance.md")}
