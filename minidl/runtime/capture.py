@@ -33,7 +33,8 @@ Rules this module keeps:
   `describe()`), and refuses a split that would fall between a host copy and its wait.
 - A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
   one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
-  host copies that may go to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
+  micro-batches (a loss read per micro-batch), compression (the codec runs on the host), host copies that may go
+  to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
   Adam, an allocation made by cupy during capture (a temporary the graph would keep reusing), or the capture's
   own error.
 - Host copies (offload/prefetch) are captured with the compute they overlap: each copy waits on its stream for

@@ -243,6 +243,15 @@ def test_the_cpu_backend_runs_the_compiled_loop_and_says_why():
     assert ex.graph_fallback.startswith("backend 'cpu' has no graph capture")
 
 
+@pytest.mark.parametrize("kw, reason", [(dict(micro_batches=2), "micro-batches"),
+                                        (dict(policy="compress", budget=None), "the sz codec")])
+def test_micro_batches_and_compression_run_the_compiled_loop_and_say_why(kw, reason):
+    """Compiled, but not captured: the host reads each micro-batch's loss, and the codec runs on the host."""
+    sess, _ = _train(GraphCPU(), steps=2, **kw)
+    ex = sess.executor
+    assert ex.step_runner == "compiled" and reason in ex.graph_fallback
+
+
 def test_replay_is_bit_identical_to_the_eager_loop():
     eager, le = _train(GraphCPU(), graphs=False)
     assert eager.executor.step_runner == "compiled" and eager.executor.graph_fallback == "graphs=False"
