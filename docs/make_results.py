@@ -139,7 +139,8 @@ def pages() -> dict[Path, str]:
              "out-of-core": included("out_of_core.md"), "weights-swap": included("weights_swap.md"),
              "weights-vgg16": included("weights_vgg16.md"), "harmony": included("harmony.md"),
              "compression": compression(), "comet": included("comet.md")}
-    perf = {"first-command": first_command(), "dispatch": dispatch(), "autotune": autotune(), "scaling": scaling()}
+    perf = {"first-command": first_command(), "dispatch": dispatch(), "autotune": autotune(), "scaling": scaling(),
+            "compiled-runner": included("compiled_runner.md")}
     return {REPRODUCTIONS: fill(REPRODUCTIONS.read_text(), SCRIPT, repro, "docs/reproductions.md"),
             PERFORMANCE: fill(PERFORMANCE.read_text(), SCRIPT, perf, "docs/performance.md")}
 
