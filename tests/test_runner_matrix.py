@@ -85,3 +85,14 @@ def test_each_mechanism_is_recorded_and_bit_identical(key, kw, kinds):
         assert ex.program.kinds["loss"] == 2 and len(ex.program.inputs) == 4
     if kw.get("policy") == "weights":
         assert any(sp.on_host for sp in a.plan.steps)
+
+
+@pytest.mark.parametrize("kw", [dict(policy="liveness", micro_batches=2), dict(policy="compress")],
+                         ids=["micro-batches", "compress"])
+def test_a_recorded_step_traces_one_compute_event_per_route_step_like_the_interpreter(kw):
+    a, _ = fit("resnet20", True, trace=True, **kw)
+    b, _ = fit("resnet20", False, trace=True, **kw)
+    ca = [(e.name, e.step, e.in_use) for e in a.executor.trace if e.track == "compute"]
+    cb = [(e.name, e.step, e.in_use) for e in b.executor.trace if e.track == "compute"]
+    assert a.executor.step_runner == "compiled" and b.executor.step_runner == "interpreted"
+    assert ca == cb and len(ca) == 3 * len(a.plan.steps)
