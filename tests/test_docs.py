@@ -149,4 +149,4 @@ def test_the_site_builds_offline_without_a_warning(tmp_path):
     assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     api = (site / "python-api" / "index.html").read_text()
     assert "EarlyStop" in api and "training steps on mini-batches of" in api   # docstrings gathered
-    assert (site / "_repo" / "benchmarks" / "results" / "superneurons.png").is_file()   # linked from outside docs/
+    assert (site / "_repo" / "benchmarks" / "results" / "superneurons.json").is_file()   # linked from outside docs/

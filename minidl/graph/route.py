@@ -16,7 +16,11 @@ layer packs and micro-batches (`packs.py`), with the canonical tensor ids and no
 Forks need no special layer: when a tensor feeds several layers, its delta receives several contributions in
 backward. The first consumer to run backward writes the delta directly; each later one writes a *partial
 delta* that is added into it and freed at once. Partials are planned tensors like any other, so the memory
-this costs is visible in every plan.
+this costs is visible in every plan. A later consumer whose layer can add into the delta itself
+(`Layer.accumulates_in_place`: convolutions, the consumers at a ResNet block's fork) does so, as nnabla
+accumulates a fork's gradients: its partial is one sample's worth, a scratch it computes each sample's delta in
+before adding it, so the fork's backward step holds the delta once instead of twice (`Accumulation.in_place`).
+Every plan of a route shares its route, so every policy sums in the same order: plans stay bit-identical.
 """
 from __future__ import annotations
 
@@ -53,10 +57,14 @@ class Phase(str, enum.Enum):
 
 @dataclass(slots=True)
 class Accumulation:
-    """After a backward step: `into += partial`, then `partial` is dead."""
+    """After a backward step: `into += partial`, then `partial` is dead. `in_place`: the step's layer adds its
+    contribution to input `slot`'s delta into `into` itself, sample by sample through `partial` (one sample's
+    delta: `LayerContext.accumulate`); nothing is left to add after the step."""
 
     partial: str
     into: str
+    in_place: bool = False
+    slot: int = 0
 
 
 @dataclass(slots=True)
@@ -404,6 +412,12 @@ class _RouteBuilder:
             if d not in self.seen[m]:
                 self.seen[m].add(d)
                 target = self.add(d, Role.DELTA, self.shapes[i][1], src.dtype, src.name)
+            elif layer.accumulates_in_place and len(self.shapes[i][1]) > 1:
+                scratch = self.add(self.micro(partial_delta_id(src.name, n.name, k), m), Role.DELTA,
+                                   (1, *self.shapes[i][1][1:]), src.dtype, src.name)
+                accs.append(Accumulation(scratch, d, in_place=True, slot=k))
+                writes.append(scratch)
+                target = d
             else:
                 target = self.add(self.micro(partial_delta_id(src.name, n.name, k), m), Role.DELTA,
                                   self.shapes[i][1], src.dtype, src.name)

@@ -63,6 +63,9 @@ class LayerContext:
     algo: str | None = None
     rng_key: int = 0
     recompute: bool = False
+    accumulate: dict[int, np.ndarray] = field(default_factory=dict)
+    """backward: input slot -> a one-sample scratch, for the inputs whose delta (`dinputs[slot]`) already holds
+    other consumers' contributions: the layer adds its own into it (layers with `accumulates_in_place`)."""
 
 
 class Layer:
@@ -73,6 +76,9 @@ class Layer:
     needs_inputs: ClassVar[tuple[int, ...]] = ()
     needs_output: ClassVar[bool] = False
     checkpoint: ClassVar[bool] = False
+    # backward can add its input's delta into a delta other consumers already wrote (`ctx.accumulate`), one sample
+    # at a time: a fork then needs no full-size partial delta (graph/route.py)
+    accumulates_in_place: ClassVar[bool] = False
     is_loss: ClassVar[bool] = False
     # Whether forward/backward read `ctx.rng_key` (it changes every iteration; the compiled step refreshes it).
     uses_rng_key: ClassVar[bool] = False

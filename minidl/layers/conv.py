@@ -23,6 +23,7 @@ class Conv2d(Layer):
     type_name = "conv"
     needs_inputs = (0,)
     checkpoint = True
+    accumulates_in_place = True
 
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
                  bias: bool = True, name: str | None = None):
@@ -132,6 +133,19 @@ class Conv2d(Layer):
                           self.dilation, self.groups, self._algo(ctx, "fwd", inputs[0].shape), ctx.workspace)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
-        be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
-                           self.stride, self.padding, self.dilation, self.groups,
-                           self._algo(ctx, "bwd", inputs[0].shape), ctx.workspace)
+        algo = self._algo(ctx, "bwd", inputs[0].shape)
+        scratch = ctx.accumulate.get(0)
+        if scratch is None:
+            be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
+                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
+            return
+        # dinputs[0] already holds the fork's other contributions: the weight gradient over the batch, then this
+        # layer's input delta one sample at a time (every algorithm computes samples independently), each added
+        # into the sum, so no delta of the whole batch is ever held twice
+        if grads:
+            be.conv2d_backward(inputs[0], params["weight"], dout, None, grads.get("weight"), grads.get("bias"),
+                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
+        for i in range(dout.shape[0]):
+            be.conv2d_backward(inputs[0][i:i + 1], params["weight"], dout[i:i + 1], scratch, None, None,
+                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
+            be.accumulate(dinputs[0][i:i + 1], scratch)

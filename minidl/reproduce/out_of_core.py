@@ -79,18 +79,33 @@ def run(quick: bool, log) -> Report:
         for pol in POLICIES:
             lo = max(fitted[pol])
             hi = min(failed[pol], default=None)
-            while hi is not None and hi - lo > max(1, lo // 100):   # to 1%: each plan takes seconds
+            while hi is None:        # it fits beyond the last multiple: a quarter more until it does not
+                b = round(lo * 1.25)
+                if _out_of_core(b, pol):
+                    lo = b
+                else:
+                    hi = b
+                log(f"  {pol} batch {b}: {'fits' if hi is None else 'does not fit'}")
+            while hi - lo > max(1, lo // 100):   # to 1%: each plan takes seconds
                 mid = (lo + hi) // 2
                 if _out_of_core(mid, pol):
                     lo = mid
                 else:
                     hi = mid
             plan = _out_of_core(lo, pol)
-            speed = lo / simulate(plan, DEVICE).est_step_time_s / base
+            sim = simulate(plan, DEVICE)
+            speed = lo / sim.est_step_time_s / base
+            moved = plan.offloaded_bytes + plan.prefetched_bytes
+            # why the speed falls short, where it does: the copies the link cannot hide behind compute
             head.rows.append(Row(f"limit/{pol}", f"largest batch, `{pol}`", PAPER_BATCH, lo,
                                  differs=f"{lo / n0:.2f}x N0 (paper 7.5x) at {speed:.0%} of in-memory speed "
-                                         "(paper 55%), simulated",
-                                 detail={"multiple": lo / n0, "relative_speed": speed, "to_within": "1%"}))
+                                         f"(paper 55%), simulated: {moved / 1e9:.0f} GB copied a step over the "
+                                         f"{sim.device.link_bw / 1e9:g} GB/s link, {sim.exposed_transfer_s:.1f} s "
+                                         f"of the {sim.est_step_time_s:.1f} s step waiting for copies",
+                                 detail={"multiple": lo / n0, "relative_speed": speed, "to_within": "1%",
+                                         "moved_bytes": moved, "link_bytes_per_s": sim.device.link_bw,
+                                         "est_step_time_s": sim.est_step_time_s,
+                                         "exposed_transfer_s": sim.exposed_transfer_s}))
     setup = ("Paper: ResNet-50 on a 16 GB V100. minidl: the simulator's `v100` profile (16 GB less its CUDA "
              "context), cuDNN's modeled workspaces, float32, SGD with momentum, parameters on the device, no "
              "micro-batching; step times simulated (compute roofline, host copies over the profile's link). The "

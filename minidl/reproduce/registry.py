@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import comet, harmony, out_of_core
+from . import comet, harmony, out_of_core, superneurons
 from .report import Report
 
 
@@ -22,6 +22,7 @@ class Paper:
 
 
 PAPERS: dict[str, Paper] = {p.name: p for p in (
+    Paper("superneurons", "SuperNeurons (PPoPP 2018): Tables 4 and 5, Fig. 10 on a 12 GB K40c", superneurons.run),
     Paper("out-of-core", "nnabla's out-of-core training (2020): ResNet-50 beyond the in-memory batch on a V100",
           out_of_core.run),
     Paper("harmony", "Harmony (VLDB 2022): swap volume and throughput against a per-micro-batch swapper on "

@@ -43,15 +43,16 @@ def plan_on_device(net: Network, policy: str, device: str, budget: int | None = 
     return plan if plan.min_budget_bytes <= budget else None
 
 
-def largest(ok: Callable[[int], bool], start: int, lo: int = 1) -> int:
+def largest(ok: Callable[[int], bool], start: int, lo: int = 1, within: float = 0.0) -> int:
     """The largest n >= lo with ok(n), given that ok is monotone (true up to some n, false above); 0 if not ok(lo).
-    Doubling from `start`, then bisection."""
+    Doubling from `start`, then bisection, to the exact n, or with `within` > 0 to an n that fits while
+    n * (1 + within) does not (for searches whose every probe takes minutes)."""
     if not ok(lo):
         return 0
     hi = max(start, lo + 1)
     while ok(hi):
         lo, hi = hi, hi * 2
-    while hi - lo > 1:
+    while hi - lo > max(1, int(lo * within)):
         mid = (lo + hi) // 2
         if ok(mid):
             lo = mid

@@ -555,6 +555,7 @@ class Executor:
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
+        ctx.accumulate = {a.slot: get(a.partial, step) for a in step.accumulate if a.in_place}
         grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
         sink(BoundCall("backward", layer.backward, (self.be, inputs, out, dout, dinputs, grads, params, ctx), step,
                        LayerCall(node, inputs, out, params, ctx, step.micro, False, dout, dinputs, grads)))
@@ -562,8 +563,11 @@ class Executor:
             sink(BoundCall("observe", self.compressed.observe, (node.name, grads, dout), step))
 
     def bind_after_compute(self, step: Step, sink: Sink) -> None:
-        """The calls after a step's compute: its partial deltas added into their forks."""
+        """The calls after a step's compute: its partial deltas added into their forks (not those its layer added
+        in place, `Accumulation.in_place`)."""
         for acc in step.accumulate:
+            if acc.in_place:
+                continue
             sink(BoundCall("accumulate", self.be.accumulate, (self.get(acc.into, step), self.get(acc.partial, step)),
                            step))
 

@@ -547,16 +547,17 @@ def micro_batch_search(route: Route, budget: int, device, costs: CostTable | Non
         for c in res.trials:
             c.micro_batches = m
         tried += res.trials
-        try:
-            packed = plan_packs(route, budget, device, costs, micro_batches=m)
-        except (BudgetError, PackError) as e:
-            tried.append(Candidate("layer packs", ("weights per pack", "offload"), micro_batches=m,
-                                   note=f"no packing fits: {e}".splitlines()[0][:200]))
-        else:
-            n = len(packed.route.packing.packs)
-            tried.append(Candidate(f"layer packs ({n} pack{'s' if n > 1 else ''})", ("weights per pack", "offload"),
-                                   micro_batches=m, plan=packed, fits=True,
-                                   est_step_time_s=simulate(packed, device).est_step_time_s))
+        if route.options.host_weights:   # (layer packs bring each pack's weights in from the host)
+            try:
+                packed = plan_packs(route, budget, device, costs, micro_batches=m)
+            except (BudgetError, PackError) as e:
+                tried.append(Candidate("layer packs", ("weights per pack", "offload"), micro_batches=m,
+                                       note=f"no packing fits: {e}".splitlines()[0][:200]))
+            else:
+                n = len(packed.route.packing.packs)
+                tried.append(Candidate(f"layer packs ({n} pack{'s' if n > 1 else ''})", ("weights per pack", "offload"),
+                                       micro_batches=m, plan=packed, fits=True,
+                                       est_step_time_s=simulate(packed, device).est_step_time_s))
         fitting = [c for c in tried if c.fits]
         if fitting:
             best = min(fitting, key=lambda c: (c.est_step_time_s, c.min_budget_bytes))

@@ -1,0 +1,177 @@
+"""SuperNeurons (Wang et al., PPoPP 2018) on its own setup: a 12 GB K40c (`k40c` profile, its CUDA context
+reserved), float32, SGD with momentum, 3x227x227 AlexNet and 224x224 inputs otherwise.
+
+- Table 4, the deepest ResNet at batch 16 on the paper's own family, bottleneck stages (6, 32, k, 6): each
+  framework of the paper beside the minidl policy with the same mechanism (Caffe and Torch reuse nothing across
+  layers, as `none`; MXNet and TensorFlow free dead tensors, as `liveness`; SuperNeurons adds offload and
+  recomputation, as `auto` with the weights on the device, where SuperNeurons keeps them); then ResNet-2500.
+- Table 5, the largest batch in 12 GB under `auto` without micro-batching (one batch per step, as the paper).
+- Fig. 10, AlexNet at batch 200: the memory each mechanism needs, naive -> liveness -> offload -> recompute.
+Every plan comes from `search.plan_on_device` (what `minidl plan --budget` does), and each row carries the
+simulated step time against the in-memory step (the paper's "leading performance"), labelled as simulated.
+"""
+from __future__ import annotations
+
+from ..core.errors import BudgetError
+from ..memory.cudnn_model import planning_backend
+from ..memory.policies import plan_network
+from ..memory.pool import format_bytes
+from ..memory.simulate import get_profile, simulate
+from ..models import build_model
+from .report import Report, Row, Table, machine_meta
+from .search import largest, momentum_sgd, plan_on_device
+
+DEVICE = "k40c"
+CITATION = ("Wang et al., \"SuperNeurons: Dynamic GPU Memory Management for Training Deep Neural Networks\", "
+            "PPoPP 2018")
+
+TABLE4 = [("Caffe", 148, "none"), ("Torch", 152, "none"), ("MXNet", 480, "liveness"),
+          ("TensorFlow", 592, "liveness"), ("SuperNeurons", 1920, "auto")]
+"""The paper's deepest ResNet per framework, and the minidl policy with that framework's mechanism."""
+
+TABLE5 = [("AlexNet", "alexnet", 227, 1792), ("VGG16", "vgg16", 224, 224), ("InceptionV4", "inception_v4", 224, 240),
+          ("ResNet50", "resnet50", 224, 384), ("ResNet101", "resnet101", 224, 256),
+          ("ResNet152", "resnet152", 224, 176)]
+"""(the paper's name, the zoo's, image size, SuperNeurons' largest batch in 12 GB)."""
+
+FIG10 = [("naive", 2189, "none"), ("liveness", 1489, "liveness"), ("+ offload", 1132, "offload"),
+         ("+ recompute", 886, "auto")]
+"""AlexNet at batch 200: the paper's peak (MB) after each optimization, and the minidl policy that has it."""
+
+MB = 2 ** 20
+STAGES = (6, 32, 6)     # the family's fixed stages 1, 2 and 4: depth 3 (44 + k) + 2
+
+
+def depth_of(k: int) -> int:
+    return 3 * (sum(STAGES) + k) + 2
+
+
+def _resnet(k: int):
+    return build_model("resnet", blocks=(STAGES[0], STAGES[1], k, STAGES[2]), batch=16)
+
+
+def _speed(plan, net) -> float:
+    """In-memory step time / this plan's step time, simulated: 1.0 is the speed of the same network trained with
+    unlimited memory (liveness, fastest algorithms)."""
+    free = plan_network(net, momentum_sgd(), "liveness", device=DEVICE, backend=planning_backend(DEVICE))
+    return simulate(free, DEVICE).est_step_time_s / simulate(plan, DEVICE).est_step_time_s
+
+
+def _policy_options(policy: str) -> dict:
+    # SuperNeurons keeps parameters, gradients and optimizer state on the device and runs the batch whole: so
+    # does `auto` here
+    return {"host_weights": False, "max_micro_batches": 1} if policy == "auto" else {}
+
+
+def table4(quick: bool, log) -> Table:
+    t = Table("table4", "Table 4: deepest ResNet at batch 16 in 12 GB, blocks (6, 32, k, 6)", "depth",
+              note="minidl: the largest k whose plan fits (doubling, then bisection; fitting is monotone in k); "
+                   "speed: the simulated step against the same network in unlimited memory.")
+    found: dict[str, tuple[int, dict]] = {}
+    for framework, depth, policy in TABLE4:
+        if quick and policy == "auto":
+            continue
+        if policy not in found:
+            def ok(k, policy=policy):
+                plan = plan_on_device(_resnet(k), policy, DEVICE, **_policy_options(policy))
+                log(f"  table 4: {policy} k={k} (ResNet-{depth_of(k)}): {'fits' if plan else 'does not fit'}")
+                return plan is not None
+            # auto's plans of ResNets of thousands of layers take minutes each: its depth is found to 1%
+            k = largest(ok, {"none": 1, "liveness": 128, "auto": 1024}[policy], within=0.01 if policy == "auto" else 0)
+            detail = {"policy": policy, "k": k}
+            if k:
+                net = _resnet(k)
+                plan = plan_on_device(net, policy, DEVICE, **_policy_options(policy))
+                detail.update(min_budget_bytes=plan.min_budget_bytes, speed_vs_in_memory=_speed(plan, net))
+            found[policy] = (depth_of(k) if k else 0, detail)
+        ours, detail = found[policy]
+        t.rows.append(Row(f"table4/{framework.lower()}", f"{framework} / minidl `{policy}`", depth, ours,
+                          differs=_table4_differs(policy, detail), quick=policy != "auto", detail=detail))
+    if not quick:
+        net = build_model("resnet", depth=2500, batch=16)
+        plan = plan_on_device(net, "auto", DEVICE, **_policy_options("auto"))
+        spare = get_profile(DEVICE).usable_bytes - plan.min_budget_bytes if plan else None
+        t.rows.append(Row("table4/resnet2500", "ResNet-2500 (6, 32, 788, 6) under `auto`", "trains",
+                          f"fits, {format_bytes(spare)} spare" if plan else "does not fit",
+                          differs="simulated plan, not trained", detail={"spare_bytes": spare}))
+    return t
+
+
+def _table4_differs(policy: str, detail: dict) -> str:
+    speed = detail.get("speed_vs_in_memory")
+    at = f"simulated speed {speed:.0%} of in-memory" if speed else "nothing fits"
+    return {"none": f"minidl `none` holds every tensor for the whole step (no reuse at all); {at}",
+            "liveness": f"frees each tensor after its last use; {at}",
+            "auto": f"recompute/offload/workspaces searched, weights on the device, each gradient freed at its "
+                    f"layer's update (fused); depth to 1%; {at}"}[policy]
+
+
+def table5(quick: bool, log) -> Table:
+    t = Table("table5", "Table 5: largest batch in 12 GB", "batch",
+              note="minidl: `auto` without micro-batching (one batch per step), weights on the device; the largest "
+                   "batch whose plan fits the K40c's 12 GB less its CUDA context.")
+    for name, model, size, paper in TABLE5:
+        if quick and model != "alexnet":
+            continue
+
+        def ok(b, model=model, size=size):
+            plan = plan_on_device(build_model(model, batch=b, image_size=size), "auto", DEVICE,
+                                  **_policy_options("auto"))
+            log(f"  table 5: {model} batch {b}: {'fits' if plan else 'does not fit'}")
+            return plan is not None
+
+        best = largest(ok, paper)
+        detail: dict = {"model": model, "image_size": size}
+        differs = f"{size}x{size} input"
+        if best:
+            net = build_model(model, batch=best, image_size=size)
+            plan = plan_on_device(net, "auto", DEVICE, **_policy_options("auto"))
+            detail.update(min_budget_bytes=plan.min_budget_bytes, speed_vs_in_memory=_speed(plan, net))
+            differs = f"simulated speed {detail['speed_vs_in_memory']:.0%} of in-memory"
+        t.rows.append(Row(f"table5/{model}", name, paper, best, differs=differs, quick=model == "alexnet",
+                          detail=detail))
+    return t
+
+
+def fig10(log) -> Table:
+    t = Table("fig10", "Fig. 10: AlexNet (227x227) at batch 200, peak memory per optimization", "MiB",
+              note="minidl: the smallest budget each policy plans in (its verified minimum; `none` and `liveness`: "
+                   "their peak), MiB = 2^20 B, parameters, gradients and momentum included; speed: simulated step "
+                   "against the in-memory step.")
+    net = build_model("alexnet", batch=200, image_size=227)
+    for label, paper, policy in FIG10:
+        if policy in ("none", "liveness"):   # their peak: neither depends on a budget
+            plan = plan_network(net, momentum_sgd(), policy, device=DEVICE, backend=planning_backend(DEVICE))
+        else:
+            plan = _at_minimum(net, policy)
+        step = simulate(plan, DEVICE).est_step_time_s
+        log(f"  fig 10: {policy}: {format_bytes(plan.min_budget_bytes)}")
+        t.rows.append(Row(f"fig10/{policy}", f"{label} (`{policy}`)", paper, round(plan.min_budget_bytes / MB),
+                          quick=True, detail={"policy": policy, "min_budget_bytes": plan.min_budget_bytes,
+                                              "est_step_time_s": step}))
+    live = next(r for r in t.rows if r.detail["policy"] == "liveness").detail["est_step_time_s"]
+    for r in t.rows:
+        r.detail["speed_vs_in_memory"] = live / r.detail["est_step_time_s"]
+        r.differs = f"simulated speed {r.detail['speed_vs_in_memory']:.0%} of in-memory" + (
+            "; recompute with offload and workspaces searched (`auto`, weights on the device)"
+            if r.detail["policy"] == "auto" else "")
+    return t
+
+
+def _at_minimum(net, policy: str):
+    """The plan of `policy` at the smallest budget it states (and verifies) for `net`."""
+    opts = _policy_options(policy)
+    try:
+        plan_network(net, momentum_sgd(), policy, 1, device=DEVICE, backend=planning_backend(DEVICE), **opts)
+    except BudgetError as e:
+        return plan_network(net, momentum_sgd(), policy, e.min_budget_bytes, device=DEVICE,
+                            backend=planning_backend(DEVICE), **opts)
+    raise AssertionError("a one-byte budget cannot plan")
+
+
+def run(quick: bool, log) -> Report:
+    setup = ("Paper: a 12 GB K40c, float32, AlexNet at 3x227x227, the others at 224x224. minidl: the simulator's "
+             "`k40c` profile (12 GB less its CUDA context), cuDNN's modeled workspaces, float32, SGD with momentum; "
+             "every figure is a plan (what fits; step times simulated).")
+    tables = [table4(quick, log), table5(quick, log), fig10(log)]
+    return Report("superneurons", CITATION, setup, tables, quick, {**machine_meta(), "device": DEVICE})
