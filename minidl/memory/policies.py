@@ -10,7 +10,7 @@ place. Adding a policy is one import and one row here (see docs/architecture.md)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..core.errors import BudgetError, DistError, OptionError
@@ -88,11 +88,13 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            packs_policy,
            when="weights do not fit and a larger batch should move fewer bytes per sample",
            paper="Harmony (Li et al., VLDB 2022): layer packs and micro-batches"),
-    Policy("auto", "with a budget: the fastest exact plan that fits (recompute, offload, workspaces); else liveness",
+    Policy("auto", "with a budget: the fastest exact plan that fits (recompute, offload, workspaces, weights on the "
+                   "host; micro-batches where one batch cannot fit); else liveness",
            auto_policy,
            when="the default with --budget: the fastest exact plan that fits; start here",
            paper="SuperNeurons (Wang et al., PPoPP 2018), extended to weights (Harmony)"),
-    Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of activations",
+    Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of activations, "
+                         "kept on the device or offloaded",
            auto_lossy_policy, lossy=True,
            when="auto could not fit, or is slow, and lossy results are acceptable",
            paper="SuperNeurons's search with COMET's compression (Jin et al., VLDB 2022)"),
@@ -216,6 +218,9 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
     except BudgetError as e:
         if budget is None or not verify_minimum:
             raise
+        # verified with the batch whole: `auto` searching every micro-batch count at each of the dozen budgets the
+        # verification plans cost minutes (ResNet-20 at batch 8: 1 s -> 3 min); the budget it states plans either way
+        route = route.with_options(replace(route.options, max_micro_batches=1))   # (plan_at reads this route)
         e = verified_minimum(plan_at, policy, budget, e)
         if route.options.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller
             chunk = route.options.paged_chunk

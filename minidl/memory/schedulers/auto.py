@@ -40,11 +40,13 @@ The search is a list of `Candidate` records (base, decisions on top, layout, mic
 time), made and timed by `AutoSearch` stage by stage; the fastest that fits is the plan, and its `decision` says
 which and why.
 
-**Micro-batches.** When no single-batch plan fits, the batch is split (`micro_batch_search`): 2, 4, 8, ...
-micro-batches dividing the batch, the fewest at which a plan fits, and at that count the fastest of this search on
-the micro-batched route and Harmony's layer packs (`schedulers/packs.py`). `PlanOptions.max_micro_batches` bounds
-the count (1: never split); a route already cut into micro-batches (`--micro-batches`) keeps its count. VGG-16 at
-batch 1024 on a K40c: 43 GiB as one batch, 16 micro-batches in one pack under 12 GB.
+**Micro-batches.** When no single-batch plan fits because one batch's busiest step alone exceeds the budget,
+the batch is split (`micro_batch_search`): 2, 4, 8, ... micro-batches dividing the batch, the fewest at which a
+plan fits, and at that count the fastest of this search on the micro-batched route and Harmony's layer packs
+(`schedulers/packs.py`). `PlanOptions.max_micro_batches` bounds the count (1: never split); a route already cut
+into micro-batches (`--micro-batches`) keeps its count. VGG-16 at batch 1024 on a K40c: 43 GiB as one batch, 16
+micro-batches in one pack under 12 GB. The smallest budget a BudgetError states is verified with the batch whole
+(`policies.plan_network`): searching every count at each of the verification's dozen budgets costs minutes.
 
 If nothing fits, `BudgetError` states the smallest budget that works: that of the most memory-frugal plan
 (every mechanism at its most frugal: memory-centric recomputation, every candidate offloaded and prefetched just
@@ -511,11 +513,14 @@ def weights_search(search: AutoSearch, base: Base) -> Candidate | None:
 
 
 # -- micro-batches: when no single-batch plan fits --------------------------------------------------------------
-def micro_batch_counts(route: Route) -> list[int]:
-    """The micro-batch counts `auto` may try by itself on `route`: 2, 4, 8, ... dividing the batch, up to the
-    route's `PlanOptions.max_micro_batches`; none for a route that is not a fused training route (data parallel,
-    `--fused-update off`, inference) or that is already cut into micro-batches (the user chose the count)."""
-    if not route.training or not route.fused_update or route.packing is not None:
+def micro_batch_counts(route: Route, budget: int | None) -> list[int]:
+    """The micro-batch counts `auto` may try by itself on `route` under `budget`: 2, 4, 8, ... dividing the batch,
+    up to the route's `PlanOptions.max_micro_batches`; none where the busiest step of one batch fits the budget
+    (`packs.step_floor`: what no single-batch plan can go below; above it the single-batch search decides), for a
+    route that is not a fused training route (data parallel, `--fused-update off`, inference) or one already cut
+    into micro-batches (the user's count)."""
+    if (budget is None or not route.training or not route.fused_update or route.packing is not None
+            or step_floor(route) <= budget):
         return []
     batch = route.network.input_nodes[0].shape[0]
     limit = min(batch, route.options.max_micro_batches or batch)
@@ -533,7 +538,7 @@ def micro_batch_search(route: Route, budget: int, device, costs: CostTable | Non
     packs (`schedulers/packs.py`: packs cut to fit, weights brought in once per pack). Fewer micro-batches run
     larger kernels and stash less, so the search stops at the first count that fits."""
     tried: list[Candidate] = []
-    for m in micro_batch_counts(route):
+    for m in micro_batch_counts(route, budget):
         try:
             mroute = route.with_micro_batches(m)
         except PackError as e:   # a network the packed route cannot express: it stays one batch
@@ -590,7 +595,7 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
     if res.plan is not None:
         res.plan.decision = f"{res.chosen.name}: the fastest of {len(res.trials)} candidates that fits"
         return finalize(res.plan, budget, policy=policy)
-    counts = micro_batch_counts(route)
+    counts = micro_batch_counts(route, budget)
     micro = micro_batch_search(route, budget, device, costs) if counts else AutoResult(None)
     f = res.frugal
     if micro.plan is not None:
