@@ -232,9 +232,9 @@ def huff_encode(s, codes, lens, nbits):
 
 
 @njit(**_OPTS)
-def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
-    """Huffman stream -> symbols -> Lorenzo codes -> bins (a running sum) -> values in `out` (length n, the
-    tensor's dtype), in one pass. The values are `sz.dequantize`'s: float64, then one rounding to out's dtype."""
+def _decode_table(syms, lens, codes):
+    """The canonical code's lookup table: for every HUFF_MAX_LEN-bit window, the symbol its prefix codes and that
+    code's length, so a decoder reads one symbol per table lookup (both decoders share it)."""
     tsym = np.zeros(1 << HUFF_MAX_LEN, np.uint16)
     tlen = np.zeros(1 << HUFF_MAX_LEN, np.uint8)
     for k in range(syms.size):
@@ -243,6 +243,14 @@ def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
         for j in range(lo, lo + (1 << sh)):
             tsym[j] = syms[k]
             tlen[j] = lens[k]
+    return tsym, tlen
+
+
+@njit(**_OPTS)
+def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
+    """Huffman stream -> symbols -> Lorenzo codes -> bins (a running sum) -> values in `out` (length n, the
+    tensor's dtype), in one pass. The values are `sz.dequantize`'s: float64, then one rounding to out's dtype."""
+    tsym, tlen = _decode_table(syms, lens, codes)
     acc = 0
     nacc = 0
     pos = 0
@@ -297,14 +305,7 @@ def int_symbols(v, nsym):
 @njit(**_OPTS)
 def huff_decode_ints(bits, syms, lens, codes, nsym, esc, n):
     """Inverse of `int_symbols` + `huff_encode`: the integers back, as int64."""
-    tsym = np.zeros(1 << HUFF_MAX_LEN, np.uint16)
-    tlen = np.zeros(1 << HUFF_MAX_LEN, np.uint8)
-    for k in range(syms.size):
-        sh = HUFF_MAX_LEN - lens[k]
-        lo = codes[k] << sh
-        for j in range(lo, lo + (1 << sh)):
-            tsym[j] = syms[k]
-            tlen[j] = lens[k]
+    tsym, tlen = _decode_table(syms, lens, codes)
     out = np.empty(n, np.int64)
     acc = 0
     nacc = 0
