@@ -2,6 +2,10 @@
 
     python benchmarks/step_vs_torch.py --model resnet --depth 50 --batch 8 --image-size 224
     python benchmarks/step_vs_torch.py --model gpt2 --size small --seq 128 --batch 4     # a sequence model
+    python benchmarks/step_vs_torch.py --model gpt2 --size small --seq 128 --batch 4 --out step_vs_torch_gpt2
+
+With --out NAME the figures are also written to benchmarks/results/NAME.json (machine, date, command), from
+which docs/performance.md's table is generated (docs/make_results.py).
 
 Both run forward, backward and an SGD update after warm-up; the median of --steps timed steps is reported,
 whole step and per layer type (minidl from its executor trace, PyTorch from torch.profiler's self CPU time
@@ -14,9 +18,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
+import json
 import os
+import platform
+import shlex
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -71,6 +81,7 @@ def main() -> None:
     ap.add_argument("--policy", default="liveness")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--interpreted", action="store_true", help="run minidl's interpreted executor")
+    ap.add_argument("--out", default=None, help="also write benchmarks/results/OUT.json")
     ap.add_argument("--no-winograd", dest="winograd", action="store_false",
                     help="switch off the CPU backend's Winograd convolutions (MINIDL_CPU_WINOGRAD=0; on by default)")
     ap.add_argument("--winograd", dest="winograd", action="store_true", default=True,
@@ -147,6 +158,23 @@ def main() -> None:
         print(f"{kind:<14} {a:>10.1f} {b:>10.1f} {a / b if b else float('nan'):>7.2f}")
     print(f"{'whole step':<14} {mo * 1e3:>10.1f} {mt * 1e3:>10.1f} {mo / mt:>7.2f}")
     print("(torch per-type times are profiler self-CPU times of the mapped aten ops; 'other' is unmapped)")
+    if args.out:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        record = {
+            "command": "python benchmarks/step_vs_torch.py " + shlex.join(sys.argv[1:]),
+            "date": datetime.date.today().isoformat(),
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                        "python": platform.python_version(), "torch": torch.__version__,
+                        "load_average_after": load},
+            "shape": shape, "threads": args.threads, "policy": args.policy,
+            "runner": "interpreted" if args.interpreted else "compiled",
+            "minidl_steps_s": ours, "torch_steps_s": theirs, "minidl_median_s": mo, "torch_median_s": mt,
+            "per_type_ms": {k: {"minidl": per_ours.get(k, 0.0) * 1e3, "torch": per_theirs.get(k, 0.0) * 1e3}
+                            for k in sorted(set(per_ours) | set(per_theirs))},
+        }
+        path = Path(__file__).resolve().parent / "results" / f"{args.out}.json"
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -134,13 +134,32 @@ def first_command() -> str:
             f"\nHeld-out accuracy {100 * d['cold']['accuracy']:.2f}%, final loss {d['cold']['final_loss']:.4f}.\n")
 
 
+def step_vs_torch(name: str) -> str:
+    d = _json(f"{name}.json")
+    m = d["machine"]
+    rows = [[kind, f"{t['minidl']:.1f} ms", f"{t['torch']:.1f} ms",
+             f"{t['minidl'] / t['torch']:.2f}x" if t["torch"] else "-"]
+            for kind, t in sorted(d["per_type_ms"].items(), key=lambda kv: -kv[1]["minidl"])]
+    rows.append(["whole step (median)", _ms(d["minidl_median_s"]), _ms(d["torch_median_s"]),
+                 f"{d['minidl_median_s'] / d['torch_median_s']:.2f}x"])
+    return (f"From `benchmarks/results/{name}.json` ({d['date']}; {m['cpu']}, {m['cores']} cores, Python "
+            f"{m['python']}, torch {m['torch']}; load average {m['load_average_after']:.2f} after): {d['shape']}, "
+            f"{d['threads']} threads, policy `{d['policy']}`, {d['runner']} step; `{d['command']}`. Steps "
+            "alternate between the two; per layer type, minidl's times come from its trace and PyTorch's from its "
+            "profiler's self CPU time of the mapped aten ops (an approximate mapping: the aten ops a layer decomposes "
+            "into may land under another type, such as a mean under `gap`, or under `other`; the whole step is the "
+            "figure to compare).\n\n" +
+            table(["layer type", "minidl", "PyTorch", "minidl / PyTorch"], rows, "lrrr"))
+
+
 def pages() -> dict[Path, str]:
     repro = {"superneurons": included("superneurons.md"), "memory-table": included("memory_table.md"),
              "out-of-core": included("out_of_core.md"), "weights-swap": included("weights_swap.md"),
              "weights-vgg16": included("weights_vgg16.md"), "harmony": included("harmony.md"),
              "compression": compression(), "comet": included("comet.md")}
     perf = {"first-command": first_command(), "dispatch": dispatch(), "autotune": autotune(), "scaling": scaling(),
-            "compiled-runner": included("compiled_runner.md")}
+            "compiled-runner": included("compiled_runner.md"),
+            "step-vs-torch-gpt2": step_vs_torch("step_vs_torch_gpt2")}
     return {REPRODUCTIONS: fill(REPRODUCTIONS.read_text(), SCRIPT, repro, "docs/reproductions.md"),
             PERFORMANCE: fill(PERFORMANCE.read_text(), SCRIPT, perf, "docs/performance.md")}
 
