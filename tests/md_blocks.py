@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,3 +46,20 @@ def env_with_venv_first() -> dict:
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["MPLBACKEND"] = "Agg"
     return env
+
+
+def run_bash_block(body: str, skip: str | None, cwd: Path, where: str) -> None:
+    """Run a page's bash block as a reader would (each line through `fast_command`, stopping at the first failure,
+    this checkout's venv first on PATH); skip it when the page says so or a program it calls is not installed, and
+    fail naming `where` with the script and the ends of its output."""
+    import pytest
+
+    if skip is not None:
+        pytest.skip(skip)
+    for program in {fast_command(line).split()[0] for line in body.splitlines() if line.strip()}:
+        if shutil.which(program, path=env_with_venv_first()["PATH"]) is None:
+            pytest.skip(f"{program} is not installed here")
+    script = "set -euo pipefail\n" + "\n".join(fast_command(line) for line in body.splitlines())
+    r = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,
+                       env=env_with_venv_first())
+    assert r.returncode == 0, f"{where} failed:\n{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .md_blocks import ROOT, code_blocks, env_with_venv_first, fast_command
+from .md_blocks import ROOT, code_blocks, env_with_venv_first, run_bash_block
 
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
@@ -123,16 +122,7 @@ _BASH = [(p, i) for p in PAGES for i in range(len(code_blocks(p, "bash")))]
 @pytest.mark.parametrize("page,index", _BASH, ids=[f"{p.relative_to(ROOT)}:{i}" for p, i in _BASH])
 def test_docs_bash_blocks_run(page, index, tmp_path):
     body, skip = code_blocks(page, "bash")[index]
-    if skip is not None:
-        pytest.skip(skip)
-    for program in {fast_command(line).split()[0] for line in body.splitlines() if line.strip()}:
-        if shutil.which(program, path=env_with_venv_first()["PATH"]) is None:
-            pytest.skip(f"{program} is not installed here")
-    script = "set -euo pipefail\n" + "\n".join(fast_command(line) for line in body.splitlines())
-    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env=env_with_venv_first())
-    assert r.returncode == 0, f"{page.relative_to(ROOT)} bash block {index}:\n{script}\n{r.stdout[-3000:]}\n" \
-                              f"{r.stderr[-3000:]}"
+    run_bash_block(body, skip, tmp_path, f"{page.relative_to(ROOT)} bash block {index}")
 
 
 def test_the_site_builds_offline_without_a_warning(tmp_path):

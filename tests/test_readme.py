@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from .md_blocks import ROOT, code_blocks, env_with_venv_first, fast_command
+from .md_blocks import ROOT, code_blocks, env_with_venv_first, fast_command, run_bash_block
 
 README = ROOT / "README.md"
 
@@ -64,16 +64,8 @@ def test_readme_python_blocks_run(tmp_path):
 @pytest.mark.parametrize("index", range(len(readme_blocks("bash"))))
 def test_readme_bash_block_runs(index, tmp_path):
     body, skip = readme_blocks("bash")[index]
-    if skip is not None:
-        pytest.skip(skip)
-    for program in {fast_command(line).split()[0] for line in body.splitlines() if line.strip()}:
-        if shutil.which(program, path=env_with_venv_first()["PATH"]) is None:
-            pytest.skip(f"{program} is not installed here")
-    script = "set -euo pipefail\n" + "\n".join(fast_command(line) for line in body.splitlines())
     cwd = ROOT if "pytest" in body else tmp_path  # the suite is collected from the checkout
-    r = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,
-                       env=env_with_venv_first())
-    assert r.returncode == 0, f"README bash block {index} failed:\n{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    run_bash_block(body, skip, cwd, f"README bash block {index}")
 
 
 def _readme_command(index: int, starts: str) -> str:
