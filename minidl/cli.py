@@ -20,6 +20,7 @@ from .augment import parse_augment
 from .cli_args import check_args
 from .core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError, exit_status
 from .memory.pool import format_bytes, parse_size
+from .memory.simulate import PROFILES
 from .optim.schedules import SCHEDULES
 
 
@@ -177,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep weights and optimizer state on the device: auto does not home them on the host when "
                         "nothing else fits (SuperNeurons' and nnabla's setting; minidl reproduce plans this way)")
     p.add_argument("--device", default="k40c",
-                   help="device profile for time estimates (cpu, k40c, titanx, v100, h100; measured: this GPU's "
+                   help=f"device profile for time estimates ({', '.join(PROFILES)}; measured: this GPU's "
                         "link measured first, with --backend cuda)")
     p.add_argument("--explain", nargs="?", const="", default=None, metavar="NAME",
                    help="say step by step what is allocated and freed, and why; with NAME (a layer or tensor name, "
