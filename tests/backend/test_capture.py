@@ -9,6 +9,7 @@ tests/backend/test_capture_gpu.py (`-m gpu`).
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import replace
 
 import numpy as np
@@ -525,7 +526,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
 
     class Stream:
         def __init__(self, name):
-            self.name = name
+            self.name, self.ptr = name, id(self)
 
         def begin_capture(self):
             log.append((self.name, "begin_capture"))
@@ -544,17 +545,20 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
     class Dev:
         def __init__(self, shape, dtype):
             self.shape, self.dtype, self.nbytes = shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self.data = SimpleNamespace(ptr=id(self))
 
-        def set(self, arr, stream=None):
-            log.append((stream.name, "set", arr.shape))
+    class Runtime:  # cupy.cuda.runtime: the copies are cudaMemcpyAsync (cupy's set() refuses one while capturing)
+        memcpyHostToDevice, memcpyDeviceToHost = 1, 2
 
-        def get(self, stream=None, out=None, blocking=True):
-            assert blocking is False
-            log.append((stream.name, "get", out.shape))
+        @staticmethod
+        def memcpyAsync(dst, src, size, kind, stream_ptr):
+            stream = ctypes.cast(stream_ptr, ctypes.py_object).value
+            log.append((stream.name, {1: "h2d", 2: "d2h"}[kind], size))
 
     graph = Graph()
     compute = Stream("compute")
-    be = CUDABackend.from_parts(cupy=SimpleNamespace(), cupyx=None, cudnn=None, cublas=None, compute=compute,
+    be = CUDABackend.from_parts(cupy=SimpleNamespace(cuda=SimpleNamespace(runtime=Runtime)), cupyx=None, cudnn=None,
+                                cublas=None, compute=compute,
                                 transfer=Stream("d2h"), prefetch=Stream("h2d"), graphs=None, side=None,
                                 limits=cuplan.DeviceLimits(1024, 80), filters=cuplan.EngineFilters())
     be.begin_graph()
@@ -563,7 +567,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
     g = be.end_graph()
     be.launch_graph(g)
     be.wait_compute()
-    assert log == [("compute", "begin_capture"), ("compute", "set", (4, 3)), ("compute", "get", (1,)),
+    assert log == [("compute", "begin_capture"), ("compute", "h2d", 48), ("compute", "d2h", 4),
                    ("compute", "end_capture"), ("compute", "launch"), ("compute", "synchronize")]
     with pytest.raises(ValueError, match="shapes and dtypes must match"):
         be.copy_in_async(Dev((4, 3), np.float32), np.zeros((3, 4), np.float32))

@@ -1055,7 +1055,8 @@ def test_batchnorm_dispatch():
     w, b = np.ones(3, np.float32), np.zeros(3, np.float32)
     rm, rv, mean, inv = (np.zeros(3, np.float32) for _ in range(4))
     be.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
-    (ex,) = fake.executions
+    ex, apply = fake.executions   # the statistics, then y written by the recomputation's own call
+    assert apply.graph is be.graphs.get(cuplan.BNSpec.from_shape(x.shape, x.dtype).key("bn_infer", be.filters)).graph
     t = be.graphs.get(cuplan.BNSpec.from_shape(x.shape, x.dtype).key("bn_train", be.filters)).tensors
     ptr = {k: ex.pack[t[k]] for k in t}
     assert ptr["x"] == x.ctypes.data and ptr["y"] == y.ctypes.data
@@ -1279,6 +1280,7 @@ class _TimedStream:
 
     def __init__(self, name, log):
         self.name, self.log, self.now = name, log, 0.0
+        self.ptr = id(self)  # what the backend hands cudaMemcpyAsync (_FakeRuntime finds the stream by it)
         self.recorded = 0
         self.synced_through = -1
 
@@ -1306,25 +1308,33 @@ class _TimedEvent:
 
 
 class _DeviceArray:
-    """A 'device' array whose copies advance the stream's clock by `copy_ms`."""
+    """A 'device' array whose copies advance the stream's clock by `copy_ms`. Its 'device pointer' is its host
+    buffer's address, so `_FakeRuntime.memcpyAsync` (what the backend's copies call) really copies."""
 
     def __init__(self, a, copy_ms):
         self.a, self.copy_ms = a, copy_ms
         self.shape, self.dtype, self.nbytes = a.shape, a.dtype, a.nbytes
+        self.data = SimpleNamespace(ptr=a.ctypes.data)
+        _DEVICE_ARRAYS[self.data.ptr] = self
 
-    # cupy.ndarray.get(stream=None, order='C', out=None, blocking=True) and .set(arr, stream=None)
-    # (cupy/_core/core.pyx); `blocking` exists since CuPy 13.
-    def get(self, stream=None, order="C", out=None, blocking=True):
-        assert blocking is False and isinstance(out, np.ndarray)
-        np.copyto(out, self.a)
-        stream.log.append((stream.name, "copy", None))
-        stream.now += self.copy_ms
 
-    def set(self, arr, stream=None):
-        assert isinstance(arr, np.ndarray)
-        np.copyto(self.a, arr)
+_DEVICE_ARRAYS: dict[int, _DeviceArray] = {}
+
+
+class _FakeRuntime:
+    """cupy.cuda.runtime's memcpyAsync (dst, src, size, kind, stream pointer) over fake device arrays: the bytes
+    are copied, and the stream (found by its `ptr`, an id) logs the copy and advances by the array's `copy_ms`."""
+
+    memcpyHostToDevice, memcpyDeviceToHost = 1, 2
+
+    @staticmethod
+    def memcpyAsync(dst, src, size, kind, stream_ptr):
+        dev = _DEVICE_ARRAYS[dst if kind == _FakeRuntime.memcpyHostToDevice else src]
+        assert size == dev.nbytes
+        ctypes.memmove(dst, src, size)
+        stream = ctypes.cast(stream_ptr, ctypes.py_object).value
         stream.log.append((stream.name, "copy", None))
-        stream.now += self.copy_ms
+        stream.now += dev.copy_ms
 
 
 def _timed_backend(duplex: bool = False):
@@ -1345,7 +1355,7 @@ def _timed_backend(duplex: bool = False):
         return pinned[-1]
 
     cp = SimpleNamespace(cuda=SimpleNamespace(Event=lambda **kw: _TimedEvent(log, **kw),
-                                              get_elapsed_time=get_elapsed_time))
+                                              get_elapsed_time=get_elapsed_time, runtime=_FakeRuntime))
     be = CUDABackend.from_parts(cupy=cp, cupyx=SimpleNamespace(empty_pinned=empty_pinned), cudnn=None,
                                 cublas=None, compute=_TimedStream("compute", log),
                                 transfer=_TimedStream("d2h" if duplex else "transfer", log),
@@ -1489,3 +1499,25 @@ def test_copies_overlap_on_one_stream_per_direction_ordered_by_events_only(perf_
     assert step.index(("compute", "wait", waits[0])) < step.index(("compute", "record", ready_pa))
     assert waits[0].stream.name == "d2h"
     assert [ev for s, what, ev in be.log if s == "host"]   # end_iteration settled the copies: the one block
+
+
+def test_a_slice_of_the_batch_runs_the_heuristics_plan_when_the_chosen_one_is_not_built_for_it():
+    """The first H200 run: a fork's in-place gradient sum runs conv dgrad one sample at a time with the algorithm
+    chosen for the whole batch, and cuDNN had not built that plan for one sample ('no built execution plan 29').
+    The heuristics' first plan within the same workspace runs instead, and the report says so."""
+    def plans(g):
+        one_sample = any(kw.get("dim", [0])[0] == 1 for op, kw in g.calls if op == "tensor")
+        return [(0, "engA", not one_sample), (64, "engB", True)]   # plan 0 does not build for one sample
+    fake = FakeCudnn(plans=plans)
+    be = _host_backend(fake)
+    x, w, dy, p = _conv_arrays()
+    dx = np.zeros_like(x)
+    ws = np.zeros(64, np.uint8)
+    be.conv2d_backward(x, w, dy, dx, None, None, algo="cudnn:d0w0", workspace=ws, **p)
+    assert fake.executions[-1].index == 0 and not be.fallbacks
+    be.conv2d_backward(x[:1], w, dy[:1], dx[:1], None, None, algo="cudnn:d0w0", workspace=ws, **p)
+    assert fake.executions[-1].index == 1
+    (reason,) = be.fallbacks.values()
+    assert "plan 0 is not built for this shape (have [1])" in reason and "plan 1 (engB)" in reason
+    with pytest.raises(ValueError, match="no cuDNN plan fits a workspace of 0"):
+        be.conv2d_backward(x[:1], w, dy[:1], dx[:1], None, None, algo="cudnn:d0w0", workspace=None, **p)

@@ -149,10 +149,14 @@ class BuiltGraph:
     plans: list[cuplan.PlanInfo]        # in cuDNN's heuristic order
     relaxed: tuple[str, ...] = ()       # numerical-note filters dropped because nothing else was supported
 
+    def find(self, index: int) -> cuplan.PlanInfo | None:
+        """The built plan numbered `index`, or None where cuDNN built no such plan for this graph."""
+        return next((p for p in self.plans if p.index == index), None)
+
     def plan(self, index: int) -> cuplan.PlanInfo:
-        for p in self.plans:
-            if p.index == index:
-                return p
+        found = self.find(index)
+        if found is not None:
+            return found
         raise ValueError(f"{self.key.op}: no built execution plan {index}; have "
                          f"{[p.index for p in self.plans]}")
 
@@ -648,6 +652,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
     def release_cudnn(self) -> None:
         """Drop the built graphs, then destroy the handle they were built with (run at exit for live backends)."""
+        if self.graphs is None:  # a backend assembled from parts without cuDNN
+            return
         self.graphs.release()
         handle, self._handle = self._handle, None
         if handle is not None:
@@ -734,12 +740,12 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         """Copy pinned host array `src` into device view `dst` on the compute stream (a graph's batch input: the
         copy reads `src` when it runs, so the host refills the same buffer before each replay)."""
         self._check_transfer(dst, src)
-        dst.set(src, stream=self.compute)
+        self._upload(dst, src, self.compute)
 
     def copy_out_async(self, src, dst: np.ndarray) -> None:
         """Copy device view `src` into pinned host array `dst` on the compute stream (a graph's loss output)."""
         self._check_transfer(src, dst)
-        src.get(stream=self.compute, out=dst, blocking=False)
+        self._download(src, dst, self.compute)
 
     def scalar_buffer(self, name: str, n: int, dtype):
         """A small device array outside the arena (a side buffer) for a graph's per-step scalars."""

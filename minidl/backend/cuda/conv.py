@@ -43,11 +43,22 @@ class ConvOps:
         self._check(op, np.dtype(np.uint8), workspace=workspace)
         return self._ptr(workspace), int(workspace.nbytes)
 
-    @staticmethod
-    def _choose(built: BuiltGraph, phase: str, algo: str | None, which: int, ws_bytes: int) -> cuplan.PlanInfo:
+    def _choose(self, built: BuiltGraph, phase: str, algo: str | None, which: int,
+                ws_bytes: int) -> cuplan.PlanInfo:
         if algo is None:  # e.g. a recomputation: the heuristics' first plan that fits what was handed in
             return cuplan.pick_plan(built.plans, ws_bytes)
-        plan = built.plan(cuplan.parse_conv_algo(phase, algo)[which])
+        index = cuplan.parse_conv_algo(phase, algo)[which]
+        plan = built.find(index)
+        if plan is None:
+            # The algorithm was chosen for this convolution on the whole batch, and this call is on a slice of
+            # it: a fork's in-place gradient sum takes the input delta one sample at a time (layers/conv.py),
+            # and cuDNN builds other engines for one sample. The heuristics' first plan within the same
+            # workspace stands in (the same one at every step), and the report's `fallbacks` says so.
+            plan = cuplan.pick_plan(built.plans, ws_bytes)
+            self.fallbacks.setdefault(
+                f"{built.key.op} {algo!r} on a slice", f"plan {index} is not built for this shape (have "
+                f"{[p.index for p in built.plans]}): plan {plan.index} ({plan.name}) runs instead")
+            return plan
         if plan.workspace_bytes > ws_bytes:
             raise ValueError(f"conv2d {phase}: algorithm {algo!r} ({built.key.op} plan {plan.index}, "
                              f"{plan.name}) needs a workspace of {plan.workspace_bytes} bytes, got {ws_bytes}")

@@ -69,6 +69,21 @@ class CopyOps:
     @on_compute
     def copy(self, dst, src) -> None:
         self.cp.copyto(dst, src)
+    # -- copies between pinned host buffers and device views ----------------------------------------------------
+    def _upload(self, dst, src: np.ndarray, stream) -> None:
+        """Enqueue pinned host array `src` -> device view `dst` on `stream` (checked by `_check_transfer`).
+
+        cudaMemcpyAsync itself, not cupy's `ndarray.set`: cupy refuses every host->device copy on a stream that
+        is being captured (a pageable source would go through a staging buffer a graph cannot replay), and the
+        host store's buffers and a graph's input buffers are pinned, so their copies belong in the graph."""
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(self._ptr(dst), src.ctypes.data, int(src.nbytes), rt.memcpyHostToDevice, stream.ptr)
+
+    def _download(self, src, dst: np.ndarray, stream) -> None:
+        """Enqueue device view `src` -> pinned host array `dst` on `stream`; see `_upload`."""
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(dst.ctypes.data, self._ptr(src), int(dst.nbytes), rt.memcpyDeviceToHost, stream.ptr)
+
     # -- host transfers (offload / prefetch) -----------------------------------------------------------------
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A numpy array in pinned (page-locked) host memory: the host store's buffers."""
@@ -83,7 +98,7 @@ class CopyOps:
         ready.record(self.compute)
         self.transfer.wait_event(ready)
         start = self._record(self.transfer, timing=True)
-        src.get(stream=self.transfer, out=dst, blocking=False)
+        self._download(src, dst, self.transfer)
         return Transfer("offload", int(src.nbytes), self._record(self.transfer, timing=True), start)
 
     def prefetch_async(self, src: np.ndarray, dst) -> Transfer:
@@ -96,7 +111,7 @@ class CopyOps:
         ready.record(self.compute)
         stream.wait_event(ready)
         start = self._record(stream, timing=True)
-        dst.set(src, stream=stream)
+        self._upload(dst, src, stream)
         return Transfer("prefetch", int(dst.nbytes), self._record(stream, timing=True), start)
 
     def transfer_wait(self, t: Transfer) -> None:

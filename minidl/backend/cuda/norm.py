@@ -48,6 +48,11 @@ class NormOps:
         if spec.count < 2:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         c = spec.channels
+        # The statistics come from cuDNN's training graph (or the fallback reductions); the output is then
+        # written by `batchnorm_forward_apply`, the very call a recomputation makes with the saved statistics,
+        # so a recomputed output is bit-identical to this one (the training graph's own normalization rounds
+        # differently from the inference graph's, which broke policy `recompute`'s bits on the H200). The
+        # graph's y is overwritten: one elementwise pass spent on exactness.
         built = self._bn_graph("bn_train", spec)
         if built is not None:
             scale, shift = self._affine(weight, bias, c)
@@ -60,18 +65,18 @@ class NormOps:
                                     "running_var": running_var, "next_running_mean": nrm, "next_running_var": nrv,
                                     "mean": mean, "invstd": invstd},
                             scalars={"epsilon": eps, "momentum": momentum})
-            return
-        k = self._norm_kernels()
-        m = spec.count
-        s = self.side.get("bn_sum", (c,), np.float64)
-        ssq = self.side.get("bn_ssq", (c,), np.float64)
-        k.sum(x, axis=(0, 2, 3), out=s)
-        k.mean(s, 1.0 / m, mean)
-        k.sqdev(x, chan4(mean), axis=(0, 2, 3), out=ssq)
-        k.invstd(ssq, 1.0 / m, float(eps), invstd)
-        if update_running:
-            k.running(s, ssq, 1.0 / m, m / (m - 1), float(momentum), running_mean, running_var)
-        self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
+        else:
+            k = self._norm_kernels()
+            m = spec.count
+            s = self.side.get("bn_sum", (c,), np.float64)
+            ssq = self.side.get("bn_ssq", (c,), np.float64)
+            k.sum(x, axis=(0, 2, 3), out=s)
+            k.mean(s, 1.0 / m, mean)
+            k.sqdev(x, chan4(mean), axis=(0, 2, 3), out=ssq)
+            k.invstd(ssq, 1.0 / m, float(eps), invstd)
+            if update_running:
+                k.running(s, ssq, 1.0 / m, m / (m - 1), float(momentum), running_mean, running_var)
+        self.batchnorm_forward_apply(x, weight, bias, mean, invstd, y)
 
     def _bn_apply_fallback(self, x, weight, bias, mean, invstd, y) -> None:
         k = self._norm_kernels()
