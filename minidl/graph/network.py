@@ -278,8 +278,9 @@ class Network:
         optimizer state is planned like every other tensor. `backend` (None: the CPU reference) supplies the
         convolution algorithms each step may run and their workspace sizes; the CPU backend's menu is the
         reference one, so it shares the route of None. `fused_update`: each layer's optimizer update right
-        after its backward (see `route.py`). `micro_batches` > 1 or `packs` (lists of layer names): Harmony's
-        route of layer packs and micro-batches (see `packs.py`; always fused).
+        after its backward (see `route.py`). `packs` (lists of layer names): Harmony's route of layer packs and
+        micro-batches (see `packs.py`; always fused); `micro_batches` > 1 without packs: gradient accumulation,
+        each micro-batch's forward then its backward (`route.py`; always fused).
         """
         if backend is not None and backend_name(backend) == "cpu":
             backend = None

@@ -72,13 +72,16 @@ def even_packs(net: "Network", n_packs: int) -> list[list[str]]:
 def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[str]] | None = None,
                  optimizer_slots: Sequence[str] = (), backend=None) -> Route:
     """The training route of `net` with `micro_batches` micro-batches and `packs` (layer names, consecutive in
-    topological order, covering every layer; default: one pack per layer), built by `route.build_route`."""
+    topological order, covering every layer), built by `route.build_route`; `packs` None: no packs, the accumulate
+    schedule (each micro-batch's forward, then its backward: `route.py`)."""
     batch = net.input_nodes[0].shape[0]
     M = int(micro_batches)
     if M < 1 or batch % M:
         raise PackError(f"micro-batches: {M} does not divide the batch of {batch} (network '{net.name}')")
+    if packs is None:
+        return build_route(net, True, optimizer_slots, backend, True, M, None)
     layer_names = [n.name for n in net.layer_nodes]
-    packs = [[n] for n in layer_names] if packs is None else [list(p) for p in packs]
+    packs = [list(p) for p in packs]
     flat = [n for p in packs for n in p]
     if flat != layer_names or any(not p for p in packs):
         raise PackError(f"packs must list every layer of '{net.name}' once, in order, in non-empty packs; got "

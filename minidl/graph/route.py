@@ -11,7 +11,11 @@ liveness analysis can tell when every tensor is born and when it dies, and a pla
 (allocate, free, offload, prefetch, recompute...) to steps.
 
 One builder (`build_route`) makes every route: the plain route is the one-micro-batch case of Harmony's route of
-layer packs and micro-batches (`packs.py`), with the canonical tensor ids and no re-forward.
+layer packs and micro-batches (`packs.py`), with the canonical tensor ids and no re-forward. Micro-batches without
+packs are plain gradient accumulation (the *accumulate* schedule): each micro-batch's forward, then its backward,
+its weight gradients summed into the first one's, the updates after the last micro-batch's backward; the same
+arithmetic as Harmony's route with the same count, so the same bits, with one micro-batch's activations alive at a
+time instead of every micro-batch's stash.
 
 Forks need no special layer: when a tensor feeds several layers, its delta receives several contributions in
 backward. The first consumer to run backward writes the delta directly; each later one writes a *partial
@@ -142,9 +146,18 @@ class Route:
 
     @property
     def turn(self) -> int:
-        """The first step of the backward half (a packed route's first re-forward counts as backward)."""
+        """The first step of the backward half (a packed route's first re-forward counts as backward; with the
+        accumulate schedule, the first micro-batch's first backward step)."""
         return next((s.index for s in self.steps if s.phase is not Phase.FORWARD or s.recompute),
                     len(self.steps))
+
+    @property
+    def forward_end(self) -> int:
+        """One past the last forward step that is not a re-forward: where an evaluation's forward ends (the turn,
+        except with the accumulate schedule, whose later micro-batches run their forward after the first one's
+        backward)."""
+        last = max((s.index for s in self.steps if s.phase is Phase.FORWARD and not s.recompute), default=-1)
+        return last + 1
 
     # -- queries ---------------------------------------------------------------------------------------------
     @property
@@ -166,10 +179,10 @@ class Route:
         return out
 
     def with_micro_batches(self, micro_batches: int, packs: list[list[str]] | None = None) -> "Route":
-        """This route's network cut into `micro_batches` micro-batches and `packs` (default: one per layer), on
-        the same backend's menu and under the same options: how a policy that chooses the count or the packing
-        itself (`packs`, `auto`) rebuilds the route it was given."""
-        packs = [[n.name] for n in self.network.layer_nodes] if packs is None else packs
+        """This route's network cut into `micro_batches` micro-batches, in `packs` (Harmony's order) or, with
+        `packs` None, in the accumulate order (each micro-batch's forward, then its backward), on the same
+        backend's menu and under the same options: how a policy that chooses the count or the packing itself
+        (`packs`, `auto`) rebuilds the route it was given."""
         return self.network.route(training=True, optimizer_slots=self.optimizer_slots, backend=self.backend,
                                   fused_update=True, micro_batches=micro_batches,
                                   packs=packs).with_options(self.options)
@@ -208,15 +221,18 @@ class Route:
 
 @dataclass(slots=True)
 class Packing:
-    """How a packed route was cut (`packs.py`): M micro-batches of `micro_batch` samples; `packs` lists each pack's
-    layer names; `blocks` the (first, last) step of each pack's forward block and backward block; `shapes` each
-    node's (input shapes, output shape) for one micro-batch."""
+    """How a micro-batched route was cut (`packs.py`): M micro-batches of `micro_batch` samples; `packs` lists each
+    pack's layer names; `blocks` the (first, last) step of each pack's forward block and backward block; `shapes`
+    each node's (input shapes, output shape) for one micro-batch; `schedule` the order of the steps."""
 
     micro_batches: int
     micro_batch: int
     packs: list[list[str]]
     blocks: list[tuple[int, int]] = field(default_factory=list)
     shapes: dict[int, tuple[list[tuple[int, ...]], tuple[int, ...]]] = field(default_factory=dict)
+    schedule: str = "packs"
+    """"packs": Harmony's order (every micro-batch through a pack, re-forward in backward); "accumulate": each
+    micro-batch's forward then its backward, gradients summed, no re-forward (`packs` and `blocks` empty)."""
 
 
 def micro_shapes(net: "Network", b: int) -> dict[int, tuple[list[tuple[int, ...]], tuple[int, ...]]]:
@@ -255,7 +271,8 @@ def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence
     pack's updates follow its backward block when the update is fused. `packs` None is the plain route: one
     micro-batch of the whole batch under the canonical tensor ids (`micro_id(tid, None)`), one layer per pack, no
     re-forward, `fused_update` as asked; `packs` given (checked by `packs.build_packed`) is Harmony's route:
-    `micro_batches` micro-batches with ids of their own, always fused.
+    `micro_batches` micro-batches with ids of their own, always fused; `packs` None with `micro_batches` > 1 is the
+    accumulate schedule (see the module doc), with the same ids, always fused.
 
     `backend` (None: the CPU reference) is asked, once per step, which algorithms a layer can run with and how
     much workspace each needs: the route is where that menu is fixed, so every planner pass (sizing, bounds,
@@ -273,8 +290,9 @@ class _RouteBuilder:
             backend
         self.packed = packs is not None
         self.M = micro_batches
+        self.accumulate = training and not self.packed and micro_batches > 1
         self.packs = [list(p) for p in packs] if self.packed else [[n.name] for n in net.layer_nodes]
-        self.fused = self.packed or (fused_update and training)
+        self.fused = self.packed or self.accumulate or (fused_update and training)
         self.shapes = micro_shapes(net, net.input_nodes[0].shape[0] // self.M)
         self.pack_of = {net.node(name).index: k for k, p in enumerate(self.packs) for name in p}
         self.rg = requires_grad(net)
@@ -286,7 +304,7 @@ class _RouteBuilder:
         self.tied_in = tied_contributions(net)
 
     def micro(self, tid: str, m: int, again: bool = False) -> str:
-        return micro_id(tid, m if self.packed else None, again)
+        return micro_id(tid, m if self.packed or self.accumulate else None, again)
 
     def add(self, tid: str, role: Role, shape, dtype, owner: str) -> str:
         if tid not in self.tensors:
@@ -315,20 +333,39 @@ class _RouteBuilder:
             for pname, spec in n.params.items():
                 self.add(param_id(n.name, pname), Role.PARAMETER if spec.trainable else Role.BUFFER, spec.shape,
                          n.dtype if np.issubdtype(n.dtype, np.floating) else net.dtype, n.name)
-        for pack in self.packs:
-            first = len(self.steps)
-            for m in range(self.M):
-                for name in pack:
-                    self.forward(net.node(name), m, again=False)
-            self.blocks.append((first, len(self.steps) - 1))
-        if self.training:
-            self.backward()
+        if self.accumulate:
+            self.accumulated()
+        else:
+            for pack in self.packs:
+                first = len(self.steps)
+                for m in range(self.M):
+                    for name in pack:
+                        self.forward(net.node(name), m, again=False)
+                self.blocks.append((first, len(self.steps) - 1))
+            if self.training:
+                self.backward()
         route = Route(net, self.training, self.steps, self.tensors, self.slots, self.rg, backend_name(self.backend),
                       self.fused, backend=self.backend)
+        b = self.shapes[net.input_nodes[0].index][1][0]
         if self.packed:
-            route.packing = Packing(self.M, self.shapes[net.input_nodes[0].index][1][0], self.packs, self.blocks,
-                                    self.shapes)
+            route.packing = Packing(self.M, b, self.packs, self.blocks, self.shapes)
+        elif self.accumulate:
+            route.packing = Packing(self.M, b, [], [], self.shapes, schedule="accumulate")
         return route
+
+    def accumulated(self) -> None:
+        """The accumulate order: micro-batch by micro-batch, every layer's forward, then every backward; each
+        layer's update right after its backward in the last micro-batch (its gradient is then complete). Only
+        one micro-batch's activations are alive at a time, and nothing is computed twice."""
+        layers = self.net.layer_nodes
+        for m in range(self.M):
+            for n in layers:
+                self.forward(n, m, again=False)
+            for n in reversed(layers):
+                if self.rg[n.index]:
+                    self.backward_step(n, m, None)
+                if m == self.M - 1:
+                    self.update([n])
 
     def backward(self) -> None:
         for k in reversed(range(len(self.packs))):

@@ -151,10 +151,12 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     `data_parallel` (one rank of several): gradient buckets are added to the route and planned like any tensor,
     and their all-reduce events to the plan (`decisions/allreduce.py`); it needs the textbook route (the update
     must wait for the reduced gradients), so it rules out a fused update.
-    `micro_batches`: Harmony's micro-batching (`packs.py`; policy `packs` chooses it when None, the other
-    policies plan the same micro-batched route when it is given). `max_micro_batches`: when `micro_batches` is not
-    given, the most micro-batches `auto` may split the batch into by itself where no single-batch plan fits
-    (None: any count dividing the batch; 1: never, e.g. to measure the largest batch without micro-batching).
+    `micro_batches`: the batch cut into micro-batches: policy `packs` plans Harmony's route of layer packs
+    (`packs.py`; it chooses the count when None), every other policy gradient accumulation (`route.py`: each
+    micro-batch's forward, then its backward; one micro-batch's activations alive at a time).
+    `max_micro_batches`: when `micro_batches` is not given, the most micro-batches `auto` may split the batch
+    into by itself where no single-batch plan fits (None: any count dividing the batch; 1: never, e.g. to
+    measure the largest batch without micro-batching).
     `host_weights=False`: weights and optimizer state stay on the device whatever the budget (`auto` does not
     home them on the host when nothing else fits), as SuperNeurons and nnabla's out-of-core training keep them.
     `verify_minimum=False`: a plan that does not fit raises the policy's own BudgetError, without the search for
@@ -171,12 +173,12 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
             raise DistError("data parallel: --fused-update on cannot be combined with several ranks: each layer's "
                             "update would run before its gradients are all-reduced (use --fused-update off)")
         fused = False
-    packed = micro_batches is not None and training  # the packed route, one pack per layer until a policy packs
+    packed = micro_batches is not None and training  # micro-batched: layer packs (cut by policy packs) or accumulate
     if packed and data_parallel is not None:
         raise DistError("data parallel with micro-batches (packs) is not supported")
     route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused,
                       micro_batches=micro_batches or 1,
-                      packs=[[n.name] for n in net.layer_nodes] if packed else None)
+                      packs=[[n.name] for n in net.layer_nodes] if packed and policy == "packs" else None)
     route = route.with_options(PlanOptions(paged_chunk=paged, max_micro_batches=max_micro_batches,
                                            host_weights=host_weights))
     if data_parallel is None or not training:

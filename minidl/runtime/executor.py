@@ -489,21 +489,24 @@ class Executor:
         """Forward only in inference mode (BN running statistics, no dropout): (loss, logits copy).
 
         Runs the training plan's forward steps, then frees whatever the plan kept for the backward it skips,
-        so the pool is left exactly as it was.
+        so the pool is left exactly as it was. With the accumulate schedule the later micro-batches' forwards come
+        after the first one's backward: the steps between run their events (so every tensor is where the plan
+        has it), not their compute.
         """
         x, y = self.check_batch(x, y)
         self.training = False
         persistent = set(self.offsets)
-        turn = self.route.turn  # where the backward half starts (a packed route's re-forwards included)
+        end = self.route.forward_end  # one past the last forward that is not a re-forward
         try:
             with self._step_scope():
                 for step, sp in zip(self.route.steps, self.plan.steps):
-                    if step.index >= turn:
+                    if step.index >= end:
                         break
                     self._apply(sp.before, step)
                     if step.index == 0:
                         self._load_batch(x, y, step)
-                    self._compute(step, sp)
+                    if step.phase is Phase.FORWARD and not step.recompute:
+                        self._compute(step, sp)
                     self._apply(sp.after, step)
         finally:
             if self.host is not None:

@@ -163,7 +163,7 @@ def test_the_plain_route_is_the_packed_route_of_one_micro_batch(make):
 
     net = make()
     plain = Route.build(net, True, ("momentum",), fused_update=True)
-    packed = build_packed(net, 1, None, ("momentum",))
+    packed = build_packed(net, 1, [[n.name] for n in net.layer_nodes], ("momentum",))
     back = {micro_id(t, 0, again): t for t in plain.tensors for again in (False, True)}
     ids = lambda ts: [back.get(t, t) for t in ts]  # noqa: E731
     steps = [s for s in packed.steps if not s.recompute]
@@ -176,3 +176,50 @@ def test_the_plain_route_is_the_packed_route_of_one_micro_batch(make):
     copies = {micro_id(t, 0, again=True) for t in plain.tensors}  # the re-forward's outputs and workspaces
     copies |= {s.workspace for s in packed.steps if s.recompute}
     assert set(plain.tensors) == {back.get(t, t) for t in packed.tensors if t not in copies}
+
+
+# -- micro-batches without packs: gradient accumulation ------------------------------------------------------
+
+def test_micro_batches_without_packs_accumulate_with_one_micro_batch_alive_at_a_time():
+    """Each micro-batch's forward, then its backward, nothing run twice; the updates follow the last micro-batch's
+    backward. At the peak every activation belongs to one micro-batch, so the peak falls as M grows (it did not
+    when micro-batches meant one pack per layer: every layer's input was stashed for every micro-batch)."""
+    peaks = {}
+    for M in (1, 2, 4):
+        plan = plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "liveness", micro_batches=M)
+        route = plan.route
+        assert not any(s.recompute for s in route.steps)
+        order = [(s.micro, s.phase.value) for s in route.steps if s.phase.value != "update"]
+        assert order == sorted(order, key=lambda mp: (mp[0], mp[1] != "forward"))   # F(0) B(0) F(1) B(1) ...
+        updates = [s.index for s in route.steps if s.phase.value == "update"]
+        last_backward = [s.index for s in route.steps if s.phase.value == "backward" and s.micro == M - 1]
+        assert updates and min(updates) > min(last_backward)
+        micro_of = {t: s.micro for s in route.steps if s.phase.value == "forward" for t in s.writes}
+        acts = {micro_of[t] for t in plan.peak_live if route.tensors[t].role is Role.ACTIVATION}
+        assert len(acts) <= 1, plan.peak_live
+        peaks[M] = plan.peak_bytes
+    assert peaks[1] > peaks[2] > peaks[4]
+
+
+@pytest.mark.parametrize("policy", ["liveness", "recompute", "offload", "window", "weights", "auto"])
+def test_every_exact_policy_on_accumulated_micro_batches_is_bit_identical_to_none(policy):
+    M = 2
+    ref = train(NETS["resnet20"](), "none", M)
+    budget = None
+    if policy not in ("liveness",):
+        live = plan_network(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), "liveness", micro_batches=M)
+        with pytest.raises(dl.BudgetError) as e:
+            plan_network(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), policy, budget=1, micro_batches=M)
+        budget = (live.min_budget_bytes + e.value.min_budget_bytes) // 2
+    got = train(NETS["resnet20"](), policy, M, budget=budget, debug=True)
+    assert got.plan.route.micro_batches == M and got.plan.route.packing.schedule == "accumulate"
+    assert got.executor.pool.peak == got.plan.peak_bytes
+    assert_same_state(got, ref)
+
+
+def test_evaluate_on_accumulated_micro_batches_matches_the_packed_route_bit_for_bit():
+    data = synthetic(16, (3, 8, 8), 5, seed=3)
+    acc = train(plain_net(), "liveness", 2, steps=1)
+    packed = train(plain_net(), "packs", 2, steps=1)
+    assert acc.plan.route.packing.schedule == "accumulate" and packed.plan.route.packing.schedule == "packs"
+    assert acc.evaluate(data) == packed.evaluate(data)

@@ -127,8 +127,8 @@ def sub_routes(route: Route, devices: int) -> tuple[list[Route], list[int]]:
     """Split a packed route into one sub-route per device (see the module doc) and return, for every step of
     `route`, the device that runs it. A sub-route's steps keep their order, renumbered from 0."""
     packing: Packing = route.packing
-    if packing is None:
-        raise ValueError("sub_routes needs a packed route (packs.build_packed)")
+    if packing is None or packing.schedule != "packs":
+        raise ValueError("sub_routes needs a route of layer packs (packs.build_packed with packs)")
     dev_of_pack = pack_devices(len(packing.packs), devices)
     pack_of_layer = {name: k for k, p in enumerate(packing.packs) for name in p}
     step_dev = [dev_of_pack[pack_of_layer[s.name]] for s in route.steps]
