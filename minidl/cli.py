@@ -148,8 +148,9 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
                    help="run each layer's optimizer update right after its backward, so a gradient lives only "
                         "between the two (auto: on for policy auto under a budget)")
     p.add_argument("--micro-batches", type=int, default=None, metavar="M",
-                   help="split each batch into M micro-batches run pack by pack (Harmony; policy packs chooses M "
-                        "when not given, the other policies plan the same micro-batched route)")
+                   help="split each batch into M micro-batches: policy packs runs them pack by pack (Harmony; it "
+                        "chooses M when not given), the other policies accumulate (each micro-batch's forward, "
+                        "then its backward)")
 
 
 def _math_arg(p: argparse.ArgumentParser) -> None:

@@ -534,7 +534,7 @@ def micro_batch_counts(route: Route, budget: int | None) -> list[int]:
 
 def micro_batch_search(route: Route, budget: int, device, costs: CostTable | None = None) -> AutoResult:
     """The fewest micro-batches (`micro_batch_counts`) with a plan that fits `budget`, and at that count the
-    fastest plan among `auto`'s own search on the micro-batched route (one pack per layer) and Harmony's layer
+    fastest plan among `auto`'s own search on the micro-batched route (gradient accumulation) and Harmony's layer
     packs (`schedulers/packs.py`: packs cut to fit, weights brought in once per pack). Fewer micro-batches run
     larger kernels and stash less, so the search stops at the first count that fits."""
     tried: list[Candidate] = []
