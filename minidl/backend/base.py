@@ -119,6 +119,8 @@ class GraphCapture(Protocol):
 
     stray_bytes: int     # bytes allocated outside the arena so far: a capture must not grow it
     graph_scalars: Any   # the step's scalar slots while a graph is captured (None otherwise)
+    #: The errors a backend call raises when it cannot be captured (it then runs eagerly between graphs).
+    CaptureUnsupported: tuple[type[BaseException], ...]
 
     def prepare_graph(self) -> None: ...
     def begin_graph(self) -> None: ...

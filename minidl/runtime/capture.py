@@ -3,7 +3,7 @@
 On the GPU about 80 ms of every ResNet-50 step was host-side dispatch (Python per kernel, ../shared/GPU.md). The
 compiled program already fixes every call, view, algorithm and workspace before the first step; a CUDA graph
 records the kernels those calls enqueue once, and a step becomes one `cudaGraphLaunch` (the divergence guard
-included: see below).
+included: see below), or a few with the calls cupy cannot capture between them (cuBLAS: see below).
 
 Rules this module keeps:
 - Replay runs exactly the calls the eager program runs, in its order, on the same stream, with the same arguments:
@@ -31,12 +31,23 @@ Rules this module keeps:
   nothing updated; fused, the layers updated before the bad gradient. A step is then one graph. A backend
   without a device guard splits the step at each guard instead (a host call between graphs, named in
   `describe()`), and refuses a split that would fall between a host copy and its wait.
+- A call the backend cannot capture runs eagerly between graphs. cupy refuses every cuBLAS call on a capturing
+  stream (the dense layers' `cupy.cublas.gemm`, the batched products' and attention's `cupy.matmul`), raising
+  the error the backend names in `CaptureUnsupported`, before it enqueues anything. `record` captures each
+  segment in one pass: at such an error it drops that capture (it may hold part of the call's work), captures
+  the calls before the failing one again as one graph, makes the call an eager segment and goes on capturing
+  after it. A step is then graph, eager call(s), graph, ...: the eager calls are enqueued on the compute stream
+  behind the graph before them (stream order, no host wait) with `graph_scalars` still set, so a call with a
+  `_dev` variant launches it as inside a graph (this step's slots, skipped after a flagged guard). The same
+  kernels run as in the compiled loop, so the bits are its bits. `describe()` says how many calls run eagerly
+  and why; such a call between a host copy and its wait refuses the capture (a graph must end with its copies
+  joined), and a cupy allocation inside it is no capture error (only the kept graphs are checked).
 - A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
   one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
   micro-batches (a loss read per micro-batch), compression (the codec runs on the host), host copies that may go
   to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
-  Adam, an allocation made by cupy during capture (a temporary the graph would keep reusing), or the capture's
-  own error.
+  Adam, an allocation made by cupy inside a captured graph (a temporary the graph would keep reusing), a call
+  that cannot be captured between a host copy and its wait, or the capture's own error.
 - Host copies (offload/prefetch) are captured with the compute they overlap: each copy waits on its stream for
   an event recorded on compute, and compute waits for the copy's `done` event at RELEASE/WAIT, so the graph has
   the same dependencies as the eager step. The host store's buffers are fixed per tensor, so the graph's copies
@@ -47,11 +58,15 @@ Rules this module keeps:
 
 Rationale: capture is at the program's granularity (not per layer) because the program is already the whole
 step as a flat list; segments fall out of the call kinds the lowering records (`Program.call_kinds`).
-Limitations: measured nowhere yet (no GPU in the session that wrote it); copies inside a graph are not timed.
+Limitations: on the H200 (docs/gpu.md) cupy's cuBLAS refusal failed the capture of every network with a dense
+layer; the eager calls between graphs that answer it are tested on the host only (the emulated capture of
+tests/backend/test_capture.py), not yet on a GPU, and nothing about graphs is measured. Copies inside a graph
+are not timed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Callable
 
 import numpy as np
@@ -146,13 +161,21 @@ def signature(ex) -> tuple:
 
 @dataclass(slots=True)
 class Segment:
-    """One part of a step: a captured graph (`graph` set) or a host call between graphs (`host` set)."""
+    """One part of a step: a captured graph (`graph` set), a host call between graphs (`host` set: the host
+    waits for the graphs before it), or calls the backend cannot capture (`eager`: `calls` run as they are,
+    enqueued on the compute stream behind the graph before them, without a wait). `reason` says why a segment
+    is not a graph."""
 
     calls: list[Callable[[], Any]]
     kinds: list[str]
     graph: Any = None
     host: Callable[[], Any] | None = None
     reason: str = ""
+    eager: bool = False
+
+
+#: How each call kind changes the number of host copies in flight (started on a copy stream, not yet joined).
+COPY_BALANCE = {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}
 
 
 def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any], guard: bool = True,
@@ -180,7 +203,7 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
                                      f"with its copies joined): an unfused update, or no guard, avoids it")
             segments.append(Segment([], [], host=call, reason=HOST_KINDS[kind]))
             continue
-        in_flight += {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}.get(kind, 0)
+        in_flight += COPY_BALANCE.get(kind, 0)
         if kind == "loss":
             call, kind = copy_out, "copy_out"
         if segments[-1].host is not None:
@@ -223,7 +246,7 @@ class GraphStep:
 
     # -- capture -----------------------------------------------------------------------------------------------
     def capture(self) -> None:
-        """Capture every device segment of the step (nothing runs while capturing). Raises CaptureRefused."""
+        """Capture the step's device segments (`record`: nothing runs while capturing). Raises CaptureRefused."""
         be, program = self.be, self.program
         copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
         copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
@@ -239,33 +262,17 @@ class GraphStep:
             loss_out = _copy(be.copy_out_async, self.loss_flat, self.loss_host)
         segments, hoisted = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
                                   epilogue=epilogue or [])
-        strays = be.stray_bytes
         host = self.ex.host
         if host is not None and host.capturable is not None:
             raise CaptureRefused(host.capturable)
         be.prepare_graph()
         be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
-        copies: list[tuple[str, str, int]] = []
         try:
-            for seg in segments:
-                if seg.host is not None:
-                    continue
-                be.begin_graph()
-                try:
-                    for call in seg.calls:
-                        call()
-                except Exception as e:
-                    _end_quietly(be)
-                    raise CaptureRefused(f"the capture failed: {type(e).__name__}: {_one_line(e)}") from e
-                seg.graph = be.end_graph()
+            segments, copies = record(be, segments, host)
         finally:
             be.graph_scalars = None
-            if host is not None:  # the copies issued while capturing belong to the graph: never to be settled
-                copies = host.drop_captured()
-        grown = be.stray_bytes - strays
-        if grown:
-            raise CaptureRefused(f"cupy allocated {grown} bytes outside the arena while capturing (a temporary the "
-                                 f"graph would keep using after cupy reuses its memory)")
+            if host is not None:  # the copies issued while capturing belong to a graph: never to be settled
+                host.drop_captured()
         self.segments, self.hoisted, self.copies = segments, hoisted, copies
         self.captures += 1
 
@@ -333,8 +340,10 @@ class GraphStep:
             np.copyto(buf, arr, casting="unsafe")
         be = self.be
         for seg in self.segments:
-            if seg.host is None:
+            if seg.graph is not None:
                 be.launch_graph(seg.graph)
+            elif seg.eager:
+                self._run_eager(seg)
             else:  # a host call reads what the graphs before it wrote: wait for them, then the loss is known
                 be.wait_compute()
                 ex.last_loss = float(self.loss_host.reshape(-1)[0])
@@ -350,18 +359,151 @@ class GraphStep:
         self.replays += 1
         return ex.end_iteration()
 
+    def _run_eager(self, seg: Segment) -> None:
+        """Run the calls the backend could not capture, as they are: enqueued on the compute stream behind the
+        graph before them (no wait: stream order is the dependency). `graph_scalars` stays set, so a call with a
+        `_dev` variant launches it, as it would have inside the graph: its dropout key, learning rate and Adam
+        step come from the device slots the step's first graph filled (this step's values), and an update skips
+        once the device guard has flagged a non-finite tensor (a plain kernel would not)."""
+        be = self.be
+        be.graph_scalars = self.scalars
+        try:
+            for call in seg.calls:
+                call()
+        finally:
+            be.graph_scalars = None
+
+    @property
+    def graphs(self) -> int:
+        """Graphs launched per step (0 before the capture)."""
+        return sum(1 for s in self.segments or () if s.graph is not None)
+
+    @property
+    def eager_calls(self) -> int:
+        """Calls per step that run eagerly between the graphs (the backend could not capture them)."""
+        return sum(len(s.calls) for s in self.segments or () if s.eager)
+
     def describe(self) -> str:
         """One line for reports: how the step runs."""
         if self.segments is None:
             return "cuda graph: not captured yet (warm-up step)"
-        graphs = sum(1 for s in self.segments if s.host is None)
+        graphs = self.graphs
         hosts = sorted({s.reason for s in self.segments if s.host is not None})
         line = f"cuda graph: {graphs} graph{'s' if graphs != 1 else ''} per step"
         if self.codes:
             line += " (divergence guard on the device)"
         if hosts:
             line += " (split where " + "; ".join(hosts) + ")"
+        eager = [s for s in self.segments if s.eager]
+        if eager:
+            n = self.eager_calls
+            kinds = sorted({k for s in eager for k in s.kinds})
+            reasons = sorted({s.reason for s in eager})
+            line += (f", {n} call{'s' if n != 1 else ''} ({', '.join(kinds)}) run eagerly between them (the backend "
+                     f"cannot capture them: {'; '.join(reasons)})")
         return line
+
+
+def record(be, segments: list[Segment], host=None) -> tuple[list[Segment], list[tuple[str, str, int]]]:
+    """Capture each device segment of `segments` on backend `be`, in one pass over its calls; host segments are
+    kept as they are. A call that raises one of the backend's `CaptureUnsupported` errors (cupy refuses any
+    cuBLAS call on a capturing stream) ends that capture: the attempt is dropped (it may hold part of the call's
+    work), the calls before the failing one are captured again as one graph, the call becomes an eager segment,
+    and capturing goes on after it. So each call is captured at most twice, and a step becomes graph, eager
+    call(s), graph, ... in program order. `host` (the executor's host store, or None): the copies each kept graph
+    issued are collected, those of a dropped attempt forgotten.
+
+    Returns (the segments, the kept graphs' host copies as (kind, tensor, bytes)). Raises CaptureRefused: any
+    other error while capturing; a cupy allocation inside a kept graph (one inside an eager call, or a dropped
+    attempt, is not kept by any graph); an uncapturable call that is a host copy, or that falls between a host
+    copy and its wait (a graph must end with its copies joined)."""
+    rec = _Recorder(be, host)
+    out: list[Segment] = []
+    for seg in segments:
+        out += [seg] if seg.host is not None else rec.segment(seg)
+    if rec.grown:
+        raise CaptureRefused(f"cupy allocated {rec.grown} bytes outside the arena while capturing (a temporary the "
+                             f"graph would keep using after cupy reuses its memory)")
+    return out, rec.copies
+
+
+class _Recorder:
+    """The captures of `record`: what the kept graphs allocated (`grown`) and the host copies they hold."""
+
+    def __init__(self, be, host):
+        self.be, self.host = be, host
+        self.unsupported = tuple(be.CaptureUnsupported)
+        self.grown = 0
+        self.copies: list[tuple[str, str, int]] = []
+        self._strays = 0
+
+    def segment(self, seg: Segment) -> list[Segment]:
+        """`seg` (device calls, its host copies joined at its end) as graphs and eager segments."""
+        calls, kinds = seg.calls, seg.kinds
+        # host copies in flight before each call (the segment starts with none: `split` ends host segments so)
+        in_flight = list(accumulate((COPY_BALANCE.get(k, 0) for k in kinds), initial=0))
+        out: list[Segment] = []
+        start = 0
+        while start < len(calls):
+            self._begin()
+            i = start
+            try:
+                while i < len(calls):
+                    calls[i]()
+                    i += 1
+            except self.unsupported as e:
+                self._drop()
+                reason = f"{type(e).__name__}: {_one_line(e)}"
+            except Exception as e:
+                self._drop()
+                raise CaptureRefused(f"the capture failed: {type(e).__name__}: {_one_line(e)}") from e
+            else:
+                out.append(self._keep(calls[start:], kinds[start:]))
+                break
+            kind = kinds[i]
+            if kind in COPY_KINDS:
+                raise CaptureRefused(f"the backend cannot capture a host copy ({kind}: {reason})")
+            if in_flight[i]:
+                raise CaptureRefused(f"a {kind} call the backend cannot capture ({reason}) falls between a host "
+                                     f"copy and its wait, where it cannot run between graphs (a graph must end "
+                                     f"with its copies joined)")
+            if i > start:   # the calls before it, captured again without the failing call's part
+                out.append(self._capture(calls[start:i], kinds[start:i]))
+            if out and out[-1].eager:
+                out[-1].calls.append(calls[i])
+                out[-1].kinds.append(kind)
+                if reason not in out[-1].reason.split("; "):
+                    out[-1].reason += f"; {reason}"
+            else:
+                out.append(Segment([calls[i]], [kind], eager=True, reason=reason))
+            start = i + 1
+        return out
+
+    def _begin(self) -> None:
+        self._strays = self.be.stray_bytes
+        self.be.begin_graph()
+
+    def _keep(self, calls, kinds) -> Segment:
+        graph = self.be.end_graph()
+        self.grown += self.be.stray_bytes - self._strays
+        if self.host is not None:
+            self.copies += self.host.drop_captured()
+        return Segment(list(calls), list(kinds), graph=graph)
+
+    def _drop(self) -> None:
+        _end_quietly(self.be)
+        if self.host is not None:
+            self.host.drop_captured()
+
+    def _capture(self, calls, kinds) -> Segment:
+        self._begin()
+        try:
+            for call in calls:
+                call()
+        except Exception as e:
+            self._drop()
+            raise CaptureRefused(f"the capture failed: {type(e).__name__}: {_one_line(e)}") from e
+        return self._keep(calls, kinds)
 
 
 def _copy(fn, a, b) -> Callable[[], Any]:

@@ -19,7 +19,7 @@ import minidl as dl
 from minidl.backend.cpu.backend import CPUBackend
 from minidl.core.errors import DivergenceError
 from minidl.models import build_model
-from minidl.runtime.capture import GraphStep, split
+from minidl.runtime.capture import CaptureRefused, GraphStep, split
 from tests.sessions import session_kw
 
 # Methods that are the capture machinery itself, or pure host helpers: never recorded.
@@ -74,7 +74,12 @@ class GraphCPU(CPUBackend):
     capabilities = replace(CPUBackend.capabilities, fused_update=False, stream_copies=True, graph_capture=True,
                            device_guard=True)
 
-    def __init__(self, strays_during_capture: int = 0, device_guard: bool = True):
+    # What a call the capture cannot contain raises (the CUDA backend's: cupy's cuBLAS wrappers on a capturing
+    # stream); the methods named in `uncapturable` raise it while capturing.
+    CaptureUnsupported = (NotImplementedError,)
+
+    def __init__(self, strays_during_capture: int = 0, device_guard: bool = True, uncapturable=()):
+        self.uncapturable = frozenset(uncapturable)
         self.capturing: list | None = None
         self.graph_scalars = None
         self.capabilities = replace(type(self).capabilities, device_guard=device_guard)
@@ -85,7 +90,8 @@ class GraphCPU(CPUBackend):
 
     def __getattribute__(self, name):
         attr = object.__getattribute__(self, name)
-        if name.startswith("_") or name in _PASS or not callable(attr) or name in ("capturing", "graphs", "log"):
+        if name.startswith("_") or name in _PASS or not callable(attr) or name in ("capturing", "graphs", "log",
+                                                                                    "uncapturable"):
             return attr
         if name == "to_host":
             def to_host(a):
@@ -97,12 +103,18 @@ class GraphCPU(CPUBackend):
 
         def call(*args, **kwargs):
             rec = object.__getattribute__(self, "capturing")
+            gs = object.__getattribute__(self, "graph_scalars")
+            if rec is not None and name in object.__getattribute__(self, "uncapturable"):
+                raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+            if gs is not None and name in _DEV:   # the `_dev` kernel: reads its slot when it runs
+                dev = _DEV[name](attr, gs, *args, **kwargs)
+                if rec is not None:
+                    rec.append((name + "_dev", dev, (), {}))
+                    return None
+                object.__getattribute__(self, "log").append(name + "_dev")
+                return dev()
             if rec is not None:
-                gs = object.__getattribute__(self, "graph_scalars")
-                if gs is not None and name in _DEV:   # the `_dev` kernel: reads its slot when the graph runs
-                    rec.append((name + "_dev", _DEV[name](attr, gs, *args, **kwargs), (), {}))
-                else:
-                    rec.append((name, attr, args, kwargs))
+                rec.append((name, attr, args, kwargs))
                 return None
             object.__getattribute__(self, "log").append(name)
             return attr(*args, **kwargs)
@@ -270,8 +282,14 @@ def test_replay_is_bit_identical_to_the_eager_loop():
     _same(_params(cpu), _params(eager))
 
 
-def test_a_replay_runs_the_eager_calls_in_their_order():
-    be = GraphCPU()
+# The dense layer's calls, which cupy refuses to capture (cuBLAS): forward only, or forward and backward.
+_CUBLAS = [(), ("linear_forward",), ("linear_forward", "linear_backward")]
+
+
+@pytest.mark.parametrize("uncapturable", _CUBLAS)
+def test_a_replay_runs_the_eager_calls_in_their_order(uncapturable):
+    """Graphs and the calls run eagerly between them (`uncapturable`) launch in the program's order."""
+    be = GraphCPU(uncapturable=uncapturable)
     sess, _ = _train(be, steps=1)           # the warm-up step: eager
     eager_log = list(be.log)
     be.log.clear()
@@ -394,10 +412,12 @@ def test_per_step_scalars_come_from_device_slots(case):
     assert float(gs.scalars.optim[0]) == graph.optimizer.lr
 
 
-def test_a_hyper_parameter_change_recaptures_and_one_every_step_falls_back():
+@pytest.mark.parametrize("uncapturable", [(), ("linear_forward",)])
+def test_a_hyper_parameter_change_recaptures_and_one_every_step_falls_back(uncapturable):
     def train(momenta, graphs=True):
         opt = dl.SGD(lr=0.05, momentum=0.9)
-        sess = dl.Session(_net(), opt, seed=0, backend=GraphCPU(), config=dl.RunConfig(graphs=graphs))
+        sess = dl.Session(_net(), opt, seed=0, backend=GraphCPU(uncapturable=uncapturable),
+                          config=dl.RunConfig(graphs=graphs))
         for m, (x, y) in zip(momenta, _data()):
             opt.momentum = m
             sess.executor.train_step(x, y)
@@ -405,6 +425,7 @@ def test_a_hyper_parameter_change_recaptures_and_one_every_step_falls_back():
     once = [0.9, 0.9, 0.9, 0.8, 0.8]                 # one change: re-captured
     graph, eager = train(once), train(once, graphs=False)
     assert graph.executor.graph_step.captures == 2
+    assert graph.executor.graph_step.eager_calls == len(uncapturable)   # the re-capture splits the same way
     _same(_params(graph), _params(eager))
     every = [0.9, 0.85, 0.8, 0.75, 0.7]               # a change at every step: the compiled loop, saying why
     graph, eager = train(every), train(every, graphs=False)
@@ -446,13 +467,16 @@ def test_split_keeps_host_calls_between_graphs():
     assert [s.calls for s in segs] == [["in", 0, "out", 2, 5, 6]]
 
 
+@pytest.mark.parametrize("uncapturable", [(), ("linear_forward", "linear_backward")], ids=["", "cublas"])
 @pytest.mark.parametrize("policy", ["none", "offload", "recompute", "auto", "window"])
-def test_every_captured_policy_is_bit_identical_to_none(policy):
+def test_every_captured_policy_is_bit_identical_to_none(policy, uncapturable):
+    """Every exact policy, captured (the dense layer's calls eager between graphs, with `uncapturable`)."""
     ref, lr = _train(GraphCPU(), policy="none")
-    sess, ls = _train(GraphCPU(), policy=policy)
+    sess, ls = _train(GraphCPU(uncapturable=uncapturable), policy=policy)
     assert ref.executor.step_runner == "cuda graph"
     ex = sess.executor   # auto may choose a host update at this budget: then it says so
     assert ex.step_runner == "cuda graph" or "host update" in ex.graph_fallback
+    assert ex.graph_step is None or ex.graph_step.eager_calls == len(uncapturable)
     assert ls == lr
     _same(_params(sess), _params(ref))
 
@@ -574,8 +598,6 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
 
 
 def test_a_host_call_between_a_copy_and_its_wait_refuses_the_split():
-    from minidl.runtime.capture import CaptureRefused
-
     class P:
         calls = list(range(5))
         call_kinds = ["offload", "guard", "update", "release", "backward"]
@@ -583,3 +605,131 @@ def test_a_host_call_between_a_copy_and_its_wait_refuses_the_split():
         split(P, [], "out")
     segs, _ = split(P, [], "out", guard=False)
     assert [s.calls for s in segs] == [[0, 2, 3, 4]]
+
+
+# -- calls the backend cannot capture (cupy's cuBLAS) run eagerly between graphs --------------------------------------
+def _shape(gs):
+    return ["graph" if s.graph is not None else "eager" if s.eager else "host" for s in gs.segments]
+
+
+@pytest.mark.parametrize("uncapturable, shape", [
+    (("linear_forward",), ["graph", "eager", "graph"]),
+    (("linear_forward", "linear_backward"), ["graph", "eager", "graph", "eager", "graph"]),
+])
+def test_an_uncapturable_call_runs_eagerly_between_graphs_with_the_eager_loops_bits(uncapturable, shape):
+    """The dense layer raises the backend's "cannot be captured" error while capturing (as cupy's cuBLAS does):
+    the step becomes graph, eager call, graph, ..., and replays bit-identically to the compiled eager loop."""
+    eager, le = _train(GraphCPU(), graphs=False)
+    be = GraphCPU(uncapturable=uncapturable)
+    graph, lg = _train(be)
+    ex = graph.executor
+    assert ex.step_runner == "cuda graph" and ex.graph_fallback is None
+    gs = ex.graph_step
+    assert _shape(gs) == shape and gs.eager_calls == len(uncapturable)
+    assert (gs.eager_steps, gs.captures, gs.replays) == (1, 1, 4)
+    assert [k for s in gs.segments if s.eager for k in s.kinds] == ["forward", "backward"][:len(uncapturable)]
+    assert lg == le
+    _same(_params(graph), _params(eager))
+    kinds = "forward" if len(uncapturable) == 1 else "backward, forward"
+    assert gs.describe() == (f"cuda graph: {len(shape) // 2 + 1} graphs per step (divergence guard on the device), "
+                             f"{len(uncapturable)} call{'s' if len(uncapturable) > 1 else ''} ({kinds}) run "
+                             f"eagerly between them (the backend cannot capture them: NotImplementedError: "
+                             f"calling cuBLAS API during stream capture is currently unsupported)")
+    recorded = {name for g in be.graphs for name, *_ in g}
+    assert not recorded & set(uncapturable)          # no graph holds the uncapturable calls
+    n = sum(be.log.count(name) for name in uncapturable)
+    assert n == 5 * len(uncapturable)                # one per step, warm-up and replays alike
+
+
+def test_an_eager_call_reads_the_step_scalars_from_the_device_slots():
+    """Eager calls between graphs keep `graph_scalars` set: an update or dropout the backend cannot capture
+    launches its `_dev` variant, reading this step's learning rate and key from the slots the step's first graph
+    filled (bit-identical under a schedule), and an update skips once the device guard has flagged a NaN, as
+    the captured one does (a plain update kernel would apply it)."""
+    case = dict(net="dropout", lrs=[0.05, 0.04, 0.03, 0.02, 0.01])
+    uncapturable = ("dropout_forward", "dropout_backward", "sgd_update")
+    eager, le = _train(GraphCPU(), graphs=False, **case)
+    be = GraphCPU(uncapturable=uncapturable)
+    graph, lg = _train(be, **case)
+    gs = graph.executor.graph_step
+    assert gs.captures == 1 and gs.replays == 4 and gs.eager_calls >= 3
+    recorded = {name for g in be.graphs for name, *_ in g}
+    assert not recorded & {"dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev"}
+    assert {"dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev"} <= set(be.log)  # eager, from slots
+    assert lg == le
+    _same(_params(graph), _params(eager))
+    before = _params(graph)
+    x, y = _data(steps=1, seed=3)[0]
+    with pytest.raises(DivergenceError):
+        graph.executor.train_step(np.full_like(x, np.nan), y)
+    _same(_params(graph), before)
+
+
+class _Recording:
+    """A capturing backend reduced to what `record` uses: calls append their name to the graph being captured."""
+
+    CaptureUnsupported = (NotImplementedError,)
+
+    def __init__(self):
+        self.stray_bytes, self.on = 0, None
+
+    def begin_graph(self):
+        assert self.on is None
+        self.on = []
+
+    def end_graph(self):
+        g, self.on = self.on, None
+        return g
+
+    def call(self, name, allocates=0, cublas=False):
+        def run():
+            self.stray_bytes += allocates
+            self.on.append(name)
+            if cublas:
+                raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+        return run
+
+
+def _program(calls, kinds):
+    return type("P", (), {"calls": calls, "call_kinds": kinds})
+
+
+def test_record_drops_the_failing_calls_part_and_captures_around_it():
+    """One pass: the attempt holding part of the failing call's work is dropped (its allocation with it), the
+    calls before it captured again, the call made eager; consecutive eager calls share one segment."""
+    from minidl.runtime.capture import record
+
+    be = _Recording()
+    c = be.call
+    calls = [c("a"), c("b"), c("lin", allocates=64, cublas=True), c("lin2", cublas=True), c("d"), c("e")]
+    segs, _ = split(_program(calls, ["forward"] * 6), [c("in")], c("out"))
+    out, copies = record(be, segs)
+    assert [(s.graph, s.eager, s.kinds) for s in out] == [
+        (["in", "a", "b"], False, ["copy_in", "forward", "forward"]),
+        (None, True, ["forward", "forward"]),
+        (["d", "e"], False, ["forward", "forward"])]
+    assert out[1].calls == calls[2:4] and copies == []
+    assert out[1].reason == "NotImplementedError: calling cuBLAS API during stream capture is currently unsupported"
+    segs, _ = split(_program([c("a", allocates=8)], ["forward"]), [], c("out"))
+    with pytest.raises(CaptureRefused, match="cupy allocated 8 bytes"):
+        record(be, segs)   # an allocation inside a kept graph still refuses it
+
+
+def test_an_uncapturable_call_between_a_copy_and_its_wait_refuses_the_capture():
+    from minidl.runtime.capture import record
+
+    be = _Recording()
+    c = be.call
+    kinds = ["forward", "offload", "forward", "release", "forward"]
+    calls = [c("a"), c("off"), c("lin", cublas=True), c("rel"), c("b")]
+    segs, _ = split(_program(calls, kinds), [], c("out"))
+    with pytest.raises(CaptureRefused) as e:
+        record(be, segs)
+    assert str(e.value) == ("a forward call the backend cannot capture (NotImplementedError: calling cuBLAS API "
+                            "during stream capture is currently unsupported) falls between a host copy and its "
+                            "wait, where it cannot run between graphs (a graph must end with its copies joined)")
+    assert be.on is None                                   # the capture was ended
+    calls[2] = c("lin")                                    # after the wait it may run eagerly
+    calls[4] = c("lin", cublas=True)
+    out, _ = record(be, split(_program(calls, kinds), [], c("out"))[0])
+    assert [s.graph for s in out] == [["a", "off", "lin", "rel"], None]

@@ -709,6 +709,11 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     #: The kernels a captured graph launches instead of their plain variants (backend/scalars.py).
     GRAPH_KERNELS = ("dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev", "adam_update_dev",
                      "nonfinite_flag")
+    #: What a call raises when it cannot be captured: cupy's cuBLAS wrappers (`cupy.cublas.gemm` in dense.py,
+    #: `cupy.matmul` in sequence.py) call cublasSetStream, which raises NotImplementedError ("calling cuBLAS API
+    #: during stream capture is currently unsupported") on a capturing stream, before enqueuing anything. Such a
+    #: call runs eagerly between the step's graphs (minidl/runtime/capture.py).
+    CaptureUnsupported = (NotImplementedError,)
 
     @on_compute
     def guard_nonfinite(self, x, code: int) -> None:
