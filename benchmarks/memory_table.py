@@ -2,6 +2,15 @@
 
     python benchmarks/memory_table.py                       # batch 32, SGD with momentum, markdown table
     python benchmarks/memory_table.py --models resnet50 --batch 16 --json out.json
+    python benchmarks/memory_table.py --check --json benchmarks/results/memory_table.json \
+        --md benchmarks/results/memory_table.md             # the committed results
+    python benchmarks/memory_table.py --models gpt2_small --check --merge \
+        --json benchmarks/results/memory_table.json --md benchmarks/results/memory_table.md
+
+Image models run at `--batch` (default 32) and their own image size (224 px; inception_v4 299); the sequence
+models (gpt2, bert) at `--seq-batch` (default 8) sequences of `--seq` tokens (default: the model's context, 1024
+for GPT-2 and 512 for BERT). `--merge` replaces (or appends) only the rows measured now in the `--json` file and
+rewrites `--md` from all its rows, so one row can be re-measured without re-running the others.
 
 Columns (all bytes are exact: the plan is placed by the pool's own allocator, and the executor measures the
 same peak when it runs the plan):
@@ -39,10 +48,11 @@ from minidl.core.errors import BudgetError
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.schedulers.window import window_min_budget
-from minidl.models import build_model
+from minidl.models import build_model, is_sequence_model
 from minidl.optim import SGD
 
-MODELS = ["alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "densenet121", "inception_v4"]
+MODELS = ["alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "densenet121", "inception_v4", "gpt2_small",
+          "gpt2_medium", "bert_base", "bert_large"]
 
 
 def auto_minimum(net, opt, device: str) -> int:
@@ -54,11 +64,15 @@ def auto_minimum(net, opt, device: str) -> int:
         return int(e.min_budget_bytes)
 
 
-def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**20) -> dict:
-    net = build_model(model, batch=batch)
+def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**20, seq: int | None = None) -> dict:
+    """One model's columns. `seq`: a sequence model's tokens per sequence (None: its context length)."""
+    sequence = is_sequence_model(model)
+    net = build_model(model, batch=batch, **({"seq": seq} if sequence and seq else {}))
     opt = SGD(lr=0.01, momentum=0.9)
     t = time.perf_counter()
     out = {"model": model, "batch": batch, "input": list(net.input_nodes[0].shape)}
+    if sequence:
+        out["seq"] = out["input"][1]
     for pol in ("none", "liveness", "recompute"):
         p = plan_network(net, opt, pol, device=device)
         out[pol] = p.peak_bytes
@@ -85,13 +99,45 @@ def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**2
     return out
 
 
+def label(r: dict) -> str:
+    """A row's model cell: a sequence model also names its tokens per sequence."""
+    return f"{r['model']} ({r['seq']} tokens)" if "seq" in r else r["model"]
+
+
+def same_row(a: dict, b: dict) -> bool:
+    """Whether two rows measure the same thing (a merge replaces the old one)."""
+    return all(a.get(k) == b.get(k) for k in ("model", "batch", "seq", "paged_chunk"))
+
+
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """`old` with each row of `new` in place of the one it re-measures, or appended."""
+    out = list(old)
+    for r in new:
+        i = next((i for i, o in enumerate(out) if same_row(o, r)), None)
+        if i is None:
+            out.append(r)
+        else:
+            out[i] = r
+    return out
+
+
+def caption(rows: list[dict], device: str) -> str:
+    """The table's first line: what every row shares, and the dates its rows were measured on."""
+    dates = sorted({r["date"] for r in rows if "date" in r})
+    undated = "" if all("date" in r for r in rows) else "before the rows recorded their date; "
+    when = undated + (", ".join(dates) if dates else "")
+    return (f"Peak bytes of one training step, SGD with momentum, float32; image models at their image size, "
+            f"sequence models at the tokens shown ({when}, {platform.machine()}, auto timed on profile "
+            f"'{device}'):")
+
+
 def markdown(rows: list[dict]) -> str:
     head = ("| model | batch | none | liveness | none/live | recompute | auto min | lower bound | min/LB | window min "
             "| arena/live | paged arena/live | paged/rounded |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['batch']} | {format_bytes(r['none'])} | {format_bytes(r['liveness'])} | "
+        lines.append(f"| {label(r)} | {r['batch']} | {format_bytes(r['none'])} | {format_bytes(r['liveness'])} | "
                      f"{r['none_over_liveness']:.2f}x | {format_bytes(r['recompute'])} | "
                      f"{format_bytes(r['auto_min'])} | {format_bytes(r['lower_bound'])} | {r['min_over_lb']:.3f} | "
                      f"{format_bytes(r['window_min'])} | {r['arena_over_live']:.3f} | "
@@ -102,23 +148,39 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=MODELS)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=32, help="batch of the image models (default 32)")
+    ap.add_argument("--seq-batch", type=int, default=8, help="batch of the sequence models (default 8)")
+    ap.add_argument("--seq", type=int, default=None,
+                    help="tokens per sequence of the sequence models (default: each model's context)")
     ap.add_argument("--device", default="cpu", help="profile auto estimates step times with")
     ap.add_argument("--check", action="store_true", help="also plan auto at exactly its minimum")
     ap.add_argument("--chunk", type=parse_size, default=20 * 2**20, help="paged pool chunk (default 20MiB)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument("--md", default=None, help="write the caption and table to this file")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of --json that this run does not re-measure (the table is rewritten whole)")
     args = ap.parse_args(argv)
+    if args.merge and not args.json:
+        ap.error("--merge needs --json (the file whose rows it keeps)")
     rows = []
     for m in args.models:
-        r = row(m, args.batch, args.device, args.check, args.chunk)
+        seq_model = is_sequence_model(m)
+        r = row(m, args.seq_batch if seq_model else args.batch, args.device, args.check, args.chunk,
+                args.seq if seq_model else None)
+        r["date"] = str(datetime.date.today())
         rows.append(r)
-        print(f"{m}: planned in {r['planning_s']:.1f} s", flush=True)
-    print(f"\nPeak bytes of one training step, batch {args.batch}, SGD with momentum, float32 "
-          f"({datetime.date.today()}, {platform.machine()}, auto timed on profile '{args.device}'):\n")
-    print(markdown(rows))
+        print(f"{label(r)}: planned in {r['planning_s']:.1f} s", flush=True)
+    if args.merge:
+        with open(args.json) as f:
+            rows = merged(json.load(f), rows)
+    text = caption(rows, args.device) + "\n\n" + markdown(rows) + "\n"
+    print("\n" + text, end="")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
     return 0
 
 
