@@ -82,13 +82,17 @@ def _size(n: int) -> str:
 
 
 def memory_column(policy: str) -> str:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from memory_table import label  # the table's own model cell (a sequence model names its tokens)
+
     key = MEMORY_TABLE_COLUMN[policy]
     rows = json.loads((ROOT / "benchmarks" / "results" / "memory_table.json").read_text())
     what = "smallest budget it plans in" if key.endswith("_min") else "peak"
     body = table(["model", "batch", f"`{policy}`: {what}", "`none`: peak"],
-                 [[r["model"], r["batch"], _size(r[key]), _size(r["none"])] for r in rows], "lrrr")
-    return ("From `benchmarks/results/memory_table.json` (`python benchmarks/memory_table.py`: 224 px, SGD with "
-            "momentum, float32; planned, exact bytes):\n\n" + body)
+                 [[label(r), r["batch"], _size(r[key]), _size(r["none"])] for r in rows], "lrrr")
+    return ("From `benchmarks/results/memory_table.json` (`python benchmarks/memory_table.py`: image models at their "
+            "image size, sequence models at the tokens shown, SGD with momentum, float32; planned, exact "
+            "bytes):\n\n" + body)
 
 
 def pages() -> dict[Path, str]:
