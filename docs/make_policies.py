@@ -13,6 +13,7 @@ left out.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import re
@@ -81,10 +82,17 @@ def _size(n: int) -> str:
     return format_bytes(n)
 
 
-def memory_column(policy: str) -> str:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from memory_table import label  # the table's own model cell (a sequence model names its tokens)
+def _memory_table():
+    """benchmarks/memory_table.py, loaded from its file (the benchmarks folder is not put on sys.path: its modules'
+    names, such as `compression`, would shadow others)."""
+    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "benchmarks" / "memory_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
+
+def memory_column(policy: str) -> str:
+    label = _memory_table().label  # the table's own model cell (a sequence model names its tokens)
     key = MEMORY_TABLE_COLUMN[policy]
     rows = json.loads((ROOT / "benchmarks" / "results" / "memory_table.json").read_text())
     what = "smallest budget it plans in" if key.endswith("_min") else "peak"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_table.py"
@@ -13,7 +12,6 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_table.py"
 def _bench():
     spec = importlib.util.spec_from_file_location("memory_table", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["memory_table"] = mod
     spec.loader.exec_module(mod)
     return mod
 
