@@ -272,3 +272,16 @@ def test_every_exact_policy_trains_the_zoo_gpt2_to_the_bits_of_none(policy, tiny
         assert np.array_equal(want[k], got[k]), k
     assert sess.executor.pool.peak == sess.plan.peak_bytes == simulate(sess.plan, "cpu").peak_bytes
     assert ref.executor.pool.peak == ref.plan.peak_bytes
+
+
+def test_compress_trains_the_zoo_gpt2_close_to_none_and_the_executor_peak_is_the_plans(tiny_gpt_none):
+    """The lossy policy (opt-in) stores some of GPT-2's activations compressed between forward and backward: the
+    losses stay close to `none`'s (not equal: it is lossy), with less memory, and the executor measures the plan's
+    peak byte for byte."""
+    from minidl.memory.plan import EventKind
+
+    ref, ref_losses = tiny_gpt_none
+    sess, losses = _train_tiny_gpt("compress")
+    assert any(ev.kind is EventKind.COMPRESS for sp in sess.plan.steps for ev in sp.before + sp.after)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-2)
+    assert sess.executor.pool.peak == sess.plan.peak_bytes < ref.plan.peak_bytes
