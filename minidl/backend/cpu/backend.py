@@ -10,6 +10,7 @@ gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 
 import numpy as np
@@ -30,6 +31,8 @@ CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporar
 
 # ReLU compiled with numba (`cpu_eltwise_jit`), or None where numba cannot be imported: the numpy kernels run.
 eltwise_kernels = lazy("eltwise_jit")
+# Softmax cross-entropy compiled with numba (`loss_jit`), or None: the numpy kernels run.
+loss_kernels = lazy("loss_jit")
 
 
 def _elementwise(name: str, *arrays: np.ndarray) -> None:
@@ -177,7 +180,11 @@ class CoreOps:
             np.multiply(sf[s], keep * scale, out=df[s])
 
     # -- loss -------------------------------------------------------------------------------------------------
+    # The loss runs compiled where numba loads (`loss_jit`: each row read once, rows over the threads, the same
+    # bits on any thread count); the numpy passes below are the fallback and the reference.
     def softmax_xent_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray) -> None:
+        if self._xent_jit_forward(logits, labels, loss, None):
+            return
         z = logits - logits.max(axis=1, keepdims=True)
         lse = np.log(np.exp(z).sum(axis=1))
         picked = z[np.arange(z.shape[0]), labels]
@@ -186,6 +193,8 @@ class CoreOps:
     def softmax_xent_backward(self, logits: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
                               dlogits: np.ndarray) -> None:
         n = logits.shape[0]
+        if self._xent_jit_backward(logits, labels, dloss, dlogits, None, n):
+            return
         np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)
         np.exp(dlogits, out=dlogits)
         dlogits /= dlogits.sum(axis=1, keepdims=True)
@@ -195,6 +204,8 @@ class CoreOps:
     def softmax_xent_ignore_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray,
                                     ignore_index: int) -> None:
         """The mean over the rows whose label is not `ignore_index` (NaN when every row is ignored, as PyTorch)."""
+        if self._xent_jit_forward(logits, labels, loss, ignore_index):
+            return
         valid = labels != ignore_index
         z = logits - logits.max(axis=1, keepdims=True)
         lse = np.log(np.exp(z).sum(axis=1))
@@ -206,6 +217,8 @@ class CoreOps:
                                      dlogits: np.ndarray, ignore_index: int) -> None:
         """(softmax - one-hot) / (rows not ignored) on the rows not ignored, zeros on the others."""
         valid = labels != ignore_index
+        if self._xent_jit_backward(logits, labels, dloss, dlogits, ignore_index, int(np.count_nonzero(valid))):
+            return
         np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)
         np.exp(dlogits, out=dlogits)
         dlogits /= dlogits.sum(axis=1, keepdims=True)
@@ -214,6 +227,35 @@ class CoreOps:
         dlogits[~valid] = 0
         with np.errstate(invalid="ignore", divide="ignore"):
             dlogits *= dloss.reshape(()) / logits.dtype.type(rows.size)
+
+    @staticmethod
+    def _xent_jit_forward(logits, labels, loss, ignore_index) -> bool:
+        """The compiled loss (`loss_jit`) into `loss`, if numba loads and the arrays are plain: whether it ran."""
+        jit = loss_kernels()
+        if jit is None or not (_flat_ok(logits) and isinstance(labels, np.ndarray) and labels.flags.c_contiguous):
+            return False
+        losses = np.empty(logits.shape[0])  # one float64 per row (scratch)
+        args = (logits, labels, 0 if ignore_index is None else int(ignore_index), ignore_index is not None, losses)
+        workers = workers_for(logits.size)
+        loss[...] = jit.xent_forward_parallel(*args, workers) if workers > 1 else jit.xent_forward(*args)
+        return True
+
+    @staticmethod
+    def _xent_jit_backward(logits, labels, dloss, dlogits, ignore_index, count: int) -> bool:
+        """The compiled gradient (`loss_jit`) into `dlogits`, scaled by dloss / count: whether it ran."""
+        jit = loss_kernels()
+        if jit is None or not (_flat_ok(logits, dlogits) and isinstance(labels, np.ndarray)
+                               and labels.flags.c_contiguous):
+            return False
+        scale = float(np.asarray(dloss).reshape(())) / count if count else math.nan
+        args = (logits, labels, 0 if ignore_index is None else int(ignore_index), ignore_index is not None, scale,
+                dlogits)
+        workers = workers_for(logits.size)
+        if workers > 1:
+            jit.xent_backward_parallel(*args, workers)
+        else:
+            jit.xent_backward(*args)
+        return True
 
     # -- optimizers (PyTorch semantics, chunked so no parameter-sized temporary is made) ----------------------
     def sgd_update(self, p: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float, momentum: float,

@@ -1,0 +1,182 @@
+"""The compiled sequence-model kernels of the CPU backend (minidl/backend/cpu/seq_jit.py, loss_jit.py): layer
+norm, the embedding gradient and softmax cross-entropy give the same bits on any thread count, agree with their
+numpy twins, keep their scratch small, and the float32 exp the loss uses is within 2 ulp of the true value.
+(Layer-level checks against PyTorch are in tests/layers/test_sequence_layers.py.)"""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from minidl.backend.cpu import backend as cpu_backend
+from minidl.backend.cpu import jit as cpu_jit
+from minidl.backend.cpu import lanes as cpu_lanes
+from minidl.backend.cpu.backend import CPUBackend
+
+pytest.importorskip("numba")
+
+
+def _layernorm(x, w, b, dy):
+    be, r, c = CPUBackend(), x.shape[0], x.shape[1]
+    out = {"y": np.empty_like(x), "mean": np.empty(r, x.dtype), "rstd": np.empty(r, x.dtype),
+           "dx": np.empty_like(x), "dw": np.empty(c, x.dtype), "db": np.empty(c, x.dtype), "apply": np.empty_like(x)}
+    be.layernorm_forward(x, w, b, out["y"], out["mean"], out["rstd"], 1e-5)
+    be.layernorm_forward_apply(x, w, b, out["mean"], out["rstd"], out["apply"])
+    be.layernorm_backward(x, w, dy, out["mean"], out["rstd"], out["dx"], out["dw"], out["db"])
+    return out
+
+
+def _xent(logits, labels, ignore):
+    be, dt = CPUBackend(), logits.dtype
+    loss, dlogits = np.empty((), dt), np.empty_like(logits)
+    if ignore is None:
+        be.softmax_xent_forward(logits, labels, loss)
+        be.softmax_xent_backward(logits, labels, np.array(1.5, dt), dlogits)
+    else:
+        be.softmax_xent_ignore_forward(logits, labels, loss, ignore)
+        be.softmax_xent_ignore_backward(logits, labels, np.array(1.5, dt), dlogits, ignore)
+    return {"loss": loss, "dlogits": dlogits}
+
+
+def _on_threads(monkeypatch, run):
+    """run() on 1, 2 and 3 threads (each large enough to split: `cpu_jit.workers_for`): {threads: outputs}."""
+    got = {}
+    for threads in (1, 2, 3):
+        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        got[threads] = run()
+    return got
+
+
+def _same_bits(got):
+    for threads, out in got.items():
+        for k in out:
+            assert out[k].tobytes() == got[1][k].tobytes(), (threads, k)
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("shape", [(512, 768), (600, 131), (129, 1000)])
+def test_layernorm_same_bits_on_any_threads(shape, monkeypatch):
+    """Rows to the threads for the statistics and dx, columns for the weight and bias sums: each computed by one
+    thread in one order, so 1, 2 or 3 threads give the same bits; the recomputing apply gives forward's y."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 3 + 5).astype(np.float32)
+    w, b = rng.standard_normal(shape[1]).astype(np.float32), rng.standard_normal(shape[1]).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    assert x.size >= cpu_jit.PARALLEL_MIN
+    got = _on_threads(monkeypatch, lambda: _layernorm(x, w, b, dy))
+    _same_bits(got)
+    assert got[1]["apply"].tobytes() == got[1]["y"].tobytes()
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_embedding_gradient_is_numpy_add_at_bit_for_bit_on_any_threads(dtype, monkeypatch):
+    """The compiled gradient sums each table row's deltas in row order from zero, as `np.add.at` does: the same
+    bits, on any thread count, with many repeats of some indices and rows never picked (zeros, whatever was
+    in the gradient before)."""
+    from minidl.backend.cpu import seq_jit
+
+    rng = np.random.default_rng(1)
+    v, c, r = 1000, 96, 700
+    idx = rng.integers(0, v, r).astype(np.int64)
+    idx[::7] = 3  # a token repeated 100 times
+    idx[-1] = v - 1  # the last table row (the last thread's range)
+    dy = rng.standard_normal((r, c)).astype(dtype)
+    expect = np.zeros((v, c), dtype)
+    np.add.at(expect, idx, dy)
+    assert seq_jit.embedding_backward_parallel is not None  # the compiled twin runs below
+
+    def run():
+        dw = np.full((v, c), np.nan, dtype)
+        CPUBackend().embedding_backward(idx, dy, dw)
+        return {"dw": dw}
+    got = _on_threads(monkeypatch, run)
+    _same_bits(got)
+    assert got[1]["dw"].tobytes() == expect.tobytes()
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("ignore", [None, -100])
+def test_cross_entropy_same_bits_on_any_threads(ignore, monkeypatch):
+    """Rows to the threads, each row's sums in one thread, the mean over rows summed after them in row order."""
+    rng = np.random.default_rng(2)
+    logits = (rng.standard_normal((96, 5003)) * 4).astype(np.float32)
+    labels = rng.integers(0, 5003, 96).astype(np.int64)
+    if ignore is not None:
+        labels[::5] = ignore
+    got = _on_threads(monkeypatch, lambda: _xent(logits, labels, ignore))
+    _same_bits(got)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ignore", [None, -100])
+def test_cross_entropy_compiled_matches_the_numpy_passes(dtype, ignore, monkeypatch):
+    """The numpy fallback (numba missing) and the compiled kernels compute the same loss and gradient, to a few
+    roundings; with a row whose logits span past float32's exp range (its small probabilities underflow to 0)."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((40, 777)) * 5).astype(dtype)
+    logits[3, :10] = -200  # exp(-200 - max) is 0 in float32 (subnormal or less)
+    labels = rng.integers(0, 777, 40).astype(np.int64)
+    if ignore is not None:
+        labels[1::4] = ignore
+    jit = _xent(logits, labels, ignore)
+    monkeypatch.setattr(cpu_backend, "loss_kernels", lambda: None)
+    plain = _xent(logits, labels, ignore)
+    tol = dict(rtol=2e-6, atol=1e-9) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-16)
+    for k in jit:
+        np.testing.assert_allclose(jit[k], plain[k], **tol)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_cross_entropy_row_with_nan_or_inf_gives_nan(bad):
+    """A NaN or +inf logit makes its row's loss NaN, hence the mean (PyTorch's result), and its gradient NaN:
+    what the divergence guard looks for. Other rows' gradients stay finite."""
+    logits = np.random.default_rng(4).standard_normal((6, 300)).astype(np.float32)
+    logits[2, 17] = bad
+    labels = np.arange(6, dtype=np.int64)
+    out = _xent(logits, labels, None)
+    assert np.isnan(out["loss"])
+    assert np.isnan(out["dlogits"][2]).all()
+    assert np.isfinite(np.delete(out["dlogits"], 2, axis=0)).all()
+
+
+def test_cross_entropy_keeps_its_scratch_small():
+    """The backend's rule: kernels allocate only a small bounded scratch outside the pool. The loss over a
+    (512, 8192) float32 logits tensor (16 MiB) allocates a row or two per thread, not tensor-sized temporaries
+    (the numpy passes made two or three)."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((512, 8192)).astype(np.float32)
+    labels = rng.integers(0, 8192, 512).astype(np.int64)
+    loss, dlogits = np.empty((), np.float32), np.empty_like(logits)
+    be = CPUBackend()
+    be.softmax_xent_ignore_forward(logits, labels, loss, -100)  # compiled before measuring
+    tracemalloc.start()
+    try:
+        be.softmax_xent_ignore_forward(logits, labels, loss, -100)
+        be.softmax_xent_ignore_backward(logits, labels, np.array(1.0, np.float32), dlogits, -100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < logits.nbytes // 16, peak
+
+
+def test_exp32_within_two_ulp_and_zero_below_its_range():
+    """The loss's float32 exp against float64's exp rounded to float32, on every 97th float32 in [-87.3, 0]
+    (~11M values) and at the ends: within 2 ulp; exp(0) = 1 exactly; 0 below the range, for -inf too."""
+    from minidl.backend.cpu import loss_jit
+
+    lo = np.float32(loss_jit._EXP_LO)
+    # float32 values in [lo, 0]: negative floats' bit patterns run from -0.0 (0x80000000) up to lo's
+    bits = np.arange(np.float32(-0.0).view(np.uint32), lo.view(np.uint32) + 1, 97, dtype=np.uint32)
+    a = np.concatenate([bits.view(np.float32), [lo, np.float32(-0.0), np.float32(0.0)]])
+    got = np.empty_like(a)
+    loss_jit._exp_shifted(a, np.float32(0.0), got)
+    want = np.exp(a.astype(np.float64))
+    ulp = np.spacing(want.astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got - want) / ulp) <= 2.0
+    assert got[-1] == 1.0 and got[-2] == 1.0
+    below = np.array([np.nextafter(lo, np.float32(-np.inf)), -100, -1e30, -np.inf], np.float32)
+    out = np.empty_like(below)
+    loss_jit._exp_shifted(below, np.float32(0.0), out)
+    assert (out == 0).all()
