@@ -285,3 +285,37 @@ def test_compress_trains_the_zoo_gpt2_close_to_none_and_the_executor_peak_is_the
     assert any(ev.kind is EventKind.COMPRESS for sp in sess.plan.steps for ev in sp.before + sp.after)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-2)
     assert sess.executor.pool.peak == sess.plan.peak_bytes < ref.plan.peak_bytes
+
+
+def test_a_packed_route_keeps_one_micro_batchs_scores_at_a_time():
+    """On Harmony's route the pack's re-forward writes the attention scores into a tensor of its own, read by the
+    micro-batch's backward right after: no micro-batch's scores live from the forward into backward (kept from the
+    forward, every micro-batch's would be: the whole batch's, whatever the count). Same bits as `none` on the same
+    micro-batches."""
+    from minidl.core.tensors import Role
+    from minidl.memory.liveness import analyze
+
+    net = _tiny_gpt()
+    route = net.route(optimizer_slots=("momentum",), micro_batches=2, packs=[[n.name] for n in net.layer_nodes])
+    iv = analyze(route)
+    scores = [t for t in route.tensors if t.startswith("aux:") and ".attn.probs" in t]
+    assert sorted(scores) == [f"aux:h{i}.attn.probs@{m}r" for i in range(2) for m in range(2)]
+    assert all(iv[t].first >= route.turn for t in scores)
+    assert all(iv[t].last - iv[t].first == 1 for t in scores)   # written by the re-forward, read by the backward
+    assert all(route.tensors[t].role is Role.AUX for t in scores)
+
+    def run(policy, budget=None):
+        sess = Session(_tiny_gpt(), SGD(lr=0.1, momentum=0.9), policy=policy, budget=budget, seed=1, micro_batches=2)
+        rng = np.random.default_rng(2)
+        losses = []
+        for _ in range(2):
+            x = rng.integers(0, 40, (4, 17))
+            losses.append(sess.executor.train_step(x[:, :-1].copy(), x[:, 1:].copy()))
+        return sess, losses
+
+    ref, ref_losses = run("none")
+    got, losses = run("packs", int(ref.plan.peak_bytes * 0.5))
+    assert losses == ref_losses and got.executor.pool.peak == got.plan.peak_bytes
+    want, have = ref.executor.state_dict(), got.executor.state_dict()
+    for k in want:
+        assert np.array_equal(want[k], have[k]), k

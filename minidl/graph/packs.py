@@ -11,8 +11,10 @@ So a pack's weights are used in one block of consecutive steps in forward and on
 the weights decision (`memory/decisions/weights.py`) brings them in once per block. Between its forward and
 its backward a micro-batch keeps only the pack's *inputs* (the stash: tensors produced outside the pack that its
 layers read, plus BN's per-micro-batch statistics); every activation inside a pack is produced again by the
-re-forward, into tensors of their own (`act:X@<m>r`), so liveness frees the forward's copies at once. The
-stash is an ordinary activation: the tensor cache may offload it like any other.
+re-forward, into tensors of their own (`act:X@<m>r`), so liveness frees the forward's copies at once. So are
+attention's scores (a layer's `rebuildable_aux`): the forward does not keep them, the re-forward writes them
+(`aux:X.probs@<m>r`) for the micro-batch's backward right after, so one micro-batch's B H T^2 values are live at a
+time, not the whole batch's. The stash is an ordinary activation: the tensor cache may offload it like any other.
 
 Rules the code keeps:
 - Tensor ids: a micro-batch's activations, deltas, BN statistics and workspaces carry `@m`; the re-forward's

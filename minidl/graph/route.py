@@ -405,13 +405,25 @@ class _RouteBuilder:
             writes += [param_id(n.name, p) for p, s in n.params.items() if not s.trainable]
             if m == 0:  # on the network's own (whole-batch) shapes, as a plain route would check it
                 layer.check_training([self.nodes[i].shape for i in n.inputs])
-            # written by the training forward even when no backward reads them (BN on the data)
+            # written by the training forward even when no backward reads them (BN on the data); on a packed
+            # route, a rebuildable one (attention's scores) is left to the pack's re-forward (below)
             self.aux[n.index, m] = [(aux_id(n.name, a), self.add(self.micro(aux_id(n.name, a), m), Role.AUX, shape,
                                                                  net.dtype, n.name))
-                                    for a, shape in layer.aux_specs(ins, training=True).items()]
+                                    for a, shape in layer.aux_specs(ins, training=True).items()
+                                    if not (self.packed and a in layer.rebuildable_aux)]
         for canonical, tid in self.aux.get((n.index, m), []) if self.training else ():
             rename[canonical] = tid
             (reads if again else writes).append(tid)
+        if again:
+            # The re-forward computes the scores anyway: it writes them into a tensor of its own, which the
+            # micro-batch's backward reads right after, so one micro-batch's scores are live at a time (kept from
+            # the forward, every micro-batch's would be: the whole batch's, which micro-batching is meant to cut)
+            for a, shape in layer.aux_specs(ins, training=True).items():
+                if a in layer.rebuildable_aux:
+                    tid = rename[aux_id(n.name, a)] = self.add(self.micro(aux_id(n.name, a), m, again=True),
+                                                               Role.AUX, shape, net.dtype, n.name)
+                    writes.append(tid)
+                    self.aux[n.index, m].append((aux_id(n.name, a), tid))
         opts = layer.workspace_options("fwd", ins, out_shape, net.dtype.itemsize, backend=self.backend)
         ws = self.add(self.micro(workspace_id(n.name, "rfwd" if again else "fwd"), m), Role.WORKSPACE, (0,),
                       np.uint8, n.name) if opts else None

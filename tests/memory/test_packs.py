@@ -223,3 +223,24 @@ def test_evaluate_on_accumulated_micro_batches_matches_the_packed_route_bit_for_
     packed = train(plain_net(), "packs", 2, steps=1)
     assert acc.plan.route.packing.schedule == "accumulate" and packed.plan.route.packing.schedule == "packs"
     assert acc.evaluate(data) == packed.evaluate(data)
+
+
+def tiny_gpt(batch=4):
+    return build_model("gpt2", layers=2, heads=2, width=16, seq=16, batch=batch, num_classes=40)
+
+
+@pytest.mark.parametrize("M", [1, 2, 4])
+def test_grad_spans_from_one_pass_are_the_per_gradient_scan(M):
+    """The weights decision's gradient spans, from one pass over the route, are what the scan per gradient gave
+    (on a tied GPT: the head's contribution is added into the embedding's gradient)."""
+    from minidl.graph.route import Phase
+    from minidl.memory.decisions.weights import grad_spans
+
+    net = tiny_gpt()
+    route = net.route(optimizer_slots=("momentum",), fused_update=True, micro_batches=M,
+                      packs=None if M == 1 else [[n.name] for n in net.layer_nodes])
+    grads = [t for t, s in route.tensors.items() if s.role is Role.GRADIENT]
+    for tid in grads:
+        ks = [s.index for s in route.steps if s.phase is Phase.BACKWARD
+              and (tid in s.writes or any(a.into == tid for a in s.accumulate))]
+        assert grad_spans(route)[tid] == (ks[0], ks[-1]), tid

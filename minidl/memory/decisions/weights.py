@@ -65,7 +65,14 @@ def layer_candidates(route: Route) -> list[str]:
 
 
 def _uses(route: Route) -> dict[str, list[tuple[int, bool]]]:
-    """(step, writes it) for every use of every persistent tensor, in step order."""
+    """(step, writes it) for every use of every persistent tensor, in step order. A function of the route alone:
+    computed once per route (the weights search builds a schedule per trial on the same route)."""
+    if "persistent_uses" not in route.memo:
+        route.memo["persistent_uses"] = _persistent_uses(route)
+    return route.memo["persistent_uses"]
+
+
+def _persistent_uses(route: Route) -> dict[str, list[tuple[int, bool]]]:
     out: dict[str, list[tuple[int, bool]]] = {}
     for step in route.steps:
         touched = dict.fromkeys(step.reads, False)
@@ -148,9 +155,21 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
 
 def grad_span(route: Route, tid: str) -> tuple[int, int]:
     """The first and last backward step that write gradient `tid` or add a micro-batch's part into it."""
-    ks = [s.index for s in route.steps if s.phase is Phase.BACKWARD
-          and (tid in s.writes or any(a.into == tid for a in s.accumulate))]
-    return ks[0], ks[-1]
+    return grad_spans(route)[tid]
+
+
+def grad_spans(route: Route) -> dict[str, tuple[int, int]]:
+    """`grad_span` of every gradient, from one pass over the backward steps (once per route: a pass per gradient
+    was quadratic in the route's length, minutes on a micro-batched GPT-2 XL)."""
+    if "grad_spans" not in route.memo:
+        spans: dict[str, tuple[int, int]] = {}
+        for s in route.steps:
+            if s.phase is not Phase.BACKWARD:
+                continue
+            for tid in [t for t in s.writes if route.tensors[t].role is Role.GRADIENT] + [a.into for a in s.accumulate]:
+                spans[tid] = (spans[tid][0] if tid in spans else s.index, s.index)
+        route.memo["grad_spans"] = spans
+    return route.memo["grad_spans"]
 
 
 def host_homed(plan: Plan) -> set[str]:
