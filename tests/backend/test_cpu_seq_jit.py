@@ -1,6 +1,7 @@
-"""The compiled sequence-model kernels of the CPU backend (minidl/backend/cpu/seq_jit.py, loss_jit.py): layer
-norm, the embedding gradient and softmax cross-entropy give the same bits on any thread count, agree with their
-numpy twins, keep their scratch small, and the float32 exp the loss uses is within 2 ulp of the true value.
+"""The compiled sequence-model kernels of the CPU backend (minidl/backend/cpu/seq_jit.py, loss_jit.py,
+rowmath_jit.py): layer norm, GELU, the embedding gradient and softmax cross-entropy give the same bits on any
+thread count, agree with their numpy twins, keep their scratch small; the float32 exp the loss uses is within
+2 ulp of the true value, the float32 tanh the GELU uses within a few ulp of 1.
 (Layer-level checks against PyTorch are in tests/layers/test_sequence_layers.py.)"""
 from __future__ import annotations
 
@@ -164,9 +165,9 @@ def test_cross_entropy_keeps_its_scratch_small():
 def test_exp32_within_two_ulp_and_zero_below_its_range():
     """The loss's float32 exp against float64's exp rounded to float32, on every 97th float32 in [-87.3, 0]
     (~11M values) and at the ends: within 2 ulp; exp(0) = 1 exactly; 0 below the range, for -inf too."""
-    from minidl.backend.cpu import loss_jit
+    from minidl.backend.cpu import loss_jit, rowmath_jit
 
-    lo = np.float32(loss_jit._EXP_LO)
+    lo = np.float32(rowmath_jit._EXP_LO)
     # float32 values in [lo, 0]: negative floats' bit patterns run from -0.0 (0x80000000) up to lo's
     bits = np.arange(np.float32(-0.0).view(np.uint32), lo.view(np.uint32) + 1, 97, dtype=np.uint32)
     a = np.concatenate([bits.view(np.float32), [lo, np.float32(-0.0), np.float32(0.0)]])
@@ -180,3 +181,46 @@ def test_exp32_within_two_ulp_and_zero_below_its_range():
     out = np.empty_like(below)
     loss_jit._exp_shifted(below, np.float32(0.0), out)
     assert (out == 0).all()
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_same_bits_on_any_threads(approximate, monkeypatch):
+    """Elementwise, cut into one piece per thread: the same bits on 1, 2 or 3 threads."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((300, 1001)) * 4).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+
+    def run():
+        be, y, dx = CPUBackend(), np.empty_like(x), np.empty_like(x)
+        be.gelu_forward(x, y, approximate)
+        be.gelu_backward(x, dy, dx, approximate)
+        return {"y": y, "dx": dx}
+    _same_bits(_on_threads(monkeypatch, run))
+
+
+def test_tanh32_within_a_few_ulp_of_one_and_odd():
+    """The GELU's float32 tanh against float64's on ~3300 float32s spread over [0, 20] (every 2^18-th) and their
+    negatives: within 3 float32 ulps of 1 (the GELU reads 1 + tanh), exactly odd, 0 at 0, +-1 far out."""
+    from minidl.backend.cpu import seq_jit
+
+    pos = np.arange(0, np.float32(20).view(np.uint32), 1 << 18, dtype=np.uint32).view(np.float32)
+    got = np.array([seq_jit._tanh32(v) for v in pos], np.float32)
+    neg = np.array([seq_jit._tanh32(-v) for v in pos], np.float32)
+    assert np.max(np.abs(got - np.tanh(pos.astype(np.float64)))) <= 3 * np.spacing(np.float32(1))
+    assert (neg == -got).all()
+    assert seq_jit._tanh32(np.float32(0)) == 0
+    assert seq_jit._tanh32(np.float32(50)) == 1 and seq_jit._tanh32(np.float32(-np.inf)) == -1
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_of_nan_is_nan(approximate):
+    """A NaN input stays NaN through forward and backward (the divergence guard looks for it)."""
+    x = np.full(70000, np.nan, np.float32)  # large enough for the threaded twin
+    x[::2] = 1.0
+    y, dx = np.empty_like(x), np.empty_like(x)
+    be = CPUBackend()
+    be.gelu_forward(x, y, approximate)
+    be.gelu_backward(x, np.ones_like(x), dx, approximate)
+    assert np.isnan(y[1::2]).all() and np.isnan(dx[1::2]).all()
+    assert np.isfinite(y[::2]).all() and np.isfinite(dx[::2]).all()

@@ -9,14 +9,10 @@ or straight in the gradient (backward), and rows split over the threads.
 
 Rules (Note [cross-entropy on threads]):
 - a row's max, sum and loss are computed by one thread, in an order fixed by the row's length alone
-  (`seq_jit._sum`'s lanes); the mean over rows is summed in row order by one thread after the rows are done: so
-  the bits never depend on the thread count;
-- exp of a float32 value is `_exp32` below, written in float32 operations (Cephes' `expf`: a reduction by
-  multiples of ln 2, a degree-6 polynomial, a power of two built from its bits), so that the loop vectorizes
-  (numba has no vector exp without Intel's SVML, and the C library's scalar `expf` cost ~3 ns a value here
-  against ~0.3 for numpy's) and gives the same bits on any x86-64 CPU (nothing fastmath: no reordering, no
-  fused multiply-add). Within 2 ulp of the true value on [-87.3, 0], the only range it is called on
-  (x - max <= 0); below it, 0 (the true value is subnormal there, < 1.2e-38). float64 logits use `math.exp`;
+  (`rowmath_jit._sum`'s lanes); the mean over rows is summed in row order by one thread after the rows are
+  done: so the bits never depend on the thread count;
+- exp of a float32 value is `rowmath_jit._exp32` (plain IEEE float32 operations that vectorize: the same bits
+  on any x86-64 CPU), called on x - max <= 0 only; float64 logits use `math.exp`;
 - a row with a NaN or +inf logit, or a label outside [0, classes) that is not ignored, gets a NaN loss and NaN
   gradients (PyTorch's NaN, without reading outside the row): the divergence guard sees it.
 
@@ -29,82 +25,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
 from numba import prange
-from numba.core import types
-from numba.extending import intrinsic
 
 from ...core.jit_cache import njit
-from .seq_jit import _sum
+from .rowmath_jit import _exp32, _from_order_key, _order_key, _sum
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 _INF = math.inf
-
-# Cephes' expf (float32): exp(a) = 2^n exp(r), n = round(a log2 e), r = a - n ln 2 (ln 2 in two parts).
-_EXP_LO = np.float32(-87.33654)         # ~ln of float32's smallest normal: below it, exp is 0 here
-_LOG2E = np.float32(1.44269504088896341)
-_LN2_HI = np.float32(0.693359375)       # ln 2 = _LN2_HI + _LN2_LO, the first exact in few bits
-_LN2_LO = np.float32(-2.12194440e-4)
-_P0, _P1, _P2 = np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3)
-_P3, _P4, _P5 = np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1)
-_HALF, _ONE = np.float32(0.5), np.float32(1.0)
-
-
-@intrinsic
-def _float32_from_bits(typingctx, bits):
-    """The float32 whose bit pattern is the int32 `bits` (an LLVM bitcast: no conversion)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.int32), codegen
-
-
-def _flip(builder, bits, width: int):
-    """bits ^ ((bits >> (width - 1)) & INT_MAX): the map between a float's bits and an integer that orders as
-    the float does (negative floats' magnitude bits reversed); its own inverse."""
-    sign = builder.ashr(bits, ir.Constant(bits.type, width - 1))
-    return builder.xor(bits, builder.and_(sign, ir.Constant(bits.type, (1 << (width - 1)) - 1)))
-
-
-@intrinsic
-def _order_key(typingctx, v):
-    """The integer of v's width that orders as v (float32 -> int32, float64 -> int64): ... < key(-inf) < keys of
-    finite floats < key(+inf) < ..., NaNs outside [key(-inf), key(+inf)] (by their sign bit, either side)."""
-    width = v.bitwidth
-    out = types.int32 if width == 32 else types.int64
-
-    def codegen(context, builder, signature, args):
-        return _flip(builder, builder.bitcast(args[0], ir.IntType(width)), width)
-    return out(v), codegen
-
-
-@intrinsic
-def _from_order_key(typingctx, k, like):
-    """The float (of `like`'s type) whose `_order_key` is k."""
-    width = like.bitwidth
-    ftype = ir.FloatType() if width == 32 else ir.DoubleType()
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(_flip(builder, args[0], width), ftype)
-    return like(k, like), codegen
-
-
-@njit(**_OPTS)
-def _exp32(a):
-    """exp(a) for a float32 a <= 0 (see the module note); 0 below `_EXP_LO`, which also takes -inf and NaN (a
-    NaN's row is marked by its caller)."""
-    lo = not (a >= _EXP_LO)
-    a = _EXP_LO if lo else a
-    n = np.floor(a * _LOG2E + _HALF)
-    r = a - n * _LN2_HI
-    r = r - n * _LN2_LO
-    p = _P0 * r + _P1
-    p = p * r + _P2
-    p = p * r + _P3
-    p = p * r + _P4
-    p = p * r + _P5
-    p = p * (r * r) + r + _ONE
-    e = p * _float32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
-    return np.float32(0.0) if lo else e
 
 
 @njit(**_OPTS)

@@ -1,16 +1,19 @@
-"""Exact GELU, layer norm and the embedding gradient of the CPU backend compiled with numba.
+"""GELU (both forms), layer norm and the embedding gradient of the CPU backend compiled with numba.
 
-Layer norm and the embedding gradient: see the notes above their kernels below. `_sum` (a row's float64 sum in
-an order fixed by its length) is also the loss's (`loss_jit`).
+Layer norm and the embedding gradient: see the notes above their kernels below; the row sums and the float32
+tanh come from `rowmath_jit`.
 
 Exact GELU: compiled because it needs erf, which numpy does not have (numba compiles `math.erf` to the C
-library's); the tanh form runs in numpy (`seq.SeqOps.gelu_forward`), whose vectorized tanh is far faster than a
-compiled scalar loop. Each GELU kernel has a `_parallel` twin that cuts the
-flat array into one piece per worker: elementwise, so the split changes no bits.
+library's). Each GELU kernel has a `_parallel` twin that cuts the flat array into one piece per worker:
+elementwise, so the split changes no bits.
 
-Formulas (PyTorch's `F.gelu`, `approximate='none'`): y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2));
-dy/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi). Each value is computed in float64 and rounded once to
-the array's dtype. The arrays are C-contiguous, of one dtype: the caller falls back to numpy for anything else.
+Formulas (PyTorch's `F.gelu`): exact, y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); dy/dx = Phi(x) + x phi(x),
+phi(x) = exp(-x^2/2) / sqrt(2 pi), each value computed in float64 and rounded once to the array's dtype. tanh,
+y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u)
+sqrt(2/pi) (1 + 3 0.044715 x^2), in the dtype and the operation order of the numpy twins (`seq.SeqOps`), float32
+through `rowmath_jit._tanh32` (vectorized: numba's tanh is the C library's scalar call, ~150x slower than
+numpy's vectorized float32 tanh), float64 through `math.tanh`. The arrays are C-contiguous, of one dtype: the
+caller falls back to numpy for anything else.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import numpy as np
 from numba import prange
 
 from ...core.jit_cache import njit
+from .rowmath_jit import _sum, _tanh32
+from .seq import _SQRT_2_OVER_PI, _TANH_CUBIC
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 _SQRT_HALF = 0.7071067811865476      # 1 / sqrt(2)
@@ -64,6 +69,59 @@ def gelu_exact_backward_parallel(x, dy, dx, workers):
         _backward(x, dy, dx, n * t // workers, n * (t + 1) // workers)
 
 
+_K, _C = _SQRT_2_OVER_PI, _TANH_CUBIC  # the numpy twins' constants
+
+
+@njit(**_OPTS)
+def _tanh_forward(x, y, lo, hi):
+    t = x.dtype.type
+    k, c, one, half = t(_K), t(_C), t(1), t(0.5)
+    if x.itemsize == 4:
+        for i in range(lo, hi):
+            a = x[i]
+            y[i] = (_tanh32((a * a * c + one) * a * k) + one) * a * half
+    else:
+        for i in range(lo, hi):
+            a = x[i]
+            y[i] = (math.tanh((a * a * c + one) * a * k) + one) * a * half
+
+
+@njit(**_OPTS)
+def _tanh_backward(x, dy, dx, lo, hi):
+    t = x.dtype.type
+    k, c3, one, half, halfk = t(_K), t(3 * _C), t(1), t(0.5), t(0.5 * _K)
+    c = t(_C)
+    for i in range(lo, hi):
+        a = x[i]
+        u = (a * a * c + one) * a * k
+        th = _tanh32(u) if x.itemsize == 4 else math.tanh(u)
+        q = (a * a * c3 + one) * a * halfk
+        dx[i] = ((th + one) * half + q * (one - th * th)) * dy[i]
+
+
+@njit(**_OPTS)
+def gelu_tanh_forward(x, y):
+    _tanh_forward(x, y, 0, x.size)
+
+
+@njit(**_OPTS, parallel=True)
+def gelu_tanh_forward_parallel(x, y, workers):
+    n = x.size
+    for t in prange(workers):
+        _tanh_forward(x, y, n * t // workers, n * (t + 1) // workers)
+
+
+@njit(**_OPTS)
+def gelu_tanh_backward(x, dy, dx):
+    _tanh_backward(x, dy, dx, 0, x.size)
+
+
+@njit(**_OPTS, parallel=True)
+def gelu_tanh_backward_parallel(x, dy, dx, workers):
+    n = x.size
+    for t in prange(workers):
+        _tanh_backward(x, dy, dx, n * t // workers, n * (t + 1) // workers)
+
 # -- layer norm over rows ---------------------------------------------------------------------------------------------
 # Note [layer norm on threads]
 # Rules: each row's statistics and dx are computed by one thread; each column's weight and bias sums by one
@@ -80,29 +138,6 @@ def gelu_exact_backward_parallel(x, dy, dx, workers):
 # Measured at GPT-2 small's shape ((512, 768) float32), one thread's CPU time: forward 0.45 -> 0.12 ms, backward
 # 0.48 -> 0.21 ms against the one-running-sum kernels this replaced; a second thread takes half the rows.
 
-_LANES = 64  # partial sums per row: 8 float64 vectors of AVX-512 (16 of AVX2); 8 lanes did not vectorize
-
-
-@njit(**_OPTS)
-def _sum(a):
-    """The sum of the 1-D a in float64, in the lane order of the note above: lane l adds a[l], a[l + 64], ...
-    in order; lanes l and l + w are added for w = 32, 16, ..., 1; then the tail past the last whole block, in
-    order."""
-    n = a.shape[0]
-    whole = n - n % _LANES
-    acc = np.zeros(_LANES)
-    for j in range(0, whole, _LANES):
-        for lane in range(_LANES):
-            acc[lane] += a[j + lane]
-    w = _LANES
-    while w > 1:
-        w //= 2
-        for lane in range(w):
-            acc[lane] = acc[lane] + acc[lane + w]
-    s = acc[0]
-    for j in range(whole, n):
-        s += a[j]
-    return s
 
 
 @njit(**_OPTS)
