@@ -224,3 +224,23 @@ def test_gelu_of_nan_is_nan(approximate):
     be.gelu_backward(x, np.ones_like(x), dx, approximate)
     assert np.isnan(y[1::2]).all() and np.isnan(dx[1::2]).all()
     assert np.isfinite(y[::2]).all() and np.isfinite(dx[::2]).all()
+
+
+@pytest.mark.bits
+def test_softmax_same_bits_on_any_threads_and_nan_rows(monkeypatch):
+    """Rows to the threads, each row's max and sum in one thread: the same bits on 1, 2 or 3 threads; a row
+    with a NaN or +inf gets NaNs (numpy's result), the other rows do not."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((700, 130)) * 3).astype(np.float32)
+    x[5, 7], x[9, 0] = np.nan, np.inf
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+
+    def run():
+        be, y, dx = CPUBackend(), np.empty_like(x), np.empty_like(x)
+        be.softmax_forward(x, y)
+        be.softmax_backward(y, dy, dx)
+        return {"y": y, "dx": dx}
+    got = _on_threads(monkeypatch, run)
+    _same_bits(got)
+    y = got[1]["y"]
+    assert np.isnan(y[[5, 9]]).all() and np.isfinite(np.delete(y, [5, 9], axis=0)).all()

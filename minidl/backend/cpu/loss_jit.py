@@ -28,42 +28,15 @@ import numpy as np
 from numba import prange
 
 from ...core.jit_cache import njit
-from .rowmath_jit import _exp32, _from_order_key, _order_key, _sum
+from .rowmath_jit import _LANES, _exp_shifted, _row_max, _sum
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
-_INF = math.inf
-
-
-@njit(**_OPTS)
-def _row_max(x):
-    """(the max of the 1-D x, whether x holds a NaN or +inf). As integer max and min of `_order_key`s: they
-    vectorize (a float max reduction does not without fastmath) and see NaNs; exact whatever the order."""
-    inf = x.dtype.type(_INF)
-    hi = lo = _order_key(-inf)
-    for j in range(x.shape[0]):
-        k = _order_key(x[j])
-        hi = max(hi, k)
-        lo = min(lo, k)
-    return _from_order_key(hi, inf), hi >= _order_key(inf) or lo < _order_key(-inf)
-
-
-@njit(**_OPTS)
-def _exp_shifted(x, m, e):
-    """e = exp(x - m) elementwise (x - m in x's dtype), e of x's dtype."""
-    if x.itemsize == 4:
-        for j in range(x.shape[0]):
-            e[j] = _exp32(np.float32(x[j] - m))
-    else:
-        for j in range(x.shape[0]):
-            e[j] = math.exp(x[j] - m)
-
-
 @njit(**_OPTS)
 def _forward_rows(logits, labels, ignore, has_ignore, losses, lo, hi):
     """losses[i] for rows [lo, hi): log(sum exp(x - max)) - (x[label] - max), in float64; 0 for an ignored
     row; NaN for a row with a NaN or +inf logit or a label outside the row."""
     k = logits.shape[1]
-    e = np.empty(k, logits.dtype)  # one row of exponentials (scratch)
+    e, acc = np.empty(k, logits.dtype), np.empty(_LANES)  # one row of exponentials, the sum's lanes (scratch)
     for i in range(lo, hi):
         lab = labels[i]
         if has_ignore and lab == ignore:
@@ -75,7 +48,7 @@ def _forward_rows(logits, labels, ignore, has_ignore, losses, lo, hi):
             losses[i] = np.nan
             continue
         _exp_shifted(x, m, e)
-        losses[i] = math.log(_sum(e)) - float(x[lab] - m)
+        losses[i] = math.log(_sum(e, acc)) - float(x[lab] - m)
 
 
 @njit(**_OPTS)
@@ -110,6 +83,7 @@ def xent_forward_parallel(logits, labels, ignore, has_ignore, losses, workers):
 def _backward_rows(logits, labels, ignore, has_ignore, scale, dlogits, lo, hi):
     """dlogits rows [lo, hi): (softmax - onehot(label)) * scale; zeros on an ignored row, NaN on a bad one."""
     k = logits.shape[1]
+    acc = np.empty(_LANES)  # the sum's lanes (scratch)
     for i in range(lo, hi):
         d = dlogits[i]
         lab = labels[i]
@@ -122,7 +96,7 @@ def _backward_rows(logits, labels, ignore, has_ignore, scale, dlogits, lo, hi):
             d[:] = np.nan
             continue
         _exp_shifted(x, m, d)
-        inv = 1.0 / _sum(d)
+        inv = 1.0 / _sum(d, acc)
         e_lab = float(d[lab])
         for j in range(k):
             d[j] = float(d[j]) * inv * scale

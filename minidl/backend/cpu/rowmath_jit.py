@@ -11,9 +11,12 @@ so that their bits depend neither on the thread count nor on the CPU's vector wi
   there, < 1.2e-38), for -inf and NaN too (callers that must see a NaN check for it themselves).
 - `_tanh32`: tanh from `_exp32`, for the tanh GELU.
 - `_order_key` / `_from_order_key`: a float's bits as an integer that orders as the float does, so that a row's
-  max is an integer max (which vectorizes; a float max reduction does not without fastmath) and NaNs show.
+  max (`_row_max`) is an integer max (which vectorizes; a float max reduction does not without fastmath) and
+  NaNs show; `_exp_shifted`: a row's exp(x - max), for the loss and the softmax.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from llvmlite import ir
@@ -23,17 +26,19 @@ from numba.extending import intrinsic
 from ...core.jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
+_INF = math.inf
 _LANES = 64  # partial sums per row: 8 float64 vectors of AVX-512 (16 of AVX2); 8 lanes did not vectorize
 
 
 @njit(**_OPTS)
-def _sum(a):
+def _sum(a, acc):
     """The sum of the 1-D a in float64, in the lane order of the note above: lane l adds a[l], a[l + 64], ...
     in order; lanes l and l + w are added for w = 32, 16, ..., 1; then the tail past the last whole block, in
-    order."""
+    order. `acc`: `_LANES` float64 of the caller's scratch (allocated once per piece of rows: an allocation
+    per call cost more than a short row's sum)."""
     n = a.shape[0]
     whole = n - n % _LANES
-    acc = np.zeros(_LANES)
+    acc[:] = 0.0
     for j in range(0, whole, _LANES):
         for lane in range(_LANES):
             acc[lane] += a[j + lane]
@@ -127,3 +132,25 @@ def _tanh32(u):
     return -r if neg else r
 
 
+@njit(**_OPTS)
+def _row_max(x):
+    """(the max of the 1-D x, whether x holds a NaN or +inf). As integer max and min of `_order_key`s: they
+    vectorize (a float max reduction does not without fastmath) and see NaNs; exact whatever the order."""
+    inf = x.dtype.type(_INF)
+    hi = lo = _order_key(-inf)
+    for j in range(x.shape[0]):
+        k = _order_key(x[j])
+        hi = max(hi, k)
+        lo = min(lo, k)
+    return _from_order_key(hi, inf), hi >= _order_key(inf) or lo < _order_key(-inf)
+
+
+@njit(**_OPTS)
+def _exp_shifted(x, m, e):
+    """e = exp(x - m) elementwise (x - m in x's dtype), e of x's dtype."""
+    if x.itemsize == 4:
+        for j in range(x.shape[0]):
+            e[j] = _exp32(np.float32(x[j] - m))
+    else:
+        for j in range(x.shape[0]):
+            e[j] = math.exp(x[j] - m)

@@ -236,8 +236,18 @@ class SeqOps:
             np.sum(dy, axis=0, out=dw[:t])
 
     # -- softmax over the last axis ------------------------------------------------------------------------------
+    # Compiled where numba loads (`seq_jit`: one pass a step over a row in cache, rows over the threads); the
+    # numpy passes below are the fallback. Attention's probabilities run the same kernels, per sample.
     def softmax_forward(self, x: np.ndarray, y: np.ndarray) -> None:
         """y = exp(x - max) / sum(exp(x - max)) per row of (R, C)."""
+        jit = seq_kernels()
+        if jit is not None and _flat(x, y):
+            workers = workers_for(x.size)
+            if workers > 1:
+                jit.softmax_rows_parallel(x, y, 1.0, False, workers)
+            else:
+                jit.softmax_rows(x, y, 1.0, False)
+            return
         for s in _rows(x.shape[0], x.shape[1]):
             ys = y[s]
             np.subtract(x[s], x[s].max(axis=1, keepdims=True), out=ys)
@@ -246,6 +256,14 @@ class SeqOps:
 
     def softmax_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
         """dx = y (dy - sum(dy y)) per row: reads the output only."""
+        jit = seq_kernels()
+        if jit is not None and _flat(y, dy, dx):
+            workers = workers_for(y.size)
+            if workers > 1:
+                jit.softmax_backward_rows_parallel(y, dy, dx, 1.0, workers)
+            else:
+                jit.softmax_backward_rows(y, dy, dx, 1.0)
+            return
         for s in _rows(y.shape[0], y.shape[1]):
             dot = np.sum(dy[s] * y[s], axis=1, keepdims=True, dtype=y.dtype)
             np.subtract(dy[s], dot, out=dx[s])
@@ -297,6 +315,8 @@ class SeqOps:
                 p = probs[bi]
             np.matmul(p.swapaxes(-1, -2), dy[bi], out=dv[bi])
             ds = np.matmul(dy[bi], v[bi].swapaxes(-1, -2))   # (H, T, T) scratch: one sample's scores
+            # numpy here: the compiled softmax backward (per row, in float64) measured ~4% slower on
+            # GPT-2 small's attention backward than these passes over the sample's block
             ds -= np.sum(ds * p, axis=-1, keepdims=True, dtype=ds.dtype)
             ds *= p
             ds *= q.dtype.type(scale)
@@ -312,8 +332,15 @@ def _causal_mask(t: int, dtype) -> np.ndarray:
 
 
 def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None, p: np.ndarray) -> None:
-    """One sample's attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask) (no mask: every key)."""
+    """One sample's attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask) (no mask: every key);
+    the softmax compiled where numba loads (`seq_jit.softmax_rows`, causal where a mask is given: the mask is
+    always the causal one): measured at GPT-2 small (one thread) the attention forward 3.1-3.3 -> 2.75 ms."""
     np.matmul(q, k.swapaxes(-1, -2), out=p)
+    jit = seq_kernels()
+    if jit is not None and _flat(p):
+        rows = p.reshape(-1, p.shape[-1])
+        jit.softmax_rows(rows, rows, float(scale), mask is not None)
+        return
     p *= q.dtype.type(scale)
     if mask is not None:
         p += mask

@@ -23,7 +23,7 @@ import numpy as np
 from numba import prange
 
 from ...core.jit_cache import njit
-from .rowmath_jit import _sum, _tanh32
+from .rowmath_jit import _LANES, _exp_shifted, _row_max, _sum, _tanh32
 from .seq import _SQRT_2_OVER_PI, _TANH_CUBIC
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
@@ -156,15 +156,15 @@ def _ln_apply_row(x, w, b, has_w, has_b, m, r, y):
 @njit(**_OPTS)
 def _ln_forward_rows(x, w, b, has_w, has_b, y, mean, rstd, eps, lo, hi):
     c = x.shape[1]
-    sq = np.empty(c)  # one row of squared deviations (float64 scratch)
+    sq, acc = np.empty(c), np.empty(_LANES)  # one row of squared deviations, the sums' lanes (float64 scratch)
     for i in range(lo, hi):
         xi = x[i]
-        mean[i] = _sum(xi) / c
+        mean[i] = _sum(xi, acc) / c
         m = mean[i]
         for j in range(c):
             d = float(xi[j] - m)  # in the stored dtype, then squared in float64
             sq[j] = d * d
-        rstd[i] = 1.0 / math.sqrt(_sum(sq) / c + eps)
+        rstd[i] = 1.0 / math.sqrt(_sum(sq, acc) / c + eps)
         _ln_apply_row(xi, w, b, has_w, has_b, m, rstd[i], y[i])
 
 
@@ -203,7 +203,7 @@ def _ln_dx_rows(x, w, has_w, dy, mean, rstd, dx, lo, hi):
     """dx for rows [lo, hi): g = dy w, xhat = (x - mean) rstd (float64); c1 = mean of g, c2 = mean of g xhat
     (`_sum` over a row of each, kept in float64 scratch); dx = (g - c1 - xhat c2) rstd, rounded once."""
     c = x.shape[1]
-    gs, hs = np.empty(c), np.empty(c)  # one row of g and of g xhat (2 x C float64)
+    gs, hs, acc = np.empty(c), np.empty(c), np.empty(_LANES)  # one row of g and of g xhat, the sums' lanes
     for i in range(lo, hi):
         m = float(mean[i])
         r = float(rstd[i])
@@ -214,8 +214,8 @@ def _ln_dx_rows(x, w, has_w, dy, mean, rstd, dx, lo, hi):
                 g *= float(w[j])
             gs[j] = g
             hs[j] = g * ((float(xi[j]) - m) * r)
-        c1 = _sum(gs) / c
-        c2 = _sum(hs) / c
+        c1 = _sum(gs, acc) / c
+        c2 = _sum(hs, acc) / c
         for j in range(c):
             di[j] = (gs[j] - c1 - ((float(xi[j]) - m) * r) * c2) * r
 
@@ -283,3 +283,75 @@ def embedding_backward_parallel(idx, dy, dw, workers):
     v = dw.shape[0]
     for t in prange(workers):
         _embedding_backward_rows(idx, dy, dw, v * t // workers, v * (t + 1) // workers)
+
+
+# -- softmax over rows (the Softmax layer's and attention's) ----------------------------------------------------------
+# Rows of (R, T). Attention calls these on one sample's (H*T, T) scores: with `causal`, row r is query r % T and
+# sees the keys 0 .. r % T only (the others get probability 0, exactly). One pass to scale and take the max (as
+# integers: `rowmath_jit._row_max`), one for exp(s - max) (`_exp_shifted`), one for the sum (`_sum`) and one
+# to normalize, over a row in cache, where the numpy passes made six over the sample's whole (H, T, T) block.
+# A row with a NaN or +inf score gets NaNs (numpy's result). Rows are independent: the caller splits samples,
+# never a row.
+
+
+@njit(**_OPTS)
+def _softmax_rows(s, p, scale, causal, lo, hi):
+    """p[r] = softmax(s[r] * scale) over the row's visible entries, 0 past them; s and p may be one array."""
+    t = s.shape[1]
+    sc = s.dtype.type(scale)
+    e, acc = np.empty(t, s.dtype), np.empty(_LANES)  # a row of exponentials (in place, the exp ran ~25x slower)
+    for r in range(lo, hi):
+        n = r % t + 1 if causal else t
+        si, pi = s[r], p[r]
+        for j in range(n):
+            pi[j] = si[j] * sc
+        for j in range(n, t):
+            pi[j] = 0
+        m, bad = _row_max(pi[:n])
+        if bad:
+            pi[:n] = np.nan
+            continue
+        en = e[:n]
+        _exp_shifted(pi[:n], m, en)
+        inv = 1.0 / _sum(en, acc)
+        for j in range(n):
+            pi[j] = float(en[j]) * inv
+
+
+@njit(**_OPTS)
+def softmax_rows(s, p, scale, causal):
+    _softmax_rows(s, p, scale, causal, 0, s.shape[0])
+
+
+@njit(**_OPTS)
+def _softmax_backward_rows(y, dy, dx, scale, lo, hi):
+    """dx[r] = (dy[r] - sum(dy[r] y[r])) * y[r] * scale, in float64 (the sum in `_sum`'s order), rounded once;
+    dx may be dy."""
+    t = y.shape[1]
+    prod, acc = np.empty(t), np.empty(_LANES)  # one row of dy * y, the sum's lanes (float64 scratch)
+    for r in range(lo, hi):
+        yi, gi, di = y[r], dy[r], dx[r]
+        for j in range(t):
+            prod[j] = float(gi[j]) * float(yi[j])
+        dot = _sum(prod, acc)
+        for j in range(t):
+            di[j] = (float(gi[j]) - dot) * float(yi[j]) * scale
+
+
+@njit(**_OPTS)
+def softmax_backward_rows(y, dy, dx, scale):
+    _softmax_backward_rows(y, dy, dx, scale, 0, y.shape[0])
+
+
+@njit(**_OPTS, parallel=True)
+def softmax_rows_parallel(s, p, scale, causal, workers):
+    rows = s.shape[0]
+    for t in prange(workers):
+        _softmax_rows(s, p, scale, causal, rows * t // workers, rows * (t + 1) // workers)
+
+
+@njit(**_OPTS, parallel=True)
+def softmax_backward_rows_parallel(y, dy, dx, scale, workers):
+    rows = y.shape[0]
+    for t in prange(workers):
+        _softmax_backward_rows(y, dy, dx, scale, rows * t // workers, rows * (t + 1) // workers)
