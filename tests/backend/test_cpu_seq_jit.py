@@ -244,3 +244,49 @@ def test_softmax_same_bits_on_any_threads_and_nan_rows(monkeypatch):
     _same_bits(got)
     y = got[1]["y"]
     assert np.isnan(y[[5, 9]]).all() and np.isfinite(np.delete(y, [5, 9], axis=0)).all()
+
+
+def _digests() -> dict[str, str]:
+    """sha256 prefixes of every compiled sequence kernel's outputs on fixed inputs (float32)."""
+    import hashlib
+
+    be, rng, f = CPUBackend(), np.random.default_rng(9), np.float32
+    x = (rng.standard_normal((300, 200)) * 3 + 1).astype(f)
+    w, b = rng.standard_normal(200).astype(f), rng.standard_normal(200).astype(f)
+    out = _layernorm(x, w, b, rng.standard_normal(x.shape).astype(f))
+    logits = (rng.standard_normal((64, 3001)) * 4).astype(f)
+    labels = rng.integers(0, 3001, 64).astype(np.int64)
+    labels[::7] = -100
+    out.update(_xent(logits, labels, -100))
+    g = (rng.standard_normal((100, 999)) * 4).astype(f)
+    out["gelu"], out["gelu_dx"] = np.empty_like(g), np.empty_like(g)
+    be.gelu_forward(g, out["gelu"], "tanh")
+    be.gelu_backward(g, g, out["gelu_dx"], "tanh")
+    s = rng.standard_normal((200, 130)).astype(f)
+    out["softmax"], out["softmax_dx"] = np.empty_like(s), np.empty_like(s)
+    be.softmax_forward(s, out["softmax"])
+    be.softmax_backward(out["softmax"], s, out["softmax_dx"])
+    return {k: hashlib.sha256(v.tobytes()).hexdigest()[:16] for k, v in out.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
+def test_same_bits_when_compiled_for_a_generic_x86_64_cpu():
+    """The kernels' sums run in orders fixed by the shapes, their exp and tanh in plain IEEE operations, nothing
+    fastmath: so numba's code for a generic x86-64 CPU (no AVX, no FMA; compiled in a cache folder of its own)
+    gives the bits of the code for this one. ~1 min: numba compiles the kernels for that CPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "MINIDL_CPU_THREADS": "1",
+           "NUMBA_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"minidl-numba-generic-{os.getuid()}")}
+    env.pop("NUMBA_CPU_FEATURES", None)
+    code = "import json; from tests.backend.test_cpu_seq_jit import _digests; print(json.dumps(_digests()))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == _digests()
