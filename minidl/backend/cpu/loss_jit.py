@@ -5,7 +5,8 @@ Why. A language model's loss reads (B*T, vocabulary) logits: GPT-2 small at batc
 them (103 MB of float32). The numpy kernels (`CoreOps.softmax_xent_*`, the fallback) made three tensor-sized
 temporaries a call (x - max, its exp, a boolean mask) and ran on one thread: ~31 ms forward, ~28 ms backward
 there. Here each row is read once from memory, its exponentials land in a per-thread row of scratch (forward)
-or straight in the gradient (backward), and rows split over the threads.
+or straight in the gradient (backward), and rows split over the threads: one thread's CPU time 32 -> 10 ms
+forward, 28 -> 12 ms backward at that shape.
 
 Rules (Note [cross-entropy on threads]):
 - a row's max, sum and loss are computed by one thread, in an order fixed by the row's length alone
