@@ -244,3 +244,45 @@ def test_grad_spans_from_one_pass_are_the_per_gradient_scan(M):
         ks = [s.index for s in route.steps if s.phase is Phase.BACKWARD
               and (tid in s.writes or any(a.into == tid for a in s.accumulate))]
         assert grad_spans(route)[tid] == (ks[0], ks[-1]), tid
+
+
+def plan_events(plan):
+    return [[(e.kind, e.tensor, e.offset, e.nbytes, e.reason) for e in sp.before + sp.after] for sp in plan.steps]
+
+
+@pytest.mark.parametrize("make", [tiny_gpt, NETS["resnet20"]], ids=["gpt2", "resnet20"])
+def test_the_weights_floor_is_below_every_packings_plan(make):
+    """`weights_floor` (no placement) never exceeds the arena `plan_weights` needs for a packing, fitting or not:
+    `plan_packs` skips a packing on it without changing which packing fits first."""
+    from minidl.memory.decisions.weights import plan_weights, weights_floor
+    from minidl.memory.workspace import workspace_choices
+
+    net = make()
+    for M in (1, 2):
+        for n in (1, 2, 4):
+            route = net.route(optimizer_slots=("momentum",), micro_batches=M, packs=even_packs(net, n))
+            ws = workspace_choices(route)
+            floor = weights_floor(route, ws)
+            assert floor <= plan_weights(route, None, workspace=ws).min_budget_bytes
+            with pytest.raises(dl.BudgetError) as e:
+                plan_weights(route, floor - 512, workspace=ws)
+            assert e.value.min_budget_bytes >= floor
+
+
+@pytest.mark.parametrize("frac", [0.7, 0.5, 0.4])   # fits with 1 and 3 packings skipped; fails, 3 skipped
+def test_packs_skipping_packings_below_their_floor_plans_as_placing_them_all(frac, monkeypatch):
+    """The same plan, event for event, or the same error, as the search that places every packing."""
+    from minidl.memory.schedulers import packs as packs_scheduler
+
+    live = plan_network(tiny_gpt(), SGD(lr=0.1, momentum=0.9), "liveness").peak_bytes
+    budget = int(live * frac)
+
+    def plan():
+        try:
+            return plan_events(plan_network(tiny_gpt(), SGD(lr=0.1, momentum=0.9), "packs", budget))
+        except dl.BudgetError as e:
+            return str(e)
+
+    fast = plan()
+    monkeypatch.setattr(packs_scheduler, "weights_floor", lambda route, ws: 0)   # every packing placed
+    assert plan() == fast

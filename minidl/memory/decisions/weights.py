@@ -225,6 +225,23 @@ def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, works
         return plan(0)  # prefetch each visit just in time: less hiding, less memory
 
 
+def weights_floor(route: Route, workspace) -> int:
+    """A floor under the arena of every plan `plan_weights(route, ...)` can make, found without placing one: the
+    bytes in use at the busiest compute moment (`recompute.compute_peak_lower_bound`) of its most frugal schedule,
+    every candidate layer's weights prefetched just in time and every activation candidate offloaded with the
+    tightest timing. Each plan it can make keeps at least those tensors resident at every step (earlier prefetches,
+    later releases, fewer offloads only add), so a budget below the floor cannot be met: `plan_packs` skips such
+    a packing instead of placing it half a dozen times to find out (each a replay of the whole route)."""
+    from ..planner import liveness_schedule
+    from .offload import find_candidates, offload_schedule, tight_timing
+    from .recompute import compute_peak_lower_bound
+
+    base = weights_schedule(route, liveness_schedule(route, workspace), layer_candidates(route),
+                            host_update=route.fused_update, lead=0)
+    cands = find_candidates(route, base)
+    return compute_peak_lower_bound(route, offload_schedule(route, base, cands, tight_timing(cands)), workspace)
+
+
 def weights_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
     """The `weights` policy (see the table in `memory/policies.py`)."""
     from ..planner import default_workspace

@@ -18,10 +18,13 @@ Limitations: packs are cut by weight bytes only, not by activation sizes; the se
 """
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 from ...core.errors import BudgetError
 from ...graph.packs import even_packs
 from ...graph.route import Phase, Route
-from ..decisions.weights import moved_by_role, plan_weights
+from ..decisions.weights import moved_by_role, plan_weights, weights_floor
 from ..plan import Plan
 from ..pool import align_up, format_bytes
 from ..workspace import workspace_choices
@@ -53,27 +56,34 @@ def step_floor(route: Route) -> int:
 def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None,
                micro_batches: int | None = None) -> Plan:
     """The `packs` plan of `route.network` under `budget` (see the module doc). `micro_batches`: None searches
-    (unless `route` is already a packed route, whose M is kept)."""
+    (unless `route` is already a packed route, whose M is kept).
+
+    A packing whose `weights_floor` (no placement) exceeds the budget is not placed: it cannot fit, so the first
+    packing that fits, and the plan, are those of a search that places every packing. Only when nothing fits are
+    the skipped packings placed, for the smallest budget the error names."""
     net = route.network
     batch = net.input_nodes[0].shape[0]
     if micro_batches is None and route.packing is not None:
         micro_batches = route.micro_batches
     ms = [micro_batches] if micro_batches else [m for m in _powers(batch) if batch % m == 0]
-    floor: tuple[int, str] | None = None
+    failed: list[tuple[str, int | Callable[[], int]]] = []   # (where, the budget it needs, or how to find it out)
     best: tuple[int, int, Plan] | None = None    # (bytes moved, micro-batches, plan)
     for m in ms:
         floor_m = step_floor(route.with_micro_batches(m))
         if budget is not None and floor_m > budget:
-            if floor is None or floor_m < floor[0]:
-                floor = (floor_m, f"{m} micro-batches (one step's own tensors)")
+            failed.append((f"{m} micro-batches (one step's own tensors)", floor_m))
             continue  # one micro-batch's single step does not fit: no packing can help
         for n in _powers(len(net.layer_nodes)):
             r = route.with_micro_batches(m, even_packs(net, n))   # same menu and options (`--paged`)
+            ws = workspace_choices(r, costs)
+            where = f"{m} micro-batches in {n} packs"
+            if budget is not None and weights_floor(r, ws) > budget:
+                failed.append((where, partial(_needs, r, budget, device, ws)))   # cannot fit: not placed
+                continue
             try:
-                plan = plan_weights(r, budget, device, workspace=workspace_choices(r, costs), policy="packs")
+                plan = plan_weights(r, budget, device, workspace=ws, policy="packs")
             except BudgetError as e:
-                if floor is None or e.min_budget_bytes < floor[0]:
-                    floor = (e.min_budget_bytes, f"{m} micro-batches in {n} packs")
+                failed.append((where, e.min_budget_bytes))
                 continue
             moved = moved_by_role(plan)
             if best is None or sum(moved.values()) < best[0]:
@@ -83,10 +93,21 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
             break  # nothing but the weights moves: more micro-batches cannot move less
     if best is not None:
         return best[2]
+    needs = [(need if isinstance(need, int) else need(), where) for where, need in failed]
+    floor = min(needs, key=lambda e: e[0])    # the first of the smallest, in search order
     raise BudgetError(
         f"budget {format_bytes(budget)} ({budget:,} B) is too small for policy 'packs': no micro-batch count in "
         f"{ms} with any packing fits; the smallest budget found is {format_bytes(floor[0])} ({floor[0]:,} B), "
         f"with {floor[1]}", floor[0], floor[1])
+
+
+def _needs(route: Route, budget: int, device: str, ws) -> int:
+    """The smallest budget `plan_weights` names for a packing that does not fit `budget`."""
+    try:
+        plan_weights(route, budget, device, workspace=ws, policy="packs")
+    except BudgetError as e:
+        return e.min_budget_bytes
+    raise AssertionError("a packing above its floor's budget was expected not to fit")   # pragma: no cover
 
 
 def packs_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
