@@ -2,7 +2,9 @@
 
 - `policies`: the table of every memory policy, from `minidl/memory/policies.py` (the table `--help` prints too);
 - `first-run`: how long README command 1 took, from `benchmarks/results/first_command.json`
-  (`python benchmarks/first_command.py` measures it on your machine).
+  (`python benchmarks/first_command.py` measures it on your machine);
+- `plan-scale`: GPT2-XL and BERT-96 planned under `auto` at Harmony's minibatch, from
+  `benchmarks/results/plan_scale.json` (`python benchmarks/plan_scale.py`).
 
     python docs/make_readme.py [--check]
 """
@@ -18,6 +20,7 @@ from generated import ROOT, fill, main, table  # noqa: E402
 SCRIPT = "docs/make_readme.py"
 README = ROOT / "README.md"
 FIRST_COMMAND = ROOT / "benchmarks" / "results" / "first_command.json"
+PLAN_SCALE = ROOT / "benchmarks" / "results" / "plan_scale.json"
 
 
 def policy_table(link_prefix: str = "docs/policies/") -> str:
@@ -53,8 +56,34 @@ def first_run() -> str:
         "`python benchmarks/first_command.py` measures your machine.\n")
 
 
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def plan_scale() -> str:
+    r = json.loads(PLAN_SCALE.read_text())
+    rows, partial = [], False
+    for c in r["cases"]:
+        small = "-"
+        if c["smallest_budget_bytes"] is not None:
+            small = _gb(c["smallest_budget_bytes"]) + ("" if c["search_complete"] else " *")
+            partial |= not c["search_complete"]
+        chosen = c.get("chosen", "-").split(f", {c.get('micro_batches')} micro-batches")[0]
+        rows.append([f"{c['model']} ({c['seq']} tokens)", f"`{c['device']}` ({_gb(c['usable_bytes'])})",
+                     f"{c['planning_s']:.0f} s" if c["fits"] else f"does not fit ({c['planning_s']:.0f} s)",
+                     chosen, str(c.get("micro_batches", "-")), small])
+    note = ("\n\\* the smallest budget that fitted: a planning below it ran past the search's time limit and was "
+            "stopped\nundecided, so the edge may be lower.\n") if partial else ""
+    return (f"Harmony's transformers at its minibatch of {r['batch']}, planned by `auto` on two device profiles\n"
+            f"(`python benchmarks/plan_scale.py`, {r['date']}, {r['machine']}, shared;\nthe smallest budget "
+            f"is bisected to {r['resolution_bytes'] >> 20} MiB, each probe a planning):\n\n"
+            + table(["model", "profile (usable)", "planning", "plan chosen", "micro-batches", "smallest budget"],
+                    rows, "llrlrr") + note)
+
+
 def pages() -> dict[Path, str]:
-    text = fill(README.read_text(), SCRIPT, {"policies": policy_table(), "first-run": first_run()}, "README.md")
+    text = fill(README.read_text(), SCRIPT, {"policies": policy_table(), "first-run": first_run(),
+                                             "plan-scale": plan_scale()}, "README.md")
     return {README: text}
 
 
