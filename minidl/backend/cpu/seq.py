@@ -147,7 +147,7 @@ class SeqOps:
         jit = seq_kernels()
         if jit is not None and _flat(x, y):
             name = "gelu_tanh_forward" if approximate == "tanh" else "gelu_exact_forward"
-            workers = workers_for(xf.size)
+            workers = 1 if approximate == "tanh" else workers_for(xf.size)  # seq_jit: the tanh form stays serial
             if workers > 1:
                 getattr(jit, name + "_parallel")(xf, yf, workers)
             else:
@@ -171,7 +171,7 @@ class SeqOps:
         jit = seq_kernels()
         if jit is not None and _flat(x, dy, dx):
             name = "gelu_tanh_backward" if approximate == "tanh" else "gelu_exact_backward"
-            workers = workers_for(xf.size)
+            workers = 1 if approximate == "tanh" else workers_for(xf.size)  # seq_jit: the tanh form stays serial
             if workers > 1:
                 getattr(jit, name + "_parallel")(xf, dyf, dxf, workers)
             else:

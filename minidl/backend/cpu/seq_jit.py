@@ -4,8 +4,10 @@ Layer norm and the embedding gradient: see the notes above their kernels below; 
 tanh come from `rowmath_jit`.
 
 Exact GELU: compiled because it needs erf, which numpy does not have (numba compiles `math.erf` to the C
-library's). Each GELU kernel has a `_parallel` twin that cuts the flat array into one piece per worker:
-elementwise, so the split changes no bits.
+library's). Each exact GELU kernel has a `_parallel` twin that cuts the flat array into one piece per worker:
+elementwise, so the split changes no bits. The tanh form has none: its serial loop vectorizes and the split
+one did not (GPT-2 small's MLP, 512 x 3072 values, quiet 2-core EPYC: forward 0.74 ms on one thread, 1.12 ms
+on two; the exact form, a scalar erf, 10.7 ms against 5.8).
 
 Formulas (PyTorch's `F.gelu`): exact, y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); dy/dx = Phi(x) + x phi(x),
 phi(x) = exp(-x^2/2) / sqrt(2 pi), each value computed in float64 and rounded once to the array's dtype. tanh,
@@ -104,23 +106,10 @@ def gelu_tanh_forward(x, y):
     _tanh_forward(x, y, 0, x.size)
 
 
-@njit(**_OPTS, parallel=True)
-def gelu_tanh_forward_parallel(x, y, workers):
-    n = x.size
-    for t in prange(workers):
-        _tanh_forward(x, y, n * t // workers, n * (t + 1) // workers)
-
-
 @njit(**_OPTS)
 def gelu_tanh_backward(x, dy, dx):
     _tanh_backward(x, dy, dx, 0, x.size)
 
-
-@njit(**_OPTS, parallel=True)
-def gelu_tanh_backward_parallel(x, dy, dx, workers):
-    n = x.size
-    for t in prange(workers):
-        _tanh_backward(x, dy, dx, n * t // workers, n * (t + 1) // workers)
 
 # -- layer norm over rows ---------------------------------------------------------------------------------------------
 # Note [layer norm on threads]
