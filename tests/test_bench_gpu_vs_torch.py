@@ -3,10 +3,8 @@ that frees values, the checkpoint_sequential segments of a DAG) computes the twi
 CPU. Its figures need a GPU (issue 19)."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,16 +15,13 @@ from minidl.models import build_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.runtime.session import Session  # noqa: E402
 from minidl.testing_torch import TorchTwin  # noqa: E402
+from tests import bench_scripts  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_vs_torch.py"
+SCRIPT = bench_scripts.script("gpu_vs_torch")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_vs_torch", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_vs_torch"] = mod   # dataclasses resolve their module's annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_scripts.load("gpu_vs_torch")
 
 
 def test_refuses_cleanly_without_a_gpu():

@@ -2,18 +2,13 @@
 re-measures some rows of the results file and keeps the others as they are."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_table.py"
+from tests import bench_scripts
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("memory_table", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_scripts.load("memory_table")
 
 
 def test_merge_replaces_the_rows_it_measures_and_keeps_the_others(tmp_path):

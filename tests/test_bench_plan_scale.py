@@ -2,18 +2,13 @@
 line's fit check (the budget found plans, one step below does not)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_scale.py"
+from tests import bench_scripts
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("plan_scale", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_scripts.load("plan_scale")
 
 
 def test_the_smallest_budget_fits_and_one_step_less_does_not(tmp_path, monkeypatch):
