@@ -290,3 +290,23 @@ def test_same_bits_when_compiled_for_a_generic_x86_64_cpu():
     run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.splitlines()[-1]) == _digests()
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("keep", [True, False])
+def test_attention_same_bits_on_any_lanes(keep, monkeypatch):
+    """The samples go to the lanes, each running the numpy calls one lane would: the same bits on 1, 2 or 3
+    lanes (3 lanes: shares of 2, 2 and 1 of the 5 samples), with the scores kept or rebuilt in backward."""
+    rng = np.random.default_rng(7)
+    b, h, t, d = 5, 3, 33, 8
+    q, k, v, dy = (rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(4))
+
+    def run():
+        be = CPUBackend()
+        probs = np.empty((b, h, t, t), np.float32) if keep else None
+        out = {"y": np.empty_like(q), "dq": np.empty_like(q), "dk": np.empty_like(q), "dv": np.empty_like(q)}
+        with be.step_scope():
+            be.attention_forward(q, k, v, probs, out["y"], 0.3, True)
+            be.attention_backward(q, k, v, probs, dy, out["dq"], out["dk"], out["dv"], 0.3, True)
+        return out
+    _same_bits(_on_threads(monkeypatch, run))

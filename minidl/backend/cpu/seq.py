@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from . import lanes
 from .jit import lazy, workers_for
 
 CHUNK = 1 << 16  # elements per block of rows (256 KiB of float32)
@@ -290,12 +291,15 @@ class SeqOps:
         q, k, v, y are (B, H, T, D) views; probs (B, H, T, T), its masked entries exactly 0, saved for backward
         (None: not kept, one sample's scores at a time in scratch)."""
         b, h, t, _ = q.shape
-        scratch = np.empty((h, t, t), q.dtype) if probs is None else None
         mask = _causal_mask(t, q.dtype) if causal else None
-        for bi in range(b):
-            p = scratch if probs is None else probs[bi]  # (H, T, T)
-            _attention_probs(q[bi], k[bi], scale, mask, p)
-            np.matmul(p, v[bi], out=y[bi])
+
+        def samples(b0: int, b1: int) -> None:
+            scratch = np.empty((h, t, t), q.dtype) if probs is None else None
+            for bi in range(b0, b1):
+                p = scratch if probs is None else probs[bi]  # (H, T, T)
+                _attention_probs(q[bi], k[bi], scale, mask, p)
+                np.matmul(p, v[bi], out=y[bi])
+        _samples_over_lanes(b, samples)
 
     def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
                            dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float,
@@ -305,23 +309,34 @@ class SeqOps:
         gradients either way. dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
         dk = dS^T q (per batch and head; masked entries have P = 0, so they contribute nothing)."""
         b, h, t, _ = q.shape
-        scratch = np.empty((h, t, t), q.dtype) if probs is None else None
         mask = _causal_mask(t, q.dtype) if probs is None and causal else None
-        for bi in range(b):
-            if probs is None:
-                p = scratch
-                _attention_probs(q[bi], k[bi], scale, mask, p)
-            else:
-                p = probs[bi]
-            np.matmul(p.swapaxes(-1, -2), dy[bi], out=dv[bi])
-            ds = np.matmul(dy[bi], v[bi].swapaxes(-1, -2))   # (H, T, T) scratch: one sample's scores
-            # numpy here: the compiled softmax backward (per row, in float64) measured ~4% slower on
-            # GPT-2 small's attention backward than these passes over the sample's block
-            ds -= np.sum(ds * p, axis=-1, keepdims=True, dtype=ds.dtype)
-            ds *= p
-            ds *= q.dtype.type(scale)
-            np.matmul(ds, k[bi], out=dq[bi])
-            np.matmul(ds.swapaxes(-1, -2), q[bi], out=dk[bi])
+
+        def samples(b0: int, b1: int) -> None:
+            scratch = np.empty((h, t, t), q.dtype) if probs is None else None
+            for bi in range(b0, b1):
+                if probs is None:
+                    p = scratch
+                    _attention_probs(q[bi], k[bi], scale, mask, p)
+                else:
+                    p = probs[bi]
+                np.matmul(p.swapaxes(-1, -2), dy[bi], out=dv[bi])
+                ds = np.matmul(dy[bi], v[bi].swapaxes(-1, -2))   # (H, T, T) scratch: one sample's scores
+                # numpy here: the compiled softmax backward (per row, in float64) measured ~4% slower on
+                # GPT-2 small's attention backward than these passes over the sample's block
+                ds -= np.sum(ds * p, axis=-1, keepdims=True, dtype=ds.dtype)
+                ds *= p
+                ds *= q.dtype.type(scale)
+                np.matmul(ds, k[bi], out=dq[bi])
+                np.matmul(ds.swapaxes(-1, -2), q[bi], out=dk[bi])
+        _samples_over_lanes(b, samples)
+
+
+def _samples_over_lanes(b: int, samples) -> None:
+    """samples(b0, b1) for contiguous shares of range(b), one per lane (`lanes.run`, the BLAS at one thread a
+    call): attention's samples are independent, and each sample runs the same numpy calls on any lane, so the
+    bits do not depend on the lane count. Each share keeps its own (H, T, T) scratch where it needs one."""
+    parts = max(1, min(lanes.count(), b))
+    lanes.run([lambda b0=b0, b1=b1: samples(b0, b1) for b0, b1 in lanes.split(b, parts)])
 
 
 def _causal_mask(t: int, dtype) -> np.ndarray:
@@ -334,7 +349,8 @@ def _causal_mask(t: int, dtype) -> np.ndarray:
 def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None, p: np.ndarray) -> None:
     """One sample's attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask) (no mask: every key);
     the softmax compiled where numba loads (`seq_jit.softmax_rows`, causal where a mask is given: the mask is
-    always the causal one): measured at GPT-2 small (one thread) the attention forward 3.1-3.3 -> 2.75 ms."""
+    always the causal one; on the calling thread: the samples are what the lanes share): measured at GPT-2
+    small (one thread) the attention forward 3.1-3.3 -> 2.75 ms."""
     np.matmul(q, k.swapaxes(-1, -2), out=p)
     jit = seq_kernels()
     if jit is not None and _flat(p):
