@@ -380,7 +380,7 @@ def _memory_json(plan) -> dict:
             "fused_update": plan.route.fused_update, "moved_bytes_by_role": moved_by_role(plan),
             "micro_batches": plan.route.micro_batches,
             "decision": plan.decision,
-            "packs": plan.route.packing.packs if plan.route.micro_batches > 1 and plan.route.packing.packs else None,
+            "packs": (plan.route.packing.packs or None) if plan.route.packing is not None else None,  # none: accumulate
             **({"paged_chunk_bytes": plan.paged.chunk_bytes, "live_peak_bytes": plan.paged.live_peak_bytes}
                if plan.paged else {})}
 

@@ -101,6 +101,12 @@ def test_cli_micro_batches_and_packs(capsys):
     assert main(args + ["--policy", "packs", "--micro-batches", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["micro_batches"] == 2 and out["packs"] and out["moved_bytes_by_role"]["weights"] > 0
+    assert main(args + ["--policy", "packs", "--micro-batches", "1"]) == 0   # one micro-batch, still in packs
+    out = json.loads(capsys.readouterr().out)
+    assert out["micro_batches"] == 1 and out["packs"]
+    assert main(args + ["--micro-batches", "2"]) == 0    # accumulated: no packs to list
+    out = json.loads(capsys.readouterr().out)
+    assert out["micro_batches"] == 2 and out["packs"] is None
 
 
 def act_net(batch=8):
