@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .augment import parse_augment
-from .cli_args import check_args
+from .cli_args import best_path, check_args
 from .core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, DivergenceError, MinidlError, OptionError, exit_status
 from .memory.pool import format_bytes, parse_size
 from .memory.simulate import PROFILES
@@ -797,12 +797,6 @@ def _sequence_inputs(args):
     return train, heldout, net
 
 
-def _best_path(save: str) -> Path:
-    """Where --early-stop keeps the best state beside --save: r.npz -> r.best.npz."""
-    p = Path(save)
-    return p.with_name(f"{p.stem}.best{p.suffix or '.npz'}")
-
-
 def _train_run(args, inputs: _TrainInputs, backend, comm):
     """Plan and train: the session, fit's result and the step log (None without --log, or on a rank other than
     0). On divergence the last good state is saved when --save is given, and the error says where."""
@@ -830,7 +824,7 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
     if args.early_stop:
         from .runtime.earlystop import EarlyStop
 
-        early = EarlyStop(args.early_stop, args.eval_every, best_path=_best_path(args.save) if args.save else None)
+        early = EarlyStop(args.early_stop, args.eval_every, best_path=best_path(args.save) if args.save else None)
     try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             res = sess.fit(inputs.train, args.steps, progress=lead and not args.no_progress and not args.json

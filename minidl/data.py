@@ -748,6 +748,17 @@ def load_data(
     return train, heldout
 
 
+def data_paths(spec: str) -> list[Path]:
+    """The files and directories a ``--data`` value reads (none for synthetic, digits, stdlib), so that the command
+    line can refuse an output path that would overwrite one of them."""
+    kind, _, arg = spec.strip().partition(":") if isinstance(spec, str) else ("", "", "")
+    kind, arg = kind.strip().lower(), arg.strip()
+    if not arg or kind not in ("npz", "npy", "images", "cifar10", "mnist", "text"):
+        return []
+    parts = [a.strip() for a in arg.split(",")] if kind == "npy" else [arg]
+    return [Path(a).expanduser() for a in parts if a]
+
+
 def _load_text(spec: str, seq: int) -> tuple[SequenceDataset, SequenceDataset]:
     kind, sep, arg = spec.partition(":")
     if kind.strip().lower() == "stdlib":

@@ -93,6 +93,7 @@ class Network:
         self._type_counts: dict[str, int] = {}
         self.loss_index: int | None = None
         self._route_cache: dict = {}
+        self.frozen_by: str | None = None   # who planned the graph; a planned graph is never changed under it
 
     # -- building -------------------------------------------------------------------------------------------
     def input(self, shape: Sequence[int], dtype=None, name: str | None = None) -> Symbol:
@@ -122,7 +123,18 @@ class Network:
             if cand not in self._by_name:
                 return cand
 
+    def freeze(self, by: str) -> None:
+        """Refuse every later change of the graph (layers, loss, ties): `by` planned it and would go on training
+        the graph it planned while checkpoints followed the changed one."""
+        self.frozen_by = self.frozen_by or by
+
+    def _check_mutable(self, what: str) -> None:
+        if self.frozen_by is not None:
+            raise GraphError(f"network '{self.name}': {what} after {self.frozen_by} planned it; the graph a session "
+                             f"trains cannot change under it: change the network first, then make the Session")
+
     def _append(self, node: Node) -> Symbol:
+        self._check_mutable(f"adding '{node.name}' ({node.type_name})")
         self.nodes.append(node)
         self._by_name[node.name] = node.index
         for i in node.inputs:
@@ -161,6 +173,7 @@ class Network:
         if not isinstance(loss, Symbol) or loss.network is not self:
             raise GraphError("set_loss() takes a Symbol of this network")
         node = loss.node
+        self._check_mutable("set_loss()")
         if node.layer is None or not node.layer.is_loss:
             raise GraphError(f"set_loss(): '{node.name}' ({node.type_name}) is not a loss layer "
                              f"(e.g. SoftmaxCrossEntropy)")
@@ -179,6 +192,7 @@ class Network:
         user, pname = self._param_ref(param, "param")
         owner, oname = self._param_ref(to, "to")
         where = f"tie({param!r}, to={to!r})"
+        self._check_mutable(where)
         if owner.index >= user.index:
             raise GraphError(f"{where}: the owner '{owner.name}' must come before '{user.name}' in the network "
                              f"(its backward adds the contributions up, so it must run last)")

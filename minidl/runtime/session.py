@@ -208,6 +208,7 @@ class Session:
         self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend,
                                  costs=config.costs, fused_update=config.fused_update, paged=config.paged,
                                  data_parallel=dp, micro_batches=micro_batches)
+        net.freeze("a Session")
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=config.debug,
                                  trace=config.trace, host_limit_bytes=config.host_limit_bytes,
                                  compiled=config.compiled, comm=comm, graphs=config.graphs)

@@ -247,3 +247,18 @@ def test_tied_weights_under_micro_batches_and_packs_match_none(policy, fraction)
 def test_bad_ties_are_graph_errors_naming_both(param, to, match):
     with pytest.raises(dl.GraphError, match=match):
         block_net().tie(param, to=to)
+
+
+
+def test_a_planned_network_is_frozen_so_a_late_tie_cannot_split_training_from_checkpoints():
+    from minidl.core.symbol import Symbol
+
+    net = block_net()
+    sess = Session(net, SGD(lr=0.1), policy="liveness")
+    keys = sorted(sess.executor.state_dict())
+    with pytest.raises(dl.GraphError, match=r"tie\('head.weight', to='wte.weight'\) after a Session planned it"):
+        net.tie("head.weight", to="wte.weight")
+    with pytest.raises(dl.GraphError, match=r"adding 'late' \(relu\) after a Session planned it"):
+        L.ReLU(name="late")(Symbol(net, net.node("ln_f").index))
+    assert "late" not in {n.name for n in net.nodes} and "weight" in net.node("head").params
+    assert sorted(sess.executor.state_dict()) == keys and any("head" in k for k in keys)
