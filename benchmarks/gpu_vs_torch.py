@@ -9,7 +9,7 @@ Rows (each in fp32 and in tf32, `--math`):
   resnet50   224 px, batch 32, minidl `--budget 700MiB` (auto)     vs PyTorch plain (and its own liveness row)
   resnet2500 224 px, batch 16, minidl `liveness` (in memory)       vs PyTorch plain
   resnet2500 224 px, batch 16, minidl `--budget 12GB` (auto)       vs PyTorch checkpoint_sequential
-PyTorch runs the same network (`minidl.testing_torch.TorchTwin`: one functional call per layer, the same initial
+PyTorch runs the same network (`minidl.testing.torch_twin.TorchTwin`: one functional call per layer, the same initial
 weights) with SGD (momentum 0.9) and `cudnn.benchmark`; minidl runs its compiled step, as CUDA graphs where the
 plan can be captured (`minidl.runtime.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
 autotuned on the GPU (cache: results/gpu_autotune.json). Math modes match: fp32 turns TF32 off on both sides
@@ -115,7 +115,7 @@ def why_no_gpu() -> str | None:
 
 def torch_twin(net, state: dict, device):
     """`TorchTwin` of `net` with its parameters (and BN statistics) on `device`."""
-    from minidl.testing_torch import TorchTwin
+    from minidl.testing.torch_twin import TorchTwin
 
     twin = TorchTwin(net, state)
     for ps in twin.params.values():

@@ -42,7 +42,7 @@ from minidl.graph.route import Phase  # noqa: E402
 from minidl.models import build_model, is_sequence_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.runtime.session import RunConfig, Session  # noqa: E402
-from minidl.testing_torch import TorchTwin  # noqa: E402
+from minidl.testing.torch_twin import TorchTwin  # noqa: E402
 
 ATEN_TO_TYPE = [
     ("convolution", "conv"), ("conv", "conv"),

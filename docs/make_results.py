@@ -5,7 +5,7 @@ pages' prose is written by hand around these regions and holds no figure of its 
     python docs/make_results.py [--check]
 
 Each benchmark script says how to re-run it; re-running one rewrites its results file, and this script then
-rewrites the pages (tests/test_docs.py fails until it has).
+rewrites the pages (tests/docs/test_docs.py fails until it has).
 """
 from __future__ import annotations
 

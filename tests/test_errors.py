@@ -1,6 +1,6 @@
 """Every row of issue 14's table of user mistakes gives one clean `MinidlError` naming the layer, option, file or
 values, raised as early as possible (or, where the input is valid, a correct result). Checkpoint rows are in
-tests/test_checkpoint.py, divergence in tests/test_divergence.py, BN accuracy in
+tests/runtime/test_checkpoint.py, divergence in tests/runtime/test_divergence.py, BN accuracy in
 tests/layers/test_batchnorm_numerics.py."""
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from .layernorm import LayerNorm
 from .linear import Flatten, Linear, MatMul
 from .loss import SoftmaxCrossEntropy
 from .lrn import LRN
-from .pool import AvgPool2d, GlobalAvgPool, MaxPool2d
+from .pooling import AvgPool2d, GlobalAvgPool, MaxPool2d
 
 __all__ = [
     "Add", "AvgPool2d", "BatchNorm2d", "CausalSelfAttention", "Concat", "Conv2d", "Dropout", "Embedding", "Flatten",

@@ -38,7 +38,7 @@ def last_axis_rows(shape: Shape) -> tuple[int, int]:
 
 @dataclass(slots=True)
 class ParamSpec:
-    """A parameter or buffer of a layer. `init` names an initializer in `minidl.init`."""
+    """A parameter or buffer of a layer. `init` names an initializer in `minidl.layers.init`."""
 
     shape: Shape
     init: str

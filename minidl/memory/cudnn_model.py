@@ -47,7 +47,7 @@ and large 1-channel-heavy layers, implicit GEMM last), and are the first thing a
 
 The backward phase of a layer runs backward-data then backward-filter in one workspace (as the CUDA backend
 does), so each backward option is a pair: workspace the larger of the two, time their sum; pairs slower than a
-pair with no more workspace are dropped (`backend.cuda.plan.pareto`, the CUDA backend's own rule).
+pair with no more workspace are dropped (`backend.cuda.cudnn_specs.pareto`, the CUDA backend's own rule).
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..backend.base import Capabilities
-from ..backend.cuda.plan import pareto
+from ..backend.cuda.cudnn_specs import pareto
 from ..core.vocab import WorkspaceOption
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -33,7 +33,7 @@ from ..models import build_model
 from ..optim import SGD
 from ..optim.schedules import Cosine
 from ..runtime.executor import Executor
-from .report import Report, Row, Table, machine_meta
+from .tables import Report, Row, Table, machine_meta
 
 NETS = {"alexnet": dict(name="alexnet"), "vgg16": dict(name="vgg16"), "resnet18": dict(name="resnet", depth=18),
         "resnet50": dict(name="resnet", depth=50)}

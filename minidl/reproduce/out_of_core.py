@@ -18,8 +18,8 @@ from ..memory.cudnn_model import planning_backend
 from ..memory.policies import plan_network
 from ..memory.simulate import get_profile, simulate
 from ..models import build_model
-from .report import Report, Row, Table, machine_meta
 from .search import largest, momentum_sgd, plan_on_device
+from .tables import Report, Row, Table, machine_meta
 
 DEVICE = "v100"
 CITATION = ("Hayakawa & Narihira, \"Out-of-core Training for Extremely Large-Scale Neural Networks With Adaptive "

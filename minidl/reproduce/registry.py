@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import comet, harmony, out_of_core, superneurons
-from .report import Report
+from .tables import Report
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ from ..memory.policies import plan_network
 from ..memory.pool import format_bytes
 from ..memory.simulate import get_profile, simulate
 from ..models import build_model
-from .report import Report, Row, Table, machine_meta
 from .search import largest, momentum_sgd, plan_on_device
+from .tables import Report, Row, Table, machine_meta
 
 DEVICE = "k40c"
 CITATION = ("Wang et al., \"SuperNeurons: Dynamic GPU Memory Management for Training Deep Neural Networks\", "

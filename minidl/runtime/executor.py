@@ -34,8 +34,8 @@ from ..core.tensors import (
 from ..core.vocab import TraceEvent
 from ..graph.network import Network
 from ..graph.route import Phase, Step
-from ..init import initial_values, param_rng
 from ..layers.base import LayerContext
+from ..layers.init import initial_values, param_rng
 from ..memory.plan import Event, EventKind, Plan
 from ..memory.pool import NumpyArenaBacking, TensorPool
 from ..optim import Optimizer

@@ -12,8 +12,8 @@ step leaves them), with a sink that records each call instead of running it. A t
 Rules the recording keeps:
 - Same calls, same arguments, same order as the interpreter: the parameters are bit-identical to the interpreted
   executor's under every plan (every policy, micro-batches, compression, a paged arena, a host update, data
-  parallel: tests/test_program.py, tests/test_runner_matrix.py). The arguments are assembled in one place, the
-  executor's; this module never reaches into it beyond the `StepBinding` surface.
+  parallel: tests/runtime/test_program.py, tests/runtime/test_runner_matrix.py). The arguments are assembled in one
+  place, the executor's; this module never reaches into it beyond the `StepBinding` surface.
 - Only what changes per step is computed per step: the iteration (optimizer, dropout keys), the batch, the loss.
 - Where it does better than replaying call by call, the result is the same bits: a ReLU folded into the batch norm
   or add before it (forward and backward, where the backend lists the fusion), the optimizer's updates in fused

@@ -24,21 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.mathmode import apply_math
-from ..checkpoint import (
-    check_data_position,
-    check_positions,
-    compare_data,
-    compare_networks,
-    load_checkpoint,
-    network_fingerprint,
-    resume_problems,
-    save_checkpoint,
-)
 from ..core.errors import CheckpointError, DataError, DivergenceError, OptionError
 from ..core.guards import check_images
 from ..core.tensors import param_id
 from ..data import BatchIterator, Dataset
-from ..data_text import SequenceDataset
+from ..data.text import SequenceDataset
 from ..dist.agree import check_same
 from ..dist.checkpoint import check_resume, save_on_rank0
 from ..graph.network import Network
@@ -49,6 +39,16 @@ from ..memory.pool import as_size
 from ..memory.report import memory_report
 from ..optim import Optimizer
 from ..optim.schedules import Constant, LRSchedule
+from .checkpoint import (
+    check_data_position,
+    check_positions,
+    compare_data,
+    compare_networks,
+    load_checkpoint,
+    network_fingerprint,
+    resume_problems,
+    save_checkpoint,
+)
 from .earlystop import EarlyStop, EarlyStopWatch
 from .executor import Executor
 
@@ -458,7 +458,7 @@ class Session:
 
     # -- persistence ------------------------------------------------------------------------------------------
     def save(self, path, with_optimizer: bool = True) -> Path:
-        """Write a checkpoint at exactly `path` (atomically; see `minidl.checkpoint`): parameters, BN statistics,
+        """Write a checkpoint at exactly `path` (atomically; see `runtime.checkpoint`): parameters, BN statistics,
         optimizer state unless `with_optimizer` is False, and what `load` checks: the network's fingerprint, the
         optimizer's configuration, the seed, the (global) batch and the data position. Returns the path written.
         `load` resumes from it exactly: the same later steps, bit for bit, as a run never stopped."""

@@ -543,7 +543,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
     stream, graph and arrays): everything on the compute stream, nothing blocking but `wait_compute`."""
     from types import SimpleNamespace
 
-    from minidl.backend.cuda import plan as cuplan
+    from minidl.backend.cuda import cudnn_specs, launches
     from minidl.backend.cuda.backend import CUDABackend
 
     log = []
@@ -584,7 +584,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
     be = CUDABackend.from_parts(cupy=SimpleNamespace(cuda=SimpleNamespace(runtime=Runtime)), cupyx=None, cudnn=None,
                                 cublas=None, compute=compute,
                                 transfer=Stream("d2h"), prefetch=Stream("h2d"), graphs=None, side=None,
-                                limits=cuplan.DeviceLimits(1024, 80), filters=cuplan.EngineFilters())
+                                limits=launches.DeviceLimits(1024, 80), filters=cudnn_specs.EngineFilters())
     be.begin_graph()
     be.copy_in_async(Dev((4, 3), np.float32), np.zeros((4, 3), np.float32))
     be.copy_out_async(Dev((1,), np.float32), np.zeros(1, np.float32))

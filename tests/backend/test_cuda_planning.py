@@ -97,9 +97,9 @@ def test_the_chosen_plan_reaches_the_backend(be):
                                           ("NVIDIA GeForce GTX TITAN X", "titanx"), ("NVIDIA L4", "v100"),
                                           ("", "v100")])
 def test_a_gpu_plans_with_its_nearest_simulator_profile(name, profile, be):
-    from minidl.backend.cuda import plan as cuplan
+    from minidl.backend.cuda import cudnn_specs
     from minidl.memory.simulate import PROFILES
 
-    assert cuplan.profile_for_gpu(name) == profile and profile in PROFILES
+    assert cudnn_specs.profile_for_gpu(name) == profile and profile in PROFILES
     be.gpu_name = name
     assert be.profile == profile

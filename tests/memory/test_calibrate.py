@@ -110,7 +110,7 @@ def test_auto_recomputes_where_the_measured_link_cannot_hide_a_copy():
 def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions():
     """`minidl train --device measured --autotune`: the link from the backend, the convolutions measured (on
     the CPU backend here, standing in for the GPU) and the efficiency fitted to them."""
-    from minidl.cli import _measured_device
+    from minidl.cli.common import measured_device
 
     class Measured(CPUBackend):
         profile = "cpu"
@@ -121,7 +121,7 @@ def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions
     be = Measured()
     net = build_model("lenet", batch=4, image_size=8, in_channels=1, num_classes=10)
     costs = CostTable(autotune=True, backend=be, repeats=1)
-    prof = _measured_device(net, _opt(), be, costs)
+    prof = measured_device(net, _opt(), be, costs)
     assert (prof.link_bw, prof.duplex, prof.link_latency_s) == (48e9, True, 1e-5)
     assert costs.measured > 0 and prof.efficiency != get_profile("cpu").efficiency
-    assert _measured_device(net, _opt(), be, None).efficiency == get_profile("cpu").efficiency
+    assert measured_device(net, _opt(), be, None).efficiency == get_profile("cpu").efficiency

@@ -99,18 +99,18 @@ def test_progress_line_only_on_a_terminal(capsys, monkeypatch):
     import io
     import time
 
-    from minidl import cli
+    from minidl.cli import common as cli
 
-    monkeypatch.setattr(cli._ProgressLine, "AFTER_S", 0.0)
-    monkeypatch.setattr(cli._ProgressLine, "EVERY_S", 0.01)
+    monkeypatch.setattr(cli.ProgressLine, "AFTER_S", 0.0)
+    monkeypatch.setattr(cli.ProgressLine, "EVERY_S", 0.01)
     tty = io.StringIO()
     monkeypatch.setattr(cli.sys, "stderr", tty)
-    with cli._ProgressLine("planning x", enabled=True):
+    with cli.ProgressLine("planning x", enabled=True):
         time.sleep(0.1)
     assert "planning x... " in tty.getvalue() and tty.getvalue().endswith("\r\033[K")
     quiet = io.StringIO()
     monkeypatch.setattr(cli.sys, "stderr", quiet)
-    with cli._ProgressLine("planning y", enabled=False):
+    with cli.ProgressLine("planning y", enabled=False):
         time.sleep(0.05)
     assert quiet.getvalue() == ""
     assert main(["plan", "lenet", "--batch", "2", "--budget", "64MiB"]) == 0   # stderr is not a TTY here

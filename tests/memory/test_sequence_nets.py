@@ -14,7 +14,7 @@ from minidl.memory.plan import EventKind
 from minidl.memory.policies import exact_policies, plan_network
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
-from minidl.testing_torch import TorchTwin
+from minidl.testing.torch_twin import TorchTwin
 from tests.sessions import session_kw
 
 B, T, V, C, HEADS = 4, 8, 11, 16, 2

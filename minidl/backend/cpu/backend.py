@@ -22,7 +22,7 @@ from . import lanes
 from .conv import ConvOps
 from .jit import lazy, workers_for
 from .norm import NormOps
-from .pool import PoolOps
+from .pooling import PoolOps
 from .seq import SEQ_KERNELS, SeqOps
 from .update import UpdateOps
 

@@ -1,10 +1,9 @@
 """The CUDA backend: cupy arrays inside one device arena, cuDNN frontend graphs, and minidl's own kernels.
 
-STATUS: written against the documented APIs of CuPy (>= 13) and NVIDIA's cuDNN frontend Python package
-(`import cudnn`, nvidia-cudnn-frontend >= 1.x), with every device-free computation tested on the host
-(`cuda_plan.py`, tests/backend/test_cuda_host.py) and the kernels compiled by nvcc, but it has NOT been run on a
-GPU yet. The conformance tests (tests/backend/test_conformance.py) run it against PyTorch wherever a GPU, cupy and
-cuDNN are present; they are skipped, with the reason, everywhere else.
+Built on CuPy (>= 13) and NVIDIA's cuDNN frontend (`import cudnn`); every device-free computation is host-tested
+(`views`, `cudnn_specs`, `launches`: tests/backend/test_cuda_host.py). The conformance tests
+(tests/backend/test_conformance.py) run it against PyTorch wherever a GPU, cupy and cuDNN are present (docs/gpu.md
+says what ran on which GPU); they are skipped, with the reason, everywhere else.
 
 Importing this module needs neither cupy nor cuDNN (both are imported inside `CUDABackend.__init__`), so
 `import minidl` and the CPU path work on machines without CUDA; constructing a `CUDABackend` there raises
@@ -15,7 +14,7 @@ What lives where on the device:
 * **The arena.** `arena_backing()` hands the tensor pool a backing whose `allocate(nbytes)` makes ONE raw
   `cudaMalloc` (`cupy.cuda.memory.Memory`, not cupy's caching memory pool) and returns a `DeviceArena`; every
   tensor is a `cupy.ndarray` view at `base + offset` (`DeviceArena.view_at`), bounds- and alignment-checked by
-  `cuda_plan.view_spec`. The budget is the arena: kernels write only into the views they are given.
+  `views.view_spec`. The budget is the arena: kernels write only into the views they are given.
 * **Outside the arena**, counted and reported by `memory_report()`: cuDNN/cuBLAS handles, per-channel and
   per-sample scratch of a few KiB (`_SideBuffers`: BN statistics in float64, per-row losses, the workspace of
   the small BN/ReLU graphs), and, only if cupy allocates behind our back, "stray" bytes that an allocator hook
@@ -31,14 +30,14 @@ What lives where on the device:
   prefetch waits for an event recorded on compute after that wait. The host store
   is pinned memory (`host_empty`), so device<->host copies are truly asynchronous.
 * **cuDNN graphs** (convolution forward / backward-data / backward-filter, batch norm training / inference /
-  backward, ReLU forward / backward) are built once per shape (`cuda_plan.GraphKey`) by `CudnnGraphs`, the one
+  backward, ReLU forward / backward) are built once per shape (`cudnn_specs.GraphKey`) by `CudnnGraphs`, the one
   class that calls the cuDNN frontend (a version difference of its API is a fix in one place). Convolutions
   expose every buildable execution plan with its workspace size to the memory planner through
-  `conv_workspace_options` (see `cuda_plan.conv_options`). If cuDNN supports no engine for a BN or ReLU graph
+  `conv_workspace_options` (see `cudnn_specs.conv_options`). If cuDNN supports no engine for a BN or ReLU graph
   (e.g. an engine that insists on NHWC), the backend falls back to cupy kernels (BN) or kernels/elementwise.cu
   (ReLU) and records why in `fallbacks`; convolutions have no fallback and fail loudly.
 * **kernels/*.cu** (pooling, loss, optimizers, dropout, concat, LRN, elementwise) are loaded with
-  `cupy.RawModule` and launched with the arguments and grid of `cuda_plan.LAUNCHERS`.
+  `cupy.RawModule` and launched with the arguments and grid of `launches.LAUNCHERS`.
 
 Data types: float32 activations/parameters and int64 labels (as the kernels are written); anything else raises
 TypeError naming the argument.
@@ -55,8 +54,8 @@ import numpy as np
 
 from ...core.errors import MinidlError
 from ..base import Capabilities
+from . import cudnn_specs, launches, views
 from . import kernel_specs as ks
-from . import plan as cuplan
 from .conv import ConvOps
 from .copies import CopyOps, Transfer
 from .dense import DenseOps
@@ -143,17 +142,17 @@ atexit.register(_release_all)
 class BuiltGraph:
     """A validated cuDNN graph with its built execution plans, cached per `GraphKey`."""
 
-    key: cuplan.GraphKey
+    key: cudnn_specs.GraphKey
     graph: Any
-    tensors: dict[str, Any]             # tensor name (cuda_plan descs) -> cudnn tensor handle
-    plans: list[cuplan.PlanInfo]        # in cuDNN's heuristic order
+    tensors: dict[str, Any]             # tensor name (cudnn_specs descs) -> cudnn tensor handle
+    plans: list[cudnn_specs.PlanInfo]        # in cuDNN's heuristic order
     relaxed: tuple[str, ...] = ()       # numerical-note filters dropped because nothing else was supported
 
-    def find(self, index: int) -> cuplan.PlanInfo | None:
+    def find(self, index: int) -> cudnn_specs.PlanInfo | None:
         """The built plan numbered `index`, or None where cuDNN built no such plan for this graph."""
         return next((p for p in self.plans if p.index == index), None)
 
-    def plan(self, index: int) -> cuplan.PlanInfo:
+    def plan(self, index: int) -> cudnn_specs.PlanInfo:
         found = self.find(index)
         if found is not None:
             return found
@@ -178,7 +177,7 @@ class CudnnGraphs:
         self.cudnn = cudnn
         self.handle = handle
         self.max_plans = int(max_plans)
-        self._cache: dict[cuplan.GraphKey, BuiltGraph] = {}
+        self._cache: dict[cudnn_specs.GraphKey, BuiltGraph] = {}
         _LIVE_GRAPHS.add(self)
 
     def __len__(self) -> int:
@@ -196,10 +195,10 @@ class CudnnGraphs:
         return self.cudnn.pygraph(io_data_type=f, intermediate_data_type=f, compute_data_type=f,
                                   handle=self.handle)
 
-    def _tensor(self, g, d: cuplan.TensorDesc):
+    def _tensor(self, g, d: cudnn_specs.TensorDesc):
         return g.tensor(data_type=self._enum("data_type", d.dtype), **d.kwargs())
 
-    def _output(self, t, d: cuplan.TensorDesc):
+    def _output(self, t, d: cudnn_specs.TensorDesc):
         t.set_output(True)
         t.set_dim(list(d.dim))
         t.set_stride(list(d.stride))
@@ -207,7 +206,7 @@ class CudnnGraphs:
         return t
 
     # -- graph bodies: each returns {tensor name: handle} ---------------------------------------------------
-    def _conv_body(self, g, spec: cuplan.ConvSpec, op: str) -> dict[str, Any]:
+    def _conv_body(self, g, spec: cudnn_specs.ConvSpec, op: str) -> dict[str, Any]:
         d = spec.descs()
         (a, b), out = spec.io(op)
         ta, tb = self._tensor(g, d[a]), self._tensor(g, d[b])
@@ -220,7 +219,7 @@ class CudnnGraphs:
             t = g.conv_wgrad(image=ta, loss=tb, name="wgrad", **kw)
         return {a: ta, b: tb, out: self._output(t, d[out])}
 
-    def _bn_body(self, g, spec: cuplan.BNSpec, op: str) -> dict[str, Any]:
+    def _bn_body(self, g, spec: cudnn_specs.BNSpec, op: str) -> dict[str, Any]:
         d = spec.descs(op)
         if op == "bn_train":
             ins = {k: self._tensor(g, d[k]) for k in ("x", "scale", "bias", "running_mean", "running_var",
@@ -243,7 +242,7 @@ class CudnnGraphs:
             outs = {"dx": dx, "dscale": dscale, "dbias": dbias}
         return {**ins, **{k: self._output(t, d[k]) for k, t in outs.items()}}
 
-    def _pointwise_body(self, g, spec: cuplan.PointwiseSpec, op: str) -> dict[str, Any]:
+    def _pointwise_body(self, g, spec: cudnn_specs.PointwiseSpec, op: str) -> dict[str, Any]:
         d = spec.descs(op)
         if op == "relu_fwd":
             x = self._tensor(g, d["x"])
@@ -252,25 +251,25 @@ class CudnnGraphs:
         # RELU_BWD: dx = dy where input > 0. Fed the forward OUTPUT y, which is > 0 exactly where x is.
         return {"y": y, "dy": dy, "dx": self._output(g.relu_backward(name="relu_bwd", loss=dy, input=y), d["dx"])}
 
-    def _body(self, key: cuplan.GraphKey) -> Callable[[Any], dict[str, Any]]:
+    def _body(self, key: cudnn_specs.GraphKey) -> Callable[[Any], dict[str, Any]]:
         op, spec = key.op, key.spec
         if op.startswith("conv_"):
             return lambda g: self._conv_body(g, spec, op[len("conv_"):])
-        if op in cuplan.BN_OPS:
+        if op in cudnn_specs.BN_OPS:
             return lambda g: self._bn_body(g, spec, op)
-        if op in cuplan.POINTWISE_OPS:
+        if op in cudnn_specs.POINTWISE_OPS:
             return lambda g: self._pointwise_body(g, spec, op)
         raise ValueError(f"unknown graph op {op!r}")
 
     # -- build ---------------------------------------------------------------------------------------------
-    def get(self, key: cuplan.GraphKey) -> BuiltGraph:
+    def get(self, key: cudnn_specs.GraphKey) -> BuiltGraph:
         """The built graph for `key`, building it on first use. Raises GraphUnsupported."""
         built = self._cache.get(key)
         if built is None:
             built = self._cache[key] = self._build(key)
         return built
 
-    def _build(self, key: cuplan.GraphKey) -> BuiltGraph:
+    def _build(self, key: cudnn_specs.GraphKey) -> BuiltGraph:
         body = self._body(key)
         notes = key.filters.numeric_notes()
         # First with the engine filters; if they leave nothing, without them (recorded in `relaxed`).
@@ -288,7 +287,7 @@ class CudnnGraphs:
         # The reason first (the report keeps one line of it), the graph last.
         raise GraphUnsupported(f"cuDNN cannot run {key.op}: " + "; ".join(reversed(errors)) + f"; for {key.spec}")
 
-    def _finalize(self, g, deselect: tuple[str, ...]) -> list[cuplan.PlanInfo]:
+    def _finalize(self, g, deselect: tuple[str, ...]) -> list[cudnn_specs.PlanInfo]:
         g.validate()  # an error here is a malformed graph (our bug): let it propagate
         try:
             g.build_operation_graph()
@@ -298,7 +297,7 @@ class CudnnGraphs:
             g.check_support()
         except Exception as e:  # cudnnGraphNotSupportedError or a cuDNN status error
             raise GraphUnsupported(f"{type(e).__name__}: {one_line(str(e))}") from e
-        plans: list[cuplan.PlanInfo] = []
+        plans: list[cudnn_specs.PlanInfo] = []
         seen: set[str] = set()
         for i in range(int(g.get_execution_plan_count())):
             if len(plans) >= self.max_plans:
@@ -313,7 +312,7 @@ class CudnnGraphs:
             if name in seen:  # heuristics A and FALLBACK may both list the same engine config
                 continue
             seen.add(name)
-            plans.append(cuplan.PlanInfo(i, name, ws))
+            plans.append(cudnn_specs.PlanInfo(i, name, ws))
         if not plans:
             raise GraphUnsupported("no execution plan could be built")
         return plans
@@ -350,11 +349,11 @@ class DeviceArena:
         self.memory = cupy.cuda.memory.Memory(self.nbytes)  # cudaMalloc: no cupy memory pool underneath
         self.ptr = int(self.memory.ptr)
         if self.nbytes:
-            cuplan.check_base_alignment(self.ptr)
+            views.check_base_alignment(self.ptr)
 
     def view_at(self, offset: int, shape, dtype):
         """A C-contiguous `cupy.ndarray` of `shape`/`dtype` at byte `offset` (bounds and alignment checked)."""
-        s = cuplan.view_spec(offset, shape, dtype, self.nbytes)
+        s = views.view_spec(offset, shape, dtype, self.nbytes)
         ptr = self._cupy.cuda.memory.MemoryPointer(self.memory, s.offset)
         return self._cupy.ndarray(s.shape, s.dtype, memptr=ptr)
 
@@ -366,7 +365,7 @@ class DeviceArena:
         return self.view_at_bytes(start, max(0, stop - start))
 
     def view_at_bytes(self, offset: int, nbytes: int):
-        s = cuplan.view_spec(offset, (nbytes,), np.uint8, self.nbytes, alignment=1)
+        s = views.view_spec(offset, (nbytes,), np.uint8, self.nbytes, alignment=1)
         ptr = self._cupy.cuda.memory.MemoryPointer(self.memory, s.offset)
         return self._cupy.ndarray(s.shape, s.dtype, memptr=ptr)
 
@@ -560,8 +559,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             transfer=cupy.cuda.Stream(non_blocking=True), prefetch=cupy.cuda.Stream(non_blocking=True),
             graphs=CudnnGraphs(cudnn, handle, max_plans=max_plans),
             side=_SideBuffers(cupy),
-            limits=cuplan.DeviceLimits(int(attrs["MaxThreadsPerBlock"]), int(attrs["MultiProcessorCount"])),
-            filters=cuplan.EngineFilters(allow_tf32=allow_tf32, deterministic=deterministic),
+            limits=launches.DeviceLimits(int(attrs["MaxThreadsPerBlock"]), int(attrs["MultiProcessorCount"])),
+            filters=cudnn_specs.EngineFilters(allow_tf32=allow_tf32, deterministic=deterministic),
             use_cudnn_bn=use_cudnn_bn, use_cudnn_relu=use_cudnn_relu)
         self.device = dev
         self.gpu_name = _device_name(cupy, int(device))
@@ -586,7 +585,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.use_cudnn_bn, self.use_cudnn_relu = bool(use_cudnn_bn), bool(use_cudnn_relu)
         self._handle = None
         self.fallbacks: dict[str, str] = {}     # graph op -> why the fallback kernels run instead
-        self._unsupported: set[cuplan.GraphKey] = set()
+        self._unsupported: set[cudnn_specs.GraphKey] = set()
         self._modules: dict[str, Any] = {}      # .cu file -> cupy.RawModule
         self._kernels: dict[str, Any] = {}      # kernel name -> RawKernel
         self._norm: _NormKernels | None = None
@@ -620,15 +619,15 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
         tf32 = check_math(math) == "tf32"
         changed = tf32 != self.filters.allow_tf32
-        self.filters = cuplan.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
+        self.filters = cudnn_specs.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
         if changed and self._cublas_math is not None:
             self._cublas_math(tf32)
 
     @property
     def profile(self) -> str:
-        """The simulator profile nearest this GPU (see `cuda_plan.profile_for_gpu`): the speeds a plan's timing
+        """The simulator profile nearest this GPU (see `cudnn_specs.profile_for_gpu`): the speeds a plan's timing
         decisions assume when the caller names none."""
-        return cuplan.profile_for_gpu(self.gpu_name)
+        return cudnn_specs.profile_for_gpu(self.gpu_name)
 
     # -- lifecycle / reports ------------------------------------------------------------------------------------
     def _install_stray_counter(self) -> None:
@@ -719,7 +718,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     def guard_nonfinite(self, x, code: int) -> None:
         """The divergence guard inside a graph: set the capture's `diverged` flag to `code` if `x` (a gradient,
         or the loss) is not finite and no earlier guarded tensor was (minidl/runtime/capture.py)."""
-        self._launch(cuplan.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
+        self._launch(launches.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
 
     def prepare_graph(self) -> None:
         """Load the graph variants of the per-step kernels before a capture: loading a module or a function is
@@ -788,7 +787,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             k = self._kernels[name] = mod.get_function(name)
         return k
 
-    def _launch(self, launch: cuplan.KernelLaunch) -> None:
+    def _launch(self, launch: launches.KernelLaunch) -> None:
         self._kernel(launch.name)(launch.grid, launch.block, launch.args, stream=self.compute)
 
     def _norm_kernels(self) -> _NormKernels:
@@ -796,7 +795,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             self._norm = _NormKernels(self.cp)
         return self._norm
 
-    def _graph(self, key: cuplan.GraphKey) -> BuiltGraph | None:
+    def _graph(self, key: cudnn_specs.GraphKey) -> BuiltGraph | None:
         """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`)."""
         if key in self._unsupported:
             return None

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from . import plan as cuplan
+from . import launches
 from .ops import F32, on_compute
 
 
@@ -62,7 +62,7 @@ class CopyOps:
     @on_compute
     def accumulate(self, dst, src) -> None:
         if dst.dtype == F32 and src.dtype == F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
-            self._launch(cuplan.accumulate(dst, src, self.limits))
+            self._launch(launches.accumulate(dst, src, self.limits))
         else:
             self.cp.add(dst, src, out=dst)
 

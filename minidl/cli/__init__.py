@@ -1,0 +1,71 @@
+"""The `minidl` command: info, plan, train, evaluate, predict, reproduce (with --json, each prints one JSON object).
+
+    minidl info resnet --depth 50 --batch 32
+    minidl plan resnet --depth 2500 --batch 16 --policy liveness --budget 12GB --device k40c
+    minidl train resnet --depth 20 --data digits --batch 32 --steps 50 --policy liveness --budget 16MiB --save r.npz
+    minidl evaluate resnet --depth 20 --data digits --checkpoint r.npz
+    minidl reproduce out-of-core --quick
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from importlib import import_module
+
+from ..core.errors import EXIT_INTERRUPTED, MinidlError, exit_status
+from .checks import check_args
+from .parser import build_parser
+
+__all__ = ["build_parser", "main"]
+
+# command -> (module of this package, function): imported when that command runs, not before
+_COMMANDS = {"info": ("plan", "cmd_info"), "plan": ("plan", "cmd_plan"), "train": ("train", "cmd_train"),
+             "evaluate": ("infer", "cmd_evaluate"), "predict": ("infer", "cmd_predict"),
+             "reproduce": ("plan", "cmd_reproduce")}
+
+
+def _command(name: str):
+    module, fn = _COMMANDS[name]
+    return getattr(import_module(f"{__package__}.{module}"), fn)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "cpu_winograd", None) is not None:  # read by cpu_winograd.enabled() when layers are planned
+        os.environ["MINIDL_CPU_WINOGRAD"] = "1" if args.cpu_winograd else "0"
+    if getattr(args, "threads", None):
+        os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # read by cpu_lanes.count() at every convolution
+        import numpy  # noqa: F401 - threadpoolctl limits the libraries already loaded
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(args.threads, user_api="blas")
+    if getattr(args, "cmd", None) in ("plan", "train") and args.policy is None:
+        args.policy = "auto" if args.budget is not None else "liveness"  # --budget alone means auto
+    if getattr(args, "paged", None) == "auto":   # bare --paged: a chunk the budget can hold many of
+        from ..memory.paged import chunk_for_budget
+
+        args.paged = chunk_for_budget(args.budget, args.backend)
+    if getattr(args, "lossy", False):   # opt-in only: auto weighs compression when asked to
+        if args.policy not in ("auto", "auto-lossy"):
+            build_parser().error(f"--lossy applies to --policy auto, not {args.policy!r}")
+        args.policy = "auto-lossy"
+    try:
+        check_args(args)
+        out = _command(args.cmd)(args)
+    except (MinidlError, ValueError, OSError) as e:  # user errors: one line (a bug keeps its traceback)
+        if getattr(args, "debug", False):
+            raise
+        if getattr(args, "json", False):
+            err = {"error": type(e).__name__, "message": str(e)}
+            if getattr(e, "min_budget_bytes", None) is not None:
+                err["min_budget_bytes"] = e.min_budget_bytes
+            print(json.dumps(err))
+        else:
+            print(f"minidl: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return exit_status(e)
+    except KeyboardInterrupt:  # outside a training step (planning, evaluating), or a second Ctrl-C in one
+        print("\nminidl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.json and not getattr(args, "quiet", False):
+        print(json.dumps(out, default=float))
+    return EXIT_INTERRUPTED if out.get("interrupted") else 0

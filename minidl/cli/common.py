@@ -1,0 +1,128 @@
+"""What several commands share: the network the model options build, the plan's JSON fields and lines, the
+progress line while planning, and saying what was written where."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def build_net(args, image_shape=None, num_classes=None):
+    from minidl.models import SEQUENCE_OPTIONS, build_model
+
+    kw = dict(depth=args.depth, batch=args.batch, image_size=args.image_size, num_classes=args.num_classes,
+              in_channels=args.in_channels)
+    if image_shape is not None:
+        kw["in_channels"] = kw["in_channels"] or image_shape[0]
+        kw["image_size"] = kw["image_size"] or image_shape[1]
+    if num_classes is not None:
+        kw["num_classes"] = kw["num_classes"] or num_classes
+    kw.update({k: getattr(args, k) for k in SEQUENCE_OPTIONS if getattr(args, k, None) is not None})
+    return build_model(args.model, **kw)
+
+
+def memory_json(plan) -> dict:
+    from ..memory.decisions.weights import moved_by_role
+    from ..memory.report import memory_report
+
+    rep = memory_report(plan)
+    return {"policy": plan.policy, "peak_bytes": plan.peak_bytes, "min_budget_bytes": plan.min_budget_bytes,
+            "lower_bound_bytes": plan.lower_bound_bytes, "arena_bytes": plan.arena_bytes,
+            "by_role": rep.by_role, "peak_at": rep.peak_at, "binding_step": rep.binding_step,
+            "fragmentation": rep.fragmentation,
+            "largest_at_peak": rep.to_json()["largest_at_peak"],
+            "offloaded_bytes": plan.offloaded_bytes, "prefetched_bytes": plan.prefetched_bytes,
+            "fused_update": plan.route.fused_update, "moved_bytes_by_role": moved_by_role(plan),
+            "micro_batches": plan.route.micro_batches,
+            "decision": plan.decision,
+            "packs": (plan.route.packing.packs or None) if plan.route.packing is not None else None,  # none: accumulate
+            **({"paged_chunk_bytes": plan.paged.chunk_bytes, "live_peak_bytes": plan.paged.live_peak_bytes}
+               if plan.paged else {})}
+
+
+def cost_table(args, backend):
+    """The cost table `--autotune` asks for (None: the algorithms' fixed estimates)."""
+    if args.autotune is None:
+        return None
+    from ..memory.workspace import CostTable
+
+    return CostTable(autotune=True, path=args.autotune or None, backend=backend)
+
+
+def moved_line(moved: dict[str, int]) -> str:
+    """Bytes copied between device and host per step, by role (weights, optimizer state, ...)."""
+    from ..memory.decisions.weights import moved_words
+    from ..memory.pool import format_bytes
+
+    return "  moved per step: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}"
+                                           for k, v in moved_words(moved).items())
+
+
+def fused_update_option(args) -> bool | None:
+    """--fused-update on/off/auto -> True/False/None (None: the planner decides)."""
+    return {"on": True, "off": False}.get(args.fused_update)
+
+
+class ProgressLine:
+    """On a terminal, a line on stderr that says what is being planned and for how long, once it has taken more
+    than `AFTER_S` (ResNet-2500 takes seconds); erased when done. Never in --json output or a pipe."""
+
+    AFTER_S = 1.0
+    EVERY_S = 0.5
+
+    def __init__(self, what: str, enabled: bool):
+        import threading
+
+        self.what, self.enabled = what, enabled
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if enabled else None
+        self._shown = False
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        if self._stop.wait(self.AFTER_S):
+            return
+        while not self._stop.is_set():
+            sys.stderr.write(f"\r{self.what}... {time.perf_counter() - t0:.1f} s")
+            sys.stderr.flush()
+            self._shown = True
+            self._stop.wait(self.EVERY_S)
+
+    def __enter__(self):
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            if self._shown:
+                sys.stderr.write("\r\033[K")
+                sys.stderr.flush()
+
+
+def plot_title(args, plan) -> str:
+    """Model, depth and batch: what a reader needs to tell two timelines apart (the plot adds budget and policy)."""
+    batch = plan.route.network.input_nodes[0].shape[0]
+    return f"{args.model}{f'-{args.depth}' if args.depth else ''}, batch {batch}"
+
+
+def say_written(args, written: list[tuple[str, object]]) -> None:
+    """End the text output with what was written where (a user should never have to guess a file's path)."""
+    if not args.json:
+        for what, path in written:
+            if path is not None:
+                print(f"wrote {what}: {path}")
+
+
+def measured_device(net, opt, backend, costs):
+    """`--device measured`: the host link measured on the GPU; with --autotune, the convolutions measured first
+    (the plan then reuses the cache) and the roofline's efficiency fitted to them (memory/calibrate.py)."""
+    from ..memory.calibrate import measured_profile
+    from ..memory.workspace import workspace_choices
+
+    route = None
+    if costs is not None and costs.autotune:
+        route = net.route(True, tuple(opt.slots), backend=backend)
+        workspace_choices(route, costs)
+    return measured_profile(backend, costs=costs, route=route)
