@@ -211,13 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     _memory_args(p, "liveness")
     p.add_argument("--steps", type=_positive_int, default=20, help="training steps (one mini-batch each)")
     p.add_argument("--seed", type=int, default=0,
-                   help="fixes initialization, data order and dropout: same seed, bit-identical parameters")
+                   help="fixes initialization, data order, dropout and bert's masks: same seed, bit-identical "
+                        "parameters")
     p.add_argument("--data", default="synthetic",
                    help="synthetic | digits | cifar10:DIR | mnist:DIR | npz:PATH.npz (arrays x, y; x_test, y_test "
                         "held out) | npy:IMAGES.npy,LABELS.npy | images:DIR (DIR/CLASS/*.png, or DIR/train/ and "
                         "DIR/test/); held out: the test part, else 20%% split by --seed. A sequence model (gpt2, "
                         "bert): stdlib (Python's own sources, the default for them) | text:PATH (a text file), as "
-                        "bytes in --seq token sequences, the last 10%% held out")
+                        "bytes in --seq token sequences, the last 10%% held out; gpt2 predicts each next token, "
+                        "bert the tokens masked (15%%, BERT's rule)")
     p.add_argument("--augment", type=_augment, default=None, metavar="crop,flip",
                    help="augment the training batches: crop (pad 4 pixels, crop back at a random offset), crop:N "
                         "(pad N), flip (mirror half the images); drawn from --seed and each batch's place in the "
@@ -331,8 +333,9 @@ def _infer_parsers(sub) -> None:
         p.add_argument("--debug", action="store_true", help="show the traceback of an error")
         if name == "evaluate":
             p.add_argument("--data", required=True,
-                           help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR: its "
-                                "held-out samples")
+                           help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR, or for "
+                                "a sequence model stdlib | text:PATH: its held-out samples (bert: masked-token loss "
+                                "and accuracy, on masks fixed whatever the seed)")
         else:
             p.add_argument("--data", default=None,
                            help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR: its "
@@ -623,32 +626,41 @@ def _checkpoint_session(args, meta: dict, image_shape, num_classes):
 def cmd_evaluate(args) -> dict:
     """The held-out loss and accuracy, computed as `train` computes them at its end (Session.evaluate, every
     sample, the split of the checkpoint's seed), so a checkpoint's accuracy is the one its run printed."""
-    from minidl.models import is_sequence_model
+    from minidl.models import model_objective
 
     from .data import load_data
-    from .data_text import BYTE_VOCAB, perplexity
+    from .data_text import MASKED, text_vocab
 
     meta = _checkpoint_meta(args)
-    if is_sequence_model(args.model):  # the network first: its sequence length cuts the text
-        sess = _checkpoint_session(args, meta, None, BYTE_VOCAB)
-        _, heldout = load_data(args.data, seed=args.seed, seq=sess.net.input_nodes[0].shape[1])
+    objective = model_objective(args.model)
+    if objective is not None:  # the network first: its sequence length cuts the text
+        sess = _checkpoint_session(args, meta, None, text_vocab(objective))
+        _, heldout = load_data(args.data, seed=args.seed, seq=sess.net.input_nodes[0].shape[1], objective=objective)
     else:
         _, heldout = load_data(args.data, seed=args.seed)
     if heldout is None:
         raise OptionError(f"--data {args.data}: has no held-out samples to evaluate on (digits holds out 20%; "
                           f"cifar10:DIR and mnist:DIR need their test files in DIR)")
-    if not is_sequence_model(args.model):
+    if objective is None:
         sess = _checkpoint_session(args, meta, heldout.image_shape, heldout.num_classes)
     loss, acc = sess.evaluate(heldout)
     out = {"model": args.model, "checkpoint": args.checkpoint, "iteration": meta.get("iteration"),
-           "data": args.data, "samples": len(heldout), "loss": loss, "accuracy": acc}
-    if is_sequence_model(args.model):
-        out["perplexity"] = perplexity(loss)
+           "data": args.data, "samples": len(heldout)}
+    if objective == MASKED:
+        out.update(_token_figures(objective, loss, acc, heldout))
+        if not args.json:
+            print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out masked-token loss {loss:.4f}, "
+                  f"masked-token accuracy {acc:.2%}, over the {out['masked_tokens']:,} masked tokens of "
+                  f"{len(heldout)} sequences of --data {args.data}")
+        return out
+    if objective is not None:
+        out.update(_token_figures(objective, loss, acc, heldout))
         if not args.json:
             print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out loss {loss:.4f} per token "
                   f"(perplexity {out['perplexity']:.2f}), next-token accuracy {acc:.2%}, on {len(heldout)} "
                   f"sequences of --data {args.data}")
         return out
+    out.update({"loss": loss, "accuracy": acc})
     if not args.json:
         print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out accuracy {acc:.2%}, mean loss "
               f"{loss:.4f}, on {len(heldout)} samples of --data {args.data}")
@@ -780,21 +792,46 @@ def _train_inputs(args, backend) -> _TrainInputs:
 
 def _sequence_inputs(args):
     """A language model's data: byte-level text (`--data stdlib`, the default, or `text:PATH`) in sequences of the
-    network's length, and the network with a vocabulary of 256 bytes."""
+    network's length, with the targets of the model's objective (gpt2: next tokens, bert: masked tokens), and the
+    network with that objective's vocabulary (256 bytes; bert's adds [MASK])."""
+    from minidl.models import model_objective
+
     from .data import load_data
-    from .data_text import BYTE_VOCAB
+    from .data_text import text_vocab
 
     if args.data == "synthetic":
         args.data = "stdlib"
     if args.data.partition(":")[0].strip().lower() not in ("stdlib", "text"):
         raise OptionError(f"--data {args.data}: model '{args.model}' reads token sequences; give --data stdlib "
                           f"(Python's own sources) or --data text:PATH")
-    if args.num_classes not in (None, BYTE_VOCAB):
+    objective = model_objective(args.model)
+    vocab = text_vocab(objective)
+    if args.num_classes not in (None, vocab):
         raise OptionError(f"--num-classes {args.num_classes}: --data {args.data} is byte-level text, a vocabulary "
-                          f"of {BYTE_VOCAB}")
-    net = _build(args, num_classes=BYTE_VOCAB)
-    train, heldout = load_data(args.data, seed=args.seed, augment=args.augment, seq=net.input_nodes[0].shape[1])
+                          f"of {vocab} for {objective} targets" + (" (256 bytes and [MASK])" if vocab > 256 else ""))
+    net = _build(args, num_classes=vocab)
+    train, heldout = load_data(args.data, seed=args.seed, augment=args.augment, seq=net.input_nodes[0].shape[1],
+                               objective=objective)
     return train, heldout, net
+
+
+def _token_figures(objective: str, loss: float, accuracy: float, heldout, train=None, held: str = "") -> dict:
+    """A language model's held-out figures, named for what they measure: next-token loss, perplexity and accuracy
+    over every token; or masked-token loss and accuracy over the masked tokens alone (no perplexity: the masked
+    tokens are not a text's likelihood). `train`: with the unigram model's loss; `held`: the prefix of the losses."""
+    from .data_text import MASKED, perplexity, unigram_loss
+    from .layers import IGNORE_INDEX
+
+    if objective == MASKED:
+        out = {"objective": objective, f"{held}masked_token_loss": loss, f"{held}masked_token_accuracy": accuracy,
+               "masked_tokens": int((heldout.y != IGNORE_INDEX).sum())}
+        if train is not None:
+            out["unigram_masked_token_loss"] = unigram_loss(train, heldout)
+        return out
+    out = {"objective": objective, f"{held}loss": loss, "accuracy": accuracy, "perplexity": perplexity(loss)}
+    if train is not None:
+        out["unigram_loss"] = unigram_loss(train, heldout)
+    return out
 
 
 def _best_path(save: str) -> Path:
@@ -851,7 +888,9 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
 def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     """The run's JSON fields, the files written at its end (checkpoint, plot, trace) and, without --json, the
     text summary; ranks other than 0 return their fields without writing or printing (`args.quiet`)."""
-    from .data_text import SequenceDataset, perplexity, unigram_loss
+    from minidl.models import model_objective
+
+    from .data_text import SequenceDataset
     from .memory.host import transfer_json
     from .memory.report import plot_timeline, write_trace
     from .memory.report.fit import check_fit
@@ -873,11 +912,11 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
     if heldout is not None and not res.interrupted:
         loss, acc = sess.evaluate(heldout)
-        out["accuracy"] = acc
-        out["heldout_loss"] = loss
-        if isinstance(heldout, SequenceDataset):  # a language model: perplexity, and the bar it must clear
-            out["perplexity"] = perplexity(loss)
-            out["unigram_loss"] = unigram_loss(train, heldout)
+        if isinstance(heldout, SequenceDataset):  # a language model: its objective's figures, and the bar to clear
+            out.update(_token_figures(model_objective(args.model), loss, acc, heldout, train, held="heldout_"))
+        else:
+            out["accuracy"] = acc
+            out["heldout_loss"] = loss
     if comm is not None:
         from .dist.report import dist_json
 
@@ -927,6 +966,10 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     if "perplexity" in out:
         line += (f", held-out loss {out['heldout_loss']:.4f} (perplexity {out['perplexity']:.2f}; a unigram model's "
                  f"{out['unigram_loss']:.4f}), next-token accuracy {out['accuracy']:.2%}")
+    elif "heldout_masked_token_loss" in out:
+        line += (f", held-out masked-token loss {out['heldout_masked_token_loss']:.4f} (a unigram model's "
+                 f"{out['unigram_masked_token_loss']:.4f}), masked-token accuracy "
+                 f"{out['heldout_masked_token_accuracy']:.2%} ({out['masked_tokens']:,} masked tokens)")
     elif "accuracy" in out:
         line += f", held-out accuracy {out['accuracy']:.2%}"
     print(line)

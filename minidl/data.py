@@ -14,7 +14,8 @@ Sources:
 * `npz:PATH`, `npy:X.npy,Y.npy`, `images:DIR` -- a user's own arrays or folder of images per class
   (`minidl.datafiles` reads and checks them; `from_files` scales and splits them here).
 * `stdlib`, `text:PATH` -- byte-level text for language models (`minidl.data_text`: Python's own sources, or a
-  user's file), cut into (tokens, next tokens) sequences: a `SequenceDataset`, batched like the images.
+  user's file), cut into sequences with next-token or masked-token targets: a `SequenceDataset`, batched like
+  the images.
 * `load_data` -- parses the CLI's ``--data`` value into (train, held-out).
 
 Augmentation (random crops, flips: `minidl.augment`) belongs to a training set (`Dataset.augment`), and
@@ -37,7 +38,7 @@ import numpy as np
 from .augment import Augment
 from .core.errors import DataError
 from .core.guards import check_finite_data, check_images, check_labels
-from .data_text import SequenceDataset, sequences, stdlib_corpus, text_file
+from .data_text import NEXT_TOKEN, SequenceDataset, sequences, stdlib_corpus, text_file
 from .datafiles import Arrays, read_image_folder, read_npy, read_npz
 from .layers import args
 
@@ -191,7 +192,8 @@ class Dataset:
 
 class BatchIterator:
     """Endless, seed-deterministic mini-batches over a Dataset, reshuffled every epoch, augmented when the
-    data set says so (`Dataset.augment`: the crops and flips of a batch drawn from its seed, epoch and offset).
+    data set says so (`Dataset.augment`: the crops and flips of a batch drawn from its seed, epoch and offset),
+    masked likewise when a `SequenceDataset` has a `masking` (BERT's masked tokens and their targets).
 
     * ``next(it)`` / ``it.next_batch()`` return fresh contiguous ``(x, y)`` arrays (float32, int64).
     * ``it.next_into(x_out, y_out)`` gathers the same batch straight into caller-owned arrays. The
@@ -263,21 +265,25 @@ class BatchIterator:
             self._start_epoch()
         assert self._order is not None
         idx = self._order[self._pos : self._pos + self.batch_size]
-        self._augment_key = (self.seed, self.epoch_index, self._pos)  # where this batch stands: its augmentation
+        self._batch_key = (self.seed, self.epoch_index, self._pos)  # where this batch stands: its crops, its masks
         self._pos += len(idx)
         return idx
 
-    def _augment(self, x: np.ndarray) -> None:
+    def _transform(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Augment (images) or mask (text) the batch in place, by where it stands in the data order."""
         if self.dataset.augment:
-            self.dataset.augment.apply(x, self._augment_key)
+            self.dataset.augment.apply(x, self._batch_key)
+        masking = getattr(self.dataset, "masking", None)
+        if masking is not None:
+            masking.apply(x, y, self._batch_key)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch as new contiguous arrays (x float32 NCHW, y int64)."""
         idx = self._take_indices()
         # Fancy indexing gathers into a fresh C-contiguous array of the source dtype.
-        x = self.dataset.x[idx]
-        self._augment(x)
-        return x, self.dataset.y[idx]
+        x, y = self.dataset.x[idx], self.dataset.y[idx]
+        self._transform(x, y)
+        return x, y
 
     # -- the position in the sequence of batches, as checkpoints keep it -------------------------------------
     def position(self) -> dict:
@@ -347,7 +353,7 @@ class BatchIterator:
                 np.take(src, idx, axis=0, out=out, mode="clip")
             else:
                 out[...] = src[idx]
-        self._augment(x_out)
+        self._transform(x_out, y_out)
 
     def epoch(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield the batches left in the current epoch (a full epoch when at an epoch boundary)."""
@@ -721,6 +727,7 @@ def load_data(
     heldout_fraction: float = 0.2,
     augment: Augment | None = None,
     seq: int = 128,
+    objective: str = NEXT_TOKEN,
 ) -> tuple[Dataset | SequenceDataset, Dataset | SequenceDataset | None]:
     """Turn the CLI's ``--data`` value into (train, heldout-or-None).
 
@@ -733,7 +740,8 @@ def load_data(
       (`minidl.datafiles` gives the layouts): their held-out part, or `heldout_fraction` split off by `seed`.
 
     * ``stdlib`` / ``text:PATH`` -- byte-level text (Python's standard library sources, or the file at PATH) in
-      sequences of `seq` tokens, the last 10% held out (`minidl.data_text`).
+      sequences of `seq` tokens with the targets of `objective` (next-token or masked), the last 10% held out
+      (`minidl.data_text`).
 
     `augment` is set on the training set (never on the held-out one). The keyword arguments `image_shape`,
     `num_classes` and `num_samples` only affect ``synthetic``; `heldout_fraction` the sources without a
@@ -742,22 +750,22 @@ def load_data(
     if isinstance(spec, str) and spec.strip().partition(":")[0].strip().lower() in ("stdlib", "text"):
         if augment is not None:
             raise DataError(f"--data {spec}: text is not augmented (crops and flips are for images)")
-        return _load_text(spec.strip(), seq)
+        return _load_text(spec.strip(), seq, objective)
     train, heldout = _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction)
     train.augment = augment
     return train, heldout
 
 
-def _load_text(spec: str, seq: int) -> tuple[SequenceDataset, SequenceDataset]:
+def _load_text(spec: str, seq: int, objective: str) -> tuple[SequenceDataset, SequenceDataset]:
     kind, sep, arg = spec.partition(":")
     if kind.strip().lower() == "stdlib":
         if sep:
             raise DataError(f"--data stdlib takes no ':' argument, got {spec!r}")
         tokens, name = stdlib_corpus()
-        return sequences(tokens, seq, name=name)
+        return sequences(tokens, seq, name=name, objective=objective)
     if not arg.strip():
         raise DataError(f"--data text needs a file: text:PATH, got {spec!r}")
-    return sequences(text_file(arg.strip()), seq, name=Path(arg.strip()).name)
+    return sequences(text_file(arg.strip()), seq, name=Path(arg.strip()).name, objective=objective)
 
 
 def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction) -> tuple[Dataset, Dataset | None]:
