@@ -671,8 +671,13 @@ def cmd_predict(args) -> dict:
     """Classes (argmax of the logits, in inference mode) for --input images or a --data set's samples."""
     import numpy as np
 
+    from minidl.models import is_sequence_model
+
     from .data import load_data
 
+    if is_sequence_model(args.model):
+        raise OptionError(f"predict gives the classes of images; model '{args.model}' reads token sequences: "
+                          f"minidl evaluate gives its held-out loss and accuracy")
     if (args.input is None) == (args.data is None):
         raise OptionError("predict: give either --input IMAGES.npy or --data SPEC")
     meta = _checkpoint_meta(args)

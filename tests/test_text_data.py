@@ -299,6 +299,8 @@ def test_minidl_evaluate_a_bert_checkpoint_gives_the_masked_token_figures(tmp_pa
     assert "perplexity" not in r and "loss" not in r
     assert main(["evaluate", *net, "--checkpoint", str(ck), "--data", f"text:{p}"]) == 0
     assert "held-out masked-token loss" in capsys.readouterr().out
+    assert main(["predict", *net, "--checkpoint", str(ck), "--data", f"text:{p}"]) == 2
+    assert "reads token sequences: minidl evaluate gives" in capsys.readouterr().err
 
 
 def test_a_resumed_bert_run_draws_the_masks_of_the_straight_run(tmp_path, capsys):
