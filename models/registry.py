@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import minidl as dl
+from minidl.data.text import MASKED, NEXT_TOKEN
 
 from .alexnet import alexnet
 from .bert import BERT_CONFIGS, bert
@@ -43,7 +44,12 @@ class ModelSpec:
     num_classes: int = 1000
     in_channels: int = 3
     batch: int = 32
-    sequence: bool = False  # reads token sequences: no image options; num_classes is its vocabulary
+    objective: str | None = None  # a sequence model's: what it trains to predict (next-token, masked); None: images
+
+    @property
+    def sequence(self) -> bool:
+        """Reads token sequences: no image options; num_classes is its vocabulary."""
+        return self.objective is not None
 
 
 def _registry() -> dict[str, ModelSpec]:
@@ -76,16 +82,16 @@ def _registry() -> dict[str, ModelSpec]:
     for d in sorted(DENSENET_CONFIGS):
         m[f"densenet{d}"] = ModelSpec(densenet, f"DenseNet-{d} (torchvision)", fixed={"depth": d})
     m["gpt2"] = ModelSpec(gpt2, "GPT-2 (size small/medium/large/xl, or any layers/heads/width; seq tokens)",
-                          batch=8, sequence=True)
+                          batch=8, objective=NEXT_TOKEN)
     for size, (layers, heads, width) in GPT2_CONFIGS.items():
         m[f"gpt2_{size}"] = ModelSpec(gpt2, f"GPT-2 {size} ({layers} layers, {heads} heads, width {width})",
-                                      fixed={"size": size}, batch=8, sequence=True)
+                                      fixed={"size": size}, batch=8, objective=NEXT_TOKEN)
     m["bert"] = ModelSpec(bert, "BERT with its masked-LM head (size base/large/96, or any layers/heads/width)",
-                          batch=8, sequence=True)
+                          batch=8, objective=MASKED)
     for size, (layers, heads, width) in BERT_CONFIGS.items():
         key, what = ("bert96", "Harmony's BERT-96 (BERT-large") if size == "96" else (f"bert_{size}", f"BERT-{size} (")
         m[key] = ModelSpec(bert, f"{what}{layers} layers, {heads} heads, width {width}), masked-LM head",
-                           fixed={"size": size}, batch=8, sequence=True)
+                           fixed={"size": size}, batch=8, objective=MASKED)
     m["densenet_tiny"] = ModelSpec(densenet, "a small DenseNet for tests (2 blocks of 2 layers, growth 8)",
                                    fixed={"variant": "tiny"}, image_size=32, num_classes=10)
     return m
@@ -183,8 +189,14 @@ def _build_sequence(name: str, spec: ModelSpec, args: dict, depth, batch, image_
 def is_sequence_model(name: str) -> bool:
     """True for a registered model that reads token sequences (gpt2, bert and their sizes); False otherwise,
     unknown names included (`build_model` names those)."""
+    return model_objective(name) is not None
+
+
+def model_objective(name: str) -> str | None:
+    """What a registered sequence model trains to predict on text: "next-token" (gpt2) or "masked" (bert, masked
+    tokens: `minidl.data.text`); None for an image model or an unknown name."""
     key = _canonical(name)
-    return key is not None and MODELS[key].sequence
+    return None if key is None else MODELS[key].objective
 
 
 def describe_models() -> str:

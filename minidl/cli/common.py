@@ -20,6 +20,25 @@ def build_net(args, image_shape=None, num_classes=None):
     return build_model(args.model, **kw)
 
 
+def token_figures(objective: str, loss: float, accuracy: float, heldout, train=None, held: str = "") -> dict:
+    """A language model's held-out figures, named for what they measure: next-token loss, perplexity and accuracy
+    over every token; or masked-token loss and accuracy over the masked tokens alone (no perplexity: the masked
+    tokens are not a text's likelihood). `train`: with the unigram model's loss; `held`: the prefix of the losses."""
+    from ..data.text import MASKED, perplexity, unigram_loss
+    from ..layers import IGNORE_INDEX
+
+    if objective == MASKED:
+        out = {"objective": objective, f"{held}masked_token_loss": loss, f"{held}masked_token_accuracy": accuracy,
+               "masked_tokens": int((heldout.y != IGNORE_INDEX).sum())}
+        if train is not None:
+            out["unigram_masked_token_loss"] = unigram_loss(train, heldout)
+        return out
+    out = {"objective": objective, f"{held}loss": loss, "accuracy": accuracy, "perplexity": perplexity(loss)}
+    if train is not None:
+        out["unigram_loss"] = unigram_loss(train, heldout)
+    return out
+
+
 def memory_json(plan) -> dict:
     from ..memory.decisions.weights import moved_by_role
     from ..memory.report import memory_report

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.errors import OptionError
-from .common import build_net, say_written
+from .common import build_net, say_written, token_figures
 
 
 def _checkpoint_meta(args) -> dict:
@@ -48,32 +48,41 @@ def _checkpoint_session(args, meta: dict, image_shape, num_classes):
 def cmd_evaluate(args) -> dict:
     """The held-out loss and accuracy, computed as `train` computes them at its end (Session.evaluate, every
     sample, the split of the checkpoint's seed), so a checkpoint's accuracy is the one its run printed."""
-    from minidl.models import is_sequence_model
+    from minidl.models import model_objective
 
     from ..data import load_data
-    from ..data.text import BYTE_VOCAB, perplexity
+    from ..data.text import MASKED, text_vocab
 
     meta = _checkpoint_meta(args)
-    if is_sequence_model(args.model):  # the network first: its sequence length cuts the text
-        sess = _checkpoint_session(args, meta, None, BYTE_VOCAB)
-        _, heldout = load_data(args.data, seed=args.seed, seq=sess.net.input_nodes[0].shape[1])
+    objective = model_objective(args.model)
+    if objective is not None:  # the network first: its sequence length cuts the text
+        sess = _checkpoint_session(args, meta, None, text_vocab(objective))
+        _, heldout = load_data(args.data, seed=args.seed, seq=sess.net.input_nodes[0].shape[1], objective=objective)
     else:
         _, heldout = load_data(args.data, seed=args.seed)
     if heldout is None:
         raise OptionError(f"--data {args.data}: has no held-out samples to evaluate on (digits holds out 20%; "
                           f"cifar10:DIR and mnist:DIR need their test files in DIR)")
-    if not is_sequence_model(args.model):
+    if objective is None:
         sess = _checkpoint_session(args, meta, heldout.image_shape, heldout.num_classes)
     loss, acc = sess.evaluate(heldout)
     out = {"model": args.model, "checkpoint": args.checkpoint, "iteration": meta.get("iteration"),
-           "data": args.data, "samples": len(heldout), "loss": loss, "accuracy": acc}
-    if is_sequence_model(args.model):
-        out["perplexity"] = perplexity(loss)
+           "data": args.data, "samples": len(heldout)}
+    if objective == MASKED:
+        out.update(token_figures(objective, loss, acc, heldout))
+        if not args.json:
+            print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out masked-token loss {loss:.4f}, "
+                  f"masked-token accuracy {acc:.2%}, over the {out['masked_tokens']:,} masked tokens of "
+                  f"{len(heldout)} sequences of --data {args.data}")
+        return out
+    if objective is not None:
+        out.update(token_figures(objective, loss, acc, heldout))
         if not args.json:
             print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out loss {loss:.4f} per token "
                   f"(perplexity {out['perplexity']:.2f}), next-token accuracy {acc:.2%}, on {len(heldout)} "
                   f"sequences of --data {args.data}")
         return out
+    out.update({"loss": loss, "accuracy": acc})
     if not args.json:
         print(f"{args.checkpoint} (step {meta.get('iteration')}): held-out accuracy {acc:.2%}, mean loss "
               f"{loss:.4f}, on {len(heldout)} samples of --data {args.data}")
@@ -84,8 +93,13 @@ def cmd_predict(args) -> dict:
     """Classes (argmax of the logits, in inference mode) for --input images or a --data set's samples."""
     import numpy as np
 
+    from minidl.models import is_sequence_model
+
     from ..data import load_data
 
+    if is_sequence_model(args.model):
+        raise OptionError(f"predict gives the classes of images; model '{args.model}' reads token sequences: "
+                          f"minidl evaluate gives its held-out loss and accuracy")
     if (args.input is None) == (args.data is None):
         raise OptionError("predict: give either --input IMAGES.npy or --data SPEC")
     meta = _checkpoint_meta(args)

@@ -198,13 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     _memory_args(p, "liveness")
     p.add_argument("--steps", type=_positive_int, default=20, help="training steps (one mini-batch each)")
     p.add_argument("--seed", type=int, default=0,
-                   help="fixes initialization, data order and dropout: same seed, bit-identical parameters")
+                   help="fixes initialization, data order, dropout and bert's masks: same seed, bit-identical "
+                        "parameters")
     p.add_argument("--data", default="synthetic",
                    help="synthetic | digits | cifar10:DIR | mnist:DIR | npz:PATH.npz (arrays x, y; x_test, y_test "
                         "held out) | npy:IMAGES.npy,LABELS.npy | images:DIR (DIR/CLASS/*.png, or DIR/train/ and "
                         "DIR/test/); held out: the test part, else 20%% split by --seed. A sequence model (gpt2, "
                         "bert): stdlib (Python's own sources, the default for them) | text:PATH (a text file), as "
-                        "bytes in --seq token sequences, the last 10%% held out")
+                        "bytes in --seq token sequences, the last 10%% held out; gpt2 predicts each next token, "
+                        "bert the tokens masked (15%%, BERT's rule)")
     p.add_argument("--augment", type=_augment, default=None, metavar="crop,flip",
                    help="augment the training batches: crop (pad 4 pixels, crop back at a random offset), crop:N "
                         "(pad N), flip (mirror half the images); drawn from --seed and each batch's place in the "
@@ -306,8 +308,9 @@ def _infer_parsers(sub) -> None:
         p.add_argument("--debug", action="store_true", help="show the traceback of an error")
         if name == "evaluate":
             p.add_argument("--data", required=True,
-                           help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR: its "
-                                "held-out samples")
+                           help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR, or for "
+                                "a sequence model stdlib | text:PATH: its held-out samples (bert: masked-token loss "
+                                "and accuracy, on masks fixed whatever the seed)")
         else:
             p.add_argument("--data", default=None,
                            help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR: its "

@@ -16,6 +16,7 @@ from .common import (
     moved_line,
     plot_title,
     say_written,
+    token_figures,
 )
 
 
@@ -92,20 +93,26 @@ def _train_inputs(args, backend) -> _TrainInputs:
 
 def _sequence_inputs(args):
     """A language model's data: byte-level text (`--data stdlib`, the default, or `text:PATH`) in sequences of the
-    network's length, and the network with a vocabulary of 256 bytes."""
+    network's length, with the targets of the model's objective (gpt2: next tokens, bert: masked tokens), and the
+    network with that objective's vocabulary (256 bytes; bert's adds [MASK])."""
+    from minidl.models import model_objective
+
     from ..data import load_data
-    from ..data.text import BYTE_VOCAB
+    from ..data.text import text_vocab
 
     if args.data == "synthetic":
         args.data = "stdlib"
     if args.data.partition(":")[0].strip().lower() not in ("stdlib", "text"):
         raise OptionError(f"--data {args.data}: model '{args.model}' reads token sequences; give --data stdlib "
                           f"(Python's own sources) or --data text:PATH")
-    if args.num_classes not in (None, BYTE_VOCAB):
+    objective = model_objective(args.model)
+    vocab = text_vocab(objective)
+    if args.num_classes not in (None, vocab):
         raise OptionError(f"--num-classes {args.num_classes}: --data {args.data} is byte-level text, a vocabulary "
-                          f"of {BYTE_VOCAB}")
-    net = build_net(args, num_classes=BYTE_VOCAB)
-    train, heldout = load_data(args.data, seed=args.seed, augment=args.augment, seq=net.input_nodes[0].shape[1])
+                          f"of {vocab} for {objective} targets" + (" (256 bytes and [MASK])" if vocab > 256 else ""))
+    net = build_net(args, num_classes=vocab)
+    train, heldout = load_data(args.data, seed=args.seed, augment=args.augment, seq=net.input_nodes[0].shape[1],
+                               objective=objective)
     return train, heldout, net
 
 
@@ -157,7 +164,9 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
 def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     """The run's JSON fields, the files written at its end (checkpoint, plot, trace) and, without --json, the
     text summary; ranks other than 0 return their fields without writing or printing (`args.quiet`)."""
-    from ..data.text import SequenceDataset, perplexity, unigram_loss
+    from minidl.models import model_objective
+
+    from ..data.text import SequenceDataset
     from ..memory.host import transfer_json
     from ..memory.report import plot_timeline, write_trace
     from ..memory.report.fit import check_fit
@@ -179,11 +188,11 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
     if heldout is not None and not res.interrupted:
         loss, acc = sess.evaluate(heldout)
-        out["accuracy"] = acc
-        out["heldout_loss"] = loss
-        if isinstance(heldout, SequenceDataset):  # a language model: perplexity, and the bar it must clear
-            out["perplexity"] = perplexity(loss)
-            out["unigram_loss"] = unigram_loss(train, heldout)
+        if isinstance(heldout, SequenceDataset):  # a language model: its objective's figures, and the bar to clear
+            out.update(token_figures(model_objective(args.model), loss, acc, heldout, train, held="heldout_"))
+        else:
+            out["accuracy"] = acc
+            out["heldout_loss"] = loss
     if comm is not None:
         from ..dist.report import dist_json
 
@@ -233,6 +242,10 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     if "perplexity" in out:
         line += (f", held-out loss {out['heldout_loss']:.4f} (perplexity {out['perplexity']:.2f}; a unigram model's "
                  f"{out['unigram_loss']:.4f}), next-token accuracy {out['accuracy']:.2%}")
+    elif "heldout_masked_token_loss" in out:
+        line += (f", held-out masked-token loss {out['heldout_masked_token_loss']:.4f} (a unigram model's "
+                 f"{out['unigram_masked_token_loss']:.4f}), masked-token accuracy "
+                 f"{out['heldout_masked_token_accuracy']:.2%} ({out['masked_tokens']:,} masked tokens)")
     elif "accuracy" in out:
         line += f", held-out accuracy {out['accuracy']:.2%}"
     print(line)

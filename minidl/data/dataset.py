@@ -136,7 +136,8 @@ class Dataset:
 
 class BatchIterator:
     """Endless, seed-deterministic mini-batches over a Dataset, reshuffled every epoch, augmented when the
-    data set says so (`Dataset.augment`: the crops and flips of a batch drawn from its seed, epoch and offset).
+    data set says so (`Dataset.augment`: the crops and flips of a batch drawn from its seed, epoch and offset),
+    masked likewise when a `SequenceDataset` has a `masking` (BERT's masked tokens and their targets).
 
     * ``next(it)`` / ``it.next_batch()`` return fresh contiguous ``(x, y)`` arrays (float32, int64).
     * ``it.next_into(x_out, y_out)`` gathers the same batch straight into caller-owned arrays. The
@@ -208,21 +209,25 @@ class BatchIterator:
             self._start_epoch()
         assert self._order is not None
         idx = self._order[self._pos : self._pos + self.batch_size]
-        self._augment_key = (self.seed, self.epoch_index, self._pos)  # where this batch stands: its augmentation
+        self._batch_key = (self.seed, self.epoch_index, self._pos)  # where this batch stands: its crops, its masks
         self._pos += len(idx)
         return idx
 
-    def _augment(self, x: np.ndarray) -> None:
+    def _transform(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Augment (images) or mask (text) the batch in place, by where it stands in the data order."""
         if self.dataset.augment:
-            self.dataset.augment.apply(x, self._augment_key)
+            self.dataset.augment.apply(x, self._batch_key)
+        masking = getattr(self.dataset, "masking", None)
+        if masking is not None:
+            masking.apply(x, y, self._batch_key)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch as new contiguous arrays (x float32 NCHW, y int64)."""
         idx = self._take_indices()
         # Fancy indexing gathers into a fresh C-contiguous array of the source dtype.
-        x = self.dataset.x[idx]
-        self._augment(x)
-        return x, self.dataset.y[idx]
+        x, y = self.dataset.x[idx], self.dataset.y[idx]
+        self._transform(x, y)
+        return x, y
 
     # -- the position in the sequence of batches, as checkpoints keep it -------------------------------------
     def position(self) -> dict:
@@ -292,7 +297,7 @@ class BatchIterator:
                 np.take(src, idx, axis=0, out=out, mode="clip")
             else:
                 out[...] = src[idx]
-        self._augment(x_out)
+        self._transform(x_out, y_out)
 
     def epoch(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield the batches left in the current epoch (a full epoch when at an epoch boundary)."""

@@ -15,7 +15,7 @@ from .augment import Augment
 from .dataset import Dataset
 from .files import Arrays, read_image_folder, read_npy, read_npz
 from .sets import _CIFAR_TEST_FILE, _cifar_dir, _mnist_test_present, digits, load_cifar10, load_mnist, synthetic
-from .text import SequenceDataset, sequences, stdlib_corpus, text_file
+from .text import NEXT_TOKEN, SequenceDataset, sequences, stdlib_corpus, text_file
 
 __all__ = ["from_files", "load_data", "data_paths"]
 # ---------------------------------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ __all__ = ["from_files", "load_data", "data_paths"]
 
 
 def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2) -> tuple[Dataset, Dataset]:
-    """(train, heldout) Datasets from what `minidl.datafiles` read.
+    """(train, heldout) Datasets from what `data.files` read.
 
     Pixels stored as uint8 are scaled to [0, 1] and standardized per channel with the mean and std of the
     training part (held-out images with the same figures: the held-out set must not inform its own scaling);
@@ -79,6 +79,7 @@ def load_data(
     heldout_fraction: float = 0.2,
     augment: Augment | None = None,
     seq: int = 128,
+    objective: str = NEXT_TOKEN,
 ) -> tuple[Dataset | SequenceDataset, Dataset | SequenceDataset | None]:
     """Turn the CLI's ``--data`` value into (train, heldout-or-None).
 
@@ -88,10 +89,11 @@ def load_data(
     * ``cifar10:DIR`` / ``mnist:DIR`` -- the training files for training, the test files as held-out set
       if they are present (None if absent).
     * ``npz:PATH`` / ``npy:IMAGES.npy,LABELS.npy`` / ``images:DIR`` -- a user's arrays or image folder
-      (`minidl.datafiles` gives the layouts): their held-out part, or `heldout_fraction` split off by `seed`.
+      (`data.files` gives the layouts): their held-out part, or `heldout_fraction` split off by `seed`.
 
     * ``stdlib`` / ``text:PATH`` -- byte-level text (Python's standard library sources, or the file at PATH) in
-      sequences of `seq` tokens, the last 10% held out (`minidl.data_text`).
+      sequences of `seq` tokens with the targets of `objective` (next-token or masked), the last 10% held out
+      (`data.text`).
 
     `augment` is set on the training set (never on the held-out one). The keyword arguments `image_shape`,
     `num_classes` and `num_samples` only affect ``synthetic``; `heldout_fraction` the sources without a
@@ -100,7 +102,7 @@ def load_data(
     if isinstance(spec, str) and spec.strip().partition(":")[0].strip().lower() in ("stdlib", "text"):
         if augment is not None:
             raise DataError(f"--data {spec}: text is not augmented (crops and flips are for images)")
-        return _load_text(spec.strip(), seq)
+        return _load_text(spec.strip(), seq, objective)
     train, heldout = _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction)
     train.augment = augment
     return train, heldout
@@ -117,16 +119,16 @@ def data_paths(spec: str) -> list[Path]:
     return [Path(a).expanduser() for a in parts if a]
 
 
-def _load_text(spec: str, seq: int) -> tuple[SequenceDataset, SequenceDataset]:
+def _load_text(spec: str, seq: int, objective: str) -> tuple[SequenceDataset, SequenceDataset]:
     kind, sep, arg = spec.partition(":")
     if kind.strip().lower() == "stdlib":
         if sep:
             raise DataError(f"--data stdlib takes no ':' argument, got {spec!r}")
         tokens, name = stdlib_corpus()
-        return sequences(tokens, seq, name=name)
+        return sequences(tokens, seq, name=name, objective=objective)
     if not arg.strip():
         raise DataError(f"--data text needs a file: text:PATH, got {spec!r}")
-    return sequences(text_file(arg.strip()), seq, name=Path(arg.strip()).name)
+    return sequences(text_file(arg.strip()), seq, name=Path(arg.strip()).name, objective=objective)
 
 
 def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction) -> tuple[Dataset, Dataset | None]:

@@ -102,7 +102,7 @@ def synthetic(
 
 def digits(seed: int | None = None) -> Dataset:
     """The 8x8 handwritten digits (UCI optdigits' test set, as scikit-learn bundles it): 1797 images,
-    (1, 8, 8), 10 classes; shipped with minidl (``minidl/datasets/digits.npz``), so no download and no
+    (1, 8, 8), 10 classes; shipped with minidl (``minidl/data/datasets/digits.npz``), so no download and no
     scikit-learn.
 
     Pixels (0..16) are scaled to [0, 1], then standardized with the dataset's own mean and std (a single
@@ -126,7 +126,7 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
     Why a copy of our own: the README's first command trains on digits, and a plain ``pip install`` must
     be enough for it; scikit-learn (~40 MB with scipy) for a 45 KB table was the one thing it lacked.
-    Provenance and licence: ``minidl/datasets/README.md``.
+    Provenance and licence: ``minidl/data/datasets/README.md``.
     """
     with np.load(_DIGITS_FILE) as f:
         return f["images"], f["target"]

@@ -15,6 +15,8 @@ from ..core.guards import check_labels
 from . import args
 from .base import Layer, last_axis_rows
 
+IGNORE_INDEX = -100  # the usual ignore_index: a sequence model's target that counts for nothing (PyTorch's default)
+
 
 class SoftmaxCrossEntropy(Layer):
     type_name = "softmax_xent"

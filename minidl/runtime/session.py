@@ -32,7 +32,7 @@ from ..data.text import SequenceDataset
 from ..dist.agree import check_same
 from ..dist.checkpoint import check_resume, save_on_rank0
 from ..graph.network import Network
-from ..layers import args
+from ..layers import IGNORE_INDEX, args
 from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 from ..memory.policies import plan_network
 from ..memory.pool import as_size
@@ -409,9 +409,9 @@ class Session:
         are dropped (inference treats samples independently, so padding changes no other sample's output).
         The loss is the mean softmax cross-entropy of the logits, in float64.
 
-        A `SequenceDataset` (a language model's): the mean over every token of every sequence, and the share of
-        tokens whose next token is the most likely one (`data_text.perplexity(loss)` turns the loss into a
-        perplexity)."""
+        A `SequenceDataset` (a language model's): the mean over every target token of every sequence (targets equal
+        to `IGNORE_INDEX` left out: a masked set's are its masked tokens), and the share of those predicted right
+        (argmax); a training set with `masking` is evaluated on masks drawn once (`Masking.fixed`)."""
         if isinstance(data, SequenceDataset):
             return self._evaluate_tokens(data)
         total_loss, correct = 0.0, 0
@@ -427,7 +427,9 @@ class Session:
         if tuple(data.sample_shape) != tuple(node.shape[1:]):
             raise DataError(f"Session.evaluate: data set {data.name!r} has sequences of shape {data.sample_shape}, "
                             f"but the network's input '{node.name}' takes {node.shape[1:]}")
-        total_loss, correct, b = 0.0, 0, self.batch
+        if data.masking is not None:
+            data = data.masking.fixed(data)
+        total_loss, correct, targets, b = 0.0, 0, 0, self.batch
         for i in range(0, len(data), b):
             xb, yb = data.x[i:i + b], data.y[i:i + b]
             n = len(xb)
@@ -435,12 +437,17 @@ class Session:
             _, logits = self.executor.evaluate(np.ascontiguousarray(xb[pad]), np.ascontiguousarray(yb[pad]))
             logits = np.asarray(logits[:n], np.float64).reshape(-1, logits.shape[-1])
             y = yb.reshape(-1)
+            rows = np.flatnonzero(y != IGNORE_INDEX)
+            if len(rows) < len(y):
+                logits, y = logits[rows], y[rows]
             shifted = logits - logits.max(axis=1, keepdims=True)
             logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
             total_loss -= float(logp[np.arange(len(y)), y].sum())
             correct += int((logits.argmax(axis=1) == y).sum())
-        tokens = data.x.size
-        return total_loss / tokens, correct / tokens
+            targets += len(y)
+        if targets == 0:  # every target ignored: no mean (PyTorch's cross-entropy gives NaN too)
+            return float("nan"), float("nan")
+        return total_loss / targets, correct / targets
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Logits (N, classes), float64, for images `x` (N, C, H, W), any N, in inference mode."""

@@ -172,6 +172,19 @@ def test_sequence_models_in_the_registry():
         build_model("gpt2-xl", size="small")
 
 
+def test_a_sequence_models_kind_says_what_it_trains_on():
+    """The registry, not the command line, knows each model's objective: gpt2 the next token, bert masked tokens
+    (and the vocabulary byte-level text gives each: 256 bytes, bert's with [MASK])."""
+    from minidl.data.text import text_vocab
+    from minidl.models import MODELS, is_sequence_model, model_objective
+
+    assert model_objective("gpt2") == model_objective("gpt2-xl") == "next-token"
+    assert model_objective("bert") == model_objective("bert-96") == model_objective("BERT_large") == "masked"
+    assert model_objective("resnet50") is None and model_objective("nope") is None
+    assert all(is_sequence_model(k) == (spec.objective is not None) for k, spec in MODELS.items())
+    assert (text_vocab("next-token"), text_vocab("masked")) == (256, 257)
+
+
 # -- the command line ------------------------------------------------------------------------------------------------
 def _json(capsys, *argv):
     import json
