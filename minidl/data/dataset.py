@@ -18,6 +18,7 @@ from ..core.guards import check_finite_data, check_images, check_labels
 from ..layers import args
 from .augment import Augment
 from .text import SequenceDataset
+from .transform import InputTransform
 
 __all__ = ["Dataset", "BatchIterator", "from_arrays"]
 
@@ -36,7 +37,10 @@ class Dataset:
     identity: comparing image arrays element-wise is not what `==` on a dataset should do.
 
     `augment` (an `Augment`, or None) is applied by `BatchIterator` to each training batch; `subset` and
-    `split` leave it out, so a held-out part is never augmented (set it on the training part).
+    `split` leave it out, so a held-out part is never augmented (set it on the training part). `transform` (an
+    `InputTransform`; None: the images were given as the network reads them) says how stored pixels became `x`;
+    `subset` and `split` keep it, and a checkpoint records it, so `predict` treats new images the same way.
+    `source`: the ``--data`` value it was loaded from (`load_data` sets it; None for arrays given in Python).
     """
 
     x: np.ndarray = field(repr=False)
@@ -44,6 +48,8 @@ class Dataset:
     num_classes: int
     name: str = "dataset"
     augment: Augment | None = None
+    transform: InputTransform | None = None
+    source: str | None = None
 
     def __post_init__(self) -> None:
         x = check_images(self.x, self.name)
@@ -57,6 +63,9 @@ class Dataset:
             raise DataError(f"{self.name}: labels must be a 1-D array (N,), got shape {y.shape}")
         if self.augment is not None and not isinstance(self.augment, Augment):
             raise DataError(f"{self.name}: augment must be an Augment or None, got {type(self.augment).__name__}")
+        if self.transform is not None and not isinstance(self.transform, InputTransform):
+            raise DataError(f"{self.name}: transform must be an InputTransform or None, got "
+                            f"{type(self.transform).__name__}")
         if x.shape[0] != y.shape[0]:
             raise DataError(
                 f"{self.name}: {x.shape[0]} images but {y.shape[0]} labels; they must match one to one"
@@ -95,9 +104,9 @@ class Dataset:
         return int(self.x.shape[0])
 
     def subset(self, indices: np.ndarray, name: str | None = None) -> Dataset:
-        """A new Dataset holding copies of the given samples (in the given order)."""
+        """A new Dataset holding copies of the given samples (in the given order), with the same transform."""
         idx = np.asarray(indices, dtype=np.int64)
-        return Dataset(self.x[idx], self.y[idx], self.num_classes, name=name or self.name)
+        return Dataset(self.x[idx], self.y[idx], self.num_classes, name=name or self.name, transform=self.transform)
 
     def split(self, fraction_or_count: float | int, seed: int = 0) -> tuple[Dataset, Dataset]:
         """Split into (train, heldout) with a random, seed-determined partition.

@@ -8,28 +8,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ..core.errors import DataError
 from .augment import Augment
 from .dataset import Dataset
 from .files import Arrays, read_image_folder, read_npy, read_npz
 from .sets import _CIFAR_TEST_FILE, _cifar_dir, _mnist_test_present, digits, load_cifar10, load_mnist, synthetic
 from .text import NEXT_TOKEN, SequenceDataset, sequences, stdlib_corpus, text_file
+from .transform import DEPTHS, InputTransform
 
-__all__ = ["from_files", "load_data", "data_paths"]
+__all__ = ["from_files", "load_data", "data_paths", "is_text"]
 # ---------------------------------------------------------------------------------------------------------
 # A user's own files (read and checked by data.files)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2) -> tuple[Dataset, Dataset]:
+def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2,
+               transform: InputTransform | None = None) -> tuple[Dataset, Dataset]:
     """(train, heldout) Datasets from what `data.files` read.
 
-    Pixels stored as uint8 are scaled to [0, 1] and standardized per channel with the mean and std of the
-    training part (held-out images with the same figures: the held-out set must not inform its own scaling);
-    float images are taken as they are (the user normalized them). Without a held-out part in the files,
-    `heldout_fraction` of the samples is held out, split by `seed` (as for ``digits``).
+    Pixels stored as uint8 or uint16 are scaled to [0, 1] and standardized per channel with the mean and std of
+    the training part (held-out images with the same figures: the held-out set must not inform its own scaling),
+    or with `transform` when given (a checkpoint's: new data as its network was trained); float images are taken
+    as they are (the user normalized them). Without a held-out part in the files, `heldout_fraction` of the
+    samples is held out, split by `seed` (as for ``digits``).
     """
     name = Path(arrays.name).name or arrays.name
     if arrays.x_heldout is None:   # split first: the statistics are the training part's alone
@@ -37,13 +38,14 @@ def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2) -> 
     else:
         train = Dataset(arrays.x, arrays.y, arrays.num_classes, name=f"{name}/train")
         held = Dataset(arrays.x_heldout, arrays.y_heldout, arrays.num_classes, name=f"{name}/heldout")
-    if arrays.x.dtype == np.uint8:   # the Datasets hold the bytes as float32 0..255, exactly
-        scaled = train.x / np.float32(255.0)
-        mean = scaled.mean(axis=(0, 2, 3), dtype=np.float64, keepdims=True)
-        std = scaled.std(axis=(0, 2, 3), dtype=np.float64, keepdims=True)
-        std[std == 0] = 1.0  # a constant channel (a blank plane) stays zero instead of dividing by zero
+    if transform is not None:
+        transform.check(arrays.x, arrays.name)
+    elif arrays.x.dtype.name in DEPTHS:   # the Datasets hold the stored values as float32, exactly
+        transform = InputTransform.fit(train.x, arrays.x.dtype.name)
+    if transform is not None:
         for part in (train, held):
-            part.x[...] = (part.x / np.float32(255.0) - mean) / std
+            part.transform = transform
+            transform.normalize(part.x)
     return train, held
 
 
@@ -80,6 +82,7 @@ def load_data(
     augment: Augment | None = None,
     seq: int = 128,
     objective: str = NEXT_TOKEN,
+    transform: InputTransform | None = None,
 ) -> tuple[Dataset | SequenceDataset, Dataset | SequenceDataset | None]:
     """Turn the CLI's ``--data`` value into (train, heldout-or-None).
 
@@ -98,14 +101,33 @@ def load_data(
     `augment` is set on the training set (never on the held-out one). The keyword arguments `image_shape`,
     `num_classes` and `num_samples` only affect ``synthetic``; `heldout_fraction` the sources without a
     held-out part of their own. Real datasets keep their own shapes and class counts.
+
+    `transform` (a checkpoint's `InputTransform`): the images must become what that network was trained on: a
+    user's files are scaled with it instead of their own statistics; any other source must already have it. Each
+    part returned records `spec` as its `source`.
     """
-    if isinstance(spec, str) and spec.strip().partition(":")[0].strip().lower() in ("stdlib", "text"):
+    if is_text(spec):
         if augment is not None:
             raise DataError(f"--data {spec}: text is not augmented (crops and flips are for images)")
-        return _load_text(spec.strip(), seq, objective)
-    train, heldout = _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction)
-    train.augment = augment
+        if transform is not None:
+            raise DataError(f"--data {spec} is text, but the network was trained on images ({transform.describe()})")
+        train, heldout = _load_text(spec.strip(), seq, objective)
+    else:
+        train, heldout = _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction, transform)
+        if transform is not None and train.transform != transform:
+            own = train.transform.describe() if train.transform is not None else "floats, as the source gives them"
+            raise DataError(f"--data {spec} holds {own}, but the network was trained on {transform.describe()}: "
+                            f"give it data of that kind")
+        train.augment = augment
+    for part in (train, heldout):
+        if part is not None:
+            part.source = spec.strip()
     return train, heldout
+
+
+def is_text(spec) -> bool:
+    """Whether a ``--data`` value names text (token sequences, for gpt2 and bert) rather than images."""
+    return isinstance(spec, str) and spec.strip().partition(":")[0].strip().lower() in ("stdlib", "text")
 
 
 def data_paths(spec: str) -> list[Path]:
@@ -131,7 +153,8 @@ def _load_text(spec: str, seq: int, objective: str) -> tuple[SequenceDataset, Se
     return sequences(text_file(arg.strip()), seq, name=Path(arg.strip()).name, objective=objective)
 
 
-def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction) -> tuple[Dataset, Dataset | None]:
+def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction,
+          transform) -> tuple[Dataset, Dataset | None]:
     if not isinstance(spec, str) or not spec.strip():
         raise DataError(f"empty --data value; {_SPEC_HELP}")
     kind, sep, arg = spec.strip().partition(":")
@@ -145,7 +168,7 @@ def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction) -
             raise DataError(f"--data digits takes no ':' argument, got {spec!r}")
         return digits().split(heldout_fraction, seed)
     if kind in ("npz", "npy", "images"):
-        return from_files(_read_files(kind, arg, spec), seed, heldout_fraction)
+        return from_files(_read_files(kind, arg, spec), seed, heldout_fraction, transform)
     if kind in ("cifar10", "mnist"):
         if not arg.strip():
             raise DataError(f"--data {kind} needs a directory: {kind}:DIR, got {spec!r}")

@@ -14,6 +14,7 @@ import numpy as np
 from ..core.errors import DataError
 from ..layers import args
 from .dataset import Dataset
+from .transform import InputTransform
 
 __all__ = ["synthetic", "digits", "load_cifar10", "load_mnist", "CIFAR10_MEAN", "CIFAR10_STD", "MNIST_MEAN",
            "MNIST_STD"]
@@ -197,13 +198,10 @@ def load_cifar10(directory: str | os.PathLike, train: bool = True) -> Dataset:
     parts = [_read_cifar_file(p) for p in paths]
     pixels = np.concatenate([p for p, _ in parts]) if len(parts) > 1 else parts[0][0]
     labels = np.concatenate([lab for _, lab in parts]) if len(parts) > 1 else parts[0][1]
-    mean = np.asarray(CIFAR10_MEAN, dtype=np.float32).reshape(1, 3, 1, 1)
-    std = np.asarray(CIFAR10_STD, dtype=np.float32).reshape(1, 3, 1, 1)
-    x = pixels.astype(np.float32)
-    x /= np.float32(255.0)  # in place: the training set is 600 MB as float32, avoid extra temporaries
-    x -= mean
-    x /= std
-    return Dataset(x, labels.astype(np.int64), 10, name="cifar10/" + ("train" if train else "test"))
+    transform = InputTransform("uint8", CIFAR10_MEAN, CIFAR10_STD)
+    x = transform.normalize(pixels.astype(np.float32))  # in place: the training set is 600 MB as float32
+    return Dataset(x, labels.astype(np.int64), 10, name="cifar10/" + ("train" if train else "test"),
+                   transform=transform)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -289,11 +287,10 @@ def load_mnist(directory: str | os.PathLike, train: bool = True) -> Dataset:
     if labels.max() >= 10:
         bad = int(np.argmax(labels >= 10))
         raise DataError(f"{lbl_path}: label {int(labels[bad])} at index {bad}; MNIST labels are 0..9")
-    x = images[:, None, :, :].astype(np.float32)
-    x /= np.float32(255.0)
-    x -= np.float32(MNIST_MEAN)
-    x /= np.float32(MNIST_STD)
-    return Dataset(x, labels.astype(np.int64), 10, name="mnist/" + ("train" if train else "test"))
+    transform = InputTransform("uint8", (MNIST_MEAN,), (MNIST_STD,))
+    x = transform.normalize(images[:, None, :, :].astype(np.float32))
+    return Dataset(x, labels.astype(np.int64), 10, name="mnist/" + ("train" if train else "test"),
+                   transform=transform)
 
 
 def _mnist_test_present(directory: str | os.PathLike) -> bool:

@@ -117,6 +117,8 @@ class SequenceDataset:
     name: str = "text"
     masking: Masking | None = None
     augment: None = None  # text is never augmented (BatchIterator asks)
+    transform: None = None  # nor transformed: tokens are read as they are (a checkpoint asks)
+    source: str | None = None  # the --data value it was loaded from (set by load_data)
 
     def __post_init__(self) -> None:
         x, y = np.asarray(self.x), np.asarray(self.y)

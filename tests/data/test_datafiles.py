@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import minidl as dl
 from minidl.cli import main
 from minidl.core.errors import DataError, OptionError
 from minidl.data import BatchIterator, Dataset, load_data
@@ -234,3 +235,162 @@ def test_a_cifar_style_resnet_trains_from_files_with_augmentation_and_evaluates_
     assert ev["accuracy"] == trained["accuracy"] and ev["samples"] == 16
     assert main(["predict", *model, "--data", spec, "--checkpoint", str(ck), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["accuracy"] == trained["accuracy"]
+
+
+# -- what a file holds, read as it is or refused naming the file ------------------------------------------------
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height 8-bit grayscale pixels, with almost no data behind it."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+def test_16_bit_images_are_read_at_their_depth_and_scaled_by_it(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 65536, (12, 6, 6)).astype(np.uint16)
+    y = np.arange(12) % 3
+    for i, (img, c) in enumerate(zip(x, y)):
+        (tmp_path / "d" / f"k{c}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img).save(tmp_path / "d" / f"k{c}" / f"{i:02d}.png")
+    arrays = read_image_folder(tmp_path / "d")
+    order = np.lexsort((np.arange(12), y))
+    assert arrays.x.dtype == np.uint16 and arrays.x.shape == (12, 1, 6, 6)
+    np.testing.assert_array_equal(arrays.x[:, 0], x[order])
+    train, held = load_data(f"images:{tmp_path / 'd'}", seed=0)
+    assert train.transform.dtype == "uint16"
+    scaled = np.concatenate([train.x, held.x]).reshape(-1)
+    assert abs(scaled.mean()) < 0.2 and 0.8 < scaled.std() < 1.2   # not squeezed into 255s
+    assert (np.isclose(train.x, train.x.max())).mean() < 0.05
+
+
+def test_float_images_are_read_as_they_are(tmp_path):
+    x = np.random.default_rng(1).standard_normal((6, 5, 5)).astype(np.float32)
+    for i, img in enumerate(x):
+        (tmp_path / "d" / f"k{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img).save(tmp_path / "d" / f"k{i % 2}" / f"{i}.tiff")
+    arrays = read_image_folder(tmp_path / "d")
+    assert arrays.x.dtype == np.float32
+    np.testing.assert_array_equal(arrays.x[:, 0], x[[0, 2, 4, 1, 3, 5]])
+    train, _ = load_data(f"images:{tmp_path / 'd'}", seed=0)
+    assert train.transform is None
+
+
+def test_images_that_cannot_be_scaled_are_refused_naming_the_file_and_its_mode(tmp_path):
+    write_folder(tmp_path / "mixed", *pixels(6, 2, shape=(1, 6, 6)))
+    Image.fromarray(np.full((6, 6), 300, np.uint16)).save(tmp_path / "mixed" / "dog" / "deep.png")
+    with pytest.raises(DataError, match=r"deep.png: mode I;16 \(uint16 pixels\), but .* is mode L \(uint8\)"):
+        read_image_folder(tmp_path / "mixed")
+    (tmp_path / "i32" / "a").mkdir(parents=True)
+    Image.fromarray(np.full((6, 6), 70000, np.int32)).save(tmp_path / "i32" / "a" / "wide.tif")
+    with pytest.raises(DataError, match=r"wide.tif: mode I \(32-bit integer pixels\) has no depth to scale by"):
+        read_image_folder(tmp_path / "i32")
+    (tmp_path / "nan" / "a").mkdir(parents=True)
+    img = np.zeros((6, 6), np.float32)
+    img[2, 3] = np.nan
+    Image.fromarray(img).save(tmp_path / "nan" / "a" / "bad.tiff")
+    with pytest.raises(DataError, match=r"bad.tiff: float image \(mode F\) holding nan at row 2, column 3"):
+        read_image_folder(tmp_path / "nan")
+
+
+@pytest.mark.parametrize("side", [30000, 12000])   # beyond Pillow's error limit; between its warning and error
+def test_an_image_declaring_too_many_pixels_is_refused_naming_it_without_warnings(tmp_path, side):
+    import warnings
+
+    write_folder(tmp_path / "d", *pixels(3, 3))
+    (tmp_path / "d" / "cat" / "huge.png").write_bytes(_png_header(side, side))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match=rf"huge.png: too large to be a training image .*{side * side} pixels"):
+            read_image_folder(tmp_path / "d")
+
+
+def test_a_held_out_folder_without_one_of_the_classes_keeps_the_training_labels(tmp_path):
+    x, y = pixels(12, 9)
+    y = np.arange(12) % 3
+    write_folder(tmp_path / "d" / "train", x, y)
+    keep = y != 1   # no "dog" in the held-out part: "emu" is still class 2
+    write_folder(tmp_path / "d" / "test", x[keep], y[keep])
+    arrays = read_image_folder(tmp_path / "d")
+    assert arrays.class_names == ("cat", "dog", "emu") and arrays.num_classes == 3
+    assert sorted(arrays.y_heldout.tolist()) == sorted(y[keep].tolist()) == [0] * 4 + [2] * 4
+    np.testing.assert_array_equal(arrays.x_heldout[arrays.y_heldout == 2], x[y == 2])
+
+
+def test_a_constant_channel_of_bytes_becomes_zeros_and_trains(tmp_path):
+    x, y = pixels(40, 10)
+    x[:, 1] = 77   # the green plane blank in every image
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    train, held = load_data(f"npz:{tmp_path / 'd.npz'}", seed=0)
+    assert train.transform.std[1] == 1.0
+    assert np.isfinite(train.x).all() and not train.x[:, 1].any() and not held.x[:, 1].any()
+    from minidl.models import build_model
+
+    net = build_model("lenet", batch=8, image_size=8, in_channels=3, num_classes=3)
+    sess = dl.Session(net, dl.SGD(0.05, momentum=0.9))
+    assert np.isfinite(sess.fit(train, 2, progress=False).losses).all()
+
+
+def _damaged(tmp_path) -> dict:
+    """name -> an .npz whose x member cannot be read as numbers, each damaged its own way."""
+    import io
+    import zipfile
+
+    x, y = pixels(10, 11)
+    good = tmp_path / "good.npz"
+    np.savez(good, x=x, y=y)
+    data = bytearray(good.read_bytes())
+    data[data.find(b"\x93NUMPY") + 200] ^= 0xFF   # a flipped byte inside x's pixels: a bad CRC
+    (tmp_path / "crc.npz").write_bytes(bytes(data))
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:700])
+    np.savez(tmp_path / "pickled.npz", x=np.array([{"pixel": 1}] * 10, dtype=object), y=y)
+    with zipfile.ZipFile(tmp_path / "raw.npz", "w") as z:
+        z.writestr("x.npy", b"not an array")
+        buf = io.BytesIO()
+        np.save(buf, y)
+        z.writestr("y.npy", buf.getvalue())
+    return {"crc.npz": "array 'x': not a readable .npy array: damaged or truncated (BadZipFile: Bad CRC-32",
+            "cut.npz": "not a readable .npz file (BadZipFile",
+            "pickled.npz": "array 'x': holds Python objects (a pickle), not numbers",
+            "raw.npz": "array 'x': not an .npy array (the member x.npy has no .npy header)"}
+
+
+def test_damaged_archives_and_pickles_are_refused_naming_the_file_and_member(tmp_path):
+    for name, words in _damaged(tmp_path).items():
+        with pytest.raises(DataError) as e:
+            load_data(f"npz:{tmp_path / name}")
+        assert str(tmp_path / name) in str(e.value) and words in str(e.value), str(e.value)
+        assert "allow_pickle" not in str(e.value)
+    np.save(tmp_path / "x.npy", np.array([{"pixel": 1}] * 4, dtype=object), allow_pickle=True)
+    np.save(tmp_path / "y.npy", np.zeros(4, np.int64))
+    with pytest.raises(DataError, match=r"x.npy: holds Python objects \(a pickle\)"):
+        load_data(f"npy:{tmp_path / 'x.npy'},{tmp_path / 'y.npy'}")
+
+
+_U64_MAX_LAST = (np.arange(20) % 3).astype(np.uint64)
+_U64_MAX_LAST[19] = np.iinfo(np.uint64).max
+
+
+@pytest.mark.parametrize("arrays, message", [
+    (dict(x=np.zeros((20, 1, 8, 8), np.uint8), y=np.r_[np.arange(19) % 3, 10**9]),
+     "y: label 1000000000 (sample 19) is outside [0, 20)"),
+    (dict(x=np.zeros((20, 1, 8, 8), np.uint8), y=_U64_MAX_LAST),
+     "y: label 18446744073709551615 (sample 19) is outside [0, 20)"),
+    (dict(x=np.zeros((20, 1, 8, 8), np.uint8), y=_U64_MAX_LAST,
+          num_classes=3), "y: label 18446744073709551615 is outside [0, 3)"),
+    (dict(x=np.zeros((4, 1, 8, 8), np.int64), y=np.arange(4)), "pixels stored as int64, which has no depth"),
+    (dict(x=np.zeros((4, 1, 8, 8), np.uint8), y=np.arange(4), x_test=np.zeros((2, 1, 8, 8), np.float32),
+          y_test=np.arange(2)), "x_test's pixels are float32, the training images' uint8"),
+])
+def test_values_are_reported_as_what_they_are(tmp_path, arrays, message):
+    path = tmp_path / "d.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataError) as e:
+        load_data(f"npz:{path}")
+    assert message in str(e.value) and str(path) in str(e.value), str(e.value)
