@@ -78,6 +78,22 @@ def test_batchnorm_with_one_value_per_channel_is_refused_before_planning():
     assert "'bn'" in str(e.value) and "one value per channel" in str(e.value)
 
 
+@pytest.mark.parametrize("policy", ["liveness", "packs"])
+def test_batchnorm_with_one_value_per_channel_in_a_micro_batch_is_refused_when_planning(policy):
+    """Two samples of one value per channel train as one batch, not as two micro-batches of one: refused while
+    planning, as the whole-batch case is, not by the CPU kernel at the first step."""
+    from minidl.graph.packs import PackError
+
+    net = _net(lambda x: BatchNorm2d(name="bn")(x), shape=(2, 3, 1, 1))
+    with pytest.raises(PackError) as e:
+        dl.Session(net, SGD(0.1), policy=policy, micro_batches=2)
+    assert all(w in str(e.value) for w in ("2 micro-batches of the batch of 2", "'bn'", "(1, 3, 1, 1)",
+                                           "one value per channel", "give fewer micro-batches")), str(e.value)
+    sess = dl.Session(_net(lambda x: BatchNorm2d(name="bn")(x), shape=(2, 3, 1, 1)), SGD(0.1), policy=policy,
+                      micro_batches=1)
+    assert np.isfinite(sess.executor.train_step(np.arange(6, dtype=np.float32).reshape(2, 3, 1, 1), np.array([0, 1])))
+
+
 def test_batchnorm_without_affine_on_the_data_trains():
     """Nothing trainable before or in the BN: its backward does not run, but its training forward still writes
     the batch statistics (was KeyError 'mean' at the first step)."""

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..core.errors import MinidlError
+from ..core.errors import GraphError, MinidlError
 from .route import Packing, Route, build_route, micro_shapes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,6 +71,18 @@ def even_packs(net: "Network", n_packs: int) -> list[list[str]]:
     return packs
 
 
+def _check_micro_training(net: "Network", M: int) -> None:
+    """Every layer must train on one micro-batch's shapes, as it must on the batch's (BN on one value per channel
+    fails here, when planning, not in the first step's kernel)."""
+    shapes = micro_shapes(net, net.input_nodes[0].shape[0] // M)
+    for n in net.layer_nodes:
+        try:
+            n.layer.check_training(shapes[n.index][0])
+        except GraphError as e:
+            raise PackError(f"{M} micro-batches of the batch of {net.input_nodes[0].shape[0]}: {e}; give fewer "
+                            f"micro-batches") from None
+
+
 def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[str]] | None = None,
                  optimizer_slots: Sequence[str] = (), backend=None) -> Route:
     """The training route of `net` with `micro_batches` micro-batches and `packs` (layer names, consecutive in
@@ -80,6 +92,7 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
     M = int(micro_batches)
     if M < 1 or batch % M:
         raise PackError(f"micro-batches: {M} does not divide the batch of {batch} (network '{net.name}')")
+    _check_micro_training(net, M)
     if packs is None:
         return build_route(net, True, optimizer_slots, backend, True, M, None)
     layer_names = [n.name for n in net.layer_nodes]
