@@ -109,7 +109,7 @@ def model_names() -> list[str]:
     return sorted(MODELS, key=_natural_key)
 
 
-def _canonical(name: str) -> str | None:
+def canonical_model(name: str) -> str | None:
     """The registry key for `name`, ignoring case, '-' and '_' ("ResNet-50", "inceptionv4"); None if unknown."""
     if not isinstance(name, str):
         return None
@@ -139,9 +139,26 @@ def build_model(name: str, depth: int | None = None, batch: int | None = None, i
     CIFAR models, 1000 otherwise; 1 input channel for lenet, 3 otherwise. Extra keywords (e.g. variant="lrn",
     batch_norm=True, blocks=(2, 2)) go to the builder.
     """
-    key = _canonical(name)
+    key = canonical_model(name)
     if key is None:
         raise dl.OptionError(f"unknown model {name!r}; available: {', '.join(model_names())}")
+    given = dict(depth=depth, batch=batch, image_size=image_size, num_classes=num_classes, in_channels=in_channels,
+                 **kw)
+    net = _build(name, key, depth, batch, image_size, num_classes, in_channels, kw)
+    options = {k: v for k, v in given.items() if v is not None}
+    if all(_plain(v) for v in options.values()):   # (a checkpoint keeps it as JSON)
+        net.recipe = {"model": key, "options": options}
+    return net
+
+
+def _plain(v) -> bool:
+    """A value JSON gives back as it was: a string, a number, a bool, or a list of those."""
+    if isinstance(v, list):
+        return all(_plain(e) for e in v)
+    return isinstance(v, (str, int, float, bool))
+
+
+def _build(name: str, key: str, depth, batch, image_size, num_classes, in_channels, kw: dict) -> dl.Network:
     spec = MODELS[key]
     args: dict[str, Any] = dict(kw)
     for k, v in spec.fixed.items():
@@ -195,7 +212,7 @@ def is_sequence_model(name: str) -> bool:
 def model_objective(name: str) -> str | None:
     """What a registered sequence model trains to predict on text: "next-token" (gpt2) or "masked" (bert, masked
     tokens: `minidl.data.text`); None for an image model or an unknown name."""
-    key = _canonical(name)
+    key = canonical_model(name)
     return None if key is None else MODELS[key].objective
 
 

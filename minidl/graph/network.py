@@ -94,6 +94,9 @@ class Network:
         self.loss_index: int | None = None
         self._route_cache: dict = {}
         self.frozen_by: str | None = None   # who planned the graph; a planned graph is never changed under it
+        # how to build this graph again: {"model": a zoo name, "options": its keyword arguments}, set by
+        # `minidl.models.build_model` (None for a graph built by hand); checkpoints record it
+        self.recipe: dict | None = None
 
     # -- building -------------------------------------------------------------------------------------------
     def input(self, shape: Sequence[int], dtype=None, name: str | None = None) -> Symbol:

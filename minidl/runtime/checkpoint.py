@@ -376,9 +376,14 @@ def resume_problems(meta: dict, *, fingerprint: list, optimizer: dict, slots: li
     return out
 
 
+# what a resumed run's data must share with the checkpoint's: not its source (one file has many spellings)
+_DATA_COMPARED = ("image_shape", "num_classes", "samples", "transform")
+
+
 def compare_data(saved: dict | None, current: dict) -> list[str]:
-    """What differs between the data set a checkpoint was trained on and the one given now."""
+    """What differs between the data set a checkpoint was trained on and the one given now (of what the checkpoint
+    recorded)."""
     if not saved:
         return []
-    return [f"data {k}: {saved.get(k)} in the checkpoint, {current.get(k)} here" for k in sorted(current)
-            if saved.get(k) != current.get(k)]
+    return [f"data {k}: {saved.get(k)} in the checkpoint, {current.get(k)} here" for k in _DATA_COMPARED
+            if k in saved and saved.get(k) != current.get(k)]

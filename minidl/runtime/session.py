@@ -25,7 +25,7 @@ import numpy as np
 
 from ..backend.mathmode import apply_math
 from ..core.errors import CheckpointError, DataError, DivergenceError, OptionError
-from ..core.guards import check_images
+from ..core.guards import check_finite_data, check_images
 from ..core.tensors import param_id
 from ..data import BatchIterator, Dataset
 from ..data.text import SequenceDataset
@@ -280,7 +280,8 @@ class Session:
                                 f"{heldout.sample_shape}, the training set {data.sample_shape}")
         if progress is None:
             progress = sys.stderr.isatty()
-        desc = {"samples": len(data), "image_shape": list(data.sample_shape), "num_classes": data.num_classes}
+        desc = {"samples": len(data), "image_shape": list(data.sample_shape), "num_classes": data.num_classes,
+                "source": data.source, "transform": data.transform.to_json() if data.transform is not None else None}
         diff = compare_data(self._resume_data, desc)
         if diff:
             raise CheckpointError(f"the data set differs from the one the resumed checkpoint was trained on "
@@ -389,7 +390,10 @@ class Session:
         """Inference on any number of samples, in batches of the plan's size (the last one padded by repeating
         its samples, whose outputs are dropped): yields (logits (n, K), labels or None) per batch."""
         node = self.net.input_nodes[0]
-        x = check_images(x, f"input '{node.name}'", (None, *node.shape[1:])).astype(self.net.dtype, copy=False)
+        x = check_images(x, f"input '{node.name}'", (None, *node.shape[1:]))
+        with np.errstate(over="ignore"):   # a float64 beyond the network's float range becomes inf: refused below
+            x = x.astype(self.net.dtype, copy=False)
+        check_finite_data(x, f"input '{node.name}'")
         b = self.batch
         for i in range(0, len(x), b):
             xb = x[i:i + b]
@@ -467,13 +471,15 @@ class Session:
     def save(self, path, with_optimizer: bool = True) -> Path:
         """Write a checkpoint at exactly `path` (atomically; see `runtime.checkpoint`): parameters, BN statistics,
         optimizer state unless `with_optimizer` is False, and what `load` checks: the network's fingerprint, the
-        optimizer's configuration, the seed, the (global) batch and the data position. Returns the path written.
+        optimizer's configuration, the seed, the (global) batch and the data position; and what rebuilds the run
+        without its options: the network's recipe (`Network.recipe`), the data's source and input transform.
+        Returns the path written.
         `load` resumes from it exactly: the same later steps, bit for bit, as a run never stopped."""
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
                 "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
                 "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
-                "math": self.math, "data_position": self._data_position()}
+                "math": self.math, "data_position": self._data_position(), "recipe": self.net.recipe}
         if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)

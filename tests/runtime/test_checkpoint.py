@@ -328,6 +328,46 @@ def test_another_data_set_is_refused_at_fit(saved):
         s.fit(synthetic(40, (3, 12, 12), 5, seed=1), 1)
 
 
+def test_a_checkpoint_records_what_rebuilds_its_run(tmp_path, monkeypatch):
+    """The zoo's recipe of the network, the --data source and the input transform of a user's bytes: what
+    `minidl evaluate --checkpoint` needs and nothing else. The source may be spelled otherwise on resume, and a
+    checkpoint written without source and transform resumes (the rest of its data still checked)."""
+    from minidl.data import load_data
+    from minidl.models import build_model
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (40, 1, 8, 8), dtype=np.uint8), y=np.arange(40) % 4)
+    train, _ = load_data(f"npz:{tmp_path / 'd.npz'}")
+
+    def session():
+        return dl.Session(build_model("lenet", batch=8, image_size=8, num_classes=4), SGD(0.05))
+
+    s = session()
+    s.fit(train, 1)
+    meta = ck.read_manifest(s.save(tmp_path / "c.npz"))["meta"]
+    assert meta["recipe"] == {"model": "lenet", "options": {"batch": 8, "image_size": 8, "num_classes": 4}}
+    assert meta["data"]["source"] == f"npz:{tmp_path / 'd.npz'}"
+    assert meta["data"]["transform"] == train.transform.to_json() and meta["data"]["transform"]["dtype"] == "uint8"
+    monkeypatch.chdir(tmp_path)
+    again = session()
+    again.load(tmp_path / "c.npz")
+    again.fit(load_data("npz:d.npz")[0], 1)   # the same data, another spelling: it resumes
+    real = ck.load_checkpoint
+
+    def older(path):
+        params, opt, meta = real(path)
+        meta["data"] = {k: meta["data"][k] for k in ("samples", "image_shape", "num_classes")}
+        return params, opt, meta
+
+    monkeypatch.setattr("minidl.runtime.session.load_checkpoint", older)
+    again = session()
+    again.load(tmp_path / "c.npz")
+    again.fit(train, 1)
+    again.load(tmp_path / "c.npz")
+    with pytest.raises(CheckpointError, match="samples: 32 in the checkpoint, 24 here"):
+        again.fit(train.subset(np.arange(24)), 1)
+
+
 # -- paths ------------------------------------------------------------------------------------------------------
 def test_the_path_written_is_the_path_given(tmp_path):
     s = _session()

@@ -86,6 +86,16 @@ def test_predict_rejects_wrong_shape():
         sess.predict(np.full((3, 1, 8, 8), "a"))
 
 
+@pytest.mark.parametrize("bad", [np.nan, -np.inf, 1e300])
+def test_predict_refuses_non_finite_images_as_training_does(bad):
+    """A NaN (or a float64 beyond float32) would be predicted as class 0 with nothing to say so."""
+    sess, _, _ = _digits_session(batch=8)
+    x = np.zeros((3, 1, 8, 8), np.float64)
+    x[2, 0, 1, 5] = bad
+    with pytest.raises(dl.DataError, match=r"input 'data': images contain .* \(first at sample 2, index \(0, 1, 5\)\)"):
+        sess.predict_classes(x)
+
+
 def test_fit_progress_bar_only_on_a_terminal(capsys):
     sess, train, _ = _digits_session(batch=8)
     sess.fit(train, 2)  # pytest's stderr is not a terminal: no bar by default
