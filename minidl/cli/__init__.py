@@ -3,7 +3,7 @@
     minidl info resnet --depth 50 --batch 32
     minidl plan resnet --depth 2500 --batch 16 --policy liveness --budget 12GB --device k40c
     minidl train resnet --depth 20 --data digits --batch 32 --steps 50 --policy liveness --budget 16MiB --save r.npz
-    minidl evaluate resnet --depth 20 --data digits --checkpoint r.npz
+    minidl evaluate --checkpoint r.npz
     minidl reproduce out-of-core --quick
 """
 from __future__ import annotations

@@ -5,19 +5,39 @@ from __future__ import annotations
 import sys
 import time
 
+from ..core.errors import OptionError
 
-def build_net(args, image_shape=None, num_classes=None):
+
+def build_net(args, image_shape=None, num_classes=None, recipe: dict | None = None):
+    """The network of MODEL and the model options; `image_shape` and `num_classes` (the data's) fill the options
+    not given, and before them `recipe` (a checkpoint's `Network.recipe`, of the same model): its options."""
     from minidl.models import SEQUENCE_OPTIONS, build_model
 
-    kw = dict(depth=args.depth, batch=args.batch, image_size=args.image_size, num_classes=args.num_classes,
-              in_channels=args.in_channels)
+    kw = dict(recipe["options"]) if recipe else {}
+    for k in ("depth", "batch", "image_size", "num_classes", "in_channels", *SEQUENCE_OPTIONS):
+        if getattr(args, k, None) is not None:
+            kw[k] = getattr(args, k)
     if image_shape is not None:
-        kw["in_channels"] = kw["in_channels"] or image_shape[0]
-        kw["image_size"] = kw["image_size"] or image_shape[1]
+        kw.setdefault("in_channels", image_shape[0])
+        kw.setdefault("image_size", image_shape[1])
     if num_classes is not None:
-        kw["num_classes"] = kw["num_classes"] or num_classes
-    kw.update({k: getattr(args, k) for k in SEQUENCE_OPTIONS if getattr(args, k, None) is not None})
+        kw.setdefault("num_classes", num_classes)
     return build_model(args.model, **kw)
+
+
+def check_data_kind(model: str, data: str) -> None:
+    """Images for an image model, text for a sequence model: the other pairing fails at its first batch, or
+    trains on nothing it can read."""
+    from minidl.models import is_sequence_model
+
+    from ..data.load import is_text
+
+    if is_text(data) and not is_sequence_model(model):
+        raise OptionError(f"--data {data} is text (token sequences), but model '{model}' reads images: give it image "
+                          f"data (digits, npz:, npy:, images: ...), or train a sequence model (gpt2, bert) on the text")
+    if not is_text(data) and is_sequence_model(model):
+        raise OptionError(f"--data {data}: model '{model}' reads token sequences; give --data stdlib (Python's own "
+                          f"sources) or --data text:PATH")
 
 
 def token_figures(objective: str, loss: float, accuracy: float, heldout, train=None, held: str = "") -> dict:

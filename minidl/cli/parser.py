@@ -74,8 +74,13 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
         return super()._get_help_string(action)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model name (lenet, alexnet, vgg16, resnet, densenet121, inception_v4, ...)")
+def _model_args(p: argparse.ArgumentParser, from_checkpoint: bool = False) -> None:
+    if from_checkpoint:
+        p.add_argument("model", nargs="?", default=None,
+                       help="model name (default: the checkpoint's, with the options it was trained with; options "
+                            "given here override them, and must build the checkpoint's network)")
+    else:
+        p.add_argument("model", help="model name (lenet, alexnet, vgg16, resnet, densenet121, inception_v4, ...)")
     p.add_argument("--depth", type=_positive_int, default=None,
                    help="depth for resnet/vgg/densenet (default: the model's own, e.g. resnet 50)")
     p.add_argument("--batch", type=_positive_int, default=None,
@@ -296,10 +301,10 @@ def _infer_parsers(sub) -> None:
                                     "training run's own evaluation)"),
                        ("predict", "predicted classes of a checkpoint for images (--input) or a data set (--data)")):
         p = sub.add_parser(name, help=what, formatter_class=_Formatter)
-        _model_args(p)
+        _model_args(p, from_checkpoint=True)
         p.add_argument("--checkpoint", required=True, metavar="PATH.npz",
-                       help="a checkpoint written by minidl train --save, of the network the model options build "
-                            "(the same MODEL and options as the training run; --batch defaults to its batch)")
+                       help="a checkpoint written by minidl train --save: it records its model and options, its "
+                            "data and how that data was scaled (--batch defaults to its batch)")
         p.add_argument("--seed", type=int, default=None,
                        help="the held-out split of --data digits, npz, npy or images without a test part (default: "
                             "the checkpoint's seed, so the held-out samples are the training run's)")
@@ -307,15 +312,17 @@ def _infer_parsers(sub) -> None:
         _math_arg(p)
         p.add_argument("--debug", action="store_true", help="show the traceback of an error")
         if name == "evaluate":
-            p.add_argument("--data", required=True,
+            p.add_argument("--data", default=None,
                            help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR, or for "
                                 "a sequence model stdlib | text:PATH: its held-out samples (bert: masked-token loss "
-                                "and accuracy, on masks fixed whatever the seed)")
+                                "and accuracy, on masks fixed whatever the seed); default: the checkpoint's data")
         else:
             p.add_argument("--data", default=None,
                            help="digits | cifar10:DIR | mnist:DIR | npz:PATH | npy:IMAGES,LABELS | images:DIR: its "
-                                "held-out samples (else its training samples), with their labels (accuracy)")
+                                "held-out samples (else its training samples), with their labels (accuracy); "
+                                "default, without --input: the checkpoint's data")
             p.add_argument("--input", default=None, metavar="IMAGES.npy",
-                           help="a float array of images (N, C, H, W), instead of --data")
+                           help="an array of images (N, C, H, W), instead of --data, stored as the training data "
+                                "was (uint8 or uint16 pixels are scaled and standardized as the training run did)")
             p.add_argument("--output", default=None, metavar="CLASSES.npy", help="write the classes (int64, N)")
             p.add_argument("--limit", type=_count, default=10, help="classes printed (0: all; --json lists all)")

@@ -9,6 +9,7 @@ from ..core.errors import DivergenceError, OptionError
 from .checks import best_path
 from .common import (
     build_net,
+    check_data_kind,
     cost_table,
     fused_update_option,
     measured_device,
@@ -64,6 +65,7 @@ def _train_inputs(args, backend) -> _TrainInputs:
     if is_sequence_model(args.model):
         train, heldout, net = _sequence_inputs(args)
     elif args.data != "synthetic":
+        check_data_kind(args.model, args.data)
         train, heldout = load_data(args.data, seed=args.seed, augment=args.augment)
         net = build_net(args, train.image_shape, train.num_classes)
     else:
