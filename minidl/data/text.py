@@ -163,7 +163,7 @@ def sequences(tokens: np.ndarray, seq: int, heldout_fraction: float = 0.1, name:
     seq = args.integer("sequences", name, "seq", seq, 1)
     _check_objective(objective)
     tokens = np.asarray(tokens).reshape(-1)
-    n = (len(tokens) - 1) // seq
+    n = max(0, len(tokens) - 1) // seq
     if n < 2:
         raise DataError(f"{name}: {len(tokens):,} tokens make {n} sequence(s) of {seq} tokens (with the next token "
                         f"as target); at least 2 are needed (one to train on, one held out): use more text or a "
@@ -202,6 +202,8 @@ def stdlib_corpus(max_bytes: int = 2_000_000) -> tuple[np.ndarray, str]:
 def text_file(path: str | os.PathLike) -> np.ndarray:
     """The bytes of the text file at `path` as uint8 tokens (a DataError naming the path if it cannot be read)."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"--data text:{path}: a directory, not a text file")
     if not p.is_file():
         raise DataError(f"--data text:{path}: no such file")
     try:
