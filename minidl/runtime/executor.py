@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import backend_name
+from ..core import startup
 from ..core.errors import CheckpointError, DivergenceError, OptionError, ResidencyError
 from ..core.guards import check_images, check_step
 from ..core.tensors import (
@@ -95,15 +96,10 @@ class Executor:
         self.seed, self.debug, self.tracing = int(seed), debug, trace
         self.iteration = 0
         self.training = True
-        if plan.paged is not None:   # placed by chunks: physical chunks mapped behind virtual ranges
-            from ..memory.paged import PagedPool
-
-            if not self.be.capabilities.paged_arena:
-                raise OptionError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
-            self.pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes,
-                                  self.be.paged_backing())
-        else:
-            self.pool = TensorPool(plan.arena_bytes, backing=self.be.arena_backing() or NumpyArenaBacking())
+        if plan.paged is not None and not self.be.capabilities.paged_arena:
+            raise OptionError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
+        with startup.phase("arena"):
+            self.pool = self._make_pool(plan)
         self.views: dict[str, np.ndarray] = {}
         self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
         self.offsets: dict[str, int] = {}
@@ -137,7 +133,9 @@ class Executor:
         self.program_fallback: str | None = None if compiled else "compiled=False"
         self.graph_step = None  # minidl.runtime.capture.GraphStep: the compiled step as CUDA graphs
         self.graph_fallback: str | None = None if graphs else "graphs=False"
-        self._init_persistent()
+        with startup.phase("arena"):
+            self._init_persistent()
+        self._stepped = False  # whether a step ran while the startup clock ran (the first one closes its count)
         self.check_finite = True  # the divergence guard (guard_update); off only to measure what it costs
         # (layer, parameter, gradient id) in the order backward writes them: the guard names the first bad one
         self._grads_backward = [(self.net.nodes[st.node].name, p, grad_id(self.net.nodes[st.node].name, p))
@@ -153,6 +151,15 @@ class Executor:
                                                                       np.floating)]
         updates = [st.index for st in self.route.steps if st.phase is Phase.UPDATE]
         self._first_update = min(updates) if updates else None
+
+    def _make_pool(self, plan: Plan):
+        """The plan's arena: placed by chunks behind virtual ranges (a paged plan), else one block."""
+        if plan.paged is not None:
+            from ..memory.paged import PagedPool
+
+            return PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes,
+                             self.be.paged_backing())
+        return TensorPool(plan.arena_bytes, backing=self.be.arena_backing() or NumpyArenaBacking())
 
     # -- parameters -------------------------------------------------------------------------------------------
     def _init_persistent(self) -> None:
@@ -372,7 +379,9 @@ class Executor:
         persistent = set(self.offsets)
         try:
             with self._step_scope():
-                return self._train_step(x, y)
+                if self._stepped or not startup.CLOCK.running:
+                    return self._train_step(x, y)
+                return self._first_step(x, y)
         except DivergenceError:
             if self.host is not None:
                 self.host.end_iteration()
@@ -381,6 +390,16 @@ class Executor:
             for tid, arr in buffers.items():
                 self._set_persistent(tid, arr)
             raise
+
+    def _first_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """The first step while the startup clock runs: timed to its end on the device (the kernels' and cuDNN
+        graphs' builds inside it are phases of their own), then the clock's startup closed."""
+        with startup.phase("first_step"):
+            loss = self._train_step(x, y)
+            self.be.synchronize()
+        self._stepped = True
+        startup.CLOCK.first_step_done()
+        return loss
 
     def _step_scope(self):
         """The backend's context for one whole step (`CPUBackend.step_scope`: the BLAS threads)."""
