@@ -237,9 +237,8 @@ def _startup_json(backend) -> dict:
     parts, the phases timed after it (the CUDA graphs' capture), and what the backend loaded from the user cache
     folder or built (CUDA)."""
     rep = startup.CLOCK.report()
-    caches = getattr(backend, "startup_caches", None)
     return {"startup_s": rep.startup_s, "startup_parts": rep.parts, "startup_after_first_step": rep.later,
-            "startup_caches": caches() if caches is not None else {}}
+            "startup_caches": backend.startup_caches()}
 
 
 def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:

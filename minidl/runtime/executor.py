@@ -105,6 +105,10 @@ class Executor:
         self.offsets: dict[str, int] = {}
         self._t0 = time.perf_counter()  # the run's clock origin: every trace event's time is relative to it
         self.trace: list[TraceEvent] = []
+        # A traced compiled step times each call on the backend's clock (the device's, on a GPU) and reads the
+        # marks when the step is over (`settle_calls`): (label, step index, bytes in use, start mark, end mark).
+        self.call_clock = self.be.call_clock() if trace else None
+        self.timed_calls: list[tuple] = []
         for ev in plan.setup:
             self._alloc(ev, None)
         self._aux_names = {n.index: list(n.layer.aux_specs([net.nodes[i].shape for i in n.inputs], True))
@@ -383,6 +387,8 @@ class Executor:
                     return self._train_step(x, y)
                 return self._first_step(x, y)
         except DivergenceError:
+            if self.timed_calls:
+                self.settle_calls()
             if self.host is not None:
                 self.host.end_iteration()
             for tid in [t for t in self.offsets if t not in persistent]:
@@ -495,8 +501,19 @@ class Executor:
             self.bind_progress(step, run_now)
         return self.end_iteration()
 
+    def settle_calls(self) -> None:
+        """The traced calls of the step just run, read off the backend's clock into the trace (in call order)."""
+        read, t0 = self.call_clock.read, self._t0
+        for label, index, in_use, start, end in self.timed_calls:
+            at, seconds = read(start, end)
+            self.trace.append(TraceEvent(label, "compute", at - t0, seconds, index, in_use))
+        self.timed_calls.clear()
+
     def end_iteration(self) -> float:
-        """Close a training step (interpreted or compiled): settle the host store and the reducer, count it."""
+        """Close a training step (interpreted or compiled): its traced calls, the host store and the reducer
+        settled, the step counted."""
+        if self.timed_calls:
+            self.settle_calls()
         if self.host is not None:
             self.host.end_iteration()
         if self.reducer is not None:

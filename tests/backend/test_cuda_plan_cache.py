@@ -246,3 +246,23 @@ def test_graph_builds_are_timed_as_a_startup_phase(tmp_path):
         startup.CLOCK = saved
     parts = clock.report().parts
     assert parts["cudnn_graphs"] == 1.0 and parts["planning"] == 2.0
+
+
+def test_autotune_without_a_file_keeps_a_gpus_measurements_beside_its_plans_per_math_mode(tmp_path):
+    from types import SimpleNamespace
+
+    from minidl.backend.cpu.backend import CPUBackend
+    from minidl.cli.common import cost_table
+
+    from .test_cuda_host import _host_backend
+
+    be = _host_backend(CachingCudnn())
+    be.graphs = _graphs(CachingCudnn(), tmp_path)
+    bare = SimpleNamespace(autotune="")
+    assert cost_table(bare, be).path == str(tmp_path / ENV.folder_name() / "autotune-fp32.json")
+    be.set_math("tf32")
+    assert cost_table(bare, be).path == str(tmp_path / ENV.folder_name() / "autotune-tf32.json")
+    assert cost_table(SimpleNamespace(autotune="mine.json"), be).path == "mine.json"
+    assert cost_table(bare, CPUBackend()).path is None
+    be.graphs = CudnnGraphs(CachingCudnn(), handle=1)   # no plan cache: nothing kept either
+    assert cost_table(bare, be).path is None

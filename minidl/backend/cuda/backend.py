@@ -470,6 +470,13 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             except Exception:  # at exit the device may already be gone; dropping the reference is what matters
                 pass
 
+    def autotune_path(self) -> str | None:
+        """Where `--autotune` without a file keeps this GPU's measured algorithm times: beside its cached cuDNN
+        plans (the algorithm names are the plans' heuristic indices, valid for these libraries only), one file per
+        math mode (the mode decides the engines). None without a plan cache."""
+        store = self.graphs.store
+        return None if store is None else str(store.folder / f"autotune-{self.math}.json")
+
     def startup_caches(self) -> dict[str, Any]:
         """What this process took from the user cache folder and what it built (`minidl train --json`'s
         `startup_caches`): cuDNN graphs built, loaded, loaded with plans rebuilt, or cached but unusable (why)."""
