@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minidl.testing.gpu import why_no_gpu
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 EXIT_NO_GPU = 2
@@ -53,23 +55,6 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the .json and .md (default: results/)")
     ap.add_argument("--fake", action="store_true", help="the CPU backend and PyTorch's CPU instead of the GPU")
     return ap.parse_args(argv)
-
-
-def why_no_gpu() -> str | None:
-    """None where a CUDA GPU, cupy, the cuDNN frontend and a CUDA build of torch are all here; else what is not."""
-    try:
-        import torch
-    except ImportError as e:
-        return f"PyTorch is not importable ({e})"
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA GPU"
-    try:
-        from minidl.backend.cuda.backend import load_cuda_modules
-
-        load_cuda_modules()
-    except Exception as e:  # noqa: BLE001 - CUDAUnavailable says what is missing
-        return str(e)
-    return None
 
 
 def _net(args):
