@@ -340,9 +340,10 @@ def _workload(fake: bool, sn: bool = False):
     return build_model("resnet", depth=8 if fake else 50, batch=4 if fake else 64, image_size=16 if fake else 224)
 
 
-def _minidl_run(net, policy: str, budget: str, steps: int, fake: bool, out: dict, write) -> None:
+def _minidl_run(net, policy: str, budget: str, steps: int, fake: bool, out: dict, write) -> dict:
     """Plan `net` under `policy` and `budget` on the device, train `steps` steps; into `out`: plan time, step
-    times, the pool's peak, the backend's memory outside the arena, and the device's reading before and after."""
+    times, the pool's peak, the backend's memory outside the arena, and the device's reading before and after.
+    Returns the initial parameters (for PyTorch's twin)."""
     import numpy as np
 
     from minidl.backend import get_backend
@@ -356,6 +357,7 @@ def _minidl_run(net, policy: str, budget: str, steps: int, fake: bool, out: dict
     t = time.perf_counter()
     sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=policy, budget=budget, seed=0, backend=be)
     out.update(plan_s=time.perf_counter() - t, plan_peak_bytes=sess.plan.peak_bytes, decision=sess.plan.decision)
+    state = {k: np.array(v, copy=True) for k, v in sess.executor.state_dict().items()}
     write()
     rng = np.random.default_rng(0)
     shape = net.input_nodes[0].shape
@@ -372,6 +374,7 @@ def _minidl_run(net, policy: str, budget: str, steps: int, fake: bool, out: dict
         write()
     if on_gpu:
         be.close()
+    return state
 
 
 def part_memory(args) -> int:
@@ -382,15 +385,15 @@ def part_memory(args) -> int:
         m, t = res["minidl"], res["torch"]
         _result(args, {"pool_peak_bytes": m.get("pool_peak_bytes"), "device_used_after_bytes":
                        m.get("device_used_after_bytes"), "torch_max_allocated_bytes": t.get("max_allocated_bytes")})
-    _minidl_run(_workload(args.fake), "auto", res["budget"], 3, args.fake, res["minidl"], write)
+    state = _minidl_run(_workload(args.fake), "auto", res["budget"], 3, args.fake, res["minidl"], write)
     gc.collect()
-    _torch_memory(args.fake, res["torch"], write)
+    _torch_memory(args.fake, state, res["torch"], write)
     return 0
 
 
-def _torch_memory(fake: bool, out: dict, write) -> None:
-    """The same network in PyTorch (the twin, SGD with momentum), 3 steps: its allocator's peak and the device's
-    reading (cudaMemGetInfo through torch), beside minidl's."""
+def _torch_memory(fake: bool, state: dict, out: dict, write) -> None:
+    """The same network in PyTorch (the twin with minidl's initial weights, SGD with momentum), 3 steps: its
+    allocator's peak and the device's reading (cudaMemGetInfo through torch), beside minidl's."""
     import numpy as np
     import torch
 
@@ -399,10 +402,6 @@ def _torch_memory(fake: bool, out: dict, write) -> None:
     on_gpu = not fake
     dev = torch.device("cuda" if on_gpu else "cpu")
     net = _workload(fake)
-    from minidl.optim import SGD
-    from minidl.runtime.session import Session
-
-    state = Session(net, SGD(lr=0.1), seed=0).executor.state_dict()
     if on_gpu:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
