@@ -261,9 +261,9 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     elif "accuracy" in out:
         line += f", held-out accuracy {out['accuracy']:.2%}"
     print(line)
+    print("  " + startup.CLOCK.report().line())
     if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
         print("  " + copies_line(out, sum(res.step_times) / len(res.step_times)))   # the waits' mean: a mean
-    print("  " + startup.CLOCK.report().line())
     if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
         gs = sess.executor.graph_step
         print(f"  steps: {gs.describe()}" if gs is not None else
