@@ -47,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minidl.testing.gpu import why_no_gpu
+
 OUT = Path(__file__).resolve().parent / "results"
 EXIT_NO_GPU = 2
 
@@ -90,23 +92,6 @@ def row_specs(only: list[str] | None, maths: list[str]) -> list[RowSpec]:
         rows.append(RowSpec("resnet2500", 16, m, "liveness", "plain"))
         rows.append(RowSpec("resnet2500", 16, m, "12GB", "checkpoint_sequential"))
     return [r for r in rows if not only or r.workload in only]
-
-
-def why_no_gpu() -> str | None:
-    """None if a CUDA GPU, cupy, the cuDNN frontend and a CUDA build of torch are all here; else what is missing."""
-    try:
-        import torch
-    except ImportError as e:
-        return f"PyTorch is not importable ({e})"
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA GPU"
-    try:
-        from minidl.backend.cuda.backend import load_cuda_modules
-
-        load_cuda_modules()
-    except Exception as e:  # noqa: BLE001 - CUDAUnavailable says what is missing
-        return str(e)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

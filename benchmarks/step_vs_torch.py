@@ -42,29 +42,7 @@ from minidl.graph.route import Phase  # noqa: E402
 from minidl.models import build_model, is_sequence_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.runtime.session import RunConfig, Session  # noqa: E402
-from minidl.testing.torch_twin import TorchTwin  # noqa: E402
-
-ATEN_TO_TYPE = [
-    ("convolution", "conv"), ("conv", "conv"),
-    ("batch_norm", "batchnorm"),
-    ("threshold_backward", "relu"), ("relu", "relu"), ("clamp_min", "relu"),
-    ("max_pool", "maxpool"), ("avg_pool", "avgpool"),
-    ("addmm", "linear"), ("aten::mm", "linear"), ("aten::t", "linear"),
-    ("mean", "gap"), ("aten::sum", "gap"), ("expand", "gap"), ("div", "gap"),
-    ("aten::add", "add"), ("aten::cat", "concat"),
-    ("native_layer_norm", "layernorm"), ("layer_norm", "layernorm"), ("gelu", "gelu"),
-    ("scaled_dot_product", "attention"), ("_flash_attention", "attention"), ("bmm", "attention"),
-    ("embedding", "embedding"), ("aten::matmul", "linear"), ("aten::linear", "linear"),
-    ("softmax", "softmax_xent"), ("nll_loss", "softmax_xent"),
-    ("sgd", "update"), ("add_", "update"), ("_foreach", "update"),
-]
-
-
-def torch_type(op: str) -> str:
-    for key, t in ATEN_TO_TYPE:
-        if key in op:
-            return t
-    return "other"
+from minidl.testing.torch_twin import TorchTwin, aten_kind  # noqa: E402
 
 
 def main() -> None:
@@ -144,7 +122,7 @@ def main() -> None:
             torch_step()
     per_theirs: dict[str, float] = collections.defaultdict(float)
     for evt in prof.key_averages():
-        per_theirs[torch_type(evt.key)] += evt.self_cpu_time_total / 1e6 / args.steps
+        per_theirs[aten_kind(evt.key)] += evt.self_cpu_time_total / 1e6 / args.steps
 
     mo, mt = statistics.median(ours), statistics.median(theirs)
     shape = (f"{args.model}{'-' + args.size if args.size else ''} batch {args.batch} seq {args.seq}" if sequence

@@ -1,6 +1,7 @@
 """Array/kernel backends. `cpu` (numpy) is the reference; `cuda` (cupy + cuDNN frontend) imports lazily."""
 from __future__ import annotations
 
+from ..core import startup
 from ..core.errors import OptionError
 from .base import Backend, Capabilities, backend_name
 
@@ -9,7 +10,13 @@ __all__ = ["Backend", "Capabilities", "backend_name", "get_backend"]
 
 def get_backend(name: str = "cpu", device: int = 0, math: str | None = None):
     """Return a backend instance by name. The CUDA backend is imported only when asked for; `device` is the GPU it
-    runs on (data parallel: each rank its own); `math` its math mode (`mathmode.py`; None: fp32)."""
+    runs on (data parallel: each rank its own); `math` its math mode (`mathmode.py`; None: fp32). Timed as the
+    `backend` startup phase (CUDA: the context, the streams, the cuDNN handle)."""
+    with startup.phase("backend"):
+        return _open_backend(name, device, math)
+
+
+def _open_backend(name: str, device: int, math: str | None):
     from .mathmode import apply_math
 
     if name == "cpu":

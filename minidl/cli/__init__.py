@@ -13,6 +13,7 @@ import os
 import sys
 from importlib import import_module
 
+from ..core import startup
 from ..core.errors import EXIT_INTERRUPTED, MinidlError, exit_status
 from .checks import check_args
 from .parser import build_parser
@@ -31,6 +32,14 @@ def _command(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup.begin()   # the startup's parts (`minidl train` reports them), from the process's start
+    try:
+        return _main(argv)
+    finally:
+        startup.CLOCK.stop()
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "cpu_winograd", None) is not None:  # read by cpu_winograd.enabled() when layers are planned
         os.environ["MINIDL_CPU_WINOGRAD"] = "1" if args.cpu_winograd else "0"

@@ -79,12 +79,16 @@ def memory_json(plan) -> dict:
 
 
 def cost_table(args, backend):
-    """The cost table `--autotune` asks for (None: the algorithms' fixed estimates)."""
+    """The cost table `--autotune` asks for (None: the algorithms' fixed estimates). Without a file, a GPU's
+    measurements are kept in the user cache folder beside its cuDNN plans (`CUDABackend.autotune_path`: one file
+    per GPU, library versions and math mode); the CPU's are not kept (they depend on the load of the moment)."""
     if args.autotune is None:
         return None
+    from ..backend import backend_name
     from ..memory.workspace import CostTable
 
-    return CostTable(autotune=True, path=args.autotune or None, backend=backend)
+    path = args.autotune or (backend.autotune_path() if backend_name(backend) == "cuda" else None)
+    return CostTable(autotune=True, path=path, backend=backend)
 
 
 def moved_line(moved: dict[str, int]) -> str:

@@ -135,7 +135,8 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
     p.add_argument("--autotune", nargs="?", const="", default=None, metavar="CACHE.json",
                    help="rank convolution algorithms by measuring each once per shape on the backend (like "
                         "cudnnFind), instead of the fixed estimates; with a file, measurements are kept there and "
-                        "reused, which makes later plans deterministic")
+                        "reused, which makes later plans deterministic (on a GPU, without a file: in the user cache "
+                        "folder, per GPU and math mode)")
     p.add_argument("--fused-update", default="auto", choices=("auto", "on", "off"),
                    help="run each layer's optimizer update right after its backward, so a gradient lives only "
                         "between the two (auto: on for policy auto under a budget)")

@@ -5,6 +5,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import startup
 from ..core.errors import DivergenceError, OptionError
 from .checks import best_path
 from .common import (
@@ -47,7 +48,8 @@ class _TrainInputs:
 def _train(args, backend, comm) -> dict:
     """`minidl train`: inputs checked, then the run, then what it reports (three steps, so an option added to
     one of them does not have to be read among the other two)."""
-    inputs = _train_inputs(args, backend)
+    with startup.phase("inputs"):
+        inputs = _train_inputs(args, backend)
     sess, res, log = _train_run(args, inputs, backend, comm)
     return _train_report(args, sess, res, log, inputs.heldout, comm, inputs.train)
 
@@ -181,6 +183,7 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
            "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback,
            "device_profile": getattr(sess.device, "note", sess.device)}
     out.update(memory_json(sess.plan))
+    out.update(_startup_json(sess.executor.be))
     # The verdict `minidl plan` gives, against the budget and the memory of the device profile the plan was made
     # for: a run under a budget too small never gets here (planning refuses it), so this says by how much it fits.
     device = get_profile(sess.device) if isinstance(sess.device, str) else sess.device
@@ -231,6 +234,15 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     return out
 
 
+def _startup_json(backend) -> dict:
+    """The run's startup (`core/startup.py`): seconds from the process's start to the end of the first step and its
+    parts, the phases timed after it (the CUDA graphs' capture), and what the backend loaded from the user cache
+    folder or built (CUDA)."""
+    rep = startup.CLOCK.report()
+    return {"startup_s": rep.startup_s, "startup_parts": rep.parts, "startup_after_first_step": rep.later,
+            "startup_caches": backend.startup_caches()}
+
+
 def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     """The text `minidl train` ends with: the memory report and whether the plan fits (`fit`), the bytes moved,
     loss and speed, what the copies cost, how the steps ran (on a GPU), the ranks' figures, and an interruption."""
@@ -251,6 +263,7 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     elif "accuracy" in out:
         line += f", held-out accuracy {out['accuracy']:.2%}"
     print(line)
+    print("  " + startup.CLOCK.report().line())
     if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
         print("  " + copies_line(out, sum(res.step_times) / len(res.step_times)))   # the waits' mean: a mean
     if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not

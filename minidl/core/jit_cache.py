@@ -10,9 +10,8 @@ namespace package ahead of the editable install: every `minidl` command (even `-
 source tree. So every minidl kernel is cached in `cache_dir()`:
 
 * `NUMBA_CACHE_DIR` (`numba.config.CACHE_DIR`) when set: numba's own documented setting wins;
-* else `$MINIDL_CACHE_DIR/numba` when that variable is set;
-* else the platform's user cache folder: `$XDG_CACHE_HOME/minidl/numba` (`~/.cache/minidl/numba` by default)
-  on Linux, `~/Library/Caches/minidl/numba` on macOS, `%LOCALAPPDATA%\\minidl\\Cache\\numba` on Windows.
+* else the `numba` folder of minidl's user cache folder (`core.user_cache`: `$MINIDL_CACHE_DIR/numba` when that
+  variable is set, else `~/.cache/minidl/numba` or the platform's equivalent).
 
 numba keeps one sub-folder per source folder (named after it, with a hash of its full path), so two installs
 or checkouts never share entries, and an entry is used only while its source file's contents are unchanged.
@@ -29,52 +28,23 @@ ResNet-20's) rather than into the package, and a warning names the folder.
 """
 from __future__ import annotations
 
-import functools
-import os
-import sys
-import tempfile
 import threading
-import warnings
 
 import numba
 from numba.core import config
+from numba.core import event as numba_event
+
+from . import startup
+from .user_cache import cache_folder, writable
 
 _decorating = threading.Lock()  # config.CACHE_DIR is process-wide: one decoration at a time
-
-
-def _platform_cache_root() -> str:
-    """minidl's folder in the platform's user cache folder (the XDG base directory spec on Linux)."""
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(os.path.join("~", "AppData", "Local"))
-        return os.path.join(base, "minidl", "Cache")
-    if sys.platform == "darwin":
-        return os.path.expanduser(os.path.join("~", "Library", "Caches", "minidl"))
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the spec: a relative value is ignored
-        base = os.path.expanduser(os.path.join("~", ".cache"))
-    return os.path.join(base, "minidl")
 
 
 def cache_dir() -> str:
     """The folder the kernels' machine code is cached in (the order of precedence above)."""
     if config.CACHE_DIR:
         return config.CACHE_DIR
-    root = os.environ.get("MINIDL_CACHE_DIR") or _platform_cache_root()
-    return os.path.join(os.path.abspath(os.path.expanduser(root)), "numba")
-
-
-@functools.lru_cache(maxsize=None)
-def _writable(folder: str) -> bool:
-    """Whether `folder` exists or can be made, and takes a file (checked once per folder and process)."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        warnings.warn(f"minidl: numba's cache folder {folder} cannot be written ({e.strerror}); the CPU kernels "
-                      "are compiled again in every process. Set MINIDL_CACHE_DIR to a writable folder.",
-                      RuntimeWarning, stacklevel=3)
-        return False
-    return True
+    return cache_folder("numba")
 
 
 def njit(**options):
@@ -86,7 +56,7 @@ def njit(**options):
             if not options.get("cache") or config.CACHE_DIR:
                 return numba.njit(**options)(fn)
             folder = cache_dir()
-            if not _writable(folder):
+            if not writable(folder, "the CPU kernels are compiled again in every process"):
                 return numba.njit(**{**options, "cache": False})(fn)
             config.CACHE_DIR = folder
             try:
@@ -94,3 +64,25 @@ def njit(**options):
             finally:
                 config.CACHE_DIR = ""
     return decorate
+
+
+class _CompileTimer(numba_event.Listener):
+    """Times numba's compiler lock (held while a kernel is compiled or loaded from its cache) as the `kernels`
+    startup phase. The lock is re-entrant: only the outermost hold on each thread counts."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def on_start(self, event) -> None:
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            self._local.timed = startup.CLOCK.enter("kernels")
+        self._local.depth = depth + 1
+
+    def on_end(self, event) -> None:
+        self._local.depth = getattr(self._local, "depth", 1) - 1
+        if self._local.depth == 0 and getattr(self._local, "timed", False):
+            startup.CLOCK.leave("kernels")
+
+
+numba_event.register("numba:compiler_lock", _CompileTimer())

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.mathmode import apply_math
+from ..core import startup
 from ..core.errors import CheckpointError, DataError, DivergenceError, OptionError
 from ..core.guards import check_finite_data, check_images
 from ..core.tensors import param_id
@@ -205,9 +206,10 @@ class Session:
         self.comm = comm
         dp = (DataParallel(comm.size, config.bucket_bytes or DEFAULT_BUCKET_BYTES,
                            config.reduction or comm.reduction) if comm is not None else None)
-        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend,
-                                 costs=config.costs, fused_update=config.fused_update, paged=config.paged,
-                                 data_parallel=dp, micro_batches=micro_batches)
+        with startup.phase("planning"):
+            self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend,
+                                     costs=config.costs, fused_update=config.fused_update, paged=config.paged,
+                                     data_parallel=dp, micro_batches=micro_batches)
         net.freeze("a Session")
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=config.debug,
                                  trace=config.trace, host_limit_bytes=config.host_limit_bytes,

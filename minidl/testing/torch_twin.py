@@ -15,6 +15,32 @@ import torch.nn.functional as F
 
 from ..graph.network import Network
 
+#: (a fragment of an aten op's name, the minidl layer kind it is part of), first match wins: how a PyTorch
+#: profile's ops are put beside minidl's layer kinds (benchmarks/step_vs_torch.py, benchmarks/gpu_profile.py). An
+#: approximate mapping: the ops a layer decomposes into may land under another kind (a mean under `gap`).
+ATEN_KINDS = [
+    ("convolution", "conv"), ("conv", "conv"),
+    ("batch_norm", "batchnorm"),
+    ("threshold_backward", "relu"), ("relu", "relu"), ("clamp_min", "relu"),
+    ("max_pool", "maxpool"), ("avg_pool", "avgpool"),
+    ("addmm", "linear"), ("aten::mm", "linear"), ("aten::t", "linear"),
+    ("mean", "gap"), ("aten::sum", "gap"), ("expand", "gap"), ("div", "gap"),
+    ("aten::add", "add"), ("aten::cat", "concat"),
+    ("native_layer_norm", "layernorm"), ("layer_norm", "layernorm"), ("gelu", "gelu"),
+    ("scaled_dot_product", "attention"), ("_flash_attention", "attention"), ("bmm", "attention"),
+    ("embedding", "embedding"), ("aten::matmul", "linear"), ("aten::linear", "linear"),
+    ("softmax", "softmax_xent"), ("nll_loss", "softmax_xent"),
+    ("sgd", "update"), ("add_", "update"), ("_foreach", "update"),
+]
+
+
+def aten_kind(op: str) -> str:
+    """The minidl layer kind of aten op `op` (`ATEN_KINDS`), or 'other'."""
+    for fragment, kind in ATEN_KINDS:
+        if fragment in op:
+            return kind
+    return "other"
+
 
 def _node_fn(node) -> Callable:
     L = node.layer

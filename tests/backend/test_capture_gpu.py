@@ -13,20 +13,13 @@ import pytest
 import minidl as dl
 from minidl.models import build_model
 
+from .cuda_device import cuda_backend
+
 pytestmark = pytest.mark.gpu
 
 
 def _cuda(math="fp32"):
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed here")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device is visible")
-    except Exception as e:  # noqa: BLE001 - no driver
-        pytest.skip(f"cupy cannot reach a CUDA driver: {e}")
-    pytest.importorskip("cudnn", reason="the cuDNN frontend (nvidia-cudnn-frontend) is not installed here")
-    from minidl.backend import get_backend
-
-    return get_backend("cuda", math=math)
+    return cuda_backend(math)
 
 
 def _net(dropout=False):

@@ -220,7 +220,6 @@ def cuda(request):
 
     be = _cuda_backend_or_skip()
     yield _Device(be, OnDevice(be))
-    be.close()
 
 
 def test_every_sequence_kernel_has_a_twin():

@@ -125,3 +125,26 @@ def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions
     assert (prof.link_bw, prof.duplex, prof.link_latency_s) == (48e9, True, 1e-5)
     assert costs.measured > 0 and prof.efficiency != get_profile("cpu").efficiency
     assert measured_device(net, _opt(), be, None).efficiency == get_profile("cpu").efficiency
+
+
+def test_a_measured_per_layer_profile_fits_the_rooflines_efficiency():
+    from minidl.memory.calibrate import fit_profile
+    from minidl.memory.simulate import get_profile
+
+    h100 = get_profile("h100")
+    # a synthetic profile measured at 30% of the peak FLOP/s: convolutions FLOP-bound, batch norm byte-bound
+    rows = [{"kind": "conv", "phase": "forward", "flops": 4e12, "bytes": 2e9, "sim_s": 0.1},
+            {"kind": "batchnorm", "phase": "forward", "flops": 1e9, "bytes": 6e9, "sim_s": 0.002},
+            {"kind": "other", "phase": "step", "flops": 0, "bytes": 0, "seconds": 0.5, "sim_s": 0.0}]
+    for r in rows[:2]:
+        r["seconds"] = max(r["flops"] / (h100.flops * 0.3), r["bytes"] / h100.mem_bw)
+    fits, prof = fit_profile(rows, "h100")
+    assert prof.efficiency == pytest.approx(0.3, rel=1e-9) and prof.name == "h100-profiled"
+    conv, bn = fits
+    assert (conv.kind, conv.bound, bn.kind, bn.bound) == ("conv", "flops", "batchnorm", "bytes")
+    assert conv.flops_efficiency == pytest.approx(0.3) and bn.bandwidth_efficiency == pytest.approx(1.0)
+    assert conv.sim_error == pytest.approx(0.1 / conv.measured_s - 1)
+    slow = [dict(rows[0], seconds=rows[0]["seconds"] * 1000)]   # slower than any efficiency in range explains
+    assert fit_profile(slow, "h100")[1].efficiency == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="no measured row"):
+        fit_profile(rows[2:], "h100")

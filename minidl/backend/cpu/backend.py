@@ -17,7 +17,7 @@ import numpy as np
 
 from ...core.errors import OptionError
 from ..base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU, Capabilities
-from ..common import dropout_keep_mask
+from ..common import HostClock, dropout_keep_mask
 from . import lanes
 from .conv import ConvOps
 from .jit import lazy, workers_for
@@ -315,6 +315,15 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
     def arena_backing(self):
         """None: the tensor pool's own aligned numpy arena (`memory.pool.NumpyArenaBacking`)."""
         return None
+
+    def call_clock(self) -> HostClock:
+        """Calls run on the host: their own time is their kernels' time."""
+        return HostClock()
+
+    def startup_caches(self) -> dict:
+        """Nothing of its own: numba's compiled kernels are cached by numba (`core.jit_cache`), and timed as the
+        startup's `kernels` phase."""
+        return {}
 
     def measure_link(self, nbytes: int | None = None, repeats: int = 3):
         """The CPU has no host link to measure: refused, naming the backend."""
