@@ -105,3 +105,42 @@ def test_cast_into_both_ways(mode):
     f = np.empty(4, np.float32)
     half.cast_into(f, h)
     np.testing.assert_array_equal(f, h.astype(np.float32))
+
+
+def _digests() -> dict:
+    """Digests of the compiled conversions' results on the edge values (narrowed, widened back, quantized)."""
+    import hashlib
+
+    out = {}
+    for mode in MODES:
+        f = _edges(mode)
+        h = np.empty(f.shape, HALF_DTYPES[mode])
+        half.narrow_into(h, f)
+        w = np.empty(f.shape, np.float32)
+        half.widen_into(w, h)
+        q = f[np.isfinite(f)].copy()
+        half.quantize(q, HALF_DTYPES[mode])
+        out[mode] = [hashlib.sha256(a.tobytes()).hexdigest()[:16] for a in (h, w, q)]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
+def test_same_bits_when_compiled_for_a_generic_x86_64_cpu():
+    """Integer operations and one IEEE addition per value: numba's code for a generic x86-64 CPU (no AVX, no
+    F16C; compiled in a cache folder of its own) gives the bits of the code for this one."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "MINIDL_CPU_THREADS": "1",
+           "NUMBA_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"minidl-numba-generic-{os.getuid()}")}
+    env.pop("NUMBA_CPU_FEATURES", None)
+    code = "import json; from tests.backend.test_half_cast import _digests; print(json.dumps(_digests()))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == _digests()

@@ -324,6 +324,8 @@ def _elementwise(be, kernel: str, fn, spec: dict[str, str], call: _Args):
     arrays = _chunkable(spec, call)
     if arrays is None:
         return _stage(be, kernel, fn, spec, call)
+    if _one_pass(kernel, call, arrays):
+        return None
     n = next(iter(arrays.values()))[0].size
     halves = [(k, a.reshape(-1), access) for k, (a, access) in arrays.items() if a.dtype in _HALF_SET]
     chunks = -(-n // CHUNK)
@@ -350,6 +352,38 @@ def _elementwise(be, kernel: str, fn, spec: dict[str, str], call: _Args):
                     narrow_into(a[s:e], views[k])
 
     lanes.run([lambda lane=lane, c0=c0, c1=c1: run(lane, c0, c1) for lane, (c0, c1) in enumerate(shares)])
+
+
+def _one_pass(kernel: str, call: _Args, arrays: dict) -> bool:
+    """Run `kernel` as one pass over half bits (`half_jit`'s elementwise kernels: the chunked path's values, with
+    no copies) where it has one and its arrays are all of one half dtype: whether it ran."""
+    jit = half_kernels()
+    dtypes = {a.dtype for a, _ in arrays.values()}
+    if jit is None or len(dtypes) != 1 or not dtypes <= _HALF_SET:
+        return False
+    b = lambda a: a.reshape(-1).view(np.uint16)
+    if kernel == "relu_forward":
+        name, args = "relu_forward", (b(call.get("x")), b(call.get("y")))
+    elif kernel == "relu_backward":
+        name, args = "relu_backward", (b(call.get("y")), b(call.get("dy")), b(call.get("dx")))
+    elif kernel == "accumulate":
+        name, args = "add_into", (b(call.get("dst")), b(call.get("src")))
+    elif kernel == "add_forward" and len(call.get("xs")) == 2:
+        (x0, x1), y, r, keep = call.get("xs"), call.get("y"), call.get("relu_out"), call.get("keep_y")
+        name = "add_relu"
+        args = (b(x0), b(x1), b(y), b(y if r is None else r), keep is not False or r is None, r is not None)
+    elif kernel == "add_relu_backward" and sum(d is not None for d in call.get("dinputs")) == 2:
+        d1, d2 = (d for d in call.get("dinputs") if d is not None)
+        name, args = "relu_backward_add", (b(call.get("y")), b(call.get("dy")), b(d1), b(d2))
+    else:
+        return False
+    bf = dtypes.pop() == _BF16
+    workers = workers_for(args[0].size)
+    if workers > 1:
+        getattr(jit, name + "_parallel")(*args, bf, workers)
+    else:
+        getattr(jit, name)(*args, bf)
+    return True
 
 
 def _refuse(kernel: str, names: tuple[str, ...], call: _Args):
