@@ -1,7 +1,7 @@
 """The CPU's half conversions (`cpu.half_jit`, `cpu.half`) against numpy's and ml_dtypes' own casts, bit for bit:
 every one of the 65536 half values widened; float32 values rounded to nearest even from random bit patterns and
 the edges (ties, the largest finite halves, overflow, subnormals, signed zeros, infinities); a NaN stays a NaN.
-On the flat (one and two workers), strided and numpy (numba missing) paths alike.
+On the flat, strided and numpy (numba missing) paths alike.
 """
 from __future__ import annotations
 
@@ -57,9 +57,7 @@ def test_widen_every_half_value(mode, path):
 
 @pytest.mark.bits
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("threads", ["1", "2"])
-def test_narrow_rounds_to_nearest_even(mode, path, threads, monkeypatch):
-    monkeypatch.setenv("MINIDL_CPU_THREADS", threads)
+def test_narrow_rounds_to_nearest_even(mode, path):
     f = _edges(mode)
     h = np.empty(f.shape, HALF_DTYPES[mode])
     half.narrow_into(h, f)

@@ -106,16 +106,14 @@ def _as4(a: np.ndarray) -> np.ndarray:
 
 
 def widen_into(f: np.ndarray, h: np.ndarray) -> None:
-    """f (float32) = the values of the half array h (same shape, any strides): exact."""
+    """f (float32) = the values of the half array h (same shape, any strides): exact. On the calling thread, as
+    `narrow_into`: a conversion is one pass over memory, and an OpenMP region per conversion cost more than it
+    saved (ResNet-20 b32's layers at 2 threads on the shared 2-core VM: bf16 1.63x fp32 with two workers a
+    conversion, 0.93x with one; benchmarks/half_layers.py)."""
     jit = half_kernels()
     bf = h.dtype == _BF16
     if jit is not None and h.flags.c_contiguous and f.flags.c_contiguous:
-        hf, ff = _bits(h).reshape(-1), f.reshape(-1)
-        workers = workers_for(hf.size)
-        if workers > 1:
-            jit.widen_parallel(hf, ff, bf, workers)
-        else:
-            jit.widen(hf, ff, bf)
+        jit.widen(_bits(h).reshape(-1), f.reshape(-1), bf)
     elif jit is not None and h.ndim <= 4:
         jit.widen_nd(_as4(_bits(h)), _as4(f), bf)
     else:
@@ -127,12 +125,7 @@ def narrow_into(h: np.ndarray, f: np.ndarray) -> None:
     jit = half_kernels()
     bf = h.dtype == _BF16
     if jit is not None and h.flags.c_contiguous and f.flags.c_contiguous:
-        hf, ff = _bits(h).reshape(-1), f.reshape(-1)
-        workers = workers_for(hf.size)
-        if workers > 1:
-            jit.narrow_parallel(ff, hf, bf, workers)
-        else:
-            jit.narrow(ff, hf, bf)
+        jit.narrow(f.reshape(-1), _bits(h).reshape(-1), bf)
     elif jit is not None and h.ndim <= 4:
         jit.narrow_nd(_as4(f), _as4(_bits(h)), bf)
     else:

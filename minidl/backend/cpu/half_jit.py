@@ -7,8 +7,9 @@ operands once per call (`cpu.half`). The same bits as numpy's and ml_dtypes' cas
 infinity (tests/backend/test_half_cast.py: all 65536 halves, random float32 bit patterns); a NaN stays a quiet
 NaN of the same sign (its payload's top bits kept).
 Half values travel as their uint16 bits (numba has no bfloat16, and no float16 on the CPU); `as_f32`/`as_u32`
-reinterpret a value's bits in a register. Each conversion has a `_parallel` twin (one contiguous piece per
-worker: elementwise, so the split changes no bits) and a 4-D twin for strided views (`_nd`).
+reinterpret a value's bits in a register. The conversions run on one thread (`cpu.half.widen_into` says why), with a
+4-D twin for strided views (`_nd`); the elementwise kernels at the end have `_parallel` twins (one contiguous piece
+per worker: elementwise, so the split changes no bits), as the float32 ones they replace.
 """
 from __future__ import annotations
 
@@ -109,22 +110,10 @@ def widen(h, f, bf):
     _widen(h, f, bf, 0, h.size)
 
 
-@njit(**_OPTS, parallel=True)
-def widen_parallel(h, f, bf, workers):
-    for t in prange(workers):
-        _widen(h, f, bf, _cut(h.size, t, workers), _cut(h.size, t + 1, workers))
-
-
 @njit(**_OPTS)
 def narrow(f, h, bf):
     """h = the half bits of the float32 values f, rounded to nearest even."""
     _narrow(f, h, bf, 0, f.size)
-
-
-@njit(**_OPTS, parallel=True)
-def narrow_parallel(f, h, bf, workers):
-    for t in prange(workers):
-        _narrow(f, h, bf, _cut(f.size, t, workers), _cut(f.size, t + 1, workers))
 
 
 @njit(**_OPTS)
