@@ -36,6 +36,8 @@ class Capabilities:
     device_guard: bool = False            # a captured step checks gradients on the device (`guard_nonfinite`)
     paged_arena: bool = True              # `paged_backing`: the paged pool's chunks (`--paged`)
     host_link: bool = False               # `measure_link` measures a host link (else it raises)
+    half_kernels: frozenset[str] = frozenset()  # kernels that take bf16/fp16 arrays (`backend.precision`)
+    half_staging: bool = False            # its half kernels stage float32 copies: `staging` and `staging_trace`
 
 
 @runtime_checkable

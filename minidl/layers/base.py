@@ -88,6 +88,10 @@ class Layer:
     # may leave them out of its route (`Route.without_aux`); the layer then gets no array for them in `ctx.aux`,
     # and forward and backward take the path that rebuilds them, with the same bits.
     rebuildable_aux: ClassVar[tuple[str, ...]] = ()
+    # In a mixed-precision mode (`backend.precision`): the parameters the kernels read as their half copy (a
+    # product's operands), and the aux tensors stored in half (scores; the others are statistics, float32).
+    half_params: ClassVar[tuple[str, ...]] = ()
+    half_aux: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str | None = None):
         self.name = name
@@ -170,6 +174,11 @@ class Layer:
         backend's (cuDNN's execution plans are not the CPU's im2col). None means the CPU reference backend.
         """
         return []
+
+    def kernels(self) -> tuple[str, ...]:
+        """Every backend kernel forward and backward may call, the compiled step's fusions included: what a
+        backend needs in a half precision for this layer (`backend.precision.check_half_kernels`)."""
+        return ()
 
     def backend_ops(self) -> tuple[str, ...]:
         """The backend methods this layer calls beyond those every backend has (the convolutional family's):

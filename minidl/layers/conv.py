@@ -23,6 +23,7 @@ class Conv2d(Layer):
     type_name = "conv"
     needs_inputs = (0,)
     checkpoint = True
+    half_params = ("weight", "bias")
     accumulates_in_place = True
 
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
@@ -38,6 +39,9 @@ class Conv2d(Layer):
         self.bias = args.flag(*who, "bias", bias)
 
     # -- declarations ------------------------------------------------------------------------------------------
+    def kernels(self):
+        return ("conv2d_forward", "conv2d_backward", "accumulate")
+
     def infer_shape(self, in_shapes):
         s = tuple(in_shapes[0])
         if len(s) != 4:

@@ -64,6 +64,9 @@ class SoftmaxCrossEntropy(Layer):
     def backend_ops(self):
         return () if self.ignore_index is None else ("softmax_xent_ignore_forward", "softmax_xent_ignore_backward")
 
+    def kernels(self):
+        return ("softmax_xent_forward", "softmax_xent_backward") + self.backend_ops()
+
     def forward(self, be, inputs, out, params, ctx):
         r, k = last_axis_rows(inputs[0].shape)
         logits, labels = inputs[0].reshape(r, k), inputs[1].reshape(r)

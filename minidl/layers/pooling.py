@@ -90,6 +90,9 @@ class MaxPool2d(Layer):
         self.dilation = args.int_pair(*who, "dilation", dilation, 1)
         self.ceil_mode = args.flag(*who, "ceil_mode", ceil_mode)
 
+    def kernels(self):
+        return ("maxpool2d_forward", "maxpool2d_backward")
+
     def infer_shape(self, in_shapes):
         return _check_window(in_shapes, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
                              all_padding=True)
@@ -129,6 +132,9 @@ class AvgPool2d(Layer):
         self.ceil_mode = args.flag(*who, "ceil_mode", ceil_mode)
         self.count_include_pad = args.flag(*who, "count_include_pad", count_include_pad)
 
+    def kernels(self):
+        return ("avgpool2d_forward", "avgpool2d_backward")
+
     def infer_shape(self, in_shapes):
         return _check_window(in_shapes, self.kernel_size, self.stride, self.padding, (1, 1), self.ceil_mode)
 
@@ -153,6 +159,9 @@ class GlobalAvgPool(Layer):
     """Mean over each plane: (N, C, H, W) -> (N, C), so a Linear can follow directly."""
 
     type_name = "gap"
+
+    def kernels(self):
+        return ("global_avgpool_forward", "global_avgpool_backward")
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]

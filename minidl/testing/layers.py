@@ -11,9 +11,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend.precision import WEIGHT_COPY, is_half, precision
 from ..core.errors import DataError, OptionError
+from ..core.tensors import Role
 from ..graph.network import Network
 from ..layers.base import Layer, LayerContext
+
+
+def _floating(dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or is_half(dtype)
+
+
+def _stored(be, a: np.ndarray, dtype) -> np.ndarray:
+    """`a` as the backend stores it in `dtype` (a half dtype: rounded to nearest even)."""
+    out = np.empty(a.shape, dtype)
+    be.copy(out, a)
+    return out
 
 
 @dataclass(slots=True)
@@ -36,16 +49,24 @@ def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend):
 
 def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarray] | None = None,
               dout: np.ndarray | None = None, *, training: bool = True, backend=None, algo_fwd: str | None = None,
-              algo_bwd: str | None = None, rng_key: int = 0, dtype=None) -> LayerRun:
+              algo_bwd: str | None = None, rng_key: int = 0, dtype=None, math: str | None = None) -> LayerRun:
     """Run forward (and backward when `dout` is given) of `layer` on concrete arrays. The checks a network
     makes run here too: the layer's shapes at build, its training check (`training=True`) and its input values
-    (a loss's labels in [0, classes)), each a MinidlError naming the layer."""
+    (a loss's labels in [0, classes)), each a MinidlError naming the layer.
+
+    `math` a half mode ('bf16', 'fp16'): every array is stored as `backend.precision` says (float inputs and
+    `dout` rounded to the half dtype, `params` are the float32 masters and the layer's `half_params` get half
+    copies), in a float32 network, as a plan in that mode runs it."""
     from ..backend.cpu.backend import CPUBackend
 
     be = backend or CPUBackend()
-    floats = [x for x in inputs if np.issubdtype(x.dtype, np.floating)]
-    net = Network("layer_test", dtype=dtype or (floats[0].dtype if floats else np.float32))
-    syms = [net.input(x.shape, dtype=x.dtype, name=f"in{i}") for i, x in enumerate(inputs)]
+    prec = precision(math or "fp32")
+    floats = [x for x in inputs if _floating(x.dtype)]
+    net = Network("layer_test", dtype=dtype or (np.float32 if prec.half or not floats else floats[0].dtype))
+    if prec.half is not None:
+        inputs = [_stored(be, x, prec.dtype(Role.DATA)) if _floating(x.dtype) else x for x in inputs]
+    syms = [net.input(x.shape, dtype=net.dtype if is_half(x.dtype) else x.dtype, name=f"in{i}")
+            for i, x in enumerate(inputs)]
     node = layer(*syms).node
     in_shapes = [x.shape for x in inputs]
     params = dict(params or {})
@@ -58,8 +79,12 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
     if training:
         layer.check_training(in_shapes)  # what a training route checks (BN on one value per channel)
     layer.check_values(inputs)
-    out = np.empty(node.shape, node.dtype)
-    aux = {k: np.empty(s, net.dtype) for k, s in layer.aux_specs(in_shapes, training=training).items()}
+    if prec.half is not None:
+        params = {p: _stored(be, a, prec.dtype(WEIGHT_COPY)) if p in layer.half_params else a
+                  for p, a in params.items()}
+    out = np.empty(node.shape, prec.dtype(Role.ACTIVATION, layer=layer) if prec.half else node.dtype)
+    aux = {k: np.empty(s, prec.dtype(Role.AUX, layer=layer, aux=k) if prec.half else net.dtype)
+           for k, s in layer.aux_specs(in_shapes, training=training).items()}
     ws, algo = _workspace(layer, "fwd", in_shapes, node.shape, net.dtype.itemsize, algo_fwd, be)
     ctx = LayerContext(training=training, aux=aux, workspace=ws, algo=algo, rng_key=rng_key)
     layer.forward(be, list(inputs), out, params, ctx)
@@ -68,12 +93,13 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
         return run
     ws, algo = _workspace(layer, "bwd", in_shapes, node.shape, net.dtype.itemsize, algo_bwd, be)
     bctx = LayerContext(training=training, aux=aux, workspace=ws, algo=algo, rng_key=rng_key)
-    dinputs = [None if (k in layer.nondiff_inputs or not np.issubdtype(x.dtype, np.floating))
+    dinputs = [None if (k in layer.nondiff_inputs or not _floating(x.dtype))
                else np.full(x.shape, np.nan, x.dtype) for k, x in enumerate(inputs)]
     grads = {p: np.full(s.shape, np.nan, net.dtype) for p, s in node.params.items() if s.trainable}
     saved_in = [x if k in layer.needs_inputs else None for k, x in enumerate(inputs)]
-    layer.backward(be, saved_in, out if layer.needs_output else None, np.asarray(dout, node.dtype), dinputs,
-                   grads, params, bctx)
+    dout = _stored(be, np.asarray(dout, np.float32), prec.dtype(Role.DELTA, layer=layer)) if prec.half \
+        else np.asarray(dout, node.dtype)
+    layer.backward(be, saved_in, out if layer.needs_output else None, dout, dinputs, grads, params, bctx)
     run.dinputs, run.grads = dinputs, grads
     return run
 

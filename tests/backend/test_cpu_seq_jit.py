@@ -275,21 +275,9 @@ def test_same_bits_when_compiled_for_a_generic_x86_64_cpu():
     """The kernels' sums run in orders fixed by the shapes, their exp and tanh in plain IEEE operations, nothing
     fastmath: so numba's code for a generic x86-64 CPU (no AVX, no FMA; compiled in a cache folder of its own)
     gives the bits of the code for this one. ~1 min: numba compiles the kernels for that CPU."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
+    from tests.backend.generic_cpu import digests_on_generic_cpu
 
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "MINIDL_CPU_THREADS": "1",
-           "NUMBA_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"minidl-numba-generic-{os.getuid()}")}
-    env.pop("NUMBA_CPU_FEATURES", None)
-    code = "import json; from tests.backend.test_cpu_seq_jit import _digests; print(json.dumps(_digests()))"
-    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout.splitlines()[-1]) == _digests()
+    assert digests_on_generic_cpu("tests.backend.test_cpu_seq_jit") == _digests()
 
 
 @pytest.mark.bits

@@ -10,6 +10,7 @@ gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import nullcontext
 
@@ -18,8 +19,10 @@ import numpy as np
 from ...core.errors import OptionError
 from ..base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU, Capabilities
 from ..common import HostClock, dropout_keep_mask
+from ..precision import is_half
 from . import lanes
 from .conv import ConvOps
+from .half import HALF_KERNELS, Staging, StagingTrace, cast_into, half_io, narrow_into, widen_into
 from .jit import lazy, workers_for
 from .norm import NormOps
 from .pooling import PoolOps
@@ -69,6 +72,10 @@ class CoreOps:
         return np.asarray(a)
 
     def copy_in(self, dst: np.ndarray, src) -> None:
+        """dst = src; into a half dst, float values are rounded once from float32 (the loaders' dtype)."""
+        if is_half(dst.dtype):
+            cast_into(dst, np.asarray(src, dtype=np.float32).reshape(dst.shape))
+            return
         np.copyto(dst, np.asarray(src, dtype=dst.dtype).reshape(dst.shape))
 
     def fill(self, dst: np.ndarray, value: float) -> None:
@@ -81,7 +88,12 @@ class CoreOps:
         np.add(dst, src, out=dst)
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        np.copyto(dst, src)
+        """dst = src; between a half and a float32 array, widened exactly or rounded to nearest even (a master
+        weight into its half copy)."""
+        if is_half(dst.dtype) or is_half(src.dtype):
+            cast_into(dst, src)
+        else:
+            np.copyto(dst, src)
 
     # -- activation -------------------------------------------------------------------------------------------
     def relu_forward(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -172,12 +184,20 @@ class CoreOps:
         self._dropout(dy, dx, p, key)
 
     def _dropout(self, src: np.ndarray, dst: np.ndarray, p: float, key: int) -> None:
-        scale = src.dtype.type(1.0 / (1.0 - p))
+        """dst = src * keep / (1 - p); half arrays computed in float32 a chunk at a time, rounded on store."""
+        half = is_half(src.dtype)
+        scale = np.float32(1.0 / (1.0 - p)) if half else src.dtype.type(1.0 / (1.0 - p))
         sf, df = src.reshape(-1), dst.reshape(-1)
         for s in _chunks(sf.size):
             # keep[i] depends only on (key + i): shifting the key by the chunk start continues the sequence.
             keep = dropout_keep_mask((key + s.start) & 0xFFFFFFFFFFFFFFFF, s.stop - s.start, p)
-            np.multiply(sf[s], keep * scale, out=df[s])
+            if not half:
+                np.multiply(sf[s], keep * scale, out=df[s])
+                continue
+            f = self.staging.chunks(CHUNK)[:s.stop - s.start]
+            widen_into(f, sf[s])
+            np.multiply(f, keep * scale, out=f)
+            narrow_into(df[s], f)
 
     # -- loss -------------------------------------------------------------------------------------------------
     # The loss runs compiled where numba loads (`loss_jit`: each row read once, rows over the threads, the same
@@ -294,8 +314,10 @@ class CoreOps:
             pf[s] -= step_size * (mf[s] / denom)
 
 
+@half_io
 class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
-    """numpy backend: the reference every other backend is tested against."""
+    """numpy backend: the reference every other backend is tested against. Its kernels also take bf16 and fp16
+    arrays (`half_io`: float32 compute on converted copies, rounded on store)."""
 
     # add_forward takes `relu_out`, add_relu_backward runs a ReLU's and the add's backward in one call, the batch
     # norm's kernels take `relu=` (the compiled step's fusions); `fuse_update` groups parameters (`cpu_update`).
@@ -303,7 +325,16 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         name="cpu", device="host", kernels=SEQ_KERNELS | {"softmax_xent_ignore_forward",
                                                           "softmax_xent_ignore_backward"},
         fuses=frozenset({FUSES_BATCHNORM_RELU, FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD}), fused_update=True,
-        paged_arena=True)
+        paged_arena=True, half_kernels=HALF_KERNELS, half_staging=True)
+
+    @functools.cached_property
+    def staging(self) -> Staging:
+        """Where the half kernels keep their float32 copies (`cpu.half`); unbound, it grows its own buffer."""
+        return Staging()
+
+    def staging_trace(self) -> StagingTrace:
+        """A dry run of these kernels that counts the staging the calls made on it would take (`cpu.half`)."""
+        return StagingTrace(self)
 
     def compute_scope(self):
         """Kernels run on the calling thread: nothing to enter."""
