@@ -271,13 +271,3 @@ class CudnnModel:
                             bwd_algo(d.algo, g.algo)) for d in dg for g in wg])
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
 
-
-def planning_backend(device: "DeviceProfile | str", backend=None):
-    """The backend a plan for `device` sizes its workspaces with: `backend` when one is given (a real backend's
-    own menu), else the cuDNN model for a GPU profile and None (the CPU's menu) for the CPU profile."""
-    from .simulate import get_profile
-
-    if backend is not None:
-        return backend
-    dev = get_profile(device) if isinstance(device, str) else device
-    return CudnnModel(dev) if dev.gpu else None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import menu_of
 from ..core.errors import DataError, OptionError
 from ..graph.network import Network
 from ..layers.base import Layer, LayerContext
@@ -25,7 +26,7 @@ class LayerRun:
 
 
 def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend):
-    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize, backend=backend)
+    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize, menu_of(backend))
     if not opts:
         return None, None
     chosen = opts[0] if algo is None else next((o for o in opts if o.algo == algo), None)

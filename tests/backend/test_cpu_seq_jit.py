@@ -12,7 +12,6 @@ import pytest
 
 from minidl.backend.cpu import backend as cpu_backend
 from minidl.backend.cpu import jit as cpu_jit
-from minidl.backend.cpu import lanes as cpu_lanes
 from minidl.backend.cpu.backend import CPUBackend
 
 pytest.importorskip("numba")
@@ -40,11 +39,11 @@ def _xent(logits, labels, ignore):
     return {"loss": loss, "dlogits": dlogits}
 
 
-def _on_threads(monkeypatch, run):
+def _on_threads(monkeypatch, run, lanes):
     """run() on 1, 2 and 3 threads (each large enough to split: `cpu_jit.workers_for`): {threads: outputs}."""
     got = {}
     for threads in (1, 2, 3):
-        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        lanes(threads)
         got[threads] = run()
     return got
 
@@ -283,10 +282,11 @@ def test_same_bits_when_compiled_for_a_generic_x86_64_cpu():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "MINIDL_CPU_THREADS": "1",
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic",
            "NUMBA_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"minidl-numba-generic-{os.getuid()}")}
     env.pop("NUMBA_CPU_FEATURES", None)
-    code = "import json; from tests.backend.test_cpu_seq_jit import _digests; print(json.dumps(_digests()))"
+    code = ("import json; from minidl.backend.cpu import lanes; from tests.backend.test_cpu_seq_jit import _digests\n"
+            "with lanes.using(1):\n    print(json.dumps(_digests()))")
     run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.splitlines()[-1]) == _digests()

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from minidl.core.errors import MinidlError
 from minidl.memory.decisions.allreduce import DataParallel
+from minidl.memory.request import Target
 from minidl.models import build_model
 from minidl.optim import SGD, Adam
-from tests.memory.planning import plan
+from tests.planning import planned
 
 PATH = Path(__file__).with_name("plan_digests.json")
 
@@ -118,7 +119,8 @@ def case_name(net_key, device, policy, share, opts) -> str:
 def run_case(net_key, device, policy, share, opts, live_min) -> dict:
     budget = None if share is None else int(live_min * share)
     try:
-        return digest(plan(NETS[net_key](), optimizer(net_key), policy, budget, device, **options(opts)))
+        return digest(planned(NETS[net_key](), optimizer(net_key), policy, budget, device,
+                              menu=Target.for_run(device).menu, **options(opts)))
     except MinidlError as e:
         return {"error": type(e).__name__, "min_budget": getattr(e, "min_budget_bytes", None)}
 
@@ -127,7 +129,8 @@ def all_digests(nets=None, log=None) -> dict:
     out = {}
     for net_key in nets or NETS:
         for device, listed in cases(net_key).items():
-            live_min = plan(NETS[net_key](), optimizer(net_key), "liveness", None, device).min_budget_bytes
+            live_min = planned(NETS[net_key](), optimizer(net_key), "liveness", None, device,
+                               menu=Target.for_run(device).menu).min_budget_bytes
             for policy, share, opts in listed:
                 name = case_name(net_key, device, policy, share, opts)
                 out[name] = run_case(net_key, device, policy, share, opts, live_min)

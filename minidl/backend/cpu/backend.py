@@ -11,7 +11,7 @@ gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ..common import dropout_keep_mask
 from . import lanes
 from .conv import ConvOps
 from .jit import lazy, workers_for
+from .menu import CPU_MENU, CPUMenu
 from .norm import NormOps
 from .pooling import PoolOps
 from .seq import SEQ_KERNELS, SeqOps
@@ -305,6 +306,9 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         fuses=frozenset({FUSES_BATCHNORM_RELU, FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD}), fused_update=True,
         paged_arena=True)
 
+    def __init__(self, menu: CPUMenu = CPU_MENU):
+        self.menu = menu   # the algorithms plans for this backend choose among, and the lanes its steps run on
+
     def compute_scope(self):
         """Kernels run on the calling thread: nothing to enter."""
         return nullcontext()
@@ -321,12 +325,16 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         raise OptionError("backend 'cpu' cannot measure a host link (CUDA only): use a datasheet --device profile")
 
     def step_scope(self):
-        """The context a whole step runs in (`Executor.train_step`, `evaluate`): numpy's BLAS at one thread
-        (`cpu_lanes.blas_pinned`), at any lane count; large products are split over the lanes instead, in blocks
-        fixed by their shapes (`cpu_lanes.matmul`). The threads are then the lanes' and the compiled kernels',
-        never OpenBLAS's, which spin long after a call on the cores the others need, and which would cut a
-        product by their own count (other bits on another thread count)."""
-        return lanes.blas_pinned()
+        """The context a whole step runs in (`Executor.train_step`, `evaluate`): the menu's lanes
+        (`CPUMenu.threads`), and numpy's BLAS at one thread (`cpu_lanes.blas_pinned`), at any lane count; large
+        products are split over the lanes instead, in blocks fixed by their shapes (`cpu_lanes.matmul`). The
+        threads are then the lanes' and the compiled kernels', never OpenBLAS's, which spin long after a call on
+        the cores the others need, and which would cut a product by their own count (other bits on another thread
+        count)."""
+        scope = ExitStack()
+        scope.enter_context(lanes.using(self.menu.threads))
+        scope.enter_context(lanes.blas_pinned())
+        return scope
 
     def paged_backing(self):
         """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""
