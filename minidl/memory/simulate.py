@@ -96,8 +96,16 @@ def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
 
 
 def simulate(plan: Plan, device: DeviceProfile | str = "k40c") -> SimResult:
-    """Estimate the step time of `plan` on `device`. The peak is the plan's own (exact)."""
+    """Estimate the step time of `plan` on `device` (once per plan and device: `Plan.memo`). The peak is the plan's
+    own (exact)."""
     dev = get_profile(device) if isinstance(device, str) else device
+    key = ("simulate", dev)
+    if key not in plan.memo:
+        plan.memo[key] = _simulate(plan, dev)
+    return plan.memo[key]
+
+
+def _simulate(plan: Plan, dev: DeviceProfile) -> SimResult:
     costs = step_costs(plan.route, dev)
     rflops = add_plan_costs(plan, costs)
     compute = math.fsum(c.time_s for c in costs)
