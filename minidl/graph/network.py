@@ -293,10 +293,10 @@ class Network:
         optimizer state is planned like every other tensor. `menu` supplies the convolution algorithms each step
         may run and their workspace sizes: the CPU's menu (`CPUMenu`, by default), the cuDNN model, or a live
         backend; a CPU backend's menu is its `CPUMenu`, so it shares that menu's route. `fused_update`: each
-        layer's optimizer update right
-        after its backward (see `route.py`). `packs` (lists of layer names): Harmony's route of layer packs and
-        micro-batches (see `packs.py`; always fused); `micro_batches` > 1 without packs: gradient accumulation,
-        each micro-batch's forward then its backward (`route.py`; always fused).
+        layer's optimizer update right after its backward (see `route.py`). `packs` (lists of layer names):
+        Harmony's route of layer packs and micro-batches (see `packs.py`; always fused); `micro_batches` > 1
+        without packs: gradient accumulation, each micro-batch's forward then its backward (`route.py`; always
+        fused).
         """
         menu = menu_of(menu)
         key = (bool(training), tuple(optimizer_slots), menu, bool(fused_update) and bool(training))

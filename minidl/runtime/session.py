@@ -132,7 +132,7 @@ class RunConfig:
     they run).
     `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
     `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
-    `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
+    `fused_update`: each layer's optimizer update right after its backward (None: `PlanRequest.fused_update`'s rule).
     `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
     `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
     a memory-mapped file. `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the

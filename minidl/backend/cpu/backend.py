@@ -306,8 +306,10 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         fuses=frozenset({FUSES_BATCHNORM_RELU, FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD}), fused_update=True,
         paged_arena=True)
 
+    menu: CPUMenu = CPU_MENU   # the algorithms plans for this backend choose among, and the lanes its steps run on
+
     def __init__(self, menu: CPUMenu = CPU_MENU):
-        self.menu = menu   # the algorithms plans for this backend choose among, and the lanes its steps run on
+        self.menu = menu
 
     def compute_scope(self):
         """Kernels run on the calling thread: nothing to enter."""
