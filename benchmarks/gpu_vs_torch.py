@@ -244,7 +244,7 @@ class MinidlStep:
         opt = SGD(lr=1e-4, momentum=0.9)
         route = None
         if costs is not None:   # the convolutions measured first: the efficiency is fitted to them
-            route = net.route(True, tuple(opt.slots), backend=self.be)
+            route = net.route(True, tuple(opt.slots), menu=self.be)
             workspace_choices(route, costs)
         self.device = measured_profile(self.be, costs=costs, route=route)
         self.sess = Session(net, opt, policy="liveness" if budget is None else "auto", budget=budget, seed=0,

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import statistics
 import time
 
 import numpy as np
 
+from minidl.backend.cpu import lanes
 from minidl.backend.cpu.backend import CPUBackend
 from minidl.backend.precision import WEIGHT_COPY, precision
 from minidl.core.tensors import Role
@@ -124,10 +124,10 @@ def main() -> None:
     ap.add_argument("--math", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--only", default=None, choices=("fp32", "bf16", "fp16"), help="run one mode (for --vs timing)")
     ap.add_argument("--steps", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=None, help="MINIDL_CPU_THREADS (default: as set, or the cores)")
+    ap.add_argument("--threads", type=int, default=None, help="lanes of the CPU kernels (default: the cores)")
     args = ap.parse_args()
     if args.threads:
-        os.environ["MINIDL_CPU_THREADS"] = str(args.threads)
+        lanes._threads.append(args.threads)   # lanes.using(args.threads) for the rest of the process
     if is_sequence_model(args.model):
         kw = {"size": args.size} if args.size else {}
         net = build_model(args.model, batch=args.batch, seq=args.seq, dropout=0.0, **kw)

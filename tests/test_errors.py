@@ -14,6 +14,7 @@ from minidl.core.errors import CheckpointError, DataError, GraphError, HostMemor
 from minidl.data import Dataset
 from minidl.layers import LRN, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, SoftmaxCrossEntropy
 from minidl.optim import SGD, Adam
+from tests.planning import planned
 from tests.sessions import session_kw
 
 
@@ -200,7 +201,6 @@ def _user_mistakes():
     from minidl.backend.cpu.backend import CPUBackend
     from minidl.data import BatchIterator, synthetic
     from minidl.memory.calibrate import measured_profile
-    from minidl.memory.policies import plan_network
     from minidl.memory.report.explain import parse_steps
     from minidl.memory.simulate import get_profile
     from minidl.models import build_model
@@ -210,7 +210,7 @@ def _user_mistakes():
     return [
         (lambda: tiny().fit(synthetic(8, (3, 8, 8), 10), 1), DataError, ["(3, 8, 8)", "(1, 8, 8)", "'data'"]),
         (lambda: tiny(policy="fastest"), OptionError, ["unknown policy", "'fastest'"]),
-        (lambda: plan_network(_net(lambda x: x), SGD(0.1), "fastest"), OptionError, ["unknown policy"]),
+        (lambda: planned(_net(lambda x: x), SGD(0.1), "fastest"), OptionError, ["unknown policy"]),
         (lambda: dl.parse_size("lots"), OptionError, ["'lots'"]),
         (lambda: dl.parse_size(-1), OptionError, ["negative", "-1"]),
         (lambda: dl.parse_size(1.5), OptionError, ["1.5"]),

@@ -149,5 +149,12 @@ class GraphCapture(Protocol):
 
 def backend_name(backend) -> str:
     """The kind of `backend` ('cpu', 'cuda', ...), from its capabilities: whose algorithm menu a plan was made
-    from. None (the default everywhere) is the CPU reference."""
+    from (a menu names its backend the same way). None, where a caller has no backend, is the CPU."""
     return backend.capabilities.name if backend is not None else "cpu"
+
+
+def menu_of(backend):
+    """The menu a plan for `backend` chooses its algorithms from: a CPU backend's is its `CPUMenu` (every CPU
+    backend with that menu offers the same algorithms, so they share routes); any other (a menu itself, the cuDNN
+    model, a CUDA backend, a renamed test backend) is its own."""
+    return backend.menu if backend_name(backend) == "cpu" and hasattr(backend, "menu") else backend

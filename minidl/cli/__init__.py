@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from importlib import import_module
 
@@ -41,23 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "cpu_winograd", None) is not None:  # read by cpu_winograd.enabled() when layers are planned
-        os.environ["MINIDL_CPU_WINOGRAD"] = "1" if args.cpu_winograd else "0"
-    if getattr(args, "threads", None):
-        os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # read by cpu_lanes.count() at every convolution
+    if getattr(args, "threads", None):   # numpy's BLAS outside the steps (the CPU menu's lanes run the steps)
         import numpy  # noqa: F401 - threadpoolctl limits the libraries already loaded
         from threadpoolctl import threadpool_limits
         threadpool_limits(args.threads, user_api="blas")
-    if getattr(args, "cmd", None) in ("plan", "train") and args.policy is None:
-        args.policy = "auto" if args.budget is not None else "liveness"  # --budget alone means auto
-    if getattr(args, "paged", None) == "auto":   # bare --paged: a chunk the budget can hold many of
-        from ..memory.paged import chunk_for_budget
-
-        args.paged = chunk_for_budget(args.budget, args.backend)
-    if getattr(args, "lossy", False):   # opt-in only: auto weighs compression when asked to
-        if args.policy not in ("auto", "auto-lossy"):
-            build_parser().error(f"--lossy applies to --policy auto, not {args.policy!r}")
-        args.policy = "auto-lossy"
     try:
         check_args(args)
         out = _command(args.cmd)(args)

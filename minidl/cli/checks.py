@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 from ..core.errors import OptionError
-from ..data.load import data_paths
 
 # integer options -> the smallest value accepted
 _COUNTS = {"steps": 1, "batch": 1, "depth": 1, "image_size": 1, "num_classes": 1, "in_channels": 1, "seed": 0,
@@ -56,7 +55,10 @@ def _run_paths(args) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
     inputs = [(f"--{o}", Path(getattr(args, o)).expanduser()) for o in ("resume", "checkpoint", "input")
               if getattr(args, o, None)]
     data = getattr(args, "data", None)
-    inputs += [(f"--data {data}", p) for p in (data_paths(data) if isinstance(data, str) else [])]
+    if isinstance(data, str):
+        from ..data.load import data_paths  # (the data package's import: only for a command that reads data)
+
+        inputs += [(f"--data {data}", p) for p in data_paths(data)]
     outputs = [(f"--{o}", Path(getattr(args, o)).expanduser()) for o in ("save", "log", "plot", "trace", "output")
                if getattr(args, o, None)]
     if getattr(args, "autotune", None):   # read, then written back with the new measurements

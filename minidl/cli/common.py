@@ -105,6 +105,29 @@ def fused_update_option(args) -> bool | None:
     return {"on": True, "off": False}.get(args.fused_update)
 
 
+def plan_request(args):
+    """The request `plan` and `train` describe (`PlanRequest.from_options`: the rules `Session` applies too)."""
+    from ..memory.request import PlanRequest
+
+    dp = None
+    if getattr(args, "ranks", None) is not None:
+        from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
+
+        dp = DataParallel(args.ranks, args.bucket_size or DEFAULT_BUCKET_BYTES, args.reduction)
+    return PlanRequest.from_options(args.policy, args.budget, lossy=args.lossy, fused_update=fused_update_option(args),
+                                    micro_batches=args.micro_batches,
+                                    max_micro_batches=getattr(args, "max_micro_batches", None), math=args.math,
+                                    data_parallel=dp, paged=args.paged,
+                                    host_weights=not getattr(args, "weights_on_device", False), backend=args.backend)
+
+
+def cpu_menu(args):
+    """The CPU's menu --no-cpu-winograd and --threads describe."""
+    from ..backend.cpu.menu import CPUMenu
+
+    return CPUMenu(winograd=args.cpu_winograd is not False, threads=args.threads)
+
+
 class ProgressLine:
     """On a terminal, a line on stderr that says what is being planned and for how long, once it has taken more
     than `AFTER_S` (ResNet-2500 takes seconds); erased when done. Never in --json output or a pipe."""
@@ -161,11 +184,12 @@ def say_written(args, written: list[tuple[str, object]]) -> None:
 def measured_device(net, opt, backend, costs):
     """`--device measured`: the host link measured on the GPU; with --autotune, the convolutions measured first
     (the plan then reuses the cache) and the roofline's efficiency fitted to them (memory/calibrate.py)."""
+    from ..backend import menu_of
     from ..memory.calibrate import measured_profile
     from ..memory.workspace import workspace_choices
 
     route = None
     if costs is not None and costs.autotune:
-        route = net.route(True, tuple(opt.slots), backend=backend)
+        route = net.route(True, tuple(opt.slots), menu=menu_of(backend))
         workspace_choices(route, costs)
     return measured_profile(backend, costs=costs, route=route)

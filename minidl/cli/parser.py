@@ -1,18 +1,22 @@
 """The `minidl` argument parser: every command's options, their types and help. Building it imports no planner,
-backend or data code beyond the names its choices list."""
+backend, data or numpy code: only the tables its choices list (policies, device profiles, papers, schedules, math
+modes); an option's type imports what it parses with when the option is given."""
 from __future__ import annotations
 
 import argparse
 
 from ..core.errors import EXIT_USER_ERROR, OptionError
-from ..data.augment import parse_augment
-from ..memory.pool import parse_size
-from ..memory.simulate import PROFILES
+from ..core.options import MATH_MODES
+from ..memory.policy_table import available_policies, policies_help
+from ..memory.profiles import PROFILES
 from ..optim.schedules import SCHEDULES
+from ..reproduce.registry import PAPERS
 
 
 def _size(value: str) -> int:
     """argparse type for sizes: its error names the accepted forms, not this function."""
+    from ..memory.pool import parse_size
+
     try:
         return parse_size(value)
     except ValueError:
@@ -28,6 +32,8 @@ def _chunk(value: str) -> int | str:
 
 def _augment(value: str):
     """argparse type for --augment: its error is parse_augment's, naming the accepted forms."""
+    from ..data.augment import parse_augment
+
     try:
         return parse_augment(value)
     except OptionError as e:
@@ -101,23 +107,19 @@ def _model_args(p: argparse.ArgumentParser, from_checkpoint: bool = False) -> No
 
 
 def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None:
-    from ..memory.policies import available_policies
-
     p.add_argument("--policy", default=None, choices=available_policies(),
                    help="memory policy, each described in one line at the end of --help (default: auto when "
                         "--budget is given, else liveness)")
     p.add_argument("--no-cpu-winograd", dest="cpu_winograd", action="store_false", default=None,
                    help="CPU backend: run 3x3 stride-1 convolutions with >= 32 channels as the row-shift pair "
                         "instead of Winograd F(2x2, 3x3), which is the default (faster; other rounding, the same "
-                        "guarantees); sets MINIDL_CPU_WINOGRAD=0")
+                        "guarantees)")
     p.add_argument("--cpu-winograd", dest="cpu_winograd", action="store_true",
-                   help="CPU backend: Winograd F(2x2, 3x3) for those convolutions (the default; sets "
-                        "MINIDL_CPU_WINOGRAD=1, overriding the environment)")
+                   help="CPU backend: Winograd F(2x2, 3x3) for those convolutions (the default)")
     p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                    help="CPU backend: threads for the convolution lanes, compiled kernels and numpy's BLAS "
-                        "(default: the usable cores, at most 8); sets MINIDL_CPU_THREADS. Results are the same bits "
-                        "whatever N: every split is fixed by the shapes, and a step runs the BLAS on one thread a "
-                        "call")
+                        "(default: the usable cores, at most 8). Results are the same bits whatever N: every split "
+                        "is fixed by the shapes, and a step runs the BLAS on one thread a call")
     p.add_argument("--lossy", action="store_true",
                    help="let --policy auto also weigh lossy compression of stored activations (auto-lossy); "
                         "results are then not bit-identical to policy none")
@@ -147,14 +149,13 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
 
 def _math_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--math", default="fp32", choices=("fp32", "tf32"),
+    p.add_argument("--math", default=MATH_MODES[0], choices=MATH_MODES,
                    help="float32 arithmetic (fp32) or TF32 tensor cores for convolutions and matrix products "
                         "(tf32, PyTorch's default for convolutions; --backend cuda only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from ..memory.policies import policies_help
 
     ap = _Parser(prog="minidl", description=__doc__.splitlines()[0], formatter_class=_Formatter,
                  epilog=policies_help())
@@ -171,9 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights-on-device", action="store_true",
                    help="keep weights and optimizer state on the device: auto does not home them on the host when "
                         "nothing else fits (SuperNeurons' and nnabla's setting; minidl reproduce plans this way)")
-    p.add_argument("--device", default="k40c",
-                   help=f"device profile for time estimates ({', '.join(PROFILES)}; measured: this GPU's "
-                        "link measured first, with --backend cuda)")
+    p.add_argument("--device", default=None,
+                   help=f"device profile the plan is for: its speeds for time estimates, its memory for the fit "
+                        f"({', '.join(PROFILES)}, or NAME:SIZE; measured: this GPU's link measured first, with "
+                        f"--backend cuda; default: where train would run, the backend's own: cpu for --backend cpu)")
     p.add_argument("--explain", nargs="?", const="", default=None, metavar="NAME",
                    help="say step by step what is allocated and freed, and why; with NAME (a layer or tensor name, "
                         "or a glob such as 'layer3.1*') only that one's steps and events. Plans of more than 600 "
@@ -282,8 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _reproduce_parser(sub) -> None:
-    from ..reproduce import PAPERS
-
     p = sub.add_parser("reproduce", help="a paper's tables on its own setup, our figures beside the paper's",
                        formatter_class=_Formatter,
                        epilog="papers:\n" + "\n".join(f"  {k:<13} {v.title}" for k, v in PAPERS.items()))

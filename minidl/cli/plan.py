@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
 from ..core.errors import OptionError
 from ..memory.pool import format_bytes
@@ -12,10 +13,11 @@ from .common import (
     ProgressLine,
     build_net,
     cost_table,
-    fused_update_option,
+    cpu_menu,
     measured_device,
     memory_json,
     moved_line,
+    plan_request,
     plot_title,
     say_written,
 )
@@ -34,12 +36,14 @@ def cmd_plan(args) -> dict:
     from ..memory.policies import plan_network
     from ..memory.report import explain, memory_report, plot_timeline, write_trace
     from ..memory.report.fit import check_fit
+    from ..memory.request import Target
     from ..memory.simulate import simulate
     from ..optim import make_optimizer
 
     t = time.perf_counter()
     net = build_net(args)
     opt = make_optimizer(args.optimizer, 0.01)
+    request = plan_request(args)
     if args.devices is not None:
         return _plan_devices(args, net, opt)
     backend = None
@@ -51,54 +55,45 @@ def cmd_plan(args) -> dict:
         from ..backend.mathmode import apply_math
 
         apply_math(None, args.math)  # the CPU computes in fp32 only: refuses tf32, naming --math
-    dp = None
-    if args.ranks is not None:
-        from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
-
-        dp = DataParallel(args.ranks, args.bucket_size or DEFAULT_BUCKET_BYTES, args.reduction)
     costs, device = cost_table(args, backend), args.device
     if device == "measured":   # this GPU's host link (and, with --autotune, efficiency) measured before planning
         if backend is None:
             raise OptionError("--device measured measures a GPU's host link: give --backend cuda")
         device = measured_device(net, opt, backend, costs)
-    elif costs is None and args.policy != "packs":
-        # A GPU profile planned here sizes cuDNN's modeled workspaces (memory/cudnn_model.py); with --autotune the
-        # menu stays that of the backend that measures, and policy packs plans its own routes on the CPU's menu.
-        from ..memory.cudnn_model import planning_backend
-
-        backend = planning_backend(device, backend)
+    target = Target.for_run(device, backend, costs, cpu=cpu_menu(args))
+    name = args.device or target.profile.name
     what = (f"planning {args.model}{f'-{args.depth}' if args.depth else ''} ({len(net.layer_nodes)} layers), policy "
-            f"{args.policy}" + (f", budget {format_bytes(args.budget)}" if args.budget is not None else ""))
-    def plan_at(policy: str, budget: int | None):
-        return plan_network(net, opt, policy, budget, device=device, backend=backend, costs=costs,
-                            fused_update=fused_update_option(args), paged=args.paged, data_parallel=dp,
-                            micro_batches=args.micro_batches, max_micro_batches=args.max_micro_batches,
-                            host_weights=not args.weights_on_device)
+            f"{request.policy}" + (f", budget {format_bytes(request.budget)}" if request.budget is not None else ""))
+
+    def plan_for(policy: str, budget: int | None):
+        """This request under `policy` and `budget` (the fit verdict's question: auto at the device's memory)."""
+        return plan_network(net, opt.slots, replace(request, policy=policy, budget=budget), target)
 
     with ProgressLine(what, enabled=not args.json and sys.stderr.isatty()):
-        plan = plan_at(args.policy, args.budget)
-        sim = simulate(plan, device)
-        fit = check_fit(plan, sim.device, args.budget, plan_at)   # and, if not on the device, what would
+        plan = plan_for(request.policy, request.budget)
+        sim = simulate(plan, target.profile)
+        fit = check_fit(plan, sim.device, request.budget, plan_for)   # and, if not on the device, what would
     out = {**memory_json(plan), **fit.to_json()}
+    dp = request.options.data_parallel
     if dp is not None:
         from ..memory.decisions.allreduce import allreduce_timeline
 
-        comm = allreduce_timeline(plan, device)
+        comm = allreduce_timeline(plan, target.profile)
         out.update({"ranks": dp.world_size, "buckets": len(plan.buckets), "est_allreduce_s": comm.total_s,
                     "est_allreduce_exposed_s": comm.exposed_s,
                     "est_allreduce_hidden_fraction": comm.hidden_fraction, "interconnect_bw": comm.link.bw,
                     "est_step_time_with_allreduce_s": sim.est_step_time_s + comm.exposed_s})
-    out.update({"model": args.model, "device": args.device, "backend": args.backend, "math": args.math,
+    out.update({"model": args.model, "device": name, "backend": args.backend, "math": args.math,
                 "est_step_time_s": sim.est_step_time_s,
                 "fits_device": sim.fits_device, "planning_time_s": time.perf_counter() - t,
                 "transfer_hidden_fraction": sim.transfer_hidden_fraction, "exposed_transfer_s": sim.exposed_transfer_s,
                 "copy_bandwidth_bytes_per_s": sim.device.link_bw if sim.transfer_time_s else 0.0,
                 "steps": len(plan.route.steps), "recompute_flops_share": sim.recompute_flops_share})
     if args.plot:
-        plot_timeline(plan, args.plot, title=plot_title(args, plan), budget=args.budget)
+        plot_timeline(plan, args.plot, title=plot_title(args, plan), budget=request.budget)
         out["plot"] = args.plot
     if args.trace:
-        write_trace(args.trace, plan, device=device)
+        write_trace(args.trace, plan, device=target.profile)
         out["trace"] = args.trace
     if args.explain is not None or args.explain_steps or args.explain_full:
         from ..memory.report.explain import parse_steps
@@ -111,7 +106,7 @@ def cmd_plan(args) -> dict:
     if not args.json:
         print(memory_report(plan).format())
         print(moved_line(out["moved_bytes_by_role"]))
-        print(f"  estimated step time on {args.device}: {sim.est_step_time_s * 1e3:.1f} ms "
+        print(f"  estimated step time on {name}: {sim.est_step_time_s * 1e3:.1f} ms "
               f"(planned in {out['planning_time_s']:.1f} s; math {args.math})")
         if sim.transfer_time_s:
             print(f"  host transfers   {sim.transfer_time_s:.3f} s on the link, {sim.exposed_transfer_s:.3f} s exposed "
@@ -139,12 +134,12 @@ def _plan_devices(args, net, opt) -> dict:
     batch = net.input_nodes[0].shape[0]
     if batch % args.devices:
         raise OptionError(f"--devices {args.devices}: the batch of {batch} must divide among the replicas")
-    slots = tuple(opt.slots)
-    found = search_pipeline(net, args.devices, args.budget, args.device, slots, args.micro_batches)
+    slots, device = tuple(opt.slots), args.device or "cpu"
+    found = search_pipeline(net, args.devices, args.budget, device, slots, args.micro_batches)
     pipe, lean = (min(found, key=OBJECTIVES[o]) for o in ("time", "swap"))
     replica = build_net(argparse.Namespace(**{**vars(args), "batch": batch // args.devices}))
-    base = plan_replicas(replica, args.devices, args.budget, args.device, slots)
-    out = {"model": args.model, "device": args.device, **pipeline_json(pipe, base),
+    base = plan_replicas(replica, args.devices, args.budget, device, slots)
+    out = {"model": args.model, "device": device, **pipeline_json(pipe, base),
            "least_swap": pipeline_json(lean, None)}
     if not args.json:
         print("\n".join(comparison_lines(pipe, base) + least_swap_lines(lean, pipe)))

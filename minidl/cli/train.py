@@ -12,10 +12,12 @@ from .common import (
     build_net,
     check_data_kind,
     cost_table,
+    cpu_menu,
     fused_update_option,
     measured_device,
     memory_json,
     moved_line,
+    plan_request,
     plot_title,
     say_written,
     token_figures,
@@ -27,7 +29,8 @@ def cmd_train(args) -> dict:
     from ..dist.launch import communicator, guarded, with_nccl
 
     comm = communicator(args.dist, args.comm_timeout)  # None: one plain process (not under mpiexec)
-    backend = get_backend(args.backend, device=comm.local_rank if comm is not None else 0, math=args.math)
+    backend = get_backend(args.backend, device=comm.local_rank if comm is not None else 0, math=args.math,
+                          menu=cpu_menu(args))
     comm = with_nccl(comm, backend, args.dist)
     return guarded(comm, lambda: _train(args, backend, comm))
 
@@ -129,11 +132,13 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
     from ..runtime.session import RunConfig, Session
     from ..runtime.steplog import StepLog
 
+    request = plan_request(args)   # the policy (--lossy, --budget alone) and the chunk (bare --paged) resolved
     config = RunConfig(debug=args.debug, trace=bool(args.trace), host_limit_bytes=args.host_limit,
-                       costs=inputs.costs, fused_update=fused_update_option(args), paged=args.paged,
+                       costs=inputs.costs, fused_update=fused_update_option(args), paged=request.options.paged_chunk,
                        bucket_bytes=args.bucket_size, reduction=args.reduction, graphs=args.cuda_graph == "on")
-    sess = Session(inputs.net, inputs.opt, policy=args.policy, budget=args.budget, seed=args.seed, backend=backend,
-                   device=inputs.device, comm=comm, micro_batches=args.micro_batches, math=args.math, config=config)
+    sess = Session(inputs.net, inputs.opt, policy=request.policy, budget=request.budget, seed=args.seed,
+                   backend=backend, device=inputs.device, comm=comm, micro_batches=args.micro_batches, math=args.math,
+                   config=config)
     lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:
@@ -174,7 +179,7 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     from ..memory.host import transfer_json
     from ..memory.report import plot_timeline, write_trace
     from ..memory.report.fit import check_fit
-    from ..memory.simulate import get_profile, simulate
+    from ..memory.simulate import simulate
 
     out = {"model": args.model, "data": args.data, "batch": args.batch, "steps": args.steps,
            "steps_done": res.steps, "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
@@ -186,8 +191,7 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     out.update(_startup_json(sess.executor.be))
     # The verdict `minidl plan` gives, against the budget and the memory of the device profile the plan was made
     # for: a run under a budget too small never gets here (planning refuses it), so this says by how much it fits.
-    device = get_profile(sess.device) if isinstance(sess.device, str) else sess.device
-    fit = check_fit(sess.plan, device, args.budget)
+    fit = check_fit(sess.plan, sess.target.profile, sess.request.budget)
     out.update(fit.to_json())
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
     out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine

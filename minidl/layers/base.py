@@ -167,11 +167,11 @@ class Layer:
         return 2 * self.flops(in_shapes, out_shape)
 
     def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
-                          itemsize: int, backend=None) -> list[WorkspaceOption]:
+                          itemsize: int, menu) -> list[WorkspaceOption]:
         """Algorithms this layer can run `phase` ('fwd' or 'bwd') with; empty means no choice, no workspace.
 
-        `backend` is the backend the plan is for: the menu of algorithms (and their workspace sizes) is the
-        backend's (cuDNN's execution plans are not the CPU's im2col). None means the CPU reference backend.
+        `menu` is what the plan is for (the CPU's menu, the cuDNN model, a live backend): the algorithms and their
+        workspace sizes are its own (cuDNN's execution plans are not the CPU's im2col).
         """
         return []
 

@@ -28,11 +28,11 @@ from ..data import BatchIterator, digits
 from ..memory.compressed import CompressedStore
 from ..memory.decisions.compress import backward_readers, plan_compress
 from ..memory.errorbound import ErrorBoundRule, ReaderKind
-from ..memory.policies import plan_network
 from ..models import build_model
 from ..optim import SGD
 from ..optim.schedules import Cosine
 from ..runtime.executor import Executor
+from .search import plan_on
 from .tables import Report, Row, Table, machine_meta
 
 NETS = {"alexnet": dict(name="alexnet"), "vgg16": dict(name="vgg16"), "resnet18": dict(name="resnet", depth=18),
@@ -73,7 +73,7 @@ def measure_ratios(key: str, log) -> dict:
     """Per stored tensor: SZ's ratio (the store's figures) and the comparator's, on one step's activations."""
     net = build_model(**NETS[key], batch=1)
     opt = SGD(lr=0.01, momentum=0.9)
-    plan = plan_network(net, opt, "compress")
+    plan = plan_on(net, "compress", "cpu")
     ex = Executor(net, plan, opt, seed=0)
     readers = {t: r for t, r in backward_readers(ex.route).items() if r}
     store = ex.compressed = CompressedStore(readers, ErrorBoundRule(TARGET), backend=ex.be)
@@ -114,9 +114,8 @@ def memory_rows(key: str, log) -> dict:
     """Peaks (bytes) at the training batch: none, liveness, compress (SZ ratios), compress (comparator ratios)."""
     r = measure_ratios(key, log)
     net = build_model(**NETS[key], batch=BATCH)
-    opt = SGD(lr=0.01, momentum=0.9)
-    out = {p: plan_network(net, opt, p).peak_bytes for p in ("none", "liveness")}
-    live = plan_network(net, opt, "liveness")
+    out = {p: plan_on(net, p, "cpu").peak_bytes for p in ("none", "liveness")}
+    live = plan_on(net, "liveness", "cpu")
     out["compress"] = plan_compress(live.route, None, ratios=r["sz"]).peak_bytes
     out["jpeg_act"] = plan_compress(live.route, None, ratios=r["jpeg"]).peak_bytes
     raw = {t: live.route.tensors[t].nbytes for t in r["sz"]}
@@ -137,7 +136,7 @@ def accuracy(seed: int, steps: int, policy: str) -> float:
     train, held = data.split(0.2, seed=0)
     net = build_model("resnet", depth=20, batch=ACC_BATCH, image_size=8, in_channels=1, num_classes=10)
     opt = SGD(lr=0.05, momentum=0.9)
-    ex = Executor(net, plan_network(net, opt, policy), opt, seed=seed)
+    ex = Executor(net, plan_on(net, policy, "cpu"), opt, seed=seed)
     if policy == "compress":
         readers = {t: r for t, r in backward_readers(ex.route).items() if r}
         ex.compressed = CompressedStore(readers, ErrorBoundRule(TARGET), backend=ex.be)
@@ -159,7 +158,7 @@ def codec_time(batch: int = 64) -> dict:
     third step (the first compiles the kernels and sets the adaptive bound)."""
     net = build_model("resnet", depth=20, batch=batch, image_size=32, num_classes=10)
     opt = SGD(lr=0.01, momentum=0.9)
-    ex = Executor(net, plan_network(net, opt, "compress"), opt, seed=0)
+    ex = Executor(net, plan_on(net, "compress", "cpu"), opt, seed=0)
     readers = {t: r for t, r in backward_readers(ex.route).items() if r}
     store = ex.compressed = CompressedStore(readers, ErrorBoundRule(TARGET), backend=ex.be)
     x = np.random.default_rng(0).standard_normal(net.input_nodes[0].shape).astype(np.float32)

@@ -82,8 +82,8 @@ class Executor:
         be_name = backend_name(self.be)
         if be_name != plan.route.backend_name and any(s.workspace is not None for s in plan.route.steps):
             raise OptionError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
-                              f"menu but runs on backend '{be_name}': plan with "
-                              f"plan_network(..., backend=<the backend it runs on>)")
+                              f"menu but runs on backend '{be_name}': plan for the backend it runs on, "
+                              f"plan_network(..., Target.for_run(backend=<that backend>))")
         for n in net.layer_nodes:
             missing = [op for op in n.layer.backend_ops() if op not in self.be.capabilities.kernels]
             if missing:

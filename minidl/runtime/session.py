@@ -38,6 +38,7 @@ from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
 from ..memory.policies import plan_network
 from ..memory.pool import as_size
 from ..memory.report import memory_report
+from ..memory.request import PlanRequest, Target
 from ..optim import Optimizer
 from ..optim.schedules import Constant, LRSchedule
 from .checkpoint import (
@@ -132,7 +133,7 @@ class RunConfig:
     they run).
     `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
     `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
-    `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
+    `fused_update`: each layer's optimizer update right after its backward (None: `PlanRequest.fused_update`'s rule).
     `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
     `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
     a memory-mapped file. `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the
@@ -160,8 +161,9 @@ class RunConfig:
 class Session:
     """Trains one network under one memory plan: the plan is made once, here, before any array exists.
 
-    `policy` (none, liveness, offload, recompute, auto) and `budget` (bytes or a size string such as "16MiB";
-    None: no limit) choose the plan; a budget below the plan's minimum raises `BudgetError` naming the smallest
+    `policy` (none, liveness, offload, recompute, auto, ...; None: `auto` under a budget, else `liveness`, as on
+    the command line) and `budget` (bytes or a size string such as "16MiB"; None: no limit) choose the plan
+    (`PlanRequest.from_options`); a budget below the plan's minimum raises `BudgetError` naming the smallest
     budget that works. `seed` fixes initialization, data order and dropout masks: same seed, same parameters,
     bit for bit, whatever the policy. `lr_schedule` (`minidl.optim.schedules`) sets the optimizer's learning
     rate before each step from its initial one.
@@ -184,7 +186,7 @@ class Session:
     the short list of what a run is about.
     """
 
-    def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
+    def __init__(self, net: Network, optimizer: Optimizer, policy: str | None = None,
                  budget: int | str | None = None, seed: int = 0, backend=None, device: str | None = None,
                  lr_schedule: LRSchedule | None = None, micro_batches: int | None = None, math: str | None = None,
                  comm=None, config: RunConfig | None = None):
@@ -192,9 +194,8 @@ class Session:
             raise OptionError(f"Session: config must be a RunConfig, got {type(config).__name__} (options such as "
                               f"debug or paged go in RunConfig(...))")
         config = config or RunConfig()
-        budget = as_size(budget, "budget")
         seed = args.integer("Session", None, "seed", seed, 0)  # numpy's generators refuse a negative seed
-        self.net, self.optimizer, self.seed, self.policy, self.config = net, optimizer, seed, policy, config
+        self.net, self.optimizer, self.seed, self.config = net, optimizer, seed, config
         self.lr_schedule = lr_schedule or Constant()
         self.base_lr = float(getattr(optimizer, "lr", 0.0))
         if backend is None:
@@ -202,14 +203,16 @@ class Session:
 
             backend = CPUBackend()
         self.math = apply_math(backend, math)  # before planning: the mode decides the convolution engines
-        self.device = device or backend.profile
         self.comm = comm
         dp = (DataParallel(comm.size, config.bucket_bytes or DEFAULT_BUCKET_BYTES,
                            config.reduction or comm.reduction) if comm is not None else None)
+        self.request = PlanRequest.from_options(policy, budget, fused_update=config.fused_update,
+                                                micro_batches=micro_batches, math=self.math, data_parallel=dp,
+                                                paged=config.paged)
+        self.target = Target.for_run(device, backend, config.costs)
+        self.policy, self.device = self.request.policy, device or backend.profile   # the device as given
         with startup.phase("planning"):
-            self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend,
-                                     costs=config.costs, fused_update=config.fused_update, paged=config.paged,
-                                     data_parallel=dp, micro_batches=micro_batches)
+            self.plan = plan_network(net, optimizer.slots, self.request, self.target)
         net.freeze("a Session")
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=config.debug,
                                  trace=config.trace, host_limit_bytes=config.host_limit_bytes,

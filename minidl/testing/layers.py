@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import menu_of
 from ..backend.precision import WEIGHT_COPY, is_half, precision
 from ..core.errors import DataError, OptionError
 from ..core.tensors import Role
@@ -38,7 +39,7 @@ class LayerRun:
 
 
 def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend):
-    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize, backend=backend)
+    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize, menu_of(backend))
     if not opts:
         return None, None
     chosen = opts[0] if algo is None else next((o for o in opts if o.algo == algo), None)

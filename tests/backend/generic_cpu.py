@@ -14,10 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def digests_on_generic_cpu(module: str, function: str = "_digests"):
     """`module.function()` (JSON-able) as computed with numba's code for a generic x86-64 CPU, on one thread."""
-    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "MINIDL_CPU_THREADS": "1",
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic",
            "NUMBA_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"minidl-numba-generic-{os.getuid()}")}
     env.pop("NUMBA_CPU_FEATURES", None)
-    code = f"import json; from {module} import {function}; print(json.dumps({function}()))"
+    code = (f"import json; from minidl.backend.cpu import lanes; from {module} import {function}\n"
+            f"with lanes.using(1):\n    print(json.dumps({function}()))")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])

@@ -20,6 +20,7 @@ from minidl.backend.cpu.backend import CPUBackend
 from minidl.core.errors import DivergenceError
 from minidl.models import build_model
 from minidl.runtime.capture import CaptureRefused, GraphStep, split
+from tests.planning import planned
 from tests.sessions import session_kw
 
 # Methods that are the capture machinery itself, or pure host helpers: never recorded.
@@ -215,13 +216,12 @@ def _data(batch=4, steps=5, seed=0):
 
 def _budget(policy, net="resnet"):
     """A budget that makes `policy` act: half-way between the liveness minimum and the policy's own floor."""
-    from minidl.memory.policies import plan_network
 
     if policy in ("none", "liveness"):
         return None
-    live = plan_network(_net(net), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
+    live = planned(_net(net), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(_net(net), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
+        planned(_net(net), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
     return (live + e.value.min_budget_bytes) // 2
 
 

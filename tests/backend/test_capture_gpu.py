@@ -12,6 +12,7 @@ import pytest
 
 import minidl as dl
 from minidl.models import build_model
+from tests.planning import planned
 
 from .cuda_device import cuda_backend
 
@@ -39,13 +40,12 @@ def _data(steps=5):
 
 
 def _budget(policy):
-    from minidl.memory.policies import plan_network
 
     if policy in ("none", "liveness"):
         return None
-    live = plan_network(_net(), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
+    live = planned(_net(), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(_net(), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
+        planned(_net(), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
     return (live + e.value.min_budget_bytes) // 2
 
 

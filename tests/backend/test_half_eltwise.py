@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.backend.cpu import half
+from minidl.backend.cpu import half, lanes
 from minidl.backend.cpu.backend import CPUBackend
 from minidl.backend.precision import HALF_DTYPES
 
@@ -65,7 +65,7 @@ def _bits(a):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_one_pass_is_the_chunked_path_and_numpy(mode, threads, monkeypatch):
-    monkeypatch.setenv("MINIDL_CPU_THREADS", threads)
+    monkeypatch.setattr(lanes, "_threads", [int(threads)])   # as lanes.using(threads) inside the test
     be = CPUBackend()
     names = [c[0] for c in _cases(np.random.default_rng(0), mode)]
     for k, name in enumerate(names):

@@ -35,7 +35,7 @@ def test_plan_keys_and_budget_error(capsys):
         assert k in r
     assert sum(r["by_role"].values()) == r["peak_bytes"]
     assert main(["plan", "resnet", "--depth", "20", "--batch", "8", "--policy", "liveness", "--budget",
-                 str(r["min_budget_bytes"] - 512), "--json"]) == 2
+                 str(r["min_budget_bytes"] - 512), "--device", "k40c", "--json"]) == 2
     err = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert err["error"] == "BudgetError" and err["min_budget_bytes"] == r["min_budget_bytes"]
 
@@ -107,32 +107,40 @@ def test_autotune_measures_once_and_keeps_the_measurements(capsys, tmp_path):
 
 @pytest.mark.bits
 def test_threads_option_sets_the_lanes_and_keeps_the_bits(capsys, tmp_path, monkeypatch):
+    """--threads is the CPU menu's: the backend's steps run on that many lanes (no environment variable is set),
+    with the same bits."""
     from threadpoolctl import threadpool_limits
-    monkeypatch.delenv("MINIDL_CPU_THREADS", raising=False)
-    saves = []
+
+    from minidl.backend.cpu import lanes
+    from minidl.runtime.executor import Executor
+
+    seen, step = [], Executor.train_step
+
+    def counted(self, *a, **k):   # the lanes the step's kernels run on
+        with self.be.step_scope():
+            seen.append(lanes.count())
+        return step(self, *a, **k)
+    monkeypatch.setattr(Executor, "train_step", counted)
+    saves, env = [], dict(os.environ)
     with threadpool_limits(None):  # restores the BLAS threads the option sets
         for threads in ("1", "3"):
             path = tmp_path / f"t{threads}.npz"
             run_json(capsys, "train", "resnet", "--depth", "8", "--batch", "6", "--image-size", "16", "--steps",
                      "2", "--seed", "1", "--threads", threads, "--save", str(path))
-            assert os.environ["MINIDL_CPU_THREADS"] == threads
             saves.append(np.load(path))
-    monkeypatch.delenv("MINIDL_CPU_THREADS")
+    assert dict(os.environ) == env and seen == [1, 1, 3, 3]
     for k in saves[0].files:
         assert np.array_equal(saves[0][k], saves[1][k]), k
 
 
-def test_winograd_options_set_the_switch(capsys, monkeypatch):
-    """Winograd is the CPU default; `--no-cpu-winograd` switches it off for the run (MINIDL_CPU_WINOGRAD=0, read
-    when layers are planned, so the workspaces and the plan's bytes change), `--cpu-winograd` back on."""
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")   # restored after the test (main() sets it)
+def test_winograd_options_set_the_cpu_menu(capsys):
+    """Winograd is the CPU menu's default; `--no-cpu-winograd` switches it off for the run (the menu the plan is
+    made from, so the workspaces and the plan's bytes change), `--cpu-winograd` back on."""
     argv = ("plan", "resnet", "--depth", "8", "--batch", "4", "--image-size", "16", "--policy", "none", "--device",
             "cpu")   # the CPU's menu (a GPU profile's plan sizes cuDNN's workspaces)
     on = run_json(capsys, *argv)["peak_bytes"]
     off = run_json(capsys, *argv, "--no-cpu-winograd")["peak_bytes"]
-    assert os.environ["MINIDL_CPU_WINOGRAD"] == "0"
     again = run_json(capsys, *argv, "--cpu-winograd")["peak_bytes"]
-    assert os.environ["MINIDL_CPU_WINOGRAD"] == "1"
     assert on == again != off
 
 

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.optim import make_optimizer
+from tests.planning import planned
 
 from .md_blocks import ROOT
 
@@ -27,9 +27,9 @@ def _opt():
 
 
 def test_first_command_figures():
-    none = plan_network(_first_command_net(), _opt(), "none", device="cpu").peak_bytes
-    live = plan_network(_first_command_net(), _opt(), "liveness", device="cpu").peak_bytes
-    auto = plan_network(_first_command_net(), _opt(), "auto", 4 * MIB, device="cpu")
+    none = planned(_first_command_net(), _opt(), "none", device="cpu").peak_bytes
+    live = planned(_first_command_net(), _opt(), "liveness", device="cpu").peak_bytes
+    auto = planned(_first_command_net(), _opt(), "auto", 4 * MIB, device="cpu")
     assert f"{none / MIB:.0f}" == "34", none       # "the same run needs 34 MiB under --policy none"
     assert f"{live / MIB:.1f}" == "6.3", live      # "and 6.3 MiB under --policy liveness"
     assert auto.peak_bytes <= 4 * MIB             # "inside a 4 MiB pool"
@@ -38,7 +38,7 @@ def test_first_command_figures():
 @pytest.mark.slow
 def test_resnet2500_plans_within_12gb_under_auto():
     net = build_model("resnet", depth=2500, batch=16)
-    plan = plan_network(net, make_optimizer("sgd", 0.1, 0.9, 0.0), "auto", 12 * 10**9, device="k40c")
+    plan = planned(net, make_optimizer("sgd", 0.1, 0.9, 0.0), "auto", 12 * 10**9, device="k40c")
     assert plan.peak_bytes <= 12 * 10**9
 
 

@@ -12,10 +12,10 @@ from minidl.backend.cuda.calibrate import LinkMeasurement
 from minidl.graph.route import Phase
 from minidl.memory.calibrate import calibrated_profile, fit_efficiency, measured_profile
 from minidl.memory.plan import EventKind
-from minidl.memory.policies import plan_network
 from minidl.memory.simulate import get_profile, link_timeline, simulate
 from minidl.memory.workspace import CostTable, cost_key
 from minidl.models import build_model
+from tests.planning import planned
 
 
 def _net():
@@ -44,7 +44,7 @@ def test_profile_takes_the_slower_duplex_direction_and_the_latency():
 
 
 def test_efficiency_is_fitted_to_the_autotune_cache():
-    route = plan_network(_net(), _opt(), "liveness").route
+    route = planned(_net(), _opt(), "liveness").route
     net, peak = route.network, get_profile("h100").flops
     seconds = {}
     for step in route.steps:
@@ -66,8 +66,8 @@ def test_efficiency_is_fitted_to_the_autotune_cache():
 
 def test_the_duplex_link_queues_each_direction_apart():
     net = _net()
-    live = plan_network(net, _opt(), "liveness").min_budget_bytes
-    plan = plan_network(_net(), _opt(), "offload", int(live * 0.8), device="h100")
+    live = planned(net, _opt(), "liveness").min_budget_bytes
+    plan = planned(_net(), _opt(), "offload", int(live * 0.8), device="h100")
     copies = [ev for sp in plan.steps for ev in (*sp.before, *sp.after)
               if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH)]
     assert {ev.kind for ev in copies} == {EventKind.OFFLOAD, EventKind.PREFETCH}
@@ -93,16 +93,16 @@ def test_auto_recomputes_where_the_measured_link_cannot_hide_a_copy():
     """Just below the liveness minimum, where a few copies suffice: with a fast measured link `auto` offloads
     (and recomputes nothing); with a slow one, at the same budget, it recomputes instead. (The budget is searched
     near the top, since which one first needs a copy depends on the CPU's algorithm menu of the day.)"""
-    live = plan_network(_net(), _opt(), "liveness").min_budget_bytes
+    live = planned(_net(), _opt(), "liveness").min_budget_bytes
     fast_dev, slow_dev = calibrated_profile("h100", FAST), calibrated_profile("h100", SLOW)
     for frac in (0.96, 0.94, 0.92, 0.9, 0.88):
         budget = int(live * frac)
-        fast = _kinds(plan_network(_net(), _opt(), "auto", budget, device=fast_dev))
+        fast = _kinds(planned(_net(), _opt(), "auto", budget, device=fast_dev))
         if fast.get(EventKind.OFFLOAD, 0) and not fast.get(EventKind.RECOMPUTE, 0):
             break
     else:
         pytest.fail("no budget near the liveness minimum where auto offloads over a fast link")
-    slow = _kinds(plan_network(_net(), _opt(), "auto", budget, device=slow_dev))
+    slow = _kinds(planned(_net(), _opt(), "auto", budget, device=slow_dev))
     assert slow.get(EventKind.OFFLOAD, 0) == 0         # a slow link cannot hide the copies: recompute instead
     assert slow.get(EventKind.RECOMPUTE, 0) > 0
 

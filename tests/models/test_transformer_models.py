@@ -14,6 +14,7 @@ from minidl.memory.policies import exact_policies
 from minidl.models import bert, build_model, gpt2
 from minidl.optim import SGD
 from minidl.runtime.session import Session
+from tests.planning import planned
 
 
 # -- PyTorch twins: every tensor's name and shape, as HuggingFace lays them out (the tied head has none) -----------
@@ -224,14 +225,13 @@ def test_auto_leaves_the_attention_scores_out_where_only_that_fits():
     """The scores (B H T^2 a layer) live from forward to backward whatever else moves: auto searches the route
     without them too when nothing fits with them, and plans at the budget that route needs."""
     import minidl as dl
-    from minidl.memory.policies import plan_network
 
     def net(keep):
         return gpt2(layers=2, heads=2, width=16, seq=64, batch=4, vocab=32, dropout=0.0, keep_scores=keep)
 
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(net(False), SGD(lr=0.1, momentum=0.9), "auto", budget=1)
-    plan = plan_network(net(True), SGD(lr=0.1, momentum=0.9), "auto", budget=e.value.min_budget_bytes)
+        planned(net(False), SGD(lr=0.1, momentum=0.9), "auto", budget=1)
+    plan = planned(net(True), SGD(lr=0.1, momentum=0.9), "auto", budget=e.value.min_budget_bytes)
     assert plan.route.rebuildable_aux() == [] and plan.peak_bytes <= e.value.min_budget_bytes
 
 
@@ -264,13 +264,12 @@ def test_every_exact_policy_trains_the_zoo_gpt2_to_the_bits_of_none(policy, tiny
     and parameters as `none`, bit for bit, and the executor's peak is the plan's and the simulator's, byte for
     byte."""
     from minidl.memory.plan import EventKind
-    from minidl.memory.policies import plan_network
     from minidl.memory.simulate import simulate
 
     ref, ref_losses = tiny_gpt_none
     budget = None
     if policy in BUDGETED:
-        budget = int(plan_network(_tiny_gpt(), SGD(lr=0.1, momentum=0.9), "liveness").peak_bytes * 0.85)
+        budget = int(planned(_tiny_gpt(), SGD(lr=0.1, momentum=0.9), "liveness").peak_bytes * 0.85)
     sess, losses = _train_tiny_gpt(policy, budget)
     events = [ev for sp in sess.plan.steps for ev in sp.before + sp.after]
     acted = {ev.kind for ev in events} - {EventKind.ALLOC, EventKind.FREE}

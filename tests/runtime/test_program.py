@@ -6,12 +6,12 @@ import pytest
 import minidl as dl
 from minidl.data import synthetic
 from minidl.memory.plan import Event
-from minidl.memory.policies import plan_network
 from minidl.optim import SGD, Adam
 from minidl.runtime.binding import BoundCall
 from minidl.runtime.executor import Executor
 from minidl.runtime.session import RunConfig, Session
 from tests.memory.nets import NETS
+from tests.planning import planned
 
 
 def opt(kind="sgd"):
@@ -22,9 +22,9 @@ def budget_for(key, policy):
     """A budget that makes `policy` do its thing: half-way between the liveness minimum and the policy's floor."""
     if policy in ("none", "liveness"):
         return None
-    live = plan_network(NETS[key](), opt(), "liveness").min_budget_bytes
+    live = planned(NETS[key](), opt(), "liveness").min_budget_bytes
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(NETS[key](), opt(), policy, 1)
+        planned(NETS[key](), opt(), policy, 1)
     return (live + e.value.min_budget_bytes) // 2
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from . import lanes
 from .conv import ConvOps
 from .half import HALF_KERNELS, Staging, StagingTrace, cast_into, half_io, narrow_into, widen_into
 from .jit import lazy, workers_for
+from .menu import CPU_MENU, CPUMenu
 from .norm import NormOps
 from .pooling import PoolOps
 from .seq import SEQ_KERNELS, SeqOps
@@ -336,6 +337,11 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         """A dry run of these kernels that counts the staging the calls made on it would take (`cpu.half`)."""
         return StagingTrace(self)
 
+    menu: CPUMenu = CPU_MENU   # the algorithms plans for this backend choose among, and the lanes its steps run on
+
+    def __init__(self, menu: CPUMenu = CPU_MENU):
+        self.menu = menu
+
     def compute_scope(self):
         """Kernels run on the calling thread: nothing to enter."""
         return nullcontext()
@@ -361,12 +367,16 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         raise OptionError("backend 'cpu' cannot measure a host link (CUDA only): use a datasheet --device profile")
 
     def step_scope(self):
-        """The context a whole step runs in (`Executor.train_step`, `evaluate`): numpy's BLAS at one thread
-        (`cpu_lanes.blas_pinned`), at any lane count; large products are split over the lanes instead, in blocks
-        fixed by their shapes (`cpu_lanes.matmul`). The threads are then the lanes' and the compiled kernels',
-        never OpenBLAS's, which spin long after a call on the cores the others need, and which would cut a
-        product by their own count (other bits on another thread count)."""
-        return lanes.blas_pinned()
+        """The context a whole step runs in (`Executor.train_step`, `evaluate`): the menu's lanes
+        (`CPUMenu.threads`), and numpy's BLAS at one thread (`cpu_lanes.blas_pinned`), at any lane count; large
+        products are split over the lanes instead, in blocks fixed by their shapes (`cpu_lanes.matmul`). The
+        threads are then the lanes' and the compiled kernels', never OpenBLAS's, which spin long after a call on
+        the cores the others need, and which would cut a product by their own count (other bits on another thread
+        count)."""
+        scope = ExitStack()
+        scope.enter_context(lanes.using(self.menu.threads))
+        scope.enter_context(lanes.blas_pinned())
+        return scope
 
     def paged_backing(self):
         """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""
