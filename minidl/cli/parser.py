@@ -200,8 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0,
                    help="fixes initialization, data order, dropout and bert's masks: same seed, bit-identical "
                         "parameters")
-    p.add_argument("--data", default="synthetic",
-                   help="synthetic | digits | cifar10:DIR | mnist:DIR | npz:PATH.npz (arrays x, y; x_test, y_test "
+    p.add_argument("--data", default=None,
+                   help="synthetic (the default: random images, said on stderr) | digits | cifar10:DIR | mnist:DIR "
+                        "| npz:PATH.npz (arrays x, y; x_test, y_test "
                         "held out) | npy:IMAGES.npy,LABELS.npy | images:DIR (DIR/CLASS/*.png, or DIR/train/ and "
                         "DIR/test/); held out: the test part, else 20%% split by --seed. A sequence model (gpt2, "
                         "bert): stdlib (Python's own sources, the default for them) | text:PATH (a text file), as "

@@ -19,6 +19,9 @@ from .common import (
     token_figures,
 )
 
+SYNTHETIC_NOTE = ("minidl: no --data: training on random synthetic images (normal noise, labels a function of "
+                  "it; nothing real is learned). --data digits trains on the handwritten digits minidl ships")
+
 
 def cmd_train(args) -> dict:
     from ..backend import get_backend
@@ -61,6 +64,10 @@ def _train_inputs(args, backend) -> _TrainInputs:
 
     batch = args.batch or 32
     args.batch = batch
+    if args.data is None and not is_sequence_model(args.model):
+        args.data = "synthetic"
+        if not args.json:
+            print(SYNTHETIC_NOTE, file=sys.stderr)
     if is_sequence_model(args.model):
         train, heldout, net = _sequence_inputs(args)
     elif args.data != "synthetic":
@@ -100,7 +107,7 @@ def _sequence_inputs(args):
     from ..data import load_data
     from ..data.text import text_vocab
 
-    if args.data == "synthetic":
+    if args.data in (None, "synthetic"):
         args.data = "stdlib"
     if args.data.partition(":")[0].strip().lower() not in ("stdlib", "text"):
         raise OptionError(f"--data {args.data}: model '{args.model}' reads token sequences; give --data stdlib "
@@ -146,8 +153,8 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
         early = EarlyStop(args.early_stop, args.eval_every, best_path=best_path(args.save) if args.save else None)
     try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            res = sess.fit(inputs.train, args.steps, progress=lead and not args.no_progress and not args.json
-                           and sys.stderr.isatty(), on_step=log,
+            res = sess.fit(inputs.train, args.steps, progress=None if lead and not args.no_progress
+                           and not args.json else False, on_step=log,
                            save_every=args.save_every, save_path=args.save, heldout=inputs.heldout,
                            early_stop=early)
     except DivergenceError as e:  # the update was not applied: what is saved is the last good state
@@ -174,7 +181,7 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
 
     out = {"model": args.model, "data": args.data, "batch": args.batch, "steps": args.steps,
            "steps_done": res.steps, "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
-           "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
+           "final_loss": res.final_loss, "step_time_s": res.median_step_time, f"{res.unit}_per_s": res.throughput,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak,
            "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback,
            "device_profile": getattr(sess.device, "note", sess.device)}
@@ -185,7 +192,8 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     fit = check_fit(sess.plan, device, args.budget)
     out.update(fit.to_json())
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
-    out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
+    # measured by the transfer engine, over the steps after the first (which compiles kernels), as the step times
+    out.update(transfer_json(sess.executor.host, len(res.warm_step_times) or 1, res.transfers_after_first))
     if heldout is not None and not res.interrupted:
         loss, acc = sess.evaluate(heldout)
         if isinstance(heldout, SequenceDataset):  # a language model: its objective's figures, and the bar to clear
@@ -238,7 +246,7 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     print(fit.format())
     print(moved_line(out["moved_bytes_by_role"]))
     line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms "
-            f"({sess.math}), {res.images_per_s:.1f} images/s")
+            f"({sess.math}), {res.throughput:.1f} {res.unit}/s")
     if "perplexity" in out:
         line += (f", held-out loss {out['heldout_loss']:.4f} (perplexity {out['perplexity']:.2f}; a unigram model's "
                  f"{out['unigram_loss']:.4f}), next-token accuracy {out['accuracy']:.2%}")
@@ -250,7 +258,9 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
         line += f", held-out accuracy {out['accuracy']:.2%}"
     print(line)
     if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
-        print("  " + copies_line(out, sum(res.step_times) / len(res.step_times)))   # the waits' mean: a mean
+        warm = res.warm_step_times
+        over = f"the {len(warm)} steps after the first" if res.steps > 1 else "the one step"
+        print("  " + copies_line(out, sum(warm) / len(warm), over))
     if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
         gs = sess.executor.graph_step
         print(f"  steps: {gs.describe()}" if gs is not None else
