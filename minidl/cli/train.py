@@ -126,8 +126,6 @@ def _sequence_inputs(args):
 def _train_run(args, inputs: _TrainInputs, backend, comm):
     """Plan and train: the session, fit's result and the step log (None without --log, or on a rank other than
     0). On divergence the last good state is saved when --save is given, and the error says where."""
-    import numpy as np
-
     from ..optim.schedules import make_schedule
     from ..runtime.session import RunConfig, Session
     from ..runtime.steplog import StepLog
@@ -151,12 +149,10 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
         from ..runtime.earlystop import EarlyStop
 
         early = EarlyStop(args.early_stop, args.eval_every, best_path=best_path(args.save) if args.save else None)
-    try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            res = sess.fit(inputs.train, args.steps, progress=None if lead and not args.no_progress
-                           and not args.json else False, on_step=log,
-                           save_every=args.save_every, save_path=args.save, heldout=inputs.heldout,
-                           early_stop=early)
+    try:
+        res = sess.fit(inputs.train, args.steps, progress=None if lead and not args.no_progress and not args.json
+                       else False, on_step=log, save_every=args.save_every, save_path=args.save,
+                       heldout=inputs.heldout, early_stop=early)
     except DivergenceError as e:  # the update was not applied: what is saved is the last good state
         if args.save:
             e.args = (f"{e}; the last good state (after step {e.iteration - 1}) is saved in "
