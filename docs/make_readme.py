@@ -4,7 +4,9 @@
 - `first-run`: how long README command 1 took, from `benchmarks/results/first_command.json`
   (`python benchmarks/first_command.py` measures it on your machine);
 - `plan-scale`: GPT2-XL and BERT-96 planned under `auto` at Harmony's minibatch, from
-  `benchmarks/results/plan_scale.json` (`python benchmarks/plan_scale.py`).
+  `benchmarks/results/plan_scale.json` (`python benchmarks/plan_scale.py`);
+- `suite-time`: how long the test suite took, from `benchmarks/results/suite_time.json`
+  (`python benchmarks/suite_time.py`).
 
     python docs/make_readme.py [--check]
 """
@@ -21,6 +23,7 @@ SCRIPT = "docs/make_readme.py"
 README = ROOT / "README.md"
 FIRST_COMMAND = ROOT / "benchmarks" / "results" / "first_command.json"
 PLAN_SCALE = ROOT / "benchmarks" / "results" / "plan_scale.json"
+SUITE_TIME = ROOT / "benchmarks" / "results" / "suite_time.json"
 
 
 def policy_table(link_prefix: str = "docs/policies/") -> str:
@@ -68,6 +71,25 @@ def first_run() -> str:
         + kernel_figures())
 
 
+def suite_time() -> str:
+    if not SUITE_TIME.exists():
+        return "No run of the suite is timed yet: `python benchmarks/suite_time.py` measures it.\n"
+    r = json.loads(SUITE_TIME.read_text())
+    lines = []
+    for key in ("not_slow", "all"):
+        if key not in r:
+            continue
+        t, m = r[key], r[key]["machine"]
+        n = t["counts"]
+        lines.append(f"`{t['command']}` took {t['wall_s'] / 60:.0f} min on {m['cores']} cores ({m['cpu']}, "
+                     f"{t['date']}, load average {t['load_average_before']:.1f} before and "
+                     f"{t['load_average_after']:.1f} after: shared with other jobs), {n.get('passed', 0):,} tests "
+                     f"passed, {n.get('skipped', 0)} skipped"
+                     + (f", {n['failed']} FAILED" if n.get("failed") else "")
+                     + (f", the {n['deselected']} slow ones deselected" if n.get("deselected") else "") + ".")
+    return ("\n".join(lines) + " `python benchmarks/suite_time.py` measures it (`--all`: the slow tests too).\n")
+
+
 def _gb(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -95,7 +117,7 @@ def plan_scale() -> str:
 
 def pages() -> dict[Path, str]:
     text = fill(README.read_text(), SCRIPT, {"policies": policy_table(), "first-run": first_run(),
-                                             "plan-scale": plan_scale()}, "README.md")
+                                             "plan-scale": plan_scale(), "suite-time": suite_time()}, "README.md")
     return {README: text}
 
 

@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=_positive_int, default=None, metavar="N",
                    help="with --early-stop: evaluate the held-out loss every N steps (default: once per epoch)")
     p.add_argument("--log", default=None, metavar="PATH.csv",
-                   help="write one CSV row per step as it ends: iteration, loss, lr, step time, images/s and the "
+                   help="write one CSV row per step as it ends: iteration, loss, lr, step time, images/s (tokens/s "
+                        "for a language model) and the "
                         "step's host copies (bytes, copy time, the time the step waited for them)")
     p.add_argument("--resume", default=None, metavar="PATH.npz", help="resume from a checkpoint written by --save")
     p.add_argument("--resume-params-only", action="store_true",
