@@ -21,19 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+from first_command import cpu_model  # benchmarks/, this script's folder, is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "suite_time.json"
 BUDGET_S = 15 * 60  # the not-slow suite's limit on two cores (the project's rule)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def counts(summary: str) -> dict[str, int]:

@@ -36,7 +36,8 @@ def cmd_train(args) -> dict:
 @dataclass(slots=True)
 class _TrainInputs:
     """What `_train_inputs` checked and built before any session exists: the network, the optimizer, the data
-    (`heldout` None when the source has no held-out part) and the device profile and cost table to plan with."""
+    (`heldout` None when the source has no held-out part), the device profile and cost table to plan with, and
+    a note to print as training starts (None: nothing to say)."""
 
     net: object
     opt: object
@@ -44,6 +45,7 @@ class _TrainInputs:
     heldout: object
     device: object
     costs: object
+    note: str | None = None
 
 
 def _train(args, backend, comm) -> dict:
@@ -64,10 +66,9 @@ def _train_inputs(args, backend) -> _TrainInputs:
 
     batch = args.batch or 32
     args.batch = batch
+    note = None
     if args.data is None and not is_sequence_model(args.model):
-        args.data = "synthetic"
-        if not args.json:
-            print(SYNTHETIC_NOTE, file=sys.stderr)
+        args.data, note = "synthetic", SYNTHETIC_NOTE
     if is_sequence_model(args.model):
         train, heldout, net = _sequence_inputs(args)
     elif args.data != "synthetic":
@@ -95,7 +96,7 @@ def _train_inputs(args, backend) -> _TrainInputs:
     device, costs = args.device, cost_table(args, backend)
     if device == "measured":   # the simulator's link figures (and, with --autotune, efficiency) from this GPU
         device = measured_device(net, opt, backend, costs)
-    return _TrainInputs(net, opt, train, heldout, device, costs)
+    return _TrainInputs(net, opt, train, heldout, device, costs, note)
 
 
 def _sequence_inputs(args):
@@ -149,6 +150,8 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
         from ..runtime.earlystop import EarlyStop
 
         early = EarlyStop(args.early_stop, args.eval_every, best_path=best_path(args.save) if args.save else None)
+    if inputs.note and lead and not args.json:
+        print(inputs.note, file=sys.stderr)
     try:
         res = sess.fit(inputs.train, args.steps, progress=None if lead and not args.no_progress and not args.json
                        else False, on_step=log, save_every=args.save_every, save_path=args.save,
