@@ -82,12 +82,12 @@ def suite_time() -> str:
         t, m = r[key], r[key]["machine"]
         n = t["counts"]
         lines.append(f"`{t['command']}` took {t['wall_s'] / 60:.0f} min on {m['cores']} cores ({m['cpu']}, "
-                     f"{t['date']}, load average {t['load_average_before']:.1f} before and "
+                     f"{t['date']}, load average {t['load_average_before']:.1f} before and\n"
                      f"{t['load_average_after']:.1f} after: shared with other jobs), {n.get('passed', 0):,} tests "
                      f"passed, {n.get('skipped', 0)} skipped"
                      + (f", {n['failed']} FAILED" if n.get("failed") else "")
                      + (f", the {n['deselected']} slow ones deselected" if n.get("deselected") else "") + ".")
-    return ("\n".join(lines) + " `python benchmarks/suite_time.py` measures it (`--all`: the slow tests too).\n")
+    return ("\n".join(lines) + "\n`python benchmarks/suite_time.py` measures it (`--all`: the slow tests too).\n")
 
 
 def _gb(n: int) -> str:
