@@ -40,6 +40,14 @@ class DeviceProfile:
         """The memory left to the plan's arena once the context and library handles are loaded."""
         return self.memory_bytes - self.context_bytes
 
+    def model_label(self) -> str:
+        """What a step time estimated on this profile is: a roofline model of the profile's device, where its
+        figures come from, and that it is no measurement (a plan never runs a step)."""
+        return (f"a roofline model of profile {self.name} ({self.flops / 1e9:g} GFLOP/s x {self.efficiency:g}, "
+                f"{self.mem_bw / 1e9:g} GB/s; {self.note}), not a measurement"
+                + ("" if self.gpu else " of this machine; it counts no per-layer overhead: `minidl train` times "
+                   "the steps"))
+
 
 GiB = 1 << 30
 MiB = 1 << 20
