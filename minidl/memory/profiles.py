@@ -67,7 +67,7 @@ CONTEXT_HOPPER = 512 * MiB
 PROFILES: dict[str, DeviceProfile] = {
     # Measured on the development machine (2 cores): numpy sgemm 2048^3 at ~65 GFLOP/s, np.copyto at ~22 GB/s
     # read+write (so ~11 GB/s for a one-way host "transfer", which is a memcpy on the CPU).
-    "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured here, 2 cores, 2026-11-22"),
+    "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured on a 2-core AMD EPYC VM, 2026-11-22"),
     # SuperNeurons' GPU: Tesla K40c, 12 GB, 4.29 TFLOP/s fp32, 288 GB/s, PCIe 3 x16 ~10 GB/s effective.
     "k40c": DeviceProfile("k40c", 12 * 10**9, 4.29e12, 288e9, 10e9, 0.5, "datasheet",
                           context_bytes=CONTEXT_KEPLER, gpu=True),
