@@ -5,7 +5,7 @@ datasheet profiles a copy costs `nbytes / link_bw` on one FIFO stream; on the GP
 cost, the two directions run on their own streams, and each direction is slower while the other is busy. So
 `calibrated_profile` builds a profile from:
 
-* a `backend.cuda_calibrate.LinkMeasurement` (each direction's bandwidth with both busy, and the per-copy
+* a `backend.cuda.calibrate.LinkMeasurement` (each direction's bandwidth with both busy, and the per-copy
   latency): `link_bw` = the slower direction's duplex bandwidth, `link_latency_s`, `duplex=True`;
 * optionally the autotune cache (`workspace.CostTable` with measured seconds, `--autotune CACHE.json`): the
   profile's `efficiency` (the share of peak FLOP/s the roofline assumes) is fitted so that the route's

@@ -20,7 +20,7 @@ Rules this pool keeps:
 
 The pool is the planner's and the executor's alike (like `TensorPool`): the planner replays a plan's events on a
 backing-less `PagedPool`, the executor replays the same events with `alloc_at` on one whose backing really maps
-memory (`backend.cpu_paged`: a memfd mapped with MAP_FIXED; `backend.cuda_vmm`: the CUDA driver's virtual memory
+memory (`backend.cpu.paged`: a memfd mapped with MAP_FIXED; `backend.cuda.vmm`: the CUDA driver's virtual memory
 API). Same events, same physical chunks, same peak: the simulator's peak equals the executor's byte for byte.
 The compiled step (`minidl.runtime.program`) records each map/unmap as a call while lowering and replays them per step.
 

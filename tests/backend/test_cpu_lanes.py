@@ -1,4 +1,4 @@
-"""Convolution lanes (`cpu_lanes`): samples split over threads, with the same bits whatever the thread count."""
+"""Convolution lanes (`cpu.lanes`): samples split over threads, with the same bits whatever the thread count."""
 import threading
 
 import numpy as np
@@ -163,8 +163,8 @@ CASES = [((64, 576), (576, 3136), False, False), ((8, 4608), (4608, 512), False,
 
 
 def _blockwise(a, b):
-    """The product as `cpu_lanes.matmul` promises it: every matrix of the stack alone, in the blocks of
-    `cpu_lanes.blocks`, each one np.matmul call."""
+    """The product as `cpu.lanes.matmul` promises it: every matrix of the stack alone, in the blocks of
+    `cpu.lanes.blocks`, each one np.matmul call."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     axis, cuts = cpu_lanes.blocks(m, n, k)
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])

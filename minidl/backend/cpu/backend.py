@@ -5,8 +5,8 @@ need a temporary as large as a tensor is done in fixed-size chunks, so kernels n
 small bounded scratch outside the pool: the memory budget is real, not bookkeeping. Larger scratch (im2col
 buffers) is declared as workspace by the layer and handed in by the executor.
 
-The kernels of each layer family live in their own module (`cpu_conv`, `cpu_pool`, `cpu_norm`, `cpu_update`); this class
-gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
+The kernels of each layer family live in their own module (`cpu.conv`, `cpu.pooling`, `cpu.norm`, `cpu.update`);
+this class gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
 
@@ -33,15 +33,15 @@ from .update import UpdateOps
 CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporaries to ~512 KiB
 
 
-# ReLU compiled with numba (`cpu_eltwise_jit`), or None where numba cannot be imported: the numpy kernels run.
+# ReLU compiled with numba (`cpu.eltwise_jit`), or None where numba cannot be imported: the numpy kernels run.
 eltwise_kernels = lazy("eltwise_jit")
 # Softmax cross-entropy compiled with numba (`loss_jit`), or None: the numpy kernels run.
 loss_kernels = lazy("loss_jit")
 
 
 def _elementwise(name: str, *arrays: np.ndarray) -> None:
-    """Run `cpu_eltwise_jit.<name>` on the flat views of `arrays` (the last one sets the size), on as many
-    threads as it is large enough for (`cpu_jit.workers_for`): elementwise, so the split changes no bits."""
+    """Run `cpu.eltwise_jit.<name>` on the flat views of `arrays` (the last one sets the size), on as many
+    threads as it is large enough for (`cpu.jit.workers_for`): elementwise, so the split changes no bits."""
     jit = eltwise_kernels()
     flat = [a.reshape(-1) for a in arrays]
     workers = workers_for(flat[-1].size)
@@ -323,7 +323,7 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
     arrays (`half_io`: float32 compute on converted copies, rounded on store)."""
 
     # add_forward takes `relu_out`, add_relu_backward runs a ReLU's and the add's backward in one call, the batch
-    # norm's kernels take `relu=` (the compiled step's fusions); `fuse_update` groups parameters (`cpu_update`).
+    # norm's kernels take `relu=` (the compiled step's fusions); `fuse_update` groups parameters (`cpu.update`).
     capabilities = Capabilities(
         name="cpu", device="host", kernels=SEQ_KERNELS | {"softmax_xent_ignore_forward",
                                                           "softmax_xent_ignore_backward"},
@@ -370,8 +370,8 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
 
     def step_scope(self):
         """The context a whole step runs in (`Executor.train_step`, `evaluate`): the menu's lanes
-        (`CPUMenu.threads`), and numpy's BLAS at one thread (`cpu_lanes.blas_pinned`), at any lane count; large
-        products are split over the lanes instead, in blocks fixed by their shapes (`cpu_lanes.matmul`). The
+        (`CPUMenu.threads`), and numpy's BLAS at one thread (`cpu.lanes.blas_pinned`), at any lane count; large
+        products are split over the lanes instead, in blocks fixed by their shapes (`cpu.lanes.matmul`). The
         threads are then the lanes' and the compiled kernels', never OpenBLAS's, which spin long after a call on
         the cores the others need, and which would cut a product by their own count (other bits on another thread
         count)."""
@@ -381,7 +381,7 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         return scope
 
     def paged_backing(self):
-        """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""
+        """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu.paged`)."""
         from .paged import MemfdBacking
 
         return MemfdBacking()

@@ -22,7 +22,7 @@ alone and never mixed with another in one layer's menu (so a layer's sums never 
   only the kw column taps and read the kh row taps as shifted views.
 - ``im2col_grouped`` (`_Grouped`): small output planes with long column matrices (ResNet-50's 14x14 and 7x7
   3x3 convolutions) run one GEMM over several samples side by side, not one per sample.
-- ``winograd`` / ``winograd_by_position`` (`cpu_winograd`): 3x3 kernels at stride 1 with at least 32 channels
+- ``winograd`` / ``winograd_by_position`` (`cpu.winograd`): 3x3 kernels at stride 1 with at least 32 channels
   in and out: Winograd's F(2x2, 3x3), 2.25x fewer multiplications; the second variant transforms one of the
   tile's 16 positions at a time, in a sixteenth of the memory, with the same bits.
 
@@ -36,8 +36,8 @@ run per plane instead of one short run per row (see `_flat_rows`).
 Threads. OpenBLAS threads the small per-sample GEMMs of CIFAR-sized layers poorly, its threads, once woken,
 spin on the cores the other kernels need, and they would cut a large product by their count; so every call runs
 with a one-thread BLAS (`_blas_scope`), the row-shift pair runs compiled, its samples (and its weight gradient's
-two fixed halves of the batch) split over OpenMP workers (`cpu_rows_jit`; over Python threads on its numpy path,
-`cpu_lanes`), and products go out in blocks fixed by their shapes (`cpu_lanes.matmul`), with results that do not
+two fixed halves of the batch) split over OpenMP workers (`cpu.rows_jit`; over Python threads on its numpy path,
+`cpu.lanes`), and products go out in blocks fixed by their shapes (`cpu.lanes.matmul`), with results that do not
 depend on the thread count.
 
 Backward reuses the column buffer: the columns serve dW, then the same memory receives dcols for col2im. The only
@@ -64,7 +64,7 @@ rows_jit = lazy("rows_jit")
 
 
 def _compiled_rows() -> bool:
-    """Whether the row-shift pair runs its compiled path (`cpu_rows_jit`): numba loads and numpy's GEMM is bound
+    """Whether the row-shift pair runs its compiled path (`cpu.rows_jit`): numba loads and numpy's GEMM is bound
     for compiled code. Decided once per process (the import is cached), so every call, algorithm and thread
     count of a layer sums the same way; where it does not hold, the numpy path below runs (other bits, the same
     guarantees)."""
@@ -91,7 +91,7 @@ _GROUPED_MAX_P_OVER_ROWS = 64  # where the row-shift applies (a stride-2 3x3), t
 _DW_PIECE_MIN_MACS = 1 << 21  # an im2col-family weight gradient is cut in two row blocks where each block's
 #                               per-sample product has at least this many multiply-adds (see `_sum_weight_grad`)
 _LANE_MAX_MACS = 12_000_000  # layers with at most this many multiply-adds per sample run their sample loops in
-# lanes with a one-thread BLAS (`cpu_lanes`); larger per-sample GEMMs OpenBLAS threads well by itself
+# lanes with a one-thread BLAS (`cpu.lanes`); larger per-sample GEMMs OpenBLAS threads well by itself
 # Rough relative costs (the planner measures real times later). Every algorithm runs the same per-sample GEMMs,
 # so they differ only in im2col traffic: none for gemm_1x1; whole-batch im2col streams the batch's columns
 # through memory once, the per-sample variant keeps one sample's columns warm in cache between im2col and GEMM.
@@ -184,21 +184,21 @@ def uses_grouped(g: ConvGeometry) -> bool:
 
 def small_gemms(g: ConvGeometry) -> bool:
     """Whether a convolution's per-sample GEMMs are small (at most `_LANE_MAX_MACS` multiply-adds a sample).
-    It no longer decides anything: since large products split over the lanes (`cpu_lanes.matmul`), every layer
+    It no longer decides anything: since large products split over the lanes (`cpu.lanes.matmul`), every layer
     pins the BLAS and runs its sample loops in lanes alike."""
     return g.cout * g.k * g.p // g.groups <= _LANE_MAX_MACS
 
 
 def _blas_scope(g: ConvGeometry):
-    """The BLAS threads a convolution call runs with: one, always (`cpu_lanes.blas_pinned`; nothing to do inside a
+    """The BLAS threads a convolution call runs with: one, always (`cpu.lanes.blas_pinned`; nothing to do inside a
     step, which pinned it already): large products are split over the lanes instead, in blocks fixed by the
-    shapes (`cpu_lanes.matmul`), so the thread count never reaches OpenBLAS's own partitioning of a product."""
+    shapes (`cpu.lanes.matmul`), so the thread count never reaches OpenBLAS's own partitioning of a product."""
     return lanes.blas_pinned()
 
 
 def _winograd_over_grouped(g: ConvGeometry) -> bool:
     """Where both Winograd and `im2col_grouped` apply: Winograd for output planes of at least
-    `_WINOGRAD_OVER_GROUPED_P` pixels (14x14) with at most `cpu_winograd.MAX_SPLIT_CHANNELS` channels in and out.
+    `_WINOGRAD_OVER_GROUPED_P` pixels (14x14) with at most `cpu.winograd.MAX_SPLIT_CHANNELS` channels in and out.
     Measured on the 2-core EPYC VM (forward + dW + dx): (8, 256, 14, 14) -> 256 24.8 ms against the grouped GEMM's
     39.5 at two threads, 43.5 against 65 at one; (8, 128, 14, 14) -> 128 9.4 against 12.8. Wider layers run
     Winograd's forward on one thread and are slower: (2, 512, 14, 14) -> 512 62 against 34. On 7x7 planes its
@@ -224,7 +224,7 @@ def weight_grad_pieces(g: ConvGeometry) -> int:
 def _sum_weight_grad(g: ConvGeometry, dy3: np.ndarray, cols3: np.ndarray, dw2: np.ndarray,
                      accumulate: bool) -> None:
     """dW (+)= sum over the samples of dy3[s] @ cols3[s].T, in sample order, compiled
-    (`cpu_gemm_jit.sum_products_nt`): the BLAS adds each sample's product to dW as it sums it (beta 1), so there
+    (`cpu.gemm_jit.sum_products_nt`): the BLAS adds each sample's product to dW as it sums it (beta 1), so there
     is no product scratch and no pass that adds it (measured on ResNet-50's 1x1s at batch 8, two threads, the
     weight gradient: (2048, 512) at 7x7 9.7 -> 6.4 ms, the stride-2 (2048, 1024) 23.0 -> 17.0). dW's rows are cut
     into `weight_grad_pieces` fixed blocks, one per worker where there are two."""
@@ -243,7 +243,7 @@ def _sum_weight_grad(g: ConvGeometry, dy3: np.ndarray, cols3: np.ndarray, dw2: n
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None,
                     winograd: bool = True) -> list[str]:
     """The algorithms a configuration can run with: `im2col_grouped` alone or the Winograd pair (with `winograd`)
-    where the shapes call for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the
+    where the shapes call for it (only known with `geom`, see `uses_grouped` and `cpu.winograd.applies`), else the
     row-shift pair where it applies (`uses_rows`), else im2col and its per-sample variant, plus gemm_1x1 where the
     input is the column matrix. Where both Winograd and `im2col_grouped` could run, Winograd takes planes of at
     least `_WINOGRAD_OVER_GROUPED_P` output pixels (see there), the grouped GEMM smaller ones."""
@@ -483,12 +483,12 @@ class _RowShift:
     both run the same per-sample GEMMs and sums in the same order, so they agree bit for bit (and a layer's
     menu holds only these two, see `uses_rows`).
 
-    Compiled (`cpu_rows_jit`, where numba and numpy's 64-bit OpenBLAS load: the default). Per sample, its rows
+    Compiled (`cpu.rows_jit`, where numba and numpy's 64-bit OpenBLAS load: the default). Per sample, its rows
     in its own slot of the buffer, then its kh GEMMs accumulating in the BLAS; the samples split over OpenMP
     workers (`rows` only: `rows_chunked` has one slot). The weight gradient sums two fixed halves of the batch
     apart and then adds them, so one or two workers give the same bits; both algorithms run this formulation.
 
-    Numpy path (lanes, `cpu_lanes`). With more than one sample, `rows` splits its loops over threads: the
+    Numpy path (lanes, `cpu.lanes`). With more than one sample, `rows` splits its loops over threads: the
     forward's samples (each lane with its own slots of the accumulator; the input gradient is such a forward
     too), and the weight gradient's kernel rows (each row's sum over the samples stays one sequence). No sum is
     split, so the bits are those of one thread, and `rows_chunked` (one sample's buffer, one thread) still agrees
@@ -663,9 +663,9 @@ class _RowShift:
                    for (a, b), (s0, s1) in zip(lanes.split(g.n, n_lanes), lanes.split(self.sub, n_lanes))])
 
     def _compiled_call(self, name: str, arrays: tuple, slots: int) -> None:
-        """Run `cpu_rows_jit.<name>` (forward, input_grad: samples split over workers; weight_grad: its two
+        """Run `cpu.rows_jit.<name>` (forward, input_grad: samples split over workers; weight_grad: its two
         halves; each worker with its own slot of the rows buffer) on as many threads as the compiled kernels may
-        use, the buffer has slots (`slots`) and the layer is large enough for (`cpu_jit.workers_for`)."""
+        use, the buffer has slots (`slots`) and the layer is large enough for (`cpu.jit.workers_for`)."""
         k, g = rows_jit(), self.g
         args = arrays + (self.row_src, self.col_runs, g.stride[1], self.win_offsets, g.p)
         workers = min(slots, g.n, workers_for(g.n * max(g.cin, g.cout) * g.h * g.w))
@@ -715,7 +715,7 @@ class _RowShift:
         """dW[:, :, i] = sum over samples n (in order) of dy[n] @ window_i(rows[n]).T, accumulated transposed in
         a contiguous (kh, K3, Cout) buffer and written into dW's strided kernel rows once at the end.
 
-        Compiled (`cpu_rows_jit.weight_grad`): the sum runs in two fixed halves of the batch, the second in dW's
+        Compiled (`cpu.rows_jit.weight_grad`): the sum runs in two fixed halves of the batch, the second in dW's
         own memory (written only at the end, hence a C-contiguous dW), then added. On the numpy path, in lanes
         (see `lanes`), the batch's rows are built by sample ranges, then the kernel rows are split over
         the lanes: each kernel row's sum is the same sequence of GEMMs and additions whichever lane runs it, so
@@ -967,7 +967,7 @@ class ConvOps:
     # -- shared checks ----------------------------------------------------------------------------------------------
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):
         """(geometry, taps, workspace) after checking the call; for the algorithms of `OBJECT_ALGOS`, taps is the
-        layer's object that runs them (`_RowShift`, `_Grouped`, `cpu_winograd._Winograd`). Everything but the
+        layer's object that runs them (`_RowShift`, `_Grouped`, `cpu.winograd._Winograd`). Everything but the
         workspace check is a pure function of the shapes and the configuration, so it is worked out once per
         distinct call and remembered (it cost ~100 us per call, more than the kernels of a batch-1 CIFAR
         convolution take)."""

@@ -167,7 +167,7 @@ def _add_into(a, b, lo, hi):
 @njit(**_OPTS)
 def add_into(a, b):
     """a += b, one rounding per element (as `np.add`), C-contiguous arrays of one shape: the two halves of a
-    weight gradient's sum (`cpu_rows_jit`, `cpu_winograd_jit`, `cpu_winograd`)."""
+    weight gradient's sum (`cpu.rows_jit`, `cpu.winograd_jit`, `cpu.winograd`)."""
     af, bf = a.reshape(-1), b.reshape(-1)
     _add_into(af, bf, 0, af.size)
 

@@ -12,18 +12,18 @@ cache. The kernels refer to the name, not the address, so they can still be cach
 
 Bits. `gemm` makes exactly the call numpy's `matmul` makes for C-contiguous float32/float64 operands (row-major
 `cblas_?gemm`, alpha 1, beta 0; a transposed first operand as `CblasTrans`), and the BLAS runs one thread per
-call here (`cpu_lanes.blas_pinned`), so each product has the bits `np.matmul` gives it at one thread, whichever
+call here (`cpu.lanes.blas_pinned`), so each product has the bits `np.matmul` gives it at one thread, whichever
 thread runs it (tested against `np.matmul`).
 
 Beside `gemm` (the Winograd kernels' call), `gemm_acc` takes strided windows, either operand transposed and an
-accumulating beta of 1 (the row-shift kernels, `cpu_rows_jit`: the BLAS adds a product to its output as it sums
+accumulating beta of 1 (the row-shift kernels, `cpu.rows_jit`: the BLAS adds a product to its output as it sums
 it, so no scratch product and no separate addition); `sum_products_nt` runs such sums for the im2col family.
 
 Where it is not offered (`available()` False): numpy built against another BLAS than the 64-bit-integer
 OpenBLAS of its wheels; then the Winograd kernels run on one thread with `np.matmul`. Where numba's OpenMP
 layer does not load (`parallel()` False; its fallback layer costs ~90 us a region, measured), every compiled
 kernel runs on one thread. `workers()` says how many threads the compiled kernels use: batch norm splits its
-channels over them too (`cpu_norm_jit`).
+channels over them too (`cpu.norm_jit`).
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def parallel() -> bool:
 
 
 def workers() -> int:
-    """How many threads a compiled kernel with an OpenMP region may use: the lanes' count (`cpu_lanes.count`,
+    """How many threads a compiled kernel with an OpenMP region may use: the lanes' count (`cpu.lanes.count`,
     the CPU menu's threads or the usable cores) capped by numba's threads; 1 where regions cannot run. The kernels
     split only work no sum runs across, so their bits never depend on it."""
     n = lanes.count()
@@ -162,7 +162,7 @@ def gemm_acc(a, b, c, trans_a, trans_b, accumulate):
     """c = op(a) @ op(b), or c += op(a) @ op(b) with `accumulate` (the BLAS's beta = 1: it adds each product,
     as it sums it, to c); op(a) is a.T with `trans_a`, op(b) b.T with `trans_b`. 2-D arrays of one float type
     with unit column strides, rows at any stride (a window of a larger buffer): the row-shift convolution's
-    products (`cpu_rows_jit`)."""
+    products (`cpu.rows_jit`)."""
     m, n = c.shape
     k = a.shape[0] if trans_a else a.shape[1]
     ta = _TRANS if trans_a else _NO_TRANS
@@ -179,7 +179,7 @@ def gemm_acc(a, b, c, trans_a, trans_b, accumulate):
 def sum_products_nt(a, b, c, accumulate, r0, r1):
     """c[r0:r1] (+)= the sum over s, in order, of a[s, r0:r1] @ b[s].T: each product added by the BLAS as it sums
     it (beta = 1), the first written unless `accumulate`. a (n, m, k), b (n, p, k) and c (m, p), unit column
-    strides: an im2col-family weight gradient (`cpu_conv`), sample by sample, for one block of its rows."""
+    strides: an im2col-family weight gradient (`cpu.conv`), sample by sample, for one block of its rows."""
     for s in range(a.shape[0]):
         gemm_acc(a[s, r0:r1], b[s], c[r0:r1], False, True, accumulate or s > 0)
 

@@ -1,5 +1,5 @@
-"""Lazy access to the CPU backend's compiled (numba) kernel modules: `cpu_norm_jit`, `cpu_update_jit`,
-`cpu_eltwise_jit`, `cpu_winograd_jit`, `cpu_rows_jit`, `cpu_pool_jit`, `cpu_gemm_jit`; and how many threads those
+"""Lazy access to the CPU backend's compiled (numba) kernel modules: `cpu.norm_jit`, `cpu.update_jit`,
+`cpu.eltwise_jit`, `cpu.winograd_jit`, `cpu.rows_jit`, `cpu.pooling_jit`, `cpu.gemm_jit`; and how many threads those
 kernels may use.
 
 Why lazy: importing numba costs ~0.3 s (more with its first compilation), which a process that never runs a
@@ -36,7 +36,7 @@ PARALLEL_MIN = 1 << 16  # values below which a compiled kernel stays on one thre
 
 
 def workers_for(values: int) -> int:
-    """Threads for a compiled per-channel or elementwise kernel over `values` values (`cpu_gemm_jit.workers`):
+    """Threads for a compiled per-channel or elementwise kernel over `values` values (`cpu.gemm_jit.workers`):
     one below `PARALLEL_MIN`, where an OpenMP region (~3 us) and the other core's cache misses cost more than
     the split saves (CIFAR at batch 1: 16K values a layer)."""
     if values < PARALLEL_MIN:

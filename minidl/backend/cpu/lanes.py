@@ -105,7 +105,7 @@ def blas_pinned():
     """A context with the BLAS at one thread per call, then back to what it was; inside one already open, it
     does nothing (a check, no threadpoolctl call: a convolution's own block inside a step's costs nothing).
     The CPU backend opens one around every training or evaluation step (`CPUBackend.step_scope`), every
-    convolution call (`cpu_conv._blas_scope`) and every product here (`matmul`), at any lane count.
+    convolution call (`cpu.conv._blas_scope`) and every product here (`matmul`), at any lane count.
 
     Why always, not only with several lanes: OpenBLAS's own threads cut a large product by their count, and a
     block of a product need not have the bits of the whole (see `blocks`), so with the BLAS's threads free,

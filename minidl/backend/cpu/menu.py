@@ -17,9 +17,9 @@ from ..base import Capabilities
 
 @dataclass(frozen=True, slots=True)
 class CPUMenu:
-    """`winograd`: 3x3 stride-1 convolutions with >= 32 channels run Winograd F(2x2, 3x3) (`cpu_winograd`; off:
+    """`winograd`: 3x3 stride-1 convolutions with >= 32 channels run Winograd F(2x2, 3x3) (`cpu.winograd`; off:
     the row-shift pair, other rounding, the same guarantees). `threads`: the lanes a convolution's samples and the
-    compiled kernels run on (`cpu_lanes`; None: the usable cores, at most `cpu_lanes.MAX_LANES`). Results are the
+    compiled kernels run on (`cpu.lanes`; None: the usable cores, at most `cpu.lanes.MAX_LANES`). Results are the
     same bits whatever the threads."""
 
     winograd: bool = True

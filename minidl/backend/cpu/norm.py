@@ -16,7 +16,7 @@ per channel (tests/layers/test_batchnorm_numerics.py).
 Batch norm on CPU is memory-bound: training forward reads x three times and writes y once, backward reads x and
 dy twice and writes dx once.
 
-Batch norm runs as compiled kernels (`cpu_norm_jit`, numba: one call per phase, the same two-pass numerics with
+Batch norm runs as compiled kernels (`cpu.norm_jit`, numba: one call per phase, the same two-pass numerics with
 float64 sums) when numba is installed, which it is with minidl (a runtime dependency): the numpy passes below cost
 ~14 calls per layer, whose fixed cost dominates at small batches. The numpy passes stay as the fallback when
 numba cannot be imported, and as the reference the compiled kernels are tested against.
@@ -31,7 +31,7 @@ from .jit import lazy, workers_for
 
 _BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best between 32K and 128K
 
-# The compiled batch-norm kernels (`cpu_norm_jit`), or None where numba cannot be imported (then the numpy passes
+# The compiled batch-norm kernels (`cpu.norm_jit`), or None where numba cannot be imported (then the numpy passes
 # below run). numba's import (~0.3 s) is paid on the first batch-norm call only.
 jit_kernels = lazy("norm_jit")  # its per-channel loops run on `workers_for` threads (same bits)
 

@@ -5,7 +5,7 @@ block, and at batch 1 (CIFAR ResNet-20: 16 to 64 channels of 8x8 to 32x32) a cal
 larger than its arithmetic: ~250 us per layer forward + backward, 4x PyTorch. Here each phase (training forward,
 apply, eval forward, backward, eval backward) is one call that loops channel by channel over (N, H*W).
 
-Numerics: those of `cpu_norm` (corrected two-pass statistics, mean subtracted first in the applying passes), with
+Numerics: those of `cpu.norm` (corrected two-pass statistics, mean subtracted first in the applying passes), with
 every sum and every elementwise expression evaluated in float64 and rounded once to the stored dtype:
 - pass 1: mean = K + sum(x - K) / M, K = the channel's first value (a rough shift: any value of the order of
   the data keeps the sum's terms of the order of the spread). The mean is stored rounded to the dtype.
@@ -24,10 +24,10 @@ Measured (1 thread, 2-core VM, 2026-11-23), one layer forward-train + backward: 
 step and of ResNet-56 b32 63 -> 37 ms (PyTorch: 0.8 and 58 ms).
 
 Optional arrays (weight, bias, dx, dweight, dbias) are passed as flags with a stand-in array of the same type
-(`cpu_norm` does it), not as None, so an affine and a non-affine layer share one compilation: each specialization
+(`cpu.norm` does it), not as None, so an affine and a non-affine layer share one compilation: each specialization
 costs ~0.6 s the first time on a machine. Compiled lazily, per dtype, on first use; `cache=True` keeps
 the machine code on disk (numba's cache, in the user cache folder `core.jit_cache` picks), so only the first
-process on a machine pays the compilation. This module imports numba at import time: `cpu_norm` imports it on
+process on a machine pays the compilation. This module imports numba at import time: `cpu.norm` imports it on
 first use only.
 """
 from __future__ import annotations
@@ -122,7 +122,7 @@ def _dsums(x3, c, g3, cg, k, a, q):
 def _affine(x3, y3, z3, c, m, a, weight, bias, has_w, has_b, has_z, keep_y, ybuf):
     """y = (x - m) * (a * weight[c]) + bias[c] over channel c of every sample, in float64, rounded once (the mean
     subtracted first; weight/bias read only if has_w/has_b). With has_z, also z = ReLU(y) of the rounded y, as
-    `cpu_eltwise_jit.relu_forward` computes it (0 where y <= 0, else y; NaN stays NaN): the fused BN+ReLU of the
+    `cpu.eltwise_jit.relu_forward` computes it (0 where y <= 0, else y; NaN stays NaN): the fused BN+ReLU of the
     compiled step (`minidl.runtime.program`), which saves the ReLU's pass over y from memory; and without keep_y, y's
     planes go to ybuf (one plane's scratch, in cache), not to y3, which nothing reads then."""
     if has_w:
@@ -162,7 +162,7 @@ def apply(x3, weight, bias, mean, invstd, y3, has_w, has_b):
 
 @njit(parallel=True, **_OPTS)
 def apply_parallel(x3, weight, bias, mean, invstd, y3, has_w, has_b, workers):
-    """`apply` with the channels split over `workers` threads (one OpenMP region; see `cpu_gemm_jit`)."""
+    """`apply` with the channels split over `workers` threads (one OpenMP region; see `cpu.gemm_jit`)."""
     nc = x3.shape[1]
     for w in prange(workers):
         _apply_channels(x3, weight, bias, mean, invstd, y3, y3, has_w, has_b, False, True, nc * w // workers,

@@ -1,6 +1,6 @@
 """Max pooling of the CPU backend compiled with numba: forward and backward, planes split over threads.
 
-Why. numpy's phase-grid kernels (`cpu_pool`) make about 3 + 5 * taps ufunc calls a block, each a pass over
+Why. numpy's phase-grid kernels (`cpu.pooling`) make about 3 + 5 * taps ufunc calls a block, each a pass over
 memory, and run on one thread: ResNet-50's max-pool ((8, 64, 112, 112), 3x3 stride 2) took ~30 ms backward
 at two threads, against PyTorch's < 17 ms. Here one loop nest a plane reads the input plane once per tap
 from cache, and the planes are split over the compiled kernels' threads (one OpenMP region a call).
@@ -29,7 +29,7 @@ _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", bounds
 @njit(**_OPTS)
 def _fill(xp, q, phases, cols, sh, sw):
     """Lay one input plane xp (h, w) out on its phase grids q (slots, rows * cols), -inf around the input.
-    phases[s] = (slot, a, b, t0, nt, u0, nu), as `cpu_pool._Phase`. (Indices are unsigned throughout this
+    phases[s] = (slot, a, b, t0, nt, u0, nu), as `cpu.pooling._Phase`. (Indices are unsigned throughout this
     module: numba's signed indexing checks for negative indices, which keeps LLVM from vectorizing.)"""
     ninf = q.dtype.type(-np.inf)
     w = xp.shape[1]

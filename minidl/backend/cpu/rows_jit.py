@@ -1,13 +1,13 @@
-"""The row-shift convolution (`cpu_conv._RowShift`) compiled with numba: one OpenMP region a call.
+"""The row-shift convolution (`cpu.conv._RowShift`) compiled with numba: one OpenMP region a call.
 
 Why. The row-shift pair runs CIFAR's 16-channel layers (below Winograd's 32 channels) and every stride-2 3x3.
 In numpy, its per-sample GEMMs ((16, 48) x (48, 1024) in ResNet-56's first stage) split over Python threads
-(`cpu_lanes`) scaled poorly at two threads: a hand-off costs 30-70 us, the batch's rows buffer (6.5 MB there)
+(`cpu.lanes`) scaled poorly at two threads: a hand-off costs 30-70 us, the batch's rows buffer (6.5 MB there)
 streams through memory between the copies and the GEMMs, every kernel row's product goes through a scratch
 and an addition, and the weight gradient could split only its three kernel rows over two threads (measured,
 in the network at two threads: forward 1.39 ms, weight gradient 2.17 ms, against 2.36 and 2.57 at one).
 Here each worker takes whole samples: it builds one sample's rows in its own slot of the buffer (which stays
-in cache), then runs that sample's kh GEMMs through numpy's BLAS (`cpu_gemm_jit`), the first writing, the
+in cache), then runs that sample's kh GEMMs through numpy's BLAS (`cpu.gemm_jit`), the first writing, the
 others accumulating in the BLAS (beta = 1): no scratch, no separate addition.
 
 The weight gradient is a sum over samples, which a split by samples would cut. So its summation order is fixed
@@ -18,7 +18,7 @@ threads). The same formulation runs every algorithm of the layer (`rows` and `ro
 budget gives the same bits too.
 
 Exactness. The rows are copies; each output is the BLAS's own sum of its kernel rows' products in order, the
-same call whichever worker makes it (the BLAS runs one thread a call: `cpu_lanes.blas_pinned`). Nothing is
+same call whichever worker makes it (the BLAS runs one thread a call: `cpu.lanes.blas_pinned`). Nothing is
 compiled with fastmath.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def im2rows(x, b, row_src, cols, sw):
     """One sample's rows: b (C, kw, Hp, Wo) <- the column taps of x (C, H, W), both C-contiguous. row_src[R] is
     the input row that the buffer's row R holds (-1: padding; rows may be stored phase by phase, see
     `_RowShift`); cols[j] = (lo, n, iw0): tap j's output columns [lo, lo + n) read input columns iw0, iw0 + sw,
-    ...; the rest is zero. Flat unsigned indices (see `cpu_winograd_jit`): with numba's signed, wrap-checked
+    ...; the rest is zero. Flat unsigned indices (see `cpu.winograd_jit`): with numba's signed, wrap-checked
     indexing the same loops ran 5x slower than numpy's strided copies."""
     c_in, kw, hp, wo = b.shape
     h, w = x.shape[1], x.shape[2]

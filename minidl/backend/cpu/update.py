@@ -3,7 +3,7 @@
 `fuse_update(items, slots)` is asked once, when the compiled step is lowered (`minidl.runtime.program`), with the
 step's (param, grad, state) views; it groups the ones it can take (C-contiguous views of one buffer, the arena,
 one dtype per group) into `FusedParams` (offsets into that buffer) and hands the rest back, to be updated one by
-one. The kernels are in `cpu_update_jit` (numba,
+one. The kernels are in `cpu.update_jit` (numba,
 imported on first use); where numba cannot be imported nothing is fused and every parameter takes the
 per-parameter path. Both paths compute the same expression in the same order: bit-identical parameters.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from .jit import lazy, workers_for
 
-# The compiled update kernels (`cpu_update_jit`), or None where numba cannot be imported (nothing is fused then).
+# The compiled update kernels (`cpu.update_jit`), or None where numba cannot be imported (nothing is fused then).
 jit_kernels = lazy("update_jit")
 
 
@@ -40,7 +40,7 @@ class FusedParams:
         return int(self.sizes.size)
 
     def workers(self) -> int:
-        """Threads for one update of these parameters (`cpu_jit.workers_for` of their total size): each worker
+        """Threads for one update of these parameters (`cpu.jit.workers_for` of their total size): each worker
         takes its share of every parameter; elements are independent, so no bits move."""
         return workers_for(int(self.sizes.sum()))
 

@@ -2,7 +2,7 @@
 
 Why. The compiled step used to call the optimizer once per parameter, and each numpy update is ~5 to 8 calls:
 ResNet-20 (65 parameters) spent ~0.8 ms per step in ~400 numpy calls whose arithmetic takes a fraction of that.
-Here one call updates every parameter of a group (`cpu_update.FusedParams`): the parameters, gradients and
+Here one call updates every parameter of a group (`cpu.update.FusedParams`): the parameters, gradients and
 state slots that live in one buffer (the arena), given as offsets into it. The tensors need not be adjacent,
 so every policy's layout fuses the same way. (A numba typed list of arrays would need no common buffer, but
 building one costs ~1 s of numba compilation per process.)

@@ -1,4 +1,4 @@
-"""Winograd's F(2x2, 3x3) convolution on the CPU: the `winograd` algorithm of `cpu_conv`.
+"""Winograd's F(2x2, 3x3) convolution on the CPU: the `winograd` algorithm of `cpu.conv`.
 
 Why. A 3x3 convolution computes each 2x2 block of outputs from a 4x4 block of inputs. Winograd's minimal
 filtering algorithm (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016) does it with 16
@@ -10,7 +10,7 @@ and summed over input channels, the 16 products of a tile position become 16 ord
 of a group of samples: M[pos] (T, Cout) = V[pos] (T, Cin) @ U[pos] (Cin, Cout). 2.25x fewer multiplications
 than im2col or the row-shift formulation, in GEMMs whose shapes (T = tiles of several samples) keep OpenBLAS
 busy even on 8x8 planes. The transforms (B^T d B, A^T m A, G g G^T) are additions only; they are compiled
-(`cpu_winograd_jit`) and vectorized over 16 channels at a time.
+(`cpu.winograd_jit`) and vectorized over 16 channels at a time.
 
 Backward. dx is itself a stride-1 3x3 convolution, of dy with the kernel flipped and Cin/Cout swapped, padded
 by 2 - p: it runs as this algorithm's forward (`_dgrad`). dW goes through the transform's gradient: with
@@ -54,7 +54,7 @@ def available() -> bool:
 
 
 def applies(g) -> bool:
-    """Whether the convolution of geometry `g` (a `cpu_conv.ConvGeometry`) can run Winograd F(2x2, 3x3). Only
+    """Whether the convolution of geometry `g` (a `cpu.conv.ConvGeometry`) can run Winograd F(2x2, 3x3). Only
     for such shapes is the kernel module imported (numba present but broken: not offered)."""
     return (g.groups == 1 and (g.kh, g.kw) == (3, 3) and tuple(g.stride) == (1, 1)
             and tuple(g.dilation) == (1, 1) and all(0 <= p <= 2 for p in g.padding)
@@ -66,9 +66,9 @@ MAX_SPLIT_CHANNELS = 256  # beyond, a layer's forward runs on one thread (see `w
 
 def workers(values: int = PARALLEL_MIN, channels: int = MIN_CHANNELS) -> int:
     """How many threads a whole-tile Winograd call over `values` input values, with `channels` (rounded) input
-    channels, runs on: the compiled kernels' (`cpu_jit.workers_for`: one for small layers, CIFAR at batch 1)
+    channels, runs on: the compiled kernels' (`cpu.jit.workers_for`: one for small layers, CIFAR at batch 1)
     where numpy's GEMM is bound for them, else 1. The forward's workers take fixed pieces of each group
-    (`cpu_winograd_jit.forward_pieces`, decided by the shapes), so the bits never depend on this. Layers wider
+    (`cpu.winograd_jit.forward_pieces`, decided by the shapes), so the bits never depend on this. Layers wider
     than `MAX_SPLIT_CHANNELS` stay on one thread: Winograd runs them only on planes of at least 14x14 with such
     channels where `im2col_grouped` does not apply, which no measured network has."""
     if not _compiled_gemm() or channels > MAX_SPLIT_CHANNELS:
@@ -77,8 +77,8 @@ def workers(values: int = PARALLEL_MIN, channels: int = MIN_CHANNELS) -> int:
 
 
 def _compiled_gemm() -> bool:
-    """Whether the whole-tile variant runs its compiled path (`cpu_winograd_jit.forward` and the rest): numpy's
-    GEMM is bound for compiled code (`cpu_gemm_jit`). Decided once per process, so every call, variant and
+    """Whether the whole-tile variant runs its compiled path (`cpu.winograd_jit.forward` and the rest): numpy's
+    GEMM is bound for compiled code (`cpu.gemm_jit`). Decided once per process, so every call, variant and
     thread count multiplies the same way."""
     g = gemm_jit()
     return g is not None and g.available()
@@ -115,7 +115,7 @@ class _Winograd:
 
     Why the two agree bit for bit: every GEMM has the same operands (position p's (Tg, CiB) by (CiB, CoB), the same
     groups of samples, in the forward the same fixed pieces of a group's rows: `_pieces`), every transformed value
-    is the same expression of the same inputs (`cpu_winograd_jit`), each output sums its nine terms in position
+    is the same expression of the same inputs (`cpu.winograd_jit`), each output sums its nine terms in position
     order in both, and dU sums the groups in order per position in both. CiB, CoB are the channels rounded up to 16,
     Tg the tiles of one group."""
 
@@ -176,7 +176,7 @@ class _Winograd:
 
     def _pieces(self, s0: int, s1: int) -> list[tuple[int, int]]:
         """The rows [r0, r1) of group [s0, s1)'s V and M that the forward multiplies in one GEMM each: the
-        compiled forward's fixed pieces (`cpu_winograd_jit.forward_pieces`), which every path and variant uses,
+        compiled forward's fixed pieces (`cpu.winograd_jit.forward_pieces`), which every path and variant uses,
         so that all run the same GEMMs."""
         k = jit()
         pieces = k.forward_pieces(self.size * self.th * self.tw)
@@ -225,7 +225,7 @@ class _Winograd:
             k.output_tiles(m, s0, s1, self.th, self.tw, ys, b["buf"], y)
 
     def _slots(self, ws, dt, start: int, end: int, nw: int) -> np.ndarray:
-        """Scratch for up to `nw` workers (`cpu_winograd_jit`, the compiled-GEMM path) in the workspace's bytes
+        """Scratch for up to `nw` workers (`cpu.winograd_jit`, the compiled-GEMM path) in the workspace's bytes
         [start, end), memory that is dead while they run: a (k, slot) array, each slot one input block (the
         larger of the input and output blocks, which a worker uses in turn) and 256 values; k as many as fit.
         The regions hold the one-thread scratch (an input and an output block) and the transposed weight (at
@@ -272,7 +272,7 @@ class _Winograd:
 
     def _weight_grad_halves(self, x, dy, b, ws) -> None:
         """dU over several groups, compiled: two fixed halves of every group's tiles, summed apart and then added
-        (`cpu_winograd_jit.weight_grad_halves`), on two threads where two slots fit and the layer is large
+        (`cpu.winograd_jit.weight_grad_halves`), on two threads where two slots fit and the layer is large
         enough. H0 accumulates in `acc`, H1 in `prod`; the slots lie from the transposed weight on (it and the
         one-thread scratch are dead until the end), which holds two up to planes of ~270 pixels a side."""
         g, k = self.g, jit()

@@ -1,4 +1,4 @@
-"""The transforms of the Winograd convolution F(2x2, 3x3) (`cpu_winograd`), compiled with numba.
+"""The transforms of the Winograd convolution F(2x2, 3x3) (`cpu.winograd`), compiled with numba.
 
 Layout. Channels are taken 16 at a time (a block; the last one zero-padded): a block's planes are first
 transposed into a small channels-last scratch (rows, columns, 16), so that each tile's arithmetic runs on
@@ -474,7 +474,7 @@ def weight_position(wt, k, j, u1):
 
 
 # -- with numpy's GEMM from compiled code, on one thread or several -----------------------------------------------
-# Where `cpu_gemm_jit` binds the BLAS, the whole-tile variant runs these instead of the per-phase calls above.
+# Where `cpu.gemm_jit` binds the BLAS, the whole-tile variant runs these instead of the per-phase calls above.
 # The forward cuts each group's units (tile rows of samples) into `forward_pieces` fixed pieces, so a piece's
 # tiles are contiguous rows of V and M; worker w takes pieces w, w + workers, ... and needs no hand-off between
 # phases: it transforms a piece's tiles, runs the 16 GEMMs on its rows and transforms its outputs, in one OpenMP
@@ -614,7 +614,7 @@ def positions_parallel(a, b, c, acc, add, workers):
         _positions(a, b, c, acc, add, w, workers)
 
 
-# The weight gradient over several groups (`cpu_winograd._Winograd._weight_grad`): dU is a sum over every tile of
+# The weight gradient over several groups (`cpu.winograd._Winograd._weight_grad`): dU is a sum over every tile of
 # the batch, which a split over workers would cut; so its order is fixed by the shapes instead. Each group's
 # units (tile rows) fall in two halves at a full group's middle m: [0, m) and [m, u) (a short last
 # group cut at the same unit, so that the two workers' rows of V and dM never overlap while they run through

@@ -1,5 +1,5 @@
 """Carving a kernel's flat uint8 workspace into typed arrays: shared by the convolution algorithms
-(`cpu_conv`, `cpu_winograd`), whose workspace sizes the planner reserves exactly as their layouts say."""
+(`cpu.conv`, `cpu.winograd`), whose workspace sizes the planner reserves exactly as their layouts say."""
 from __future__ import annotations
 
 import numpy as np

@@ -517,14 +517,14 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         return DeviceArenaBacking(self.cp)
 
     def paged_backing(self):
-        """The paged pool's memory (`--paged`): driver-API chunks mapped into a reserved range (`cuda_vmm`)."""
+        """The paged pool's memory (`--paged`): driver-API chunks mapped into a reserved range (`cuda.vmm`)."""
         from .vmm import VmmBacking
 
         return VmmBacking(self.cp, device=int(self.cp.cuda.runtime.getDevice()))
 
     def measure_link(self, nbytes: int | None = None, repeats: int = 3):
         """The host link's bandwidth (each direction alone and with both busy) and per-copy latency, measured on
-        this backend's copy streams (`cuda_calibrate.measure_link`): what `memory/calibrate.py` builds the
+        this backend's copy streams (`cuda.calibrate.measure_link`): what `memory/calibrate.py` builds the
         simulator's measured profile from. Blocks; call before training."""
         from .calibrate import BANDWIDTH_BYTES, measure_link
 

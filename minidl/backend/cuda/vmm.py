@@ -1,6 +1,6 @@
 """Paged arena memory on a GPU: the CUDA driver's virtual memory management API (via cuda-python).
 
-The GPU twin of `cpu_paged.MemfdArena`, for `--paged` with the CUDA backend: physical chunks are
+The GPU twin of `cpu.paged.MemfdArena`, for `--paged` with the CUDA backend: physical chunks are
 `cuMemCreate` allocations of `chunk` bytes (created once, up front: the budget), a virtual range is reserved once
 with `cuMemAddressReserve`, and mapping virtual chunk v onto physical chunk p is `cuMemMap` at `base + v*chunk`
 followed by `cuMemSetAccess` (read-write for this device). A tensor's view is a cupy array over its contiguous
