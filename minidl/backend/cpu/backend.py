@@ -1,8 +1,6 @@
-"""The CPU backend: numpy kernels, the reference implementation.
-
-Every kernel writes into arrays it is given (views into the executor's arena) and allocates outside the pool only
-bounded scratch (`CHUNK`): the memory budget is real. Larger scratch is workspace the layer declares. Each layer
-family's kernels live in their own module; `CPUBackend` gathers them so layers dispatch once, through `be.<op>`.
+"""The CPU backend: numpy kernels, the reference implementation. Every kernel writes into arrays it is given
+(views into the arena) and allocates only bounded scratch (`CHUNK`) outside the pool: the budget is real.
+`CPUBackend` gathers each family's kernels so layers dispatch once, through `be.<op>`.
 """
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ loss_kernels = lazy("loss_jit")
 
 
 def _elementwise(name: str, *arrays: np.ndarray) -> None:
-    """`cpu.eltwise_jit.<name>` on the flat views of `arrays` (the last sets the size), split over `workers_for`
-    threads: elementwise, so the split changes no bits."""
+    """`cpu.eltwise_jit.<name>` on flat views, split over `workers_for` threads (elementwise: same bits)."""
     jit = eltwise_kernels()
     flat = [a.reshape(-1) for a in arrays]
     workers = workers_for(flat[-1].size)
@@ -59,7 +56,7 @@ def _chunks(n: int):
 class CoreOps:
     """Elementwise, dense, loss and optimizer kernels."""
 
-    profile = "cpu"  # the simulator profile plans for this backend assume
+    profile = "cpu"  # the simulator profile its plans assume
     xp = np
 
     def to_host(self, a) -> np.ndarray:
@@ -100,7 +97,7 @@ class CoreOps:
         if jit is not None and _flat_ok(y, dy, dx):
             _elementwise("relu_backward", y, dy, dx)
             return
-        # an inf of dy where y <= 0 gives NaN (inf * 0) as the compiled kernel does: a value for the guard
+        # inf * 0 = NaN, as compiled: a value for the guard
         yf, dyf, dxf = y.reshape(-1), dy.reshape(-1), dx.reshape(-1)
         with np.errstate(invalid="ignore"):
             for s in _chunks(yf.size):
@@ -108,8 +105,8 @@ class CoreOps:
 
     def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None,
                     keep_y: bool = True) -> None:
-        """y = the sum of xs, in order; with `relu_out`, also ReLU(y) there (fused: one pass for two flat inputs, and
-        without `keep_y` y is not written)."""
+        """y = the sum of xs, in order; with `relu_out`, also ReLU(y) (one pass for two flat inputs, y unwritten
+        without `keep_y`)."""
         jit = eltwise_kernels() if relu_out is not None and len(xs) == 2 else None
         if jit is not None and _flat_ok(xs[0], xs[1], y, relu_out):
             if keep_y:
@@ -125,8 +122,7 @@ class CoreOps:
 
     def add_relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
                           dinputs: list[np.ndarray | None]) -> None:
-        """A ReLU's backward (y, dy -> dx) and the add's before it (dx to each input's gradient) in one call; with two
-        flat input gradients, one compiled pass that leaves dx unwritten."""
+        """A ReLU's backward and the add's before it in one call (two flat input gradients: one pass, dx unwritten)."""
         jit = eltwise_kernels()
         live = [d for d in dinputs if d is not None]
         if jit is not None and len(live) == 2 and _flat_ok(y, dy, *live):
@@ -238,7 +234,7 @@ class CoreOps:
         jit = loss_kernels()
         if jit is None or not (_flat_ok(logits) and isinstance(labels, np.ndarray) and labels.flags.c_contiguous):
             return False
-        losses = np.empty(logits.shape[0])  # float64 per row
+        losses = np.empty(logits.shape[0])
         args = (logits, labels, 0 if ignore_index is None else int(ignore_index), ignore_index is not None, losses)
         workers = workers_for(logits.size)
         loss[...] = jit.xent_forward_parallel(*args, workers) if workers > 1 else jit.xent_forward(*args)
@@ -314,7 +310,7 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         return Staging()
 
     def staging_trace(self) -> StagingTrace:
-        """A dry run of these kernels counting the staging their calls take."""
+        """A dry run of these kernels counting their staging."""
         return StagingTrace(self)
 
     menu: CPUMenu = CPU_MENU

@@ -1,10 +1,7 @@
-"""numpy's own BLAS GEMM, callable from compiled (numba) kernels, and those kernels' threads.
-
-An OpenMP region costs ~3 us where a hand-off to a Python thread costs 30-70: small GEMMs (Winograd's) are
-split there. numba's `np.dot` would call scipy's BLAS (other rounding than numpy's matmul), so this module
-registers the `cblas_?gemm` numpy loaded under fixed names (`minidl_sgemm`, `minidl_dgemm`), which the cached
-kernels refer to. `gemm` makes exactly numpy matmul's call, on a pinned one-thread BLAS: np.matmul's bits.
-Without that BLAS (`available()` False) or OpenMP (`parallel()` False) kernels run on one thread.
+"""numpy's own BLAS GEMM callable from compiled (numba) kernels, whose OpenMP regions (~3 us, against 30-70 us a
+Python hand-off) split small GEMMs. The `cblas_?gemm` numpy loaded is registered under fixed names the cached
+kernels call (numba's `np.dot` would call scipy's BLAS: other rounding); on a pinned BLAS `gemm` makes numpy
+matmul's call, so it has np.matmul's bits. Without it (`available()`) or OpenMP (`parallel()`): one thread.
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from ...core.jit_cache import njit
 from . import lanes
 
 _SYMBOLS = {"minidl_sgemm": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
-            "minidl_dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}  # 64-bit integer interfaces only
+            "minidl_dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _SPINCOUNT = 10_000  # GNU OpenMP's spins after a region (ResNet-56 b32, 2 threads: 288 ms default, 231 here)
 
@@ -53,11 +50,11 @@ def _bind() -> bool:
 
 
 def _openmp() -> bool:
-    """Select numba's OpenMP layer (unless NUMBA_THREADING_LAYER names another); whether it loads."""
+    """Select numba's OpenMP layer unless NUMBA_THREADING_LAYER names another; whether it loads."""
     layer = os.environ.get("NUMBA_THREADING_LAYER", "")
     if layer and layer != "omp":
         return False
-    # GNU OpenMP reads its spin count when numba's pool loads: a short one frees the lanes' cores; the user's wins
+    # GNU OpenMP reads its spin count when numba's pool loads; the user's setting wins
     chosen = "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ
     if not chosen:
         os.environ["GOMP_SPINCOUNT"] = str(_SPINCOUNT)
@@ -98,7 +95,7 @@ def parallel() -> bool:
 
 
 def workers() -> int:
-    """Threads for a compiled kernel's region: the lanes' count capped by numba's; 1 without regions."""
+    """Threads for a compiled kernel's region: the lanes' count, capped by numba's; 1 without regions."""
     n = lanes.count()
     if n == 1 or not parallel():
         return 1
@@ -129,8 +126,7 @@ def _ld(a):
 
 @njit(**_OPTS)
 def gemm_acc(a, b, c, trans_a, trans_b, accumulate):
-    """c = op(a) @ op(b), or c += with `accumulate` (beta 1: the BLAS adds as it sums); unit column strides, rows at any
-    stride (`cpu.rows_jit`)."""
+    """c = op(a) @ op(b), or c += with `accumulate` (beta 1); unit column strides, rows at any stride."""
     m, n = c.shape
     k = a.shape[0] if trans_a else a.shape[1]
     ta = _TRANS if trans_a else _NO_TRANS
@@ -152,8 +148,7 @@ def sum_products_nt(a, b, c, accumulate, r0, r1):
 
 @njit(**_OPTS, parallel=True)
 def sum_products_nt_pieces(a, b, c, accumulate, pieces, workers):
-    """`sum_products_nt` over c's rows cut into `pieces` fixed blocks (fixed by the caller from the shapes), worker t
-    taking pieces t, t + workers, ..."""
+    """`sum_products_nt` over c's rows in `pieces` blocks fixed by the caller, worker t taking t, t + workers, ..."""
     m = c.shape[0]
     for t in prange(workers):
         for q in range(t, pieces, workers):

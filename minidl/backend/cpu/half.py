@@ -1,13 +1,11 @@
 """Half-precision storage on the CPU: kernels take bf16/fp16 arrays, compute with the float32 kernels, round on store.
 
 Rules (the contract is `minidl.backend.precision`):
-* One conversion point per call (`half_io`): half arrays are read into float32 copies (exact), the float32 kernel
-  runs on them, written copies are rounded back to nearest even. float32 arrays pass through.
-* Staged kernels take their copies from the backend's `Staging` (`staging_bytes`: workspace a plan counts).
-* Elementwise kernels run `CHUNK` values at a time over the lanes, copies in a small fixed scratch.
-* Moves copy half values as they are; dropout converts in its own chunk loop.
-* An array a kernel writes is the very array another argument names or disjoint from it: copies are shared by
-  identity.
+* One conversion point per call (`half_io`): half arrays read into float32 copies (exact), written copies
+  rounded back to nearest even; float32 arrays pass through.
+* `STAGED` kernels take copies from the backend's `Staging` (workspace a plan counts); `ELEMENTWISE` ones run
+  `CHUNK` values at a time over the lanes; `NATIVE` ones take half values as they are.
+* A written array is the very array another argument names or disjoint from it: copies are shared by identity.
 * A half array reaching a `FLOAT32_ONLY` kernel is an error naming the kernel and argument.
 """
 from __future__ import annotations
@@ -79,7 +77,7 @@ ELEMENTWISE: dict[str, dict[str, str]] = {
     "gelu_forward": {"x": R, "y": W},
     "gelu_backward": {"x": R, "dy": R, "dx": W},
 }
-#: Kernels that take half arrays as they are.
+#: Kernels that take half arrays as they are (dropout converts in its own chunk loop).
 NATIVE = frozenset({"copy", "copy_in", "fill", "to_host", "concat_forward", "concat_backward", "dropout_forward",
                     "dropout_backward"})
 #: Kernels of float32 roles only (parameters, gradients, optimizer state).
@@ -100,8 +98,8 @@ def _as4(a: np.ndarray) -> np.ndarray:
 
 
 def widen_into(f: np.ndarray, h: np.ndarray) -> None:
-    """f (float32) = the half array h's values, exactly, on the calling thread: an OpenMP region per conversion cost
-    more than it saved (ResNet-20 b32 bf16 at 2 threads: 1.63x fp32's time with two workers, 0.93x with one)."""
+    """f (float32) = the half h's values, on the calling thread: an OpenMP region per conversion cost more than it
+    saved (ResNet-20 b32 bf16, 2 threads: 1.63x fp32's time with two workers, 0.93x with one)."""
     jit = half_kernels()
     bf = h.dtype == _BF16
     if jit is not None and h.flags.c_contiguous and f.flags.c_contiguous:
@@ -126,7 +124,7 @@ def narrow_into(h: np.ndarray, f: np.ndarray) -> None:
 
 
 def quantize(f: np.ndarray, dtype) -> None:
-    """f (float32, C-contiguous) rounded in place to the half `dtype`, on the calling thread."""
+    """f (float32, C-contiguous) rounded in place to the half `dtype`."""
     jit = half_kernels()
     if jit is None:
         with np.errstate(over="ignore", invalid="ignore"):
@@ -159,8 +157,7 @@ def staging_bytes(shapes) -> int:
 
 
 class Staging:
-    """Where staged kernels keep float32 copies: a buffer the executor binds (planned workspace), else one grown
-    here. `high_water` is the most one call has needed."""
+    """The staged kernels' float32 copies: in the buffer the executor binds (planned workspace), else one grown here."""
 
     def __init__(self):
         self._bound: np.ndarray | None = None
@@ -247,8 +244,7 @@ def _map(value, fn):
 
 
 def _operands(spec: dict[str, str], call: _Args, halves: bool = True) -> dict:
-    """The call's distinct (half, by default) arrays by identity: key -> (array, access); named twice with two
-    accesses: RW."""
+    """The call's distinct (half, by default) arrays by identity: key -> (array, access)."""
     out: dict = {}
     for name, access in spec.items():
         value = call.get(name)
@@ -277,7 +273,7 @@ def call_staging(kernel: str, call: _Args) -> int:
 
 
 def _stage(be, kernel: str, fn, spec: dict[str, str], call: _Args):
-    """Run `fn` on float32 copies of the call's half arrays from the backend's staging; round the written ones."""
+    """Run `fn` on float32 copies of the call's half arrays from the staging; round the written ones."""
     arrays = _operands(spec, call)
     buf = be.staging.buffer(kernel, staging_bytes(a.shape for a, _ in arrays.values()))
     copies, offset = {}, 0
@@ -298,8 +294,8 @@ def _stage(be, kernel: str, fn, spec: dict[str, str], call: _Args):
 
 
 def _elementwise(be, kernel: str, fn, spec: dict[str, str], call: _Args):
-    """Run `fn` chunk by chunk on float32 copies of the call's half arrays, the chunks shared over the lanes; float32
-    arrays go as their chunks. Anything not `_chunkable` runs staged."""
+    """Run `fn` a chunk at a time on float32 copies of the call's half arrays, the chunks over the lanes; staged
+    unless `_chunkable`."""
     arrays = _chunkable(spec, call)
     if arrays is None:
         return _stage(be, kernel, fn, spec, call)
@@ -334,7 +330,7 @@ def _elementwise(be, kernel: str, fn, spec: dict[str, str], call: _Args):
 
 
 def _one_pass(kernel: str, call: _Args, arrays: dict) -> bool:
-    """Run `kernel` as one `half_jit` pass over half bits where it has one and all arrays share a half dtype."""
+    """Run `kernel` as one `half_jit` pass over half bits, where it has one: whether it ran."""
     jit = half_kernels()
     dtypes = {a.dtype for a, _ in arrays.values()}
     if jit is None or len(dtypes) != 1 or not dtypes <= _HALF_SET:
@@ -393,8 +389,7 @@ def _adapt(cls, kernel: str, run, spec: dict[str, str]) -> None:
 
 
 def half_io(cls):
-    """Give `cls` its half forms: `STAGED` and `ELEMENTWISE` kernels convert where a half array comes in;
-    `FLOAT32_ONLY` kernels refuse them."""
+    """Give `cls` its half forms: converting `STAGED` and `ELEMENTWISE` kernels, refusing `FLOAT32_ONLY`."""
     cls.half_positions = {}
     for kernel, spec in STAGED.items():
         _adapt(cls, kernel, _stage, spec)
@@ -407,8 +402,7 @@ def half_io(cls):
 
 
 class StagingTrace:
-    """A dry run of a backend's kernels: each call records the staging it would take, so `high_water` is what
-    `Staging.high_water` reaches on the same calls (`layers.staging.step_staging`)."""
+    """A dry run of a backend's kernels recording the staging each call would take: `high_water` as `Staging`'s."""
 
     def __init__(self, backend):
         self.backend = backend

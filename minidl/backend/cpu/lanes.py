@@ -1,11 +1,8 @@
-"""Lanes: a convolution's samples split over host threads, with results that do not depend on the thread count.
+"""Lanes: a convolution's samples split over host threads, the bits the same on any thread count and BLAS kernel.
 
-Rules (the bits are the same on 1-8 threads and any BLAS kernel: tests/test_second_blas_kernel.py):
-- A lane runs only work no sum crosses (samples, kernel rows of a weight gradient, blocks of a product), each sum
-  in the order one thread would.
-- A product is cut by its shapes (`blocks`), never by the lane count: a block need not have the bits of the whole.
-- The BLAS runs one thread per call during every step (`blas_pinned`): its own threads would cut a product by
-  their count, and once woken spin on the lanes' cores (ResNet-56 b32, 2 threads: 316 -> 264 ms per step pinned).
+Rules: a lane runs only work no sum crosses, each sum in one thread's order; a product is cut by its shapes
+(`blocks`), never by the lane count; the BLAS runs one thread per call during a step (`blas_pinned`): its own
+threads would cut by their count and spin on the lanes' cores (ResNet-56 b32, 2 threads: 316 -> 264 ms pinned).
 """
 from __future__ import annotations
 
@@ -19,9 +16,9 @@ import numpy as np
 
 MAX_LANES = 8  # more split a batch-32 layer too finely to pay their dispatch
 
-_pool: list = []  # [(workers, ThreadPoolExecutor)]
-_blas: list = []  # [threadpoolctl's BLAS controllers]
-_threads: list[int] = []  # the lanes `using` set, innermost last
+_pool: list = []  # [(workers, executor)]
+_blas: list = []
+_threads: list[int] = []  # innermost last
 
 
 def cores() -> int:
@@ -34,13 +31,13 @@ def cores() -> int:
 
 
 def count() -> int:
-    """The number of lanes: those `using` set, else `cores()`."""
+    """Lanes: those `using` set, else `cores()`."""
     return _threads[-1] if _threads else cores()
 
 
 @contextmanager
 def using(threads: int | None):
-    """Run on `threads` lanes inside the block (None: as outside it)."""
+    """Run on `threads` lanes inside the block (None: unchanged)."""
     if threads is None:
         yield
         return
@@ -78,11 +75,11 @@ def _blas_controllers() -> list:
     return _blas[0]
 
 
-_depth = [0]  # 1 while a `blas_pinned` block is open
+_depth = [0]  # 1 inside `blas_pinned`
 
 
 def blas_pinned():
-    """A context with the BLAS at one thread per call, restored after; a no-op inside one already open."""
+    """The BLAS at one thread per call inside, restored after; a no-op inside one already open."""
     return nullcontext() if _depth[0] else _pin()
 
 
@@ -103,13 +100,13 @@ def _pin():
 
 _PIECE_MIN_MACS = 1 << 21  # multiply-adds per block at least: a hand-off to a lane costs 30-70 us
 _PIECE_MIN_COLS = 16  # columns (rows) per block at least
-_PIECE_ALIGN = 16  # block edges on multiples of this
-_MAX_PIECES = 2  # blocks per product: one thread pays for each extra (ResNet-50 shapes: +2-5% at 2, +3-9% at 4)
+_PIECE_ALIGN = 16
+_MAX_PIECES = 2  # one thread pays for each extra block (ResNet-50: +2-5% for 2, +3-9% for 4)
 
 
 def blocks(m: int, n: int, k: int) -> tuple[int, list[tuple[int, int]]]:
-    """How `matmul` cuts an (m, k) x (k, n) product: (axis, [start, end) blocks) along the output's longer side, so
-    that the smaller operand is the one packed again; one block for a small product."""
+    """(axis, [start, end) blocks) of an (m, k) x (k, n) product's output along its longer side (the smaller operand
+    is packed again); one block for a small product."""
     macs = m * n * k
     for axis, size in ((-1, n), (-2, m)) if n >= m else ((-2, m), (-1, n)):
         parts = min(_MAX_PIECES, macs // _PIECE_MIN_MACS, size // _PIECE_MIN_COLS)
@@ -122,8 +119,8 @@ def blocks(m: int, n: int, k: int) -> tuple[int, list[tuple[int, int]]]:
 
 
 def matmul(a, b, out) -> None:
-    """np.matmul(a, b, out=out) in the blocks of `blocks` over the lanes: a stack by samples (`_by_samples`), else
-    block j, j + lanes, ... per lane. Each block is one np.matmul on operands fixed by the shapes."""
+    """np.matmul(a, b, out=out) in `blocks`' blocks over the lanes: a stack by samples (`_by_samples`), else block j,
+    j + lanes, ... per lane."""
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-1]
     axis, cuts = blocks(m, n, k)
@@ -149,8 +146,8 @@ def matmul(a, b, out) -> None:
 
 
 def _by_samples(a, b, out, lanes: int, macs: int) -> bool:
-    """Whether `matmul` splits a stack (one broadcast `a`) by samples: np.matmul runs one GEMM per matrix, so a share
-    computes exactly those (ResNet-50 1x1 at 2 lanes: (64, 256) x (256, 3136) 6.9 -> 5.4-6.5 ms)."""
+    """Whether `matmul` splits a stack with one broadcast `a` by samples (np.matmul: one GEMM per matrix), where it
+    shares out evenly and pays (ResNet-50 1x1 at 2 lanes: 6.9 -> 5.4-6.5 ms)."""
     if out.ndim < 3 or b.ndim != out.ndim or b.shape[0] != out.shape[0]:
         return False
     if not (a.ndim < out.ndim or a.shape[0] == 1):
@@ -162,7 +159,7 @@ def _by_samples(a, b, out, lanes: int, macs: int) -> bool:
 
 
 def run(tasks: Sequence[Callable[[], None]]) -> None:
-    """Run the tasks (disjoint memory), the first on this thread, with the BLAS pinned; raise the first error."""
+    """Run the tasks (disjoint memory), the first on this thread, the BLAS pinned; raise the first error."""
     if len(tasks) == 1:
         tasks[0]()
         return
@@ -172,7 +169,7 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
 
 def _run_lanes(tasks: Sequence[Callable[[], None]]) -> None:
     pool = _executor(len(tasks) - 1)
-    # a copy of the caller's context: np.errstate is a context variable
+    # the caller's context: np.errstate lives there
     futures = [pool.submit(contextvars.copy_context().run, t) for t in tasks[1:]]
     first: BaseException | None = None
     try:

@@ -1,10 +1,9 @@
 """Normalization kernels of the CPU backend: batch normalization (NCHW, per channel) and cross-channel LRN.
 
-Batch norm runs as the compiled kernels of `cpu.norm_jit`; the numpy passes here are their reference and the
-fallback without numba. Both work on blocks of the (N, C, H*W) view (scratch: a few `_BLOCK`s).
-Numerics: per-plane sums in float32, summed over planes in float64 in a fixed order (no dependence on blocking);
-the variance is the corrected two-pass algorithm (Chan, Golub & LeVeque 1983); the applying passes subtract the
-mean first ((x - mean) * a + b, exact near the mean by Sterbenz; x * a + b' loses eps * |mean| / std).
+Batch norm runs compiled (`cpu.norm_jit`); these numpy passes are its reference and fallback, on blocks of the
+(N, C, H*W) view. Numerics: per-plane sums in float32, summed over planes in float64 in a fixed order; the
+corrected two-pass variance (Chan, Golub & LeVeque 1983); the mean subtracted first ((x - mean) * a + b is
+exact near the mean by Sterbenz, where x * a + b' loses eps * |mean| / std).
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import numpy as np
 
 from .jit import lazy, workers_for
 
-_BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best between 32K and 128K
+_BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best at 32K-128K
 
 jit_kernels = lazy("norm_jit")  # None without numba
 
@@ -30,8 +29,8 @@ def _ncl(a: np.ndarray) -> np.ndarray:
 
 
 def _nc_blocks(n: int, c: int, hw: int):
-    """Blocks covering (N, C) grouped by channel range: (channel slice, [sample slices]). Per-channel constants are
-    spread once into a block-shaped buffer: broadcasting (C, 1) against (C, HW) costs twice a contiguous operand."""
+    """(channel slice, [sample slices]) covering (N, C): per-channel constants are spread once into a block-shaped
+    buffer (broadcasting (C, 1) against (C, HW) costs twice a contiguous operand)."""
     if c * hw <= _BLOCK:
         step = max(1, _BLOCK // (c * hw))
         yield slice(0, c), [slice(n0, min(n, n0 + step)) for n0 in range(0, n, step)]
@@ -48,7 +47,7 @@ def _block_elems(n: int, c: int, hw: int) -> int:
 
 
 class _Scratch:
-    """Block-sized buffers: `take(i, shape)` is buffer i viewed as `shape` (at most one block of elements)."""
+    """Block-sized buffers: `take(i, shape)` is buffer i viewed as `shape`."""
 
     def __init__(self, count: int, elems: int, dtype):
         self._bufs = [np.empty(elems, dtype) for _ in range(count)]
@@ -66,8 +65,8 @@ class _Scratch:
 
 def _centered_sums(x3: np.ndarray, center: np.ndarray, dy3: np.ndarray | None,
                    sc: _Scratch, squares: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per channel in float64, d = x - center: (sum(d), sum(d * d) or None if not `squares`), or with dy3
-    (sum(dy), sum(dy * d))."""
+    """Per channel in float64, d = x - center: (sum(d), sum(d * d) if `squares`), or with dy3 (sum(dy),
+    sum(dy * d))."""
     n, c, hw = x3.shape
     p1 = np.empty((n, c), x3.dtype)
     p2 = np.empty((n, c), x3.dtype)
@@ -97,10 +96,9 @@ class NormOps:
                                 running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, mean: np.ndarray,
                                 invstd: np.ndarray, momentum: float, eps: float, update_running: bool = True,
                                 relu_out: np.ndarray | None = None, keep_y: bool = True) -> None:
-        """Normalize with batch statistics, saved in `mean`/`invstd`; fold them into the running ones if
-        `update_running` (variance unbiased, as PyTorch). Pass 1 centres on the first sample's mean, pass 2 on that mean
-        as stored, so the correction term is a rounding error of the mean. `relu_out`: also write ReLU(y) there (fused
-        BN+ReLU); with it and not `keep_y`, the compiled kernel leaves y unwritten."""
+        """Normalize with batch statistics, saved in `mean`/`invstd`, folded into the running ones if `update_running`
+        (variance unbiased). Pass 2 centres on pass 1's mean as stored: the correction is a rounding error of the mean.
+        `relu_out`: also ReLU(y) there; with it and not `keep_y`, the compiled kernel leaves y unwritten."""
         x3 = _ncl(x)
         n, c, hw = x3.shape
         m = n * hw
@@ -175,9 +173,8 @@ class NormOps:
     def batchnorm_backward(self, x: np.ndarray, weight: np.ndarray | None, dy: np.ndarray, mean: np.ndarray,
                            invstd: np.ndarray, dx: np.ndarray | None, dweight: np.ndarray | None,
                            dbias: np.ndarray | None, relu: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Backward through batch statistics: dbias = sum(dy), dweight = sum(dy * xhat),
-        dx = (dy - sum(dy)/M - (x - mean) * invstd^2 * sum(dy * (x - mean))/M) * invstd * weight.
-        `relu` = (r, dr): a ReLU follows; the compiled kernel computes dy from it channel by channel, unwritten."""
+        """dbias = sum(dy), dweight = sum(dy * xhat), dx = (dy - sum(dy)/M - (x - mean) invstd^2 sum(dy (x - mean))/M)
+        * invstd * weight. `relu` = (r, dr): dy is a following ReLU's backward (compiled: per channel, unwritten)."""
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if relu is not None and jit is None:
@@ -204,7 +201,7 @@ class NormOps:
             dweight[...] = sdyd * inv64
         if dx is None:
             return
-        # dx = dy * s + (x - mean) * kx + c per channel, the mean subtracted first as in the forward
+        # dx = dy * s + (x - mean) * kx + c per channel
         k = inv64 * inv64 * sdyd / m
         s64 = inv64 * weight if weight is not None else inv64
         dt = x.dtype
@@ -252,8 +249,7 @@ class NormOps:
 
 
     def lrn_forward(self, x: np.ndarray, y: np.ndarray, size: int, alpha: float, beta: float, k: float) -> None:
-        """y = x / (k + alpha/size * sum_window x^2)^beta over channels [c - size//2, c + (size-1)//2], zero-padded
-        (torch's local_response_norm)."""
+        """y = x / (k + alpha/size * sum x^2 over channels [c - size//2, c + (size-1)//2])^beta, as torch."""
         x3, y3 = _ncl(x), _ncl(y)
         bufs = _LRNScratch(x3.shape, x.dtype)
         for ns, ls in _nl_blocks(*x3.shape):
@@ -264,7 +260,7 @@ class NormOps:
 
     def lrn_backward(self, x: np.ndarray, y: np.ndarray, dy: np.ndarray, dx: np.ndarray, size: int, alpha: float,
                      beta: float, k: float) -> None:
-        """dx_i = dy_i s_i^-beta - (2 alpha beta / size) x_i sum_{c : i in W(c)} dy_c y_c / s_c, s recomputed from x."""
+        """dx_i = dy_i s_i^-beta - (2 alpha beta / size) x_i sum_{c : i in W(c)} dy_c y_c / s_c."""
         x3, y3, dy3, dx3 = _ncl(x), _ncl(y), _ncl(dy), _ncl(dx)
         bufs = _LRNScratch(x3.shape, x.dtype)
         coef = x.dtype.type(2.0 * alpha * beta / size)
@@ -310,7 +306,7 @@ class _LRNScratch:
 def _window_sum(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> None:
     """dst[:, c] = sum_{o=lo..hi} src[:, c+o] over axis 1, zero outside [0, C)."""
     c = src.shape[1]
-    np.copyto(dst, src)  # offset 0
+    np.copyto(dst, src)
     for o in range(lo, hi + 1):
         if o == 0 or abs(o) >= c:
             continue

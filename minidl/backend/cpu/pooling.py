@@ -1,11 +1,9 @@
 """Pooling kernels of the CPU backend: max, average and global average pooling (NCHW, PyTorch semantics).
 
-A 2-D pooling is one contiguous ufunc pass per kernel tap on a *phase grid*: each plane split into its stride
-phases, each phase on a padded grid whose row length the output shares, so a tap is a constant flat offset
-(strided views with short rows run 4-7x slower). Padding cells hold -inf (max) or 0 (average); cells right of
-each output row are junk, never read back. Scratch: a few blocks of about `_BLOCK` output elements.
-Max-pool backward recomputes the maxima from the input and routes each gradient to the first maximum in
-row-major window order (PyTorch's choice). Max pooling runs compiled (`pooling_jit`) where numba loads.
+A 2-D pooling is one contiguous ufunc pass per kernel tap on a *phase grid*: each stride phase of a plane on a
+padded grid whose row length the output shares, so a tap is a flat offset (strided short rows: 4-7x slower).
+Padding holds -inf (max) or 0 (average); cells right of an output row are junk. Max-pool backward recomputes
+the maxima and routes each gradient to the first maximum in row-major order (PyTorch's choice).
 """
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ _BLOCK = 1 << 15  # output elements per block of planes (measured: 32K-64K best 
 
 @dataclass(slots=True, frozen=True)
 class _Phase:
-    """One stride phase (input rows a::sh, columns b::sw): grid rows t0.. and columns u0.. hold its nt rows and nu
-    columns."""
+    """One stride phase (rows a::sh, columns b::sw): its nt rows and nu columns from grid row t0, column u0."""
 
     slot: int
     a: int
@@ -42,8 +39,8 @@ class _Grid:
     rows: int
     cols: int
     taps: tuple[tuple[int, int], ...]  # (phase slot, flat offset), row-major window order
-    phases: tuple[_Phase, ...]         # the phases some tap reads
-    covers_input: bool                 # every input element is on some grid
+    phases: tuple[_Phase, ...]
+    covers_input: bool
 
     @property
     def cells(self) -> int:
@@ -176,8 +173,7 @@ def _avg_inv_divisor(in_hw, out_hw, kernel, stride, padding, count_include_pad, 
 
 
 def _compiled_max(x: np.ndarray, dy_or_y: np.ndarray, dx: np.ndarray | None, g: _Grid) -> bool:
-    """A max-pool forward (dx None: dy_or_y is y) or backward through `pooling_jit`; False where numba does not load
-    or an array is not C-contiguous."""
+    """A max-pool forward (dx None: dy_or_y is y) or backward through `pooling_jit`: whether it ran."""
     k = pooling_jit()
     arrays = (x, dy_or_y) if dx is None else (x, dy_or_y, dx)
     if k is None or not all(a.flags.c_contiguous and a.dtype == x.dtype for a in arrays):
@@ -186,7 +182,7 @@ def _compiled_max(x: np.ndarray, dy_or_y: np.ndarray, dx: np.ndarray | None, g: 
     workers = min(x3.shape[0], workers_for(x.size))
     phases = np.array([(p.slot, p.a, p.b, p.t0, p.nt, p.u0, p.nu) for p in g.phases], np.int64)
     taps = np.array(g.taps, np.int64)
-    q = np.empty((workers, len(g.phases), g.cells), x.dtype)  # a plane's grids per worker
+    q = np.empty((workers, len(g.phases), g.cells), x.dtype)
     m = np.empty((workers, g.out_hw[0] * g.cols), x.dtype)
     sh, sw = g.stride
     if dx is None:
@@ -226,8 +222,8 @@ class PoolOps:
 
     def maxpool2d_backward(self, x: np.ndarray, dy: np.ndarray, dx: np.ndarray, kernel: tuple[int, int],
                            stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]) -> None:
-        """dx from the input: per block, the maxima m recomputed, then per tap in row-major order g = r * (x == m),
-        r -= g (r: the gradient not yet routed), so a later tie finds r = 0. Plain ufuncs: `where=` is 10x slower."""
+        """Per block the maxima m recomputed; per tap in row-major order g = r * (x == m), r -= g (r: the gradient not
+        yet routed), so a later tie gets nothing. Plain ufuncs: `where=` is 10x slower."""
         g = _grid(x.shape[2:], dy.shape[2:], kernel, stride, padding, dilation)
         if _compiled_max(x, dy, dx, g):
             return

@@ -1,9 +1,7 @@
 """Sequence-model kernels of the CPU backend: layer norm, GELU, embeddings, last-axis softmax, batched matrix
-products and self-attention.
-
-Kernels take (rows, C) views, write into arrays they are given and work through blocks of about `CHUNK` elements
-(`_rows`), so scratch stays small. Fixed blocks and a fixed order of sums: a recomputed forward gives the same bits.
-Each runs compiled (`cpu.seq_jit`) where numba loads; the numpy passes here are the fallback and the reference.
+products and self-attention. They run compiled (`cpu.seq_jit`) where numba loads; the numpy passes here are
+the fallback and reference, on blocks of about `CHUNK` elements in a fixed order of sums: a recomputation gives
+the same bits.
 """
 from __future__ import annotations
 
@@ -22,14 +20,14 @@ seq_kernels = lazy("seq_jit")  # None without numba
 
 
 def _rows(rows: int, width: int):
-    """Slices of about `CHUNK` elements (at least one row) covering `rows` rows of `width` values."""
+    """Slices of about `CHUNK` elements, at least a row, covering `rows` rows of `width`."""
     step = max(1, CHUNK // max(1, width))
     for s in range(0, rows, step):
         yield slice(s, min(rows, s + step))
 
 
 def _erf(a: np.ndarray) -> np.ndarray:
-    """erf in float64 for the numpy fallback of exact GELU (numpy has no erf)."""
+    """erf in float64 (numpy has none), for the fallback of exact GELU."""
     return np.vectorize(math.erf, otypes=[np.float64])(a)
 
 
@@ -45,11 +43,10 @@ class SeqOps:
 
     def layernorm_forward(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, y: np.ndarray,
                           mean: np.ndarray | None, rstd: np.ndarray | None, eps: float) -> None:
-        """y = (x - mean) * rstd * w + b per row of x (R, C); mean and rstd (R,) saved when given (not in evaluation).
-        Two passes: the variance from deviations to the row mean."""
+        """y = (x - mean) * rstd * w + b per row of x (R, C), mean and rstd (R,) saved when given; two passes."""
         jit = seq_kernels()
         if jit is not None and _flat(x, y, *(a for a in (w, b, mean, rstd) if a is not None)):
-            if mean is None:  # evaluation: statistics in scratch
+            if mean is None:  # evaluation
                 mean, rstd = np.empty(x.shape[0], x.dtype), np.empty(x.shape[0], x.dtype)
             args = (x, _or(w, x[0]), _or(b, x[0]), w is not None, b is not None, y, mean, rstd, float(eps))
             workers = workers_for(x.size)
@@ -70,7 +67,7 @@ class SeqOps:
 
     def layernorm_forward_apply(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None,
                                 mean: np.ndarray, rstd: np.ndarray, y: np.ndarray) -> None:
-        """y from the saved statistics, the training forward's operations: a recomputation gives its bits."""
+        """y from the saved statistics by the training forward's operations."""
         jit = seq_kernels()
         if jit is not None and _flat(x, y, mean, rstd, *(a for a in (w, b) if a is not None)):
             args = (x, _or(w, x[0]), _or(b, x[0]), w is not None, b is not None, mean, rstd, y)
@@ -87,10 +84,10 @@ class SeqOps:
                            rstd: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None,
                            db: np.ndarray | None) -> None:
         """g = dy * w, xhat = (x - mean) * rstd: dx = rstd (g - mean(g) - xhat mean(g xhat)) per row;
-        dw = sum of dy xhat, db = sum of dy (per block of rows, then over blocks in order)."""
+        dw = sum of dy xhat, db = sum of dy, per block of rows, then over blocks in order."""
         jit = seq_kernels()
         if jit is not None and _flat(x, dy, mean, rstd, *(a for a in (w, dx, dw, db) if a is not None)):
-            sw, sb = np.empty(x.shape[1]), np.empty(x.shape[1])  # float64 sums
+            sw, sb = np.empty(x.shape[1]), np.empty(x.shape[1])
             args = (x, _or(w, x[0]), w is not None, dy, mean, rstd, _or(dx, x), dx is not None, sw, sb)
             workers = workers_for(x.size)
             if workers > 1:
@@ -187,8 +184,7 @@ class SeqOps:
         np.take(w, idx, axis=0, out=y)
 
     def embedding_backward(self, idx: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
-        """dw[v] = the sum of dy[r] over rows with idx[r] == v, in row order (np.add.at accumulates repeats); zeros
-        elsewhere."""
+        """dw[v] = the sum in row order of dy[r] over rows with idx[r] == v; zeros elsewhere."""
         jit = seq_kernels()
         if jit is not None and _flat(dy, dw) and isinstance(idx, np.ndarray) and idx.flags.c_contiguous:
             workers = workers_for(dw.size)
@@ -258,8 +254,8 @@ class SeqOps:
 
     def attention_forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
                           y: np.ndarray, scale: float, causal: bool = True, quantize=None) -> None:
-        """Per (batch, head) of (B, H, T, D) views: probs = softmax(q k^T * scale, masked if `causal`), y = probs v.
-        probs (B, H, T, T) is saved, masked entries 0 (None: per-sample scratch), rounded to a half dtype `quantize`."""
+        """Per (batch, head): probs = softmax(q k^T * scale, masked if `causal`), y = probs v; probs (B, H, T, T) saved
+        (None: scratch), masked entries 0, rounded to the half dtype `quantize`."""
         b, h, t, _ = q.shape
         mask = _causal_mask(t, q.dtype) if causal else None
 
@@ -274,8 +270,8 @@ class SeqOps:
     def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
                            dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float,
                            causal: bool = True, quantize=None) -> None:
-        """dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k, dk = dS^T q, with P saved or (None)
-        rebuilt from q and k by forward's operations (FlashAttention's backward): the same bits either way."""
+        """dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k, dk = dS^T q; P saved, or (None)
+        rebuilt by forward's operations (FlashAttention's backward): the same bits."""
         b, h, t, _ = q.shape
         mask = _causal_mask(t, q.dtype) if probs is None and causal else None
 
@@ -305,15 +301,14 @@ def _samples_over_lanes(b: int, samples) -> None:
 
 
 def _causal_mask(t: int, dtype) -> np.ndarray:
-    """(T, T): 0 where a query may attend, -inf above the diagonal; added to the scores (~2 us a sample, where
-    -inf through a boolean index took ~26)."""
+    """(T, T): 0 where a query may attend, -inf above: added (~2 us a sample; -inf by index ~26)."""
     return np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, 0).astype(dtype)
 
 
 def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None, p: np.ndarray,
                      quantize=None) -> None:
-    """One sample's p (H, T, T) = softmax(q k^T * scale + mask), rounded to `quantize` if given; the compiled softmax
-    takes any mask as the causal one (the only mask there is)."""
+    """One sample's p (H, T, T) = softmax(q k^T * scale + mask), rounded to `quantize`; the compiled softmax takes
+    any mask as the causal one."""
     np.matmul(q, k.swapaxes(-1, -2), out=p)
     jit = seq_kernels()
     if jit is not None and _flat(p):
@@ -331,7 +326,7 @@ def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarra
 
 
 def _tanh_inner(a: np.ndarray, out: np.ndarray) -> None:
-    """out = tanh(sqrt(2/pi) (a + 0.044715 a^3)) in a's dtype, without temporaries."""
+    """out = tanh(sqrt(2/pi) (a + 0.044715 a^3)) in a's dtype."""
     t = a.dtype.type
     np.multiply(a, a, out=out)
     out *= t(_TANH_CUBIC)

@@ -1,11 +1,9 @@
 """GELU, layer norm, the embedding gradient and row softmax of the CPU backend compiled with numba.
 
-Rules: a row is one thread's, and its sums run in `rowmath_jit._sum`'s fixed lanes; a column's parameter sums
-and an embedding row's sums are one thread's, over the rows in order; no fastmath. So the bits never depend on
-the thread count or the CPU. Arrays are C-contiguous of one dtype (the caller falls back to numpy otherwise).
-GELU is PyTorch's `F.gelu`: exact in float64 (numba compiles `math.erf`), rounded once; tanh in the numpy twins'
-dtype and operation order (`seq.SeqOps`). The tanh form has no `_parallel` twin: its serial loop vectorizes and
-the split one did not (GPT-2 small's MLP: 0.74 ms on one thread, 1.12 on two).
+Rules: a row is one thread's, its sums in `rowmath_jit._sum`'s lanes; a column's or an embedding row's sums
+are one thread's, over rows in order; no fastmath: the bits never depend on the threads or the CPU. GELU is
+`F.gelu`: exact in float64, rounded once; tanh in `seq.SeqOps`' dtype and order, serial only (it vectorizes;
+split, it did not: GPT-2 small's MLP 0.74 ms on one thread, 1.12 on two).
 """
 from __future__ import annotations
 
@@ -101,8 +99,7 @@ def gelu_tanh_backward(x, dy, dx):
     _tanh_backward(x, dy, dx, 0, x.size)
 
 
-# Layer norm: rows split over the workers; backward also gives worker t a piece of the columns (their weight and
-# bias sums over every row). Two passes: squared deviations from the mean rounded to the stored dtype.
+# Layer norm: worker t takes a piece of the rows, and in backward a piece of the columns' parameter sums.
 
 
 @njit(**_OPTS)
@@ -120,7 +117,7 @@ def _ln_apply_row(x, w, b, has_w, has_b, m, r, y):
 @njit(**_OPTS)
 def _ln_forward_rows(x, w, b, has_w, has_b, y, mean, rstd, eps, lo, hi):
     c = x.shape[1]
-    sq, acc = np.empty(c), np.empty(_LANES)  # float64 scratch
+    sq, acc = np.empty(c), np.empty(_LANES)
     for i in range(lo, hi):
         xi = x[i]
         mean[i] = _sum(xi, acc) / c
@@ -185,7 +182,7 @@ def _ln_dx_rows(x, w, has_w, dy, mean, rstd, dx, lo, hi):
 
 @njit(**_OPTS)
 def _ln_param_sums(x, dy, mean, rstd, sum_w, sum_b, lo, hi):
-    """sum_w[j], sum_b[j] = sums over rows in order of dy xhat and dy, columns [lo, hi), float64."""
+    """Columns [lo, hi) of the float64 sums over rows, in order, of dy xhat and dy."""
     sw, sb = sum_w[lo:hi], sum_b[lo:hi]
     sw[:] = 0.0
     sb[:] = 0.0
@@ -216,8 +213,7 @@ def layernorm_backward_parallel(x, w, has_w, dy, mean, rstd, dx, has_dx, sum_w, 
         _ln_param_sums(x, dy, mean, rstd, sum_w, sum_b, c * t // workers, c * (t + 1) // workers)
 
 
-# Embedding gradient: worker t owns table rows [V t / workers, V (t + 1) / workers), zeroes them and adds the dy
-# rows that land there in index order: `np.add.at`'s sums, bit for bit.
+# Embedding gradient: worker t zeroes its table rows and adds the dy rows landing there in order (`np.add.at`'s).
 
 
 @njit(**_OPTS)
@@ -243,8 +239,7 @@ def embedding_backward_parallel(idx, dy, dw, workers):
         _embedding_backward_rows(idx, dy, dw, v * t // workers, v * (t + 1) // workers)
 
 
-# Row softmax (the Softmax layer's, and attention's on a sample's (H*T, T) scores, where with `causal` row r sees
-# keys 0 .. r % T only). A row with a NaN or +inf score gets NaNs, as numpy's.
+# Row softmax; with `causal` (attention's (H*T, T) scores) row r sees keys 0 .. r % T. NaN or +inf: NaNs.
 
 
 @njit(**_OPTS)
