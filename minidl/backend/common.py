@@ -1,5 +1,5 @@
-"""What both backends compute alike, so neither imports the other: convolution output sizes, the counter-based
-dropout RNG (kernels/elementwise.cu draws the same masks), the host's clock for traced calls.
+"""What both backends compute alike: convolution output sizes, the counter-based dropout RNG (the masks of
+kernels/elementwise.cu), the host's clock.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def splitmix64(x) -> np.ndarray:
     z = np.array(x, dtype=np.uint64)  # raises for negative ints
     shape = z.shape
     z = z.reshape(-1)
-    # 1-D: array arithmetic wraps silently (0-d scalars would warn)
+    # 1-D: arrays wrap silently, 0-d scalars warn
     z += _GOLDEN
     z ^= z >> _S30
     z *= _MUL1
@@ -63,8 +63,7 @@ def dropout_scale(p: float) -> float:
 
 
 def dropout_keep_mask(key: int, n: int, p: float) -> np.ndarray:
-    """keep[i] = (splitmix64((key + i) mod 2**64) >> 40) >= dropout_threshold24(p), as the CUDA kernels draw it; a
-    prefix's mask does not depend on n."""
+    """keep[i] = (splitmix64((key + i) mod 2**64) >> 40) >= dropout_threshold24(p), as the CUDA kernels draw it."""
     n = int(n)
     if n < 0:
         raise ValueError(f"negative n {n}")

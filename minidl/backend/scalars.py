@@ -1,10 +1,7 @@
-"""Per-step scalars at fixed device addresses, for a captured CUDA graph (`minidl/runtime/capture.py`).
-
-A captured launch's arguments are fixed, but dropout keys, the learning rate and Adam's step change every step.
-Each gets a device slot: the host fills pinned buffers before a replay, the graph's first node copies them in,
-and the `*_dev` kernels read the slots (same arithmetic: eager and replayed steps give the same bits).
-`diverged` (int32) is the divergence guard's flag: zeroed by each copy-in, set by `nonfinite_flag`, read by the
-update kernels' graph variants (which then skip), copied out to `diverged_out`.
+"""Per-step scalars at fixed device addresses, for a captured CUDA graph (`minidl/runtime/capture.py`): dropout keys,
+the learning rate and Adam's step change every step, so the host fills pinned buffers before a replay, the
+graph's first node copies them to device slots, and the `*_dev` kernels read the slots (same bits as eager).
+`diverged` is the guard's flag: zeroed by each copy-in, set by `nonfinite_flag`, copied out to `diverged_out`.
 """
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ LR, STEP = 0, 1
 
 
 class StepScalars:
-    """The slots of one captured step; `backend` provides `host_empty` (pinned) and `scalar_buffer` (device)."""
+    """The slots of one captured step (`backend`: `host_empty`, pinned; `scalar_buffer`, device)."""
 
     def __init__(self, backend, dropout_nodes: list[int]):
         self.nodes = list(dropout_nodes)

@@ -1,7 +1,6 @@
-"""numpy's own BLAS GEMM callable from compiled (numba) kernels, whose OpenMP regions (~3 us, against 30-70 us a
-Python hand-off) split small GEMMs. The `cblas_?gemm` numpy loaded is registered under fixed names the cached
-kernels call (numba's `np.dot` would call scipy's BLAS: other rounding); on a pinned BLAS `gemm` makes numpy
-matmul's call, so it has np.matmul's bits. Without it (`available()`) or OpenMP (`parallel()`): one thread.
+"""numpy's own BLAS GEMM callable from compiled (numba) kernels, whose OpenMP regions (~3 us; a Python hand-off:
+30-70 us) split small GEMMs. numpy's `cblas_?gemm` is registered under fixed names the cached kernels call
+(numba's `np.dot` would call scipy's BLAS: other rounding); on a pinned BLAS `gemm` has np.matmul's bits.
 """
 from __future__ import annotations
 
@@ -148,7 +147,7 @@ def sum_products_nt(a, b, c, accumulate, r0, r1):
 
 @njit(**_OPTS, parallel=True)
 def sum_products_nt_pieces(a, b, c, accumulate, pieces, workers):
-    """`sum_products_nt` over c's rows in `pieces` blocks fixed by the caller, worker t taking t, t + workers, ..."""
+    """`sum_products_nt` over c's rows in the caller's `pieces` blocks, worker t taking t, t + workers, ..."""
     m = c.shape[0]
     for t in prange(workers):
         for q in range(t, pieces, workers):

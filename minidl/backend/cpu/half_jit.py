@@ -1,7 +1,6 @@
-"""Half-precision conversions compiled with numba: bf16/fp16 bits to float32 (exact) and float32 to their bits,
-rounded to nearest even (a GPU's `__float2bfloat16_rn`, `__float2half_rn`); ~0.1 ns a value where numpy's
-float16 cast takes ~6-10. The bits of numpy's and ml_dtypes' casts for every finite value and infinity
-(tests/backend/test_half_cast.py); a NaN stays a quiet NaN of its sign. Half values travel as uint16 bits.
+"""Half-precision conversions compiled with numba, as uint16 bits: bf16/fp16 to float32 (exact) and back, rounded
+to nearest even (a GPU's `__float2bfloat16_rn`, `__float2half_rn`), ~0.1 ns a value (numpy's float16: 6-10).
+The bits of numpy's and ml_dtypes' casts (tests/backend/test_half_cast.py); a NaN stays quiet, its sign kept.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ def as_f32(typingctx, x):
 
 @intrinsic
 def as_u32(typingctx, x):
-    """The bits of the float32 `x`, as a uint32."""
+    """The bits of the float32 `x`."""
     def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.IntType(32))
     return types.uint32(types.float32), codegen
@@ -46,7 +45,7 @@ def bf16_value(h):
 
 @njit(**_OPTS)
 def f16_bits(f):
-    """float32 -> float16 bits, ties to even; subnormals rounded by adding the magic 0.5, NaN kept quiet."""
+    """float32 -> float16 bits, ties to even; subnormals rounded by adding the magic 0.5."""
     u = as_u32(f)
     sign = u & uint32(0x80000000)
     a = u ^ sign
@@ -114,7 +113,7 @@ def quantize(f, bf):
 
 @njit(**_OPTS)
 def widen_nd(h, f, bf):
-    """`widen` over 4-D arrays of any strides (f contiguous or not)."""
+    """`widen` over 4-D arrays of any strides."""
     for a in range(h.shape[0]):
         for b in range(h.shape[1]):
             for c in range(h.shape[2]):
@@ -132,8 +131,7 @@ def narrow_nd(f, h, bf):
                     h[a, b, c, d] = bf16_bits(f[a, b, c, d]) if bf else f16_bits(f[a, b, c, d])
 
 
-# Elementwise kernels on half bits: `eltwise_jit`'s float32 operations, each result rounded once, so the staged
-# path's values without its copies. An output may be exactly an input.
+# Elementwise kernels on half bits: `eltwise_jit`'s float32 operations, each rounded once (the staged values).
 @njit(**_OPTS)
 def _value(h, bf):
     return bf16_value(h) if bf else f16_value(h)

@@ -1,6 +1,5 @@
-"""Lazy access to the CPU backend's compiled (numba) kernel modules, and how many threads they may use. Lazy: numba's
-import (~0.3 s) is paid only by a process that runs a compiled kernel. Optional: without numba, every kernel's
-numpy twin computes the same thing, slower.
+"""Lazy access to the CPU backend's compiled (numba) kernels: numba's import (~0.3 s) is paid only when one runs;
+without numba each kernel's numpy twin computes the same thing, slower.
 """
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ PARALLEL_MIN = 1 << 16  # values below which a compiled kernel stays on one thre
 
 
 def workers_for(values: int) -> int:
-    """Threads for a compiled kernel over `values` values (`cpu.gemm_jit.workers`); one below `PARALLEL_MIN`, where a
-    region (~3 us) and the other core's cache misses cost more than the split saves."""
+    """Threads for a compiled kernel over `values` values: one below `PARALLEL_MIN`, where a region's cost exceeds its
+    saving."""
     if values < PARALLEL_MIN:
         return 1
     g = gemm_kernels()

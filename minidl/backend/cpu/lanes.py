@@ -105,8 +105,8 @@ _MAX_PIECES = 2  # one thread pays for each extra block (ResNet-50: +2-5% for 2,
 
 
 def blocks(m: int, n: int, k: int) -> tuple[int, list[tuple[int, int]]]:
-    """(axis, [start, end) blocks) of an (m, k) x (k, n) product's output along its longer side (the smaller operand
-    is packed again); one block for a small product."""
+    """(axis, [start, end) blocks) of an (m, k) x (k, n) product's output, along its longer side (the smaller operand
+    is packed again)."""
     macs = m * n * k
     for axis, size in ((-1, n), (-2, m)) if n >= m else ((-2, m), (-1, n)):
         parts = min(_MAX_PIECES, macs // _PIECE_MIN_MACS, size // _PIECE_MIN_COLS)
@@ -119,8 +119,7 @@ def blocks(m: int, n: int, k: int) -> tuple[int, list[tuple[int, int]]]:
 
 
 def matmul(a, b, out) -> None:
-    """np.matmul(a, b, out=out) in `blocks`' blocks over the lanes: a stack by samples (`_by_samples`), else block j,
-    j + lanes, ... per lane."""
+    """np.matmul(a, b, out=out) in `blocks`' blocks over the lanes, a stack by samples (`_by_samples`)."""
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-1]
     axis, cuts = blocks(m, n, k)

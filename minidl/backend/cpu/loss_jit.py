@@ -1,10 +1,7 @@
-"""Softmax cross-entropy of the CPU backend compiled with numba, with or without an ignored label: each row read
-once, rows over the threads (GPT-2 small's loss, one thread: 32 -> 10 ms forward, 28 -> 12 ms backward).
-
-Rules: a row's max, sum and loss are one thread's, in an order fixed by the row's length (`rowmath_jit`); the
-mean is summed in row order after the rows, so the bits never depend on the thread count. Sums and the loss in
-float64, rounded once. A NaN or +inf logit or a label outside [0, classes) not ignored gives NaN (as PyTorch),
-for the divergence guard.
+"""Softmax cross-entropy compiled with numba, each row read once, rows over the threads (GPT-2 small, one thread:
+32 -> 10 ms forward, 28 -> 12 backward). A row is one thread's, summed in `rowmath_jit`'s order; the mean in row
+order after: the bits never depend on the threads. float64, rounded once. A NaN or +inf logit or a label
+outside [0, classes) not ignored gives NaN (as PyTorch), for the divergence guard.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The CPU's menu: the convolution algorithms a plan for the CPU chooses among, and the lanes it runs them on.
-A value made where the run is described and held by the route, so a step's algorithms are fixed at build time.
+"""The CPU's menu: the convolution algorithms a CPU plan chooses among and the lanes it runs them on; held by the
+route, so a step's algorithms are fixed at build time.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from ..base import Capabilities
 
 @dataclass(frozen=True, slots=True)
 class CPUMenu:
-    """`winograd`: 3x3 stride-1 convolutions with >= 32 channels run Winograd F(2x2, 3x3) (off: the row-shift pair).
-    `threads`: the lanes (`cpu.lanes`; None: the usable cores). The bits are the same whatever the threads."""
+    """`winograd`: 3x3 stride-1 convolutions with >= 32 channels run Winograd F(2x2, 3x3), else the row-shift pair.
+    `threads`: the lanes (`cpu.lanes`; None: the usable cores); the bits are the same on any count."""
 
     winograd: bool = True
     threads: int | None = None

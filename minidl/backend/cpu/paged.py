@@ -1,7 +1,6 @@
-"""Paged arena memory on the CPU (`--paged`; the planning half is `memory.paged.PagedPool`): a memfd of physical
-chunks, mapped with MAP_FIXED into a virtual range reserved PROT_NONE. Unmapping puts PROT_NONE back, so a stale
-view faults instead of reading another tensor's bytes. Through libc (Python's mmap cannot map at a fixed
-address); Linux only.
+"""Paged arena memory on the CPU (`--paged`; planned by `memory.paged.PagedPool`): memfd chunks mapped MAP_FIXED
+into a range reserved PROT_NONE; unmapping restores PROT_NONE, so a stale view faults. Through libc (Python's
+mmap cannot map at a fixed address); Linux only.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Max pooling of the CPU backend compiled with numba: `cpu.pooling`'s phase grids, planes split over threads.
-
-The numpy kernels' values, term for term, with no fastmath: forward, `maximum(m, v)` over the taps in row-major
-order (m stays if m >= v or NaN; padding reads -inf); backward, `PoolOps.maxpool2d_backward`'s recurrence, each
-input element receiving its terms in tap order. Planes are independent: the split moves no bits.
-Indices are unsigned: numba's negative-index check keeps LLVM from vectorizing.
+"""Max pooling of the CPU backend compiled with numba on `cpu.pooling`'s phase grids, planes split over threads.
+The numpy kernels' values term for term (taps in row-major order, `maximum`'s NaN rule, the backward's
+recurrence), no fastmath. Indices are unsigned: numba's negative-index check keeps LLVM from vectorizing.
 """
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", bounds
 
 @njit(**_OPTS)
 def _fill(xp, q, phases, cols, sh, sw):
-    """Lay plane xp (h, w) on its phase grids q (slots, rows * cols), -inf around it (`cpu.pooling._Phase`)."""
+    """Lay plane xp (h, w) on its phase grids q, -inf around it."""
     ninf = q.dtype.type(-np.inf)
     w = xp.shape[1]
     xf = xp.reshape(-1)
@@ -43,7 +40,7 @@ def _fill(xp, q, phases, cols, sh, sw):
 
 @njit(**_OPTS)
 def _reduce_max(q, taps, m, length):
-    """m[:length] = the maximum over the taps (slot, offset) in order, one contiguous pass each."""
+    """m[:length] = the maximum over the taps (slot, offset) in order."""
     n = uint64(length)
     qs = q[taps[0, 0]]
     off = uint64(taps[0, 1])
@@ -73,7 +70,7 @@ def maxpool_forward(x, y, q, m, phases, taps, cols, sh, sw, lo, hi):
 
 @njit(**_OPTS, parallel=True)
 def maxpool_forward_parallel(x, y, q, m, phases, taps, cols, sh, sw, workers):
-    """The forward, worker t on a contiguous share of the planes with scratch q[t], m[t]."""
+    """The forward, worker t on a share of the planes with scratch q[t], m[t]."""
     n = x.shape[0]
     for t in prange(workers):
         maxpool_forward(x, y, q[t], m[t], phases, taps, cols, sh, sw, n * t // workers, n * (t + 1) // workers)
@@ -125,7 +122,7 @@ def maxpool_backward(x, dy, dx, q, dq, m, r, phases, taps, cols, sh, sw, covers,
 
 @njit(**_OPTS, parallel=True)
 def maxpool_backward_parallel(x, dy, dx, q, dq, m, r, phases, taps, cols, sh, sw, covers, workers):
-    """The backward, worker t on a contiguous share of the planes with its own scratch."""
+    """The backward, worker t on a share of the planes with its own scratch."""
     n = x.shape[0]
     for t in prange(workers):
         maxpool_backward(x, dy, dx, q[t], dq[t], m[t], r[t], phases, taps, cols, sh, sw, covers,

@@ -1,7 +1,6 @@
-"""Float arithmetic the compiled CPU kernels share (`seq_jit`, `loss_jit`), in orders fixed by the inputs alone:
-the bits depend neither on the thread count nor on the CPU's vector width. No fastmath: no reordering, no FMA.
-`_exp32` is Cephes' `expf` in plain IEEE float32 operations: it vectorizes (~0.24 ns a value; the C library's
-scalar expf ~3 ns) and gives the same bits on any x86-64; within 2 ulp on [-87.3, 0], 0 below.
+"""Float arithmetic the compiled CPU kernels share (`seq_jit`, `loss_jit`), in orders fixed by the inputs alone, no
+fastmath: the bits depend neither on the thread count nor on the vector width. `_exp32` is Cephes' `expf` in
+IEEE float32 operations: it vectorizes (~0.24 ns a value, C's expf ~3 ns), within 2 ulp on [-87.3, 0], 0 below.
 """
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ _LANES = 64  # partial sums per row: 8 float64 vectors of AVX-512 (16 of AVX2); 
 
 @njit(**_OPTS)
 def _sum(a, acc):
-    """The sum of the 1-D a in float64: lane l adds a[l], a[l + 64], ...; lanes l and l + w are added for
-    w = 32, ..., 1; then the tail, in order. `acc`: `_LANES` float64 of the caller's scratch."""
+    """The sum of the 1-D a in float64: lane l adds a[l], a[l + 64], ...; lanes l and l + w are added for w = 32, ...,
+    1; then the tail. `acc`: `_LANES` float64 of scratch."""
     n = a.shape[0]
     whole = n - n % _LANES
     acc[:] = 0.0
@@ -59,15 +58,15 @@ def _float32_from_bits(typingctx, bits):
 
 
 def _flip(builder, bits, width: int):
-    """bits ^ ((bits >> (width - 1)) & INT_MAX): its own inverse."""
+    """bits ^ ((bits >> (width - 1)) & INT_MAX), its own inverse."""
     sign = builder.ashr(bits, ir.Constant(bits.type, width - 1))
     return builder.xor(bits, builder.and_(sign, ir.Constant(bits.type, (1 << (width - 1)) - 1)))
 
 
 @intrinsic
 def _order_key(typingctx, v):
-    """An integer of v's width that orders as v does; NaNs fall outside [key(-inf), key(+inf)]: an integer max
-    vectorizes where a float max reduction does not without fastmath."""
+    """An integer of v's width ordering as v; NaNs outside [key(-inf), key(+inf)]. Integer max vectorizes (float max
+    does not without fastmath)."""
     width = v.bitwidth
     out = types.int32 if width == 32 else types.int64
 
@@ -89,7 +88,7 @@ def _from_order_key(typingctx, k, like):
 
 @njit(**_OPTS)
 def _exp32(a):
-    """exp(a) for a float32 a <= 0; 0 below `_EXP_LO`, for -inf and NaN too (callers mark a NaN's row)."""
+    """exp(a) for a float32 a <= 0; 0 below `_EXP_LO`, -inf and NaN included."""
     lo = not (a >= _EXP_LO)
     a = _EXP_LO if lo else a
     n = np.floor(a * _LOG2E + _HALF)
@@ -107,8 +106,7 @@ def _exp32(a):
 
 @njit(**_OPTS)
 def _tanh32(u):
-    """tanh of a float32: (1 - t) / (1 + t), t = exp(-2 |u|), the sign put back; a few ulps of 1. NaN gives +-1 (the
-    GELU's x carries the NaN)."""
+    """tanh of a float32 from `_exp32(-2 |u|)`, a few ulps of 1; NaN gives +-1 (the GELU's x carries it)."""
     neg = u < np.float32(0.0)
     s = -u if neg else u
     t = _exp32(np.float32(-2.0) * s)
@@ -118,7 +116,7 @@ def _tanh32(u):
 
 @njit(**_OPTS)
 def _row_max(x):
-    """(max of the 1-D x, whether x holds a NaN or +inf), by integer max and min of `_order_key`s."""
+    """(max of the 1-D x, whether it holds a NaN or +inf), over `_order_key`s."""
     inf = x.dtype.type(_INF)
     hi = lo = _order_key(-inf)
     for j in range(x.shape[0]):

@@ -1,8 +1,6 @@
-"""Fused optimizer updates of the CPU backend: every parameter of a step updated in one compiled call.
-
-`fuse_update` groups a step's (param, grad, state) views that are C-contiguous views of one buffer (the arena),
-one dtype per group, into `FusedParams` and hands the rest back to be updated one by one (all of them without
-numba). Both paths compute the same expression in the same order (`cpu.update_jit`): bit-identical parameters.
+"""Fused optimizer updates of the CPU backend: a step's parameters that are C-contiguous views of one buffer, one
+dtype per group, updated in one compiled call (`cpu.update_jit`); the others (all, without numba) one by one.
+Both compute the same expression in the same order: bit-identical parameters.
 """
 from __future__ import annotations
 
@@ -17,8 +15,8 @@ jit_kernels = lazy("update_jit")  # None without numba
 
 @dataclass(slots=True, eq=False)
 class FusedParams:
-    """Parameters of one dtype in one buffer `flat`: parameter k, its gradient and its state slot s are
-    flat[off:off + sizes[k]] for off = p_off[k], g_off[k], slots[s][k]."""
+    """Parameters of one dtype in `flat`: parameter k, its gradient and its state s start at p_off[k], g_off[k],
+    slots[s][k], sizes[k] long."""
 
     flat: np.ndarray
     p_off: np.ndarray

@@ -1,9 +1,6 @@
-"""The optimizer update of many parameters in one compiled call (numba): SGD and Adam over a group of parameters,
-gradients and state given as offsets into one buffer (the arena; `cpu.update.FusedParams`).
-
-Bit-identical to `CoreOps.sgd_update` / `adam_update`: the same expression per element in the parameter's dtype
-(scalars passed as that dtype), the same order of operations, no fastmath, error_model="numpy". Elements are
-independent, so the visiting order and the thread split move no bits.
+"""SGD and Adam over a group of parameters in one compiled call (numba), offsets into one buffer
+(`cpu.update.FusedParams`). `CoreOps.sgd_update`'s and `adam_update`'s bits: the same expression in the
+parameter's dtype, in the same order, no fastmath. Elements are independent: the thread split moves no bits.
 """
 from __future__ import annotations
 
@@ -35,9 +32,8 @@ def sgd_parallel(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nest
 
 @njit(**_OPTS)
 def _sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, t, workers):
-    """torch.optim.SGD per element. Options are types, not values (`wd`, `b_off`, `nesterov` None or not): numba
-    prunes the branches at compile time, and each branch-free loop vectorizes (6x faster than testing flags per
-    element). `first_step` is a bool tested per parameter, so both steps share one compilation."""
+    """torch.optim.SGD per element. Options are types (`wd`, `b_off`, `nesterov`: None or not), so numba compiles
+    branch-free loops that vectorize (6x); `first_step` is a bool per parameter: one compilation for both."""
     for k in range(sizes.size):
         lo, hi = _part(sizes[k], t, workers)
         n = hi - lo
