@@ -1,7 +1,7 @@
-"""Per-step scalars at fixed device addresses, for a captured CUDA graph (`minidl/runtime/capture.py`): dropout keys,
-the learning rate and Adam's step change every step, so the host fills pinned buffers before a replay, the
-graph's first node copies them to device slots, and the `*_dev` kernels read the slots (same bits as eager).
-`diverged` is the guard's flag: zeroed by each copy-in, set by `nonfinite_flag`, copied out to `diverged_out`.
+"""Per-step scalars at fixed device addresses for a captured CUDA graph (`minidl/runtime/capture.py`): dropout keys,
+the learning rate and Adam's step live in device slots the graph's first node fills from pinned buffers, read by
+the `*_dev` kernels (eager's bits). `diverged`, the guard's flag, is zeroed by each copy-in, set by
+`nonfinite_flag`, read by the update kernels (which then skip), copied out to `diverged_out`.
 """
 from __future__ import annotations
 

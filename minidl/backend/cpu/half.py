@@ -99,7 +99,7 @@ def _as4(a: np.ndarray) -> np.ndarray:
 
 def widen_into(f: np.ndarray, h: np.ndarray) -> None:
     """f (float32) = the half h's values, on the calling thread: an OpenMP region per conversion cost more than it
-    saved (ResNet-20 b32 bf16, 2 threads: 1.63x fp32's time with two workers, 0.93x with one)."""
+    saved (ResNet-20 b32 bf16, 2 threads: 1.63x fp32's time on two workers, 0.93x on one)."""
     jit = half_kernels()
     bf = h.dtype == _BF16
     if jit is not None and h.flags.c_contiguous and f.flags.c_contiguous:

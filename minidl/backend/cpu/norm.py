@@ -19,7 +19,7 @@ jit_kernels = lazy("norm_jit")  # None without numba
 
 
 def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
-    """`a`, or a stand-in the compiled kernel will not touch (its flag says `a` is absent)."""
+    """`a`, or a stand-in the kernel leaves alone (its flag says `a` is absent)."""
     return stand_in if a is None else a
 
 

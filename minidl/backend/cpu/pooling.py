@@ -173,7 +173,7 @@ def _avg_inv_divisor(in_hw, out_hw, kernel, stride, padding, count_include_pad, 
 
 
 def _compiled_max(x: np.ndarray, dy_or_y: np.ndarray, dx: np.ndarray | None, g: _Grid) -> bool:
-    """A max-pool forward (dx None: dy_or_y is y) or backward through `pooling_jit`: whether it ran."""
+    """A max-pool forward (dx None: dy_or_y is y) or backward by `pooling_jit`: whether it ran."""
     k = pooling_jit()
     arrays = (x, dy_or_y) if dx is None else (x, dy_or_y, dx)
     if k is None or not all(a.flags.c_contiguous and a.dtype == x.dtype for a in arrays):

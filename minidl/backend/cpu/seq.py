@@ -347,7 +347,7 @@ def _ln_apply(x: np.ndarray, w, b, m: np.ndarray, r: np.ndarray, y: np.ndarray) 
 
 
 def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
-    """`a`, or a stand-in the compiled kernel will not touch (its flag says `a` is absent)."""
+    """`a`, or a stand-in the kernel leaves alone (its flag says `a` is absent)."""
     return stand_in if a is None else a
 
 

@@ -1,6 +1,7 @@
-"""SGD and Adam over a group of parameters in one compiled call (numba), offsets into one buffer
-(`cpu.update.FusedParams`). `CoreOps.sgd_update`'s and `adam_update`'s bits: the same expression in the
-parameter's dtype, in the same order, no fastmath. Elements are independent: the thread split moves no bits.
+"""SGD and Adam over a group of parameters in one compiled call (numba), as offsets into one buffer
+(`cpu.update.FusedParams`; a numba typed list would need no buffer but costs ~1 s of compilation a process).
+`CoreOps.sgd_update`'s and `adam_update`'s bits: the same expression in the parameter's dtype, in the same
+order, no fastmath. Elements are independent: the thread split moves no bits.
 """
 from __future__ import annotations
 
