@@ -197,15 +197,6 @@ def _key(a: np.ndarray):
     return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
 
 
-def _halves(value):
-    """The half arrays in an argument (an array, or a list/tuple of arrays and None)."""
-    if isinstance(value, np.ndarray):
-        return [value] if is_half(value.dtype) else []
-    if isinstance(value, (list, tuple)):
-        return [v for v in value if isinstance(v, np.ndarray) and is_half(v.dtype)]
-    return []
-
-
 def _has_half(value) -> bool:
     if isinstance(value, np.ndarray):
         return value.dtype in _HALF_SET
