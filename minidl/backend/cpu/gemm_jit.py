@@ -16,7 +16,7 @@ from . import lanes
 _SYMBOLS = {"minidl_sgemm": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
             "minidl_dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-_SPINCOUNT = 10_000  # GNU OpenMP's spins after a region (ResNet-56 b32, 2 threads: 288 ms default, 231 here)
+_SPINCOUNT = 10_000  # GNU OpenMP's spins after a region (ResNet-56 b32, 2 threads: 231 ms a step; 288 at its default)
 
 
 def _bind() -> bool:
