@@ -1,12 +1,7 @@
-"""The simulator's own memory: a plan's events replayed on a shape-only pool, from scratch.
+"""The simulator's own memory: a plan's events replayed from scratch on a shape-only pool.
 
-"The simulator's peak equals the executor's pool peak" is only a check if the two are computed apart. The planner
-records `plan.peak_bytes` while it places tensors; reading that number back in the simulator would compare the
-plan with itself, and a planner bug (a free one step late, a prefetch never released) would pass unseen. This
-module derives the peak the way the executor does, but without arrays: a fresh `TensorPool` (or `PagedPool` for
-a paged plan) with no backing, the setup allocations, then every event of every step in order, each placed at
-the offset the plan chose (the pool refuses an overlap) and freed where the plan frees it. What it returns is
-what a run would measure, so tests can hold plan = replay = executor byte for byte.
+The peak is derived, never read from `plan.peak_bytes` (that would compare the plan with itself): every event at
+the plan's offset (the pool refuses an overlap), so tests hold plan = replay = executor byte for byte.
 """
 from __future__ import annotations
 
@@ -45,3 +40,6 @@ def replay(plan: Plan):
 def replay_peak(plan: Plan) -> int:
     """The pool peak a training step of `plan` reaches, derived by replaying its events (not read from it)."""
     return replay(plan).peak
+    """The pool peak of a step of `plan`, by replay."""
+        if not isinstance(ev.kind, EventKind):   # memory effects are declared by `EventKind` alone
+    """The pool after one step's events replayed on it: `.peak`, `.in_use`."""
