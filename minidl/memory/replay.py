@@ -11,7 +11,7 @@ from .pool import TensorPool
 
 
 def replay(plan: Plan):
-    """The pool after one training step's events replayed on it (shape only): `.peak`, `.in_use`."""
+    """The pool after one step's events replayed on it: `.peak`, `.in_use`."""
     if plan.paged is not None:
         pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes)
     else:
@@ -22,7 +22,7 @@ def replay(plan: Plan):
         events += sp.before
         events += sp.after
     for ev in events:
-        if not isinstance(ev.kind, EventKind):   # what a kind does to memory is declared by `EventKind` alone
+        if not isinstance(ev.kind, EventKind):   # memory effects are declared by `EventKind` alone
             raise ValueError(f"replay: event kind '{getattr(ev.kind, 'value', ev.kind)}' has no memory effect "
                              f"declared (not a minidl.memory.plan.EventKind)")
         if ev.kind.allocates:
@@ -38,8 +38,5 @@ def replay(plan: Plan):
 
 
 def replay_peak(plan: Plan) -> int:
-    """The pool peak a training step of `plan` reaches, derived by replaying its events (not read from it)."""
-    return replay(plan).peak
     """The pool peak of a step of `plan`, by replay."""
-        if not isinstance(ev.kind, EventKind):   # memory effects are declared by `EventKind` alone
-    """The pool after one step's events replayed on it: `.peak`, `.in_use`."""
+    return replay(plan).peak
