@@ -1,10 +1,8 @@
 """Communicators: what data-parallel training needs of a group of ranks, and nothing more.
 
-Nonblocking `start_allgather` (one row per rank) and `start_alltoall` return a request; `test` drives progress (MPI
-progresses a collective only inside MPI calls, so the executor tests after every backward step), `wait` blocks.
-`fail` tells every rank on a communicator of its own, waits briefly for acknowledgements, aborts the job; the
-others stop at their next `test`/`wait` naming the failed rank. Rules: every wait has a timeout (a hang is caught
-there); every error names this rank, the other and what was awaited; sums run in rank order on every rank.
+Rules: collectives are nonblocking (`test` drives progress: MPI progresses only inside MPI calls); every wait has
+a timeout, and every error names this rank, the other and what was awaited; sums run in rank order on every rank.
+`fail` tells every rank on a communicator of its own, then aborts the job.
 """
 from __future__ import annotations
 

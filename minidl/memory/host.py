@@ -1,13 +1,10 @@
-"""The host store (one host buffer per offloaded tensor, reused every step) and the two engines that copy.
+"""The host store (one reused host buffer per offloaded tensor) and the two engines that copy.
 
-Rules: starting a copy never waits; the executor waits at the plan's RELEASE (`wait_offload`: then the device block
-may be freed) and WAIT (`wait_prefetch`: then a kernel may read it). An engine copies in issue order (one FIFO
-stream, as the simulator assumes), so a prefetch queues behind its own offload. A failed copy raises
-`TransferError` at the next wait on it, else at `end_iteration`. `ThreadTransfers` (CPU): a worker's `np.copyto`
-releases the GIL, a wait blocks the host. `StreamTransfers` (CUDA): a wait is device-side (a blocked host enqueues
-nothing, so copies stop hiding); the host blocks once a step, in `end_iteration`.
-Past `limit_bytes`, buffers are regions of a memory-mapped temporary file (the kernel can write file pages back;
-anonymous memory only swaps); the first offloads, prefetched last, stay in RAM.
+Rules: starting a copy never waits; the executor waits at the plan's RELEASE (`wait_offload`, before freeing the
+block) and WAIT (`wait_prefetch`, before a kernel reads it). Copies run in issue order on one FIFO stream, as the
+simulator assumes. A failed copy raises `TransferError` at its next wait, else at `end_iteration`. On the CPU a wait
+blocks the host; on CUDA it is device-side (a blocked host would starve the compute stream) and the host blocks
+once a step. Past `limit_bytes`, buffers live in a memory-mapped temporary file (pages the kernel can write back).
 """
 from __future__ import annotations
 
@@ -78,7 +75,7 @@ class TransferEngine(Protocol):
 
 
 def _worker(jobs: "queue.Queue[_Job | None]") -> None:
-    """Copy jobs in FIFO order until the `None` sentinel (no reference to the engine, so it can be collected)."""
+    """Copy jobs in FIFO order until `None` (holding no engine reference, so it can be collected)."""
     while True:
         job = jobs.get()
         if job is None:
@@ -99,7 +96,7 @@ def _stop_worker(jobs: "queue.Queue[_Job | None]", thread: threading.Thread) -> 
 
 
 class ThreadTransfers:
-    """Copies on one worker thread; a wait blocks the host (it runs the kernels) and its time is the stall."""
+    """Copies on one worker thread (`np.copyto` releases the GIL); a wait blocks the host, its time the stall."""
 
     name = "transfer thread"
     times_at_wait = True
@@ -142,9 +139,7 @@ def _sync_outstanding(backend, outstanding: dict) -> None:
 
 
 class StreamTransfers:
-    """Copies on the backend's transfer stream (`offload_async`/`prefetch_async` between `host_empty` pinned buffers
-    and device blocks). `wait` is `transfer_wait` (device-side); `settle` blocks on `transfer_sync` and reads
-    `transfer_times`, the device-measured (start, end, stall)."""
+    """Copies on the backend's transfer stream between pinned buffers; `settle` syncs and reads device times."""
 
     name = "transfer stream"
     times_at_wait = False
@@ -179,7 +174,7 @@ class StreamTransfers:
         return self._finalizer.alive
 
     def forget(self, job: _Job) -> None:
-        """Drop a copy captured in a CUDA graph: its events are the graph's, never synchronized."""
+        """Drop a copy captured in a CUDA graph (its events are the graph's)."""
         self._outstanding.pop(id(job), None)
 
     def close(self) -> None:
@@ -199,7 +194,6 @@ def _close_spill(spill: list) -> None:
 
 @dataclass(slots=True)
 class TransferStats:
-    """What the engine measured since the store was created or `reset_stats`."""
 
     iterations: int = 0
     offloads: int = 0
@@ -217,7 +211,6 @@ class TransferStats:
         return self.offloaded_bytes + self.prefetched_bytes
 
     def since(self, earlier: TransferStats) -> TransferStats:
-        """What was measured after `earlier`; buffer sizes as they are now."""
         return TransferStats(self.iterations - earlier.iterations, self.offloads - earlier.offloads,
                              self.prefetches - earlier.prefetches, self.offloaded_bytes - earlier.offloaded_bytes,
                              self.prefetched_bytes - earlier.prefetched_bytes,
@@ -226,20 +219,18 @@ class TransferStats:
 
     @property
     def bandwidth(self) -> float:
-        """Bytes per second of copying (0.0 when nothing moved)."""
         return self.moved_bytes / self.transfer_time_s if self.transfer_time_s > 0 else 0.0
 
     @property
     def hidden_fraction(self) -> float:
-        """Share of copy time nobody waited for (1.0 when nothing moved)."""
+        """Share of copy time nobody waited for."""
         if self.transfer_time_s <= 0:
             return 1.0
         return min(1.0, max(0.0, 1.0 - self.stall_time_s / self.transfer_time_s))
 
 
 class HostStore:
-    """Host buffers plus the engine that fills and drains them: `StreamTransfers` for a backend with stream copies,
-    else `ThreadTransfers`. Buffers past `limit_bytes` spill to `spill_dir`; copies go on `trace` relative to `t0`."""
+    """Host buffers plus the engine for `backend`; past `limit_bytes` they spill to `spill_dir`."""
 
     def __init__(self, limit_bytes: int | None = None, t0: float | None = None, trace: list | None = None,
                  spill_dir: str | os.PathLike | None = None, backend: Any = None):
@@ -287,7 +278,6 @@ class HostStore:
         return buf
 
     def _spill_buffer(self, shape, dtype, nbytes: int) -> np.ndarray:
-        """A page-aligned region of the spill file as an array."""
         if not self._spill:
             self._spill.append(tempfile.TemporaryFile(prefix="minidl-host-", dir=self.spill_dir))
         f = self._spill[0]
@@ -300,11 +290,11 @@ class HostStore:
         return tid in self._on_disk
 
     def host_copy(self, tid: str) -> np.ndarray:
-        """The host buffer of `tid`, valid after `wait_offload` (thread) or `end_iteration` (stream)."""
+        """The host buffer of `tid` (valid once its offload is settled)."""
         return self._buffers[tid]
 
     def store(self, tid: str, values: np.ndarray) -> None:
-        """Set the host copy of `tid` now: the home of a tensor the weights decision keeps on the host."""
+        """Set the host copy of `tid` now (a tensor homed on the host by the weights decision)."""
         if tid in self._pending_offload or tid in self._pending_prefetch:
             raise TransferError(f"store of '{tid}' while a copy of it is in flight")
         np.copyto(self._buffer_for(tid, np.asarray(values)), values)
@@ -322,7 +312,7 @@ class HostStore:
         self._wait(job)
 
     def prefetch(self, tid: str, dst: np.ndarray, step_index: int) -> None:
-        """Start copying `tid` into the device block `dst`; it queues behind the tensor's own offload."""
+        """Start copying `tid` into the device block `dst`."""
         src = self._buffers.get(tid)
         if src is None:
             raise TransferError(f"prefetch of '{tid}', which was never offloaded")
@@ -340,8 +330,7 @@ class HostStore:
         self._wait(job)
 
     def end_iteration(self) -> None:
-        """End of a step: wait for the copies nobody waited on (an evaluation's offloads), so none touches a block
-        the next step reuses; settle and count all, then raise the first failure."""
+        """End of a step: drain the copies nobody waited on (none may touch a reused block), settle, raise."""
         jobs, self._unsettled = self._unsettled, []
         leftovers = list(self._pending_offload.values()) + list(self._pending_prefetch.values())
         self._pending_offload.clear()
@@ -399,7 +388,7 @@ class HostStore:
     # -- CUDA graphs (runtime/capture.py)
     @property
     def capturable(self) -> str | None:
-        """None if the copies can be captured in a CUDA graph (stream copies, no disk tier), else why not."""
+        """None if the copies can be captured in a CUDA graph, else why not."""
         if not isinstance(self.engine, StreamTransfers):
             return f"host copies run on the {self.engine.name}, which a graph cannot contain"
         if self.limit_bytes is not None:
@@ -407,7 +396,7 @@ class HostStore:
         return None
 
     def drop_captured(self) -> list[tuple[str, str, int]]:
-        """Forget the copies issued during a graph capture; returns (kind, tensor, bytes) of each, in order."""
+        """Forget the copies issued during a graph capture; returns their (kind, tensor, bytes)."""
         jobs = self._unsettled + list(self._pending_offload.values()) + list(self._pending_prefetch.values())
         self._unsettled = []
         self._pending_offload.clear()
@@ -419,7 +408,7 @@ class HostStore:
         return [(job.kind, job.tensor, job.nbytes) for job in jobs]
 
     def count_replayed(self, copies: list[tuple[str, str, int]]) -> None:
-        """Count one replay of a graph's copies (bytes only: their times are unmeasured)."""
+        """Count one replay of a graph's copies (bytes only)."""
         st = self._stats
         for kind, _, nbytes in copies:
             if kind == "offload":
@@ -431,13 +420,12 @@ class HostStore:
         self.untimed_copies += len(copies)
 
     def stats(self) -> TransferStats:
-        """A copy of the statistics (stream engine: up to the last `end_iteration`)."""
         s = self._stats
         return TransferStats(s.iterations, s.offloads, s.prefetches, s.offloaded_bytes, s.prefetched_bytes,
                              s.transfer_time_s, s.stall_time_s, s.ram_bytes, s.disk_bytes, s.spilled_bytes)
 
     def reset_stats(self) -> None:
-        """Zero the counters, not the buffers (e.g. to leave out the first, page-faulting step)."""
+        """Zero the counters, not the buffers (e.g. to leave out the page-faulting first step)."""
         s = self._stats
         self._stats = TransferStats(ram_bytes=s.ram_bytes, disk_bytes=s.disk_bytes)
 
@@ -446,7 +434,6 @@ class HostStore:
         return len(self._pending_offload) + len(self._pending_prefetch)
 
     def close(self) -> None:
-        """Finish pending copies, stop the engine, delete the spill file."""
         self.engine.close()
         if self._finalizer.alive:
             self._finalizer()
@@ -461,8 +448,7 @@ class HostStore:
 
 def transfer_json(host: HostStore | None, iterations: int | None = None,
                   since: TransferStats | None = None) -> dict:
-    """The measured copies as JSON keys, byte counts per training step (`iterations`, default the store's count);
-    `since`: only what came after those statistics (e.g. the first step's)."""
+    """The measured copies as JSON, bytes per training step; `since`: only after those statistics."""
     s = host.stats() if host is not None else TransferStats()
     if since is not None:
         s = s.since(since)
@@ -477,9 +463,8 @@ def transfer_json(host: HostStore | None, iterations: int | None = None,
 
 
 def copies_line(transfer: dict, step_time_s: float, over: str) -> str:
-    """The copies' cost in one line, the wait as a share of the step: 2 MiB "0% hidden" in 0.4 ms of an 80 ms step
-    costs nothing, 50% hidden of copies as long as compute is a slow run. `transfer` (`transfer_json`'s keys) and
-    `step_time_s` cover the same steps, which `over` names."""
+    """The copies' cost in one line, the wait as a share of the step (2 MiB "0% hidden" in 0.4 ms of an 80 ms
+    step costs nothing); `transfer` and `step_time_s` cover the steps `over` names."""
     if transfer["transfer_hidden_fraction"] is None:
         return "copies inside CUDA graphs (not timed: --cuda-graph off measures their overlap)"
     moved = transfer["offloaded_bytes"] + transfer["prefetched_bytes"]

@@ -1,12 +1,10 @@
-"""The paged pool (`--paged [CHUNK]`): fixed-size physical chunks mapped behind contiguous virtual ranges.
+"""The paged pool (`--paged [CHUNK]`): physical chunks mapped behind contiguous virtual ranges (nnabla's answer to
+fragmentation: a free chunk is usable wherever it sits).
 
-Virtual addressing removes fragmentation (Hayakawa & Narihira, nnabla): a free chunk is usable wherever it sits.
-Rules: physical chunks are taken lowest index first, so the highest chunk ever mapped is the peak count and the
-plan's arena; a tensor of a chunk or more owns a run of virtual chunks (its last one rounded up: the only waste);
-a smaller one is placed best fit inside a shared chunk (never crossing it), unmapped when its last tensor leaves;
-virtual ranges are carved by a `TensorPool` in chunk units, so offsets are deterministic. Planner and executor
-replay the same events on it (the executor's backing maps memory: `backend.cpu.paged`, `backend.cuda.vmm`), so
-the peaks agree byte for byte. A chunk much larger than the tensors wastes up to one per large tensor.
+Rules: physical chunks go lowest index first, so the highest ever mapped is the plan's arena; a tensor of a chunk
+or more owns a run of virtual chunks (its last one rounded up); a smaller one shares a chunk, best fit, never
+crossing it; virtual offsets come from a `TensorPool` in chunk units, so they are deterministic. Planner and
+executor (`backend.cpu.paged`, `backend.cuda.vmm`) replay the same events, so their peaks agree byte for byte.
 """
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """The all-reduce decision: data-parallel gradients packed in buckets, reduced while backward goes on.
 
-Rules:
-- Buckets are planned tensors (role `bucket`): written by the backward step that makes them ready, read by the
-  update step, so every policy, budget, `--explain` and trace counts them.
-- Bucketing as PyTorch DDP's reducer: gradients in the order backward writes them, a bucket closed before the one
-  that would pass `bucket_bytes` (a larger gradient gets its own).
-- `ALLREDUCE` after the ready step packs this rank's row and starts the collective; `REDUCED` before the update
-  waits and writes the averaged gradients back. Neither changes residency: peaks are unchanged.
-- Fixed order: each element is (g_0 + g_1 + ... + g_{N-1}) / N in rank order, summed by this code, never the
-  library, so replicas hold the same bits and one rank equals a plain run. `ring` (MPI): an all-to-all of chunks,
-  an ordered sum into this rank's chunk, an all-gather; the bucket is 2x the gradients. `gather` (NCCL has no
-  all-to-all): an all-gather of whole rows, every rank sums all; N x the gradients.
-`allreduce_timeline` (`minidl plan --ranks N`) queues each bucket on one channel and counts what REDUCED waits
-for as exposed. DDP's buckets take 1x (its library sums in place, in its own order). BN statistics stay per rank.
+Rules: buckets are planned tensors (written at the backward step that makes them ready, read by the update), so
+every budget and report counts them; bucketing as PyTorch DDP's (backward's order, closed before `bucket_bytes`).
+ALLREDUCE starts a bucket's collective, REDUCED waits and writes the mean back; neither changes residency. Each
+element is (g_0 + ... + g_{N-1}) / N in rank order, summed here, never by the library, so replicas stay
+bit-identical and one rank equals a plain run. `ring` (MPI): all-to-all, ordered sum of one chunk, all-gather, 2x
+the gradients' memory; `gather` (NCCL, no all-to-all): all-gather of rows, N x (DDP's take 1x, summed in its own
+order). BN statistics stay per rank.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """The compress decision (COMET): stored activations wait for backward as an error-bounded stream in the pool.
 
-A chosen tensor t becomes: ALLOC .. last forward use | COMPRESS z:<t>, FREE t | .. | DECOMPRESS t, FREE z:<t> |
-first backward use .. FREE; both pairs are sequenced, so the two blocks coexist only for the copy. The codec runs
-on the compute stream (time, no link, no recomputation). Rules: only tensors whose every backward reader has a
-known response to a bounded error (`errorbound.ReaderKind`: conv/linear and batch norm reading their input, ReLU its
-output's sign, which the codec keeps); float only. The plan reserves min(raw, raw / ratio x `MARGIN`) +
-`sz.HEADER_BYTES` per stream, ratio measured (`CompressedStore.ratios()`) or `DEFAULT_RATIO`; a stream that comes
-out larger is spilled to host memory, so a bad guess never crashes nor exceeds the budget. A stream may also be
-offloaded (`stream_candidates`), which `auto --lossy` weighs; the `compress` policy alone never offloads. The codec
-runs on the host on both backends (the `kernels/compress.cu` kernels await wiring on a GPU).
+t becomes: ALLOC .. COMPRESS z:<t>, FREE t .. DECOMPRESS t, FREE z:<t> .. FREE, each pair sequenced so both blocks
+coexist only for the copy. Rules: only float tensors whose every backward reader has a known response to a bounded
+error (`errorbound.ReaderKind`). Each stream reserves min(raw, raw / ratio x `MARGIN`) + `sz.HEADER_BYTES`; a
+larger stream spills to host memory, never past the budget. The codec runs on the host on both backends for now.
 """
 from __future__ import annotations
 

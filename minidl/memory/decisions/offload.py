@@ -1,13 +1,10 @@
 """The offload decision: the planning half of SuperNeurons' tensor cache (`host.py` moves the bytes).
 
-A chosen tensor's residency splits in two: OFFLOAD after its last forward use starts the copy out, RELEASE frees the
-block once the copy should be done (waiting for it), PREFETCH claims it again and starts the copy back, WAIT before
-the first backward use blocks until it has landed. Rules: move only what the budget demands (a budget the base plan
-fits gives the base plan). The route is static, so evict by Belady's rule, not LRU: priority is idle byte-seconds,
-bytes x compute time between the last forward and first backward use. Any single-residency activation or input
-used on both sides of the turn is a candidate, not only checkpoints: without recomputation a cheap layer's output
-is what survives to backward. `offload_fit.offload_policy` fits on a byte timeline first; `plan_offload` is its
-fallback (and the weights scheduler's).
+A chosen tensor's residency splits: OFFLOAD after its last forward use, RELEASE once the copy should be done,
+PREFETCH early enough to hide the copy back, WAIT before its first backward use. Rules: move only what the budget
+demands. The route is static, so evict by Belady's rule, not LRU: priority is idle byte-seconds. Candidates are not
+only checkpoints (without recomputation a cheap layer's output is what survives to backward). `plan_offload` is the
+fallback of `offload_fit.offload_policy` and the weights scheduler's search.
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """Policy `window`: the two-pointer swap schedule of nnabla's out-of-core training (Hayakawa & Narihira, 2020).
 
-A local answer beside `auto`'s global search. The route is the recorded access order (`AccessOrder`); parameters,
-buffers and optimizer state stay resident, everything else moves. `cap` = budget minus the resident bytes.
-- Head: before step k, take steps k, k+1, ... into the window while its bytes stay within `cap` and bytes being
-  prefetched within `prefetch_limit` (step k always enters). An entering tensor is swapped in (PREFETCH now, WAIT
-  before its use), or only reserved if fresh; one whose swap-out is pending is kept and the swap-out cancelled.
-- After step k: a tensor with no use left in the window is swapped out (OFFLOAD), or freed if never used again; a
-  tensor whose host copy is still current is just freed (FREE), no copy.
-- Tail: before step k, while window plus pending swap-outs exceed `cap`, the oldest swap-out is released (RELEASE).
-The window's bytes are a sum over its steps, not memory at an instant, so a budget liveness fits gets liveness.
-When placement (holes) misses the budget, `cap` at the binding step drops by the excess and the pass reruns. The
-tightest window (`cap` 0) states the minimum budget, an upper bound that `schedulers/minimum.py` verifies and
-searches below. Shapes only, no times: a prefetch goes as early as memory allows. Parameters are not swapped.
+Over the recorded access order (the route) with `cap` = budget minus resident parameters: the head takes steps into
+the window while its bytes fit `cap` (prefetching or reserving what enters, cancelling a pending swap-out of what
+returns); after a step, what has no use left in the window is swapped out, or just freed if its host copy is
+current; the tail releases the oldest swap-outs while the window plus them exceed `cap`. Where placement misses the
+budget, `cap` at the binding step drops by the excess. The tightest window (`cap` 0) states the minimum budget.
+Shapes only: a prefetch goes as early as memory allows. Parameters are not swapped.
 """
 from __future__ import annotations
 
