@@ -1,20 +1,13 @@
 """An error-bounded lossy compressor for float32/float64 arrays, SZ family (cuSZ's dual quantization).
 
-Guarantee: `decompress(compress(x, eb))` has |x - y| <= eb on every finite element; NaN, Inf and any element the
-bound fails for in floating point come back bit for bit; zeros stay zeros and no sign flips (-0.0 included), so a
-ReLU's mask `out > 0` survives. Deterministic; never larger than raw + `HEADER_BYTES`. Three stages (each a kernel
-on the GPU, `kernels/compress.cu`):
-1. Quantize: p = sign(x) ceil(|x| / 2eb), decoded at the bin's midpoint sign(p)(2|p| - 1)eb; p = 0 only for 0.
-   The bound is verified in float64 on the decoded values; failures, NaN/Inf, -0.0 and |p| > `P_MAX` are outliers,
-   stored verbatim (index + bits) with p = 0.
-2. Predict (Lorenzo order 1 along the flat array): code = p[i] - p[i-1], exact integers so it runs in parallel;
-   it restarts every `BLOCK` codes at a stored anchor, so blocks decode alone.
-3. Encode: zigzagged codes as `BLOCK`-bit planes, as many as the block's widest code (a zero block costs its width
-   byte); or `entropy="huffman"` (CPU): canonical Huffman over the whole array, which beat the blocks and Zstandard
-   over them on ResNet-20's activations (`codec_variants` in benchmarks/results/compression.json).
-`sz_jit.quantize` is the compiled quantizer; `quantize` here is the numpy reference the tests hold it to.
+Guarantee: |x - y| <= eb on every finite element; NaN, Inf and elements the bound fails for in floating point come
+back bit for bit; zeros stay zeros and no sign flips (-0.0 included); deterministic; at most raw + `HEADER_BYTES`.
+1. Quantize: p = sign(x) ceil(|x| / 2eb), decoded at sign(p)(2|p| - 1)eb; the bound is verified in float64 on the
+   decoded values, and failures are outliers stored verbatim with p = 0.
+2. Predict: code = p[i] - p[i-1] (exact integers, so parallel), restarting at a stored anchor every `BLOCK`.
+3. Encode: `BLOCK`-bit planes of the zigzagged codes, as many as the widest needs; or canonical Huffman over the
+   whole array (CPU), which beat the blocks and Zstandard on ResNet-20 (benchmarks/results/compression.json).
 """
-from __future__ import annotations
 
 import struct
 

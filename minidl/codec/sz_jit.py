@@ -21,7 +21,7 @@ HUFF_MAX_LEN = 16
 
 @njit(**_OPTS)
 def _bin(xf, eb, two_eb, p_max, rt):
-    """(bin, kept) of one value as float64; `rt` (1 element of the tensor's dtype) rounds as the decoder stores."""
+    """(bin, kept) of one value as float64; `rt` rounds as the decoder stores."""
     a = abs(xf) / two_eb
     if not (np.isfinite(a) and a <= p_max):
         return 0, False
@@ -55,8 +55,7 @@ def quantize(x, eb, p_max):
 
 @njit(**_OPTS)
 def quantize_symbols(x, eb, p_max, nsym):
-    """Quantize and predict in one pass: zigzagged codes < nsym as symbols, larger ones escaped; returns (uint16
-    symbols, escaped codes, counts, outlier indices). The bins are never stored (8 bytes an element saved)."""
+    """Quantize and predict in one pass: (uint16 symbols, escaped codes, counts, outliers); no bins stored."""
     n = x.size
     s = np.empty(n, np.uint16)
     esc = np.empty(n, np.int64)   # pages never written are never committed
@@ -89,7 +88,7 @@ def quantize_symbols(x, eb, p_max, nsym):
 
 @njit(**_OPTS)
 def finite_stats(x):
-    """(max |x|, sum of x^2, count) over the finite values, in float64: the bound's cap and rule B0's rms."""
+    """(max |x|, sum of x^2, count) over the finite values, in float64."""
     top = 0.0
     sq = 0.0
     cnt = 0
@@ -106,7 +105,7 @@ def finite_stats(x):
 
 @njit(**_OPTS)
 def channel_variances(x):
-    """Per-channel variance of x as (N, C, M) over finite values (numpy's nanvar order), NaN for none: rule N."""
+    """Per-channel variance of x as (N, C, M) over finite values (nanvar's order), NaN for none."""
     nn, c, m = x.shape
     out = np.empty(c, np.float64)
     for ch in range(c):
@@ -134,7 +133,7 @@ def channel_variances(x):
 
 @njit(**_OPTS)
 def _lengths_once(w):
-    """Huffman code lengths of ascending weights `w` by two queues, a leaf first on ties (deterministic)."""
+    """Huffman code lengths of ascending weights `w`, a leaf first on ties (deterministic)."""
     m = w.size
     weight = np.empty(2 * m - 1, np.int64)
     parent = np.zeros(2 * m - 1, np.int64)
@@ -160,8 +159,7 @@ def _lengths_once(w):
 
 @njit(**_OPTS)
 def code_lengths(freq, max_len):
-    """Huffman code lengths limited to `max_len` (counts halved until they fit: a fraction of a percent on
-    activations); 0 for an absent symbol, 1 for a lone one."""
+    """Huffman code lengths within `max_len` (counts halved until they fit); 0 if absent, 1 if alone."""
     lens = np.zeros(freq.size, np.int64)
     used = np.flatnonzero(freq)
     if used.size == 1:
@@ -218,7 +216,7 @@ def huff_encode(s, codes, lens, nbits):
 
 @njit(**_OPTS)
 def _decode_table(syms, lens, codes):
-    """For every HUFF_MAX_LEN-bit window, the symbol its prefix codes and that code's length (one lookup a symbol)."""
+    """For every HUFF_MAX_LEN-bit window, the symbol its prefix codes and that code's length."""
     tsym = np.zeros(1 << HUFF_MAX_LEN, np.uint16)
     tlen = np.zeros(1 << HUFF_MAX_LEN, np.uint8)
     for k in range(syms.size):
@@ -232,7 +230,7 @@ def _decode_table(syms, lens, codes):
 
 @njit(**_OPTS)
 def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
-    """Huffman stream -> symbols -> codes -> bins (running sum) -> values in `out`, as `sz.dequantize`, one pass."""
+    """Huffman stream -> symbols -> codes -> bins -> values in `out`, as `sz.dequantize`, in one pass."""
     tsym, tlen = _decode_table(syms, lens, codes)
     acc = 0
     nacc = 0
@@ -263,7 +261,7 @@ def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
 
 @njit(**_OPTS)
 def int_symbols(v, nsym):
-    """Integers as Huffman symbols without prediction (`jpeg_act`'s coefficients): (symbols, escaped, counts)."""
+    """Integers as Huffman symbols without prediction (`jpeg_act`): (symbols, escaped, counts)."""
     n = v.size
     s = np.empty(n, np.uint16)
     esc = np.empty(n, np.int64)

@@ -14,7 +14,7 @@ import numpy as np
 from ..core.errors import DistError
 
 POLL_S = 2e-4
-"""Seconds between tests while waiting: short against a step, long enough not to spin a core another rank needs."""
+"""Seconds between tests while waiting: short against a step, yet no spinning on a core another rank needs."""
 
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds a rank waits for a collective before deciding another rank hung (`--comm-timeout`)."""
@@ -31,7 +31,7 @@ class PeerFailed(DistError):
 
 
 class Request:
-    """A started collective: the library's handle, and `done` once `test` / `wait` saw it complete."""
+    """A started collective: the library's handle, and whether it was seen complete."""
 
     __slots__ = ("handle", "done")
 
@@ -40,7 +40,7 @@ class Request:
 
 
 class Communicator:
-    """A single process: every collective is already complete. The base of the real ones."""
+    """A single process: every collective is already complete."""
 
     kind = "local"
 
@@ -50,7 +50,7 @@ class Communicator:
 
     @property
     def reduction(self) -> str:
-        """Default bucket reduction: `gather` up to 2 ranks (one collective, no more memory there), `ring` beyond."""
+        """Default bucket reduction: `gather` up to 2 ranks (one collective, no more memory), `ring` beyond."""
         return "gather" if self.size <= 2 else "ring"
 
     def start_allgather(self, buf, second: bool = False) -> Request:
@@ -78,7 +78,7 @@ class Communicator:
         pass
 
     def exchange(self, data: bytes, what: str) -> list[bytes]:
-        """Every rank's `data` in rank order: two all-gathers (lengths, then padded bytes), with their timeout."""
+        """Every rank's `data` in rank order (lengths, then padded bytes)."""
         n = self.size
         lens = np.zeros((n, 1), np.int64)
         lens[self.rank, 0] = len(data)
@@ -89,27 +89,27 @@ class Communicator:
         return [bytes(buf[r, :int(lens[r, 0])]) for r in range(n)]
 
     def bcast(self, obj):
-        """Rank 0's `obj` on every rank (a small picklable record: NCCL's unique id)."""
+        """Rank 0's `obj` on every rank (NCCL's unique id)."""
         return obj
 
     def check_peers(self) -> None:
-        """Raise DistError if another rank reported a failure."""
+        """Raise if another rank reported a failure."""
 
     def fail(self, message: str, code: int = 1) -> None:
-        """Report that this rank cannot go on (one process: return; the caller raises)."""
+        """Report that this rank cannot go on."""
 
     def stop(self, code: int = 1) -> None:
         """End this rank after a peer's failure."""
 
     def close(self) -> None:
-        """Release what the communicator holds, before MPI finalizes."""
+        """Release what the communicator holds."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
 
 
 class MPIComm(Communicator):
-    """Over an mpi4py communicator; collectives and failure notices use separate duplicates of it."""
+    """Over an mpi4py communicator, with duplicates for collectives and failure notices."""
 
     kind = "mpi"
 
@@ -187,7 +187,7 @@ class MPIComm(Communicator):
         raise PeerFailed(f"rank {self.rank} of {self.size}: stopping because rank {src} failed: {msg}")
 
     def fail(self, message: str, code: int = 1) -> None:
-        """Tell every other rank, wait for acknowledgements, abort the job; a rank that failed too counts as one."""
+        """Tell every other rank, wait for acknowledgements (a rank that failed too counts), abort the job."""
         MPI = self.MPI
         print(f"minidl: rank {self.rank} of {self.size}: {message}; stopping every rank", file=sys.stderr,
               flush=True)
@@ -207,7 +207,7 @@ class MPIComm(Communicator):
         self.base.Abort(code)
 
     def stop(self, code: int = 1) -> None:
-        """After a peer's failure: abort the job if the failing rank has not within the grace period."""
+        """After a peer's failure: abort the job if the failing rank has not within the grace."""
         time.sleep(FAIL_GRACE_S)
         self.base.Abort(code)
 

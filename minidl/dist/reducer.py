@@ -27,7 +27,7 @@ class _Pending:
 
 @dataclass(slots=True)
 class ReduceStats:
-    """Totals over the steps run: in-flight seconds (union per step), seconds the update waited, buckets."""
+    """Totals: in-flight seconds (union per step), seconds the update waited, buckets."""
 
     inflight_s: float = 0.0
     exposed_s: float = 0.0
@@ -75,8 +75,7 @@ class GradientReducer:
         self._pending[bucket] = _Pending(req, step, time.perf_counter(), buf, scattered=not ring)
 
     def _gather_sums(self, p: _Pending) -> None:
-        """Ring, all-to-all done: row 1's N chunks summed in rank order into this rank's chunk of row 0, then
-        the all-gather of row 0 started."""
+        """Ring, all-to-all done: row 1's chunks summed in rank order into ours of row 0, then its all-gather."""
         n = self.comm.size
         chunks = p.buf[1].reshape(n, -1)
         mine = p.buf[0].reshape(n, -1)[self.comm.rank]

@@ -1,9 +1,5 @@
 """The moving half of the compress decision: encodes tensors into their reserved blocks and decodes them back.
-
-Each tensor's bound comes from `errorbound.ErrorBoundRule` at compression time. A stream larger than its block is
-spilled to host memory (the block stays unused), so the pool never holds more than the plan placed; the spill is
-read back once and empty at every iteration's end. `ratios()` hands measured ratios to the next plan.
-"""
+Rule: a stream larger than its block spills to host memory, so the pool never holds more than the plan placed."""
 from __future__ import annotations
 
 import time

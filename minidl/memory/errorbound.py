@@ -1,15 +1,11 @@
-"""The adaptive error bound: the absolute error a stored activation may carry, per tensor, per iteration.
-
-Each backward reader's gradient must stay within relative error rho* (`TARGET_REL_ERROR`); a tensor with any other
-reader stays exact (`decisions/compress.py`). The bound is the smallest over its readers:
-- Bilinear (conv, linear: G = sum a * d). Codec errors act as independent uniform noise of variance eb^2 / 3, so
-  E||E||_F^2 = eb^2 F / 3 ||d||_F^2 over fan-in F, and eb = rho* sqrt(3 / F) ||G||_F / ||d||_F (rule B), with the
-  ratio measured in the last backward (`observe`): a tensor is compressed before its own delta exists. Before any
-  measurement, uncorrelated a and d give eb = sqrt(3) rho* rms(a), the conservative start (rule B0).
-- Normalize (batch norm rebuilding x_hat): relative rms error rho* on x_hat gives
-  eb = sqrt(3) rho* / sqrt(mean_c 1 / sigma_c^2), from the tensor's own channel variances (rule N).
-- Sign (ReLU's output): `out > 0` survives the codec exactly, so no bound (capped at max|a|).
-Measured gradient errors: `benchmarks/compression.py` (docs/reproductions.md, COMET).
+"""The adaptive error bound: the absolute error eb a stored activation may carry so that each backward reader's
+gradient stays within relative error rho*; the smallest over the tensor's readers.
+- Bilinear (conv, linear): codec errors act as uniform noise (variance eb^2 / 3), so eb = rho* sqrt(3 / F)
+  ||G||_F / ||d||_F over fan-in F (rule B), the norms from the last backward (`observe`); before any, the
+  conservative eb = sqrt(3) rho* rms(a) (rule B0).
+- Normalize (batch norm): eb = sqrt(3) rho* / sqrt(mean_c 1 / sigma_c^2), from the tensor's channels (rule N).
+- Sign (ReLU's output): kept exactly by the codec, no bound.
+Measured gradient errors: `benchmarks/compression.py`.
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Liveness (SuperNeurons): the first and last route step that touches each tensor.
-
-Read only from the route's per-step reads and writes, i.e. the layers' declared backward needs: an undeclared
-need frees a tensor too early, which the executor's debug mode reports as a residency error.
-"""
+"""Liveness (SuperNeurons): the first and last route step that touches each tensor, from the layers' declared
+backward needs (an undeclared need frees a tensor early: the executor's debug mode reports it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -32,8 +32,7 @@ def default_workspace(route: Route, costs=None) -> dict[int, WorkspaceChoice]:
 
 
 class PlacementRecorder:
-    """Replays allocations on a shape-only pool as events with offsets; the arena needed is the highest block end
-    (paged: the highest mapped chunk)."""
+    """Replays allocations on a shape-only pool as events with offsets, tracking the arena's high water."""
 
     def __init__(self, capacity: int, paged=None):
         self.paged = paged is not None
@@ -107,8 +106,7 @@ def make_plan(route: Route, policy: str = "liveness", budget: int | None = None,
 
 
 def finalize(plan: Plan, budget: int | None, policy: str | None = None) -> Plan:
-    """The one place a placed plan becomes a policy's plan: named, held to `budget`, given its arena; so no
-    scheduler's search can finish a plan differently."""
+    """The one place a placed plan becomes a policy's plan: named, held to `budget`, given its arena."""
     if policy is not None:
         plan.policy = policy
     check_budget(plan, budget)
@@ -118,8 +116,8 @@ def finalize(plan: Plan, budget: int | None, policy: str | None = None) -> Plan:
 
 def _frugal_fallback(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None,
                      budget: int, greedy: Plan) -> Plan:
-    """Every open workspace on its smallest option: a fast, large workspace fitted early can fragment the pool so
-    a later step misses, where the frugal plan fits. Returns the plan with the smaller minimum."""
+    """Every open workspace on its smallest option (a large workspace fitted early can fragment the pool so a
+    later step misses); the plan with the smaller minimum."""
     frugal = smallest_workspaces(ws, "not taken (the fastest-that-fits placement missed the budget)")
     plan = place(route, frugal, schedule, budget, policy=policy)
     return plan if plan.min_budget_bytes < greedy.min_budget_bytes else greedy
@@ -138,8 +136,7 @@ def check_budget(plan: Plan, budget: int | None) -> None:
 
 @dataclass(slots=True)
 class Residency:
-    """One stretch of a tensor's device residency, each end before or after its step computes. `start_seq` /
-    `end_seq` > 0 order the event inside its boundary's sequence (see `_place_schedule`)."""
+    """One stretch of a tensor's residency; `start_seq`/`end_seq` > 0 order an event within its boundary."""
 
     start: int
     start_at: str
@@ -154,7 +151,7 @@ class Residency:
 
 @dataclass(slots=True)
 class Marker:
-    """An event that changes no residency (an offload's start, a prefetch's wait); `seq` as `Residency`'s."""
+    """An event that changes no residency (an offload's start, a prefetch's wait)."""
 
     step: int
     at: str
@@ -166,7 +163,7 @@ class Marker:
 
 @dataclass(slots=True)
 class Schedule:
-    """Where each tensor is resident, plus transfer markers: what a plan is made of."""
+    """Where each tensor is resident, plus transfer markers."""
 
     residencies: dict[str, list[Residency]] = field(default_factory=dict)
     markers: list[Marker] = field(default_factory=list)
@@ -201,7 +198,7 @@ def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
 def place(route: Route, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None,
           budget: int | None = None, *, policy: str = "liveness") -> Plan:
     """One placement pass: `schedule` replayed on the pool; with `budget`, open workspaces take the fastest
-    algorithm that fits (no budget check: see `finalize`)."""
+    algorithm that fits (`finalize` checks the budget)."""
     rec = PlacementRecorder(capacity_bound(route, ws), _paged_pool(route, ws))
     sizes = {tid: t.nbytes for tid, t in route.tensors.items()}
     for k, c in ws.items():

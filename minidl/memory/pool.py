@@ -1,11 +1,9 @@
 """The unified tensor pool (SuperNeurons): one arena of `budget` bytes, carved by a best-fit coalescing allocator.
 
-Rules: nothing allocates behind the pool's back, so a plan that fits the pool fits the device. The pool deals in
-offsets; the memory behind them is an injected `backing` (numpy, a device buffer, or none for planning). Sizes round
-up to `ALIGNMENT`, a zero-byte request too, so every live block has its own offset. Best fit takes the smallest hole
-that fits, ties to the lowest offset: the same requests give the same offsets, so plans replay. Blocks tile the arena
-in an address-ordered linked list and a freed block merges with free neighbours in O(1): two free blocks never touch.
-Fragmentation = 1 - largest_free_block / free_bytes. `alloc_at` claims a planned range or raises. Not thread safe.
+Rules: nothing allocates behind its back, so a plan that fits the pool fits the device; offsets only, the memory
+behind them injected (`backing`, or none for planning); every block, even of zero bytes, rounds up to `ALIGNMENT`
+and has its own offset; best fit, ties to the lowest offset, so the same requests give the same offsets; a freed
+block merges with free neighbours in O(1). Not thread safe.
 """
 from __future__ import annotations
 

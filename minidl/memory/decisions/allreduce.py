@@ -39,7 +39,7 @@ def bucket_shape(reduction: str, ranks: int, elements: int) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class DataParallel:
-    """How a plan is made for one of `world_size` data-parallel ranks."""
+    """A plan for one of `world_size` data-parallel ranks."""
 
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -57,14 +57,14 @@ class DataParallel:
 
 @dataclass(slots=True)
 class Bucket:
-    tensor: str            # the bucket's tensor id ("bucket:k")
-    grads: list[str]       # gradient tensor ids in packing order
-    elements: int          # elements per rank row
-    ready_step: int        # the backward step that writes its last gradient
+    tensor: str            # "bucket:k"
+    grads: list[str]       # in packing order
+    elements: int          # per rank row
+    ready_step: int        # the backward step writing its last gradient
 
 
 def assign_buckets(route: Route, bucket_bytes: int) -> list[Bucket]:
-    """Gradients in the order backward writes them, cut into buckets of at most `bucket_bytes` each."""
+    """Gradients in backward's order, in buckets of at most `bucket_bytes`."""
     buckets: list[Bucket] = []
     cur: list[str] = []
     cur_bytes = 0
@@ -99,7 +99,7 @@ def assign_buckets(route: Route, bucket_bytes: int) -> list[Bucket]:
 
 
 def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
-    """A copy of `route` whose ready steps write, and whose update step reads, one bucket tensor per bucket."""
+    """A copy of `route` with one bucket tensor per bucket, written at its ready step, read by the update."""
     buckets = assign_buckets(route, dp.bucket_bytes)
     tensors = dict(route.tensors)
     steps = [dataclasses.replace(s, reads=list(s.reads), writes=list(s.writes)) for s in route.steps]
@@ -117,7 +117,7 @@ def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
 
 
 def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) -> Plan:
-    """Attach ALLREDUCE after each bucket's ready step and REDUCED before the update step (in bucket order)."""
+    """ALLREDUCE after each bucket's ready step, REDUCED before the update (bucket order)."""
     update = next((k for k, s in enumerate(plan.route.steps) if s.phase is Phase.UPDATE), None)
     how = ("reduce-scatter (all-to-all, ordered sum of the chunks) then all-gather" if dp.reduction == "ring"
            else "all-gather of every rank's row")
@@ -172,7 +172,7 @@ class AllreduceTimeline:
 
 def allreduce_timeline(plan: Plan, device: DeviceProfile | str = "cpu",
                        link: Interconnect | None = None) -> AllreduceTimeline:
-    """A data-parallel plan's steps on `device`'s clock, its buckets' all-gathers on one channel."""
+    """A data-parallel plan on `device`'s clock, its all-gathers on one channel."""
     dev = get_profile(device) if isinstance(device, str) else device
     if link is None:
         if dev.name not in INTERCONNECTS:

@@ -54,13 +54,13 @@ class Offloadable:
 
     tensor: str
     nbytes: int
-    last_forward: int      # step after which the copy out starts
-    first_backward: int    # step before which the tensor must be back
-    base: Residency        # its residency in the base schedule
+    last_forward: int
+    first_backward: int
+    base: Residency        # in the base schedule
     idle_s: float = 0.0    # estimated compute time between the two uses
     checkpoint: bool = False
-    seq_read: bool = False  # first read by a sequence (recomputation, decompression) before `first_backward`
-    out_seq: int = 0        # the sequence after `last_forward` that writes it (a compressed stream)
+    seq_read: bool = False  # first read by a sequence (recomputation, decompression)
+    out_seq: int = 0        # written by the sequence after `last_forward` (a compressed stream)
 
     @property
     def gap(self) -> int:
@@ -81,7 +81,7 @@ class Timing:
 
 @dataclass(slots=True)
 class _Clock:
-    """Estimated step start times: start[k] is when step k begins, start[-1] the iteration's end."""
+    """Estimated step start times; start[-1] is the iteration's end."""
 
     start: list[float]
     link_bw: float
@@ -89,7 +89,7 @@ class _Clock:
     latency: float = 0.0
 
     def copy_s(self, nbytes: int) -> float:
-        """Issue to end of a copy on a free stream: latency + slack x bytes / bw."""
+        """Issue to end of a copy on a free stream."""
         return self.latency + nbytes * self.slack / self.link_bw
 
     def end(self, k: int) -> float:
@@ -105,7 +105,7 @@ def _clock(route: Route, device: DeviceProfile, slack: float) -> _Clock:
 
 
 def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -> list[Offloadable]:
-    """Tensors the base schedule keeps resident across the forward/backward turn, highest priority first."""
+    """Tensors resident across the forward/backward turn, highest priority first."""
     uses = tensor_uses(route)
     turn = route.turn  # a packed route's re-forwards belong to the backward half
     out: list[Offloadable] = []
@@ -135,8 +135,7 @@ def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -
 
 
 def hiding_timing(chosen: list[Offloadable], clock: _Clock) -> dict[str, Timing]:
-    """Per tensor, the latest prefetch and earliest release that still hide its copies: offloads queue in forward
-    order; prefetches are planned from the last deadline back, each ending before its use and the next copy."""
+    """Per tensor, the latest prefetch and earliest release that still hide its copies on the FIFO stream."""
     timing: dict[str, Timing] = {}
     done: dict[str, float] = {}
     free = 0.0
@@ -162,7 +161,7 @@ def tight_timing(chosen: list[Offloadable]) -> dict[str, Timing]:
 
 def offload_schedule(route: Route, base: Schedule, chosen: list[Offloadable],
                      timing: dict[str, Timing]) -> Schedule:
-    """`base` with each chosen tensor's residency split around its stay on the host, plus the markers."""
+    """`base` with each chosen tensor's residency split around its stay on the host."""
     res = dict(base.residencies)
     markers = list(base.markers)
     steps = route.steps
@@ -191,8 +190,7 @@ def offload_schedule(route: Route, base: Schedule, chosen: list[Offloadable],
 def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile = "cpu", *,
                  base: Schedule | None = None, workspace: dict[int, WorkspaceChoice] | None = None,
                  policy: str = "offload", slack: float | None = None) -> Plan:
-    """Plan `route` under `budget` offloading as little as fits, hidden where possible, from `base` (default:
-    liveness); raises BudgetError naming the smallest budget with every candidate offloaded."""
+    """Plan `route` offloading as little as fits `budget`, hidden where possible; BudgetError names the smallest."""
     ws = default_workspace(route) if workspace is None else workspace
     base = liveness_schedule(route, ws) if base is None else base
 
@@ -238,9 +236,8 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
 
 def _repair(route: Route, base: Schedule, cands: list[Offloadable], clock: _Clock, budget: int,
             place) -> Plan | None:
-    """Offload everything, then cut the windows open at the binding (or peak) step, largest first, until it fits.
-    If that stalls (fragmentation binds where no window is open), scale every window between tight (0) and hidden
-    (1) by the largest factor that fits. None if only the tightest plan fits."""
+    """Offload all, then cut the windows open at the binding (or peak) step, largest first, until it fits; if that
+    stalls, scale every window by the largest factor that fits. None if only the tightest plan fits."""
     timing = hiding_timing(cands, clock)
     by_id = {c.tensor: c for c in cands}
 

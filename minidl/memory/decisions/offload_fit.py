@@ -58,17 +58,16 @@ def base_usage(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice]) -> 
 
 
 def _back(c: Offloadable) -> int:
-    """The first slot the tensor must be back: its first backward step's starts, or that boundary's sequence."""
+    """The first slot the tensor must be back."""
     return c.first_backward * SLOTS + (BEFORE_SEQ if c.seq_read else BEFORE_START)
 
 
 def _absent(c: Offloadable) -> tuple[int, int]:
-    """Slots [lo, hi) off the device under the tightest timing (a compressed stream: only inside its sequence)."""
+    """Slots [lo, hi) off the device under the tightest timing."""
     return c.last_forward * SLOTS + (AFTER_START if c.out_seq else AFTER_END), _back(c)
 
 
 def tight_usage(usage: np.ndarray, chosen: list[Offloadable]) -> np.ndarray:
-    """`usage` with each chosen tensor off the device between its last forward and first backward use."""
     diff = np.zeros(len(usage) + 1, np.int64)
     for c in chosen:
         lo, hi = _absent(c)
@@ -82,7 +81,7 @@ def _over(usage: np.ndarray, cap) -> bool:
 
 
 def fewest_that_fit(usage: np.ndarray, cands: list[Offloadable], cap) -> int | None:
-    """The smallest n whose cands[:n] (tightest timing) keep every slot within `cap`, else None (bisection)."""
+    """The smallest n whose cands[:n] (tightest timing) fit `cap` in every slot, else None."""
     if _over(tight_usage(usage, cands), cap):
         return None
     lo, hi = -1, len(cands)         # cands[:lo] does not fit, cands[:hi] fits
@@ -96,7 +95,7 @@ def fewest_that_fit(usage: np.ndarray, cands: list[Offloadable], cap) -> int | N
 
 
 def fitted_timing(chosen: list[Offloadable], clock: _Clock, room: np.ndarray) -> dict[str, Timing]:
-    """The hiding windows of `chosen`, each cut where a slot of `room` (free bytes per slot) runs short."""
+    """The hiding windows of `chosen`, each cut where `room` (free bytes per slot) runs short."""
     room = room.copy()
     want = hiding_timing(chosen, clock)
     timing: dict[str, Timing] = {}
@@ -128,8 +127,7 @@ def fitted_timing(chosen: list[Offloadable], clock: _Clock, room: np.ndarray) ->
 
 def estimate_exposed(chosen: list[Offloadable], timing: dict[str, Timing], clock: _Clock,
                      link_bw: float) -> tuple[float, float]:
-    """(exposed, total) link seconds by the simulator's model (one FIFO stream at `link_bw`; RELEASE and WAIT block
-    compute until their copy is done), on the clock's step times."""
+    """(exposed, total) link seconds by the simulator's model: one FIFO stream; RELEASE and WAIT block compute."""
     # (step, order: 0 PREFETCH, 1 WAIT before the step; 2 OFFLOAD, 3 RELEASE after it, kind, candidate)
     evs: list[tuple[int, int, int, Offloadable]] = []
     for c in chosen:
@@ -157,7 +155,7 @@ def estimate_exposed(chosen: list[Offloadable], timing: dict[str, Timing], clock
 
 
 def best_fit(usage: np.ndarray, cands: list[Offloadable], clock: _Clock, cap: int, link_bw: float) -> Fit | None:
-    """The set of `CANDIDATE_SHARES` with the least estimated exposed time, then fewest bytes; None if none fits."""
+    """The set with the least estimated exposed time, then fewest bytes; None if none fits."""
     n0 = fewest_that_fit(usage, cands, cap)
     if n0 is None:
         return None

@@ -56,7 +56,7 @@ class AccessOrder:
             if t.role in (Role.DATA, Role.LABEL):
                 written[0].add(t.id)     # the batch is loaded before the first step
         sizes = {t: align_up(route.tensors[t].nbytes) for t in uses if t in route.tensors}
-        for k, c in ws.items():   # the smallest algorithm's; placement may grant a faster one
+        for k, c in ws.items():   # the smallest algorithm's
             smallest = min([c.nbytes] + [o.workspace_bytes for o in c.options or ()])
             sizes[route.steps[k].workspace] = align_up(smallest)
         return AccessOrder(touched, written, uses, sizes)
@@ -94,7 +94,7 @@ def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch
     opened: dict[str, Residency] = {}             # t -> its open residency
     res: dict[str, list[Residency]] = {t: [] for t in order.uses}
     markers: list[Marker | None] = []
-    pending: OrderedDict[str, tuple[int, int | None, bool]] = OrderedDict()  # swap-outs: t -> (step, marker, valid)
+    pending: OrderedDict[str, tuple[int, int | None, bool]] = OrderedDict()  # t -> (step, marker, valid)
     prefetching: dict[str, int] = {}              # t -> the step whose WAIT lands it
     bytes_w = bytes_s = bytes_p = 0
     head = 0
@@ -214,7 +214,7 @@ def plan_window(route: Route, budget: int | None, *, workspace: dict[int, Worksp
     frugal = frugal_workspace(route) if any(s.workspace for s in route.steps) else ws
 
     def place_window(cap: list[float], limit: float, fit: int | None, w=ws) -> Plan:
-        """Schedule, then place; with a budget `fit` each convolution gets the fastest workspace that fits."""
+        """Schedule, then place (with a budget `fit`, the fastest workspaces that fit)."""
         wr = window_schedule(route, order, cap, limit, w)
         plan = place(route, {k: WorkspaceChoice(c.algo, c.nbytes, list(c.refused), c.options)
                              for k, c in w.items()}, wr.schedule, fit, policy=policy)
