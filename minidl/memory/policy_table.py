@@ -1,10 +1,6 @@
-"""The policies by name: what each does in one line, when to pick it, the paper it comes from, whether it is lossy.
-
-The words only, with nothing to import: the command line's parser lists these (`--policy` choices, the epilog of
-`--help`) without loading a planner. `policies.POLICIES` adds each row's planning function; README's policy table
-and docs/policies/ are generated from these fields (docs/make_readme.py, docs/make_policies.py), so --help and
-the docs cannot disagree.
-"""
+"""The policies by name, as words only: the parser lists them without importing a planner; `policies.POLICIES`
+adds the planning functions; README's table and docs/policies/ are generated from these fields, so --help and the
+docs agree."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,12 +8,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PolicyInfo:
-    """One row: the name users type, what it does in one line (the mechanism's own module says the rest)."""
+    """One row: the name users type and what it does in one line."""
 
     name: str
     help: str
-    lossy: bool = False   # True: parameters are NOT bit-identical to policy 'none' (opt-in compression)
-    when: str = ""        # when a user should pick it, in one line
+    lossy: bool = False   # parameters are NOT bit-identical to policy 'none'
+    when: str = ""        # when to pick it, in one line
     paper: str = ""       # the system it reproduces
 
 
@@ -65,12 +61,11 @@ def available_policies() -> tuple[str, ...]:
 
 
 def policies_help() -> str:
-    """One line per policy, name and what it does: the epilog of `minidl --help`, `plan --help` and `train --help`
-    (a list of ten names says nothing about which one to pick)."""
+    """One line per policy: the epilog of `minidl --help`, `plan --help` and `train --help`."""
     width = max(map(len, POLICY_TABLE))
     return "policies (--policy):\n" + "\n".join(f"  {p.name:<{width}}  {p.help}" for p in POLICY_TABLE.values())
 
 
 def exact_policies() -> tuple[str, ...]:
-    """The policies whose parameters are bit-identical to policy 'none' on the CPU (all but the lossy ones)."""
+    """Policies bit-identical to 'none' on the CPU (all but the lossy ones)."""
     return tuple(name for name, p in POLICY_TABLE.items() if not p.lossy)
