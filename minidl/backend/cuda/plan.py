@@ -15,7 +15,10 @@ kernel launch is checked by host-only tests (`tests/backend/test_cuda_host.py`):
   own workspace size. They are exposed to the memory planner as `WorkspaceOption`s named `cudnn:f<i>` (forward:
   plan i of the fprop graph) and `cudnn:d<i>w<j>` (backward: dgrad plan i then wgrad plan j, sharing one
   workspace, so it needs max(ws_i, ws_j)). The planner chooses among them exactly as among the CPU's
-  im2col / im2col_chunked / gemm_1x1: the fastest option whose workspace fits.
+  im2col / im2col_chunked / gemm_1x1: the fastest option whose workspace fits. A backward that adds dx into the
+  delta it is given (a fork's later consumer) runs the `dgrad_add` graph, the data gradient with a fused add of
+  that delta, under the same names; where cuDNN cannot build it, `cudnn:d<i>w<j>+add` runs dgrad plan i into
+  the head of the workspace (`dx_scratch_bytes`) and adds it after (`conv_options(..., add_scratch=)`).
 * **Kernel launches.** `LAUNCHERS[name](...)` builds the full argument tuple of each `kernels/*.cu` entry point
   from the arrays' shapes (via `kernel_specs.coerce_scalars`) and its grid/block (via
   `kernel_specs.launch_config`).
@@ -37,6 +40,7 @@ __all__ = [
     "CUDA_MALLOC_ALIGNMENT", "VIEW_ALIGNMENT", "ViewSpec", "view_spec", "contiguous_strides", "check_base_alignment",
     "ranges_overlap", "cudnn_dtype_name", "TensorDesc", "nchw_desc", "channel_desc", "scalar_desc", "ConvSpec",
     "BNSpec", "PointwiseSpec", "GraphKey", "EngineFilters", "PlanInfo", "fwd_algo", "bwd_algo", "parse_conv_algo",
+    "adds_after", "dx_scratch_bytes", "ADD_AFTER",
     "plan_cost", "conv_options", "pick_plan", "DeviceLimits", "KernelLaunch", "pack_launch", "LAUNCHERS",
     "ZERO_OUTPUT_FIRST", "NULLABLE_POINTERS",
 ]
@@ -226,7 +230,7 @@ class GraphKey:
 
 
 # -- convolution -----------------------------------------------------------------------------------------------
-CONV_OPS = ("fprop", "dgrad", "wgrad")
+CONV_OPS = ("fprop", "dgrad", "wgrad", "dgrad_add")
 
 
 @dataclass(slots=True, frozen=True)
@@ -271,16 +275,17 @@ class ConvSpec:
         return {"padding": list(self.padding), "stride": list(self.stride), "dilation": list(self.dilation)}
 
     def descs(self) -> dict[str, TensorDesc]:
-        """The three tensors of the convolution: x (image), w (filter), y (output / its gradient)."""
+        """The tensors of the convolution: x (image), w (filter), y (output / its gradient), and x_acc (the delta
+        `dgrad_add` adds dx to: dx's shape)."""
         return {"x": nchw_desc("x", self.x, self.dtype), "w": nchw_desc("w", self.w, self.dtype),
-                "y": nchw_desc("y", self.y, self.dtype)}
+                "y": nchw_desc("y", self.y, self.dtype), "x_acc": nchw_desc("x_acc", self.x, self.dtype)}
 
     def io(self, op: str) -> tuple[tuple[str, str], str]:
         """(the two graph inputs, the output) of `op`, by tensor name: fprop (x, w) -> y, dgrad (y=dy, w) -> x=dx,
-        wgrad (x, y=dy) -> w=dw."""
+        wgrad (x, y=dy) -> w=dw; dgrad_add is dgrad whose x is dx + x_acc (its third input)."""
         if op == "fprop":
             return ("x", "w"), "y"
-        if op == "dgrad":
+        if op in ("dgrad", "dgrad_add"):
             return ("y", "w"), "x"
         if op == "wgrad":
             return ("x", "y"), "w"
@@ -395,8 +400,9 @@ class PlanInfo:
 
 
 ALGO_PREFIX = "cudnn:"
+ADD_AFTER = "+add"  # a backward option's suffix: dgrad into the workspace's head, then added to the delta
 _FWD_RE = re.compile(r"^cudnn:f(\d+)$")
-_BWD_RE = re.compile(r"^cudnn:d(\d+)w(\d+)$")
+_BWD_RE = re.compile(r"^cudnn:d(\d+)w(\d+)(?:\+add)?$")
 
 
 def fwd_algo(plan: int) -> str:
@@ -404,9 +410,22 @@ def fwd_algo(plan: int) -> str:
     return f"{ALGO_PREFIX}f{int(plan)}"
 
 
-def bwd_algo(dgrad_plan: int, wgrad_plan: int) -> str:
-    """Algorithm name of backward with dgrad plan `dgrad_plan` and wgrad plan `wgrad_plan`."""
-    return f"{ALGO_PREFIX}d{int(dgrad_plan)}w{int(wgrad_plan)}"
+def bwd_algo(dgrad_plan: int, wgrad_plan: int, add_after: bool = False) -> str:
+    """Algorithm name of backward with dgrad plan `dgrad_plan` and wgrad plan `wgrad_plan`; `add_after`: an
+    accumulating one whose dgrad runs into the workspace and is added after (`ADD_AFTER`)."""
+    return f"{ALGO_PREFIX}d{int(dgrad_plan)}w{int(wgrad_plan)}" + (ADD_AFTER if add_after else "")
+
+
+def adds_after(algo: str | None) -> bool:
+    """Whether backward algorithm `algo` adds a dgrad written into its workspace (`bwd_algo(add_after=True)`)."""
+    return bool(algo) and algo.endswith(ADD_AFTER)
+
+
+def dx_scratch_bytes(x_shape, dtype) -> int:
+    """Bytes at the head of a `+add` backward's workspace that receive dx, rounded up to `CUDA_MALLOC_ALIGNMENT`
+    (the dgrad plan's own workspace follows, as aligned as a workspace of its own)."""
+    n = math.prod(int(v) for v in x_shape) * np.dtype(dtype).itemsize
+    return -(-n // CUDA_MALLOC_ALIGNMENT) * CUDA_MALLOC_ALIGNMENT
 
 
 def parse_conv_algo(phase: str, algo: str) -> tuple[int, ...]:
@@ -441,10 +460,13 @@ def pareto(cands: list[tuple[float, int, str]]) -> list[WorkspaceOption]:
     return out
 
 
-def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[WorkspaceOption]:
+def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]],
+                 add_scratch: int | None = None) -> list[WorkspaceOption]:
     """Workspace options of a convolution phase, fastest first, from the built plans of its graphs (each list in
     cuDNN's heuristic order). 'fwd' reads plans['fprop']; 'bwd' pairs plans['dgrad'] with plans['wgrad'].
-    Dominated options (slower and no smaller) are dropped."""
+    `add_scratch` (bytes, `dx_scratch_bytes`): the dgrad plans write into that much of the workspace's head
+    before their own workspace, and are added after (`+add` names). Dominated options (slower and no smaller)
+    are dropped."""
     if phase == "fwd":
         fp = plans["fprop"]
         if not fp:
@@ -454,7 +476,9 @@ def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[Wo
         dg, wg = plans["dgrad"], plans["wgrad"]
         if not dg or not wg:
             raise ValueError("conv2d bwd: cuDNN offers no execution plan for dgrad or wgrad")
-        cands = [(plan_cost(rd) + plan_cost(rw), max(d.workspace_bytes, w.workspace_bytes), bwd_algo(d.index, w.index))
+        head = add_scratch or 0
+        cands = [(plan_cost(rd) + plan_cost(rw), max(head + d.workspace_bytes, w.workspace_bytes),
+                  bwd_algo(d.index, w.index, add_scratch is not None))
                  for rd, d in enumerate(dg) for rw, w in enumerate(wg)]
         return pareto(cands)
     raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
