@@ -17,6 +17,8 @@ CASES = {
     "3x3/2 grouped": (3, 4, 9, 7, 6, 3, 2, 1, 2),  # im2col, overlapping taps: through the tile
     "3x3": (5, 6, 10, 10, 4, 3, 1, 1, 1),          # rows, rows_chunked: the flipped forward
     "3x3/2": (5, 6, 10, 10, 4, 3, 2, 1, 1),        # rows, rows_chunked: the scatter path
+    "3x3/2 odd": (5, 6, 11, 9, 4, 3, 2, 0, 1),     # ... no padding, odd sides
+    "3x3 pad 3": (3, 6, 7, 8, 4, 3, 1, 3, 1),      # ... at stride 1 (the padding is past the kernel's reach)
     "winograd": (3, 32, 8, 8, 32, 3, 1, 1, 1),     # winograd, winograd_by_position
     "1x1/2 wide": (9, 1024, 7, 7, 64, 1, 2, 0, 1),  # im2col_grouped, taps apart
     "3x3 small plane": (9, 128, 7, 7, 64, 3, 1, 1, 1),  # im2col_grouped, taps overlapping
@@ -79,10 +81,11 @@ def test_accumulate_is_the_plain_gradient_added(case, algo, threads, paths, monk
 
 
 def test_only_the_algorithms_that_sum_before_adding_need_more_workspace():
-    """The tile (one sample's dx; the row-shift pair one per accumulator slot; by-position Winograd one group's)
-    is added where a sum would otherwise run in the delta: gemm_1x1's product, overlapping taps' col2im, the
-    row-shift's kernel rows or column taps. Whole-tile Winograd adds each output as it writes it; a 1x1 or taps
-    apart add each dcol once. A weight-gradient-only call needs no more than a plain one."""
+    """The tile (one sample's dx; by-position Winograd's, one group's) is added where a sum would otherwise run
+    in the delta: gemm_1x1's product, overlapping taps' col2im, the row-shift's kernel rows or column taps on
+    its numpy path (where the weight gradient's layout is the larger, the tile fits beside dx's: `rows` at 3x3,
+    by-position Winograd here). Whole-tile Winograd adds each output as it writes it; a 1x1 or taps apart add
+    each dcol once."""
     grew = {}
     for case, algo in PARAMS:
         g = _geometry(case)
@@ -91,7 +94,8 @@ def test_only_the_algorithms_that_sum_before_adding_need_more_workspace():
         grew[case, algo] = acc > plain
     assert {k for k, v in grew.items() if v} == {
         ("1x1", "gemm_1x1"), ("3x3/2 grouped", "im2col"), ("3x3/2 grouped", "im2col_chunked"),
-        ("3x3", "rows"), ("3x3", "rows_chunked"), ("3x3/2", "rows"), ("3x3/2", "rows_chunked"),
+        ("3x3", "rows_chunked"), ("3x3/2", "rows"), ("3x3/2", "rows_chunked"), ("3x3/2 odd", "rows"),
+        ("3x3/2 odd", "rows_chunked"), ("3x3 pad 3", "rows"), ("3x3 pad 3", "rows_chunked"),
         ("3x3 small plane", "im2col_grouped")}
     g = _geometry("1x1")
     one_sample = g.cin * g.h * g.w * 4

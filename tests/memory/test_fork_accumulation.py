@@ -10,6 +10,7 @@ from minidl.graph.route import Phase
 from minidl.layers import Conv2d
 from minidl.memory.cudnn_model import planning_backend
 from minidl.memory.policies import plan_network
+from minidl.memory.report.explain import explain
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
@@ -36,6 +37,10 @@ def test_a_forks_later_convolution_adds_into_the_delta_with_no_partial():
     assert menu["im2col"] == plain["im2col"] and menu["im2col_chunked"] == plain["im2col_chunked"]
     plan = plan_network(net, SGD(lr=0.1, momentum=0.9), "liveness")
     assert plan.sizes and not [t for t in plan.sizes if t.startswith("dpart:")]
+    (line,) = [ln for ln in explain(plan, select="layer2.0.conv1").splitlines()
+               if ln.startswith("step") and "bwd layer2.0.conv1 " in ln]
+    assert line.endswith(f"algo {plan.steps[step.index].algo}  (adds its input delta into delta:layer1.2.relu in "
+                         f"the same call)"), line
 
 
 def test_each_convolution_backward_is_one_call_over_the_batch(monkeypatch):

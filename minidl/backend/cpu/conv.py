@@ -587,21 +587,17 @@ class _RowShift:
     def total(self, phase: str, accumulate: bool = False) -> int:
         if phase == "fwd":
             return self.off_t + self.fwd_tmp
-        return max(self.dw_total, self._off_tiles() + self.sub * self._tile_bytes() if accumulate else self.dx_total)
+        if not accumulate:
+            return max(self.dw_total, self.dx_total)
+        return max(self.dw_total, align(self.dx_total) + self.g.cin * self.g.h * self.g.w * self.isz)
 
-    def _off_tiles(self) -> int:
-        """Where an accumulating backward's dx tiles lie: after dx's own layout (`accumulate_tiles`)."""
-        return align(self.dx_total)
-
-    def _tile_bytes(self) -> int:
-        return self.g.cin * self.g.h * self.g.w * self.isz
-
-    def accumulate_tiles(self, ws: np.ndarray, dt: np.dtype) -> np.ndarray:
-        """An accumulating backward's `sub` one-sample dx tiles (sub, Cin, H, W): a sample's dx is summed over
-        its kernel rows (or column taps) in a tile, then added to the delta, so dx += dgrad gives exactly
-        dx + (the dgrad of a plain call). One per worker or lane, as many as the forward's accumulator slots."""
+    def accumulate_tile(self, ws: np.ndarray, dt: np.dtype) -> np.ndarray:
+        """An accumulating backward's one-sample dx tile (1, Cin, H, W), after dx's own layout: on the numpy
+        path a sample's dx is summed over its kernel rows (or column taps) there, then added to the delta, so
+        dx += dgrad gives exactly dx + (the dgrad of a plain call). The compiled path needs none: the flipped
+        forward sums in its accumulator slots (unused there), the scatter path gathers (`rows2im_add`)."""
         g = self.g
-        return view(ws, self._off_tiles(), (self.sub, g.cin, g.h, g.w), dt)
+        return view(ws, align(self.dx_total), (1, g.cin, g.h, g.w), dt)
 
     def _buffers(self, ws: np.ndarray, w: np.ndarray):
         g, dt = self.g, w.dtype
@@ -697,25 +693,27 @@ class _RowShift:
             return 1
         return max(1, min(lanes.count(), most, self.g.n))
 
-    def forward(self, x, w, y, ws, tiles: np.ndarray | None = None) -> None:
+    def forward(self, x, w, y, ws, tile: np.ndarray | None = None) -> None:
         """y[n] = sum over kernel rows (in order) of Wr[i] @ window_i(rows[n]); the samples split over lanes,
-        each with its own slots of the accumulator (the bits of y[n] do not depend on the split). With `tiles`
-        (sub, Cout, P): y[n] += that sum, finished in a tile first (an accumulating input gradient)."""
+        each with its own slots of the accumulator (the bits of y[n] do not depend on the split). With `tile`
+        (1, Cout, P), an accumulating input gradient: y[n] += that sum, finished first in the accumulator slots
+        (compiled, one per worker) or in `tile` (numpy, one sample at a time)."""
         g = self.g
         buf, wr = self._buffers(ws, w)
         y3 = _as(y, (g.n, g.cout, g.p))
-        acc = tiles is not None
-        if _compiled_rows():
-            self._compiled_call("forward", (x, wr, y3, buf), self.sub if acc else self.c,
-                                (tiles if acc else y3, acc))
-            return
         tmp = view(ws, self.off_t, (self.sub, g.cout, g.p), w.dtype)
+        acc = tile is not None
+        if _compiled_rows():
+            self._compiled_call("forward", (x, wr, y3, buf), self.sub if acc else self.c, (tmp if acc else y3, acc))
+            return
+        if acc:
+            self._forward_samples(x, y3, buf, wr, tmp[:1], 0, g.n, tile)
+            return
         n_lanes = self.lanes(self.sub)
         if n_lanes == 1:  # no task list to build on the dispatch-bound path (batch 1, one thread)
-            self._forward_samples(x, y3, buf, wr, tmp, 0, g.n, tiles)
+            self._forward_samples(x, y3, buf, wr, tmp, 0, g.n)
             return
-        lanes.run([lambda a=a, b=b, s0=s0, s1=s1: self._forward_samples(x, y3, buf, wr, tmp[s0:s1], a, b,
-                                                                         tiles[s0:s1] if acc else None)
+        lanes.run([lambda a=a, b=b, s0=s0, s1=s1: self._forward_samples(x, y3, buf, wr, tmp[s0:s1], a, b)
                    for (a, b), (s0, s1) in zip(lanes.split(g.n, n_lanes), lanes.split(self.sub, n_lanes))])
 
     def _compiled_call(self, name: str, arrays: tuple, slots: int, extra: tuple = ()) -> None:
@@ -739,7 +737,8 @@ class _RowShift:
 
     def _forward_samples(self, x, y3, buf, wr, tmp, a: int, b: int, tiles=None) -> None:
         """Samples [a, b), len(tmp) at a time: their column taps, then one stacked GEMM per kernel row (one GEMM
-        per sample inside np.matmul) summed in order; with `tiles`, summed there and added to y."""
+        per sample inside np.matmul) summed in order; with `tiles` (len(tmp) of them), summed there and added
+        to y."""
         g, wins, sub = self.g, self.wins, len(tmp)
         for s in range(a, b, self.c):  # the whole range at once in `rows` (fewer, longer copies)
             e = min(b, s + self.c)
@@ -768,12 +767,12 @@ class _RowShift:
         if dw is not None:
             self._weight_grad(x, dy3, dw, ws)
         if dx is not None:
-            tiles = self.accumulate_tiles(ws, dy.dtype) if accumulate else None
+            tile = self.accumulate_tile(ws, dy.dtype) if accumulate else None
             if self.dgrad is not None:
-                flat = None if tiles is None else _as(tiles, (self.sub, self.g.cin, self.g.h * self.g.w))
+                flat = None if tile is None else _as(tile, (1, self.g.cin, self.g.h * self.g.w))
                 self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws, flat)
             else:
-                self._input_grad_scatter(w, dy3, dx, ws, tiles)
+                self._input_grad_scatter(w, dy3, dx, ws, tile)
 
     def _weight_grad(self, x, dy3, dw, ws) -> None:
         """dW[:, :, i] = sum over samples n (in order) of dy[n] @ window_i(rows[n]).T, accumulated transposed in
@@ -829,16 +828,14 @@ class _RowShift:
                     np.matmul(dy3[k], win_t, out=prod.T)
                     np.add(acc[i], prod, out=acc[i])
 
-    def _input_grad_scatter(self, w, dy3, dx, ws, tiles=None) -> None:
+    def _input_grad_scatter(self, w, dy3, dx, ws, tile=None) -> None:
         """dx when `_dgrad` does not apply: drows[n] = the sum over kernel rows of Wr[i].T @ dy[n] placed at the
-        i-th window, then the kw column taps scattered back (rows2im); with `tiles`, scattered into a tile and
-        added to dx, sample by sample."""
+        i-th window, then the kw column taps scattered back (rows2im); with `tile`, dx += that: scattered into the
+        tile and added, sample by sample (compiled: gathered and added, `rows2im_add`)."""
         g, c = self.g, self.c
         buf, wr = self._buffers(ws, w)
         if _compiled_rows():
-            acc = tiles is not None
-            self._compiled_call("input_grad", (wr, dy3, dx, buf), min(c, self.sub) if acc else c,
-                                (tiles if acc else dx, acc))
+            self._compiled_call("input_grad", (wr, dy3, dx, buf), c, (tile is not None,))
             return
         t = view(ws, self.off_d, (self.k3, g.p), w.dtype)
         for s in range(0, g.n, c):
@@ -852,12 +849,12 @@ class _RowShift:
                     np.matmul(wri.T, dy3[k], out=t)
                     win = d[:, o_i:o_i + g.p]
                     np.add(win, t, out=win)
-            if tiles is None:
+            if tile is None:
                 self.rows2im(b, dx[s:e])
                 continue
             for k in range(s, e):
-                self.rows2im(b[k - s:k - s + 1], tiles[:1])
-                np.add(dx[k], tiles[0], out=dx[k])
+                self.rows2im(b[k - s:k - s + 1], tile)
+                np.add(dx[k], tile[0], out=dx[k])
 
 
 class _Grouped:

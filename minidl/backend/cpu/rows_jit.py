@@ -135,10 +135,38 @@ def rows2im(b, dx, row_src, cols, sw):
 
 
 @njit(**_OPTS)
-def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi, tiles, acc):
+def rows2im_add(b, dx, row_src, cols, sw):
+    """dx (C, H, W) += what `rows2im` writes, gathered: each value's column taps summed in order from zero, the
+    sum then added to dx's value, so the bits are exactly dx + (rows2im's). Every input row is stored once
+    (`row_src`), so each value of dx is visited once."""
+    c_in, kw, hp, wo = b.shape
+    h, w = dx.shape[1], dx.shape[2]
+    dxf = dx.reshape(-1)
+    bf = b.reshape(-1)
+    zero = dx.dtype.type(0)
+    for c in range(c_in):
+        for r in range(hp):
+            ih = row_src[r]
+            if ih < 0:
+                continue
+            d = (c * h + ih) * w
+            for iw in range(w):
+                total = zero
+                for j in range(kw):
+                    q = iw - cols[j, 2]
+                    if q < 0 or q % sw:
+                        continue
+                    q //= sw
+                    if q < cols[j, 1]:
+                        total += bf[((c * kw + j) * hp + r) * wo + cols[j, 0] + q]
+                dxf[d + iw] += total
+
+
+@njit(**_OPTS)
+def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi, acc):
     """Samples [lo, hi) of dx where the flipped forward does not apply (stride 2 down the rows): the rows'
     gradient in buf[slot], sum over kernel rows i (in order) of Wr[i].T @ dy[k] added at window i, then
-    scattered back (`rows2im`); with `acc`, scattered into tiles[slot] (C, H, W) and added to dx[k]."""
+    scattered back (`rows2im`); with `acc`, added to dx (`rows2im_add`)."""
     k3 = buf.shape[1] * buf.shape[2]
     rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
     flat = rows.reshape(-1)
@@ -150,26 +178,24 @@ def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi,
             o = wins[i]
             gemm_acc(wr[i], dy[k], rows[:, o:o + p], True, False, True)
         if acc:
-            rows2im(buf[slot], tiles[slot], row_src, cols, sw)
-            add_into(dx[k], tiles[slot])
+            rows2im_add(buf[slot], dx[k], row_src, cols, sw)
         else:
             rows2im(buf[slot], dx[k], row_src, cols, sw)
 
 
 @njit(**_OPTS)
-def input_grad(wr, dy, dx, buf, row_src, cols, sw, wins, p, tiles, acc):
+def input_grad(wr, dy, dx, buf, row_src, cols, sw, wins, p, acc):
     """dx (+)= the rows' gradient, every sample on this thread (rows in buf[0]). dy: (N, Cout, P)."""
-    _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, 0, 0, dx.shape[0], tiles, acc)
+    _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, 0, 0, dx.shape[0], acc)
 
 
 @njit(parallel=True, **_OPTS)
-def input_grad_parallel(wr, dy, dx, buf, row_src, cols, sw, wins, p, tiles, acc, workers):
-    """The same on `workers` threads, worker w on a contiguous share of the samples with its rows in buf[w] (and
-    its tile in tiles[w])."""
+def input_grad_parallel(wr, dy, dx, buf, row_src, cols, sw, wins, p, acc, workers):
+    """The same on `workers` threads, worker w on a contiguous share of the samples with its rows in buf[w]."""
     n = dx.shape[0]
     for w in prange(workers):
         _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers,
-                          tiles, acc)
+                          acc)
 
 
 @njit(**_OPTS)
