@@ -44,6 +44,12 @@ Backward reuses the column buffer: the columns serve dW, then the same memory re
 other scratch is one weight-sized product buffer, into which the dW contribution of sample n >= 1 is computed
 before being added (sample 0 is computed straight into dW).
 
+An accumulating backward (`accumulate=True`: a fork's later consumer, graph/route.py) adds dx into the delta it
+is given, with exactly the bits of delta + (the dx a plain call writes), so an in-place sum and a partial delta
+agree: where no sum runs in dx (a 1x1's or non-overlapping taps' col2im, whole-tile Winograd's output transform,
+the row-shift's compiled kernels) the value is added as it is written; elsewhere a one-sample tile in the
+workspace finishes the sum first (`_accumulate_tile`, `_RowShift.accumulate_tile`; by-position Winograd: a group).
+
 All scratch lives in the workspace the executor hands in; `conv_workspace_bytes` is the single source of truth
 for its size and layout, and the layer declares exactly these sizes to the planner.
 """

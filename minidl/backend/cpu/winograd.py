@@ -15,7 +15,8 @@ busy even on 8x8 planes. The transforms (B^T d B, A^T m A, G g G^T) are addition
 Backward. dx is itself a stride-1 3x3 convolution, of dy with the kernel flipped and Cin/Cout swapped, padded
 by 2 - p: it runs as this algorithm's forward (`_dgrad`). dW goes through the transform's gradient: with
 dM = A dY A^T per output tile and V the input tiles, dU[pos] = V[pos]^T @ dM[pos] summed over the tiles, then
-dW = G^T dU G (`weight_grad_tiles`).
+dW = G^T dU G (`weight_grad_tiles`). Accumulating into dx (a fork): the output transform adds each output's sum to
+dx's value; the by-position variant sums a group's outputs in a tile first (`group_tile_bytes`).
 
 Numerics and bit-identity. Results differ from a direct convolution by rounding (measured ~3e-7 relative on
 float32 against PyTorch in float64, as accurate as im2col here); the tests compare with PyTorch and finite
