@@ -23,6 +23,7 @@ compiled with fastmath.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import prange, uint64
 
 from ...core.jit_cache import njit
@@ -136,30 +137,31 @@ def rows2im(b, dx, row_src, cols, sw):
 
 @njit(**_OPTS)
 def rows2im_add(b, dx, row_src, cols, sw):
-    """dx (C, H, W) += what `rows2im` writes, gathered: each value's column taps summed in order from zero, the
-    sum then added to dx's value, so the bits are exactly dx + (rows2im's). Every input row is stored once
-    (`row_src`), so each value of dx is visited once."""
+    """dx (C, H, W) += what `rows2im` writes, exactly dx + (rows2im's values): each input row's column taps are
+    scattered in order into a one-row sum (from zero, as rows2im sums them in dx), which is then added to the
+    row of dx. Every input row is stored once (`row_src`), so each row of dx is added to once."""
     c_in, kw, hp, wo = b.shape
     h, w = dx.shape[1], dx.shape[2]
     dxf = dx.reshape(-1)
     bf = b.reshape(-1)
+    row = np.empty(w, dx.dtype)
     zero = dx.dtype.type(0)
+    ustep = uint64(sw)
     for c in range(c_in):
         for r in range(hp):
             ih = row_src[r]
             if ih < 0:
                 continue
-            d = (c * h + ih) * w
-            for iw in range(w):
-                total = zero
-                for j in range(kw):
-                    q = iw - cols[j, 2]
-                    if q < 0 or q % sw:
-                        continue
-                    q //= sw
-                    if q < cols[j, 1]:
-                        total += bf[((c * kw + j) * hp + r) * wo + cols[j, 0] + q]
-                dxf[d + iw] += total
+            for i in range(uint64(w)):
+                row[i] = zero
+            for j in range(kw):
+                lo, n, iw0 = cols[j, 0], uint64(cols[j, 1]), uint64(cols[j, 2])
+                s = uint64(((c * kw + j) * hp + r) * wo + lo)
+                for q in range(n):
+                    row[iw0 + q * ustep] += bf[s + q]
+            d = uint64((c * h + ih) * w)
+            for i in range(uint64(w)):
+                dxf[d + i] += row[i]
 
 
 @njit(**_OPTS)
