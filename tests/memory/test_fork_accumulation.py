@@ -5,15 +5,16 @@ import numpy as np
 import pytest
 
 from minidl.backend.cpu.backend import CPUBackend
+from minidl.backend.cpu.menu import CPU_MENU
 from minidl.data import synthetic
 from minidl.graph.route import Phase
 from minidl.layers import Conv2d
-from minidl.memory.cudnn_model import planning_backend
-from minidl.memory.policies import plan_network
 from minidl.memory.report.explain import explain
+from minidl.memory.request import Target
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
+from tests.planning import planned
 
 
 def _resnet50(batch=2, size=64):
@@ -31,11 +32,11 @@ def test_a_forks_later_convolution_adds_into_the_delta_with_no_partial():
     # the step lists the accumulating menu: gemm_1x1 finishes each sample's product in a one-sample tile
     node = net.node("layer2.0.conv1")
     in_shapes, out_shape = route.shapes_of(node.index)
-    plain = {o.algo: o.workspace_bytes for o in node.layer.workspace_options("bwd", in_shapes, out_shape, 4)}
+    plain = {o.algo: o.workspace_bytes for o in node.layer.workspace_options("bwd", in_shapes, out_shape, 4, CPU_MENU)}
     menu = {o.algo: o.workspace_bytes for o in step.workspace_options}
     assert menu["gemm_1x1"] == max(plain["gemm_1x1"], 256 * 16 * 16 * 4)
     assert menu["im2col"] == plain["im2col"] and menu["im2col_chunked"] == plain["im2col_chunked"]
-    plan = plan_network(net, SGD(lr=0.1, momentum=0.9), "liveness")
+    plan = planned(net, SGD(lr=0.1, momentum=0.9), "liveness")
     assert plan.sizes and not [t for t in plan.sizes if t.startswith("dpart:")]
     (line,) = [ln for ln in explain(plan, select="layer2.0.conv1").splitlines()
                if ln.startswith("step") and "bwd layer2.0.conv1 " in ln]
@@ -89,6 +90,6 @@ def test_resnet50_at_7_5x_the_in_memory_batch_plans_on_a_v100():
     """Batch 1388 on the v100 profile under `window`: the step through layer2.0.conv1 held four activation-sized
     tensors (the block input, the conv's output delta, a partial delta and the accumulated delta) and no budget
     of 16 GB planned it."""
-    plan = plan_network(_resnet50(batch=1388, size=224), SGD(lr=0.01, momentum=0.9), "window", "16GB",
-                        device="v100", backend=planning_backend("v100"))
+    plan = planned(_resnet50(batch=1388, size=224), SGD(lr=0.01, momentum=0.9), "window", "16GB",
+                   device="v100", menu=Target.for_run("v100").menu)
     assert plan.min_budget_bytes <= 16 * 10**9
