@@ -63,9 +63,9 @@ class LayerContext:
     algo: str | None = None
     rng_key: int = 0
     recompute: bool = False
-    accumulate: dict[int, np.ndarray] = field(default_factory=dict)
-    """backward: input slot -> a one-sample scratch, for the inputs whose delta (`dinputs[slot]`) already holds
-    other consumers' contributions: the layer adds its own into it (layers with `accumulates_in_place`)."""
+    accumulate: frozenset[int] = frozenset()
+    """backward: the input slots whose delta (`dinputs[slot]`) already holds other consumers' contributions: the
+    layer adds its own into it (layers with `accumulates_in_place`)."""
 
 
 class Layer:
@@ -76,8 +76,8 @@ class Layer:
     needs_inputs: ClassVar[tuple[int, ...]] = ()
     needs_output: ClassVar[bool] = False
     checkpoint: ClassVar[bool] = False
-    # backward can add its input's delta into a delta other consumers already wrote (`ctx.accumulate`), one sample
-    # at a time: a fork then needs no full-size partial delta (graph/route.py)
+    # backward can add its input's delta into a delta other consumers already wrote (`ctx.accumulate`), in the
+    # kernel that computes it: a fork then needs no partial delta (graph/route.py)
     accumulates_in_place: ClassVar[bool] = False
     is_loss: ClassVar[bool] = False
     # Whether forward/backward read `ctx.rng_key` (it changes every iteration; the compiled step refreshes it).
@@ -166,12 +166,13 @@ class Layer:
     def backward_flops(self, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
         return 2 * self.flops(in_shapes, out_shape)
 
-    def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
-                          itemsize: int, menu) -> list[WorkspaceOption]:
+    def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int, menu,
+                          accumulate: frozenset[int] = frozenset()) -> list[WorkspaceOption]:
         """Algorithms this layer can run `phase` ('fwd' or 'bwd') with; empty means no choice, no workspace.
 
         `menu` is what the plan is for (the CPU's menu, the cuDNN model, a live backend): the algorithms and their
-        workspace sizes are its own (cuDNN's execution plans are not the CPU's im2col).
+        workspace sizes are its own (cuDNN's execution plans are not the CPU's im2col). `accumulate`: the input
+        slots whose delta the backward adds into (`LayerContext.accumulate`).
         """
         return []
 

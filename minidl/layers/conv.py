@@ -106,11 +106,13 @@ class Conv2d(Layer):
                                          geom, winograd)
         return cache[key]
 
-    def workspace_options(self, phase, in_shapes, out_shape, itemsize, menu):
-        """The algorithms `menu` runs this convolution with, fastest first, with their exact workspace bytes."""
+    def workspace_options(self, phase, in_shapes, out_shape, itemsize, menu, accumulate=frozenset()):
+        """The algorithms `menu` runs this convolution with, fastest first, with their exact workspace bytes; a
+        backward whose input delta is `accumulate`d into (slot 0) is the menu's accumulating one."""
         w_shape = (self.out_channels, in_shapes[0][1] // self.groups, *self.kernel_size)
         return menu.conv_workspace_options(phase, tuple(in_shapes[0]), w_shape, tuple(out_shape), self.stride,
-                                           self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"))
+                                           self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"),
+                                           accumulate=0 in accumulate)
 
     def config(self):
         return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
@@ -135,19 +137,8 @@ class Conv2d(Layer):
                           self.dilation, self.groups, self._algo(ctx, "fwd", inputs[0].shape), ctx.workspace)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
-        algo = self._algo(ctx, "bwd", inputs[0].shape)
-        scratch = ctx.accumulate.get(0)
-        if scratch is None:
-            be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
-                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
-            return
-        # dinputs[0] already holds the fork's other contributions: the weight gradient over the batch, then this
-        # layer's input delta one sample at a time (every algorithm computes samples independently), each added
-        # into the sum, so no delta of the whole batch is ever held twice
-        if grads:
-            be.conv2d_backward(inputs[0], params["weight"], dout, None, grads.get("weight"), grads.get("bias"),
-                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
-        for i in range(dout.shape[0]):
-            be.conv2d_backward(inputs[0][i:i + 1], params["weight"], dout[i:i + 1], scratch, None, None,
-                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
-            be.accumulate(dinputs[0][i:i + 1], scratch)
+        # at a fork, dinputs[0] already holds the other consumers' contributions: the backend adds this layer's
+        # input delta into it (accumulate), over the whole batch in one call
+        be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
+                           self.stride, self.padding, self.dilation, self.groups,
+                           self._algo(ctx, "bwd", inputs[0].shape), ctx.workspace, accumulate=0 in ctx.accumulate)

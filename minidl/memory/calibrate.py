@@ -62,7 +62,7 @@ def fit_efficiency(route: Route, costs: CostTable, peak_flops: float) -> float |
         in_shapes, out_shape = route.shapes_of(node.index)
         phase = "fwd" if step.phase is Phase.FORWARD else "bwd"
         entry = costs.seconds.get(cost_key(layer, phase, in_shapes, out_shape, net.dtype.itemsize,
-                                           route.backend_name))
+                                           route.backend_name, step.accumulates_into))
         if not entry:
             continue
         seconds += min(entry.values())

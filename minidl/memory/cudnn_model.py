@@ -258,8 +258,10 @@ class CudnnModel:
         return hash((NAME, self.device))
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
-                               groups: int, dtype=np.float32) -> list[WorkspaceOption]:
-        """The modeled options for `phase` ('fwd' or 'bwd'), fastest first; same signature as the backends'."""
+                               groups: int, dtype=np.float32, accumulate: bool = False) -> list[WorkspaceOption]:
+        """The modeled options for `phase` ('fwd' or 'bwd'), fastest first; same signature as the backends'. An
+        accumulating backward is modeled as the plain one: the add runs in the data gradient's epilogue (the
+        CUDA backend's `dgrad_add` graph), with no workspace of its own."""
         key = (phase, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding), tuple(dilation),
                groups, np.dtype(dtype).str)
         if key not in self._options:

@@ -85,14 +85,16 @@ class WorkspaceChoice:
 
 # -- costs ------------------------------------------------------------------------------------------------------
 def cost_key(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int,
-             backend_name: str = "cpu") -> str:
-    """The identity of one measurement: backend, layer type and configuration, phase, shapes and item size.
+             backend_name: str = "cpu", accumulate: frozenset[int] = frozenset()) -> str:
+    """The identity of one measurement: backend, layer type and configuration, phase (and the input slots whose
+    delta a backward adds into), shapes and item size.
 
     Two convolutions with the same key run the same kernels on the same amount of data, so one measurement
     serves both (a ResNet-2500 has thousands of convolutions but a few dozen distinct keys).
     """
     cfg = json.dumps(layer.config(), sort_keys=True, default=str)
     shapes = ";".join("x".join(map(str, s)) for s in in_shapes)
+    phase += "".join(f"+acc{k}" for k in sorted(accumulate))
     return f"{backend_name}|{layer.type_name}|{cfg}|{phase}|{shapes}->{'x'.join(map(str, out_shape))}|{itemsize}"
 
 
@@ -139,18 +141,21 @@ class CostTable:
         return menu_of(self.backend) if self.backend is not None else CPU_MENU
 
     def rank(self, layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
-             itemsize: int, options: Sequence[WorkspaceOption] | None = None) -> list[WorkspaceOption]:
+             itemsize: int, options: Sequence[WorkspaceOption] | None = None,
+             accumulate: frozenset[int] = frozenset()) -> list[WorkspaceOption]:
         """The options for `phase` (`options`, else the layer's menu on this table's backend), fastest first,
-        with `est_cost` set to this table's cost."""
+        with `est_cost` set to this table's cost; `accumulate`: the input slots whose delta a backward adds
+        into (`Step.accumulates_into`)."""
         opts = list(options) if options is not None else layer.workspace_options(
-            phase, in_shapes, out_shape, itemsize, self.menu)
+            phase, in_shapes, out_shape, itemsize, self.menu, accumulate)
         if not self.autotune or not opts:
             return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes, o.algo))
-        key = cost_key(layer, phase, in_shapes, out_shape, itemsize, self.backend_name)
+        key = cost_key(layer, phase, in_shapes, out_shape, itemsize, self.backend_name, accumulate)
         entry = self.seconds.setdefault(key, {})
         missing = [o for o in opts if o.algo not in entry]
         for o in missing:
-            entry[o.algo] = measure(layer, phase, in_shapes, out_shape, itemsize, o, self.repeats, self.backend)
+            entry[o.algo] = measure(layer, phase, in_shapes, out_shape, itemsize, o, self.repeats, self.backend,
+                                    accumulate)
             self.measured += 1
         if missing:
             self.save()
@@ -169,10 +174,11 @@ class CostTable:
 
 
 def measure(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int,
-            option: WorkspaceOption, repeats: int = 3, backend=None) -> float:
+            option: WorkspaceOption, repeats: int = 3, backend=None, accumulate: frozenset[int] = frozenset()) -> float:
     """Seconds one `phase` call of `layer` takes with `option` on `backend` (None: the CPU backend), on random
-    data (fastest of `repeats`). Arrays are made with the backend's array module (`xp`) and the clock is read
-    after `synchronize()`, so a GPU's asynchronous kernels are timed to completion."""
+    data (fastest of `repeats`); a backward adding into the deltas of the `accumulate` slots. Arrays are made with
+    the backend's array module (`xp`) and the clock is read after `synchronize()`, so a GPU's asynchronous
+    kernels are timed to completion."""
     from ..backend.cpu.backend import CPUBackend
     from ..graph.network import Network
 
@@ -191,13 +197,13 @@ def measure(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Sha
     params = {p: xp.asarray(rng.standard_normal(spec.shape).astype(dtype) * 0.1) for p, spec in node.params.items()}
     out = xp.empty(out_shape, dtype)
     ws = xp.empty(max(option.workspace_bytes, 1), np.uint8)
-    ctx = LayerContext(training=True, workspace=ws, algo=option.algo)
+    ctx = LayerContext(training=True, workspace=ws, algo=option.algo, accumulate=frozenset(accumulate))
     if phase == "fwd":
         def run():
             probe.forward(be, xs, out, params, ctx)
     else:
         dout = xp.asarray(rng.standard_normal(out_shape).astype(dtype))
-        dxs = [xp.empty(s, dtype) for s in in_shapes]
+        dxs = [xp.zeros(s, dtype) for s in in_shapes]  # read where accumulated into
         grads = {p: xp.empty(spec.shape, dtype) for p, spec in node.params.items() if spec.trainable}
 
         def run():
@@ -233,7 +239,8 @@ def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int,
         if costs.autotune and costs.backend_name != route.backend_name:
             raise OptionError(f"the cost table measures on backend '{costs.backend_name}' but the route lists "
                               f"the algorithms of backend '{route.backend_name}'")
-        opts = costs.rank(node.layer, phase, in_shapes, out_shape, net.dtype.itemsize, step.workspace_options)
+        opts = costs.rank(node.layer, phase, in_shapes, out_shape, net.dtype.itemsize, step.workspace_options,
+                          step.accumulates_into)
         out[step.index] = WorkspaceChoice(opts[0].algo, opts[0].workspace_bytes, [], opts)
     return out
 

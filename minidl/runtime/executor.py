@@ -601,7 +601,7 @@ class Executor:
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
-        ctx.accumulate = {a.slot: get(a.partial, step) for a in step.accumulate if a.in_place}
+        ctx.accumulate = step.accumulates_into
         grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
         sink(BoundCall("backward", layer.backward, (self.be, inputs, out, dout, dinputs, grads, params, ctx), step,
                        LayerCall(node, inputs, out, params, ctx, step.micro, False, dout, dinputs, grads)))

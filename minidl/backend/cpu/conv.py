@@ -44,6 +44,12 @@ Backward reuses the column buffer: the columns serve dW, then the same memory re
 other scratch is one weight-sized product buffer, into which the dW contribution of sample n >= 1 is computed
 before being added (sample 0 is computed straight into dW).
 
+An accumulating backward (`accumulate=True`: a fork's later consumer, graph/route.py) adds dx into the delta it
+is given, with exactly the bits of delta + (the dx a plain call writes), so an in-place sum and a partial delta
+agree: where no sum runs in dx (a 1x1's or non-overlapping taps' col2im, whole-tile Winograd's output transform,
+the row-shift's compiled kernels) the value is added as it is written; elsewhere a one-sample tile in the
+workspace finishes the sum first (`_accumulate_tile`, `_RowShift.accumulate_tile`; by-position Winograd: a group).
+
 All scratch lives in the workspace the executor hands in; `conv_workspace_bytes` is the single source of truth
 for its size and layout, and the layer declares exactly these sizes to the planner.
 """
@@ -138,8 +144,9 @@ def _chunk(algo: str, n: int) -> int:
     return n if algo == "im2col" else min(n, _CHUNK)
 
 
-def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int) -> tuple[int, int, int]:
-    """(column buffer bytes, dW product buffer offset, total bytes) of the workspace of `algo` in `phase`."""
+def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int, accumulate: bool = False) -> tuple[int, int, int]:
+    """(column buffer bytes, dW product buffer offset, total bytes) of the workspace of `algo` in `phase`;
+    `accumulate`: a backward that adds dx into the delta it is given (`_accumulate_tile`)."""
     cols = 0 if algo == "gemm_1x1" else _chunk(algo, g.n) * g.groups * g.k * g.p * itemsize
     if phase == "fwd":
         return cols, 0, cols
@@ -147,7 +154,24 @@ def _layout(algo: str, phase: str, g: ConvGeometry, itemsize: int) -> tuple[int,
     # needed only when there is more than one sample to accumulate.
     prod = g.cout * g.k * itemsize if g.n > 1 else 0
     off = align(cols) if prod else cols
-    return cols, off, off + prod
+    tile = _accumulate_tile(algo, g, itemsize) if accumulate else 0
+    return cols, off, max(off + prod, align(cols) + tile if tile else 0)
+
+
+def _taps_overlap(g: ConvGeometry) -> bool:
+    """Whether two kernel taps reach one input value: a kernel whose reach, (k - 1) * dilation, is at least the
+    stride on some axis. Where none do (a 1x1, a 2x2 at stride 2), col2im adds each dcol to its input once."""
+    return (g.kh - 1) * g.dilation[0] >= g.stride[0] or (g.kw - 1) * g.dilation[1] >= g.stride[1]
+
+
+def _accumulate_tile(algo: str, g: ConvGeometry, itemsize: int) -> int:
+    """Bytes of the one-sample dx tile an accumulating im2col-family backward needs (after its column buffer;
+    the dW product buffer is spent by then): gemm_1x1's product has nowhere else to go, and col2im sums several
+    taps into one input where taps overlap. dx += dgrad must give dx + (dgrad of a plain call) exactly, so a
+    sum over taps (or a GEMM) is finished in the tile before it meets dx; where no sum runs, dcols go straight in."""
+    if algo == "gemm_1x1" or (algo in IM2COL_ALGOS + (GROUPED,) and _taps_overlap(g)):
+        return g.cin * g.h * g.w * itemsize
+    return 0
 
 
 def uses_rows(kernel, stride, groups: int = 1) -> bool:
@@ -258,29 +282,35 @@ def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: Co
     return [a for a in IM2COL_ALGOS if a != "gemm_1x1" or ok_1x1]
 
 
-def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation, winograd: bool = True):
-    """list[WorkspaceOption] for `phase`, fastest (by EST_COST) first, then smallest workspace first."""
+def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation, winograd: bool = True,
+                 accumulate: bool = False):
+    """list[WorkspaceOption] for `phase`, fastest (by EST_COST) first, then smallest workspace first;
+    `accumulate`: a backward that adds dx into the delta it is given (`ConvOps.conv2d_backward`)."""
 
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
-    opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, geom, itemsize), EST_COST[a])
+    opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, geom, itemsize, accumulate), EST_COST[a])
             for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation, geom.groups, geom, winograd)]
     return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes))
 
 
-def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: int) -> int:
-    """Exact workspace bytes `algo` needs for `phase` ('fwd' or 'bwd')."""
+def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: int, accumulate: bool = False) -> int:
+    """Exact workspace bytes `algo` needs for `phase` ('fwd' or 'bwd'; `accumulate`: a backward adding dx into
+    the delta it is given)."""
     if algo not in ALGOS:
         raise ValueError(f"unknown convolution algorithm {algo!r}; expected one of {ALGOS}")
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
+    if accumulate and phase != "bwd":
+        raise ValueError(f"conv2d {phase}: only the backward accumulates (into dx)")
     if algo in ROW_ALGOS:
-        return _RowShift(geom, algo, itemsize).total(phase)
+        return _RowShift(geom, algo, itemsize).total(phase, accumulate)
     if algo == GROUPED:
-        return _Grouped(geom, itemsize).total(phase)
+        return _Grouped(geom, itemsize).total(phase, accumulate)
     if algo in WINOGRAD_ALGOS:
-        return cpu_winograd._Winograd(geom, itemsize, by_position=algo == WINOGRAD_BY_POSITION).total(phase)
-    return _layout(algo, phase, geom, itemsize)[2]
+        return cpu_winograd._Winograd(geom, itemsize, by_position=algo == WINOGRAD_BY_POSITION).total(phase,
+                                                                                                      accumulate)
+    return _layout(algo, phase, geom, itemsize, accumulate)[2]
 
 
 # -- kernel taps ------------------------------------------------------------------------------------------------
@@ -394,21 +424,35 @@ def _im2col_part(x: np.ndarray, cols6: np.ndarray, taps: list[_Tap], stride) -> 
         np.copyto(dst[:, :, t.oh0:t.oh0 + t.nh, t.ow0:t.ow0 + t.nw], _src(x, t, stride))
 
 
-def _col2im(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> None:
-    """dx (c, C, H, W) = the sum, tap by tap in row-major order, of dcols6 (c, C, kh, kw, Ho, Wo) scattered back.
+def _col2im(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride, accumulate: bool = False,
+            tile: np.ndarray | None = None) -> None:
+    """dx (c, C, H, W) = the sum, tap by tap in row-major order, of dcols6 (c, C, kh, kw, Ho, Wo) scattered back;
+    with `accumulate`, dx += that sum: exactly dx + (the sum), so where taps overlap it is finished sample by
+    sample in `tile` (one sample's (C, H, W)) and then added; where they do not (`_taps_overlap`), each dcol is
+    added to its input, once.
 
     dcols6 is scratch: on the flat-run path its padding-reading positions are zeroed in place. Split over the
     lanes as `_im2col` is: a sample's dx sums only its own columns, in the same tap order, so no bits move."""
-    _by_samples(_col2im_part, dcols6.size, (dcols6, dx), (taps, stride))
+    if accumulate and tile is not None:
+        for k in range(dx.shape[0]):
+            _col2im_part(dcols6[k:k + 1], tile[None], taps, stride, False)
+            np.add(dx[k], tile, out=dx[k])
+        return
+    _by_samples(_col2im_part, dcols6.size, (dcols6, dx), (taps, stride, accumulate))
 
 
-def _col2im_part(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride) -> None:
+def _col2im_part(dcols6: np.ndarray, dx: np.ndarray, taps: list[_Tap], stride, accumulate: bool) -> None:
     c, ch, _, _, ho, wo = dcols6.shape
     if len(taps) == 1 and taps[0].nh == dx.shape[2] and taps[0].nw == dx.shape[3] and tuple(stride) == (1, 1):
         t = taps[0]  # one tap covering the whole input (1x1 kernel): a copy, exactly as 0 + v would give
-        np.copyto(dx, dcols6[:, :, t.i, t.j, t.oh0:t.oh0 + t.nh, t.ow0:t.ow0 + t.nw])
+        src = dcols6[:, :, t.i, t.j, t.oh0:t.oh0 + t.nh, t.ow0:t.ow0 + t.nw]
+        if accumulate:
+            np.add(dx, src, out=dx)
+        else:
+            np.copyto(dx, src)
         return
-    dx.fill(0)
+    if not accumulate:
+        dx.fill(0)
     flat = _flat_rows(dx, stride, wo)
     if flat:
         dxf = _as(dx, (c, ch, -1))
@@ -548,8 +592,20 @@ class _RowShift:
         t = ConvGeometry(g.n, g.cout, g.ho, g.wo, g.cin, g.kh, g.kw, g.h, g.w, 1, (1, 1), pad, g.dilation)
         return _RowShift(t, self.algo, self.isz, forward_only=True)
 
-    def total(self, phase: str) -> int:
-        return self.off_t + self.fwd_tmp if phase == "fwd" else max(self.dw_total, self.dx_total)
+    def total(self, phase: str, accumulate: bool = False) -> int:
+        if phase == "fwd":
+            return self.off_t + self.fwd_tmp
+        if not accumulate:
+            return max(self.dw_total, self.dx_total)
+        return max(self.dw_total, align(self.dx_total) + self.g.cin * self.g.h * self.g.w * self.isz)
+
+    def accumulate_tile(self, ws: np.ndarray, dt: np.dtype) -> np.ndarray:
+        """An accumulating backward's one-sample dx tile (1, Cin, H, W), after dx's own layout: on the numpy
+        path a sample's dx is summed over its kernel rows (or column taps) there, then added to the delta, so
+        dx += dgrad gives exactly dx + (the dgrad of a plain call). The compiled path needs none: the flipped
+        forward sums in its accumulator slots (unused there), the scatter path gathers (`rows2im_add`)."""
+        g = self.g
+        return view(ws, align(self.dx_total), (1, g.cin, g.h, g.w), dt)
 
     def _buffers(self, ws: np.ndarray, w: np.ndarray):
         g, dt = self.g, w.dtype
@@ -645,16 +701,22 @@ class _RowShift:
             return 1
         return max(1, min(lanes.count(), most, self.g.n))
 
-    def forward(self, x, w, y, ws) -> None:
+    def forward(self, x, w, y, ws, tile: np.ndarray | None = None) -> None:
         """y[n] = sum over kernel rows (in order) of Wr[i] @ window_i(rows[n]); the samples split over lanes,
-        each with its own slots of the accumulator (the bits of y[n] do not depend on the split)."""
+        each with its own slots of the accumulator (the bits of y[n] do not depend on the split). With `tile`
+        (1, Cout, P), an accumulating input gradient: y[n] += that sum, finished first in the accumulator slots
+        (compiled, one per worker) or in `tile` (numpy, one sample at a time)."""
         g = self.g
         buf, wr = self._buffers(ws, w)
         y3 = _as(y, (g.n, g.cout, g.p))
-        if _compiled_rows():
-            self._compiled_call("forward", (x, wr, y3, buf), self.c)
-            return
         tmp = view(ws, self.off_t, (self.sub, g.cout, g.p), w.dtype)
+        acc = tile is not None
+        if _compiled_rows():
+            self._compiled_call("forward", (x, wr, y3, buf), self.sub if acc else self.c, (tmp if acc else y3, acc))
+            return
+        if acc:
+            self._forward_samples(x, y3, buf, wr, tmp[:1], 0, g.n, tile)
+            return
         n_lanes = self.lanes(self.sub)
         if n_lanes == 1:  # no task list to build on the dispatch-bound path (batch 1, one thread)
             self._forward_samples(x, y3, buf, wr, tmp, 0, g.n)
@@ -662,12 +724,13 @@ class _RowShift:
         lanes.run([lambda a=a, b=b, s0=s0, s1=s1: self._forward_samples(x, y3, buf, wr, tmp[s0:s1], a, b)
                    for (a, b), (s0, s1) in zip(lanes.split(g.n, n_lanes), lanes.split(self.sub, n_lanes))])
 
-    def _compiled_call(self, name: str, arrays: tuple, slots: int) -> None:
+    def _compiled_call(self, name: str, arrays: tuple, slots: int, extra: tuple = ()) -> None:
         """Run `cpu.rows_jit.<name>` (forward, input_grad: samples split over workers; weight_grad: its two
         halves; each worker with its own slot of the rows buffer) on as many threads as the compiled kernels may
-        use, the buffer has slots (`slots`) and the layer is large enough for (`cpu.jit.workers_for`)."""
+        use, the buffer has slots (`slots`) and the layer is large enough for (`cpu.jit.workers_for`); `extra`
+        follows the geometry (an accumulating call's tiles and flag)."""
         k, g = rows_jit(), self.g
-        args = arrays + (self.row_src, self.col_runs, g.stride[1], self.win_offsets, g.p)
+        args = arrays + (self.row_src, self.col_runs, g.stride[1], self.win_offsets, g.p) + extra
         workers = min(slots, g.n, workers_for(g.n * max(g.cin, g.cout) * g.h * g.w))
         if workers > 1:
             with lanes.blas_pinned():
@@ -680,9 +743,10 @@ class _RowShift:
         batch), the start of the buffer in `rows_chunked` (which holds one chunk)."""
         return buf[s:e] if self.c == self.g.n else buf[:e - s]
 
-    def _forward_samples(self, x, y3, buf, wr, tmp, a: int, b: int) -> None:
+    def _forward_samples(self, x, y3, buf, wr, tmp, a: int, b: int, tiles=None) -> None:
         """Samples [a, b), len(tmp) at a time: their column taps, then one stacked GEMM per kernel row (one GEMM
-        per sample inside np.matmul) summed in order."""
+        per sample inside np.matmul) summed in order; with `tiles` (len(tmp) of them), summed there and added
+        to y."""
         g, wins, sub = self.g, self.wins, len(tmp)
         for s in range(a, b, self.c):  # the whole range at once in `rows` (fewer, longer copies)
             e = min(b, s + self.c)
@@ -692,6 +756,8 @@ class _RowShift:
             for s2 in range(s, e, sub):
                 e2 = min(e, s2 + sub)
                 out, t = y3[s2:e2], tmp[:e2 - s2]
+                if tiles is not None:
+                    out = _as(tiles[:e2 - s2], t.shape)
                 for i, o in enumerate(wins):
                     src = bf[s2 - s:e2 - s, :, o:o + g.p]
                     if i == 0:
@@ -699,17 +765,22 @@ class _RowShift:
                     else:
                         np.matmul(wr[i], src, out=t)
                         np.add(out, t, out=out)
+                if tiles is not None:
+                    np.add(y3[s2:e2], out, out=y3[s2:e2])
 
-    def backward(self, x, w, dy, dx, dw, ws) -> None:
-        """dW first (the rows of x, then nothing of it is needed again), then dx in the same workspace."""
+    def backward(self, x, w, dy, dx, dw, ws, accumulate: bool = False) -> None:
+        """dW first (the rows of x, then nothing of it is needed again), then dx (dx += with `accumulate`) in
+        the same workspace."""
         dy3 = _as(dy, (self.g.n, self.g.cout, self.g.p))
         if dw is not None:
             self._weight_grad(x, dy3, dw, ws)
         if dx is not None:
+            tile = self.accumulate_tile(ws, dy.dtype) if accumulate else None
             if self.dgrad is not None:
-                self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws)
+                flat = None if tile is None else _as(tile, (1, self.g.cin, self.g.h * self.g.w))
+                self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws, flat)
             else:
-                self._input_grad_scatter(w, dy3, dx, ws)
+                self._input_grad_scatter(w, dy3, dx, ws, tile)
 
     def _weight_grad(self, x, dy3, dw, ws) -> None:
         """dW[:, :, i] = sum over samples n (in order) of dy[n] @ window_i(rows[n]).T, accumulated transposed in
@@ -765,13 +836,14 @@ class _RowShift:
                     np.matmul(dy3[k], win_t, out=prod.T)
                     np.add(acc[i], prod, out=acc[i])
 
-    def _input_grad_scatter(self, w, dy3, dx, ws) -> None:
+    def _input_grad_scatter(self, w, dy3, dx, ws, tile=None) -> None:
         """dx when `_dgrad` does not apply: drows[n] = the sum over kernel rows of Wr[i].T @ dy[n] placed at the
-        i-th window, then the kw column taps scattered back (rows2im)."""
+        i-th window, then the kw column taps scattered back (rows2im); with `tile`, dx += that: scattered into the
+        tile and added, sample by sample (compiled: gathered and added, `rows2im_add`)."""
         g, c = self.g, self.c
         buf, wr = self._buffers(ws, w)
         if _compiled_rows():
-            self._compiled_call("input_grad", (wr, dy3, dx, buf), c)
+            self._compiled_call("input_grad", (wr, dy3, dx, buf), c, (tile is not None,))
             return
         t = view(ws, self.off_d, (self.k3, g.p), w.dtype)
         for s in range(0, g.n, c):
@@ -785,7 +857,12 @@ class _RowShift:
                     np.matmul(wri.T, dy3[k], out=t)
                     win = d[:, o_i:o_i + g.p]
                     np.add(win, t, out=win)
-            self.rows2im(b, dx[s:e])
+            if tile is None:
+                self.rows2im(b, dx[s:e])
+                continue
+            for k in range(s, e):
+                self.rows2im(b[k - s:k - s + 1], tile)
+                np.add(dx[k], tile[0], out=dx[k])
 
 
 class _Grouped:
@@ -801,7 +878,8 @@ class _Grouped:
     The group size is fixed by the shapes (`_GROUP_COLS` columns per GEMM, see `uses_grouped`) and the layer has
     no other algorithm, so the sums are the same on every run, whatever the budget. The workspace holds one
     group's columns and one output-sized (Cout, g*P) block; backward adds a weight-sized product buffer when
-    there is more than one group to accumulate."""
+    there is more than one group to accumulate, and an accumulating one a one-sample dx tile over it where taps
+    overlap (`_col2im`)."""
 
     def __init__(self, g: ConvGeometry, itemsize: int):
         self.g, self.isz = g, itemsize
@@ -814,8 +892,11 @@ class _Grouped:
         self.off_prod = align(self.fwd_total)
         self.bwd_total = self.off_prod + g.cout * g.k * itemsize if self.groups > 1 else self.fwd_total
 
-    def total(self, phase: str) -> int:
-        return self.fwd_total if phase == "fwd" else self.bwd_total
+    def total(self, phase: str, accumulate: bool = False) -> int:
+        if phase == "fwd":
+            return self.fwd_total
+        tile = _accumulate_tile(GROUPED, self.g, self.isz) if accumulate else 0
+        return max(self.bwd_total, self.off_prod + tile) if tile else self.bwd_total
 
     def _groups(self, ws: np.ndarray, dt: np.dtype):
         """(n0, n1, cols (K, m*P), cols6 (m, Cin, kh, kw, Ho, Wo) view of it, Cout x m*P block) per group."""
@@ -838,11 +919,13 @@ class _Grouped:
             lanes.matmul(w2, cols, blk)
             np.copyto(y3[n0:n1].transpose(1, 0, 2), _as(blk, (g.cout, n1 - n0, g.p)))
 
-    def backward(self, x, w, dy, dx, dw, ws) -> None:
+    def backward(self, x, w, dy, dx, dw, ws, accumulate: bool = False) -> None:
         g = self.g
         dy3 = _as(dy, (g.n, g.cout, g.p))
         dw2 = _as(dw, (g.cout, g.k)) if dw is not None else None
         prod = view(ws, self.off_prod, (g.cout, g.k), dy.dtype) if dw is not None and self.groups > 1 else None
+        tile = (view(ws, self.off_prod, (g.cin, g.h, g.w), dy.dtype)
+                if accumulate and _accumulate_tile(GROUPED, g, self.isz) else None)  # prod is spent by then
         w2t = _as(w, (g.cout, g.k)).T
         for n0, n1, cols, cols6, blk in self._groups(ws, dy.dtype):
             np.copyto(_as(blk, (g.cout, n1 - n0, g.p)), dy3[n0:n1].transpose(1, 0, 2))
@@ -855,7 +938,7 @@ class _Grouped:
                     np.add(dw2, prod, out=dw2)
             if dx is not None:  # the columns are spent: the same memory now receives dcols
                 lanes.matmul(w2t, blk, cols)
-                _col2im(cols6, dx[n0:n1], self.taps, g.stride)
+                _col2im(cols6, dx[n0:n1], self.taps, g.stride, accumulate, tile)
 
 
 class ConvOps:
@@ -895,17 +978,20 @@ class ConvOps:
     def conv2d_backward(self, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None,
                         dw: np.ndarray | None, db: np.ndarray | None, stride: tuple[int, int],
                         padding: tuple[int, int], dilation: tuple[int, int], groups: int, algo: str,
-                        workspace: np.ndarray | None) -> None:
-        """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted)."""
-        stride = tuple(stride)
-        g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace)
+                        workspace: np.ndarray | None, accumulate: bool = False) -> None:
+        """dx, dw, db of y = conv2d(x, w) + b given dy; any of them may be None (not wanted). `accumulate`:
+        dx += the input gradient, with exactly the bits of dx + (the dx a plain call writes), the workspace
+        `conv_workspace_bytes(..., accumulate=True)` says."""
+        stride, accumulate = tuple(stride), accumulate and dx is not None
+        g, taps, ws = self._conv_setup(x, w, dy, stride, padding, dilation, groups, algo, "bwd", workspace,
+                                       accumulate)
         with _blas_scope(g):
-            self._conv_backward(g, taps, ws, x, w, dy, dx, dw, db, stride, algo)
+            self._conv_backward(g, taps, ws, x, w, dy, dx, dw, db, stride, algo, accumulate)
 
-    def _conv_backward(self, g, taps, ws, x, w, dy, dx, dw, db, stride, algo) -> None:
+    def _conv_backward(self, g, taps, ws, x, w, dy, dx, dw, db, stride, algo, accumulate) -> None:
         if algo in OBJECT_ALGOS:
             if dx is not None or dw is not None:
-                taps.backward(x, w, dy, dx, dw, ws)  # the layer's _RowShift, _Grouped or _Winograd
+                taps.backward(x, w, dy, dx, dw, ws, accumulate)  # the layer's _RowShift, _Grouped or _Winograd
             if db is not None:
                 np.sum(np.sum(_as(dy, (g.n, g.cout, g.p)), axis=2), axis=0, out=db)
             return
@@ -916,6 +1002,8 @@ class ConvOps:
         dw3 = _as(dw, (G, cg_out, g.k)) if dw is not None else None
         cols_bytes, prod_off, _ = _layout(algo, "bwd", g, x.dtype.itemsize)
         prod = view(ws, prod_off, (G, cg_out, g.k), x.dtype) if dw3 is not None and n > 1 else None
+        tile = (view(ws, align(cols_bytes), (g.cin, g.h, g.w), x.dtype)
+                if accumulate and _accumulate_tile(algo, g, x.dtype.itemsize) else None)  # prod is spent by then
 
         def accumulate_dw(sample: int, cols4: np.ndarray) -> None:
             """dW += dy[sample] @ cols.T, one GEMM per group; sample 0 goes straight into dW."""
@@ -934,7 +1022,12 @@ class ConvOps:
             elif dw3 is not None:
                 for s in range(n):
                     accumulate_dw(s, x4[s])
-            if dx is not None:
+            if dx is not None and accumulate:  # each sample's product in the tile, then added
+                tile4 = _as(tile, (G, g.k, g.p))
+                for s in range(n):
+                    lanes.matmul(w3t, dy4[s], tile4)
+                    np.add(dx[s], tile, out=dx[s])
+            elif dx is not None:
                 lanes.matmul(w3t, dy4, _as(dx, (n, G, g.k, g.p)))
         elif dw3 is not None or dx is not None:
             c = _chunk(algo, n)
@@ -952,42 +1045,42 @@ class ConvOps:
                             accumulate_dw(k, buf4[k - s])
                 if dx is not None:  # the columns are spent: the same memory now receives dcols
                     lanes.matmul(w3t, dy4[s:e], buf4)
-                    _col2im(buf6, dx[s:e], taps, stride)
+                    _col2im(buf6, dx[s:e], taps, stride, accumulate, tile)
         if db is not None:
             # per-plane sums (pairwise over the contiguous H*W), then over the batch: an (N, Cout) scratch only
             np.sum(np.sum(_as(dy, (n, g.cout, g.p)), axis=2), axis=0, out=db)
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
-                               groups: int, dtype=np.float32):
-        """This backend's menu's algorithms for `phase` (`cpu_menu.CPUMenu`; same signature as the CUDA
-        backend's)."""
+                               groups: int, dtype=np.float32, accumulate: bool = False):
+        """This backend's menu's algorithms for `phase` (`cpu.menu.CPUMenu`; `accumulate`: a backward adding dx
+        into the delta it is given; same signature as the CUDA backend's)."""
         return self.menu.conv_workspace_options(phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
-                                                dtype)
+                                                dtype, accumulate)
 
     # -- shared checks ----------------------------------------------------------------------------------------------
-    def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):
+    def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace, accumulate=False):
         """(geometry, taps, workspace) after checking the call; for the algorithms of `OBJECT_ALGOS`, taps is the
         layer's object that runs them (`_RowShift`, `_Grouped`, `cpu.winograd._Winograd`). Everything but the
         workspace check is a pure function of the shapes and the configuration, so it is worked out once per
         distinct call and remembered (it cost ~100 us per call, more than the kernels of a batch-1 CIFAR
         convolution take)."""
         key = (x.shape, w.shape, y.shape, x.dtype, tuple(stride), tuple(padding), tuple(dilation), groups, algo,
-               phase)
+               phase, accumulate)
         cache = self.__dict__.setdefault("_conv_calls", {})
         hit = cache.get(key)
         if hit is None:
-            hit = cache[key] = self._conv_check(x, w, y, stride, padding, dilation, groups, algo, phase)
+            hit = cache[key] = self._conv_check(x, w, y, stride, padding, dilation, groups, algo, phase, accumulate)
         g, taps, need = hit
         if need:
+            what = f"conv2d {phase}{' accumulating into dx' if accumulate else ''}: algorithm {algo!r} needs"
             if workspace is None:
-                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a workspace of {need} bytes, "
-                                 f"none was given")
+                raise ValueError(f"{what} a workspace of {need} bytes, none was given")
             if workspace.dtype != np.uint8 or workspace.ndim != 1 or workspace.nbytes < need:
-                raise ValueError(f"conv2d {phase}: algorithm {algo!r} needs a flat uint8 workspace of at least "
-                                 f"{need} bytes, got {workspace.dtype} {workspace.shape}")
+                raise ValueError(f"{what} a flat uint8 workspace of at least {need} bytes, got {workspace.dtype} "
+                                 f"{workspace.shape}")
         return g, taps, workspace
 
-    def _conv_check(self, x, w, y, stride, padding, dilation, groups, algo, phase):
+    def _conv_check(self, x, w, y, stride, padding, dilation, groups, algo, phase, accumulate):
         stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
         n, cin, h, wd = x.shape
         cout, cg_in, kh, kw = w.shape
@@ -1008,7 +1101,7 @@ class ConvOps:
         if algo not in have:
             raise ValueError(f"conv2d: algorithm {algo!r} does not apply to kernel {(kh, kw)}, stride {stride}, "
                              f"groups {groups}, input {x.shape}, output {y.shape}; have {have}")
-        need = conv_workspace_bytes(algo, phase, g, x.dtype.itemsize)
+        need = conv_workspace_bytes(algo, phase, g, x.dtype.itemsize, accumulate)
         if algo in ROW_ALGOS:
             return g, _RowShift(g, algo, x.dtype.itemsize), need
         if algo == GROUPED:

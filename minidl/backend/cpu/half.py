@@ -65,6 +65,9 @@ STAGED: dict[str, dict[str, str]] = {
     "attention_forward": {"q": R, "k": R, "v": R, "probs": W, "y": W},
     "attention_backward": {"q": R, "k": R, "v": R, "probs": R, "dy": R, "dq": W, "dk": W, "dv": W},
 }
+#: Staged kernels that read the array they write when the call accumulates (`accumulate=True`: a fork's later
+#: convolution adds its input delta into the delta held): its copy starts from the stored values.
+ACCUMULATING: dict[str, str] = {"conv2d_backward": "dx"}
 #: Kernels that round their own intermediate (attention's probabilities) to the dtype given as `quantize=`.
 QUANTIZING = frozenset({"attention_forward", "attention_backward"})
 #: Elementwise kernels: all array arguments of one size, read or written value by value.
@@ -265,7 +268,8 @@ def call_staging(kernel: str, call: _Args) -> int:
 
 def _stage(be, kernel: str, fn, spec: dict[str, str], call: _Args):
     """Run `fn` on float32 copies of the call's half arrays from the staging; round the written ones."""
-    arrays = _operands(spec, call)
+    acc = ACCUMULATING.get(kernel)
+    arrays = _operands({**spec, acc: RW} if acc and call.get("accumulate") else spec, call)
     buf = be.staging.buffer(kernel, staging_bytes(a.shape for a, _ in arrays.values()))
     copies, offset = {}, 0
     for k, (a, access) in arrays.items():

@@ -27,8 +27,9 @@ class CPUMenu:
             raise OptionError(f"--threads must be a positive integer, got {self.threads!r}")
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
-                               groups: int, dtype=np.float32):
-        """The algorithms for `phase` ('fwd' or 'bwd') with exact workspace bytes, fastest first."""
+                               groups: int, dtype=np.float32, accumulate: bool = False):
+        """The algorithms for `phase` ('fwd' or 'bwd'; `accumulate`: a backward adding dx into the delta it is
+        given) with exact workspace bytes, fastest first."""
         from .conv import ConvGeometry, conv_options
 
         n, cin, h, wd = x_shape
@@ -36,7 +37,7 @@ class CPUMenu:
         g = ConvGeometry(n, cin, h, wd, cout, kh, kw, y_shape[2], y_shape[3], groups, tuple(stride), tuple(padding),
                          tuple(dilation))
         return conv_options(phase, g, np.dtype(dtype).itemsize, tuple(stride), tuple(padding), tuple(dilation),
-                            self.winograd)
+                            self.winograd, accumulate)
 
 
 CPU_MENU = CPUMenu()

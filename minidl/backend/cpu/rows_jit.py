@@ -23,6 +23,7 @@ compiled with fastmath.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import prange, uint64
 
 from ...core.jit_cache import njit
@@ -69,37 +70,43 @@ def im2rows(x, b, row_src, cols, sw):
 
 
 @njit(**_OPTS)
-def _per_sample(x, other, out, buf, row_src, cols, sw, wins, p, slot, lo, hi, grad):
+def _per_sample(x, other, out, buf, row_src, cols, sw, wins, p, slot, lo, hi, grad, tiles, acc):
     """Samples [lo, hi), each one's rows built in buf[slot], then its kh GEMMs. Forward (other: Wr (kh, Cout,
-    K3), out: y (N, Cout, P)): y[k] = sum over kernel rows i (in order) of Wr[i] @ window_i. With `grad` (other:
-    dy (N, Cout, P), out: an accumulator (kh, K3, Cout)): out[i] = sum over the samples (in order) of
-    window_i @ dy[k].T."""
+    K3), out: y (N, Cout, P)): y[k] = sum over kernel rows i (in order) of Wr[i] @ window_i; with `acc`,
+    y[k] += that sum, finished in tiles[slot] (Cout, P) first. With `grad` (other: dy (N, Cout, P), out: an
+    accumulator (kh, K3, Cout)): out[i] = sum over the samples (in order) of window_i @ dy[k].T."""
     k3 = buf.shape[1] * buf.shape[2]
     rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
     for k in range(lo, hi):
         im2rows(x[k], buf[slot], row_src, cols, sw)
+        if grad:
+            for i in range(wins.shape[0]):
+                o = wins[i]
+                gemm_acc(rows[:, o:o + p], other[k], out[i], False, True, k > lo)
+            continue
+        dst = tiles[slot] if acc else out[k]
         for i in range(wins.shape[0]):
             o = wins[i]
-            if grad:
-                gemm_acc(rows[:, o:o + p], other[k], out[i], False, True, k > lo)
-            else:
-                gemm_acc(other[i], rows[:, o:o + p], out[k], False, False, i > 0)
+            gemm_acc(other[i], rows[:, o:o + p], dst, False, False, i > 0)
+        if acc:
+            add_into(out[k], tiles[slot])
 
 
 @njit(**_OPTS)
-def forward(x, wr, y, buf, row_src, cols, sw, wins, p):
-    """The forward of every sample on this thread, rows in buf[0]. y: (N, Cout, P); wr: (kh, Cout, K3)."""
-    _per_sample(x, wr, y, buf, row_src, cols, sw, wins, p, 0, 0, x.shape[0], False)
+def forward(x, wr, y, buf, row_src, cols, sw, wins, p, tiles, acc):
+    """The forward of every sample on this thread, rows in buf[0]. y: (N, Cout, P); wr: (kh, Cout, K3); `acc`:
+    y += the forward, through tiles[0] (`_per_sample`)."""
+    _per_sample(x, wr, y, buf, row_src, cols, sw, wins, p, 0, 0, x.shape[0], False, tiles, acc)
 
 
 @njit(parallel=True, **_OPTS)
-def forward_parallel(x, wr, y, buf, row_src, cols, sw, wins, p, workers):
+def forward_parallel(x, wr, y, buf, row_src, cols, sw, wins, p, tiles, acc, workers):
     """The forward on `workers` threads (one OpenMP region), worker w on a contiguous share of the samples
-    with its rows in buf[w]; the BLAS must run one thread a call."""
+    with its rows in buf[w] (and its tile in tiles[w]); the BLAS must run one thread a call."""
     n = x.shape[0]
     for w in prange(workers):
         _per_sample(x, wr, y, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers,
-                    False)
+                    False, tiles, acc)
 
 
 @njit(**_OPTS)
@@ -129,10 +136,39 @@ def rows2im(b, dx, row_src, cols, sw):
 
 
 @njit(**_OPTS)
-def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi):
+def rows2im_add(b, dx, row_src, cols, sw):
+    """dx (C, H, W) += what `rows2im` writes, exactly dx + (rows2im's values): each input row's column taps are
+    scattered in order into a one-row sum (from zero, as rows2im sums them in dx), which is then added to the
+    row of dx. Every input row is stored once (`row_src`), so each row of dx is added to once."""
+    c_in, kw, hp, wo = b.shape
+    h, w = dx.shape[1], dx.shape[2]
+    dxf = dx.reshape(-1)
+    bf = b.reshape(-1)
+    row = np.empty(w, dx.dtype)
+    zero = dx.dtype.type(0)
+    ustep = uint64(sw)
+    for c in range(c_in):
+        for r in range(hp):
+            ih = row_src[r]
+            if ih < 0:
+                continue
+            for i in range(uint64(w)):
+                row[i] = zero
+            for j in range(kw):
+                lo, n, iw0 = cols[j, 0], uint64(cols[j, 1]), uint64(cols[j, 2])
+                s = uint64(((c * kw + j) * hp + r) * wo + lo)
+                for q in range(n):
+                    row[iw0 + q * ustep] += bf[s + q]
+            d = uint64((c * h + ih) * w)
+            for i in range(uint64(w)):
+                dxf[d + i] += row[i]
+
+
+@njit(**_OPTS)
+def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi, acc):
     """Samples [lo, hi) of dx where the flipped forward does not apply (stride 2 down the rows): the rows'
     gradient in buf[slot], sum over kernel rows i (in order) of Wr[i].T @ dy[k] added at window i, then
-    scattered back (`rows2im`)."""
+    scattered back (`rows2im`); with `acc`, added to dx (`rows2im_add`)."""
     k3 = buf.shape[1] * buf.shape[2]
     rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
     flat = rows.reshape(-1)
@@ -143,21 +179,25 @@ def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi)
         for i in range(wins.shape[0]):
             o = wins[i]
             gemm_acc(wr[i], dy[k], rows[:, o:o + p], True, False, True)
-        rows2im(buf[slot], dx[k], row_src, cols, sw)
+        if acc:
+            rows2im_add(buf[slot], dx[k], row_src, cols, sw)
+        else:
+            rows2im(buf[slot], dx[k], row_src, cols, sw)
 
 
 @njit(**_OPTS)
-def input_grad(wr, dy, dx, buf, row_src, cols, sw, wins, p):
-    """dx by the rows' gradient, every sample on this thread (rows in buf[0]). dy: (N, Cout, P)."""
-    _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, 0, 0, dx.shape[0])
+def input_grad(wr, dy, dx, buf, row_src, cols, sw, wins, p, acc):
+    """dx (+)= the rows' gradient, every sample on this thread (rows in buf[0]). dy: (N, Cout, P)."""
+    _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, 0, 0, dx.shape[0], acc)
 
 
 @njit(parallel=True, **_OPTS)
-def input_grad_parallel(wr, dy, dx, buf, row_src, cols, sw, wins, p, workers):
+def input_grad_parallel(wr, dy, dx, buf, row_src, cols, sw, wins, p, acc, workers):
     """The same on `workers` threads, worker w on a contiguous share of the samples with its rows in buf[w]."""
     n = dx.shape[0]
     for w in prange(workers):
-        _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers)
+        _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers,
+                          acc)
 
 
 @njit(**_OPTS)
@@ -166,9 +206,9 @@ def weight_grad(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p):
     buf[0]. acc, acc2: (kh, K3, Cout); dy: (N, Cout, P). With one sample there is one half."""
     n = x.shape[0]
     half = n // 2 if n > 1 else n
-    _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True)
+    _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True, acc, False)
     if half < n:
-        _per_sample(x, dy, acc2, buf, row_src, cols, sw, wins, p, 0, half, n, True)
+        _per_sample(x, dy, acc2, buf, row_src, cols, sw, wins, p, 0, half, n, True, acc2, False)
         add_into(acc, acc2)
 
 
@@ -180,7 +220,7 @@ def weight_grad_parallel(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p, work
     half = n // 2
     for w in prange(workers):
         if w == 0:
-            _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True)
+            _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True, acc, False)
         else:
-            _per_sample(x, dy, acc2, buf, row_src, cols, sw, wins, p, 1, half, n, True)
+            _per_sample(x, dy, acc2, buf, row_src, cols, sw, wins, p, 1, half, n, True, acc2, False)
     add_into(acc, acc2)

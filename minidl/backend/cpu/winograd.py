@@ -15,7 +15,8 @@ busy even on 8x8 planes. The transforms (B^T d B, A^T m A, G g G^T) are addition
 Backward. dx is itself a stride-1 3x3 convolution, of dy with the kernel flipped and Cin/Cout swapped, padded
 by 2 - p: it runs as this algorithm's forward (`_dgrad`). dW goes through the transform's gradient: with
 dM = A dY A^T per output tile and V the input tiles, dU[pos] = V[pos]^T @ dM[pos] summed over the tiles, then
-dW = G^T dU G (`weight_grad_tiles`).
+dW = G^T dU G (`weight_grad_tiles`). Accumulating into dx (a fork): the output transform adds each output's sum to
+dx's value; the by-position variant sums a group's outputs in a tile first (`group_tile_bytes`).
 
 Numerics and bit-identity. Results differ from a direct convolution by rounding (measured ~3e-7 relative on
 float32 against PyTorch in float64, as accurate as im2col here); the tests compare with PyTorch and finite
@@ -157,8 +158,16 @@ class _Winograd:
             off = align(off + int(np.prod(shape)) * self.isz)
         return layout, off
 
-    def total(self, phase: str) -> int:
-        return self.fwd_total if phase == "fwd" else max(self.dw_total, self.dgrad.fwd_total)
+    def total(self, phase: str, accumulate: bool = False) -> int:
+        if phase == "fwd":
+            return self.fwd_total
+        return max(self.dw_total, self.dgrad.fwd_total + (self.dgrad.group_tile_bytes() if accumulate else 0))
+
+    def group_tile_bytes(self) -> int:
+        """An accumulating by-position forward's tile: one group's outputs, summed over the 16 positions there
+        before they are added to y (the whole-tile variant adds each output as it computes it: no tile)."""
+        g = self.g
+        return self.size * g.cout * g.ho * g.wo * self.isz if self.by_position else 0
 
     @staticmethod
     def _views(ws: np.ndarray, layout, dt: np.dtype) -> dict:
@@ -183,13 +192,18 @@ class _Winograd:
         cuts = [k.piece_units(self.size, self.th, (s1 - s0) * self.th, q, pieces) for q in range(pieces)]
         return [(lo * self.tw, hi * self.tw) for lo, hi in cuts if lo < hi]
 
-    def forward(self, x, w, y, ws) -> None:
-        """y = conv(x, w) (no bias); `w` may be any strided view (dx passes the flipped, transposed kernel)."""
+    def forward(self, x, w, y, ws, accumulate: bool = False) -> None:
+        """y = conv(x, w) (no bias); `w` may be any strided view (dx passes the flipped, transposed kernel).
+        `accumulate`: y += conv(x, w), each output's nine terms summed before y's value is added to them, so
+        the bits are y + (what a plain call writes)."""
         k = jit()
         g, dt = self.g, x.dtype
         b = self._views(ws, self.fwd_layout, dt)
         np.copyto(b["wt"], w.transpose(2, 3, 1, 0))
         xs = b["xs"].reshape(2 * self.th + 2, 2 * self.tw + 2, BLOCK)
+        if self.by_position and accumulate:
+            self._forward_by_group(x, y, ws, b, xs)
+            return
         if self.by_position:
             for pos in range(16):
                 k.weight_position(b["wt"], pos // 4, pos % 4, b["u"])
@@ -208,7 +222,7 @@ class _Winograd:
             nw = min(workers(x.size, self.cib), k.forward_pieces(self.size * self.th * self.tw))
             slots = self._slots(ws, dt, self.fwd_layout["wt"][0], self.fwd_total, nw)
             args = (x, b["u"], b["v"].reshape(-1), b["m"].reshape(-1), y, self.size, g.padding[0], g.padding[1],
-                    self.th, self.tw, slots)
+                    self.th, self.tw, slots, accumulate)
             if len(slots) > 1:
                 with lanes.blas_pinned():
                     k.forward_parallel(*args)
@@ -222,7 +236,25 @@ class _Winograd:
             k.input_tiles(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, xs, b["buf"], v)
             for r0, r1 in self._pieces(s0, s1):
                 np.matmul(v[:, r0:r1], b["u"], out=m[:, r0:r1])
-            k.output_tiles(m, s0, s1, self.th, self.tw, ys, b["buf"], y)
+            k.output_tiles(m, s0, s1, self.th, self.tw, ys, b["buf"], y, accumulate)
+
+    def _forward_by_group(self, x, y, ws, b, xs) -> None:
+        """The by-position forward accumulating into y: group by group, the 16 positions' shares summed in a
+        tile of the group's outputs (`group_tile_bytes`, after the forward's layout), then added to y. The same
+        GEMMs and sums as the position-major loop (U1 is rebuilt per group: the same values)."""
+        k, g, dt = jit(), self.g, x.dtype
+        tile = view(ws, self.fwd_total, (self.size, g.cout, g.ho, g.wo), dt)
+        for s0, s1 in self._spans():
+            t = tile[:s1 - s0]
+            v = self._group_views(ws, self.fwd_layout, dt, "v", self.cib, s1 - s0)
+            m = self._group_views(ws, self.fwd_layout, dt, "m", self.cob, s1 - s0)
+            for pos in range(16):
+                k.weight_position(b["wt"], pos // 4, pos % 4, b["u"])
+                k.input_position(x, s0, s1, g.padding[0], g.padding[1], self.th, self.tw, pos // 4, pos % 4, xs, v)
+                for r0, r1 in self._pieces(s0, s1):
+                    _gemm(v[r0:r1], b["u"], m[r0:r1], False)
+                k.output_position(m, 0, s1 - s0, self.th, self.tw, pos // 4, pos % 4, t)
+            np.add(y[s0:s1], t, out=y[s0:s1])
 
     def _slots(self, ws, dt, start: int, end: int, nw: int) -> np.ndarray:
         """Scratch for up to `nw` workers (`cpu.winograd_jit`, the compiled-GEMM path) in the workspace's bytes
@@ -234,12 +266,13 @@ class _Winograd:
         n = max(1, min(nw, (end - start) // (per * self.isz)))
         return view(ws, start, (n, per), dt)
 
-    def backward(self, x, w, dy, dx, dw, ws) -> None:
-        """dW first (through the transforms' gradient), then dx as the flipped convolution, in the same memory."""
+    def backward(self, x, w, dy, dx, dw, ws, accumulate: bool = False) -> None:
+        """dW first (through the transforms' gradient), then dx as the flipped convolution (dx += with
+        `accumulate`), in the same memory."""
         if dw is not None:
             self._weight_grad(x, dy, dw, ws)
         if dx is not None:
-            self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws)
+            self.dgrad.forward(dy, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dx, ws, accumulate)
 
     def _weight_grad(self, x, dy, dw, ws) -> None:
         """dU = sum over the groups (in order) of V^T @ dM per position; dW = G^T dU G."""

@@ -241,7 +241,7 @@ def _output_block(mf, yf, ta, tb, tw, base, cbo, ps, cbw, buf):
 
 
 @njit(**_OPTS)
-def _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi):
+def _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi, acc):
     """Units [lo, hi) (tile rows of samples, as in `_tiles`) of `output_tiles`."""
     _, co, ho, wo = y.shape
     mf = m.reshape(-1)
@@ -255,16 +255,20 @@ def _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi):
             _output_block(mf, yf, ta, tb, tw, j * th * tw, cb, ps, cbw, buf)
             for ch in range(min(L, co - cb)):
                 for r in range(2 * ta, min(2 * tb, ho)):
-                    for q in range(wo):
-                        y[s, cb + ch, r, q] = ys[r, q, ch]
+                    if acc:
+                        for q in range(wo):
+                            y[s, cb + ch, r, q] = y[s, cb + ch, r, q] + ys[r, q, ch]
+                    else:
+                        for q in range(wo):
+                            y[s, cb + ch, r, q] = ys[r, q, ch]
 
 
 @njit(**_OPTS)
-def output_tiles(m, s0, s1, th, tw, ys, buf, y):
+def output_tiles(m, s0, s1, th, tw, ys, buf, y, acc):
     """y[s0:s1] (n, Co, Ho, Wo) <- A^T m A of every tile of m (16, T, CB), the 2x2 outputs of tile (ti, tj) at
-    rows 2ti, 2ti + 1 and columns 2tj, 2tj + 1 (those beyond Ho, Wo are dropped). Scratch: ys (2th, 2tw, 16),
-    buf (64,)."""
-    _outputs(m, s0, s1, th, tw, ys, buf, y, 0, (s1 - s0) * th)
+    rows 2ti, 2ti + 1 and columns 2tj, 2tj + 1 (those beyond Ho, Wo are dropped); `acc`: y += them, each
+    output's nine-term sum added to y's value. Scratch: ys (2th, 2tw, 16), buf (64,)."""
+    _outputs(m, s0, s1, th, tw, ys, buf, y, 0, (s1 - s0) * th, acc)
 
 
 @njit(**_OPTS)
@@ -528,7 +532,7 @@ def _full_group(flat, rows, cb):
 
 
 @njit(**_OPTS)
-def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers):
+def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers, acc):
     """Worker w's pieces (w, w + workers, ...) of every group of the forward: input transform, the 16 GEMMs on
     the piece's rows, output transform. vf, mf: the flat V and M buffers, seen as a full group's (16, rows, CB)
     for every group, so that a piece's rows are the same memory in each (workers run through the groups without
@@ -547,21 +551,21 @@ def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers
             _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
             for p in range(16):
                 gemm(v[p, lo * tw:hi * tw], u[p], m[p, lo * tw:hi * tw], False)
-            _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi)
+            _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi, acc)
 
 
 @njit(**_OPTS)
-def forward(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots):
-    """The whole-tile forward (groups of `size` samples) on this thread, scratch slots[0]."""
-    _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[0], 0, 1)
+def forward(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots, acc):
+    """The whole-tile forward (groups of `size` samples) on this thread, scratch slots[0]; `acc`: y += it."""
+    _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[0], 0, 1, acc)
 
 
 @njit(parallel=True, **_OPTS)
-def forward_parallel(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots):
+def forward_parallel(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots, acc):
     """The whole-tile forward on len(slots) threads, one OpenMP region; the BLAS must run one thread a call."""
     workers = slots.shape[0]
     for w in prange(workers):
-        _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[w], w, workers)
+        _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[w], w, workers, acc)
 
 
 @njit(**_OPTS)

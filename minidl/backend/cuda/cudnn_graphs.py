@@ -139,8 +139,10 @@ class CudnnGraphs:
     def _tensor(self, g, d: cudnn_specs.TensorDesc):
         return g.tensor(data_type=self._enum("data_type", d.dtype), **d.kwargs())
 
-    def _output(self, t, d: cudnn_specs.TensorDesc):
-        t.set_output(True)
+    def _output(self, t, d: cudnn_specs.TensorDesc, output: bool = True):
+        """Shape an op's result as `d`; `output` False: an intermediate the graph keeps to itself (virtual)."""
+        if output:
+            t.set_output(True)
         t.set_dim(list(d.dim))
         t.set_stride(list(d.stride))
         t.set_data_type(self._enum("data_type", d.dtype))
@@ -154,11 +156,17 @@ class CudnnGraphs:
         kw = spec.conv_kwargs()
         if op == "fprop":
             t = g.conv_fprop(image=ta, weight=tb, name="fprop", **kw)
-        elif op == "dgrad":
-            t = g.conv_dgrad(loss=ta, filter=tb, name="dgrad", **kw)
-        else:
+        elif op == "wgrad":
             t = g.conv_wgrad(image=ta, loss=tb, name="wgrad", **kw)
-        return {a: ta, b: tb, out: self._output(t, d[out])}
+        else:
+            t = g.conv_dgrad(loss=ta, filter=tb, name="dgrad", **kw)
+        if op != "dgrad_add":
+            return {a: ta, b: tb, out: self._output(t, d[out])}
+        # dx + x_acc in the dgrad's epilogue: x_acc is another tensor of the graph (cuDNN refuses a multi-node
+        # graph whose output is one of its inputs); the backend binds both to the delta's memory
+        acc = self._tensor(g, d["x_acc"])
+        total = g.add(a=self._output(t, d[out], output=False), b=acc, name="add_into")
+        return {a: ta, b: tb, "x_acc": acc, out: self._output(total, d[out])}
 
     def _bn_body(self, g, spec: cudnn_specs.BNSpec, op: str) -> dict[str, Any]:
         d = spec.descs(op)

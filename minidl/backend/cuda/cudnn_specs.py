@@ -5,6 +5,9 @@
 shapes, parameters and engine filters, never a pointer (pointers are bound per call). cuDNN's execution plans per
 convolution reach the memory planner as `WorkspaceOption`s named `cudnn:f<i>` (forward plan i) and `cudnn:d<i>w<j>`
 (dgrad plan i then wgrad plan j, sharing one workspace of max(ws_i, ws_j)): the fastest whose workspace fits wins.
+A backward that adds dx into the delta it is given (a fork's later consumer) runs the `dgrad_add` graph, the data
+gradient with a fused add of that delta, under the same names; where cuDNN cannot build it, `cudnn:d<i>w<j>+add` runs
+dgrad plan i into the head of the workspace (`dx_scratch_bytes`) and adds it after (`conv_options(..., add_scratch=)`).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import numpy as np
 
 from ...core.vocab import WorkspaceOption
 from ..common import conv_output_hw
-from .views import contiguous_strides, shape_tuple
+from .views import CUDA_MALLOC_ALIGNMENT, contiguous_strides, shape_tuple
 
 # ---------------------------------------------------------------------------------------------------------
 # cuDNN tensor descriptors
@@ -120,7 +123,7 @@ class GraphKey:
 
 
 # -- convolution -----------------------------------------------------------------------------------------------
-CONV_OPS = ("fprop", "dgrad", "wgrad")
+CONV_OPS = ("fprop", "dgrad", "wgrad", "dgrad_add")
 
 
 @dataclass(slots=True, frozen=True)
@@ -165,16 +168,17 @@ class ConvSpec:
         return {"padding": list(self.padding), "stride": list(self.stride), "dilation": list(self.dilation)}
 
     def descs(self) -> dict[str, TensorDesc]:
-        """The three tensors of the convolution: x (image), w (filter), y (output / its gradient)."""
+        """The tensors of the convolution: x (image), w (filter), y (output / its gradient), and x_acc (the delta
+        `dgrad_add` adds dx to: dx's shape)."""
         return {"x": nchw_desc("x", self.x, self.dtype), "w": nchw_desc("w", self.w, self.dtype),
-                "y": nchw_desc("y", self.y, self.dtype)}
+                "y": nchw_desc("y", self.y, self.dtype), "x_acc": nchw_desc("x_acc", self.x, self.dtype)}
 
     def io(self, op: str) -> tuple[tuple[str, str], str]:
         """(the two graph inputs, the output) of `op`, by tensor name: fprop (x, w) -> y, dgrad (y=dy, w) -> x=dx,
-        wgrad (x, y=dy) -> w=dw."""
+        wgrad (x, y=dy) -> w=dw; dgrad_add is dgrad whose x is dx + x_acc (its third input)."""
         if op == "fprop":
             return ("x", "w"), "y"
-        if op == "dgrad":
+        if op in ("dgrad", "dgrad_add"):
             return ("y", "w"), "x"
         if op == "wgrad":
             return ("x", "y"), "w"
@@ -289,8 +293,9 @@ class PlanInfo:
 
 
 ALGO_PREFIX = "cudnn:"
+ADD_AFTER = "+add"  # a backward option's suffix: dgrad into the workspace's head, then added to the delta
 _FWD_RE = re.compile(r"^cudnn:f(\d+)$")
-_BWD_RE = re.compile(r"^cudnn:d(\d+)w(\d+)$")
+_BWD_RE = re.compile(r"^cudnn:d(\d+)w(\d+)(?:\+add)?$")
 
 
 def fwd_algo(plan: int) -> str:
@@ -298,9 +303,22 @@ def fwd_algo(plan: int) -> str:
     return f"{ALGO_PREFIX}f{int(plan)}"
 
 
-def bwd_algo(dgrad_plan: int, wgrad_plan: int) -> str:
-    """Algorithm name of backward with dgrad plan `dgrad_plan` and wgrad plan `wgrad_plan`."""
-    return f"{ALGO_PREFIX}d{int(dgrad_plan)}w{int(wgrad_plan)}"
+def bwd_algo(dgrad_plan: int, wgrad_plan: int, add_after: bool = False) -> str:
+    """Algorithm name of backward with dgrad plan `dgrad_plan` and wgrad plan `wgrad_plan`; `add_after`: an
+    accumulating one whose dgrad runs into the workspace and is added after (`ADD_AFTER`)."""
+    return f"{ALGO_PREFIX}d{int(dgrad_plan)}w{int(wgrad_plan)}" + (ADD_AFTER if add_after else "")
+
+
+def adds_after(algo: str | None) -> bool:
+    """Whether backward algorithm `algo` adds a dgrad written into its workspace (`bwd_algo(add_after=True)`)."""
+    return bool(algo) and algo.endswith(ADD_AFTER)
+
+
+def dx_scratch_bytes(x_shape, dtype) -> int:
+    """Bytes at the head of a `+add` backward's workspace that receive dx, rounded up to `CUDA_MALLOC_ALIGNMENT`
+    (the dgrad plan's own workspace follows, as aligned as a workspace of its own)."""
+    n = math.prod(int(v) for v in x_shape) * np.dtype(dtype).itemsize
+    return -(-n // CUDA_MALLOC_ALIGNMENT) * CUDA_MALLOC_ALIGNMENT
 
 
 def parse_conv_algo(phase: str, algo: str) -> tuple[int, ...]:
@@ -335,10 +353,13 @@ def pareto(cands: list[tuple[float, int, str]]) -> list[WorkspaceOption]:
     return out
 
 
-def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[WorkspaceOption]:
+def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]],
+                 add_scratch: int | None = None) -> list[WorkspaceOption]:
     """Workspace options of a convolution phase, fastest first, from the built plans of its graphs (each list in
     cuDNN's heuristic order). 'fwd' reads plans['fprop']; 'bwd' pairs plans['dgrad'] with plans['wgrad'].
-    Dominated options (slower and no smaller) are dropped."""
+    `add_scratch` (bytes, `dx_scratch_bytes`): the dgrad plans write into that much of the workspace's head
+    before their own workspace, and are added after (`+add` names). Dominated options (slower and no smaller)
+    are dropped."""
     if phase == "fwd":
         fp = plans["fprop"]
         if not fp:
@@ -348,7 +369,9 @@ def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[Wo
         dg, wg = plans["dgrad"], plans["wgrad"]
         if not dg or not wg:
             raise ValueError("conv2d bwd: cuDNN offers no execution plan for dgrad or wgrad")
-        cands = [(plan_cost(rd) + plan_cost(rw), max(d.workspace_bytes, w.workspace_bytes), bwd_algo(d.index, w.index))
+        head = add_scratch or 0
+        cands = [(plan_cost(rd) + plan_cost(rw), max(head + d.workspace_bytes, w.workspace_bytes),
+                  bwd_algo(d.index, w.index, add_scratch is not None))
                  for rd, d in enumerate(dg) for rw, w in enumerate(wg)]
         return pareto(cands)
     raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")

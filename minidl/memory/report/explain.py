@@ -93,8 +93,10 @@ def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
             lines.append(f"... (steps {prev + 1} to {k - 1})")
         prev = k
         mark = "  <- binding step" if k == plan.binding_step else ("  <- peak" if k == plan.peak_step else "")
+        into = [a.into for a in step.accumulate if a.in_place]
         lines.append(f"step {k:>4} {step.label}   [in use {format_bytes(sp.in_use)}]"
                      + (f"  algo {sp.algo}" if sp.algo else "")
+                     + (f"  (adds its input delta into {', '.join(into)} in the same call)" if into else "")
                      + (f" (refused for lack of memory: {'; '.join(sp.refused)})" if sp.refused else "")
                      + ("  [runs on the host's copies: host update]" if sp.on_host else "") + mark)
         if sp.note:
