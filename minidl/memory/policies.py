@@ -11,6 +11,7 @@ place. Adding a policy is one import and one row here (see docs/architecture.md)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable
 
 from ..core.errors import BudgetError, DistError, OptionError
@@ -27,7 +28,7 @@ from .paged import LEAST_CHUNK
 from .plan import Plan
 from .planner import default_workspace, make_plan, none_schedule
 from .pool import ALIGNMENT, as_size, format_bytes
-from .schedulers.auto import auto_policy
+from .schedulers.auto import Rival, auto_policy
 from .schedulers.lossy import auto_lossy_policy
 from .schedulers.minimum import verified_minimum
 from .schedulers.packs import packs_policy
@@ -50,6 +51,8 @@ class Policy:
     lossy: bool = False   # True: parameters are NOT bit-identical to policy 'none' (opt-in compression)
     when: str = ""        # when a user should pick it, in one line
     paper: str = ""       # the system it reproduces
+    portfolio: bool = False  # also plans every exact policy without it as one of its candidates (`auto`)
+    homes_weights: bool = False  # its plans may keep weights on the host (not a candidate under host_weights off)
 
 
 def _none(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
@@ -77,7 +80,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            when="the activations do not fit and spare compute is cheaper than host copies",
            paper="SuperNeurons (Wang et al., PPoPP 2018): cost-aware recomputation"),
     Policy("weights", "liveness + weights and optimizer state of conv/FC layers kept and updated on the host",
-           weights_policy,
+           weights_policy, homes_weights=True,
            when="the parameters, gradients and optimizer state alone do not fit on the device",
            paper="Harmony (Li et al., VLDB 2022): per-layer weight swapping"),
     Policy("compress", "LOSSY, opt-in: liveness + activations stored compressed between forward and backward",
@@ -85,17 +88,17 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            when="memory matters more than bit-identical results (opt-in; check accuracy on your task)",
            paper="COMET (Jin et al., VLDB 2022)"),
     Policy("packs", "Harmony's layer packs and micro-batches, packed to fit the budget (weights in once a pack)",
-           packs_policy,
+           packs_policy, homes_weights=True,
            when="weights do not fit and a larger batch should move fewer bytes per sample",
            paper="Harmony (Li et al., VLDB 2022): layer packs and micro-batches"),
     Policy("auto", "with a budget: the fastest exact plan that fits (recompute, offload, workspaces, weights on the "
                    "host; micro-batches where one batch cannot fit); else liveness",
-           auto_policy,
+           auto_policy, portfolio=True,
            when="the default with --budget: the fastest exact plan that fits; start here",
            paper="SuperNeurons (Wang et al., PPoPP 2018), extended to weights (Harmony)"),
     Policy("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of activations, "
                          "kept on the device or offloaded",
-           auto_lossy_policy, lossy=True,
+           auto_lossy_policy, lossy=True, portfolio=True,
            when="auto could not fit, or is slow, and lossy results are acceptable",
            paper="SuperNeurons's search with COMET's compression (Jin et al., VLDB 2022)"),
     Policy("window", "nnabla's out-of-core schedule: tensors swapped by a window over the access order",
@@ -172,24 +175,51 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
         if fused and fused_update:
             raise DistError("data parallel: --fused-update on cannot be combined with several ranks: each layer's "
                             "update would run before its gradients are all-reduced (use --fused-update off)")
-        fused = False
     packed = micro_batches is not None and training  # micro-batched: layer packs (cut by policy packs) or accumulate
     if packed and data_parallel is not None:
         raise DistError("data parallel with micro-batches (packs) is not supported")
-    route = net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fused,
-                      micro_batches=micro_batches or 1,
-                      packs=[[n.name] for n in net.layer_nodes] if packed and policy == "packs" else None)
-    route = route.with_options(PlanOptions(paged_chunk=paged, max_micro_batches=max_micro_batches,
-                                           host_weights=host_weights))
-    if data_parallel is None or not training:
-        return _plan_verified(route, policy, budget, device, costs, verify_minimum)
-    route, buckets = with_buckets(route, data_parallel)
-    return add_allreduce_events(_plan_verified(route, policy, budget, device, costs, verify_minimum), buckets,
-                                data_parallel)
+    options = PlanOptions(paged_chunk=paged, max_micro_batches=max_micro_batches, host_weights=host_weights)
+
+    def route_of(p: str) -> Route:
+        """The route policy `p` plans: its update fused or not (`use_fused_update`; never with several ranks),
+        cut into the micro-batches asked for (one pack per layer for `packs`)."""
+        fuse = use_fused_update(fused_update, p, budget) and (data_parallel is None or not training)
+        return net.route(training=training, optimizer_slots=slots, backend=backend, fused_update=fuse,
+                         micro_batches=micro_batches or 1,
+                         packs=[[n.name] for n in net.layer_nodes] if packed and p == "packs" else None
+                         ).with_options(options)
+
+    route, buckets = route_of(policy), None
+    if data_parallel is not None and training:
+        route, buckets = with_buckets(route, data_parallel)
+    rivals = _rivals(policy, budget, route_of, route if buckets is not None else None)
+    plan = _plan_verified(route, policy, budget, device, costs, verify_minimum, rivals)
+    return plan if buckets is None else add_allreduce_events(plan, buckets, data_parallel)
+
+
+def _rivals(policy: str, budget: int | None, route_of: Callable[[str], Route],
+            ranks_route: Route | None) -> tuple[Rival, ...]:
+    """What a `portfolio` policy plans besides its own search: every exact policy without the flag, on the route
+    that policy is given (`plan_network`), so that it fits wherever one of them does, and is as fast. With several
+    ranks, on the one route with the gradient buckets (every exact policy's route is then the same, and `packs`,
+    which cuts the batch into micro-batches, is left out: data parallel does not support them)."""
+    if not POLICIES[policy].portfolio or budget is None:
+        return ()
+    names = [p for p in exact_policies() if not POLICIES[p].portfolio]
+    if ranks_route is not None:
+        return tuple(Rival(p, POLICIES[p].plan, lambda: ranks_route, POLICIES[p].homes_weights) for p in names
+                     if p != "packs")
+    return tuple(Rival(p, POLICIES[p].plan, partial(route_of, p), POLICIES[p].homes_weights) for p in names)
+
+
+def _whole_batch(route_of: Callable[[], Route]) -> Route:
+    """The route `route_of` builds, with no micro-batches chosen by the policy itself."""
+    route = route_of()
+    return route.with_options(replace(route.options, max_micro_batches=1))
 
 
 def _plan_verified(route: Route, policy: str, budget: int | None, device: str, costs: CostTable | None,
-                   verify_minimum: bool = True) -> Plan:
+                   verify_minimum: bool = True, rivals: tuple[Rival, ...] = ()) -> Plan:
     """Plan with the table's function; a BudgetError leaves with a minimum verified by planning at it
     (`schedulers/minimum.py` says what "minimum" means per policy).
 
@@ -198,14 +228,15 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
     steer their choices (`offload` scales its room by the excess of a first placement): 36,045 B planned where
     36,044 B did not and 35,533 B did again, so no stated minimum could be the edge. The plan's arena is still the
     budget given."""
-    fn = POLICIES[policy].plan
+    def fn(r: Route, b: int | None) -> Plan:
+        return POLICIES[policy].plan(r, b, device, costs, **({"rivals": rivals} if rivals else {}))
 
     def plan_at(b: int | None) -> Plan:
         if b is None:
-            return fn(route, None, device, costs)
+            return fn(route, None)
         usable = b - b % ALIGNMENT
         try:
-            plan = fn(route, usable, device, costs)
+            plan = fn(route, usable)
         except BudgetError as e:
             if usable == b:
                 raise
@@ -223,6 +254,7 @@ def _plan_verified(route: Route, policy: str, budget: int | None, device: str, c
         # verified with the batch whole: `auto` searching every micro-batch count at each of the dozen budgets the
         # verification plans cost minutes (ResNet-20 at batch 8: 1 s -> 3 min); the budget it states plans either way
         route = route.with_options(replace(route.options, max_micro_batches=1))   # (plan_at reads this route)
+        rivals = tuple(replace(r, route_of=partial(_whole_batch, r.route_of)) for r in rivals)   # (and these)
         e = verified_minimum(plan_at, policy, budget, e)
         if route.options.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller
             chunk = route.options.paged_chunk
