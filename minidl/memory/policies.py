@@ -53,6 +53,7 @@ class Policy:
     paper: str = ""       # the system it reproduces
     portfolio: bool = False  # also plans every exact policy without it as one of its candidates (`auto`)
     homes_weights: bool = False  # its plans may keep weights on the host (not a candidate under host_weights off)
+    packs_batch: bool = False  # its plan is layer packs at a micro-batch count it chooses (`auto.Rival`)
 
 
 def _none(route: Route, budget: int | None, device: str, costs: CostTable | None = None) -> Plan:
@@ -88,11 +89,11 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            when="memory matters more than bit-identical results (opt-in; check accuracy on your task)",
            paper="COMET (Jin et al., VLDB 2022)"),
     Policy("packs", "Harmony's layer packs and micro-batches, packed to fit the budget (weights in once a pack)",
-           packs_policy, homes_weights=True,
+           packs_policy, homes_weights=True, packs_batch=True,
            when="weights do not fit and a larger batch should move fewer bytes per sample",
            paper="Harmony (Li et al., VLDB 2022): layer packs and micro-batches"),
     Policy("auto", "with a budget: the fastest exact plan that fits (recompute, offload, workspaces, weights on the "
-                   "host; micro-batches where one batch cannot fit); else liveness",
+                   "host, micro-batches, and every other exact policy's own plan); else liveness",
            auto_policy, portfolio=True,
            when="the default with --budget: the fastest exact plan that fits; start here",
            paper="SuperNeurons (Wang et al., PPoPP 2018), extended to weights (Harmony)"),
@@ -157,11 +158,12 @@ def plan_network(net: Network, optimizer: Optimizer | None = None, policy: str =
     `micro_batches`: the batch cut into micro-batches: policy `packs` plans Harmony's route of layer packs
     (`packs.py`; it chooses the count when None), every other policy gradient accumulation (`route.py`: each
     micro-batch's forward, then its backward; one micro-batch's activations alive at a time).
-    `max_micro_batches`: when `micro_batches` is not given, the most micro-batches `auto` may split the batch
-    into by itself where no single-batch plan fits (None: any count dividing the batch; 1: never, e.g. to
-    measure the largest batch without micro-batching).
+    `max_micro_batches`: when `micro_batches` is not given, the most micro-batches a policy may split the batch
+    into by itself (`auto` where that is faster or the only fit, `packs` by the bytes it moves; None: any count
+    dividing the batch; 1: never, e.g. to measure the largest batch without micro-batching).
     `host_weights=False`: weights and optimizer state stay on the device whatever the budget (`auto` does not
-    home them on the host when nothing else fits), as SuperNeurons and nnabla's out-of-core training keep them.
+    home them on the host, nor weigh `weights` and `packs` plans), as SuperNeurons and nnabla's out-of-core
+    training keep them.
     `verify_minimum=False`: a plan that does not fit raises the policy's own BudgetError, without the search for
     the edge budget it would state (`schedulers/minimum.py`: a dozen plannings more). For callers that only ask
     "does it fit", many times over (a search for the largest batch), and never show the stated minimum.
@@ -207,9 +209,10 @@ def _rivals(policy: str, budget: int | None, route_of: Callable[[str], Route],
         return ()
     names = [p for p in exact_policies() if not POLICIES[p].portfolio]
     if ranks_route is not None:
-        return tuple(Rival(p, POLICIES[p].plan, lambda: ranks_route, POLICIES[p].homes_weights) for p in names
-                     if p != "packs")
-    return tuple(Rival(p, POLICIES[p].plan, partial(route_of, p), POLICIES[p].homes_weights) for p in names)
+        return tuple(Rival(p, POLICIES[p].plan, lambda: ranks_route, POLICIES[p].homes_weights,
+                           POLICIES[p].packs_batch) for p in names if not POLICIES[p].packs_batch)
+    return tuple(Rival(p, POLICIES[p].plan, partial(route_of, p), POLICIES[p].homes_weights, POLICIES[p].packs_batch)
+                 for p in names)
 
 
 def _whole_batch(route_of: Callable[[], Route]) -> Route:

@@ -9,7 +9,7 @@ The mechanisms trade memory for time in different currencies:
 - **recomputation** costs FLOPs: cheap layers' outputs are rebuilt in backward (`recompute.py`), either
   speed-centric (each segment once) or memory-centric (per use: more FLOPs, less memory).
 - **offload** costs link bandwidth, hidden behind compute when the schedule allows: checkpoints wait on the
-  host between their forward and backward uses (`offload.py`, when that module is present).
+  host between their forward and backward uses (`decisions/offload.py`).
 
 `auto` plans a handful of combinations (below), keeps those whose smallest budget is within the given one,
 estimates each one's step time with the simulator (compute on the device profile, plus recomputation, plus
@@ -36,22 +36,36 @@ the best plan by more than `GOOD_ENOUGH`; the recomputation bases are not even b
 already that close to liveness' own time, the least any plan can take. ResNet-2500 b16 at 12 GB on a K40c:
 one placement, about 4 s of CPU (it was 45 s, hiding nothing).
 
-The search is a list of `Candidate` records (base, decisions on top, layout, micro-batch count, plan, estimated
-time), made and timed by `AutoSearch` stage by stage; the fastest that fits is the plan, and its `decision` says
-which and why.
+**The other exact policies** (`window`, `offload`, `recompute`, `weights`, `packs`, `liveness`, `none`) are
+candidates too (`Rival`, `AutoSearch.rivals`): each one's own plan, made by its own function on the route
+`plan_network` gives it, so `auto` plans wherever one of them does, with an estimated step no slower. A rival is
+skipped, and its skip named in the plan's `decision` (`--explain`), where it cannot be faster (its route's compute
+alone, `least_time`, is no less than the best plan found: an exact bound, so the guarantee holds), where it would
+home weights that must stay on the device (`PlanOptions.host_weights` off), or where the route is longer than
+`SEARCH_MAX_STEPS` (their own searches take minutes there). Policy `packs` is not planned on its own where the
+micro-batch search runs: its plan is layer packs at one of the counts that search plans packs at (1 included).
 
-**Micro-batches.** When no single-batch plan fits because one batch's busiest step alone exceeds the budget,
-the batch is split (`micro_batch_search`): 2, 4, 8, ... micro-batches dividing the batch, the fewest at which a
-plan fits, and at that count the fastest of this search on the micro-batched route and Harmony's layer packs
-(`schedulers/packs.py`). `PlanOptions.max_micro_batches` bounds the count (1: never split); a route already cut
-into micro-batches (`--micro-batches`) keeps its count. VGG-16 at batch 1024 on a K40c: 43 GiB as one batch, 16
-micro-batches in one pack under 12 GB. The smallest budget a BudgetError states is verified with the batch whole
-(`policies.plan_network`): searching every count at each of the verification's dozen budgets costs minutes.
+The search is a list of `Candidate` records (base, decisions on top, layout, micro-batch count, plan, estimated
+time), made and timed by `AutoSearch` stage by stage; the fastest that fits is the plan (`rank`), and its
+`decision` says which and why.
+
+**Micro-batches** are weighed by time like the other decisions (`micro_batch_search`): 2, 4, 8, ...
+micro-batches dividing the batch, in increasing order while one count's compute alone could still beat the best
+plan found (a smaller micro-batch only adds to each step's cost, so the first count that cannot win ends the
+search). Harmony's layer packs (`schedulers/packs.py`) are weighed at every count, 1 included; `auto`'s own search
+on the micro-batched route (gradient accumulation) where no plan of the batch whole fits, since a micro-batched
+plan trains to the bits of `none` with the same `--micro-batches`, not of the batch whole (BatchNorm normalizes
+each micro-batch; gradients are summed per micro-batch). More micro-batches keep fewer activations: fewer copies,
+faster workspaces, or a fit where one batch has none. `PlanOptions.max_micro_batches` bounds the count (1: the
+batch stays whole), and a route already cut into micro-batches (`--micro-batches`) keeps its count. VGG-16 at
+batch 1024 on a K40c: 43 GiB as one batch, 16 micro-batches of liveness under 12 GB. The smallest budget a
+BudgetError states is verified with the batch whole (`policies.plan_network`): searching every count at each of
+the verification's dozen budgets costs minutes.
 
 If nothing fits, `BudgetError` states the smallest budget that works: that of the most memory-frugal plan
 (every mechanism at its most frugal: memory-centric recomputation, every candidate offloaded and prefetched just
-in time, the smallest workspace everywhere), then verified and searched by `policies.plan_network`
-(`schedulers/minimum.py`): planning at the stated number succeeds.
+in time, the smallest workspace everywhere) or a rival's own minimum, whichever is smaller, then verified and
+searched by `policies.plan_network` (`schedulers/minimum.py`): planning at the stated number succeeds.
 
 Offload composed with recomputation needs one adjustment: a checkpoint that a recomputation reads must be back
 on the device *before* the recomputation sequence at that step boundary, which runs before the boundary's plain
@@ -100,6 +114,7 @@ class Candidate:
     est_step_time_s: float = math.inf       # the simulator's estimate (and the codec's, for compression), if it fits
     note: str = ""
     error: BudgetError | None = None        # a rival policy that does not fit: its error, naming what it needs
+    unsearched: bool = False                # not planned to keep planning time short: named in the decision
     lossy: bool = False                     # compressed (`auto --lossy`): chosen only where strictly faster
 
     @property
@@ -352,22 +367,26 @@ class Rival:
     table's, `memory/policies.py`) and how to build the route `plan_network` gives that policy (its update not
     fused where `auto`'s is; the batch in packs for `packs`), so that `auto` plans wherever it does, at least as
     fast. Built only when planned (a route of a deep network takes seconds to build). `homes_weights`: its plans
-    may keep weights on the host, which `PlanOptions.host_weights` off rules out."""
+    may keep weights on the host, which `PlanOptions.host_weights` off rules out. `packs_batch`: its plan is layer
+    packs at a micro-batch count it chooses (`packs.plan_packs`), one of those `micro_batch_search` plans packs at."""
 
     name: str
     plan: Callable[[Route, "int | None", str, "CostTable | None"], Plan]
     route_of: Callable[[], Route]
     homes_weights: bool = False
+    packs_batch: bool = False
 
     @property
     def candidate_name(self) -> str:
         return f"policy '{self.name}'"
 
 
-RIVAL_MAX_STEPS = 6000
-"""Rivals are planned on routes of at most this many steps (ResNet-1000 has 6,671): on ResNet-2500 (16,671 steps) at
-12 GB on a K40c, policy `offload` alone plans in 170 s, `weights` in 35 s, `packs` in 24 s, `window` in 12 s,
-against `auto`'s own 4 s (shared 2-core EPYC). Each skip is named in the plan's `decision` (`--explain`)."""
+SEARCH_MAX_STEPS = 6000
+"""The longest route `auto` plans beyond its own search: rivals are planned on routes of at most this many steps
+(ResNet-500 has 4,357, ResNet-1001 8,699), and once a plan fits, micro-batch counts whose route would be longer are
+not searched. On ResNet-2500 (16,671 steps) at 12 GB on a K40c, policy `offload` alone plans in 170 s, `weights` in
+35 s, `packs` in 24 s, `window` in 12 s, against `auto`'s own 4 s; `packs` on GPT2-XL at batch 64 searches routes of
+up to 64 micro-batches for minutes (shared 2-core EPYC). Each skip is named in the plan's `decision` (`--explain`)."""
 
 
 More = Callable[[Route], "list[Candidate]"]
@@ -516,17 +535,19 @@ class AutoSearch:
                                     note="its own plan, on its own route"))
 
     def rival_skipped(self, r: Rival) -> str:
-        """Why `r` is not planned, or "": it would home weights that must stay on the device; the route is longer
-        than `RIVAL_MAX_STEPS`; or its least possible time (`least_time`) is no less than the best plan's, so it
-        cannot be faster."""
+        """Why `r` is not planned, or "": it would home weights that must stay on the device; the micro-batch
+        search plans its plan (`Rival.packs_batch`); the route is longer than `SEARCH_MAX_STEPS`; or its least
+        possible time (`least_time`) is no less than the best plan's, so it cannot be faster."""
         if r.homes_weights and not self.route.options.host_weights:
-            return "its plans keep weights on the host, and weights stay on the device here (host_weights off)"
-        if len(self.route.steps) > RIVAL_MAX_STEPS:
-            return (f"the route has {len(self.route.steps):,} steps, more than {RIVAL_MAX_STEPS:,}: the other "
-                    f"policies' own searches take minutes there (RIVAL_MAX_STEPS)")
+            return "plans that keep weights on the host, and weights stay on the device here (host_weights off)"
+        if r.packs_batch and splittable(self.route, self.budget):
+            return "a plan of layer packs at a micro-batch count, each one planned by the micro-batch search"
+        if len(self.route.steps) > SEARCH_MAX_STEPS:
+            return (f"the route has {len(self.route.steps):,} steps, more than {SEARCH_MAX_STEPS:,}: the other "
+                    f"policies' own searches take minutes there (SEARCH_MAX_STEPS)")
         least, best = least_time(r.route_of(), self.device), self.best_time()
         if least >= best:
-            return f"it cannot beat the {_time(best)} plan that fits: its compute alone takes as long or longer"
+            return f"cannot beat the {_time(best)} plan that fits: compute alone takes as long or longer"
         return ""
 
 
@@ -603,11 +624,16 @@ def weights_search(search: AutoSearch, base: Base) -> Candidate | None:
 
 
 # -- micro-batches: weighed by time, like every other decision --------------------------------------------------
+def splittable(route: Route, budget: int | None) -> bool:
+    """Whether `auto` may cut `route`'s batch itself under `budget`: a fused training route not already cut into
+    micro-batches (not data parallel, `--fused-update off`, inference or the user's `--micro-batches`)."""
+    return budget is not None and route.training and route.fused_update and route.packing is None
+
+
 def micro_batch_counts(route: Route, budget: int | None) -> list[int]:
-    """The micro-batch counts `auto` may try by itself on `route` under `budget`: 2, 4, 8, ... dividing the batch,
-    up to the route's `PlanOptions.max_micro_batches`; none for a route that is not a fused training route (data
-    parallel, `--fused-update off`, inference) or one already cut into micro-batches (the user's count)."""
-    if budget is None or not route.training or not route.fused_update or route.packing is not None:
+    """The micro-batch counts `auto` may try by itself on `route` under `budget` (`splittable`): 2, 4, 8, ...
+    dividing the batch, up to the route's `PlanOptions.max_micro_batches`."""
+    if not splittable(route, budget):
         return []
     batch = route.network.input_nodes[0].shape[0]
     limit = min(batch, route.options.max_micro_batches or batch)
@@ -620,41 +646,61 @@ def micro_batch_counts(route: Route, budget: int | None) -> list[int]:
 
 
 def micro_batch_search(route: Route, budget: int, device, costs: CostTable | None = None,
-                       best_s: float = math.inf, more: More | None = None) -> AutoResult:
-    """The fastest plan with the batch cut into micro-batches (`micro_batch_counts`), to beat a single-batch plan
-    of `best_s` seconds (inf: none fits): at each count, `auto`'s own search on the micro-batched route (gradient
-    accumulation) and Harmony's layer packs (`schedulers/packs.py`: packs cut to fit, weights brought in once per
-    pack). More micro-batches run smaller kernels (each step's cost only grows with the count, `least_time`) but
-    keep fewer activations, so fewer copies and faster workspaces: the counts are searched in increasing order
-    while one's compute alone could still beat the best plan found by more than `GOOD_ENOUGH`."""
+                       best_s: float = math.inf, more: More | None = None, whole_fits: bool = False) -> AutoResult:
+    """The fastest plan with the batch cut into micro-batches (`micro_batch_counts`), to beat a plan of `best_s`
+    seconds (inf: none fits yet): at each count, Harmony's layer packs (`schedulers/packs.py`: packs cut to fit,
+    weights brought in once per pack; also at one micro-batch), and, where no plan of the batch whole fits
+    (`whole_fits` false), `auto`'s own search on the micro-batched route (gradient accumulation). More
+    micro-batches keep fewer activations (fewer copies, faster workspaces, or a fit where one batch has none) but
+    run smaller kernels: each step's cost only grows with the count (`least_time`), so the counts are searched in
+    increasing order until one's compute alone cannot beat the best plan found, or, once a plan fits, until its
+    route would be longer than `SEARCH_MAX_STEPS`.
+
+    Why `auto` does not cut a batch that fits whole by itself: a micro-batched plan trains to the bits of `none`
+    with those micro-batches, not of the batch whole (BatchNorm normalizes each micro-batch), and the roofline
+    charges nothing per step, so many small steps look almost free. ResNet-20 at batch 32 on the digits in 4 MiB
+    (README's first command): 16 micro-batches of 2 estimated 2.5% faster than `window`'s plan (13.55 against
+    13.89 ms), measured 718 against 139 ms a median step (shared 2-core EPYC). Policy `packs` cuts the batch itself:
+    its plans are weighed at every count, so `auto` is never slower than it."""
     tried: list[Candidate] = []
     best: Candidate | None = None
+    packs_too = route.options.host_weights   # (layer packs bring each pack's weights in from the host)
     least = least_time(route, device)
-    if not least < best_s * (1 - GOOD_ENOUGH):   # no count can beat it: each one's compute is at least `least`
+    if whole_fits and not packs_too:
+        return AutoResult(None, [Candidate("any", note="micro-batches skipped: the batch fits whole")])
+    if not least < best_s:   # no count can beat it: each one's compute is at least `least`
         return AutoResult(None, [Candidate("any", note=(
             f"micro-batches skipped: one batch's compute alone takes {_time(least)}, and a plan of "
             f"{_time(best_s)} fits"))])
-    for m in micro_batch_counts(route, budget):
-        try:
-            mroute = route.with_micro_batches(m)
-        except PackError as e:   # a network the packed route cannot express: it stays one batch
-            tried.append(Candidate("any", micro_batches=m, note=f"skipped: {e}"))
-            break
-        if step_floor(mroute) > budget:
-            tried.append(Candidate("any", micro_batches=m,
-                                   note="skipped: one micro-batch's busiest step alone exceeds the budget"))
-            continue
-        least = least_time(mroute, device)
-        if not least < best_s * (1 - GOOD_ENOUGH):   # nor can more micro-batches: their compute only grows
-            tried.append(Candidate("any", micro_batches=m, note=(
-                f"skipped, and every larger count: its compute alone takes {_time(least)}, and a plan of "
-                f"{_time(best_s)} fits")))
-            break
-        res = auto_search(mroute, budget, device, costs, frugal=False, more=more)
-        for c in res.trials:
-            c.micro_batches = m
-        tried += res.trials
-        if route.options.host_weights:   # (layer packs bring each pack's weights in from the host)
+    for m in ([1] if packs_too else []) + micro_batch_counts(route, budget):
+        if m > 1:
+            if math.isfinite(best_s) and m * len(route.steps) > SEARCH_MAX_STEPS:
+                tried.append(Candidate("layer packs" if whole_fits else "any plan", micro_batches=m, unsearched=True,
+                                       note=f"skipped: from this count on: its route would have about "
+                                            f"{m * len(route.steps):,} steps, more than {SEARCH_MAX_STEPS:,} "
+                                            f"(SEARCH_MAX_STEPS), and a plan fits"))
+                break
+            try:
+                mroute = route.with_micro_batches(m)
+            except PackError as e:   # a network the packed route cannot express: it stays one batch
+                tried.append(Candidate("any", micro_batches=m, note=f"skipped: {e}"))
+                break
+            if step_floor(mroute) > budget:
+                tried.append(Candidate("any", micro_batches=m,
+                                       note="skipped: one micro-batch's busiest step alone exceeds the budget"))
+                continue
+            least = least_time(mroute, device)
+            if not least < best_s:   # nor can more micro-batches: their compute only grows
+                tried.append(Candidate("any plan", micro_batches=m, note=(
+                    f"skipped: from this count on: its compute alone takes {_time(least)}, and a plan of "
+                    f"{_time(best_s)} fits")))
+                break
+            if not whole_fits:
+                res = auto_search(mroute, budget, device, costs, frugal=False, more=more)
+                for c in res.trials:
+                    c.micro_batches = m
+                tried += res.trials
+        if packs_too:
             try:
                 packed = plan_packs(route, budget, device, costs, micro_batches=m)
             except (BudgetError, PackError) as e:
@@ -691,13 +737,14 @@ def micro_decision(micro: AutoResult, budget: int, single: AutoResult) -> str:
             f"{sum(t.fits for t in micro.trials)} plans that fit at {', '.join(map(str, counts))} micro-batches")
 
 
-def skipped_rivals(res: AutoResult) -> str:
-    """The rivals `auto` did not plan, grouped by why, one line each (for the plan's `decision`; "" if none)."""
+def not_planned(*results: AutoResult) -> str:
+    """What `auto` did not plan, grouped by why, one line each (for the plan's `decision`; "" if nothing): the
+    rivals it skipped, and the candidates left out to keep planning time short (`Candidate.unsearched`)."""
     why: dict[str, list[str]] = {}
-    for t in res.trials:
-        if t.name.startswith("policy '") and t.plan is None and t.error is None:
-            why.setdefault(t.note.removeprefix("skipped: ").replace("it cannot", "they cannot").replace(
-                "its ", "their "), []).append(t.name.removeprefix("policy "))
+    for res in results:
+        for t in res.trials:
+            if t.unsearched or (t.name.startswith("policy '") and t.plan is None and t.error is None):
+                why.setdefault(t.note.removeprefix("skipped: "), []).append(t.name.removeprefix("policy "))
     return "".join(f"\n  not planned: {', '.join(names)}: {reason}" for reason, names in why.items())
 
 
@@ -720,16 +767,18 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
             res = alt
     single = res.chosen
     micro = AutoResult(None)
-    if budget is not None and micro_batch_counts(route, budget):
+    if splittable(route, budget):
+        whole = any(t.fits and t.micro_batches == 1 for t in res.trials)
         micro = micro_batch_search(route, budget, device, costs,
-                                   single.est_step_time_s if single is not None else math.inf, more)
+                                   single.est_step_time_s if single is not None else math.inf, more, whole)
     if micro.plan is not None and (single is None or rank(micro.chosen) < rank(single)):
         micro.plan.decision = micro_decision(micro, budget, res) + _lossy_note(micro.chosen, res, micro) \
-            + skipped_rivals(res)
+            + not_planned(res, micro)
         return finalize(micro.plan, budget, policy=policy)
     if res.plan is not None:
         res.plan.decision = (f"{single.name}: the fastest of {sum(t.fits for t in res.trials)} candidates that fit"
-                             f" (of {len(res.trials)} tried)" + _lossy_note(single, res, micro) + skipped_rivals(res))
+                             f" (of {len(res.trials)} tried)" + _lossy_note(single, res, micro)
+                             + not_planned(res, micro))
         return finalize(res.plan, budget, policy=policy)
     f = res.frugal
     counts = micro_batch_counts(route, budget)
