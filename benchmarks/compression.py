@@ -29,10 +29,14 @@ from minidl.memory.compressed import CompressedStore
 from minidl.memory.decisions.compress import backward_readers, compressed_tensors, plan_compress
 from minidl.memory.errorbound import ErrorBoundRule
 from minidl.memory.policies import plan_network
+from minidl.memory.request import PlanRequest, Target
+from minidl.memory.simulate import get_profile
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.optim.schedules import Cosine
 from minidl.runtime.executor import Executor
+
+CPU = Target.for_run()   # the CPU profile and menu every plan here is for, but the budget sweep's devices
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -63,15 +67,15 @@ def net_figures(key: str, target: float) -> dict:
     x, y = _batch(net)
     out: dict = {"net": key, "shape": list(net.input_nodes[0].shape)}
     for pol in ("none", "liveness"):
-        plan = plan_network(net, opt, pol)
+        plan = plan_network(net, opt.slots, PlanRequest(pol), CPU)
         out[f"peak_{pol}"] = plan.peak_bytes
-    live = plan_network(net, opt, "liveness")
+    live = plan_network(net, opt.slots, PlanRequest("liveness"), CPU)
     ex = Executor(net, live, opt, seed=0)
     t = time.perf_counter()
     ex.train_step(x, y)
     out["step_s_liveness"] = time.perf_counter() - t
 
-    first = plan_network(net, opt, "compress")
+    first = plan_network(net, opt.slots, PlanRequest("compress"), CPU)
     ex = Executor(net, first, opt, seed=0)
     store = _store(ex, target)
     ex.train_step(x, y)
@@ -122,7 +126,7 @@ def codec_step(batch: int = 64, steps: int = 3, target: float = 0.01) -> tuple[d
     (tensor, array, bound) for `codec_variants`."""
     net = build_model("resnet", depth=20, batch=batch, image_size=32, num_classes=10)
     opt = SGD(lr=0.01, momentum=0.9)
-    ex = Executor(net, plan_network(net, opt, "compress"), opt, seed=0)
+    ex = Executor(net, plan_network(net, opt.slots, PlanRequest("compress"), CPU), opt, seed=0)
     store = _store(ex, target)
     x, y = _batch(net)
     seen: list = []
@@ -191,13 +195,13 @@ def gradient_error(targets, steps=2) -> list[dict]:
     rows = []
     for target in targets:
         opt = SGD(lr=0.01)
-        plan = plan_network(net, opt, "compress")
+        plan = plan_network(net, opt.slots, PlanRequest("compress"), CPU)
         ex = Executor(net, plan, opt, seed=0)
         store = _store(ex, target)
         for s in range(steps):
             ex.train_step(*_batch(net, s))
         state = ex.state_dict()
-        ref = Executor(net, plan_network(net, opt, "none"), opt, seed=0)
+        ref = Executor(net, plan_network(net, opt.slots, PlanRequest("none"), CPU), opt, seed=0)
         ref.load_state_dict(state)
         x, y = _batch(net, 99)
         ex.train_step(x, y)
@@ -227,7 +231,7 @@ def accuracy(steps: int, batch: int, target: float, seed: int = 0) -> dict:
     for pol in ("none", "compress"):
         net = build_model("resnet", depth=20, batch=batch, image_size=8, in_channels=1, num_classes=10)
         opt = SGD(lr=0.05, momentum=0.9)
-        ex = Executor(net, plan_network(net, opt, pol), opt, seed=seed)
+        ex = Executor(net, plan_network(net, opt.slots, PlanRequest(pol), CPU), opt, seed=seed)
         if pol == "compress":
             _store(ex, target)
         it = BatchIterator(train, batch, seed=seed, shuffle=True, drop_last=True)
@@ -258,14 +262,15 @@ def auto_vs_lossy(fractions=(0.7, 0.5, 0.3, 0.22), devices=("cpu", "k40c")) -> l
 
     net = build_model("resnet", depth=20, batch=32, image_size=32, num_classes=10)
     opt = SGD(lr=0.01, momentum=0.9)
-    live = plan_network(net, opt, "liveness").min_budget_bytes
-    rows = [f"liveness min {live}, compress min {plan_network(net, opt, 'compress').min_budget_bytes}"]
+    live = plan_network(net, opt.slots, PlanRequest("liveness"), CPU).min_budget_bytes
+    least = plan_network(net, opt.slots, PlanRequest("compress"), CPU).min_budget_bytes
+    rows = [f"liveness min {live}, compress min {least}"]
     for dev in devices:
         for f in fractions:
             b = int(live * f)
             for pol in ("auto", "auto-lossy"):
                 try:
-                    p = plan_network(net, opt, pol, b, device=dev)
+                    p = plan_network(net, opt.slots, PlanRequest.from_options(pol, b), Target(get_profile(dev)))
                     rows.append(f"{dev} {f} {b} {pol} peak {p.peak_bytes} est "
                                 f"{simulate(p, dev).est_step_time_s * 1e3:.3f} ms compressed "
                                 f"{len(compressed_tensors(p))} offloaded {p.offloaded_bytes}")

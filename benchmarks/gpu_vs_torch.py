@@ -9,7 +9,7 @@ Rows (each in fp32 and in tf32, `--math`):
   resnet50   224 px, batch 32, minidl `--budget 700MiB` (auto)     vs PyTorch plain (and its own liveness row)
   resnet2500 224 px, batch 16, minidl `liveness` (in memory)       vs PyTorch plain
   resnet2500 224 px, batch 16, minidl `--budget 12GB` (auto)       vs PyTorch checkpoint_sequential
-PyTorch runs the same network (`minidl.testing_torch.TorchTwin`: one functional call per layer, the same initial
+PyTorch runs the same network (`minidl.testing.torch_twin.TorchTwin`: one functional call per layer, the same initial
 weights) with SGD (momentum 0.9) and `cudnn.benchmark`; minidl runs its compiled step, as CUDA graphs where the
 plan can be captured (`minidl.runtime.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
 autotuned on the GPU (cache: results/gpu_autotune.json). Math modes match: fp32 turns TF32 off on both sides
@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from minidl.testing.gpu import why_no_gpu
 
 OUT = Path(__file__).resolve().parent / "results"
 EXIT_NO_GPU = 2
@@ -92,30 +94,13 @@ def row_specs(only: list[str] | None, maths: list[str]) -> list[RowSpec]:
     return [r for r in rows if not only or r.workload in only]
 
 
-def why_no_gpu() -> str | None:
-    """None if a CUDA GPU, cupy, the cuDNN frontend and a CUDA build of torch are all here; else what is missing."""
-    try:
-        import torch
-    except ImportError as e:
-        return f"PyTorch is not importable ({e})"
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA GPU"
-    try:
-        from minidl.backend.cuda.backend import load_cuda_modules
-
-        load_cuda_modules()
-    except Exception as e:  # noqa: BLE001 - CUDAUnavailable says what is missing
-        return str(e)
-    return None
-
-
 # ---------------------------------------------------------------------------------------------------------
 # PyTorch: the twin on the GPU, a forward that frees what it no longer needs, checkpoint_sequential's segments
 # ---------------------------------------------------------------------------------------------------------
 
 def torch_twin(net, state: dict, device):
     """`TorchTwin` of `net` with its parameters (and BN statistics) on `device`."""
-    from minidl.testing_torch import TorchTwin
+    from minidl.testing.torch_twin import TorchTwin
 
     twin = TorchTwin(net, state)
     for ps in twin.params.values():
@@ -259,7 +244,7 @@ class MinidlStep:
         opt = SGD(lr=1e-4, momentum=0.9)
         route = None
         if costs is not None:   # the convolutions measured first: the efficiency is fitted to them
-            route = net.route(True, tuple(opt.slots), backend=self.be)
+            route = net.route(True, tuple(opt.slots), menu=self.be)
             workspace_choices(route, costs)
         self.device = measured_profile(self.be, costs=costs, route=route)
         self.sess = Session(net, opt, policy="liveness" if budget is None else "auto", budget=budget, seed=0,

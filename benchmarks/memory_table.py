@@ -47,7 +47,9 @@ import time
 from minidl.core.errors import BudgetError
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
+from minidl.memory.request import PlanRequest, Target
 from minidl.memory.schedulers.window import window_min_budget
+from minidl.memory.simulate import get_profile
 from minidl.models import build_model, is_sequence_model
 from minidl.optim import SGD
 
@@ -58,7 +60,7 @@ MODELS = ["alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "densenet121
 def auto_minimum(net, opt, device: str) -> int:
     """The smallest budget `auto` accepts: ask for an impossible one and read the BudgetError."""
     try:
-        plan = plan_network(net, opt, "auto", budget=1, device=device)
+        plan = plan_network(net, opt.slots, PlanRequest.from_options("auto", 1), Target(get_profile(device)))
         return plan.min_budget_bytes
     except BudgetError as e:
         return int(e.min_budget_bytes)
@@ -74,18 +76,18 @@ def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**2
     if sequence:
         out["seq"] = out["input"][1]
     for pol in ("none", "liveness", "recompute"):
-        p = plan_network(net, opt, pol, device=device)
+        p = plan_network(net, opt.slots, PlanRequest(pol), Target(get_profile(device)))
         out[pol] = p.peak_bytes
         out[f"{pol}_min_budget"] = p.min_budget_bytes
         out["lower_bound"] = p.lower_bound_bytes
     m = auto_minimum(net, opt, device)
     out["auto_min"] = m
     if check:  # auto at exactly that budget must plan
-        p = plan_network(net, opt, "auto", budget=m, device=device)
+        p = plan_network(net, opt.slots, PlanRequest.from_options("auto", m), Target(get_profile(device)))
         out["auto_min_checked"] = p.min_budget_bytes <= m
     slots = tuple(opt.slots)
     out["window_min"] = window_min_budget(net.route(training=True, optimizer_slots=slots))
-    paged = plan_network(net, opt, "liveness", device=device, paged=chunk)
+    paged = plan_network(net, opt.slots, PlanRequest.from_options("liveness", paged=chunk), Target(get_profile(device)))
     out["paged_chunk"] = chunk
     out["paged_arena"] = paged.min_budget_bytes
     out["paged_live_peak"] = paged.paged.live_peak_bytes

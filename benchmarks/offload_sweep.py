@@ -37,7 +37,8 @@ from minidl.core.errors import BudgetError
 from minidl.memory.host import transfer_json
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
-from minidl.memory.simulate import simulate
+from minidl.memory.request import PlanRequest, Target
+from minidl.memory.simulate import get_profile, simulate
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
@@ -56,7 +57,7 @@ def optimizer():
 
 def smallest_offload_budget(args) -> int:
     try:
-        plan_network(make_net(args), optimizer(), "offload", 1, device=args.device)
+        plan_network(make_net(args), optimizer().slots, PlanRequest("offload", 1), Target(get_profile(args.device)))
     except BudgetError as e:
         return int(e.min_budget_bytes)
     raise RuntimeError("a 1-byte budget was accepted")
@@ -126,7 +127,7 @@ def main() -> None:
         threadpool_limits(args.blas_threads)
 
     net = make_net(args)
-    lv = plan_network(net, optimizer(), "liveness", device=args.device)
+    lv = plan_network(net, optimizer().slots, PlanRequest("liveness"), Target(get_profile(args.device)))
     args.liveness_min = lv.min_budget_bytes
     floor = smallest_offload_budget(args)
     budgets = sorted({int(args.liveness_min * float(f)) for f in args.fractions.split(",")} | {floor},

@@ -10,7 +10,7 @@ which docs/performance.md's table is generated (docs/make_results.py).
 Both run forward, backward and an SGD update after warm-up; the median of --steps timed steps is reported,
 whole step and per layer type (minidl from its executor trace, PyTorch from torch.profiler's self CPU time
 mapped from aten ops to layer types). Both use the same number of threads: torch's intra-op pool, minidl's
-convolution lanes (MINIDL_CPU_THREADS) and numpy's BLAS (threadpoolctl) are set to --threads. minidl runs its
+convolution lanes (the CPU menu's `threads`) and numpy's BLAS (threadpoolctl) are set to --threads. minidl runs its
 compiled step (`minidl.runtime.program`) unless --interpreted. Steps alternate (minidl, torch, minidl, ...) so a machine
 shared with other jobs slows both alike.
 """
@@ -38,33 +38,13 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 import torch  # noqa: E402 - after the OpenMP setting above
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from minidl.backend.cpu.backend import CPUBackend  # noqa: E402
+from minidl.backend.cpu.menu import CPUMenu  # noqa: E402
 from minidl.graph.route import Phase  # noqa: E402
 from minidl.models import build_model, is_sequence_model  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.runtime.session import RunConfig, Session  # noqa: E402
-from minidl.testing_torch import TorchTwin  # noqa: E402
-
-ATEN_TO_TYPE = [
-    ("convolution", "conv"), ("conv", "conv"),
-    ("batch_norm", "batchnorm"),
-    ("threshold_backward", "relu"), ("relu", "relu"), ("clamp_min", "relu"),
-    ("max_pool", "maxpool"), ("avg_pool", "avgpool"),
-    ("addmm", "linear"), ("aten::mm", "linear"), ("aten::t", "linear"),
-    ("mean", "gap"), ("aten::sum", "gap"), ("expand", "gap"), ("div", "gap"),
-    ("aten::add", "add"), ("aten::cat", "concat"),
-    ("native_layer_norm", "layernorm"), ("layer_norm", "layernorm"), ("gelu", "gelu"),
-    ("scaled_dot_product", "attention"), ("_flash_attention", "attention"), ("bmm", "attention"),
-    ("embedding", "embedding"), ("aten::matmul", "linear"), ("aten::linear", "linear"),
-    ("softmax", "softmax_xent"), ("nll_loss", "softmax_xent"),
-    ("sgd", "update"), ("add_", "update"), ("_foreach", "update"),
-]
-
-
-def torch_type(op: str) -> str:
-    for key, t in ATEN_TO_TYPE:
-        if key in op:
-            return t
-    return "other"
+from minidl.testing.torch_twin import TorchTwin, aten_kind  # noqa: E402
 
 
 def main() -> None:
@@ -83,14 +63,13 @@ def main() -> None:
     ap.add_argument("--interpreted", action="store_true", help="run minidl's interpreted executor")
     ap.add_argument("--out", default=None, help="also write benchmarks/results/OUT.json")
     ap.add_argument("--no-winograd", dest="winograd", action="store_false",
-                    help="switch off the CPU backend's Winograd convolutions (MINIDL_CPU_WINOGRAD=0; on by default)")
+                    help="switch off the CPU backend's Winograd convolutions (on by default)")
     ap.add_argument("--winograd", dest="winograd", action="store_true", default=True,
                     help="Winograd on (the default; kept for the commands recorded before it was)")
     args = ap.parse_args()
-    os.environ["MINIDL_CPU_WINOGRAD"] = "1" if args.winograd else "0"
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
-    os.environ["MINIDL_CPU_THREADS"] = str(args.threads)  # minidl's convolution lanes (cpu_lanes)
+    backend = CPUBackend(CPUMenu(winograd=args.winograd, threads=args.threads))   # minidl's lanes: --threads
 
     sequence = is_sequence_model(args.model)
     if sequence:  # dropout off: its masks differ between the frameworks, and it costs each about the same
@@ -98,7 +77,7 @@ def main() -> None:
         net = build_model(args.model, batch=args.batch, seq=args.seq, dropout=0.0, **kw)
     else:
         net = build_model(args.model, depth=args.depth, batch=args.batch, image_size=args.image_size)
-    sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0,
+    sess = Session(net, SGD(lr=1e-4, momentum=0.9), policy=args.policy, seed=0, backend=backend,
                    config=RunConfig(trace=True, compiled=not args.interpreted))
     rng = np.random.default_rng(0)
     classes = net.logits_node.shape[-1]
@@ -144,7 +123,7 @@ def main() -> None:
             torch_step()
     per_theirs: dict[str, float] = collections.defaultdict(float)
     for evt in prof.key_averages():
-        per_theirs[torch_type(evt.key)] += evt.self_cpu_time_total / 1e6 / args.steps
+        per_theirs[aten_kind(evt.key)] += evt.self_cpu_time_total / 1e6 / args.steps
 
     mo, mt = statistics.median(ours), statistics.median(theirs)
     shape = (f"{args.model}{'-' + args.size if args.size else ''} batch {args.batch} seq {args.seq}" if sequence

@@ -26,7 +26,8 @@ from minidl.core.tensors import Role
 from minidl.memory.decisions.weights import moved_by_role
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
-from minidl.memory.simulate import simulate
+from minidl.memory.request import PlanRequest, Target
+from minidl.memory.simulate import get_profile, simulate
 from minidl.models import build_model
 from minidl.optim import SGD
 
@@ -36,13 +37,14 @@ BUDGETS = {"vgg16": "1.25GiB", "resnet152": "512MiB"}
 
 def row(model: str, batch: int, policy: str, budget: int, device: str) -> dict:
     net = build_model(model, batch=batch)
+    slots, target = SGD(lr=0.01, momentum=0.9).slots, Target(get_profile(device))   # the CPU's menu
     t = time.perf_counter()
     try:
-        plan = plan_network(net, SGD(lr=0.01, momentum=0.9), policy, budget=budget, device=device)
+        plan = plan_network(net, slots, PlanRequest(policy, budget), target)
         fits = True
     except BudgetError as e:
         fits = False
-        plan = plan_network(net, SGD(lr=0.01, momentum=0.9), policy, budget=e.min_budget_bytes, device=device)
+        plan = plan_network(net, slots, PlanRequest(policy, e.min_budget_bytes), target)
     moved = moved_by_role(plan)
     sim = simulate(plan, device)
     return {"policy": policy, "fits": fits, "min_budget_bytes": plan.min_budget_bytes,

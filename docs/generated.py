@@ -6,7 +6,7 @@
 
 and a generator replaces each region's body with what it computes now (from a results file, the policy table, the
 argument parser...). A page can also be generated whole. `python docs/make_X.py` writes the pages;
-`python docs/make_X.py --check` (and tests/test_docs.py) fails when a committed page differs from what its
+`python docs/make_X.py --check` (and tests/docs/test_docs.py) fails when a committed page differs from what its
 generator makes, so a figure cannot drift from its source.
 """
 from __future__ import annotations

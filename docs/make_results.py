@@ -5,7 +5,7 @@ pages' prose is written by hand around these regions and holds no figure of its 
     python docs/make_results.py [--check]
 
 Each benchmark script says how to re-run it; re-running one rewrites its results file, and this script then
-rewrites the pages (tests/test_docs.py fails until it has).
+rewrites the pages (tests/docs/test_docs.py fails until it has).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generated import ROOT, fill, main, table  # noqa: E402
+from make_readme import kernel_figures  # noqa: E402
 
 SCRIPT = "docs/make_results.py"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -131,7 +132,8 @@ def first_command() -> str:
     return (f"From `benchmarks/results/first_command.json` ({d['date']}; {m['cpu']}, {m['cores']} cores, "
             f"{m['blas']}, Python {m['python']}; `python benchmarks/first_command.py`): `{d['command']}`\n\n" +
             table(["run", "wall time", "load average before"], rows, "lrr") +
-            f"\nHeld-out accuracy {100 * d['cold']['accuracy']:.2f}%, final loss {d['cold']['final_loss']:.4f}.\n")
+            f"\nHeld-out accuracy and final loss by OpenBLAS kernel ({d['figures']['date']}, numpy "
+            f"{d['figures']['numpy']}):\n\n" + kernel_figures())
 
 
 def step_vs_torch(name: str) -> str:
@@ -152,6 +154,43 @@ def step_vs_torch(name: str) -> str:
             table(["layer type", "minidl", "PyTorch", "minidl / PyTorch"], rows, "lrrr"))
 
 
+def gpu_runs(results: Path = RESULTS) -> str:
+    """The figures of GPU runs recorded as they were measured (`gpu_run_*.json`: device, date, commit, versions,
+    one row per figure), newest first."""
+    out = []
+    for p in sorted(results.glob("gpu_run_*.json"), reverse=True):
+        d = json.loads(p.read_text())
+        v = ", ".join(f"{k} {x}" for k, x in d["versions"].items())
+        rows = [[r["what"], r["how"], _seconds(r.get("minidl_s")), _seconds(r.get("torch_s")), r.get("note", "")]
+                for r in d["rows"]]
+        out.append(f"From `benchmarks/results/{p.name}` ({d['device']}, {d['date']}, project at {d['commit']}; "
+                   f"{v}): {d['source']}.\n\n" +
+                   table(["what", "how", "minidl", "PyTorch", "note"], rows, "llrrl"))
+    return "\n".join(out)
+
+
+def _seconds(s) -> str:
+    if s is None:
+        return ""
+    return f"{s:.0f} s" if s >= 10 else f"{s * 1e3:.1f} ms"
+
+
+def gpu_profiles(results: Path = RESULTS) -> str:
+    """Every per-layer GPU profile benchmarks/gpu_profile.py wrote (`gpu_profile_*.md`), newest first; or that
+    none has been measured yet."""
+    found = sorted(results.glob("gpu_profile_*.json"), key=lambda p: (json.loads(p.read_text())["date"], p.name),
+                   reverse=True)
+    if not found:
+        return ("No per-layer GPU profile has been measured yet: `python benchmarks/gpu_profile.py` on a GPU writes "
+                "one (`benchmarks/gpu_check.py` runs it).\n")
+    parts = []
+    for p in found:
+        lines = [("#### " + ln.lstrip("# ")) if ln.startswith("#") else ln
+                 for ln in p.with_suffix(".md").read_text().strip("\n").splitlines()]
+        parts.append(f"From `benchmarks/results/{p.with_suffix('.md').name}`:\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
 def pages() -> dict[Path, str]:
     repro = {"superneurons": included("superneurons.md"), "memory-table": included("memory_table.md"),
              "out-of-core": included("out_of_core.md"), "weights-swap": included("weights_swap.md"),
@@ -159,7 +198,8 @@ def pages() -> dict[Path, str]:
              "compression": compression(), "comet": included("comet.md")}
     perf = {"first-command": first_command(), "dispatch": dispatch(), "autotune": autotune(), "scaling": scaling(),
             "compiled-runner": included("compiled_runner.md"),
-            "step-vs-torch-gpt2": step_vs_torch("step_vs_torch_gpt2"), "gpu-vs-torch": included("gpu_vs_torch.md")}
+            "step-vs-torch-gpt2": step_vs_torch("step_vs_torch_gpt2"), "gpu-vs-torch": included("gpu_vs_torch.md"),
+            "gpu-runs": gpu_runs(), "gpu-profile": gpu_profiles()}
     return {REPRODUCTIONS: fill(REPRODUCTIONS.read_text(), SCRIPT, repro, "docs/reproductions.md"),
             PERFORMANCE: fill(PERFORMANCE.read_text(), SCRIPT, perf, "docs/performance.md")}
 

@@ -4,7 +4,7 @@
 
 Every figure in the tour is read from the output of the very commands the tour shows (run here as
 subprocesses, with --json added to read their numbers), so nothing in it is typed by hand and a reader who runs
-a command sees what the tour says. tests/test_tour.py runs every command the tour shows (with fewer steps) and
+a command sees what the tour says. tests/docs/test_tour.py runs every command the tour shows (with fewer steps) and
 re-plans every stage to check that the exact memory figures (bytes) still hold.
 """
 from __future__ import annotations
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
 shown, so it is what you will see when you run them, with two exceptions: times vary with the machine, and
 accuracies with the BLAS kernel your CPU gets (it changes float32 sums, and {TRAIN_STEPS} steps of training carry
 the difference into the accuracy's first digits).
-`tests/test_tour.py` runs every command of this page and checks its memory figures, which are exact.*
+`tests/docs/test_tour.py` runs every command of this page and checks its memory figures, which are exact.*
 
 One small network, ResNet-20 ({info['params']:,} parameters, {info['layers']} layers) at batch 32 on 8x8
 images, planned and trained under each memory policy in turn. At each stage: the idea, the two commands

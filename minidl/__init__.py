@@ -4,29 +4,43 @@
     net = dl.Network()
     x = net.input((8, 3, 32, 32)); y = net.input((8,), dtype="int64", name="label")
     ...
+
+The names below are imported when first used (`dl.Session` loads the runtime), so that `import minidl.cli` and
+`minidl --help` load only what they run.
 """
-from . import layers
-from .core.errors import (
-           BudgetError,
-           CheckpointError,
-           DataError,
-           DivergenceError,
-           GraphError,
-           HostMemoryError,
-           MinidlError,
-           OptionError,
-           ResidencyError,
-)
-from .core.tensors import Role, TensorSpec
-from .graph.network import Network, Symbol
-from .graph.route import Phase, Route, Step
-from .memory.pool import format_bytes, parse_size
-from .optim import SGD, Adam, Optimizer
-from .runtime.session import RunConfig, Session, TrainResult
+from __future__ import annotations
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-__all__ = ["Adam", "BudgetError", "CheckpointError", "DataError", "DivergenceError", "GraphError",
-           "HostMemoryError", "MinidlError", "Network", "OptionError", "Optimizer", "Phase",
-           "ResidencyError", "Role", "Route", "RunConfig", "SGD", "Session", "Step", "Symbol", "TensorSpec",
-           "TrainResult", "format_bytes", "layers", "parse_size", "__version__"]
+# name -> the module that defines it ("" for a subpackage of this name)
+_EXPORTS = {
+    "layers": "",
+    "BudgetError": "core.errors", "CheckpointError": "core.errors", "DataError": "core.errors",
+    "DivergenceError": "core.errors", "GraphError": "core.errors", "HostMemoryError": "core.errors",
+    "MinidlError": "core.errors", "OptionError": "core.errors", "ResidencyError": "core.errors",
+    "Role": "core.tensors", "TensorSpec": "core.tensors",
+    "Network": "graph.network", "Symbol": "graph.network",
+    "Phase": "graph.route", "Route": "graph.route", "Step": "graph.route",
+    "format_bytes": "memory.pool", "parse_size": "memory.pool",
+    "SGD": "optim", "Adam": "optim", "Optimizer": "optim",
+    "RunConfig": "runtime.session", "Session": "runtime.session", "TrainResult": "runtime.session",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    where = _EXPORTS.get(name)
+    if where is None:
+        raise AttributeError(f"module 'minidl' has no attribute {name!r}")
+    value = import_module(f"{__name__}.{where or name}")
+    if where:
+        value = getattr(value, name)
+    globals()[name] = value   # found once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

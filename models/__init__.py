@@ -21,12 +21,15 @@ from .registry import (
     SEQUENCE_OPTIONS,
     ModelSpec,
     build_model,
+    canonical_model,
     describe_models,
     is_sequence_model,
     model_names,
+    model_objective,
 )
 from .resnet import resnet
 from .vgg import vgg
 
-__all__ = ["MODELS", "SEQUENCE_OPTIONS", "ModelSpec", "alexnet", "bert", "build_model", "densenet", "describe_models",
-           "gpt2", "inception_v4", "is_sequence_model", "lenet", "model_names", "resnet", "vgg", "weighted_layers"]
+__all__ = ["MODELS", "SEQUENCE_OPTIONS", "ModelSpec", "alexnet", "bert", "build_model", "canonical_model", "densenet",
+           "describe_models", "gpt2", "inception_v4", "is_sequence_model", "lenet", "model_names", "model_objective",
+           "resnet", "vgg", "weighted_layers"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import minidl as dl
 from minidl.layers import (
     GELU,
+    IGNORE_INDEX,
     Add,
     Dropout,
     Embedding,
@@ -30,7 +31,7 @@ from minidl.layers import (
     SoftmaxCrossEntropy,
 )
 
-from .common import IGNORE_INDEX, check_positive, transformer_size
+from .common import check_positive, transformer_size
 
 #: size -> (layers, heads, width); "96" is Harmony's BERT-96 (BERT-large, 96 layers).
 BERT_CONFIGS: dict[str, tuple[int, int, int]] = {"base": (12, 12, 768), "large": (24, 16, 1024), "96": (96, 16, 1024)}

@@ -13,9 +13,6 @@ def check_positive(model: str, **values: int) -> None:
         args.integer(model, None, key, v, 1)
 
 
-IGNORE_INDEX = -100  # a sequence model's targets equal to this count for nothing (PyTorch's default ignore_index)
-
-
 def transformer_size(model: str, configs: dict[str, tuple[int, int, int]], size: str, layers, heads,
                      width) -> tuple[int, int, int]:
     """(layers, heads, width): the named size's, each overridden where given; checked (OptionError naming the

@@ -17,6 +17,7 @@ from __future__ import annotations
 import minidl as dl
 from minidl.layers import (
     GELU,
+    IGNORE_INDEX,
     Add,
     CausalSelfAttention,
     Dropout,
@@ -27,7 +28,7 @@ from minidl.layers import (
     SoftmaxCrossEntropy,
 )
 
-from .common import IGNORE_INDEX, check_positive, transformer_size
+from .common import check_positive, transformer_size
 
 #: size -> (layers, heads, width) of the released GPT-2 models.
 GPT2_CONFIGS: dict[str, tuple[int, int, int]] = {

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import minidl as dl
+from minidl.data.text import MASKED, NEXT_TOKEN
 
 from .alexnet import alexnet
 from .bert import BERT_CONFIGS, bert
@@ -43,7 +44,12 @@ class ModelSpec:
     num_classes: int = 1000
     in_channels: int = 3
     batch: int = 32
-    sequence: bool = False  # reads token sequences: no image options; num_classes is its vocabulary
+    objective: str | None = None  # a sequence model's: what it trains to predict (next-token, masked); None: images
+
+    @property
+    def sequence(self) -> bool:
+        """Reads token sequences: no image options; num_classes is its vocabulary."""
+        return self.objective is not None
 
 
 def _registry() -> dict[str, ModelSpec]:
@@ -76,16 +82,16 @@ def _registry() -> dict[str, ModelSpec]:
     for d in sorted(DENSENET_CONFIGS):
         m[f"densenet{d}"] = ModelSpec(densenet, f"DenseNet-{d} (torchvision)", fixed={"depth": d})
     m["gpt2"] = ModelSpec(gpt2, "GPT-2 (size small/medium/large/xl, or any layers/heads/width; seq tokens)",
-                          batch=8, sequence=True)
+                          batch=8, objective=NEXT_TOKEN)
     for size, (layers, heads, width) in GPT2_CONFIGS.items():
         m[f"gpt2_{size}"] = ModelSpec(gpt2, f"GPT-2 {size} ({layers} layers, {heads} heads, width {width})",
-                                      fixed={"size": size}, batch=8, sequence=True)
+                                      fixed={"size": size}, batch=8, objective=NEXT_TOKEN)
     m["bert"] = ModelSpec(bert, "BERT with its masked-LM head (size base/large/96, or any layers/heads/width)",
-                          batch=8, sequence=True)
+                          batch=8, objective=MASKED)
     for size, (layers, heads, width) in BERT_CONFIGS.items():
         key, what = ("bert96", "Harmony's BERT-96 (BERT-large") if size == "96" else (f"bert_{size}", f"BERT-{size} (")
         m[key] = ModelSpec(bert, f"{what}{layers} layers, {heads} heads, width {width}), masked-LM head",
-                           fixed={"size": size}, batch=8, sequence=True)
+                           fixed={"size": size}, batch=8, objective=MASKED)
     m["densenet_tiny"] = ModelSpec(densenet, "a small DenseNet for tests (2 blocks of 2 layers, growth 8)",
                                    fixed={"variant": "tiny"}, image_size=32, num_classes=10)
     return m
@@ -103,7 +109,7 @@ def model_names() -> list[str]:
     return sorted(MODELS, key=_natural_key)
 
 
-def _canonical(name: str) -> str | None:
+def canonical_model(name: str) -> str | None:
     """The registry key for `name`, ignoring case, '-' and '_' ("ResNet-50", "inceptionv4"); None if unknown."""
     if not isinstance(name, str):
         return None
@@ -133,9 +139,26 @@ def build_model(name: str, depth: int | None = None, batch: int | None = None, i
     CIFAR models, 1000 otherwise; 1 input channel for lenet, 3 otherwise. Extra keywords (e.g. variant="lrn",
     batch_norm=True, blocks=(2, 2)) go to the builder.
     """
-    key = _canonical(name)
+    key = canonical_model(name)
     if key is None:
         raise dl.OptionError(f"unknown model {name!r}; available: {', '.join(model_names())}")
+    given = dict(depth=depth, batch=batch, image_size=image_size, num_classes=num_classes, in_channels=in_channels,
+                 **kw)
+    net = _build(name, key, depth, batch, image_size, num_classes, in_channels, kw)
+    options = {k: v for k, v in given.items() if v is not None}
+    if all(_plain(v) for v in options.values()):   # (a checkpoint keeps it as JSON)
+        net.recipe = {"model": key, "options": options}
+    return net
+
+
+def _plain(v) -> bool:
+    """A value JSON gives back as it was: a string, a number, a bool, or a list of those."""
+    if isinstance(v, list):
+        return all(_plain(e) for e in v)
+    return isinstance(v, (str, int, float, bool))
+
+
+def _build(name: str, key: str, depth, batch, image_size, num_classes, in_channels, kw: dict) -> dl.Network:
     spec = MODELS[key]
     args: dict[str, Any] = dict(kw)
     for k, v in spec.fixed.items():
@@ -183,8 +206,14 @@ def _build_sequence(name: str, spec: ModelSpec, args: dict, depth, batch, image_
 def is_sequence_model(name: str) -> bool:
     """True for a registered model that reads token sequences (gpt2, bert and their sizes); False otherwise,
     unknown names included (`build_model` names those)."""
-    key = _canonical(name)
-    return key is not None and MODELS[key].sequence
+    return model_objective(name) is not None
+
+
+def model_objective(name: str) -> str | None:
+    """What a registered sequence model trains to predict on text: "next-token" (gpt2) or "masked" (bert, masked
+    tokens: `minidl.data.text`); None for an image model or an unknown name."""
+    key = canonical_model(name)
+    return None if key is None else MODELS[key].objective
 
 
 def describe_models() -> str:

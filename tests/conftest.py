@@ -32,3 +32,20 @@ def pytest_configure(config):
     settings.register_profile("minidl-fuzz", max_examples=n, deadline=None, derandomize=n <= 12,
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                      HealthCheck.filter_too_much])
+
+
+@pytest.fixture
+def lanes():
+    """`lanes(n)`: the CPU's kernels run on n lanes for the rest of the test (what a CPU menu's `threads` sets for
+    its backend's steps, `cpu_lanes.using`)."""
+    from contextlib import ExitStack
+
+    from minidl.backend.cpu import lanes as cpu_lanes
+
+    stack = ExitStack()
+
+    def use(n) -> None:
+        stack.close()
+        stack.enter_context(cpu_lanes.using(int(n)))
+    yield use
+    stack.close()

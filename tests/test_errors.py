@@ -1,6 +1,6 @@
 """Every row of issue 14's table of user mistakes gives one clean `MinidlError` naming the layer, option, file or
 values, raised as early as possible (or, where the input is valid, a correct result). Checkpoint rows are in
-tests/test_checkpoint.py, divergence in tests/test_divergence.py, BN accuracy in
+tests/runtime/test_checkpoint.py, divergence in tests/runtime/test_divergence.py, BN accuracy in
 tests/layers/test_batchnorm_numerics.py."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from minidl.core.errors import CheckpointError, DataError, GraphError, HostMemor
 from minidl.data import Dataset
 from minidl.layers import LRN, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, SoftmaxCrossEntropy
 from minidl.optim import SGD, Adam
+from tests.planning import planned
 from tests.sessions import session_kw
 
 
@@ -76,6 +77,22 @@ def test_batchnorm_with_one_value_per_channel_is_refused_before_planning():
     with pytest.raises(GraphError) as e:
         dl.Session(net, SGD(0.1))
     assert "'bn'" in str(e.value) and "one value per channel" in str(e.value)
+
+
+@pytest.mark.parametrize("policy", ["liveness", "packs"])
+def test_batchnorm_with_one_value_per_channel_in_a_micro_batch_is_refused_when_planning(policy):
+    """Two samples of one value per channel train as one batch, not as two micro-batches of one: refused while
+    planning, as the whole-batch case is, not by the CPU kernel at the first step."""
+    from minidl.graph.packs import PackError
+
+    net = _net(lambda x: BatchNorm2d(name="bn")(x), shape=(2, 3, 1, 1))
+    with pytest.raises(PackError) as e:
+        dl.Session(net, SGD(0.1), policy=policy, micro_batches=2)
+    assert all(w in str(e.value) for w in ("2 micro-batches of the batch of 2", "'bn'", "(1, 3, 1, 1)",
+                                           "one value per channel", "give fewer micro-batches")), str(e.value)
+    sess = dl.Session(_net(lambda x: BatchNorm2d(name="bn")(x), shape=(2, 3, 1, 1)), SGD(0.1), policy=policy,
+                      micro_batches=1)
+    assert np.isfinite(sess.executor.train_step(np.arange(6, dtype=np.float32).reshape(2, 3, 1, 1), np.array([0, 1])))
 
 
 def test_batchnorm_without_affine_on_the_data_trains():
@@ -163,11 +180,13 @@ def test_cli_values_give_one_line_and_status_2(capsys, argv, words):
     assert captured.out == ""  # nothing trained, nothing printed
 
 
-def test_cli_debug_shows_the_traceback():
-    with pytest.raises(OptionError):
-        main(["train", "lenet", "--lr", "nan", "--debug"])
-    with pytest.raises(MinidlError):
-        main(["info", "nosuchnet", "--debug"])
+def test_cli_debug_shows_the_traceback(capsys):
+    """--debug adds the traceback to the error's line and keeps the exit status docs/cli.md gives."""
+    assert main(["train", "lenet", "--lr", "nan", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "OptionError" in err and "minidl: error:" in err
+    assert main(["info", "nosuchnet", "--debug"]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
 
 
 def _tiny_session(**kw):
@@ -184,7 +203,6 @@ def _user_mistakes():
     from minidl.backend.cpu.backend import CPUBackend
     from minidl.data import BatchIterator, synthetic
     from minidl.memory.calibrate import measured_profile
-    from minidl.memory.policies import plan_network
     from minidl.memory.report.explain import parse_steps
     from minidl.memory.simulate import get_profile
     from minidl.models import build_model
@@ -194,7 +212,7 @@ def _user_mistakes():
     return [
         (lambda: tiny().fit(synthetic(8, (3, 8, 8), 10), 1), DataError, ["(3, 8, 8)", "(1, 8, 8)", "'data'"]),
         (lambda: tiny(policy="fastest"), OptionError, ["unknown policy", "'fastest'"]),
-        (lambda: plan_network(_net(lambda x: x), SGD(0.1), "fastest"), OptionError, ["unknown policy"]),
+        (lambda: planned(_net(lambda x: x), SGD(0.1), "fastest"), OptionError, ["unknown policy"]),
         (lambda: dl.parse_size("lots"), OptionError, ["'lots'"]),
         (lambda: dl.parse_size(-1), OptionError, ["negative", "-1"]),
         (lambda: dl.parse_size(1.5), OptionError, ["1.5"]),

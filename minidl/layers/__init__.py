@@ -9,13 +9,13 @@ from .embedding import Embedding, PositionEmbedding
 from .join import Add, Concat
 from .layernorm import LayerNorm
 from .linear import Flatten, Linear, MatMul
-from .loss import SoftmaxCrossEntropy
+from .loss import IGNORE_INDEX, SoftmaxCrossEntropy
 from .lrn import LRN
-from .pool import AvgPool2d, GlobalAvgPool, MaxPool2d
+from .pooling import AvgPool2d, GlobalAvgPool, MaxPool2d
 
 __all__ = [
     "Add", "AvgPool2d", "BatchNorm2d", "CausalSelfAttention", "Concat", "Conv2d", "Dropout", "Embedding", "Flatten",
-    "GELU", "GlobalAvgPool", "LRN", "Layer", "LayerContext", "LayerNorm", "Linear", "MatMul", "MaxPool2d",
-    "ParamSpec",
+    "GELU", "GlobalAvgPool", "IGNORE_INDEX", "LRN", "Layer", "LayerContext", "LayerNorm", "Linear", "MatMul",
+    "MaxPool2d", "ParamSpec",
     "PositionEmbedding", "ReLU", "SelfAttention", "Softmax", "SoftmaxCrossEntropy", "WorkspaceOption",
 ]

@@ -14,6 +14,9 @@ class ReLU(Layer):
     type_name = "relu"
     needs_output = True
 
+    def kernels(self):
+        return ("relu_forward", "relu_backward")
+
     def infer_shape(self, in_shapes):
         return in_shapes[0]
 
@@ -39,6 +42,9 @@ class GELU(Layer):
         super().__init__(name)
         self.approximate = args.choice(type(self).__name__, name, "approximate", approximate, self.FORMS)
 
+    def kernels(self):
+        return ("gelu_forward", "gelu_backward")
+
     def infer_shape(self, in_shapes):
         return in_shapes[0]
 
@@ -63,6 +69,9 @@ class Softmax(Layer):
 
     type_name = "softmax"
     needs_output = True
+
+    def kernels(self):
+        return ("softmax_forward", "softmax_backward")
 
     def infer_shape(self, in_shapes):
         if len(in_shapes[0]) < 1:

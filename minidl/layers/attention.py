@@ -29,6 +29,7 @@ class SelfAttention(Layer):
     type_name = "attention"
     needs_inputs = (0,)
     checkpoint = True  # two batched products per head: expensive to rebuild, like a linear's output
+    half_aux = ("probs",)
     rebuildable_aux = ("probs",)
 
     def __init__(self, num_heads: int, keep_scores: bool = True, causal: bool = False, name: str | None = None):
@@ -36,6 +37,9 @@ class SelfAttention(Layer):
         self.num_heads = args.integer(type(self).__name__, name, "num_heads", num_heads, 1)
         self.keep_scores = args.flag(type(self).__name__, name, "keep_scores", keep_scores)
         self.causal = args.flag(type(self).__name__, name, "causal", causal)
+
+    def kernels(self):
+        return ("attention_forward", "attention_backward")
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]

@@ -38,7 +38,7 @@ def last_axis_rows(shape: Shape) -> tuple[int, int]:
 
 @dataclass(slots=True)
 class ParamSpec:
-    """A parameter or buffer of a layer. `init` names an initializer in `minidl.init`."""
+    """A parameter or buffer of a layer. `init` names an initializer in `minidl.layers.init`."""
 
     shape: Shape
     init: str
@@ -88,6 +88,10 @@ class Layer:
     # may leave them out of its route (`Route.without_aux`); the layer then gets no array for them in `ctx.aux`,
     # and forward and backward take the path that rebuilds them, with the same bits.
     rebuildable_aux: ClassVar[tuple[str, ...]] = ()
+    # In a mixed-precision mode (`backend.precision`): the parameters the kernels read as their half copy (a
+    # product's operands), and the aux tensors stored in half (scores; the others are statistics, float32).
+    half_params: ClassVar[tuple[str, ...]] = ()
+    half_aux: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str | None = None):
         self.name = name
@@ -163,13 +167,18 @@ class Layer:
         return 2 * self.flops(in_shapes, out_shape)
 
     def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
-                          itemsize: int, backend=None) -> list[WorkspaceOption]:
+                          itemsize: int, menu) -> list[WorkspaceOption]:
         """Algorithms this layer can run `phase` ('fwd' or 'bwd') with; empty means no choice, no workspace.
 
-        `backend` is the backend the plan is for: the menu of algorithms (and their workspace sizes) is the
-        backend's (cuDNN's execution plans are not the CPU's im2col). None means the CPU reference backend.
+        `menu` is what the plan is for (the CPU's menu, the cuDNN model, a live backend): the algorithms and their
+        workspace sizes are its own (cuDNN's execution plans are not the CPU's im2col).
         """
         return []
+
+    def kernels(self) -> tuple[str, ...]:
+        """Every backend kernel forward and backward may call, the compiled step's fusions included: what a
+        backend needs in a half precision for this layer (`backend.precision.check_half_kernels`)."""
+        return ()
 
     def backend_ops(self) -> tuple[str, ...]:
         """The backend methods this layer calls beyond those every backend has (the convolutional family's):

@@ -28,6 +28,10 @@ class BatchNorm2d(Layer):
         self.eps = args.real(*who, "eps", eps, 0.0, lo_open=True)
         self.affine = args.flag(*who, "affine", affine)
 
+    def kernels(self):
+        return ("batchnorm_forward_train", "batchnorm_forward_apply", "batchnorm_forward_eval", "batchnorm_backward",
+                "batchnorm_backward_eval")
+
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
         if len(s) != 4:

@@ -1,18 +1,18 @@
 """2-D convolution (NCHW, PyTorch's weight layout and default initialization).
 
-The layer declares its algorithms and their exact workspace sizes (`workspace_options`): the CPU table of
-`minidl.backend.cpu.conv` by default, or the menu of the backend the plan is for (`conv_workspace_options`: on
-CUDA, cuDNN's execution plans). The memory planner picks one per phase and hands the executor's workspace block
-and the algorithm's name in through the LayerContext. Every CPU algorithm gives bit-identical results, so on
-the CPU the choice changes memory and speed, never values.
+The layer declares its algorithms and their exact workspace sizes (`workspace_options`) from the menu the plan is
+for (`conv_workspace_options`: the CPU's table of `minidl.backend.cpu.conv`, the cuDNN model, or on CUDA cuDNN's
+execution plans). The memory planner picks one per phase and hands the executor's workspace block and the
+algorithm's name in through the LayerContext. Every CPU algorithm gives bit-identical results, so on the CPU the
+choice changes memory and speed, never values.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend.cpu import winograd as cpu_winograd
+from ..backend.common import conv_output_hw
 from ..backend.cpu.conv import ALGOS as CPU_ALGOS
-from ..backend.cpu.conv import ConvGeometry, conv_algorithms, conv_options, conv_output_hw
+from ..backend.cpu.conv import ConvGeometry, conv_algorithms
 from . import args
 from .base import Layer, LayerContext, ParamSpec
 
@@ -23,6 +23,7 @@ class Conv2d(Layer):
     type_name = "conv"
     needs_inputs = (0,)
     checkpoint = True
+    half_params = ("weight", "bias")
     accumulates_in_place = True
 
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
@@ -38,6 +39,9 @@ class Conv2d(Layer):
         self.bias = args.flag(*who, "bias", bias)
 
     # -- declarations ------------------------------------------------------------------------------------------
+    def kernels(self):
+        return ("conv2d_forward", "conv2d_backward", "accumulate")
+
     def infer_shape(self, in_shapes):
         s = tuple(in_shapes[0])
         if len(s) != 4:
@@ -89,27 +93,24 @@ class Conv2d(Layer):
         return ConvGeometry(n, c, h, w, self.out_channels, *self.kernel_size, *out_shape[2:], self.groups,
                             tuple(self.stride), tuple(self.padding), tuple(self.dilation))
 
-    def algorithms(self, in_shape=None) -> list[str]:
-        """The algorithms this configuration can run with; on input `in_shape` (N, C, H, W) exactly, without it
-        those that depend on the configuration alone (`im2col_grouped` depends on the shapes too)."""
+    def algorithms(self, in_shape=None, winograd: bool = True) -> list[str]:
+        """The CPU algorithms this configuration can run with (`winograd`: with Winograd on the CPU's menu); on
+        input `in_shape` (N, C, H, W) exactly, without it those that depend on the configuration alone
+        (`im2col_grouped` depends on the shapes too)."""
         shape = None if in_shape is None else tuple(in_shape)
-        key = (shape, cpu_winograd.enabled())   # the opt-in switch changes the answer (tests flip it)
+        key = (shape, winograd)
         cache = self.__dict__.setdefault("_algorithms", {})  # called on every step: worked out once per shape
         if key not in cache:
             geom = None if shape is None else self._geometry([shape], self.infer_shape([shape]))
             cache[key] = conv_algorithms(self.kernel_size, self.stride, self.padding, self.dilation, self.groups,
-                                         geom)
+                                         geom, winograd)
         return cache[key]
 
-    def workspace_options(self, phase, in_shapes, out_shape, itemsize, backend=None):
-        """The algorithms `backend` runs this convolution with, fastest first, with their exact workspace bytes
-        (None: the CPU table, see `minidl.backend.cpu.conv`; the CPU backend answers the same)."""
-        if backend is None:
-            return conv_options(phase, self._geometry(in_shapes, out_shape), itemsize, self.stride, self.padding,
-                                self.dilation)
+    def workspace_options(self, phase, in_shapes, out_shape, itemsize, menu):
+        """The algorithms `menu` runs this convolution with, fastest first, with their exact workspace bytes."""
         w_shape = (self.out_channels, in_shapes[0][1] // self.groups, *self.kernel_size)
-        return backend.conv_workspace_options(phase, tuple(in_shapes[0]), w_shape, tuple(out_shape), self.stride,
-                                              self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"))
+        return menu.conv_workspace_options(phase, tuple(in_shapes[0]), w_shape, tuple(out_shape), self.stride,
+                                           self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"))
 
     def config(self):
         return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
@@ -123,7 +124,8 @@ class Conv2d(Layer):
                 return "gemm_1x1"
             raise ValueError(f"{self.describe()}: no {phase} algorithm chosen; pick one of "
                              f"{self.algorithms(in_shape)} and hand in its workspace (see workspace_options)")
-        if algo in CPU_ALGOS and algo not in self.algorithms(in_shape):  # another backend's names: it checks them
+        # another backend's names: it checks them; a CPU name must be on the CPU's menu, Winograd on or off
+        if algo in CPU_ALGOS and algo not in self.algorithms(in_shape) and algo not in self.algorithms(in_shape, False):
             raise ValueError(f"{self.describe()}: {phase} algorithm {algo!r} is not available for this "
                              f"configuration on input {tuple(in_shape)}; have {self.algorithms(in_shape)}")
         return algo

@@ -19,6 +19,9 @@ class Dropout(Layer):
         # p = 1 would zero every value and divide by 1 - p = 0 (PyTorch returns zeros; here it is refused)
         self.p = args.real(type(self).__name__, name, "p", p, 0.0, 1.0, hi_open=True)
 
+    def kernels(self):
+        return ("dropout_forward", "dropout_backward", "copy")
+
     def infer_shape(self, in_shapes):
         return in_shapes[0]
 

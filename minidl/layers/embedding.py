@@ -41,6 +41,9 @@ class Embedding(Layer):
             raise ValueError(f"indices must be integers (declare them with net.input(shape, dtype='int64')), "
                              f"got {dt.name}")
 
+    def kernels(self):
+        return ("embedding_forward", "embedding_backward")
+
     def infer_shape(self, in_shapes):
         return tuple(in_shapes[0]) + (self.embedding_dim,)
 
@@ -95,6 +98,9 @@ class PositionEmbedding(Layer):
         super().__init__(name)
         self.max_positions = args.integer(type(self).__name__, name, "max_positions", max_positions, 1)
         self.std = args.real(type(self).__name__, name, "std", std, 0.0, lo_open=True)
+
+    def kernels(self):
+        return ("position_embedding_forward", "position_embedding_backward")
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]

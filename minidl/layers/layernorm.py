@@ -25,6 +25,9 @@ class LayerNorm(Layer):
         self.elementwise_affine = args.flag(*who, "elementwise_affine", elementwise_affine)
         self.bias = args.flag(*who, "bias", bias)
 
+    def kernels(self):
+        return ("layernorm_forward", "layernorm_forward_apply", "layernorm_backward")
+
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
         if len(s) < 2:

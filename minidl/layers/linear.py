@@ -18,12 +18,16 @@ class Linear(Layer):
     type_name = "linear"
     needs_inputs = (0,)
     checkpoint = True
+    half_params = ("weight", "bias")
 
     def __init__(self, out_features: int, bias: bool = True, flatten: bool = True, name: str | None = None):
         super().__init__(name)
         self.out_features = args.integer(type(self).__name__, name, "out_features", out_features, 1)
         self.bias = args.flag(type(self).__name__, name, "bias", bias)
         self.flatten = args.flag(type(self).__name__, name, "flatten", flatten)
+
+    def kernels(self):
+        return ("linear_forward", "linear_backward")
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
@@ -78,6 +82,9 @@ class MatMul(Layer):
         super().__init__(name)
         self.transpose_b = args.flag(type(self).__name__, name, "transpose_b", transpose_b)
 
+    def kernels(self):
+        return ("matmul_forward", "matmul_backward")
+
     def infer_shape(self, in_shapes):
         a, b = in_shapes
         if len(a) < 2 or len(b) != len(a) or a[:-2] != b[:-2]:
@@ -112,6 +119,9 @@ class Flatten(Layer):
     """(N, C, H, W) -> (N, C*H*W). A copy here (cheap), so every tensor keeps a single owner in the pool."""
 
     type_name = "flatten"
+
+    def kernels(self):
+        return ("copy",)
 
     def infer_shape(self, in_shapes):
         s = in_shapes[0]

@@ -15,6 +15,8 @@ from ..core.guards import check_labels
 from . import args
 from .base import Layer, last_axis_rows
 
+IGNORE_INDEX = -100  # the usual ignore_index: a sequence model's target that counts for nothing (PyTorch's default)
+
 
 class SoftmaxCrossEntropy(Layer):
     type_name = "softmax_xent"
@@ -61,6 +63,9 @@ class SoftmaxCrossEntropy(Layer):
 
     def backend_ops(self):
         return () if self.ignore_index is None else ("softmax_xent_ignore_forward", "softmax_xent_ignore_backward")
+
+    def kernels(self):
+        return ("softmax_xent_forward", "softmax_xent_backward") + self.backend_ops()
 
     def forward(self, be, inputs, out, params, ctx):
         r, k = last_axis_rows(inputs[0].shape)

@@ -26,6 +26,9 @@ class LRN(Layer):
         self.beta = args.real(*who, "beta", beta, -math.inf)
         self.k = args.real(*who, "k", k, 0.0, lo_open=True)  # the scale k + alpha * sum(x^2) must stay positive
 
+    def kernels(self):
+        return ("lrn_forward", "lrn_backward")
+
     def infer_shape(self, in_shapes):
         s = in_shapes[0]
         if len(s) != 4:

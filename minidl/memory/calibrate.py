@@ -14,11 +14,13 @@ cost, the two directions run on their own streams, and each direction is slower 
 
 A copy the link cannot hide then costs what it costs on that machine, and `auto` recomputes instead
 (tests/memory/test_calibrate.py shows the switch with two given measurements). `measured_profile(backend)` does
-the measuring (a GPU only); everything else here is arithmetic, host-tested.
+the measuring (a GPU only); everything else here is arithmetic, host-tested. `fit_profile` fits the same scalar
+to a measured per-layer profile (benchmarks/gpu_profile.py) instead, and says per layer kind and phase how far
+each row is from the roofline.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..graph.route import Phase, Route
 from .simulate import DeviceProfile, get_profile
@@ -76,3 +78,60 @@ def measured_profile(backend, base: DeviceProfile | str | None = None, costs: Co
     """Measure `backend`'s link (`backend.measure_link()`, a GPU) and return the calibrated profile; `base`
     defaults to the backend's nearest datasheet profile."""
     return calibrated_profile(base or backend.profile, backend.measure_link(), costs, route)
+
+
+@dataclass(slots=True)
+class KindFit:
+    """A measured profile row against the roofline: the share of the device's peak FLOP/s and of its memory
+    bandwidth the row's calls reached, which of the two the roofline says binds it, and the simulator's error."""
+
+    kind: str
+    phase: str
+    measured_s: float
+    sim_s: float
+    flops_efficiency: float       # FLOPs / (measured seconds x peak FLOP/s)
+    bandwidth_efficiency: float   # bytes touched / (measured seconds x memory bandwidth)
+    bound: str                    # "flops" or "bytes": the larger of the roofline's two times
+
+    @property
+    def sim_error(self) -> float | None:
+        """(simulated - measured) / measured (None where nothing was measured)."""
+        return (self.sim_s - self.measured_s) / self.measured_s if self.measured_s > 0 else None
+
+
+def fit_profile(rows, base: DeviceProfile | str) -> tuple[list[KindFit], DeviceProfile]:
+    """The rows of a measured per-layer profile (benchmarks/results/gpu_profile_*.json: dicts or
+    `runtime.profile.ProfileRow`s with kind, phase, seconds, flops, bytes, sim_s) fitted to `base`'s roofline:
+    each row's reached efficiencies, and `base` with the one `efficiency` at which the roofline's time of all
+    rows, max(FLOPs / (peak x efficiency), bytes / bandwidth) row by row, equals their measured time (bisection:
+    that time falls as the efficiency rises; clamped to EFFICIENCY_RANGE). Rows without FLOPs and bytes (`other`)
+    are left out of both."""
+    prof = get_profile(base) if isinstance(base, str) else base
+    rows = [r if isinstance(r, dict) else {"kind": r.kind, "phase": r.phase, "seconds": r.seconds, "flops": r.flops,
+                                           "bytes": r.bytes, "sim_s": r.sim_s} for r in rows]
+    rows = [r for r in rows if (r["flops"] or r["bytes"]) and r["seconds"] > 0]
+    if not rows:
+        raise ValueError("fit_profile: no measured row has FLOPs or bytes (a profile made without a device profile?)")
+    fits = []
+    for r in rows:
+        s = float(r["seconds"])
+        flop_t, byte_t = r["flops"] / prof.flops, r["bytes"] / prof.mem_bw
+        fits.append(KindFit(r["kind"], r["phase"], s, float(r.get("sim_s", 0.0)), flop_t / s, byte_t / s,
+                            "flops" if flop_t / prof.efficiency >= byte_t else "bytes"))
+    measured = sum(float(r["seconds"]) for r in rows)
+
+    def roofline(eff: float) -> float:
+        return sum(max(r["flops"] / (prof.flops * eff), r["bytes"] / prof.mem_bw) for r in rows)
+
+    lo, hi = EFFICIENCY_RANGE
+    if roofline(hi) >= measured:        # measured faster than the roofline allows even at full efficiency
+        eff = hi
+    elif roofline(lo) <= measured:      # measured slower than the roofline at the least efficiency
+        eff = lo
+    else:
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if roofline(mid) > measured else (lo, mid)
+        eff = (lo + hi) / 2
+    note = f"efficiency {eff:.3f} fitted to a measured per-layer profile; compute from {prof.name}"
+    return fits, replace(prof, name=f"{prof.name}-profiled", efficiency=eff, note=note)

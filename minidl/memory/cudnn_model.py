@@ -47,7 +47,7 @@ and large 1-channel-heavy layers, implicit GEMM last), and are the first thing a
 
 The backward phase of a layer runs backward-data then backward-filter in one workspace (as the CUDA backend
 does), so each backward option is a pair: workspace the larger of the two, time their sum; pairs slower than a
-pair with no more workspace are dropped (`backend.cuda.plan.pareto`, the CUDA backend's own rule).
+pair with no more workspace are dropped (`backend.cuda.cudnn_specs.pareto`, the CUDA backend's own rule).
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..backend.base import Capabilities
-from ..backend.cuda.plan import pareto
+from ..backend.cuda.cudnn_specs import pareto
 from ..core.vocab import WorkspaceOption
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -246,6 +246,7 @@ class CudnnModel:
 
     def __init__(self, device: "DeviceProfile"):
         self.device = device
+        self._options: dict[tuple, list[WorkspaceOption]] = {}   # per distinct convolution: a deep net has few
 
     def __repr__(self) -> str:
         return f"CudnnModel({self.device.name})"
@@ -259,6 +260,15 @@ class CudnnModel:
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
                                groups: int, dtype=np.float32) -> list[WorkspaceOption]:
         """The modeled options for `phase` ('fwd' or 'bwd'), fastest first; same signature as the backends'."""
+        key = (phase, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding), tuple(dilation),
+               groups, np.dtype(dtype).str)
+        if key not in self._options:
+            self._options[key] = self._modeled(phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
+                                               dtype)
+        return [WorkspaceOption(o.algo, o.workspace_bytes, o.est_cost) for o in self._options[key]]
+
+    def _modeled(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation, groups: int,
+                 dtype) -> list[WorkspaceOption]:
         n, c, h, w = x_shape
         k, _, kh, kw = w_shape
         s = ConvShape(n, c, h, w, k, kh, kw, y_shape[2], y_shape[3], tuple(stride), tuple(padding),
@@ -271,13 +281,3 @@ class CudnnModel:
                             bwd_algo(d.algo, g.algo)) for d in dg for g in wg])
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
 
-
-def planning_backend(device: "DeviceProfile | str", backend=None):
-    """The backend a plan for `device` sizes its workspaces with: `backend` when one is given (a real backend's
-    own menu), else the cuDNN model for a GPU profile and None (the CPU's menu) for the CPU profile."""
-    from .simulate import get_profile
-
-    if backend is not None:
-        return backend
-    dev = get_profile(device) if isinstance(device, str) else device
-    return CudnnModel(dev) if dev.gpu else None

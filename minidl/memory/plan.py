@@ -99,6 +99,9 @@ class Plan:
     buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> gradients it packs
     data_parallel: object = None   # data parallel: the `decisions.allreduce.DataParallel` the buckets were made for
     decision: str = ""             # a searching policy's word on why this plan (auto: which one, why micro-batches)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
+    """Analyses of the plan computed once (`simulate`: a search times its candidates, and the command line the one
+    it keeps, again); an event added afterwards (`decisions.allreduce`) clears it."""
 
     def by_role_at_peak(self) -> dict[str, int]:
         """Pool bytes (rounded to the pool's alignment, as allocated) per role at the peak: they sum to it."""

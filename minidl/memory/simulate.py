@@ -12,113 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..core.errors import OptionError
 from ..graph.network import Network
 from ..graph.route import Phase, Route
 from .plan import Plan
+from .profiles import PROFILES, DeviceProfile, get_profile
 from .replay import replay_peak
 
-
-@dataclass(slots=True, frozen=True)
-class DeviceProfile:
-    name: str
-    memory_bytes: int
-    flops: float          # peak float32 FLOP/s
-    mem_bw: float         # device memory bandwidth, bytes/s
-    link_bw: float        # host <-> device bandwidth, bytes/s (one direction)
-    efficiency: float = 0.5  # share of peak FLOP/s dense layers reach in practice
-    note: str = ""
-    # device <-> device bandwidth, bytes/s, one direction (`--devices`); default 8.2 GiB/s: Harmony's simulator's
-    # GPU-to-GPU figure (PCIe 3 peer to peer), kept for every PCIe profile; the h100 gets NVLink 4's 450 GB/s
-    peer_bw: float = 8.2 * (1 << 30)
-    # A measured profile (memory/calibrate.py) sets these: each copy's fixed cost (launch + DMA setup), and whether
-    # offloads and prefetches run on separate streams (the CUDA backend: one per direction; `link_bw` is then what
-    # each direction reaches while the other is busy). The defaults are the datasheet profiles' one FIFO stream.
-    link_latency_s: float = 0.0
-    duplex: bool = False
-    # Device memory the process holds before the first tensor: the CUDA context and the cuBLAS/cuDNN handles
-    # (their kernels' code and static buffers). Reserved from the memory a plan may use (`usable_bytes`); 0 for the
-    # CPU, and for a profile whose memory is set by `NAME:SIZE` (SIZE is then what the plan may use).
-    context_bytes: int = 0
-    # A GPU: plans made here for it size convolution workspaces with the cuDNN model (`cudnn_model`), not the
-    # CPU's menu.
-    gpu: bool = False
-
-    @property
-    def usable_bytes(self) -> int:
-        """The memory left to the plan's arena once the context and library handles are loaded."""
-        return self.memory_bytes - self.context_bytes
-
-
-GiB = 1 << 30
-MiB = 1 << 20
-
-# CUDA context + cuBLAS + cuDNN handles, per GPU generation. ESTIMATES, to be checked on a lent GPU (free memory
-# from cudaMemGetInfo before cuInit and after creating both handles and running one convolution):
-# - Kepler (K40c) and Maxwell (TITAN X), the CUDA 8-9 / cuDNN 5-7 of SuperNeurons' time: nvidia-smi commonly shows
-#   ~70-100 MiB for a bare context and ~250-400 MiB once cuBLAS and cuDNN have loaded their kernels; 320 MiB.
-# - Volta (V100), CUDA 10-11 / cuDNN 7-8: larger kernel images (more architectures, tensor-core kernels); 480 MiB.
-# - Hopper (H100), CUDA 12 / cuDNN 8-9 with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since
-#   12.2): a ~500 MiB context + handles is typical; without lazy loading cuDNN alone can exceed 1 GiB. 512 MiB.
-CONTEXT_KEPLER = 320 * MiB
-CONTEXT_MAXWELL = 320 * MiB
-CONTEXT_VOLTA = 480 * MiB
-CONTEXT_HOPPER = 512 * MiB
-
-PROFILES: dict[str, DeviceProfile] = {
-    # Measured on the development machine (2 cores): numpy sgemm 2048^3 at ~65 GFLOP/s, np.copyto at ~22 GB/s
-    # read+write (so ~11 GB/s for a one-way host "transfer", which is a memcpy on the CPU).
-    "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured here, 2 cores, 2026-11-22"),
-    # SuperNeurons' GPU: Tesla K40c, 12 GB, 4.29 TFLOP/s fp32, 288 GB/s, PCIe 3 x16 ~10 GB/s effective.
-    "k40c": DeviceProfile("k40c", 12 * 10**9, 4.29e12, 288e9, 10e9, 0.5, "datasheet",
-                          context_bytes=CONTEXT_KEPLER, gpu=True),
-    # GeForce GTX TITAN X (Maxwell): 12 GB, 6.6 TFLOP/s, 336 GB/s, PCIe 3.
-    "titanx": DeviceProfile("titanx", 12 * 10**9, 6.6e12, 336e9, 10e9, 0.5, "datasheet",
-                            context_bytes=CONTEXT_MAXWELL, gpu=True),
-    # Tesla V100 16 GB (PCIe): 14 TFLOP/s fp32, 900 GB/s, PCIe 3 ~12 GB/s.
-    "v100": DeviceProfile("v100", 16 * 10**9, 14e12, 900e9, 12e9, 0.5, "datasheet",
-                          context_bytes=CONTEXT_VOLTA, gpu=True),
-    # H100 80 GB SXM: 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s HBM3, PCIe 5 x16 ~50 GB/s.
-    "h100": DeviceProfile("h100", 80 * 10**9, 67e12, 3.35e12, 50e9, 0.5, "datasheet", peer_bw=450e9,
-                          context_bytes=CONTEXT_HOPPER, gpu=True),
-    # Harmony's simulator (Li et al., VLDB 2022; shared/PAPERS.md): 11.5 GiB/s host swap and 8.2 GiB/s GPU-to-GPU
-    # (PCIe 3 peer to peer), here on a K40c's compute and 12 GB, for `--devices` tables in the paper's terms.
-    "harmony": DeviceProfile("harmony", 12 * 10**9, 4.29e12, 288e9, 11.5 * GiB, 0.5,
-                             "k40c datasheet; host and peer links as Harmony's simulator assumes", 8.2 * GiB,
-                             context_bytes=CONTEXT_KEPLER, gpu=True),
-    # Harmony's own machine (Li et al., VLDB 2022): GeForce GTX 1080 Ti (Pascal), 11 GiB GDDR5X, 11.3 TFLOP/s fp32
-    # at boost clock, 484 GB/s; the links as Harmony's simulator assumes them, per direction (its scheduler's
-    # --bw_swap 11.5 GiB/s and --bw_p2p 8.2 GiB/s; the GPU copies both ways at once: duplex). Harmony's scheduler
-    # plans each GPU under a 10 GiB cap (--memory_cap), leaving the rest to the CUDA context, NCCL and allocator
-    # slack: that 1 GiB is reserved here, so a plan gets the 10 GiB Harmony's own plans get.
-    "gtx1080ti": DeviceProfile("gtx1080ti", 11 * GiB, 11.3e12, 484e9, 11.5 * GiB, 0.5,
-                               "datasheet; host and peer links (per direction) and the 10 GiB usable per GPU as "
-                               "Harmony's scheduler assumes", 8.2 * GiB, duplex=True, context_bytes=GiB, gpu=True),
-}
-
-
-def get_profile(name: str) -> DeviceProfile:
-    """A profile by name; `NAME:SIZE` (e.g. `k40c:64GB`) is that device with its memory raised or lowered, to
-    ask what a network would do on a device big enough to hold it (the in-memory estimate). SIZE is the memory
-    the plan may use: no CUDA context is reserved from it."""
-    base, sep, mem = name.partition(":")
-    try:
-        prof = PROFILES[base]
-    except KeyError:
-        raise OptionError(f"unknown device profile {name!r}: expected one of {', '.join(PROFILES)}, optionally "
-                          f"with ':SIZE' (e.g. k40c:64GB)") from None
-    if not sep:
-        return prof
-    from dataclasses import replace
-
-    from .pool import parse_size
-
-    try:
-        size = parse_size(mem)
-    except ValueError as e:
-        raise OptionError(f"device profile {name!r}: {e}") from None
-    return replace(prof, memory_bytes=size, context_bytes=0,
-                   note=f"{prof.note}; memory set to {mem}, all of it the plan's (no context reserved)")
+__all__ = ["PROFILES", "DeviceProfile", "SimResult", "StepCost", "get_profile", "link_timeline", "simulate",
+           "step_costs"]
 
 
 @dataclass(slots=True)
@@ -195,8 +96,16 @@ def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
 
 
 def simulate(plan: Plan, device: DeviceProfile | str = "k40c") -> SimResult:
-    """Estimate the step time of `plan` on `device`. The peak is the plan's own (exact)."""
+    """Estimate the step time of `plan` on `device` (once per plan and device: `Plan.memo`). The peak is the plan's
+    own (exact)."""
     dev = get_profile(device) if isinstance(device, str) else device
+    key = ("simulate", dev)
+    if key not in plan.memo:
+        plan.memo[key] = _simulate(plan, dev)
+    return plan.memo[key]
+
+
+def _simulate(plan: Plan, dev: DeviceProfile) -> SimResult:
     costs = step_costs(plan.route, dev)
     rflops = add_plan_costs(plan, costs)
     compute = math.fsum(c.time_s for c in costs)

@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..backend import backend_name
+from ..backend import backend_name, menu_of
+from ..backend.cpu.menu import CPU_MENU
 from ..core.errors import OptionError
 from ..core.vocab import WorkspaceOption
 from ..graph.route import Phase, Route
@@ -132,12 +133,17 @@ class CostTable:
     def backend_name(self) -> str:
         return backend_name(self.backend)
 
+    @property
+    def menu(self):
+        """The algorithms this table measures: its backend's (the CPU's menu without one)."""
+        return menu_of(self.backend) if self.backend is not None else CPU_MENU
+
     def rank(self, layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
              itemsize: int, options: Sequence[WorkspaceOption] | None = None) -> list[WorkspaceOption]:
         """The options for `phase` (`options`, else the layer's menu on this table's backend), fastest first,
         with `est_cost` set to this table's cost."""
         opts = list(options) if options is not None else layer.workspace_options(
-            phase, in_shapes, out_shape, itemsize, backend=self.backend)
+            phase, in_shapes, out_shape, itemsize, self.menu)
         if not self.autotune or not opts:
             return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes, o.algo))
         key = cost_key(layer, phase, in_shapes, out_shape, itemsize, self.backend_name)

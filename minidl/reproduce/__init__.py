@@ -12,7 +12,7 @@ from typing import Callable
 
 from ..core.errors import OptionError
 from .registry import PAPERS, Paper
-from .report import Report, Row, Table
+from .tables import Report, Row, Table
 
 __all__ = ["PAPERS", "Paper", "Report", "Row", "Table", "reproduce"]
 

@@ -28,7 +28,7 @@ from ..memory.simulate import get_profile
 from ..memory.swapper import MODES, simulate_swapper
 from ..models import MODELS as ZOO
 from ..models import build_model
-from .report import Report, Row, Table, machine_meta
+from .tables import Report, Row, Table, machine_meta
 
 PROFILE = "gtx1080ti"
 DEVICES = 4

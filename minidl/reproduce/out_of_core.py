@@ -15,12 +15,10 @@ for the zoo's DenseNet-121 (the figure does not say which DenseNet; 121 is the m
 """
 from __future__ import annotations
 
-from ..memory.cudnn_model import planning_backend
-from ..memory.policies import plan_network
 from ..memory.simulate import get_profile, simulate
 from ..models import build_model
-from .report import Report, Row, Table, machine_meta
-from .search import largest, momentum_sgd, plan_on_device
+from .search import largest, plan_on, plan_on_device
+from .tables import Report, Row, Table, machine_meta
 
 DEVICE = "v100"
 CITATION = ("Hayakawa & Narihira, \"Out-of-core Training for Extremely Large-Scale Neural Networks With Adaptive "
@@ -43,7 +41,7 @@ def _densenet(batch: int):
 
 def _in_memory(batch: int, build=_net):
     """The plan of `batch` in unlimited memory (liveness, fastest algorithms), whose arena the device must hold."""
-    return plan_network(build(batch), momentum_sgd(), "liveness", device=DEVICE, backend=planning_backend(DEVICE))
+    return plan_on(build(batch), "liveness", DEVICE)
 
 
 def _out_of_core(batch: int, policy: str, build=_net):

@@ -2,8 +2,9 @@
 
 `plan_on_device` is what `minidl plan MODEL --policy P --budget M --device D` does with M the memory the device
 leaves once its CUDA context is loaded (`DeviceProfile.usable_bytes`): the same entry point (`plan_network`), the
-same route (a fused update under a budget where the policy chooses one), cuDNN's modeled workspaces for a GPU
-profile. A reproduction asks nothing else, so its tables and the command line cannot disagree about a fit.
+same request and target made by the same rules (`memory/request.py`: a fused update under a budget where the policy
+chooses one, cuDNN's modeled workspaces for a GPU profile). A reproduction asks nothing else, so its tables and
+the command line cannot disagree about a fit.
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Callable
 
 from ..core.errors import BudgetError
 from ..graph.network import Network
-from ..memory.cudnn_model import planning_backend
 from ..memory.plan import Plan
 from ..memory.policies import plan_network
+from ..memory.request import PlanRequest, Target
 from ..memory.simulate import get_profile
 from ..optim import SGD
 
@@ -24,20 +25,26 @@ def momentum_sgd() -> SGD:
     return SGD(lr=0.01, momentum=0.9)
 
 
+def plan_on(net: Network, policy: str, device: str, budget: int | None = None, **options) -> Plan:
+    """`net`, with `momentum_sgd`'s state, planned under `policy` and `budget` for `device`: the request and the
+    target `minidl plan` makes of the same options (`PlanRequest.from_options`: `options` are its keywords,
+    micro_batches, host_weights, ...)."""
+    return plan_network(net, momentum_sgd().slots, PlanRequest.from_options(policy, budget, **options),
+                        Target.for_run(device))
+
+
 def plan_on_device(net: Network, policy: str, device: str, budget: int | None = None, **options) -> Plan | None:
     """The plan of `net` under `policy` within `budget` (default: the device's usable memory), or None where it
-    does not fit. `options` go to `plan_network` (micro_batches, fused_update, ...)."""
+    does not fit. `options` go to `PlanRequest.from_options` (micro_batches, fused_update, ...)."""
     budget = get_profile(device).usable_bytes if budget is None else budget
-    opt = momentum_sgd()
     if not options.get("host_weights", True):
         # Parameters and optimizer state that stay on the device and alone exceed it: no plan can fit. Said here
         # at once, where `auto` would first try every placement it knows (minutes for a ResNet of 6000 layers).
-        route = net.route(optimizer_slots=tuple(opt.slots), backend=planning_backend(device))
+        route = net.route(optimizer_slots=tuple(momentum_sgd().slots), menu=Target.for_run(device).menu)
         if route.persistent_bytes() > budget:
             return None
     try:
-        plan = plan_network(net, opt, policy, budget, device=device, backend=planning_backend(device),
-                            verify_minimum=False, **options)
+        plan = plan_on(net, policy, device, budget, verify_minimum=False, **options)
     except BudgetError:
         return None
     return plan if plan.min_budget_bytes <= budget else None

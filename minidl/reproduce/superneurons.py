@@ -15,13 +15,11 @@ simulated step time against the in-memory step (the paper's "leading performance
 from __future__ import annotations
 
 from ..core.errors import BudgetError
-from ..memory.cudnn_model import planning_backend
-from ..memory.policies import plan_network
 from ..memory.pool import format_bytes
 from ..memory.simulate import get_profile, simulate
 from ..models import build_model
-from .report import Report, Row, Table, machine_meta
-from .search import largest, momentum_sgd, plan_on_device
+from .search import largest, plan_on, plan_on_device
+from .tables import Report, Row, Table, machine_meta
 
 DEVICE = "k40c"
 CITATION = ("Wang et al., \"SuperNeurons: Dynamic GPU Memory Management for Training Deep Neural Networks\", "
@@ -61,7 +59,7 @@ def _resnet(k: int):
 def _speed(plan, net) -> float:
     """In-memory step time / this plan's step time, simulated: 1.0 is the speed of the same network trained with
     unlimited memory (liveness, fastest algorithms)."""
-    free = plan_network(net, momentum_sgd(), "liveness", device=DEVICE, backend=planning_backend(DEVICE))
+    free = plan_on(net, "liveness", DEVICE)
     return simulate(free, DEVICE).est_step_time_s / simulate(plan, DEVICE).est_step_time_s
 
 
@@ -186,7 +184,7 @@ def fig10(log) -> Table:
     net = build_model("alexnet", batch=200, image_size=227)
     for label, paper, policy in FIG10:
         if policy in ("none", "liveness"):   # their peak: neither depends on a budget
-            plan = plan_network(net, momentum_sgd(), policy, device=DEVICE, backend=planning_backend(DEVICE))
+            plan = plan_on(net, policy, DEVICE)
         else:
             plan = _at_minimum(net, policy)
         step = simulate(plan, DEVICE).est_step_time_s
@@ -207,10 +205,9 @@ def _at_minimum(net, policy: str):
     """The plan of `policy` at the smallest budget it states (and verifies) for `net`."""
     opts = _policy_options(policy)
     try:
-        plan_network(net, momentum_sgd(), policy, 1, device=DEVICE, backend=planning_backend(DEVICE), **opts)
+        plan_on(net, policy, DEVICE, 1, **opts)
     except BudgetError as e:
-        return plan_network(net, momentum_sgd(), policy, e.min_budget_bytes, device=DEVICE,
-                            backend=planning_backend(DEVICE), **opts)
+        return plan_on(net, policy, DEVICE, e.min_budget_bytes, **opts)
     raise AssertionError("a one-byte budget cannot plan")
 
 

@@ -93,6 +93,8 @@ class StepBinding(Protocol):
     pool: Any
     trace: list
     tracing: bool
+    call_clock: Any      # the backend's CallClock while tracing (None otherwise)
+    timed_calls: list    # a traced step's marks, read into `trace` when it ends
     debug: bool
     iteration: int
     last_loss: float

@@ -73,6 +73,7 @@ import numpy as np
 
 from ..backend.base import backend_name
 from ..backend.scalars import StepScalars
+from ..core import startup
 
 #: Call kinds the graph contains (they only enqueue device work on the compute stream).
 DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
@@ -247,6 +248,10 @@ class GraphStep:
     # -- capture -----------------------------------------------------------------------------------------------
     def capture(self) -> None:
         """Capture the step's device segments (`record`: nothing runs while capturing). Raises CaptureRefused."""
+        with startup.phase("capture"):
+            self._capture()
+
+    def _capture(self) -> None:
         be, program = self.be, self.program
         copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
         copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]

@@ -12,11 +12,13 @@ layer that reads memory its declaration did not protect produces NaN instead of 
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..backend import backend_name
+from ..core import startup
 from ..core.errors import CheckpointError, DivergenceError, OptionError, ResidencyError
 from ..core.guards import check_images, check_step
 from ..core.tensors import (
@@ -34,8 +36,8 @@ from ..core.tensors import (
 from ..core.vocab import TraceEvent
 from ..graph.network import Network
 from ..graph.route import Phase, Step
-from ..init import initial_values, param_rng
 from ..layers.base import LayerContext
+from ..layers.init import initial_values, param_rng
 from ..memory.plan import Event, EventKind, Plan
 from ..memory.pool import NumpyArenaBacking, TensorPool
 from ..optim import Optimizer
@@ -81,8 +83,8 @@ class Executor:
         be_name = backend_name(self.be)
         if be_name != plan.route.backend_name and any(s.workspace is not None for s in plan.route.steps):
             raise OptionError(f"the plan chose convolution algorithms from backend '{plan.route.backend_name}''s "
-                              f"menu but runs on backend '{be_name}': plan with "
-                              f"plan_network(..., backend=<the backend it runs on>)")
+                              f"menu but runs on backend '{be_name}': plan for the backend it runs on, "
+                              f"plan_network(..., Target.for_run(backend=<that backend>))")
         for n in net.layer_nodes:
             missing = [op for op in n.layer.backend_ops() if op not in self.be.capabilities.kernels]
             if missing:
@@ -95,20 +97,19 @@ class Executor:
         self.seed, self.debug, self.tracing = int(seed), debug, trace
         self.iteration = 0
         self.training = True
-        if plan.paged is not None:   # placed by chunks: physical chunks mapped behind virtual ranges
-            from ..memory.paged import PagedPool
-
-            if not self.be.capabilities.paged_arena:
-                raise OptionError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
-            self.pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes,
-                                  self.be.paged_backing())
-        else:
-            self.pool = TensorPool(plan.arena_bytes, backing=self.be.arena_backing() or NumpyArenaBacking())
+        if plan.paged is not None and not self.be.capabilities.paged_arena:
+            raise OptionError(f"the plan is paged (--paged) but backend '{be_name}' has no paged arena")
+        with startup.phase("arena"):
+            self.pool = self._make_pool(plan)
         self.views: dict[str, np.ndarray] = {}
         self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
         self.offsets: dict[str, int] = {}
         self._t0 = time.perf_counter()  # the run's clock origin: every trace event's time is relative to it
         self.trace: list[TraceEvent] = []
+        # A traced compiled step times each call on the backend's clock (the device's, on a GPU) and reads the
+        # marks when the step is over (`settle_calls`): (label, step index, bytes in use, start mark, end mark).
+        self.call_clock = self.be.call_clock() if trace else None
+        self.timed_calls: list[tuple] = []
         for ev in plan.setup:
             self._alloc(ev, None)
         self._aux_names = {n.index: list(n.layer.aux_specs([net.nodes[i].shape for i in n.inputs], True))
@@ -137,7 +138,9 @@ class Executor:
         self.program_fallback: str | None = None if compiled else "compiled=False"
         self.graph_step = None  # minidl.runtime.capture.GraphStep: the compiled step as CUDA graphs
         self.graph_fallback: str | None = None if graphs else "graphs=False"
-        self._init_persistent()
+        with startup.phase("arena"):
+            self._init_persistent()
+        self._stepped = False  # whether a step ran while the startup clock ran (the first one closes its count)
         self.check_finite = True  # the divergence guard (guard_update); off only to measure what it costs
         # (layer, parameter, gradient id) in the order backward writes them: the guard names the first bad one
         self._grads_backward = [(self.net.nodes[st.node].name, p, grad_id(self.net.nodes[st.node].name, p))
@@ -153,6 +156,15 @@ class Executor:
                                                                       np.floating)]
         updates = [st.index for st in self.route.steps if st.phase is Phase.UPDATE]
         self._first_update = min(updates) if updates else None
+
+    def _make_pool(self, plan: Plan):
+        """The plan's arena: placed by chunks behind virtual ranges (a paged plan), else one block."""
+        if plan.paged is not None:
+            from ..memory.paged import PagedPool
+
+            return PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes,
+                             self.be.paged_backing())
+        return TensorPool(plan.arena_bytes, backing=self.be.arena_backing() or NumpyArenaBacking())
 
     # -- parameters -------------------------------------------------------------------------------------------
     def _init_persistent(self) -> None:
@@ -372,8 +384,12 @@ class Executor:
         persistent = set(self.offsets)
         try:
             with self._step_scope():
-                return self._train_step(x, y)
+                if self._stepped or not startup.CLOCK.running:
+                    return self._train_step(x, y)
+                return self._first_step(x, y)
         except DivergenceError:
+            if self.timed_calls:
+                self.settle_calls()
             if self.host is not None:
                 self.host.end_iteration()
             for tid in [t for t in self.offsets if t not in persistent]:
@@ -382,9 +398,25 @@ class Executor:
                 self._set_persistent(tid, arr)
             raise
 
-    def _step_scope(self):
-        """The backend's context for one whole step (`CPUBackend.step_scope`: the BLAS threads)."""
-        return self.be.step_scope()
+    def _first_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """The first step while the startup clock runs: timed to its end on the device (the kernels' and cuDNN
+        graphs' builds inside it are phases of their own), then the clock's startup closed."""
+        with startup.phase("first_step"):
+            loss = self._train_step(x, y)
+            self.be.synchronize()
+        self._stepped = True
+        startup.CLOCK.first_step_done()
+        return loss
+
+    def _step_scope(self) -> ExitStack:
+        """The context of one whole step, trained or evaluated: the backend's (`CPUBackend.step_scope`: the BLAS
+        threads), with numpy's floating-point warnings off. The values they are about (an overflow, an Inf - Inf)
+        are the divergence guard's to report in training, by step and layer, before the update, and are what an
+        evaluation returns (a loss that is not finite); numpy would name a line of a kernel, once, and go on."""
+        scope = ExitStack()
+        scope.enter_context(self.be.step_scope())
+        scope.enter_context(np.errstate(over="ignore", invalid="ignore", divide="ignore"))
+        return scope
 
     def guard_grads(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
         """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order (resolved now: the
@@ -476,8 +508,19 @@ class Executor:
             self.bind_progress(step, run_now)
         return self.end_iteration()
 
+    def settle_calls(self) -> None:
+        """The traced calls of the step just run, read off the backend's clock into the trace (in call order)."""
+        read, t0 = self.call_clock.read, self._t0
+        for label, index, in_use, start, end in self.timed_calls:
+            at, seconds = read(start, end)
+            self.trace.append(TraceEvent(label, "compute", at - t0, seconds, index, in_use))
+        self.timed_calls.clear()
+
     def end_iteration(self) -> float:
-        """Close a training step (interpreted or compiled): settle the host store and the reducer, count it."""
+        """Close a training step (interpreted or compiled): its traced calls, the host store and the reducer
+        settled, the step counted."""
+        if self.timed_calls:
+            self.settle_calls()
         if self.host is not None:
             self.host.end_iteration()
         if self.reducer is not None:

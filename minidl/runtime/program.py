@@ -12,8 +12,8 @@ step leaves them), with a sink that records each call instead of running it. A t
 Rules the recording keeps:
 - Same calls, same arguments, same order as the interpreter: the parameters are bit-identical to the interpreted
   executor's under every plan (every policy, micro-batches, compression, a paged arena, a host update, data
-  parallel: tests/test_program.py, tests/test_runner_matrix.py). The arguments are assembled in one place, the
-  executor's; this module never reaches into it beyond the `StepBinding` surface.
+  parallel: tests/runtime/test_program.py, tests/runtime/test_runner_matrix.py). The arguments are assembled in one
+  place, the executor's; this module never reaches into it beyond the `StepBinding` surface.
 - Only what changes per step is computed per step: the iteration (optimizer, dropout keys), the batch, the loss.
 - Where it does better than replaying call by call, the result is the same bits: a ReLU folded into the batch norm
   or add before it (forward and backward, where the backend lists the fusion), the optimizer's updates in fused
@@ -26,7 +26,6 @@ Because every call and every view is fixed, the program is also the unit a CUDA 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,6 @@ import numpy as np
 
 from ..backend.base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU
 from ..core.tensors import act_id
-from ..core.vocab import TraceEvent
 from ..graph.route import Step
 from ..layers.base import LayerContext
 from ..memory.plan import EventKind
@@ -323,18 +321,18 @@ class _Recording:
 
     def timed(self, step: Step, call: Call, in_use: int | None = None) -> Call:
         """With tracing on, the call records a compute event like the interpreted executor's (the pool's bytes in
-        use: now, or `in_use` as it was at the step's own recording); else as is."""
+        use: now, or `in_use` as it was at the step's own recording), timed on the backend's clock (a GPU's: its
+        kernels' time) and read into the trace when the step ends (`Executor.settle_calls`); else as is."""
         ex = self.ex
         if not ex.tracing:
             return call
-        label, index, trace, t0 = step.label, step.index, ex.trace, ex.t0
+        label, index, pending, mark = step.label, step.index, ex.timed_calls, ex.call_clock.mark
         in_use = ex.pool.in_use if in_use is None else in_use
-        clock = time.perf_counter
 
         def traced() -> None:
-            t = clock()
+            start = mark()
             call()
-            trace.append(TraceEvent(label, "compute", t - t0, clock() - t, index, in_use))
+            pending.append((label, index, in_use, start, mark()))
         return traced
 
 

@@ -24,7 +24,25 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.mathmode import apply_math
-from ..checkpoint import (
+from ..core import startup
+from ..core.errors import CheckpointError, DataError, DivergenceError, OptionError
+from ..core.guards import check_finite_data, check_images
+from ..core.tensors import param_id
+from ..data import BatchIterator, Dataset
+from ..data.text import SequenceDataset
+from ..dist.agree import check_same
+from ..dist.checkpoint import check_resume, save_on_rank0
+from ..graph.network import Network
+from ..layers import IGNORE_INDEX, args
+from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
+from ..memory.host import TransferStats
+from ..memory.policies import plan_network
+from ..memory.pool import as_size
+from ..memory.report import memory_report
+from ..memory.request import PlanRequest, Target
+from ..optim import Optimizer
+from ..optim.schedules import Constant, LRSchedule
+from .checkpoint import (
     check_data_position,
     check_positions,
     compare_data,
@@ -34,23 +52,9 @@ from ..checkpoint import (
     resume_problems,
     save_checkpoint,
 )
-from ..core.errors import CheckpointError, DataError, DivergenceError, OptionError
-from ..core.guards import check_images
-from ..core.tensors import param_id
-from ..data import BatchIterator, Dataset
-from ..data_text import SequenceDataset
-from ..dist.agree import check_same
-from ..dist.checkpoint import check_resume, save_on_rank0
-from ..graph.network import Network
-from ..layers import args
-from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
-from ..memory.policies import plan_network
-from ..memory.pool import as_size
-from ..memory.report import memory_report
-from ..optim import Optimizer
-from ..optim.schedules import Constant, LRSchedule
 from .earlystop import EarlyStop, EarlyStopWatch
 from .executor import Executor
+from .progress import StepProgress
 
 
 @dataclass(slots=True)
@@ -63,6 +67,9 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     batch: int = 0
+    unit: str = "images"     # what the throughput counts: "images", or "tokens" for a language model
+    per_sample: int = 1      # how many of them one sample holds (a sequence's tokens)
+    transfers_after_first: TransferStats | None = None  # the host copies' statistics once the first step ran
     interrupted: bool = False
     saved: list[Path] = field(default_factory=list)
     early_stop: EarlyStopWatch | None = None   # with fit(early_stop=...): the evaluations, the best, the verdict
@@ -89,10 +96,16 @@ class TrainResult:
         return statistics.median(self.step_times) if self.step_times else float("nan")
 
     @property
-    def images_per_s(self) -> float:
-        """Batch size over the median step time."""
+    def throughput(self) -> float:
+        """`unit` per second: the batch's images or tokens over the median step time."""
         t = self.median_step_time
-        return self.batch / t if t and t == t else float("nan")
+        return self.batch * self.per_sample / t if t and t == t else float("nan")
+
+    @property
+    def warm_step_times(self) -> list[float]:
+        """The step times after the first (the first compiles kernels on a cold cache and records the compiled
+        step): what a mean step time is taken over; all of them when only one step ran."""
+        return self.step_times[1:] or self.step_times
 
 
 class _StopOnSigint:
@@ -131,7 +144,7 @@ class RunConfig:
     they run).
     `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
     `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
-    `fused_update`: each layer's optimizer update right after its backward (None: `policies.use_fused_update`).
+    `fused_update`: each layer's optimizer update right after its backward (None: `PlanRequest.fused_update`'s rule).
     `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
     `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
     a memory-mapped file. `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the
@@ -159,8 +172,9 @@ class RunConfig:
 class Session:
     """Trains one network under one memory plan: the plan is made once, here, before any array exists.
 
-    `policy` (none, liveness, offload, recompute, auto) and `budget` (bytes or a size string such as "16MiB";
-    None: no limit) choose the plan; a budget below the plan's minimum raises `BudgetError` naming the smallest
+    `policy` (none, liveness, offload, recompute, auto, ...; None: `auto` under a budget, else `liveness`, as on
+    the command line) and `budget` (bytes or a size string such as "16MiB"; None: no limit) choose the plan
+    (`PlanRequest.from_options`); a budget below the plan's minimum raises `BudgetError` naming the smallest
     budget that works. `seed` fixes initialization, data order and dropout masks: same seed, same parameters,
     bit for bit, whatever the policy. `lr_schedule` (`minidl.optim.schedules`) sets the optimizer's learning
     rate before each step from its initial one.
@@ -183,7 +197,7 @@ class Session:
     the short list of what a run is about.
     """
 
-    def __init__(self, net: Network, optimizer: Optimizer, policy: str = "liveness",
+    def __init__(self, net: Network, optimizer: Optimizer, policy: str | None = None,
                  budget: int | str | None = None, seed: int = 0, backend=None, device: str | None = None,
                  lr_schedule: LRSchedule | None = None, micro_batches: int | None = None, math: str | None = None,
                  comm=None, config: RunConfig | None = None):
@@ -191,9 +205,8 @@ class Session:
             raise OptionError(f"Session: config must be a RunConfig, got {type(config).__name__} (options such as "
                               f"debug or paged go in RunConfig(...))")
         config = config or RunConfig()
-        budget = as_size(budget, "budget")
         seed = args.integer("Session", None, "seed", seed, 0)  # numpy's generators refuse a negative seed
-        self.net, self.optimizer, self.seed, self.policy, self.config = net, optimizer, seed, policy, config
+        self.net, self.optimizer, self.seed, self.config = net, optimizer, seed, config
         self.lr_schedule = lr_schedule or Constant()
         self.base_lr = float(getattr(optimizer, "lr", 0.0))
         if backend is None:
@@ -201,13 +214,16 @@ class Session:
 
             backend = CPUBackend()
         self.math = apply_math(backend, math)  # before planning: the mode decides the convolution engines
-        self.device = device or backend.profile
         self.comm = comm
         dp = (DataParallel(comm.size, config.bucket_bytes or DEFAULT_BUCKET_BYTES,
                            config.reduction or comm.reduction) if comm is not None else None)
-        self.plan = plan_network(net, optimizer, policy, budget, device=self.device, backend=backend,
-                                 costs=config.costs, fused_update=config.fused_update, paged=config.paged,
-                                 data_parallel=dp, micro_batches=micro_batches)
+        self.request = PlanRequest.from_options(policy, budget, fused_update=config.fused_update,
+                                                micro_batches=micro_batches, math=self.math, data_parallel=dp,
+                                                paged=config.paged)
+        self.target = Target.for_run(device, backend, config.costs)
+        self.policy, self.device = self.request.policy, device or backend.profile   # the device as given
+        with startup.phase("planning"):
+            self.plan = plan_network(net, optimizer.slots, self.request, self.target)
         net.freeze("a Session")
         self.executor = Executor(net, self.plan, optimizer, backend=backend, seed=seed, debug=config.debug,
                                  trace=config.trace, host_limit_bytes=config.host_limit_bytes,
@@ -221,6 +237,15 @@ class Session:
         self.batches_consumed = 0
         self._resume_position: dict | None = None  # a loaded checkpoint's data position, taken by the next fit
         self._agreed: dict | None = None  # data parallel: the run record every rank was checked to share
+
+    @property
+    def throughput_unit(self) -> tuple[str, int]:
+        """What a step's throughput counts: ("tokens", sequence length) for a network whose input is integer
+        tokens, else ("images", 1)."""
+        node = self.net.input_nodes[0]
+        if np.issubdtype(node.dtype, np.integer):
+            return "tokens", int(np.prod(node.shape[1:]))
+        return "images", 1
 
     @property
     def iteration(self) -> int:
@@ -254,7 +279,9 @@ class Session:
         `early_stop.best_path` receives the checkpoint of each new best (`result.best_saved`). Evaluating changes
         no later step: the training losses are those of the same run without it.
 
-        `progress`: a progress bar on stderr; None (default) shows one only on an interactive terminal.
+        `progress`: True, a progress bar on stderr; None (default): the bar on an interactive terminal, else a
+        line on stderr while numba compiles the CPU kernels (a cold cache: the first step takes a minute or
+        more); False: nothing (`runtime.progress`).
         `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
         `save_every` steps (counted by `iteration`, so a resumed run keeps the rhythm) and, on Ctrl-C, for the
         last completed step before returning early (`result.interrupted`). A non-finite loss, gradient or BN
@@ -278,9 +305,8 @@ class Session:
             if tuple(heldout.sample_shape) != tuple(data.sample_shape):
                 raise DataError(f"Session.fit: the held-out set {heldout.name!r} has samples of shape "
                                 f"{heldout.sample_shape}, the training set {data.sample_shape}")
-        if progress is None:
-            progress = sys.stderr.isatty()
-        desc = {"samples": len(data), "image_shape": list(data.sample_shape), "num_classes": data.num_classes}
+        desc = {"samples": len(data), "image_shape": list(data.sample_shape), "num_classes": data.num_classes,
+                "source": data.source, "transform": data.transform.to_json() if data.transform is not None else None}
         diff = compare_data(self._resume_data, desc)
         if diff:
             raise CheckpointError(f"the data set differs from the one the resumed checkpoint was trained on "
@@ -289,37 +315,32 @@ class Session:
         if self.ranks > 1:
             self._check_ranks_agree(steps, save_every)
         it = self._batches(data)
-        result = TrainResult(batch=self.batch)
+        unit, per_sample = self.throughput_unit
+        result = TrainResult(batch=self.batch, unit=unit, per_sample=per_sample)
         if early_stop is not None:
             result.early_stop = EarlyStopWatch(early_stop, early_stop.every or it.batches_per_epoch)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=steps, unit="step", dynamic_ncols=True, leave=True)
-        try:
-            with _StopOnSigint() as stop:
-                for k in range(steps):
-                    loss, dt = self._train_one(it)
-                    result.losses.append(loss)
-                    result.step_times.append(dt)
-                    if bar:
-                        bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{self.batch / dt:.1f}")
-                        bar.update(1)
-                    if on_step:
-                        on_step(k, loss, dt)
-                    if result.early_stop is not None and result.early_stop.due(self.iteration):
-                        self._watch(heldout, result)
-                        if result.stopped_early:
-                            break
-                    if self._stop_requested(stop.requested):
-                        result.interrupted = True
+        mode = "bar" if progress or (progress is None and sys.stderr.isatty()) else (
+            "lines" if progress is None else None)
+        with _StopOnSigint() as stop, StepProgress(steps, mode, result.unit,
+                                                   self.batch * result.per_sample) as shown:
+            for k in range(steps):
+                loss, dt = self._train_one(it)
+                result.losses.append(loss)
+                result.step_times.append(dt)
+                if k == 0 and self.executor.host is not None and steps > 1:
+                    result.transfers_after_first = self.executor.host.stats()
+                shown.step(loss, dt)
+                if on_step:
+                    on_step(k, loss, dt)
+                if result.early_stop is not None and result.early_stop.due(self.iteration):
+                    self._watch(heldout, result)
+                    if result.stopped_early:
                         break
-                    if save_every and self.iteration % save_every == 0:
-                        result.saved.append(self.save(save_path))
-        finally:
-            if bar:
-                bar.close()
+                if self._stop_requested(stop.requested):
+                    result.interrupted = True
+                    break
+                if save_every and self.iteration % save_every == 0:
+                    result.saved.append(self.save(save_path))
         if result.interrupted and save_path is not None:
             result.saved.append(self.save(save_path))
         return result
@@ -389,7 +410,10 @@ class Session:
         """Inference on any number of samples, in batches of the plan's size (the last one padded by repeating
         its samples, whose outputs are dropped): yields (logits (n, K), labels or None) per batch."""
         node = self.net.input_nodes[0]
-        x = check_images(x, f"input '{node.name}'", (None, *node.shape[1:])).astype(self.net.dtype, copy=False)
+        x = check_images(x, f"input '{node.name}'", (None, *node.shape[1:]))
+        with np.errstate(over="ignore"):   # a float64 beyond the network's float range becomes inf: refused below
+            x = x.astype(self.net.dtype, copy=False)
+        check_finite_data(x, f"input '{node.name}'")
         b = self.batch
         for i in range(0, len(x), b):
             xb = x[i:i + b]
@@ -409,9 +433,9 @@ class Session:
         are dropped (inference treats samples independently, so padding changes no other sample's output).
         The loss is the mean softmax cross-entropy of the logits, in float64.
 
-        A `SequenceDataset` (a language model's): the mean over every token of every sequence, and the share of
-        tokens whose next token is the most likely one (`data_text.perplexity(loss)` turns the loss into a
-        perplexity)."""
+        A `SequenceDataset` (a language model's): the mean over every target token of every sequence (targets equal
+        to `IGNORE_INDEX` left out: a masked set's are its masked tokens), and the share of those predicted right
+        (argmax); a training set with `masking` is evaluated on masks drawn once (`Masking.fixed`)."""
         if isinstance(data, SequenceDataset):
             return self._evaluate_tokens(data)
         total_loss, correct = 0.0, 0
@@ -427,7 +451,9 @@ class Session:
         if tuple(data.sample_shape) != tuple(node.shape[1:]):
             raise DataError(f"Session.evaluate: data set {data.name!r} has sequences of shape {data.sample_shape}, "
                             f"but the network's input '{node.name}' takes {node.shape[1:]}")
-        total_loss, correct, b = 0.0, 0, self.batch
+        if data.masking is not None:
+            data = data.masking.fixed(data)
+        total_loss, correct, targets, b = 0.0, 0, 0, self.batch
         for i in range(0, len(data), b):
             xb, yb = data.x[i:i + b], data.y[i:i + b]
             n = len(xb)
@@ -435,12 +461,17 @@ class Session:
             _, logits = self.executor.evaluate(np.ascontiguousarray(xb[pad]), np.ascontiguousarray(yb[pad]))
             logits = np.asarray(logits[:n], np.float64).reshape(-1, logits.shape[-1])
             y = yb.reshape(-1)
+            rows = np.flatnonzero(y != IGNORE_INDEX)
+            if len(rows) < len(y):
+                logits, y = logits[rows], y[rows]
             shifted = logits - logits.max(axis=1, keepdims=True)
             logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
             total_loss -= float(logp[np.arange(len(y)), y].sum())
             correct += int((logits.argmax(axis=1) == y).sum())
-        tokens = data.x.size
-        return total_loss / tokens, correct / tokens
+            targets += len(y)
+        if targets == 0:  # every target ignored: no mean (PyTorch's cross-entropy gives NaN too)
+            return float("nan"), float("nan")
+        return total_loss / targets, correct / targets
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Logits (N, classes), float64, for images `x` (N, C, H, W), any N, in inference mode."""
@@ -458,15 +489,17 @@ class Session:
 
     # -- persistence ------------------------------------------------------------------------------------------
     def save(self, path, with_optimizer: bool = True) -> Path:
-        """Write a checkpoint at exactly `path` (atomically; see `minidl.checkpoint`): parameters, BN statistics,
+        """Write a checkpoint at exactly `path` (atomically; see `runtime.checkpoint`): parameters, BN statistics,
         optimizer state unless `with_optimizer` is False, and what `load` checks: the network's fingerprint, the
-        optimizer's configuration, the seed, the (global) batch and the data position. Returns the path written.
+        optimizer's configuration, the seed, the (global) batch and the data position; and what rebuilds the run
+        without its options: the network's recipe (`Network.recipe`), the data's source and input transform.
+        Returns the path written.
         `load` resumes from it exactly: the same later steps, bit for bit, as a run never stopped."""
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
                 "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
                 "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
-                "math": self.math, "data_position": self._data_position()}
+                "math": self.math, "data_position": self._data_position(), "recipe": self.net.recipe}
         if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)

@@ -20,6 +20,7 @@ from minidl.backend.cpu.backend import CPUBackend
 from minidl.core.errors import DivergenceError
 from minidl.models import build_model
 from minidl.runtime.capture import CaptureRefused, GraphStep, split
+from tests.planning import planned
 from tests.sessions import session_kw
 
 # Methods that are the capture machinery itself, or pure host helpers: never recorded.
@@ -215,13 +216,12 @@ def _data(batch=4, steps=5, seed=0):
 
 def _budget(policy, net="resnet"):
     """A budget that makes `policy` act: half-way between the liveness minimum and the policy's own floor."""
-    from minidl.memory.policies import plan_network
 
     if policy in ("none", "liveness"):
         return None
-    live = plan_network(_net(net), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
+    live = planned(_net(net), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(_net(net), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
+        planned(_net(net), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
     return (live + e.value.min_budget_bytes) // 2
 
 
@@ -543,7 +543,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
     stream, graph and arrays): everything on the compute stream, nothing blocking but `wait_compute`."""
     from types import SimpleNamespace
 
-    from minidl.backend.cuda import plan as cuplan
+    from minidl.backend.cuda import cudnn_specs, launches
     from minidl.backend.cuda.backend import CUDABackend
 
     log = []
@@ -584,7 +584,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
     be = CUDABackend.from_parts(cupy=SimpleNamespace(cuda=SimpleNamespace(runtime=Runtime)), cupyx=None, cudnn=None,
                                 cublas=None, compute=compute,
                                 transfer=Stream("d2h"), prefetch=Stream("h2d"), graphs=None, side=None,
-                                limits=cuplan.DeviceLimits(1024, 80), filters=cuplan.EngineFilters())
+                                limits=launches.DeviceLimits(1024, 80), filters=cudnn_specs.EngineFilters())
     be.begin_graph()
     be.copy_in_async(Dev((4, 3), np.float32), np.zeros((4, 3), np.float32))
     be.copy_out_async(Dev((1,), np.float32), np.zeros(1, np.float32))

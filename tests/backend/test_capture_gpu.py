@@ -12,21 +12,15 @@ import pytest
 
 import minidl as dl
 from minidl.models import build_model
+from tests.planning import planned
+
+from .cuda_device import cuda_backend
 
 pytestmark = pytest.mark.gpu
 
 
 def _cuda(math="fp32"):
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed here")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device is visible")
-    except Exception as e:  # noqa: BLE001 - no driver
-        pytest.skip(f"cupy cannot reach a CUDA driver: {e}")
-    pytest.importorskip("cudnn", reason="the cuDNN frontend (nvidia-cudnn-frontend) is not installed here")
-    from minidl.backend import get_backend
-
-    return get_backend("cuda", math=math)
+    return cuda_backend(math)
 
 
 def _net(dropout=False):
@@ -46,13 +40,12 @@ def _data(steps=5):
 
 
 def _budget(policy):
-    from minidl.memory.policies import plan_network
 
     if policy in ("none", "liveness"):
         return None
-    live = plan_network(_net(), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
+    live = planned(_net(), dl.SGD(lr=0.05, momentum=0.9), "liveness").min_budget_bytes
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(_net(), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
+        planned(_net(), dl.SGD(lr=0.05, momentum=0.9), policy, 1)
     return (live + e.value.min_budget_bytes) // 2
 
 

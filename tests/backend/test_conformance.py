@@ -23,6 +23,8 @@ from minidl.backend.base import backend_name
 from minidl.backend.cpu.backend import CPUBackend
 from minidl.testing import run_layer
 
+from .cuda_device import cuda_backend
+
 RTOL = 1e-4
 
 
@@ -90,19 +92,7 @@ class OnDevice:
 
 
 def _cuda_backend_or_skip():
-    cupy = pytest.importorskip("cupy", reason="the CUDA backend needs cupy (pip install 'minidl[cuda]'); "
-                                              "not installed here")
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # no driver
-        pytest.skip(f"cupy is installed but cannot reach a CUDA driver: {e}")
-    if count < 1:
-        pytest.skip("cupy is installed but no CUDA device is visible")
-    pytest.importorskip("cudnn", reason="the CUDA backend needs NVIDIA's cuDNN frontend (nvidia-cudnn-frontend); "
-                                        "not installed here")
-    from minidl.backend.cuda.backend import CUDABackend
-
-    return CUDABackend()
+    return cuda_backend("fp32")
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -113,7 +103,6 @@ def backend(request):
     be = _cuda_backend_or_skip()
     yield OnDevice(be)
     print(f"CUDA backend memory outside the arena: {be.memory_report()}")
-    be.close()
 
 
 def _is_cuda(backend) -> bool:

@@ -10,7 +10,6 @@ from threadpoolctl import threadpool_limits
 
 from minidl.backend.cpu import conv as cpu_conv
 from minidl.backend.cpu import gemm_jit as cpu_gemm_jit
-from minidl.backend.cpu import lanes as cpu_lanes
 from minidl.backend.cpu.backend import CPUBackend
 from minidl.backend.cpu.conv import ConvGeometry
 
@@ -53,7 +52,7 @@ def _run(cfg, dtype, algo):
 @needs_compiled
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
-def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch):
+def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch, lanes):
     """(The BLAS at one thread, as the lanes keep it: left at its own threads, OpenBLAS's float64 forward can
     round otherwise, which is not what this tests.)"""
     results = {}
@@ -61,7 +60,7 @@ def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch):
     assert "im2col" in algos and ("gemm_1x1" in algos) == (cfg[5] == 1 and cfg[6] == 1)
     with threadpool_limits(1, user_api="blas"):
         for threads in (1, 2, 3):
-            monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+            lanes(threads)
             monkeypatch.setattr(cpu_gemm_jit, "workers", lambda t=threads: t)
             for algo in algos:
                 inputs, results[threads, algo], _ = _run(cfg, dtype, algo)
@@ -94,10 +93,10 @@ GROUPED = [(5, 128, 14, 14, 64, 3, 2, 1), (4, 128, 7, 7, 96, 3, 1, 1)]  # `im2co
 @pytest.mark.bits
 @pytest.mark.parametrize("lanes_n", [2, 3])
 @pytest.mark.parametrize("cfg", CONFIGS[1:4] + GROUPED, ids=str)
-def test_im2col_split_over_lanes_gives_the_same_bits(cfg, lanes_n, monkeypatch):
+def test_im2col_split_over_lanes_gives_the_same_bits(cfg, lanes_n, monkeypatch, lanes):
     """A multi-sample im2col and col2im split over the lanes (a share of the samples each; here every size is
     split) build the very columns, and sum the very dx, of the whole-batch pass: y, dx and dW as unsplit."""
-    monkeypatch.setenv(cpu_lanes.ENV, str(lanes_n))
+    lanes(lanes_n)
     monkeypatch.setattr(cpu_conv, "_IM2COL_SPLIT_MIN", 10**12)
     algo = "im2col_grouped" if cfg in GROUPED else "im2col"
     inputs, whole, algos = _run(cfg, np.float32, algo)

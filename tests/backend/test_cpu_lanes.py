@@ -7,6 +7,7 @@ import pytest
 from minidl.backend.cpu import conv as cpu_conv
 from minidl.backend.cpu import lanes as cpu_lanes
 from minidl.backend.cpu.backend import CPUBackend
+from minidl.backend.cpu.menu import CPUMenu
 
 from .conv_checks import assert_same_bits_then_torch
 
@@ -21,15 +22,20 @@ def test_split_covers_the_range_in_order():
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
-def test_count_reads_the_environment(monkeypatch):
-    monkeypatch.setenv(cpu_lanes.ENV, "3")
-    assert cpu_lanes.count() == 3
-    monkeypatch.delenv(cpu_lanes.ENV)
-    assert 1 <= cpu_lanes.count() <= cpu_lanes.MAX_LANES
-    for bad in ("0", "-2", "two"):
-        monkeypatch.setenv(cpu_lanes.ENV, bad)
-        with pytest.raises(ValueError, match=f"MINIDL_CPU_THREADS must be a positive integer, got '{bad}'"):
-            cpu_lanes.count()
+def test_count_is_the_menus_threads_inside_a_step_else_the_cores():
+    assert cpu_lanes.count() == cpu_lanes.cores() and 1 <= cpu_lanes.cores() <= cpu_lanes.MAX_LANES
+    with cpu_lanes.using(3):
+        assert cpu_lanes.count() == 3
+        with cpu_lanes.using(None):
+            assert cpu_lanes.count() == 3
+    assert cpu_lanes.count() == cpu_lanes.cores()
+    seen = []
+    with CPUBackend(CPUMenu(threads=3)).step_scope():
+        seen.append(cpu_lanes.count())
+    assert seen == [3] and cpu_lanes.count() == cpu_lanes.cores()
+    for bad in (0, -2, "two", 1.5):
+        with pytest.raises(ValueError, match=f"--threads must be a positive integer, got {bad!r}"):
+            CPUMenu(threads=bad)
 
 
 def test_run_uses_threads_and_raises_the_first_error():
@@ -79,7 +85,7 @@ def _conv_all(cfg, algo):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     wt = (rng.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32)
-    be = CPUBackend()
+    be = CPUBackend(CPUMenu(winograd=False))   # 32 channels run Winograd by default; this is the row-shift
     ho, wo = cpu_conv.conv_output_hw((h, w), (3, 3), (s, s), (1, 1), (1, 1))
     y = np.empty((n, cout, ho, wo), np.float32)
     dy = rng.standard_normal(y.shape).astype(np.float32)
@@ -100,23 +106,22 @@ def _geom(cfg):
 
 @pytest.mark.bits
 @pytest.mark.parametrize("cfg", LANE_CONFIGS, ids=str)
-def test_same_bits_whatever_the_lanes(cfg, monkeypatch):
+def test_same_bits_whatever_the_lanes(cfg, monkeypatch, lanes):
     """The numpy path of the row-shift pair (where numba or numpy's 64-bit OpenBLAS is missing; the compiled
     path is `test_cpu_rows_jit`'s): 1, 2, 3 or 5 lanes, `rows` (lanes) or `rows_chunked` (one thread), the very
     same y, dx and dW; and the kernel rows split over lanes still give the convolution's gradient (PyTorch)."""
     assert cpu_conv.small_gemms(_geom(cfg))
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "0")   # 32 channels run Winograd by default; this is the row-shift
     monkeypatch.setattr(cpu_conv, "_compiled_rows", lambda: False)
     results = {}
     for threads in (1, 2, 3, 5):
-        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        lanes(threads)
         for algo in ("rows", "rows_chunked"):
             inputs, results[threads, algo] = _conv_all(cfg, algo)
     assert_same_bits_then_torch(results, inputs, cfg[5], 1)
 
 
-def test_lanes_for_rows_whatever_the_gemms(monkeypatch):
-    monkeypatch.setenv(cpu_lanes.ENV, "4")
+def test_lanes_for_rows_whatever_the_gemms(monkeypatch, lanes):
+    lanes(4)
     small = _geom((8, 16, 32, 32, 16, 1))
     big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
     assert cpu_conv.small_gemms(small) and not cpu_conv.small_gemms(big)
@@ -128,7 +133,7 @@ def test_lanes_for_rows_whatever_the_gemms(monkeypatch):
     assert cpu_conv._RowShift(one, "rows", 4).lanes(4) == 1  # one sample: nothing to split
 
 
-def test_a_convolution_pins_the_blas_on_any_lanes(monkeypatch):
+def test_a_convolution_pins_the_blas_on_any_lanes(monkeypatch, lanes):
     """A convolution call runs on a one-thread BLAS whatever the lanes and the batch (OpenBLAS's own threads
     would cut a large product by their count: other bits); inside a step's pin it calls nothing."""
     libs = cpu_lanes._blas_controllers()
@@ -136,7 +141,7 @@ def test_a_convolution_pins_the_blas_on_any_lanes(monkeypatch):
         pytest.skip("numpy's BLAS is not visible to threadpoolctl")
     before = [lib.get_num_threads() for lib in libs]
     for threads in ("1", "2"):
-        monkeypatch.setenv(cpu_lanes.ENV, threads)
+        lanes(threads)
         for n in (1, 8):
             with cpu_conv._blas_scope(_geom((n, 16, 32, 32, 16, 1))):
                 assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
@@ -177,7 +182,7 @@ def _blockwise(a, b):
 
 @pytest.mark.bits
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matmul_gives_the_same_bits_on_any_lanes(dtype, monkeypatch):
+def test_matmul_gives_the_same_bits_on_any_lanes(dtype, monkeypatch, lanes):
     """1, 2, 3 or 5 lanes, plain, transposed and stacked operands, shapes of ResNet-50's layers and odd ones:
     the bits of the fixed blocks run one by one, a stack's matrices each alone (so a stack and its matrices
     one at a time agree: im2col and im2col_chunked)."""
@@ -189,7 +194,7 @@ def test_matmul_gives_the_same_bits_on_any_lanes(dtype, monkeypatch):
         with cpu_lanes.blas_pinned():  # as in a step
             ref = _blockwise(a, b)
         for threads in ("1", "2", "3", "5"):
-            monkeypatch.setenv(cpu_lanes.ENV, threads)
+            lanes(threads)
             out = np.full_like(ref, np.nan)
             cpu_lanes.matmul(a, b, out)
             assert np.array_equal(out, ref), (sa, sb, ta, tb, threads)
@@ -210,7 +215,7 @@ def test_blocks_are_fixed_by_the_shapes():
         assert all(e0 == s1 and e0 % 16 == 0 for (_, e0), (s1, _) in zip(cuts, cuts[1:]))
 
 
-def test_a_step_pins_the_blas(monkeypatch):
+def test_a_step_pins_the_blas(monkeypatch, lanes):
     """`CPUBackend.step_scope` pins the BLAS on any lane count (its threads would spin on the cores the lanes and
     the OpenMP workers need, and cut a product by their own count); a convolution keeps it pinned."""
     libs = cpu_lanes._blas_controllers()
@@ -218,7 +223,7 @@ def test_a_step_pins_the_blas(monkeypatch):
         pytest.skip("numpy's BLAS is not visible to threadpoolctl")
     before = [lib.get_num_threads() for lib in libs]
     big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
-    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    lanes(2)
     with CPUBackend().step_scope():
         assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
         with cpu_conv._blas_scope(big):
@@ -226,18 +231,18 @@ def test_a_step_pins_the_blas(monkeypatch):
         with cpu_conv._blas_scope(_geom((8, 16, 32, 32, 16, 1))):
             assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
     assert [lib.get_num_threads() for lib in libs] == before
-    monkeypatch.setenv(cpu_lanes.ENV, "1")
+    lanes(1)
     with CPUBackend().step_scope():
         assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
     assert [lib.get_num_threads() for lib in libs] == before
 
 
 @pytest.mark.bits
-def test_matmul_splits_a_stack_by_samples_in_any_dtype(monkeypatch):
+def test_matmul_splits_a_stack_by_samples_in_any_dtype(monkeypatch, lanes):
     """One broadcast weight against a stack (a convolution's samples): a share of the stack a lane, float64
     too, each matrix in its blocks; a stack that shares out unevenly and is short (3 on 2 lanes) goes out by
     blocks instead. The same bits either way."""
-    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    lanes(2)
     tasks = []
     real = cpu_lanes.run
     monkeypatch.setattr(cpu_lanes, "run", lambda ts: (tasks.append(len(ts)), real(ts)))

@@ -106,16 +106,15 @@ def test_numpy_fallback_keeps_its_numerics(shape, ratio, numpy_only):
 
 @pytest.mark.bits
 @pytest.mark.parametrize("shape", [(8, 16, 32, 32), (4, 5, 60, 60), (32, 64, 8, 8)])
-def test_same_bits_on_any_threads(shape, monkeypatch):
+def test_same_bits_on_any_threads(shape, monkeypatch, lanes):
     """Large enough to split (`cpu_jit.workers_for`), the channels go to the threads, each channel computed as
     on one thread: the same bits with 1, 2, 3 or 5 threads, and `apply` (recomputation) still the forward's y."""
     from minidl.backend.cpu import jit as cpu_jit
-    from minidl.backend.cpu import lanes as cpu_lanes
     x, w, b, dy = _inputs(shape, np.float32)
     assert x.size >= cpu_jit.PARALLEL_MIN
     results = {}
     for threads in (1, 2, 3, 5):
-        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        lanes(threads)
         results[threads] = _run_all(x, w, b, dy)
         y = np.full_like(x, np.nan)
         CPUBackend().batchnorm_forward_apply(x, w, b, results[1]["mean"], results[1]["invstd"], y)
@@ -127,10 +126,9 @@ def test_same_bits_on_any_threads(shape, monkeypatch):
 @pytest.mark.parametrize("path", ["compiled", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(2, 3, 7, 7), (8, 16, 32, 32), (5, 3)])
-def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch):
+def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch, lanes):
     """The compiled step's BN+ReLU (`relu_out`): y, the statistics and the running ones exactly as without it,
     and relu_out exactly `relu_forward(y)`, including where y is 0, negative zero or NaN; on 1 and 2 threads."""
-    from minidl.backend.cpu import lanes as cpu_lanes
     if path == "numpy":
         monkeypatch.setattr(cpu_norm, "jit_kernels", lambda: None)
     x, w, b, _ = _inputs(shape, dtype)
@@ -138,7 +136,7 @@ def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch):
     x[(0, 0) + (0,) * (x.ndim - 2)] = np.nan  # channel 0's statistics, so its y and ReLU, are NaN
     be, c = CPUBackend(), x.shape[1]
     for threads in ("1", "2"):
-        monkeypatch.setenv(cpu_lanes.ENV, threads)
+        lanes(threads)
         outs = []
         for relu in (False, True):
             o = {"rm": np.full(c, 0.5, dtype), "rv": np.full(c, 2.0, dtype), "y": np.full_like(x, 7.0),
@@ -165,11 +163,10 @@ def test_relu_out_is_the_relu_of_the_same_y(shape, dtype, path, monkeypatch):
 @pytest.mark.parametrize("path", ["compiled", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(2, 3, 7, 7), (8, 16, 32, 32)])
-def test_backward_through_a_relu_is_the_two_backwards(shape, dtype, path, monkeypatch):
+def test_backward_through_a_relu_is_the_two_backwards(shape, dtype, path, monkeypatch, lanes):
     """The compiled step's BN+ReLU backward (`relu=(r, dr)`): dx, dW, dB exactly those of the batch norm's
     backward from the dy `relu_backward(r, dr, dy)` gives; on 1 and 2 threads; and the gradient
     may be written over the ReLU's gradient or output (the plan may place dx there)."""
-    from minidl.backend.cpu import lanes as cpu_lanes
     if path == "numpy":
         monkeypatch.setattr(cpu_norm, "jit_kernels", lambda: None)
     x, w, b, dr = _inputs(shape, dtype)
@@ -179,7 +176,7 @@ def test_backward_through_a_relu_is_the_two_backwards(shape, dtype, path, monkey
     r = np.empty_like(y)
     be.relu_forward(y, r)
     for threads in ("1", "2"):
-        monkeypatch.setenv(cpu_lanes.ENV, threads)
+        lanes(threads)
         ref = {"dy": np.full_like(x, 7.0), "dx": np.full_like(x, 7.0), "dw": np.full(c, 7.0, dtype),
                "db": np.full(c, 7.0, dtype)}
         be.relu_backward(r, dr, ref["dy"])

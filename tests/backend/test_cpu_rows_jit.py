@@ -77,14 +77,14 @@ def _run(cfg, dtype, algo):
 @needs_compiled
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
-def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch):
+def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch, lanes):
     """1, 2, 3 or 5 threads, `rows` or `rows_chunked`: the same y, dx and dW, bit for bit, and PyTorch's
     convolution and gradients (in float64). Small layers are split too here (by default they stay on one
     thread, `cpu_jit.workers_for`)."""
     monkeypatch.setattr(cpu_conv, "workers_for", lambda values: cpu_jit.gemm_kernels().workers())
     results = {}
     for threads in (1, 2, 3, 5):
-        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        lanes(threads)
         for algo in cpu_conv.ROW_ALGOS:
             inputs, results[threads, algo] = _run(cfg, dtype, algo)
     _, _, _, _, _, stride, pad, dil = cfg
@@ -93,14 +93,14 @@ def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch):
 
 @needs_compiled
 @pytest.mark.parametrize("cfg", CONFIGS[:2], ids=str)
-def test_the_numpy_path_computes_the_same_convolution(cfg, monkeypatch):
+def test_the_numpy_path_computes_the_same_convolution(cfg, monkeypatch, lanes):
     """Where numba is missing the numpy path runs: the same convolution (another summation order: its weight
     gradient sums the samples in one sequence, not two halves), still the same on every thread count."""
     compiled = _run(cfg, np.float64, "rows")[1]
     monkeypatch.setattr(cpu_conv, "_compiled_rows", lambda: False)
     per_threads = []
     for threads in (1, 2):
-        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        lanes(threads)
         per_threads.append(_run(cfg, np.float64, "rows")[1])
     for a, b, c in zip(compiled, *per_threads):
         assert np.array_equal(b, c)
@@ -142,9 +142,9 @@ def test_weight_gradient_wants_a_contiguous_dw():
 
 
 @needs_compiled
-def test_a_forked_child_runs_the_rows_on_one_thread(monkeypatch):
+def test_a_forked_child_runs_the_rows_on_one_thread(monkeypatch, lanes):
     """GNU OpenMP does not survive a fork: a child runs the compiled kernels on one thread, with the same bits."""
-    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    lanes(2)
     monkeypatch.setattr(cpu_conv, "workers_for", lambda values: cpu_jit.gemm_kernels().workers())
     ref = _run(CONFIGS[1], np.float32, "rows")[1]
     r, w = os.pipe()

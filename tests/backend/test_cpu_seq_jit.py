@@ -40,12 +40,12 @@ def _xent(logits, labels, ignore):
     return {"loss": loss, "dlogits": dlogits}
 
 
-def _on_threads(monkeypatch, run):
+def _on_threads(run):
     """run() on 1, 2 and 3 threads (each large enough to split: `cpu_jit.workers_for`): {threads: outputs}."""
     got = {}
     for threads in (1, 2, 3):
-        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
-        got[threads] = run()
+        with cpu_lanes.using(threads):
+            got[threads] = run()
     return got
 
 
@@ -65,7 +65,7 @@ def test_layernorm_same_bits_on_any_threads(shape, monkeypatch):
     w, b = rng.standard_normal(shape[1]).astype(np.float32), rng.standard_normal(shape[1]).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)
     assert x.size >= cpu_jit.PARALLEL_MIN
-    got = _on_threads(monkeypatch, lambda: _layernorm(x, w, b, dy))
+    got = _on_threads(lambda: _layernorm(x, w, b, dy))
     _same_bits(got)
     assert got[1]["apply"].tobytes() == got[1]["y"].tobytes()
 
@@ -92,7 +92,7 @@ def test_embedding_gradient_is_numpy_add_at_bit_for_bit_on_any_threads(dtype, mo
         dw = np.full((v, c), np.nan, dtype)
         CPUBackend().embedding_backward(idx, dy, dw)
         return {"dw": dw}
-    got = _on_threads(monkeypatch, run)
+    got = _on_threads(run)
     _same_bits(got)
     assert got[1]["dw"].tobytes() == expect.tobytes()
 
@@ -106,7 +106,7 @@ def test_cross_entropy_same_bits_on_any_threads(ignore, monkeypatch):
     labels = rng.integers(0, 5003, 96).astype(np.int64)
     if ignore is not None:
         labels[::5] = ignore
-    got = _on_threads(monkeypatch, lambda: _xent(logits, labels, ignore))
+    got = _on_threads(lambda: _xent(logits, labels, ignore))
     _same_bits(got)
 
 
@@ -196,7 +196,7 @@ def test_gelu_same_bits_on_any_threads(approximate, monkeypatch):
         be.gelu_forward(x, y, approximate)
         be.gelu_backward(x, dy, dx, approximate)
         return {"y": y, "dx": dx}
-    _same_bits(_on_threads(monkeypatch, run))
+    _same_bits(_on_threads(run))
 
 
 def test_tanh32_within_a_few_ulp_of_one_and_odd():
@@ -240,7 +240,7 @@ def test_softmax_same_bits_on_any_threads_and_nan_rows(monkeypatch):
         be.softmax_forward(x, y)
         be.softmax_backward(y, dy, dx)
         return {"y": y, "dx": dx}
-    got = _on_threads(monkeypatch, run)
+    got = _on_threads(run)
     _same_bits(got)
     y = got[1]["y"]
     assert np.isnan(y[[5, 9]]).all() and np.isfinite(np.delete(y, [5, 9], axis=0)).all()
@@ -275,21 +275,9 @@ def test_same_bits_when_compiled_for_a_generic_x86_64_cpu():
     """The kernels' sums run in orders fixed by the shapes, their exp and tanh in plain IEEE operations, nothing
     fastmath: so numba's code for a generic x86-64 CPU (no AVX, no FMA; compiled in a cache folder of its own)
     gives the bits of the code for this one. ~1 min: numba compiles the kernels for that CPU."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
+    from tests.backend.generic_cpu import digests_on_generic_cpu
 
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "MINIDL_CPU_THREADS": "1",
-           "NUMBA_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"minidl-numba-generic-{os.getuid()}")}
-    env.pop("NUMBA_CPU_FEATURES", None)
-    code = "import json; from tests.backend.test_cpu_seq_jit import _digests; print(json.dumps(_digests()))"
-    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout.splitlines()[-1]) == _digests()
+    assert digests_on_generic_cpu("tests.backend.test_cpu_seq_jit") == _digests()
 
 
 @pytest.mark.bits
@@ -309,4 +297,4 @@ def test_attention_same_bits_on_any_lanes(keep, monkeypatch):
             be.attention_forward(q, k, v, probs, out["y"], 0.3, True)
             be.attention_backward(q, k, v, probs, dy, out["dq"], out["dk"], out["dv"], 0.3, True)
         return out
-    _same_bits(_on_threads(monkeypatch, run))
+    _same_bits(_on_threads(run))

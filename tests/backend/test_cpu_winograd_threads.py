@@ -68,18 +68,18 @@ def _run(shape, dtype, by_position=False):
 @pytest.mark.bits
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_same_bits_on_any_threads_path_and_variant(shape, dtype, monkeypatch):
+def test_same_bits_on_any_threads_path_and_variant(shape, dtype, monkeypatch, lanes):
     """1, 2, 3 or 5 threads, the compiled path or the numpy one, the whole-tile variant or the by-position one:
     the same y, dx and dW, bit for bit (the planner may mix them, the machine decides the threads). Small
     layers are split too here (they run on one thread by default, `cpu_jit.workers_for`)."""
     monkeypatch.setattr(cpu_jit, "PARALLEL_MIN", 0)
     results = {}
     for threads in (1, 2, 3, 5):
-        monkeypatch.setenv(cpu_lanes.ENV, str(threads))
+        lanes(threads)
         if gemm_jit is not None and gemm_jit.parallel():
             assert cpu_winograd.workers(1) == min(threads, gemm_jit.workers())  # split, even this small
         results[threads] = _run(shape, dtype)
-    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    lanes(2)
     results["by position"] = _run(shape, dtype, by_position=True)
     for key, got in results.items():
         for a, b, name in zip(got, results[1], ("y", "dx", "dW")):
@@ -100,10 +100,10 @@ def test_same_bits_on_any_threads_path_and_variant(shape, dtype, monkeypatch):
                                            atol=1e-3 if dtype == np.float32 else 1e-10)
 
 
-def test_workers_follow_the_lanes(monkeypatch):
-    monkeypatch.setenv(cpu_lanes.ENV, "1")
+def test_workers_follow_the_lanes(monkeypatch, lanes):
+    lanes(1)
     assert cpu_winograd.workers() == 1
-    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    lanes(2)
     parallel = gemm_jit is not None and gemm_jit.available() and gemm_jit.parallel()
     assert cpu_winograd.workers() == (2 if parallel else 1)
     assert cpu_winograd.workers(cpu_jit.PARALLEL_MIN - 1) == 1  # a small layer: one thread
@@ -134,11 +134,11 @@ def test_slots_lie_in_dead_memory_and_fit_two_workers():
 
 
 @pytest.mark.bits
-def test_a_forked_child_runs_winograd_on_one_thread(monkeypatch):
+def test_a_forked_child_runs_winograd_on_one_thread(monkeypatch, lanes):
     """GNU OpenMP's threads do not survive a fork (numba stops a child that starts a region): a child falls back
     to one thread, with the same bits."""
     import os
-    monkeypatch.setenv(cpu_lanes.ENV, "2")
+    lanes(2)
     monkeypatch.setattr(cpu_jit, "PARALLEL_MIN", 0)
     ref = _run(SHAPES[0], np.float32)
     r, w = os.pipe()

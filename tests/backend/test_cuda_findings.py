@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from minidl.backend.cuda import plan as cuplan
+from minidl.backend.cuda import cudnn_specs
 
 from .test_cuda_host import FakeCudnn, _host_backend, _op_of
 
@@ -89,4 +89,4 @@ def test_close_releases_graphs_then_the_handle():
     assert len(be.graphs) == 0 and destroyed == [5] and be._handle is None
     be.close()                                            # idempotent
     assert destroyed == [5]
-    assert cuplan.EngineFilters() == be.filters
+    assert cudnn_specs.EngineFilters() == be.filters

@@ -3,7 +3,7 @@
 No GPU, cupy or cuDNN is needed (nor used, even where installed):
   * importing minidl and the CUDA backend's module works with cupy/cudnn unimportable, and constructing the backend then
     fails with a clear CUDAUnavailable;
-  * arena views (cuda_plan.view_spec): byte ranges, strides (against numpy), bounds and alignment, fuzzed against
+  * arena views (views.view_spec): byte ranges, strides (against numpy), bounds and alignment, fuzzed against
     the tensor pool; DeviceArena with a fake cupy;
   * cuDNN graph parameters (tensor dims/strides, conv padding/stride/dilation, BN dims, cache keys) and the
     adapter's call sequence against a recording fake of the `cudnn` module;
@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from minidl.backend.cuda import cudnn_specs, launches, views
 from minidl.backend.cuda import kernel_specs as ks
-from minidl.backend.cuda import plan as cuplan
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
 from minidl.layers.base import WorkspaceOption
 from minidl.memory.pool import ALIGNMENT, TensorPool
@@ -44,7 +44,7 @@ def _run_isolated(code: str) -> subprocess.CompletedProcess:
 
 def test_import_needs_no_cupy_or_cudnn():
     r = _run_isolated("""
-        import minidl, minidl.backend.cuda.backend, minidl.backend.cuda.plan
+        import minidl, minidl.backend.cuda.backend, minidl.backend.cuda.launches
         from minidl.backend import get_backend
         from minidl.backend.cuda.backend import CUDABackend, CUDAUnavailable
         assert sys.modules['cupy'] is None and sys.modules['cudnn'] is None
@@ -99,41 +99,41 @@ def test_cpu_backend_unaffected_without_cuda():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.uint8, np.float16])
 def test_strides_match_numpy(shape, dtype):
     a = np.empty(shape, dtype)
-    assert len(cuplan.contiguous_strides(shape, a.itemsize)) == a.ndim
+    assert len(views.contiguous_strides(shape, a.itemsize)) == a.ndim
     if a.size:  # numpy reports zero strides for zero-size arrays; no element is addressed there
-        assert cuplan.contiguous_strides(shape, a.itemsize) == a.strides
-        assert cuplan.contiguous_strides(shape) == tuple(s // a.itemsize for s in a.strides)
+        assert views.contiguous_strides(shape, a.itemsize) == a.strides
+        assert views.contiguous_strides(shape) == tuple(s // a.itemsize for s in a.strides)
 
 
 def test_view_spec_ranges_and_checks():
-    s = cuplan.view_spec(1024, (2, 3, 4), np.float32, capacity=4096)
+    s = views.view_spec(1024, (2, 3, 4), np.float32, capacity=4096)
     assert (s.offset, s.nbytes, s.end, s.size) == (1024, 96, 1120, 24)
     assert s.strides == (48, 16, 4) and s.dtype == np.float32 and s.shape == (2, 3, 4)
-    assert cuplan.view_spec(0, 5, np.uint8, 5).shape == (5,)
-    assert cuplan.view_spec(4096, (0,), np.float32, 4096).nbytes == 0
+    assert views.view_spec(0, 5, np.uint8, 5).shape == (5,)
+    assert views.view_spec(4096, (0,), np.float32, 4096).nbytes == 0
     with pytest.raises(ValueError, match="past the arena"):
-        cuplan.view_spec(4000, (100,), np.float32, 4096)
+        views.view_spec(4000, (100,), np.float32, 4096)
     with pytest.raises(ValueError, match="not aligned"):
-        cuplan.view_spec(8, (2,), np.float32, 4096)             # cuDNN wants 16-byte alignment
+        views.view_spec(8, (2,), np.float32, 4096)             # cuDNN wants 16-byte alignment
     with pytest.raises(ValueError, match="not aligned"):
-        cuplan.view_spec(1, (2,), np.uint8, 4096)
-    assert cuplan.view_spec(1, (2,), np.uint8, 4096, alignment=1).offset == 1
+        views.view_spec(1, (2,), np.uint8, 4096)
+    assert views.view_spec(1, (2,), np.uint8, 4096, alignment=1).offset == 1
     with pytest.raises(ValueError, match="not aligned"):
-        cuplan.view_spec(4, (1,), np.float64, 4096, alignment=1)  # never below the itemsize
+        views.view_spec(4, (1,), np.float64, 4096, alignment=1)  # never below the itemsize
     with pytest.raises(ValueError, match="negative"):
-        cuplan.view_spec(-512, (1,), np.float32, 4096)
+        views.view_spec(-512, (1,), np.float32, 4096)
     with pytest.raises(ValueError, match="negative dimension"):
-        cuplan.view_spec(0, (2, -1), np.float32, 4096)
-    cuplan.check_base_alignment(0x7F0000000000)
+        views.view_spec(0, (2, -1), np.float32, 4096)
+    views.check_base_alignment(0x7F0000000000)
     with pytest.raises(ValueError, match="256"):
-        cuplan.check_base_alignment(0x7F0000000080)
+        views.check_base_alignment(0x7F0000000080)
 
 
 def test_views_of_live_pool_blocks_never_overlap():
     """Fuzz: any set of live pool blocks gives views that stay in the arena and share no byte."""
     rng = np.random.default_rng(0)
     pool = TensorPool(1 << 20)
-    live: dict[int, cuplan.ViewSpec] = {}
+    live: dict[int, views.ViewSpec] = {}
     for _ in range(2000):
         if live and rng.random() < 0.45:
             off = int(rng.choice(list(live)))
@@ -147,10 +147,10 @@ def test_views_of_live_pool_blocks_never_overlap():
             off = pool.alloc(nbytes)
         except MemoryError:
             continue
-        spec = cuplan.view_spec(off, shape, dtype, pool.capacity)
+        spec = views.view_spec(off, shape, dtype, pool.capacity)
         assert spec.offset % ALIGNMENT == 0 and spec.end <= off + pool.size_of(off)
         for other in live.values():
-            assert not cuplan.ranges_overlap(spec, other)
+            assert not views.ranges_overlap(spec, other)
         live[off] = spec
 
 
@@ -215,7 +215,7 @@ def _torch_out_shape(x, w, stride, padding, dilation, groups):
 @pytest.mark.parametrize("x,w,stride,padding,dilation,groups", CONV_CONFIGS)
 def test_conv_spec(x, w, stride, padding, dilation, groups):
     y = _torch_out_shape(x, w, stride, padding, dilation, groups)
-    spec = cuplan.ConvSpec.from_shapes(x, w, y, stride, padding, dilation, groups, np.float32)
+    spec = cudnn_specs.ConvSpec.from_shapes(x, w, y, stride, padding, dilation, groups, np.float32)
     assert spec.conv_kwargs() == {"padding": list(padding), "stride": list(stride), "dilation": list(dilation)}
     d = spec.descs()
     for name, shape in (("x", x), ("w", w), ("y", y)):
@@ -227,34 +227,34 @@ def test_conv_spec(x, w, stride, padding, dilation, groups):
     assert spec.io("wgrad") == (("x", "y"), "w")
     wrong = (y[0], y[1], y[2] + 1, y[3])
     with pytest.raises(ValueError, match="output must be"):
-        cuplan.ConvSpec.from_shapes(x, w, wrong, stride, padding, dilation, groups, np.float32)
+        cudnn_specs.ConvSpec.from_shapes(x, w, wrong, stride, padding, dilation, groups, np.float32)
 
 
 def test_conv_spec_rejects_bad_configs():
     ok = dict(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
     with pytest.raises(ValueError, match="groups"):
-        cuplan.ConvSpec.from_shapes((1, 4, 5, 5), (4, 3, 1, 1), (1, 4, 5, 5), groups=1, dtype=np.float32, **ok)
+        cudnn_specs.ConvSpec.from_shapes((1, 4, 5, 5), (4, 3, 1, 1), (1, 4, 5, 5), groups=1, dtype=np.float32, **ok)
     with pytest.raises(ValueError, match="4-D"):
-        cuplan.ConvSpec.from_shapes((4, 5, 5), (4, 4, 1, 1), (1, 4, 5, 5), groups=1, dtype=np.float32, **ok)
+        cudnn_specs.ConvSpec.from_shapes((4, 5, 5), (4, 4, 1, 1), (1, 4, 5, 5), groups=1, dtype=np.float32, **ok)
     with pytest.raises(ValueError, match="invalid stride"):
-        cuplan.ConvSpec.from_shapes((1, 4, 5, 5), (4, 4, 1, 1), (1, 4, 5, 5), (0, 1), (0, 0), (1, 1), 1,
+        cudnn_specs.ConvSpec.from_shapes((1, 4, 5, 5), (4, 4, 1, 1), (1, 4, 5, 5), (0, 1), (0, 0), (1, 1), 1,
                                     np.float32)
     with pytest.raises(ValueError, match="unknown convolution op"):
-        cuplan.ConvSpec.from_shapes((1, 4, 5, 5), (4, 4, 1, 1), (1, 4, 5, 5), groups=1, dtype=np.float32,
+        cudnn_specs.ConvSpec.from_shapes((1, 4, 5, 5), (4, 4, 1, 1), (1, 4, 5, 5), groups=1, dtype=np.float32,
                                     **ok).io("bwd")
 
 
 def test_graph_keys():
-    f = cuplan.EngineFilters()
-    a = cuplan.ConvSpec.from_shapes((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 8, 8), (1, 1), (1, 1), (1, 1), 1, "float32")
-    b = cuplan.ConvSpec.from_shapes([2, 3, 8, 8], np.array([4, 3, 3, 3]), (2, 4, 8, 8), [1, 1], (1, 1), (1, 1), 1,
+    f = cudnn_specs.EngineFilters()
+    a = cudnn_specs.ConvSpec.from_shapes((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 8, 8), (1, 1), (1, 1), (1, 1), 1, "float32")
+    b = cudnn_specs.ConvSpec.from_shapes([2, 3, 8, 8], np.array([4, 3, 3, 3]), (2, 4, 8, 8), [1, 1], (1, 1), (1, 1), 1,
                                     np.float32)
-    c = cuplan.ConvSpec.from_shapes((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 4, 4), (2, 2), (1, 1), (1, 1), 1, "float32")
+    c = cudnn_specs.ConvSpec.from_shapes((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 4, 4), (2, 2), (1, 1), (1, 1), 1, "float32")
     assert a.key("fprop", f) == b.key("fprop", f) and hash(a.key("fprop", f)) == hash(b.key("fprop", f))
     assert a.key("fprop", f) != a.key("dgrad", f) != a.key("wgrad", f)
     assert a.key("fprop", f) != c.key("fprop", f)
-    assert a.key("fprop", f) != a.key("fprop", cuplan.EngineFilters(allow_tf32=True))
-    bn = cuplan.BNSpec.from_shape((2, 3, 4, 4), np.float32)
+    assert a.key("fprop", f) != a.key("fprop", cudnn_specs.EngineFilters(allow_tf32=True))
+    bn = cudnn_specs.BNSpec.from_shape((2, 3, 4, 4), np.float32)
     assert bn.key("bn_train", f) != bn.key("bn_infer", f)
     assert len({a.key("fprop", f), b.key("fprop", f), c.key("fprop", f), bn.key("bn_train", f)}) == 3
     with pytest.raises(ValueError):
@@ -262,7 +262,7 @@ def test_graph_keys():
 
 
 def test_bn_and_pointwise_descs():
-    bn = cuplan.BNSpec.from_shape((4, 6, 5, 3), np.float32)
+    bn = cudnn_specs.BNSpec.from_shape((4, 6, 5, 3), np.float32)
     assert (bn.channels, bn.count) == (6, 60)
     d = bn.descs("bn_train")
     assert set(d) == {"x", "y", "scale", "bias", "running_mean", "running_var", "next_running_mean",
@@ -275,17 +275,17 @@ def test_bn_and_pointwise_descs():
         assert d[k].kwargs()["is_pass_by_value"] is True
     assert set(bn.descs("bn_infer")) == {"x", "y", "mean", "invstd", "scale", "bias"}
     assert set(bn.descs("bn_backward")) == {"x", "dy", "dx", "scale", "mean", "invstd", "dscale", "dbias"}
-    assert cuplan.PointwiseSpec.from_shape((8, 10), np.float32).dims4() == (8, 10, 1, 1)
-    assert cuplan.PointwiseSpec.from_shape((2, 3, 4, 5, 6), np.float32).dims4() == (2, 3, 4, 30)
-    assert cuplan.PointwiseSpec.from_shape((7,), np.float32).descs("relu_fwd")["x"].stride == (1, 1, 1, 1)
+    assert cudnn_specs.PointwiseSpec.from_shape((8, 10), np.float32).dims4() == (8, 10, 1, 1)
+    assert cudnn_specs.PointwiseSpec.from_shape((2, 3, 4, 5, 6), np.float32).dims4() == (2, 3, 4, 30)
+    assert cudnn_specs.PointwiseSpec.from_shape((7,), np.float32).descs("relu_fwd")["x"].stride == (1, 1, 1, 1)
     with pytest.raises(TypeError, match="no cuDNN data type"):
-        cuplan.cudnn_dtype_name(np.complex64)
-    assert cuplan.cudnn_dtype_name(np.float16) == "HALF"
+        cudnn_specs.cudnn_dtype_name(np.complex64)
+    assert cudnn_specs.cudnn_dtype_name(np.float16) == "HALF"
 
 
 def test_engine_filters():
-    assert cuplan.EngineFilters().numeric_notes() == ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "NONDETERMINISTIC")
-    assert cuplan.EngineFilters(allow_tf32=True, deterministic=False).numeric_notes() == ()
+    assert cudnn_specs.EngineFilters().numeric_notes() == ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "NONDETERMINISTIC")
+    assert cudnn_specs.EngineFilters(allow_tf32=True, deterministic=False).numeric_notes() == ()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -293,31 +293,31 @@ def test_engine_filters():
 # ---------------------------------------------------------------------------------------------------------
 
 def test_algo_names_round_trip():
-    assert cuplan.parse_conv_algo("fwd", cuplan.fwd_algo(3)) == (3,)
-    assert cuplan.parse_conv_algo("bwd", cuplan.bwd_algo(2, 11)) == (2, 11)
+    assert cudnn_specs.parse_conv_algo("fwd", cudnn_specs.fwd_algo(3)) == (3,)
+    assert cudnn_specs.parse_conv_algo("bwd", cudnn_specs.bwd_algo(2, 11)) == (2, 11)
     for phase, bad in (("fwd", "im2col"), ("fwd", "cudnn:d1w2"), ("bwd", "cudnn:f1"), ("bwd", None)):
         with pytest.raises(ValueError, match="not a CUDA convolution algorithm"):
-            cuplan.parse_conv_algo(phase, bad)
+            cudnn_specs.parse_conv_algo(phase, bad)
     with pytest.raises(ValueError, match="phase"):
-        cuplan.parse_conv_algo("both", "cudnn:f1")
+        cudnn_specs.parse_conv_algo("both", "cudnn:f1")
 
 
 def _plans(ws, start=0):
-    return [cuplan.PlanInfo(start + i, f"eng{start + i}", w) for i, w in enumerate(ws)]
+    return [cudnn_specs.PlanInfo(start + i, f"eng{start + i}", w) for i, w in enumerate(ws)]
 
 
 def test_conv_options_fwd_pareto():
-    opts = cuplan.conv_options("fwd", {"fprop": _plans([1000, 0, 500, 0, 2000])})
+    opts = cudnn_specs.conv_options("fwd", {"fprop": _plans([1000, 0, 500, 0, 2000])})
     assert [(o.algo, o.workspace_bytes) for o in opts] == [("cudnn:f0", 1000), ("cudnn:f1", 0)]
     assert all(isinstance(o, WorkspaceOption) for o in opts)
     assert opts[0].est_cost < opts[1].est_cost
-    assert [o.algo for o in cuplan.conv_options("fwd", {"fprop": _plans([0, 10])})] == ["cudnn:f0"]
+    assert [o.algo for o in cudnn_specs.conv_options("fwd", {"fprop": _plans([0, 10])})] == ["cudnn:f0"]
     with pytest.raises(ValueError):
-        cuplan.conv_options("fwd", {"fprop": []})
+        cudnn_specs.conv_options("fwd", {"fprop": []})
 
 
 def test_conv_options_bwd_pairs():
-    opts = cuplan.conv_options("bwd", {"dgrad": _plans([300, 0]), "wgrad": _plans([100, 50], start=4)})
+    opts = cudnn_specs.conv_options("bwd", {"dgrad": _plans([300, 0]), "wgrad": _plans([100, 50], start=4)})
     assert [(o.algo, o.workspace_bytes) for o in opts] == [("cudnn:d0w4", 300), ("cudnn:d1w4", 100),
                                                            ("cudnn:d1w5", 50)]
 
@@ -328,11 +328,11 @@ def test_conv_options_choose_like_brute_force(seed):
     rng = np.random.default_rng(seed)
     dg = _plans(rng.choice([0, 64, 512, 4096, 1 << 20], size=rng.integers(1, 6)).tolist())
     wg = _plans(rng.choice([0, 64, 512, 4096, 1 << 20], size=rng.integers(1, 6)).tolist(), start=10)
-    opts = cuplan.conv_options("bwd", {"dgrad": dg, "wgrad": wg})
+    opts = cudnn_specs.conv_options("bwd", {"dgrad": dg, "wgrad": wg})
     assert [o.est_cost for o in opts] == sorted(o.est_cost for o in opts)
     assert [o.workspace_bytes for o in opts] == sorted((o.workspace_bytes for o in opts), reverse=True)
     for limit in (0, 63, 64, 600, 5000, 1 << 20, 1 << 30):
-        fits = [(cuplan.plan_cost(a) + cuplan.plan_cost(b), max(d.workspace_bytes, w.workspace_bytes))
+        fits = [(cudnn_specs.plan_cost(a) + cudnn_specs.plan_cost(b), max(d.workspace_bytes, w.workspace_bytes))
                 for (a, d), (b, w) in itertools.product(enumerate(dg), enumerate(wg))
                 if max(d.workspace_bytes, w.workspace_bytes) <= limit]
         chosen = next((o for o in opts if o.workspace_bytes <= limit), None)
@@ -344,11 +344,11 @@ def test_conv_options_choose_like_brute_force(seed):
 
 def test_pick_plan():
     plans = _plans([4096, 512, 0])
-    assert cuplan.pick_plan(plans, 1 << 20).index == 0
-    assert cuplan.pick_plan(plans, 600).index == 1
-    assert cuplan.pick_plan(plans, 0).index == 2
+    assert cudnn_specs.pick_plan(plans, 1 << 20).index == 0
+    assert cudnn_specs.pick_plan(plans, 600).index == 1
+    assert cudnn_specs.pick_plan(plans, 0).index == 2
     with pytest.raises(ValueError, match="no cuDNN plan fits"):
-        cuplan.pick_plan(_plans([10]), 0)
+        cudnn_specs.pick_plan(_plans([10]), 0)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ def _labels(n, k=5):
     return np.arange(n, dtype=np.int64) % k
 
 
-LIMITS = cuplan.DeviceLimits(1024, 80)
+LIMITS = launches.DeviceLimits(1024, 80)
 
 # kernel -> (launcher arguments, the expected full argument list, the expected launch_config work)
 x4, y4 = _f(2, 3, 9, 8), _f(2, 3, 4, 4)
@@ -444,13 +444,13 @@ LAUNCH_CASES = {
 
 
 def test_every_kernel_has_a_launcher_and_a_case():
-    assert set(cuplan.LAUNCHERS) == set(ks.KERNELS) == set(LAUNCH_CASES)
+    assert set(launches.LAUNCHERS) == set(ks.KERNELS) == set(LAUNCH_CASES)
 
 
 @pytest.mark.parametrize("name", sorted(ks.KERNELS))
 def test_launch_packing(name):
     args, expected, work = LAUNCH_CASES[name]
-    launch = cuplan.LAUNCHERS[name](*args, limits=LIMITS)
+    launch = launches.LAUNCHERS[name](*args, limits=LIMITS)
     spec = ks.KERNELS[name]
     assert launch.name == name and len(launch.args) == spec.nargs
     assert (launch.grid, launch.block) == ks.launch_config(name, work, LIMITS.max_threads_per_block,
@@ -468,51 +468,51 @@ def test_launch_packing(name):
 
 def test_launch_rejects_bad_arguments():
     with pytest.raises(TypeError, match="must be an array"):
-        cuplan.pack_launch("relu_forward", (_f(4), 1.5, 4), 4)            # a number where a pointer goes
+        launches.pack_launch("relu_forward", (_f(4), 1.5, 4), 4)            # a number where a pointer goes
     with pytest.raises(TypeError, match="is None"):
-        cuplan.pack_launch("relu_forward", (_f(4), None, 4), 4)
+        launches.pack_launch("relu_forward", (_f(4), None, 4), 4)
     with pytest.raises(TypeError, match="takes 3 arguments"):
-        cuplan.pack_launch("relu_forward", (_f(4), _f(4)), 4)
+        launches.pack_launch("relu_forward", (_f(4), _f(4)), 4)
     with pytest.raises(ValueError, match="elements"):
-        cuplan.relu_forward(_f(4), _f(5))
+        launches.relu_forward(_f(4), _f(5))
     with pytest.raises(ValueError, match="do not fit"):
-        cuplan.concat_copy_forward(_f(2, 4, 3), _f(2, 3, 3), 2)
+        launches.concat_copy_forward(_f(2, 4, 3), _f(2, 3, 3), 2)
     with pytest.raises(ValueError, match="need 3 blocks"):
-        cuplan.sz_encode_blocks(np.zeros(2 * 512, np.uint32), np.zeros(2, np.uint8), np.zeros(2, np.int64),
+        launches.sz_encode_blocks(np.zeros(2 * 512, np.uint32), np.zeros(2, np.uint8), np.zeros(2, np.int64),
                                 np.zeros(700, np.int64))
     with pytest.raises(ValueError, match="outside axis 1"):
-        cuplan.concat_copy_forward(_f(2, 4, 3), _f(2, 3, 4), 0)
+        launches.concat_copy_forward(_f(2, 4, 3), _f(2, 3, 4), 0)
     with pytest.raises(ValueError, match="momentum buffer"):
-        cuplan.sgd_update(_f(3), _f(3), None, 0.1, 0.9, 0, 0, False, True)
+        launches.sgd_update(_f(3), _f(3), None, 0.1, 0.9, 0, 0, False, True)
     with pytest.raises(ValueError, match="1-based"):
-        cuplan.adam_update(_f(3), _f(3), _f(3), _f(3), 1e-3, 0.9, 0.999, 1e-8, 0, 0)
+        launches.adam_update(_f(3), _f(3), _f(3), _f(3), 1e-3, 0.9, 0.999, 1e-8, 0, 0)
     with pytest.raises(ValueError, match="labels"):
-        cuplan.softmax_xent_forward(_f(6), _f(6, 5), _labels(5))
+        launches.softmax_xent_forward(_f(6), _f(6, 5), _labels(5))
     with pytest.raises(ValueError, match="float64 partial sums"):
-        cuplan.layernorm_backward_partials(_f(1, 8), _f(1, 8), _f(12, 8), _f(12, 8), _f(12), _f(12))
+        launches.layernorm_backward_partials(_f(1, 8), _f(1, 8), _f(12, 8), _f(12, 8), _f(12), _f(12))
     with pytest.raises(ValueError, match="needs rows of 4, got 5"):
-        cuplan.softmax_forward(_f(4, 5), _f(4, 5), 1.0, 4)
+        launches.softmax_forward(_f(4, 5), _f(4, 5), 1.0, 4)
     with pytest.raises(ValueError, match="w holds"):
-        cuplan.layernorm_forward(_f(2, 3), _f(2), _f(2), _f(2, 3), _f(4), None, 1e-5)
+        launches.layernorm_forward(_f(2, 3), _f(2), _f(2), _f(2, 3), _f(4), None, 1e-5)
     with pytest.raises(ValueError, match="same N and C"):
-        cuplan.maxpool2d_forward(_f(2, 4, 4, 4), _f(2, 3, 9, 9), 2, 2, 0, 1)
+        launches.maxpool2d_forward(_f(2, 4, 4, 4), _f(2, 3, 9, 9), 2, 2, 0, 1)
 
 
 def test_sgd_without_momentum_passes_null():
-    launch = cuplan.sgd_update(_f(3), _f(3), _f(3), 0.1, 0.0, 0.0, 0.0, False, True)
+    launch = launches.sgd_update(_f(3), _f(3), _f(3), 0.1, 0.0, 0.0, 0.0, False, True)
     assert launch.args[2] is None                               # cupy passes None as a NULL pointer
-    assert ("sgd_update", "momentum_buf") in cuplan.NULLABLE_POINTERS
+    assert ("sgd_update", "momentum_buf") in launches.NULLABLE_POINTERS
     flag = np.zeros(1, np.int32)
-    assert cuplan.sgd_update_dev(_f(3), _f(3), _f(3), np.zeros(1), 0.0, 0.0, 0.0, False, False, flag).args[2] is None
+    assert launches.sgd_update_dev(_f(3), _f(3), _f(3), np.zeros(1), 0.0, 0.0, 0.0, False, False, flag).args[2] is None
     with pytest.raises(ValueError, match="float64"):
-        cuplan.adam_update_dev(_f(3), _f(3), _f(3), _f(3), np.zeros(2, np.float32), 0.9, 0.999, 1e-8, 0.0, flag)
+        launches.adam_update_dev(_f(3), _f(3), _f(3), _f(3), np.zeros(2, np.float32), 0.9, 0.999, 1e-8, 0.0, flag)
     with pytest.raises(ValueError, match="one int32"):
-        cuplan.nonfinite_flag(np.zeros(1, np.int64), _f(3), 1)
+        launches.nonfinite_flag(np.zeros(1, np.int64), _f(3), 1)
     with pytest.raises(ValueError, match="code 0"):
-        cuplan.nonfinite_flag(flag, _f(3), 0)
+        launches.nonfinite_flag(flag, _f(3), 0)
     with pytest.raises(ValueError, match="uint64"):
-        cuplan.dropout_forward_dev(_f(3), _f(3), 0.5, np.zeros(2, np.uint64))
-    assert cuplan.ZERO_OUTPUT_FIRST == {"maxpool2d_backward", "embedding_backward"}
+        launches.dropout_forward_dev(_f(3), _f(3), 0.5, np.zeros(2, np.uint64))
+    assert launches.ZERO_OUTPUT_FIRST == {"maxpool2d_backward", "embedding_backward"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -713,8 +713,8 @@ def _op_of(g):
 
 
 def _conv_key(op, filters=None):
-    filters = cuplan.EngineFilters() if filters is None else filters
-    spec = cuplan.ConvSpec.from_shapes((2, 4, 9, 7), (6, 2, 3, 2), (2, 6, 5, 7), (2, 1), (1, 1), (1, 2), 2,
+    filters = cudnn_specs.EngineFilters() if filters is None else filters
+    spec = cudnn_specs.ConvSpec.from_shapes((2, 4, 9, 7), (6, 2, 3, 2), (2, 6, 5, 7), (2, 1), (1, 1), (1, 2), 2,
                                        np.float32)
     return spec, spec.key(op, filters)
 
@@ -762,8 +762,8 @@ def test_adapter_finalize_sequence_and_plans():
     assert g.deselected == ["numerical_note.TENSOR_CORE", "numerical_note.DOWN_CONVERT_INPUTS",
                             "numerical_note.NONDETERMINISTIC"]
     # unbuildable plan 1 skipped, duplicate engA (3) dropped, at most 3 plans, workspace read after building
-    assert built.plans == [cuplan.PlanInfo(0, "engA", 4096), cuplan.PlanInfo(2, "engC", 512),
-                           cuplan.PlanInfo(4, "engD", 0)]
+    assert built.plans == [cudnn_specs.PlanInfo(0, "engA", 4096), cudnn_specs.PlanInfo(2, "engC", 512),
+                           cudnn_specs.PlanInfo(4, "engD", 0)]
     assert built.relaxed == ()
     assert graphs.get(_conv_key("fprop")[1]) is built and len(fake.graphs) == 1 and len(graphs) == 1
     assert built.plan(2).workspace_bytes == 512
@@ -781,7 +781,7 @@ def test_adapter_relaxes_filters_then_gives_up():
         CudnnGraphs(never, handle=1).get(_conv_key("dgrad")[1])
     none_build = FakeCudnn(plans=lambda g: [(0, "x", False)])
     with pytest.raises(GraphUnsupported, match="no execution plan could be built"):
-        CudnnGraphs(none_build, handle=1).get(_conv_key("fprop", cuplan.EngineFilters(True, False))[1])
+        CudnnGraphs(none_build, handle=1).get(_conv_key("fprop", cudnn_specs.EngineFilters(True, False))[1])
 
 
 def test_adapter_execute_binds_pointers_by_tensor():
@@ -799,8 +799,8 @@ def test_adapter_execute_binds_pointers_by_tensor():
 def test_adapter_builds_bn_and_relu_graphs():
     fake = FakeCudnn()
     graphs = CudnnGraphs(fake, handle=1)
-    f = cuplan.EngineFilters()
-    bn = cuplan.BNSpec.from_shape((4, 6, 5, 3), np.float32)
+    f = cudnn_specs.EngineFilters()
+    bn = cudnn_specs.BNSpec.from_shape((4, 6, 5, 3), np.float32)
     built = graphs.get(bn.key("bn_train", f))
     (kw,) = [kw for op, kw in fake.graphs[-1].calls if op == "batchnorm"]
     t = built.tensors
@@ -826,7 +826,7 @@ def test_adapter_builds_bn_and_relu_graphs():
     built = graphs.get(bn.key("bn_infer", f))
     (kw,) = [kw for op, kw in fake.graphs[-1].calls if op == "batchnorm_inference"]
     assert kw["inv_variance"] is built.tensors["invstd"] and built.tensors["y"].output
-    pw = cuplan.PointwiseSpec.from_shape((8, 10), np.float32)
+    pw = cudnn_specs.PointwiseSpec.from_shape((8, 10), np.float32)
     built = graphs.get(pw.key("relu_bwd", f))
     (kw,) = [kw for op, kw in fake.graphs[-1].calls if op == "relu_backward"]
     assert kw["loss"] is built.tensors["dy"] and kw["input"] is built.tensors["y"]
@@ -957,7 +957,7 @@ def _host_backend(fake: FakeCudnn, **kw) -> HostEmulatedCUDA:
     cp_ns = SimpleNamespace(ndarray=np.ndarray, add=np.add, multiply=np.multiply, copyto=np.copyto)
     be = HostEmulatedCUDA.from_parts(cupy=cp_ns, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
                                      transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
-                                     limits=LIMITS, filters=cuplan.EngineFilters(), **kw)
+                                     limits=LIMITS, filters=cudnn_specs.EngineFilters(), **kw)
     be.launches = []
     return be
 
@@ -1000,7 +1000,7 @@ def test_conv_forward_dispatch():
     ws = np.zeros(2048, np.uint8)
     be.conv2d_forward(x, w, b, y, algo="cudnn:f0", workspace=ws, **p)
     (ex,) = fake.executions
-    built = be.graphs.get(cuplan.ConvSpec.from_shapes(x.shape, w.shape, y.shape, **p, dtype=np.float32)
+    built = be.graphs.get(cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, y.shape, **p, dtype=np.float32)
                           .key("fprop", be.filters))
     assert ex.pack == {built.tensors["x"]: x.ctypes.data, built.tensors["w"]: w.ctypes.data,
                        built.tensors["y"]: y.ctypes.data}
@@ -1028,7 +1028,7 @@ def test_conv_backward_dispatch():
     be.conv2d_backward(x, w, dy, dx, dw, db, algo="cudnn:d0w1", workspace=ws, **p)
     dgrad, wgrad = fake.executions
     assert _op_of(dgrad.graph) == "conv_dgrad" and _op_of(wgrad.graph) == "conv_wgrad"
-    spec = cuplan.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, **p, dtype=np.float32)
+    spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, **p, dtype=np.float32)
     td = be.graphs.get(spec.key("dgrad", be.filters)).tensors
     tw = be.graphs.get(spec.key("wgrad", be.filters)).tensors
     assert dgrad.pack == {td["y"]: dy.ctypes.data, td["w"]: w.ctypes.data, td["x"]: dx.ctypes.data}
@@ -1056,8 +1056,9 @@ def test_batchnorm_dispatch():
     rm, rv, mean, inv = (np.zeros(3, np.float32) for _ in range(4))
     be.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
     ex, apply = fake.executions   # the statistics, then y written by the recomputation's own call
-    assert apply.graph is be.graphs.get(cuplan.BNSpec.from_shape(x.shape, x.dtype).key("bn_infer", be.filters)).graph
-    t = be.graphs.get(cuplan.BNSpec.from_shape(x.shape, x.dtype).key("bn_train", be.filters)).tensors
+    bn = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
+    assert apply.graph is be.graphs.get(bn.key("bn_infer", be.filters)).graph
+    t = be.graphs.get(bn.key("bn_train", be.filters)).tensors
     ptr = {k: ex.pack[t[k]] for k in t}
     assert ptr["x"] == x.ctypes.data and ptr["y"] == y.ctypes.data
     assert ptr["running_mean"] == ptr["next_running_mean"] == rm.ctypes.data      # updated in place
@@ -1077,7 +1078,7 @@ def test_batchnorm_dispatch():
     fake.executions.clear()
     dx, dw, db = np.zeros_like(x), np.zeros(3, np.float32), np.zeros(3, np.float32)
     be.batchnorm_backward(x, w, y, mean, inv, dx, dw, db)
-    tb = be.graphs.get(cuplan.BNSpec.from_shape(x.shape, x.dtype).key("bn_backward", be.filters)).tensors
+    tb = be.graphs.get(cudnn_specs.BNSpec.from_shape(x.shape, x.dtype).key("bn_backward", be.filters)).tensors
     ptr = {k: fake.executions[0].pack[tb[k]] for k in tb}
     assert (ptr["dy"], ptr["dx"], ptr["dscale"], ptr["dbias"]) == (y.ctypes.data, dx.ctypes.data, dw.ctypes.data,
                                                                   db.ctypes.data)
@@ -1096,7 +1097,7 @@ def test_unsupported_graphs_fall_back_and_say_why():
     dx = np.zeros(4, np.float32)
     be.relu_backward(y, x, dx)                                   # relu_bwd is supported: a cuDNN graph
     assert _op_of(fake.executions[-1].graph) == "relu_backward"
-    spec = cuplan.BNSpec.from_shape((2, 3, 4, 4), np.float32)
+    spec = cudnn_specs.BNSpec.from_shape((2, 3, 4, 4), np.float32)
     assert be._bn_graph("bn_train", spec) is None and "bn_train" in be.fallbacks
     assert be._bn_graph("bn_infer", spec) is not None
     off = _host_backend(FakeCudnn(), use_cudnn_relu=False)
@@ -1360,7 +1361,7 @@ def _timed_backend(duplex: bool = False):
                                 cublas=None, compute=_TimedStream("compute", log),
                                 transfer=_TimedStream("d2h" if duplex else "transfer", log),
                                 prefetch=_TimedStream("h2d", log) if duplex else None, graphs=None, side=None,
-                                limits=LIMITS, filters=cuplan.EngineFilters())
+                                limits=LIMITS, filters=cudnn_specs.EngineFilters())
     be.log, be.elapsed, be.pinned = log, elapsed, pinned
     return be
 

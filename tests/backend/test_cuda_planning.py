@@ -13,9 +13,9 @@ import pytest
 import minidl as dl
 from minidl.layers import Conv2d, Flatten, LayerContext, Linear, ReLU, SoftmaxCrossEntropy
 from minidl.memory.planner import lower_bound
-from minidl.memory.policies import plan_network
 from minidl.optim import SGD
 from minidl.testing import run_layer
+from tests.planning import planned
 
 from .test_cuda_host import FakeCudnn, _host_backend, _table_by_op
 
@@ -42,7 +42,7 @@ def be():
 
 
 def test_the_route_lists_cudnn_plans_with_their_workspaces(be):
-    route = convnet().route(optimizer_slots=("momentum",), backend=be)
+    route = convnet().route(optimizer_slots=("momentum",), menu=be)
     assert route.backend_name == "cuda"
     fwd = {s.name: s.workspace_options for s in route.forward_steps if s.workspace}
     assert set(fwd) == {"c0", "c1"}
@@ -60,12 +60,12 @@ def test_the_route_lists_cudnn_plans_with_their_workspaces(be):
 def test_workspace_sizing_picks_cudnn_plans_by_the_memory_free(be):
     net = convnet()
     opt = SGD(0.1, momentum=0.9)
-    fast = plan_network(net, opt, "liveness", backend=be)
+    fast = planned(net, opt, "liveness", menu=be)
     steps = {s.label: sp for s, sp in zip(fast.route.steps, fast.steps)}
     assert steps["fwd c0"].algo == "cudnn:f0" and steps["fwd c0"].workspace_bytes == 1 << 20
     assert steps["bwd c1"].algo == "cudnn:d0w0" and steps["bwd c1"].workspace_bytes == 1 << 19
     # a budget below what the hungriest plan needs: each convolution gets the fastest plan that fits then
-    tight = plan_network(net, opt, "auto", budget=fast.min_budget_bytes - (1 << 19), backend=be)
+    tight = planned(net, opt, "auto", budget=fast.min_budget_bytes - (1 << 19), menu=be)
     tsteps = {s.label: sp for s, sp in zip(tight.route.steps, tight.steps)}
     assert tsteps["fwd c0"].algo in ("cudnn:f1", "cudnn:f2")
     assert tsteps["fwd c0"].refused and tsteps["fwd c0"].refused[0].startswith("cudnn:f0: needs 1.00 MiB")
@@ -97,9 +97,9 @@ def test_the_chosen_plan_reaches_the_backend(be):
                                           ("NVIDIA GeForce GTX TITAN X", "titanx"), ("NVIDIA L4", "v100"),
                                           ("", "v100")])
 def test_a_gpu_plans_with_its_nearest_simulator_profile(name, profile, be):
-    from minidl.backend.cuda import plan as cuplan
+    from minidl.backend.cuda import cudnn_specs
     from minidl.memory.simulate import PROFILES
 
-    assert cuplan.profile_for_gpu(name) == profile and profile in PROFILES
+    assert cudnn_specs.profile_for_gpu(name) == profile and profile in PROFILES
     be.gpu_name = name
     assert be.profile == profile

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from minidl.backend.cpu.backend import CPUBackend
+from minidl.backend.cuda import cudnn_specs, launches
 from minidl.backend.cuda import kernel_specs as ks
-from minidl.backend.cuda import plan as cuplan
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs
 
 from .test_cuda_host import LIMITS, FakeCudnn, _HostSide, _NullStream
@@ -197,7 +197,7 @@ def _emulated_backend() -> EmulatedSequenceCUDA:
     fake = FakeCudnn()
     be = EmulatedSequenceCUDA.from_parts(cupy=cp_ns, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
                                          transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5),
-                                         side=_HostSide(), limits=LIMITS, filters=cuplan.EngineFilters())
+                                         side=_HostSide(), limits=LIMITS, filters=cudnn_specs.EngineFilters())
     be.launches = []
     return be
 
@@ -220,7 +220,6 @@ def cuda(request):
 
     be = _cuda_backend_or_skip()
     yield _Device(be, OnDevice(be))
-    be.close()
 
 
 def test_every_sequence_kernel_has_a_twin():
@@ -310,7 +309,7 @@ def test_gelu(cuda, approximate):
 
 def test_gelu_refuses_an_unknown_form():
     with pytest.raises(ValueError, match="approximate"):
-        cuplan.gelu_forward(np.zeros(3, _f32), np.zeros(3, _f32), "erf")
+        launches.gelu_forward(np.zeros(3, _f32), np.zeros(3, _f32), "erf")
 
 
 def test_softmax(cuda):
@@ -510,10 +509,10 @@ def test_attention_products_read_and_write_plain_matrices():
 
 @pytest.mark.parametrize("c, v", [(6, 11), (768, 50257), (1600, 50257), (70000, 5), (1, 1)])
 def test_the_work_splits_cover_every_value_once(c, v):
-    groups = cuplan.embedding_groups(c, v)
+    groups = launches.embedding_groups(c, v)
     owned = np.concatenate([np.arange(g * v // groups, (g + 1) * v // groups) for g in range(groups)])
     np.testing.assert_array_equal(owned, np.arange(v))          # each table row: one owner, none left out
-    assert groups * c >= min(cuplan.EMBEDDING_THREADS, v * c) or groups == v
+    assert groups * c >= min(launches.EMBEDDING_THREADS, v * c) or groups == v
     for rows in (1, 31, 32, 33, 2048, 65536, 10**6):
-        chunk, n = cuplan.layernorm_chunks(rows)
-        assert (n - 1) * chunk < rows <= n * chunk and n <= cuplan.LN_CHUNKS
+        chunk, n = launches.layernorm_chunks(rows)
+        assert (n - 1) * chunk < rows <= n * chunk and n <= launches.LN_CHUNKS

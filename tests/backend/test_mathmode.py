@@ -10,12 +10,12 @@ import pytest
 
 import minidl as dl
 from minidl.backend import get_backend
-from minidl.backend.cuda import plan as cuplan
+from minidl.backend.cuda import cudnn_specs
 from minidl.backend.mathmode import MATH_MODES, apply_math, backend_math
-from minidl.checkpoint import load_checkpoint
 from minidl.cli import main
 from minidl.core.errors import OptionError
 from minidl.models import build_model
+from minidl.runtime.checkpoint import load_checkpoint
 from tests.backend.test_cuda_host import TABLES, FakeCudnn, _conv_arrays, _host_backend, _table_by_op
 
 
@@ -66,7 +66,7 @@ def test_cuda_backend_switches_engine_filters_and_cublas_math():
     be._cublas_math = calls.append
     assert be.math == "fp32" and "TENSOR_CORE" in be.filters.numeric_notes()
     assert apply_math(be, "tf32") == "tf32"
-    assert be.math == "tf32" and be.filters == cuplan.EngineFilters(allow_tf32=True, deterministic=True)
+    assert be.math == "tf32" and be.filters == cudnn_specs.EngineFilters(allow_tf32=True, deterministic=True)
     assert "TENSOR_CORE" not in be.filters.numeric_notes() and "NONDETERMINISTIC" in be.filters.numeric_notes()
     assert calls == [True]
     # the graphs built in each mode are distinct cache entries, built with that mode's deselections

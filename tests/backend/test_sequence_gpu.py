@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.memory.policies import plan_network
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
 from tests.memory.test_sequence_nets import batches, block_net
+from tests.planning import planned
 
 from .test_capture_gpu import _cuda
 
@@ -67,7 +67,7 @@ def test_exact_policies_train_a_transformer_block_bit_identically_on_cuda(policy
     _, ref_losses, ref = _train(_cuda())
     budget = None
     if policy in ("offload", "window"):  # under 90% of liveness's peak they must move tensors
-        budget = int(plan_network(block_net(), _opt(), "liveness").peak_bytes * 0.9)
+        budget = int(planned(block_net(), _opt(), "liveness").peak_bytes * 0.9)
     sess, losses, params = _train(_cuda(), policy=policy, budget=budget)
     print(f"{policy}: {sess.executor.step_runner}; {sess.executor.graph_fallback}")
     assert losses == ref_losses

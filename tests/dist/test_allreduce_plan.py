@@ -13,11 +13,11 @@ from minidl.dist.comm import Communicator
 from minidl.graph.route import Phase
 from minidl.memory.decisions.allreduce import DataParallel, assign_buckets
 from minidl.memory.plan import EventKind
-from minidl.memory.policies import plan_network
 from minidl.memory.report import explain, write_trace
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
+from tests.planning import planned
 
 
 def lenet(batch=8):
@@ -49,7 +49,7 @@ def test_buckets_take_gradients_in_backward_order_up_to_the_cap(cap):
 @pytest.mark.parametrize("reduction", ["ring", "gather"])
 def test_buckets_are_planned_tensors_with_events(reduction):
     net = lenet()
-    plan = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(3, 16 << 10, reduction))
+    plan = planned(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(3, 16 << 10, reduction))
     route = plan.route
     assert len(plan.buckets) > 1
     update = next(k for k, s in enumerate(route.steps) if s.phase is Phase.UPDATE)
@@ -68,7 +68,7 @@ def test_buckets_are_planned_tensors_with_events(reduction):
                  if ev.kind is EventKind.ALLOC and ev.tensor == bid]
         assert alloc == ready  # allocated just before the step it is packed after
     assert "allreduce" in explain(plan) and "reduced" in explain(plan)
-    plain = plan_network(net, SGD(0.1, momentum=0.9), "liveness")
+    plain = planned(net, SGD(0.1, momentum=0.9), "liveness")
     assert plan.peak_bytes > plain.peak_bytes
 
 
@@ -76,12 +76,12 @@ def test_budget_counts_the_buckets():
     net = lenet()
     opt = SGD(0.1, momentum=0.9)
     dp = DataParallel(2)
-    plain = plan_network(net, opt, "liveness")
-    dist = plan_network(net, opt, "liveness", data_parallel=dp)
+    plain = planned(net, opt, "liveness")
+    dist = planned(net, opt, "liveness", data_parallel=dp)
     assert dist.min_budget_bytes > plain.min_budget_bytes
-    plan_network(net, opt, "liveness", budget=plain.min_budget_bytes)
+    planned(net, opt, "liveness", budget=plain.min_budget_bytes)
     with pytest.raises(BudgetError, match=f"{dist.min_budget_bytes:,} B"):
-        plan_network(net, opt, "liveness", budget=plain.min_budget_bytes, data_parallel=dp)
+        planned(net, opt, "liveness", budget=plain.min_budget_bytes, data_parallel=dp)
 
 
 def train(policy, comm, steps=3, budget=None, bucket=4096, trace=False, compiled=True, reduction=None):
@@ -158,11 +158,11 @@ def test_simulated_allreduce_hides_all_but_the_last_buckets():
 
     net = lenet()
     link = Interconnect(1e9, 1e-5)
-    one = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30, "gather"))
+    one = planned(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30, "gather"))
     t = allreduce_timeline(one, "cpu", link)
     (bid,) = one.buckets
     assert t.total_s == pytest.approx(3 * (1e-5 + one.sizes[bid] / 4 / 1e9))  # all-gather of 4 rows, each a grad
-    ring = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30, "ring"))
+    ring = planned(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 1 << 30, "ring"))
     r = allreduce_timeline(ring, "cpu", link)
     assert r.total_s == pytest.approx(2 * 3 * (1e-5 + ring.sizes[bid] / 2 / 4 / 1e9))  # 2 phases of 3 chunks
     bytes_only = Interconnect(1e9, 0.0)  # ring moves half the bytes at 4 ranks (latencies: twice as many)
@@ -170,7 +170,7 @@ def test_simulated_allreduce_hides_all_but_the_last_buckets():
     assert ring_s < allreduce_timeline(one, "cpu", bytes_only).total_s / 1.9
     assert ring.sizes[bid] < one.sizes[bid]  # 2 rows instead of 4
     assert t.exposed_s == pytest.approx(t.total_s) and t.hidden_fraction == pytest.approx(0.0)  # ready last
-    many = plan_network(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 4096))
+    many = planned(net, SGD(0.1, momentum=0.9), "liveness", data_parallel=DataParallel(4, 4096))
     t = allreduce_timeline(many, "cpu", link)
     assert 0 < t.exposed_s < t.total_s and 0 < t.hidden_fraction < 1
     assert allreduce_timeline(many, "cpu", Interconnect(1e15, 0.0)).exposed_s < 1e-9  # an instant link

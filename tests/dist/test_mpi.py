@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minidl.checkpoint import read_manifest
 from minidl.cli import main
+from minidl.runtime.checkpoint import read_manifest
 
 TIMEOUT_S = 300
 

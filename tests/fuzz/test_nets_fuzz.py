@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidl as dl
-from minidl import checkpoint as ck
 from minidl.core.errors import CheckpointError, GraphError
 from minidl.layers import (
     LRN,
@@ -23,7 +22,8 @@ from minidl.layers import (
     ReLU,
     SoftmaxCrossEntropy,
 )
-from minidl.testing_torch import TorchTwin
+from minidl.runtime import checkpoint as ck
+from minidl.testing.torch_twin import TorchTwin
 
 FUZZ = settings.get_profile("minidl-fuzz")
 

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from minidl import GraphError, Network
 from minidl.backend.cpu.backend import CPUBackend
+from minidl.backend.cpu.menu import CPU_MENU, CPUMenu
 from minidl.layers import Conv2d, LayerContext
 from minidl.testing import directional_gradcheck, run_layer
 
@@ -36,7 +37,7 @@ CONFIGS = [
     (2, 48, 6, 11, 4, 5, 1, (2, 1), (1, 2), 1, True),  # im2col_grouped: 5x5, dilation, odd padding
 ]
 
-# Winograd (on by default, off with MINIDL_CPU_WINOGRAD=0): 3x3, stride 1, >= 32 channels in and out
+# Winograd (on the CPU menu by default, off with CPUMenu(winograd=False)): 3x3, stride 1, >= 32 channels in and out
 WINOGRAD_PAIR = ["winograd", "winograd_by_position"]
 WINOGRAD_CONFIGS = [
     (3, 32, 7, 9, 40, 3, 1, 1, 1, 1, True),          # odd sizes (partial tiles), 40 = 2.5 channel blocks
@@ -169,7 +170,8 @@ def test_backward_parts_optional():
     dy = RNG.standard_normal(out_shape).astype(np.float32)
     full = _run(cfg, x, params, dy, "im2col_chunked")
     for algo in _algos(cfg):
-        ws = np.zeros(layer.workspace_options("bwd", [x.shape], out_shape, 4)[0].workspace_bytes * 2, np.uint8)
+        need = layer.workspace_options("bwd", [x.shape], out_shape, 4, CPU_MENU)[0].workspace_bytes
+        ws = np.zeros(need * 2, np.uint8)
         dx = np.full_like(x, np.nan)
         be.conv2d_backward(x, w, dy, dx, None, None, (2, 2), (1, 1), (1, 1), 2, algo, ws)
         assert np.array_equal(dx, full.dinputs[0])
@@ -183,13 +185,13 @@ def test_workspace_sizes_exact():
     layer = Conv2d(4, 5, stride=2, padding=2)
     in_shapes, out_shape = [(2, 3, 7, 9)], (2, 4, 4, 5)
     k, p = 3 * 5 * 5, 4 * 5
-    fwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 4)}
-    bwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("bwd", in_shapes, out_shape, 4)}
+    fwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 4, CPU_MENU)}
+    bwd = {o.algo: o.workspace_bytes for o in layer.workspace_options("bwd", in_shapes, out_shape, 4, CPU_MENU)}
     assert fwd == {"im2col": 2 * k * p * 4, "im2col_chunked": k * p * 4}
     # backward: the column buffer (reused for dcols), 64-byte aligned, then a weight-sized dW product buffer
     assert 2 * k * p * 4 == 12000 and k * p * 4 == 6000
     assert bwd == {"im2col": 12032 + 4 * k * 4, "im2col_chunked": 6016 + 4 * k * 4}
-    f64 = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 8)}
+    f64 = {o.algo: o.workspace_bytes for o in layer.workspace_options("fwd", in_shapes, out_shape, 8, CPU_MENU)}
     assert f64 == {"im2col": 2 * k * p * 8, "im2col_chunked": k * p * 8}
     # stride 1 down the rows: the row-shift pair. Rows buffer: K3 = Cin*kw taps of the padded plane
     # Hp x Wo = (7+2) x 9 per sample; then the kernel rows of the weight (kh, Cout, K3); forward: an output-sized
@@ -197,8 +199,8 @@ def test_workspace_sizes_exact():
     same = Conv2d(4, 3, padding=1)
     k3, plane, p, wrow = 3 * 3, 9 * 9, 7 * 9, 3 * 4 * 9 * 4
     assert (2 * k3 * plane * 4, k3 * plane * 4, wrow) == (5832, 2916, 432)  # aligned: 5888, 2944, 448
-    fwd = {o.algo: o.workspace_bytes for o in same.workspace_options("fwd", in_shapes, (2, 4, 7, 9), 4)}
-    bwd = {o.algo: o.workspace_bytes for o in same.workspace_options("bwd", in_shapes, (2, 4, 7, 9), 4)}
+    fwd = {o.algo: o.workspace_bytes for o in same.workspace_options("fwd", in_shapes, (2, 4, 7, 9), 4, CPU_MENU)}
+    bwd = {o.algo: o.workspace_bytes for o in same.workspace_options("bwd", in_shapes, (2, 4, 7, 9), 4, CPU_MENU)}
     assert fwd == {"rows": 5888 + 448 + 2 * 4 * p * 4, "rows_chunked": 2944 + 448 + 4 * p * 4}
     # backward, one phase after the other in the same memory, so the larger of:
     # dW: the rows of x | a (kh, Cout, K3) accumulator | one (Cout, K3) product (N > 1)
@@ -211,12 +213,12 @@ def test_workspace_sizes_exact():
         == {"rows": 9768, "rows_chunked": 5108}
     # 1x1: gemm_1x1 needs no columns at all (backward only the dW product buffer when N > 1), and comes first
     one = Conv2d(8, 1, groups=2)
-    opts = one.workspace_options("fwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4)
+    opts = one.workspace_options("fwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4, CPU_MENU)
     assert [o.algo for o in opts] == ["gemm_1x1", "im2col", "im2col_chunked"]
     assert [o.workspace_bytes for o in opts] == [0, 3 * 4 * 25 * 4, 4 * 25 * 4]
-    opts = one.workspace_options("bwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4)
+    opts = one.workspace_options("bwd", [(3, 4, 5, 5)], (3, 8, 5, 5), 4, CPU_MENU)
     assert opts[0].algo == "gemm_1x1" and opts[0].workspace_bytes == 8 * 2 * 4
-    opts = one.workspace_options("bwd", [(1, 4, 5, 5)], (1, 8, 5, 5), 4)
+    opts = one.workspace_options("bwd", [(1, 4, 5, 5)], (1, 8, 5, 5), 4, CPU_MENU)
     assert {o.algo: o.workspace_bytes for o in opts} == {"gemm_1x1": 0, "im2col": 400, "im2col_chunked": 400}
     # sorted fastest-first by estimated cost
     assert [o.est_cost for o in opts] == sorted(o.est_cost for o in opts)
@@ -224,7 +226,8 @@ def test_workspace_sizes_exact():
     be = CPUBackend()
     for phase in ("fwd", "bwd"):
         assert be.conv_workspace_options(phase, (2, 3, 7, 9), (4, 3, 5, 5), (2, 4, 4, 5), (2, 2), (2, 2), (1, 1),
-                                         1, np.float32) == layer.workspace_options(phase, in_shapes, out_shape, 4)
+                                         1, np.float32) == layer.workspace_options(phase, in_shapes, out_shape, 4,
+                                                                                   CPU_MENU)
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_size=1, stride=2), dict(kernel_size=1, padding=1),
@@ -234,7 +237,7 @@ def test_gemm_1x1_only_when_applicable(kw):
     in_shapes = [(2, 4, 6, 6)]
     out_shape = layer.infer_shape(in_shapes)
     for phase in ("fwd", "bwd"):
-        algos = [o.algo for o in layer.workspace_options(phase, in_shapes, out_shape, 4)]
+        algos = [o.algo for o in layer.workspace_options(phase, in_shapes, out_shape, 4, CPU_MENU)]
         assert algos == ["im2col", "im2col_chunked"]
 
 
@@ -281,15 +284,9 @@ def test_grouped_applies_to_small_planes_with_long_columns():
                    LayerContext(algo="rows", workspace=np.zeros(1, np.uint8)))
 
 
-@pytest.fixture
-def winograd(monkeypatch):
-    """Winograd switched on explicitly (it is the default; a test must not depend on the caller's environment)."""
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
-
-
 @pytest.mark.bits
 @pytest.mark.parametrize("cfg", WINOGRAD_CONFIGS, ids=_id)
-def test_winograd_matches_torch_and_both_variants_agree_bitwise(cfg, winograd):
+def test_winograd_matches_torch_and_both_variants_agree_bitwise(cfg):
     """Both variants against PyTorch; the by-position one gives the whole-tile one's bits (the planner may pick
     either under a budget), and a second run the same bits again."""
     x, params = _data(cfg)
@@ -309,7 +306,7 @@ def test_winograd_matches_torch_and_both_variants_agree_bitwise(cfg, winograd):
 
 
 @pytest.mark.parametrize("cfg", [(2, 32, 4, 5, 33, 3, 1, 1, 1, 1, True), (3, 33, 3, 3, 32, 3, 1, 0, 1, 1, False)])
-def test_winograd_gradcheck_float64(cfg, winograd):
+def test_winograd_gradcheck_float64(cfg):
     x, params = _data(cfg, np.float64, np.random.default_rng(2))
     assert _algos(cfg) == WINOGRAD_PAIR
     for algo in WINOGRAD_PAIR:
@@ -320,10 +317,10 @@ def test_winograd_gradcheck_float64(cfg, winograd):
 def test_winograd_applies_to_3x3_stride_1_with_32_channels(monkeypatch):
     """The Winograd pair: on by default; 3x3, stride 1, dilation 1, one group, padding 0..2, at least 32 channels
     in and out (below that the row-shift formulation is faster, measured), numba importable; then the layer's
-    only algorithms. MINIDL_CPU_WINOGRAD=0 switches it off; another value is refused, by name."""
+    only algorithms. The CPU menu's `winograd=False` switches it off: its menu and its backend offer the row-shift
+    pair instead."""
     from minidl.backend.cpu import winograd as cpu_winograd
 
-    monkeypatch.delenv("MINIDL_CPU_WINOGRAD", raising=False)
     c = Conv2d(32, 3, padding=1)
     assert c.algorithms((8, 32, 16, 16)) == WINOGRAD_PAIR
     assert c.algorithms((1, 64, 8, 8)) == WINOGRAD_PAIR
@@ -335,18 +332,22 @@ def test_winograd_applies_to_3x3_stride_1_with_32_channels(monkeypatch):
     assert Conv2d(32, 3, groups=2).algorithms((8, 32, 16, 16)) == ["im2col", "im2col_chunked"]
     assert Conv2d(512, 3, padding=1).algorithms((8, 256, 14, 14)) == ["im2col_grouped"]  # grouped first (512 out)
     assert Conv2d(256, 3, padding=1).algorithms((8, 256, 14, 14)) == WINOGRAD_PAIR  # 14x14, at most 256 channels
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "0")
-    assert Conv2d(32, 3, padding=1).algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "yes")
-    with pytest.raises(ValueError, match=r"MINIDL_CPU_WINOGRAD must be 0 \(off\) or 1.*'yes'"):
-        Conv2d(32, 3, padding=1).algorithms((8, 32, 16, 16))
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
+    assert Conv2d(32, 3, padding=1).algorithms((8, 32, 16, 16), winograd=False) == ["rows", "rows_chunked"]
+    off = CPUMenu(winograd=False)
+    assert [o.algo for o in c.workspace_options("fwd", [(8, 32, 16, 16)], (8, 32, 16, 16), 4, off)] == \
+        ["rows", "rows_chunked"]
+    x = np.zeros((8, 32, 16, 16), np.float32)
+    params = {"weight": np.zeros((32, 32, 3, 3), np.float32), "bias": np.zeros(32, np.float32)}
+    run_layer(Conv2d(32, 3, padding=1), [x], params, backend=CPUBackend(off), algo_fwd="rows")
+    y, ws = np.empty_like(x), np.zeros(1 << 20, np.uint8)
+    with pytest.raises(ValueError, match="'rows' does not apply"):   # the default menu's backend runs Winograd
+        CPUBackend().conv2d_forward(x, params["weight"], None, y, (1, 1), (1, 1), (1, 1), 1, "rows", ws)
     monkeypatch.setattr(cpu_winograd, "available", lambda: False)
     c2 = Conv2d(32, 3, padding=1)
     assert c2.algorithms((8, 32, 16, 16)) == ["rows", "rows_chunked"]
 
 
-def test_winograd_workspace_exact(winograd):
+def test_winograd_workspace_exact():
     """The documented layouts, each part 64-byte aligned. Whole tile: forward U (16, CiB, CoB) | V (16, Tg, CiB)
     | M (16, Tg, CoB) | the weight transposed (3, 3, Ci, Co) | input scratch ((2th+2)(2tw+2), 16) | output
     scratch (2th * 2tw, 16) | 256 values; backward the larger of dW's (V | dM | dU | a dU product with more
@@ -369,8 +370,8 @@ def test_winograd_workspace_exact(winograd):
     dw_p = a(tg * cib * 4) + a(tg * cob * 4) + a(16 * cib * cob * 4) + a(cib * cob * 4) + wt + a(xs * 4) \
         + a(ys * 4)
     dx_p = a(cob * cib * 4) + a(tg * cob * 4) + a(tg * cib * 4) + a(9 * 40 * 33 * 4) + a(xs * 4)
-    got_f = layer.workspace_options("fwd", [(10, 33, 7, 9)], (10, 40, 7, 9), 4)
-    got_b = layer.workspace_options("bwd", [(10, 33, 7, 9)], (10, 40, 7, 9), 4)
+    got_f = layer.workspace_options("fwd", [(10, 33, 7, 9)], (10, 40, 7, 9), 4, CPU_MENU)
+    got_b = layer.workspace_options("bwd", [(10, 33, 7, 9)], (10, 40, 7, 9), 4, CPU_MENU)
     assert [(o.algo, o.workspace_bytes) for o in got_f] == [("winograd", fwd), ("winograd_by_position", fwd_p)]
     assert [(o.algo, o.workspace_bytes) for o in got_b] == [("winograd", max(dw, dx)),
                                                             ("winograd_by_position", max(dw_p, dx_p))]
@@ -386,8 +387,8 @@ def test_grouped_workspace_exact():
     k, p, cout = 128 * 9, 14 * 14, 6
     g = -(-512 // p)
     assert g == 3
-    fwd = layer.workspace_options("fwd", [(5, 128, 14, 14)], (5, 6, 14, 14), 4)
-    bwd = layer.workspace_options("bwd", [(5, 128, 14, 14)], (5, 6, 14, 14), 4)
+    fwd = layer.workspace_options("fwd", [(5, 128, 14, 14)], (5, 6, 14, 14), 4, CPU_MENU)
+    bwd = layer.workspace_options("bwd", [(5, 128, 14, 14)], (5, 6, 14, 14), 4, CPU_MENU)
     cols = k * g * p * 4
     assert cols % 64 == 0 and cols == 2709504
     assert [(o.algo, o.workspace_bytes) for o in fwd] == [("im2col_grouped", cols + cout * g * p * 4)]
@@ -395,10 +396,10 @@ def test_grouped_workspace_exact():
     assert [(o.algo, o.workspace_bytes) for o in bwd] == [("im2col_grouped", 2723648 + cout * k * 4)]
     assert blk_end == 2723616
     # one group (N <= g): no product buffer
-    one = layer.workspace_options("bwd", [(3, 128, 14, 14)], (3, 6, 14, 14), 4)
+    one = layer.workspace_options("bwd", [(3, 128, 14, 14)], (3, 6, 14, 14), 4, CPU_MENU)
     assert one[0].workspace_bytes == cols + cout * g * p * 4
     # 7x7: ceil(512 / 49) = 11 samples per GEMM, capped at N = 8
-    big = Conv2d(512, 3, padding=1).workspace_options("fwd", [(8, 512, 7, 7)], (8, 512, 7, 7), 4)
+    big = Conv2d(512, 3, padding=1).workspace_options("fwd", [(8, 512, 7, 7)], (8, 512, 7, 7), 4, CPU_MENU)
     assert big[0].workspace_bytes == 4608 * 8 * 49 * 4 + 512 * 8 * 49 * 4
 
 
@@ -478,7 +479,7 @@ def test_no_large_temporaries(cfg):
     bound = 256 * 1024
     assert min(x.nbytes, y.nbytes) >= 2 * bound
     for algo in _algos(cfg):
-        sizes = {ph: next(o.workspace_bytes for o in layer.workspace_options(ph, [x.shape], out_shape, 4)
+        sizes = {ph: next(o.workspace_bytes for o in layer.workspace_options(ph, [x.shape], out_shape, 4, CPU_MENU)
                           if o.algo == algo) for ph in ("fwd", "bwd")}
         wsf, wsb = np.zeros(sizes["fwd"], np.uint8), np.zeros(sizes["bwd"], np.uint8)
         # once untraced first: the first call imports and loads the compiled kernels (numba, ~24 MB of Python

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import minidl as dl
 from minidl import layers as L
 from minidl.testing import directional_gradcheck, run_layer
-from minidl.testing_torch import causal_attention
+from minidl.testing.torch_twin import causal_attention
 
 RNG = np.random.default_rng(0)
 DTYPES = [np.float32, np.float64]

@@ -10,11 +10,11 @@ from minidl.cli import main
 from minidl.core.errors import BudgetError
 from minidl.data import synthetic
 from minidl.memory.plan import EventKind
-from minidl.memory.policies import plan_network
 from minidl.memory.report import explain, tensor_decisions
 from minidl.memory.schedulers.auto import auto_search
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
+from tests.planning import planned
 
 from .nets import NETS
 
@@ -32,15 +32,15 @@ def train(net, policy, budget=None, steps=5, micro_batches=None):
 
 def smallest_budget(net):
     with pytest.raises(BudgetError) as e:
-        plan_network(net, opt(), "auto", budget=4096)
+        planned(net, opt(), "auto", budget=4096)
     assert e.value.min_budget_bytes > 4096
     return e.value.min_budget_bytes
 
 
 def test_without_a_budget_auto_is_liveness():
     net = NETS["resnet20"]()
-    a = plan_network(net, opt(), "auto")
-    b = plan_network(net, opt(), "liveness")
+    a = planned(net, opt(), "auto")
+    b = planned(net, opt(), "liveness")
     assert a.policy == "auto" and a.peak_bytes == b.peak_bytes and a.min_budget_bytes == b.min_budget_bytes
 
 
@@ -49,7 +49,7 @@ def test_auto_at_several_budgets_is_bit_identical_and_peak_exact(key):
     """Bit-identical to `none` at the micro-batches auto chose (one batch where it kept the batch whole)."""
     refs = {}
     lo = smallest_budget(NETS[key]())
-    hi = plan_network(NETS[key](), opt(), "liveness").min_budget_bytes
+    hi = planned(NETS[key](), opt(), "liveness").min_budget_bytes
     assert lo < hi
     for budget in sorted({lo, (lo + hi) // 2, hi}):
         sess = train(NETS[key](), "auto", budget)
@@ -67,16 +67,16 @@ def test_auto_at_several_budgets_is_bit_identical_and_peak_exact(key):
 def test_the_reported_minimum_is_feasible_and_one_byte_less_is_not():
     net = NETS["resnet20"]()
     m = smallest_budget(net)
-    plan = plan_network(net, opt(), "auto", budget=m)
+    plan = planned(net, opt(), "auto", budget=m)
     assert plan.min_budget_bytes <= m
     with pytest.raises(BudgetError):
-        plan_network(net, opt(), "auto", budget=m - 1)
+        planned(net, opt(), "auto", budget=m - 1)
 
 
 def test_auto_returns_the_fastest_fitting_combination():
     net = NETS["resnet20"]()
     route = net.route(optimizer_slots=("momentum",), fused_update=True)  # the route auto plans under a budget
-    hi = plan_network(net, opt(), "liveness").min_budget_bytes
+    hi = planned(net, opt(), "liveness").min_budget_bytes
     lo = smallest_budget(net)
     for budget in (hi, (lo + hi) // 2, lo):
         res = auto_search(route, budget, "k40c")
@@ -91,7 +91,7 @@ def test_auto_returns_the_fastest_fitting_combination():
 def test_tight_budgets_use_the_mechanisms():
     net = NETS["resnet20"]()
     m = smallest_budget(net)
-    plan = plan_network(net, opt(), "auto", budget=m)
+    plan = planned(net, opt(), "auto", budget=m)
     kinds = {ev.kind for sp in plan.steps for ev in sp.before + sp.after}
     assert EventKind.OFFLOAD in kinds
     decisions = {what for _, what, _ in tensor_decisions(plan)}
@@ -133,7 +133,7 @@ def test_recompute_composed_with_offload_is_bit_identical(key):
 def test_explain_says_why_per_tensor():
     net = NETS["dropnet"]()
     m = smallest_budget(net)
-    text = explain(plan_network(net, opt(), "auto", budget=m))
+    text = explain(planned(net, opt(), "auto", budget=m))
     assert "per tensor: why each activation is kept, offloaded or recomputed" in text
     assert "act:conv0" in text.split("per tensor")[1]
 

@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 import minidl as dl
 from minidl import layers as L
 from minidl.core.errors import BudgetError
-from minidl.memory.policies import exact_policies, plan_network
+from minidl.memory.policies import exact_policies
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.executor import Executor
+from tests.planning import planned
 
 PROFILES = ("cpu", "k40c", "v100", "h100", "gtx1080ti")
 BUDGETS = (0.3, 0.45, 0.6, 0.75, 0.9, 1.05)   # shares of the liveness plan's smallest budget: tight to loose
@@ -96,7 +97,7 @@ CASES = st.one_of(st.builds(Case, st.just("cnn"), CNNS, st.sampled_from(BUDGETS)
 
 def plan_or_none(net: dl.Network, case: Case, policy: str, budget: int):
     try:
-        return plan_network(net, opt(), policy, budget, device=case.device, paged=case.paged, verify_minimum=False)
+        return planned(net, opt(), policy, budget, case.device, paged=case.paged, verify_minimum=False)
     except BudgetError:
         return None
 
@@ -109,7 +110,7 @@ def train(net: dl.Network, plan, batches) -> Executor:
 
 
 def check(case: Case) -> None:
-    live = plan_network(case.net(), opt(), "liveness", paged=case.paged).min_budget_bytes
+    live = planned(case.net(), opt(), "liveness", paged=case.paged).min_budget_bytes
     budget = int(live * case.share)
     net = case.net()
     auto = plan_or_none(net, case, "auto", budget)
@@ -130,7 +131,7 @@ def check(case: Case) -> None:
     assert got.pool.peak == auto.peak_bytes
     m = auto.route.micro_batches
     ref_net = case.net()
-    ref = train(ref_net, plan_network(ref_net, opt(), "none", micro_batches=m if m > 1 else None),
+    ref = train(ref_net, planned(ref_net, opt(), "none", micro_batches=m if m > 1 else None),
                 case.batches(ref_net))
     want, have = ref.state_dict(), got.state_dict()
     assert want.keys() == have.keys()

@@ -6,16 +6,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from minidl.backend import menu_of
 from minidl.backend.cpu.backend import CPUBackend
 from minidl.data import synthetic
 from minidl.layers import WorkspaceOption
 from minidl.memory.planner import lower_bound
-from minidl.memory.policies import plan_network
 from minidl.memory.workspace import CostTable, workspace_choices
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.executor import Executor
 from minidl.runtime.session import Session
+from tests.planning import planned
 
 
 def resnet(batch=2):
@@ -53,7 +54,8 @@ class LeanCPU(CPUBackend):
 
 def test_the_cpu_backend_shares_the_reference_route():
     net = resnet()
-    assert net.route(optimizer_slots=("momentum",), backend=CPUBackend()) is net.route(optimizer_slots=("momentum",))
+    slots = ("momentum",)
+    assert net.route(optimizer_slots=slots, menu=menu_of(CPUBackend())) is net.route(optimizer_slots=slots)
     assert net.route(optimizer_slots=("momentum",)).backend_name == "cpu"
 
 
@@ -61,9 +63,9 @@ def test_the_route_holds_the_backends_menu_and_every_pass_reads_it():
     net = resnet()
     be = LeanCPU()
     cpu = net.route(optimizer_slots=("momentum",))
-    lean = net.route(optimizer_slots=("momentum",), backend=be)
+    lean = net.route(optimizer_slots=("momentum",), menu=be)
     assert lean is not cpu and lean.backend_name == "lean"
-    assert lean is net.route(optimizer_slots=("momentum",), backend=be)  # cached: the backend is asked once
+    assert lean is net.route(optimizer_slots=("momentum",), menu=be)  # cached: the backend is asked once
     asked = be.asked
     assert asked == sum(s.workspace is not None for s in lean.steps)
     for a, b in zip(cpu.steps, lean.steps):
@@ -74,11 +76,11 @@ def test_the_route_holds_the_backends_menu_and_every_pass_reads_it():
     assert all(len(c.options) == 1 and c.algo.startswith("lean:") for c in workspace_choices(lean).values())
     # the bound uses the smallest workspace of either menu, and that smallest one is the same here
     assert lower_bound(lean) == lower_bound(cpu)
-    plan = plan_network(net, SGD(0.1, momentum=0.9), "liveness", backend=be)
+    plan = planned(net, SGD(0.1, momentum=0.9), "liveness", menu=be)
     assert be.asked == asked
     algos = {sp.algo for sp in plan.steps if sp.algo is not None}
     assert algos and all(a.startswith("lean:") for a in algos)
-    cpu_plan = plan_network(net, SGD(0.1, momentum=0.9), "liveness")
+    cpu_plan = planned(net, SGD(0.1, momentum=0.9), "liveness")
     assert plan.peak_bytes < cpu_plan.peak_bytes  # the fast CPU menu spends workspace that the lean one does not
 
 
@@ -89,7 +91,7 @@ def test_training_on_a_backend_runs_its_own_algorithms_bit_identically(policy):
     ref.fit(data, steps=3)
     net = resnet()
     be = LeanCPU()
-    budget = plan_network(net, SGD(0.05, momentum=0.9), policy, backend=be).min_budget_bytes if policy == "liveness" \
+    budget = planned(net, SGD(0.05, momentum=0.9), policy, menu=be).min_budget_bytes if policy == "liveness" \
         else None
     sess = Session(net, SGD(0.05, momentum=0.9), policy, budget=budget, seed=3, backend=be)
     sess.fit(data, steps=3)
@@ -102,10 +104,10 @@ def test_training_on_a_backend_runs_its_own_algorithms_bit_identically(policy):
 def test_a_plan_runs_only_on_the_backend_whose_menu_it_chose_from():
     net = resnet()
     opt = SGD(0.1, momentum=0.9)
-    plan = plan_network(net, opt, "liveness")
+    plan = planned(net, opt, "liveness")
     with pytest.raises(ValueError, match="backend 'cpu''s menu but runs on backend 'lean'"):
         Executor(net, plan, opt, backend=LeanCPU())
-    plan = plan_network(net, opt, "liveness", backend=LeanCPU())
+    plan = planned(net, opt, "liveness", menu=LeanCPU())
     with pytest.raises(ValueError, match="plan_network"):
         Executor(net, plan, opt, backend=CPUBackend())
 
@@ -113,7 +115,7 @@ def test_a_plan_runs_only_on_the_backend_whose_menu_it_chose_from():
 def test_autotuning_measures_on_the_routes_backend():
     net = resnet()
     be = LeanCPU()
-    route = net.route(optimizer_slots=("momentum",), backend=be)
+    route = net.route(optimizer_slots=("momentum",), menu=be)
     table = CostTable(autotune=True, backend=be, repeats=1)
     ws = workspace_choices(route, table)
     # one option per step; steps of the same configuration share a measurement

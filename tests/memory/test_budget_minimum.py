@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 import minidl as dl
 from minidl.core.errors import BudgetError
 from minidl.layers import BatchNorm2d, Conv2d, Flatten, Linear, ReLU, SoftmaxCrossEntropy
-from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes
 from minidl.memory.schedulers import minimum
 from minidl.optim import make_optimizer
+from tests.planning import planned
 
 from .nets import NETS
 
@@ -33,17 +33,17 @@ def _plain(batch: int, widths: list[int], size: int, bn: bool) -> dl.Network:
 def _stated_minimum_plans(net, policy: str, budget: int, device: str) -> None:
     opt = make_optimizer("sgd", 0.01)
     try:
-        plan_network(net, opt, policy, budget, device=device)
+        planned(net, opt, policy, budget, device=device)
         return
     except BudgetError as e:
         stated = e.min_budget_bytes
         assert stated is not None and stated > budget
         assert f"{stated:,} B" in str(e)
-    plan = plan_network(net, opt, policy, stated, device=device)   # must not raise
+    plan = planned(net, opt, policy, stated, device=device)   # must not raise
     assert plan.min_budget_bytes <= stated
     for less in (1, 512):    # and it is the edge: one byte less (one pool block less) does not plan
         with pytest.raises(BudgetError):
-            plan_network(net, opt, policy, stated - less, device=device)
+            planned(net, opt, policy, stated - less, device=device)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -53,7 +53,7 @@ def _stated_minimum_plans(net, policy: str, budget: int, device: str) -> None:
        share=st.floats(0.3, 0.95), device=st.sampled_from(["cpu", "k40c"]))
 def test_stated_minimum_plans_on_random_nets(batch, widths, size, bn, policy, share, device):
     net = _plain(batch, widths, size, bn)
-    live = plan_network(net, make_optimizer("sgd", 0.01), "liveness")
+    live = planned(net, make_optimizer("sgd", 0.01), "liveness")
     _stated_minimum_plans(net, policy, int(live.min_budget_bytes * share), device)
 
 
@@ -66,7 +66,7 @@ def test_offload_states_the_edge_of_a_budget_that_plans(batch, widths, size, bn,
     states must still be a budget that plans with one byte less failing (before: 4 of 29 random nets had the
     stated minimum - 512 B planning as well)."""
     net = _plain(batch, widths, size, bn)
-    live = plan_network(net, make_optimizer("sgd", 0.01), "liveness")
+    live = planned(net, make_optimizer("sgd", 0.01), "liveness")
     _stated_minimum_plans(net, "offload", int(live.min_budget_bytes * share), device)
 
 
@@ -82,7 +82,7 @@ def test_offload_stated_minimum_on_nets_where_less_planned(batch, widths, size, 
 @pytest.mark.parametrize("policy", ["offload", "auto"])
 def test_stated_minimum_plans_on_zoo_nets(key, policy):
     net = NETS[key]()
-    live = plan_network(net, make_optimizer("sgd", 0.01), "liveness")
+    live = planned(net, make_optimizer("sgd", 0.01), "liveness")
     for share in (0.3, 0.6):
         _stated_minimum_plans(net, policy, int(live.min_budget_bytes * share), "cpu")
 

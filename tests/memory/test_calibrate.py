@@ -12,10 +12,10 @@ from minidl.backend.cuda.calibrate import LinkMeasurement
 from minidl.graph.route import Phase
 from minidl.memory.calibrate import calibrated_profile, fit_efficiency, measured_profile
 from minidl.memory.plan import EventKind
-from minidl.memory.policies import plan_network
 from minidl.memory.simulate import get_profile, link_timeline, simulate
 from minidl.memory.workspace import CostTable, cost_key
 from minidl.models import build_model
+from tests.planning import planned
 
 
 def _net():
@@ -44,7 +44,7 @@ def test_profile_takes_the_slower_duplex_direction_and_the_latency():
 
 
 def test_efficiency_is_fitted_to_the_autotune_cache():
-    route = plan_network(_net(), _opt(), "liveness").route
+    route = planned(_net(), _opt(), "liveness").route
     net, peak = route.network, get_profile("h100").flops
     seconds = {}
     for step in route.steps:
@@ -66,8 +66,8 @@ def test_efficiency_is_fitted_to_the_autotune_cache():
 
 def test_the_duplex_link_queues_each_direction_apart():
     net = _net()
-    live = plan_network(net, _opt(), "liveness").min_budget_bytes
-    plan = plan_network(_net(), _opt(), "offload", int(live * 0.8), device="h100")
+    live = planned(net, _opt(), "liveness").min_budget_bytes
+    plan = planned(_net(), _opt(), "offload", int(live * 0.8), device="h100")
     copies = [ev for sp in plan.steps for ev in (*sp.before, *sp.after)
               if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH)]
     assert {ev.kind for ev in copies} == {EventKind.OFFLOAD, EventKind.PREFETCH}
@@ -94,16 +94,16 @@ def test_auto_recomputes_where_the_measured_link_cannot_hide_a_copy():
     (and recomputes nothing); with a slow one, at the same budget, it recomputes instead. (The budget is searched
     near the top, since which one first needs a copy depends on the CPU's algorithm menu of the day; the batch is
     kept whole, where micro-batches would need neither.)"""
-    live = plan_network(_net(), _opt(), "liveness").min_budget_bytes
+    live = planned(_net(), _opt(), "liveness").min_budget_bytes
     fast_dev, slow_dev = calibrated_profile("h100", FAST), calibrated_profile("h100", SLOW)
     for frac in (0.96, 0.94, 0.92, 0.9, 0.88):
         budget = int(live * frac)
-        fast = _kinds(plan_network(_net(), _opt(), "auto", budget, device=fast_dev, max_micro_batches=1))
+        fast = _kinds(planned(_net(), _opt(), "auto", budget, device=fast_dev, max_micro_batches=1))
         if fast.get(EventKind.OFFLOAD, 0) and not fast.get(EventKind.RECOMPUTE, 0):
             break
     else:
         pytest.fail("no budget near the liveness minimum where auto offloads over a fast link")
-    slow = _kinds(plan_network(_net(), _opt(), "auto", budget, device=slow_dev, max_micro_batches=1))
+    slow = _kinds(planned(_net(), _opt(), "auto", budget, device=slow_dev, max_micro_batches=1))
     assert slow.get(EventKind.OFFLOAD, 0) == 0         # a slow link cannot hide the copies: recompute instead
     assert slow.get(EventKind.RECOMPUTE, 0) > 0
 
@@ -111,7 +111,7 @@ def test_auto_recomputes_where_the_measured_link_cannot_hide_a_copy():
 def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions():
     """`minidl train --device measured --autotune`: the link from the backend, the convolutions measured (on
     the CPU backend here, standing in for the GPU) and the efficiency fitted to them."""
-    from minidl.cli import _measured_device
+    from minidl.cli.common import measured_device
 
     class Measured(CPUBackend):
         profile = "cpu"
@@ -122,7 +122,30 @@ def test_the_cli_measures_the_link_and_fits_efficiency_to_autotuned_convolutions
     be = Measured()
     net = build_model("lenet", batch=4, image_size=8, in_channels=1, num_classes=10)
     costs = CostTable(autotune=True, backend=be, repeats=1)
-    prof = _measured_device(net, _opt(), be, costs)
+    prof = measured_device(net, _opt(), be, costs)
     assert (prof.link_bw, prof.duplex, prof.link_latency_s) == (48e9, True, 1e-5)
     assert costs.measured > 0 and prof.efficiency != get_profile("cpu").efficiency
-    assert _measured_device(net, _opt(), be, None).efficiency == get_profile("cpu").efficiency
+    assert measured_device(net, _opt(), be, None).efficiency == get_profile("cpu").efficiency
+
+
+def test_a_measured_per_layer_profile_fits_the_rooflines_efficiency():
+    from minidl.memory.calibrate import fit_profile
+    from minidl.memory.simulate import get_profile
+
+    h100 = get_profile("h100")
+    # a synthetic profile measured at 30% of the peak FLOP/s: convolutions FLOP-bound, batch norm byte-bound
+    rows = [{"kind": "conv", "phase": "forward", "flops": 4e12, "bytes": 2e9, "sim_s": 0.1},
+            {"kind": "batchnorm", "phase": "forward", "flops": 1e9, "bytes": 6e9, "sim_s": 0.002},
+            {"kind": "other", "phase": "step", "flops": 0, "bytes": 0, "seconds": 0.5, "sim_s": 0.0}]
+    for r in rows[:2]:
+        r["seconds"] = max(r["flops"] / (h100.flops * 0.3), r["bytes"] / h100.mem_bw)
+    fits, prof = fit_profile(rows, "h100")
+    assert prof.efficiency == pytest.approx(0.3, rel=1e-9) and prof.name == "h100-profiled"
+    conv, bn = fits
+    assert (conv.kind, conv.bound, bn.kind, bn.bound) == ("conv", "flops", "batchnorm", "bytes")
+    assert conv.flops_efficiency == pytest.approx(0.3) and bn.bandwidth_efficiency == pytest.approx(1.0)
+    assert conv.sim_error == pytest.approx(0.1 / conv.measured_s - 1)
+    slow = [dict(rows[0], seconds=rows[0]["seconds"] * 1000)]   # slower than any efficiency in range explains
+    assert fit_profile(slow, "h100")[1].efficiency == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="no measured row"):
+        fit_profile(rows[2:], "h100")

@@ -14,9 +14,10 @@ from minidl.core.tensors import act_id
 from minidl.memory.decisions import compress as zc
 from minidl.memory.errorbound import ErrorBoundRule, Reader, ReaderKind
 from minidl.memory.planner import default_workspace, liveness_schedule
-from minidl.memory.policies import available_policies, plan_network
+from minidl.memory.policies import available_policies
 from minidl.optim import SGD
 from minidl.runtime.executor import Executor
+from tests.planning import planned
 
 from .nets import NETS
 
@@ -41,7 +42,7 @@ def _plan(net, policy="compress", **kw):
     if kw:
         route = net.route(training=True, optimizer_slots=tuple(opt.slots))
         return zc.plan_compress(route, None, **kw)
-    return plan_network(net, opt, policy)
+    return planned(net, opt, policy)
 
 
 def test_policy_is_in_the_table():
@@ -169,8 +170,7 @@ def test_auto_lossy_weighs_compression_by_cost_and_is_opt_in():
     assert plan.policy == "auto-lossy" and plan.min_budget_bytes <= budget
     with pytest.raises(BudgetError, match="auto-lossy"):
         plan_auto_lossy(route, 4096)
-    with pytest.raises(SystemExit):
-        main(["plan", "resnet", "--depth", "20", "--policy", "liveness", "--lossy"])
+    assert main(["plan", "resnet", "--depth", "20", "--policy", "liveness", "--lossy"]) == 2   # refused, naming it
 
 
 def test_rule_b_is_the_formula_on_a_known_case():
@@ -304,7 +304,7 @@ def test_auto_lossy_compresses_and_offloads_where_that_beats_every_exact_plan():
     from minidl.memory.schedulers.lossy import compress_trials
 
     opt = SGD(lr=0.05, momentum=0.9)
-    budget = int(plan_network(chain_net(), opt, "liveness").min_budget_bytes * 0.45)
+    budget = int(planned(chain_net(), opt, "liveness").min_budget_bytes * 0.45)
     route = chain_net().route(optimizer_slots=tuple(opt.slots), fused_update=True)
     exact = auto_search(route, budget, "v100", frugal=False).chosen
     lossy = {t.name: t for t in compress_trials(route, budget, "v100")}
@@ -313,7 +313,7 @@ def test_auto_lossy_compresses_and_offloads_where_that_beats_every_exact_plan():
     assert both.fits and both.est_step_time_s < exact.est_step_time_s
 
     net = chain_net()
-    plan = plan_network(net, opt, "auto-lossy", budget, device="v100", max_micro_batches=1)
+    plan = planned(net, opt, "auto-lossy", budget, device="v100", max_micro_batches=1)
     assert plan.min_budget_bytes <= budget and "compress + offload" in plan.decision
     streams = {ev.tensor for sp in plan.steps for ev in sp.after + sp.before
                if ev.kind is EventKind.OFFLOAD and compressed_source(ev.tensor) is not None}

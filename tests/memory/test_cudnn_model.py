@@ -5,16 +5,19 @@ from dataclasses import replace
 
 import pytest
 
+from minidl.backend.base import Capabilities
 from minidl.backend.cpu.conv import ALGOS as CPU_ALGOS
+from minidl.backend.cpu.menu import CPU_MENU
 from minidl.cli import main
 from minidl.core.errors import OptionError
 from minidl.memory import cudnn_model as cm
-from minidl.memory.policies import plan_network
 from minidl.memory.report.fit import check_fit
+from minidl.memory.request import Target
 from minidl.memory.simulate import PROFILES, get_profile, simulate
 from minidl.memory.workspace import fit_workspace
 from minidl.models import build_model
 from minidl.optim import SGD
+from tests.planning import planned
 
 K40C = get_profile("k40c")
 
@@ -78,13 +81,17 @@ def test_options_are_pareto_and_the_chooser_takes_a_smaller_family_when_memory_b
         model.conv_workspace_options("dgrad", (1, 1, 4, 4), (1, 1, 3, 3), (1, 1, 2, 2), (1, 1), (0, 0), (1, 1), 1)
 
 
-def test_planning_backend_is_the_model_for_gpu_profiles_and_the_cpu_menu_for_the_cpu():
-    assert cm.planning_backend("cpu") is None and cm.planning_backend("cpu:1GB") is None
-    assert isinstance(cm.planning_backend("k40c:3MiB"), cm.CudnnModel)
+def test_the_target_menu_is_the_model_for_gpu_profiles_and_the_cpu_menu_for_the_cpu():
+    assert Target.for_run("cpu").menu is CPU_MENU and Target.for_run("cpu:1GB").menu is CPU_MENU
+    assert isinstance(Target.for_run("k40c:3MiB").menu, cm.CudnnModel)
     for name in ("k40c", "titanx", "v100", "h100", "harmony", "gtx1080ti"):
-        assert isinstance(cm.planning_backend(name), cm.CudnnModel)
-    real = object()
-    assert cm.planning_backend("k40c", real) is real           # a real backend keeps its own menu
+        assert isinstance(Target.for_run(name).menu, cm.CudnnModel)
+
+    class Real:   # a live backend keeps its own menu
+        capabilities = Capabilities(name="cuda", device="gpu")
+        profile = "h100"
+    real = Real()
+    assert Target.for_run("k40c", real).menu is real and Target.for_run(None, real).profile.name == "h100"
     assert cm.CudnnModel(K40C) == cm.CudnnModel(get_profile("k40c"))   # one cached route per device
 
 
@@ -105,8 +112,8 @@ def resnet():
 
 def test_a_plan_for_k40c_uses_the_model_and_the_cpu_plan_the_cpu_menu():
     net = resnet()
-    gpu = plan_network(net, SGD(0.1, momentum=0.9), "liveness", device="k40c", backend=cm.planning_backend("k40c"))
-    cpu = plan_network(net, SGD(0.1, momentum=0.9), "liveness", device="cpu", backend=cm.planning_backend("cpu"))
+    gpu = planned(net, SGD(0.1, momentum=0.9), "liveness", device="k40c", menu=Target.for_run("k40c").menu)
+    cpu = planned(net, SGD(0.1, momentum=0.9), "liveness", device="cpu", menu=Target.for_run("cpu").menu)
     assert gpu.route.backend_name == cm.NAME and cpu.route.backend_name == "cpu"
     gpu_algos = {sp.algo for sp in gpu.steps if sp.algo}
     cpu_algos = {sp.algo for sp in cpu.steps if sp.algo}
@@ -121,7 +128,7 @@ def test_a_plan_for_k40c_uses_the_model_and_the_cpu_plan_the_cpu_menu():
 
 def test_the_context_is_reserved_from_the_devices_memory():
     net = resnet()
-    plan = plan_network(net, SGD(0.1), "liveness", device="k40c", backend=cm.planning_backend("k40c"))
+    plan = planned(net, SGD(0.1), "liveness", device="k40c", menu=Target.for_run("k40c").menu)
     need = plan.min_budget_bytes
     # a device whose memory holds the plan but not the plan and the context: does not fit
     tight = replace(K40C, memory_bytes=need + K40C.context_bytes - 1)
@@ -146,15 +153,15 @@ def test_cli_plan_for_a_gpu_profile_sizes_cudnn_workspaces_and_reserves_the_cont
     cpu = plan_json(capsys, "--device", "cpu")
     assert k40c["device_context_bytes"] == K40C.context_bytes and cpu["device_context_bytes"] == 0
     net = resnet()
-    expect = plan_network(net, SGD(0.01, momentum=0.9), "liveness", device="k40c", backend=cm.CudnnModel(K40C))
+    expect = planned(net, SGD(0.01, momentum=0.9), "liveness", device="k40c", menu=cm.CudnnModel(K40C))
     assert k40c["peak_bytes"] == expect.peak_bytes
-    assert cpu["peak_bytes"] == plan_network(net, SGD(0.01, momentum=0.9), "liveness", device="cpu").peak_bytes
+    assert cpu["peak_bytes"] == planned(net, SGD(0.01, momentum=0.9), "liveness", device="cpu").peak_bytes
 
 
 def test_a_model_plan_does_not_run_on_the_cpu():
     from minidl.runtime.executor import Executor
 
     net, opt = resnet(), SGD(0.1)
-    plan = plan_network(net, opt, "liveness", device="k40c", backend=cm.planning_backend("k40c"))
+    plan = planned(net, opt, "liveness", device="k40c", menu=Target.for_run("k40c").menu)
     with pytest.raises(OptionError, match=cm.NAME):
         Executor(net, plan, opt)

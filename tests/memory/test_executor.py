@@ -10,13 +10,15 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import minidl as dl
+from minidl.backend.cpu.backend import CPUBackend
+from minidl.backend.cpu.menu import CPUMenu
 from minidl.data import synthetic
 from minidl.memory.plan import EventKind
-from minidl.memory.policies import plan_network
 from minidl.memory.simulate import simulate
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
+from tests.planning import planned
 from tests.sessions import session_kw
 
 NETS = {
@@ -69,14 +71,14 @@ def test_liveness_bit_identical_to_none(key, baseline):
 def test_pool_peak_equals_simulator_peak(key, policy, baseline):
     sess = baseline(key) if policy == "none" else train(key, policy, steps=2)
     opt = SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
-    sim = simulate(plan_network(make(key), opt, policy), "cpu")
+    sim = simulate(planned(make(key), opt, policy), "cpu")
     assert sess.executor.pool.peak == sim.peak_bytes == sess.plan.peak_bytes
     assert sess.executor.pool.in_use <= sess.plan.arena_bytes
 
 
 def test_liveness_saves_memory(baseline):
     none = baseline("resnet20").plan
-    live = plan_network(make("resnet20"), SGD(lr=0.1, momentum=0.9), "liveness")
+    live = planned(make("resnet20"), SGD(lr=0.1, momentum=0.9), "liveness")
     assert live.peak_bytes < none.peak_bytes / 2
     assert live.min_budget_bytes >= live.peak_bytes
 
@@ -84,7 +86,7 @@ def test_liveness_saves_memory(baseline):
 def test_budget_too_small_fails_before_compute_and_names_minimum():
     net = make("resnet20")
     opt = SGD(lr=0.1, momentum=0.9)
-    plan = plan_network(net, opt, "liveness")
+    plan = planned(net, opt, "liveness")
     with pytest.raises(dl.BudgetError) as e:
         Session(net, opt, policy="liveness", budget=plan.min_budget_bytes - 512)
     assert e.value.min_budget_bytes == plan.min_budget_bytes
@@ -95,7 +97,7 @@ def test_budget_too_small_fails_before_compute_and_names_minimum():
 
 
 def test_plan_offsets_never_overlap():
-    plan = plan_network(make("densenet_tiny"), SGD(lr=0.1), "liveness")
+    plan = planned(make("densenet_tiny"), SGD(lr=0.1), "liveness")
     live: dict[str, tuple[int, int]] = {}
     for ev in plan.setup:
         live[ev.tensor] = (ev.offset, ev.offset + ev.nbytes)
@@ -192,15 +194,14 @@ def test_budget_is_real_not_bookkeeping():
 
 @pytest.mark.bits
 @pytest.mark.parametrize("policy", ["liveness", "recompute", "offload"])
-def test_winograd_policies_bit_identical_to_none(policy, monkeypatch):
+def test_winograd_policies_bit_identical_to_none(policy):
     """With Winograd on (the default; CIFAR ResNet-20's 32- and 64-channel stages run it), every exact policy
     still gives the very parameters of `none`: the layer's two variants sum in one order whatever the budget."""
-    monkeypatch.setenv("MINIDL_CPU_WINOGRAD", "1")
     ref = train("resnet20", "none", steps=3)
     assert "winograd" in {sp.algo for sp in ref.plan.steps}
     kw = {}
     if policy == "offload":
-        kw["budget"] = int(plan_network(make("resnet20"), SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
+        kw["budget"] = int(planned(make("resnet20"), SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
                                         "liveness").peak_bytes * 0.8)
     got = train("resnet20", policy, steps=3, **kw).executor.state_dict()
     want = ref.executor.state_dict()
@@ -210,20 +211,20 @@ def test_winograd_policies_bit_identical_to_none(policy, monkeypatch):
 
 @pytest.mark.bits
 @pytest.mark.parametrize("policy", ["none", "recompute", "offload"])
-def test_lanes_do_not_change_the_bits(policy, monkeypatch):
+def test_lanes_do_not_change_the_bits(policy):
     """The convolution lanes (`cpu_lanes`), the compiled kernels' workers and the product blocks: the parameters
     after training are the same bits with one, two or three threads, under every policy (ResNet-20's layers run
     Winograd, the row-shift pair, im2col and a dense product; with the BLAS's threads left at 2, as a machine
     may have them: the step pins them at any lane count)."""
     kw = {}
     if policy == "offload":
-        kw["budget"] = int(plan_network(make("resnet20"), SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
+        kw["budget"] = int(planned(make("resnet20"), SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
                                         "liveness").peak_bytes * 0.8)
     states = []
     with threadpool_limits(2, user_api="blas"):
-        for threads in ("1", "2", "3"):
-            monkeypatch.setenv("MINIDL_CPU_THREADS", threads)
-            states.append(train("resnet20", policy, steps=2, **kw).executor.state_dict())
+        for threads in (1, 2, 3):
+            be = CPUBackend(CPUMenu(threads=threads))
+            states.append(train("resnet20", policy, steps=2, backend=be, **kw).executor.state_dict())
     for other in states[1:]:
         for name in states[0]:
             assert np.array_equal(states[0][name], other[name]), name

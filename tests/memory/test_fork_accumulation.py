@@ -7,11 +7,11 @@ import pytest
 from minidl.data import synthetic
 from minidl.graph.route import Phase
 from minidl.layers import Conv2d
-from minidl.memory.cudnn_model import planning_backend
-from minidl.memory.policies import plan_network
+from minidl.memory.request import Target
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
+from tests.planning import planned
 
 
 def _resnet50(batch=2, size=64):
@@ -53,6 +53,6 @@ def test_resnet50_at_7_5x_the_in_memory_batch_plans_on_a_v100():
     """Batch 1388 on the v100 profile under `window`: the step through layer2.0.conv1 held four activation-sized
     tensors (the block input, the conv's output delta, a partial delta and the accumulated delta) and no budget
     of 16 GB planned it."""
-    plan = plan_network(_resnet50(batch=1388, size=224), SGD(lr=0.01, momentum=0.9), "window", "16GB",
-                        device="v100", backend=planning_backend("v100"))
+    plan = planned(_resnet50(batch=1388, size=224), SGD(lr=0.01, momentum=0.9), "window", "16GB",
+                   device="v100", menu=Target.for_run("v100").menu)
     assert plan.min_budget_bytes <= 16 * 10**9

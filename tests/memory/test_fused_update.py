@@ -12,11 +12,11 @@ from minidl.graph.route import Phase
 from minidl.layers import Conv2d, Dropout, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.liveness import analyze
 from minidl.memory.planner import live_at
-from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.models.vgg import VGG_CONFIGS
 from minidl.optim import SGD, Adam
 from minidl.runtime.session import Session
+from tests.planning import planned
 from tests.sessions import session_kw
 
 
@@ -93,8 +93,8 @@ def test_each_layer_is_updated_right_after_its_backward_and_its_gradients_die_th
 @pytest.mark.parametrize("key", list(NETS))
 def test_fused_update_lowers_the_liveness_peak(key):
     opt = SGD(lr=0.1, momentum=0.9)
-    sep = plan_network(NETS[key](), opt, "liveness", fused_update=False)
-    fused = plan_network(NETS[key](), opt, "liveness", fused_update=True)
+    sep = planned(NETS[key](), opt, "liveness", fused_update=False)
+    fused = planned(NETS[key](), opt, "liveness", fused_update=True)
     grads = sum(t.nbytes for t in sep.route.tensors.values() if t.role is Role.GRADIENT)
     assert fused.peak_bytes < sep.peak_bytes
     # Separate update: every gradient is live at the update step; fused: at most one layer's at any step.
@@ -109,8 +109,8 @@ def test_fused_update_lowers_the_liveness_peak(key):
 
 def test_auto_chooses_fused_update_under_a_budget_and_stays_bit_identical():
     net = NETS["densenet_tiny"]()
-    budget = plan_network(net, SGD(lr=0.1, momentum=0.9), "liveness").min_budget_bytes
-    assert plan_network(net, SGD(lr=0.1, momentum=0.9), "auto").route.fused_update is False
+    budget = planned(net, SGD(lr=0.1, momentum=0.9), "liveness").min_budget_bytes
+    assert planned(net, SGD(lr=0.1, momentum=0.9), "auto").route.fused_update is False
     got = train(NETS["densenet_tiny"](), "auto", fused=None, budget=budget, debug=True)
     assert got.plan.route.fused_update
     assert_same_state(got, train(NETS["densenet_tiny"](), "none", fused=False))

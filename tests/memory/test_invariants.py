@@ -15,11 +15,11 @@ from minidl.core.tensors import Role, act_id, aux_id, delta_id, grad_id
 from minidl.data import synthetic
 from minidl.graph.route import Phase, Route
 from minidl.memory.liveness import analyze
-from minidl.memory.policies import plan_network
 from minidl.memory.replay import replay_peak
 from minidl.memory.simulate import simulate
 from minidl.optim import SGD, Adam
 from minidl.runtime.session import RunConfig, Session
+from tests.planning import planned
 
 from .nets import NETS
 
@@ -73,7 +73,7 @@ def brute_force_intervals(route: Route) -> dict[str, tuple[int, int]]:
 @pytest.mark.parametrize("key", sorted(NETS))
 @pytest.mark.parametrize("fused", [False, True])
 def test_liveness_intervals_match_the_declared_needs_exactly(key, fused):
-    plan = plan_network(NETS[key](), SGD(0.1, momentum=0.9), "liveness", fused_update=fused)
+    plan = planned(NETS[key](), SGD(0.1, momentum=0.9), "liveness", fused_update=fused)
     route = plan.route
     got = analyze(route)
     want = brute_force_intervals(route)
@@ -98,9 +98,9 @@ def test_simulator_replays_to_the_executors_peak(key, policy, budget_share):
     net = NETS[key]()
     budget = None
     if budget_share:
-        budget = int(plan_network(NETS[key](), Adam(), "liveness").peak_bytes * budget_share)
+        budget = int(planned(NETS[key](), Adam(), "liveness").peak_bytes * budget_share)
         try:
-            plan_network(NETS[key](), Adam(), policy, budget)
+            planned(NETS[key](), Adam(), policy, budget)
         except BudgetError as e:
             budget = e.min_budget_bytes  # (whether that minimum is exact is tests/memory/test_auto.py's business)
     sess = Session(net, Adam(), policy=policy, budget=budget)
@@ -114,7 +114,7 @@ def test_a_plan_that_frees_late_is_seen_by_the_replay():
     """The replay follows the events, not the plan's own figure: with the FREEs moved to the end of the step,
     the replay finds tensors placed over ones still alive (the executor's pool would refuse the same), where
     reading plan.peak_bytes would have said all is well."""
-    plan = plan_network(NETS["resnet20"](), SGD(0.1), "liveness")
+    plan = planned(NETS["resnet20"](), SGD(0.1), "liveness")
     assert simulate(plan, "cpu").peak_bytes == plan.peak_bytes
     moved = 0
     for sp in plan.steps[:-1]:
@@ -131,7 +131,7 @@ def test_a_plan_that_frees_late_is_seen_by_the_replay():
 def test_interval_records_are_consistent():
     """Each interval names its tensor, its uses are strictly increasing step indices, and first/last are the ends
     (a use recorded at a wrong step, or a None, would reach the offload decisions, which read the gaps)."""
-    route = plan_network(NETS["resnet20"](), SGD(0.1), "liveness").route  # adds and forks: accumulations
+    route = planned(NETS["resnet20"](), SGD(0.1), "liveness").route  # adds and forks: accumulations
     n = len(route.steps)
     for tid, iv in analyze(route).items():
         assert iv.tensor == tid
@@ -154,13 +154,13 @@ def test_replay_refuses_inconsistent_events():
 
     from minidl.memory.plan import Event, EventKind
 
-    plan = plan_network(NETS["dropnet"](), SGD(0.1), "liveness")
+    plan = planned(NETS["dropnet"](), SGD(0.1), "liveness")
     sp = next(sp for sp in plan.steps if any(e.kind is EventKind.ALLOC for e in sp.before))
     i, first = next((i, e) for i, e in enumerate(sp.before) if e.kind is EventKind.ALLOC)
     sp.before.insert(i + 1, Event(EventKind.ALLOC, first.tensor, first.offset, first.nbytes))
     with pytest.raises(ValueError, match=f"replay: alloc of '{first.tensor}', which is already resident"):
         replay_peak(plan)
-    plan = plan_network(NETS["dropnet"](), SGD(0.1), "liveness")
+    plan = planned(NETS["dropnet"](), SGD(0.1), "liveness")
     plan.steps[-1].after.append(Event(EventKind.FREE, "act:nowhere"))
     with pytest.raises(ValueError, match="replay: free of 'act:nowhere', which is not resident"):
         replay_peak(plan)
@@ -169,7 +169,7 @@ def test_replay_refuses_inconsistent_events():
     class Bogus:
         value: str = "bogus"
 
-    plan = plan_network(NETS["dropnet"](), SGD(0.1), "liveness")
+    plan = planned(NETS["dropnet"](), SGD(0.1), "liveness")
     plan.steps[0].before.append(Event(Bogus(), "act:x"))
     with pytest.raises(ValueError, match="replay: event kind 'bogus' has no memory effect declared"):
         replay_peak(plan)
@@ -196,7 +196,7 @@ def test_tensor_id_helpers_and_owners():
     assert id_name("act:conv1") == "conv1" and id_name("param:fc.weight") == "fc.weight" and id_name("fc") == "fc"
     assert compressed_source(compressed_id("act:conv1")) == "act:conv1" and compressed_source("act:conv1") is None
     net = NETS["dropnet"]()
-    plan = plan_network(net, SGD(0.1), "recompute", budget=None)
+    plan = planned(net, SGD(0.1), "recompute", budget=None)
     names = {n.name for n in net.nodes}
     assert all(spec.owner in names for spec in plan.route.tensors.values())
 
@@ -256,12 +256,12 @@ def test_the_simulated_peak_is_replayed_not_read_from_the_plan(policy, share):
     net = NETS["resnet20"]()
     budget = None
     if share:
-        budget = int(plan_network(NETS["resnet20"](), SGD(0.1), "liveness").min_budget_bytes * share)
+        budget = int(planned(NETS["resnet20"](), SGD(0.1), "liveness").min_budget_bytes * share)
         try:
-            plan_network(NETS["resnet20"](), SGD(0.1), policy, budget)
+            planned(NETS["resnet20"](), SGD(0.1), policy, budget)
         except BudgetError as e:
             budget = e.min_budget_bytes
-    plan = plan_network(net, SGD(0.1), policy, budget)
+    plan = planned(net, SGD(0.1), policy, budget)
     assert plan.offloaded_bytes > 0 or not share
     want = _peak_from_events(plan)
     assert want == plan.peak_bytes == simulate(plan, "cpu").peak_bytes
@@ -285,9 +285,9 @@ def test_plans_are_placed_and_finalized_by_the_planner_alone():
     assert not private, private
     net = NETS["dropnet"]()
     for policy in ("none", "liveness", "offload", "window", "auto"):
-        plan = plan_network(net, SGD(0.1), policy)
+        plan = planned(net, SGD(0.1), policy)
         budget = plan.min_budget_bytes + 4096
-        plan = plan_network(net, SGD(0.1), policy, budget=budget)
+        plan = planned(net, SGD(0.1), policy, budget=budget)
         assert plan.arena_bytes == budget and plan.policy == policy, policy
         assert plan.lower_bound_bytes > 0 and (plan.offloaded_bytes, plan.prefetched_bytes) == transfer_bytes(plan)
 
@@ -301,7 +301,7 @@ def test_policy_none_is_a_schedule_the_one_placement_pass_places():
     from minidl.memory.planner import default_workspace, none_schedule, place
 
     assert "policy ==" not in inspect.getsource(planner)
-    ref = plan_network(NETS["dropnet"](), SGD(0.1), "none")
+    ref = planned(NETS["dropnet"](), SGD(0.1), "none")
     route = ref.route
     ws = default_workspace(route)
     got = place(route, ws, none_schedule(route, ws), policy="anything")

@@ -20,10 +20,11 @@ from minidl.memory.decisions.offload import find_candidates, plan_offload
 from minidl.memory.host import HostStore, TransferError
 from minidl.memory.plan import EventKind
 from minidl.memory.planner import default_workspace, liveness_schedule
-from minidl.memory.policies import available_policies, plan_network
+from minidl.memory.policies import available_policies
 from minidl.memory.simulate import DeviceProfile, simulate
 from minidl.models import build_model
 from minidl.runtime.session import Session
+from tests.planning import planned
 
 from . import nets
 from .nets import data_for, opt, reference_states
@@ -61,9 +62,9 @@ NETS = {"resnet20": resnet20, "vgg11_cifar": small_vgg}
 
 def budgets(key):
     """(liveness minimum, a budget between it and the offload floor, the floor)."""
-    live = plan_network(NETS[key](), opt(), "liveness").min_budget_bytes
+    live = planned(NETS[key](), opt(), "liveness").min_budget_bytes
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(NETS[key](), opt(), "offload", 1)
+        planned(NETS[key](), opt(), "offload", 1)
     floor = e.value.min_budget_bytes
     assert floor < live
     return live, (live + floor) // 2, floor
@@ -251,9 +252,9 @@ def test_policy_is_registered():
 
 @pytest.mark.parametrize("budget", ["none", "liveness"])
 def test_a_budget_that_fits_moves_nothing(budget):
-    live = plan_network(resnet20(), opt(), "liveness")
+    live = planned(resnet20(), opt(), "liveness")
     b = None if budget == "none" else live.min_budget_bytes
-    plan = plan_network(resnet20(), opt(), "offload", b)
+    plan = planned(resnet20(), opt(), "offload", b)
     assert plan.offloaded_bytes == plan.prefetched_bytes == 0
     assert plan.peak_bytes == live.peak_bytes and plan.min_budget_bytes == live.min_budget_bytes
     assert not any(ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH) for sp in plan.steps
@@ -265,7 +266,7 @@ def test_smaller_budgets_fit_and_move_more(key):
     live, mid, floor = budgets(key)
     moved = []
     for b in (live - (live - floor) // 4, mid, floor):
-        plan = plan_network(NETS[key](), opt(), "offload", b)
+        plan = planned(NETS[key](), opt(), "offload", b)
         assert plan.min_budget_bytes <= b == plan.arena_bytes
         assert plan.offloaded_bytes == plan.prefetched_bytes > 0
         moved.append(plan.offloaded_bytes)
@@ -274,7 +275,7 @@ def test_smaller_budgets_fit_and_move_more(key):
 
 def test_transfer_events_are_ordered_around_the_gap():
     live, mid, floor = budgets("resnet20")
-    plan = plan_network(resnet20(), opt(), "offload", mid)
+    plan = planned(resnet20(), opt(), "offload", mid)
     route = plan.route
     n_fwd = len(route.forward_steps)
     offloaded = {ev.tensor for sp in plan.steps for ev in sp.after if ev.kind is EventKind.OFFLOAD}
@@ -305,7 +306,7 @@ def test_impossible_budget_fails_before_compute_naming_the_minimum():
         Session(resnet20(), opt(), policy="offload", budget=floor - 512)
     assert e.value.min_budget_bytes == floor
     assert f"{floor:,} B" in str(e.value) and "offloaded" in str(e.value)
-    plan_network(resnet20(), opt(), "offload", floor)  # exactly the minimum works
+    planned(resnet20(), opt(), "offload", floor)  # exactly the minimum works
 
 
 def test_simulator_hides_transfers_on_a_fast_link_and_exposes_them_on_a_slow_one():
@@ -319,7 +320,7 @@ def test_simulator_hides_transfers_on_a_fast_link_and_exposes_them_on_a_slow_one
     slow = DeviceProfile("slow", 1 << 34, 65e9, 22e9, 1e7, 0.6)
     sim = simulate(plan, slow)
     assert sim.transfer_hidden_fraction < 0.5 and sim.est_step_time_s > sim.compute_time_s
-    nothing = simulate(plan_network(resnet20(), opt(), "liveness"), fast)
+    nothing = simulate(planned(resnet20(), opt(), "liveness"), fast)
     assert nothing.transfer_time_s == 0 and nothing.transfer_hidden_fraction == 1.0
 
 
@@ -440,9 +441,9 @@ def test_vgg11_at_224_bit_identical():
     def make():
         return build_model("vgg11", batch=2, num_classes=10)
 
-    live = plan_network(make(), opt(), "liveness").min_budget_bytes
+    live = planned(make(), opt(), "liveness").min_budget_bytes
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(make(), opt(), "offload", 1)
+        planned(make(), opt(), "offload", 1)
     budget = (live + e.value.min_budget_bytes) // 2
     sessions = []
     for policy, b in (("none", None), ("offload", budget)):

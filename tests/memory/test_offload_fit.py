@@ -2,11 +2,11 @@
 import pytest
 
 from minidl.cli import main
-from minidl.memory.policies import plan_network
 from minidl.memory.report import explain
 from minidl.memory.simulate import get_profile, simulate
 from minidl.models import build_model
 from minidl.optim import make_optimizer
+from tests.planning import planned
 
 
 def _resnet110():
@@ -18,9 +18,9 @@ def test_auto_hides_copies_that_used_to_be_exposed():
     fell back to releasing at once and prefetching just in time, which hid 0% of 1.37 s of copies (estimated step
     3.11 s against 1.72 s in memory). Fitted, every copy hides and the step costs what it costs in memory."""
     net, opt = _resnet110()
-    live = plan_network(net, opt, "liveness")
+    live = planned(net, opt, "liveness")
     in_memory = simulate(live, get_profile("k40c:64GB"))
-    plan = plan_network(net, opt, "auto", live.min_budget_bytes // 2, device="k40c")
+    plan = planned(net, opt, "auto", live.min_budget_bytes // 2, device="k40c")
     sim = simulate(plan, "k40c")
     assert plan.min_budget_bytes <= live.min_budget_bytes // 2
     assert plan.offloaded_bytes > 0 and sim.transfer_time_s > 0.5
@@ -39,7 +39,7 @@ def test_device_with_its_memory_raised():
 
 def test_explain_filters_and_summary():
     net = build_model("resnet", depth=20, batch=4)   # (weights on the device: only activations move)
-    plan = plan_network(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu", host_weights=False)
+    plan = planned(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu", host_weights=False)
     one = explain(plan, select="layer2.0.conv1")
     steps = [ln for ln in one.splitlines() if ln.startswith("step ")]
     assert steps and all("layer2.0.conv1" in ln or "layer2.0.bn1" in ln for ln in steps)
@@ -70,8 +70,8 @@ def test_plan_trace_is_the_predicted_timeline(tmp_path):
     from minidl.memory.simulate import predicted_timeline
 
     net, opt = _resnet110()
-    live = plan_network(net, opt, "liveness")
-    plan = plan_network(net, opt, "auto", live.min_budget_bytes // 2, device="k40c")
+    live = planned(net, opt, "liveness")
+    plan = planned(net, opt, "auto", live.min_budget_bytes // 2, device="k40c")
     sim = simulate(plan, "k40c")
     evs = json.loads(write_trace(tmp_path / "t.json", plan, device="k40c").read_text())["traceEvents"]
     compute = sorted((e for e in evs if e.get("tid") == 1 and e["ph"] == "X"), key=lambda e: e["ts"])
@@ -99,18 +99,18 @@ def test_progress_line_only_on_a_terminal(capsys, monkeypatch):
     import io
     import time
 
-    from minidl import cli
+    from minidl.cli import common as cli
 
-    monkeypatch.setattr(cli._ProgressLine, "AFTER_S", 0.0)
-    monkeypatch.setattr(cli._ProgressLine, "EVERY_S", 0.01)
+    monkeypatch.setattr(cli.ProgressLine, "AFTER_S", 0.0)
+    monkeypatch.setattr(cli.ProgressLine, "EVERY_S", 0.01)
     tty = io.StringIO()
     monkeypatch.setattr(cli.sys, "stderr", tty)
-    with cli._ProgressLine("planning x", enabled=True):
+    with cli.ProgressLine("planning x", enabled=True):
         time.sleep(0.1)
     assert "planning x... " in tty.getvalue() and tty.getvalue().endswith("\r\033[K")
     quiet = io.StringIO()
     monkeypatch.setattr(cli.sys, "stderr", quiet)
-    with cli._ProgressLine("planning y", enabled=False):
+    with cli.ProgressLine("planning y", enabled=False):
         time.sleep(0.05)
     assert quiet.getvalue() == ""
     assert main(["plan", "lenet", "--batch", "2", "--budget", "64MiB"]) == 0   # stderr is not a TTY here
@@ -119,7 +119,7 @@ def test_progress_line_only_on_a_terminal(capsys, monkeypatch):
 
 def test_explain_names_the_workspace_algorithm_chosen():
     net = build_model("resnet", depth=20, batch=4)   # (weights on the device: some workspaces refused)
-    plan = plan_network(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu", host_weights=False)
+    plan = planned(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu", host_weights=False)
     k = next(k for k, sp in enumerate(plan.steps) if sp.refused)
     text = explain(plan, steps=(k, k + 1))
     free = next(ln for ln in text.splitlines() if "- free" in ln and "ws:" in ln)

@@ -13,10 +13,10 @@ from minidl.graph.packs import PackError, even_packs
 from minidl.layers import Conv2d, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.decisions.weights import moved_by_role
 from minidl.memory.liveness import analyze
-from minidl.memory.policies import plan_network
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import Session
+from tests.planning import planned
 from tests.sessions import session_kw
 
 from .test_fused_update import assert_same_state, vgg11_narrow
@@ -50,7 +50,7 @@ def train(net, policy, M, budget=None, steps=2, **kw):
 @pytest.mark.parametrize("M", [1, 2, 4])
 def test_packs_are_bit_identical_to_none_with_the_same_micro_batches(key, M):
     ref = train(NETS[key](), "none", M)
-    budget = plan_network(NETS[key](), SGD(lr=0.1, momentum=0.9), "liveness").min_budget_bytes // 2
+    budget = planned(NETS[key](), SGD(lr=0.1, momentum=0.9), "liveness").min_budget_bytes // 2
     got = train(NETS[key](), "packs", M, budget=budget, debug=True)
     assert got.plan.route.micro_batches == M and got.plan.min_budget_bytes <= budget
     assert got.executor.pool.peak == got.plan.peak_bytes
@@ -93,7 +93,7 @@ def test_only_pack_inputs_live_from_forward_into_backward():
 
 def test_bad_micro_batches_fail_at_plan_time():
     with pytest.raises(PackError, match="3 does not divide the batch of 4"):
-        plan_network(NETS["resnet20"](), SGD(lr=0.1), "liveness", micro_batches=3)
+        planned(NETS["resnet20"](), SGD(lr=0.1), "liveness", micro_batches=3)
 
 
 def test_cli_micro_batches_and_packs(capsys):
@@ -127,7 +127,7 @@ def test_packs_choose_micro_batches_when_one_batch_step_cannot_fit():
     per_layer = [[n.name] for n in net.layer_nodes]
     floor = step_floor(net.route(optimizer_slots=("momentum",), micro_batches=1, packs=per_layer))
     with pytest.raises(dl.BudgetError):   # micro-batching switched off: no single-batch plan fits
-        plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "auto", budget=floor - 1, max_micro_batches=1)
+        planned(act_net(), SGD(lr=0.1, momentum=0.9), "auto", budget=floor - 1, max_micro_batches=1)
     for policy in ("packs", "auto", "auto-lossy"):   # auto micro-batches by itself when no single-batch plan fits
         got = train(act_net(), policy, None, budget=floor - 1, debug=True)  # below one full-batch step's tensors
         assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
@@ -192,7 +192,7 @@ def test_micro_batches_without_packs_accumulate_with_one_micro_batch_alive_at_a_
     when micro-batches meant one pack per layer: every layer's input was stashed for every micro-batch)."""
     peaks = {}
     for M in (1, 2, 4):
-        plan = plan_network(act_net(), SGD(lr=0.1, momentum=0.9), "liveness", micro_batches=M)
+        plan = planned(act_net(), SGD(lr=0.1, momentum=0.9), "liveness", micro_batches=M)
         route = plan.route
         assert not any(s.recompute for s in route.steps)
         order = [(s.micro, s.phase.value) for s in route.steps if s.phase.value != "update"]
@@ -213,9 +213,9 @@ def test_every_exact_policy_on_accumulated_micro_batches_is_bit_identical_to_non
     ref = train(NETS["resnet20"](), "none", M)
     budget = None
     if policy not in ("liveness",):
-        live = plan_network(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), "liveness", micro_batches=M)
+        live = planned(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), "liveness", micro_batches=M)
         with pytest.raises(dl.BudgetError) as e:
-            plan_network(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), policy, budget=1, micro_batches=M)
+            planned(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), policy, budget=1, micro_batches=M)
         budget = (live.min_budget_bytes + e.value.min_budget_bytes) // 2
     got = train(NETS["resnet20"](), policy, M, budget=budget, debug=True)
     assert got.plan.route.micro_batches == M and got.plan.route.packing.schedule == "accumulate"
@@ -280,12 +280,12 @@ def test_packs_skipping_packings_below_their_floor_plans_as_placing_them_all(fra
     """The same plan, event for event, or the same error, as the search that places every packing."""
     from minidl.memory.schedulers import packs as packs_scheduler
 
-    live = plan_network(tiny_gpt(), SGD(lr=0.1, momentum=0.9), "liveness").peak_bytes
+    live = planned(tiny_gpt(), SGD(lr=0.1, momentum=0.9), "liveness").peak_bytes
     budget = int(live * frac)
 
     def plan():
         try:
-            return plan_events(plan_network(tiny_gpt(), SGD(lr=0.1, momentum=0.9), "packs", budget))
+            return plan_events(planned(tiny_gpt(), SGD(lr=0.1, momentum=0.9), "packs", budget))
         except dl.BudgetError as e:
             return str(e)
 

@@ -13,9 +13,10 @@ import pytest
 import minidl as dl
 from minidl.backend.cpu.paged import MemfdArena
 from minidl.memory.paged import PagedPool
-from minidl.memory.policies import exact_policies, plan_network
+from minidl.memory.policies import exact_policies
 from minidl.memory.pool import PoolOutOfMemory
 from minidl.memory.simulate import simulate
+from tests.planning import planned
 
 from . import nets
 from .nets import NETS, opt, reference_states
@@ -82,8 +83,8 @@ def test_memfd_arena_maps_real_pages():
 
 
 def test_arena_is_the_peak_of_live_chunks():
-    contiguous = plan_network(NETS["resnet20"](), opt(), "liveness")
-    paged = plan_network(NETS["resnet20"](), opt(), "liveness", paged=CHUNK)
+    contiguous = planned(NETS["resnet20"](), opt(), "liveness")
+    paged = planned(NETS["resnet20"](), opt(), "liveness", paged=CHUNK)
     live = paged.paged.live_peak_bytes
     assert live == contiguous.peak_bytes
     assert paged.min_budget_bytes == paged.peak_bytes
@@ -98,7 +99,7 @@ def _budget(key, policy):
     if policy in ("none", "liveness"):
         return None
     try:
-        plan_network(NETS[key](), opt(), policy, 1, paged=CHUNK)
+        planned(NETS[key](), opt(), policy, 1, paged=CHUNK)
     except dl.BudgetError as e:
         return e.min_budget_bytes
     return None
@@ -191,10 +192,10 @@ def test_paged_options_never_change_the_cached_route():
     every plan of the network shares) is left as it was, so a plan made without --paged afterwards does not
     turn an earlier paged plan's route into a contiguous one, and the other way round."""
     net = nets.NETS["dropnet"]()
-    paged = plan_network(net, opt(), "liveness", paged=4096)
+    paged = planned(net, opt(), "liveness", paged=4096)
     cached = net.route(optimizer_slots=tuple(opt().slots))
     assert cached.options.paged_chunk is None and paged.route.options.paged_chunk == 4096
-    plain = plan_network(net, opt(), "liveness")
+    plain = planned(net, opt(), "liveness")
     assert plain.paged is None and plain.route is cached
     assert paged.route.options.paged_chunk == 4096 and paged.paged is not None
     assert paged.route.memo is cached.memo   # placement options leave the route's analyses valid

@@ -174,9 +174,11 @@ def test_cli_plan_devices(capsys):
     assert out["pipeline"]["peak_bytes"] == max(d["peak_bytes"] for d in out["per_device"])
     lean, fast = out["least_swap"]["pipeline"], out["pipeline"]
     assert (lean["host_bytes"], lean["device_bytes"]) <= (fast["host_bytes"], fast["device_bytes"])
-    main(["plan", "lenet", "--batch", "4", "--micro-batches", "2", "--devices", "2"])
+    main(["plan", "lenet", "--batch", "4", "--micro-batches", "2", "--devices", "2", "--device", "k40c"])
     text = capsys.readouterr().out
     assert "pipeline over 2 x k40c" in text and "data-parallel replicas" in text
+    main(["plan", "lenet", "--batch", "4", "--micro-batches", "2", "--devices", "2"])
+    assert "pipeline over 2 x cpu" in capsys.readouterr().out   # no --device: where train runs, as for a plan
     assert main(["plan", "lenet", "--batch", "3", "--devices", "2"]) == 2
     assert "--devices 2: the batch of 3" in capsys.readouterr().err
 

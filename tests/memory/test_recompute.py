@@ -17,12 +17,12 @@ from minidl.memory.decisions.recompute import (
     recompute_schedule,
 )
 from minidl.memory.plan import EventKind
-from minidl.memory.policies import plan_network
 from minidl.memory.simulate import simulate
 from minidl.memory.workspace import workspace_choices
 from minidl.models import build_model
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
+from tests.planning import planned
 
 from .nets import NETS, dropnet
 
@@ -132,7 +132,7 @@ def test_every_recomputation_finds_its_input_and_every_step_its_tensors(key, mod
 def test_dropped_tensors_are_not_resident_across_the_turn(key):
     net = NETS[key]()
     route = route_of(net)
-    plan = plan_network(net, SGD(lr=0.05, momentum=0.9), "recompute")
+    plan = planned(net, SGD(lr=0.05, momentum=0.9), "recompute")
     n_fwd = sum(1 for s in route.steps if s.phase is Phase.FORWARD)
     dropped = {m for s in find_segments(route) if s.dropped for m in s.needed}
     assert dropped
@@ -148,8 +148,8 @@ def test_memory_goes_down_and_modes_are_ordered():
         net = NETS[key]()
         route = route_of(net)
         opt = SGD(lr=0.05, momentum=0.9)
-        live = plan_network(net, opt, "liveness")
-        rec = plan_network(net, opt, "recompute")
+        live = planned(net, opt, "liveness")
+        rec = planned(net, opt, "recompute")
         assert rec.peak_bytes <= live.peak_bytes, key
         turn = sum(1 for s in route.steps if s.phase is Phase.FORWARD)   # forward -> backward
         assert rec.steps[turn].in_use < live.steps[turn].in_use, key
@@ -218,11 +218,11 @@ def test_dropout_and_bn_are_recomputed_here():
 
 def test_recompute_share_in_the_simulator():
     net = NETS["resnet20"]()
-    plan = plan_network(net, SGD(lr=0.1, momentum=0.9), "recompute")
+    plan = planned(net, SGD(lr=0.1, momentum=0.9), "recompute")
     sim = simulate(plan, "k40c")
     assert sim.recompute_flops == recompute_flops(plan)
     assert 0 < sim.recompute_flops_share < 0.05   # BN + ReLU are cheap next to convolutions
-    base = simulate(plan_network(net, SGD(lr=0.1, momentum=0.9), "liveness"), "k40c")
+    base = simulate(planned(net, SGD(lr=0.1, momentum=0.9), "liveness"), "k40c")
     assert sim.compute_time_s > base.compute_time_s
 
 
@@ -230,9 +230,9 @@ def test_budget_is_checked():
     from minidl.core.errors import BudgetError
 
     net = NETS["resnet20"]()
-    plan = plan_network(net, SGD(lr=0.1, momentum=0.9), "recompute")
+    plan = planned(net, SGD(lr=0.1, momentum=0.9), "recompute")
     with pytest.raises(BudgetError) as e:
-        plan_network(net, SGD(lr=0.1, momentum=0.9), "recompute", budget=plan.lower_bound_bytes // 2)
+        planned(net, SGD(lr=0.1, momentum=0.9), "recompute", budget=plan.lower_bound_bytes // 2)
     assert e.value.min_budget_bytes is not None
 
 
@@ -240,8 +240,8 @@ def test_budget_is_checked():
 def test_resnet2500_recompute_plan_is_below_liveness():
     """Planning time at this scale is a benchmark figure (README, "Planning at ResNet-2500 scale"), not asserted."""
     net = build_model("resnet", depth=2500, batch=16)
-    plan = plan_network(net, SGD(lr=0.1), "recompute", device="k40c")
-    assert plan.peak_bytes < plan_network(net, SGD(lr=0.1), "liveness").peak_bytes
+    plan = planned(net, SGD(lr=0.1), "recompute", device="k40c")
+    assert plan.peak_bytes < planned(net, SGD(lr=0.1), "liveness").peak_bytes
 
 
 def test_compute_peak_lower_bound_never_exceeds_the_placed_peak():

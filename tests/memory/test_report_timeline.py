@@ -3,14 +3,14 @@ no "budget binds" on a plan made without a budget."""
 import matplotlib.pyplot as plt
 
 import minidl as dl
-from minidl.memory.policies import plan_network
 from minidl.memory.report.timeline import plot_unit, timeline_figure
+from tests.planning import planned
 
 from .nets import NETS
 
 
 def _figure(budget):
-    plan = plan_network(NETS["resnet20"](), dl.SGD(lr=0.1), "auto" if budget else "liveness", budget)
+    plan = planned(NETS["resnet20"](), dl.SGD(lr=0.1), "auto" if budget else "liveness", budget)
     return plan, timeline_figure(plan, "resnet20", budget)
 
 

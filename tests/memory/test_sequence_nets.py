@@ -11,10 +11,11 @@ import minidl as dl
 from minidl import layers as L
 from minidl.memory.decisions.recompute import recompute_plan
 from minidl.memory.plan import EventKind
-from minidl.memory.policies import exact_policies, plan_network
+from minidl.memory.policies import exact_policies
 from minidl.optim import SGD
 from minidl.runtime.session import RunConfig, Session
-from minidl.testing_torch import TorchTwin
+from minidl.testing.torch_twin import TorchTwin
+from tests.planning import planned
 from tests.sessions import session_kw
 
 B, T, V, C, HEADS = 4, 8, 11, 16, 2
@@ -82,7 +83,7 @@ def test_exact_policies_train_a_transformer_block_bit_identically(policy, refere
     ref, ref_losses = reference
     kw = {}
     if policy in BUDGETED:  # 90% of liveness's peak: each of them plans there (and must move or rebuild tensors)
-        live = plan_network(block_net(), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness").peak_bytes
+        live = planned(block_net(), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness").peak_bytes
         kw["budget"] = int(live * 0.9)
     sess, losses = train(policy, **kw)
     assert losses == ref_losses
@@ -102,7 +103,7 @@ def test_attention_scores_rebuilt_in_backward_train_to_the_same_bits_with_less_m
     for k in want:
         assert np.array_equal(want[k], got[k]), k
     assert "aux:attn.probs" not in sess.plan.route.tensors
-    live = plan_network(block_net(), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness")
+    live = planned(block_net(), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness")
     assert sess.plan.peak_bytes < live.peak_bytes
 
 
@@ -111,7 +112,7 @@ def test_recompute_rebuilds_the_cheap_layers_and_the_attention_scores_in_backwar
     rebuilds them in backward. The attention scores are a rebuildable aux tensor: recompute plans the route without
     them too and keeps it, its peak being lower here (the parameters it trains to: the test above)."""
     opt = SGD(lr=0.1, momentum=0.9)
-    plan = plan_network(block_net(), opt, "recompute")
+    plan = planned(block_net(), opt, "recompute")
     rebuilt = {ev.tensor for sp in plan.steps for ev in sp.before if ev.kind is EventKind.RECOMPUTE}
     assert {"act:ln_attn", "act:ln_mlp", "act:gelu", "act:drop", "act:ln_f"} <= rebuilt, rebuilt
     route = block_net().route(optimizer_slots=opt.slots)
@@ -208,7 +209,7 @@ def test_exact_policies_train_a_tied_transformer_block_bit_identically(policy, t
     ref, ref_losses = tied_reference
     kw = {}
     if policy in BUDGETED:
-        live = plan_network(block_net(tied=True), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness")
+        live = planned(block_net(tied=True), SGD(lr=0.1, momentum=0.9, weight_decay=1e-4), "liveness")
         kw["budget"] = int(live.peak_bytes * 0.9)
     sess, losses = train(policy, tied=True, **kw)
     assert losses == ref_losses
@@ -225,7 +226,7 @@ def test_tied_weights_under_micro_batches_and_packs_match_none(policy, fraction)
     last micro-batch), whether the owner shares the head's pack or not: the same bits as `none` micro-batched."""
     opt = lambda: SGD(lr=0.1, momentum=0.9)  # noqa: E731
     net = lambda: block_net(tied=True)  # noqa: E731
-    budget = None if fraction is None else int(plan_network(net(), opt(), "liveness").peak_bytes * fraction)
+    budget = None if fraction is None else int(planned(net(), opt(), "liveness").peak_bytes * fraction)
     ref = Session(net(), opt(), policy="none", seed=5, micro_batches=2)
     got = Session(net(), opt(), policy=policy, seed=5, micro_batches=2, budget=budget,
                   config=RunConfig(debug=True))

@@ -10,10 +10,10 @@ from minidl.core.tensors import Role
 from minidl.data import BatchIterator, synthetic
 from minidl.memory.decisions.weights import host_homed, layer_candidates, moved_by_role, visits, weights_schedule
 from minidl.memory.planner import default_workspace, liveness_schedule, make_plan
-from minidl.memory.policies import plan_network
 from minidl.memory.report import explain
 from minidl.optim import SGD, Adam
 from minidl.runtime.executor import Executor
+from tests.planning import planned
 
 from .test_fused_update import NETS, assert_same_state, train
 
@@ -39,7 +39,7 @@ def test_weights_policy_is_bit_identical_and_moves_what_it_says(key):
     assert moved["weights"] == 2 * sum(tensors[t].nbytes for t in params)
     assert moved["gradients"] == sum(tensors[t.replace("param:", "grad:")].nbytes for t in params)
     assert moved["optimizer_state"] == 0 and moved["activations"] == 0
-    assert plan.peak_bytes < plan_network(NETS[key](), opt(), "liveness", fused_update=True).peak_bytes
+    assert plan.peak_bytes < planned(NETS[key](), opt(), "liveness", fused_update=True).peak_bytes
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -128,6 +128,6 @@ def test_weights_on_device_keeps_auto_from_homing_them():
 
     net = NETS["resnet20"]()
     budget = net.route(optimizer_slots=("momentum",)).persistent_bytes() // 2
-    assert host_homed(plan_network(NETS["resnet20"](), opt(), "auto", budget))
+    assert host_homed(planned(NETS["resnet20"](), opt(), "auto", budget))
     with pytest.raises(BudgetError, match="too small for policy 'auto'"):
-        plan_network(NETS["resnet20"](), opt(), "auto", budget, host_weights=False)
+        planned(NETS["resnet20"](), opt(), "auto", budget, host_weights=False)

@@ -15,10 +15,11 @@ import pytest
 import minidl as dl
 from minidl.memory.plan import EventKind
 from minidl.memory.planner import default_workspace
-from minidl.memory.policies import available_policies, plan_network
+from minidl.memory.policies import available_policies
 from minidl.memory.report import explain
 from minidl.memory.schedulers.window import AccessOrder, window_min_budget, window_schedule
 from minidl.memory.simulate import simulate
+from tests.planning import planned
 
 from . import nets
 from .nets import NETS, opt, reference_states
@@ -30,7 +31,7 @@ def route_of(key):
 
 def budgets(key):
     """(liveness arena, between it and the window's minimum, the window's minimum)."""
-    live = plan_network(NETS[key](), opt(), "liveness").min_budget_bytes
+    live = planned(NETS[key](), opt(), "liveness").min_budget_bytes
     floor = window_min_budget(route_of(key))
     assert floor < live
     return live, (live + floor) // 2, floor
@@ -65,8 +66,8 @@ def test_bit_identical_to_none_and_peak_equals_plan(key, which, reference):
 
 
 def test_a_budget_the_liveness_plan_meets_moves_nothing():
-    live = plan_network(NETS["resnet20"](), opt(), "liveness")
-    plan = plan_network(NETS["resnet20"](), opt(), "window", live.min_budget_bytes)
+    live = planned(NETS["resnet20"](), opt(), "liveness")
+    plan = planned(NETS["resnet20"](), opt(), "window", live.min_budget_bytes)
     assert plan.offloaded_bytes == plan.prefetched_bytes == 0
     assert plan.peak_bytes == live.peak_bytes
 
@@ -84,16 +85,16 @@ def test_unbounded_window_is_liveness():
 def test_below_the_tightest_window_fails_naming_it():
     floor = window_min_budget(route_of("resnet20"))
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(NETS["resnet20"](), opt(), "window", floor - 512)
+        planned(NETS["resnet20"](), opt(), "window", floor - 512)
     assert e.value.min_budget_bytes == floor
     assert f"{floor:,} B" in str(e.value)
-    assert plan_network(NETS["resnet20"](), opt(), "window", floor).min_budget_bytes <= floor
+    assert planned(NETS["resnet20"](), opt(), "window", floor).min_budget_bytes <= floor
 
 
 def test_window_goes_below_the_offload_floor():
     """Swapping deltas, gradients and re-swapping read-only tensors reaches budgets the tensor cache cannot."""
     with pytest.raises(dl.BudgetError) as e:
-        plan_network(NETS["resnet20"](), opt(), "offload", 1)
+        planned(NETS["resnet20"](), opt(), "offload", 1)
     assert window_min_budget(route_of("resnet20")) < e.value.min_budget_bytes
 
 
@@ -105,7 +106,7 @@ def test_events_obey_the_window():
     live, _, floor = budgets(key)
     # Where exactly they do moves with every change of the convolutions' workspace sizes, so a few budgets a
     # little above the minimum are checked, and at least one of them must free a tensor without a second copy.
-    no_copies = [_check_window_events(plan_network(NETS[key](), opt(), "window", floor + (live - floor) * k // 40))
+    no_copies = [_check_window_events(planned(NETS[key](), opt(), "window", floor + (live - floor) * k // 40))
                  for k in (0, 1, 2, 4, 8)]
     assert max(no_copies) > 0, no_copies
 
@@ -158,7 +159,7 @@ def _check_window_events(plan) -> int:
 
 def test_explain_shows_head_and_tail():
     key = "resnet20"
-    plan = plan_network(NETS[key](), opt(), "window", budgets(key)[1])
+    plan = planned(NETS[key](), opt(), "window", budgets(key)[1])
     text = explain(plan)
     assert "= window [0, " in text and "pending swap-outs" in text
     assert "tail released" in text and "window head reached" in text
@@ -179,7 +180,7 @@ def test_a_step_that_cannot_fit_is_rescheduled_with_its_window_budget_lowered(mo
     monkeypatch.setattr(window, "window_schedule", recording)
     budget = budgets("densenet_tiny")[2]
     caps.clear()
-    plan = plan_network(NETS["densenet_tiny"](), opt(), "window", budget)
+    plan = planned(NETS["densenet_tiny"](), opt(), "window", budget)
     assert plan.min_budget_bytes <= budget
     first, rescheduled = caps[1], caps[2:]      # caps[0]: the whole-step window (liveness) tried first
     assert rescheduled
@@ -196,7 +197,7 @@ def test_each_prefetch_is_issued_as_soon_as_the_head_reaches_its_use(key):
     live, _, floor = budgets(key)
     checked = 0
     for k in (0, 1, 4, 20):
-        plan = plan_network(NETS[key](), opt(), "window", floor + (live - floor) * k // 40)
+        plan = planned(NETS[key](), opt(), "window", floor + (live - floor) * k // 40)
         heads = [int(re.match(r"window \[(\d+), (\d+)\)", sp.note).group(2)) for sp in plan.steps]
         issued: dict[str, tuple[int, int]] = {}   # tensor -> (step issued before, step its reason names)
         for step, sp in enumerate(plan.steps):

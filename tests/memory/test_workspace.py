@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from minidl.backend.cpu.menu import CPU_MENU
 from minidl.core.errors import BudgetError
 from minidl.data import synthetic
 from minidl.layers import Conv2d, WorkspaceOption
@@ -66,7 +67,7 @@ def test_autotune_measures_once_and_persists(tmp_path):
     shapes, out = [(2, 4, 8, 8)], (2, 8, 8, 8)
     path = tmp_path / "costs.json"
     table = CostTable(autotune=True, path=path, repeats=1)
-    n = len(layer.workspace_options("fwd", shapes, out, 4))
+    n = len(layer.workspace_options("fwd", shapes, out, 4, CPU_MENU))
     assert n >= 2
     ranked = table.rank(layer, "fwd", shapes, out, 4)
     assert table.measured == n            # every algorithm once
@@ -75,7 +76,7 @@ def test_autotune_measures_once_and_persists(tmp_path):
     table.rank(layer, "fwd", shapes, out, 4)
     assert table.measured == n            # cached
     table.rank(layer, "bwd", shapes, out, 4)
-    assert table.measured == n + len(layer.workspace_options("bwd", shapes, out, 4))
+    assert table.measured == n + len(layer.workspace_options("bwd", shapes, out, 4, CPU_MENU))
     saved = json.loads(path.read_text())["seconds"]
     assert len(saved) == 2
     again = CostTable(autotune=True, path=path)

@@ -10,19 +10,23 @@ gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
 """
 from __future__ import annotations
 
+import functools
 import math
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import numpy as np
 
 from ...core.errors import OptionError
 from ..base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU, Capabilities
-from ..common import dropout_keep_mask
+from ..common import HostClock, dropout_keep_mask
+from ..precision import is_half
 from . import lanes
 from .conv import ConvOps
+from .half import HALF_KERNELS, Staging, StagingTrace, cast_into, half_io, narrow_into, widen_into
 from .jit import lazy, workers_for
+from .menu import CPU_MENU, CPUMenu
 from .norm import NormOps
-from .pool import PoolOps
+from .pooling import PoolOps
 from .seq import SEQ_KERNELS, SeqOps
 from .update import UpdateOps
 
@@ -69,6 +73,10 @@ class CoreOps:
         return np.asarray(a)
 
     def copy_in(self, dst: np.ndarray, src) -> None:
+        """dst = src; into a half dst, float values are rounded once from float32 (the loaders' dtype)."""
+        if is_half(dst.dtype):
+            cast_into(dst, np.asarray(src, dtype=np.float32).reshape(dst.shape))
+            return
         np.copyto(dst, np.asarray(src, dtype=dst.dtype).reshape(dst.shape))
 
     def fill(self, dst: np.ndarray, value: float) -> None:
@@ -81,7 +89,12 @@ class CoreOps:
         np.add(dst, src, out=dst)
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        np.copyto(dst, src)
+        """dst = src; between a half and a float32 array, widened exactly or rounded to nearest even (a master
+        weight into its half copy)."""
+        if is_half(dst.dtype) or is_half(src.dtype):
+            cast_into(dst, src)
+        else:
+            np.copyto(dst, src)
 
     # -- activation -------------------------------------------------------------------------------------------
     def relu_forward(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -96,10 +109,12 @@ class CoreOps:
         if jit is not None and _flat_ok(y, dy, dx):
             _elementwise("relu_backward", y, dy, dx)  # the same values as below
             return
-        # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it.
+        # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it. An inf of dy
+        # where y <= 0 gives NaN (inf * 0), as the compiled kernel does: a value, not a warning (the guard's)
         yf, dyf, dxf = y.reshape(-1), dy.reshape(-1), dx.reshape(-1)
-        for s in _chunks(yf.size):
-            np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
+        with np.errstate(invalid="ignore"):
+            for s in _chunks(yf.size):
+                np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
 
     # -- joins ------------------------------------------------------------------------------------------------
     def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None,
@@ -172,12 +187,20 @@ class CoreOps:
         self._dropout(dy, dx, p, key)
 
     def _dropout(self, src: np.ndarray, dst: np.ndarray, p: float, key: int) -> None:
-        scale = src.dtype.type(1.0 / (1.0 - p))
+        """dst = src * keep / (1 - p); half arrays computed in float32 a chunk at a time, rounded on store."""
+        half = is_half(src.dtype)
+        scale = np.float32(1.0 / (1.0 - p)) if half else src.dtype.type(1.0 / (1.0 - p))
         sf, df = src.reshape(-1), dst.reshape(-1)
         for s in _chunks(sf.size):
             # keep[i] depends only on (key + i): shifting the key by the chunk start continues the sequence.
             keep = dropout_keep_mask((key + s.start) & 0xFFFFFFFFFFFFFFFF, s.stop - s.start, p)
-            np.multiply(sf[s], keep * scale, out=df[s])
+            if not half:
+                np.multiply(sf[s], keep * scale, out=df[s])
+                continue
+            f = self.staging.chunks(CHUNK)[:s.stop - s.start]
+            widen_into(f, sf[s])
+            np.multiply(f, keep * scale, out=f)
+            narrow_into(df[s], f)
 
     # -- loss -------------------------------------------------------------------------------------------------
     # The loss runs compiled where numba loads (`loss_jit`: each row read once, rows over the threads, the same
@@ -294,8 +317,10 @@ class CoreOps:
             pf[s] -= step_size * (mf[s] / denom)
 
 
+@half_io
 class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
-    """numpy backend: the reference every other backend is tested against."""
+    """numpy backend: the reference every other backend is tested against. Its kernels also take bf16 and fp16
+    arrays (`half_io`: float32 compute on converted copies, rounded on store)."""
 
     # add_forward takes `relu_out`, add_relu_backward runs a ReLU's and the add's backward in one call, the batch
     # norm's kernels take `relu=` (the compiled step's fusions); `fuse_update` groups parameters (`cpu_update`).
@@ -303,7 +328,21 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         name="cpu", device="host", kernels=SEQ_KERNELS | {"softmax_xent_ignore_forward",
                                                           "softmax_xent_ignore_backward"},
         fuses=frozenset({FUSES_BATCHNORM_RELU, FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD}), fused_update=True,
-        paged_arena=True)
+        paged_arena=True, half_kernels=HALF_KERNELS, half_staging=True)
+
+    @functools.cached_property
+    def staging(self) -> Staging:
+        """Where the half kernels keep their float32 copies (`cpu.half`); unbound, it grows its own buffer."""
+        return Staging()
+
+    def staging_trace(self) -> StagingTrace:
+        """A dry run of these kernels that counts the staging the calls made on it would take (`cpu.half`)."""
+        return StagingTrace(self)
+
+    menu: CPUMenu = CPU_MENU   # the algorithms plans for this backend choose among, and the lanes its steps run on
+
+    def __init__(self, menu: CPUMenu = CPU_MENU):
+        self.menu = menu
 
     def compute_scope(self):
         """Kernels run on the calling thread: nothing to enter."""
@@ -316,17 +355,30 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
         """None: the tensor pool's own aligned numpy arena (`memory.pool.NumpyArenaBacking`)."""
         return None
 
+    def call_clock(self) -> HostClock:
+        """Calls run on the host: their own time is their kernels' time."""
+        return HostClock()
+
+    def startup_caches(self) -> dict:
+        """Nothing of its own: numba's compiled kernels are cached by numba (`core.jit_cache`), and timed as the
+        startup's `kernels` phase."""
+        return {}
+
     def measure_link(self, nbytes: int | None = None, repeats: int = 3):
         """The CPU has no host link to measure: refused, naming the backend."""
         raise OptionError("backend 'cpu' cannot measure a host link (CUDA only): use a datasheet --device profile")
 
     def step_scope(self):
-        """The context a whole step runs in (`Executor.train_step`, `evaluate`): numpy's BLAS at one thread
-        (`cpu_lanes.blas_pinned`), at any lane count; large products are split over the lanes instead, in blocks
-        fixed by their shapes (`cpu_lanes.matmul`). The threads are then the lanes' and the compiled kernels',
-        never OpenBLAS's, which spin long after a call on the cores the others need, and which would cut a
-        product by their own count (other bits on another thread count)."""
-        return lanes.blas_pinned()
+        """The context a whole step runs in (`Executor.train_step`, `evaluate`): the menu's lanes
+        (`CPUMenu.threads`), and numpy's BLAS at one thread (`cpu_lanes.blas_pinned`), at any lane count; large
+        products are split over the lanes instead, in blocks fixed by their shapes (`cpu_lanes.matmul`). The
+        threads are then the lanes' and the compiled kernels', never OpenBLAS's, which spin long after a call on
+        the cores the others need, and which would cut a product by their own count (other bits on another thread
+        count)."""
+        scope = ExitStack()
+        scope.enter_context(lanes.using(self.menu.threads))
+        scope.enter_context(lanes.blas_pinned())
+        return scope
 
     def paged_backing(self):
         """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""

@@ -240,13 +240,15 @@ def _sum_weight_grad(g: ConvGeometry, dy3: np.ndarray, cols3: np.ndarray, dw2: n
         k.sum_products_nt(dy3, cols3, dw2, accumulate, m * q // pieces, m * (q + 1) // pieces)
 
 
-def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None) -> list[str]:
-    """The algorithms a configuration can run with: `im2col_grouped` alone or the Winograd pair where the
-    shapes call for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the row-shift pair
-    where it applies (`uses_rows`), else im2col and its per-sample variant, plus gemm_1x1 where the input is
-    the column matrix. Where both Winograd and `im2col_grouped` could run, Winograd takes planes of at least
-    `_WINOGRAD_OVER_GROUPED_P` output pixels (see there), the grouped GEMM smaller ones."""
-    if geom is not None and cpu_winograd.applies(geom) and (not uses_grouped(geom) or _winograd_over_grouped(geom)):
+def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None,
+                    winograd: bool = True) -> list[str]:
+    """The algorithms a configuration can run with: `im2col_grouped` alone or the Winograd pair (with `winograd`)
+    where the shapes call for it (only known with `geom`, see `uses_grouped` and `cpu_winograd.applies`), else the
+    row-shift pair where it applies (`uses_rows`), else im2col and its per-sample variant, plus gemm_1x1 where the
+    input is the column matrix. Where both Winograd and `im2col_grouped` could run, Winograd takes planes of at
+    least `_WINOGRAD_OVER_GROUPED_P` output pixels (see there), the grouped GEMM smaller ones."""
+    if geom is not None and winograd and cpu_winograd.applies(geom) and (
+            not uses_grouped(geom) or _winograd_over_grouped(geom)):
         return list(WINOGRAD_ALGOS)
     if geom is not None and uses_grouped(geom):
         return [GROUPED]
@@ -256,13 +258,13 @@ def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: Co
     return [a for a in IM2COL_ALGOS if a != "gemm_1x1" or ok_1x1]
 
 
-def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation):
+def conv_options(phase: str, geom: ConvGeometry, itemsize: int, stride, padding, dilation, winograd: bool = True):
     """list[WorkspaceOption] for `phase`, fastest (by EST_COST) first, then smallest workspace first."""
 
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
     opts = [WorkspaceOption(a, conv_workspace_bytes(a, phase, geom, itemsize), EST_COST[a])
-            for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation, geom.groups, geom)]
+            for a in conv_algorithms((geom.kh, geom.kw), stride, padding, dilation, geom.groups, geom, winograd)]
     return sorted(opts, key=lambda o: (o.est_cost, o.workspace_bytes))
 
 
@@ -957,13 +959,10 @@ class ConvOps:
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
                                groups: int, dtype=np.float32):
-        """The algorithms for `phase` ('fwd' or 'bwd') with their exact workspace bytes, fastest first: what
-        `Conv2d.workspace_options` declares (same signature as the CUDA backend's)."""
-        n, cin, h, wd = x_shape
-        cout, _, kh, kw = w_shape
-        g = ConvGeometry(n, cin, h, wd, cout, kh, kw, y_shape[2], y_shape[3], groups, tuple(stride), tuple(padding),
-                         tuple(dilation))
-        return conv_options(phase, g, np.dtype(dtype).itemsize, tuple(stride), tuple(padding), tuple(dilation))
+        """This backend's menu's algorithms for `phase` (`cpu_menu.CPUMenu`; same signature as the CUDA
+        backend's)."""
+        return self.menu.conv_workspace_options(phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
+                                                dtype)
 
     # -- shared checks ----------------------------------------------------------------------------------------------
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace):
@@ -1005,7 +1004,7 @@ class ConvOps:
             raise ValueError(f"conv2d: algorithm 'gemm_1x1' needs a 1x1 kernel with stride 1, no padding and "
                              f"no dilation; got kernel {(kh, kw)}, stride {stride}, padding {padding}, "
                              f"dilation {dilation}")
-        have = conv_algorithms((kh, kw), stride, padding, dilation, groups, g)
+        have = conv_algorithms((kh, kw), stride, padding, dilation, groups, g, self.menu.winograd)
         if algo not in have:
             raise ValueError(f"conv2d: algorithm {algo!r} does not apply to kernel {(kh, kw)}, stride {stride}, "
                              f"groups {groups}, input {x.shape}, output {y.shape}; have {have}")

@@ -125,7 +125,7 @@ def parallel() -> bool:
 
 def workers() -> int:
     """How many threads a compiled kernel with an OpenMP region may use: the lanes' count (`cpu_lanes.count`,
-    MINIDL_CPU_THREADS or the usable cores) capped by numba's threads; 1 where regions cannot run. The kernels
+    the CPU menu's threads or the usable cores) capped by numba's threads; 1 where regions cannot run. The kernels
     split only work no sum runs across, so their bits never depend on it."""
     n = lanes.count()
     if n == 1 or not parallel():

@@ -22,11 +22,13 @@ ResNet-56 b32 at 2 threads, 437 ms per step with lanes over a 2-thread BLAS, 366
 BLAS, 440 without lanes). threadpoolctl finds the BLAS numpy loaded and sets its threads through its C API
 (~1 us a call).
 
-How many lanes: `count()`, from MINIDL_CPU_THREADS, else the cores this process may run on (at most
-`MAX_LANES`). `benchmarks/step_vs_torch.py --threads T` sets it to T, like PyTorch's and numpy's threads.
+How many lanes: `count()`, the CPU menu's `threads` while its backend runs a step (`using`, entered by
+`CPUBackend.step_scope`), else the cores this process may run on (at most `MAX_LANES`).
+`benchmarks/step_vs_torch.py --threads T` sets it to T, like PyTorch's and numpy's threads.
 """
 from __future__ import annotations
 
+import contextvars
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -34,32 +36,39 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...core.errors import OptionError
-
-ENV = "MINIDL_CPU_THREADS"
 MAX_LANES = 8  # more threads split the samples of a batch-32 layer too finely to pay their dispatch
 
 _pool: list = []  # [(workers, ThreadPoolExecutor)], created on first use
 _blas: list = []  # [the BLAS libraries' threadpoolctl controllers], found on first use
+_threads: list[int] = []  # the lanes `using` set, innermost last
+
+
+def cores() -> int:
+    """The cores this process may run on, capped at `MAX_LANES`: the lanes when no menu sets them."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(MAX_LANES, n))
 
 
 def count() -> int:
-    """The number of lanes: MINIDL_CPU_THREADS when set (a positive integer), else the usable cores, capped at
-    `MAX_LANES`. Read on every call (an environment lookup, ~0.2 us), so a test or benchmark can change it."""
-    raw = os.environ.get(ENV, "")
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise OptionError(f"{ENV} must be a positive integer, got {raw!r}") from None
-        if n < 1:
-            raise OptionError(f"{ENV} must be a positive integer, got {raw!r}")
-        return n
+    """The number of lanes: those `using` set (a CPU menu's threads while its backend runs a step), else the
+    usable cores (`cores`)."""
+    return _threads[-1] if _threads else cores()
+
+
+@contextmanager
+def using(threads: int | None):
+    """Run on `threads` lanes inside the block (None: as outside it)."""
+    if threads is None:
+        yield
+        return
+    _threads.append(int(threads))
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_LANES, cores))
+        yield
+    finally:
+        _threads.pop()
 
 
 def split(n: int, parts: int) -> list[tuple[int, int]]:
@@ -226,7 +235,9 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
 
 def _run_lanes(tasks: Sequence[Callable[[], None]]) -> None:
     pool = _executor(len(tasks) - 1)
-    futures = [pool.submit(t) for t in tasks[1:]]
+    # each lane in a copy of the caller's context: numpy's error state (np.errstate) is a context variable, so
+    # a lane computes under the caller's, as the first task does
+    futures = [pool.submit(contextvars.copy_context().run, t) for t in tasks[1:]]
     first: BaseException | None = None
     try:
         tasks[0]()

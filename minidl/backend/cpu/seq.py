@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from . import lanes
+from . import half, lanes
 from .jit import lazy, workers_for
 
 CHUNK = 1 << 16  # elements per block of rows (256 KiB of float32)
@@ -285,11 +285,12 @@ class SeqOps:
 
     # -- self-attention (causal or bidirectional) ---------------------------------------------------------------------
     def attention_forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
-                          y: np.ndarray, scale: float, causal: bool = True) -> None:
+                          y: np.ndarray, scale: float, causal: bool = True, quantize=None) -> None:
         """Per (batch, head): probs = softmax(q k^T * scale, masked to keys at or before the query when `causal`,
         else over every key: BERT's), y = probs v.
         q, k, v, y are (B, H, T, D) views; probs (B, H, T, T), its masked entries exactly 0, saved for backward
-        (None: not kept, one sample's scores at a time in scratch)."""
+        (None: not kept, one sample's scores at a time in scratch). `quantize` (a half dtype: the probabilities'
+        storage, `cpu.half`): probs rounded to it before anything reads them, kept or rebuilt alike."""
         b, h, t, _ = q.shape
         mask = _causal_mask(t, q.dtype) if causal else None
 
@@ -297,13 +298,13 @@ class SeqOps:
             scratch = np.empty((h, t, t), q.dtype) if probs is None else None
             for bi in range(b0, b1):
                 p = scratch if probs is None else probs[bi]  # (H, T, T)
-                _attention_probs(q[bi], k[bi], scale, mask, p)
+                _attention_probs(q[bi], k[bi], scale, mask, p, quantize)
                 np.matmul(p, v[bi], out=y[bi])
         _samples_over_lanes(b, samples)
 
     def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
                            dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float,
-                           causal: bool = True) -> None:
+                           causal: bool = True, quantize=None) -> None:
         """From the probs forward saved, or (probs None) from the probs rebuilt per sample from q and k, as
         FlashAttention's backward does: the same operations as forward's, so the same bits and the same
         gradients either way. dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
@@ -316,7 +317,7 @@ class SeqOps:
             for bi in range(b0, b1):
                 if probs is None:
                     p = scratch
-                    _attention_probs(q[bi], k[bi], scale, mask, p)
+                    _attention_probs(q[bi], k[bi], scale, mask, p, quantize)
                 else:
                     p = probs[bi]
                 np.matmul(p.swapaxes(-1, -2), dy[bi], out=dv[bi])
@@ -346,23 +347,27 @@ def _causal_mask(t: int, dtype) -> np.ndarray:
     return np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, 0).astype(dtype)
 
 
-def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None, p: np.ndarray) -> None:
-    """One sample's attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask) (no mask: every key);
-    the softmax compiled where numba loads (`seq_jit.softmax_rows`, causal where a mask is given: the mask is
-    always the causal one; on the calling thread: the samples are what the lanes share): measured at GPT-2
-    small (one thread) the attention forward 3.1-3.3 -> 2.75 ms."""
+def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None, p: np.ndarray,
+                     quantize=None) -> None:
+    """One sample's attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask) (no mask: every key),
+    rounded to the half dtype `quantize` where given; the softmax compiled where numba loads
+    (`seq_jit.softmax_rows`, causal where a mask is given: the mask is always the causal one; on the calling
+    thread: the samples are what the lanes share): measured at GPT-2 small (one thread) the attention forward
+    3.1-3.3 -> 2.75 ms."""
     np.matmul(q, k.swapaxes(-1, -2), out=p)
     jit = seq_kernels()
     if jit is not None and _flat(p):
         rows = p.reshape(-1, p.shape[-1])
         jit.softmax_rows(rows, rows, float(scale), mask is not None)
-        return
-    p *= q.dtype.type(scale)
-    if mask is not None:
-        p += mask
-    p -= p.max(axis=-1, keepdims=True)
-    np.exp(p, out=p)
-    p /= p.sum(axis=-1, keepdims=True)
+    else:
+        p *= q.dtype.type(scale)
+        if mask is not None:
+            p += mask
+        p -= p.max(axis=-1, keepdims=True)
+        np.exp(p, out=p)
+        p /= p.sum(axis=-1, keepdims=True)
+    if quantize is not None:
+        half.quantize(p, quantize)
 
 
 def _tanh_inner(a: np.ndarray, out: np.ndarray) -> None:

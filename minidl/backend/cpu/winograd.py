@@ -24,8 +24,7 @@ order: the samples per group are fixed by the shapes, dU sums the groups in orde
 terms in position order, so every run, whatever the budget picks, gives the same bits. Where numba cannot be
 imported the algorithm is not offered (`available`), so those layers run the row-shift formulation.
 
-On by default (`enabled`; MINIDL_CPU_WINOGRAD=0 or the CLI's `--no-cpu-winograd` switches it off); until the
-by-position variant existed it was opt-in, since a tight budget could not shrink a Winograd layer's workspace.
+On by default: the CPU menu's `winograd` field (`cpu_menu.CPUMenu`; the CLI's `--no-cpu-winograd` switches it off).
 Applies (`applies`) to 3x3 kernels at stride 1, dilation 1, one group, padding 0..2, with at least 32 input
 and output channels: measured on 16-channel layers the channels-last transposition of the transforms costs
 more than the multiplications saved (32 x 16 x 32 x 32 forward: 2.6 ms against the row-shift's 2.1 ms).
@@ -33,12 +32,10 @@ more than the multiplications saved (32 x 16 x 32 x 32 forward: 2.6 ms against t
 from __future__ import annotations
 
 import importlib.util
-import os
 from contextlib import nullcontext
 
 import numpy as np
 
-from ...core.errors import OptionError
 from . import lanes
 from .jit import PARALLEL_MIN, lazy, workers_for
 from .workspace import align, view
@@ -49,17 +46,6 @@ gemm_jit = lazy("gemm_jit")
 BLOCK = 16  # channels per transform block (the jit module's L)
 _GROUP_ELEMS = 16384  # samples per group: V and M of a group hold about 16 * this many values (1 MiB in float32)
 MIN_CHANNELS = 32
-ENV = "MINIDL_CPU_WINOGRAD"
-
-
-def enabled() -> bool:
-    """Whether Winograd is on: by default; MINIDL_CPU_WINOGRAD=0 (the CLI's `--no-cpu-winograd`) switches it off,
-    so that those layers run the row-shift pair (other numerics, the same guarantees). Any other value than 0
-    or 1 is refused, naming the variable: a typo should not silently pick an algorithm."""
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise OptionError(f"{ENV} must be 0 (off) or 1 (on, the default), got {value!r}")
-    return value == "1"
 
 
 def available() -> bool:
@@ -68,12 +54,11 @@ def available() -> bool:
 
 
 def applies(g) -> bool:
-    """Whether the convolution of geometry `g` (a `cpu_conv.ConvGeometry`) runs Winograd F(2x2, 3x3). Only
-    for such shapes, and when switched on, is the kernel module imported (numba present but broken: not
-    offered)."""
+    """Whether the convolution of geometry `g` (a `cpu_conv.ConvGeometry`) can run Winograd F(2x2, 3x3). Only
+    for such shapes is the kernel module imported (numba present but broken: not offered)."""
     return (g.groups == 1 and (g.kh, g.kw) == (3, 3) and tuple(g.stride) == (1, 1)
             and tuple(g.dilation) == (1, 1) and all(0 <= p <= 2 for p in g.padding)
-            and min(g.cin, g.cout) >= MIN_CHANNELS and enabled() and available() and jit() is not None)
+            and min(g.cin, g.cout) >= MIN_CHANNELS and available() and jit() is not None)
 
 
 MAX_SPLIT_CHANNELS = 256  # beyond, a layer's forward runs on one thread (see `workers`)

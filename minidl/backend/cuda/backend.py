@@ -1,10 +1,9 @@
 """The CUDA backend: cupy arrays inside one device arena, cuDNN frontend graphs, and minidl's own kernels.
 
-STATUS: written against the documented APIs of CuPy (>= 13) and NVIDIA's cuDNN frontend Python package
-(`import cudnn`, nvidia-cudnn-frontend >= 1.x), with every device-free computation tested on the host
-(`cuda_plan.py`, tests/backend/test_cuda_host.py) and the kernels compiled by nvcc, but it has NOT been run on a
-GPU yet. The conformance tests (tests/backend/test_conformance.py) run it against PyTorch wherever a GPU, cupy and
-cuDNN are present; they are skipped, with the reason, everywhere else.
+Built on CuPy (>= 13) and NVIDIA's cuDNN frontend (`import cudnn`); every device-free computation is host-tested
+(`views`, `cudnn_specs`, `launches`: tests/backend/test_cuda_host.py). The conformance tests
+(tests/backend/test_conformance.py) run it against PyTorch wherever a GPU, cupy and cuDNN are present (docs/gpu.md
+says what ran on which GPU); they are skipped, with the reason, everywhere else.
 
 Importing this module needs neither cupy nor cuDNN (both are imported inside `CUDABackend.__init__`), so
 `import minidl` and the CPU path work on machines without CUDA; constructing a `CUDABackend` there raises
@@ -15,7 +14,7 @@ What lives where on the device:
 * **The arena.** `arena_backing()` hands the tensor pool a backing whose `allocate(nbytes)` makes ONE raw
   `cudaMalloc` (`cupy.cuda.memory.Memory`, not cupy's caching memory pool) and returns a `DeviceArena`; every
   tensor is a `cupy.ndarray` view at `base + offset` (`DeviceArena.view_at`), bounds- and alignment-checked by
-  `cuda_plan.view_spec`. The budget is the arena: kernels write only into the views they are given.
+  `views.view_spec`. The budget is the arena: kernels write only into the views they are given.
 * **Outside the arena**, counted and reported by `memory_report()`: cuDNN/cuBLAS handles, per-channel and
   per-sample scratch of a few KiB (`_SideBuffers`: BN statistics in float64, per-row losses, the workspace of
   the small BN/ReLU graphs), and, only if cupy allocates behind our back, "stray" bytes that an allocator hook
@@ -31,14 +30,14 @@ What lives where on the device:
   prefetch waits for an event recorded on compute after that wait. The host store
   is pinned memory (`host_empty`), so device<->host copies are truly asynchronous.
 * **cuDNN graphs** (convolution forward / backward-data / backward-filter, batch norm training / inference /
-  backward, ReLU forward / backward) are built once per shape (`cuda_plan.GraphKey`) by `CudnnGraphs`, the one
+  backward, ReLU forward / backward) are built once per shape (`cudnn_specs.GraphKey`) by `CudnnGraphs`, the one
   class that calls the cuDNN frontend (a version difference of its API is a fix in one place). Convolutions
   expose every buildable execution plan with its workspace size to the memory planner through
-  `conv_workspace_options` (see `cuda_plan.conv_options`). If cuDNN supports no engine for a BN or ReLU graph
+  `conv_workspace_options` (see `cudnn_specs.conv_options`). If cuDNN supports no engine for a BN or ReLU graph
   (e.g. an engine that insists on NHWC), the backend falls back to cupy kernels (BN) or kernels/elementwise.cu
   (ReLU) and records why in `fallbacks`; convolutions have no fallback and fail loudly.
 * **kernels/*.cu** (pooling, loss, optimizers, dropout, concat, LRN, elementwise) are loaded with
-  `cupy.RawModule` and launched with the arguments and grid of `cuda_plan.LAUNCHERS`.
+  `cupy.RawModule` and launched with the arguments and grid of `launches.LAUNCHERS`.
 
 Data types: float32 activations/parameters and int64 labels (as the kernels are written); anything else raises
 TypeError naming the argument.
@@ -46,6 +45,7 @@ TypeError naming the argument.
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -53,15 +53,19 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...core import startup
 from ...core.errors import MinidlError
+from ...core.user_cache import cache_folder, writable
 from ..base import Capabilities
+from . import cudnn_specs, launches, views
 from . import kernel_specs as ks
-from . import plan as cuplan
 from .conv import ConvOps
 from .copies import CopyOps, Transfer
+from .cudnn_graphs import LIVE_GRAPHS, BuiltGraph, CudnnGraphs, GraphUnsupported, one_line
 from .dense import DenseOps
 from .norm import NormOps
 from .ops import F32, on_compute
+from .plan_cache import PlanEnv, PlanStore
 from .pointwise import PointwiseOps
 from .sequence import SEQUENCE_KERNELS, SequenceOps
 from .update import UpdateOps
@@ -101,29 +105,7 @@ def load_cuda_modules() -> tuple[Any, Any, Any]:
     return cupy, cupyx, cudnn
 
 
-# ---------------------------------------------------------------------------------------------------------
-# cuDNN frontend adapter: the only code that calls `cudnn.*`
-# ---------------------------------------------------------------------------------------------------------
-
-class GraphUnsupported(RuntimeError):
-    """cuDNN has no engine (or no buildable plan) for a graph."""
-
-
-#: Characters of a fallback reason kept in the report: cuDNN's own errors run to several KB of log lines.
-REASON_CHARS = 200
-
-
-def one_line(text: str, limit: int = REASON_CHARS) -> str:
-    """`text` as one line of at most `limit` characters: its first non-empty line, whitespace collapsed
-    (cuDNN's not-supported errors carry multi-KB logs; a report needs the reason, not the log)."""
-    first = next((ln for ln in str(text).splitlines() if ln.strip()), "")
-    first = " ".join(first.split())
-    return first if len(first) <= limit else first[:limit - 3] + "..."
-
-
-#: Every CudnnGraphs and CUDABackend alive, so their cuDNN objects are released before the interpreter shuts
-#: down (see `_release_all`).
-_LIVE_GRAPHS: "weakref.WeakSet[CudnnGraphs]" = weakref.WeakSet()
+#: Every CUDABackend alive, so its cuDNN handle is released before the interpreter shuts down (`_release_all`).
 _LIVE_BACKENDS: "weakref.WeakSet[CUDABackend]" = weakref.WeakSet()
 
 
@@ -132,209 +114,11 @@ def _release_all() -> None:
     shutdown, the frontend's nanobind objects outlive their module and nanobind prints "leaked N instances"."""
     for be in list(_LIVE_BACKENDS):
         be.release_cudnn()
-    for graphs in list(_LIVE_GRAPHS):
+    for graphs in list(LIVE_GRAPHS):
         graphs.release()
 
 
 atexit.register(_release_all)
-
-
-@dataclass(slots=True)
-class BuiltGraph:
-    """A validated cuDNN graph with its built execution plans, cached per `GraphKey`."""
-
-    key: cuplan.GraphKey
-    graph: Any
-    tensors: dict[str, Any]             # tensor name (cuda_plan descs) -> cudnn tensor handle
-    plans: list[cuplan.PlanInfo]        # in cuDNN's heuristic order
-    relaxed: tuple[str, ...] = ()       # numerical-note filters dropped because nothing else was supported
-
-    def find(self, index: int) -> cuplan.PlanInfo | None:
-        """The built plan numbered `index`, or None where cuDNN built no such plan for this graph."""
-        return next((p for p in self.plans if p.index == index), None)
-
-    def plan(self, index: int) -> cuplan.PlanInfo:
-        found = self.find(index)
-        if found is not None:
-            return found
-        raise ValueError(f"{self.key.op}: no built execution plan {index}; have "
-                         f"{[p.index for p in self.plans]}")
-
-
-class CudnnGraphs:
-    """Builds, caches and executes cuDNN frontend graphs (`cudnn.pygraph`).
-
-    The workflow is the documented one: `pygraph(io_data_type=, intermediate_data_type=, compute_data_type=,
-    handle=)`, `tensor(name=, dim=, stride=, data_type=)`, the op, `set_output(True)` + dims/strides/type of
-    the outputs, `validate()`, `build_operation_graph()`, `create_execution_plans([A, FALLBACK])`,
-    `deselect_numeric_notes(...)`, `check_support()`, then `build_plan_at_index(i)` and
-    `get_workspace_size_plan_at_index(i)` for each engine config, and `execute_plan_at_index(variant_pack,
-    workspace, index, handle=)` with device pointers (ints) in the variant pack.
-
-    `cudnn` is the module, injected so host tests can pass a recording fake.
-    """
-
-    def __init__(self, cudnn, handle, max_plans: int = 8):
-        self.cudnn = cudnn
-        self.handle = handle
-        self.max_plans = int(max_plans)
-        self._cache: dict[cuplan.GraphKey, BuiltGraph] = {}
-        _LIVE_GRAPHS.add(self)
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-    def release(self) -> None:
-        """Drop every built graph (and its tensors and plans); later `get`s build them again."""
-        self._cache.clear()
-
-    def _enum(self, enum: str, member: str):
-        return getattr(getattr(self.cudnn, enum), member)
-
-    def _new_graph(self):
-        f = self._enum("data_type", "FLOAT")
-        return self.cudnn.pygraph(io_data_type=f, intermediate_data_type=f, compute_data_type=f,
-                                  handle=self.handle)
-
-    def _tensor(self, g, d: cuplan.TensorDesc):
-        return g.tensor(data_type=self._enum("data_type", d.dtype), **d.kwargs())
-
-    def _output(self, t, d: cuplan.TensorDesc):
-        t.set_output(True)
-        t.set_dim(list(d.dim))
-        t.set_stride(list(d.stride))
-        t.set_data_type(self._enum("data_type", d.dtype))
-        return t
-
-    # -- graph bodies: each returns {tensor name: handle} ---------------------------------------------------
-    def _conv_body(self, g, spec: cuplan.ConvSpec, op: str) -> dict[str, Any]:
-        d = spec.descs()
-        (a, b), out = spec.io(op)
-        ta, tb = self._tensor(g, d[a]), self._tensor(g, d[b])
-        kw = spec.conv_kwargs()
-        if op == "fprop":
-            t = g.conv_fprop(image=ta, weight=tb, name="fprop", **kw)
-        elif op == "dgrad":
-            t = g.conv_dgrad(loss=ta, filter=tb, name="dgrad", **kw)
-        else:
-            t = g.conv_wgrad(image=ta, loss=tb, name="wgrad", **kw)
-        return {a: ta, b: tb, out: self._output(t, d[out])}
-
-    def _bn_body(self, g, spec: cuplan.BNSpec, op: str) -> dict[str, Any]:
-        d = spec.descs(op)
-        if op == "bn_train":
-            ins = {k: self._tensor(g, d[k]) for k in ("x", "scale", "bias", "running_mean", "running_var",
-                                                       "epsilon", "momentum")}
-            y, mean, invstd, nrm, nrv = g.batchnorm(
-                name="bn", input=ins["x"], scale=ins["scale"], bias=ins["bias"],
-                in_running_mean=ins["running_mean"], in_running_var=ins["running_var"],
-                epsilon=ins["epsilon"], momentum=ins["momentum"])
-            outs = {"y": y, "mean": mean, "invstd": invstd, "next_running_mean": nrm, "next_running_var": nrv}
-        elif op == "bn_infer":
-            ins = {k: self._tensor(g, d[k]) for k in ("x", "mean", "invstd", "scale", "bias")}
-            y = g.batchnorm_inference(name="bn_infer", input=ins["x"], mean=ins["mean"],
-                                      inv_variance=ins["invstd"], scale=ins["scale"], bias=ins["bias"])
-            outs = {"y": y}
-        else:
-            ins = {k: self._tensor(g, d[k]) for k in ("dy", "x", "scale", "mean", "invstd")}
-            dx, dscale, dbias = g.batchnorm_backward(name="bn_bwd", grad=ins["dy"], input=ins["x"],
-                                                     scale=ins["scale"], mean=ins["mean"],
-                                                     inv_variance=ins["invstd"])
-            outs = {"dx": dx, "dscale": dscale, "dbias": dbias}
-        return {**ins, **{k: self._output(t, d[k]) for k, t in outs.items()}}
-
-    def _pointwise_body(self, g, spec: cuplan.PointwiseSpec, op: str) -> dict[str, Any]:
-        d = spec.descs(op)
-        if op == "relu_fwd":
-            x = self._tensor(g, d["x"])
-            return {"x": x, "y": self._output(g.relu(name="relu", input=x), d["y"])}
-        y, dy = self._tensor(g, d["y"]), self._tensor(g, d["dy"])
-        # RELU_BWD: dx = dy where input > 0. Fed the forward OUTPUT y, which is > 0 exactly where x is.
-        return {"y": y, "dy": dy, "dx": self._output(g.relu_backward(name="relu_bwd", loss=dy, input=y), d["dx"])}
-
-    def _body(self, key: cuplan.GraphKey) -> Callable[[Any], dict[str, Any]]:
-        op, spec = key.op, key.spec
-        if op.startswith("conv_"):
-            return lambda g: self._conv_body(g, spec, op[len("conv_"):])
-        if op in cuplan.BN_OPS:
-            return lambda g: self._bn_body(g, spec, op)
-        if op in cuplan.POINTWISE_OPS:
-            return lambda g: self._pointwise_body(g, spec, op)
-        raise ValueError(f"unknown graph op {op!r}")
-
-    # -- build ---------------------------------------------------------------------------------------------
-    def get(self, key: cuplan.GraphKey) -> BuiltGraph:
-        """The built graph for `key`, building it on first use. Raises GraphUnsupported."""
-        built = self._cache.get(key)
-        if built is None:
-            built = self._cache[key] = self._build(key)
-        return built
-
-    def _build(self, key: cuplan.GraphKey) -> BuiltGraph:
-        body = self._body(key)
-        notes = key.filters.numeric_notes()
-        # First with the engine filters; if they leave nothing, without them (recorded in `relaxed`).
-        attempts = [notes, ()] if notes else [()]
-        errors = []
-        for deselect in attempts:
-            g = self._new_graph()
-            tensors = body(g)
-            try:
-                plans = self._finalize(g, deselect)
-            except GraphUnsupported as e:
-                errors.append(f"{e}" + (f" (with {', '.join(deselect)} deselected)" if deselect else ""))
-                continue
-            return BuiltGraph(key, g, tensors, plans, tuple(n for n in notes if n not in deselect))
-        # The reason first (the report keeps one line of it), the graph last.
-        raise GraphUnsupported(f"cuDNN cannot run {key.op}: " + "; ".join(reversed(errors)) + f"; for {key.spec}")
-
-    def _finalize(self, g, deselect: tuple[str, ...]) -> list[cuplan.PlanInfo]:
-        g.validate()  # an error here is a malformed graph (our bug): let it propagate
-        try:
-            g.build_operation_graph()
-            g.create_execution_plans([self._enum("heur_mode", "A"), self._enum("heur_mode", "FALLBACK")])
-            if deselect:
-                g.deselect_numeric_notes([self._enum("numerical_note", n) for n in deselect])
-            g.check_support()
-        except Exception as e:  # cudnnGraphNotSupportedError or a cuDNN status error
-            raise GraphUnsupported(f"{type(e).__name__}: {one_line(str(e))}") from e
-        plans: list[cuplan.PlanInfo] = []
-        seen: set[str] = set()
-        for i in range(int(g.get_execution_plan_count())):
-            if len(plans) >= self.max_plans:
-                break
-            try:
-                g.build_plan_at_index(index=i)
-            except Exception:  # deselected, or this engine config fails to build: not an option
-                continue
-            # Only a built plan reports its true workspace (an unbuilt one reads as 0).
-            ws = int(g.get_workspace_size_plan_at_index(index=i))
-            name = self._plan_name(g, i)
-            if name in seen:  # heuristics A and FALLBACK may both list the same engine config
-                continue
-            seen.add(name)
-            plans.append(cuplan.PlanInfo(i, name, ws))
-        if not plans:
-            raise GraphUnsupported("no execution plan could be built")
-        return plans
-
-    @staticmethod
-    def _plan_name(g, i: int) -> str:
-        try:
-            return str(g.get_plan_name_at_index(index=i))
-        except Exception:
-            return f"plan{i}"
-
-    # -- execute -------------------------------------------------------------------------------------------
-    def execute(self, built: BuiltGraph, pointers: dict[str, int], workspace_ptr: int, plan_index: int) -> None:
-        """Run plan `plan_index` of `built`; `pointers` maps every tensor name to a device address (or, for a
-        pass-by-value scalar, a host address)."""
-        missing = sorted(set(built.tensors) - set(pointers))
-        extra = sorted(set(pointers) - set(built.tensors))
-        if missing or extra:
-            raise ValueError(f"{built.key.op}: variant pack is missing {missing}, has unknown {extra}")
-        pack = {built.tensors[name]: int(ptr) for name, ptr in pointers.items()}
-        built.graph.execute_plan_at_index(pack, int(workspace_ptr), index=int(plan_index), handle=self.handle)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -350,11 +134,11 @@ class DeviceArena:
         self.memory = cupy.cuda.memory.Memory(self.nbytes)  # cudaMalloc: no cupy memory pool underneath
         self.ptr = int(self.memory.ptr)
         if self.nbytes:
-            cuplan.check_base_alignment(self.ptr)
+            views.check_base_alignment(self.ptr)
 
     def view_at(self, offset: int, shape, dtype):
         """A C-contiguous `cupy.ndarray` of `shape`/`dtype` at byte `offset` (bounds and alignment checked)."""
-        s = cuplan.view_spec(offset, shape, dtype, self.nbytes)
+        s = views.view_spec(offset, shape, dtype, self.nbytes)
         ptr = self._cupy.cuda.memory.MemoryPointer(self.memory, s.offset)
         return self._cupy.ndarray(s.shape, s.dtype, memptr=ptr)
 
@@ -366,7 +150,7 @@ class DeviceArena:
         return self.view_at_bytes(start, max(0, stop - start))
 
     def view_at_bytes(self, offset: int, nbytes: int):
-        s = cuplan.view_spec(offset, (nbytes,), np.uint8, self.nbytes, alignment=1)
+        s = views.view_spec(offset, (nbytes,), np.uint8, self.nbytes, alignment=1)
         ptr = self._cupy.cuda.memory.MemoryPointer(self.memory, s.offset)
         return self._cupy.ndarray(s.shape, s.dtype, memptr=ptr)
 
@@ -496,6 +280,25 @@ class _NormKernels:
             setattr(self, name, kern)
 
 
+def use_kernel_cache() -> None:
+    """cupy's compiled kernels (`RawModule`, `ElementwiseKernel`: CUPY_CACHE_DIR, read at each compile) go to the
+    `cupy` folder of minidl's user cache folder, unless the user named a folder of their own."""
+    os.environ.setdefault("CUPY_CACHE_DIR", cache_folder("cupy"))
+
+
+def plan_store(cudnn, gpu_name: str, capability: str) -> PlanStore | None:
+    """The cuDNN plan cache for this GPU and these libraries (plan_cache.py); None where the libraries' versions
+    cannot be read (an entry would not know what it is valid for) or the folder cannot be written."""
+    try:
+        env = PlanEnv(gpu_name, str(capability), str(cudnn.backend_version()), str(cudnn.__version__))
+    except Exception:  # noqa: BLE001 - a frontend without version queries: no cache rather than a wrong one
+        return None
+    folder = cache_folder("cudnn")
+    if not writable(folder, "cuDNN's execution plans are built again in every process"):
+        return None
+    return PlanStore(folder, env)
+
+
 def _device_name(cupy, device: int) -> str:
     name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
@@ -529,7 +332,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     non-deterministic engines; `max_plans` bounds how many execution plans are built per graph (each becomes a
     workspace option); `use_cudnn_bn` / `use_cudnn_relu` choose cuDNN graphs over the fallback kernels;
     `count_stray_allocations` installs a cupy allocator hook that counts (and still serves) any allocation made
-    outside the arena.
+    outside the arena; `plan_cache` keeps cuDNN's execution plans in the user cache folder (`plan_cache.py`).
     """
 
     # The sequence family's kernels (`sequence.py`), no fusions, one update per parameter; host copies on copy
@@ -539,13 +342,16 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
     def __init__(self, device: int = 0, *, allow_tf32: bool = False, deterministic: bool = True,
                  max_plans: int = 8, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True,
-                 count_stray_allocations: bool = True):
+                 count_stray_allocations: bool = True, plan_cache: bool = True):
+        use_kernel_cache()
         cupy, cupyx, cudnn = load_cuda_modules()
         from cupy import cublas
 
         dev = cupy.cuda.Device(int(device))
         dev.use()
         attrs = dev.attributes
+        gpu_name = _device_name(cupy, int(device))
+        store = plan_store(cudnn, gpu_name, dev.compute_capability) if plan_cache else None
         compute = cupy.cuda.Stream(non_blocking=True)
         try:
             # An int before frontend 1.3x, a `cudnn.Handle` since: used opaquely either way. This is where a missing
@@ -558,13 +364,13 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self._init_state(
             cupy=cupy, cupyx=cupyx, cudnn=cudnn, cublas=cublas, compute=compute,
             transfer=cupy.cuda.Stream(non_blocking=True), prefetch=cupy.cuda.Stream(non_blocking=True),
-            graphs=CudnnGraphs(cudnn, handle, max_plans=max_plans),
+            graphs=CudnnGraphs(cudnn, handle, max_plans=max_plans, store=store),
             side=_SideBuffers(cupy),
-            limits=cuplan.DeviceLimits(int(attrs["MaxThreadsPerBlock"]), int(attrs["MultiProcessorCount"])),
-            filters=cuplan.EngineFilters(allow_tf32=allow_tf32, deterministic=deterministic),
+            limits=launches.DeviceLimits(int(attrs["MaxThreadsPerBlock"]), int(attrs["MultiProcessorCount"])),
+            filters=cudnn_specs.EngineFilters(allow_tf32=allow_tf32, deterministic=deterministic),
             use_cudnn_bn=use_cudnn_bn, use_cudnn_relu=use_cudnn_relu)
         self.device = dev
-        self.gpu_name = _device_name(cupy, int(device))
+        self.gpu_name = gpu_name
         self._handle = handle
         self._cublas_math = _cublas_math_setter(cupy)
         if allow_tf32:
@@ -586,7 +392,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.use_cudnn_bn, self.use_cudnn_relu = bool(use_cudnn_bn), bool(use_cudnn_relu)
         self._handle = None
         self.fallbacks: dict[str, str] = {}     # graph op -> why the fallback kernels run instead
-        self._unsupported: set[cuplan.GraphKey] = set()
+        self._unsupported: set[cudnn_specs.GraphKey] = set()
         self._modules: dict[str, Any] = {}      # .cu file -> cupy.RawModule
         self._kernels: dict[str, Any] = {}      # kernel name -> RawKernel
         self._norm: _NormKernels | None = None
@@ -620,15 +426,15 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
         tf32 = check_math(math) == "tf32"
         changed = tf32 != self.filters.allow_tf32
-        self.filters = cuplan.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
+        self.filters = cudnn_specs.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
         if changed and self._cublas_math is not None:
             self._cublas_math(tf32)
 
     @property
     def profile(self) -> str:
-        """The simulator profile nearest this GPU (see `cuda_plan.profile_for_gpu`): the speeds a plan's timing
+        """The simulator profile nearest this GPU (see `cudnn_specs.profile_for_gpu`): the speeds a plan's timing
         decisions assume when the caller names none."""
-        return cuplan.profile_for_gpu(self.gpu_name)
+        return cudnn_specs.profile_for_gpu(self.gpu_name)
 
     # -- lifecycle / reports ------------------------------------------------------------------------------------
     def _install_stray_counter(self) -> None:
@@ -663,6 +469,25 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
                 self.cudnn.destroy_handle(handle)
             except Exception:  # at exit the device may already be gone; dropping the reference is what matters
                 pass
+
+    def autotune_path(self) -> str | None:
+        """Where `--autotune` without a file keeps this GPU's measured algorithm times: beside its cached cuDNN
+        plans (the algorithm names are the plans' heuristic indices, valid for these libraries only), one file per
+        math mode (the mode decides the engines). None without a plan cache."""
+        store = self.graphs.store
+        return None if store is None else str(store.folder / f"autotune-{self.math}.json")
+
+    def startup_caches(self) -> dict[str, Any]:
+        """What this process took from the user cache folder and what it built (`minidl train --json`'s
+        `startup_caches`): cuDNN graphs built, loaded, loaded with plans rebuilt, or cached but unusable (why)."""
+        g = self.graphs
+        out: dict[str, Any] = {"cudnn_graphs": dict(g.stats)}
+        if g.store is not None:
+            out["cudnn_folder"] = str(g.store.folder)
+        if g.cache_notes:
+            out["cudnn_notes"] = list(g.cache_notes)
+        out["cupy_folder"] = os.environ.get("CUPY_CACHE_DIR", "")
+        return out
 
     def memory_report(self) -> dict[str, Any]:
         """Device memory the backend uses outside the arena, and which graphs fell back to other kernels."""
@@ -719,7 +544,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     def guard_nonfinite(self, x, code: int) -> None:
         """The divergence guard inside a graph: set the capture's `diverged` flag to `code` if `x` (a gradient,
         or the loss) is not finite and no earlier guarded tensor was (minidl/runtime/capture.py)."""
-        self._launch(cuplan.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
+        self._launch(launches.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
 
     def prepare_graph(self) -> None:
         """Load the graph variants of the per-step kernels before a capture: loading a module or a function is
@@ -781,14 +606,15 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     def _kernel(self, name: str):
         k = self._kernels.get(name)
         if k is None:
-            file = ks.KERNELS[name].file
-            mod = self._modules.get(file)
-            if mod is None:
-                mod = self._modules[file] = self.cp.RawModule(code=ks.source_path(file).read_text())
-            k = self._kernels[name] = mod.get_function(name)
+            with startup.phase("kernels"):  # the module compiled by NVRTC, or loaded from cupy's cache
+                file = ks.KERNELS[name].file
+                mod = self._modules.get(file)
+                if mod is None:
+                    mod = self._modules[file] = self.cp.RawModule(code=ks.source_path(file).read_text())
+                k = self._kernels[name] = mod.get_function(name)
         return k
 
-    def _launch(self, launch: cuplan.KernelLaunch) -> None:
+    def _launch(self, launch: launches.KernelLaunch) -> None:
         self._kernel(launch.name)(launch.grid, launch.block, launch.args, stream=self.compute)
 
     def _norm_kernels(self) -> _NormKernels:
@@ -796,7 +622,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             self._norm = _NormKernels(self.cp)
         return self._norm
 
-    def _graph(self, key: cuplan.GraphKey) -> BuiltGraph | None:
+    def _graph(self, key: cudnn_specs.GraphKey) -> BuiltGraph | None:
         """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`)."""
         if key in self._unsupported:
             return None

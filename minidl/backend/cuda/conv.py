@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...core.vocab import WorkspaceOption
-from . import plan as cuplan
+from . import cudnn_specs, launches
 from .ops import chan4, on_compute
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,21 +21,21 @@ class ConvOps:
     call (`_check`, `_launch`, `_graph`...)."""
 
     # -- convolution (cuDNN graphs; the planner picks the execution plan) -----------------------------------
-    def _conv_graph(self, op: str, spec: cuplan.ConvSpec) -> BuiltGraph:
+    def _conv_graph(self, op: str, spec: cudnn_specs.ConvSpec) -> BuiltGraph:
         return self.graphs.get(spec.key(op, self.filters))  # no fallback: GraphUnsupported propagates
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
                                groups: int, dtype=np.float32) -> list[WorkspaceOption]:
         """The convolution's algorithms for `phase` ('fwd' or 'bwd') with their exact workspace bytes, fastest
         first: what `Conv2d.workspace_options` returns on the CPU. Builds (and caches) the cuDNN graphs."""
-        spec = cuplan.ConvSpec.from_shapes(x_shape, w_shape, y_shape, stride, padding, dilation, groups, dtype)
+        spec = cudnn_specs.ConvSpec.from_shapes(x_shape, w_shape, y_shape, stride, padding, dilation, groups, dtype)
         if phase == "fwd":
             plans = {"fprop": self._conv_graph("fprop", spec).plans}
         elif phase == "bwd":
             plans = {"dgrad": self._conv_graph("dgrad", spec).plans, "wgrad": self._conv_graph("wgrad", spec).plans}
         else:
             raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
-        return cuplan.conv_options(phase, plans)
+        return cudnn_specs.conv_options(phase, plans)
 
     def _workspace(self, op: str, workspace) -> tuple[int, int]:
         if workspace is None:
@@ -44,17 +44,17 @@ class ConvOps:
         return self._ptr(workspace), int(workspace.nbytes)
 
     def _choose(self, built: BuiltGraph, phase: str, algo: str | None, which: int,
-                ws_bytes: int) -> cuplan.PlanInfo:
+                ws_bytes: int) -> cudnn_specs.PlanInfo:
         if algo is None:  # e.g. a recomputation: the heuristics' first plan that fits what was handed in
-            return cuplan.pick_plan(built.plans, ws_bytes)
-        index = cuplan.parse_conv_algo(phase, algo)[which]
+            return cudnn_specs.pick_plan(built.plans, ws_bytes)
+        index = cudnn_specs.parse_conv_algo(phase, algo)[which]
         plan = built.find(index)
         if plan is None:
             # The algorithm was chosen for this convolution on the whole batch, and this call is on a slice of
             # it: a fork's in-place gradient sum takes the input delta one sample at a time (layers/conv.py),
             # and cuDNN builds other engines for one sample. The heuristics' first plan within the same
             # workspace stands in (the same one at every step), and the report's `fallbacks` says so.
-            plan = cuplan.pick_plan(built.plans, ws_bytes)
+            plan = cudnn_specs.pick_plan(built.plans, ws_bytes)
             self.fallbacks.setdefault(
                 f"{built.key.op} {algo!r} on a slice", f"plan {index} is not built for this shape (have "
                 f"{[p.index for p in built.plans]}): plan {plan.index} ({plan.name}) runs instead")
@@ -68,7 +68,7 @@ class ConvOps:
     def conv2d_forward(self, x, w, b, y, stride, padding, dilation, groups: int, algo: str | None,
                        workspace) -> None:
         self._check("conv2d_forward", x=x, w=w, b=b, y=y)
-        spec = cuplan.ConvSpec.from_shapes(x.shape, w.shape, y.shape, stride, padding, dilation, groups, x.dtype)
+        spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, y.shape, stride, padding, dilation, groups, x.dtype)
         ws_ptr, ws_bytes = self._workspace("conv2d_forward", workspace)
         g = self._conv_graph("fprop", spec)
         plan = self._choose(g, "fwd", algo, 0, ws_bytes)
@@ -80,7 +80,7 @@ class ConvOps:
     def conv2d_backward(self, x, w, dy, dx, dw, db, stride, padding, dilation, groups: int, algo: str | None,
                         workspace) -> None:
         self._check("conv2d_backward", x=x, w=w, dy=dy, dx=dx, dw=dw, db=db)
-        spec = cuplan.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, stride, padding, dilation, groups,
+        spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, stride, padding, dilation, groups,
                                            x.dtype)
         ws_ptr, ws_bytes = self._workspace("conv2d_backward", workspace)
         if dx is not None:
@@ -100,32 +100,32 @@ class ConvOps:
     @on_compute
     def maxpool2d_forward(self, x, y, kernel, stride, padding, dilation) -> None:
         self._check("maxpool2d_forward", x=x, y=y)
-        self._launch(cuplan.maxpool2d_forward(y, x, kernel, stride, padding, dilation, self.limits))
+        self._launch(launches.maxpool2d_forward(y, x, kernel, stride, padding, dilation, self.limits))
 
     @on_compute
     def maxpool2d_backward(self, x, dy, dx, kernel, stride, padding, dilation) -> None:
         self._check("maxpool2d_backward", x=x, dy=dy, dx=dx)
-        launch = cuplan.maxpool2d_backward(dx, dy, x, kernel, stride, padding, dilation, self.limits)
-        dx.fill(0)  # the kernel scatters with atomicAdd (cuda_plan.ZERO_OUTPUT_FIRST)
+        launch = launches.maxpool2d_backward(dx, dy, x, kernel, stride, padding, dilation, self.limits)
+        dx.fill(0)  # the kernel scatters with atomicAdd (launches.ZERO_OUTPUT_FIRST)
         self._launch(launch)
 
     @on_compute
     def avgpool2d_forward(self, x, y, kernel, stride, padding, count_include_pad: bool) -> None:
         self._check("avgpool2d_forward", x=x, y=y)
-        self._launch(cuplan.avgpool2d_forward(y, x, kernel, stride, padding, count_include_pad, 0, self.limits))
+        self._launch(launches.avgpool2d_forward(y, x, kernel, stride, padding, count_include_pad, 0, self.limits))
 
     @on_compute
     def avgpool2d_backward(self, dy, dx, kernel, stride, padding, count_include_pad: bool) -> None:
         self._check("avgpool2d_backward", dy=dy, dx=dx)
-        self._launch(cuplan.avgpool2d_backward(dx, dy, kernel, stride, padding, count_include_pad, 0,
+        self._launch(launches.avgpool2d_backward(dx, dy, kernel, stride, padding, count_include_pad, 0,
                                                self.limits))
 
     @on_compute
     def global_avgpool_forward(self, x, y) -> None:
         self._check("global_avgpool_forward", x=x, y=y)
-        self._launch(cuplan.global_avgpool_forward(y, x, self.limits))
+        self._launch(launches.global_avgpool_forward(y, x, self.limits))
 
     @on_compute
     def global_avgpool_backward(self, dy, dx) -> None:
         self._check("global_avgpool_backward", dy=dy, dx=dx)
-        self._launch(cuplan.global_avgpool_backward(dx, dy, self.limits))
+        self._launch(launches.global_avgpool_backward(dx, dy, self.limits))

@@ -1,6 +1,7 @@
 """The CUDA backend's copies: host <-> device staging and fills (`to_host`, `copy_in`, `fill`, `accumulate`,
 `copy`), and the asynchronous offloads and prefetches of the host store, on copy streams of their own, with the
-timing events `transfer_times` maps onto the host clock."""
+timing events `transfer_times` maps onto the host clock; the same events time a traced step's calls
+(`DeviceClock`)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from . import plan as cuplan
+from . import launches
 from .ops import F32, on_compute
 
 
@@ -62,7 +63,7 @@ class CopyOps:
     @on_compute
     def accumulate(self, dst, src) -> None:
         if dst.dtype == F32 and src.dtype == F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
-            self._launch(cuplan.accumulate(dst, src, self.limits))
+            self._launch(launches.accumulate(dst, src, self.limits))
         else:
             self.cp.add(dst, src, out=dst)
 
@@ -155,6 +156,10 @@ class CopyOps:
             stall_s = max(0.0, ms(t.reached, t.done) / 1e3)
         return start_s, end_s, stall_s
 
+    def call_clock(self) -> "DeviceClock":
+        """Times a traced call by events on the compute stream around the kernels it enqueues."""
+        return DeviceClock(self)
+
     def _anchor(self) -> tuple[Any, float]:
         """A completed compute-stream event and the `perf_counter()` time just after it (made once, by the first
         transfer)."""
@@ -182,3 +187,22 @@ class CopyOps:
                              f"{host.dtype} (host): shapes and dtypes must match")
         if not host.flags.c_contiguous:
             raise ValueError("host side of a transfer must be C-contiguous")
+
+
+class DeviceClock:
+    """The GPU's `CallClock` (backend/base.py): a timing event recorded on the compute stream at each mark, read
+    once it has completed on the host clock the way `transfer_times` reads a copy's (the backend's anchor event:
+    the offset approximate, the duration exact)."""
+
+    def __init__(self, backend):
+        self._be = backend
+        backend._anchor()   # now, before any mark: every event is then later than the anchor
+
+    def mark(self):
+        return self._be._record(self._be.compute, timing=True)
+
+    def read(self, start, end) -> tuple[float, float]:
+        end.synchronize()
+        anchor, anchor_s = self._be._anchor()
+        ms = self._be.cp.cuda.get_elapsed_time
+        return anchor_s + ms(anchor, start) / 1e3, ms(start, end) / 1e3

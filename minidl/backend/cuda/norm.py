@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import plan as cuplan
+from . import cudnn_specs, launches
 from .ops import chan4, on_compute
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,15 +23,15 @@ class NormOps:
     @on_compute
     def lrn_forward(self, x, y, size: int, alpha: float, beta: float, k: float) -> None:
         self._check("lrn_forward", x=x, y=y)
-        self._launch(cuplan.lrn_forward(y, x, size, alpha, beta, k, self.limits))
+        self._launch(launches.lrn_forward(y, x, size, alpha, beta, k, self.limits))
 
     @on_compute
     def lrn_backward(self, x, y, dy, dx, size: int, alpha: float, beta: float, k: float) -> None:
         self._check("lrn_backward", x=x, y=y, dy=dy, dx=dx)
-        self._launch(cuplan.lrn_backward(dx, x, y, dy, size, alpha, beta, k, self.limits))
+        self._launch(launches.lrn_backward(dx, x, y, dy, size, alpha, beta, k, self.limits))
 
     # -- batch normalization (cuDNN graphs, cupy kernels as the fallback) -----------------------------------
-    def _bn_graph(self, op: str, spec: cuplan.BNSpec) -> BuiltGraph | None:
+    def _bn_graph(self, op: str, spec: cudnn_specs.BNSpec) -> BuiltGraph | None:
         return self._graph(spec.key(op, self.filters)) if self.use_cudnn_bn else None
 
     def _affine(self, weight, bias, c: int):
@@ -44,7 +44,7 @@ class NormOps:
                                 momentum: float, eps: float, update_running: bool = True) -> None:
         self._check("batchnorm_forward_train", x=x, weight=weight, bias=bias, running_mean=running_mean,
                     running_var=running_var, y=y, mean=mean, invstd=invstd)
-        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
+        spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
         if spec.count < 2:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         c = spec.channels
@@ -90,7 +90,7 @@ class NormOps:
     @on_compute
     def batchnorm_forward_apply(self, x, weight, bias, mean, invstd, y) -> None:
         self._check("batchnorm_forward_apply", x=x, weight=weight, bias=bias, mean=mean, invstd=invstd, y=y)
-        built = self._bn_graph("bn_infer", cuplan.BNSpec.from_shape(x.shape, x.dtype))
+        built = self._bn_graph("bn_infer", cudnn_specs.BNSpec.from_shape(x.shape, x.dtype))
         if built is None:
             self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
             return
@@ -109,7 +109,7 @@ class NormOps:
     def batchnorm_backward(self, x, weight, dy, mean, invstd, dx, dweight, dbias) -> None:
         self._check("batchnorm_backward", x=x, weight=weight, dy=dy, mean=mean, invstd=invstd, dx=dx,
                     dweight=dweight, dbias=dbias)
-        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
+        spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
         c = spec.channels
         built = self._bn_graph("bn_backward", spec) if dx is not None else None
         if built is not None:
@@ -148,7 +148,7 @@ class NormOps:
         """Backward with the running statistics (no cuDNN op covers it): cupy kernels."""
         self._check("batchnorm_backward_eval", x=x, weight=weight, dy=dy, running_mean=running_mean,
                     running_var=running_var, dx=dx, dweight=dweight, dbias=dbias)
-        spec = cuplan.BNSpec.from_shape(x.shape, x.dtype)
+        spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
         inv = self.side.get("bn_eval_invstd", (spec.channels,), np.float32)
         self._norm_kernels().invstd_from_var(running_var, float(eps), inv)
         self._bn_backward_fallback(x, weight, dy, running_mean, inv, dx, dweight, dbias, spec, batch_stats=False)

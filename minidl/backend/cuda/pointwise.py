@@ -2,7 +2,7 @@
 concat) and dropout (kernels/elementwise.cu, the counter-based mask the CPU backend draws too)."""
 from __future__ import annotations
 
-from . import plan as cuplan
+from . import cudnn_specs, launches
 from .ops import on_compute
 
 
@@ -16,37 +16,37 @@ class PointwiseOps:
     @on_compute
     def relu_forward(self, x, y) -> None:
         self._check("relu_forward", x=x, y=y)
-        built = self._graph(cuplan.PointwiseSpec.from_shape(x.shape, x.dtype).key("relu_fwd", self.filters)) \
+        built = self._graph(cudnn_specs.PointwiseSpec.from_shape(x.shape, x.dtype).key("relu_fwd", self.filters)) \
             if self.use_cudnn_relu and x.size else None
         if built is not None:
             self._run_graph(built, {"x": x, "y": y})
         else:
-            self._launch(cuplan.relu_forward(y, x, self.limits))
+            self._launch(launches.relu_forward(y, x, self.limits))
 
     @on_compute
     def relu_backward(self, y, dy, dx) -> None:
         self._check("relu_backward", y=y, dy=dy, dx=dx)
-        built = self._graph(cuplan.PointwiseSpec.from_shape(y.shape, y.dtype).key("relu_bwd", self.filters)) \
+        built = self._graph(cudnn_specs.PointwiseSpec.from_shape(y.shape, y.dtype).key("relu_bwd", self.filters)) \
             if self.use_cudnn_relu and y.size else None
         if built is not None:
             self._run_graph(built, {"y": y, "dy": dy, "dx": dx})
         else:
-            self._launch(cuplan.relu_backward(dx, y, dy, self.limits))
+            self._launch(launches.relu_backward(dx, y, dy, self.limits))
 
     # -- joins -----------------------------------------------------------------------------------------------
     @on_compute
     def add_forward(self, xs: list, y) -> None:
         self._check("add_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
-        self._launch(cuplan.add_forward(y, xs[0], xs[1], self.limits))
+        self._launch(launches.add_forward(y, xs[0], xs[1], self.limits))
         for x in xs[2:]:
-            self._launch(cuplan.add_forward(y, y, x, self.limits))  # out may alias an input
+            self._launch(launches.add_forward(y, y, x, self.limits))  # out may alias an input
 
     @on_compute
     def concat_forward(self, xs: list, y) -> None:
         self._check("concat_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
         c = 0
         for x in xs:
-            self._launch(cuplan.concat_copy_forward(y, x, c, self.limits))
+            self._launch(launches.concat_copy_forward(y, x, c, self.limits))
             c += x.shape[1]
 
     @on_compute
@@ -55,7 +55,7 @@ class PointwiseOps:
         c = 0
         for dx, ch in zip(dxs, channels):
             if dx is not None:
-                self._launch(cuplan.concat_copy_backward(dx, dy, c, self.limits))
+                self._launch(launches.concat_copy_backward(dx, dy, c, self.limits))
             c += ch
     # -- dropout ---------------------------------------------------------------------------------------------
     # While a graph is captured (`graph_scalars` set) the key is read from its device slot (backend/scalars.py).
@@ -63,12 +63,12 @@ class PointwiseOps:
     def dropout_forward(self, x, y, p: float, key: int) -> None:
         self._check("dropout_forward", x=x, y=y)
         gs = self.graph_scalars
-        self._launch(cuplan.dropout_forward(y, x, p, key, self.limits) if gs is None else
-                     cuplan.dropout_forward_dev(y, x, p, gs.key_slot(key), self.limits))
+        self._launch(launches.dropout_forward(y, x, p, key, self.limits) if gs is None else
+                     launches.dropout_forward_dev(y, x, p, gs.key_slot(key), self.limits))
 
     @on_compute
     def dropout_backward(self, dy, dx, p: float, key: int) -> None:
         self._check("dropout_backward", dy=dy, dx=dx)
         gs = self.graph_scalars
-        self._launch(cuplan.dropout_backward(dx, dy, p, key, self.limits) if gs is None else
-                     cuplan.dropout_backward_dev(dx, dy, p, gs.key_slot(key), self.limits))
+        self._launch(launches.dropout_backward(dx, dy, p, key, self.limits) if gs is None else
+                     launches.dropout_backward_dev(dx, dy, p, gs.key_slot(key), self.limits))

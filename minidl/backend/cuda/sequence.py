@@ -3,7 +3,7 @@ matrix products, self-attention and cross-entropy with an ignore index (the CPU 
 with the same signatures).
 
 Layer norm, GELU, softmax, the embedding gather and its gradient, and the ignore-index loss run the hand-written
-kernels of `kernels/seq.cu` and `kernels/loss.cu` (launches packed by `plan.py`); the products go through cuBLAS
+kernels of `kernels/seq.cu` and `kernels/loss.cu` (launches packed by `launches`); the products go through cuBLAS
 (`cupy.matmul`, strided batched GEMM). Attention is built from those: per sample, P = softmax(q k^T * scale
 [+ causal mask]) into the saved `probs` or a scratch of one sample's scores, then y = P v; backward rebuilds P the
 same way where it was not kept (FlashAttention's trade), so a saved and a rebuilt P have the same bits and every
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import plan as cuplan
+from . import launches
 from .ops import F32, I64, on_compute
 
 #: The kernels of this family beyond the `Backend` protocol's (`Capabilities.kernels`; `Layer.backend_ops`): the
@@ -45,40 +45,40 @@ class SequenceOps:
         if mean is None:
             mean = self.side.get("ln_mean", (x.shape[0],), np.float32)
             rstd = self.side.get("ln_rstd", (x.shape[0],), np.float32)
-        self._launch(cuplan.layernorm_forward(y, mean, rstd, x, w, b, eps, self.limits))
+        self._launch(launches.layernorm_forward(y, mean, rstd, x, w, b, eps, self.limits))
 
     @on_compute
     def layernorm_forward_apply(self, x, w, b, mean, rstd, y) -> None:
         """y from the saved statistics (a recomputed layer norm): the training forward's operations, in its
         order, on the same values."""
         self._check("layernorm_forward_apply", x=x, w=w, b=b, mean=mean, rstd=rstd, y=y)
-        self._launch(cuplan.layernorm_forward_apply(y, x, w, b, mean, rstd, self.limits))
+        self._launch(launches.layernorm_forward_apply(y, x, w, b, mean, rstd, self.limits))
 
     @on_compute
     def layernorm_backward(self, x, w, dy, mean, rstd, dx, dw, db) -> None:
         """dx per row (one block each); dw, db as column sums in float64, by chunks of rows then over the
-        chunks, each in a fixed order (`cuplan.layernorm_chunks`; the partial sums in side buffers)."""
+        chunks, each in a fixed order (`launches.layernorm_chunks`; the partial sums in side buffers)."""
         self._check("layernorm_backward", x=x, w=w, dy=dy, mean=mean, rstd=rstd, dx=dx, dw=dw, db=db)
         if dw is not None or db is not None:
             r, c = x.shape
-            _, n = cuplan.layernorm_chunks(r)
+            _, n = launches.layernorm_chunks(r)
             pw = self.side.get("ln_partial_w", (n, c), np.float64)
             pb = self.side.get("ln_partial_b", (n, c), np.float64)
-            self._launch(cuplan.layernorm_backward_partials(pw, pb, x, dy, mean, rstd, self.limits))
-            self._launch(cuplan.layernorm_backward_params(dw, db, pw, pb, r, self.limits))
+            self._launch(launches.layernorm_backward_partials(pw, pb, x, dy, mean, rstd, self.limits))
+            self._launch(launches.layernorm_backward_params(dw, db, pw, pb, r, self.limits))
         if dx is not None:
-            self._launch(cuplan.layernorm_backward_dx(dx, x, w, dy, mean, rstd, self.limits))
+            self._launch(launches.layernorm_backward_dx(dx, x, w, dy, mean, rstd, self.limits))
 
     # -- GELU ---------------------------------------------------------------------------------------------------
     @on_compute
     def gelu_forward(self, x, y, approximate: str) -> None:
         self._check("gelu_forward", x=x, y=y)
-        self._launch(cuplan.gelu_forward(y, x, approximate, self.limits))
+        self._launch(launches.gelu_forward(y, x, approximate, self.limits))
 
     @on_compute
     def gelu_backward(self, x, dy, dx, approximate: str) -> None:
         self._check("gelu_backward", x=x, dy=dy, dx=dx)
-        self._launch(cuplan.gelu_backward(dx, x, dy, approximate, self.limits))
+        self._launch(launches.gelu_backward(dx, x, dy, approximate, self.limits))
 
     # -- embeddings -------------------------------------------------------------------------------------------------
     @on_compute
@@ -86,15 +86,15 @@ class SequenceOps:
         """y[r] = w[idx[r]] for the flat int64 indices idx (R,) and rows y (R, C)."""
         self._check("embedding_forward", w=w, y=y)
         self._check("embedding_forward", I64, idx=idx)
-        self._launch(cuplan.embedding_forward(y, w, idx, self.limits))
+        self._launch(launches.embedding_forward(y, w, idx, self.limits))
 
     @on_compute
     def embedding_backward(self, idx, dy, dw) -> None:
         """dw[v] = the sum of dy[r] over the rows with idx[r] == v, in row order; zeros elsewhere."""
         self._check("embedding_backward", dy=dy, dw=dw)
         self._check("embedding_backward", I64, idx=idx)
-        dw.fill(0)  # the kernel adds into it (cuplan.ZERO_OUTPUT_FIRST)
-        self._launch(cuplan.embedding_backward(dw, dy, idx, self.limits))
+        dw.fill(0)  # the kernel adds into it (launches.ZERO_OUTPUT_FIRST)
+        self._launch(launches.embedding_backward(dw, dy, idx, self.limits))
 
     @on_compute
     def position_embedding_forward(self, x, w, y) -> None:
@@ -117,13 +117,13 @@ class SequenceOps:
     @on_compute
     def softmax_forward(self, x, y) -> None:
         self._check("softmax_forward", x=x, y=y)
-        self._launch(cuplan.softmax_forward(y, x, 1.0, 0, self.limits))
+        self._launch(launches.softmax_forward(y, x, 1.0, 0, self.limits))
 
     @on_compute
     def softmax_backward(self, y, dy, dx) -> None:
         """dx = y (dy - sum(dy y)) per row: reads the output only."""
         self._check("softmax_backward", y=y, dy=dy, dx=dx)
-        self._launch(cuplan.softmax_backward(dx, y, dy, 1.0, self.limits))
+        self._launch(launches.softmax_backward(dx, y, dy, 1.0, self.limits))
 
     # -- batched matrix product (cuBLAS) ---------------------------------------------------------------------------
     def _product(self, a, b, out) -> None:
@@ -168,7 +168,7 @@ class SequenceOps:
         scores by cuBLAS into p, then the masked, scaled softmax in place (masked entries exactly 0)."""
         t = q.shape[-2]
         self._product(q, k.swapaxes(-1, -2), p)
-        self._launch(cuplan.softmax_forward(p, p, scale, t if causal else 0, self.limits))
+        self._launch(launches.softmax_forward(p, p, scale, t if causal else 0, self.limits))
 
     @on_compute
     def attention_forward(self, q, k, v, probs, y, scale: float, causal: bool = True) -> None:
@@ -204,7 +204,7 @@ class SequenceOps:
                 p = probs[bi]
             self._product(p.swapaxes(-1, -2), dys, dv[bi])
             self._product(dys, self._staged("attn_v", v[bi]).swapaxes(-1, -2), ds)
-            self._launch(cuplan.softmax_backward(ds, p, ds, scale, self.limits))
+            self._launch(launches.softmax_backward(ds, p, ds, scale, self.limits))
             self._product(ds, ks, dq[bi])
             self._product(ds.swapaxes(-1, -2), qs, dk[bi])
 
@@ -216,8 +216,8 @@ class SequenceOps:
         self._check("softmax_xent_ignore_forward", logits=logits, loss=loss)
         self._check("softmax_xent_ignore_forward", I64, labels=labels)
         rows = self.side.get("xent_rows", (logits.shape[0],), np.float32)
-        self._launch(cuplan.softmax_xent_ignore_forward(rows, logits, labels, ignore_index, self.limits))
-        self._launch(cuplan.softmax_xent_ignore_mean(loss, rows, labels, ignore_index, self.limits))
+        self._launch(launches.softmax_xent_ignore_forward(rows, logits, labels, ignore_index, self.limits))
+        self._launch(launches.softmax_xent_ignore_mean(loss, rows, labels, ignore_index, self.limits))
 
     @on_compute
     def softmax_xent_ignore_backward(self, logits, labels, dloss, dlogits, ignore_index: int) -> None:
@@ -226,8 +226,8 @@ class SequenceOps:
         self._check("softmax_xent_ignore_backward", logits=logits, dloss=dloss, dlogits=dlogits)
         self._check("softmax_xent_ignore_backward", I64, labels=labels)
         scale = self.side.get("xent_scale", (1,), np.float32)
-        self._launch(cuplan.softmax_xent_ignore_scale(scale, dloss, labels, ignore_index, self.limits))
-        self._launch(cuplan.softmax_xent_ignore_backward(dlogits, logits, labels, scale, ignore_index,
+        self._launch(launches.softmax_xent_ignore_scale(scale, dloss, labels, ignore_index, self.limits))
+        self._launch(launches.softmax_xent_ignore_backward(dlogits, logits, labels, scale, ignore_index,
                                                          self.limits))
 
     # -- helpers ------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import plan as cuplan
+from . import launches
 from .ops import I64, on_compute
 
 
@@ -21,8 +21,8 @@ class UpdateOps:
         self._check("softmax_xent_forward", I64, labels=labels)
         n = logits.shape[0]
         rows = self.side.get("xent_rows", (n,), np.float32)
-        self._launch(cuplan.softmax_xent_forward(rows, logits, labels, self.limits))
-        self._launch(cuplan.softmax_xent_mean(loss, rows, n, self.limits))
+        self._launch(launches.softmax_xent_forward(rows, logits, labels, self.limits))
+        self._launch(launches.softmax_xent_mean(loss, rows, n, self.limits))
 
     @on_compute
     def softmax_xent_backward(self, logits, labels, dloss, dlogits) -> None:
@@ -30,7 +30,7 @@ class UpdateOps:
         self._check("softmax_xent_backward", I64, labels=labels)
         n = logits.shape[0]
         # scale = 1/N in the kernel, then * dloss on the device: no device->host sync to read dloss.
-        self._launch(cuplan.softmax_xent_backward(dlogits, logits, labels, 1.0 / n, self.limits))
+        self._launch(launches.softmax_xent_backward(dlogits, logits, labels, 1.0 / n, self.limits))
         self.cp.multiply(dlogits, dloss.reshape(()), out=dlogits)
 
     # -- optimizers ------------------------------------------------------------------------------------------
@@ -39,10 +39,10 @@ class UpdateOps:
         self._check("sgd_update", p=p, g=g, buf=buf)
         gs = self.graph_scalars  # capturing: the learning rate from its device slot (a schedule changes it)
         if gs is not None:
-            self._launch(cuplan.sgd_update_dev(p, g, buf, gs.lr_slot(lr), momentum, dampening, weight_decay,
+            self._launch(launches.sgd_update_dev(p, g, buf, gs.lr_slot(lr), momentum, dampening, weight_decay,
                                                nesterov, first_step, gs.diverged, self.limits))
             return
-        self._launch(cuplan.sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
+        self._launch(launches.sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
                                        self.limits))
 
     @on_compute
@@ -50,7 +50,7 @@ class UpdateOps:
         self._check("adam_update", p=p, g=g, m=m, v=v)
         gs = self.graph_scalars  # capturing: lr and the step (bias corrections) from their device slots
         if gs is not None:
-            self._launch(cuplan.adam_update_dev(p, g, m, v, gs.adam_slot(lr, step), beta1, beta2, eps, weight_decay,
+            self._launch(launches.adam_update_dev(p, g, m, v, gs.adam_slot(lr, step), beta1, beta2, eps, weight_decay,
                                                 gs.diverged, self.limits))
             return
-        self._launch(cuplan.adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, self.limits))
+        self._launch(launches.adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, self.limits))

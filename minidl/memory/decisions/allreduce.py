@@ -152,6 +152,7 @@ def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) ->
     update = next((k for k, s in enumerate(plan.route.steps) if s.phase is Phase.UPDATE), None)
     how = ("reduce-scatter (all-to-all, ordered sum of the chunks) then all-gather" if dp.reduction == "ring"
            else "all-gather of every rank's row")
+    plan.memo.clear()   # analyses of the plan without these events
     for b in buckets:
         nbytes = plan.sizes[b.tensor]
         label = plan.route.steps[b.ready_step].label

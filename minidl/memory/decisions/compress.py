@@ -75,7 +75,7 @@ _READER_KINDS = {("Conv2d", "input"): ReaderKind.BILINEAR, ("Linear", "input"): 
 
 
 @dataclass(slots=True)
-class Candidate:
+class Compressible:
     tensor: str
     nbytes: int
     last_forward: int
@@ -105,12 +105,12 @@ def backward_readers(route: Route) -> dict[str, list[Reader] | None]:
     return out
 
 
-def find_candidates(route: Route, base: Schedule, exclude=()) -> list[Candidate]:
+def find_candidates(route: Route, base: Schedule, exclude=()) -> list[Compressible]:
     """Tensors the bound allows to be compressed between their forward and backward uses, in route order.
     `exclude`: tensors a reader the bound does not know reads in backward (a recomputation's checkpoint)."""
     uses = tensor_uses(route)
     readers = backward_readers(route)
-    out: list[Candidate] = []
+    out: list[Compressible] = []
     for tid, lst in base.residencies.items():
         spec = route.tensors.get(tid)
         if (spec is None or tid in exclude or spec.role not in (Role.ACTIVATION, Role.DATA) or len(lst) != 1
@@ -123,7 +123,7 @@ def find_candidates(route: Route, base: Schedule, exclude=()) -> list[Candidate]
         bwd = [k for k in uses.get(tid, ()) if route.steps[k].phase is not Phase.FORWARD]
         if not fwd or not bwd or bwd[0] - fwd[-1] < 2 or fwd[-1] < r.start or bwd[0] > r.end:
             continue
-        out.append(Candidate(tid, spec.nbytes, fwd[-1], bwd[0], r, readers[tid]))
+        out.append(Compressible(tid, spec.nbytes, fwd[-1], bwd[0], r, readers[tid]))
     out.sort(key=lambda c: (c.last_forward, c.tensor))
     return out
 
@@ -134,7 +134,7 @@ def reserve_bytes(nbytes: int, ratio: float | None) -> int:
     return min(nbytes, math.ceil(nbytes / r * MARGIN)) + HEADER_BYTES
 
 
-def compress_schedule(base: Schedule, chosen: list[Candidate], ratios: dict[str, float] | None = None,
+def compress_schedule(base: Schedule, chosen: list[Compressible], ratios: dict[str, float] | None = None,
                       offloadable: bool = False) -> Schedule:
     """`base` with each chosen tensor's residency split around its stay in compressed form. `offloadable`: the
     streams may then be offloaded (`stream_candidates`), so the decompression leaves the first place of its
@@ -160,7 +160,7 @@ def compress_schedule(base: Schedule, chosen: list[Candidate], ratios: dict[str,
     return dataclasses.replace(base, residencies=res, markers=list(base.markers), sizes=sizes)
 
 
-def stream_candidates(route: Route, sched: Schedule, chosen: list[Candidate], clock) -> list[offload.Candidate]:
+def stream_candidates(route: Route, sched: Schedule, chosen: list[Compressible], clock) -> list[offload.Offloadable]:
     """The compressed streams of `chosen` (in `sched`, made `offloadable`) as candidates of the tensor cache: a
     stream may wait on the host between its compression and its decompression, moving its reserved bytes over the
     link instead of the tensor's. It is written in the sequence after its tensor's last forward step (`out_seq`:
@@ -170,7 +170,7 @@ def stream_candidates(route: Route, sched: Schedule, chosen: list[Candidate], cl
         z = compressed_id(c.tensor)
         if c.first_backward - c.last_forward < 2:
             continue
-        out.append(offload.Candidate(z, sched.sizes[z], c.last_forward, c.first_backward, sched.residencies[z][0],
+        out.append(offload.Offloadable(z, sched.sizes[z], c.last_forward, c.first_backward, sched.residencies[z][0],
                                      clock.start[c.first_backward] - clock.end(c.last_forward), seq_read=True,
                                      out_seq=1))
     return out

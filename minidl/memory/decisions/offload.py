@@ -106,7 +106,7 @@ _MOVABLE_ROLES = (Role.ACTIVATION, Role.DATA)
 
 
 @dataclass(slots=True)
-class Candidate:
+class Offloadable:
     """A tensor that could wait on the host between its last forward use and its first backward use."""
 
     tensor: str
@@ -162,11 +162,11 @@ def _clock(route: Route, device: DeviceProfile, slack: float) -> _Clock:
     return _Clock(start, device.link_bw, slack, COPY_LATENCY_S.get(device.name, latency))
 
 
-def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -> list[Candidate]:
+def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -> list[Offloadable]:
     """Tensors the base schedule keeps resident across the forward/backward turn, highest priority first."""
     uses = tensor_uses(route)
     turn = route.turn  # the first backward step (a packed route's re-forwards belong to the backward half)
-    out: list[Candidate] = []
+    out: list[Offloadable] = []
     for tid, lst in base.residencies.items():
         spec = route.tensors.get(tid)
         if spec is None or spec.role not in _MOVABLE_ROLES or len(lst) != 1:
@@ -182,7 +182,7 @@ def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -
         if fb - lf < 2 or lf < r.start or fb > r.end:
             continue
         node = route.network.node(spec.owner) if spec.role is Role.ACTIVATION else None
-        c = Candidate(tid, spec.nbytes, lf, fb, r, checkpoint=bool(node is not None and node.layer.checkpoint))
+        c = Offloadable(tid, spec.nbytes, lf, fb, r, checkpoint=bool(node is not None and node.layer.checkpoint))
         if clock is not None:
             c.idle_s = clock.start[fb] - clock.end(lf)
         else:
@@ -192,7 +192,7 @@ def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -
     return out
 
 
-def hiding_timing(chosen: list[Candidate], clock: _Clock) -> dict[str, Timing]:
+def hiding_timing(chosen: list[Offloadable], clock: _Clock) -> dict[str, Timing]:
     """For each chosen tensor, the latest prefetch and the earliest release that still hide its copies.
 
     Offloads go on the stream in issue order (forward order); each starts when the stream is free and its
@@ -218,12 +218,12 @@ def hiding_timing(chosen: list[Candidate], clock: _Clock) -> dict[str, Timing]:
     return timing
 
 
-def tight_timing(chosen: list[Candidate]) -> dict[str, Timing]:
+def tight_timing(chosen: list[Offloadable]) -> dict[str, Timing]:
     """Least memory: release right after the copy out (waiting for it), prefetch right before the use."""
     return {c.tensor: Timing(c.last_forward, c.first_backward) for c in chosen}
 
 
-def offload_schedule(route: Route, base: Schedule, chosen: list[Candidate],
+def offload_schedule(route: Route, base: Schedule, chosen: list[Offloadable],
                      timing: dict[str, Timing]) -> Schedule:
     """`base` with each chosen tensor's residency split around its stay on the host, plus the markers."""
     res = dict(base.residencies)
@@ -306,7 +306,7 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
     return finalize(_repair(route, base, cands, clock, budget, place) or floor, budget)
 
 
-def _repair(route: Route, base: Schedule, cands: list[Candidate], clock: _Clock, budget: int,
+def _repair(route: Route, base: Schedule, cands: list[Offloadable], clock: _Clock, budget: int,
             place) -> Plan | None:
     """Offload everything, then trim the hiding windows until the plan fits; None if only the tightest does.
 

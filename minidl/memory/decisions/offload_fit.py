@@ -37,7 +37,7 @@ from ..plan import Plan
 from ..planner import Schedule, WorkspaceChoice, default_workspace, finalize, liveness_schedule, place
 from ..pool import align_up
 from . import offload as _offload
-from .offload import Candidate, Timing, _Clock, hiding_timing
+from .offload import Offloadable, Timing, _Clock, hiding_timing
 from .recompute import SLOTS, Timeline
 
 # Where a step's slots start (see recompute.SLOTS): an offloaded tensor released after step r is gone from
@@ -61,7 +61,7 @@ ones (ResNet-2500 at 12 GB: the fewest that fit hide all but 0.02 s of 6 s)."""
 class Fit:
     """A timing for `chosen`, and what the timeline predicts of it."""
 
-    chosen: list[Candidate]
+    chosen: list[Offloadable]
     timing: dict[str, Timing]
     exposed_s: float        # estimated compute time spent waiting for copies
     transfer_s: float       # estimated link time (both directions)
@@ -81,19 +81,19 @@ def base_usage(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice]) -> 
     return tl.freeze().copy()
 
 
-def _back(c: Candidate) -> int:
+def _back(c: Offloadable) -> int:
     """The first slot at which an offloaded tensor must be on the device again: its first backward step's starts,
-    or that boundary's sequence when a recomputation there reads it (`Candidate.seq_read`)."""
+    or that boundary's sequence when a recomputation there reads it (`Offloadable.seq_read`)."""
     return c.first_backward * SLOTS + (BEFORE_SEQ if c.seq_read else BEFORE_START)
 
 
-def _absent(c: Candidate) -> tuple[int, int]:
+def _absent(c: Offloadable) -> tuple[int, int]:
     """Slots [lo, hi) where a tensor offloaded with the tightest timing is off the device (one written in the
     sequence after its last forward step, a compressed stream, is there only inside that sequence)."""
     return c.last_forward * SLOTS + (AFTER_START if c.out_seq else AFTER_END), _back(c)
 
 
-def tight_usage(usage: np.ndarray, chosen: list[Candidate]) -> np.ndarray:
+def tight_usage(usage: np.ndarray, chosen: list[Offloadable]) -> np.ndarray:
     """`usage` with each chosen tensor off the device from its last forward use to its first backward use."""
     diff = np.zeros(len(usage) + 1, np.int64)
     for c in chosen:
@@ -107,7 +107,7 @@ def _over(usage: np.ndarray, cap) -> bool:
     return bool(np.any(usage > cap))
 
 
-def fewest_that_fit(usage: np.ndarray, cands: list[Candidate], cap) -> int | None:
+def fewest_that_fit(usage: np.ndarray, cands: list[Offloadable], cap) -> int | None:
     """The smallest n such that offloading cands[:n] (tightest timing) keeps every slot within `cap` (bytes, or
     bytes per slot); None if even all of them do not. Memory can only drop as n grows: a bisection finds it."""
     if _over(tight_usage(usage, cands), cap):
@@ -122,7 +122,7 @@ def fewest_that_fit(usage: np.ndarray, cands: list[Candidate], cap) -> int | Non
     return hi
 
 
-def fitted_timing(chosen: list[Candidate], clock: _Clock, room: np.ndarray) -> dict[str, Timing]:
+def fitted_timing(chosen: list[Offloadable], clock: _Clock, room: np.ndarray) -> dict[str, Timing]:
     """The hiding windows of `chosen`, each cut where a slot has less than its bytes of `room` left (module
     docstring). `room` is free bytes per slot under the tightest plan; it is not modified."""
     room = room.copy()
@@ -154,14 +154,14 @@ def fitted_timing(chosen: list[Candidate], clock: _Clock, room: np.ndarray) -> d
     return timing
 
 
-def estimate_exposed(chosen: list[Candidate], timing: dict[str, Timing], clock: _Clock,
+def estimate_exposed(chosen: list[Offloadable], timing: dict[str, Timing], clock: _Clock,
                      link_bw: float) -> tuple[float, float]:
     """(exposed, total) link seconds of this timing, by the simulator's model (`simulate.link_timeline`): one
     FIFO copy stream at `link_bw`; a RELEASE or WAIT blocks compute until its copy is done. Step times are the
     clock's (no recomputation or workspace slow-down: those only give copies more time)."""
     # (step, order within the step, event, candidate): after step k: OFFLOAD then RELEASE; before step k:
     # PREFETCH (issued) then WAIT. Order: before-events of k, compute k, after-events of k.
-    evs: list[tuple[int, int, int, Candidate]] = []
+    evs: list[tuple[int, int, int, Offloadable]] = []
     for c in chosen:
         t = timing[c.tensor]
         evs.append((c.last_forward, 2, 0, c))     # OFFLOAD after lf
@@ -186,7 +186,7 @@ def estimate_exposed(chosen: list[Candidate], timing: dict[str, Timing], clock: 
     return exposed, total
 
 
-def best_fit(usage: np.ndarray, cands: list[Candidate], clock: _Clock, cap: int, link_bw: float) -> Fit | None:
+def best_fit(usage: np.ndarray, cands: list[Offloadable], clock: _Clock, cap: int, link_bw: float) -> Fit | None:
     """Among the offload sets of `CANDIDATE_SHARES`, the timing with the least estimated exposed time (then the
     fewest bytes moved) under `cap` bytes per slot; None if no set fits the timeline."""
     n0 = fewest_that_fit(usage, cands, cap)
@@ -206,7 +206,7 @@ def best_fit(usage: np.ndarray, cands: list[Candidate], clock: _Clock, cap: int,
     return best
 
 
-def fitted_plan(usage: np.ndarray, cands: list[Candidate], clock: _Clock, budget: int, persistent: int,
+def fitted_plan(usage: np.ndarray, cands: list[Offloadable], clock: _Clock, budget: int, persistent: int,
                 link_bw: float, place_timing, attempts: int = 3, margin: int = 0):
     """Place the best timeline fit (`place_timing(chosen, timing)` -> Plan); when fragmentation makes it miss
     `budget`, refit with the room lowered by twice the excess. The plan, or None if no fit fits."""

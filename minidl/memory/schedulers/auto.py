@@ -200,7 +200,7 @@ def offload_candidates(route: Route, base: Schedule, clock, root_reads: dict[str
         if fb - lf < 2:
             continue
         spec = route.tensors[tid]
-        cands.append(offload_decision.Candidate(tid, spec.nbytes, lf, fb, r, clock.start[fb] - clock.end(lf), True,
+        cands.append(offload_decision.Offloadable(tid, spec.nbytes, lf, fb, r, clock.start[fb] - clock.end(lf), True,
                                                 seq_read=True))
     cands.sort(key=lambda c: (-c.priority, -c.nbytes, c.tensor))
     return cands

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Callable
 
 from ...core.errors import BudgetError
-from ...graph.packs import even_packs
+from ...graph.packs import PackError, even_packs
 from ...graph.route import Phase, Route
 from ..decisions.weights import moved_by_role, plan_weights, weights_floor
 from ..plan import Plan
@@ -70,7 +70,12 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
     failed: list[tuple[str, int | Callable[[], int]]] = []   # (where, the budget it needs, or how to find it out)
     best: tuple[int, int, Plan] | None = None    # (bytes moved, micro-batches, plan)
     for m in ms:
-        floor_m = step_floor(route.with_micro_batches(m))
+        try:
+            floor_m = step_floor(route.with_micro_batches(m))
+        except PackError:   # a layer cannot train on so small a micro-batch (BN), nor on any smaller one
+            if best is None and not failed:
+                raise
+            break
         if budget is not None and floor_m > budget:
             failed.append((f"{m} micro-batches (one step's own tensors)", floor_m))
             continue  # one micro-batch's single step does not fit: no packing can help

@@ -150,7 +150,7 @@ def sub_routes(route: Route, devices: int) -> tuple[list[Route], list[int]]:
         n = len(packing.packs)
         blocks = [packing.blocks[k] for k in mine] + [packing.blocks[n + (n - 1 - k)] for k in reversed(mine)]
         sub = Route(route.network, route.training, steps, tensors, route.optimizer_slots, route.requires_grad,
-                    route.backend_name, route.fused_update)
+                    route.menu, route.fused_update)
         sub.packing = Packing(packing.micro_batches, packing.micro_batch, [packing.packs[k] for k in mine],
                               [(new[lo], new[hi]) for lo, hi in blocks], packing.shapes)
         parts.append(sub)

@@ -1,0 +1,254 @@
+"""Half-precision conversions compiled with numba: bf16 and fp16 bits to float32 (exact) and float32 to their
+bits, rounded to nearest, ties to even (what a GPU stores: `__float2bfloat16_rn`, `__float2half_rn`).
+
+Why. numpy's float16 casts run ~6 ns a value here (float32 -> float16 ~10 ns), ml_dtypes' float32 -> bfloat16
+~2 ns; these loops vectorize (~0.1 ns a value for bf16, measured on 1M values), and a half kernel converts its
+operands once per call (`cpu.half`). The same bits as numpy's and ml_dtypes' casts for every finite value and
+infinity (tests/backend/test_half_cast.py: all 65536 halves, random float32 bit patterns); a NaN stays a quiet
+NaN of the same sign (its payload's top bits kept).
+Half values travel as their uint16 bits (numba has no bfloat16, and no float16 on the CPU); `as_f32`/`as_u32`
+reinterpret a value's bits in a register. The conversions run on one thread (`cpu.half.widen_into` says why), with a
+4-D twin for strided views (`_nd`); the elementwise kernels at the end have `_parallel` twins (one contiguous piece
+per worker: elementwise, so the split changes no bits), as the float32 ones they replace.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import float32, prange, types, uint16, uint32, uint64
+from numba.extending import intrinsic
+
+from ...core.jit_cache import njit
+
+_OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
+_PIECE = 4096  # values per worker piece boundary (16 KiB of float32)
+
+
+@intrinsic
+def as_f32(typingctx, x):
+    """The float32 whose bits are the uint32 `x`."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def as_u32(typingctx, x):
+    """The bits of the float32 `x`, as a uint32."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+@njit(**_OPTS)
+def bf16_bits(f):
+    """float32 -> bfloat16 bits, ties to even; NaN -> a quiet NaN (bit 6 of its top half set)."""
+    u = as_u32(f)
+    r = (u + uint32(0x7FFF) + ((u >> uint32(16)) & uint32(1))) >> uint32(16)
+    return uint16(((u >> uint32(16)) | uint32(0x40)) if (u & uint32(0x7FFFFFFF)) > uint32(0x7F800000) else r)
+
+
+@njit(**_OPTS)
+def bf16_value(h):
+    return as_f32(uint32(h) << uint32(16))
+
+
+@njit(**_OPTS)
+def f16_bits(f):
+    """float32 -> float16 bits, ties to even: overflow to inf, subnormals rounded by a float addition (the
+    magic 0.5 puts the half's last bit at float32's), NaN -> a quiet NaN keeping the top of its payload."""
+    u = as_u32(f)
+    sign = u & uint32(0x80000000)
+    a = u ^ sign
+    nan = uint32(0x7E00) | ((a >> uint32(13)) & uint32(0x3FF))
+    big = nan if a > uint32(0x7F800000) else uint32(0x7C00)
+    sub = as_u32(as_f32(a) + float32(0.5)) - uint32(0x3F000000)
+    nrm = (a + uint32(0xC8000FFF) + ((a >> uint32(13)) & uint32(1))) >> uint32(13)
+    o = big if a >= uint32(0x47800000) else (sub if a < uint32(0x38800000) else nrm)
+    return uint16(o | (sign >> uint32(16)))
+
+
+@njit(**_OPTS)
+def f16_value(h):
+    """float16 bits -> float32 (exact): subnormals renormalized by a float subtraction of 2^-14."""
+    v = uint32(h)
+    o = (v & uint32(0x7FFF)) << uint32(13)
+    e = o & uint32(0x0F800000)
+    o += uint32(112 << 23)
+    inf = o + uint32(112 << 23)
+    sub = as_u32(as_f32(o + uint32(1 << 23)) - float32(6.103515625e-05))
+    o = inf if e == uint32(0x0F800000) else (sub if e == uint32(0) else o)
+    return as_f32(o | ((v & uint32(0x8000)) << uint32(16)))
+
+
+@njit(**_OPTS)
+def _cut(n, t, workers):
+    return n if t == workers else (n * t // workers) // _PIECE * _PIECE
+
+
+# -- flat (1-D, contiguous) conversions ----------------------------------------------------------------------------
+@njit(**_OPTS)
+def _widen(h, f, bf, lo, hi):
+    for i in range(uint64(lo), uint64(hi)):
+        f[i] = bf16_value(h[i]) if bf else f16_value(h[i])
+
+
+@njit(**_OPTS)
+def _narrow(f, h, bf, lo, hi):
+    for i in range(uint64(lo), uint64(hi)):
+        h[i] = bf16_bits(f[i]) if bf else f16_bits(f[i])
+
+
+@njit(**_OPTS)
+def _quantize(f, bf, lo, hi):
+    for i in range(uint64(lo), uint64(hi)):
+        f[i] = bf16_value(bf16_bits(f[i])) if bf else f16_value(f16_bits(f[i]))
+
+
+@njit(**_OPTS)
+def widen(h, f, bf):
+    """f = the float32 values of the half bits h (bf: bfloat16, else float16)."""
+    _widen(h, f, bf, 0, h.size)
+
+
+@njit(**_OPTS)
+def narrow(f, h, bf):
+    """h = the half bits of the float32 values f, rounded to nearest even."""
+    _narrow(f, h, bf, 0, f.size)
+
+
+@njit(**_OPTS)
+def quantize(f, bf):
+    """f rounded in place to the nearest half value (kept in float32)."""
+    _quantize(f, bf, 0, f.size)
+
+
+# -- strided 4-D views (attention's heads, a concat's slice) ------------------------------------------------------
+@njit(**_OPTS)
+def widen_nd(h, f, bf):
+    """`widen` over 4-D arrays of any strides (f contiguous or not)."""
+    for a in range(h.shape[0]):
+        for b in range(h.shape[1]):
+            for c in range(h.shape[2]):
+                for d in range(h.shape[3]):
+                    f[a, b, c, d] = bf16_value(h[a, b, c, d]) if bf else f16_value(h[a, b, c, d])
+
+
+@njit(**_OPTS)
+def narrow_nd(f, h, bf):
+    """`narrow` over 4-D arrays of any strides."""
+    for a in range(f.shape[0]):
+        for b in range(f.shape[1]):
+            for c in range(f.shape[2]):
+                for d in range(f.shape[3]):
+                    h[a, b, c, d] = bf16_bits(f[a, b, c, d]) if bf else f16_bits(f[a, b, c, d])
+
+
+# -- elementwise kernels on half bits: widen, compute in float32, round, in one pass -------------------------------
+# The float32 kernels' operations (`eltwise_jit`) on the widened values, each result rounded once: the values the
+# staged path (float32 copies, the float32 kernel, rounding) stores, with no copies: 6 bytes a value moved by an
+# add instead of ~22. An output may be exactly an input (each value is read before it is written).
+@njit(**_OPTS)
+def _value(h, bf):
+    return bf16_value(h) if bf else f16_value(h)
+
+
+@njit(**_OPTS)
+def _store(f, bf):
+    return bf16_bits(f) if bf else f16_bits(f)
+
+
+@njit(**_OPTS)
+def _relu_forward(x, y, bf, lo, hi):
+    z = float32(0)
+    for i in range(uint64(lo), uint64(hi)):
+        a = _value(x[i], bf)
+        y[i] = _store(z if a <= z else a, bf)
+
+
+@njit(**_OPTS)
+def _relu_backward(y, dy, dx, bf, lo, hi):
+    z, one = float32(0), float32(1)
+    for i in range(uint64(lo), uint64(hi)):
+        dx[i] = _store(_value(dy[i], bf) * (one if _value(y[i], bf) > z else z), bf)
+
+
+@njit(**_OPTS)
+def _add_relu(a, b, y, r, keep_y, relu, bf, lo, hi):
+    z = float32(0)
+    for i in range(uint64(lo), uint64(hi)):
+        s = _value(a[i], bf) + _value(b[i], bf)
+        if keep_y:
+            y[i] = _store(s, bf)
+        if relu:
+            r[i] = _store(z if s <= z else s, bf)
+
+
+@njit(**_OPTS)
+def _relu_backward_add(y, dy, d1, d2, bf, lo, hi):
+    z, one = float32(0), float32(1)
+    for i in range(uint64(lo), uint64(hi)):
+        v = _store(_value(dy[i], bf) * (one if _value(y[i], bf) > z else z), bf)
+        d1[i] = v
+        d2[i] = v
+
+
+@njit(**_OPTS)
+def _add_into(a, b, bf, lo, hi):
+    for i in range(uint64(lo), uint64(hi)):
+        a[i] = _store(_value(a[i], bf) + _value(b[i], bf), bf)
+
+
+@njit(**_OPTS)
+def relu_forward(x, y, bf):
+    _relu_forward(x, y, bf, 0, x.size)
+
+
+@njit(**_OPTS, parallel=True)
+def relu_forward_parallel(x, y, bf, workers):
+    for t in prange(workers):
+        _relu_forward(x, y, bf, _cut(x.size, t, workers), _cut(x.size, t + 1, workers))
+
+
+@njit(**_OPTS)
+def relu_backward(y, dy, dx, bf):
+    _relu_backward(y, dy, dx, bf, 0, y.size)
+
+
+@njit(**_OPTS, parallel=True)
+def relu_backward_parallel(y, dy, dx, bf, workers):
+    for t in prange(workers):
+        _relu_backward(y, dy, dx, bf, _cut(y.size, t, workers), _cut(y.size, t + 1, workers))
+
+
+@njit(**_OPTS)
+def add_relu(a, b, y, r, keep_y, relu, bf):
+    """y = a + b (with `keep_y`) and r = ReLU(a + b) (with `relu`), each rounded once."""
+    _add_relu(a, b, y, r, keep_y, relu, bf, 0, a.size)
+
+
+@njit(**_OPTS, parallel=True)
+def add_relu_parallel(a, b, y, r, keep_y, relu, bf, workers):
+    for t in prange(workers):
+        _add_relu(a, b, y, r, keep_y, relu, bf, _cut(a.size, t, workers), _cut(a.size, t + 1, workers))
+
+
+@njit(**_OPTS)
+def relu_backward_add(y, dy, d1, d2, bf):
+    _relu_backward_add(y, dy, d1, d2, bf, 0, y.size)
+
+
+@njit(**_OPTS, parallel=True)
+def relu_backward_add_parallel(y, dy, d1, d2, bf, workers):
+    for t in prange(workers):
+        _relu_backward_add(y, dy, d1, d2, bf, _cut(y.size, t, workers), _cut(y.size, t + 1, workers))
+
+
+@njit(**_OPTS)
+def add_into(a, b, bf):
+    _add_into(a, b, bf, 0, a.size)
+
+
+@njit(**_OPTS, parallel=True)
+def add_into_parallel(a, b, bf, workers):
+    for t in prange(workers):
+        _add_into(a, b, bf, _cut(a.size, t, workers), _cut(a.size, t + 1, workers))

@@ -1,0 +1,100 @@
+"""Precision: the dtype a math mode stores each tensor role in, what computes in float32, how values round.
+
+Rules (every backend keeps them; the planner counts bytes with `Precision.dtype`):
+* fp32 and tf32 store every role in float32 (tf32 changes only how products compute: `mathmode`).
+* bf16 and fp16 store in their half dtype (`HALF_DTYPES`): activations, deltas, float data inputs, the
+  probabilities attention keeps (`Layer.half_aux`), and the half copy of the weights a product reads
+  (`Layer.half_params`: conv's and linear's weight and bias, a `WEIGHT_COPY` refreshed from its master after each
+  update). In float32: parameters (the masters the optimizer updates), buffers, gradients, optimizer state,
+  gradient buckets, a loss's output and its delta, and the statistics a norm saves (BN's mean and invstd, LN's
+  mean and rstd). Labels keep their integer dtype.
+* Kernels read stored values exactly, compute in float32 (sums accumulate in float32 or wider: products, batch-
+  and layer-norm statistics, softmax, the loss), and round once when they store a half value: to nearest, ties
+  to even (a GPU's `__float2bfloat16_rn`, `__float2half_rn`); fp16 overflows to inf; a NaN stays a NaN.
+  A kernel that reads master weights (an embedding's table, a norm's scale) reads them in float32.
+* Workspace is bytes sized for the kernel's compute: the CPU's half kernels stage float32 copies of their half
+  operands (`backend.cpu.half`: `staging_bytes`); CUDA sizes what cuDNN and cuBLAS ask for half I/O.
+* fp16 scales the loss (`minidl.optim.loss_scale`): its smallest normal, 6.1e-5, flushes small gradients;
+  bf16 has float32's exponent range and is not scaled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ..core.errors import OptionError
+from ..core.tensors import Role
+
+#: The half dtypes of the mixed-precision modes.
+HALF_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "fp16": np.dtype(np.float16)}
+#: Every precision mode, float32 ones first.
+PRECISION_MODES = ("fp32", "tf32", *HALF_DTYPES)
+#: The half copy of a master weight that products read: a tensor of its own beside the roles of `Role`.
+WEIGHT_COPY = "weight_copy"
+FLOAT32 = np.dtype(np.float32)
+_WIDE_ROLES = frozenset({Role.PARAMETER, Role.BUFFER, Role.GRADIENT, Role.OPTIMIZER, Role.BUCKET})
+
+
+def is_half(dtype) -> bool:
+    """Whether `dtype` is one of the half storage dtypes."""
+    return np.dtype(dtype) in _HALF
+
+
+_HALF = frozenset(HALF_DTYPES.values())
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A math mode's storage: `dtype` of each role, whether it is mixed, whether its loss is scaled."""
+
+    mode: str
+
+    @property
+    def half(self) -> np.dtype | None:
+        """The half dtype of a mixed mode; None where everything is float32."""
+        return HALF_DTYPES.get(self.mode)
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.mode == "fp16"
+
+    def dtype(self, role: Role | str, *, layer=None, aux: str | None = None) -> np.dtype | None:
+        """The storage dtype of a tensor of `role` (a `Role`, or `WEIGHT_COPY`); `layer` the layer it belongs to
+        where that decides (a loss's output and delta; which aux tensor `aux` names). WORKSPACE is bytes
+        (uint8); LABEL is None: labels keep the dtype they are declared with."""
+        if role == Role.WORKSPACE:
+            return np.dtype(np.uint8)
+        if role == Role.LABEL:
+            return None
+        half = self.half
+        if half is None or role in _WIDE_ROLES:
+            return FLOAT32
+        if role == WEIGHT_COPY or role == Role.DATA:
+            return half
+        if role in (Role.ACTIVATION, Role.DELTA):
+            return FLOAT32 if layer is not None and layer.is_loss else half
+        if role == Role.AUX:
+            return half if layer is not None and aux in layer.half_aux else FLOAT32
+        raise ValueError(f"no storage dtype for role {role!r}")
+
+
+def precision(mode: str) -> Precision:
+    """The `Precision` of `mode`, or an OptionError naming the modes."""
+    if mode not in PRECISION_MODES:
+        raise OptionError(f"--math must be one of {', '.join(PRECISION_MODES)}, got {mode!r}")
+    return Precision(mode)
+
+
+def check_half_kernels(layers, backend, mode: str) -> None:
+    """In a half mode, an OptionError naming the first layer one of whose kernels (`Layer.kernels`) has no half
+    form on `backend` (`Capabilities.half_kernels`), before anything is planned."""
+    if precision(mode).half is None:
+        return
+    have = backend.capabilities.half_kernels
+    for layer in layers:
+        missing = [k for k in layer.kernels() if k not in have]
+        if missing:
+            raise OptionError(f"--math {mode}: {layer.describe()} has no {mode} kernel on backend "
+                              f"'{backend.capabilities.name}' ({', '.join(missing)}); use --math fp32")

@@ -1,0 +1,125 @@
+"""What a run plans for, described once: the request (policy, budget, plan options) and the target (device profile,
+algorithm menu, cost table).
+
+Both are frozen values, made at the edge (the command line, `Session`, `reproduce`) by `PlanRequest.from_options`
+and `Target.for_run`, and passed down unchanged to `policies.plan_network`. The defaulting rules live here and
+nowhere else, so every door means the same by the same words:
+
+- policy: as given, else `auto` under a budget and `liveness` without one; `lossy` asks `auto` to weigh
+  compression too (`auto-lossy`) and applies to `auto` alone;
+- fused update: as given, else on for `weights`, and for `auto` under a budget (`PlanRequest.fused_update`);
+  never with data parallel (the update waits for the reduced gradients);
+- `paged="auto"`: a chunk the budget holds many of (`paged.chunk_for_budget`);
+- the device profile: as given (a name, `NAME:SIZE` or a profile), else the backend's own: a plan is for where
+  the run would train;
+- the menu: that of the backend the plan runs on; without one, that of the cost table that measures, else the
+  cuDNN model for a GPU profile (`cudnn_model.py`) and the CPU's menu for the CPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..backend import menu_of
+from ..backend.cpu.menu import CPU_MENU, CPUMenu
+from ..core.errors import DistError, OptionError
+from ..core.options import MATH_MODES, PlanOptions
+from .cudnn_model import CudnnModel
+from .paged import chunk_for_budget
+from .policy_table import POLICY_TABLE
+from .pool import as_size
+from .simulate import DeviceProfile, get_profile
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .decisions.allreduce import DataParallel
+    from .workspace import CostTable
+
+__all__ = ["PlanOptions", "PlanRequest", "Target"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What is asked of the planner: `policy` (`policy_table.POLICY_TABLE`), `budget` in bytes (None: no limit),
+    `options` (`PlanOptions`). `verify_minimum=False`: a plan that does not fit raises the policy's own BudgetError,
+    without the search for the edge budget it would state (`schedulers/minimum.py`: a dozen plannings more), for
+    callers that only ask "does it fit" many times over and never show the stated minimum."""
+
+    policy: str = "liveness"
+    budget: int | None = None
+    options: PlanOptions = field(default_factory=PlanOptions)
+    verify_minimum: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_TABLE:
+            raise OptionError(f"unknown policy {self.policy!r}: expected one of {', '.join(POLICY_TABLE)}")
+        dp, opts = self.options.data_parallel, self.options
+        if dp is not None and opts.fused_update:
+            raise DistError("data parallel: --fused-update on cannot be combined with several ranks: each layer's "
+                            "update would run before its gradients are all-reduced (use --fused-update off)")
+        if dp is not None and opts.micro_batches is not None:
+            raise DistError("data parallel with micro-batches (packs) is not supported")
+
+    @property
+    def fused_update(self) -> bool:
+        """Whether the route fuses each layer's update into its backward: as asked, else for `weights` (whose host
+        update needs it) and for `auto` under a budget; never with data parallel. Fusing costs no FLOPs, gives
+        bit-identical parameters, and only ever shortens gradients' lives (backward .. update instead of
+        backward .. end of step), so when memory is what is being searched for there is no reason not to; other
+        policies keep the textbook route unless asked."""
+        opts = self.options
+        if opts.data_parallel is not None:
+            return False
+        if opts.fused_update is not None:
+            return bool(opts.fused_update)
+        return self.policy == "weights" or (self.policy in ("auto", "auto-lossy") and self.budget is not None)
+
+    @classmethod
+    def from_options(cls, policy: str | None = None, budget: int | str | None = None, *, lossy: bool = False,
+                     fused_update: bool | None = None, micro_batches: int | None = None,
+                     max_micro_batches: int | None = None, math: str | None = None,
+                     data_parallel: DataParallel | None = None, paged: int | str | None = None,
+                     host_weights: bool = True, verify_minimum: bool = True, backend: str = "cpu") -> PlanRequest:
+        """The request the options describe, by the rules of the module doc. `budget` and `paged` are bytes or
+        size strings ("16MiB"); `paged="auto"` picks the chunk for `backend` ('cpu' or 'cuda') under the
+        budget; `math` None is fp32."""
+        budget = as_size(budget, "budget")
+        if policy is None:
+            policy = "auto" if budget is not None else "liveness"
+        if lossy:
+            if policy not in ("auto", "auto-lossy"):
+                raise OptionError(f"--lossy applies to --policy auto, not {policy!r}")
+            policy = "auto-lossy"
+        paged = chunk_for_budget(budget, backend) if paged == "auto" else as_size(paged, "paged")
+        options = PlanOptions(fused_update=fused_update, micro_batches=micro_batches,
+                              max_micro_batches=max_micro_batches, math=math or MATH_MODES[0],
+                              data_parallel=data_parallel, paged_chunk=paged, host_weights=host_weights)
+        return cls(policy, budget, options, verify_minimum)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a plan will run: `profile`, the device whose speeds (compute, link) the policies' timing decisions
+    assume and whose memory the fit verdict checks; `menu`, whose convolution algorithms (and workspace sizes)
+    the steps choose among (`CPUMenu`, the cuDNN model, or a live backend: a plan runs only on a backend of its
+    menu's kind); `costs`, the `workspace.CostTable` that ranks them (None: the menu's own estimates)."""
+
+    profile: DeviceProfile
+    menu: object = CPU_MENU
+    costs: CostTable | None = None
+
+    @classmethod
+    def for_run(cls, device: str | DeviceProfile | None = None, backend=None, costs: CostTable | None = None,
+                cpu: CPUMenu = CPU_MENU) -> Target:
+        """The target the options describe, by the rules of the module doc: `device` a profile or its name (None:
+        the backend's own, the CPU's without one), `backend` the one the plan runs on (None: a plan only), `cpu`
+        the CPU's menu where the plan is for the CPU and no backend is given."""
+        if device is None:
+            device = backend.profile if backend is not None else "cpu"
+        profile = get_profile(device) if isinstance(device, str) else device
+        if backend is not None:
+            menu = menu_of(backend)
+        elif costs is not None and costs.autotune:   # the algorithms the table measures
+            menu = menu_of(costs.backend) if costs.backend is not None else cpu
+        else:
+            menu = CudnnModel(profile) if profile.gpu else cpu
+        return cls(profile, menu, costs)
