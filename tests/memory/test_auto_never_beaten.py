@@ -155,3 +155,21 @@ def test_auto_plans_wherever_another_exact_policy_does_and_is_no_slower(case):
 @given(CASES)
 def test_auto_is_never_beaten_over_many_networks(case):
     check(case)
+
+
+def test_explain_names_every_rival_auto_did_not_plan_and_why(monkeypatch):
+    """A rival left out is never silent: the plan's decision (what `--explain` and `minidl plan` print) names each
+    one with its reason: weights that must stay on the device, a route longer than `SEARCH_MAX_STEPS`."""
+    from minidl.memory.schedulers import auto as auto_mod
+
+    def net():
+        return build_model("resnet", depth=20, batch=4, image_size=16, num_classes=10)
+
+    budget = int(planned(net(), opt(), "liveness").min_budget_bytes * 0.7)
+    kept = planned(net(), opt(), "auto", budget, host_weights=False).decision
+    line = next(ln for ln in kept.splitlines() if "host_weights off" in ln)
+    assert line.startswith("  not planned: ") and "'weights'" in line and "'packs'" in line
+    monkeypatch.setattr(auto_mod, "SEARCH_MAX_STEPS", 10)
+    short = planned(net(), opt(), "auto", budget, max_micro_batches=1).decision
+    line = next(ln for ln in short.splitlines() if "SEARCH_MAX_STEPS" in ln)
+    assert all(f"'{p}'" in line for p in ("none", "liveness", "offload", "recompute", "weights", "window")), short
