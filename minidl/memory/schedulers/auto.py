@@ -389,6 +389,11 @@ not searched. On ResNet-2500 (16,671 steps) at 12 GB on a K40c, policy `offload`
 up to 64 micro-batches for minutes (shared 2-core EPYC). Each skip is named in the plan's `decision` (`--explain`)."""
 
 
+NOTE_CHARS = 140
+"""The longest note a line of `AutoResult.summary` carries: with its name and figures, a line stays under 250
+characters (`minidl plan --explain` prints one per candidate when nothing fits)."""
+
+
 More = Callable[[Route], "list[Candidate]"]
 """Candidates a caller adds to each route `auto` searches (the route as given, and each micro-batched one), placed
 and timed: `auto --lossy`'s compressed plans (`schedulers/lossy.py`)."""
@@ -703,9 +708,12 @@ def micro_batch_search(route: Route, budget: int, device, costs: CostTable | Non
         if packs_too:
             try:
                 packed = plan_packs(route, budget, device, costs, micro_batches=m)
-            except (BudgetError, PackError) as e:
+            except BudgetError as e:   # (its figure in the table's min budget column)
+                tried.append(Candidate("layer packs", ("weights per pack", "offload"), micro_batches=m, error=e,
+                                       note="no packing fits"))
+            except PackError as e:
                 tried.append(Candidate("layer packs", ("weights per pack", "offload"), micro_batches=m,
-                                       note=f"no packing fits: {e}".splitlines()[0][:200]))
+                                       note=f"no packing: {e}".splitlines()[0][:NOTE_CHARS]))
             else:
                 n = len(packed.route.packing.packs)
                 tried.append(Candidate(f"layer packs ({n} pack{'s' if n > 1 else ''})", ("weights per pack", "offload"),
