@@ -75,7 +75,7 @@ class Layer:
         self.name = name
         self._called = False
 
-    # -- graph building -------------------------------------------------------------------------------
+    # -- graph building
     def __call__(self, *inputs: "Symbol") -> "Symbol":
         if not inputs:
             raise GraphError(f"{self.describe()}: called with no inputs")
@@ -100,7 +100,7 @@ class Layer:
     def describe(self) -> str:
         return f"layer '{self.name or '?'}' ({self.type_name})"
 
-    # -- declarations (pure functions of shapes) -------------------------------------------------------
+    # -- declarations (pure functions of shapes)
     def infer_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         """Return the output shape, or raise ValueError saying what is wrong (wrapped into a GraphError)."""
         raise NotImplementedError
@@ -156,7 +156,7 @@ class Layer:
         """Hyper-parameters, for summaries and checkpoints."""
         return {}
 
-    # -- compute -------------------------------------------------------------------------------------------
+    # -- compute
     def forward(self, be, inputs: list[np.ndarray], out: np.ndarray, params: dict[str, np.ndarray],
                 ctx: LayerContext) -> None:
         raise NotImplementedError

@@ -35,7 +35,7 @@ class Conv2d(Layer):
         self.groups = args.integer(*who, "groups", groups, 1)
         self.bias = args.flag(*who, "bias", bias)
 
-    # -- declarations ------------------------------------------------------------------------------------------
+    # -- declarations
     def kernels(self):
         return ("conv2d_forward", "conv2d_backward", "accumulate")
 
@@ -114,7 +114,7 @@ class Conv2d(Layer):
         return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
                 "padding": self.padding, "dilation": self.dilation, "groups": self.groups, "bias": self.bias}
 
-    # -- compute -----------------------------------------------------------------------------------------------
+    # -- compute
     def _algo(self, ctx: LayerContext, phase: str, in_shape) -> str:
         algo = ctx.algo
         if algo is None:

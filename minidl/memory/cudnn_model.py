@@ -71,7 +71,7 @@ class ConvShape:
         return self.stride == (1, 1) and self.dilation == (1, 1)
 
 
-# -- workspace formulas ------------------------------------------------------------------------------------------
+# -- workspace formulas
 def precomp_bytes(s: ConvShape) -> int:
     """The offset table: int32 per filter tap and channel, and per output row and column."""
     return INDEX * ((s.c // s.groups) * s.kh * s.kw + s.ho + s.wo)
@@ -114,7 +114,7 @@ def winograd_nonfused_bytes(s: ConvShape) -> int:
     return s.itemsize * 36 * (s.k * s.c + s.n * s.c * t + s.n * s.k * t)
 
 
-# -- which families apply ----------------------------------------------------------------------------------------
+# -- which families apply
 def families(s: ConvShape, phase: str) -> list[str]:
     """The families cuDNN offers for `s` in `phase` ('fwd', 'dgrad' or 'wgrad')."""
     out = ["implicit_gemm", "precomp_gemm"]
@@ -144,7 +144,7 @@ def workspace_bytes(family: str, s: ConvShape) -> int:
     return int(WORKSPACE[family](s))
 
 
-# -- time ---------------------------------------------------------------------------------------------------------
+# -- time
 def family_flops(family: str, s: ConvShape) -> float:
     """FLOPs of the family's method: direct for the GEMMs; Winograd's fewer products plus transforms;
     FFT's transforms (5 n log2 n each) plus pointwise complex products (8 FLOPs a multiply-add)."""

@@ -45,7 +45,7 @@ class WorkspaceChoice:
     options: list | None = None  # list[WorkspaceOption], fastest first; None: `algo` is final
 
 
-# -- costs ------------------------------------------------------------------------------------------------------
+# -- costs
 def cost_key(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int,
              backend_name: str = "cpu", accumulate: frozenset[int] = frozenset()) -> str:
     """One measurement's identity: backend, layer type and configuration, phase (with the input slots a
@@ -166,7 +166,7 @@ def measure(layer: Layer, phase: str, in_shapes: Sequence[Shape], out_shape: Sha
     return best
 
 
-# -- ranking ------------------------------------------------------------------------------------------------------
+# -- ranking
 def workspace_choices(route: Route, costs: CostTable | None = None) -> dict[int, "WorkspaceChoice"]:
     """Per step that offers algorithms: the fastest, with every option ranked (for placement)."""
 
@@ -206,7 +206,7 @@ def smallest_workspaces(ws: dict[int, "WorkspaceChoice"], why: str) -> dict[int,
     return out
 
 
-# -- fitting ------------------------------------------------------------------------------------------------------
+# -- fitting
 def fit_workspace(options: Sequence[WorkspaceOption], free_bytes: int) -> tuple[WorkspaceOption, list[str]]:
     """The fastest option whose rounded workspace fits `free_bytes`, with a note per faster option
     refused; if none fits, the smallest."""

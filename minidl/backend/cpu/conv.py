@@ -220,7 +220,7 @@ def conv_workspace_bytes(algo: str, phase: str, geom: ConvGeometry, itemsize: in
     return _layout(algo, phase, geom, itemsize, accumulate)[2]
 
 
-# -- kernel taps ------------------------------------------------------------------------------------------------
+# -- kernel taps
 @dataclass(slots=True, frozen=True)
 class _Tap:
     """Kernel offset (i, j): outputs [oh0, oh0+nh) x [ow0, ow0+nw) read inputs from (ih0, iw0) by the stride;
@@ -880,7 +880,7 @@ class ConvOps:
         return self.menu.conv_workspace_options(phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
                                                 dtype, accumulate)
 
-    # -- shared checks ----------------------------------------------------------------------------------------------
+    # -- shared checks
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace, accumulate=False):
         """(geometry, taps or the layer's algorithm object, workspace) after the checks; all but
         the workspace check is cached per distinct call (~100 us, more than a batch-1 CIFAR convolution)."""

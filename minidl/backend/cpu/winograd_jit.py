@@ -301,7 +301,7 @@ def weight_grad_tiles(du, dwt):
                 dwt[2, b, i, o] = (s[1, b, o] + s[2, b, o]) * half + s[3, b, o]
 
 
-# -- one position at a time (`winograd_by_position`) -------------------------------------------------------------
+# -- one position at a time (`winograd_by_position`)
 # Each function evaluates, for one position (k, j), exactly the whole-tile expression: the same bits.
 
 @njit(inline="always", **_OPTS)
@@ -445,7 +445,7 @@ def weight_position(wt, k, j, u1):
             u1[i, o] = _g_comb(j, t0, t1, t2, half)
 
 
-# -- with numpy's GEMM from compiled code, on one thread or several -----------------------------------------------
+# -- with numpy's GEMM from compiled code, on one thread or several
 # Pieces are fixed by the shapes, never by the workers: a block of a GEMM's rows need not sum as the whole
 # product does (OpenBLAS's edge kernels), so every GEMM is the same call whichever worker makes it.
 
