@@ -1,10 +1,8 @@
 """The layer contract: shape inference, parameters, FLOPs, backward needs, forward and backward.
 
-Rules: everything the planner needs is *declared* (class attributes or pure functions of the input shapes),
-never discovered by running code: `needs_inputs` / `needs_output` (what backward reads, Chainer's
-`retain_inputs`), `param_specs`, `aux_specs` (what forward saves for backward), `checkpoint` (whether
-recomputation keeps the output). A layer never keeps an array in `self` between forward and backward (the
-planner could not see it). Forward and backward write into arrays they are given and return nothing.
+Rules: what the planner needs is *declared*, never discovered by running code: `needs_inputs` / `needs_output`
+(what backward reads), `param_specs`, `aux_specs`, `checkpoint`. A layer keeps no array in `self` between
+forward and backward. Forward and backward write into the arrays they are given.
 """
 from __future__ import annotations
 
@@ -40,8 +38,8 @@ class ParamSpec:
 
 @dataclass(slots=True)
 class LayerContext:
-    """Per-call state from the executor (never stored in the layer). With `recompute`, forward must
-    give exactly the same result without side effects (BN reuses its batch statistics, dropout its mask)."""
+    """Per-call state from the executor; with `recompute`, forward gives the same result without side
+    effects."""
 
     training: bool = True
     aux: dict[str, np.ndarray] = field(default_factory=dict)

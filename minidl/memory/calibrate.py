@@ -86,8 +86,7 @@ class KindFit:
 
 def fit_profile(rows, base: DeviceProfile | str) -> tuple[list[KindFit], DeviceProfile]:
     """Each measured row's reached efficiencies, and `base` with the one `efficiency` at which the
-    roofline's time of all rows equals their measured time (bisection, clamped to EFFICIENCY_RANGE); rows without
-    FLOPs and bytes are left out."""
+    roofline's time of all rows equals theirs (bisection, clamped to EFFICIENCY_RANGE)."""
     prof = get_profile(base) if isinstance(base, str) else base
     rows = [r if isinstance(r, dict) else {"kind": r.kind, "phase": r.phase, "seconds": r.seconds, "flops": r.flops,
                                            "bytes": r.bytes, "sim_s": r.sim_s} for r in rows]

@@ -1,11 +1,9 @@
 """A model of cuDNN's convolution algorithms, for plans made for a GPU that is not here.
 
-`CudnnModel` answers `conv_workspace_options` as `CUDABackend` does, listing per phase the cuDNN families
-(`cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t`, with the documented limits: stride 1 for FFT and Winograd,
-padded image <= 256 for FFT, one group for the transforms) with a workspace from the method's data and a
-roofline time, max(FLOPs / (peak x `EFFICIENCY`), bytes / bandwidth). Every size and efficiency is an estimate,
-not yet checked on a GPU (compare with the CUDA backend's options and an `--autotune` cache). A backward option
-is a (dgrad, wgrad) pair in one workspace: the larger of the two, their times summed, Pareto-filtered.
+`CudnnModel` answers `conv_workspace_options` as `CUDABackend` does: per phase, the cuDNN families
+(`cudnnConvolution*Algo_t`, with the documented limits) with a workspace from the method's data and a roofline
+time, max(FLOPs / (peak x `EFFICIENCY`), bytes / bandwidth). Sizes and efficiencies are estimates, not yet
+checked on a GPU. A backward option is a (dgrad, wgrad) pair in one workspace, times summed, Pareto-filtered.
 Enums: implicit_gemm = fwd IMPLICIT_GEMM, data ALGO_0, filter ALGO_0; precomp_gemm = IMPLICIT_PRECOMP_GEMM,
 data ALGO_1, filter ALGO_3; gemm = GEMM, filter ALGO_1.
 """

@@ -36,8 +36,7 @@ Shape = tuple[int, ...]
 
 @dataclass(slots=True)
 class WorkspaceChoice:
-    """The algorithm a step runs and its workspace bytes. With `options` (ranked fastest first) and a budget,
-    placement re-decides at the step itself: the fastest option whose workspace fits the memory free then."""
+    """A step's algorithm and workspace bytes; with `options` (fastest first), placement decides."""
 
     algo: str | None
     nbytes: int

@@ -6,14 +6,11 @@ With K = Cin/groups * kh * kw, P = Ho * Wo and cols[n, g] the (K, P) column matr
     dW[g]       = sum over n = 0 .. N-1 (in order) of dy[n, g] @ cols[n, g].T
     dcols[n, g] = W[g].T @ dy[n, g]; col2im: dx = sum over the kh*kw taps in row-major order
 
-Rules: the im2col family (`im2col`: the batch's columns; `im2col_chunked`: one sample's; `gemm_1x1`: x is the
-column matrix) runs the same GEMMs on the same operands, so its members agree bit for bit and differ only in
-workspace. The other formulations (row-shift `_RowShift`, `_Grouped`, `cpu.winograd`) are chosen by the shapes
-alone and never share a layer's menu with another, so a layer's sums never depend on its workspace. Every call
-runs on a one-thread BLAS (`cpu.lanes.blas_pinned`); products split in blocks fixed by their shapes, so no bits
-depend on the thread count. An accumulating backward gives exactly delta + (the dx a plain call writes): where a
-sum runs in dx it is finished in a one-sample tile first. `conv_workspace_bytes` is the one source of the
-workspace's size and layout.
+Rules: the im2col family (`im2col`, `im2col_chunked`, `gemm_1x1`) runs the same GEMMs on the same operands and
+differs only in workspace; the other formulations (`_RowShift`, `_Grouped`, `cpu.winograd`) are chosen by the
+shapes alone, one per layer's menu: a layer's sums never depend on its workspace. A one-thread BLAS
+(`cpu.lanes.blas_pinned`) and blocks fixed by the shapes: no bits depend on the threads. An accumulating
+backward gives exactly delta + (a plain call's dx). `conv_workspace_bytes` is the one source of the workspace.
 """
 from __future__ import annotations
 
@@ -129,8 +126,8 @@ def uses_rows(kernel, stride, groups: int = 1) -> bool:
 
 def uses_grouped(g: ConvGeometry) -> bool:
     """Whether `im2col_grouped` runs: one group, not a plain 1x1, P <= `_GROUPED_MAX_P`, K >=
-    `_GROUPED_MIN_K` (a 49-column GEMM: ~115 GFLOPS, 8 samples side by side ~155; ResNet-50's stride-2 1x1 on
-    1024 channels, forward 20.2 -> 9.6 ms); a stride-2 3x3 only on planes up to `_GROUPED_MAX_P_OVER_ROWS`."""
+    `_GROUPED_MIN_K` (a 49-column GEMM: ~115 GFLOPS, 8 samples side by side ~155); a stride-2 3x3 only up to
+    `_GROUPED_MAX_P_OVER_ROWS` pixels."""
     if g.stride[0] == 2 and uses_rows((g.kh, g.kw), g.stride, g.groups) and g.p > _GROUPED_MAX_P_OVER_ROWS:
         return False
     return (g.groups == 1 and g.p <= _GROUPED_MAX_P and g.k >= _GROUPED_MIN_K
@@ -162,8 +159,8 @@ def weight_grad_pieces(g: ConvGeometry) -> int:
 
 def _sum_weight_grad(g: ConvGeometry, dy3: np.ndarray, cols3: np.ndarray, dw2: np.ndarray,
                      accumulate: bool) -> None:
-    """dW (+)= sum over samples in order of dy3[s] @ cols3[s].T, compiled, the BLAS accumulating
-    (beta 1: ResNet-50's (2048, 512) 1x1 at 7x7, batch 8: 9.7 -> 6.4 ms), in `weight_grad_pieces` row blocks."""
+    """dW (+)= sum over samples in order of dy3[s] @ cols3[s].T, accumulated in the BLAS (beta 1:
+    ResNet-50's (2048, 512) 1x1, batch 8: 9.7 -> 6.4 ms), in `weight_grad_pieces` row blocks."""
     k = gemm_kernels()
     pieces = weight_grad_pieces(g)
     workers = min(pieces, k.workers())
@@ -178,8 +175,8 @@ def _sum_weight_grad(g: ConvGeometry, dy3: np.ndarray, cols3: np.ndarray, dw2: n
 
 def conv_algorithms(kernel, stride, padding, dilation, groups: int = 1, geom: ConvGeometry | None = None,
                     winograd: bool = True) -> list[str]:
-    """The algorithms a configuration can run: Winograd (`cpu.winograd.applies`, with `winograd`) or
-    `im2col_grouped` (both need `geom`), else the row-shift pair, else the im2col family."""
+    """The algorithms a configuration runs: Winograd or `im2col_grouped` (shapes in `geom`), else
+    the row-shift pair, else the im2col family."""
     if geom is not None and winograd and cpu_winograd.applies(geom) and (
             not uses_grouped(geom) or _winograd_over_grouped(geom)):
         return list(WINOGRAD_ALGOS)
@@ -257,8 +254,8 @@ def _src(x: np.ndarray, t: _Tap, stride) -> np.ndarray:
 
 
 def _flat_rows(x: np.ndarray, stride, out_w: int) -> bool:
-    """Whether a tap is one flat run per plane: stride 1, output rows as long as input rows. The run also
-    covers positions whose column is padding (wrapped to the next row): zeroed in the column matrix."""
+    """Whether a tap is one flat run per plane (stride 1, 'same' width); positions wrapped to the next
+    row read padding and are zeroed."""
     return tuple(stride) == (1, 1) and x.shape[3] == out_w
 
 
@@ -380,8 +377,8 @@ _TAPWISE = 4096  # weights with more (Cout, Cin) pairs than this are reordered o
 
 
 def _kernel_rows(w: np.ndarray, wr: np.ndarray) -> None:
-    """wr (kh, Cout, Cin, kw) <- w (Cout, Cin, kh, kw), a pure copy; tap by tap above `_TAPWISE` (a
-    strided copy of runs of kw elements: ~60 us for 64x64x3x3, ~3x slower than tap by tap when large)."""
+    """wr (kh, Cout, Cin, kw) <- w (Cout, Cin, kh, kw), a copy; tap by tap above `_TAPWISE` (~3x faster
+    for large weights; a 64x64x3x3 strided copy took ~60 us)."""
     if w.shape[0] * w.shape[1] < _TAPWISE:
         np.copyto(wr, w.transpose(2, 0, 1, 3))
         return
@@ -399,16 +396,14 @@ def _kernel_grad_rows(acc: np.ndarray, dw: np.ndarray) -> None:
 
 
 class _RowShift:
-    """`rows` / `rows_chunked`: im2col builds only the kw column taps on rows padded top and bottom; the kh
-    kernel rows read shifted windows of whole rows (stride 2: rows stored even ones first, see `wins`). With
-    K3 = Cin * kw and Wr[i] (Cout, K3) the weight's kernel row i:
+    """`rows` / `rows_chunked`: im2col builds only the kw column taps on rows padded top and bottom; kernel row
+    i reads a window of whole rows (stride 2: rows stored by phase, see `wins`). With Wr[i] (Cout, Cin*kw):
 
         y[n]        = sum over i in order of Wr[i] @ window_i(rows[n])
         dW[:, :, i] = sum over n in order of dy[n] @ window_i(rows[n]).T
 
-    a third of im2col's copies for a 3x3. `rows` holds the batch's buffer, `rows_chunked` one sample's; same sums.
-    Compiled (`cpu.rows_jit`): samples split over workers; dW sums two fixed halves of the batch, then adds them.
-    Numpy path: lanes split samples (forward) or kernel rows (dW), never a sum: one thread's bits."""
+    `rows` holds the batch's buffer, `rows_chunked` one sample's; the same sums. Compiled (`cpu.rows_jit`) or
+    numpy lanes that split samples or kernel rows, never a sum."""
 
     def __init__(self, g: ConvGeometry, algo: str, itemsize: int, forward_only: bool = False):
         self.g, self.algo, self.isz = g, algo, itemsize
@@ -446,8 +441,8 @@ class _RowShift:
         self.win_offsets = np.array(self.wins, np.int64)
 
     def _dgrad(self) -> _RowShift | None:
-        """dx of a stride-1 convolution as the row-shift forward of dy with the kernel flipped, Cin/Cout
-        swapped, padding (k - 1) * d - p: kh products of (Cin, P), no scatter. None where that padding is negative."""
+        """dx of a stride-1 convolution as the row-shift forward of dy, kernel flipped, Cin/Cout swapped,
+        padding (k - 1) * d - p (no scatter); None where that padding is negative."""
         g = self.g
         pad = ((g.kh - 1) * g.dilation[0] - g.padding[0], (g.kw - 1) * g.dilation[1] - g.padding[1])
         if tuple(g.stride) != (1, 1) or min(pad) < 0:
@@ -538,8 +533,8 @@ class _RowShift:
                 np.add(dst, mid[..., lo:lo + n], out=dst)
 
     def _phase_rects(self, b: np.ndarray):
-        """Per column tap j and row phase q (stride > 1): (block, k0, k1, lo, n, rows, cols),
-        block's rows [k0, k1) and columns [lo, lo + n) inside the image at input rows `rows`, columns `cols`."""
+        """Per column tap and row phase (stride > 1): (block, k0, k1, lo, n, rows, cols), block's
+        rows [k0, k1), columns [lo, lo + n) lying in the image at input `rows`, `cols`."""
         g = self.g
         ph, sh, sw = g.padding[0], g.stride[0], g.stride[1]
         for j, lo, n, iw0 in self.cols:
@@ -630,9 +625,9 @@ class _RowShift:
                 self._input_grad_scatter(w, dy3, dx, ws, tile)
 
     def _weight_grad(self, x, dy3, dw, ws) -> None:
-        """dW[:, :, i] summed transposed in a (kh, K3, Cout) buffer, written into dW at the end
-        (the transposed product packs 10-25% faster in OpenBLAS, measured). Compiled: the second half-batch sums in
-        dW's memory. Numpy lanes split kernel rows; lanes past the first borrow dW's memory for their product."""
+        """dW[:, :, i] summed transposed in a (kh, K3, Cout) buffer (OpenBLAS packs it 10-25%
+        faster, measured), written into dW at the end; the compiled second half-batch and numpy's extra lanes use
+        dW's own memory meanwhile."""
         g, c, dt = self.g, self.c, dy3.dtype
         buf = view(ws, 0, (c, g.cin, g.kw, self.hp, g.wo), dt)
         acc = view(ws, self.off_acc, (g.kh, self.k3, g.cout), dt)
@@ -702,11 +697,8 @@ class _RowShift:
 
 
 class _Grouped:
-    """`im2col_grouped`: one GEMM over `size` samples' columns side by side, (K, size*P):
-
-        Y = W @ cols;  dW = sum over groups in order of dY @ cols.T;  dcols = W.T @ dY, col2im sample by sample
-
-    The group size is fixed by the shapes (`_GROUP_COLS`) and the layer has no other algorithm: fixed sums."""
+    """`im2col_grouped`: one GEMM over `size` samples' columns side by side, (K, size*P); dW sums the groups
+    in order. The size is fixed by the shapes (`_GROUP_COLS`) and no other algorithm shares the menu."""
 
     def __init__(self, g: ConvGeometry, itemsize: int):
         self.g, self.isz = g, itemsize
@@ -882,8 +874,8 @@ class ConvOps:
 
     # -- shared checks
     def _conv_setup(self, x, w, y, stride, padding, dilation, groups, algo, phase, workspace, accumulate=False):
-        """(geometry, taps or the layer's algorithm object, workspace) after the checks; all but
-        the workspace check is cached per distinct call (~100 us, more than a batch-1 CIFAR convolution)."""
+        """(geometry, taps or the algorithm object, workspace) after the checks; all but the
+        workspace check cached per call (~100 us, more than a batch-1 CIFAR convolution)."""
         key = (x.shape, w.shape, y.shape, x.dtype, tuple(stride), tuple(padding), tuple(dilation), groups, algo,
                phase, accumulate)
         cache = self.__dict__.setdefault("_conv_calls", {})

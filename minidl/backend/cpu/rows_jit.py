@@ -20,9 +20,8 @@ _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", bounds
 
 @njit(**_OPTS)
 def im2rows(x, b, row_src, cols, sw):
-    """One sample's rows b (C, kw, Hp, Wo) <- the column taps of x (C, H, W). row_src[R]: the input row of
-    stored row R (-1: padding); cols[j] = (lo, n, iw0): tap j's output columns [lo, lo + n) read iw0, iw0 + sw, ...
-    Flat unsigned indices: numba's signed, wrap-checked ones ran 5x slower than numpy's strided copies."""
+    """One sample's rows b (C, kw, Hp, Wo) <- x's column taps: row_src[R] the input row of stored row R (-1:
+    padding), cols[j] = (lo, n, iw0). Flat unsigned indices: signed ones ran 5x slower than numpy."""
     c_in, kw, hp, wo = b.shape
     h, w = x.shape[1], x.shape[2]
     xf = x.reshape(-1)
@@ -54,9 +53,8 @@ def im2rows(x, b, row_src, cols, sw):
 
 @njit(**_OPTS)
 def _per_sample(x, other, out, buf, row_src, cols, sw, wins, p, slot, lo, hi, grad, tiles, acc):
-    """Samples [lo, hi), rows in buf[slot], then kh GEMMs. Forward: y[k] (+= through tiles[slot] with
-    `acc`) = sum over kernel rows in order of Wr[i] @ window_i. `grad`: out[i] = sum over samples in order of
-    window_i @ dy[k].T."""
+    """Samples [lo, hi), rows in buf[slot], then kh GEMMs: y[k] (+= via tiles[slot] with `acc`) = sum
+    over i of Wr[i] @ window_i; with `grad`, out[i] = sum over samples of window_i @ dy[k].T."""
     k3 = buf.shape[1] * buf.shape[2]
     rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
     for k in range(lo, hi):

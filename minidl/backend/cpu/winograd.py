@@ -1,14 +1,11 @@
 """Winograd's F(2x2, 3x3) convolution on the CPU: the `winograd` pair of `cpu.conv`.
 
-Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (2016): with the 4x4 input tile d, kernel g
-and fixed B, G, A, y = A^T [(G g G^T) * (B^T d B)] A; summed over input channels, the 16 tile positions become
-16 GEMMs M[pos] (T, Cout) = V[pos] (T, Cin) @ U[pos] (Cin, Cout): 2.25x fewer multiplications than im2col. The
-transforms are additions, compiled (`cpu.winograd_jit`), 16 channels at a time. dx is the forward of dy with
-the kernel flipped, Cin/Cout swapped, padding 2 - p; dW = G^T dU G with dU[pos] = V[pos]^T @ dM[pos].
-Rules: both variants sum in one order (groups of samples fixed by the shapes, dU over groups in order, each
-output's nine terms in position order), so they agree bit for bit; ~3e-7 relative from PyTorch in float64.
-Applies to 3x3, stride 1, one group, padding 0..2, at least 32 channels (16-channel 32x32, batch 32: 2.6 ms
-against the row-shift's 2.1); not offered without numba.
+Lavin & Gray 2016: y = A^T [(G g G^T) * (B^T d B)] A per 4x4 tile; over channels, 16 GEMMs M[pos] = V[pos] @
+U[pos], 2.25x fewer multiplications than im2col; the transforms are compiled additions (`cpu.winograd_jit`).
+dx is the forward of dy with the kernel flipped, Cin/Cout swapped, padding 2 - p; dW = G^T dU G.
+Rules: both variants sum in one order (sample groups fixed by the shapes, dU over groups in order, each
+output's nine terms in position order): the same bits. Applies to 3x3, stride 1, one group, padding 0..2, at
+least 32 channels (16 channels: 2.6 ms against the row-shift's 2.1); not offered without numba.
 """
 from __future__ import annotations
 
@@ -45,8 +42,8 @@ MAX_SPLIT_CHANNELS = 256  # channels above which a layer's forward runs on one t
 
 
 def workers(values: int = PARALLEL_MIN, channels: int = MIN_CHANNELS) -> int:
-    """Threads of a whole-tile call: the compiled kernels' (`cpu.jit.workers_for`), 1 without the bound
-    GEMM or above `MAX_SPLIT_CHANNELS`. The forward's pieces are fixed by the shapes: no bits depend on this."""
+    """Threads of a whole-tile call (`cpu.jit.workers_for`); 1 without the bound GEMM or above
+    `MAX_SPLIT_CHANNELS`. Pieces are fixed by the shapes: no bits depend on this."""
     if not _compiled_gemm() or channels > MAX_SPLIT_CHANNELS:
         return 1
     return workers_for(values)
@@ -71,14 +68,9 @@ def _round(c: int) -> int:
 
 
 class _Winograd:
-    """One layer's Winograd convolution in one of two variants with the same values and sums:
-
-    - `winograd`: all 16 positions of a group's tiles at once. Forward: U (16, CiB, CoB) | V (16, Tg, CiB) |
-      M (16, Tg, CoB) | weight (3, 3, Ci, Co) | scratch. Backward: dW (V | dM | dU | a dU product with several
-      groups | weight | scratch), then dx (the flipped forward) in the same memory.
-    - `winograd_by_position`: one position at a time, a sixteenth of U, V and M; slower (re-reads the input).
-
-    CiB, CoB: channels rounded up to 16; Tg: the tiles of one group."""
+    """One layer's Winograd convolution, two variants with the same values and sums: `winograd` (all 16
+    positions of a group's tiles at once: U | V | M | weight | scratch; backward dW's then dx's in the same memory)
+    and `winograd_by_position` (one position at a time, a sixteenth of U, V and M; slower)."""
 
     def __init__(self, g, itemsize: int, forward_only: bool = False, by_position: bool = False):
         self.g, self.isz, self.by_position = g, itemsize, by_position

@@ -80,11 +80,9 @@ class _Stale(Exception):
 
 
 class CudnnGraphs:
-    """Builds, caches and executes cuDNN frontend graphs (`cudnn.pygraph`), the documented workflow:
-    `validate`, `build_operation_graph`, `create_execution_plans([A, FALLBACK])`, `deselect_numeric_notes`,
-    `check_support`, `build_plan_at_index(i)`, `execute_plan_at_index`; the plan cache adds
-    `get_engine_and_knobs_at_index`, `serialize` / `deserialize` and `create_execution_plan(engine_id, knobs)`.
-    `cudnn` is injected (host tests pass a fake); `store` the plan cache or None."""
+    """Builds, caches and executes cuDNN frontend graphs (`cudnn.pygraph`) by the documented workflow
+    (`create_execution_plans([A, FALLBACK])`, `build_plan_at_index`, `execute_plan_at_index`). `cudnn` is injected
+    (host tests pass a fake); `store` the plan cache or None."""
 
     def __init__(self, cudnn, handle, max_plans: int = 8, store: PlanStore | None = None):
         self.cudnn = cudnn

@@ -83,9 +83,8 @@ def scalar_desc(name: str, dtype=np.float32) -> TensorDesc:
 
 @dataclass(slots=True, frozen=True)
 class EngineFilters:
-    """Which cuDNN engines a graph may use; part of every graph's cache key. `allow_tf32=False`
-    drops TENSOR_CORE / DOWN_CONVERT_INPUTS engines (TF32: ~1e-3 from the CPU reference); `deterministic` drops
-    NONDETERMINISTIC ones (atomics)."""
+    """Which cuDNN engines a graph may use (part of its key): without `allow_tf32`, no TENSOR_CORE /
+    DOWN_CONVERT_INPUTS (TF32: ~1e-3 off); with `deterministic`, no NONDETERMINISTIC (atomics)."""
 
     allow_tf32: bool = False
     deterministic: bool = True
@@ -334,8 +333,8 @@ def pareto(cands: list[tuple[float, int, str]]) -> list[WorkspaceOption]:
 
 def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]],
                  add_scratch: int | None = None) -> list[WorkspaceOption]:
-    """Workspace options of a phase, fastest first, from its graphs' built plans in heuristic order
-    ('bwd' pairs dgrad with wgrad); `add_scratch`: the `+add` variants. Dominated options dropped."""
+    """A phase's workspace options, fastest first, from its built plans in heuristic order ('bwd' pairs
+    dgrad with wgrad; `add_scratch`: the `+add` variants); dominated ones dropped."""
     if phase == "fwd":
         fp = plans["fprop"]
         if not fp:
@@ -359,8 +358,7 @@ _GPU_PROFILES = (("H100", "h100"), ("H200", "h100"), ("V100", "v100"), ("TITAN X
 
 
 def profile_for_gpu(name: str) -> str:
-    """The simulator profile nearest the GPU `name`; unknown: 'v100', whose slower link starts
-    prefetches early (a late prefetch stalls, an early one only holds memory sooner)."""
+    """The simulator profile nearest GPU `name`; unknown: 'v100' (its slower link prefetches early)."""
     upper = (name or "").upper()
     for fragment, profile in _GPU_PROFILES:
         if fragment in upper:

@@ -73,8 +73,7 @@ class Arg:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """An ``extern "C" __global__`` kernel of ``kernels/<file>``; ``work``: what ``launch_config`` is
-    given (the iteration space, e.g. ``"y.size"``, or (rows, row_length) for row kernels)."""
+    """An ``extern "C" __global__`` kernel of ``kernels/<file>``; ``work``: what ``launch_config`` gets."""
 
     name: str
     file: str
@@ -529,15 +528,9 @@ def launch_config(kernel_name: str,
                   n_or_shape: Union[int, Sequence[int]],
                   device_max_threads: int = 1024,
                   sm_count: int = 132) -> Tuple[Tuple[int, int, int], Tuple[int, int, int]]:
-    """``(grid, block)`` 3-tuples for ``kernel_name`` over ``n_or_shape`` (its ``work``):
-
-    * "elementwise": 256 threads (capped by ``device_max_threads``), min(ceil(n / 256), sm_count * 32) blocks.
-    * "row": one block per row (capped at gridDim.x; the kernel grid-strides), the next power of two >=
-      min(K, 1024) threads.
-    * "single_block": one block of min(256, next power of two >= n) threads.
-    * "warp_row": 256 threads, one warp per row, at most sm_count * 32 blocks.
-
-    n == 0 still gives a valid one-block launch."""
+    """``(grid, block)`` 3-tuples for ``kernel_name`` over ``n_or_shape`` (its ``work``): "elementwise"
+    256 threads, at most sm_count * 32 blocks; "row" a block per row, threads the power of two >= min(K, 1024);
+    "single_block" one block; "warp_row" a warp per row. n == 0 still gives a valid launch."""
     spec = KERNELS[kernel_name]
     max_threads = _pow2_floor(min(int(device_max_threads), 1024))
     max_blocks = max(1, int(sm_count) * BLOCKS_PER_SM)

@@ -1,10 +1,8 @@
-"""The CUDA backend's sequence-model kernels (the CPU's `cpu/seq.py` family, same signatures): layer norm, GELU,
-embeddings, last-axis softmax, batched products, self-attention, cross-entropy with an ignore index.
+"""The CUDA backend's sequence-model kernels, the CPU's `cpu/seq.py` family with its signatures.
 
 Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. Rules: attention's backward
-rebuilds P with forward's own operations where it was not kept, so a saved and a rebuilt P have the same bits;
-nothing sums atomically. Not cuDNN's SDPA graph: fp16/bf16/fp8 only, and it never hands back P, so kept and
-recomputed attention would differ. A mixin of `CUDABackend`; imports no cupy (host tests run it on numpy).
+rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically. Not cuDNN's SDPA:
+fp16/bf16/fp8 only, and it never returns P. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
 

@@ -44,9 +44,8 @@ def _matches(pattern: str, *names: str) -> bool:
 
 def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
             steps: tuple[int, int] | None = None, full: bool | None = None) -> str:
-    """Step by step, in words: what is allocated, freed and why. `select` keeps one layer's steps and one
-    tensor's events (a name or glob); `steps` a range [A, B); else a plan over `SUMMARY_STEPS` is summarized
-    unless `full`."""
+    """Step by step, what is allocated, freed and why; `select` (a name or glob) and `steps` [A, B) filter;
+    a plan over `SUMMARY_STEPS` steps is summarized unless `full`."""
     route = plan.route
     iv = analyze(route)
     n = len(route.steps)
@@ -183,8 +182,8 @@ def tensor_decisions(plan: Plan) -> list[tuple[str, str, str]]:
 
 
 def decision_lines(plan: Plan, select: str | None = None, totals_only: bool = False) -> list[str]:
-    """The per-tensor decisions and the per-convolution algorithms, as report lines (used by `explain`);
-    `select` keeps one layer's or tensor's (a name or a glob), `totals_only` gives counts instead of rows."""
+    """Per-tensor decisions and per-convolution algorithms as report lines; `select`: one name or
+    glob; `totals_only`: counts."""
     lines = ["per tensor: why each activation is kept, offloaded or recomputed"]
     counts: dict[str, int] = {}
     for tid, what, why in tensor_decisions(plan):
