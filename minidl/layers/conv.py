@@ -1,10 +1,7 @@
 """2-D convolution (NCHW, PyTorch's weight layout and default initialization).
 
-The layer declares its algorithms and their exact workspace sizes (`workspace_options`) from the menu the plan is
-for (`conv_workspace_options`: the CPU's table of `minidl.backend.cpu.conv`, the cuDNN model, or on CUDA cuDNN's
-execution plans). The memory planner picks one per phase and hands the executor's workspace block and the
-algorithm's name in through the LayerContext. Every CPU algorithm gives bit-identical results, so on the CPU the
-choice changes memory and speed, never values.
+The layer declares its algorithms and exact workspaces from the menu the plan is for; the planner picks one
+per phase and hands the workspace and the algorithm's name in through the LayerContext.
 """
 from __future__ import annotations
 
@@ -38,7 +35,7 @@ class Conv2d(Layer):
         self.groups = args.integer(*who, "groups", groups, 1)
         self.bias = args.flag(*who, "bias", bias)
 
-    # -- declarations ------------------------------------------------------------------------------------------
+    # -- declarations
     def kernels(self):
         return ("conv2d_forward", "conv2d_backward", "accumulate")
 
@@ -94,9 +91,8 @@ class Conv2d(Layer):
                             tuple(self.stride), tuple(self.padding), tuple(self.dilation))
 
     def algorithms(self, in_shape=None, winograd: bool = True) -> list[str]:
-        """The CPU algorithms this configuration can run with (`winograd`: with Winograd on the CPU's menu); on
-        input `in_shape` (N, C, H, W) exactly, without it those that depend on the configuration alone
-        (`im2col_grouped` depends on the shapes too)."""
+        """The CPU algorithms this configuration can run (`winograd`: Winograd on the menu); with
+        `in_shape` exactly, without it those the configuration alone decides."""
         shape = None if in_shape is None else tuple(in_shape)
         key = (shape, winograd)
         cache = self.__dict__.setdefault("_algorithms", {})  # called on every step: worked out once per shape
@@ -107,8 +103,8 @@ class Conv2d(Layer):
         return cache[key]
 
     def workspace_options(self, phase, in_shapes, out_shape, itemsize, menu, accumulate=frozenset()):
-        """The algorithms `menu` runs this convolution with, fastest first, with their exact workspace bytes; a
-        backward whose input delta is `accumulate`d into (slot 0) is the menu's accumulating one."""
+        """`menu`'s algorithms for this convolution, fastest first, with exact workspaces;
+        `accumulate` {0}: the accumulating backward."""
         w_shape = (self.out_channels, in_shapes[0][1] // self.groups, *self.kernel_size)
         return menu.conv_workspace_options(phase, tuple(in_shapes[0]), w_shape, tuple(out_shape), self.stride,
                                            self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"),
@@ -118,7 +114,7 @@ class Conv2d(Layer):
         return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
                 "padding": self.padding, "dilation": self.dilation, "groups": self.groups, "bias": self.bias}
 
-    # -- compute -----------------------------------------------------------------------------------------------
+    # -- compute
     def _algo(self, ctx: LayerContext, phase: str, in_shape) -> str:
         algo = ctx.algo
         if algo is None:
@@ -137,8 +133,7 @@ class Conv2d(Layer):
                           self.dilation, self.groups, self._algo(ctx, "fwd", inputs[0].shape), ctx.workspace)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
-        # at a fork, dinputs[0] already holds the other consumers' contributions: the backend adds this layer's
-        # input delta into it (accumulate), over the whole batch in one call
+        # at a fork, dinputs[0] already holds the other consumers' contributions: added into
         be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
                            self.stride, self.padding, self.dilation, self.groups,
                            self._algo(ctx, "bwd", inputs[0].shape), ctx.workspace, accumulate=0 in ctx.accumulate)

@@ -1,25 +1,10 @@
 """The row-shift convolution (`cpu.conv._RowShift`) compiled with numba: one OpenMP region a call.
 
-Why. The row-shift pair runs CIFAR's 16-channel layers (below Winograd's 32 channels) and every stride-2 3x3.
-In numpy, its per-sample GEMMs ((16, 48) x (48, 1024) in ResNet-56's first stage) split over Python threads
-(`cpu.lanes`) scaled poorly at two threads: a hand-off costs 30-70 us, the batch's rows buffer (6.5 MB there)
-streams through memory between the copies and the GEMMs, every kernel row's product goes through a scratch
-and an addition, and the weight gradient could split only its three kernel rows over two threads (measured,
-in the network at two threads: forward 1.39 ms, weight gradient 2.17 ms, against 2.36 and 2.57 at one).
-Here each worker takes whole samples: it builds one sample's rows in its own slot of the buffer (which stays
-in cache), then runs that sample's kh GEMMs through numpy's BLAS (`cpu.gemm_jit`), the first writing, the
-others accumulating in the BLAS (beta = 1): no scratch, no separate addition.
-
-The weight gradient is a sum over samples, which a split by samples would cut. So its summation order is fixed
-by the shapes, whatever the threads: two halves of the batch, each summed in sample order into its own
-accumulator (the first half into the workspace's, the second into dW's own memory, which is written only at
-the end), then added. One worker runs both halves in turn, two run one each: the same bits (tested on 1, 2, 3
-threads). The same formulation runs every algorithm of the layer (`rows` and `rows_chunked`), so every
-budget gives the same bits too.
-
-Exactness. The rows are copies; each output is the BLAS's own sum of its kernel rows' products in order, the
-same call whichever worker makes it (the BLAS runs one thread a call: `cpu.lanes.blas_pinned`). Nothing is
-compiled with fastmath.
+Each worker takes whole samples: one sample's rows in its own slot of the buffer (warm in cache), then its kh
+GEMMs through numpy's BLAS (`cpu.gemm_jit`), the first writing, the others accumulating (beta 1). ResNet-56 at
+two threads, numpy lanes: forward 1.39 ms, weight gradient 2.17 (2.36 and 2.57 at one).
+Rules: the weight gradient sums two fixed halves of the batch in sample order (the second in dW's memory), then
+adds them, so one or two workers give the same bits; the BLAS runs one thread a call; no fastmath.
 """
 from __future__ import annotations
 
@@ -35,11 +20,8 @@ _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", bounds
 
 @njit(**_OPTS)
 def im2rows(x, b, row_src, cols, sw):
-    """One sample's rows: b (C, kw, Hp, Wo) <- the column taps of x (C, H, W), both C-contiguous. row_src[R] is
-    the input row that the buffer's row R holds (-1: padding; rows may be stored phase by phase, see
-    `_RowShift`); cols[j] = (lo, n, iw0): tap j's output columns [lo, lo + n) read input columns iw0, iw0 + sw,
-    ...; the rest is zero. Flat unsigned indices (see `cpu.winograd_jit`): with numba's signed, wrap-checked
-    indexing the same loops ran 5x slower than numpy's strided copies."""
+    """One sample's rows b (C, kw, Hp, Wo) <- x's column taps: row_src[R] the input row of stored row R (-1:
+    padding), cols[j] = (lo, n, iw0). Flat unsigned indices: signed ones ran 5x slower than numpy."""
     c_in, kw, hp, wo = b.shape
     h, w = x.shape[1], x.shape[2]
     xf = x.reshape(-1)
@@ -71,10 +53,8 @@ def im2rows(x, b, row_src, cols, sw):
 
 @njit(**_OPTS)
 def _per_sample(x, other, out, buf, row_src, cols, sw, wins, p, slot, lo, hi, grad, tiles, acc):
-    """Samples [lo, hi), each one's rows built in buf[slot], then its kh GEMMs. Forward (other: Wr (kh, Cout,
-    K3), out: y (N, Cout, P)): y[k] = sum over kernel rows i (in order) of Wr[i] @ window_i; with `acc`,
-    y[k] += that sum, finished in tiles[slot] (Cout, P) first. With `grad` (other: dy (N, Cout, P), out: an
-    accumulator (kh, K3, Cout)): out[i] = sum over the samples (in order) of window_i @ dy[k].T."""
+    """Samples [lo, hi), rows in buf[slot], then kh GEMMs: y[k] (+= via tiles[slot] with `acc`) = sum
+    over i of Wr[i] @ window_i; with `grad`, out[i] = sum over samples of window_i @ dy[k].T."""
     k3 = buf.shape[1] * buf.shape[2]
     rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
     for k in range(lo, hi):
@@ -94,15 +74,13 @@ def _per_sample(x, other, out, buf, row_src, cols, sw, wins, p, slot, lo, hi, gr
 
 @njit(**_OPTS)
 def forward(x, wr, y, buf, row_src, cols, sw, wins, p, tiles, acc):
-    """The forward of every sample on this thread, rows in buf[0]. y: (N, Cout, P); wr: (kh, Cout, K3); `acc`:
-    y += the forward, through tiles[0] (`_per_sample`)."""
+    """The forward of every sample on this thread, rows in buf[0]."""
     _per_sample(x, wr, y, buf, row_src, cols, sw, wins, p, 0, 0, x.shape[0], False, tiles, acc)
 
 
 @njit(parallel=True, **_OPTS)
 def forward_parallel(x, wr, y, buf, row_src, cols, sw, wins, p, tiles, acc, workers):
-    """The forward on `workers` threads (one OpenMP region), worker w on a contiguous share of the samples
-    with its rows in buf[w] (and its tile in tiles[w]); the BLAS must run one thread a call."""
+    """The forward on `workers` threads, worker w on a contiguous share, rows in buf[w]."""
     n = x.shape[0]
     for w in prange(workers):
         _per_sample(x, wr, y, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers,
@@ -111,9 +89,7 @@ def forward_parallel(x, wr, y, buf, row_src, cols, sw, wins, p, tiles, acc, work
 
 @njit(**_OPTS)
 def rows2im(b, dx, row_src, cols, sw):
-    """One sample's dx (C, H, W) = the sum over the column taps j (in order) of b's rows (C, kw, Hp, Wo)
-    scattered back to the input columns they were copied from (the mirror of `im2rows`; each input row is
-    stored once, so every value of dx sums one term per tap)."""
+    """One sample's dx (C, H, W) = the sum over column taps in order of b's rows scattered back."""
     c_in, kw, hp, wo = b.shape
     h, w = dx.shape[1], dx.shape[2]
     dxf = dx.reshape(-1)
@@ -137,9 +113,7 @@ def rows2im(b, dx, row_src, cols, sw):
 
 @njit(**_OPTS)
 def rows2im_add(b, dx, row_src, cols, sw):
-    """dx (C, H, W) += what `rows2im` writes, exactly dx + (rows2im's values): each input row's column taps are
-    scattered in order into a one-row sum (from zero, as rows2im sums them in dx), which is then added to the
-    row of dx. Every input row is stored once (`row_src`), so each row of dx is added to once."""
+    """dx += what `rows2im` writes, exactly: each input row summed from zero in a row, then added."""
     c_in, kw, hp, wo = b.shape
     h, w = dx.shape[1], dx.shape[2]
     dxf = dx.reshape(-1)
@@ -166,9 +140,8 @@ def rows2im_add(b, dx, row_src, cols, sw):
 
 @njit(**_OPTS)
 def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi, acc):
-    """Samples [lo, hi) of dx where the flipped forward does not apply (stride 2 down the rows): the rows'
-    gradient in buf[slot], sum over kernel rows i (in order) of Wr[i].T @ dy[k] added at window i, then
-    scattered back (`rows2im`); with `acc`, added to dx (`rows2im_add`)."""
+    """Samples [lo, hi) of dx where the flipped forward does not apply: sum over kernel rows of
+    Wr[i].T @ dy[k] at window i, then `rows2im` (`rows2im_add` with `acc`)."""
     k3 = buf.shape[1] * buf.shape[2]
     rows = buf[slot].reshape((k3, buf.shape[3] * buf.shape[4]))
     flat = rows.reshape(-1)
@@ -187,13 +160,13 @@ def _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, slot, lo, hi,
 
 @njit(**_OPTS)
 def input_grad(wr, dy, dx, buf, row_src, cols, sw, wins, p, acc):
-    """dx (+)= the rows' gradient, every sample on this thread (rows in buf[0]). dy: (N, Cout, P)."""
+    """dx (+)= the rows' gradient, every sample on this thread."""
     _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, 0, 0, dx.shape[0], acc)
 
 
 @njit(parallel=True, **_OPTS)
 def input_grad_parallel(wr, dy, dx, buf, row_src, cols, sw, wins, p, acc, workers):
-    """The same on `workers` threads, worker w on a contiguous share of the samples with its rows in buf[w]."""
+    """The same on `workers` threads, rows in buf[w]."""
     n = dx.shape[0]
     for w in prange(workers):
         _input_grad_share(wr, dy, dx, buf, row_src, cols, sw, wins, p, w, n * w // workers, n * (w + 1) // workers,
@@ -202,8 +175,7 @@ def input_grad_parallel(wr, dy, dx, buf, row_src, cols, sw, wins, p, acc, worker
 
 @njit(**_OPTS)
 def weight_grad(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p):
-    """dW's accumulator on this thread: acc = (the first half's sum) + (the second half's, in acc2); rows in
-    buf[0]. acc, acc2: (kh, K3, Cout); dy: (N, Cout, P). With one sample there is one half."""
+    """acc = (first half's sum) + (second half's, in acc2), on this thread."""
     n = x.shape[0]
     half = n // 2 if n > 1 else n
     _per_sample(x, dy, acc, buf, row_src, cols, sw, wins, p, 0, 0, half, True, acc, False)
@@ -214,8 +186,7 @@ def weight_grad(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p):
 
 @njit(parallel=True, **_OPTS)
 def weight_grad_parallel(x, dy, acc, acc2, buf, row_src, cols, sw, wins, p, workers):
-    """The same two halves on two threads (`workers` is 2: one per half), rows in buf[0] and buf[1]; then the
-    same addition."""
+    """The same two halves on two threads, rows in buf[0] and buf[1]."""
     n = x.shape[0]
     half = n // 2
     for w in prange(workers):

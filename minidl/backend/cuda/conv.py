@@ -15,20 +15,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ConvOps:
-    """Convolution and pooling.
+    """Convolution and pooling; a mixin of `CUDABackend`."""
 
-    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
-    call (`_check`, `_launch`, `_graph`...)."""
-
-    # -- convolution (cuDNN graphs; the planner picks the execution plan) -----------------------------------
+    # -- convolution (cuDNN graphs; the planner picks the execution plan)
     def _conv_graph(self, op: str, spec: cudnn_specs.ConvSpec) -> BuiltGraph:
         return self.graphs.get(spec.key(op, self.filters))  # no fallback: GraphUnsupported propagates
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
                                groups: int, dtype=np.float32, accumulate: bool = False) -> list[WorkspaceOption]:
-        """The convolution's algorithms for `phase` ('fwd' or 'bwd'; `accumulate`: a backward adding dx into the
-        delta it is given) with their exact workspace bytes, fastest first: what `Conv2d.workspace_options`
-        returns on the CPU. Builds (and caches) the cuDNN graphs."""
+        """The algorithms for `phase` with exact workspaces, fastest first (builds and caches
+        the cuDNN graphs); `accumulate`: a backward adding dx into the delta it is given."""
         spec = cudnn_specs.ConvSpec.from_shapes(x_shape, w_shape, y_shape, stride, padding, dilation, groups, dtype)
         if phase == "fwd":
             return cudnn_specs.conv_options(phase, {"fprop": self._conv_graph("fprop", spec).plans})
@@ -39,8 +35,7 @@ class ConvOps:
         if fused is not None or not accumulate:
             return cudnn_specs.conv_options(phase, {"dgrad": (fused or self._conv_graph("dgrad", spec)).plans,
                                                     "wgrad": wgrad})
-        # cuDNN builds no data gradient with a fused add here (the reason is in `fallbacks`): dgrad into the
-        # workspace's head, then added (`+add` names)
+        # no fused-add dgrad here (reason in `fallbacks`): `+add` names
         return cudnn_specs.conv_options(phase, {"dgrad": self._conv_graph("dgrad", spec).plans, "wgrad": wgrad},
                                         add_scratch=cudnn_specs.dx_scratch_bytes(spec.x, spec.dtype))
 
@@ -75,9 +70,8 @@ class ConvOps:
     @on_compute
     def conv2d_backward(self, x, w, dy, dx, dw, db, stride, padding, dilation, groups: int, algo: str | None,
                         workspace, accumulate: bool = False) -> None:
-        """dx, dw, db of y = conv2d(x, w) + b given dy (any may be None); `accumulate`: dx += the data gradient,
-        in the data gradient's own graph (`dgrad_add`), or, under a `+add` algorithm, written into the
-        workspace's head and added after."""
+        """dx, dw, db given dy (any may be None); `accumulate`: dx += the data gradient, in the
+        `dgrad_add` graph or, under a `+add` algorithm, through the workspace's head."""
         self._check("conv2d_backward", x=x, w=w, dy=dy, dx=dx, dw=dw, db=db)
         spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, stride, padding, dilation, groups,
                                                 x.dtype)
@@ -108,7 +102,7 @@ class ConvOps:
         if db is not None:
             self._norm_kernels().sum_f32(dy, axis=(0, 2, 3), out=db)
 
-    # -- pooling (kernels/pool.cu) ---------------------------------------------------------------------------
+    # -- pooling (kernels/pool.cu)
     @on_compute
     def maxpool2d_forward(self, x, y, kernel, stride, padding, dilation) -> None:
         self._check("maxpool2d_forward", x=x, y=y)
