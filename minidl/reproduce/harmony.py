@@ -1,22 +1,11 @@
 """Harmony (Li et al., VLDB 2022) on its own setup, in the simulator: swap volume and throughput of Harmony's
 schedule against training under virtualized memory that re-swaps every micro-batch.
 
-The setup is the paper's: 4 GPUs of profile `gtx1080ti` (11 GiB, 10 GiB usable as Harmony's scheduler caps them;
-11.5 GiB/s host swap and 8.2 GiB/s GPU to GPU per direction, the figures of Harmony's simulator), fp32, SGD with
-momentum updated on the host (Harmony offloads the optimizer), minibatch 64, the models as Harmony's model library
-builds them (`vgg416`, `resnet1026`; `bert96` and `gpt2_xl` where the zoo has them).
-
-- **Harmony** is minidl's pipeline of layer packs over the 4 devices (`memory/schedulers/pipeline.py`: packs round
-  robin on the devices, all micro-batches through a pack before the next, each backward pack re-forwarded from its
-  stashed input and followed by its update, activations passed device to device, each device's memory planned
-  exactly under its 10 GiB). Of a small grid of micro-batch counts and pack counts, the fastest simulated step.
-- **The baseline** is `memory/swapper.py`: each micro-batch swaps its layers' weights in (forward and backward), its
-  stashed activations out and back, its gradients out, through the host; data parallel over the 4 devices (`dp`)
-  or GPipe across them (`pp`), each at its fastest micro-batch size that fits.
-
-Both are priced by one roofline per route step and one link model (`memory/simulate.py`). Ratios are against the
-stronger baseline: swap volume against the one that swaps least, throughput against the faster. The `--quick`
-rows are VGG-416 at minibatch 8 with one packing, also rows of the full run.
+Setup: 4 x `gtx1080ti` (10 GiB usable each, Harmony's simulator's links), fp32, momentum SGD updated on the host,
+minibatch 64, the models as Harmony's library builds them. Harmony is `memory/schedulers/pipeline.py` (the fastest
+of a small grid of micro-batch and pack counts); the baseline is `memory/swapper.py`, `dp` or `pp`, each at its
+fastest micro-batch size. Both are priced by one roofline and link model (`memory/simulate.py`); ratios are against
+the stronger baseline. The `--quick` rows (VGG-416 at minibatch 8, one packing) are rows of the full run.
 """
 from __future__ import annotations
 

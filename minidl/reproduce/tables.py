@@ -1,12 +1,8 @@
 """What a reproduction produces: tables of rows, each row one of the paper's figures with ours beside it.
 
-A row is the unit a reader checks: the paper's figure, ours, and in one line what differs from the paper's setup
-(empty when nothing does). Rows carry a stable `key`, so that a `--quick` run (a subset of the rows) can be held
-to the committed full results row by row: the simulator's figures are exact, so a quick row that no longer
-equals its committed twin means the code changed the answer and the results were not regenerated.
-
-The same rows are written three ways: printed (`format_text`), as `PAPER.json` (every field, for tests and for
-docs/make_results.py) and as `PAPER.md` (the tables the docs include as they are).
+A row (the paper's figure, ours, what differs) carries a stable `key`, so a `--quick` run is held to the committed
+results row by row: simulated figures are exact, so a mismatch means the answer changed without a regeneration.
+Written as text (`format_text`), `PAPER.json` (every field) and `PAPER.md` (included by the docs).
 """
 from __future__ import annotations
 
