@@ -40,17 +40,17 @@ from .packs import plan_packs, step_floor
 class Candidate:
     """One plan `auto` considered: its decisions, its plan when placed, and what the search learnt of it."""
 
-    base: str                               # the base schedule: liveness or a recomputation variant (`Base`)
-    decisions: tuple[str, ...] = ()         # mechanisms on top of it, in words: "offload", "compress", ...
-    layout: str = ""                        # the arena layout (`LAYOUTS`), "" for the plain one
-    micro_batches: int = 1                  # the batch split into this many micro-batches (packs.py)
+    base: str                               # liveness or a recomputation variant (`Base`)
+    decisions: tuple[str, ...] = ()         # mechanisms on top, in words: "offload", "compress", ...
+    layout: str = ""                        # a key of `LAYOUTS`
+    micro_batches: int = 1
     plan: Plan | None = None                # None: not placed (`note` says why)
-    fits: bool = False                      # the plan's smallest arena is within the budget
-    est_step_time_s: float = math.inf       # the simulator's estimate (plus the codec's), if it fits
+    fits: bool = False
+    est_step_time_s: float = math.inf       # simulated (plus the codec's), if it fits
     note: str = ""
-    error: BudgetError | None = None        # a rival policy that does not fit: its error, naming what it needs
-    unsearched: bool = False                # not planned, to keep planning short (named in the decision)
-    lossy: bool = False                     # compressed (`auto --lossy`): chosen only where strictly faster
+    error: BudgetError | None = None        # a rival that does not fit: its error
+    unsearched: bool = False                # not planned, to keep planning short
+    lossy: bool = False
 
     @property
     def name(self) -> str:
@@ -106,8 +106,7 @@ class CacheResult:
 
 
 def offload_candidates(route: Route, base: Schedule, clock, root_reads: dict[str, int]) -> list:
-    """offload.find_candidates under recomputation: a root is due back at its first recompute read (`seq_read`),
-    and roots that only recomputation reads in backward are candidates too."""
+    """offload.find_candidates under recomputation: a root is due back at its first recompute read (`seq_read`)."""
     n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
     cands = []
     seen = set()
@@ -180,7 +179,7 @@ class OffloadSearch:
         return self.fit.exposed_s if self.fit is not None else math.inf
 
     def place_fitted(self) -> CacheResult | None:
-        """Place the timeline's best timing, refitting with less room where holes miss the budget; None if none fits."""
+        """Place the timeline's best timing, refitting with less room where holes miss the budget."""
         for _ in range(FIT_ATTEMPTS):
             if self.fit is None:
                 return None
@@ -203,8 +202,7 @@ class OffloadSearch:
 
 def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
                  root_reads: dict[str, int] | None = None, plan0: Plan | None = None) -> CacheResult:
-    """Offloads that make `base` fit `budget`, copies hidden where memory allows; else the tightest timing.
-    `plan0`: `base` already placed, if at hand."""
+    """Offloads that make `base` fit `budget`, copies hidden where memory allows; else the tightest timing."""
     if plan0 is None and compute_peak_lower_bound(route, base, ws) <= budget:
         plan0 = place(route, ws, base, budget)
     if plan0 is not None and plan0.min_budget_bytes <= budget:
@@ -245,7 +243,7 @@ def pin_long_lived(route: Route, sched: Schedule, roles: tuple[Role, ...]) -> Sc
 
 
 def schedule_time(route: Route, sched: Schedule, device) -> float:
-    """Compute plus recomputed forwards, fastest algorithms, nothing moved: a bound on any plan of `sched`."""
+    """Compute plus recomputed forwards, nothing moved: a bound on any plan of `sched`."""
     dev = get_profile(device) if isinstance(device, str) else device
     costs = step_costs(route, dev)
     fwd = {s.node: s.index for s in route.steps if s.phase.value == "forward"}
@@ -258,8 +256,7 @@ def schedule_time(route: Route, sched: Schedule, device) -> float:
 
 
 def least_time(route: Route, device) -> float:
-    """A lower bound on the simulated step of any plan of `route` (with or without its rebuildable aux), also
-    micro-batched: each step's roofline cost is a max of two sums, so splitting only adds."""
+    """A lower bound on the simulated step of any plan of `route`, micro-batched too (splitting only adds)."""
     dev = get_profile(device) if isinstance(device, str) else device
     rebuildable = route.rebuildable_aux()
     routes = (route, route.without_aux(rebuildable)) if rebuildable else (route,)
@@ -273,8 +270,7 @@ def _time(seconds: float) -> str:
 # -- rivals: the other exact policies, each one candidate
 @dataclass(frozen=True, slots=True)
 class Rival:
-    """Another exact policy as a candidate: its planner and the route `plan_network` gives it (built lazily), so
-    `auto` plans wherever it does, at least as fast. `packs_batch`: `micro_batch_search` plans its counts."""
+    """Another exact policy as a candidate, on the route `plan_network` gives it (built lazily)."""
 
     name: str
     plan: Callable[[Route, "int | None", str, "CostTable | None"], Plan]
@@ -303,12 +299,12 @@ class Base:
 
     name: str
     schedule: Schedule
-    own_time_s: float                  # its step time with nothing moved: no plan built on it can be faster
-    root_reads: dict[str, int] = field(default_factory=dict)   # checkpoint -> first step a recomputation reads it
+    own_time_s: float                  # `schedule_time`: no plan built on it is faster
+    root_reads: dict[str, int] = field(default_factory=dict)   # root -> first step a recomputation reads it
 
 
 class AutoSearch:
-    """The candidates tried under one budget, each placed and timed once (`consider`); `auto_search` runs the stages."""
+    """The candidates tried under one budget, each placed and timed once."""
 
     def __init__(self, route: Route, budget: int | None, device, costs: CostTable | None = None):
         self.route, self.budget, self.device, self.costs = route, budget, device, costs
@@ -353,7 +349,7 @@ class AutoSearch:
         return self.base("liveness", liveness_schedule(self.route, self.ws))
 
     def recompute_bases(self) -> list[Base]:
-        """Speed-centric under the budget, the default, and memory-centric: those whose segment modes differ."""
+        """The recomputation variants whose segment modes differ."""
         route, ws, iv = self.route, self.ws, self.iv
         default = recompute_schedule(route, ws, limit=None, iv=iv)
         if not default.segments:
@@ -370,7 +366,7 @@ class AutoSearch:
         return out
 
     def explore(self, bases: list[Base]) -> None:
-        """Each base placed in two layouts; then offload on those that miss, by their own time, while one could win."""
+        """Each base placed in two layouts; then offload on those that miss, while one could win."""
         for b in bases:
             if compute_peak_lower_bound(self.route, b.schedule, self.ws) > self.budget:
                 self.consider(Candidate(b.name, note="skipped: busiest step alone exceeds the budget"))
@@ -441,8 +437,7 @@ class AutoSearch:
 
 def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
                 frugal: bool = True, rivals: Sequence[Rival] = (), more: More | None = None) -> AutoResult:
-    """The fastest candidate that fits `budget` (liveness without one); recomputation is searched only where
-    liveness' best is not within `GOOD_ENOUGH` of its own time. `frugal`: name the smallest budget if none fits."""
+    """The fastest candidate that fits `budget`; recomputation only where liveness is not within `GOOD_ENOUGH`."""
     search = AutoSearch(route, budget, device, costs)
     if budget is None:
         search.consider(Candidate("liveness", plan=place(route, search.ws, liveness_schedule(route, search.ws))))
@@ -470,8 +465,7 @@ WEIGHTS_SEARCH_STEPS = 6  # bisection steps on how many layers' weights go to th
 
 
 def weights_search(search: AutoSearch, base: Base) -> Candidate | None:
-    """The fewest layers (largest first) whose weights live on the host for `base` to fit: all first, then bisect;
-    if all do not fit, all with prefetches just in time."""
+    """The fewest layers (largest first) whose weights on the host make `base` fit: all, then bisect."""
     route = search.route
     layers = weights_decision.layer_candidates(route)
     if not layers:
@@ -523,10 +517,9 @@ def micro_batch_counts(route: Route, budget: int | None) -> list[int]:
 
 def micro_batch_search(route: Route, budget: int, device, costs: CostTable | None = None,
                        best_s: float = math.inf, more: More | None = None, whole_fits: bool = False) -> AutoResult:
-    """The fastest micro-batched plan beating `best_s`: layer packs at each count (1 too), and `auto`'s own search
-    where the batch does not fit whole (`whole_fits`). Counts go up until one's compute (`least_time`, which only
-    grows with the count) cannot win. Not cutting a batch that fits: the roofline charges nothing per step, so many
-    small steps look free (ResNet-20 b32 in 4 MiB: 16 micro-batches estimated 2.5% faster, measured 5x slower)."""
+    """The fastest micro-batched plan beating `best_s`: layer packs at each count, `auto`'s own search only where
+    the batch does not fit whole (the roofline charges nothing per step: ResNet-20 b32, 16 micro-batches estimated
+    2.5% faster, measured 5x slower). Counts go up while their `least_time` can win."""
     tried: list[Candidate] = []
     best: Candidate | None = None
     packs_too = route.options.host_weights   # layer packs bring each pack's weights in from the host
@@ -605,7 +598,7 @@ def micro_decision(micro: AutoResult, budget: int, single: AutoResult) -> str:
 
 
 def not_planned(*results: AutoResult) -> str:
-    """What `auto` did not plan (skipped rivals, `unsearched` candidates), one line per reason, for `decision`."""
+    """What `auto` did not plan, one line per reason, for `decision`."""
     why: dict[str, list[str]] = {}
     for res in results:
         for t in res.trials:
@@ -616,8 +609,7 @@ def not_planned(*results: AutoResult) -> str:
 
 def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
               policy: str = "auto", rivals: Sequence[Rival] = (), more: More | None = None) -> Plan:
-    """`auto_search`; where nothing fits, again without the rebuildable aux tensors (attention's scores, rebuilt in
-    backward to the same bits); then micro-batches (`micro_batch_search`). The fastest wins; `decision` says why."""
+    """`auto_search`, then without the rebuildable aux tensors where nothing fits, then micro-batches."""
     more = more if budget is not None else None
     res = auto_search(route, budget, device, costs, rivals=rivals, more=more)
     rebuildable = route.rebuildable_aux()
