@@ -39,16 +39,16 @@ class Segment:
     """The droppable members hanging off one kept tensor (`root`), and how backward rebuilds them."""
 
     root: str
-    members: list[str]                       # act ids, in topological (route) order
-    parent: dict[str, str]                   # member -> the tensor its layer reads (a member or the root)
+    members: list[str]                       # act ids, in route order
+    parent: dict[str, str]                   # member -> the tensor its layer reads
     first: dict[str, int]                    # member -> its forward step
-    fwd_last: dict[str, int]                 # member -> its last forward use
-    bwd_uses: dict[str, list[int]]           # member -> backward steps that read it (maybe empty)
-    root_bwd: bool                           # does backward read the root anyway (liveness keeps it)?
+    fwd_last: dict[str, int]
+    bwd_uses: dict[str, list[int]]
+    root_bwd: bool                           # backward reads the root anyway
     saved_bytes: int = 0                     # bytes not held across the forward->backward turn
     dropped: bool = False
     mode: str = MEMORY
-    root_reads: list[int] = field(default_factory=list)  # steps before which a recomputation reads the root
+    root_reads: list[int] = field(default_factory=list)
 
     @property
     def needed(self) -> list[str]:
@@ -119,7 +119,7 @@ def find_segments(route: Route, iv: dict | None = None) -> list[Segment]:
 # -- one segment's residencies
 @dataclass(slots=True)
 class SegmentPlan:
-    """A dropped segment turned into residencies: the members' and the root's, under one mode."""
+    """A dropped segment's residencies under one mode."""
 
     residencies: dict[str, list[Residency]] = field(default_factory=dict)
     root_end: tuple[int, str, int] | None = None   # (step, at, seq) of the root's last recompute read
@@ -183,7 +183,6 @@ def plan_segment(seg: Segment, mode: str, seq_base: dict[int, int] | None = None
         base = seq_base.get(a, 0)
         seq = {m: base + 2 * i + 2 for i, m in enumerate(chain)}
         seq_base[a] = base + 2 * len(chain) + 2
-        # a tensor read by this chain can be freed right after its last reader in the chain is rebuilt
         last_reader: dict[str, int] = {}
         for m in chain:
             last_reader[seg.parent[m]] = seq[m] + 1
@@ -244,8 +243,7 @@ class Timeline:
 
 
 def _window(seg: Segment, plans: list[tuple["SegmentPlan", Residency]]) -> tuple[int, int]:
-    """Slots [lo, hi) where the segment's modes can differ: from its first backward recomputation to the last
-    end of any of its residencies (root included), over all the given plans."""
+    """Slots [lo, hi) where the segment's modes can differ, over the given plans."""
     lo = _start_slot(seg.first_bwd, "before", 1)
     hi = max(_end_slot(r.end, r.end_at, r.end_seq) for sp, rr in plans
              for r in [rr] + [r for lst in sp.residencies.values() for r in lst])
@@ -254,8 +252,7 @@ def _window(seg: Segment, plans: list[tuple["SegmentPlan", Residency]]) -> tuple
 
 def segment_profile(sp: SegmentPlan, root: str, root_res: Residency, sizes: dict[str, int], lo: int,
                     hi: int) -> np.ndarray:
-    """Bytes the segment's own tensors (root included) hold in slots [lo, hi); a sequence slot gets the
-    highest point reached inside its sequence."""
+    """Bytes the segment (root included) holds per slot in [lo, hi); a sequence slot gets its highest point."""
     prof = np.zeros(hi - lo, np.int64)
     seq_events: dict[int, list[tuple[int, int, int]]] = {}
     for tid, lst in list(sp.residencies.items()) + [(root, [root_res])]:
@@ -285,13 +282,13 @@ def segment_profile(sp: SegmentPlan, root: str, root_res: Residency, sizes: dict
 
 @dataclass(slots=True)
 class RecomputeSchedule:
-    """The outcome: the schedule for the planner and what was decided per segment."""
+
 
     schedule: Schedule
     segments: list[Segment]
-    bottleneck: int                 # highest slot of the all-memory-centric timeline (sum of rounded blocks)
-    limit: int                      # what speed-centric segments had to stay under
-    timeline_peak: int              # highest slot of the final timeline
+    bottleneck: int                 # top of the all-memory-centric timeline
+    limit: int
+    timeline_peak: int
     recomputes: int                 # RECOMPUTE events per training step
 
 
@@ -309,8 +306,7 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
         sp = plan_segment(seg, m, seq_base)
         return sp, _root_residency(iv[seg.root], sp.root_end)
 
-    # The timeline: everything outside dropped segments, plus each dropped segment up to its backward window
-    # (identical in both modes: forward residencies, the root until backward)...
+    # The timeline: all but the dropped segments' backward windows (the same in both modes)...
     seg_tids = {s.root for s in segs} | {m for s in segs for m in s.members}
     tl = Timeline(len(route.steps))
     for tid, lst in sched.residencies.items():
@@ -340,7 +336,7 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
     cap = bottleneck if limit is None else int(limit)
 
     if mode is None:
-        # Greedy, in the order backward meets the segments: speed-centric wherever the timeline stays under cap.
+        # greedy, in the order backward meets the segments
         for i in sorted(range(len(segs)), key=lambda i: -segs[i].first_bwd):
             seg = segs[i]
             sp, rr = build(seg, SPEED)
@@ -356,7 +352,7 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
                 seg.mode = SPEED
                 profiles[i] = (lo2, hi2, prof_s)
 
-    # Assemble, handing out sequence numbers per boundary so that chains never interleave.
+    # assemble, numbering sequences per boundary so chains never interleave
     seq_base: dict[int, int] = {}
     total = 0
     for seg in segs:
@@ -370,7 +366,7 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
 
 def recompute_plan(route: Route, budget: int | None = None, ws: dict[int, WorkspaceChoice] | None = None,
                    limit: int | None = None, mode: str | None = None, policy: str = "recompute") -> Plan:
-    """Plan `route` with cost-aware recomputation (workspace fitted to the budget when one is given)."""
+    """Plan `route` with cost-aware recomputation."""
     ws = workspace_choices(route) if ws is None else ws
     rs = recompute_schedule(route, ws, limit=limit, mode=mode)
     return make_plan(route, policy, budget, workspace=ws, schedule=rs.schedule)
