@@ -37,14 +37,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(slots=True)
 class DevicePlan:
-    """One device of the pipeline: its packs (indices into the packing), its sub-route's plan and what it moves."""
+    """One device: its packs (indices into the packing), its sub-route's plan and what it moves."""
 
     device: int
     packs: list[int]
     plan: Plan
-    homed_layers: int                # layers whose weights live on the host and visit per pack block
-    candidate_layers: int            # layers whose weights could (convolutions, fully connected)
-    host_bytes: int                  # host<->device bytes per step (both directions)
+    homed_layers: int                # layers whose weights live on the host
+    candidate_layers: int
+    host_bytes: int                  # host<->device bytes per step, both directions
     host_by_role: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -58,7 +58,7 @@ class DevicePlan:
 
 @dataclass(slots=True)
 class PipelineResult:
-    """A pipeline plan over `devices` devices: M micro-batches, `packs` (layer names), pack i on device i mod N."""
+    """A pipeline plan: M micro-batches, `packs` (layer names), pack i on device i mod N."""
 
     devices: int
     micro_batches: int
@@ -68,7 +68,7 @@ class PipelineResult:
     step_time_s: float
     profile: DeviceProfile
     budget: int
-    cut: str = "weights"             # how the packs were cut (a key of `CUTS`)
+    cut: str = "weights"             # a key of `CUTS`
 
     @property
     def host_bytes(self) -> int:
@@ -81,13 +81,13 @@ class PipelineResult:
 
 @dataclass(slots=True)
 class ReplicasResult:
-    """N data-parallel replicas at batch B / N, each planned by `auto` under the per-device budget."""
+    """N data-parallel replicas at batch B / N, each planned by `auto`; bytes are all replicas'."""
 
     devices: int
     plan: Plan
-    host_bytes: int                  # all replicas together
-    allreduce_bytes: int             # all replicas together (ring all-reduce of the gradients)
-    step_time_s: float               # one replica's simulated step plus the all-reduce, un-overlapped
+    host_bytes: int
+    allreduce_bytes: int             # ring all-reduce of the gradients
+    step_time_s: float               # a replica's step plus the all-reduce, un-overlapped
     replica_step_time_s: float
 
     @property
@@ -143,8 +143,7 @@ def _writers(route: Route, step_dev: list[int]) -> dict[str, tuple[int, int]]:
 
 
 def transfers(route: Route, step_dev: list[int]) -> list[tuple[int, int, int, str, int]]:
-    """(writer step, first reader step, receiving device, tensor, bytes) per (tensor, receiving device), in writer
-    order; persistent tensors never move (a pack's weights belong to its device)."""
+    """(writer step, reader step, receiving device, tensor, bytes) per (tensor, device); weights never move."""
     writers = _writers(route, step_dev)
     seen: set[tuple[str, int]] = set()
     out = []
@@ -163,8 +162,7 @@ def transfers(route: Route, step_dev: list[int]) -> list[tuple[int, int, int, st
 
 def _plan_device(sub: Route, budget: int, device: str, costs, d: int,
                  weights: str = "fit") -> tuple[Plan, int, int]:
-    """(plan, layers homed, candidate layers): the fewest layers' weights homed (largest first, by bisection) for
-    the device to fit; `weights="host"` homes them all (Harmony's runtime)."""
+    """(plan, homed, candidates): the fewest layers homed for the device to fit; "host" homes all (Harmony's)."""
     ws = workspace_choices(sub, costs)
     cands = layer_candidates(sub)
 
@@ -256,8 +254,7 @@ def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_pack
 
 
 def min_max_cut(costs: list[float], n_packs: int) -> list[int]:
-    """Cut a sequence into at most `n_packs` consecutive runs whose largest total cost is as small as it can be
-    (binary search on that largest total, each run filled greedily); returns each run's first index."""
+    """First indices of at most `n_packs` runs minimizing the largest run's cost (bisection, greedy fill)."""
     lo, hi = max(costs, default=0.0), sum(costs)
     for _ in range(60):
         mid = (lo + hi) / 2
@@ -371,7 +368,7 @@ def plan_replicas(replica: "Network", devices: int, budget: int | None = None, d
 
     profile = get_profile(device)
     budget = profile.memory_bytes if budget is None else budget
-    # replicas keep their batch whole: data parallel with micro-batches is not supported (policies.plan_network)
+    # replicas keep their batch whole (data parallel has no micro-batches)
     route = replica.route(optimizer_slots=optimizer_slots, fused_update=True).with_options(
         PlanOptions(max_micro_batches=1))
     plan = plan_auto(route, budget, device, costs)
@@ -383,7 +380,7 @@ def plan_replicas(replica: "Network", devices: int, budget: int | None = None, d
 
 
 def pipeline_json(pipe: PipelineResult, base: ReplicasResult | None) -> dict:
-    """The figures of `comparison_lines` as one JSON-ready dict (bytes exact, times in seconds)."""
+    """The figures of `comparison_lines` as JSON (bytes exact, times in seconds)."""
     out = {"devices": pipe.devices, "budget_per_device": pipe.budget, "micro_batches": pipe.micro_batches,
            "packs": pipe.packs, "cut": pipe.cut,
            "per_device": [{"device": d.device, "packs": d.packs, "peak_bytes": d.peak_bytes,
