@@ -70,10 +70,8 @@ POLICIES: dict[str, Policy] = {name: Policy(**{f.name: getattr(info, f.name) for
 
 
 def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, target: Target) -> Plan:
-    """Plan training `net` with optimizer `slots` as `request` asks (`memory/request.py`) for `target`; the plan
-    runs only on a backend of its menu's kind. With `micro_batches`, `packs` plans layer packs and every other
-    policy gradient accumulation; data parallel adds gradient buckets and their all-reduce events
-    (`decisions/allreduce.py`); a `portfolio` policy also plans every other exact policy on its own route."""
+    """Plan training `net` with optimizer `slots` as `request` asks for `target`. Under `micro_batches`, `packs`
+    plans layer packs, the others gradient accumulation; data parallel adds buckets and all-reduce events."""
     opts = request.options
     packed = opts.micro_batches is not None
 
@@ -95,8 +93,7 @@ def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, targe
 
 
 def _rivals(request: PlanRequest, route_of: Callable[[str], Route], ranks_route: Route | None) -> tuple[Rival, ...]:
-    """Every other exact policy, on its own route, so a `portfolio` policy fits wherever one does, as fast. With
-    several ranks, all on the bucketed route, `packs` left out (data parallel has no micro-batches)."""
+    """Every other exact policy on its own route (with ranks: the bucketed route, without `packs`)."""
     if not POLICIES[request.policy].portfolio or request.budget is None:
         return ()
     rows = [POLICIES[p] for p in exact_policies() if not POLICIES[p].portfolio]
@@ -113,8 +110,7 @@ def _whole_batch(route_of: Callable[[], Route]) -> Route:
 
 @contextmanager
 def _without_cycle_collection():
-    """The cycle collector off while planning: millions of acyclic records, each full pass walks them all
-    (ResNet-2500 b16, k40c, 12GB: 1.7 of 7.4 s of CPU)."""
+    """The cycle collector off while planning: its passes walk millions of acyclic records (1.7 of 7.4 s)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -125,9 +121,8 @@ def _without_cycle_collection():
 
 
 def _plan_verified(route: Route, request: PlanRequest, target: Target, rivals: tuple[Rival, ...] = ()) -> Plan:
-    """Plan with the table's function; a BudgetError leaves with a minimum verified by planning at it
-    (`schedulers/minimum.py`). Policies see the budget cut down to whole `ALIGNMENT` blocks (bytes past the last
-    boundary are unusable and would otherwise steer choices); the plan's arena stays the budget given."""
+    """Plan with the table's function; a BudgetError states a verified minimum. Policies see the budget in whole
+    `ALIGNMENT` blocks (unusable tail bytes would steer their choices); the arena stays the budget given."""
     policy, budget = request.policy, request.budget
 
     def fn(r: Route, b: int | None) -> Plan:

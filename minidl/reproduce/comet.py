@@ -145,8 +145,7 @@ def accuracy(seed: int, steps: int, policy: str) -> float:
 
 
 def codec_time(batch: int = 64) -> dict:
-    """The codec's time (error bound included) in one ResNet-20 training step, CIFAR shape, at `batch`: the
-    third step (the first compiles the kernels and sets the adaptive bound)."""
+    """The codec's time in ResNet-20's third training step (CIFAR shape): the first compiles and sets the bound."""
     net = build_model("resnet", depth=20, batch=batch, image_size=32, num_classes=10)
     opt = SGD(lr=0.01, momentum=0.9)
     ex = Executor(net, plan_on(net, "compress", "cpu"), opt, seed=0)
@@ -184,8 +183,7 @@ def run(quick: bool, log) -> Report:
 
 
 def measured(result: dict) -> tuple[dict, dict | None, dict | None]:
-    """What `report` was given, read back from the JSON it wrote (`Report.to_json`): the memory figures per net,
-    the accuracy runs per policy and the codec's times (None in a --quick run)."""
+    """`report`'s arguments, read back from the JSON it wrote."""
     rows = {r["key"]: r for t in result["tables"] for r in t["rows"]}
     mem = {k.split("/", 1)[1]: r["detail"] for k, r in rows.items() if k.startswith("none/") and k != "none/best"}
     acc = {p: rows[f"accuracy/{p}"]["detail"]["runs"] for p in ("none", "compress")} if not result["quick"] else None
@@ -194,8 +192,8 @@ def measured(result: dict) -> tuple[dict, dict | None, dict | None]:
 
 
 def report(mem: dict, acc: dict | None, codec: dict | None, quick: bool) -> Report:
-    """The tables of the measured figures: `memory_rows` per net, the accuracy runs per policy and the codec's
-    times (both None in a --quick run). Every figure of a row is made here, so the committed JSON rebuilds them."""
+    """The tables of the measured figures (`acc`, `codec` None in a --quick run); every figure is made here, so
+    the committed JSON rebuilds them."""
     detail = {k: {f: v for f, v in m.items()} for k, m in mem.items()}
     t_none = Table("comet-none", f"Peak training memory, compress vs none (batch {BATCH}, 224 px)", "x less",
                    note="Peaks from the planner (SGD with momentum); compressed blocks reserved from measured ratios.")

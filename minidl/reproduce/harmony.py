@@ -65,9 +65,8 @@ def _summary(r, t0: float) -> dict:
 
 
 def harmony(key: str, batch: int, grid) -> dict[str, dict]:
-    """Harmony's pipeline: of `grid`, the fastest that fits, with each device's weights resident where they fit
-    ("fit", minidl's plan); and the same packing with every layer's weights on the host ("host", as Harmony's
-    runtime swaps each pack's weights in for its tasks). Bytes exact, step times simulated."""
+    """The fastest pipeline of `grid` that fits, weights resident where they fit ("fit"), and the same packing
+    with all weights on the host ("host", Harmony's runtime)."""
     net = _build(key, batch)
     budget = get_profile(PROFILE).usable_bytes
     best, t = None, time.perf_counter()
@@ -109,8 +108,7 @@ def compare(key: str, batch: int, grid, log) -> dict:
 
 
 def ratios(c: dict) -> dict:
-    """`c` with its ratios: swap volume against the baseline that swaps least, throughput against each baseline
-    and the faster (a pure function of the measured figures, so a page can be re-made from them)."""
+    """`c` with its ratios against the baselines (a pure function of the figures: pages re-make from them)."""
     base, h = c["baselines"], c["harmony"]
     least = min(base.values(), key=lambda b: (b["host_bytes"], b["step_time_s"]))
     fastest = min(base.values(), key=lambda b: b["step_time_s"])

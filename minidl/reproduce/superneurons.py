@@ -52,15 +52,13 @@ def _resnet(k: int):
 
 
 def _speed(plan, net) -> float:
-    """In-memory step time / this plan's step time, simulated: 1.0 is the speed of the same network trained with
-    unlimited memory (liveness, fastest algorithms)."""
+    """Simulated in-memory step time / this plan's (1.0: the speed with unlimited memory)."""
     free = plan_on(net, "liveness", DEVICE)
     return simulate(free, DEVICE).est_step_time_s / simulate(plan, DEVICE).est_step_time_s
 
 
 def _policy_options(policy: str) -> dict:
-    # SuperNeurons keeps parameters, gradients and optimizer state on the device and runs the batch whole: so
-    # does `auto` here
+    # SuperNeurons keeps the training state on the device and the batch whole: so does `auto` here
     return {"host_weights": False, "max_micro_batches": 1} if policy == "auto" else {}
 
 

@@ -45,8 +45,8 @@ def step_floor(route: Route) -> int:
 
 def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None,
                micro_batches: int | None = None) -> Plan:
-    """The `packs` plan under `budget`; `micro_batches` None searches (a packed route keeps its M). A packing
-    above its `weights_floor` is placed only when nothing fits, for the budget the error names."""
+    """The `packs` plan; `micro_batches` None searches. A packing above its `weights_floor` is placed only when
+    nothing fits, for the error's figure."""
     net = route.network
     batch = net.input_nodes[0].shape[0]
     if micro_batches is None and route.packing is not None:
@@ -58,7 +58,7 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
     for m in ms:
         try:
             floor_m = step_floor(route.with_micro_batches(m))
-        except PackError:   # a layer cannot train on so small a micro-batch (BN), nor on any smaller one
+        except PackError:   # a layer (BN) cannot train on so small a micro-batch, nor on a smaller one
             if best is None and not failed:
                 raise
             break
