@@ -69,29 +69,29 @@ class StepPlan:
     workspace_bytes: int = 0
     in_use: int = 0          # bytes allocated while the step computes
     refused: list[str] = field(default_factory=list)  # faster algorithms refused for lack of memory
-    note: str = ""           # a scheduler's word on this step (the window's head and tail), shown by --explain
-    on_host: bool = False    # the step runs on the host store's copies (a host update: decisions/weights.py)
+    note: str = ""           # a scheduler's word on this step, shown by --explain
+    on_host: bool = False    # runs on the host store's copies (a host update)
 
 
 @dataclass(slots=True)
 class Plan:
     route: Route
     policy: str
-    arena_bytes: int               # size of the pool the executor allocates (the budget when one is given)
-    setup: list[Event]             # allocations made once, before the first step (persistent tensors)
+    arena_bytes: int               # the pool the executor allocates (the budget when one is given)
+    setup: list[Event]             # allocations before the first step (persistent tensors)
     steps: list[StepPlan]
     peak_bytes: int                # max bytes in use at any moment (sum of live blocks)
     min_budget_bytes: int          # smallest arena this exact plan fits in (peak plus fragmentation)
-    binding_step: int              # the step whose allocation needs the most arena (what a budget binds on)
-    peak_step: int = 0             # the step at which the most bytes are in use
-    peak_live: list[str] = field(default_factory=list)  # tensors live at the peak
+    binding_step: int              # the step whose allocation needs the most arena
+    peak_step: int = 0
+    peak_live: list[str] = field(default_factory=list)
     lower_bound_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of every planned tensor (workspace included)
     offloaded_bytes: int = 0       # bytes copied device -> host per training step (OFFLOAD events)
     prefetched_bytes: int = 0      # bytes copied host -> device per training step (PREFETCH events)
-    paged: "PagedLayout | None" = None  # placed by chunks (`--paged`): offsets are virtual, the arena is chunks
-    buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> gradients it packs
-    data_parallel: object = None   # data parallel: the `decisions.allreduce.DataParallel` the buckets were made for
+    paged: "PagedLayout | None" = None  # `--paged`: offsets are virtual, the arena is chunks
+    buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> its gradients
+    data_parallel: object = None   # the `decisions.allreduce.DataParallel` the buckets were made for
     decision: str = ""             # a searching policy's word on why this plan
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     """Analyses computed once (`simulate`); an event added afterwards (`decisions.allreduce`) clears it."""
