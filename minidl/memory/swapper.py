@@ -2,9 +2,9 @@
 and activations through the host, simulated on a device profile with the simulator's roofline (`step_costs`).
 
 Rules, per micro-batch of `u` samples on the plain route at batch `u`:
-- forward step: its parameters (and BN buffers) swapped in; activations a backward step reads swapped out once
-  written. Backward step: its parameters swapped in again, and its stashed activations; weight gradients swapped out
-  (accumulated on the host: no gradient comes back, the all-reduce is free, which favours the baseline). Deltas stay.
+- forward step: its parameters swapped in; activations backward reads swapped out once written. Backward step:
+  parameters and stashed activations in; weight gradients out (summed on the host, the all-reduce free: this favours
+  the baseline). Deltas stay.
 - update on the host, at the device's update time (as the simulator charges every host update).
 - timeline: compute and one copy stream per direction; a step's inputs are prefetched while the step before computes
   (double buffering), its outputs copied out once computed: the baseline hides every copy it can.
@@ -37,14 +37,14 @@ _STASHED = (Role.ACTIVATION, Role.AUX)
 
 @dataclass(slots=True)
 class SwapTask:
-    """One route step under the swapper: its compute time and the bytes it swaps in before and out after."""
+    """One step under the swapper: its compute time and the bytes it swaps in before and out after."""
 
     step: int
     phase: Phase
     layer: str
     compute_s: float
-    in_bytes: dict[str, int] = field(default_factory=dict)    # by role word: weights, activations
-    out_bytes: dict[str, int] = field(default_factory=dict)   # weights (BN buffers), activations, gradients
+    in_bytes: dict[str, int] = field(default_factory=dict)    # by role word
+    out_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def swap_in(self) -> int:
@@ -57,18 +57,18 @@ class SwapTask:
 
 @dataclass(slots=True)
 class SwapperResult:
-    """The baseline over `devices` devices: `micro_batches` of `micro_batch` samples per device (dp) or in all (pp)."""
+    """The baseline: `micro_batches` of `micro_batch` samples per device (dp) or in all (pp)."""
 
     mode: str
     devices: int
     micro_batch: int
     micro_batches: int
-    host_bytes: int                  # host<->device bytes per training step, all devices
-    host_by_role: dict[str, int]     # weights, gradients, activations
-    p2p_bytes: int                   # device<->device bytes per step (pp only)
+    host_bytes: int                  # per training step, all devices
+    host_by_role: dict[str, int]
+    p2p_bytes: int                   # pp only
     step_time_s: float
-    compute_time_s: float            # the busiest device's compute time alone
-    working_set_bytes: int           # twice the busiest step's bytes (the double buffer the size was chosen by)
+    compute_time_s: float            # the busiest device's compute alone
+    working_set_bytes: int           # twice the busiest step's bytes (double buffered)
     profile: DeviceProfile
 
 

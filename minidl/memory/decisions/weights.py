@@ -28,11 +28,11 @@ _WEIGHT_ROLES = (Role.PARAMETER,)
 
 @dataclass(slots=True)
 class Visit:
-    """One stay of a host-homed tensor on the device: its uses from step `first` to step `last`."""
+    """One stay of a host-homed tensor on the device, steps `first` to `last`."""
 
     first: int
     last: int
-    dirty: bool  # a step of the visit writes the tensor: copy it back at the end
+    dirty: bool  # written during the visit: copied back at its end
 
 
 def layer_candidates(route: Route) -> list[str]:
@@ -175,8 +175,7 @@ def moved_words(moved: dict[str, int]) -> dict[str, int]:
 
 def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, workspace=None, layers=None,
                  lead: int = 1, policy: str = "weights") -> Plan:
-    """Liveness with `layers` (default: all candidates) homed, the activation cache on top under a budget;
-    prefetches just in time where `lead` steps early does not fit."""
+    """Liveness with `layers` (default: all) homed and the activation cache on top; just in time if need be."""
     from ...core.errors import BudgetError
     from ..planner import default_workspace, liveness_schedule
     from .offload import plan_offload
@@ -198,8 +197,7 @@ def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, works
 
 
 def weights_floor(route: Route, workspace) -> int:
-    """A floor under every `plan_weights` arena, without placing: its most frugal schedule's busiest compute moment
-    (every other schedule only adds), so `plan_packs` skips a packing that cannot fit."""
+    """A floor under every `plan_weights` arena, without placing: its most frugal schedule's busiest moment."""
     from ..planner import liveness_schedule
     from .offload import find_candidates, offload_schedule, tight_timing
     from .recompute import compute_peak_lower_bound
