@@ -40,8 +40,8 @@ class DeviceProfile:
 GiB = 1 << 30
 MiB = 1 << 20
 
-# CUDA context + cuBLAS + cuDNN handles: ESTIMATES from typical nvidia-smi figures, unchecked on a lent GPU
-CONTEXT_KEPLER = 320 * MiB   # CUDA 8-9 / cuDNN 5-7: ~70-100 MiB bare context, ~250-400 MiB with the libraries
+# CUDA context + cuBLAS + cuDNN handles: estimates (typical nvidia-smi figures), unchecked
+CONTEXT_KEPLER = 320 * MiB   # CUDA 8-9 / cuDNN 5-7: ~250-400 MiB with the libraries
 CONTEXT_MAXWELL = 320 * MiB
 CONTEXT_VOLTA = 480 * MiB    # CUDA 10-11 / cuDNN 7-8: larger kernel images
 CONTEXT_HOPPER = 512 * MiB   # CUDA 12 with lazy module loading (without it cuDNN alone can pass 1 GiB)
@@ -49,7 +49,7 @@ CONTEXT_HOPPER = 512 * MiB   # CUDA 12 with lazy module loading (without it cuDN
 PROFILES: dict[str, DeviceProfile] = {
     # 2-core EPYC VM: sgemm 2048^3 ~65 GFLOP/s; np.copyto ~22 GB/s read+write, so ~11 GB/s a one-way "transfer"
     "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured on a 2-core AMD EPYC VM, 2026-11-22"),
-    # SuperNeurons' GPU (datasheets below: fp32 peak, memory bandwidth, PCIe effective)
+    # datasheets below: fp32 peak, memory bandwidth, PCIe effective
     "k40c": DeviceProfile("k40c", 12 * 10**9, 4.29e12, 288e9, 10e9, 0.5, "datasheet",
                           context_bytes=CONTEXT_KEPLER, gpu=True),
     "titanx": DeviceProfile("titanx", 12 * 10**9, 6.6e12, 336e9, 10e9, 0.5, "datasheet",

@@ -1,8 +1,7 @@
 """What a run plans for, described once: the request (policy, budget, plan options) and the target (device profile,
 algorithm menu, cost table).
 
-Both are frozen values made at the edge (command line, `Session`, `reproduce`) and passed down unchanged to
-`policies.plan_network`. The defaulting rules live here and nowhere else:
+Frozen values made at the edge and passed down unchanged to `policies.plan_network`. The defaults, here only:
 - policy: as given, else `auto` under a budget and `liveness` without; `lossy` turns `auto` into `auto-lossy`;
 - fused update: as given, else on for `weights` and for `auto` under a budget; never with data parallel;
 - `paged="auto"`: a chunk the budget holds many of (`paged.chunk_for_budget`);
@@ -68,7 +67,7 @@ class PlanRequest:
                      max_micro_batches: int | None = None, math: str | None = None,
                      data_parallel: DataParallel | None = None, paged: int | str | None = None,
                      host_weights: bool = True, verify_minimum: bool = True, backend: str = "cpu") -> PlanRequest:
-        """The request the options describe; `budget` and `paged` are bytes or size strings ("16MiB")."""
+        """The request the options describe (sizes as bytes or strings, "16MiB")."""
         budget = as_size(budget, "budget")
         if policy is None:
             policy = "auto" if budget is not None else "liveness"

@@ -34,10 +34,10 @@ class SimResult:
     compute_time_s: float = 0.0
     transfer_time_s: float = 0.0
     est_step_time_s: float = 0.0
-    exposed_transfer_s: float = 0.0   # transfer time not hidden behind compute (included in est_step_time_s)
-    recompute_flops: int = 0          # forward FLOPs re-run by RECOMPUTE events (included in compute_time_s)
-    step_flops: int = 0               # FLOPs of the whole step, recomputation included
-    _peak: int | None = None          # peak_bytes, replayed once on first use
+    exposed_transfer_s: float = 0.0   # in est_step_time_s
+    recompute_flops: int = 0          # in compute_time_s
+    step_flops: int = 0               # recomputation included
+    _peak: int | None = None
 
     @property
     def recompute_flops_share(self) -> float:
@@ -107,8 +107,7 @@ def _simulate(plan: Plan, dev: DeviceProfile) -> SimResult:
 
 
 def add_plan_costs(plan: Plan, costs: list[StepCost]) -> int:
-    """Charge each step what the plan adds: a RECOMPUTE's forward cost, and a slower workspace algorithm's ratio of
-    `est_cost` to the fastest's. Returns the recomputed FLOPs."""
+    """Add a RECOMPUTE's forward cost, and scale slower workspace algorithms by `est_cost`; the recomputed FLOPs."""
     from .plan import EventKind
 
     route = plan.route
@@ -157,9 +156,8 @@ def predicted_timeline(plan: Plan, device: DeviceProfile | str = "k40c") -> Pred
 
 def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None = None,
                   record: PredictedTimeline | None = None) -> LinkTimeline:
-    """Replay the plan on the compute clock and the link (one FIFO stream; one per direction if `dev.duplex`).
-    OFFLOAD / PREFETCH queue a copy of `link_latency_s + nbytes / link_bw`; RELEASE / WAIT block the compute clock
-    until that copy ends: the blocked time is the exposed transfer time, as the executor's transfer engine."""
+    """Replay the plan on the compute clock and the link (a FIFO stream, one per direction if `dev.duplex`):
+    OFFLOAD / PREFETCH queue a copy; RELEASE / WAIT block compute until it ends (the exposed time)."""
     from .plan import EventKind
 
     costs = step_costs(plan.route, dev) if costs is None else costs

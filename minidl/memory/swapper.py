@@ -129,7 +129,7 @@ def _sum_roles(tasks: list[SwapTask], times: int = 1) -> dict[str, int]:
 
 def micro_batch_sizes(build: Callable[[int], "Network"], batch: int, profile: DeviceProfile,
                       optimizer_slots=()) -> list[tuple[int, Route, int]]:
-    """(u, route, working set) for each power of two dividing `batch` that fits double-buffered, largest first."""
+    """(u, route, working set) per power of two dividing `batch` that fits, largest first."""
     u = batch & -batch                       # the largest power of two dividing the batch
     out: list[tuple[int, Route, int]] = []
     while u >= 1:

@@ -6,9 +6,9 @@ with small long-lived tensors pinned (`LAYOUTS`), then with offload fitted to th
 policy's own plan (`Rival`); micro-batch counts, with layer packs (`micro_batch_search`). Fitting candidates are
 timed by the simulator; the fastest wins (`rank`), and the plan's `decision` says which, why, and what was skipped.
 
-Rules: a candidate is skipped only where a lower bound on its time (a base's own time, `least_time`) cannot beat the
-best plan by more than `GOOD_ENOUGH`, or with its reason named in the decision. A batch that fits whole is not
-micro-batched by `auto`'s own search (such a plan matches `none` with those micro-batches, not the whole batch).
+Rules: a candidate is skipped only where a lower bound on its time (`least_time`) cannot beat the best plan by more
+than `GOOD_ENOUGH`, or with its reason named in the decision. A batch that fits whole is not micro-batched by `auto`'s
+own search (such a plan matches `none` with those micro-batches only).
 Offload under recomputation: a root is prefetched and waited for at the head of the recomputation sequence that
 first reads it. Where nothing fits, `BudgetError` names the most frugal candidate's budget. docs/policies/auto.md.
 """

@@ -82,7 +82,7 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
                 best = (sum(moved.values()), m, plan)
             break  # the first packing that fits moves the fewest bytes for this M
         if best is not None and moved_by_role(best[2])["activations"] == 0:
-            break  # nothing but the weights moves: more micro-batches cannot move less
+            break  # only weights move: more micro-batches cannot move less
     if best is not None:
         return best[2]
     needs = [(need if isinstance(need, int) else need(), where) for where, need in failed]
