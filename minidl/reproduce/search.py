@@ -23,7 +23,7 @@ def momentum_sgd() -> SGD:
 
 
 def plan_on(net: Network, policy: str, device: str, budget: int | None = None, **options) -> Plan:
-    """`net` with `momentum_sgd`'s state planned as `minidl plan` would (`options`: `PlanRequest.from_options`')."""
+    """`net` with `momentum_sgd`'s state planned as `minidl plan` would (`options`: `PlanRequest.from_options`)."""
     return plan_network(net, momentum_sgd().slots, PlanRequest.from_options(policy, budget, **options),
                         Target.for_run(device))
 

@@ -10,7 +10,7 @@ Rules: a candidate is skipped only where a lower bound on its time (`least_time`
 than `GOOD_ENOUGH`, or with its reason named in the decision. A batch that fits whole is not micro-batched by `auto`'s
 own search (such a plan matches `none` with those micro-batches only).
 Offload under recomputation: a root is prefetched and waited for at the head of the recomputation sequence that
-first reads it. Where nothing fits, `BudgetError` names the most frugal candidate's budget. docs/policies/auto.md.
+first reads it. Where nothing fits, `BudgetError` names the most frugal candidate's budget (docs/policies/auto.md).
 """
 from __future__ import annotations
 
