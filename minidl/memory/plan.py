@@ -1,10 +1,7 @@
 """Plans: what happens to every tensor, at which step, at which arena offset.
 
-A plan is a list of events attached to route steps. The executor replays it on a backend; the simulator replays
-it on nothing but shapes. Because both consume the same plan, the peak the simulator predicts is the peak the
-executor's pool measures, byte for byte.
-
-Event kinds, one per mechanism (the executor dispatches on the kind; no mechanism is special-cased):
+A plan is a list of events attached to route steps, replayed by the executor on a backend and by the simulator on
+shapes: both see the same peak, byte for byte. Event kinds, one per mechanism (no mechanism is special-cased):
 - ALLOC / FREE: a tensor's device block is carved from / returned to the pool.
 - OFFLOAD / RELEASE / PREFETCH / WAIT: the tensor cache moving tensors to host memory and back.
 - RECOMPUTE: rebuild a dropped tensor by re-running its layer's forward.
@@ -39,15 +36,12 @@ class EventKind(str, enum.Enum):
 
     @property
     def allocates(self) -> bool:
-        """The event claims a device block for its tensor (the tensor becomes resident)."""
+        """The event claims a device block for its tensor."""
         return self in _ALLOCATING
 
     @property
     def frees(self) -> bool:
-        """The event returns its tensor's device block to the pool (the tensor stops being resident).
-
-        A kind that neither allocates nor frees (OFFLOAD, WAIT, ALLREDUCE, REDUCED) leaves device memory as it is.
-        Declared here, once, so that the planner, the replay, the timeline and the explanation cannot disagree."""
+        """The event returns its tensor's device block (declared once, for every reader of plans)."""
         return self in _FREEING
 
 
@@ -75,36 +69,35 @@ class StepPlan:
     workspace_bytes: int = 0
     in_use: int = 0          # bytes allocated while the step computes
     refused: list[str] = field(default_factory=list)  # faster algorithms refused for lack of memory
-    note: str = ""           # a scheduler's word on this step (the window's head and tail), shown by --explain
-    on_host: bool = False    # the step runs on the host store's copies (a host update: decisions/weights.py)
+    note: str = ""           # a scheduler's word on this step, shown by --explain
+    on_host: bool = False    # runs on the host store's copies (a host update)
 
 
 @dataclass(slots=True)
 class Plan:
     route: Route
     policy: str
-    arena_bytes: int               # size of the pool the executor allocates (the budget when one is given)
-    setup: list[Event]             # allocations made once, before the first step (persistent tensors)
+    arena_bytes: int               # the pool the executor allocates (the budget when one is given)
+    setup: list[Event]             # allocations before the first step (persistent tensors)
     steps: list[StepPlan]
     peak_bytes: int                # max bytes in use at any moment (sum of live blocks)
     min_budget_bytes: int          # smallest arena this exact plan fits in (peak plus fragmentation)
-    binding_step: int              # the step whose allocation needs the most arena (what a budget binds on)
-    peak_step: int = 0             # the step at which the most bytes are in use
-    peak_live: list[str] = field(default_factory=list)  # tensors live at the peak
+    binding_step: int              # the step whose allocation needs the most arena
+    peak_step: int = 0
+    peak_live: list[str] = field(default_factory=list)
     lower_bound_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of every planned tensor (workspace included)
     offloaded_bytes: int = 0       # bytes copied device -> host per training step (OFFLOAD events)
     prefetched_bytes: int = 0      # bytes copied host -> device per training step (PREFETCH events)
-    paged: "PagedLayout | None" = None  # placed by chunks (`--paged`): offsets are virtual, the arena is chunks
-    buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> gradients it packs
-    data_parallel: object = None   # data parallel: the `decisions.allreduce.DataParallel` the buckets were made for
-    decision: str = ""             # a searching policy's word on why this plan (auto: which one, why micro-batches)
+    paged: "PagedLayout | None" = None  # `--paged`: offsets are virtual, the arena is chunks
+    buckets: dict[str, list[str]] = field(default_factory=dict)  # data parallel: bucket -> its gradients
+    data_parallel: object = None   # the `decisions.allreduce.DataParallel` the buckets were made for
+    decision: str = ""             # a searching policy's word on why this plan
     memo: dict = field(default_factory=dict, repr=False, compare=False)
-    """Analyses of the plan computed once (`simulate`: a search times its candidates, and the command line the one
-    it keeps, again); an event added afterwards (`decisions.allreduce`) clears it."""
+    """Analyses computed once (`simulate`); an event added afterwards (`decisions.allreduce`) clears it."""
 
     def by_role_at_peak(self) -> dict[str, int]:
-        """Pool bytes (rounded to the pool's alignment, as allocated) per role at the peak: they sum to it."""
+        """Pool bytes (aligned, as allocated) per role at the peak: they sum to it."""
         from .pool import align_up
 
         out = {r.value: 0 for r in Role}

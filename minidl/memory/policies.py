@@ -1,15 +1,10 @@
 """The table of policies, and the one entry point from (network, optimizer slots, request, target) to a plan.
 
-Every command and the trainer go through `plan_network`, so a policy listed in `POLICIES` is available everywhere
-at once (CLI choices included). A policy is a function `(route, budget, device, costs) -> Plan` (`device`: the
-target's `DeviceProfile`; `costs`: the `workspace.CostTable` that ranks convolution algorithms, None for the menu's
-own estimates).
-
-Why a table and not self-registration: the modules that implement the mechanisms (`decisions/`, `schedulers/`)
-sit below this one and never import it, so the import graph has no circle and a reader sees every policy in one
-place. The policies' words (name, help, when, paper) are `policy_table.py`'s, which the command line reads without
-importing this module. Adding a policy is one row there and one planning function here (see
-docs/architecture.md).
+Every command and the trainer go through `plan_network`, so a policy in `POLICIES` is available everywhere at once.
+A policy is `(route, budget, device profile, cost table or None) -> Plan`. A table, not self-registration:
+`decisions/` and `schedulers/` sit below this module and never import it, and every policy is seen in one place.
+The policies' words are `policy_table.py`'s (the command line reads them without importing this). Adding a policy:
+one row there, one planner here (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -75,28 +70,13 @@ POLICIES: dict[str, Policy] = {name: Policy(**{f.name: getattr(info, f.name) for
 
 
 def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, target: Target) -> Plan:
-    """Plan the training of `net`, with the optimizer state `slots` (`Optimizer.slots`: one tensor per parameter
-    each), as `request` asks (`memory/request.py`: policy, budget, options) for `target` (device profile,
-    algorithm menu, cost table). A plan runs only on a backend of its menu's kind.
-
-    The options: `fused_update` (`PlanRequest.fused_update`); `paged_chunk` places tensors by chunks on a paged
-    arena (`memory/paged.py`), under any policy; `data_parallel` (one rank of several): gradient buckets are added
-    to the route and planned like any tensor, and their all-reduce events to the plan (`decisions/allreduce.py`),
-    on the textbook route (the update waits for the reduced gradients); `micro_batches`: policy `packs` plans
-    Harmony's route of layer packs (`packs.py`; it chooses the count when None), every other policy gradient
-    accumulation (`route.py`: each micro-batch's forward, then its backward); `max_micro_batches`: the most
-    micro-batches a policy may cut the batch into by itself (`auto` where that is faster or the only fit, `packs` by
-    the bytes it moves); `host_weights=False`: weights and optimizer state stay on the device whatever the budget
-    (`auto` neither homes them on the host nor weighs `weights` and `packs` plans), as SuperNeurons and nnabla's
-    out-of-core training keep them. A `portfolio` policy (`auto`) also plans every other exact policy, each on the
-    route this function would give it (`_rivals`).
-    """
+    """Plan training `net` with optimizer `slots` as `request` asks for `target`. Under `micro_batches`, `packs`
+    plans layer packs, the others gradient accumulation; data parallel adds buckets and all-reduce events."""
     opts = request.options
-    packed = opts.micro_batches is not None   # micro-batched: layer packs (cut by policy packs) or accumulate
+    packed = opts.micro_batches is not None
 
     def route_of(policy: str) -> Route:
-        """The route `policy` is planned on when asked for with `request`'s budget and options: its update fused
-        or not (`PlanRequest.fused_update`), one pack per layer for `packs` under micro-batches."""
+        """`policy`'s route: its update fused or not, one pack per layer for `packs` under micro-batches."""
         return net.route(training=True, optimizer_slots=tuple(slots), menu=target.menu,
                          fused_update=replace(request, policy=policy).fused_update,
                          micro_batches=opts.micro_batches or 1,
@@ -113,10 +93,7 @@ def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, targe
 
 
 def _rivals(request: PlanRequest, route_of: Callable[[str], Route], ranks_route: Route | None) -> tuple[Rival, ...]:
-    """What a `portfolio` policy plans besides its own search: every exact policy without the flag, on the route
-    `plan_network` gives that policy (`route_of`), so that it fits wherever one of them does, and is as fast. With
-    several ranks, on the one route with the gradient buckets (every exact policy's route is then the same, and
-    `packs`, which cuts the batch into micro-batches, is left out: data parallel does not support them)."""
+    """Every other exact policy on its own route (with ranks: the bucketed route, without `packs`)."""
     if not POLICIES[request.policy].portfolio or request.budget is None:
         return ()
     rows = [POLICIES[p] for p in exact_policies() if not POLICIES[p].portfolio]
@@ -127,17 +104,13 @@ def _rivals(request: PlanRequest, route_of: Callable[[str], Route], ranks_route:
 
 
 def _whole_batch(route_of: Callable[[], Route]) -> Route:
-    """The route `route_of` builds, with no micro-batches chosen by the policy itself."""
     route = route_of()
     return route.with_options(replace(route.options, max_micro_batches=1))
 
 
 @contextmanager
 def _without_cycle_collection():
-    """Python's cycle collector off while a plan is made: planning allocates millions of small records that
-    reference counting frees (steps, events, residencies; no cycles among them), and each of the collector's
-    full passes walks all of them (ResNet-2500 b16 on the k40c, `minidl plan ... --budget 12GB`: 13 full passes,
-    1.7 of 7.4 s of CPU). On again afterwards, as it was."""
+    """The cycle collector off while planning: its passes walk millions of acyclic records (1.7 of 7.4 s)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -148,14 +121,8 @@ def _without_cycle_collection():
 
 
 def _plan_verified(route: Route, request: PlanRequest, target: Target, rivals: tuple[Rival, ...] = ()) -> Plan:
-    """Plan with the table's function; a BudgetError leaves with a minimum verified by planning at it
-    (`schedulers/minimum.py` says what "minimum" means per policy).
-
-    A budget is planned as the whole pool blocks it holds (`ALIGNMENT`: every block starts and ends on one, so the
-    bytes past the last boundary can never be used). Handing the policies the raw number let its last few bytes
-    steer their choices (`offload` scales its room by the excess of a first placement): 36,045 B planned where
-    36,044 B did not and 35,533 B did again, so no stated minimum could be the edge. The plan's arena is still the
-    budget given. `rivals`: the other policies a `portfolio` policy plans as its candidates (`_rivals`)."""
+    """Plan with the table's function; a BudgetError states a verified minimum. Policies see the budget in whole
+    `ALIGNMENT` blocks (unusable tail bytes would steer their choices); the arena stays the budget given."""
     policy, budget = request.policy, request.budget
 
     def fn(r: Route, b: int | None) -> Plan:
@@ -181,12 +148,11 @@ def _plan_verified(route: Route, request: PlanRequest, target: Target, rivals: t
     except BudgetError as e:
         if budget is None or not request.verify_minimum:
             raise
-        # verified with the batch whole: `auto` searching every micro-batch count at each of the dozen budgets the
-        # verification plans cost minutes (ResNet-20 at batch 8: 1 s -> 3 min); the budget it states plans either way
-        route = route.with_options(replace(route.options, max_micro_batches=1))   # (plan_at reads this route)
-        rivals = tuple(replace(r, route_of=partial(_whole_batch, r.route_of)) for r in rivals)   # (and these)
+        # verified with the batch whole (every micro-batch count at a dozen budgets: ResNet-20 b8 1 s -> 3 min)
+        route = route.with_options(replace(route.options, max_micro_batches=1))   # plan_at reads this route
+        rivals = tuple(replace(r, route_of=partial(_whole_batch, r.route_of)) for r in rivals)   # and these
         e = verified_minimum(plan_at, policy, budget, e)
-        if route.options.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller
+        if route.options.paged_chunk:   # the chunk is as much a cause as the budget
             chunk = route.options.paged_chunk
             smaller = max(LEAST_CHUNK["cpu"], chunk // 8)
             hint = (f"each large tensor takes whole chunks, so a smaller chunk (e.g. --paged {size_option(smaller)}) "

@@ -19,30 +19,18 @@ class DeviceProfile:
     link_bw: float        # host <-> device bandwidth, bytes/s (one direction)
     efficiency: float = 0.5  # share of peak FLOP/s dense layers reach in practice
     note: str = ""
-    # device <-> device bandwidth, bytes/s, one direction (`--devices`); default 8.2 GiB/s: Harmony's simulator's
-    # GPU-to-GPU figure (PCIe 3 peer to peer), kept for every PCIe profile; the h100 gets NVLink 4's 450 GB/s
-    peer_bw: float = 8.2 * (1 << 30)
-    # A measured profile (memory/calibrate.py) sets these: each copy's fixed cost (launch + DMA setup), and whether
-    # offloads and prefetches run on separate streams (the CUDA backend: one per direction; `link_bw` is then what
-    # each direction reaches while the other is busy). The defaults are the datasheet profiles' one FIFO stream.
-    link_latency_s: float = 0.0
-    duplex: bool = False
-    # Device memory the process holds before the first tensor: the CUDA context and the cuBLAS/cuDNN handles
-    # (their kernels' code and static buffers). Reserved from the memory a plan may use (`usable_bytes`); 0 for the
-    # CPU, and for a profile whose memory is set by `NAME:SIZE` (SIZE is then what the plan may use).
-    context_bytes: int = 0
-    # A GPU: plans made here for it size convolution workspaces with the cuDNN model (`cudnn_model`), not the
-    # CPU's menu.
-    gpu: bool = False
+    peer_bw: float = 8.2 * (1 << 30)  # device<->device B/s one way (`--devices`): Harmony's PCIe 3 peer figure
+    link_latency_s: float = 0.0  # fixed cost per copy (measured profiles, memory/calibrate.py)
+    duplex: bool = False         # offloads and prefetches on separate streams (`link_bw` then per direction)
+    context_bytes: int = 0       # CUDA context + library handles, reserved from the plan's memory (`usable_bytes`)
+    gpu: bool = False            # workspaces sized by the cuDNN model (`cudnn_model`), not the CPU's menu
 
     @property
     def usable_bytes(self) -> int:
-        """The memory left to the plan's arena once the context and library handles are loaded."""
         return self.memory_bytes - self.context_bytes
 
     def model_label(self) -> str:
-        """What a step time estimated on this profile is: a roofline model of the profile's device, where its
-        figures come from, and that it is no measurement (a plan never runs a step)."""
+        """What an estimated step time on this profile is: a roofline model, not a measurement."""
         return (f"a roofline model of profile {self.name} ({self.flops / 1e9:g} GFLOP/s x {self.efficiency:g}, "
                 f"{self.mem_bw / 1e9:g} GB/s; {self.note}), not a measurement"
                 + ("" if self.gpu else " of this machine; it counts no per-layer overhead: `minidl train` times "
@@ -52,44 +40,30 @@ class DeviceProfile:
 GiB = 1 << 30
 MiB = 1 << 20
 
-# CUDA context + cuBLAS + cuDNN handles, per GPU generation. ESTIMATES, to be checked on a lent GPU (free memory
-# from cudaMemGetInfo before cuInit and after creating both handles and running one convolution):
-# - Kepler (K40c) and Maxwell (TITAN X), the CUDA 8-9 / cuDNN 5-7 of SuperNeurons' time: nvidia-smi commonly shows
-#   ~70-100 MiB for a bare context and ~250-400 MiB once cuBLAS and cuDNN have loaded their kernels; 320 MiB.
-# - Volta (V100), CUDA 10-11 / cuDNN 7-8: larger kernel images (more architectures, tensor-core kernels); 480 MiB.
-# - Hopper (H100), CUDA 12 / cuDNN 8-9 with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since
-#   12.2): a ~500 MiB context + handles is typical; without lazy loading cuDNN alone can exceed 1 GiB. 512 MiB.
-CONTEXT_KEPLER = 320 * MiB
+# CUDA context + cuBLAS + cuDNN handles: estimates (typical nvidia-smi figures), unchecked
+CONTEXT_KEPLER = 320 * MiB   # CUDA 8-9 / cuDNN 5-7: ~250-400 MiB with the libraries
 CONTEXT_MAXWELL = 320 * MiB
-CONTEXT_VOLTA = 480 * MiB
-CONTEXT_HOPPER = 512 * MiB
+CONTEXT_VOLTA = 480 * MiB    # CUDA 10-11 / cuDNN 7-8: larger kernel images
+CONTEXT_HOPPER = 512 * MiB   # CUDA 12 with lazy module loading (without it cuDNN alone can pass 1 GiB)
 
 PROFILES: dict[str, DeviceProfile] = {
-    # Measured on the development machine (2 cores): numpy sgemm 2048^3 at ~65 GFLOP/s, np.copyto at ~22 GB/s
-    # read+write (so ~11 GB/s for a one-way host "transfer", which is a memcpy on the CPU).
+    # 2-core EPYC VM: sgemm 2048^3 ~65 GFLOP/s; np.copyto ~22 GB/s read+write, so ~11 GB/s a one-way "transfer"
     "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured on a 2-core AMD EPYC VM, 2026-11-22"),
-    # SuperNeurons' GPU: Tesla K40c, 12 GB, 4.29 TFLOP/s fp32, 288 GB/s, PCIe 3 x16 ~10 GB/s effective.
+    # datasheets below: fp32 peak, memory bandwidth, PCIe effective
     "k40c": DeviceProfile("k40c", 12 * 10**9, 4.29e12, 288e9, 10e9, 0.5, "datasheet",
                           context_bytes=CONTEXT_KEPLER, gpu=True),
-    # GeForce GTX TITAN X (Maxwell): 12 GB, 6.6 TFLOP/s, 336 GB/s, PCIe 3.
     "titanx": DeviceProfile("titanx", 12 * 10**9, 6.6e12, 336e9, 10e9, 0.5, "datasheet",
                             context_bytes=CONTEXT_MAXWELL, gpu=True),
-    # Tesla V100 16 GB (PCIe): 14 TFLOP/s fp32, 900 GB/s, PCIe 3 ~12 GB/s.
     "v100": DeviceProfile("v100", 16 * 10**9, 14e12, 900e9, 12e9, 0.5, "datasheet",
                           context_bytes=CONTEXT_VOLTA, gpu=True),
-    # H100 80 GB SXM: 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s HBM3, PCIe 5 x16 ~50 GB/s.
+    # H100 SXM: fp32 without tensor cores; peer is NVLink 4
     "h100": DeviceProfile("h100", 80 * 10**9, 67e12, 3.35e12, 50e9, 0.5, "datasheet", peer_bw=450e9,
                           context_bytes=CONTEXT_HOPPER, gpu=True),
-    # Harmony's simulator (Li et al., VLDB 2022; shared/PAPERS.md): 11.5 GiB/s host swap and 8.2 GiB/s GPU-to-GPU
-    # (PCIe 3 peer to peer), here on a K40c's compute and 12 GB, for `--devices` tables in the paper's terms.
+    # A K40c with the links Harmony's simulator assumes (Li et al., VLDB 2022): 11.5 GiB/s host, 8.2 GiB/s peer
     "harmony": DeviceProfile("harmony", 12 * 10**9, 4.29e12, 288e9, 11.5 * GiB, 0.5,
                              "k40c datasheet; host and peer links as Harmony's simulator assumes", 8.2 * GiB,
                              context_bytes=CONTEXT_KEPLER, gpu=True),
-    # Harmony's own machine (Li et al., VLDB 2022): GeForce GTX 1080 Ti (Pascal), 11 GiB GDDR5X, 11.3 TFLOP/s fp32
-    # at boost clock, 484 GB/s; the links as Harmony's simulator assumes them, per direction (its scheduler's
-    # --bw_swap 11.5 GiB/s and --bw_p2p 8.2 GiB/s; the GPU copies both ways at once: duplex). Harmony's scheduler
-    # plans each GPU under a 10 GiB cap (--memory_cap), leaving the rest to the CUDA context, NCCL and allocator
-    # slack: that 1 GiB is reserved here, so a plan gets the 10 GiB Harmony's own plans get.
+    # Harmony's machine: 1080 Ti at boost clock; its scheduler's links per direction and --memory_cap 10 GiB
     "gtx1080ti": DeviceProfile("gtx1080ti", 11 * GiB, 11.3e12, 484e9, 11.5 * GiB, 0.5,
                                "datasheet; host and peer links (per direction) and the 10 GiB usable per GPU as "
                                "Harmony's scheduler assumes", 8.2 * GiB, duplex=True, context_bytes=GiB, gpu=True),
@@ -97,9 +71,7 @@ PROFILES: dict[str, DeviceProfile] = {
 
 
 def get_profile(name: str) -> DeviceProfile:
-    """A profile by name; `NAME:SIZE` (e.g. `k40c:64GB`) is that device with its memory raised or lowered, to
-    ask what a network would do on a device big enough to hold it (the in-memory estimate). SIZE is the memory
-    the plan may use: no CUDA context is reserved from it."""
+    """A profile by name; `NAME:SIZE` (e.g. `k40c:64GB`) sets its memory, all of it the plan's (no context)."""
     base, sep, mem = name.partition(":")
     try:
         prof = PROFILES[base]
@@ -108,7 +80,7 @@ def get_profile(name: str) -> DeviceProfile:
                           f"with ':SIZE' (e.g. k40c:64GB)") from None
     if not sep:
         return prof
-    from .pool import parse_size  # (numpy's import: not for a name)
+    from .pool import parse_size  # imports numpy: not for a name
 
     try:
         size = parse_size(mem)

@@ -1,19 +1,12 @@
 """What a run plans for, described once: the request (policy, budget, plan options) and the target (device profile,
 algorithm menu, cost table).
 
-Both are frozen values, made at the edge (the command line, `Session`, `reproduce`) by `PlanRequest.from_options`
-and `Target.for_run`, and passed down unchanged to `policies.plan_network`. The defaulting rules live here and
-nowhere else, so every door means the same by the same words:
-
-- policy: as given, else `auto` under a budget and `liveness` without one; `lossy` asks `auto` to weigh
-  compression too (`auto-lossy`) and applies to `auto` alone;
-- fused update: as given, else on for `weights`, and for `auto` under a budget (`PlanRequest.fused_update`);
-  never with data parallel (the update waits for the reduced gradients);
+Frozen values made at the edge and passed down unchanged to `policies.plan_network`. The defaults, here only:
+- policy: as given, else `auto` under a budget and `liveness` without; `lossy` turns `auto` into `auto-lossy`;
+- fused update: as given, else on for `weights` and for `auto` under a budget; never with data parallel;
 - `paged="auto"`: a chunk the budget holds many of (`paged.chunk_for_budget`);
-- the device profile: as given (a name, `NAME:SIZE` or a profile), else the backend's own: a plan is for where
-  the run would train;
-- the menu: that of the backend the plan runs on; without one, that of the cost table that measures, else the
-  cuDNN model for a GPU profile (`cudnn_model.py`) and the CPU's menu for the CPU.
+- device profile: as given, else the backend's own (a plan is for where the run would train);
+- menu: the backend's; without one, the measuring cost table's, else the cuDNN model for a GPU profile, else the CPU's.
 """
 from __future__ import annotations
 
@@ -39,10 +32,8 @@ __all__ = ["PlanOptions", "PlanRequest", "Target"]
 
 @dataclass(frozen=True, slots=True)
 class PlanRequest:
-    """What is asked of the planner: `policy` (`policy_table.POLICY_TABLE`), `budget` in bytes (None: no limit),
-    `options` (`PlanOptions`). `verify_minimum=False`: a plan that does not fit raises the policy's own BudgetError,
-    without the search for the edge budget it would state (`schedulers/minimum.py`: a dozen plannings more), for
-    callers that only ask "does it fit" many times over and never show the stated minimum."""
+    """What is asked of the planner; `budget` in bytes (None: no limit). `verify_minimum=False` skips the dozen
+    plannings that verify a stated minimum, for callers that only ask "does it fit"."""
 
     policy: str = "liveness"
     budget: int | None = None
@@ -61,11 +52,8 @@ class PlanRequest:
 
     @property
     def fused_update(self) -> bool:
-        """Whether the route fuses each layer's update into its backward: as asked, else for `weights` (whose host
-        update needs it) and for `auto` under a budget; never with data parallel. Fusing costs no FLOPs, gives
-        bit-identical parameters, and only ever shortens gradients' lives (backward .. update instead of
-        backward .. end of step), so when memory is what is being searched for there is no reason not to; other
-        policies keep the textbook route unless asked."""
+        """Fusing costs no FLOPs, keeps the bits and only shortens gradients' lives, so the memory searches fuse;
+        other policies keep the textbook route unless asked."""
         opts = self.options
         if opts.data_parallel is not None:
             return False
@@ -79,9 +67,7 @@ class PlanRequest:
                      max_micro_batches: int | None = None, math: str | None = None,
                      data_parallel: DataParallel | None = None, paged: int | str | None = None,
                      host_weights: bool = True, verify_minimum: bool = True, backend: str = "cpu") -> PlanRequest:
-        """The request the options describe, by the rules of the module doc. `budget` and `paged` are bytes or
-        size strings ("16MiB"); `paged="auto"` picks the chunk for `backend` ('cpu' or 'cuda') under the
-        budget; `math` None is fp32."""
+        """The request the options describe (sizes as bytes or strings, "16MiB")."""
         budget = as_size(budget, "budget")
         if policy is None:
             policy = "auto" if budget is not None else "liveness"
@@ -98,10 +84,8 @@ class PlanRequest:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where a plan will run: `profile`, the device whose speeds (compute, link) the policies' timing decisions
-    assume and whose memory the fit verdict checks; `menu`, whose convolution algorithms (and workspace sizes)
-    the steps choose among (`CPUMenu`, the cuDNN model, or a live backend: a plan runs only on a backend of its
-    menu's kind); `costs`, the `workspace.CostTable` that ranks them (None: the menu's own estimates)."""
+    """Where a plan will run: the profile timing and fit assume, the convolution menu (a plan runs only on a
+    backend of its kind), the cost table ranking it (None: the menu's estimates)."""
 
     profile: DeviceProfile
     menu: object = CPU_MENU
@@ -110,15 +94,13 @@ class Target:
     @classmethod
     def for_run(cls, device: str | DeviceProfile | None = None, backend=None, costs: CostTable | None = None,
                 cpu: CPUMenu = CPU_MENU) -> Target:
-        """The target the options describe, by the rules of the module doc: `device` a profile or its name (None:
-        the backend's own, the CPU's without one), `backend` the one the plan runs on (None: a plan only), `cpu`
-        the CPU's menu where the plan is for the CPU and no backend is given."""
+        """The target the options describe; `backend` None: a plan only."""
         if device is None:
             device = backend.profile if backend is not None else "cpu"
         profile = get_profile(device) if isinstance(device, str) else device
         if backend is not None:
             menu = menu_of(backend)
-        elif costs is not None and costs.autotune:   # the algorithms the table measures
+        elif costs is not None and costs.autotune:
             menu = menu_of(costs.backend) if costs.backend is not None else cpu
         else:
             menu = CudnnModel(profile) if profile.gpu else cpu

@@ -1,11 +1,8 @@
 """The simulator: the planner on shape-only tensors, plus a roofline cost model of a device.
 
-It answers "what would this network need, and how fast would it run, on a GPU we do not have?". Peak memory
-needs no model at all: the plan is computed by the same planner the executor replays, so the simulated peak
-*is* the executor's pool peak (tests hold this byte for byte). Step time is an estimate: each route step takes
-max(FLOPs / (peak FLOP/s x efficiency), bytes touched / memory bandwidth), and host transfers run on the link
-at its bandwidth, overlapped with compute where the plan allows (`link_timeline`): only the time a RELEASE or
-WAIT event must block for its copy adds to the step.
+Peak memory needs no model: the plan is the one the executor replays, so the simulated peak is the executor's (tests
+hold it byte for byte). Step time is an estimate: each step takes max(FLOPs / (peak x efficiency), bytes / memory
+bandwidth); copies run on the link, and only the time a RELEASE or WAIT blocks for its copy adds (`link_timeline`).
 """
 from __future__ import annotations
 
@@ -37,14 +34,13 @@ class SimResult:
     compute_time_s: float = 0.0
     transfer_time_s: float = 0.0
     est_step_time_s: float = 0.0
-    exposed_transfer_s: float = 0.0   # transfer time not hidden behind compute (included in est_step_time_s)
-    recompute_flops: int = 0          # forward FLOPs re-run by RECOMPUTE events (included in compute_time_s)
-    step_flops: int = 0               # FLOPs of the whole step, recomputation included
-    _peak: int | None = None          # peak_bytes, replayed once on first use
+    exposed_transfer_s: float = 0.0   # in est_step_time_s
+    recompute_flops: int = 0          # in compute_time_s
+    step_flops: int = 0               # recomputation included
+    _peak: int | None = None
 
     @property
     def recompute_flops_share(self) -> float:
-        """Share of the step's FLOPs spent recomputing dropped activations."""
         return self.recompute_flops / self.step_flops if self.step_flops else 0.0
 
     @property
@@ -56,21 +52,18 @@ class SimResult:
 
     @property
     def peak_bytes(self) -> int:
-        """Derived by replaying the plan's events on a shape-only pool of the simulator's own (memory.replay),
-        not read from the plan: tests hold plan = simulator = executor, three numbers computed apart."""
+        """Replayed on a shape-only pool (memory.replay), not read from the plan: tests compare the two."""
         if self._peak is None:
             self._peak = replay_peak(self.plan)
         return self._peak
 
     @property
     def fits_device(self) -> bool:
-        """Whether the plan's arena fits the memory the device leaves once its context is loaded."""
         return self.plan.min_budget_bytes <= self.device.usable_bytes
 
 
 def step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
-    """Roofline estimate of each route step on `device` (fresh records each call: callers add plan costs to
-    them; the arithmetic is done once per route and device)."""
+    """Roofline estimate of each step on `device`: fresh records each call (callers add to them), memoized math."""
     key = ("step_costs", device)
     if key not in route.memo:
         route.memo[key] = [(c.flops, c.bytes, c.time_s) for c in _step_costs(route, device)]
@@ -96,8 +89,7 @@ def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
 
 
 def simulate(plan: Plan, device: DeviceProfile | str = "k40c") -> SimResult:
-    """Estimate the step time of `plan` on `device` (once per plan and device: `Plan.memo`). The peak is the plan's
-    own (exact)."""
+    """Estimate the step time of `plan` on `device`, once per plan and device (`Plan.memo`)."""
     dev = get_profile(device) if isinstance(device, str) else device
     key = ("simulate", dev)
     if key not in plan.memo:
@@ -109,19 +101,13 @@ def _simulate(plan: Plan, dev: DeviceProfile) -> SimResult:
     costs = step_costs(plan.route, dev)
     rflops = add_plan_costs(plan, costs)
     compute = math.fsum(c.time_s for c in costs)
-    # Transfers overlap compute on their own stream; only what cannot hide adds to the step.
     link = link_timeline(plan, dev, costs)
     return SimResult(plan, dev, costs, compute, link.transfer_s, compute + link.exposed_s, link.exposed_s, rflops,
                      sum(c.flops for c in costs))
 
 
 def add_plan_costs(plan: Plan, costs: list[StepCost]) -> int:
-    """Charge each step what the plan adds to it; return the recomputed FLOPs.
-
-    - A RECOMPUTE event before step k re-runs that layer's forward: its forward step's cost is added to step k.
-    - A workspace algorithm slower than the layer's fastest (chosen for lack of memory) scales the step's time
-      by the ratio of their estimated costs (`WorkspaceOption.est_cost`, the layer's deterministic estimate).
-    """
+    """Add a RECOMPUTE's forward cost, and scale slower workspace algorithms by `est_cost`; the recomputed FLOPs."""
     from .plan import EventKind
 
     route = plan.route
@@ -151,8 +137,7 @@ class LinkTimeline:
 
 @dataclass(slots=True)
 class PredictedTimeline:
-    """The simulator's timeline of one step: when each route step computes and when each copy is on the link
-    (seconds from the step's start). `write_trace` draws it, so a plan's trace is the predicted timeline."""
+    """When each step computes and each copy is on the link (seconds from the step's start); `write_trace` draws it."""
 
     steps: list[tuple[float, float]] = field(default_factory=list)             # (start, end) per route step
     copies: list[tuple[str, str, float, float, int]] = field(default_factory=list)  # (kind, tensor, start, end, bytes)
@@ -171,15 +156,8 @@ def predicted_timeline(plan: Plan, device: DeviceProfile | str = "k40c") -> Pred
 
 def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None = None,
                   record: PredictedTimeline | None = None) -> LinkTimeline:
-    """Replay the plan on two clocks: the compute stream and the host link (one FIFO copy stream).
-
-    OFFLOAD and PREFETCH queue a copy of `link_latency_s + nbytes / link_bw` seconds that starts when the link
-    is free and the event is reached; RELEASE and WAIT advance the compute clock to the end of that tensor's
-    copy if it has not finished yet. That blocked time is the exposed transfer time; the rest of the copy time
-    hid behind compute. This is the executor's transfer engine, modelled: copies in issue order, waits only
-    where the plan says the data is needed. With `dev.duplex` (a measured CUDA profile) offloads and prefetches
-    queue on two clocks, one per direction, as the CUDA backend's two copy streams do.
-    """
+    """Replay the plan on the compute clock and the link (a FIFO stream, one per direction if `dev.duplex`):
+    OFFLOAD / PREFETCH queue a copy; RELEASE / WAIT block compute until it ends (the exposed time)."""
     from .plan import EventKind
 
     costs = step_costs(plan.route, dev) if costs is None else costs
@@ -191,7 +169,7 @@ def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None =
         nonlocal now, total, exposed
         if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH):
             d = dev.link_latency_s + ev.nbytes / dev.link_bw
-            lane = ev.kind if dev.duplex else EventKind.OFFLOAD   # one FIFO stream unless duplex
+            lane = ev.kind if dev.duplex else EventKind.OFFLOAD
             start = max(now, free[lane])
             link_free = free[lane] = start + d
             done[ev.tensor] = link_free

@@ -1,42 +1,18 @@
-"""The baseline Harmony is measured against: training under virtualized device memory, a swapper that moves each
-micro-batch's weights and activations through the host, simulated on a device profile.
+"""The baseline Harmony is measured against (Li et al., VLDB 2022): a swapper that moves each micro-batch's weights
+and activations through the host, simulated on a device profile with the simulator's roofline (`step_costs`).
 
-Harmony (Li et al., VLDB 2022) compares itself with frameworks that virtualize GPU memory by swapping to and from
-the host: they run a minibatch as micro-batches, each through the whole network (forward, then backward, the
-gradients accumulated), and a layer's tensors come to the device when the layer runs and leave after, *for every
-micro-batch*. Harmony's own schedule (policy `packs`, `schedulers/pipeline.py` across devices) brings a pack's
-weights in once for all micro-batches and stashes only each pack's input. This module is that baseline, so the two
-can be compared on one device profile, with one cost model (the simulator's roofline per route step,
-`simulate.step_costs`) and bytes counted the same way.
-
-The swapper, per micro-batch of `u` samples, on the plain route of the network at batch `u`:
-- **forward step**: its layer's parameters (and BN buffers) are swapped in; every activation it writes that a
-  backward step reads later (the stash) is swapped out once written; activations only later forward steps read
-  stay on the device until then.
-- **backward step**: its layer's parameters are swapped in again, and the stashed activations it reads (each once,
-  by its first backward reader); the weight gradients it writes are swapped out (accumulated on the host across
-  micro-batches and, in data parallel, across replicas: no gradient comes back in, and the all-reduce costs nothing
-  here, which favours the baseline). Deltas stay on the device.
-- **update**: on the host, as Harmony's (and minidl's `packs`) host update: no copies; its time is the device's
-  update time, as the simulator charges a host update everywhere.
-- **timeline**: three clocks per device, compute and one copy stream per direction (the links as the profile
-  states them; Harmony's simulator assumes per-direction bandwidths too). A step's inputs are prefetched while the
-  step before it computes (double buffering: at most two steps' inputs on the device), its outputs are copied out
-  as soon as it has computed; the step waits only for its own inputs. So the baseline hides every copy it can.
-- **micro-batch size**: of the powers of two dividing the batch each device trains whose double-buffered working
-  set (twice the bytes the busiest step touches, `packs.step_floor`) fits the device, the one whose step is
-  fastest (data parallel: the largest, which moves least; GPipe trades swaps for a shorter pipeline fill).
-
-Two ways to spread it over N devices (Harmony itself has a data-parallel and a pipeline mode, vDP and vPP):
-- `dp`: N replicas, each training B / N samples in micro-batches as above (host bytes: N x one replica's; step
-  time: one replica's).
-- `pp`: GPipe with swapping: the layers cut into N stages of balanced FLOPs (`pipeline.compute_packs`), stage s on
-  device s; all micro-batches' forwards, then all backwards in reverse; activations and deltas cross stages device
-  to device at the profile's peer bandwidth.
-
-Limitations: a swapper keeps nothing resident between a layer's uses, even when it would fit (that is the
-baseline's definition here: what re-swapping per micro-batch costs); copies are charged at the link's full rate
-with no per-copy latency; devices' host links are independent (no shared PCIe switch).
+Rules, per micro-batch of `u` samples on the plain route at batch `u`:
+- forward step: its parameters swapped in; activations backward reads swapped out once written. Backward step:
+  parameters and stashed activations in; weight gradients out (summed on the host, the all-reduce free: this favours
+  the baseline). Deltas stay.
+- update on the host, at the device's update time (as the simulator charges every host update).
+- timeline: compute and one copy stream per direction; a step's inputs are prefetched while the step before computes
+  (double buffering), its outputs copied out once computed: the baseline hides every copy it can.
+- micro-batch size: the fastest power of two dividing the batch whose working set (twice `packs.step_floor`) fits.
+Over N devices: `dp`, N replicas of B / N; `pp`, GPipe with swapping, N stages of balanced FLOPs, activations and
+deltas device to device at the peer bandwidth.
+Limitations: nothing stays resident between a layer's uses (the baseline's definition); no per-copy latency;
+independent host links.
 """
 from __future__ import annotations
 
@@ -61,14 +37,14 @@ _STASHED = (Role.ACTIVATION, Role.AUX)
 
 @dataclass(slots=True)
 class SwapTask:
-    """One route step under the swapper: its compute time and the bytes it swaps in before and out after."""
+    """One step under the swapper: its compute time and the bytes it swaps in before and out after."""
 
     step: int
     phase: Phase
     layer: str
     compute_s: float
-    in_bytes: dict[str, int] = field(default_factory=dict)    # by role word: weights, activations
-    out_bytes: dict[str, int] = field(default_factory=dict)   # weights (BN buffers), activations, gradients
+    in_bytes: dict[str, int] = field(default_factory=dict)    # by role word
+    out_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def swap_in(self) -> int:
@@ -81,23 +57,23 @@ class SwapTask:
 
 @dataclass(slots=True)
 class SwapperResult:
-    """The baseline over `devices` devices: `micro_batches` of `micro_batch` samples per device (dp) or in all (pp)."""
+    """The baseline: `micro_batches` of `micro_batch` samples per device (dp) or in all (pp)."""
 
     mode: str
     devices: int
     micro_batch: int
     micro_batches: int
-    host_bytes: int                  # host<->device bytes per training step, all devices
-    host_by_role: dict[str, int]     # weights, gradients, activations
-    p2p_bytes: int                   # device<->device bytes per step (pp only)
+    host_bytes: int                  # per training step, all devices
+    host_by_role: dict[str, int]
+    p2p_bytes: int                   # pp only
     step_time_s: float
-    compute_time_s: float            # the busiest device's compute time alone
-    working_set_bytes: int           # twice the busiest step's bytes (the double buffer the size was chosen by)
+    compute_time_s: float            # the busiest device's compute alone
+    working_set_bytes: int           # twice the busiest step's bytes (double buffered)
     profile: DeviceProfile
 
 
 def swap_tasks(route: Route, profile: DeviceProfile) -> list[SwapTask]:
-    """The route's forward, backward and update steps with what the swapper moves at each (see the module doc)."""
+    """The route's steps with what the swapper moves at each."""
     costs = step_costs(route, profile)
     read_in_bwd: set[str] = set()
     for s in route.steps:
@@ -126,12 +102,10 @@ def swap_tasks(route: Route, profile: DeviceProfile) -> list[SwapTask]:
 
 
 def timeline(tasks: list[SwapTask], profile: DeviceProfile, start: float = 0.0) -> float:
-    """The end time of `tasks` run in order on one device (see the module doc): compute, one copy stream in, one
-    out (one shared stream unless the profile is duplex); a task's inputs are copied in once the task two before it
-    has computed, it computes once they are in, its outputs go out once it has computed."""
+    """End time of `tasks` in order on one device; a task's inputs come in once the task two before has computed."""
     bw = profile.link_bw
     lanes = [start, start]                     # when the copy stream in, and the one out, are free
-    out_lane = 1 if profile.duplex else 0      # one shared stream unless duplex
+    out_lane = 1 if profile.duplex else 0
     compute = start
     ends: list[float] = []
     for k, t in enumerate(tasks):
@@ -155,8 +129,7 @@ def _sum_roles(tasks: list[SwapTask], times: int = 1) -> dict[str, int]:
 
 def micro_batch_sizes(build: Callable[[int], "Network"], batch: int, profile: DeviceProfile,
                       optimizer_slots=()) -> list[tuple[int, Route, int]]:
-    """The powers of two dividing `batch` whose double-buffered working set fits the profile's usable memory,
-    largest first, each with its plain route and working set. BudgetError if not even one sample fits."""
+    """(u, route, working set) per power of two dividing `batch` that fits, largest first."""
     u = batch & -batch                       # the largest power of two dividing the batch
     out: list[tuple[int, Route, int]] = []
     while u >= 1:
@@ -176,8 +149,7 @@ def micro_batch_sizes(build: Callable[[int], "Network"], batch: int, profile: De
 
 def simulate_swapper(build: Callable[[int], "Network"], batch: int, devices: int, device: DeviceProfile | str,
                      mode: str = "dp", optimizer_slots=()) -> SwapperResult:
-    """The swapper baseline (module doc) for the network `build(b)` builds at batch b, trained at minibatch `batch`
-    over `devices` devices of profile `device`: of the micro-batch sizes that fit, the fastest (ties: the larger)."""
+    """The swapper baseline for `build(b)` at minibatch `batch` over `devices`: the fastest micro-batch size."""
     if mode not in MODES:
         raise OptionError(f"swapper mode must be one of {MODES}, got {mode!r}")
     if devices < 1 or (mode == "dp" and batch % devices):
@@ -196,7 +168,7 @@ def simulate_swapper(build: Callable[[int], "Network"], batch: int, devices: int
 
 def _data_parallel(tasks: list[SwapTask], m: int, u: int, devices: int, profile: DeviceProfile,
                    need: int) -> SwapperResult:
-    """N replicas, each `m` micro-batches of `u` samples (mode `dp`, see the module doc)."""
+    """N replicas, each `m` micro-batches of `u` samples."""
     train = [t for t in tasks if t.phase is not Phase.UPDATE]
     update = [t for t in tasks if t.phase is Phase.UPDATE]
     t = timeline(train * m + update, profile)
@@ -207,7 +179,7 @@ def _data_parallel(tasks: list[SwapTask], m: int, u: int, devices: int, profile:
 
 def _gpipe(route: Route, tasks: list[SwapTask], m: int, u: int, devices: int, profile: DeviceProfile,
            need: int) -> SwapperResult:
-    """GPipe with swapping (mode `pp`, see the module doc)."""
+    """GPipe with swapping."""
     from .schedulers.pipeline import compute_packs
 
     stages = compute_packs(route.network, devices)

@@ -1,9 +1,7 @@
 """`minidl reproduce PAPER`: a paper's own tables, re-made on its own setup, our figures beside the paper's.
 
-`registry.PAPERS` lists the papers; each module builds that paper's models and setup and returns a
-`report.Report` (tables of rows: the paper's figure, ours, what differs); `reproduce` runs one and writes
-`PAPER.json` and `PAPER.md`, which docs/make_results.py includes in docs/reproductions.md. Every fit is asked of
-`search.plan_on_device`, the path `minidl plan --budget` takes, so a table and the command line agree.
+Each paper's module (`registry.PAPERS`) returns a `Report`; `reproduce` writes `PAPER.json` and `PAPER.md`
+(docs/make_results.py includes them). Every fit is asked of `search.plan_on_device`, as `minidl plan` does.
 """
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """COMET (Jin et al., VLDB 2022) on its own networks: training memory with activations stored SZ-compressed,
-against no planning (`none`), against liveness, and against a JPEG-ACT-style compressor; accuracy over seeds.
+against `none`, liveness and a JPEG-ACT-style compressor; accuracy over seeds.
 
-**How the figures are made.** Memory is the planner's peak (plan peak = executor peak, held by the tests), for
-AlexNet, VGG-16, ResNet-18 and ResNet-50 at 224 px and a training batch, with SGD + momentum state. The
-compressed plans reserve each stored activation's block from its *measured* compression ratio
-(`decisions.compress.plan_compress(ratios=...)`, with the planner's margin): the ratios are measured by two
-training steps of the same network at batch 1 (the first sets the adaptive bound, the second's ratios are
-used), on the 8x8 digits upsampled to 224 px (the images this machine has; ImageNet's are not here), and a ratio
-is a per-tensor figure that does not depend on the batch. The comparator codec (`codec.jpeg_act`) is measured on
-the very same tensors, at the lowest JPEG quality whose median relative error over the tensors with a numeric
-reader (convolution, linear, batch norm) is no larger than SZ's there (equal error, so a fair size), and stores
-a tensor read only for its sign as a 1-bit mask (the ReLU mask a DCT cannot keep). Both are planned by the same
-planner with the same margin.
-
-Accuracy: ResNet-20 on the digits, `none` and `compress` (rho* = 1 %), the same seed, data order and steps for
-both, over several seeds; the table gives each policy's mean and standard deviation and the mean difference,
-against the spread of the uncompressed runs themselves.
+Memory is the planner's peak (AlexNet, VGG-16, ResNet-18/50 at 224 px, momentum SGD). Compressed blocks are reserved
+from ratios measured by two training steps at batch 1 (the second's ratios; a ratio does not depend on the batch) on
+the digits upsampled to 224 px (no ImageNet here). `codec.jpeg_act` is measured on the same tensors at the lowest
+quality whose median relative error on numerically read tensors is no larger than SZ's, sign-only tensors as 1-bit
+masks; both planned with the same margin. Accuracy: ResNet-20 on the digits, `none` against `compress` (rho* = 1 %),
+same seed, order and steps, over several seeds, against the spread of the uncompressed runs.
 """
 from __future__ import annotations
 
@@ -154,8 +145,7 @@ def accuracy(seed: int, steps: int, policy: str) -> float:
 
 
 def codec_time(batch: int = 64) -> dict:
-    """The codec's time (error bound included) in one ResNet-20 training step, CIFAR shape, at `batch`: the
-    third step (the first compiles the kernels and sets the adaptive bound)."""
+    """The codec's time in ResNet-20's third training step (CIFAR shape): the first compiles and sets the bound."""
     net = build_model("resnet", depth=20, batch=batch, image_size=32, num_classes=10)
     opt = SGD(lr=0.01, momentum=0.9)
     ex = Executor(net, plan_on(net, "compress", "cpu"), opt, seed=0)
@@ -193,8 +183,7 @@ def run(quick: bool, log) -> Report:
 
 
 def measured(result: dict) -> tuple[dict, dict | None, dict | None]:
-    """What `report` was given, read back from the JSON it wrote (`Report.to_json`): the memory figures per net,
-    the accuracy runs per policy and the codec's times (None in a --quick run)."""
+    """`report`'s arguments, read back from the JSON it wrote."""
     rows = {r["key"]: r for t in result["tables"] for r in t["rows"]}
     mem = {k.split("/", 1)[1]: r["detail"] for k, r in rows.items() if k.startswith("none/") and k != "none/best"}
     acc = {p: rows[f"accuracy/{p}"]["detail"]["runs"] for p in ("none", "compress")} if not result["quick"] else None
@@ -203,8 +192,8 @@ def measured(result: dict) -> tuple[dict, dict | None, dict | None]:
 
 
 def report(mem: dict, acc: dict | None, codec: dict | None, quick: bool) -> Report:
-    """The tables of the measured figures: `memory_rows` per net, the accuracy runs per policy and the codec's
-    times (both None in a --quick run). Every figure of a row is made here, so the committed JSON rebuilds them."""
+    """The tables of the measured figures (`acc`, `codec` None in a --quick run); every figure is made here, so
+    the committed JSON rebuilds them."""
     detail = {k: {f: v for f, v in m.items()} for k, m in mem.items()}
     t_none = Table("comet-none", f"Peak training memory, compress vs none (batch {BATCH}, 224 px)", "x less",
                    note="Peaks from the planner (SGD with momentum); compressed blocks reserved from measured ratios.")

@@ -1,22 +1,11 @@
 """Harmony (Li et al., VLDB 2022) on its own setup, in the simulator: swap volume and throughput of Harmony's
 schedule against training under virtualized memory that re-swaps every micro-batch.
 
-The setup is the paper's: 4 GPUs of profile `gtx1080ti` (11 GiB, 10 GiB usable as Harmony's scheduler caps them;
-11.5 GiB/s host swap and 8.2 GiB/s GPU to GPU per direction, the figures of Harmony's simulator), fp32, SGD with
-momentum updated on the host (Harmony offloads the optimizer), minibatch 64, the models as Harmony's model library
-builds them (`vgg416`, `resnet1026`; `bert96` and `gpt2_xl` where the zoo has them).
-
-- **Harmony** is minidl's pipeline of layer packs over the 4 devices (`memory/schedulers/pipeline.py`: packs round
-  robin on the devices, all micro-batches through a pack before the next, each backward pack re-forwarded from its
-  stashed input and followed by its update, activations passed device to device, each device's memory planned
-  exactly under its 10 GiB). Of a small grid of micro-batch counts and pack counts, the fastest simulated step.
-- **The baseline** is `memory/swapper.py`: each micro-batch swaps its layers' weights in (forward and backward), its
-  stashed activations out and back, its gradients out, through the host; data parallel over the 4 devices (`dp`)
-  or GPipe across them (`pp`), each at its fastest micro-batch size that fits.
-
-Both are priced by one roofline per route step and one link model (`memory/simulate.py`). Ratios are against the
-stronger baseline: swap volume against the one that swaps least, throughput against the faster. The `--quick`
-rows are VGG-416 at minibatch 8 with one packing, also rows of the full run.
+Setup: 4 x `gtx1080ti` (10 GiB usable each, Harmony's simulator's links), fp32, momentum SGD updated on the host,
+minibatch 64, the models as Harmony's library builds them. Harmony is `memory/schedulers/pipeline.py` (the fastest
+of a small grid of micro-batch and pack counts); the baseline is `memory/swapper.py`, `dp` or `pp`, each at its
+fastest micro-batch size. Both are priced by one roofline and link model (`memory/simulate.py`); ratios are against
+the stronger baseline. The `--quick` rows (VGG-416 at minibatch 8, one packing) are rows of the full run.
 """
 from __future__ import annotations
 
@@ -76,9 +65,8 @@ def _summary(r, t0: float) -> dict:
 
 
 def harmony(key: str, batch: int, grid) -> dict[str, dict]:
-    """Harmony's pipeline: of `grid`, the fastest that fits, with each device's weights resident where they fit
-    ("fit", minidl's plan); and the same packing with every layer's weights on the host ("host", as Harmony's
-    runtime swaps each pack's weights in for its tasks). Bytes exact, step times simulated."""
+    """The fastest pipeline of `grid` that fits, weights resident where they fit ("fit"), and the same packing
+    with all weights on the host ("host", Harmony's runtime)."""
     net = _build(key, batch)
     budget = get_profile(PROFILE).usable_bytes
     best, t = None, time.perf_counter()
@@ -120,8 +108,7 @@ def compare(key: str, batch: int, grid, log) -> dict:
 
 
 def ratios(c: dict) -> dict:
-    """`c` with its ratios: swap volume against the baseline that swaps least, throughput against each baseline
-    and the faster (a pure function of the measured figures, so a page can be re-made from them)."""
+    """`c` with its ratios against the baselines (a pure function of the figures: pages re-make from them)."""
     base, h = c["baselines"], c["harmony"]
     least = min(base.values(), key=lambda b: (b["host_bytes"], b["step_time_s"]))
     fastest = min(base.values(), key=lambda b: b["step_time_s"])

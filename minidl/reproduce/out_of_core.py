@@ -1,17 +1,10 @@
 """Out-of-core training with adaptive window-based scheduling (Hayakawa & Narihira, 2020; nnabla) on its own
-setup: ResNet-50 at 224x224 on a 16 GB V100 (`v100` profile, its CUDA context reserved), float32, SGD with
-momentum, parameters on the device.
+setup: ResNet-50 at 224x224 on a 16 GB V100 (`v100`, context reserved), float32, momentum SGD, weights on device.
 
-N0, the in-memory limit, is the largest batch whose `liveness` plan (no budget: every convolution on its fastest
-algorithm, nothing moved) fits the device: the batch that trains in memory at full speed. Batches of 2x to 7.5x N0
-are then planned under `window` (nnabla's schedule) and `auto` (minidl's search) within the same memory, by
-`search.plan_on_device` (what `minidl plan --budget` does), and their simulated images/s are compared with N0's in
-memory, the paper's "55% of in-memory speed". Each policy's largest batch is bisected to 1% from the largest batch
-the policies before it reached, where it plans too (`auto` plans wherever `window` does, at least as fast).
-
-The paper's result figure also plots DenseNet (about 1150 images a batch against about 510 in memory, at about
-80% of in-memory speed): the same three figures (N0, the largest batch under `window` and under `auto`, the speed)
-for the zoo's DenseNet-121 (the figure does not say which DenseNet; 121 is the most common).
+N0 is the largest batch whose `liveness` plan fits (in memory at full speed). Batches of 2x to 7.5x N0 are planned
+under `window` and `auto` by `search.plan_on_device`, and their simulated images/s compared with N0's (the paper's
+"55% of in-memory speed"); each policy's largest batch is bisected to 1%. The same figures for DenseNet-121 (the
+paper's figure does not say which DenseNet).
 """
 from __future__ import annotations
 

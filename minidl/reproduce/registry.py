@@ -1,10 +1,7 @@
 """The papers `minidl reproduce` knows: one row each.
 
-Adding a paper is a module in this package with `run(quick: bool, log) -> Report` (its own models and setup, rows
-of the paper's figures with ours beside them, `quick` the subset a test re-runs in seconds) and one row below.
-The rows of a `--quick` run must be rows of the full run, with the same keys, so that the test can hold them to
-the committed results. A row names its module, imported when the paper runs: `--help` lists the papers without
-loading a planner.
+Adding a paper: a module with `run(quick: bool, log) -> Report` and one row below. A `--quick` run's rows must be
+rows of the full run, same keys (the test holds them to the committed results). Modules load only when run.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The one answer to "does it fit on this device", and the search for the largest size that does.
 
-`plan_on_device` is what `minidl plan MODEL --policy P --budget M --device D` does with M the memory the device
-leaves once its CUDA context is loaded (`DeviceProfile.usable_bytes`): the same entry point (`plan_network`), the
-same request and target made by the same rules (`memory/request.py`: a fused update under a budget where the policy
-chooses one, cuDNN's modeled workspaces for a GPU profile). A reproduction asks nothing else, so its tables and
-the command line cannot disagree about a fit.
+Rule: `plan_on_device` is `minidl plan MODEL --policy P --budget M --device D` (M: `DeviceProfile.usable_bytes`),
+through the same `plan_network`, request and target; a reproduction asks nothing else, so its tables and the command
+line cannot disagree about a fit.
 """
 from __future__ import annotations
 
@@ -20,26 +18,21 @@ from ..optim import SGD
 
 
 def momentum_sgd() -> SGD:
-    """The optimizer every reproduction plans: SGD with momentum (one state tensor per parameter), as the papers'
-    ImageNet runs use."""
+    """SGD with momentum, as the papers' ImageNet runs use."""
     return SGD(lr=0.01, momentum=0.9)
 
 
 def plan_on(net: Network, policy: str, device: str, budget: int | None = None, **options) -> Plan:
-    """`net`, with `momentum_sgd`'s state, planned under `policy` and `budget` for `device`: the request and the
-    target `minidl plan` makes of the same options (`PlanRequest.from_options`: `options` are its keywords,
-    micro_batches, host_weights, ...)."""
+    """`net` with `momentum_sgd`'s state planned as `minidl plan` would (`options`: `PlanRequest.from_options`)."""
     return plan_network(net, momentum_sgd().slots, PlanRequest.from_options(policy, budget, **options),
                         Target.for_run(device))
 
 
 def plan_on_device(net: Network, policy: str, device: str, budget: int | None = None, **options) -> Plan | None:
-    """The plan of `net` under `policy` within `budget` (default: the device's usable memory), or None where it
-    does not fit. `options` go to `PlanRequest.from_options` (micro_batches, fused_update, ...)."""
+    """The plan within `budget` (default: the device's usable memory), or None where it does not fit."""
     budget = get_profile(device).usable_bytes if budget is None else budget
     if not options.get("host_weights", True):
-        # Parameters and optimizer state that stay on the device and alone exceed it: no plan can fit. Said here
-        # at once, where `auto` would first try every placement it knows (minutes for a ResNet of 6000 layers).
+        # the training state alone exceeds the budget: said at once, not after minutes of `auto`'s search
         route = net.route(optimizer_slots=tuple(momentum_sgd().slots), menu=Target.for_run(device).menu)
         if route.persistent_bytes() > budget:
             return None
@@ -51,9 +44,8 @@ def plan_on_device(net: Network, policy: str, device: str, budget: int | None = 
 
 
 def largest(ok: Callable[[int], bool], start: int, lo: int = 1, within: float = 0.0) -> int:
-    """The largest n >= lo with ok(n), given that ok is monotone (true up to some n, false above); 0 if not ok(lo).
-    Doubling from `start`, then bisection, to the exact n, or with `within` > 0 to an n that fits while
-    n * (1 + within) does not (for searches whose every probe takes minutes)."""
+    """The largest n >= lo with ok(n) for a monotone `ok` (0 if not ok(lo)): doubling from `start`, then bisection,
+    exact or to a relative `within`."""
     if not ok(lo):
         return 0
     hi = max(start, lo + 1)

@@ -1,16 +1,11 @@
-"""SuperNeurons (Wang et al., PPoPP 2018) on its own setup: a 12 GB K40c (`k40c` profile, its CUDA context
-reserved), float32, SGD with momentum, 3x227x227 AlexNet and 224x224 inputs otherwise.
+"""SuperNeurons (Wang et al., PPoPP 2018) on its own setup: a 12 GB K40c (`k40c`, context reserved), float32,
+momentum SGD, 3x227x227 AlexNet and 224x224 inputs otherwise.
 
-- Table 4, the deepest ResNet at batch 16 on the paper's own family, bottleneck stages (6, 32, k, 6): each
-  framework of the paper beside the minidl policy with the same mechanism (Caffe and Torch reuse nothing across
-  layers, as `none`; MXNet and TensorFlow free dead tensors, as `liveness`; SuperNeurons adds offload and
-  recomputation, as `auto` with the weights on the device, where SuperNeurons keeps them); then ResNet-2500.
-- Table 5, the largest batch in 12 GB under `auto` without micro-batching (one batch per step, as the paper);
-  then micro-batching as a column of its own: it removes the batch limit, so what it shows is bounded instead,
-  the micro-batches `auto` splits 8x the paper's batch into to fit 12 GB, and that plan's simulated speed.
-- Fig. 10, AlexNet at batch 200: the memory each mechanism needs, naive -> liveness -> offload -> recompute.
-Every plan comes from `search.plan_on_device` (what `minidl plan --budget` does), and each row carries the
-simulated step time against the in-memory step (the paper's "leading performance"), labelled as simulated.
+- Table 4, the deepest ResNet (6, 32, k, 6) at batch 16: each framework beside the policy with its mechanism
+  (Caffe, Torch as `none`; MXNet, TensorFlow as `liveness`; SuperNeurons as `auto` with weights on the device).
+- Table 5, the largest batch under `auto` without micro-batches (as the paper); micro-batching in its own column.
+- Fig. 10, AlexNet at batch 200: the memory of naive -> liveness -> offload -> recompute.
+Every plan comes from `search.plan_on_device`; step times are simulated and labelled so.
 """
 from __future__ import annotations
 
@@ -57,15 +52,13 @@ def _resnet(k: int):
 
 
 def _speed(plan, net) -> float:
-    """In-memory step time / this plan's step time, simulated: 1.0 is the speed of the same network trained with
-    unlimited memory (liveness, fastest algorithms)."""
+    """Simulated in-memory step time / this plan's (1.0: the speed with unlimited memory)."""
     free = plan_on(net, "liveness", DEVICE)
     return simulate(free, DEVICE).est_step_time_s / simulate(plan, DEVICE).est_step_time_s
 
 
 def _policy_options(policy: str) -> dict:
-    # SuperNeurons keeps parameters, gradients and optimizer state on the device and runs the batch whole: so
-    # does `auto` here
+    # SuperNeurons keeps the training state on the device and the batch whole: so does `auto` here
     return {"host_weights": False, "max_micro_batches": 1} if policy == "auto" else {}
 
 

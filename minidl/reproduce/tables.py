@@ -1,12 +1,8 @@
 """What a reproduction produces: tables of rows, each row one of the paper's figures with ours beside it.
 
-A row is the unit a reader checks: the paper's figure, ours, and in one line what differs from the paper's setup
-(empty when nothing does). Rows carry a stable `key`, so that a `--quick` run (a subset of the rows) can be held
-to the committed full results row by row: the simulator's figures are exact, so a quick row that no longer
-equals its committed twin means the code changed the answer and the results were not regenerated.
-
-The same rows are written three ways: printed (`format_text`), as `PAPER.json` (every field, for tests and for
-docs/make_results.py) and as `PAPER.md` (the tables the docs include as they are).
+A row (the paper's figure, ours, what differs) carries a stable `key`, so a `--quick` run is held to the committed
+results row by row: simulated figures are exact, so a mismatch means the answer changed without a regeneration.
+Written as text (`format_text`), `PAPER.json` (every field) and `PAPER.md` (included by the docs).
 """
 from __future__ import annotations
 
@@ -21,14 +17,13 @@ from pathlib import Path
 @dataclass(slots=True)
 class Row:
     key: str                  # stable within the paper: "table5/vgg16"
-    label: str                # what the row is, as the paper names it: "VGG16"
-    paper: object             # the paper's figure (a number, or text such as "55%"); None: the paper gives none
-    ours: object              # our figure, in the paper's unit; None: ours does not exist (e.g. does not fit)
-    differs: str = ""         # one line: what differs from the paper's setup ("" when nothing does)
-    quick: bool = False       # part of the `--quick` subset (simulated, hence exact and comparable)
-    detail: dict = field(default_factory=dict)   # further figures (bytes, plan chosen, step times) for the JSON
-    varies: str = ""          # "": the same on every machine (planner, simulator); "kernel": also depends on the
-    #                           BLAS kernel (a trained network's accuracy); "time": this machine's measured time
+    label: str                # as the paper names it: "VGG16"
+    paper: object             # the paper's figure (number or text); None: the paper gives none
+    ours: object              # in the paper's unit; None: ours does not exist (e.g. does not fit)
+    differs: str = ""         # one line: what differs from the paper's setup
+    quick: bool = False       # part of the `--quick` subset
+    detail: dict = field(default_factory=dict)   # further figures for the JSON
+    varies: str = ""          # "": same on every machine; "kernel": depends on the BLAS kernel; "time": measured
 
     def cells(self) -> list[str]:
         return [self.label, _cell(self.paper), _cell(self.ours), self.differs or "-"]
@@ -38,9 +33,9 @@ class Row:
 class Table:
     key: str                  # "table4"
     title: str                # "Table 4: deepest ResNet at batch 16 in 12 GB"
-    unit: str                 # what the figures count: "depth", "batch", "MB"
+    unit: str                 # "depth", "batch", "MB"
     rows: list[Row] = field(default_factory=list)
-    note: str = ""            # a line under the table: how the figures were made
+    note: str = ""            # a line under the table
 
     def markdown(self) -> str:
         head = f"| row | paper ({self.unit}) | minidl ({self.unit}) | differs from the paper's setup |"
@@ -69,7 +64,7 @@ class Report:
 
     @classmethod
     def from_json(cls, d: dict) -> "Report":
-        """The report a `to_json` wrote (to re-render its tables without planning again)."""
+        """The report a `to_json` wrote."""
         meta = {k: v for k, v in d.items() if k not in ("paper", "citation", "setup", "quick", "tables")}
         tables = [Table(t["key"], t["title"], t["unit"], [Row(**r) for r in t["rows"]], t["note"])
                   for t in d["tables"]]
@@ -83,7 +78,7 @@ class Report:
         return "\n\n".join(parts) + "\n"
 
     def format_text(self) -> str:
-        """The tables for a terminal: one line per row, the paper's figure and ours side by side."""
+        """The tables for a terminal, one line per row."""
         out = [f"{self.citation}", self.setup]
         for t in self.tables:
             out += ["", t.title, f"  {'':<38} {'paper':>10} {'minidl':>10}  differs"]
@@ -94,7 +89,7 @@ class Report:
         return "\n".join(out)
 
     def write(self, out_dir: Path) -> list[Path]:
-        """`PAPER.json` and `PAPER.md` in `out_dir` (the paper's name with '-' as '_'), created if missing."""
+        """`PAPER.json` and `PAPER.md` in `out_dir` ('-' as '_'), created if missing."""
         out_dir.mkdir(parents=True, exist_ok=True)
         stem = out_dir / self.paper.replace("-", "_")
         js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
@@ -104,7 +99,7 @@ class Report:
 
 
 def machine_meta() -> dict:
-    """The date and the machine, and numpy's BLAS kernel (what a row that `varies` with the kernel was made on)."""
+    """The date, the machine and numpy's BLAS kernel."""
     import numpy  # noqa: F401 - threadpoolctl lists the libraries already loaded
     from threadpoolctl import threadpool_info
 

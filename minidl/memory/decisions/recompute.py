@@ -1,56 +1,20 @@
-"""Cost-aware recomputation: drop the outputs of cheap layers after forward, rebuild them in backward.
+"""Cost-aware recomputation (SuperNeurons): drop the outputs of cheap layers after forward, rebuild them in backward.
 
-Why it works. Under liveness a training step's peak sits at the turn from forward to backward: every tensor
-some backward step will read is still resident. Most of those bytes are outputs of *cheap* layers (ReLU,
-batch norm, pooling, LRN, dropout): a few FLOPs per element, against hundreds or thousands per element for a
-convolution. SuperNeurons keeps only the outputs of the expensive *checkpoint* layers (convolution, linear,
-the joins add and concat, the data and the loss; `Layer.checkpoint`) and lets every cheap output die after
-its last forward use; backward rebuilds it from the nearest checkpoint by running the cheap layers' forward
-again. The extra compute is small; the memory saved is most of the activations.
+Vocabulary: a **member** is a droppable tensor (the output of a single-input, non-checkpoint layer with no workspace
+whose aux tensors are planned); members descend, through members only, from one kept tensor, their **root**; a
+root's members form its **segment** (a tree). A segment is dropped only where the members backward reads outweigh
+keeping the root longer (a ResNet add's ReLU saves nothing).
 
-Vocabulary used below.
-
-- A **member** is a droppable tensor: the output of a single-input, non-checkpoint layer that needs no
-  workspace and whose saved aux tensors (BN's batch statistics) are planned.
-- Every member descends, through members only, from exactly one kept tensor, its **root** (the checkpoint).
-  The members of one root form its **segment**: a tree (cheap layers have one input, but their output may feed
-  several layers, e.g. the ReLU that feeds both the next block and the shortcut of a ResNet).
-- A segment is **dropped** only if that saves memory across the forward->backward turn: the members that
-  backward reads must outweigh what keeping the root longer costs. (A ResNet's add feeds one ReLU: dropping the
-  ReLU's output would only swap it for the add's output of the same size, for nothing.) That is the first half
-  of "cost-aware".
-- **Recomputing** a member before backward step `j` needs its parent resident: either the parent is itself
-  resident at `j` (recomputed earlier and still kept) or it is rebuilt first, transiently, and freed as soon as
-  its children are rebuilt. So each recomputation at a step boundary is a little sequence, root first:
-
-      before step j:  recompute bn1 (reads conv1) -> recompute relu1 (reads bn1) -> free bn1 -> step j
-
-  The planner places such events in exactly this order (`Residency.start_seq` / `end_seq`): at one boundary,
-  explicit sequences run after the frees and before the plain allocations, and the executor applies events in
-  list order. The root must stay resident until its last recomputation reads it, so its residency is extended
-  when liveness alone would have freed it earlier.
-
-The two ways to rebuild a segment (the second half of "cost-aware"):
-
-- **speed-centric**: at the first backward step that reads any member, rebuild the whole segment once and keep
-  each member until its last backward use. Every cheap layer runs forward once more: the least extra compute.
-- **memory-centric**: each member is rebuilt right before each run of consecutive backward steps that read it,
-  and freed right after; its ancestors are rebuilt transiently each time (a chain of k layers costs up to
-  k(k+1)/2 forward passes). The least memory: at any step only what that step reads is resident.
-
-The policy plans every dropped segment memory-centric first; the highest point of that timeline is the plan's
-**bottleneck**, which no choice of segment modes can go below. Then, segment by segment in backward order, it
-switches a segment to speed-centric if the timeline stays at or under the bottleneck (or under a caller's
-`limit`, e.g. a budget). Most segments of real networks are short chains whose two modes coincide.
-
-The timeline used for that decision (`Timeline`) sums rounded block sizes per *slot*: six slots per route step
-(before-step frees, before-step sequence, the step's compute, after-step frees, after-step sequence,
-after-step allocations); a sequence slot holds the highest point reached inside the sequence. Placement then
-turns the final schedule into offsets with the real allocator, and the peak it reports is exact.
-
-Recomputation never changes results (tested bit for bit against policy `none`): the executor re-runs the
-layer's forward with `ctx.recompute=True`, BN normalizes with the batch statistics it saved in forward and does
-not update its running statistics again, and dropout regenerates the same mask from the same key.
+Rules:
+- A recomputation before step j runs root first, as one sequence (`Residency.start_seq` / `end_seq`): at a boundary,
+  sequences run after the frees and before the plain allocations; a transient parent is freed once its children are
+  rebuilt; the root stays resident until its last recomputation reads it.
+- **speed-centric** rebuilds a segment once, at its first backward use; **memory-centric** rebuilds each member
+  before each run of backward steps reading it (a chain of k costs up to k(k+1)/2 forwards). All segments start
+  memory-centric; the timeline's top is the **bottleneck**; then, in backward order, a segment turns speed-centric
+  where the timeline (`Timeline`: rounded bytes per slot, `SLOTS` a step) stays under it (or the caller's `limit`).
+- Results never change: the forward re-runs with `ctx.recompute=True` (BN uses its saved batch statistics and does
+  not update running ones; dropout regenerates its mask from its key).
 """
 from __future__ import annotations
 
@@ -75,20 +39,19 @@ class Segment:
     """The droppable members hanging off one kept tensor (`root`), and how backward rebuilds them."""
 
     root: str
-    members: list[str]                       # act ids, in topological (route) order
-    parent: dict[str, str]                   # member -> the tensor its layer reads (a member or the root)
+    members: list[str]                       # act ids, in route order
+    parent: dict[str, str]                   # member -> the tensor its layer reads
     first: dict[str, int]                    # member -> its forward step
-    fwd_last: dict[str, int]                 # member -> its last forward use
-    bwd_uses: dict[str, list[int]]           # member -> backward steps that read it (maybe empty)
-    root_bwd: bool                           # does backward read the root anyway (liveness keeps it)?
-    saved_bytes: int = 0                     # bytes no longer held across the forward->backward turn
+    fwd_last: dict[str, int]
+    bwd_uses: dict[str, list[int]]
+    root_bwd: bool                           # backward reads the root anyway
+    saved_bytes: int = 0                     # bytes not held across the forward->backward turn
     dropped: bool = False
     mode: str = MEMORY
-    root_reads: list[int] = field(default_factory=list)  # steps before which a recomputation reads the root
+    root_reads: list[int] = field(default_factory=list)
 
     @property
     def needed(self) -> list[str]:
-        """Members backward reads."""
         return [m for m in self.members if self.bwd_uses[m]]
 
     @property
@@ -116,7 +79,6 @@ def find_segments(route: Route, iv: dict | None = None) -> list[Segment]:
             return False  # a recomputed layer runs without workspace
         in_shapes = [net.nodes[i].shape for i in node.inputs]
         aux = layer.aux_specs(in_shapes, training=True)
-        # BN's recomputation needs the statistics saved in forward: they must be planned tensors.
         return all(f"aux:{node.name}.{a}" in route.tensors for a in aux)
 
     parent: dict[str, str] = {}
@@ -154,10 +116,10 @@ def find_segments(route: Route, iv: dict | None = None) -> list[Segment]:
     return sorted(segs.values(), key=lambda s: (iv[s.root].first, s.root))
 
 
-# -- one segment's residencies ------------------------------------------------------------------------------------
+# -- one segment's residencies
 @dataclass(slots=True)
 class SegmentPlan:
-    """A dropped segment turned into residencies: the members' and the root's, under one mode."""
+    """A dropped segment's residencies under one mode."""
 
     residencies: dict[str, list[Residency]] = field(default_factory=dict)
     root_end: tuple[int, str, int] | None = None   # (step, at, seq) of the root's last recompute read
@@ -185,11 +147,8 @@ def _groups(seg: Segment, mode: str) -> dict[str, list[tuple[int, int]]]:
 
 
 def plan_segment(seg: Segment, mode: str, seq_base: dict[int, int] | None = None) -> SegmentPlan:
-    """Residencies of a dropped segment under `mode` (see the module docstring).
-
-    `seq_base` hands out sequence numbers per boundary across segments, so that two segments rebuilt before
-    the same step run one after the other instead of interleaving (which would hold both chains at once).
-    """
+    """Residencies of a dropped segment under `mode`; `seq_base` numbers sequences per boundary across segments,
+    so two chains rebuilt before one step never interleave."""
     seq_base = {} if seq_base is None else seq_base
     out = SegmentPlan()
     pos = {m: i for i, m in enumerate(seg.members)}
@@ -224,7 +183,6 @@ def plan_segment(seg: Segment, mode: str, seq_base: dict[int, int] | None = None
         base = seq_base.get(a, 0)
         seq = {m: base + 2 * i + 2 for i, m in enumerate(chain)}
         seq_base[a] = base + 2 * len(chain) + 2
-        # a tensor read by this chain can be freed right after its last reader in the chain is rebuilt
         last_reader: dict[str, int] = {}
         for m in chain:
             last_reader[seg.parent[m]] = seq[m] + 1
@@ -255,7 +213,7 @@ def _root_residency(root_iv, root_end: tuple[int, str, int] | None) -> Residency
                      "checkpoint kept until its dropped segment is rebuilt for backward", end_seq=root_end[2])
 
 
-# -- the timeline the speed/memory decision reads -----------------------------------------------------------------
+# -- the timeline the speed/memory decision reads
 SLOTS = 6  # per step: before-ends, before-sequence, compute, after-ends, after-sequence, after-starts
 
 
@@ -285,8 +243,7 @@ class Timeline:
 
 
 def _window(seg: Segment, plans: list[tuple["SegmentPlan", Residency]]) -> tuple[int, int]:
-    """Slots [lo, hi) where the segment's modes can differ: from its first backward recomputation to the last
-    end of any of its residencies (root included), over all the given plans."""
+    """Slots [lo, hi) where the segment's modes can differ, over the given plans."""
     lo = _start_slot(seg.first_bwd, "before", 1)
     hi = max(_end_slot(r.end, r.end_at, r.end_seq) for sp, rr in plans
              for r in [rr] + [r for lst in sp.residencies.values() for r in lst])
@@ -295,8 +252,7 @@ def _window(seg: Segment, plans: list[tuple["SegmentPlan", Residency]]) -> tuple
 
 def segment_profile(sp: SegmentPlan, root: str, root_res: Residency, sizes: dict[str, int], lo: int,
                     hi: int) -> np.ndarray:
-    """Bytes the segment's own tensors (root included) hold in slots [lo, hi); a sequence slot gets the
-    highest point reached inside its sequence."""
+    """Bytes the segment (root included) holds per slot in [lo, hi); a sequence slot gets its highest point."""
     prof = np.zeros(hi - lo, np.int64)
     seq_events: dict[int, list[tuple[int, int, int]]] = {}
     for tid, lst in list(sp.residencies.items()) + [(root, [root_res])]:
@@ -326,24 +282,19 @@ def segment_profile(sp: SegmentPlan, root: str, root_res: Residency, sizes: dict
 
 @dataclass(slots=True)
 class RecomputeSchedule:
-    """The outcome: the schedule for the planner and what was decided per segment."""
+
 
     schedule: Schedule
     segments: list[Segment]
-    bottleneck: int                 # highest slot of the all-memory-centric timeline (sum of rounded blocks)
-    limit: int                      # what speed-centric segments had to stay under
-    timeline_peak: int              # highest slot of the final timeline
+    bottleneck: int                 # top of the all-memory-centric timeline
+    limit: int
+    timeline_peak: int
     recomputes: int                 # RECOMPUTE events per training step
 
 
 def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int | None = None,
                        mode: str | None = None, iv: dict | None = None) -> RecomputeSchedule:
-    """Build the schedule of policy `recompute`.
-
-    `mode` forces every dropped segment to one mode (SPEED or MEMORY); by default each segment is made
-    speed-centric where that keeps the timeline at or under `limit` (default: the bottleneck, i.e. the
-    highest point of the all-memory-centric timeline). `iv`: the route's liveness intervals, if at hand.
-    """
+    """Policy `recompute`'s schedule; `mode` forces one mode, else speed-centric under `limit` (the bottleneck)."""
     iv = analyze(route) if iv is None else iv
     sched = liveness_schedule(route, ws)
     segs = [s for s in find_segments(route, iv) if s.dropped]
@@ -355,8 +306,7 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
         sp = plan_segment(seg, m, seq_base)
         return sp, _root_residency(iv[seg.root], sp.root_end)
 
-    # The timeline: everything outside dropped segments, plus each dropped segment up to its backward window
-    # (identical in both modes: forward residencies, the root until backward)...
+    # The timeline: all but the dropped segments' backward windows (the same in both modes)...
     seg_tids = {s.root for s in segs} | {m for s in segs for m in s.members}
     tl = Timeline(len(route.steps))
     for tid, lst in sched.residencies.items():
@@ -386,7 +336,7 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
     cap = bottleneck if limit is None else int(limit)
 
     if mode is None:
-        # Greedy, in the order backward meets the segments: speed-centric wherever the timeline stays under cap.
+        # greedy, in the order backward meets the segments
         for i in sorted(range(len(segs)), key=lambda i: -segs[i].first_bwd):
             seg = segs[i]
             sp, rr = build(seg, SPEED)
@@ -402,7 +352,7 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
                 seg.mode = SPEED
                 profiles[i] = (lo2, hi2, prof_s)
 
-    # Assemble, handing out sequence numbers per boundary so that chains never interleave.
+    # assemble, numbering sequences per boundary so chains never interleave
     seq_base: dict[int, int] = {}
     total = 0
     for seg in segs:
@@ -416,17 +366,15 @@ def recompute_schedule(route: Route, ws: dict[int, WorkspaceChoice], limit: int 
 
 def recompute_plan(route: Route, budget: int | None = None, ws: dict[int, WorkspaceChoice] | None = None,
                    limit: int | None = None, mode: str | None = None, policy: str = "recompute") -> Plan:
-    """Plan `route` with cost-aware recomputation (workspace fitted to the budget when one is given)."""
+    """Plan `route` with cost-aware recomputation."""
     ws = workspace_choices(route) if ws is None else ws
     rs = recompute_schedule(route, ws, limit=limit, mode=mode)
     return make_plan(route, policy, budget, workspace=ws, schedule=rs.schedule)
 
 
 def recompute_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
-    """The `recompute` policy: liveness plus cost-aware recomputation of cheap layers; and, where the route has
-    rebuildable aux tensors (attention's scores, `Route.rebuildable_aux`), the same planned on the route without
-    them too, keeping the plan with the lower peak (the scores kept where the peaks tie: backward then rebuilds
-    nothing). Under a budget, the plan that fits; if neither does, the error of the smaller one."""
+    """Also planned without the rebuildable aux tensors (attention's scores), if any: the lower peak wins (the
+    scores kept on a tie); under a budget, the one that fits."""
     plan, err = _attempt(route, budget, costs)
     rebuildable = route.rebuildable_aux()
     if not rebuildable:
@@ -461,11 +409,7 @@ def recompute_flops(plan: Plan) -> int:
 
 
 def compute_peak_lower_bound(route: Route, sched: Schedule, ws: dict[int, WorkspaceChoice]) -> int:
-    """Bytes in use while the busiest step computes under `sched`, with every workspace at its smallest option.
-
-    Exact at compute moments (every residency is either there or not), so it is a lower bound of any placement's
-    peak and arena: a schedule whose bound exceeds a budget need not be placed to know it cannot fit.
-    """
+    """Bytes in use while the busiest step computes, smallest workspaces: a lower bound of any placement's arena."""
     sizes = {tid: align_up(t.nbytes) for tid, t in route.tensors.items()}
     for k, c in ws.items():
         small = min([c.nbytes] + [o.workspace_bytes for o in c.options or ()])

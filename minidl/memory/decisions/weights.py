@@ -1,35 +1,18 @@
 """The weights decision: parameters and optimizer state that live on the host and visit the device.
 
-Without it, parameters, their optimizer slots and (until the update) their gradients are resident for the whole
-step, so the training state alone sets a floor no activation decision can lower (VGG-16: 1.55 GiB with SGD
-momentum). Harmony and ZeRO-Offload lift that floor; this module is the per-tensor half of that, expressed in the
-same vocabulary as the activation cache (`offload.py`), so placement, the simulator, `--explain`, the timeline
-and the trace see weight movements as ordinary PREFETCH / WAIT / OFFLOAD / RELEASE / FREE events.
+The training state alone sets a floor no activation decision lowers (VGG-16 with SGD momentum: 1.55 GiB); Harmony
+and ZeRO-Offload lift it. Weight movements are ordinary PREFETCH / WAIT / OFFLOAD / RELEASE / FREE events.
 
-Rules the code keeps:
-- A *host-homed* tensor has no block at setup: its home between steps is the host store (the executor writes
-  its initial value there). Within a step it is on the device only for *visits*: runs of its uses with no gap of
-  two steps or more (else bringing it back costs nothing in memory and only adds a copy). A visit starts with a
-  PREFETCH `lead` steps before its first use (so the copy hides behind the previous step) and a WAIT right before
-  it; it ends with FREE if the visit only read the tensor (the host copy is still exact: nothing to copy back) or
-  with OFFLOAD + RELEASE if it wrote it (the update).
-- Which layers: those whose outputs recomputation keeps (`layer.checkpoint`: convolutions and fully connected
-  layers, which hold nearly all the weights). A recomputed layer (BN) re-runs its forward at a point of the step
-  only the recomputation schedule knows, so its parameters stay resident; they are small.
-- **Host update** (`host_update=True`, needs the fused-update route): the layer's update step runs on the host's
-  copies. The gradient is offloaded right after the layer's backward (the only copy that goes out), the
-  optimizer slots never come to the device, and the parameter's device visits are all read-only (FREE, no copy
-  back). On the CPU backend the host *is* the device memory's neighbour on the same bus, so this moves the least:
-  per step, weights in twice (forward, backward) and the gradient out once, against weights in twice, weights
-  out once and every slot in and out once for a device update. The update runs the same kernel on the same
-  values, so parameters stay bit-identical.
-- **Device update** (`host_update=False`): the slots visit the device for the update step like the parameter
-  does, and the parameter's last visit writes it, so it is copied back: what a GPU wants when its update is much
-  faster than the host's.
-
-Limitations: the simulator charges a host update the device's own update time (on the CPU profile that is
-right; on a GPU profile the host update would be slower, and is not modelled). Buffers (BN running statistics)
-always stay resident.
+Rules:
+- A host-homed tensor has no block at setup; it visits the device for runs of uses with no gap of two steps or more.
+  A visit opens with a PREFETCH `lead` steps early and a WAIT before its first use; it closes with FREE if it only
+  read the tensor, OFFLOAD + RELEASE if it wrote it.
+- Candidates are checkpoint layers (convolutions, fully connected: nearly all the weights); a recomputed layer's
+  parameters stay resident (they are small). Buffers (BN running statistics) always stay resident.
+- Host update (`host_update=True`, fused-update route): the update runs on the host's copies with the same kernel
+  (bits unchanged); the gradient is the only copy out, the slots never visit, parameter visits are read-only.
+  Device update: the slots visit for the update and the parameter is copied back.
+Limitation: the simulator charges a host update the device's update time (wrong on a GPU profile).
 """
 from __future__ import annotations
 
@@ -45,15 +28,15 @@ _WEIGHT_ROLES = (Role.PARAMETER,)
 
 @dataclass(slots=True)
 class Visit:
-    """One stay of a host-homed tensor on the device: its uses from step `first` to step `last`."""
+    """One stay of a host-homed tensor on the device, steps `first` to `last`."""
 
     first: int
     last: int
-    dirty: bool  # a step of the visit writes the tensor: copy it back at the end
+    dirty: bool  # written during the visit: copied back at its end
 
 
 def layer_candidates(route: Route) -> list[str]:
-    """Layers whose weights may live on the host (see the module doc), largest weights first."""
+    """Layers whose weights may live on the host, largest weights first."""
     net = route.network
     sizes: dict[str, int] = {}
     for t in route.tensors.values():
@@ -65,8 +48,7 @@ def layer_candidates(route: Route) -> list[str]:
 
 
 def _uses(route: Route) -> dict[str, list[tuple[int, bool]]]:
-    """(step, writes it) for every use of every persistent tensor, in step order. A function of the route alone:
-    computed once per route (the weights search builds a schedule per trial on the same route)."""
+    """(step, writes it) for every use of every persistent tensor, in step order; memoized on the route."""
     if "persistent_uses" not in route.memo:
         route.memo["persistent_uses"] = _persistent_uses(route)
     return route.memo["persistent_uses"]
@@ -85,9 +67,7 @@ def _persistent_uses(route: Route) -> dict[str, list[tuple[int, bool]]]:
 
 
 def visits(uses: list[tuple[int, bool]], block_of: dict[int, int] | None = None) -> list[Visit]:
-    """Group uses into visits: a gap of two steps or more between uses sends the tensor home in between, unless
-    both uses are in the same block of a packed route (a pack's weights come in once for all its micro-batches:
-    `block_of` maps a step to its pack block)."""
+    """Uses grouped into visits: a gap of two steps sends the tensor home, except within one pack block (`block_of`)."""
     out: list[Visit] = []
     block_of = block_of or {}
     for k, w in uses:
@@ -101,10 +81,7 @@ def visits(uses: list[tuple[int, bool]], block_of: dict[int, int] | None = None)
 
 def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_update: bool = True,
                      lead: int = 1) -> Schedule:
-    """`base` with the parameters and optimizer slots of `layers` homed on the host (see the module doc).
-
-    `lead`: how many steps before a visit's first use its prefetch is issued (0: just in time, the least memory).
-    """
+    """`base` with `layers`' parameters and optimizer slots homed; prefetches `lead` steps early (0: just in time)."""
     if host_update and not route.fused_update:
         raise ValueError("a host update needs the fused-update route (one update step per layer)")
     chosen = set(layers)
@@ -122,7 +99,6 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
         if host_update and upd is None:
             continue  # no trainable parameters: nothing to update
         if spec.role is Role.GRADIENT:
-            # produced by backward (and its micro-batches' parts added in), copied out once, used by a host update
             if host_update and tid in route.steps[upd].reads:
                 a, b = grad_span(route, tid)
                 res[tid] = [Residency(a, "before", EventKind.ALLOC, b, "after", EventKind.RELEASE,
@@ -159,8 +135,7 @@ def grad_span(route: Route, tid: str) -> tuple[int, int]:
 
 
 def grad_spans(route: Route) -> dict[str, tuple[int, int]]:
-    """`grad_span` of every gradient, from one pass over the backward steps (once per route: a pass per gradient
-    was quadratic in the route's length, minutes on a micro-batched GPT-2 XL)."""
+    """`grad_span` of every gradient, in one pass over the backward steps; memoized on the route."""
     if "grad_spans" not in route.memo:
         spans: dict[str, tuple[int, int]] = {}
         for s in route.steps:
@@ -182,9 +157,7 @@ MOVED_ROLES = {Role.PARAMETER: "weights", Role.OPTIMIZER: "optimizer_state", Rol
 
 
 def moved_by_role(plan: Plan) -> dict[str, int]:
-    """Bytes copied between device and host per training step (both directions), by what they are: weights,
-    optimizer state, gradients (a host update's), activations (everything else the tensor cache moves), and of
-    those the activations moved as compressed streams (`decisions/compress.py`: their reserved bytes)."""
+    """Bytes copied device<->host per training step by role; compressed streams counted at their reserved bytes."""
     out = {"weights": 0, "optimizer_state": 0, "gradients": 0, "activations": 0, "compressed_activations": 0}
     for sp in plan.steps:
         for ev in sp.before + sp.after:
@@ -202,9 +175,7 @@ def moved_words(moved: dict[str, int]) -> dict[str, int]:
 
 def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, workspace=None, layers=None,
                  lead: int = 1, policy: str = "weights") -> Plan:
-    """Liveness with the weights and optimizer state of `layers` (default: every candidate) homed on the host,
-    updated on the host when the route is fused; under a budget, the activation cache on top (`offload.py`).
-    Prefetches lead their visits by `lead` steps; if that does not fit, they come just in time."""
+    """Liveness with `layers` (default: all) homed and the activation cache on top; just in time if need be."""
     from ...core.errors import BudgetError
     from ..planner import default_workspace, liveness_schedule
     from .offload import plan_offload
@@ -222,16 +193,11 @@ def plan_weights(route: Route, budget: int | None, device: str = "cpu", *, works
     except BudgetError:
         if lead == 0:
             raise
-        return plan(0)  # prefetch each visit just in time: less hiding, less memory
+        return plan(0)
 
 
 def weights_floor(route: Route, workspace) -> int:
-    """A floor under the arena of every plan `plan_weights(route, ...)` can make, found without placing one: the
-    bytes in use at the busiest compute moment (`recompute.compute_peak_lower_bound`) of its most frugal schedule,
-    every candidate layer's weights prefetched just in time and every activation candidate offloaded with the
-    tightest timing. Each plan it can make keeps at least those tensors resident at every step (earlier prefetches,
-    later releases, fewer offloads only add), so a budget below the floor cannot be met: `plan_packs` skips such
-    a packing instead of placing it half a dozen times to find out (each a replay of the whole route)."""
+    """A floor under every `plan_weights` arena, without placing: its most frugal schedule's busiest moment."""
     from ..planner import liveness_schedule
     from .offload import find_candidates, offload_schedule, tight_timing
     from .recompute import compute_peak_lower_bound
@@ -243,15 +209,13 @@ def weights_floor(route: Route, workspace) -> int:
 
 
 def weights_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
-    """The `weights` policy (see the table in `memory/policies.py`)."""
     from ..planner import default_workspace
 
     return plan_weights(route, budget, device or "cpu", workspace=default_workspace(route, costs))
 
 
 def weights_lines(plan: Plan) -> list[str]:
-    """`--explain`'s words on the weights: which layers' parameters and optimizer state live on the host, how
-    often they visit the device, and the bytes moved per step by role."""
+    """`--explain`'s words on the weights: what is homed, its visits, the bytes moved by role."""
     from ..pool import format_bytes
 
     homed = host_homed(plan)

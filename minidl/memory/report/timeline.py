@@ -39,18 +39,13 @@ _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
 def plot_unit(nbytes: int) -> tuple[str, int]:
-    """The one unit of a timeline (axis, title, budget and peak labels alike): the largest binary unit of which
-    `nbytes` (the larger of the peak and the budget) holds at least one."""
+    """The one unit of a timeline's every label: the largest binary unit `nbytes` holds at least one of."""
     return next(((u, f) for u, f in _UNITS if nbytes >= f), _UNITS[-1])
 
 
 def timeline_figure(plan: Plan, title: str | None = None, budget: int | None = None):
-    """The figure `plot_timeline` saves: resident bytes over route steps, stacked by role, with the budget's line
-    (when one was given), the peak marked, every size in one unit, and the legend beside the plot, not on it.
-
-    `title` names the run (model, batch); the budget (or "no budget") and the policy are added here, in the plot's
-    unit. `budget`: the budget the plan was made under, None for none: a plan made without one has nothing that
-    binds, so the axis then says where the arena it needs is set instead."""
+    """Resident bytes over steps, stacked by role, with the budget's line (None: the arena's), the peak marked, one
+    unit throughout, the legend beside the plot; `title` names the run."""
     import matplotlib
 
     matplotlib.use("Agg")

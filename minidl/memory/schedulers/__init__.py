@@ -1,2 +1,1 @@
-"""Schedulers: searches that combine `memory/decisions/` for a whole route under a budget (`auto` simulates its
-candidates and keeps the fastest that fits); each returns an ordinary plan."""
+"""Schedulers: searches combining `memory/decisions/` for a whole route under a budget; each returns a plan."""

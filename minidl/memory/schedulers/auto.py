@@ -1,77 +1,16 @@
 """Policy `auto`: given a budget, the fastest plan that fits, searched over every mechanism minidl has.
 
-The mechanisms trade memory for time in different currencies:
+The search (`AutoSearch`, one `Candidate` each): liveness and the recomputation variants, each placed as it is and
+with small long-lived tensors pinned (`LAYOUTS`), then with offload fitted to the budget on a byte timeline
+(`decisions/offload_fit.py`); where nothing fits, the most frugal offload and weights on the host; every other exact
+policy's own plan (`Rival`); micro-batch counts, with layer packs (`micro_batch_search`). Fitting candidates are
+timed by the simulator; the fastest wins (`rank`), and the plan's `decision` says which, why, and what was skipped.
 
-- **liveness** costs nothing: free every tensor after its last use. Always on.
-- **workspace sizing** costs convolution speed: a slower algorithm with less scratch space. Always on under a
-  budget, per step: each convolution gets the fastest algorithm whose workspace fits what is free then
-  (`workspace.py`), so it only slows down the steps where memory is actually short.
-- **recomputation** costs FLOPs: cheap layers' outputs are rebuilt in backward (`recompute.py`), either
-  speed-centric (each segment once) or memory-centric (per use: more FLOPs, less memory).
-- **offload** costs link bandwidth, hidden behind compute when the schedule allows: checkpoints wait on the
-  host between their forward and backward uses (`decisions/offload.py`).
-
-`auto` plans a handful of combinations (below), keeps those whose smallest budget is within the given one,
-estimates each one's step time with the simulator (compute on the device profile, plus recomputation, plus
-slower workspace algorithms, plus transfer time the link could not hide), and returns the fastest.
-
-    combination                       what it gives up
-    liveness                          nothing (workspace algorithms only where memory is short)
-    recompute                         a little compute: segments speed-centric where the bottleneck allows
-    recompute, memory-centric         more compute, the least activation memory without transfers
-    offload                           link time, as little as the budget demands
-    recompute + offload               both: what SuperNeurons runs for the deepest networks
-    recompute (memory) + offload      the most memory-frugal plan minidl can make
-
-Each base is also tried in a second arena *layout* that pins small long-lived tensors (gradients, BN
-statistics, labels) at the bottom of the arena: less fragmentation, for slightly more bytes early on (`LAYOUTS`).
-
-The search stays cheap where it can. A base whose busiest step alone exceeds the budget is not placed at all
-(`compute_peak_lower_bound`), and a base's own time (compute plus recomputation, nothing moved) is computed
-from its schedule, without placing it. Offload is fitted to the budget on a byte timeline first
-(`decisions/offload_fit.py`: which tensors, and copy windows cut only where memory is short), so a base costs
-one placement (rarely two or three, when fragmentation needs a little more room) instead of one per probe.
-Bases are searched in the order of their own time, and the search stops as soon as no base left could beat
-the best plan by more than `GOOD_ENOUGH`; the recomputation bases are not even built when a liveness plan is
-already that close to liveness' own time, the least any plan can take. ResNet-2500 b16 at 12 GB on a K40c:
-one placement, about 4 s of CPU (it was 45 s, hiding nothing).
-
-**The other exact policies** (`window`, `offload`, `recompute`, `weights`, `packs`, `liveness`, `none`) are
-candidates too (`Rival`, `AutoSearch.rivals`): each one's own plan, made by its own function on the route
-`plan_network` gives it, so `auto` plans wherever one of them does, with an estimated step no slower. A rival is
-skipped, and its skip named in the plan's `decision` (`--explain`), where it cannot be faster (its route's compute
-alone, `least_time`, is no less than the best plan found: an exact bound, so the guarantee holds), where it would
-home weights that must stay on the device (`PlanOptions.host_weights` off), or where the route is longer than
-`SEARCH_MAX_STEPS` (their own searches take minutes there). Policy `packs` is not planned on its own where the
-micro-batch search runs: its plan is layer packs at one of the counts that search plans packs at (1 included).
-
-The search is a list of `Candidate` records (base, decisions on top, layout, micro-batch count, plan, estimated
-time), made and timed by `AutoSearch` stage by stage; the fastest that fits is the plan (`rank`), and its
-`decision` says which and why.
-
-**Micro-batches** are weighed by time like the other decisions (`micro_batch_search`): 2, 4, 8, ...
-micro-batches dividing the batch, in increasing order while one count's compute alone could still beat the best
-plan found (a smaller micro-batch only adds to each step's cost, so the first count that cannot win ends the
-search). Harmony's layer packs (`schedulers/packs.py`) are weighed at every count, 1 included; `auto`'s own search
-on the micro-batched route (gradient accumulation) where no plan of the batch whole fits, since a micro-batched
-plan trains to the bits of `none` with the same `--micro-batches`, not of the batch whole (BatchNorm normalizes
-each micro-batch; gradients are summed per micro-batch). More micro-batches keep fewer activations: fewer copies,
-faster workspaces, or a fit where one batch has none. `PlanOptions.max_micro_batches` bounds the count (1: the
-batch stays whole), and a route already cut into micro-batches (`--micro-batches`) keeps its count. VGG-16 at
-batch 1024 on a K40c: 43 GiB as one batch, 16 micro-batches of liveness under 12 GB. The smallest budget a
-BudgetError states is verified with the batch whole (`policies.plan_network`): searching every count at each of
-the verification's dozen budgets costs minutes.
-
-If nothing fits, `BudgetError` states the smallest budget that works: that of the most memory-frugal plan
-(every mechanism at its most frugal: memory-centric recomputation, every candidate offloaded and prefetched just
-in time, the smallest workspace everywhere) or a rival's own minimum, whichever is smaller, then verified and
-searched by `policies.plan_network` (`schedulers/minimum.py`): planning at the stated number succeeds.
-
-Offload composed with recomputation needs one adjustment: a checkpoint that a recomputation reads must be back
-on the device *before* the recomputation sequence at that step boundary, which runs before the boundary's plain
-allocations and waits. So a root's "first backward use" for offload purposes is its first recomputation read,
-its prefetch (when just in time) and its wait are the first items of that boundary's sequence, and its end keeps
-the recomputation sequence number.
+Rules: a candidate is skipped only where a lower bound on its time (`least_time`) cannot beat the best plan by more
+than `GOOD_ENOUGH`, or with its reason named in the decision. A batch that fits whole is not micro-batched by `auto`'s
+own search (such a plan matches `none` with those micro-batches only).
+Offload under recomputation: a root is prefetched and waited for at the head of the recomputation sequence that
+first reads it. Where nothing fits, `BudgetError` names the most frugal candidate's budget (docs/policies/auto.md).
 """
 from __future__ import annotations
 
@@ -99,23 +38,19 @@ from .packs import plan_packs, step_floor
 
 @dataclass(slots=True)
 class Candidate:
-    """One plan `auto` considered: the decisions it combines (a base schedule, the mechanisms put on top of it,
-    the arena layout, the micro-batch count), the plan when one was placed, and what the search learnt of it.
+    """One plan `auto` considered: its decisions, its plan when placed, and what the search learnt of it."""
 
-    The search is a list of these: it ranks them by `est_step_time_s` among those that fit, and, when none fits,
-    names the smallest budget from the one with the smallest `min_budget_bytes`."""
-
-    base: str                               # the base schedule: liveness or a recomputation variant (`Base`)
-    decisions: tuple[str, ...] = ()         # mechanisms on top of it, in words: "offload", "compress", ...
-    layout: str = ""                        # the arena layout (`LAYOUTS`), "" for the plain one
-    micro_batches: int = 1                  # the batch split into this many micro-batches (packs.py)
+    base: str                               # liveness or a recomputation variant (`Base`)
+    decisions: tuple[str, ...] = ()         # mechanisms on top, in words: "offload", "compress", ...
+    layout: str = ""                        # a key of `LAYOUTS`
+    micro_batches: int = 1
     plan: Plan | None = None                # None: not placed (`note` says why)
-    fits: bool = False                      # the plan's smallest arena is within the budget
-    est_step_time_s: float = math.inf       # the simulator's estimate (and the codec's, for compression), if it fits
+    fits: bool = False
+    est_step_time_s: float = math.inf       # simulated (plus the codec's), if it fits
     note: str = ""
-    error: BudgetError | None = None        # a rival policy that does not fit: its error, naming what it needs
-    unsearched: bool = False                # not planned to keep planning time short: named in the decision
-    lossy: bool = False                     # compressed (`auto --lossy`): chosen only where strictly faster
+    error: BudgetError | None = None        # a rival that does not fit: its error
+    unsearched: bool = False                # not planned, to keep planning short
+    lossy: bool = False
 
     @property
     def name(self) -> str:
@@ -136,8 +71,7 @@ class Candidate:
 
 
 def rank(c: Candidate) -> tuple[float, bool, int]:
-    """How the search orders plans that fit: the fastest; at equal times an exact plan before a lossy one, then the
-    smaller arena."""
+    """Fastest first; at equal times exact before lossy, then the smaller arena."""
     return c.est_step_time_s, c.lossy, c.min_budget_bytes
 
 
@@ -149,7 +83,6 @@ class AutoResult:
 
     @property
     def chosen(self) -> Candidate | None:
-        """The candidate whose plan the search returns (None if nothing fits)."""
         return next((t for t in self.trials if self.plan is not None and t.plan is self.plan), None)
 
     def summary(self) -> str:
@@ -163,19 +96,17 @@ class AutoResult:
         return "\n".join(lines)
 
 
-# -- offload on top of any base schedule ------------------------------------------------------------------------
+# -- offload on top of any base schedule
 @dataclass(slots=True)
 class CacheResult:
-    plan: Plan          # the plan found (fits the budget if `fits`)
+    plan: Plan
     fits: bool
     offloaded: int      # tensors offloaded
     candidates: int
 
 
 def offload_candidates(route: Route, base: Schedule, clock, root_reads: dict[str, int]) -> list:
-    """offload.find_candidates, adjusted for recomputation: a root must be back for its first recompute read,
-    which runs in the sequence before that step (`Candidate.seq_read`: prefetched and waited for in the sequence,
-    just before the chain), and roots that only recomputation reads in backward become candidates too."""
+    """offload.find_candidates under recomputation: a root is due back at its first recompute read (`seq_read`)."""
     n_fwd = sum(1 for s in route.steps if s.phase.value == "forward")
     cands = []
     seen = set()
@@ -207,8 +138,7 @@ def offload_candidates(route: Route, base: Schedule, clock, root_reads: dict[str
 
 
 def offload_schedule_for(route: Route, base: Schedule, chosen: list, timing: dict) -> Schedule:
-    """`base` with `chosen` offloaded at `timing`, each root keeping its place in its recomputation sequence
-    (offload_schedule rebuilds the residency)."""
+    """`base` with `chosen` offloaded at `timing`, each root keeping its place in its recomputation sequence."""
     sched = offload_decision.offload_schedule(route, base, chosen, timing)
     for c in chosen:
         if c.base.end_seq:
@@ -216,28 +146,17 @@ def offload_schedule_for(route: Route, base: Schedule, chosen: list, timing: dic
     return sched
 
 
-GOOD_ENOUGH = 0.005
-"""`auto` stops searching when no combination left could beat the best plan found by more than this share of
-its step time: placing another ResNet-2500 candidate costs seconds of planning for a <0.5% faster step."""
-
-FIT_ATTEMPTS = 3
-"""Placements `OffloadSearch.place_fitted` makes at most: each one that does not fit lowers the timeline's room
-by twice the excess it found (fragmentation is not monotone in the room left: a little more than the excess
-converges in fewer placements than exactly the excess)."""
-
-INITIAL_MARGIN = 0.005
-"""Share of the budget kept free on the timeline for fragmentation before the first placement (ResNet-2500's
-frugal plans lose about 1% of the arena to holes; a first guess near it saves a placement either way)."""
+GOOD_ENOUGH = 0.005  # share of step time: a ResNet-2500 placement costs seconds of planning for a <0.5% faster step
+FIT_ATTEMPTS = 3     # placements per offload fit; each miss lowers the room by twice the excess (converges faster)
+INITIAL_MARGIN = 0.005  # share of the budget kept for holes (ResNet-2500's frugal plans lose ~1% to fragmentation)
 
 
 class OffloadSearch:
-    """Offload on top of one base schedule under a budget: the timeline fit (cheap, no placement) first, so that
-    `auto` can rank bases by their estimated time and place only the promising ones."""
+    """Offload on one base under a budget: the timeline fit first (no placement), so only promising bases are placed."""
 
     def __init__(self, route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
                  root_reads: dict[str, int] | None = None, streams=None):
-        """`streams(clock)`, if given, adds candidates the base's own tensors do not show: its compressed
-        streams (`compress.stream_candidates`)."""
+        # streams(clock): extra candidates, the base's compressed streams (compress.stream_candidates)
         self.route, self.base, self.ws, self.budget = route, base, ws, budget
         self.dev = get_profile(device) if isinstance(device, str) else device
         self.clock = offload_decision._clock(route, self.dev, offload_decision.copy_slack(self.dev))
@@ -260,8 +179,7 @@ class OffloadSearch:
         return self.fit.exposed_s if self.fit is not None else math.inf
 
     def place_fitted(self) -> CacheResult | None:
-        """Place the timeline's best timing; if fragmentation makes it miss the budget, refit with less room and
-        place again (`FIT_ATTEMPTS`). None if no fitted timing fits."""
+        """Place the timeline's best timing, refitting with less room where holes miss the budget."""
         for _ in range(FIT_ATTEMPTS):
             if self.fit is None:
                 return None
@@ -275,8 +193,7 @@ class OffloadSearch:
         return None
 
     def place_tight(self) -> CacheResult:
-        """Every candidate offloaded, released at once and prefetched just in time: the most frugal plan this
-        base allows (every copy exposed)."""
+        """Every candidate offloaded and prefetched just in time: this base's most frugal plan."""
         plan = place(self.route, self.ws, offload_schedule_for(self.route, self.base, self.cands,
                                                                offload_decision.tight_timing(self.cands)),
                      self.budget)
@@ -285,9 +202,7 @@ class OffloadSearch:
 
 def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], budget: int, device,
                  root_reads: dict[str, int] | None = None, plan0: Plan | None = None) -> CacheResult:
-    """Offloads that make `base` fit `budget`, with the copies hidden where memory allows (`offload_fit`); else
-    every candidate offloaded with the tightest timing (the most frugal plan this base allows, which may still
-    not fit). `plan0`: `base` already placed under `budget`, if at hand."""
+    """Offloads that make `base` fit `budget`, copies hidden where memory allows; else the tightest timing."""
     if plan0 is None and compute_peak_lower_bound(route, base, ws) <= budget:
         plan0 = place(route, ws, base, budget)
     if plan0 is not None and plan0.min_budget_bytes <= budget:
@@ -299,23 +214,20 @@ def cache_search(route: Route, base: Schedule, ws: dict[int, WorkspaceChoice], b
     return search.place_fitted() or search.place_tight()
 
 
-# -- layouts: where long-lived small tensors sit in the arena ----------------------------------------------------
+# -- layouts: where long-lived small tensors sit in the arena
 LAYOUTS: dict[str, tuple[Role, ...]] = {
     "": (),
     "grads pinned": (Role.GRADIENT,),
     "aux pinned": (Role.AUX, Role.LABEL),
     "grads+aux pinned": (Role.GRADIENT, Role.AUX, Role.LABEL),
 }
-"""Fragmentation is the last few percent between a frugal plan's peak and its smallest arena. Its main cause is
-small tensors that live long (a gradient from its layer's backward until the update; BN's saved statistics from
-forward until backward; the labels) landing in the middle of the big hole that activations and deltas come and
-go in, and splitting it. A layout variant allocates those tensors once, before the first step, at the bottom of
-the arena next to the parameters, in the order they die (the last to die lowest, like a stack). That costs
-their bytes for longer (gradients during forward), so it is a variant `auto` tries, not a rule."""
+"""Small long-lived tensors (gradients, BN statistics, labels) split the big hole activations come and go in; a
+layout pins them before step 0 at the arena's bottom, last to die lowest. It holds them longer: a variant, not a
+rule."""
 
 
 def pin_long_lived(route: Route, sched: Schedule, roles: tuple[Role, ...]) -> Schedule:
-    """`sched` with every single-residency tensor of `roles` allocated before step 0 (see LAYOUTS)."""
+    """`sched` with every single-residency tensor of `roles` allocated before step 0."""
     if not roles:
         return sched
     chosen = [(tid, lst[0]) for tid, lst in sched.residencies.items()
@@ -331,9 +243,7 @@ def pin_long_lived(route: Route, sched: Schedule, roles: tuple[Role, ...]) -> Sc
 
 
 def schedule_time(route: Route, sched: Schedule, device) -> float:
-    """Estimated step time of `sched` with nothing offloaded and every convolution on its fastest algorithm: the
-    simulator's compute time plus the forward steps its RECOMPUTE residencies re-run, without placing it (no
-    offload of this schedule can be faster)."""
+    """Compute plus recomputed forwards, nothing moved: a bound on any plan of `sched`."""
     dev = get_profile(device) if isinstance(device, str) else device
     costs = step_costs(route, dev)
     fwd = {s.node: s.index for s in route.steps if s.phase.value == "forward"}
@@ -346,10 +256,7 @@ def schedule_time(route: Route, sched: Schedule, device) -> float:
 
 
 def least_time(route: Route, device) -> float:
-    """The least step time the simulator can give a plan of `route` (or of it without its rebuildable aux tensors,
-    which a plan may leave out): every step on its fastest algorithm, nothing recomputed, no copy waited for
-    (`simulate` only adds to this). A plan of the same network cut into micro-batches, packed or not, takes no
-    less: each step's roofline cost is the larger of two sums, and summing it per micro-batch only adds."""
+    """A lower bound on the simulated step of any plan of `route`, micro-batched too (splitting only adds)."""
     dev = get_profile(device) if isinstance(device, str) else device
     rebuildable = route.rebuildable_aux()
     routes = (route, route.without_aux(rebuildable)) if rebuildable else (route,)
@@ -360,15 +267,10 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.4g} ms" if seconds < 1 else f"{seconds:.4g} s"
 
 
-# -- rivals: the other exact policies, each one candidate -------------------------------------------------------
+# -- rivals: the other exact policies, each one candidate
 @dataclass(frozen=True, slots=True)
 class Rival:
-    """Another exact policy `auto` plans as one of its candidates: its name and planning function (the policy
-    table's, `memory/policies.py`) and how to build the route `plan_network` gives that policy (its update not
-    fused where `auto`'s is; the batch in packs for `packs`), so that `auto` plans wherever it does, at least as
-    fast. Built only when planned (a route of a deep network takes seconds to build). `homes_weights`: its plans
-    may keep weights on the host, which `PlanOptions.host_weights` off rules out. `packs_batch`: its plan is layer
-    packs at a micro-batch count it chooses (`packs.plan_packs`), one of those `micro_batch_search` plans packs at."""
+    """Another exact policy as a candidate, on the route `plan_network` gives it (built lazily)."""
 
     name: str
     plan: Callable[[Route, "int | None", str, "CostTable | None"], Plan]
@@ -381,38 +283,28 @@ class Rival:
         return f"policy '{self.name}'"
 
 
+# Longest route planned beyond auto's own search (rivals; micro-batch counts once a plan fits): on ResNet-2500
+# (16,671 steps, 12 GB, K40c) `offload` alone plans in 170 s, `window` 12 s, auto's own search 4 s (2-core EPYC).
 SEARCH_MAX_STEPS = 6000
-"""The longest route `auto` plans beyond its own search: rivals are planned on routes of at most this many steps
-(ResNet-500 has 4,357, ResNet-1001 8,699), and once a plan fits, micro-batch counts whose route would be longer are
-not searched. On ResNet-2500 (16,671 steps) at 12 GB on a K40c, policy `offload` alone plans in 170 s, `weights` in
-35 s, `packs` in 24 s, `window` in 12 s, against `auto`'s own 4 s; `packs` on GPT2-XL at batch 64 searches routes of
-up to 64 micro-batches for minutes (shared 2-core EPYC). Each skip is named in the plan's `decision` (`--explain`)."""
-
-
-NOTE_CHARS = 140
-"""The longest note a line of `AutoResult.summary` carries: with its name and figures, a line stays under 250
-characters (`minidl plan --explain` prints one per candidate when nothing fits)."""
-
+NOTE_CHARS = 140  # longest note in `AutoResult.summary`, so an --explain line stays under 250 characters
 
 More = Callable[[Route], "list[Candidate]"]
-"""Candidates a caller adds to each route `auto` searches (the route as given, and each micro-batched one), placed
-and timed: `auto --lossy`'s compressed plans (`schedulers/lossy.py`)."""
+"""Candidates a caller adds to each route searched, placed and timed (`auto --lossy`: `schedulers/lossy.py`)."""
 
 
-# -- the search -------------------------------------------------------------------------------------------------
+# -- the search
 @dataclass(slots=True)
 class Base:
     """A base schedule the search puts decisions on: plain liveness or a recomputation variant."""
 
     name: str
     schedule: Schedule
-    own_time_s: float                  # its step time with nothing moved: no plan built on it can be faster
-    root_reads: dict[str, int] = field(default_factory=dict)   # checkpoint -> first step a recomputation reads it
+    own_time_s: float                  # `schedule_time`: no plan built on it is faster
+    root_reads: dict[str, int] = field(default_factory=dict)   # root -> first step a recomputation reads it
 
 
 class AutoSearch:
-    """The candidates `auto` tries under one budget, in the order the module docstring gives, each one placed and
-    timed once (`consider`); `auto_search` says which stages run."""
+    """The candidates tried under one budget, each placed and timed once."""
 
     def __init__(self, route: Route, budget: int | None, device, costs: CostTable | None = None):
         self.route, self.budget, self.device, self.costs = route, budget, device, costs
@@ -421,9 +313,7 @@ class AutoSearch:
         self.tried: list[Candidate] = []
         self.offloads: list[tuple[Base, str, OffloadSearch]] = []  # offload searches made, for the frugal stage
 
-    # -- bookkeeping ----------------------------------------------------------------------------------------
     def consider(self, cand: Candidate) -> Candidate:
-        """Record `cand`; if placed, whether it fits and (if so) its simulated step time."""
         if cand.plan is not None:
             cand.fits = self.budget is None or cand.plan.min_budget_bytes <= self.budget
             if cand.fits:
@@ -439,8 +329,7 @@ class AutoSearch:
         return min((c.est_step_time_s for c in self.fitting), default=math.inf)
 
     def could_win(self, time_s: float) -> bool:
-        """A candidate whose best possible time is `time_s` could still beat the best fitting one by more than
-        `GOOD_ENOUGH`."""
+        """A candidate no faster than `time_s` could still beat the best by more than `GOOD_ENOUGH`."""
         return time_s < self.best_time() * (1 - GOOD_ENOUGH)
 
     def result(self, frugal: bool) -> AutoResult:
@@ -452,7 +341,6 @@ class AutoSearch:
                              key=lambda c: c.min_budget_bytes)
         return res
 
-    # -- bases ----------------------------------------------------------------------------------------------
     def base(self, name: str, sched: Schedule, rs: RecomputeSchedule | None = None) -> Base:
         reads = {s.root: s.root_reads[0] for s in rs.segments if s.root_reads} if rs is not None else {}
         return Base(name, sched, schedule_time(self.route, sched, self.device), reads)
@@ -461,8 +349,7 @@ class AutoSearch:
         return self.base("liveness", liveness_schedule(self.route, self.ws))
 
     def recompute_bases(self) -> list[Base]:
-        """Speed-centric where the budget allows, the default (speed-centric under the bottleneck), and
-        memory-centric: the variants whose segment modes differ."""
+        """The recomputation variants whose segment modes differ."""
         route, ws, iv = self.route, self.ws, self.iv
         default = recompute_schedule(route, ws, limit=None, iv=iv)
         if not default.segments:
@@ -478,31 +365,26 @@ class AutoSearch:
             out.append(self.base("recompute (memory-centric)", memory.schedule, memory))
         return out
 
-    # -- stages ---------------------------------------------------------------------------------------------
     def explore(self, bases: list[Base]) -> None:
-        """Each base placed as it is (plain layout and small long-lived tensors pinned); then offload on the
-        bases that do not fit, in order of their best possible time, while one could still win."""
+        """Each base placed in two layouts; then offload on those that miss, while one could win."""
         for b in bases:
             if compute_peak_lower_bound(self.route, b.schedule, self.ws) > self.budget:
-                # cannot fit without offload (placing it would only confirm that)
                 self.consider(Candidate(b.name, note="skipped: busiest step alone exceeds the budget"))
                 continue
             for layout in ("", "grads+aux pinned"):
                 self.consider(Candidate(b.name, layout=layout, plan=place(
                     self.route, self.ws, pin_long_lived(self.route, b.schedule, LAYOUTS[layout]), self.budget)))
-        # Offload: every (base, layout) that could still win is fitted on the byte timeline (no placement) and
-        # ranked by its own time; then placed in that order while its estimate beats the best plan found.
         fitted = {b.name for b in bases for c in self.fitting if c.base == b.name and not c.decisions}
         order = sorted(((b.own_time_s, i, li, b, layout) for i, b in enumerate(bases) if b.name not in fitted
                         for li, layout in enumerate(LAYOUTS)), key=lambda e: e[:3])
         for own, _, _, b, layout in order:
             if not self.could_win(own):
-                break             # sorted by their best possible time: none of the rest can win (by more than a hair)
+                break             # sorted by their bound: none of the rest can win
             search = OffloadSearch(self.route, pin_long_lived(self.route, b.schedule, LAYOUTS[layout]), self.ws,
                                    self.budget, self.device, b.root_reads)
             self.offloads.append((b, layout, search))
             if not self.could_win(own + search.est_exposed_s):
-                continue          # its estimate already loses: not worth a placement
+                continue
             cr = search.place_fitted()
             if cr is not None:
                 self.consider(Candidate(b.name, ("offload",), layout, plan=cr.plan, note=(
@@ -510,7 +392,7 @@ class AutoSearch:
                     f"(estimated {search.est_exposed_s:.3g} s exposed)")))
 
     def tightest(self) -> None:
-        """The most frugal plans (every candidate offloaded, just in time): they name the smallest budget."""
+        """The most frugal plans: they name the smallest budget."""
         for b, layout, search in self.offloads:
             if search.cands:
                 cr = search.place_tight()
@@ -518,14 +400,13 @@ class AutoSearch:
                                         note=f"all {cr.candidates} candidates offloaded, prefetched just in time"))
 
     def weights(self, bases: list[Base]) -> None:
-        """Weights on the host, on each base in order of its own time, until one fits (`weights_search`)."""
+        """Weights on the host, on each base by its own time, until one fits."""
         for b in sorted(bases, key=lambda b: b.own_time_s):
             found = weights_search(self, b)
             if found is not None and found.fits:
                 return
 
     def rivals(self, rivals: Sequence[Rival]) -> None:
-        """Each other exact policy's own plan, on its own route, unless `rival_skipped` says why not."""
         for r in rivals:
             why = self.rival_skipped(r)
             if why:
@@ -540,9 +421,7 @@ class AutoSearch:
                                     note="its own plan, on its own route"))
 
     def rival_skipped(self, r: Rival) -> str:
-        """Why `r` is not planned, or "": it would home weights that must stay on the device; the micro-batch
-        search plans its plan (`Rival.packs_batch`); the route is longer than `SEARCH_MAX_STEPS`; or its least
-        possible time (`least_time`) is no less than the best plan's, so it cannot be faster."""
+        """Why `r` is not planned, or ""."""
         if r.homes_weights and not self.route.options.host_weights:
             return "plans that keep weights on the host, and weights stay on the device here (host_weights off)"
         if r.packs_batch and splittable(self.route, self.budget):
@@ -558,16 +437,7 @@ class AutoSearch:
 
 def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
                 frugal: bool = True, rivals: Sequence[Rival] = (), more: More | None = None) -> AutoResult:
-    """Try the combinations (module docstring) and return the fastest that fits `budget`.
-
-    Without a budget, the fastest plan is plain liveness with every convolution on its fastest algorithm.
-    The liveness base is explored first (`AutoSearch.explore`: placed as it is, then with offload); the
-    recomputation bases only if liveness' best plan is not already within `GOOD_ENOUGH` of liveness' own time,
-    the least any plan can take. If nothing fits, the most frugal offload plans (`frugal`) and then weights on the
-    host (fused-update routes) are tried. Then the `rivals` (`AutoSearch.rivals`), and the candidates `more` makes
-    of the route (`auto --lossy`: compression), placed and timed. When nothing fits, `frugal` is the candidate with
-    the smallest budget.
-    """
+    """The fastest candidate that fits `budget`; recomputation only where liveness is not within `GOOD_ENOUGH`."""
     search = AutoSearch(route, budget, device, costs)
     if budget is None:
         search.consider(Candidate("liveness", plan=place(route, search.ws, liveness_schedule(route, search.ws))))
@@ -591,14 +461,11 @@ def auto_search(route: Route, budget: int | None, device: str = "cpu", costs: Co
     return search.result(frugal)
 
 
-WEIGHTS_SEARCH_STEPS = 6
-"""At most this many placements of `cache_search` to find the fewest layers whose weights go to the host."""
+WEIGHTS_SEARCH_STEPS = 6  # bisection steps on how many layers' weights go to the host
 
 
 def weights_search(search: AutoSearch, base: Base) -> Candidate | None:
-    """The fewest layers whose weights and optimizer state must live on the host (largest first, host update,
-    the activation cache on top) for `base` to fit the budget: every candidate first; if that fits, a binary
-    search on how many; if not, the same with prefetches just in time (the most frugal weights plan)."""
+    """The fewest layers (largest first) whose weights on the host make `base` fit: all, then bisect."""
     route = search.route
     layers = weights_decision.layer_candidates(route)
     if not layers:
@@ -628,16 +495,14 @@ def weights_search(search: AutoSearch, base: Base) -> Candidate | None:
     return best
 
 
-# -- micro-batches: weighed by time, like every other decision --------------------------------------------------
+# -- micro-batches: weighed by time, like every other decision
 def splittable(route: Route, budget: int | None) -> bool:
-    """Whether `auto` may cut `route`'s batch itself under `budget`: a fused training route not already cut into
-    micro-batches (not data parallel, `--fused-update off`, inference or the user's `--micro-batches`)."""
+    """Whether `auto` may cut the batch itself: a budget, a fused training route not already micro-batched."""
     return budget is not None and route.training and route.fused_update and route.packing is None
 
 
 def micro_batch_counts(route: Route, budget: int | None) -> list[int]:
-    """The micro-batch counts `auto` may try by itself on `route` under `budget` (`splittable`): 2, 4, 8, ...
-    dividing the batch, up to the route's `PlanOptions.max_micro_batches`."""
+    """2, 4, 8, ... dividing the batch, up to `PlanOptions.max_micro_batches` (none unless `splittable`)."""
     if not splittable(route, budget):
         return []
     batch = route.network.input_nodes[0].shape[0]
@@ -652,28 +517,16 @@ def micro_batch_counts(route: Route, budget: int | None) -> list[int]:
 
 def micro_batch_search(route: Route, budget: int, device, costs: CostTable | None = None,
                        best_s: float = math.inf, more: More | None = None, whole_fits: bool = False) -> AutoResult:
-    """The fastest plan with the batch cut into micro-batches (`micro_batch_counts`), to beat a plan of `best_s`
-    seconds (inf: none fits yet): at each count, Harmony's layer packs (`schedulers/packs.py`: packs cut to fit,
-    weights brought in once per pack; also at one micro-batch), and, where no plan of the batch whole fits
-    (`whole_fits` false), `auto`'s own search on the micro-batched route (gradient accumulation). More
-    micro-batches keep fewer activations (fewer copies, faster workspaces, or a fit where one batch has none) but
-    run smaller kernels: each step's cost only grows with the count (`least_time`), so the counts are searched in
-    increasing order until one's compute alone cannot beat the best plan found, or, once a plan fits, until its
-    route would be longer than `SEARCH_MAX_STEPS`.
-
-    Why `auto` does not cut a batch that fits whole by itself: a micro-batched plan trains to the bits of `none`
-    with those micro-batches, not of the batch whole (BatchNorm normalizes each micro-batch), and the roofline
-    charges nothing per step, so many small steps look almost free. ResNet-20 at batch 32 on the digits in 4 MiB
-    (README's first command): 16 micro-batches of 2 estimated 2.5% faster than `window`'s plan (13.55 against
-    13.89 ms), measured 718 against 139 ms a median step (shared 2-core EPYC). Policy `packs` cuts the batch itself:
-    its plans are weighed at every count, so `auto` is never slower than it."""
+    """The fastest micro-batched plan beating `best_s`: layer packs at each count, `auto`'s own search only where
+    the batch does not fit whole (the roofline charges nothing per step: ResNet-20 b32, 16 micro-batches estimated
+    2.5% faster, measured 5x slower). Counts go up while their `least_time` can win."""
     tried: list[Candidate] = []
     best: Candidate | None = None
-    packs_too = route.options.host_weights   # (layer packs bring each pack's weights in from the host)
+    packs_too = route.options.host_weights   # layer packs bring each pack's weights in from the host
     least = least_time(route, device)
     if whole_fits and not packs_too:
         return AutoResult(None, [Candidate("any", note="micro-batches skipped: the batch fits whole")])
-    if not least < best_s:   # no count can beat it: each one's compute is at least `least`
+    if not least < best_s:
         return AutoResult(None, [Candidate("any", note=(
             f"micro-batches skipped: one batch's compute alone takes {_time(least)}, and a plan of "
             f"{_time(best_s)} fits"))])
@@ -708,7 +561,7 @@ def micro_batch_search(route: Route, budget: int, device, costs: CostTable | Non
         if packs_too:
             try:
                 packed = plan_packs(route, budget, device, costs, micro_batches=m)
-            except BudgetError as e:   # (its figure in the table's min budget column)
+            except BudgetError as e:
                 tried.append(Candidate("layer packs", ("weights per pack", "offload"), micro_batches=m, error=e,
                                        note="no packing fits"))
             except PackError as e:
@@ -728,8 +581,7 @@ def micro_batch_search(route: Route, budget: int, device, costs: CostTable | Non
 
 
 def micro_decision(micro: AutoResult, budget: int, single: AutoResult) -> str:
-    """Why a micro-batched plan (`micro_batch_search`'s choice): what it beat in the search on the route as given
-    (the best plan of one batch, if any fits, and a rival that cut the batch itself)."""
+    """Why a micro-batched plan: what it beat on the route as given."""
     c, other = micro.chosen, single.chosen
     whole = min((t for t in single.trials if t.fits and t.micro_batches == 1), default=None,
                 key=lambda t: t.est_step_time_s)
@@ -746,8 +598,7 @@ def micro_decision(micro: AutoResult, budget: int, single: AutoResult) -> str:
 
 
 def not_planned(*results: AutoResult) -> str:
-    """What `auto` did not plan, grouped by why, one line each (for the plan's `decision`; "" if nothing): the
-    rivals it skipped, and the candidates left out to keep planning time short (`Candidate.unsearched`)."""
+    """What `auto` did not plan, one line per reason, for `decision`."""
     why: dict[str, list[str]] = {}
     for res in results:
         for t in res.trials:
@@ -758,20 +609,14 @@ def not_planned(*results: AutoResult) -> str:
 
 def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
               policy: str = "auto", rivals: Sequence[Rival] = (), more: More | None = None) -> Plan:
-    """`auto_search` on `route` (with the `rivals`, and `more`'s candidates under a budget); where nothing fits and
-    the route has rebuildable aux tensors (attention's scores, `Route.rebuildable_aux`: B H T^2 values a layer,
-    kept until its backward whatever else moves), the search again on the route without them (backward rebuilds
-    them, same bits), as policy `recompute` does: kept where they fit (backward then rebuilds nothing), left out
-    where only that fits. Then the batch cut into micro-batches where that could be faster, or where nothing fits
-    (`micro_batch_search`). The fastest plan is returned (`rank`); its `decision` says which and why, and which
-    rivals were not planned."""
+    """`auto_search`, then without the rebuildable aux tensors where nothing fits, then micro-batches."""
     more = more if budget is not None else None
     res = auto_search(route, budget, device, costs, rivals=rivals, more=more)
     rebuildable = route.rebuildable_aux()
     if res.plan is None and rebuildable:
         alt = auto_search(route.without_aux(rebuildable), budget, device, costs, more=more)
         if alt.plan is not None or alt.frugal.min_budget_bytes < res.frugal.min_budget_bytes:
-            alt.trials = res.trials + alt.trials   # (the rivals were planned on the route as given)
+            alt.trials = res.trials + alt.trials   # the rivals were planned on the route as given
             res = alt
     single = res.chosen
     micro = AutoResult(None)
@@ -805,7 +650,7 @@ def plan_auto(route: Route, budget: int | None, device: str = "cpu", costs: Cost
 
 
 def _lossy_note(chosen: Candidate, *results: AutoResult) -> str:
-    """For a lossy choice: its estimate and the fastest exact plan's, which it beat ("" for an exact choice)."""
+    """For a lossy choice: its estimate and the fastest exact plan's ("" for an exact one)."""
     if not chosen.lossy:
         return ""
     exact = min((t.est_step_time_s for r in results for t in r.trials if t.fits and not t.lossy), default=math.inf)

@@ -1,22 +1,10 @@
 """`auto --lossy`: policy `auto`, allowed to weigh compression of stored activations against its exact plans.
 
-Compression is never chosen silently: only the `auto-lossy` policy (`--policy auto --lossy` on the command line)
-looks at it. It is `auto`'s own search (liveness, recomputation, offload, workspace sizing, weights on the host,
-the other exact policies, micro-batches) with `compress` planned on each route that search plans, the batch whole
-or cut into micro-batches: on the liveness base and on the memory-centric recomputation base (and, where neither
-fits, on liveness with the weights on the host). It keeps the fastest plan that fits the budget, by estimated step
-time:
-
-- an exact plan: the simulator's estimate (compute, recomputation, exposed copies), as `auto` ranks them;
-- a compress plan: the simulator's estimate of its steps, plus the codec's time, which the simulator does not
-  model: raw bytes compressed x `codec_s_per_byte(device)` (encode + decode, measured on the CPU codec).
-
-Where compression alone does not fit, the tensor cache runs on top of the compressed plan, its candidates
-including the compressed streams (`decisions.compress.stream_candidates`): compressed *and* offloaded, the link
-moves the reserved stream instead of the tensor. So compression wins where it saves a transfer or a recomputation
-that costs more than encoding and decoding the same bytes, or where no exact plan fits at all. Reserved
-stream sizes come from `decisions.compress` (`DEFAULT_RATIO` with its margin; a stream that comes out larger
-spills to the host, never over the budget).
+Compression is never chosen silently: only policy `auto-lossy` plans it. It is `auto`'s search with `compress` on
+every route searched (on liveness and memory-centric recomputation; offload on top, moving the compressed streams,
+where that alone misses the budget; weights on the host where nothing else fits). A compressed plan's time is the
+simulator's plus the codec's (raw bytes x `codec_s_per_byte`); it wins only where strictly faster (`auto.rank`).
+A stream larger than its reserve (`decisions.compress`) spills to the host, never over the budget.
 """
 from __future__ import annotations
 
@@ -35,13 +23,8 @@ from ..simulate import get_profile, simulate
 from ..workspace import CostTable, workspace_choices
 from .auto import Candidate, OffloadSearch, Rival, plan_auto
 
-CPU_CODEC_S_PER_BYTE = 1 / 43e6 + 1 / 52e6
-"""Encode + decode time per raw byte of the numpy codec (ReLU maps, bound 1e-2; 43 MB/s and 52 MB/s measured on
-the shared 2-core development machine, 2026-11-23)."""
-
-GPU_CODEC_PASSES = 16
-"""On a GPU profile the codec is assumed to stream its data this many times through device memory (quantize,
-encode, compact; decode, scatter: reads and writes): an estimate until kernels/compress.cu is timed on a GPU."""
+CPU_CODEC_S_PER_BYTE = 1 / 43e6 + 1 / 52e6  # s/B encode + decode, numpy codec on ReLU maps at 1e-2 (2-core EPYC)
+GPU_CODEC_PASSES = 16  # passes through device memory (quantize, encode, compact; decode, scatter): an estimate
 
 
 def codec_s_per_byte(device) -> float:
@@ -50,11 +33,8 @@ def codec_s_per_byte(device) -> float:
 
 
 def compress_trials(route: Route, budget: int | None, device, costs: CostTable | None = None) -> list[Candidate]:
-    """Compression on the liveness base and on the memory-centric recomputation base; under a budget that a base
-    with compression alone does not fit, the same with the tensor cache on top, whose candidates include the
-    compressed streams (compressed *and* offloaded: fewer bytes on the link than the tensors). Where none of these
-    fits, compression on liveness with every layer's weights and optimizer state on the host (a fused training
-    route that may home them). `auto --lossy` calls it on each route it searches, micro-batched ones included."""
+    """Compressed candidates of `route` (module doc): on liveness and memory-centric recomputation, offload on top
+    where they miss the budget, weights on the host where none fits."""
     ws = workspace_choices(route, costs)
     live = liveness_schedule(route, ws)
     bases = [("liveness", live, {})]
@@ -108,9 +88,7 @@ def _offloads(plan: Plan):
 
 def plan_auto_lossy(route: Route, budget: int | None, device: str = "cpu", costs: CostTable | None = None,
                     rivals: Sequence[Rival] = ()) -> Plan:
-    """`auto`'s search (`plan_auto`) with the compressed plans (`compress_trials`) among its candidates on every
-    route it searches, the batch whole or cut into micro-batches: the fastest plan that fits `budget`, an exact one
-    where a compressed one is not strictly faster (`auto.rank`)."""
+    """`plan_auto` with `compress_trials` among its candidates on every route it searches."""
     return plan_auto(route, budget, device, costs, policy="auto-lossy", rivals=rivals,
                      more=lambda r: compress_trials(r, budget, device, costs))
 

@@ -1,20 +1,12 @@
 """Policy `packs` (Harmony): choose the micro-batch count and the layer packs, then home the weights per pack.
 
-The route of packs and micro-batches is `minidl/graph/packs.py`; the weights decision (`decisions/weights.py`) brings
-a pack's weights in once per block, updates on the host, and the activation cache offloads the stashes. This
-module searches the two numbers that route leaves open:
-
-- **Pack boundaries.** On that route the weights move the same bytes whatever the packing (each pack's weights
-  come in once for forward and once for backward), so what the packing changes is the *stash*: every pack
-  input is kept (or offloaded) from its pack's forward to its re-forward, for every micro-batch. Fewer, larger
-  packs mean fewer stashed tensors, but a larger working set per pack (its weights, one micro-batch's
-  activations inside it). So: the fewest packs that fit, with packs cut to hold about equal weight bytes
-  (`packs.even_packs`), tried at 1, 2, 4, ... packs up to one per layer; the first that fits is kept.
-- **Micro-batches** (when not given): 1, 2, 4, ... dividing the batch, up to `PlanOptions.max_micro_batches`;
-  the count whose first fitting packing moves the fewest bytes per step (ties: the fewest micro-batches, whose
-  kernels run on larger batches). The search stops once only weights move: more micro-batches cannot move less.
-
-Limitations: packs are cut by weight bytes only, not by activation sizes; the search tries powers of two.
+The route is `graph/packs.py`'s; the weights decision (`decisions/weights.py`) brings a pack's weights in once per
+block and updates on the host; the activation cache offloads the stashes. This module searches what that leaves open:
+- Packs: the weights move the same bytes whatever the packing; fewer packs stash fewer pack inputs but need a larger
+  working set. So: the fewest packs (1, 2, 4, ..., cut to equal weight bytes by `even_packs`) that fit.
+- Micro-batches (when not given): 1, 2, 4, ... dividing the batch; the count whose fitting packing moves the fewest
+  bytes (ties: fewer micro-batches). Stops once only weights move.
+Limitations: packs cut by weight bytes only; powers of two only.
 """
 from __future__ import annotations
 
@@ -39,9 +31,7 @@ def _powers(limit: int) -> list[int]:
 
 
 def step_floor(route: Route) -> int:
-    """The bytes the busiest single step touches (its tensors, weights included, and its smallest workspace): no
-    plan of this route fits below it, whatever is homed, offloaded or recomputed. Update steps are left out (a
-    host update touches nothing on the device). Cheap: no placement."""
+    """Bytes the busiest non-update step touches (smallest workspace): no plan fits below it. No placement."""
     sizes = {tid: align_up(t.nbytes) for tid, t in route.tensors.items()}
     best = 0
     for step in route.steps:
@@ -55,12 +45,8 @@ def step_floor(route: Route) -> int:
 
 def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None,
                micro_batches: int | None = None) -> Plan:
-    """The `packs` plan of `route.network` under `budget` (see the module doc). `micro_batches`: None searches
-    (unless `route` is already a packed route, whose M is kept).
-
-    A packing whose `weights_floor` (no placement) exceeds the budget is not placed: it cannot fit, so the first
-    packing that fits, and the plan, are those of a search that places every packing. Only when nothing fits are
-    the skipped packings placed, for the smallest budget the error names."""
+    """The `packs` plan; `micro_batches` None searches. A packing above its `weights_floor` is placed only when
+    nothing fits, for the error's figure."""
     net = route.network
     batch = net.input_nodes[0].shape[0]
     if micro_batches is None and route.packing is not None:
@@ -72,13 +58,13 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
     for m in ms:
         try:
             floor_m = step_floor(route.with_micro_batches(m))
-        except PackError:   # a layer cannot train on so small a micro-batch (BN), nor on any smaller one
+        except PackError:   # a layer (BN) cannot train on so small a micro-batch, nor on a smaller one
             if best is None and not failed:
                 raise
             break
         if budget is not None and floor_m > budget:
             failed.append((f"{m} micro-batches (one step's own tensors)", floor_m))
-            continue  # one micro-batch's single step does not fit: no packing can help
+            continue  # one micro-batch's step does not fit: no packing can help
         for n in _powers(len(net.layer_nodes)):
             r = route.with_micro_batches(m, even_packs(net, n))   # same menu and options (`--paged`)
             ws = workspace_choices(r, costs)
@@ -94,9 +80,9 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
             moved = moved_by_role(plan)
             if best is None or sum(moved.values()) < best[0]:
                 best = (sum(moved.values()), m, plan)
-            break  # fewer packs, fewer stashes: the first packing that fits moves the fewest bytes for this M
+            break  # the first packing that fits moves the fewest bytes for this M
         if best is not None and moved_by_role(best[2])["activations"] == 0:
-            break  # nothing but the weights moves: more micro-batches cannot move less
+            break  # only weights move: more micro-batches cannot move less
     if best is not None:
         return best[2]
     needs = [(need if isinstance(need, int) else need(), where) for where, need in failed]
@@ -117,5 +103,5 @@ def _needs(route: Route, budget: int, device: str, ws) -> int:
 
 
 def packs_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
-    """The `packs` policy (see the table in `memory/policies.py`)."""
+
     return plan_packs(route, budget, device or "cpu", costs)

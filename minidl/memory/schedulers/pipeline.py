@@ -1,43 +1,20 @@
-"""Harmony across devices, in the simulator: layer packs assigned to N devices in a pipeline.
+"""Harmony across devices, in the simulator: layer packs spread over N devices in a pipeline (`plan --devices N`).
 
-`minidl plan MODEL --devices N` answers "what would N devices of this profile move and how fast would they run,
-if the packs of `packs.py` were spread over them?", against N independent data-parallel replicas that each
-virtualize their own memory the way `auto` does. No multi-device executor exists: this is the simulator's view.
+No multi-device executor exists: this is the simulator's view, against N data-parallel replicas (`plan_replicas`:
+each the network at batch B / N planned by `auto`, plus a ring all-reduce of 2 (N - 1) / N x the gradient bytes,
+un-overlapped: an upper bound).
 
-The schedule (Harmony, Li et al., VLDB 2022):
-- The network is cut into `P = N x k` packs of consecutive layers (`CUTS`: equal weight bytes as policy `packs`
-  cuts, or the smallest largest pack by FLOPs, or by FLOPs and weights together); pack i runs on device i mod N,
-  so consecutive packs always sit on different devices and a pack's output goes device to device (its input
-  stash for the next pack; its delta back in backward), never through the host.
-- The route is the packed route of one device (`packs.build_packed`: all M micro-batches through a pack before
-  the next; re-forward from stashed inputs; fused update). Each device runs the steps of its own packs, in the
-  route's order: its *sub-route*.
-- **Per-device memory is a single-device plan**: a device's sub-route is planned by the same placement pass as any
-  route (so its peak is exact, byte for byte, like every other plan), under the per-device budget. The fewest of the
-  device's layers (largest weights first, as `auto`'s weights search) have their weights homed on the host, visiting
-  once per pack block (the weights decision, as policy `packs` does), with the activation cache on top: none when
-  everything fits resident, all of them (exactly policy `packs`' plan) when nothing less does. A tensor written on
-  another device is, on this one, allocated at its first use (it arrives then) and freed after its last; a tensor
-  sent away is freed after its last local use. The budget check applies to each device on its own (`BudgetError`
-  names the device).
-- **Bytes moved per step**: host<->device is what each device plan's events copy (weights, gradients out for the
-  host update, offloaded stashes); device<->device is every tensor used on a device other than the one that
-  wrote it, once per (tensor, receiving device). The batch's inputs and labels are loaded from the host in both
-  schedules alike and are counted in neither.
-- **Step time**: each device replays its plan as the simulator does alone (`predicted_timeline`: roofline compute,
-  its own host link, copy stalls); across devices a step cannot start before the tensors it receives have landed
-  (their writer's end, then a FIFO copy on the sender's device link at `DeviceProfile.peer_bw`). The step is over
-  when the last device is.
-
-The baseline, `plan_replicas`: N replicas of the network at batch B / N, each planned by policy `auto` under the
-same per-device budget (which homes weights on the host when the training state does not fit), run side by side.
-Its host<->device bytes are N x one replica's; its device<->device bytes are the gradient all-reduce of data
-parallel (a ring: 2 (N - 1) / N x the gradient bytes per replica), charged to its step time un-overlapped at the
-same peer bandwidth (an upper bound: DDP hides part of it behind backward).
-
-Limitations: device links are independent (no shared PCIe switch); a step's host-copy stalls are taken from the
-device's solo timeline; packs are never cut inside a layer (a layer's weights and gradient must fit one device
-together); the search tries powers of two for k and M.
+Rules (Harmony, Li et al., VLDB 2022):
+- `P = N x k` packs of consecutive layers (`CUTS`); pack i runs on device i mod N, so a pack's output goes device
+  to device, never through the host. Each device runs its packs' steps of the packed route in order: its sub-route.
+- A sub-route is planned by the same placement as any route (its peak exact), under the per-device budget, with the
+  fewest of its layers' weights homed on the host; a tensor from another device is allocated at its first use.
+- Bytes per step: host<->device is what each device plan copies; device<->device is once per (tensor, receiving
+  device); inputs and labels are counted in neither.
+- Step time: each device's solo timeline (`predicted_timeline`), a step waiting for tensors it receives (FIFO on
+  the sender's link at `peer_bw`).
+Limitations: independent device links; host stalls from solo timelines; packs never cut inside a layer; k and M
+powers of two.
 """
 from __future__ import annotations
 
@@ -60,14 +37,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(slots=True)
 class DevicePlan:
-    """One device of the pipeline: its packs (indices into the packing), its sub-route's plan and what it moves."""
+    """One device: its packs (indices into the packing), its sub-route's plan and what it moves."""
 
     device: int
     packs: list[int]
     plan: Plan
-    homed_layers: int                # layers whose weights live on the host and visit per pack block
-    candidate_layers: int            # layers whose weights could (convolutions, fully connected)
-    host_bytes: int                  # host<->device bytes per step (both directions)
+    homed_layers: int                # layers whose weights live on the host
+    candidate_layers: int
+    host_bytes: int                  # host<->device bytes per step, both directions
     host_by_role: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -81,7 +58,7 @@ class DevicePlan:
 
 @dataclass(slots=True)
 class PipelineResult:
-    """A pipeline plan over `devices` devices: M micro-batches, `packs` (layer names), pack i on device i mod N."""
+    """A pipeline plan: M micro-batches, `packs` (layer names), pack i on device i mod N."""
 
     devices: int
     micro_batches: int
@@ -91,7 +68,7 @@ class PipelineResult:
     step_time_s: float
     profile: DeviceProfile
     budget: int
-    cut: str = "weights"             # how the packs were cut (a key of `CUTS`)
+    cut: str = "weights"             # a key of `CUTS`
 
     @property
     def host_bytes(self) -> int:
@@ -104,13 +81,13 @@ class PipelineResult:
 
 @dataclass(slots=True)
 class ReplicasResult:
-    """N data-parallel replicas at batch B / N, each planned by `auto` under the per-device budget."""
+    """N data-parallel replicas at batch B / N, each planned by `auto`; bytes are all replicas'."""
 
     devices: int
     plan: Plan
-    host_bytes: int                  # all replicas together
-    allreduce_bytes: int             # all replicas together (ring all-reduce of the gradients)
-    step_time_s: float               # one replica's simulated step plus the all-reduce, un-overlapped
+    host_bytes: int
+    allreduce_bytes: int             # ring all-reduce of the gradients
+    step_time_s: float               # a replica's step plus the all-reduce, un-overlapped
     replica_step_time_s: float
 
     @property
@@ -119,13 +96,12 @@ class ReplicasResult:
 
 
 def pack_devices(n_packs: int, devices: int) -> list[int]:
-    """The device of each pack: round robin, so consecutive packs are on different devices (when N > 1)."""
+    """Round robin: consecutive packs on different devices (when N > 1)."""
     return [i % devices for i in range(n_packs)]
 
 
 def sub_routes(route: Route, devices: int) -> tuple[list[Route], list[int]]:
-    """Split a packed route into one sub-route per device (see the module doc) and return, for every step of
-    `route`, the device that runs it. A sub-route's steps keep their order, renumbered from 0."""
+    """One sub-route per device (steps in order, renumbered from 0), and each step's device."""
     packing: Packing = route.packing
     if packing is None or packing.schedule != "packs":
         raise ValueError("sub_routes needs a route of layer packs (packs.build_packed with packs)")
@@ -167,9 +143,7 @@ def _writers(route: Route, step_dev: list[int]) -> dict[str, tuple[int, int]]:
 
 
 def transfers(route: Route, step_dev: list[int]) -> list[tuple[int, int, int, str, int]]:
-    """Device-to-device copies of one step: (writer step, first reading step, receiving device, tensor, bytes),
-    one per (tensor, receiving device), in writer-step order. Persistent tensors never move between devices
-    (each pack's weights belong to its device)."""
+    """(writer step, reader step, receiving device, tensor, bytes) per (tensor, device); weights never move."""
     writers = _writers(route, step_dev)
     seen: set[tuple[str, int]] = set()
     out = []
@@ -188,11 +162,7 @@ def transfers(route: Route, step_dev: list[int]) -> list[tuple[int, int, int, st
 
 def _plan_device(sub: Route, budget: int, device: str, costs, d: int,
                  weights: str = "fit") -> tuple[Plan, int, int]:
-    """The device's plan with the fewest of its layers' weights homed on the host (largest first, as `auto`'s
-    weights search does): all resident if that fits, all homed (policy `packs`' plan) if nothing less does, else
-    the fewest found by bisection (homing more layers only frees memory, give or take placement details).
-    `weights="host"` homes them all whatever fits (Harmony's runtime: every task swaps its pack's weights in).
-    Returns (plan, layers homed, candidate layers)."""
+    """(plan, homed, candidates): the fewest layers homed for the device to fit; "host" homes all (Harmony's)."""
     ws = workspace_choices(sub, costs)
     cands = layer_candidates(sub)
 
@@ -223,8 +193,7 @@ def _plan_device(sub: Route, budget: int, device: str, costs, d: int,
 
 
 def pipeline_time(route: Route, step_dev: list[int], plans: list[Plan], profile: DeviceProfile) -> float:
-    """The step time of the pipeline (see the module doc): each device's solo timeline, stretched where a step
-    waits for a tensor from another device."""
+    """Each device's solo timeline, stretched where a step waits for a tensor from another device."""
     devices = len(plans)
     dur: list[list[float]] = []
     for p in plans:
@@ -265,8 +234,7 @@ def pipeline_time(route: Route, step_dev: list[int], plans: list[Plan], profile:
 def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_packs: int, budget: int,
                         device: str = "k40c", optimizer_slots=(), costs=None, cut: str = "weights",
                         weights: str = "fit") -> PipelineResult:
-    """The pipeline plan with M = `micro_batches` and `n_packs` packs cut by `cut` (a key of `CUTS`); `weights`:
-    "fit" keeps a device's weights resident where they fit, "host" homes every layer's weights on the host."""
+    """The pipeline plan for one M, pack count and cut; `weights`: "fit" (resident where they fit) or "host"."""
     if weights not in ("fit", "host"):
         raise OptionError(f"weights must be 'fit' or 'host', got {weights!r}")
     profile = get_profile(device)
@@ -286,8 +254,7 @@ def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_pack
 
 
 def min_max_cut(costs: list[float], n_packs: int) -> list[int]:
-    """Cut a sequence into at most `n_packs` consecutive runs whose largest total cost is as small as it can be
-    (binary search on that largest total, each run filled greedily); returns each run's first index."""
+    """First indices of at most `n_packs` runs minimizing the largest run's cost (bisection, greedy fill)."""
     lo, hi = max(costs, default=0.0), sum(costs)
     for _ in range(60):
         mid = (lo + hi) / 2
@@ -307,7 +274,7 @@ def min_max_cut(costs: list[float], n_packs: int) -> list[int]:
 
 
 def _layer_costs(net: "Network") -> tuple[list[float], list[float]]:
-    """Per layer: its share of the network's forward + backward FLOPs and of its trainable weight bytes."""
+    """Per layer: its share of forward + backward FLOPs and of trainable weight bytes."""
     route = net.route()
     flops, wbytes = [], []
     for n in net.layer_nodes:
@@ -324,21 +291,18 @@ def _packs_from(net: "Network", costs: list[float], n_packs: int) -> list[list[s
 
 
 def compute_packs(net: "Network", n_packs: int) -> list[list[str]]:
-    """Packs of consecutive layers whose largest forward + backward FLOPs is as small as possible: balanced
-    pipeline stages when weights stay resident (`packs.even_packs` balances weight bytes instead)."""
+    """Packs minimizing the largest pack's FLOPs: balanced stages when weights stay resident."""
     return _packs_from(net, _layer_costs(net)[0], n_packs)
 
 
 def mixed_packs(net: "Network", n_packs: int) -> list[list[str]]:
-    """Packs balanced on a layer's share of the FLOPs plus its share of the weight bytes: a pack neither
-    computes nor holds much more than its neighbours (what keeps both the stages' times and their memory even,
-    when early layers compute most and late ones hold most of the weights, as in a VGG)."""
+    """Packs balanced on FLOPs share plus weight-bytes share (a VGG computes early and holds weights late)."""
     f, w = _layer_costs(net)
     return _packs_from(net, [a + b for a, b in zip(f, w)], n_packs)
 
 
 CUTS = {"weights": even_packs, "compute": compute_packs, "mixed": mixed_packs}
-"""How packs may be cut: by weight bytes (`packs.even_packs`), by FLOPs, or by both."""
+
 
 
 def _powers(limit: int) -> list[int]:
@@ -353,16 +317,13 @@ OBJECTIVES = {
     "time": lambda r: (r.step_time_s, r.host_bytes + r.p2p_bytes),
     "swap": lambda r: (r.host_bytes, r.p2p_bytes, r.step_time_s),
 }
-"""How `plan_pipeline` ranks the candidates that fit: the fastest simulated step (ties: fewer bytes moved), or
-the fewest bytes through the host (Harmony's swap volume; ties: fewer device-to-device bytes, then time)."""
+"""Ranking of fitting candidates: the fastest step, or the fewest host bytes (Harmony's swap volume)."""
 
 
 def search_pipeline(net: "Network", devices: int, budget: int | None = None, device: str = "k40c",
                     optimizer_slots=(), micro_batches: int | None = None, costs=None,
                     max_packs_per_device: int = 4) -> list[PipelineResult]:
-    """Every pipeline plan that fits, over M (powers of two dividing the batch, or `micro_batches`), k packs per
-    device (1, 2, 4, ... up to `max_packs_per_device`) and the cuts of `CUTS`. `budget`: per device (default:
-    the profile's memory). BudgetError if none fits, with the closest."""
+    """Every plan that fits over M, k packs per device and `CUTS` (`budget` per device); else BudgetError."""
     if devices < 1:
         raise OptionError(f"--devices must be at least 1, got {devices}")
     profile = get_profile(device)
@@ -402,13 +363,12 @@ def plan_pipeline(net: "Network", devices: int, budget: int | None = None, devic
 
 def plan_replicas(replica: "Network", devices: int, budget: int | None = None, device: str = "k40c",
                   optimizer_slots=(), costs=None) -> ReplicasResult:
-    """The data-parallel baseline: `replica` (the network at batch B / N) planned by `auto` under the per-device
-    budget, times N (see the module doc)."""
+    """The data-parallel baseline: `replica` (batch B / N) planned by `auto`, times N."""
     from .auto import plan_auto
 
     profile = get_profile(device)
     budget = profile.memory_bytes if budget is None else budget
-    # replicas keep their batch whole: data parallel with micro-batches is not supported (policies.plan_network)
+    # replicas keep their batch whole (data parallel has no micro-batches)
     route = replica.route(optimizer_slots=optimizer_slots, fused_update=True).with_options(
         PlanOptions(max_micro_batches=1))
     plan = plan_auto(route, budget, device, costs)
@@ -420,7 +380,7 @@ def plan_replicas(replica: "Network", devices: int, budget: int | None = None, d
 
 
 def pipeline_json(pipe: PipelineResult, base: ReplicasResult | None) -> dict:
-    """The figures of `comparison_lines` as one JSON-ready dict (bytes exact, times in seconds)."""
+    """The figures of `comparison_lines` as JSON (bytes exact, times in seconds)."""
     out = {"devices": pipe.devices, "budget_per_device": pipe.budget, "micro_batches": pipe.micro_batches,
            "packs": pipe.packs, "cut": pipe.cut,
            "per_device": [{"device": d.device, "packs": d.packs, "peak_bytes": d.peak_bytes,
