@@ -1,5 +1,4 @@
-"""The layer table `minidl info` prints and `Network.summary()` returns, from the nodes alone (no plan, no arrays:
-instant even for ResNet-2500)."""
+"""The layer table `minidl info` prints, from the nodes alone (no plan, no arrays)."""
 from __future__ import annotations
 
 import math
