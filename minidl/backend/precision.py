@@ -5,8 +5,7 @@ the planner counts bytes with `Precision.dtype`).
 * bf16 and fp16 store activations, deltas, float data, attention's kept probabilities (`Layer.half_aux`) and the
   `WEIGHT_COPY` a product reads (`Layer.half_params`) in half; masters, buffers, gradients, optimizer state,
   buckets, a loss's output and delta and norms' saved statistics in float32; labels keep their dtype.
-* Kernels compute in float32 (sums in float32 or wider) and round once when they store a half value: to nearest,
-  ties to even (a GPU's `__float2bfloat16_rn`); fp16 overflows to inf; NaN stays NaN.
+* Kernels compute in float32 (sums in float32 or wider) and round once on storing half: to nearest even.
 * fp16 scales the loss (its smallest normal, 6.1e-5, flushes small gradients); bf16 has float32's range.
 """
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""Layer packs and micro-batches (Harmony): forward pack by pack, each micro-batch through a pack; backward packs
-in reverse, each micro-batch re-running the pack's forward from its stashed inputs, then its backward, then the
-pack's updates. A pack's weights are then used in one block of steps each way, whatever M is.
+"""Layer packs and micro-batches (Harmony): forward pack by pack; backward packs in reverse, each micro-batch
+re-running the pack's forward from its stashed inputs, then its backward and the pack's updates.
 
 Rules:
-- A micro-batch keeps only a pack's inputs (the stash, an ordinary activation); activations inside a pack and
-  attention's scores are made again by the re-forward into tensors of their own, so one micro-batch's are live.
-- Ids: `@m` on a micro-batch's tensors, `@mr` on the re-forward's, spelled by `core.tensors.micro_id` alone;
-  parameters and optimizer slots are shared. Each step's `rename` keeps layers unaware of micro-batching.
-- Gradients sum over micro-batches in the fixed order 1..M, each backward seeded with 1/M: bit-identical to the
-  same micro-batching under policy `none`.
-- BatchNorm normalizes each micro-batch by its own statistics (as GPipe and Harmony); the re-forward reuses them.
-  Dropout's mask is per (layer, step, micro-batch), replayed by the re-forward. The route is always fused.
+- Between forward and backward a micro-batch keeps only a pack's inputs (the stash); the re-forward remakes the
+  rest into tensors of its own (`@mr`; a micro-batch's are `@m`, spelled by `core.tensors.micro_id` alone).
+- Gradients sum over micro-batches in the order 1..M, each backward seeded with 1/M: bit-identical to the same
+  micro-batching under policy `none`. BatchNorm uses each micro-batch's statistics (as GPipe); dropout's mask is
+  per micro-batch, replayed by the re-forward.
 """
 from __future__ import annotations
 

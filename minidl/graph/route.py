@@ -1,16 +1,12 @@
 """The route: the execution order every memory decision is expressed on.
 
 Rules:
-- A training route is a forward step per layer in topological order, a backward step per layer with something to
-  differentiate in reverse, then the update (with a fused update, each layer's right after its backward: the same
-  arithmetic, since an update touches only its own slots and no later step reads the parameter).
-- Each step lists the tensors it reads and writes (from the layers' declared backward needs): liveness and every
-  plan's events are derived from those lists alone.
-- One builder makes every route: the plain route is one micro-batch of Harmony's packed route (packs.py); micro-
-  batches without packs are the accumulate schedule (same arithmetic, one micro-batch's activations live at a time).
-- A fork's later consumers write partial deltas, planned like any tensor and added into the first one's; a layer
-  that `accumulates_in_place` adds into the delta itself, dx + delta exactly as the partial's addition. Every plan
-  of a route sums in the same order, so plans stay bit-identical.
+- Forward steps in topological order, backward steps in reverse, then the update (fused: each layer's right after
+  its backward, the same arithmetic). Each step lists the tensors it reads and writes: liveness and every plan's
+  events come from those lists alone.
+- One builder (`build_route`) makes every route; the plain route is one micro-batch of the packed one (packs.py).
+- A fork's later consumers write partial deltas added into the first one's, or add into it themselves
+  (`accumulates_in_place`, the same addition). Every plan of a route sums in one order: plans stay bit-identical.
 """
 from __future__ import annotations
 

@@ -1,23 +1,16 @@
-"""One CUDA graph per step: the compiled program (`runtime/program.py`) captured once and replayed, so a step
-is one `cudaGraphLaunch` instead of Python per kernel.
+"""One CUDA graph per step: the compiled program (program.py) captured once and replayed.
 
 Rules:
-- Replay runs exactly the eager program's calls, in its order, on its stream, with its arguments: the bits are the
-  compiled eager loop's (tests/backend/test_capture.py against fakes, test_capture_gpu.py on a GPU).
-- What changes per step lives at fixed addresses: batch, labels and loss in fixed pinned buffers; the dropout
-  keys, learning rate and Adam step in device slots (`backend/scalars.py`) read by the `_dev` kernels. Every other
-  launch argument is checked before each replay (`signature`): a change re-captures.
-- The first `WARMUP_STEPS` run eagerly: building cuDNN graphs, loading kernels and sizing buffers cannot be captured.
-- The divergence guard runs on the device: `nonfinite_flag` on the gradients, the loss, then the running statistics,
-  in the host guard's order; the update kernels skip while the flag is set, and the host raises the host guard's
-  very error after the step. Without a device guard the step splits at each guard.
-- A call the backend cannot capture (`CaptureUnsupported`: cupy refuses cuBLAS on a capturing stream) runs eagerly
-  between graphs, in stream order, with `graph_scalars` still set so it reads this step's slots. Never between a
-  host copy and its wait: a graph ends with its copies joined.
-- Host copies are captured with the compute they overlap, joined by events, between fixed pinned buffers; their
-  times are then not measured (`--cuda-graph off` measures the overlap).
-- A plan that cannot be captured runs the compiled eager loop; `Executor.graph_fallback` says why in one line.
-Limitations: the eager calls between graphs are tested on the host only (the emulated capture).
+- Replay runs exactly the eager program's calls, order and arguments: the same bits (tests/backend/test_capture*.py).
+- What changes per step lives at fixed addresses: batch and loss in pinned buffers, dropout keys, learning rate and
+  Adam step in device slots (`backend/scalars.py`); other launch arguments are checked before each replay
+  (`signature`), a change re-captures. The first `WARMUP_STEPS` run eagerly (they build what cannot be captured).
+- The divergence guard runs on the device in the host guard's order; updates skip once it flags, and the host
+  raises the host guard's very error after the step.
+- A call the backend cannot capture (`CaptureUnsupported`: cupy's cuBLAS) runs eagerly between graphs, in stream
+  order, reading this step's slots; never between a host copy and its wait.
+- Host copies are captured with the compute they overlap, untimed. A plan that cannot be captured runs the
+  compiled eager loop, and `Executor.graph_fallback` says why.
 """
 from __future__ import annotations
 
@@ -125,7 +118,7 @@ class Segment:
     eager: bool = False
 
 
-#: How each call kind changes the number of host copies in flight (started on a copy stream, not yet joined).
+#: How each call kind changes the number of host copies in flight.
 COPY_BALANCE = {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}
 
 
@@ -220,7 +213,7 @@ class GraphStep:
             segments, copies = record(be, segments, host)
         finally:
             be.graph_scalars = None
-            if host is not None:  # the copies issued while capturing belong to a graph: never to be settled
+            if host is not None:  # the captured copies belong to the graph
                 host.drop_captured()
         self.segments, self.hoisted, self.copies = segments, hoisted, copies
         self.captures += 1
@@ -281,7 +274,7 @@ class GraphStep:
             self.signature = sig
         else:
             self._changed_last = False
-        for buf, arr in zip(self.staging, (x, y)):  # arrays of the inputs' shapes (Executor.check_batch)
+        for buf, arr in zip(self.staging, (x, y)):
             np.copyto(buf, arr, casting="unsafe")
         be = self.be
         for seg in self.segments:
@@ -289,13 +282,13 @@ class GraphStep:
                 be.launch_graph(seg.graph)
             elif seg.eager:
                 self._run_eager(seg)
-            else:  # a host call reads what the graphs before it wrote: wait for them, then the loss is known
+            else:  # a host call waits for the graphs before it
                 be.wait_compute()
                 ex.last_loss = float(self.loss_host.reshape(-1)[0])
                 seg.host()
         for call in self.hoisted:
             call()
-        be.wait_compute()   # compute joined every copy stream (RELEASE and WAIT wait on the copies' events)
+        be.wait_compute()   # compute joined every copy stream
         ex.last_loss = float(self.loss_host.reshape(-1)[0])
         if self.copies:
             ex.host.count_replayed(self.copies)

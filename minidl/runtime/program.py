@@ -1,14 +1,9 @@
-"""The compiled step: one step walked once through the interpreter's own binding (binding.py), on the
-executor's own pool (placements checked, the plan's peak), with a sink that records each call; a step is then
-`for call in calls: call()`.
+"""The compiled step: one step walked once through the interpreter's own binding (binding.py), on the executor's
+pool, with a sink that records each call; a step is then `for call in calls: call()`.
 
-Rules:
-- Same calls, arguments and order as the interpreter: parameters bit-identical under every plan
-  (tests/runtime/test_program.py, test_runner_matrix.py). Arguments are assembled only by the executor; this module
-  uses nothing of it beyond `StepBinding`.
-- Only the iteration (optimizer, dropout keys), the batch and the loss change per step.
-- Fusions (a ReLU folded into the batch norm or add beside it, grouped optimizer updates) give the same bits.
-- Debug mode is refused (its checks are the interpreter's job), saying so.
+Rules: the same calls, arguments and order as the interpreter, so the same bits under every plan
+(tests/runtime/test_program.py); fusions (a ReLU folded into its neighbour, grouped updates) keep the bits; only
+the iteration, the batch and the loss change per step; debug mode is refused, saying so.
 """
 from __future__ import annotations
 

@@ -127,10 +127,8 @@ class _StopOnSigint:
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """How a plan runs, never what is trained: `debug` poisons freed memory, `trace` records events, `compiled`
-    replays one step's calls (program.py), `graphs` captures them on CUDA (capture.py), `paged` is a chunk size,
-    `host_limit_bytes` spills offloads to a file beyond it, `costs` ranks convolution algorithms, `bucket_bytes`
-    and `reduction` set the all-reduce. Sizes are turned into bytes here, so a bad one is refused here."""
+    """How a plan runs, never what is trained (`paged`: a chunk size; `host_limit_bytes`: offloads beyond it spill
+    to a file). Sizes become bytes here, so a bad one is refused where it is written."""
 
     debug: bool = False
     trace: bool = False
@@ -151,11 +149,9 @@ class RunConfig:
 class Session:
     """Trains one network under one memory plan, made once, here, before any array exists.
 
-    `policy` and `budget` choose the plan as on the command line (a budget below its minimum raises `BudgetError`
-    naming the smallest that works). Same `seed`, same parameters bit for bit, whatever the policy. `device` is the
-    simulator profile the plan's timing assumes (default: the backend's). `math` is set before planning, since it
-    decides the engines. With `comm`, this process is one rank and the network's batch is per rank: rank r trains
-    on the r-th slice of the global batch one process would take; rank 0 writes checkpoints.
+    Same `seed`, same parameters bit for bit, whatever the policy. `device`: the simulator profile the plan's
+    timing assumes. With `comm` the network's batch is per rank: rank r trains on the r-th slice of the global
+    batch; rank 0 writes checkpoints.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str | None = None,
@@ -232,10 +228,8 @@ class Session:
             early_stop: EarlyStop | None = None) -> TrainResult:
         """Run `steps` steps on `data`, in an order fixed by the seed (a resumed session continues it).
 
-        `early_stop` evaluates `heldout` every `early_stop.every` steps and returns after `patience` evaluations
-        without a new best; evaluating changes no training step. `save_every` counts `iteration`, so a resumed run
-        keeps the rhythm. A non-finite loss, gradient or BN statistic raises `DivergenceError` before that step's
-        update, so the session keeps the last good state.
+        `early_stop` evaluates `heldout` (changing no training step); `save_every` counts `iteration`. A non-finite
+        loss, gradient or BN statistic raises `DivergenceError` before that step's update.
         """
         steps = args.integer("Session.fit", None, "steps", steps, 0)
         if tuple(data.sample_shape) != tuple(self.net.input_nodes[0].shape[1:]):

@@ -1,17 +1,12 @@
 """The CUDA backend: cupy arrays inside one device arena, cuDNN frontend graphs, and minidl's own kernels.
 
 Rules:
-* Importing needs neither cupy nor cuDNN (imported in `CUDABackend.__init__`, which raises `CUDAUnavailable`).
-* The budget is the arena: one raw `cudaMalloc` (no cupy pool); tensors are views at offsets checked by
-  `views.view_spec`. Outside it, only `_SideBuffers` scratch, handles and counted "stray" cupy allocations
-  (`memory_report`).
-* Compute runs on one stream, offloads and prefetches on one stream each (the link is full duplex), ordered by
-  events only; the host blocks only in `to_host`, `transfer_sync` and `transfer_times`. A prefetch never overtakes
-  its own offload: the plan releases a tensor before it prefetches it.
-* `CudnnGraphs` is the one class that calls the cuDNN frontend. BN and ReLU graphs without an engine fall back to
-  cupy kernels / elementwise.cu and say why in `fallbacks`; convolutions have no fallback and fail loudly.
-* float32 data, int64 labels; anything else raises TypeError naming the argument.
-Device-free parts are host-tested (tests/backend/test_cuda_host.py); docs/gpu.md says what ran on which GPU.
+* Importing needs neither cupy nor cuDNN: constructing the backend raises `CUDAUnavailable` without them.
+* The budget is the arena, one raw `cudaMalloc`; outside it only `_SideBuffers`, handles and counted strays.
+* Compute, offloads and prefetches run on a stream each, ordered by events; the host blocks only in `to_host`,
+  `transfer_sync` and `transfer_times`.
+* `CudnnGraphs` alone calls the cuDNN frontend. BN and ReLU without an engine fall back (`fallbacks` says why);
+  convolutions fail loudly. float32 data, int64 labels, else TypeError.
 """
 from __future__ import annotations
 
