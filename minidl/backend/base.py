@@ -12,7 +12,7 @@ from typing import Any, ContextManager, Protocol, runtime_checkable
 #: The compiled step's fusions: a ReLU folded into the batch norm's or the add's call.
 FUSES_BATCHNORM_RELU = "batchnorm_relu"        # batchnorm_forward_train / batchnorm_backward take `relu=`
 FUSES_ADD_RELU = "add_relu"                    # add_forward takes `relu_out`
-FUSES_ADD_RELU_BACKWARD = "add_relu_backward"  # add_relu_backward: a ReLU's and the add's backward in one call
+FUSES_ADD_RELU_BACKWARD = "add_relu_backward"
 
 
 @dataclass(frozen=True)
@@ -20,17 +20,17 @@ class Capabilities:
     """What a backend offers beyond `Backend`, declared once by its class; `name` is the one place its name lives."""
 
     name: str                             # 'cpu', 'cuda': whose menu a plan's steps come from
-    device: str = "host"                  # 'host' (arrays are numpy) or 'gpu' (arrays live in device memory)
+    device: str = "host"                  # or 'gpu'
     kernels: frozenset[str] = frozenset()  # layer kernels beyond the protocol's (`Layer.backend_ops`)
-    fuses: frozenset[str] = frozenset()   # the compiled step's fusions it runs (FUSES_*)
-    fused_update: bool = False            # `fuse_update` + `<opt>_update_fused`: one call per parameter group
-    stream_copies: bool = False           # host copies on device streams (`StreamCopies`), not a host thread
-    graph_capture: bool = False           # the compiled step replays as captured graphs (`GraphCapture`)
-    device_guard: bool = False            # a captured step checks gradients on the device (`guard_nonfinite`)
-    paged_arena: bool = True              # `paged_backing`: the paged pool's chunks (`--paged`)
-    host_link: bool = False               # `measure_link` measures a host link (else it raises)
-    half_kernels: frozenset[str] = frozenset()  # kernels that take bf16/fp16 arrays (`backend.precision`)
-    half_staging: bool = False            # its half kernels stage float32 copies: `staging` and `staging_trace`
+    fuses: frozenset[str] = frozenset()   # FUSES_*
+    fused_update: bool = False            # `<opt>_update_fused`: one call per parameter group
+    stream_copies: bool = False           # `StreamCopies`
+    graph_capture: bool = False           # `GraphCapture`
+    device_guard: bool = False            # `guard_nonfinite` in a captured step
+    paged_arena: bool = True              # `paged_backing`
+    host_link: bool = False               # `measure_link` measures one (else it raises)
+    half_kernels: frozenset[str] = frozenset()  # kernels taking bf16/fp16 arrays
+    half_staging: bool = False            # half kernels stage float32 copies (`staging_trace`)
 
 
 @runtime_checkable

@@ -19,16 +19,16 @@ Call = Callable[[], Any]
 class LayerCall:
     """A layer's forward or backward as assembled: what a runner may fuse, or key per step."""
 
-    node: Any                       # the graph node
-    inputs: list                    # forward: every input's view; backward: those the layer reads (else None)
-    out: Any                        # the output's view (backward: None unless the layer reads it)
+    node: Any
+    inputs: list                    # backward: None where the layer does not read it
+    out: Any                        # backward: None unless the layer reads it
     params: dict
     ctx: "LayerContext"
-    micro: int = 0                  # the micro-batch (its dropout key: iteration * M + micro)
-    recompute: bool = False         # re-run by a RECOMPUTE event (not the route's own step)
-    dout: Any = None                # backward: the output's gradient
-    dinputs: list | None = None     # backward: where each input's gradient goes (None: not wanted)
-    grads: dict | None = None       # backward: the parameters' gradients
+    micro: int = 0
+    recompute: bool = False         # re-run by a RECOMPUTE event
+    dout: Any = None
+    dinputs: list | None = None     # None: not wanted
+    grads: dict | None = None
 
 
 @dataclass(slots=True)

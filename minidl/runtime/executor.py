@@ -98,7 +98,7 @@ class Executor:
         self.offsets: dict[str, int] = {}
         self._t0 = time.perf_counter()  # trace events are timed from it
         self.trace: list[TraceEvent] = []
-        # Traced calls on the backend's clock: (label, step, bytes in use, start mark, end mark), read after a step.
+        # traced calls: (label, step, bytes in use, start mark, end mark)
         self.call_clock = self.be.call_clock() if trace else None
         self.timed_calls: list[tuple] = []
         for ev in plan.setup:
@@ -119,7 +119,7 @@ class Executor:
             self.reducer = GradientReducer(comm or Communicator(), self.be, self._t0,
                                            self.trace if trace else None, plan.data_parallel.reduction)
         self.compressed = None  # created on the first COMPRESS
-        self.host = None  # the host store + transfer engine, created on the first offload
+        self.host = None  # created on the first offload
         self.host_limit_bytes = host_limit_bytes
         self.recomputed_flops = 0
         self.last_loss = float("nan")
@@ -139,7 +139,7 @@ class Executor:
                                 for p, spec in self.net.nodes[st.node].params.items() if spec.trainable]
         self._buffers = [param_id(n.name, p) for n in net.layer_nodes for p, s in n.params.items()
                          if not s.trainable]
-        # (layer, buffer, id) the forward updates (BN statistics), checked at the step's first UPDATE
+        # (layer, buffer, id) the forward updates, checked at the first UPDATE
         self._guarded_buffers = [(n.name, p, param_id(n.name, p)) for n in net.layer_nodes
                                  for p, s in n.params.items()
                                  if not s.trainable and np.issubdtype(self.route.tensors[param_id(n.name, p)].dtype,
@@ -156,7 +156,7 @@ class Executor:
                              self.be.paged_backing())
         return TensorPool(plan.arena_bytes, backing=self.be.arena_backing() or NumpyArenaBacking())
 
-    # -- parameters -------------------------------------------------------------------------------------------
+    # -- parameters
     def _init_persistent(self) -> None:
         for n in self.net.layer_nodes:
             for pname, spec in n.params.items():

@@ -70,7 +70,7 @@ def load_cuda_modules() -> tuple[Any, Any, Any]:
     return cupy, cupyx, cudnn
 
 
-#: Every CUDABackend alive, so its cuDNN handle is released before the interpreter shuts down (`_release_all`).
+#: Every CUDABackend alive, released at exit.
 _LIVE_BACKENDS: "weakref.WeakSet[CUDABackend]" = weakref.WeakSet()
 
 
@@ -238,7 +238,7 @@ def plan_store(cudnn, gpu_name: str, capability: str) -> PlanStore | None:
     not writable."""
     try:
         env = PlanEnv(gpu_name, str(capability), str(cudnn.backend_version()), str(cudnn.__version__))
-    except Exception:  # noqa: BLE001 - a frontend without version queries: no cache rather than a wrong one
+    except Exception:  # noqa: BLE001 - no cache rather than a wrong one
         return None
     folder = cache_folder("cudnn")
     if not writable(folder, "cuDNN's execution plans are built again in every process"):
@@ -287,7 +287,6 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         store = plan_store(cudnn, gpu_name, dev.compute_capability) if plan_cache else None
         compute = cupy.cuda.Stream(non_blocking=True)
         try:
-            # A missing libcudnn.so.9 shows here: the frontend dlopens it without depending on its package.
             handle = cudnn.create_handle()
         except Exception as e:
             raise CUDAUnavailable(f"the cuDNN frontend cannot create a cuDNN handle ({e}); is the cuDNN library "
@@ -323,7 +322,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.limits, self.filters = limits, filters
         self.use_cudnn_bn, self.use_cudnn_relu = bool(use_cudnn_bn), bool(use_cudnn_relu)
         self._handle = None
-        self.fallbacks: dict[str, str] = {}     # graph op -> why the fallback kernels run instead
+        self.fallbacks: dict[str, str] = {}     # graph op -> why it fell back
         self._unsupported: set[cudnn_specs.GraphKey] = set()
         self._modules: dict[str, Any] = {}      # .cu file -> cupy.RawModule
         self._kernels: dict[str, Any] = {}      # kernel name -> RawKernel
@@ -333,8 +332,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.stray_bytes = 0
         self.stray_allocs = 0
         self._prev_allocator = None
-        self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter) pairing the two clocks
-        self._cublas_math: Callable[[bool], None] | None = None  # sets cuBLAS's TF32 math (None: host tests)
+        self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter)
+        self._cublas_math: Callable[[bool], None] | None = None  # None: host tests
         self.graph_scalars = None  # backend/scalars.StepScalars while a graph is captured
         _LIVE_BACKENDS.add(self)
 
