@@ -17,10 +17,8 @@ MATH_MODES = ("fp32", "tf32")
 
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
-    """`fused_update` None: the policy decides. `micro_batches`: packs' count (None: packs chooses), else the
-    accumulate schedule's. `max_micro_batches`: the most `auto` may cut the batch into
-    (None: any divisor). `paged_chunk`: bytes per chunk of a paged arena (None: contiguous). `host_weights`: a
-    search may home weights and optimizer state on the host."""
+    """`fused_update` None: the policy decides. `micro_batches` None: packs chooses. `max_micro_batches`: the
+    most `auto` may cut the batch into. `paged_chunk`: bytes per chunk (None: contiguous arena)."""
 
     fused_update: bool | None = None
     micro_batches: int | None = None

@@ -176,9 +176,8 @@ class Network:
         self._route_cache.clear()
 
     def tie(self, param: str, to: str) -> None:
-        """Make `param` ("head.weight") one tensor with `to` ("wte.weight"), as two PyTorch modules sharing an
-        `nn.Parameter`: planned and stored once, its gradient the sum of both. `to`'s layer comes first (its
-        backward completes the sum), has the same shape, is trainable and not itself tied."""
+        """Make `param` ("head.weight") one tensor with `to` ("wte.weight"), as a shared `nn.Parameter`: stored
+        once, its gradient the sum of both. `to`'s layer comes first and is trainable, not itself tied."""
         user, pname = self._param_ref(param, "param")
         owner, oname = self._param_ref(to, "to")
         where = f"tie({param!r}, to={to!r})"

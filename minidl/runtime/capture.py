@@ -125,8 +125,7 @@ COPY_BALANCE = {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}
 def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any], guard: bool = True,
           device_guard: Callable[[Any], Callable[[], Any]] | None = None,
           epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list]:
-    """The program's calls as (segments, hoisted host calls): maximal runs of device calls and the host calls
-    between. `copy_in` opens the first graph, `copy_out` replaces the loss read, `device_guard` a guard."""
+    """(segments, hoisted host calls): maximal runs of device calls and the host calls between them."""
     segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
     hoisted = []
     in_flight = 0   # host copies not yet waited for: a graph must end with none
@@ -340,10 +339,8 @@ class GraphStep:
 
 
 def record(be, segments: list[Segment], host=None) -> tuple[list[Segment], list[tuple[str, str, int]]]:
-    """Capture each device segment in one pass: at a `CaptureUnsupported` call the attempt is dropped, the calls
-    before it captured again, the call made eager (so each call is captured at most twice). Returns (segments,
-    the kept graphs' host copies). Raises CaptureRefused on another error, a cupy allocation in a kept graph, or
-    an uncapturable call between a host copy and its wait."""
+    """Capture each device segment in one pass; at a `CaptureUnsupported` call, the calls before it are captured
+    again and the call made eager. Returns (segments, the kept graphs' host copies); raises CaptureRefused."""
     rec = _Recorder(be, host)
     out: list[Segment] = []
     for seg in segments:

@@ -178,8 +178,7 @@ class _Recording:
     def fuse_relu(self, step: Step, lc: LayerCall) -> bool:
         """Fold a ReLU's forward into the batch norm or add emitted just before it (one pass writes y and ReLU(y));
         True if done. Only if that call is the last emitted, of the same micro-batch, and the ReLU's output shares
-        no memory with what it reads or writes except exactly an input (read before written). y is left unwritten
-        only where the ReLU alone reads it (`read_only_by`). Same values as unfused."""
+        no memory with its tensors but exactly an input (read before written). Same values as unfused."""
         pending, self.relu_host = self.relu_host, None
         node, out = lc.node, lc.out
         if pending is None or node.type_name != "relu" or node.layer.is_loss:
@@ -227,9 +226,8 @@ class _Recording:
 
     def fuse_relu_backward(self, step: Step, lc: LayerCall) -> bool:
         """Fold a ReLU's backward into the backward of the batch norm or add before it, which then never writes
-        its own `dout`; True if done. Only if the ReLU's call is the last emitted, reads this layer's output alone
-        and writes exactly its `dout`, and nothing this call writes overlaps the ReLU's output or gradient except
-        exactly (read before written). Same values as unfused."""
+        its own `dout`; True if done. Only if the ReLU's call is the last emitted, reads this layer's output alone,
+        writes exactly its `dout`, and nothing written overlaps the ReLU's tensors but exactly."""
         pending, self.relu_backward = self.relu_backward, None
         node, ctx, dout = lc.node, lc.ctx, lc.dout
         flag = FUSES_RELU_BACKWARD.get(node.type_name)

@@ -149,9 +149,8 @@ class RunConfig:
 class Session:
     """Trains one network under one memory plan, made once, here, before any array exists.
 
-    Same `seed`, same parameters bit for bit, whatever the policy. `device`: the simulator profile the plan's
-    timing assumes. With `comm` the network's batch is per rank: rank r trains on the r-th slice of the global
-    batch; rank 0 writes checkpoints.
+    Same `seed`, same parameters bit for bit, whatever the policy. With `comm` the network's batch is per rank:
+    rank r trains on the r-th slice of the global batch; rank 0 writes checkpoints.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str | None = None,
@@ -445,8 +444,7 @@ class Session:
 
     def load(self, path, strict: bool = True, params_only: bool = False) -> dict:
         """Resume from a checkpoint, verified whole first. `strict`: network, optimizer, seed, batch and the next
-        fit's data must match (else refused, naming what differs) and training continues exactly. `params_only`:
-        parameters and buffers only. strict=False: whatever matches; the metadata's `not_loaded` lists the rest."""
+        fit's data must match, and training continues exactly; else whatever matches (`not_loaded` lists the rest)."""
         params, opt, meta = load_checkpoint(path)
         iteration, consumed = check_positions(meta, path)
         here = self._fingerprint()

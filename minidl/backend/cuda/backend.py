@@ -266,9 +266,8 @@ def _cublas_math_setter(cupy) -> Callable[[bool], None]:
 
 
 class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateOps, CopyOps):
-    """The CPU backend's interface on cupy + cuDNN. `allow_tf32`: cuDNN and cuBLAS float32 in TF32 (~1e-3 off);
-    `max_plans`: execution plans (workspace options) per graph; `count_stray_allocations`: a cupy allocator hook
-    counting allocations outside the arena; `plan_cache`: cuDNN plans kept in the user cache folder."""
+    """The CPU backend's interface on cupy + cuDNN. `max_plans`: execution plans (workspace options) per graph;
+    `count_stray_allocations`: count cupy allocations outside the arena."""
 
     capabilities = Capabilities(name="cuda", device="gpu", kernels=SEQUENCE_KERNELS, stream_copies=True,
                                 graph_capture=True, device_guard=True, paged_arena=True, host_link=True)
