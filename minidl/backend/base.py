@@ -99,8 +99,8 @@ class Backend(Protocol):
 
 
 class CallClock(Protocol):
-    """Times calls where their work runs (a GPU's: the kernels, not the enqueueing): `mark()` around a call,
-    `read(start, end)` after the step gives (start on `time.perf_counter`'s clock, duration)."""
+    """Times calls where their work runs (a GPU's kernels): `read(start, end)` of two marks gives (start on
+    `time.perf_counter`'s clock, duration)."""
 
     def mark(self) -> Any: ...
     def read(self, start, end) -> tuple[float, float]: ...
@@ -122,7 +122,7 @@ class GraphCapture(Protocol):
 
     stray_bytes: int     # bytes allocated outside the arena so far: a capture must not grow it
     graph_scalars: Any   # the step's scalar slots while a graph is captured (None otherwise)
-    #: The errors a backend call raises when it cannot be captured (it then runs eagerly between graphs).
+    #: What a call that cannot be captured raises (it then runs eagerly).
     CaptureUnsupported: tuple[type[BaseException], ...]
 
     def prepare_graph(self) -> None: ...

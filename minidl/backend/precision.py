@@ -22,7 +22,7 @@ from ..core.tensors import Role
 HALF_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "fp16": np.dtype(np.float16)}
 #: Every precision mode, float32 ones first.
 PRECISION_MODES = ("fp32", "tf32", *HALF_DTYPES)
-#: The half copy of a master weight that products read: a tensor of its own beside the roles of `Role`.
+#: The half copy of a master weight that products read.
 WEIGHT_COPY = "weight_copy"
 FLOAT32 = np.dtype(np.float32)
 _WIDE_ROLES = frozenset({Role.PARAMETER, Role.BUFFER, Role.GRADIENT, Role.OPTIMIZER, Role.BUCKET})

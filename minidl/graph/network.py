@@ -90,7 +90,7 @@ class Network:
         self.loss_index: int | None = None
         self._route_cache: dict = {}
         self.frozen_by: str | None = None   # who planned the graph
-        # {"model": a zoo name, "options": its keyword arguments} (None built by hand): checkpoints record it
+        # {"model": a zoo name, "options": its keyword arguments}; None built by hand
         self.recipe: dict | None = None
 
     # -- building
@@ -271,8 +271,7 @@ class Network:
 
     def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
               fused_update: bool = False, micro_batches: int = 1, packs=None) -> "Route":
-        """The route every plan is expressed on (route.py), cached until the graph changes. `optimizer_slots`
-        ("momentum", ...) are planned like any tensor; `menu` gives each step's algorithms and workspaces."""
+        """The route every plan is expressed on, cached until the graph changes."""
         menu = menu_of(menu)
         key = (bool(training), tuple(optimizer_slots), menu, bool(fused_update) and bool(training))
         if training and (micro_batches != 1 or packs is not None):

@@ -234,9 +234,8 @@ def requires_grad(net: "Network") -> list[bool]:
 def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
                 fused_update: bool = False, micro_batches: int = 1,
                 packs: Sequence[Sequence[str]] | None = None) -> Route:
-    """Every route: `packs` given is Harmony's (micro-batches with ids of their own, re-forwards, fused); None with
-    one micro-batch the plain route (canonical ids); None with more, the accumulate schedule. `menu` is asked once
-    per step for the layer's algorithms and workspaces, so every planner pass reads the same ones."""
+    """Every route: `packs` given, Harmony's; None, the plain route or (micro-batches) the accumulate schedule.
+    `menu` is asked once per step for its algorithms, so every planner pass reads the same ones."""
     return _RouteBuilder(net, training, tuple(optimizer_slots), menu, fused_update, int(micro_batches),
                          packs).build()
 

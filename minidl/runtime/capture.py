@@ -24,15 +24,15 @@ from ..backend.base import backend_name
 from ..backend.scalars import StepScalars
 from ..core import startup
 
-#: Call kinds the graph contains (they only enqueue device work on the compute stream).
+#: Call kinds the graph contains.
 DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
-#: Host copies: captured where the host store's copies are stream copies between fixed pinned buffers.
+#: Host copies: captured where they are stream copies between fixed pinned buffers.
 COPY_KINDS = frozenset({"offload", "release", "prefetch", "wait"})
-#: Call kinds that must run on the host between graphs, with the reason (said in `describe()`).
+#: Call kinds run on the host between graphs, with the reason.
 HOST_KINDS = {"guard": "the divergence guard reads the loss and gradients on the host before the update"}
-#: Host-only bookkeeping: run once per step outside the graphs (it enqueues nothing).
+#: Host-only bookkeeping, run once per step outside the graphs.
 HOISTED_KINDS = frozenset({"recompute_flops"})
-#: Call kinds a capture cannot contain, with the reason the fallback gives.
+#: Call kinds a capture cannot contain, with the reason.
 REFUSED_KINDS = {
     "map": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
     "unmap": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
@@ -93,13 +93,12 @@ def why_not(ex, program) -> str | None:
 def _optimizer_kind(opt) -> str:
     try:
         return str(opt.config().get("type", type(opt).__name__))
-    except Exception:  # noqa: BLE001 - an optimizer without a config is simply not one we know
+    except Exception:  # noqa: BLE001 - no config: not one we know
         return type(opt).__name__
 
 
 def signature(ex) -> tuple:
-    """The host values the captured kernels hold as launch arguments (a replay is valid while they hold): the
-    optimizer's hyper-parameters but the learning rate, SGD's first-update flag, whether the guard splits."""
+    """The host values the captured kernels hold as launch arguments: a replay is valid while they hold."""
     cfg = ex.opt.config()
     return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "lr")) + (
         ("first_update", ex.iteration == 0), ("guard", bool(ex.check_finite)))
@@ -437,7 +436,7 @@ def _copy(fn, a, b) -> Callable[[], Any]:
 def _end_quietly(be) -> None:
     try:
         be.end_graph()
-    except Exception:  # noqa: BLE001 - an invalidated capture raises when ended; it is over either way
+    except Exception:  # noqa: BLE001 - an invalidated capture raises when ended
         pass
 
 

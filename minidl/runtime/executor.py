@@ -209,7 +209,7 @@ class Executor:
             layer, p, s = key.rsplit(".", 2)
             self._set_persistent(opt_state_id(layer, p, s), np.asarray(arr))
 
-    # -- events: a handler does the pool's bookkeeping now and hands its calls to the sink (binding.py)
+    # -- events: bookkeeping now, calls to the sink (binding.py)
     def _alloc(self, ev: Event, step: Step | None = None, sink: Sink = run_now) -> None:
         spec = self.route.tensors.get(ev.tensor)
         self.pool.alloc_at(ev.offset, ev.nbytes, tag=ev.tensor)
@@ -340,8 +340,8 @@ class Executor:
         return dropout_key(self.seed, node_index, iteration)
 
     def check_batch(self, x, y) -> tuple[np.ndarray, np.ndarray]:
-        """The batch checked before any use: inputs of exactly their shapes, integer labels in [0, classes), else
-        `DataError` (converting would truncate float labels and read bools as classes)."""
+        """The batch checked before any use (exact shapes, integer labels in [0, classes)), else `DataError`:
+        never converted."""
         nodes = self.net.input_nodes
         x = check_images(x, f"input '{nodes[0].name}'", nodes[0].shape)
         for c in nodes[0].consumers:  # token indices
@@ -407,8 +407,8 @@ class Executor:
         return [(layer, p, gid) for layer, p, gid in self._grads_backward if names is None or layer in names]
 
     def guard_update(self, step: Step, grads: list | None = None, buffers: list | None = None) -> None:
-        """Before every UPDATE: the loss, the gradients it applies and the running statistics must be finite (one
-        sum per gradient). Fused updates have already applied later layers: the message says which."""
+        """Before every UPDATE: the loss, its gradients and the running statistics must be finite (with fused
+        updates, later layers are already applied: the message says so)."""
         if not self.check_finite:
             return
         if grads is None:
@@ -493,9 +493,7 @@ class Executor:
         return self.last_loss
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-        """Forward in inference mode: (loss, logits copy). Runs the training plan's forward steps (between
-        micro-batches' forwards, only the events) and frees what the backward would have used: the pool is left
-        as it was."""
+        """Forward in inference mode on the training plan: (loss, logits copy); the pool is left as it was."""
         x, y = self.check_batch(x, y)
         self.training = False
         persistent = set(self.offsets)

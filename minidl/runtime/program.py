@@ -21,9 +21,9 @@ from .binding import BoundCall, Call, GuardCall, LayerCall, StepBinding
 
 __all__ = ["Program", "GuardCall", "NotLowered", "why_not", "lower"]
 
-# Layer types a following ReLU folds into, and the fusion the backend must list in `Capabilities.fuses`.
+# Layer types a following ReLU folds into, and the fusion the backend must list.
 FUSES_RELU = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU}
-# Layers whose backward may take the backward of the ReLU after them into the same call, and the fusion.
+# Layers whose backward may take the following ReLU's backward, and the fusion.
 FUSES_RELU_BACKWARD = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU_BACKWARD}
 
 

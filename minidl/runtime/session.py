@@ -7,8 +7,7 @@
     classes = sess.predict_classes(images)
     print(sess.report().format())
 
-Ctrl-C during `fit` finishes the step under way (half a step is a state no run ever had), saves it when a save
-path is given and returns with `result.interrupted` set.
+Ctrl-C during `fit` finishes the step under way (half a step is a state no run had), saves, and returns.
 """
 from __future__ import annotations
 
@@ -127,8 +126,7 @@ class _StopOnSigint:
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """How a plan runs, never what is trained (`paged`: a chunk size; `host_limit_bytes`: offloads beyond it spill
-    to a file). Sizes become bytes here, so a bad one is refused where it is written."""
+    """How a plan runs, never what is trained; sizes become bytes here, so a bad one is refused here."""
 
     debug: bool = False
     trace: bool = False
@@ -225,11 +223,8 @@ class Session:
     def fit(self, data: Dataset, steps: int, progress: bool | None = None, on_step=None,
             save_every: int | None = None, save_path: str | Path | None = None, heldout: Dataset | None = None,
             early_stop: EarlyStop | None = None) -> TrainResult:
-        """Run `steps` steps on `data`, in an order fixed by the seed (a resumed session continues it).
-
-        `early_stop` evaluates `heldout` (changing no training step); `save_every` counts `iteration`. A non-finite
-        loss, gradient or BN statistic raises `DivergenceError` before that step's update.
-        """
+        """Run `steps` steps on `data` in an order fixed by the seed (a resume continues it). A non-finite loss,
+        gradient or BN statistic raises `DivergenceError` before that step's update."""
         steps = args.integer("Session.fit", None, "steps", steps, 0)
         if tuple(data.sample_shape) != tuple(self.net.input_nodes[0].shape[1:]):
             raise DataError(f"Session.fit: data set {data.name!r} has samples of shape {data.sample_shape}, but the "
@@ -416,8 +411,7 @@ class Session:
 
     # -- persistence
     def save(self, path, with_optimizer: bool = True) -> Path:
-        """Write a checkpoint at exactly `path`, atomically: the state, what `load` checks, and what rebuilds the
-        run (the network's recipe, the data's source and transform). `load` resumes it bit for bit."""
+        """Write a checkpoint at exactly `path`, atomically, with what `load` checks and what rebuilds the run."""
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
                 "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),

@@ -108,9 +108,8 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
 def directional_gradcheck(make_layer, inputs: list[np.ndarray], params: dict[str, np.ndarray], *,
                           directions: int = 3, eps: float = 1e-6, seed: int = 0, training: bool = True,
                           rtol: float = 1e-5, atol: float = 1e-8, **kw) -> None:
-    """Every gradient against central differences in float64 along random directions v (one pair of losses per
-    direction): (L(x + eps v) - L(x - eps v)) / 2 eps == <dL/dx, v> with L = sum(out * w). `make_layer` builds a
-    fresh layer per call (a layer is single-use in a graph)."""
+    """Every gradient against central differences in float64 along random directions v:
+    (L(x + eps v) - L(x - eps v)) / 2 eps == <dL/dx, v> with L = sum(out * w)."""
     rng = np.random.default_rng(seed)
     base = run_layer(make_layer(), inputs, params, training=training, **kw)
     w = rng.standard_normal(base.out.shape)

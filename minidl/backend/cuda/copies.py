@@ -114,8 +114,8 @@ class CopyOps:
         return bool(t.done.done)
 
     def transfer_times(self, t: Transfer) -> tuple[float, float, float]:
-        """(start_s, end_s, stall_s) of `t` on `time.perf_counter`'s clock (the anchor's host time plus device
-        elapsed time: offset approximate, durations exact); stall_s = elapsed(reached, done), at least 0. Blocks."""
+        """(start_s, end_s, stall_s) of `t` on `time.perf_counter`'s clock via the anchor: offset approximate,
+        durations exact. Blocks."""
         t.done.synchronize()
         anchor, anchor_s = self._anchor()
         ms = self.cp.cuda.get_elapsed_time  # milliseconds
