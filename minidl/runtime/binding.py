@@ -1,7 +1,6 @@
-"""The step binding: the executor assembles every call of a step once (`bind_events`, `bind_compute`, ...) and
-hands each, as a `BoundCall`, to a sink: the interpreter's runs it, the compiled step's records it. The two cannot
-drift apart, and a new event handler runs compiled unchanged. `StepBinding` is the whole executor surface the
-program and the capture may use.
+"""The step binding: the executor assembles each call of a step once and hands it, as a `BoundCall`, to a sink
+(the interpreter's runs it, the compiled step's records it), so the two cannot drift apart. `StepBinding` is all
+of the executor the program and the capture may use.
 """
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ class GraphStep:
         be = self.be
         self.staging = [be.host_empty(shape, view.dtype) for view, shape in zip(program.inputs, program.input_shapes)]
         lv = program.loss_view
-        self.loss_flat = lv.reshape(-1)   # a 0-d loss as a (1,) view: 0-d host<->device copies are fragile
+        self.loss_flat = lv.reshape(-1)   # 0-d host<->device copies are fragile
         self.loss_host = be.host_empty(tuple(self.loss_flat.shape), lv.dtype)
         self.scalars = StepScalars(be, [node for _, node, _ in program.keyed])
         self.loss_slot = be.scalar_buffer("graph_loss", int(self.loss_flat.size), lv.dtype)
