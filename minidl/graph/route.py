@@ -177,9 +177,6 @@ class Route:
                  if drop & (set(st.reads) | set(st.writes)) else st for st in self.steps]
         return replace(self, steps=steps, tensors={k: v for k, v in self.tensors.items() if k not in drop}, memo={})
 
-    def tensors_of(self, *roles: Role) -> list[TensorSpec]:
-        return [t for t in self.tensors.values() if t.role in roles]
-
     def persistent_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values() if t.role.persistent)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,13 +45,6 @@ _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 def dropout_key(seed: int, node_index: int, iteration: int) -> int:
     """A 64-bit key per (run, layer, iteration): the mask of a dropout layer is a pure function of it."""
     return (seed * _MIX[0] + (node_index + 1) * _MIX[1] + (iteration + 1) * _MIX[2]) & 0xFFFFFFFFFFFFFFFF
-
-
-@dataclass(slots=True)
-class StepStats:
-    loss: float = float("nan")
-    time_s: float = 0.0
-    trace: list[TraceEvent] = field(default_factory=list)
 
 
 class Executor:

@@ -109,10 +109,6 @@ class CopyOps:
         """Block the host until `t` has completed."""
         t.done.synchronize()
 
-    @staticmethod
-    def transfer_done(t: Transfer) -> bool:
-        return bool(t.done.done)
-
     def transfer_times(self, t: Transfer) -> tuple[float, float, float]:
         """(start_s, end_s, stall_s) of `t` on `time.perf_counter`'s clock via the anchor: offset approximate,
         durations exact. Blocks."""
