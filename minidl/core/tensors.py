@@ -20,7 +20,7 @@ class Role(str, enum.Enum):
     ACTIVATION = "activation"    # a layer's output
     AUX = "aux"                  # per-step tensors a layer saves for its backward (BN's mean/invstd)
     DELTA = "delta"              # gradient of an activation
-    WORKSPACE = "workspace"      # scratch space of a kernel (im2col buffers, cuDNN workspace)
+    WORKSPACE = "workspace"      # a kernel's scratch (im2col, cuDNN's)
     DATA = "data"                # network input
     LABEL = "label"              # targets
     BUCKET = "bucket"            # data parallel: gradients packed for the all-reduce, one row per rank

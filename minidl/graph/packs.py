@@ -5,8 +5,8 @@ Rules:
 - Between forward and backward a micro-batch keeps only a pack's inputs (the stash); the re-forward remakes the
   rest into tensors of its own (`@mr`; a micro-batch's are `@m`, spelled by `core.tensors.micro_id` alone).
 - Gradients sum over micro-batches in the order 1..M, each backward seeded with 1/M: bit-identical to the same
-  micro-batching under policy `none`. BatchNorm uses each micro-batch's statistics (as GPipe); dropout's mask is
-  per micro-batch, replayed by the re-forward.
+  micro-batching under policy `none`. BatchNorm uses each micro-batch's statistics (as GPipe) and updates the
+  running ones M times a step, never in a re-forward; dropout's mask is per micro-batch, replayed by the re-forward.
 """
 from __future__ import annotations
 

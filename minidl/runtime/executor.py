@@ -125,7 +125,7 @@ class Executor:
             self._init_persistent()
         self._stepped = False  # the first step closes the startup clock
         self.check_finite = True  # the divergence guard; off only to measure its cost
-        # (layer, parameter, gradient id) in backward order: the guard names the first bad one
+        # (layer, parameter, gradient id) in backward order
         self._grads_backward = [(self.net.nodes[st.node].name, p, grad_id(self.net.nodes[st.node].name, p))
                                 for st in self.route.steps if st.phase is Phase.BACKWARD
                                 for p, spec in self.net.nodes[st.node].params.items() if spec.trainable]
@@ -214,7 +214,7 @@ class Executor:
     def _free(self, ev: Event, step: Step | None = None, sink: Sink = run_now) -> None:
         view = self.views.pop(ev.tensor)
         if self.debug and np.issubdtype(view.dtype, np.floating):
-            # poison through the backend: on a GPU it is ordered after the offload the RELEASE waited for
+            # poison through the backend: ordered after the offload the RELEASE waited for
             sink(BoundCall("poison", self.be.fill, (view, np.nan), step))
         self.pool.free(self.offsets.pop(ev.tensor))
 
