@@ -196,7 +196,6 @@ class Network:
         self._route_cache.clear()
 
     def _param_ref(self, ref, arg: str) -> tuple[Node, str]:
-        """"layer.param" -> (its node, the parameter name), else a GraphError naming `arg`."""
         layer, _, pname = ref.rpartition(".") if isinstance(ref, str) else ("", "", "")
         node = self.nodes[self._by_name[layer]] if layer in self._by_name else None
         if node is None or node.layer is None:
@@ -237,7 +236,6 @@ class Network:
         return self.nodes[self.loss_node.inputs[0]]
 
     def num_params(self, trainable_only: bool = True) -> int:
-        """Parameter count (with `trainable_only=False`, BN running statistics too)."""
         return sum(int(math.prod(p.shape)) for n in self.nodes for p in n.params.values()
                    if p.trainable or not trainable_only)
 
@@ -246,7 +244,6 @@ class Network:
         return summarize(self)
 
     def forward_flops(self) -> int:
-        """Floating-point operations of one forward pass over the batch."""
         return sum(n.layer.flops([self.nodes[i].shape for i in n.inputs], n.shape) for n in self.layer_nodes)
 
     def validate(self) -> None:

@@ -118,7 +118,6 @@ class Route:
         return self.packing.micro_batches if self.packing is not None else 1
 
     def shapes_of(self, node_index: int) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
-        """(input shapes, output shape) of a node as this route runs it (a micro-batch's)."""
         if self.packing is not None:
             return self.packing.shapes[node_index]
         node = self.network.nodes[node_index]
@@ -184,7 +183,6 @@ class Route:
     @staticmethod
     def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (),
               menu=CPU_MENU, fused_update: bool = False) -> "Route":
-        """The plain route of `net` (`build_route` with one micro-batch and no packs)."""
         return build_route(net, training, optimizer_slots, menu, fused_update)
 
 

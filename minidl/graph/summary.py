@@ -62,7 +62,6 @@ class NetworkSummary:
 
 
 def summarize(net: Network, name: str | None = None) -> NetworkSummary:
-    """The layer table of `net`, titled `name` or the network's name."""
     rows = []
     for n in net.nodes:
         in_shapes = [net.nodes[i].shape for i in n.inputs]

@@ -2,15 +2,11 @@
 
 Rules:
 - Replay runs exactly the eager program's calls, order and arguments: the same bits (tests/backend/test_capture*.py).
-- What changes per step lives at fixed addresses: batch and loss in pinned buffers, dropout keys, learning rate and
-  Adam step in device slots (`backend/scalars.py`); other launch arguments are checked before each replay
-  (`signature`), a change re-captures. The first `WARMUP_STEPS` run eagerly (they build what cannot be captured).
-- The divergence guard runs on the device in the host guard's order; updates skip once it flags, and the host
-  raises the host guard's very error after the step.
-- A call the backend cannot capture (`CaptureUnsupported`: cupy's cuBLAS) runs eagerly between graphs, in stream
-  order, reading this step's slots; never between a host copy and its wait.
-- Host copies are captured with the compute they overlap, untimed. A plan that cannot be captured runs the
-  compiled eager loop, and `Executor.graph_fallback` says why.
+- What changes per step lives at fixed addresses (pinned buffers, device slots of `backend/scalars.py`); other
+  launch arguments are checked before each replay (`signature`): a change re-captures.
+- The divergence guard runs on the device in the host guard's order; the host raises its very error after the step.
+- A call the backend cannot capture (cupy's cuBLAS) runs eagerly between graphs, never between a host copy and its
+  wait. A plan that cannot be captured runs the compiled eager loop; `Executor.graph_fallback` says why.
 """
 from __future__ import annotations
 

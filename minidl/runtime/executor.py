@@ -174,7 +174,6 @@ class Executor:
         return np.array(self._host().host_copy(tid))
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Copies of every parameter and buffer, by qualified name ("conv1.weight")."""
         return {f"{n.name}.{p}": self._get_persistent(param_id(n.name, p))
                 for n in self.net.layer_nodes for p in n.params}
 
@@ -259,7 +258,6 @@ class Executor:
         sink(BoundCall("wait", self._host().wait_prefetch, (ev.tensor,), step))
 
     def _recompute(self, ev: Event, step: Step, sink: Sink) -> None:
-        """Rebuild a dropped activation by re-running its layer's forward."""
         self._alloc(ev, step)
         node = self.net.node(self.route.tensors[ev.tensor].owner)
         fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
@@ -438,7 +436,6 @@ class Executor:
 
     @property
     def t0(self) -> float:
-        """`time.perf_counter()` at construction: trace events are timed from it."""
         return self._t0
 
     @property
@@ -466,7 +463,6 @@ class Executor:
         return self.end_iteration()
 
     def settle_calls(self) -> None:
-        """The step's traced calls, read off the backend's clock into the trace."""
         read, t0 = self.call_clock.read, self._t0
         for label, index, in_use, start, end in self.timed_calls:
             at, seconds = read(start, end)
@@ -604,7 +600,7 @@ class Executor:
             self.opt.update(self.be, p, g, state, self.iteration)
 
     def host_update(self, step: Step) -> None:
-        """UPDATE `step` on the host store's copies, with the host's kernels, guarded."""
+        """UPDATE `step` on the host store's copies, guarded."""
         host = self._host()
         be = self._host_backend()
         self.guard_update(step, [(layer, p, host.host_copy(gid)) for layer, p, gid in self._guarded(step)])

@@ -126,7 +126,11 @@ class _StopOnSigint:
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """How a plan runs, never what is trained; sizes become bytes here, so a bad one is refused here."""
+    """How a plan runs, never what is trained (`Session(..., config=RunConfig(debug=True))`). `debug`: poison freed
+    memory, check residency; `trace`: record every event; `compiled`: replay one step's recorded calls; `graphs`: as
+    CUDA graphs; `fused_update`: each update right after its layer's backward (None: the policy's rule); `paged`: a
+    paged arena's chunk size; `host_limit_bytes`: host RAM for offloads, beyond it a file; `costs`: a `CostTable`
+    ranking convolution algorithms; `bucket_bytes`, `reduction`: the all-reduce. Bad sizes are refused here."""
 
     debug: bool = False
     trace: bool = False
@@ -147,8 +151,10 @@ class RunConfig:
 class Session:
     """Trains one network under one memory plan, made once, here, before any array exists.
 
-    Same `seed`, same parameters bit for bit, whatever the policy. With `comm` the network's batch is per rank:
-    rank r trains on the r-th slice of the global batch; rank 0 writes checkpoints.
+    `policy` and `budget` choose the plan as on the command line (a budget below its minimum raises `BudgetError`
+    naming the smallest). Same `seed`, same parameters bit for bit, whatever the policy. `device`: the simulator
+    profile the plan's timing assumes; `math`: set before planning. With `comm` the batch is per rank: rank r
+    trains on the r-th slice of the global batch; rank 0 writes checkpoints. `config`: a `RunConfig`.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str | None = None,
@@ -223,8 +229,10 @@ class Session:
     def fit(self, data: Dataset, steps: int, progress: bool | None = None, on_step=None,
             save_every: int | None = None, save_path: str | Path | None = None, heldout: Dataset | None = None,
             early_stop: EarlyStop | None = None) -> TrainResult:
-        """Run `steps` steps on `data` in an order fixed by the seed (a resume continues it). A non-finite loss,
-        gradient or BN statistic raises `DivergenceError` before that step's update."""
+        """Run `steps` training steps on mini-batches of `data`, in an order fixed by the seed (a resume continues
+        it); returns a `TrainResult`. `early_stop` evaluates `heldout` without changing a training step. Checkpoints
+        go to `save_path` every `save_every` iterations and on Ctrl-C. A non-finite loss, gradient or BN statistic
+        raises `DivergenceError` before that step's update."""
         steps = args.integer("Session.fit", None, "steps", steps, 0)
         if tuple(data.sample_shape) != tuple(self.net.input_nodes[0].shape[1:]):
             raise DataError(f"Session.fit: data set {data.name!r} has samples of shape {data.sample_shape}, but the "
@@ -283,7 +291,6 @@ class Session:
         return result
 
     def _watch(self, heldout: Dataset, result: TrainResult) -> None:
-        """Evaluate the held-out loss after this step; keep the state if it is the best."""
         loss, _ = self.evaluate(heldout)
         watch = result.early_stop
         if watch.observe(self.iteration, loss) and watch.rule.best_path is not None:

@@ -1,12 +1,9 @@
 """The CUDA backend: cupy arrays inside one device arena, cuDNN frontend graphs, and minidl's own kernels.
 
-Rules:
-* Importing needs neither cupy nor cuDNN: constructing the backend raises `CUDAUnavailable` without them.
-* The budget is the arena, one raw `cudaMalloc`; outside it only `_SideBuffers`, handles and counted strays.
-* Compute, offloads and prefetches run on a stream each, ordered by events; the host blocks only in `to_host`,
-  `transfer_sync` and `transfer_times`.
-* `CudnnGraphs` alone calls the cuDNN frontend. BN and ReLU without an engine fall back (`fallbacks` says why);
-  convolutions fail loudly. float32 data, int64 labels, else TypeError.
+Rules: importing needs neither cupy nor cuDNN (construction raises `CUDAUnavailable`). The budget is the arena, one
+raw `cudaMalloc`; outside it only `_SideBuffers`, handles and counted strays. Compute, offloads and prefetches run on
+a stream each, ordered by events. `CudnnGraphs` alone calls the cuDNN frontend; BN and ReLU may fall back
+(`fallbacks` says why), convolutions fail loudly. float32 data, int64 labels, else TypeError.
 """
 from __future__ import annotations
 
@@ -376,7 +373,6 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.cp.cuda.set_allocator(counting_malloc)
 
     def close(self) -> None:
-        """Wait for all work, restore cupy's allocator and release the cuDNN graphs and handle."""
         self.synchronize()
         if self._prev_allocator is not None:
             self.cp.cuda.set_allocator(self._prev_allocator)
@@ -414,7 +410,6 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         return out
 
     def memory_report(self) -> dict[str, Any]:
-        """Device memory outside the arena, and the graphs that fell back."""
         return {"side_bytes": self.side.nbytes, "stray_bytes": self.stray_bytes,
                 "stray_allocs": self.stray_allocs, "cached_graphs": len(self.graphs),
                 "fallbacks": dict(self.fallbacks)}
@@ -478,7 +473,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         graph.launch(stream=self.compute)
 
     def copy_in_async(self, dst, src: np.ndarray) -> None:
-        """Pinned `src` -> `dst` on the compute stream, read when it runs (a graph's batch input)."""
+        """Pinned `src` -> `dst` on the compute stream (a graph's batch input)."""
         self._check_transfer(dst, src)
         self._upload(dst, src, self.compute)
 
@@ -495,7 +490,6 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
     # -- helpers
     def _check(self, op: str, dtype: np.dtype = F32, **arrays) -> None:
-        """Arrays given (not None) must be C-contiguous device arrays of `dtype`."""
         for name, a in arrays.items():
             if a is None:
                 continue
@@ -551,7 +545,6 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.graphs.execute(built, pointers, self._ptr(ws) if ws is not None else 0, plan.index)
 
     def _host_scalar(self, value: float) -> np.ndarray:
-        """A float32 host scalar for cuDNN, kept alive with the backend."""
         a = self._host_scalars.get(float(value))
         if a is None:
             a = self._host_scalars[float(value)] = np.full((1, 1, 1, 1), value, np.float32)

@@ -88,8 +88,7 @@ class CopyOps:
         return Transfer("offload", int(src.nbytes), self._record(self.transfer, timing=True), start)
 
     def prefetch_async(self, src: np.ndarray, dst) -> Transfer:
-        """`src` -> `dst` on the prefetch stream, after the compute work already enqueued (the block's previous
-        tenant). Returns at once."""
+        """`src` -> `dst` on the prefetch stream, after the compute work already enqueued. Returns at once."""
         self._check_transfer(dst, src)
         self._anchor()
         stream = self.prefetch_stream
@@ -124,7 +123,6 @@ class CopyOps:
         return start_s, end_s, stall_s
 
     def call_clock(self) -> "DeviceClock":
-        """Times a traced call by compute-stream events around its kernels."""
         return DeviceClock(self)
 
     def _anchor(self) -> tuple[Any, float]:
