@@ -209,6 +209,7 @@ class Network:
 
     # -- queries
     def node(self, name: str) -> Node:
+        """The node named `name`, else a GraphError."""
         try:
             return self.nodes[self._by_name[name]]
         except KeyError:
@@ -226,6 +227,7 @@ class Network:
 
     @property
     def loss_node(self) -> Node:
+        """The node `set_loss` marked, else a GraphError."""
         if self.loss_index is None:
             raise GraphError(f"network '{self.name}' has no loss: call net.set_loss(...)")
         return self.nodes[self.loss_index]
@@ -236,6 +238,7 @@ class Network:
         return self.nodes[self.loss_node.inputs[0]]
 
     def num_params(self, trainable_only: bool = True) -> int:
+        """Parameter count (`trainable_only=False`: buffers too)."""
         return sum(int(math.prod(p.shape)) for n in self.nodes for p in n.params.values()
                    if p.trainable or not trainable_only)
 
@@ -244,6 +247,7 @@ class Network:
         return summarize(self)
 
     def forward_flops(self) -> int:
+        """Floating-point operations of one forward pass."""
         return sum(n.layer.flops([self.nodes[i].shape for i in n.inputs], n.shape) for n in self.layer_nodes)
 
     def validate(self) -> None:

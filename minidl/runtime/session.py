@@ -72,10 +72,12 @@ class TrainResult:
 
     @property
     def stopped_early(self) -> bool:
+        """Whether the held-out loss stopped fit early."""
         return self.early_stop is not None and self.early_stop.stop
 
     @property
     def steps(self) -> int:
+        """Steps completed by this call."""
         return len(self.losses)
 
     @property
@@ -410,6 +412,7 @@ class Session:
         return np.concatenate(parts) if parts else np.zeros((0, self.net.logits_node.shape[1]))
 
     def predict_classes(self, x: np.ndarray) -> np.ndarray:
+        """The argmax class of each sample, int64 (N,)."""
         return self.predict(x).argmax(axis=1).astype(np.int64)
 
     def report(self):
