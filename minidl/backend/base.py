@@ -1,58 +1,48 @@
 """The backend contract: what every backend provides (`Backend`), and what some offer beyond it (`Capabilities`).
 
-The executor, the compiled step, its capture, the host store and the layers call a backend only through this
-contract, never by probing it for an attribute: a backend says what it can do in its `capabilities` record, and
-every method the callers need exists on every backend (a no-op, or an error that names the backend, where it
-means nothing there: `synchronize` on the CPU, `measure_link` without a host link). Optional families have their
-own protocol (`StreamCopies`, `GraphCapture`), which a backend provides exactly where its record says so;
-`tests/backend/test_contract.py` checks both backends against all three, and that no module outside
-`minidl/backend/` probes a backend.
+Rules: callers never probe a backend for an attribute; every method exists on every backend (a no-op, or an error
+naming the backend, where it means nothing); optional families (`StreamCopies`, `GraphCapture`) exist exactly
+where `capabilities` says. tests/backend/test_contract.py checks both.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ContextManager, Protocol, runtime_checkable
 
-#: The compiled step's fusions (`minidl.runtime.program`): a ReLU folded into the batch norm's or the add's call.
+#: The compiled step's fusions: a ReLU folded into the batch norm's or the add's call.
 FUSES_BATCHNORM_RELU = "batchnorm_relu"        # batchnorm_forward_train / batchnorm_backward take `relu=`
 FUSES_ADD_RELU = "add_relu"                    # add_forward takes `relu_out`
-FUSES_ADD_RELU_BACKWARD = "add_relu_backward"  # add_relu_backward: a ReLU's and the add's backward in one call
+FUSES_ADD_RELU_BACKWARD = "add_relu_backward"
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend offers beyond the `Backend` protocol, declared once by the backend's class.
+    """What a backend offers beyond `Backend`, declared once by its class; `name` is the one place its name lives."""
 
-    `name` is the one place a backend's name lives (`backend_name`): it names whose algorithm menu a plan was made
-    from, so a renamed backend (a test's) cannot run another's plan."""
-
-    name: str                             # 'cpu', 'cuda': whose convolution menu a plan's steps come from
-    device: str = "host"                  # 'host' (arrays are numpy) or 'gpu' (arrays live in device memory)
+    name: str                             # 'cpu', 'cuda': whose menu a plan's steps come from
+    device: str = "host"                  # or 'gpu'
     kernels: frozenset[str] = frozenset()  # layer kernels beyond the protocol's (`Layer.backend_ops`)
-    fuses: frozenset[str] = frozenset()   # the compiled step's fusions it runs (FUSES_*)
-    fused_update: bool = False            # `fuse_update` + `<opt>_update_fused`: one call per parameter group
-    stream_copies: bool = False           # host copies on device streams (`StreamCopies`), not a host thread
-    graph_capture: bool = False           # the compiled step replays as captured graphs (`GraphCapture`)
-    device_guard: bool = False            # a captured step checks gradients on the device (`guard_nonfinite`)
-    paged_arena: bool = True              # `paged_backing`: the paged pool's chunks (`--paged`)
-    host_link: bool = False               # `measure_link` measures a host link (else it raises)
-    half_kernels: frozenset[str] = frozenset()  # kernels that take bf16/fp16 arrays (`backend.precision`)
-    half_staging: bool = False            # its half kernels stage float32 copies: `staging` and `staging_trace`
+    fuses: frozenset[str] = frozenset()   # FUSES_*
+    fused_update: bool = False            # `<opt>_update_fused`: one call per parameter group
+    stream_copies: bool = False           # `StreamCopies`
+    graph_capture: bool = False           # `GraphCapture`
+    device_guard: bool = False            # `guard_nonfinite` in a captured step
+    paged_arena: bool = True              # `paged_backing`
+    host_link: bool = False               # `measure_link` measures one (else it raises)
+    half_kernels: frozenset[str] = frozenset()  # kernels taking bf16/fp16 arrays
+    half_staging: bool = False            # half kernels stage float32 copies (`staging_trace`)
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """The methods every backend provides: the layers' common kernels and the executor's hooks.
-
-    Kernels write into the arrays they are given (views into the executor's arena); layers whose kernels are
-    not listed here declare them (`Layer.backend_ops`), and a backend lists those it has in
-    `capabilities.kernels`."""
+    """Every backend's methods. Kernels write into the views they are given; other kernels are declared by
+    their layers (`Layer.backend_ops`) and listed in `capabilities.kernels`."""
 
     capabilities: Capabilities
     profile: str    # the simulator profile whose speeds plans for this backend assume
     xp: Any         # the array module (numpy, cupy)
 
-    # -- the executor's hooks ---------------------------------------------------------------------------------
+    # -- the executor's hooks
     def step_scope(self) -> ContextManager: ...
     def compute_scope(self) -> ContextManager: ...
     def synchronize(self) -> None: ...
@@ -62,14 +52,14 @@ class Backend(Protocol):
     def call_clock(self) -> "CallClock": ...
     def startup_caches(self) -> dict: ...
 
-    # -- memory -----------------------------------------------------------------------------------------------
+    # -- memory
     def to_host(self, a): ...
     def copy_in(self, dst, src) -> None: ...
     def fill(self, dst, value) -> None: ...
     def accumulate(self, dst, src) -> None: ...
     def copy(self, dst, src) -> None: ...
 
-    # -- elementwise, joins, dense, dropout, loss, optimizers -------------------------------------------------
+    # -- elementwise, joins, dense, dropout, loss, optimizers
     def relu_forward(self, x, y) -> None: ...
     def relu_backward(self, y, dy, dx) -> None: ...
     def add_forward(self, xs, y) -> None: ...
@@ -84,12 +74,11 @@ class Backend(Protocol):
     def sgd_update(self, p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step) -> None: ...
     def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step) -> None: ...
 
-    # -- convolution, pooling, normalization ------------------------------------------------------------------
+    # -- convolution, pooling, normalization
     def conv_workspace_options(self, phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups, dtype,
                                accumulate=False): ...
     def conv2d_forward(self, x, w, b, y, stride, padding, dilation, groups, algo, workspace) -> None: ...
-    #: `accumulate`: dx += the data gradient, exactly dx + (what a plain call writes into dx) on the CPU, in the
-    #: kernel that computes it; its workspace is the one `conv_workspace_options(..., accumulate=True)` lists
+    #: `accumulate`: dx += the data gradient, exactly dx + a plain call's dx (workspace: `accumulate=True`'s)
     def conv2d_backward(self, x, w, dy, dx, dw, db, stride, padding, dilation, groups, algo,
                         workspace, accumulate=False) -> None: ...
     def maxpool2d_forward(self, x, y, kernel, stride, padding, dilation) -> None: ...
@@ -110,18 +99,15 @@ class Backend(Protocol):
 
 
 class CallClock(Protocol):
-    """Times calls on the timeline their work runs on (a traced step, `minidl.runtime.program`): `mark()` just
-    before and just after a call, `read(start, end)` once the step is over gives (when it started, on the host's
-    `time.perf_counter` clock; how long it ran). The host's clock times the call itself; a GPU's, the kernels the
-    call enqueued (its events on the compute stream), not the host's time to enqueue them."""
+    """Times calls where their work runs (a GPU's kernels): `read(start, end)` of two marks gives (start on
+    `time.perf_counter`'s clock, duration)."""
 
     def mark(self) -> Any: ...
     def read(self, start, end) -> tuple[float, float]: ...
 
 
 class StreamCopies(Protocol):
-    """Host copies on device streams, between pinned host buffers and device blocks (`capabilities.stream_copies`;
-    `minidl.memory.host.StreamTransfers`)."""
+    """Host copies on device streams between pinned buffers and device blocks."""
 
     def host_empty(self, shape, dtype): ...
     def offload_async(self, src, dst): ...
@@ -132,11 +118,11 @@ class StreamCopies(Protocol):
 
 
 class GraphCapture(Protocol):
-    """The compiled step replayed as captured graphs (`capabilities.graph_capture`; `minidl.runtime.capture`)."""
+    """The compiled step replayed as captured graphs (runtime/capture.py)."""
 
     stray_bytes: int     # bytes allocated outside the arena so far: a capture must not grow it
     graph_scalars: Any   # the step's scalar slots while a graph is captured (None otherwise)
-    #: The errors a backend call raises when it cannot be captured (it then runs eagerly between graphs).
+    #: What a call that cannot be captured raises (it then runs eagerly).
     CaptureUnsupported: tuple[type[BaseException], ...]
 
     def prepare_graph(self) -> None: ...
@@ -151,13 +137,10 @@ class GraphCapture(Protocol):
 
 
 def backend_name(backend) -> str:
-    """The kind of `backend` ('cpu', 'cuda', ...), from its capabilities: whose algorithm menu a plan was made
-    from (a menu names its backend the same way). None, where a caller has no backend, is the CPU."""
+    """'cpu', 'cuda', ... from its capabilities (None: the CPU)."""
     return backend.capabilities.name if backend is not None else "cpu"
 
 
 def menu_of(backend):
-    """The menu a plan for `backend` chooses its algorithms from: a CPU backend's is its `CPUMenu` (every CPU
-    backend with that menu offers the same algorithms, so they share routes); any other (a menu itself, the cuDNN
-    model, a CUDA backend, a renamed test backend) is its own."""
+    """The menu a plan for `backend` chooses from: a CPU backend's `CPUMenu` (shared routes), else itself."""
     return backend.menu if backend_name(backend) == "cpu" and hasattr(backend, "menu") else backend

@@ -1,19 +1,8 @@
-"""Math modes (`--math fp32|tf32`): how a backend may compute float32 convolutions and matrix products.
+"""Math modes (`--math fp32|tf32`): how a backend may compute float32 convolutions and products.
 
-* `fp32` (the default): full float32 arithmetic everywhere. On the CPU that is the only mode; on CUDA, cuDNN
-  engines with the TENSOR_CORE / DOWN_CONVERT_INPUTS numerical notes are deselected (`EngineFilters`) and
-  cuBLAS keeps its default math.
-* `tf32`: NVIDIA's tensor-core format for float32 data (Ampere and later): inputs rounded to a 10-bit mantissa,
-  products accumulated in float32. PyTorch's default for convolutions, so a fair speed comparison needs it.
-  Results move ~1e-3 off the fp32 reference, but a mode is a fixed choice of engines: bit-identity across
-  memory policies holds *within* a mode, as it does for fp32.
-
-Why the CPU backend refuses `tf32` rather than ignoring it: a run or benchmark row labelled tf32 would then be
-fp32 figures under the wrong name. The refusal is an `OptionError` naming the option, raised when the session is
-built (before planning), like every other bad option.
-
-The mode must be set before planning: it decides which convolution engines exist, hence the plan's workspace
-options (the cuDNN graph cache is keyed by the engine filters, so the two modes never share a built graph).
+`tf32` (Ampere+: inputs rounded to a 10-bit mantissa, float32 accumulation; PyTorch's default for convolutions)
+moves results ~1e-3 off fp32, but bit-identity across policies holds within a mode. A mode is set before planning:
+it decides the engines, hence the workspace options. The CPU refuses tf32 rather than label fp32 figures tf32.
 """
 from __future__ import annotations
 
@@ -25,15 +14,12 @@ __all__ = ["MATH_MODES", "apply_math", "backend_math", "check_math"]
 
 
 def backend_math(backend) -> str:
-    """The math mode `backend` runs in now ('fp32' for a backend that declares none: the CPU reference)."""
+    """The math mode `backend` runs in ('fp32' where it declares none)."""
     return getattr(backend, "math", "fp32") if backend is not None else "fp32"
 
 
 def apply_math(backend, math: str | None) -> str:
-    """Put `backend` in mode `math` (None: leave it in its own) and return the mode it now runs in.
-
-    A backend that offers modes has `set_math(mode)`; one that has not (the CPU) runs fp32 only and refuses
-    anything else, naming the option, the backend and what to do instead."""
+    """Put `backend` in mode `math` (None: its own) and return it; a backend without `set_math` runs fp32 only."""
     if math is None:
         return backend_math(backend)
     check_math(math)

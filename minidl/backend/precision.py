@@ -1,21 +1,12 @@
-"""Precision: the dtype a math mode stores each tensor role in, what computes in float32, how values round.
+"""Precision: the dtype a math mode stores each tensor role in, and how values round (every backend keeps it;
+the planner counts bytes with `Precision.dtype`).
 
-Rules (every backend keeps them; the planner counts bytes with `Precision.dtype`):
-* fp32 and tf32 store every role in float32 (tf32 changes only how products compute: `mathmode`).
-* bf16 and fp16 store in their half dtype (`HALF_DTYPES`): activations, deltas, float data inputs, the
-  probabilities attention keeps (`Layer.half_aux`), and the half copy of the weights a product reads
-  (`Layer.half_params`: conv's and linear's weight and bias, a `WEIGHT_COPY` refreshed from its master after each
-  update). In float32: parameters (the masters the optimizer updates), buffers, gradients, optimizer state,
-  gradient buckets, a loss's output and its delta, and the statistics a norm saves (BN's mean and invstd, LN's
-  mean and rstd). Labels keep their integer dtype.
-* Kernels read stored values exactly, compute in float32 (sums accumulate in float32 or wider: products, batch-
-  and layer-norm statistics, softmax, the loss), and round once when they store a half value: to nearest, ties
-  to even (a GPU's `__float2bfloat16_rn`, `__float2half_rn`); fp16 overflows to inf; a NaN stays a NaN.
-  A kernel that reads master weights (an embedding's table, a norm's scale) reads them in float32.
-* Workspace is bytes sized for the kernel's compute: the CPU's half kernels stage float32 copies of their half
-  operands (`backend.cpu.half`: `staging_bytes`); CUDA sizes what cuDNN and cuBLAS ask for half I/O.
-* fp16 scales the loss (`minidl.optim.loss_scale`): its smallest normal, 6.1e-5, flushes small gradients;
-  bf16 has float32's exponent range and is not scaled.
+* fp32 and tf32 store every role in float32.
+* bf16 and fp16 store activations, deltas, float data, attention's kept probabilities (`Layer.half_aux`) and the
+  `WEIGHT_COPY` a product reads (`Layer.half_params`) in half; masters, buffers, gradients, optimizer state,
+  buckets, a loss's output and delta and norms' saved statistics in float32; labels keep their dtype.
+* Kernels compute in float32 (sums in float32 or wider) and round once on storing half: to nearest even.
+* fp16 scales the loss (its smallest normal, 6.1e-5, flushes small gradients); bf16 has float32's range.
 """
 from __future__ import annotations
 
@@ -31,7 +22,7 @@ from ..core.tensors import Role
 HALF_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "fp16": np.dtype(np.float16)}
 #: Every precision mode, float32 ones first.
 PRECISION_MODES = ("fp32", "tf32", *HALF_DTYPES)
-#: The half copy of a master weight that products read: a tensor of its own beside the roles of `Role`.
+#: The half copy of a master weight that products read.
 WEIGHT_COPY = "weight_copy"
 FLOAT32 = np.dtype(np.float32)
 _WIDE_ROLES = frozenset({Role.PARAMETER, Role.BUFFER, Role.GRADIENT, Role.OPTIMIZER, Role.BUCKET})
@@ -61,9 +52,7 @@ class Precision:
         return self.mode == "fp16"
 
     def dtype(self, role: Role | str, *, layer=None, aux: str | None = None) -> np.dtype | None:
-        """The storage dtype of a tensor of `role` (a `Role`, or `WEIGHT_COPY`); `layer` the layer it belongs to
-        where that decides (a loss's output and delta; which aux tensor `aux` names). WORKSPACE is bytes
-        (uint8); LABEL is None: labels keep the dtype they are declared with."""
+        """The storage dtype of `role` (or `WEIGHT_COPY`) on `layer`'s tensor `aux`; None for labels."""
         if role == Role.WORKSPACE:
             return np.dtype(np.uint8)
         if role == Role.LABEL:
@@ -88,8 +77,7 @@ def precision(mode: str) -> Precision:
 
 
 def check_half_kernels(layers, backend, mode: str) -> None:
-    """In a half mode, an OptionError naming the first layer one of whose kernels (`Layer.kernels`) has no half
-    form on `backend` (`Capabilities.half_kernels`), before anything is planned."""
+    """In a half mode, an OptionError naming the first layer with a kernel `backend` has no half form of."""
     if precision(mode).half is None:
         return
     have = backend.capabilities.half_kernels

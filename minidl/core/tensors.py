@@ -1,8 +1,5 @@
-"""Tensor roles and the tensor table: every byte a training step touches, named.
-
-The planner never sees arrays, only `TensorSpec`s: a name, a role, a shape and a dtype. Naming every tensor
-(activations, deltas, parameters, gradients, optimizer state, workspace, data) is what lets a plan say, per
-route step, which tensor is allocated, freed, moved or recomputed, and lets a report attribute every byte.
+"""Tensor roles and ids: every byte a training step touches, named. The planner sees only `TensorSpec`s, never
+arrays; the ids are spelled here alone.
 """
 from __future__ import annotations
 
@@ -21,29 +18,29 @@ class Role(str, enum.Enum):
     GRADIENT = "gradient"        # gradient of a parameter
     OPTIMIZER = "optimizer"      # optimizer state (momentum, Adam moments)
     ACTIVATION = "activation"    # a layer's output
-    AUX = "aux"                  # small per-step tensors a layer saves for its backward (BN batch mean/invstd)
+    AUX = "aux"                  # per-step tensors a layer saves for its backward (BN's mean/invstd)
     DELTA = "delta"              # gradient of an activation
-    WORKSPACE = "workspace"      # scratch space of a kernel (im2col buffers, cuDNN workspace)
+    WORKSPACE = "workspace"      # a kernel's scratch (im2col, cuDNN's)
     DATA = "data"                # network input
     LABEL = "label"              # targets
     BUCKET = "bucket"            # data parallel: gradients packed for the all-reduce, one row per rank
 
     @property
     def persistent(self) -> bool:
-        """Persistent tensors survive from one training step to the next."""
+        """Survives from one step to the next."""
         return self in (Role.PARAMETER, Role.BUFFER, Role.OPTIMIZER)
 
 
 @dataclass(slots=True)
 class TensorSpec:
-    """A tensor as the planner sees it: no data, just what it needs to place it."""
+    """A tensor as the planner sees it."""
 
     id: str
     role: Role
     shape: tuple[int, ...]
     dtype: np.dtype
     owner: str  # the layer (or input) the tensor belongs to
-    # worked out once: a deep network's plan reads it a few hundred thousand times (ResNet-2500: 0.3 s a plan)
+    # cached: a ResNet-2500 plan reads it a few 100,000 times (0.3 s a plan)
     nbytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -51,9 +48,7 @@ class TensorSpec:
 
 
 def id_name(tid: str) -> str:
-    """What a tensor id names, without its kind prefix: 'act:conv1' -> 'conv1', 'param:fc.weight' ->
-    'fc.weight' (a string without a prefix is returned as is). For matching names a user typed; the layer a
-    tensor belongs to is its spec's `owner`, never parsed back from the id."""
+    """'act:conv1' -> 'conv1', for names a user typed (a tensor's layer is its spec's `owner`)."""
     return tid.partition(":")[2] or tid
 
 
@@ -61,20 +56,17 @@ COMPRESSED_PREFIX = "z:"
 
 
 def compressed_id(tid: str) -> str:
-    """The block holding tensor `tid` in compressed form between forward and backward (decisions/compress.py)."""
+    """The block holding `tid` compressed between forward and backward."""
     return COMPRESSED_PREFIX + tid
 
 
 def compressed_source(tid: str) -> str | None:
-    """The tensor a compressed block stores (`compressed_id`'s inverse), or None if `tid` is not one."""
+    """`compressed_id`'s inverse, or None."""
     return tid[len(COMPRESSED_PREFIX):] if tid.startswith(COMPRESSED_PREFIX) else None
 
 
 def micro_id(tid: str, micro: int | None, again: bool = False) -> str:
-    """Tensor `tid` as micro-batch `micro` of a packed route holds it (`graph/packs.py`): `act:conv1@2`, and
-    `act:conv1@2r` for the copy a pack's re-forward makes (`again`). `micro` None: the plain route, whose single
-    micro-batch uses the canonical ids. The one place these ids are spelled: the route builder names tensors
-    with it and the executor loads a micro-batch's inputs with it."""
+    """`act:conv1@2` (micro-batch 2), `act:conv1@2r` (its re-forward's copy); None: the canonical id."""
     return tid if micro is None else f"{tid}@{micro}{'r' if again else ''}"
 
 
@@ -87,7 +79,7 @@ def delta_id(node_name: str) -> str:
 
 
 def partial_delta_id(node_name: str, consumer: str, slot: int) -> str:
-    """A second (third...) contribution to a fork's delta, accumulated into the delta then freed."""
+    """A later contribution to a fork's delta, added into it then freed."""
     return f"dpart:{node_name}@{consumer}.{slot}"
 
 
@@ -112,5 +104,5 @@ def workspace_id(layer: str, phase: str) -> str:
 
 
 def bucket_id(index: int) -> str:
-    """The k-th gradient bucket of a data-parallel step (k = 0 is the first to be ready in backward)."""
+    """The k-th gradient bucket (0: the first ready in backward)."""
     return f"bucket:{index}"

@@ -7,10 +7,8 @@
     ...
     net.set_loss(dl.layers.SoftmaxCrossEntropy()(logits, y))
 
-Each call infers the output shape at once, so a wrong shape fails right there, naming the layer, its type and
-the shapes. Nodes are appended in call order, which is a topological order by construction: a layer can only
-consume symbols that already exist. `validate()` (run by `route()`) rejects dangling inputs and branches that
-do not reach the loss.
+Rules: each call infers its output shape at once (a wrong one fails there, naming the layer and shapes); call
+order is a topological order, since a layer consumes only existing symbols; a planned graph is frozen.
 """
 from __future__ import annotations
 
@@ -35,7 +33,7 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
 def _dtype(dtype, who: str) -> np.dtype:
-    """np.dtype(dtype), its TypeError ("data type 'flaot32' not understood") as a GraphError naming `who`."""
+    """np.dtype(dtype), its TypeError as a GraphError naming `who`."""
     try:
         return np.dtype(dtype)
     except TypeError:
@@ -59,16 +57,13 @@ class Node:
     parameter). They are not in `params`: counted, initialized, saved and updated once, by their owner."""
 
     def param_ids(self) -> dict[str, str]:
-        """The tensor id of every parameter the layer's kernels receive, by the name the layer knows it by
-        (a tied one is its owner's tensor)."""
+        """Parameter name -> tensor id (a tied one is its owner's)."""
         ids = {p: param_id(self.name, p) for p in self.params}
         ids.update({p: param_id(*owner) for p, owner in self.tied.items()})
         return ids
 
     def grad_ids(self) -> dict[str, str]:
-        """The tensor id of every gradient the layer's backward writes, by parameter name. A tied parameter's
-        is this layer's own contribution (`grad:head.weight`), which the route adds into the owner's gradient
-        at the owner's backward."""
+        """Parameter name -> the gradient id backward writes (a tied one's own contribution, added by the route)."""
         return {p: grad_id(self.name, p) for p, s in self.params.items() if s.trainable} | {
             p: grad_id(self.name, p) for p in self.tied}
 
@@ -94,15 +89,13 @@ class Network:
         self._type_counts: dict[str, int] = {}
         self.loss_index: int | None = None
         self._route_cache: dict = {}
-        self.frozen_by: str | None = None   # who planned the graph; a planned graph is never changed under it
-        # how to build this graph again: {"model": a zoo name, "options": its keyword arguments}, set by
-        # `minidl.models.build_model` (None for a graph built by hand); checkpoints record it
+        self.frozen_by: str | None = None   # who planned the graph
+        # {"model": a zoo name, "options": its keyword arguments}; None built by hand
         self.recipe: dict | None = None
 
-    # -- building -------------------------------------------------------------------------------------------
+    # -- building
     def input(self, shape: Sequence[int], dtype=None, name: str | None = None) -> Symbol:
-        """Declare a network input. An integer dtype marks a label input (never differentiated). Every dimension
-        is an integer >= 1 (numpy integers too; a float or a bool is refused, never truncated)."""
+        """Declare an input (an integer dtype: labels, never differentiated); dimensions are integers >= 1."""
         if name is None:
             name = "data" if not any(n.is_input for n in self.nodes) else f"input{len(self.nodes)}"
         shape = args.shape("input", name, "shape", shape)
@@ -128,8 +121,7 @@ class Network:
                 return cand
 
     def freeze(self, by: str) -> None:
-        """Refuse every later change of the graph (layers, loss, ties): `by` planned it and would go on training
-        the graph it planned while checkpoints followed the changed one."""
+        """Refuse later changes: `by` planned this graph and would train it while checkpoints followed another."""
         self.frozen_by = self.frozen_by or by
 
     def _check_mutable(self, what: str) -> None:
@@ -172,8 +164,7 @@ class Network:
         return self._append(node)
 
     def set_loss(self, loss: Symbol) -> None:
-        """Mark `loss` (a loss layer's output, e.g. SoftmaxCrossEntropy's) as what training minimizes; its first
-        input is what `Session.predict` returns."""
+        """Mark `loss` (a loss layer's output) as what training minimizes; its first input is what predict returns."""
         if not isinstance(loss, Symbol) or loss.network is not self:
             raise GraphError("set_loss() takes a Symbol of this network")
         node = loss.node
@@ -185,14 +176,8 @@ class Network:
         self._route_cache.clear()
 
     def tie(self, param: str, to: str) -> None:
-        """Make parameter `param` (e.g. "head.weight") one tensor with parameter `to` ("wte.weight"): GPT's
-        output projection reading the token embedding's table. Why one tensor rather than two kept equal: the
-        model has one set of weights (GPT-2 small is 124,439,808 parameters because of it), so memory, planning,
-        checkpoints and the optimizer see it once, and its gradient is the sum of both layers' contributions,
-        as in PyTorch when two modules share an `nn.Parameter`.
-
-        `to`'s layer must come before `param`'s (its backward runs after, where the sum is completed); both have
-        the same shape; `to` is trainable and is not itself tied."""
+        """Make `param` ("head.weight") one tensor with `to` ("wte.weight"), as a shared `nn.Parameter`: stored
+        once, its gradient the sum of both. `to`'s layer comes first and is trainable, not itself tied."""
         user, pname = self._param_ref(param, "param")
         owner, oname = self._param_ref(to, "to")
         where = f"tie({param!r}, to={to!r})"
@@ -211,7 +196,6 @@ class Network:
         self._route_cache.clear()
 
     def _param_ref(self, ref, arg: str) -> tuple[Node, str]:
-        """("layer.param" -> (its node, the parameter name)), a GraphError naming `arg` otherwise."""
         layer, _, pname = ref.rpartition(".") if isinstance(ref, str) else ("", "", "")
         node = self.nodes[self._by_name[layer]] if layer in self._by_name else None
         if node is None or node.layer is None:
@@ -223,9 +207,9 @@ class Network:
                              f"{pname!r} (it has: {', '.join(have) or 'none'})")
         return node, pname
 
-    # -- queries ----------------------------------------------------------------------------------------------
+    # -- queries
     def node(self, name: str) -> Node:
-        """The node named `name` (GraphError naming the network if there is none)."""
+        """The node named `name`, else a GraphError."""
         try:
             return self.nodes[self._by_name[name]]
         except KeyError:
@@ -233,39 +217,37 @@ class Network:
 
     @property
     def layer_nodes(self) -> list[Node]:
-        """Every node that applies a layer (inputs excluded), in call order."""
+        """Nodes applying a layer, in call order."""
         return [n for n in self.nodes if n.layer is not None]
 
     @property
     def input_nodes(self) -> list[Node]:
-        """The network's inputs (images first, then labels), in declaration order."""
+        """The inputs in declaration order."""
         return [n for n in self.nodes if n.layer is None]
 
     @property
     def loss_node(self) -> Node:
-        """The node `set_loss` marked (GraphError if none was)."""
+        """The node `set_loss` marked, else a GraphError."""
         if self.loss_index is None:
             raise GraphError(f"network '{self.name}' has no loss: call net.set_loss(...)")
         return self.nodes[self.loss_index]
 
     @property
     def logits_node(self) -> Node:
-        """The first input of the loss layer: what `predict` returns."""
+        """The loss layer's first input."""
         return self.nodes[self.loss_node.inputs[0]]
 
     def num_params(self, trainable_only: bool = True) -> int:
-        """Parameter count (with `trainable_only=False`, BN running statistics too)."""
+        """Parameter count (`trainable_only=False`: buffers too)."""
         return sum(int(math.prod(p.shape)) for n in self.nodes for p in n.params.values()
                    if p.trainable or not trainable_only)
 
     def summary(self) -> NetworkSummary:
-        """The layer table `minidl info` prints: per node its type, output shape, parameters, FLOPs and output
-        bytes, then the totals. Its repr is the table (so `net.summary()` at a prompt shows it); `print()` it in
-        a script; `.rows` and `.to_json()` give the numbers."""
+        """The layer table `minidl info` prints (its repr); `.rows` and `.to_json()` give the numbers."""
         return summarize(self)
 
     def forward_flops(self) -> int:
-        """Floating-point operations of one forward pass over the whole batch (each layer's own count)."""
+        """Floating-point operations of one forward pass."""
         return sum(n.layer.flops([self.nodes[i].shape for i in n.inputs], n.shape) for n in self.layer_nodes)
 
     def validate(self) -> None:
@@ -273,7 +255,7 @@ class Network:
         loss = self.loss_node
         reach = [False] * len(self.nodes)
         reach[loss.index] = True
-        for n in reversed(self.nodes):  # nodes are in topological order, so one reverse sweep suffices
+        for n in reversed(self.nodes):  # topological order: one reverse sweep
             if reach[n.index]:
                 for i in n.inputs:
                     if i >= n.index:
@@ -290,17 +272,7 @@ class Network:
 
     def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
               fused_update: bool = False, micro_batches: int = 1, packs=None) -> "Route":
-        """The execution order every plan is expressed on (cached until the graph changes).
-
-        `optimizer_slots` names the per-parameter state the optimizer keeps (e.g. ("momentum",)), so that
-        optimizer state is planned like every other tensor. `menu` supplies the convolution algorithms each step
-        may run and their workspace sizes: the CPU's menu (`CPUMenu`, by default), the cuDNN model, or a live
-        backend; a CPU backend's menu is its `CPUMenu`, so it shares that menu's route. `fused_update`: each
-        layer's optimizer update right after its backward (see `route.py`). `packs` (lists of layer names):
-        Harmony's route of layer packs and micro-batches (see `packs.py`; always fused); `micro_batches` > 1
-        without packs: gradient accumulation, each micro-batch's forward then its backward (`route.py`; always
-        fused).
-        """
+        """The route every plan is expressed on, cached until the graph changes."""
         menu = menu_of(menu)
         key = (bool(training), tuple(optimizer_slots), menu, bool(fused_update) and bool(training))
         if training and (micro_batches != 1 or packs is not None):

@@ -1,39 +1,12 @@
-"""Layer packs and micro-batches (Harmony): the route that lets weights be brought in once per pack per step.
+"""Layer packs and micro-batches (Harmony): forward pack by pack; backward packs in reverse, each micro-batch
+re-running the pack's forward from its stashed inputs, then its backward and the pack's updates.
 
-With M micro-batches and the layers cut into packs of consecutive layers, one training step is:
-
-    for each pack, in order:              forward of the pack's layers, micro-batch 1, then 2, ... M
-    for each pack, in reverse order:      for each micro-batch: re-run the pack's forward from its stashed
-                                          inputs, then the pack's backward
-                                          then the update of the pack's layers (fused: once per step)
-
-So a pack's weights are used in one block of consecutive steps in forward and one in backward, whatever M is:
-the weights decision (`memory/decisions/weights.py`) brings them in once per block. Between its forward and
-its backward a micro-batch keeps only the pack's *inputs* (the stash: tensors produced outside the pack that its
-layers read, plus BN's per-micro-batch statistics); every activation inside a pack is produced again by the
-re-forward, into tensors of their own (`act:X@<m>r`), so liveness frees the forward's copies at once. So are
-attention's scores (a layer's `rebuildable_aux`): the forward does not keep them, the re-forward writes them
-(`aux:X.probs@<m>r`) for the micro-batch's backward right after, so one micro-batch's B H T^2 values are live at a
-time, not the whole batch's. The stash is an ordinary activation: the tensor cache may offload it like any other.
-
-Rules the code keeps:
-- Tensor ids: a micro-batch's activations, deltas, BN statistics and workspaces carry `@m`; the re-forward's
-  outputs `@mr`. Parameters, buffers and optimizer slots are shared. Micro-batch m > 0 writes its weight
-  gradients into `grad:...@m`, added into the gradient right after (an `Accumulation`, like a fork's partial
-  delta), so gradients sum over micro-batches in a fixed order: micro-batch 1, 2, ... M.
-- Each step carries `rename` (canonical id -> this step's id), so the executor asks for `act:conv1` and gets
-  the micro-batch's own tensor: layers and the executor's dispatch stay unaware of micro-batching. The ids are
-  spelled by `core.tensors.micro_id` alone.
-- The route is built by `route.build_route`, the builder of every route: the plain route is its one-micro-batch
-  case (canonical ids, no re-forward); this module cuts the packs and checks them.
-- The loss of each micro-batch is the mean over its b = N / M samples; its backward is seeded with 1 / M, so
-  the summed gradient is the full batch's mean-loss gradient, to float rounding (the sum order differs).
-  Results equal the same micro-batching under policy `none` bit for bit.
-- BatchNorm with micro-batches normalizes each micro-batch with its own statistics (as GPipe and Harmony do)
-  and updates the running statistics once per micro-batch (M times per step); its re-forward reuses the saved
-  statistics and leaves the running ones alone. With M = 1 it is exactly the plain route's BN.
-- Dropout draws a mask per (layer, step, micro-batch); the re-forward replays it.
-- The route is always fused: each backward pack is followed at once by its layers' updates.
+Rules:
+- Between forward and backward a micro-batch keeps only a pack's inputs (the stash); the re-forward remakes the
+  rest into tensors of its own (`@mr`; a micro-batch's are `@m`, spelled by `core.tensors.micro_id` alone).
+- Gradients sum over micro-batches in the order 1..M, each backward seeded with 1/M: bit-identical to the same
+  micro-batching under policy `none`. BatchNorm uses each micro-batch's statistics (as GPipe) and updates the
+  running ones M times a step, never in a re-forward; dropout's mask is per micro-batch, replayed by the re-forward.
 """
 from __future__ import annotations
 
@@ -56,8 +29,7 @@ class PackError(MinidlError, ValueError):
 
 
 def even_packs(net: "Network", n_packs: int) -> list[list[str]]:
-    """`n_packs` packs of consecutive layers, cut so each holds about the same weight bytes (a layer without
-    weights joins the pack of the layer before it)."""
+    """`n_packs` packs of consecutive layers with about the same weight bytes each."""
     layers = net.layer_nodes
     wbytes = [sum(int(np.prod(p.shape)) for p in n.params.values() if p.trainable) for n in layers]
     total = sum(wbytes) or 1
@@ -73,8 +45,7 @@ def even_packs(net: "Network", n_packs: int) -> list[list[str]]:
 
 
 def _check_micro_training(net: "Network", M: int) -> None:
-    """Every layer must train on one micro-batch's shapes, as it must on the batch's (BN on one value per channel
-    fails here, when planning, not in the first step's kernel)."""
+    """Every layer must train on one micro-batch's shapes: refused when planning, not in the first kernel."""
     shapes = micro_shapes(net, net.input_nodes[0].shape[0] // M)
     for n in net.layer_nodes:
         try:
@@ -86,9 +57,8 @@ def _check_micro_training(net: "Network", M: int) -> None:
 
 def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[str]] | None = None,
                  optimizer_slots: Sequence[str] = (), menu=CPU_MENU) -> Route:
-    """The training route of `net` with `micro_batches` micro-batches and `packs` (layer names, consecutive in
-    topological order, covering every layer), built by `route.build_route`; `packs` None: no packs, the accumulate
-    schedule (each micro-batch's forward, then its backward: `route.py`)."""
+    """`net`'s route with `micro_batches` and `packs` (consecutive layers covering all); None: the accumulate
+    schedule."""
     batch = net.input_nodes[0].shape[0]
     M = int(micro_batches)
     if M < 1 or batch % M:

@@ -1,32 +1,12 @@
-"""The route: the execution order that every memory decision is expressed on.
+"""The route: the execution order every memory decision is expressed on.
 
-A training route is: one forward step per layer in topological order, then one backward step per layer that
-has something to differentiate, in reverse order, then one update step (the optimizer). With a *fused update*
-(`fused_update=True`) there is no final update step: each layer's update runs right after its own backward, so a
-gradient lives only between the two (ZeRO-Offload, Harmony). The arithmetic is the same: an update touches only
-its own parameter, gradient and optimizer slots, and no later step reads that parameter (backward reads only its
-own layer's parameters, and a layer is backwarded once), so the parameters come out bit-identical. Each step lists the
-tensors it reads and writes, derived from the layers' declared backward needs; from those lists alone, the
-liveness analysis can tell when every tensor is born and when it dies, and a plan can attach events
-(allocate, free, offload, prefetch, recompute...) to steps.
-
-One builder (`build_route`) makes every route: the plain route is the one-micro-batch case of Harmony's route of
-layer packs and micro-batches (`packs.py`), with the canonical tensor ids and no re-forward. Micro-batches without
-packs are plain gradient accumulation (the *accumulate* schedule): each micro-batch's forward, then its backward,
-its weight gradients summed into the first one's, the updates after the last micro-batch's backward; the same
-arithmetic as Harmony's route with the same count, so the same bits, with one micro-batch's activations alive at a
-time instead of every micro-batch's stash.
-
-Forks need no special layer: when a tensor feeds several layers, its delta receives several contributions in
-backward. The first consumer to run backward writes the delta directly; each later one writes a *partial
-delta* that is added into it and freed at once. Partials are planned tensors like any other, so the memory
-this costs is visible in every plan. A later consumer whose layer can add into the delta itself
-(`Layer.accumulates_in_place`: convolutions, the consumers at a ResNet block's fork) has no partial: its
-backward kernel adds its input delta into the delta for the whole batch (`Accumulation.in_place`; the CPU's
-`conv2d_backward(..., accumulate=True)`, cuDNN's data gradient with a fused add), so the fork's backward step
-holds the delta once instead of twice. The backends add exactly dx + (the delta a plain call computes), the
-addition a partial gets, so both ways give the same bits; and every plan of a route shares its route, so every
-policy sums in the same order: plans stay bit-identical.
+Rules:
+- Forward steps in topological order, backward steps in reverse, then the update (fused: each layer's right after
+  its backward, the same arithmetic). Each step lists the tensors it reads and writes: liveness and every plan's
+  events come from those lists alone.
+- One builder (`build_route`) makes every route; the plain route is one micro-batch of the packed one (packs.py).
+- A fork's later consumers write partial deltas added into the first one's, or add into it themselves
+  (`accumulates_in_place`, the same addition). Every plan of a route sums in one order: plans stay bit-identical.
 """
 from __future__ import annotations
 
@@ -65,9 +45,8 @@ class Phase(str, enum.Enum):
 
 @dataclass(slots=True)
 class Accumulation:
-    """After a backward step: `into += partial`, then `partial` is dead. In place (`partial` None): the step's
-    layer adds its contribution to input `slot`'s delta into `into` itself (`LayerContext.accumulate`); nothing
-    is left to add after the step."""
+    """After a backward step: `into += partial`, then `partial` is dead; with `partial` None the layer added its
+    input `slot`'s delta into `into` itself."""
 
     partial: str | None
     into: str
@@ -93,8 +72,6 @@ class Step:
     dinputs: list[str | None] = field(default_factory=list)   # backward: where each input's delta goes
     accumulate: list[Accumulation] = field(default_factory=list)
     seed_delta: str | None = None  # backward of the loss: the delta set to 1.0 (1/M with M micro-batches)
-    # Every route is built as micro-batches (`build_route`); the plain route is the case of one, under the
-    # canonical ids: micro 0, no re-forward, no renames.
     micro: int = 0                 # the micro-batch this step runs
     recompute: bool = False        # a pack's re-forward in backward: no running-statistics update
     rename: dict[str, str] = field(default_factory=dict)  # canonical tensor id -> this step's (`micro_id`)
@@ -120,8 +97,8 @@ class Route:
     tensors: dict[str, TensorSpec]
     optimizer_slots: tuple[str, ...] = ()
     requires_grad: list[bool] = field(default_factory=list)
-    menu: object = field(default=CPU_MENU, repr=False, compare=False)  # whose algorithms the steps offer (`build`)
-    fused_update: bool = False  # one update step per layer, right after its backward (see the module doc)
+    menu: object = field(default=CPU_MENU, repr=False, compare=False)  # whose algorithms the steps offer
+    fused_update: bool = False  # one update step per layer, right after its backward
     options: PlanOptions = field(default_factory=PlanOptions)
     """The options plans of it are made under (`with_options`): a value, attached only by `with_options`, which
     returns a copy: `Network.route` caches one route per configuration and every plan of the network shares it, so
@@ -133,7 +110,7 @@ class Route:
 
     @property
     def backend_name(self) -> str:
-        """Whose algorithms the steps' workspace options are: the backend a plan of this route runs on."""
+        """The backend whose algorithms the steps offer."""
         return backend_name(self.menu)
 
     @property
@@ -141,7 +118,6 @@ class Route:
         return self.packing.micro_batches if self.packing is not None else 1
 
     def shapes_of(self, node_index: int) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
-        """(input shapes, output shape) of a node as this route's steps run it (a micro-batch's, if any)."""
         if self.packing is not None:
             return self.packing.shapes[node_index]
         node = self.network.nodes[node_index]
@@ -149,20 +125,17 @@ class Route:
 
     @property
     def turn(self) -> int:
-        """The first step of the backward half (a packed route's first re-forward counts as backward; with the
-        accumulate schedule, the first micro-batch's first backward step)."""
+        """The first step of the backward half (a re-forward counts as backward)."""
         return next((s.index for s in self.steps if s.phase is not Phase.FORWARD or s.recompute),
                     len(self.steps))
 
     @property
     def forward_end(self) -> int:
-        """One past the last forward step that is not a re-forward: where an evaluation's forward ends (the turn,
-        except with the accumulate schedule, whose later micro-batches run their forward after the first one's
-        backward)."""
+        """One past the last forward that is not a re-forward: where an evaluation's forward ends."""
         last = max((s.index for s in self.steps if s.phase is Phase.FORWARD and not s.recompute), default=-1)
         return last + 1
 
-    # -- queries ---------------------------------------------------------------------------------------------
+    # -- queries
     @property
     def forward_steps(self) -> list[Step]:
         return [s for s in self.steps if s.phase is Phase.FORWARD]
@@ -172,8 +145,8 @@ class Route:
         return [s for s in self.steps if s.phase is Phase.BACKWARD]
 
     def rebuildable_aux(self) -> list[str]:
-        """The aux tensors of this route a plan may leave out (`Layer.rebuildable_aux`: attention's scores)."""
-        if self.packing is not None:  # a packed route's aux tensors are per micro-batch (renamed): not offered
+        """The aux tensors a plan may leave out (attention's scores); none on a packed route."""
+        if self.packing is not None:
             return []
         out = []
         for st in self.forward_steps:
@@ -182,23 +155,18 @@ class Route:
         return out
 
     def with_micro_batches(self, micro_batches: int, packs: list[list[str]] | None = None) -> "Route":
-        """This route's network cut into `micro_batches` micro-batches, in `packs` (Harmony's order) or, with
-        `packs` None, in the accumulate order (each micro-batch's forward, then its backward), on the same
-        menu and under the same options: how a policy that chooses the count or the packing itself (`packs`,
-        `auto`) rebuilds the route it was given."""
+        """This route cut into `micro_batches`, in `packs` or (None) the accumulate order, same menu and options."""
         return self.network.route(training=True, optimizer_slots=self.optimizer_slots, menu=self.menu,
                                   fused_update=True, micro_batches=micro_batches,
                                   packs=packs).with_options(self.options)
 
     def with_options(self, options: PlanOptions) -> "Route":
-        """This route planned under `options`: a copy (the cached route is shared and never changes). It keeps
-        the memo: the analyses there (liveness, bounds, step costs) do not depend on how tensors are placed."""
+        """A copy under `options` (the cached route never changes), sharing the placement-free memo."""
         return self if options == self.options else replace(self, options=options)
 
     def without_aux(self, aux: Sequence[str]) -> "Route":
-        """This route without the aux tensors `aux` (among `rebuildable_aux()`): no step writes or reads them, and
-        their layers, finding no array for them, rebuild what they hold in backward (same bits). A new route
-        (its own memo); the steps keep their indices, so per-step choices made on this one still apply."""
+        """A new route without the aux tensors `aux`, which their layers rebuild in backward (same bits); step
+        indices are kept."""
         drop = set(aux)
         others = drop - set(self.rebuildable_aux())
         if others:
@@ -208,25 +176,20 @@ class Route:
                  if drop & (set(st.reads) | set(st.writes)) else st for st in self.steps]
         return replace(self, steps=steps, tensors={k: v for k, v in self.tensors.items() if k not in drop}, memo={})
 
-    def tensors_of(self, *roles: Role) -> list[TensorSpec]:
-        return [t for t in self.tensors.values() if t.role in roles]
-
     def persistent_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values() if t.role.persistent)
 
-    # -- construction ------------------------------------------------------------------------------------------
+    # -- construction
     @staticmethod
     def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (),
               menu=CPU_MENU, fused_update: bool = False) -> "Route":
-        """The plain route of `net` (`build_route` with one micro-batch and no packs)."""
         return build_route(net, training, optimizer_slots, menu, fused_update)
 
 
 @dataclass(slots=True)
 class Packing:
-    """How a micro-batched route was cut (`packs.py`): M micro-batches of `micro_batch` samples; `packs` lists each
-    pack's layer names; `blocks` the (first, last) step of each pack's forward block and backward block; `shapes`
-    each node's (input shapes, output shape) for one micro-batch; `schedule` the order of the steps."""
+    """How a micro-batched route was cut: `blocks` are the (first, last) steps of each pack's forward and backward
+    block, `shapes` each node's for one micro-batch."""
 
     micro_batches: int
     micro_batch: int
@@ -239,8 +202,7 @@ class Packing:
 
 
 def micro_shapes(net: "Network", b: int) -> dict[int, tuple[list[tuple[int, ...]], tuple[int, ...]]]:
-    """(input shapes, output shape) of every node for a micro-batch of `b` samples, by re-running shape
-    inference from the inputs (a layer's output shape is a pure function of its input shapes)."""
+    """(input shapes, output shape) of every node for a micro-batch of `b` samples (shape inference again)."""
     out: dict[int, tuple[int, ...]] = {}
     res = {}
     for n in net.nodes:
@@ -255,7 +217,7 @@ def micro_shapes(net: "Network", b: int) -> dict[int, tuple[list[tuple[int, ...]
 
 
 def requires_grad(net: "Network") -> list[bool]:
-    """Per node: does the delta of its output have to be computed (a trainable parameter in it or before it)?"""
+    """Per node: whether its output's delta is needed (a trainable parameter in it or before it)."""
     rg = [False] * len(net.nodes)
     for n in net.nodes:
         if n.layer is not None:
@@ -267,26 +229,14 @@ def requires_grad(net: "Network") -> list[bool]:
 def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
                 fused_update: bool = False, micro_batches: int = 1,
                 packs: Sequence[Sequence[str]] | None = None) -> Route:
-    """The one route builder: the plain route is the one-micro-batch case of the packed route.
-
-    Forward runs pack by pack, every micro-batch through a pack before the next pack; backward runs the packs in
-    reverse, each micro-batch re-running the pack's forward (packed routes only) and then its backward, and the
-    pack's updates follow its backward block when the update is fused. `packs` None is the plain route: one
-    micro-batch of the whole batch under the canonical tensor ids (`micro_id(tid, None)`), one layer per pack, no
-    re-forward, `fused_update` as asked; `packs` given (checked by `packs.build_packed`) is Harmony's route:
-    `micro_batches` micro-batches with ids of their own, always fused; `packs` None with `micro_batches` > 1 is the
-    accumulate schedule (see the module doc), with the same ids, always fused.
-
-    `menu` (the CPU's menu, the cuDNN model or a live backend) is asked, once per step, which algorithms a layer
-    can run with and how much workspace each needs: the route is where that menu is fixed, so every planner pass
-    (sizing, bounds, simulation, auto's search) reads the same one."""
+    """Every route: `packs` given, Harmony's; None, the plain route or (micro-batches) the accumulate schedule.
+    `menu` is asked once per step for its algorithms, so every planner pass reads the same ones."""
     return _RouteBuilder(net, training, tuple(optimizer_slots), menu, fused_update, int(micro_batches),
                          packs).build()
 
 
 class _RouteBuilder:
-    """The state of one `build_route` call: the tensor table being filled, the steps, and per micro-batch the
-    deltas already written (a second contribution to one is a partial delta, accumulated)."""
+    """One `build_route` call's state: tensors, steps, and per micro-batch the deltas already written."""
 
     def __init__(self, net, training, optimizer_slots, menu, fused_update, micro_batches, packs):
         self.net, self.nodes, self.training, self.slots, self.menu = net, net.nodes, training, optimizer_slots, menu
@@ -314,8 +264,7 @@ class _RouteBuilder:
         return tid
 
     def act(self, i: int, m: int, pack: int | None = None) -> str:
-        """Node i's output in micro-batch m, as pack `pack`'s re-forward and backward read it (the re-forward's
-        copy for a layer of that pack; None: the forward's)."""
+        """Node i's output in micro-batch m as pack `pack` reads it (None: the forward's)."""
         src = self.nodes[i]
         again = pack is not None and src.layer is not None and self.pack_of[i] == pack
         return self.add(self.micro(act_id(src.name), m, again), self.act_role(src), self.shapes[i][1], src.dtype,
@@ -355,9 +304,7 @@ class _RouteBuilder:
         return route
 
     def accumulated(self) -> None:
-        """The accumulate order: micro-batch by micro-batch, every layer's forward, then every backward; each
-        layer's update right after its backward in the last micro-batch (its gradient is then complete). Only
-        one micro-batch's activations are alive at a time, and nothing is computed twice."""
+        """Per micro-batch, every forward then every backward; each update after the last micro-batch's backward."""
         layers = self.net.layer_nodes
         for m in range(self.M):
             for n in layers:
@@ -394,7 +341,7 @@ class _RouteBuilder:
         return step is not None
 
     def forward(self, n, m: int, again: bool) -> None:
-        """Layer n's forward on micro-batch m; `again`: its re-forward in backward (reads what the forward saved)."""
+        """Layer n's forward on micro-batch m; `again`: its re-forward in backward."""
         layer, net = n.layer, self.net
         ins, out_shape = self.shapes[n.index]
         pack = self.pack_of[n.index] if again else None
@@ -404,10 +351,9 @@ class _RouteBuilder:
         writes = [out]
         if self.training and not again:
             writes += [param_id(n.name, p) for p, s in n.params.items() if not s.trainable]
-            if m == 0:  # on the network's own (whole-batch) shapes, as a plain route would check it
+            if m == 0:  # on the whole batch's shapes
                 layer.check_training([self.nodes[i].shape for i in n.inputs])
-            # written by the training forward even when no backward reads them (BN on the data); on a packed
-            # route, a rebuildable one (attention's scores) is left to the pack's re-forward (below)
+            # written even when no backward reads them; on a packed route a rebuildable one is the re-forward's
             self.aux[n.index, m] = [(aux_id(n.name, a), self.add(self.micro(aux_id(n.name, a), m), Role.AUX, shape,
                                                                  net.dtype, n.name))
                                     for a, shape in layer.aux_specs(ins, training=True).items()
@@ -416,9 +362,7 @@ class _RouteBuilder:
             rename[canonical] = tid
             (reads if again else writes).append(tid)
         if again:
-            # The re-forward computes the scores anyway: it writes them into a tensor of its own, which the
-            # micro-batch's backward reads right after, so one micro-batch's scores are live at a time (kept from
-            # the forward, every micro-batch's would be: the whole batch's, which micro-batching is meant to cut)
+            # the re-forward writes its own scores, read right after: one micro-batch's are live at a time
             for a, shape in layer.aux_specs(ins, training=True).items():
                 if a in layer.rebuildable_aux:
                     tid = rename[aux_id(n.name, a)] = self.add(self.micro(aux_id(n.name, a), m, again=True),
@@ -432,8 +376,7 @@ class _RouteBuilder:
                                micro=m, recompute=again, rename=_renamed(rename)))
 
     def backward_step(self, n, m: int, pack: int | None) -> None:
-        """Layer n's backward on micro-batch m, reading the activations of pack `pack`'s re-forward (None: the
-        forward's)."""
+        """Layer n's backward on micro-batch m, reading pack `pack`'s re-forward (None: the forward's)."""
         layer, net, nodes = n.layer, self.net, self.nodes
         ins, out_shape = self.shapes[n.index]
         dout = self.add(self.micro(delta_id(n.name), m), Role.DELTA, out_shape, n.dtype, n.name)
@@ -481,7 +424,7 @@ class _RouteBuilder:
                 writes.append(part)
             else:
                 writes.append(g)
-        if m == self.M - 1:  # the tied users' contributions, once all their micro-batches have run (they come later)
+        if m == self.M - 1:  # the tied users' contributions, once all their micro-batches ran
             for part, into in self.tied_in.get(n.index, ()):
                 reads.append(part)
                 accs.append(Accumulation(part, into))
@@ -499,13 +442,12 @@ class _RouteBuilder:
 
 
 def _renamed(rename: dict[str, str]) -> dict[str, str]:
-    """A step's renames, without the ids that stay what they are (all of them on the plain route)."""
+    """A step's renames, without identities."""
     return {k: v for k, v in rename.items() if k != v}
 
 
 def tied_contributions(net: "Network") -> dict[int, list[tuple[str, str]]]:
-    """Owner node -> [(a tied user's gradient contribution, the owner's gradient it is added into)]: the additions
-    the owner's backward step makes after its own (`Network.tie`; the users' backward steps ran before it)."""
+    """Owner node -> [(a tied user's gradient contribution, the owner's gradient it is added into)]."""
     out: dict[int, list[tuple[str, str]]] = {}
     for n in net.layer_nodes:
         for pname, (owner, oname) in n.tied.items():
@@ -514,8 +456,7 @@ def tied_contributions(net: "Network") -> dict[int, list[tuple[str, str]]]:
 
 
 def update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype) -> Step | None:
-    """The optimizer update of `nodes`' trainable parameters (None if they have none). One node: a fused
-    per-layer update, named after its layer; several: the whole-network update step."""
+    """The update of `nodes`' trainable parameters (None if none): one node's (fused) or the whole network's."""
     reads: list[str] = []
     writes: list[str] = []
     for n in nodes:

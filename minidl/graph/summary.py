@@ -1,5 +1,4 @@
-"""The layer table `minidl info` prints and `Network.summary()` returns, from the nodes alone (no plan, no arrays:
-instant even for ResNet-2500)."""
+"""The layer table `minidl info` prints, from the nodes alone (no plan, no arrays)."""
 from __future__ import annotations
 
 import math
@@ -63,7 +62,6 @@ class NetworkSummary:
 
 
 def summarize(net: Network, name: str | None = None) -> NetworkSummary:
-    """The layer table of `net`, titled `name` or the network's name."""
     rows = []
     for n in net.nodes:
         in_shapes = [net.nodes[i].shape for i in n.inputs]

@@ -1,7 +1,5 @@
-"""The staging a layer's step takes in a half precision: scratch its backend's half kernels need beyond the plan's
-tensors (the CPU's float32 copies of half operands, `backend.cpu.half`), found by running the step's own calls
-as a dry run (`staging_trace`) on empty arrays stored as `backend.precision` says: the figure is the one the run
-takes, for any layer, with no formula kept beside the kernels.
+"""The staging a layer's step takes in a half precision (the CPU's float32 copies of half operands), measured by
+a dry run of the step's own calls (`staging_trace`): the figure is the run's, with no formula kept beside it.
 """
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ from .base import Layer, LayerContext
 
 def step_staging(layer: Layer, backend, prec: Precision, phase: str, in_shapes, in_dtypes, out_shape, *,
                  training: bool = True, kept_aux=None) -> int:
-    """The bytes of staging `layer`'s forward (`phase` 'fwd', a recomputation alike) or backward ('bwd') takes on
-    `backend` in `prec`, its inputs of `in_shapes` stored in `in_dtypes`; `kept_aux` the aux tensors the plan
-    keeps (None: all of them). 0 in float32 modes, and on backends that stage nothing."""
+    """Staging bytes of `layer`'s `phase` ('fwd', 'bwd') on `backend` in `prec`; `kept_aux` None: all kept.
+    0 in float32 modes and on backends that stage nothing."""
     if prec.half is None or not backend.capabilities.half_staging:
         return 0
     in_shapes = [tuple(s) for s in in_shapes]

@@ -1,19 +1,6 @@
-"""The step binding: what the executor hands its step runners, one call at a time.
-
-A training step is a sequence of calls (kernels, host copies, collectives, the optimizer, the divergence guard),
-each with its arguments: views into the arena, layer contexts, host buffers. The executor assembles every one of
-them in one place (`Executor.bind_events`, `bind_compute`, ...) and passes each, as a `BoundCall`, to a *sink*:
-the interpreter's sink runs it at once; the compiled step's (`minidl.runtime.program`) records it, to be replayed
-at every step. The pool's bookkeeping (which block each tensor occupies) happens while the calls are assembled, so
-a recording is exactly what the interpreter would run, in its order, with its arguments: the two cannot drift
-apart, and a mechanism added to the executor as one more event handler runs compiled with no change here or in
-the program.
-
-What changes from one step to the next is read by the calls themselves when they run (the iteration, the batch,
-the loss), or, for the dropout keys, set on the layer contexts the records expose (`LayerCall.ctx`).
-
-`StepBinding` names the executor's surface that the program and the CUDA graph capture use: nothing else of the
-executor, none of its private members.
+"""The step binding: the executor assembles each call of a step once and hands it, as a `BoundCall`, to a sink
+(the interpreter's runs it, the compiled step's records it), so the two cannot drift apart. `StepBinding` is all
+of the executor the program and the capture may use.
 """
 from __future__ import annotations
 
@@ -31,23 +18,22 @@ Call = Callable[[], Any]
 class LayerCall:
     """A layer's forward or backward as assembled: what a runner may fuse, or key per step."""
 
-    node: Any                       # the graph node
-    inputs: list                    # forward: every input's view; backward: those the layer reads (else None)
-    out: Any                        # the output's view (backward: None unless the layer reads it)
+    node: Any
+    inputs: list                    # backward: None where the layer does not read it
+    out: Any                        # backward: None unless the layer reads it
     params: dict
     ctx: "LayerContext"
-    micro: int = 0                  # the micro-batch (its dropout key: iteration * M + micro)
-    recompute: bool = False         # re-run by a RECOMPUTE event (not the route's own step)
-    dout: Any = None                # backward: the output's gradient
-    dinputs: list | None = None     # backward: where each input's gradient goes (None: not wanted)
-    grads: dict | None = None       # backward: the parameters' gradients
+    micro: int = 0
+    recompute: bool = False         # re-run by a RECOMPUTE event
+    dout: Any = None
+    dinputs: list | None = None     # None: not wanted
+    grads: dict | None = None
 
 
 @dataclass(slots=True)
 class BoundCall:
-    """One call of a step: `fn(*args)`, of a `kind` runners and reports know ("forward", "offload", ...), made at
-    route step `step`. `layer`: a layer's call, as assembled; `items`: an update's (param, grad, state) triples,
-    which a runner may update in fused groups (`Optimizer.prepare`, bit-identical)."""
+    """`fn(*args)` of a `kind` ("forward", "offload", ...) at route step `step`; `layer`: a layer's call as
+    assembled; `items`: an update's (param, grad, state) triples."""
 
     kind: str
     fn: Callable[..., Any]
@@ -64,26 +50,25 @@ Sink = Callable[[BoundCall], None]
 
 
 def run_now(call: BoundCall) -> None:
-    """The interpreter's sink: every call runs as it is assembled."""
+    """The interpreter's sink."""
     call.fn(*call.args)
 
 
 @dataclass(slots=True)
 class GuardCall:
-    """The divergence guard of one UPDATE step: a call (`StepBinding.guard_update` on these gradients and buffers)
-    and the data a CUDA graph needs to run the same check on the device instead (`minidl.runtime.capture`)."""
+    """One UPDATE's divergence guard, with what a CUDA graph needs to run it on the device."""
 
     ex: Any
     step: "Step"
     grads: list   # (layer, parameter, gradient view), in backward order
-    buffers: list  # (layer, buffer, view): the running statistics, at the step's first update (else empty)
+    buffers: list  # (layer, buffer, view): running statistics, at the first update only
 
     def __call__(self) -> None:
         self.ex.guard_update(self.step, self.grads, self.buffers)
 
 
 class StepBinding(Protocol):
-    """The executor as its step runners see it (`minidl.runtime.executor.Executor` provides it)."""
+    """The executor as its step runners see it."""
 
     be: Any
     net: Any

@@ -1,67 +1,12 @@
-"""One CUDA graph per step: the compiled program (`minidl.runtime.program`) captured once and replayed.
+"""One CUDA graph per step: the compiled program (program.py) captured once and replayed.
 
-On the GPU about 80 ms of every ResNet-50 step was host-side dispatch (Python per kernel, ../shared/GPU.md). The
-compiled program already fixes every call, view, algorithm and workspace before the first step; a CUDA graph
-records the kernels those calls enqueue once, and a step becomes one `cudaGraphLaunch` (the divergence guard
-included: see below), or a few with the calls cupy cannot capture between them (cuBLAS: see below).
-
-Rules this module keeps:
-- Replay runs exactly the calls the eager program runs, in its order, on the same stream, with the same arguments:
-  the parameters are bit-identical to the compiled eager loop's (tests/backend/test_capture.py checks the order
-  and the arguments against fakes; tests/backend/test_capture_gpu.py the bits, behind `-m gpu`).
-- What changes per step lives at fixed addresses: the batch and labels are copied into fixed pinned staging
-  buffers on the host, and the graph's first nodes copy them into the arena; the loss is copied out by the graph
-  into a fixed pinned buffer that the host reads after the step. The host blocks once per step (to read it).
-- The first `WARMUP_STEPS` run eagerly: they build the cuDNN graphs, compile and load the kernels and size the
-  side buffers, none of which may happen while a stream is captured.
-- The scalars that change per step are in device memory too (`backend/scalars.py`): each dropout layer's key,
-  the learning rate (a schedule) and Adam's step count (its bias corrections) are written by the host into a
-  fixed pinned buffer before each replay, copied to the device by the graph's first node, and read there by the
-  `_dev` kernels, which the backend launches instead of the ordinary ones while a capture is under way.
-- Every other value baked into the captured kernels as a launch argument must not change between replays: the
-  optimizer's other hyper-parameters, SGD's first-step flag and whether the divergence guard is on are checked
-  before every replay (the `signature`); a change re-captures, one at every step gives up (the eager loop runs,
-  and says why).
-- The divergence guard runs on the device: the host guard (`Executor.guard_update`) reads the loss and the
-  gradients before an update may run, which a graph cannot stop for. So each guard becomes `nonfinite_flag`
-  launches (kernels/elementwise.cu) on the same gradients, then the loss (kept in a slot at the loss layer), then
-  the running statistics (at the first update), in the host guard's order; the first non-finite one leaves its
-  code in a device flag, the update kernels' graph variants skip while it is set, and after the step the host
-  reads the flag and raises the host guard's very error (`_raise_if_diverged`). Same state as eager: unfused,
-  nothing updated; fused, the layers updated before the bad gradient. A step is then one graph. A backend
-  without a device guard splits the step at each guard instead (a host call between graphs, named in
-  `describe()`), and refuses a split that would fall between a host copy and its wait.
-- A call the backend cannot capture runs eagerly between graphs. cupy refuses every cuBLAS call on a capturing
-  stream (the dense layers' `cupy.cublas.gemm`, the batched products' and attention's `cupy.matmul`), raising
-  the error the backend names in `CaptureUnsupported`, before it enqueues anything. `record` captures each
-  segment in one pass: at such an error it drops that capture (it may hold part of the call's work), captures
-  the calls before the failing one again as one graph, makes the call an eager segment and goes on capturing
-  after it. A step is then graph, eager call(s), graph, ...: the eager calls are enqueued on the compute stream
-  behind the graph before them (stream order, no host wait) with `graph_scalars` still set, so a call with a
-  `_dev` variant launches it as inside a graph (this step's slots, skipped after a flagged guard). The same
-  kernels run as in the compiled loop, so the bits are its bits. `describe()` says how many calls run eagerly
-  and why; such a call between a host copy and its wait refuses the capture (a graph must end with its copies
-  joined), and a cupy allocation inside it is no capture error (only the kept graphs are checked).
-- A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
-  one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
-  micro-batches (a loss read per micro-batch), compression (the codec runs on the host), host copies that may go
-  to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
-  Adam, an allocation made by cupy inside a captured graph (a temporary the graph would keep reusing), a call
-  that cannot be captured between a host copy and its wait, or the capture's own error.
-- Host copies (offload/prefetch) are captured with the compute they overlap: each copy waits on its stream for
-  an event recorded on compute, and compute waits for the copy's `done` event at RELEASE/WAIT, so the graph has
-  the same dependencies as the eager step. The host store's buffers are fixed per tensor, so the graph's copies
-  always read and write the same pinned memory. The copies' events belong to the graph: the store forgets them
-  after the capture (`HostStore.drop_captured`) and counts each replay's copies without times
-  (`HostStore.untimed_copies`; the JSON's `transfer_hidden_fraction` is then null: `--cuda-graph off` measures
-  the overlap eagerly).
-
-Rationale: capture is at the program's granularity (not per layer) because the program is already the whole
-step as a flat list; segments fall out of the call kinds the lowering records (`Program.call_kinds`).
-Limitations: on the H200 (docs/gpu.md) cupy's cuBLAS refusal failed the capture of every network with a dense
-layer; the eager calls between graphs that answer it are tested on the host only (the emulated capture of
-tests/backend/test_capture.py), not yet on a GPU, and nothing about graphs is measured. Copies inside a graph
-are not timed.
+Rules:
+- Replay runs exactly the eager program's calls, order and arguments: the same bits (tests/backend/test_capture*.py).
+- What changes per step lives at fixed addresses (pinned buffers, device slots of `backend/scalars.py`); other
+  launch arguments are checked before each replay (`signature`): a change re-captures.
+- The divergence guard runs on the device in the host guard's order; the host raises its very error after the step.
+- A call the backend cannot capture (cupy's cuBLAS) runs eagerly between graphs, never between a host copy and its
+  wait. A plan that cannot be captured runs the compiled eager loop; `Executor.graph_fallback` says why.
 """
 from __future__ import annotations
 
@@ -75,16 +20,15 @@ from ..backend.base import backend_name
 from ..backend.scalars import StepScalars
 from ..core import startup
 
-#: Call kinds the graph contains (they only enqueue device work on the compute stream).
+#: Call kinds the graph contains.
 DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
-#: Host copies: captured too (on their own streams, joined to compute by events) where the host store's copies
-#: are stream copies between fixed pinned buffers (`HostStore.capturable`); their times are then not measured.
+#: Host copies: captured where they are stream copies between fixed pinned buffers.
 COPY_KINDS = frozenset({"offload", "release", "prefetch", "wait"})
-#: Call kinds that must run on the host between graphs, with the reason (said in `describe()`).
+#: Call kinds run on the host between graphs, with the reason.
 HOST_KINDS = {"guard": "the divergence guard reads the loss and gradients on the host before the update"}
-#: Host-only bookkeeping: run once per step outside the graphs (it enqueues nothing).
+#: Host-only bookkeeping, run once per step outside the graphs.
 HOISTED_KINDS = frozenset({"recompute_flops"})
-#: Call kinds a capture cannot contain, with the reason the fallback gives.
+#: Call kinds a capture cannot contain, with the reason.
 REFUSED_KINDS = {
     "map": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
     "unmap": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
@@ -98,8 +42,7 @@ REFUSED_KINDS = {
 #: Why host copies are not captured when they cannot be.
 COPIES_REFUSED = ("host copies: a host limit (--host-limit) may put them on the disk tier, which a graph cannot "
                   "contain")
-#: Steps after which a graph is captured: the first step runs eagerly, which builds the cuDNN graphs, compiles
-#: the kernels and allocates the side buffers (none of which may happen inside a capture).
+#: Steps run eagerly before the capture (they build what a capture cannot).
 WARMUP_STEPS = 1
 
 
@@ -146,15 +89,12 @@ def why_not(ex, program) -> str | None:
 def _optimizer_kind(opt) -> str:
     try:
         return str(opt.config().get("type", type(opt).__name__))
-    except Exception:  # noqa: BLE001 - an optimizer without a config is simply not one we know
+    except Exception:  # noqa: BLE001 - no config: not one we know
         return type(opt).__name__
 
 
 def signature(ex) -> tuple:
-    """The host values the captured kernels hold as launch arguments: a replay is valid only while they are the
-    ones of the capture. They are the optimizer's hyper-parameters except the learning rate (which has a device
-    slot), whether this is the run's first update (SGD's momentum buffer is then initialized) and whether the
-    divergence guard splits the step."""
+    """The host values the captured kernels hold as launch arguments: a replay is valid while they hold."""
     cfg = ex.opt.config()
     return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "lr")) + (
         ("first_update", ex.iteration == 0), ("guard", bool(ex.check_finite)))
@@ -162,10 +102,8 @@ def signature(ex) -> tuple:
 
 @dataclass(slots=True)
 class Segment:
-    """One part of a step: a captured graph (`graph` set), a host call between graphs (`host` set: the host
-    waits for the graphs before it), or calls the backend cannot capture (`eager`: `calls` run as they are,
-    enqueued on the compute stream behind the graph before them, without a wait). `reason` says why a segment
-    is not a graph."""
+    """One part of a step: a captured `graph`, a `host` call (after a wait), or `eager` calls enqueued behind the
+    graph before them; `reason` says why a segment is not a graph."""
 
     calls: list[Callable[[], Any]]
     kinds: list[str]
@@ -175,21 +113,17 @@ class Segment:
     eager: bool = False
 
 
-#: How each call kind changes the number of host copies in flight (started on a copy stream, not yet joined).
+#: How each call kind changes the number of host copies in flight.
 COPY_BALANCE = {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}
 
 
 def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any], guard: bool = True,
           device_guard: Callable[[Any], Callable[[], Any]] | None = None,
           epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list]:
-    """The program's calls as segments: maximal runs of device calls (to capture) and the host calls between
-    them. `copy_in` (the batch: staging -> arena) opens the first graph; `copy_out` (the loss -> pinned) takes the
-    place of the loss read; `guard` False leaves the divergence guard out (`Executor.check_finite` off: it would
-    return at once); `device_guard(guard_call)`, where the backend can, is the device call that replaces a guard
-    (then the step is one graph); `epilogue` closes the last graph. Returns (segments, hoisted host calls)."""
+    """(segments, hoisted host calls): maximal runs of device calls and the host calls between them."""
     segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
     hoisted = []
-    in_flight = 0   # host copies started and not yet waited for: a graph must end with none (its streams joined)
+    in_flight = 0   # host copies not yet waited for: a graph must end with none
     for call, kind in zip(program.calls, program.call_kinds):
         if kind in HOISTED_KINDS:
             hoisted.append(call)
@@ -220,17 +154,14 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
 
 
 class GraphStep:
-    """Runs executor `ex`'s compiled program as captured CUDA graphs (see the module docstring).
-
-    `run(x, y)` has the effect of `Program.run(x, y)`. The first `WARMUP_STEPS` steps run the program eagerly;
-    then the step is captured (again whenever `signature` changes) and replayed."""
+    """`run(x, y)` has `Program.run(x, y)`'s effect, as captured graphs (again whenever `signature` changes)."""
 
     def __init__(self, ex, program):
         self.ex, self.program, self.be = ex, program, ex.be
         be = self.be
         self.staging = [be.host_empty(shape, view.dtype) for view, shape in zip(program.inputs, program.input_shapes)]
         lv = program.loss_view
-        self.loss_flat = lv.reshape(-1)   # a 0-d loss as a (1,) view: 0-d host<->device copies are fragile
+        self.loss_flat = lv.reshape(-1)   # 0-d host<->device copies are fragile
         self.loss_host = be.host_empty(tuple(self.loss_flat.shape), lv.dtype)
         self.scalars = StepScalars(be, [node for _, node, _ in program.keyed])
         self.loss_slot = be.scalar_buffer("graph_loss", int(self.loss_flat.size), lv.dtype)
@@ -239,15 +170,15 @@ class GraphStep:
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
         self.signature: tuple | None = None
-        self.copies: list[tuple[str, str, int]] = []   # (kind, tensor, bytes) of the host copies in the graphs
+        self.copies: list[tuple[str, str, int]] = []   # (kind, tensor, bytes) copied inside the graphs
         self.captures = 0
         self.replays = 0
         self.eager_steps = 0
         self._changed_last = False
 
-    # -- capture -----------------------------------------------------------------------------------------------
+    # -- capture
     def capture(self) -> None:
-        """Capture the step's device segments (`record`: nothing runs while capturing). Raises CaptureRefused."""
+        """Capture the step's device segments. Raises CaptureRefused."""
         with startup.phase("capture"):
             self._capture()
 
@@ -262,7 +193,7 @@ class GraphStep:
         if guard and be.capabilities.device_guard:
             device_guard = self._device_guard
             epilogue = [_copy(be.copy_out_async, sc.diverged, sc.diverged_out)]
-            loss_out = self._keep_loss   # the loss kept where the guards can read it, and copied out
+            loss_out = self._keep_loss
         else:
             loss_out = _copy(be.copy_out_async, self.loss_flat, self.loss_host)
         segments, hoisted = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
@@ -271,28 +202,26 @@ class GraphStep:
         if host is not None and host.capturable is not None:
             raise CaptureRefused(host.capturable)
         be.prepare_graph()
-        be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
+        be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels
         try:
             segments, copies = record(be, segments, host)
         finally:
             be.graph_scalars = None
-            if host is not None:  # the copies issued while capturing belong to a graph: never to be settled
+            if host is not None:  # the captured copies belong to the graph
                 host.drop_captured()
         self.segments, self.hoisted, self.copies = segments, hoisted, copies
         self.captures += 1
 
-    # -- the divergence guard on the device ---------------------------------------------------------------------
+    # -- the divergence guard on the device
     def _keep_loss(self) -> None:
-        """At the loss layer: the loss into its persistent slot (the arena block may be reused before the
-        update's guard runs), and out to the pinned buffer."""
+        """The loss into its own slot (its block may be reused before the guard) and out to pinned memory."""
         be = self.be
         be.copy(self.loss_slot, self.loss_flat)
         be.copy_out_async(self.loss_slot, self.loss_host)
 
     def _device_guard(self, guard_call) -> Callable[[], Any]:
-        """The device call replacing `guard_call` (a binding.GuardCall): `nonfinite_flag` on each gradient, then
-        on the loss, then on each running statistic, in the host guard's order; each gets a code (an index into
-        `self.codes`) the host reads back after the step to raise the very error the host guard raises."""
+        """The device call replacing `guard_call`: `nonfinite_flag` per tensor in the host guard's order, each
+        with a code into `self.codes`."""
         be, checks = self.be, []
         for layer, pname, g in guard_call.grads:
             self.codes.append((guard_call.step, layer, pname, False))
@@ -309,18 +238,16 @@ class GraphStep:
         return run
 
     def _raise_if_diverged(self) -> None:
-        """After a replay with the device guard: the first non-finite tensor's code, if any, raised as the host
-        guard raises it (its message, its note on fused updates already applied); no update ran after it."""
+        """Raise the host guard's error for the first flagged tensor, if any."""
         code = int(self.scalars.diverged_out[0])
         if not code:
             return
         step, layer, name, buffer = self.codes[code - 1]
         bad = [] if layer is None else [(layer, name, np.full(1, np.nan, np.float32))]
-        # raises DivergenceError (the loss, the named gradient, or the named running statistic)
         self.ex.guard_update(step, [] if buffer else bad, bad if buffer else [])
         raise RuntimeError(f"the device guard flagged code {code} but the host guard found nothing")  # noqa
 
-    # -- one step ----------------------------------------------------------------------------------------------
+    # -- one step
     def run(self, x, y) -> float:
         ex, program = self.ex, self.program
         if self.eager_steps < WARMUP_STEPS:
@@ -341,7 +268,7 @@ class GraphStep:
             self.signature = sig
         else:
             self._changed_last = False
-        for buf, arr in zip(self.staging, (x, y)):  # arrays of the inputs' shapes (Executor.check_batch)
+        for buf, arr in zip(self.staging, (x, y)):
             np.copyto(buf, arr, casting="unsafe")
         be = self.be
         for seg in self.segments:
@@ -349,13 +276,13 @@ class GraphStep:
                 be.launch_graph(seg.graph)
             elif seg.eager:
                 self._run_eager(seg)
-            else:  # a host call reads what the graphs before it wrote: wait for them, then the loss is known
+            else:  # a host call waits for the graphs before it
                 be.wait_compute()
                 ex.last_loss = float(self.loss_host.reshape(-1)[0])
                 seg.host()
         for call in self.hoisted:
             call()
-        be.wait_compute()   # compute joined every copy stream (RELEASE and WAIT wait on the copies' events)
+        be.wait_compute()   # compute joined every copy stream
         ex.last_loss = float(self.loss_host.reshape(-1)[0])
         if self.copies:
             ex.host.count_replayed(self.copies)
@@ -365,11 +292,8 @@ class GraphStep:
         return ex.end_iteration()
 
     def _run_eager(self, seg: Segment) -> None:
-        """Run the calls the backend could not capture, as they are: enqueued on the compute stream behind the
-        graph before them (no wait: stream order is the dependency). `graph_scalars` stays set, so a call with a
-        `_dev` variant launches it, as it would have inside the graph: its dropout key, learning rate and Adam
-        step come from the device slots the step's first graph filled (this step's values), and an update skips
-        once the device guard has flagged a non-finite tensor (a plain kernel would not)."""
+        """Enqueue the uncapturable calls behind the graph before them; `graph_scalars` stays set, so their `_dev`
+        variants read this step's slots and skip after a flagged guard."""
         be = self.be
         be.graph_scalars = self.scalars
         try:
@@ -385,7 +309,7 @@ class GraphStep:
 
     @property
     def eager_calls(self) -> int:
-        """Calls per step that run eagerly between the graphs (the backend could not capture them)."""
+        """Calls per step run eagerly between the graphs."""
         return sum(len(s.calls) for s in self.segments or () if s.eager)
 
     def describe(self) -> str:
@@ -410,18 +334,8 @@ class GraphStep:
 
 
 def record(be, segments: list[Segment], host=None) -> tuple[list[Segment], list[tuple[str, str, int]]]:
-    """Capture each device segment of `segments` on backend `be`, in one pass over its calls; host segments are
-    kept as they are. A call that raises one of the backend's `CaptureUnsupported` errors (cupy refuses any
-    cuBLAS call on a capturing stream) ends that capture: the attempt is dropped (it may hold part of the call's
-    work), the calls before the failing one are captured again as one graph, the call becomes an eager segment,
-    and capturing goes on after it. So each call is captured at most twice, and a step becomes graph, eager
-    call(s), graph, ... in program order. `host` (the executor's host store, or None): the copies each kept graph
-    issued are collected, those of a dropped attempt forgotten.
-
-    Returns (the segments, the kept graphs' host copies as (kind, tensor, bytes)). Raises CaptureRefused: any
-    other error while capturing; a cupy allocation inside a kept graph (one inside an eager call, or a dropped
-    attempt, is not kept by any graph); an uncapturable call that is a host copy, or that falls between a host
-    copy and its wait (a graph must end with its copies joined)."""
+    """Capture each device segment in one pass; at a `CaptureUnsupported` call, the calls before it are captured
+    again and the call made eager. Returns (segments, the kept graphs' host copies); raises CaptureRefused."""
     rec = _Recorder(be, host)
     out: list[Segment] = []
     for seg in segments:
@@ -443,9 +357,9 @@ class _Recorder:
         self._strays = 0
 
     def segment(self, seg: Segment) -> list[Segment]:
-        """`seg` (device calls, its host copies joined at its end) as graphs and eager segments."""
+        """`seg` as graphs and eager segments."""
         calls, kinds = seg.calls, seg.kinds
-        # host copies in flight before each call (the segment starts with none: `split` ends host segments so)
+        # host copies in flight before each call
         in_flight = list(accumulate((COPY_BALANCE.get(k, 0) for k in kinds), initial=0))
         out: list[Segment] = []
         start = 0
@@ -472,7 +386,7 @@ class _Recorder:
                 raise CaptureRefused(f"a {kind} call the backend cannot capture ({reason}) falls between a host "
                                      f"copy and its wait, where it cannot run between graphs (a graph must end "
                                      f"with its copies joined)")
-            if i > start:   # the calls before it, captured again without the failing call's part
+            if i > start:   # the calls before it, captured again
                 out.append(self._capture(calls[start:i], kinds[start:i]))
             if out and out[-1].eager:
                 out[-1].calls.append(calls[i])
@@ -518,7 +432,7 @@ def _copy(fn, a, b) -> Callable[[], Any]:
 def _end_quietly(be) -> None:
     try:
         be.end_graph()
-    except Exception:  # noqa: BLE001 - an invalidated capture raises when ended; it is over either way
+    except Exception:  # noqa: BLE001 - an invalidated capture raises when ended
         pass
 
 

@@ -3,12 +3,10 @@
 Format: one `.npz` of parameters and buffers by qualified name, optimizer state under `optim/<layer>.<param>.<slot>`,
 `__manifest__` (JSON: the caller's metadata; each array's shape, dtype, SHA-256) and `__manifest_sha256__`.
 Rules (tests/runtime/test_checkpoint.py):
-1. The file on disk is always complete, old or new, whenever the writer dies: temp file beside it, fsync, rename,
-   fsync of the directory. The next save to the path removes dead writers' temporaries.
+1. The file on disk is always complete, old or new: temp file beside it, fsync, rename, fsync of the directory.
 2. The path written is the path given: no `.npz` appended, no directory created.
-3. Every load verifies the whole file; damage or a foreign file is one `CheckpointError`, never a zip/pickle
-   traceback. Only real-number arrays, nothing cast.
-4. Whether a checkpoint fits the resuming run is decided from the manifest (`resume_problems`, `compare_data`).
+3. Every load verifies the whole file; damage is one `CheckpointError`. Only real-number arrays, nothing cast.
+4. Whether a checkpoint fits the resuming run is decided from the manifest.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Early stopping on the held-out loss (not accuracy, which moves by whole samples and stalls on a small set).
-
-Evaluations fall on `Session.iteration` multiples, so a resumed run keeps the rhythm; the count without improvement
-restarts with each `fit` (a checkpoint does not carry it).
+"""Early stopping on the held-out loss (accuracy moves by whole samples and stalls on a small set). Evaluations
+fall on `Session.iteration` multiples; the count without improvement restarts with each `fit`.
 """
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
-"""The executor: runs a plan on a backend, one route step at a time.
+"""The executor: runs a plan on a backend, one route step at a time (`before` events, compute, `after` events).
 
-For each step it applies the step's `before` events (allocate, prefetch, recompute...), runs the layer's
-forward or backward (or the optimizer), adds partial deltas into forks, then applies the `after` events (free,
-offload...). Every array a kernel sees is a view into the tensor pool's arena, placed at the offset the plan
-chose; the pool checks each placement, so a plan that would overlap two live tensors fails loudly.
-
-Residency is enforced: a kernel can only be handed tensors that are resident at that moment, otherwise a
-`ResidencyError` names the tensor and the step. In debug mode freed blocks are also poisoned with NaN, so a
-layer that reads memory its declaration did not protect produces NaN instead of silently stale data.
+Rules: every array a kernel sees is a view into the pool's arena at the plan's offset, and the pool checks each
+placement (overlapping live tensors fail loudly). A kernel is handed only resident tensors, else `ResidencyError`
+names the tensor and step. Debug mode poisons freed blocks with NaN, so an undeclared read shows.
 """
 from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,24 +47,14 @@ def dropout_key(seed: int, node_index: int, iteration: int) -> int:
     return (seed * _MIX[0] + (node_index + 1) * _MIX[1] + (iteration + 1) * _MIX[2]) & 0xFFFFFFFFFFFFFFFF
 
 
-@dataclass(slots=True)
-class StepStats:
-    loss: float = float("nan")
-    time_s: float = 0.0
-    trace: list[TraceEvent] = field(default_factory=list)
-
-
 class Executor:
     """Trains a network by replaying a plan. Construct once; call `train_step` per batch."""
 
     def __init__(self, net: Network, plan: Plan, optimizer: Optimizer, backend=None, seed: int = 0,
                  debug: bool = False, trace: bool = False, host_limit_bytes: int | None = None,
                  compiled: bool = True, comm=None, graphs: bool = True):
-        """`compiled`: record the first `train_step`'s calls into a flat program that every step replays (see
-        `minidl.runtime.program`); in debug mode `program_fallback` says so and steps are interpreted. `comm` (a
-        `dist.comm.Communicator`): the ranks a data-parallel plan's gradient buckets are reduced over (None: a
-        single process). `graphs`: on a backend with graph capture (CUDA),
-        replay the compiled step as captured graphs (`minidl.runtime.capture`); `graph_fallback` says why not."""
+        """`compiled`: replay the first step's recorded calls (program.py); `graphs`: as CUDA graphs (capture.py);
+        `program_fallback` / `graph_fallback` say why not. `comm`: the data-parallel ranks."""
         from ..backend.cpu.backend import CPUBackend
 
         if plan.route.network is not net:
@@ -104,10 +88,9 @@ class Executor:
         self.views: dict[str, np.ndarray] = {}
         self._forward_step_of = {st.node: st.index for st in self.route.steps if st.phase is Phase.FORWARD}
         self.offsets: dict[str, int] = {}
-        self._t0 = time.perf_counter()  # the run's clock origin: every trace event's time is relative to it
+        self._t0 = time.perf_counter()  # trace events are timed from it
         self.trace: list[TraceEvent] = []
-        # A traced compiled step times each call on the backend's clock (the device's, on a GPU) and reads the
-        # marks when the step is over (`settle_calls`): (label, step index, bytes in use, start mark, end mark).
+        # traced calls: (label, step, bytes in use, start mark, end mark)
         self.call_clock = self.be.call_clock() if trace else None
         self.timed_calls: list[tuple] = []
         for ev in plan.setup:
@@ -120,15 +103,15 @@ class Executor:
                           EventKind.RECOMPUTE: self._recompute,
                           EventKind.ALLREDUCE: self._allreduce, EventKind.REDUCED: self._reduced,
                           EventKind.COMPRESS: self._compress, EventKind.DECOMPRESS: self._decompress}
-        self.reducer = None  # data parallel: runs the plan's ALLREDUCE / REDUCED events (dist/reducer.py)
+        self.reducer = None  # data parallel
         if plan.buckets:
             from ..dist.comm import Communicator
             from ..dist.reducer import GradientReducer
 
             self.reducer = GradientReducer(comm or Communicator(), self.be, self._t0,
                                            self.trace if trace else None, plan.data_parallel.reduction)
-        self.compressed = None  # the compressed-activation store, created on the first COMPRESS (lossy plans)
-        self.host = None  # the host store + transfer engine, created on the first offload
+        self.compressed = None  # created on the first COMPRESS
+        self.host = None  # created on the first offload
         self.host_limit_bytes = host_limit_bytes
         self.recomputed_flops = 0
         self.last_loss = float("nan")
@@ -136,20 +119,19 @@ class Executor:
         self.compiled = compiled
         self.program: Program | None = None
         self.program_fallback: str | None = None if compiled else "compiled=False"
-        self.graph_step = None  # minidl.runtime.capture.GraphStep: the compiled step as CUDA graphs
+        self.graph_step = None  # capture.GraphStep
         self.graph_fallback: str | None = None if graphs else "graphs=False"
         with startup.phase("arena"):
             self._init_persistent()
-        self._stepped = False  # whether a step ran while the startup clock ran (the first one closes its count)
-        self.check_finite = True  # the divergence guard (guard_update); off only to measure what it costs
-        # (layer, parameter, gradient id) in the order backward writes them: the guard names the first bad one
+        self._stepped = False  # the first step closes the startup clock
+        self.check_finite = True  # the divergence guard; off only to measure its cost
+        # (layer, parameter, gradient id) in backward order
         self._grads_backward = [(self.net.nodes[st.node].name, p, grad_id(self.net.nodes[st.node].name, p))
                                 for st in self.route.steps if st.phase is Phase.BACKWARD
                                 for p, spec in self.net.nodes[st.node].params.items() if spec.trainable]
         self._buffers = [param_id(n.name, p) for n in net.layer_nodes for p, s in n.params.items()
                          if not s.trainable]
-        # (layer, buffer, id) the forward updates (BN running statistics; always resident, decisions/weights.py),
-        # checked by the guard of the step's first UPDATE (every forward has run by then; a recompute leaves them)
+        # (layer, buffer, id) the forward updates, checked at the first UPDATE
         self._guarded_buffers = [(n.name, p, param_id(n.name, p)) for n in net.layer_nodes
                                  for p, s in n.params.items()
                                  if not s.trainable and np.issubdtype(self.route.tensors[param_id(n.name, p)].dtype,
@@ -166,7 +148,7 @@ class Executor:
                              self.be.paged_backing())
         return TensorPool(plan.arena_bytes, backing=self.be.arena_backing() or NumpyArenaBacking())
 
-    # -- parameters -------------------------------------------------------------------------------------------
+    # -- parameters
     def _init_persistent(self) -> None:
         for n in self.net.layer_nodes:
             for pname, spec in n.params.items():
@@ -179,21 +161,19 @@ class Executor:
                     self._set_persistent(sid, np.zeros(spec.shape, self.route.tensors[sid].dtype))
 
     def _set_persistent(self, tid: str, values: np.ndarray) -> None:
-        """Write a parameter's or optimizer slot's value where it lives between steps: its device block, or the
-        host store for a tensor the plan homes on the host (decisions/weights.py)."""
+        """Write a persistent tensor where it lives between steps: its block, or the host store."""
         if tid in self.views:
-            self.be.copy_in(self.views[tid], values)  # a device backend copies host values into its arena view
+            self.be.copy_in(self.views[tid], values)
         else:
             self._host().store(tid, values)
 
     def _get_persistent(self, tid: str) -> np.ndarray:
-        """A host copy of a parameter's or optimizer slot's value between steps (wherever it lives)."""
+        """A host copy of a persistent tensor, wherever it lives."""
         if tid in self.views:
             return np.array(self.be.to_host(self.views[tid]))
         return np.array(self._host().host_copy(tid))
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Copies of every parameter and buffer under its layer-qualified name ("conv1.weight")."""
         return {f"{n.name}.{p}": self._get_persistent(param_id(n.name, p))
                 for n in self.net.layer_nodes for p in n.params}
 
@@ -220,8 +200,7 @@ class Executor:
             layer, p, s = key.rsplit(".", 2)
             self._set_persistent(opt_state_id(layer, p, s), np.asarray(arr))
 
-    # -- events: each handler does the pool's bookkeeping now and hands its transfers to the sink ----------------
-    # (`minidl.runtime.binding`: the interpreter's sink runs them at once, the compiled step's records them)
+    # -- events: bookkeeping now, calls to the sink (binding.py)
     def _alloc(self, ev: Event, step: Step | None = None, sink: Sink = run_now) -> None:
         spec = self.route.tensors.get(ev.tensor)
         self.pool.alloc_at(ev.offset, ev.nbytes, tag=ev.tensor)
@@ -234,13 +213,12 @@ class Executor:
     def _free(self, ev: Event, step: Step | None = None, sink: Sink = run_now) -> None:
         view = self.views.pop(ev.tensor)
         if self.debug and np.issubdtype(view.dtype, np.floating):
-            # poison: a read after free now yields NaN, not stale numbers. Through the backend, so that on a GPU
-            # it runs on the compute stream, ordered after the offload copy the RELEASE waited for.
+            # poison through the backend: ordered after the offload the RELEASE waited for
             sink(BoundCall("poison", self.be.fill, (view, np.nan), step))
         self.pool.free(self.offsets.pop(ev.tensor))
 
     def bind_events(self, events: list[Event], step: Step, sink: Sink) -> None:
-        """Apply `events` at route step `step`: the pool's bookkeeping now, every call to `sink`, in order."""
+        """Apply `events` at `step`: bookkeeping now, calls to `sink`, in order."""
         for ev in events:
             handler = self._handlers.get(ev.kind)
             if handler is None:
@@ -250,16 +228,13 @@ class Executor:
             handler(ev, step, sink)
 
     def add_event_handler(self, kind, handler) -> None:
-        """Handle events of `kind` with `handler(event, step, sink)`: it does its bookkeeping at once and hands
-        each call it makes to `sink` as a `BoundCall` (the interpreter runs it there and then, the compiled step
-        records it), so a mechanism added this way runs compiled with nothing else to change."""
+        """`handler(event, step, sink)` for `kind`, handing `BoundCall`s to `sink`: so it runs compiled too."""
         self._handlers[kind] = handler
 
     def _apply(self, events: list[Event], step: Step) -> None:
         self.bind_events(events, step, run_now)
 
-    # The tensor cache: offload to the host store and prefetch back on the transfer engine (a thread on the
-    # CPU, the backend's transfer stream on a GPU).
+    # Offload to the host store and prefetch back on the transfer engine.
     def _host(self):
         if self.host is None:
             from ..memory.host import HostStore
@@ -283,7 +258,6 @@ class Executor:
         sink(BoundCall("wait", self._host().wait_prefetch, (ev.tensor,), step))
 
     def _recompute(self, ev: Event, step: Step, sink: Sink) -> None:
-        """Rebuild a dropped activation by re-running its layer's forward (side-effect free, same result)."""
         self._alloc(ev, step)
         node = self.net.node(self.route.tensors[ev.tensor].owner)
         fake = Step(step.index, Phase.FORWARD, node.index, node.name, [], [])
@@ -305,7 +279,7 @@ class Executor:
         sink(BoundCall("reduced", self.reducer.finish, (ev.tensor, self.get(ev.tensor, step), grads, step.index),
                        step))
 
-    # Lossy compression of stored activations (decisions/compress.py): the codec runs on the compute stream.
+    # Lossy compression of stored activations (decisions/compress.py).
     def _zstore(self):
         if self.compressed is None:
             from ..memory.compressed import CompressedStore
@@ -317,7 +291,7 @@ class Executor:
 
     def _compress(self, ev: Event, step: Step, sink: Sink) -> None:
         self._alloc(ev, step)
-        if self.training:  # evaluate() runs the forward events too, but nothing reads the stream afterwards
+        if self.training:  # nothing reads it after evaluate()
             src = compressed_source(ev.tensor)
             sink(BoundCall("compress", self._zstore().compress, (src, self.get(src, step), self.views[ev.tensor]),
                            step))
@@ -334,14 +308,13 @@ class Executor:
             raise ResidencyError(f"step {step.index} ({step.label}) needs tensor '{tid}', which is not resident "
                                  f"on the device at that point of plan '{self.plan.policy}'") from None
 
-    # -- running ----------------------------------------------------------------------------------------------
+    # -- running
     def batch_slots(self, step: Step) -> list[tuple[np.ndarray, int, int | None, int | None]]:
-        """Where the batch goes at route step 0: (arena view, input k, first sample, end) per slot, input 0 the
-        images and 1 the labels; with M micro-batches, micro-batch m is samples [m b, (m + 1) b) (packs.py)."""
+        """(arena view, input k, first sample, end) per batch slot; micro-batch m is samples [m b, (m + 1) b)."""
         M = self.route.micro_batches
         slots = []
         for k, node in enumerate(self.net.input_nodes[:2]):
-            if self.route.packing is None:  # the plain route: its one micro-batch under the canonical ids
+            if self.route.packing is None:
                 slots.append((self.get(act_id(node.name), step), k, None, None))
                 continue
             b = node.shape[0] // M
@@ -349,7 +322,7 @@ class Executor:
         return slots
 
     def _load_batch(self, x: np.ndarray, y: np.ndarray, step: Step) -> None:
-        arrays = (x, y)  # checked by check_batch
+        arrays = (x, y)
         for view, k, lo, hi in self.batch_slots(step):
             self.be.copy_in(view, arrays[k] if lo is None else arrays[k][lo:hi])
 
@@ -357,13 +330,11 @@ class Executor:
         return dropout_key(self.seed, node_index, iteration)
 
     def check_batch(self, x, y) -> tuple[np.ndarray, np.ndarray]:
-        """The batch as arrays, checked before any of it is copied or indexed with (by `train_step` and
-        `evaluate`; every step runner relies on it): images of exactly the data input's shape, labels integers of
-        the label input's shape in [0, classes). `DataError` names the input, what it expects and what it got:
-        converting instead would truncate float labels and read bools as classes 0 and 1."""
+        """The batch checked before any use (exact shapes, integer labels in [0, classes)), else `DataError`:
+        never converted."""
         nodes = self.net.input_nodes
         x = check_images(x, f"input '{nodes[0].name}'", nodes[0].shape)
-        for c in nodes[0].consumers:  # token indices, checked by the layers that index with them (Embedding)
+        for c in nodes[0].consumers:  # token indices
             self.net.nodes[c].layer.check_batch_input(self.net.nodes[c].inputs.index(nodes[0].index), x,
                                                       f"input '{nodes[0].name}'")
         if len(nodes) > 1:
@@ -373,12 +344,8 @@ class Executor:
         return x, y
 
     def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """One training step: forward, backward, optimizer update. Returns the loss.
-
-        If the loss or a gradient is not finite, `DivergenceError` is raised before the update (see
-        `guard_update`): the parameters and optimizer state stay those of the last good step, the buffers (BN
-        running statistics, which the forward already updated) are put back, the step's tensors are freed and
-        `iteration` is not advanced, so the executor can be saved, or trained on, as if the step never ran."""
+        """One training step; returns the loss. A non-finite loss or gradient raises `DivergenceError` before the
+        update, the buffers put back: the executor is as if the step never ran."""
         x, y = self.check_batch(x, y)
         buffers = {tid: self._get_persistent(tid) for tid in self._buffers}
         persistent = set(self.offsets)
@@ -399,8 +366,7 @@ class Executor:
             raise
 
     def _first_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """The first step while the startup clock runs: timed to its end on the device (the kernels' and cuDNN
-        graphs' builds inside it are phases of their own), then the clock's startup closed."""
+        """The first step, timed to its end on the device, closing the startup clock."""
         with startup.phase("first_step"):
             loss = self._train_step(x, y)
             self.be.synchronize()
@@ -409,23 +375,19 @@ class Executor:
         return loss
 
     def _step_scope(self) -> ExitStack:
-        """The context of one whole step, trained or evaluated: the backend's (`CPUBackend.step_scope`: the BLAS
-        threads), with numpy's floating-point warnings off. The values they are about (an overflow, an Inf - Inf)
-        are the divergence guard's to report in training, by step and layer, before the update, and are what an
-        evaluation returns (a loss that is not finite); numpy would name a line of a kernel, once, and go on."""
+        """The backend's step context, numpy's float warnings off: the divergence guard reports those values by
+        step and layer."""
         scope = ExitStack()
         scope.enter_context(self.be.step_scope())
         scope.enter_context(np.errstate(over="ignore", invalid="ignore", divide="ignore"))
         return scope
 
     def guard_grads(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
-        """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order (resolved now: the
-        compiled program binds them once)."""
+        """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order."""
         return [(layer, p, self.get(gid, step)) for layer, p, gid in self._guarded(step)]
 
     def guard_buffers(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
-        """(layer, buffer, array) the guard of UPDATE `step` checks: the running statistics, at the step's first
-        update (before any parameter changes), none at the others."""
+        """(layer, buffer, array): the running statistics, at the step's first update only."""
         if step.index != self._first_update:
             return []
         return [(layer, b, self.get(tid, step)) for layer, b, tid in self._guarded_buffers]
@@ -435,13 +397,8 @@ class Executor:
         return [(layer, p, gid) for layer, p, gid in self._grads_backward if names is None or layer in names]
 
     def guard_update(self, step: Step, grads: list | None = None, buffers: list | None = None) -> None:
-        """The divergence guard, called by every UPDATE step before it updates anything (`_update`, on the device
-        or the host copies, and the compiled program's update call): the loss and the gradients this step is about to
-        apply must be finite, and so must the running statistics its forward updated (`guard_buffers`; `train_step`
-        puts back those of the last good step). Cost: one sum per gradient (`guards.nonfinite`), next to an update
-        that reads the same arrays. With fused per-layer updates a layer is updated right after its own backward, so a
-        gradient that goes bad in an earlier layer is found after later layers were updated: the message says
-        which (only the unfused update keeps the whole step unapplied)."""
+        """Before every UPDATE: the loss, its gradients and the running statistics must be finite (with fused
+        updates, later layers are already applied: the message says so)."""
         if not self.check_finite:
             return
         if grads is None:
@@ -472,27 +429,24 @@ class Executor:
             if self.graph_step is not None:
                 try:
                     return self.graph_step.run(x, y)
-                except CaptureRefused as e:  # raised before anything of this step ran: run it eagerly
+                except CaptureRefused as e:  # nothing of this step ran yet
                     self.graph_step, self.graph_fallback = None, str(e)
             return self.program.run(x, y)
         return self.interpret_step(x, y)
 
     @property
     def t0(self) -> float:
-        """The run's clock origin (`time.perf_counter()` at construction): trace events are timed from it."""
         return self._t0
 
     @property
     def step_runner(self) -> str:
-        """How training steps run: 'cuda graph', 'compiled' or 'interpreted' (the reasons: `program_fallback`,
-        `graph_fallback`)."""
+        """'cuda graph', 'compiled' or 'interpreted'."""
         if self.graph_step is not None:
             return "cuda graph"
         return "compiled" if self.program is not None else "interpreted"
 
     def interpret_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """One training step, every event and argument decided as it runs (debug mode's path): the calls the
-        compiled step records (`minidl.runtime.program`), run as they are assembled."""
+        """One step, the calls the compiled step records run as they are assembled (debug mode)."""
         self.training = True
         for step, sp in zip(self.route.steps, self.plan.steps):
             self.bind_events(sp.before, step, run_now)
@@ -509,7 +463,6 @@ class Executor:
         return self.end_iteration()
 
     def settle_calls(self) -> None:
-        """The traced calls of the step just run, read off the backend's clock into the trace (in call order)."""
         read, t0 = self.call_clock.read, self._t0
         for label, index, in_use, start, end in self.timed_calls:
             at, seconds = read(start, end)
@@ -517,8 +470,7 @@ class Executor:
         self.timed_calls.clear()
 
     def end_iteration(self) -> float:
-        """Close a training step (interpreted or compiled): its traced calls, the host store and the reducer
-        settled, the step counted."""
+        """Close a step: traced calls, host store and reducer settled, the step counted."""
         if self.timed_calls:
             self.settle_calls()
         if self.host is not None:
@@ -529,17 +481,11 @@ class Executor:
         return self.last_loss
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-        """Forward only in inference mode (BN running statistics, no dropout): (loss, logits copy).
-
-        Runs the training plan's forward steps, then frees whatever the plan kept for the backward it skips,
-        so the pool is left exactly as it was. With the accumulate schedule the later micro-batches' forwards come
-        after the first one's backward: the steps between run their events (so every tensor is where the plan
-        has it), not their compute.
-        """
+        """Forward in inference mode on the training plan: (loss, logits copy); the pool is left as it was."""
         x, y = self.check_batch(x, y)
         self.training = False
         persistent = set(self.offsets)
-        end = self.route.forward_end  # one past the last forward that is not a re-forward
+        end = self.route.forward_end
         try:
             with self._step_scope():
                 for step, sp in zip(self.route.steps, self.plan.steps):
@@ -564,16 +510,15 @@ class Executor:
         self.bind_compute(step, sp, run_now)
 
     def bind_compute(self, step: Step, sp, sink: Sink, recompute: bool = False) -> None:
-        """The calls of route step `step` (plan step `sp`) to `sink`: a layer's forward (and its loss) or backward
-        with every argument assembled, or the optimizer update behind its divergence guard. `recompute`: the
-        forward a RECOMPUTE event re-runs (`step` is then a stand-in at the event's step)."""
+        """Step `step`'s compute calls to `sink`: forward, backward, or the guarded update. `recompute`: the
+        forward a RECOMPUTE re-runs."""
         if step.phase is Phase.UPDATE:
             self._bind_update(step, sp.on_host, sink)
             return
         node = self.net.nodes[step.node]
         layer = node.layer
         get = self.get
-        if step.rename:  # a micro-batch's own tensors (packs.py): the layer asks by canonical id
+        if step.rename:  # a micro-batch's tensors: the layer asks by canonical id
             def get(tid, step, _get=self.get, _rename=step.rename):
                 return _get(_rename.get(tid, tid), step)
         params = {p: get(tid, step) for p, tid in node.param_ids().items()}
@@ -581,7 +526,7 @@ class Executor:
                if step.rename.get(aux_id(node.name, a), aux_id(node.name, a)) in self.route.tensors}
         ws = self.get(step.workspace, step) if step.workspace else None
         if recompute:
-            ws = None  # a recomputed layer runs its zero-workspace path (recomputed layers are cheap ones)
+            ws = None  # a recomputed layer runs its zero-workspace path
         M = self.route.micro_batches
         ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=None if recompute else sp.algo,
                            rng_key=self.seed_key(node.index, self.iteration * M + step.micro),
@@ -596,7 +541,7 @@ class Executor:
             return
         dout = get(delta_id(node.name), step)
         if step.seed_delta:
-            sink(BoundCall("seed", self.be.fill, (dout, 1.0 / M), step))  # each micro-batch's mean loss weighs 1/M
+            sink(BoundCall("seed", self.be.fill, (dout, 1.0 / M), step))  # each micro-batch weighs 1/M
         inputs = [get(act_id(self.net.nodes[i].name), step) if k in layer.needs_inputs else None
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
@@ -605,12 +550,11 @@ class Executor:
         grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
         sink(BoundCall("backward", layer.backward, (self.be, inputs, out, dout, dinputs, grads, params, ctx), step,
                        LayerCall(node, inputs, out, params, ctx, step.micro, False, dout, dinputs, grads)))
-        if self.compressed is not None:  # the adaptive bound's measurements
+        if self.compressed is not None:
             sink(BoundCall("observe", self.compressed.observe, (node.name, grads, dout), step))
 
     def bind_after_compute(self, step: Step, sink: Sink) -> None:
-        """The calls after a step's compute: its partial deltas added into their forks (not those its layer added
-        in place, `Accumulation.in_place`)."""
+        """Partial deltas added into their forks (not those added in place)."""
         for acc in step.accumulate:
             if acc.in_place:
                 continue
@@ -618,14 +562,12 @@ class Executor:
                            step))
 
     def bind_progress(self, step: Step, sink: Sink) -> None:
-        """After a backward step of a data-parallel plan, the reducer's progress call (MPI moves a nonblocking
-        collective only inside its calls), else nothing."""
+        """Data parallel: the reducer's progress call after a backward (MPI progresses only inside its calls)."""
         if self.reducer is not None and step.phase is Phase.BACKWARD:
             sink(BoundCall("progress", self.reducer.progress, (), step))
 
     def record_loss(self, out, logits, micro: int) -> None:
-        """The step's loss, read from the loss layer's output: the mean of its micro-batches' mean losses (just
-        the loss with one); in evaluation, the logits too."""
+        """The step's loss, the mean of its micro-batches'; in evaluation the logits too."""
         loss, M = float(self.be.to_host(out)), self.route.micro_batches
         if micro == 0:
             self._loss_parts, self._logit_parts = [], []
@@ -636,10 +578,8 @@ class Executor:
             self._logits = np.concatenate(self._logit_parts) if M > 1 else self._logit_parts[0]
 
     def _bind_update(self, step: Step, on_host: bool, sink: Sink) -> None:
-        """The optimizer on the step's parameters: every layer's, or (fused update) one layer's, after the
-        divergence guard. `on_host`: on the host store's copies, with the host's kernels (a host update,
-        decisions/weights.py): one call that assembles its arguments when it runs, since a gradient's host copy
-        exists only once copied out."""
+        """The guarded optimizer on the step's parameters. `on_host`: one call on the host copies that assembles
+        its arguments when it runs (they exist only once copied out)."""
         if on_host:
             sink(BoundCall("update", self.host_update, (step,), step))
             return
@@ -655,13 +595,12 @@ class Executor:
         sink(BoundCall("update", self._update_items, (items,), step, items=items))
 
     def _update_items(self, items: list) -> None:
-        """The optimizer on (param, grad, state) triples, one by one (the reference a fused update matches)."""
+        """The optimizer on (param, grad, state) triples, one by one."""
         for p, g, state in items:
             self.opt.update(self.be, p, g, state, self.iteration)
 
     def host_update(self, step: Step) -> None:
-        """The UPDATE `step` on the host store's copies of its parameters, gradients and optimizer state, with the
-        host's kernels, behind the divergence guard on those copies (decisions/weights.py)."""
+        """UPDATE `step` on the host store's copies, guarded."""
         host = self._host()
         be = self._host_backend()
         self.guard_update(step, [(layer, p, host.host_copy(gid)) for layer, p, gid in self._guarded(step)])
@@ -675,7 +614,7 @@ class Executor:
                                 state, self.iteration)
 
     def _host_backend(self):
-        """The backend that runs on host arrays: the CPU reference (the executor's own when it is the CPU)."""
+        """The backend for host arrays: the CPU."""
         from ..backend.cpu.backend import CPUBackend
 
         return self.be if backend_name(self.be) == "cpu" else CPUBackend()

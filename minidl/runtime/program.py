@@ -1,28 +1,9 @@
-"""The compiled step: a recording of what the interpreter runs, replayed, so a training step is one tight loop.
+"""The compiled step: one step walked once through the interpreter's own binding (binding.py), on the executor's
+pool, with a sink that records each call; a step is then `for call in calls: call()`.
 
-The interpreted executor decides everything again at every step: it looks up each event's handler, carves
-the tensor's block from the pool, builds a numpy view, looks views up by string id, assembles the layer's
-argument dicts and context. None of that changes from one step to the next: the plan fixed every offset,
-algorithm and workspace before the first step. `lower(binding)` therefore walks one step *once*, through the very
-code the interpreter runs (`StepBinding.bind_events`, `bind_compute`, ...: `minidl.runtime.binding`), on the
-executor's own pool (so every placement is checked, and the pool's peak is the plan's, exactly as an interpreted
-step leaves them), with a sink that records each call instead of running it. A training step is then
-`for call in calls: call()`.
-
-Rules the recording keeps:
-- Same calls, same arguments, same order as the interpreter: the parameters are bit-identical to the interpreted
-  executor's under every plan (every policy, micro-batches, compression, a paged arena, a host update, data
-  parallel: tests/runtime/test_program.py, tests/runtime/test_runner_matrix.py). The arguments are assembled in one
-  place, the executor's; this module never reaches into it beyond the `StepBinding` surface.
-- Only what changes per step is computed per step: the iteration (optimizer, dropout keys), the batch, the loss.
-- Where it does better than replaying call by call, the result is the same bits: a ReLU folded into the batch norm
-  or add before it (forward and backward, where the backend lists the fusion), the optimizer's updates in fused
-  groups (`Optimizer.prepare`).
-- It refuses only debug mode (residency checks and NaN poisoning are the interpreter's job), saying so, and the
-  executor keeps interpreting.
-
-Because every call and every view is fixed, the program is also the unit a CUDA graph capture can record
-(one graph per step) on the GPU backend: nothing in it is decided while it runs.
+Rules: the same calls, arguments and order as the interpreter, so the same bits under every plan
+(tests/runtime/test_program.py); fusions (a ReLU folded into its neighbour, grouped updates) keep the bits; only
+the iteration, the batch and the loss change per step; debug mode is refused, saying so.
 """
 from __future__ import annotations
 
@@ -40,43 +21,42 @@ from .binding import BoundCall, Call, GuardCall, LayerCall, StepBinding
 
 __all__ = ["Program", "GuardCall", "NotLowered", "why_not", "lower"]
 
-# Layer types a following ReLU folds into (`_Recording.fuse_relu`), and the fusion a backend lists in its
-# capabilities (`Capabilities.fuses`) when it can run them so.
+# Layer types a following ReLU folds into, and the fusion the backend must list.
 FUSES_RELU = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU}
-# Layers whose backward may take the backward of the ReLU after them into the same call, and the fusion.
+# Layers whose backward may take the following ReLU's backward, and the fusion.
 FUSES_RELU_BACKWARD = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU_BACKWARD}
 
 
 @dataclass(slots=True)
 class Program:
-    """One training step as a flat list of prepared calls (see the module docstring)."""
+    """One training step as a flat list of prepared calls."""
 
     calls: list[Call]
     executor: Any
     keyed: list[tuple[LayerContext, int, int]] = field(default_factory=list)  # (context, node, micro-batch)
     inputs: list[Any] = field(default_factory=list)      # arena views the batch is copied into (data, label)
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    kinds: dict[str, int] = field(default_factory=dict)  # recorded calls per kind, for reports and tests
+    kinds: dict[str, int] = field(default_factory=dict)  # recorded calls per kind
     prologue: list[Call] = field(default_factory=list)   # step 0's calls before the batch is loaded (paged maps)
-    call_kinds: list[str] = field(default_factory=list)  # the kind of each of `calls` (what `runtime.capture` reads)
-    loss_view: Any = None                                 # the loss layer's output (a capture copies it out)
+    call_kinds: list[str] = field(default_factory=list)  # the kind of each of `calls`
+    loss_view: Any = None                                 # the loss layer's output
     input_slices: list[tuple[int, int | None, int | None]] = field(default_factory=list)  # per view: (k, lo, hi)
     micro_batches: int = 1
 
     def step_keys(self, iteration: int) -> list[int]:
-        """The dropout key of each of `keyed` at `iteration` (micro-batch m of M: iteration * M + m)."""
+        """The dropout key of each of `keyed` (micro-batch m of M: iteration * M + m)."""
         key, M = self.executor.seed_key, self.micro_batches
         return [key(node, iteration * M + micro) for _, node, micro in self.keyed]
 
     def run(self, x, y) -> float:
-        """One training step: the same effect as the interpreted `Executor.train_step(x, y)`."""
+        """One step with `Executor.train_step(x, y)`'s effect."""
         ex = self.executor
         for (ctx, _, _), key in zip(self.keyed, self.step_keys(ex.iteration)):
             ctx.rng_key = key
-        for call in self.prologue:   # as the interpreter: step 0's events, then the batch
+        for call in self.prologue:   # step 0's events, then the batch
             call()
         copy_in = ex.be.copy_in
-        arrays = (x, y)  # arrays of the inputs' shapes (Executor.check_batch)
+        arrays = (x, y)
         for view, (k, lo, hi) in zip(self.inputs, self.input_slices):
             copy_in(view, arrays[k] if lo is None else arrays[k][lo:hi])
         for call in self.calls:
@@ -92,19 +72,14 @@ class NotLowered(Exception):
 
 
 def why_not(ex: StepBinding) -> str | None:
-    """The reason `ex` cannot be lowered, or None if it can (checked before touching the pool)."""
+    """Why `ex` cannot be lowered, or None."""
     if ex.debug:
         return "debug mode (residency checks and NaN poisoning) runs the interpreted executor"
     return None
 
 
 def lower(ex: StepBinding) -> Program:
-    """Record executor `ex`'s step into a Program (raises NotLowered, before touching any state, if it can't).
-
-    Walks one step through the executor's binding: allocations and frees happen for real (checked placements,
-    the plan's peak), kernels do not run, they are recorded. Afterwards the pool holds exactly what an
-    interpreted step leaves behind (the persistent tensors).
-    """
+    """Record `ex`'s step: allocations happen for real, kernels are recorded; raises NotLowered first."""
     reason = why_not(ex)
     if reason:
         raise NotLowered(reason)
@@ -112,7 +87,7 @@ def lower(ex: StepBinding) -> Program:
 
 
 class _Recording:
-    """The recording sink: the executor's calls for one step, kept (and fused where the bits allow)."""
+    """The recording sink: one step's calls, fused where the bits allow."""
 
     def __init__(self, ex: StepBinding):
         self.ex = ex
@@ -121,10 +96,10 @@ class _Recording:
         self.loss_view = None
         self.keyed: list[tuple[LayerContext, int, int]] = []
         self.kinds: dict[str, int] = {}
-        self.relu_host = None  # the last batch norm or add forward emitted, while a ReLU may still fold into it
-        self.readers: dict[str, set[int]] | None = None  # `read_only_by`'s tables, built on first use
+        self.relu_host = None  # the last batch norm or add forward, while a ReLU may fold into it
+        self.readers: dict[str, set[int]] | None = None  # `read_only_by`'s tables
         self.moved: set[str] = set()
-        self.relu_backward = None  # the last ReLU backward emitted, while it may still fold into a batch norm's
+        self.relu_backward = None  # the last ReLU backward, while it may fold into the next layer's
 
     def emit(self, kind: str, call: Call) -> None:
         self.calls.append(call)
@@ -135,8 +110,7 @@ class _Recording:
         ex = self.ex
         if ex.plan.paged is None:
             return self._run()
-        # A paged arena (`--paged`) maps and unmaps chunks at every allocation: the mappings are part of the step,
-        # so each one runs now and is recorded in order (the views stay valid: their virtual ranges are fixed).
+        # A paged arena's mappings are part of the step: each runs now and is recorded in order.
         arena = ex.pool.arena
         ex.pool.arena = _RecordedMappings(arena, self)
         try:
@@ -163,10 +137,9 @@ class _Recording:
                        loss_view=self.loss_view, input_slices=[tuple(rest) for _, *rest in slots],
                        micro_batches=ex.route.micro_batches)
 
-    # -- the sink ----------------------------------------------------------------------------------------------
+    # -- the sink
     def record(self, call: BoundCall) -> None:
-        """Keep `call` (the executor's sink while lowering): as it is, fused into the call before it, or with the
-        calls the program can do better in one (an update's fused groups)."""
+        """Keep `call`: as it is, fused into the call before it, or grouped (updates)."""
         kind = call.kind
         if call.layer is not None:
             if call.layer.node.layer.uses_rng_key:
@@ -185,7 +158,7 @@ class _Recording:
 
     def forward(self, call: BoundCall) -> None:
         lc, step = call.layer, call.step
-        fusable = not (lc.recompute or lc.ctx.recompute)  # a re-run forward is never fused: it must not differ
+        fusable = not (lc.recompute or lc.ctx.recompute)
         if fusable and self.fuse_relu(step, lc):
             return
         fn = _bind(call.fn, *call.args)
@@ -203,20 +176,9 @@ class _Recording:
             self.relu_backward = (lc, len(self.calls) - 1, step, self.ex.pool.in_use)
 
     def fuse_relu(self, step: Step, lc: LayerCall) -> bool:
-        """Fold a ReLU's forward into the batch norm or add just before it (`FUSES_RELU`: one pass writes y and
-        ReLU(y), the ReLU does not read y again); True if done, and the ReLU then emits nothing. Only when nothing
-        ran between the two (that layer's call is the last one emitted: no transfer, no mapping, no other layer),
-        the ReLU's input is that layer's output (of the same micro-batch: a packed route interleaves them), and
-        the ReLU's output shares no memory with what that layer reads or writes (the plan may place it where a
-        tensor freed after that step lay, which the fused call, running at that step's place, would otherwise
-        overwrite too early), except that it may be exactly an input
-        (the plan put it where an input that dies there lay: both kernels read each input value before they write
-        the same position, `_apart_or_same`). y is still written where anything else may read it; where the
-        ReLU's step is its only reader and the plan neither moves nor recomputes it, nor recomputes the ReLU
-        (`read_only_by`), the fused call may leave y unwritten (one stream of writes less; counted as
-        "output_not_kept"). The values are the same as unfused (tested), so the parameters stay
-        bit-identical to the interpreted executor's. With tracing on, the ReLU's step still records its compute
-        event (near zero: its work is in the other's), so a trace keeps one event per step."""
+        """Fold a ReLU's forward into the batch norm or add emitted just before it (one pass writes y and ReLU(y));
+        True if done. Only if that call is the last emitted, of the same micro-batch, and the ReLU's output shares
+        no memory with its tensors but exactly an input (read before written). Same values as unfused."""
         pending, self.relu_host = self.relu_host, None
         node, out = lc.node, lc.out
         if pending is None or node.type_name != "relu" or node.layer.is_loss:
@@ -229,7 +191,7 @@ class _Recording:
         if any(np.may_share_memory(out, a) for a in touched) or not all(_apart_or_same(out, x) for x in h.inputs):
             return False
         ex = self.ex
-        # (a packed route's tensors are renamed per micro-batch: y is kept there, the tables read canonical ids)
+        # a packed route's tensors are renamed per micro-batch: y is kept there
         keep = ex.route.packing is not None or not self.read_only_by(act_id(h.node.name), step.index)
         self.calls[pos] = self.timed(host_step, _bind(h.node.layer.forward_relu, ex.be, h.inputs, y, out, h.params,
                                                       h.ctx, keep), in_use=host_in_use)
@@ -242,10 +204,8 @@ class _Recording:
         return True
 
     def read_only_by(self, tensor: str, step_index: int) -> bool:
-        """Whether the route step `step_index` is the only one that reads `tensor`, and no event of the plan
-        touches it other than allocating and freeing it (no transfer, no recomputation of it or of a layer that
-        reads it): then a fused host layer need not write it (`fuse_relu`: the ReLU reads y inside the fused
-        call). Worked out once per lowering, for all tensors."""
+        """Whether step `step_index` alone reads `tensor` and no event but ALLOC/FREE touches it (nor recomputes a
+        reader)."""
         if self.readers is None:
             ex = self.ex
             readers: dict[str, set[int]] = {}
@@ -258,24 +218,16 @@ class _Recording:
                     if ev.kind in (EventKind.ALLOC, EventKind.FREE):
                         continue
                     moved.add(ev.tensor)
-                    if ev.kind is EventKind.RECOMPUTE:  # its recomputation reads the layer's inputs
+                    if ev.kind is EventKind.RECOMPUTE:
                         node = ex.net.node(ex.route.tensors[ev.tensor].owner)
                         moved.update(act_id(ex.net.nodes[i].name) for i in node.inputs)
             self.readers, self.moved = readers, moved
         return self.readers.get(tensor, set()) == {step_index} and tensor not in self.moved
 
     def fuse_relu_backward(self, step: Step, lc: LayerCall) -> bool:
-        """Fold the backward of a ReLU into the backward of the batch norm or add that follows it (the pair of
-        `fuse_relu`, backwards; `FUSES_RELU_BACKWARD`): the batch norm's call computes its output gradient from
-        the ReLU's channel by channel, in a scratch it reduces while it is in cache (`batchnorm_backward(...,
-        relu=)`); the add's writes that gradient straight to its inputs' gradients in one pass
-        (`add_relu_backward`). Neither writes the layer's own output gradient (`dout`): the conditions below make
-        the layer its only reader. The same values (tested); True if done. Only where the ReLU's backward is the
-        last call emitted, the ReLU reads this layer's output alone and writes exactly this layer's output
-        gradient, and nothing this call writes (dx, the parameter gradients) overlaps the ReLU's output or
-        gradient, which it reads, unless it is exactly one of them (each element or channel of those is read
-        before it is written). The ReLU's own call is dropped (with tracing on, it becomes its step's near-zero
-        event)."""
+        """Fold a ReLU's backward into the backward of the batch norm or add before it, which then never writes
+        its own `dout`; True if done. Only if the ReLU's call is the last emitted, reads this layer's output alone,
+        writes exactly its `dout`, and nothing written overlaps the ReLU's tensors but exactly."""
         pending, self.relu_backward = self.relu_backward, None
         node, ctx, dout = lc.node, lc.ctx, lc.dout
         flag = FUSES_RELU_BACKWARD.get(node.type_name)
@@ -306,9 +258,8 @@ class _Recording:
         return True
 
     def update(self, call: BoundCall) -> None:
-        """An update: a host update as it is (it assembles its host copies when it runs); on the device, the
-        optimizer prepared once over the call's items (one call per fused group where the backend fuses:
-        bit-identical to the interpreter's item by item). The divergence guard was recorded just before."""
+        """A host update as it is; on the device, the optimizer prepared once over the items (fused groups,
+        bit-identical to item by item)."""
         if call.items is None:
             self.emit("update", self.timed(call.step, _bind(call.fn, *call.args)))
             return
@@ -320,9 +271,8 @@ class _Recording:
         self.emit("update", self.timed(call.step, run_update))
 
     def timed(self, step: Step, call: Call, in_use: int | None = None) -> Call:
-        """With tracing on, the call records a compute event like the interpreted executor's (the pool's bytes in
-        use: now, or `in_use` as it was at the step's own recording), timed on the backend's clock (a GPU's: its
-        kernels' time) and read into the trace when the step ends (`Executor.settle_calls`); else as is."""
+        """With tracing on, `call` timed on the backend's clock as a compute event (bytes in use: now or
+        `in_use`); else as is."""
         ex = self.ex
         if not ex.tracing:
             return call
@@ -355,7 +305,7 @@ class _RecordedMappings:
 
 
 def _bind(fn, *args) -> Call:
-    """fn(*args) with the arguments fixed now (a closure: no per-call argument tuple is rebuilt)."""
+    """fn(*args) as a closure: no argument tuple rebuilt per call."""
     if len(args) == 1:
         a, = args
         return lambda: fn(a)
@@ -369,8 +319,8 @@ def _bind(fn, *args) -> Call:
 
 
 def _apart_or_same(a, b) -> bool:
-    """Whether arrays a and b share no memory, or are exactly the same elements (same start, shape and strides):
-    an elementwise kernel that reads b[i] before it writes a[i] may then write a over b."""
+    """Whether a and b share no memory or are exactly the same elements (a kernel reading b[i] before writing
+    a[i] may then write over b)."""
     if not np.may_share_memory(a, b):
         return True
     return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
@@ -378,4 +328,4 @@ def _apart_or_same(a, b) -> bool:
 
 
 def _nothing() -> None:
-    """The call of a step whose work another call does (a ReLU folded into its batch norm), traced."""
+    """A step whose work another call does (a folded ReLU), traced."""

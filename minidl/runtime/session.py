@@ -7,9 +7,7 @@
     classes = sess.predict_classes(images)
     print(sess.report().format())
 
-Ctrl-C during `fit` finishes the step under way, saves the last completed step (when a save path is given) and
-returns with `result.interrupted` set: a step stopped half-way would leave parameters updated but not the
-optimizer's momentum or the BN statistics, a state no run ever had.
+Ctrl-C during `fit` finishes the step under way (half a step is a state no run had), saves, and returns.
 """
 from __future__ import annotations
 
@@ -59,25 +57,22 @@ from .progress import StepProgress
 
 @dataclass(slots=True)
 class TrainResult:
-    """What `Session.fit` did: the loss and wall time of each step it ran, and where it saved.
-
-    `interrupted` is True when Ctrl-C stopped the run early (the steps listed all completed);
-    `saved` lists every checkpoint path written, in order."""
+    """What `Session.fit` did: each step's loss and wall time, whether Ctrl-C stopped it, the paths it saved."""
 
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     batch: int = 0
-    unit: str = "images"     # what the throughput counts: "images", or "tokens" for a language model
-    per_sample: int = 1      # how many of them one sample holds (a sequence's tokens)
-    transfers_after_first: TransferStats | None = None  # the host copies' statistics once the first step ran
+    unit: str = "images"     # or "tokens" for a language model
+    per_sample: int = 1      # units per sample (a sequence's tokens)
+    transfers_after_first: TransferStats | None = None
     interrupted: bool = False
     saved: list[Path] = field(default_factory=list)
-    early_stop: EarlyStopWatch | None = None   # with fit(early_stop=...): the evaluations, the best, the verdict
-    best_saved: Path | None = None              # the checkpoint of the best held-out loss (EarlyStop.best_path)
+    early_stop: EarlyStopWatch | None = None
+    best_saved: Path | None = None              # the checkpoint of the best held-out loss
 
     @property
     def stopped_early(self) -> bool:
-        """Whether fit stopped before its steps because the held-out loss stopped improving."""
+        """Whether the held-out loss stopped fit early."""
         return self.early_stop is not None and self.early_stop.stop
 
     @property
@@ -87,30 +82,28 @@ class TrainResult:
 
     @property
     def final_loss(self) -> float:
-        """The loss of the last completed step (NaN if none ran)."""
+        """NaN if no step ran."""
         return self.losses[-1] if self.losses else float("nan")
 
     @property
     def median_step_time(self) -> float:
-        """Median wall time of one step, in seconds (the median, so one slow first step does not skew it)."""
+        """Seconds (the median: a slow first step does not skew it)."""
         return statistics.median(self.step_times) if self.step_times else float("nan")
 
     @property
     def throughput(self) -> float:
-        """`unit` per second: the batch's images or tokens over the median step time."""
+        """`unit` per second over the median step time."""
         t = self.median_step_time
         return self.batch * self.per_sample / t if t and t == t else float("nan")
 
     @property
     def warm_step_times(self) -> list[float]:
-        """The step times after the first (the first compiles kernels on a cold cache and records the compiled
-        step): what a mean step time is taken over; all of them when only one step ran."""
+        """The step times after the first (which compiles), or the one step."""
         return self.step_times[1:] or self.step_times
 
 
 class _StopOnSigint:
-    """While active (main thread only), the first SIGINT sets `requested` instead of raising, so the step under
-    way completes; a second SIGINT raises KeyboardInterrupt at once (a user who insists is not kept waiting)."""
+    """In the main thread, a first SIGINT sets `requested` so the step completes; a second one raises."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -135,23 +128,11 @@ class _StopOnSigint:
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """A session's rarely changed options, as one value (`Session(..., config=RunConfig(debug=True))`): they tune
-    or inspect how the plan runs, never what is trained, so they are kept out of `Session`'s own signature.
-
-    `debug` poisons freed memory and checks residency; `trace` records every event (`executor.trace`).
-    `compiled` (default) runs training steps as a recording of one step's calls, replayed
-    (`minidl.runtime.program`), whatever the plan; debug mode interprets every step (the same calls, assembled as
-    they run).
-    `graphs` (default): on CUDA, the compiled step is captured as CUDA graphs and replayed (`minidl.runtime.capture`);
-    `executor.step_runner` says how steps run and `executor.graph_fallback` why not as graphs.
-    `fused_update`: each layer's optimizer update right after its backward (None: `PlanRequest.fused_update`'s rule).
-    `paged` (a chunk size, bytes or a size string) runs on a paged arena: chunks mapped behind virtual ranges.
-    `host_limit_bytes` (bytes or a size string) caps the host RAM offloaded tensors use; beyond it they spill to
-    a memory-mapped file. `costs` (a `memory.workspace.CostTable`) ranks the convolution algorithms; None: the
-    menu's estimates. `bucket_bytes` and `reduction` ("ring" or "gather"; None: the communicator's own) set how a
-    data-parallel session all-reduces its gradients (`memory/decisions/allreduce.py`).
-
-    Sizes are checked and turned into bytes here, so a bad one is refused where it is written."""
+    """How a plan runs, never what is trained (`Session(..., config=RunConfig(debug=True))`). `debug`: poison freed
+    memory, check residency; `trace`: record every event; `compiled`: replay one step's recorded calls; `graphs`: as
+    CUDA graphs; `fused_update`: each update right after its layer's backward (None: the policy's rule); `paged`: a
+    paged arena's chunk size; `host_limit_bytes`: host RAM for offloads, beyond it a file; `costs`: a `CostTable`
+    ranking convolution algorithms; `bucket_bytes`, `reduction`: the all-reduce. Bad sizes are refused here."""
 
     debug: bool = False
     trace: bool = False
@@ -170,31 +151,12 @@ class RunConfig:
 
 
 class Session:
-    """Trains one network under one memory plan: the plan is made once, here, before any array exists.
+    """Trains one network under one memory plan, made once, here, before any array exists.
 
-    `policy` (none, liveness, offload, recompute, auto, ...; None: `auto` under a budget, else `liveness`, as on
-    the command line) and `budget` (bytes or a size string such as "16MiB"; None: no limit) choose the plan
-    (`PlanRequest.from_options`); a budget below the plan's minimum raises `BudgetError` naming the smallest
-    budget that works. `seed` fixes initialization, data order and dropout masks: same seed, same parameters,
-    bit for bit, whatever the policy. `lr_schedule` (`minidl.optim.schedules`) sets the optimizer's learning
-    rate before each step from its initial one.
-
-    `backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
-    `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
-    to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
-    `micro_batches`: Harmony's micro-batches (`packs.py`): policy `packs` chooses when None.
-    `math` ('fp32' or 'tf32'; None: the backend's own, fp32 unless it was built otherwise) puts the backend in that
-    math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. `self.math` is the mode, and
-    checkpoints record it (resuming in the other mode is allowed: only the arithmetic of later steps differs).
-
-    `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
-    batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
-    would take; gradients are all-reduced in buckets (`memory/decisions/allreduce.py`); rank 0 writes
-    checkpoints and every rank reads them.
-
-    `config` (a `RunConfig`): the options most runs leave at their defaults (diagnostics, the step runner, the
-    arena, the host limit, the cost table, the all-reduce buckets), in one value so that this signature stays
-    the short list of what a run is about.
+    `policy` and `budget` choose the plan as on the command line (a budget below its minimum raises `BudgetError`
+    naming the smallest). Same `seed`, same parameters bit for bit, whatever the policy. `device`: the simulator
+    profile the plan's timing assumes; `math`: set before planning. With `comm` the batch is per rank: rank r
+    trains on the r-th slice of the global batch; rank 0 writes checkpoints. `config`: a `RunConfig`.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str | None = None,
@@ -205,7 +167,7 @@ class Session:
             raise OptionError(f"Session: config must be a RunConfig, got {type(config).__name__} (options such as "
                               f"debug or paged go in RunConfig(...))")
         config = config or RunConfig()
-        seed = args.integer("Session", None, "seed", seed, 0)  # numpy's generators refuse a negative seed
+        seed = args.integer("Session", None, "seed", seed, 0)
         self.net, self.optimizer, self.seed, self.config = net, optimizer, seed, config
         self.lr_schedule = lr_schedule or Constant()
         self.base_lr = float(getattr(optimizer, "lr", 0.0))
@@ -213,7 +175,7 @@ class Session:
             from ..backend.cpu.backend import CPUBackend
 
             backend = CPUBackend()
-        self.math = apply_math(backend, math)  # before planning: the mode decides the convolution engines
+        self.math = apply_math(backend, math)
         self.comm = comm
         dp = (DataParallel(comm.size, config.bucket_bytes or DEFAULT_BUCKET_BYTES,
                            config.reduction or comm.reduction) if comm is not None else None)
@@ -221,7 +183,7 @@ class Session:
                                                 micro_batches=micro_batches, math=self.math, data_parallel=dp,
                                                 paged=config.paged)
         self.target = Target.for_run(device, backend, config.costs)
-        self.policy, self.device = self.request.policy, device or backend.profile   # the device as given
+        self.policy, self.device = self.request.policy, device or backend.profile
         with startup.phase("planning"):
             self.plan = plan_network(net, optimizer.slots, self.request, self.target)
         net.freeze("a Session")
@@ -231,17 +193,16 @@ class Session:
         self.batch = net.input_nodes[0].shape[0]
         self.ranks = comm.size if comm is not None else 1
         self._iterator: BatchIterator | None = None
-        self._data_desc: dict | None = None  # the data set fit() last trained on, as checkpoints record it
-        self._resume_data: dict | None = None  # what a loaded checkpoint says it was trained on (checked by fit)
+        self._data_desc: dict | None = None  # the data set fit() last trained on
+        self._resume_data: dict | None = None  # a loaded checkpoint's data set, checked by fit
         self._data_fingerprint: tuple | None = None
         self.batches_consumed = 0
-        self._resume_position: dict | None = None  # a loaded checkpoint's data position, taken by the next fit
-        self._agreed: dict | None = None  # data parallel: the run record every rank was checked to share
+        self._resume_position: dict | None = None
+        self._agreed: dict | None = None  # data parallel: the run record the ranks were checked to share
 
     @property
     def throughput_unit(self) -> tuple[str, int]:
-        """What a step's throughput counts: ("tokens", sequence length) for a network whose input is integer
-        tokens, else ("images", 1)."""
+        """("tokens", sequence length) for a network of integer tokens, else ("images", 1)."""
         node = self.net.input_nodes[0]
         if np.issubdtype(node.dtype, np.integer):
             return "tokens", int(np.prod(node.shape[1:]))
@@ -249,7 +210,7 @@ class Session:
 
     @property
     def iteration(self) -> int:
-        """Training steps completed since initialization (a resumed session counts the loaded ones too)."""
+        """Steps completed since initialization, the loaded ones included."""
         return self.executor.iteration
 
     def _batches(self, data: Dataset) -> BatchIterator:
@@ -258,7 +219,7 @@ class Session:
             it = BatchIterator(data, self.batch * self.ranks, seed=self.seed, shuffle=True,
                                drop_last=True)  # data parallel: the global batch, sliced per rank
             old, self._iterator, self._data_fingerprint = self._iterator, it, fp
-            if self._resume_position is not None:  # resume: one permutation, however far the run went
+            if self._resume_position is not None:
                 it.seek(self._resume_position)
                 self._resume_position = None
             elif old is not None and len(old.dataset) == len(data):  # another data set of the same size
@@ -270,24 +231,10 @@ class Session:
     def fit(self, data: Dataset, steps: int, progress: bool | None = None, on_step=None,
             save_every: int | None = None, save_path: str | Path | None = None, heldout: Dataset | None = None,
             early_stop: EarlyStop | None = None) -> TrainResult:
-        """Run `steps` training steps on mini-batches of `data` (reshuffled each epoch, in an order fixed by the
-        seed; a resumed session continues the same order). Returns a `TrainResult`.
-
-        `early_stop` (an `EarlyStop`, with `heldout`): the mean loss on every sample of `heldout` is evaluated
-        every `early_stop.every` steps (default: an epoch of `data`), and fit returns once `patience` evaluations
-        in a row did not improve on the best (`result.stopped_early`, `result.early_stop`: when and the best);
-        `early_stop.best_path` receives the checkpoint of each new best (`result.best_saved`). Evaluating changes
-        no later step: the training losses are those of the same run without it.
-
-        `progress`: True, a progress bar on stderr; None (default): the bar on an interactive terminal, else a
-        line on stderr while numba compiles the CPU kernels (a cold cache: the first step takes a minute or
-        more); False: nothing (`runtime.progress`).
-        `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
-        `save_every` steps (counted by `iteration`, so a resumed run keeps the rhythm) and, on Ctrl-C, for the
-        last completed step before returning early (`result.interrupted`). A non-finite loss, gradient or BN
-        running statistic raises `DivergenceError` naming the step and the layer, before that step's update (the
-        session keeps the last good state: `save` writes it).
-        """
+        """Run `steps` training steps on mini-batches of `data`, in an order fixed by the seed (a resume continues
+        it); returns a `TrainResult`. `early_stop` evaluates `heldout` without changing a training step. Checkpoints
+        go to `save_path` every `save_every` iterations and on Ctrl-C. A non-finite loss, gradient or BN statistic
+        raises `DivergenceError` before that step's update."""
         steps = args.integer("Session.fit", None, "steps", steps, 0)
         if tuple(data.sample_shape) != tuple(self.net.input_nodes[0].shape[1:]):
             raise DataError(f"Session.fit: data set {data.name!r} has samples of shape {data.sample_shape}, but the "
@@ -346,26 +293,20 @@ class Session:
         return result
 
     def _watch(self, heldout: Dataset, result: TrainResult) -> None:
-        """Early stopping: evaluate the held-out loss after this step; keep the state if it is the best so far."""
         loss, _ = self.evaluate(heldout)
         watch = result.early_stop
         if watch.observe(self.iteration, loss) and watch.rule.best_path is not None:
             result.best_saved = self.save(watch.rule.best_path)
 
     def _check_ranks_agree(self, steps: int, save_every: int | None) -> None:
-        """Data parallel, before the first step of a fit: every rank must run the same training (`dist/agree.py`);
-        else every rank stops with a `DistError` naming what differs. Again only when the record changed (a
-        second fit with other steps, a checkpoint loaded in between)."""
+        """Every rank must run the same training, else each raises a `DistError` naming what differs."""
         record = self._run_record(steps, save_every)
         if record != self._agreed:
             check_same(self.comm, record)
             self._agreed = record
 
     def _run_record(self, steps: int, save_every: int | None) -> dict:
-        """What the ranks of one data-parallel run must share, as a flat record of plain values: each
-        parameter's shape and dtype (a different network or head), the optimizer's configuration and schedule,
-        seed, per-rank batch, policy, the gradient buckets (what is all-reduced), the data set and position, and
-        the steps this fit runs and when it saves (rank 0's checkpoint waits for every rank)."""
+        """What the ranks of one data-parallel run must share, as a flat record of plain values."""
         record = {"network": self.net.name, "seed": self.seed, "batch": self.batch, "policy": self.policy,
                   "math": self.math, "lr schedule": repr(self.lr_schedule), "data": self._data_desc,
                   "iteration": self.iteration, "batches_consumed": self.batches_consumed, "steps": steps,
@@ -377,13 +318,11 @@ class Session:
         return record
 
     def _stop_requested(self, here: bool) -> bool:
-        """Ctrl-C: stop after this step. Under mpiexec every rank gets the signal, but not at the same point of its
-        step, so the ranks agree (any rank asked -> all stop after the same step) instead of one waiting forever
-        for the others' next all-reduce."""
+        """Stop after this step if any rank got Ctrl-C, so that none waits for the others' all-reduce."""
         return self.comm.any(here) if self.ranks > 1 else here
 
     def _train_one(self, it: BatchIterator) -> tuple[float, float]:
-        """One step, on the iterator's next batch, at the schedule's learning rate: (loss, seconds)."""
+        """One step on the next batch: (loss, seconds)."""
         if hasattr(self.optimizer, "lr"):
             self.optimizer.lr = self.lr_schedule.lr(self.base_lr, self.iteration)
         before = it.position()
@@ -394,24 +333,24 @@ class Session:
         t = time.perf_counter()
         try:
             loss = self.executor.train_step(x, y)
-        except BaseException:  # the step does not count (a DivergenceError applied nothing): its batch comes next
+        except BaseException:  # the step did not count: its batch comes next
             it.seek(before)
             raise
         if self.ranks > 1:
-            loss = self.comm.mean(loss)  # the global batch's loss, as one process would report it
+            loss = self.comm.mean(loss)  # the global batch's loss
         dt = time.perf_counter() - t
         self.batches_consumed += 1
-        if not np.isfinite(loss):  # only with the executor's guard off (check_finite=False), or another rank's
+        if not np.isfinite(loss):  # the executor's guard off, or another rank's
             raise DivergenceError(f"step {self.iteration - 1}: the loss is {loss} and the update was applied (the "
                                   f"divergence guard is off)", self.iteration - 1)
         return loss, dt
 
     def _forward(self, x: np.ndarray, y: np.ndarray | None = None):
-        """Inference on any number of samples, in batches of the plan's size (the last one padded by repeating
-        its samples, whose outputs are dropped): yields (logits (n, K), labels or None) per batch."""
+        """Inference in batches of the plan's size, the last padded (its padding dropped): yields (logits,
+        labels or None)."""
         node = self.net.input_nodes[0]
         x = check_images(x, f"input '{node.name}'", (None, *node.shape[1:]))
-        with np.errstate(over="ignore"):   # a float64 beyond the network's float range becomes inf: refused below
+        with np.errstate(over="ignore"):   # out-of-range float64 becomes inf, refused below
             x = x.astype(self.net.dtype, copy=False)
         check_finite_data(x, f"input '{node.name}'")
         b = self.batch
@@ -428,14 +367,8 @@ class Session:
             yield np.asarray(logits[:n], np.float64), yb
 
     def evaluate(self, data: Dataset) -> tuple[float, float]:
-        """(mean loss, accuracy) over EVERY sample of `data`, in inference mode (BN running statistics, no
-        dropout). The last partial batch counts: it is padded to the plan's batch size and the padding's outputs
-        are dropped (inference treats samples independently, so padding changes no other sample's output).
-        The loss is the mean softmax cross-entropy of the logits, in float64.
-
-        A `SequenceDataset` (a language model's): the mean over every target token of every sequence (targets equal
-        to `IGNORE_INDEX` left out: a masked set's are its masked tokens), and the share of those predicted right
-        (argmax); a training set with `masking` is evaluated on masks drawn once (`Masking.fixed`)."""
+        """(mean loss, accuracy) over every sample of `data` in inference mode, the loss in float64. A
+        `SequenceDataset` counts every target token but `IGNORE_INDEX`, a masked set on masks drawn once."""
         if isinstance(data, SequenceDataset):
             return self._evaluate_tokens(data)
         total_loss, correct = 0.0, 0
@@ -457,7 +390,7 @@ class Session:
         for i in range(0, len(data), b):
             xb, yb = data.x[i:i + b], data.y[i:i + b]
             n = len(xb)
-            pad = np.arange(b) % n  # a last partial batch repeats its sequences; their outputs are dropped
+            pad = np.arange(b) % n  # padding repeats sequences; their outputs are dropped
             _, logits = self.executor.evaluate(np.ascontiguousarray(xb[pad]), np.ascontiguousarray(yb[pad]))
             logits = np.asarray(logits[:n], np.float64).reshape(-1, logits.shape[-1])
             y = yb.reshape(-1)
@@ -469,44 +402,37 @@ class Session:
             total_loss -= float(logp[np.arange(len(y)), y].sum())
             correct += int((logits.argmax(axis=1) == y).sum())
             targets += len(y)
-        if targets == 0:  # every target ignored: no mean (PyTorch's cross-entropy gives NaN too)
+        if targets == 0:  # no mean (PyTorch gives NaN too)
             return float("nan"), float("nan")
         return total_loss / targets, correct / targets
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Logits (N, classes), float64, for images `x` (N, C, H, W), any N, in inference mode."""
+        """Logits (N, classes), float64, in inference mode."""
         parts = [logits for logits, _ in self._forward(x)]
         return np.concatenate(parts) if parts else np.zeros((0, self.net.logits_node.shape[1]))
 
     def predict_classes(self, x: np.ndarray) -> np.ndarray:
-        """The predicted class (argmax of the logits) of each image of `x`, int64 (N,)."""
+        """The argmax class of each sample, int64 (N,)."""
         return self.predict(x).argmax(axis=1).astype(np.int64)
 
     def report(self):
-        """The plan's memory report (peak by role, the binding step, the largest tensors at the peak...);
-        `.format()` is the text `minidl train` prints, `.to_json()` its numbers."""
+        """The plan's memory report (`.format()` text, `.to_json()` numbers)."""
         return memory_report(self.plan)
 
-    # -- persistence ------------------------------------------------------------------------------------------
+    # -- persistence
     def save(self, path, with_optimizer: bool = True) -> Path:
-        """Write a checkpoint at exactly `path` (atomically; see `runtime.checkpoint`): parameters, BN statistics,
-        optimizer state unless `with_optimizer` is False, and what `load` checks: the network's fingerprint, the
-        optimizer's configuration, the seed, the (global) batch and the data position; and what rebuilds the run
-        without its options: the network's recipe (`Network.recipe`), the data's source and input transform.
-        Returns the path written.
-        `load` resumes from it exactly: the same later steps, bit for bit, as a run never stopped."""
+        """Write a checkpoint at exactly `path`, atomically, with what `load` checks and what rebuilds the run."""
         meta = {"iteration": self.executor.iteration, "seed": self.seed, "batches_consumed": self.batches_consumed,
                 "network": self.net.name, "optimizer": self.optimizer.config(), "batch": self.batch * self.ranks,
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
                 "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
                 "math": self.math, "data_position": self._data_position(), "recipe": self.net.recipe}
-        if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
+        if self.ranks > 1:  # rank 0 writes, the others wait
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)
 
     def _data_position(self) -> dict | None:
-        """Where the data order stands (`BatchIterator.position`), so that a resume restores it in one step
-        instead of replaying the batches before it; None before the first fit."""
+        """Where the data order stands, so a resume restores it at once; None before the first fit."""
         if self._iterator is not None:
             return self._iterator.position()
         return self._resume_position
@@ -521,16 +447,8 @@ class Session:
                                     for n in self.net.layer_nodes for p, spec in n.params.items()})
 
     def load(self, path, strict: bool = True, params_only: bool = False) -> dict:
-        """Resume from a checkpoint (verified whole first: a damaged file is a `CheckpointError`).
-
-        strict (default): the network, the optimizer (type, configuration except `lr`, and its state), the seed
-        and the (global) batch size must be those of the checkpoint, and the data set given to the next `fit` is
-        checked against the one it was trained on; anything else is refused, naming what differs. Then
-        parameters, optimizer state, iteration and data position are restored: training continues exactly.
-        params_only: the network must match; only parameters and buffers are loaded (fresh optimizer state,
-        iteration 0, data order from the start). strict=False: a partial load of whatever matches (parameters
-        with the same name, shape and dtype; optimizer state if the optimizer matches; the position if seed and
-        batch do); the returned metadata's `not_loaded` says what was left out."""
+        """Resume from a checkpoint, verified whole first. `strict`: network, optimizer, seed, batch and the next
+        fit's data must match, and training continues exactly; else whatever matches (`not_loaded` lists the rest)."""
         params, opt, meta = load_checkpoint(path)
         iteration, consumed = check_positions(meta, path)
         here = self._fingerprint()

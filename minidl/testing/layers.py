@@ -1,9 +1,5 @@
-"""Helpers to run one layer on plain arrays, outside any plan: used by layer tests and gradient checks.
-
-`run_layer` wires a layer into a throw-away network (so shape inference and parameter declaration run exactly as
-in a real graph), allocates its output, aux tensors, deltas and workspace as plain arrays, and calls forward and
-backward. `directional_gradcheck` compares analytic gradients to central finite differences along random
-directions, which is one loss evaluation pair per direction instead of one per element.
+"""One layer on plain arrays, outside any plan (in a throw-away network, so shape inference runs as in a real
+graph), for layer tests and gradient checks.
 """
 from __future__ import annotations
 
@@ -52,16 +48,9 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
               dout: np.ndarray | None = None, *, training: bool = True, backend=None, algo_fwd: str | None = None,
               algo_bwd: str | None = None, rng_key: int = 0, dtype=None, math: str | None = None,
               accumulate: dict[int, np.ndarray] | None = None) -> LayerRun:
-    """Run forward (and backward when `dout` is given) of `layer` on concrete arrays. The checks a network
-    makes run here too: the layer's shapes at build, its training check (`training=True`) and its input values
-    (a loss's labels in [0, classes)), each a MinidlError naming the layer.
-
-    `math` a half mode ('bf16', 'fp16'): every array is stored as `backend.precision` says (float inputs and
-    `dout` rounded to the half dtype, `params` are the float32 masters and the layer's `half_params` get half
-    copies), in a float32 network, as a plan in that mode runs it.
-
-    `accumulate` {input slot: a delta}: backward adds that input's delta into the given one (stored as deltas
-    are), on the layer's accumulating workspace, as a fork's later consumer does (`Layer.accumulates_in_place`)."""
+    """Forward (and backward given `dout`) of `layer`, with a network's checks. `math` a half mode: arrays stored
+    as a plan in that mode stores them. `accumulate` {input slot: a delta}: backward adds that input's delta into
+    it, as a fork's later consumer does."""
     from ..backend.cpu.backend import CPUBackend
 
     be = backend or CPUBackend()
@@ -82,7 +71,7 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
             raise DataError(f"{layer.describe()}: parameter {pname!r} must be {spec.shape}, "
                             f"got {params[pname].shape}")
     if training:
-        layer.check_training(in_shapes)  # what a training route checks (BN on one value per channel)
+        layer.check_training(in_shapes)
     layer.check_values(inputs)
     if prec.half is not None:
         params = {p: _stored(be, a, prec.dtype(WEIGHT_COPY)) if p in layer.half_params else a
@@ -119,12 +108,8 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
 def directional_gradcheck(make_layer, inputs: list[np.ndarray], params: dict[str, np.ndarray], *,
                           directions: int = 3, eps: float = 1e-6, seed: int = 0, training: bool = True,
                           rtol: float = 1e-5, atol: float = 1e-8, **kw) -> None:
-    """Check every gradient of a layer against central differences, in float64, along random directions.
-
-    The scalar checked is L = sum(out * w) for a fixed random w. For each differentiable input and each
-    trainable parameter, and each random direction v: (L(x + eps v) - L(x - eps v)) / 2 eps == <dL/dx, v>.
-    `make_layer` builds a fresh layer each call (a layer object is single-use in a graph).
-    """
+    """Every gradient against central differences in float64 along random directions v:
+    (L(x + eps v) - L(x - eps v)) / 2 eps == <dL/dx, v> with L = sum(out * w)."""
     rng = np.random.default_rng(seed)
     base = run_layer(make_layer(), inputs, params, training=training, **kw)
     w = rng.standard_normal(base.out.shape)

@@ -1,49 +1,9 @@
 """The CUDA backend: cupy arrays inside one device arena, cuDNN frontend graphs, and minidl's own kernels.
 
-Built on CuPy (>= 13) and NVIDIA's cuDNN frontend (`import cudnn`); every device-free computation is host-tested
-(`views`, `cudnn_specs`, `launches`: tests/backend/test_cuda_host.py). The conformance tests
-(tests/backend/test_conformance.py) run it against PyTorch wherever a GPU, cupy and cuDNN are present (docs/gpu.md
-says what ran on which GPU); they are skipped, with the reason, everywhere else.
-
-Importing this module needs neither cupy nor cuDNN (both are imported inside `CUDABackend.__init__`), so
-`import minidl` and the CPU path work on machines without CUDA; constructing a `CUDABackend` there raises
-`CUDAUnavailable` (a RuntimeError) saying what is missing.
-
-What lives where on the device:
-
-* **The arena.** `arena_backing()` hands the tensor pool a backing whose `allocate(nbytes)` makes ONE raw
-  `cudaMalloc` (`cupy.cuda.memory.Memory`, not cupy's caching memory pool) and returns a `DeviceArena`; every
-  tensor is a `cupy.ndarray` view at `base + offset` (`DeviceArena.view_at`), bounds- and alignment-checked by
-  `views.view_spec`. The budget is the arena: kernels write only into the views they are given.
-* **Outside the arena**, counted and reported by `memory_report()`: cuDNN/cuBLAS handles, per-channel and
-  per-sample scratch of a few KiB (`_SideBuffers`: BN statistics in float64, per-row losses, the workspace of
-  the small BN/ReLU graphs), and, only if cupy allocates behind our back, "stray" bytes that an allocator hook
-  counts (`stray_bytes`: assigning a numpy array into a view, `view[...] = numpy_array`, stages it in a cupy
-  allocation; the executor initializes parameters with `copy_in`, which does not).
-* **Streams.** All compute (kernels, cuDNN graphs, cuBLAS, cupy elementwise ops) runs on one non-blocking
-  compute stream; offloads run on their own non-blocking stream (`transfer`, device -> host) and prefetches on
-  another (`prefetch_stream`, host -> device), one per direction because the link is full duplex. They are
-  ordered against compute by events only (the host never blocks except in `to_host`, `transfer_sync` and
-  `transfer_times`, which the host store calls once per step, after it; the clock anchor is made at
-  construction). A tensor's prefetch never overtakes its own offload although they are on different streams:
-  the plan releases the tensor (compute waits for the offload's `done`) before it prefetches it, and the
-  prefetch waits for an event recorded on compute after that wait. The host store
-  is pinned memory (`host_empty`), so device<->host copies are truly asynchronous.
-* **cuDNN graphs** (convolution forward / backward-data / backward-filter / backward-data with a fused add of
-  the delta it accumulates into, batch norm training / inference / backward, ReLU forward / backward) are built
-  once per shape (`cudnn_specs.GraphKey`) by `CudnnGraphs`, the one
-  class that calls the cuDNN frontend (a version difference of its API is a fix in one place). Convolutions
-  expose every buildable execution plan with its workspace size to the memory planner through
-  `conv_workspace_options` (see `cudnn_specs.conv_options`). If cuDNN supports no engine for a BN or ReLU graph
-  (e.g. an engine that insists on NHWC), the backend falls back to cupy kernels (BN) or kernels/elementwise.cu
-  (ReLU) and records why in `fallbacks`; so does a backward-data graph with a fused add, whose options then
-  write dx into the workspace and add it after (`+add`); the other convolutions have no fallback and fail
-  loudly.
-* **kernels/*.cu** (pooling, loss, optimizers, dropout, concat, LRN, elementwise) are loaded with
-  `cupy.RawModule` and launched with the arguments and grid of `launches.LAUNCHERS`.
-
-Data types: float32 activations/parameters and int64 labels (as the kernels are written); anything else raises
-TypeError naming the argument.
+Rules: importing needs neither cupy nor cuDNN (construction raises `CUDAUnavailable`). The budget is the arena, one
+raw `cudaMalloc`; outside it only `_SideBuffers`, handles and counted strays. Compute, offloads and prefetches run on
+a stream each, ordered by events. `CudnnGraphs` alone calls the cuDNN frontend; BN and ReLU may fall back
+(`fallbacks` says why), convolutions fail loudly. float32 data, int64 labels, else TypeError.
 """
 from __future__ import annotations
 
@@ -82,8 +42,7 @@ class CUDAUnavailable(MinidlError, RuntimeError):
 
 
 def load_cuda_modules() -> tuple[Any, Any, Any]:
-    """Import (cupy, cupyx, cudnn) and check that a device is visible; raise CUDAUnavailable saying what is
-    missing otherwise."""
+    """Import (cupy, cupyx, cudnn) and check that a device is visible, or raise CUDAUnavailable."""
     try:
         import cupy
         import cupyx
@@ -108,13 +67,12 @@ def load_cuda_modules() -> tuple[Any, Any, Any]:
     return cupy, cupyx, cudnn
 
 
-#: Every CUDABackend alive, so its cuDNN handle is released before the interpreter shuts down (`_release_all`).
+#: Every CUDABackend alive, released at exit.
 _LIVE_BACKENDS: "weakref.WeakSet[CUDABackend]" = weakref.WeakSet()
 
 
 def _release_all() -> None:
-    """atexit: drop every cached cuDNN graph and handle while the cudnn module still exists. Left to interpreter
-    shutdown, the frontend's nanobind objects outlive their module and nanobind prints "leaked N instances"."""
+    """atexit: drop cuDNN graphs and handles while the cudnn module exists (else nanobind reports leaks)."""
     for be in list(_LIVE_BACKENDS):
         be.release_cudnn()
     for graphs in list(LIVE_GRAPHS):
@@ -123,10 +81,6 @@ def _release_all() -> None:
 
 atexit.register(_release_all)
 
-
-# ---------------------------------------------------------------------------------------------------------
-# Device memory: the arena, side buffers, transfers
-# ---------------------------------------------------------------------------------------------------------
 
 class DeviceArena:
     """The tensor pool's device memory: one raw allocation; tensors are cupy views at offsets."""
@@ -146,7 +100,7 @@ class DeviceArena:
         return self._cupy.ndarray(s.shape, s.dtype, memptr=ptr)
 
     def __getitem__(self, key):
-        """`arena[a:b]`: a uint8 view of bytes [a, b), so generic `arena[o:o+n].view(dt).reshape(s)` works."""
+        """`arena[a:b]`: a uint8 view of bytes [a, b)."""
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise TypeError("a DeviceArena supports only contiguous byte slices arena[a:b]")
         start, stop, _ = key.indices(self.nbytes)
@@ -179,11 +133,8 @@ class DeviceArenaBacking:
 
 
 class _SideBuffers:
-    """Small named device buffers outside the arena (per-channel / per-sample scratch, small graph workspaces).
-
-    Each is one raw allocation, grown (never shrunk) when a larger one is asked for; the total is reported. A
-    name is used by one op at a time, so buffers with different names never alias.
-    """
+    """Named device scratch outside the arena, each grown (never shrunk) on demand. A name is used by one op at
+    a time, so different names never alias."""
 
     def __init__(self, cupy):
         self._cupy = cupy
@@ -206,13 +157,9 @@ class _SideBuffers:
 
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Fallback kernels for batch norm (cupy ElementwiseKernel / ReductionKernel), used when cuDNN has no engine
-# ---------------------------------------------------------------------------------------------------------
-
 @dataclass(slots=True, frozen=True)
 class ElementwiseSource:
-    """The arguments of one `cupy.ElementwiseKernel` (in params, out params, the per-element operation)."""
+    """The arguments of one `cupy.ElementwiseKernel`."""
 
     in_params: str
     out_params: str
@@ -221,11 +168,8 @@ class ElementwiseSource:
 
 @dataclass(slots=True, frozen=True)
 class ReductionSource:
-    """The arguments of one `cupy.ReductionKernel`; `a`, `b` are the reduction's operands.
-
-    `reduce_type` is a C type name ("double"), NOT a numpy dtype name: unlike the in/out parameters, which cupy
-    parses with numpy names ("float64 s"), cupy pastes it verbatim into the generated source as
-    `typedef ${reduce_type} _type_reduce;` (cupy/_core/_reduction.pyx), where "float64" does not compile."""
+    """The arguments of one `cupy.ReductionKernel`. `reduce_type` is a C type name ("double"): cupy pastes it
+    verbatim into a typedef (cupy/_core/_reduction.pyx), where a numpy name does not compile."""
 
     in_params: str
     out_params: str
@@ -236,9 +180,7 @@ class ReductionSource:
     reduce_type: str
 
 
-#: The batch-norm fallback and channel-sum kernels. Per-channel statistics accumulate in float64 (two passes:
-#: mean first, then squared deviations from it), like the CPU backend. Names beginning with `_` and `i` (cupy's
-#: loop index) are reserved inside the operations; tests/backend/test_cuda_host.py compiles these with nvcc.
+#: Batch-norm fallback kernels: statistics in float64, mean then squared deviations (as the CPU backend).
 NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
     "sum": ReductionSource("float32 x", "float64 s", "(double)x", "a + b", "s = a", "0", "double"),
     "sum_f32": ReductionSource("float32 x", "float32 s", "(double)x", "a + b", "s = (float)a", "0", "double"),
@@ -270,7 +212,7 @@ NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
 
 
 class _NormKernels:
-    """`NORM_KERNELS` compiled by cupy (on first use), as attributes: `k.sum(x, axis=..., out=...)`, ..."""
+    """`NORM_KERNELS` compiled by cupy, as attributes."""
 
     def __init__(self, cupy):
         for name, src in NORM_KERNELS.items():
@@ -284,17 +226,16 @@ class _NormKernels:
 
 
 def use_kernel_cache() -> None:
-    """cupy's compiled kernels (`RawModule`, `ElementwiseKernel`: CUPY_CACHE_DIR, read at each compile) go to the
-    `cupy` folder of minidl's user cache folder, unless the user named a folder of their own."""
+    """cupy's compiled kernels go to minidl's user cache folder unless CUPY_CACHE_DIR names another."""
     os.environ.setdefault("CUPY_CACHE_DIR", cache_folder("cupy"))
 
 
 def plan_store(cudnn, gpu_name: str, capability: str) -> PlanStore | None:
-    """The cuDNN plan cache for this GPU and these libraries (plan_cache.py); None where the libraries' versions
-    cannot be read (an entry would not know what it is valid for) or the folder cannot be written."""
+    """The cuDNN plan cache for this GPU and libraries; None where their versions are unknown or the folder is
+    not writable."""
     try:
         env = PlanEnv(gpu_name, str(capability), str(cudnn.backend_version()), str(cudnn.__version__))
-    except Exception:  # noqa: BLE001 - a frontend without version queries: no cache rather than a wrong one
+    except Exception:  # noqa: BLE001 - no cache rather than a wrong one
         return None
     folder = cache_folder("cudnn")
     if not writable(folder, "cuDNN's execution plans are built again in every process"):
@@ -308,11 +249,9 @@ def _device_name(cupy, device: int) -> str:
 
 
 def _cublas_math_setter(cupy) -> Callable[[bool], None]:
-    """A function that puts cupy's cuBLAS handle (the one `cupy.cublas.gemm` uses on this device) in TF32
-    tensor-op math (True) or default math (False): cuBLAS's half of `--math tf32` (cuDNN's half is the engine
-    filters)."""
+    """A setter of cupy's cuBLAS handle's math (TF32 or default): cuBLAS's half of `--math tf32`."""
     def set_tf32(on: bool) -> None:
-        try:  # imported here: an fp32 run never needs it
+        try:
             from cupy_backends.cuda.libs import cublas as libcublas
         except ImportError as e:
             raise CUDAUnavailable(f"--math: cannot set cuBLAS's math mode, cupy's cuBLAS bindings are not "
@@ -323,23 +262,10 @@ def _cublas_math_setter(cupy) -> Callable[[bool], None]:
     return set_tf32
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The backend
-# ---------------------------------------------------------------------------------------------------------
-
 class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateOps, CopyOps):
-    """cupy + cuDNN frontend backend with the CPU backend's interface (see minidl/backend/cpu/backend.py).
+    """The CPU backend's interface on cupy + cuDNN. `max_plans`: execution plans (workspace options) per graph;
+    `count_stray_allocations`: count cupy allocations outside the arena."""
 
-    Options: `allow_tf32` lets cuDNN compute float32 convolutions, and cuBLAS float32 products, in TF32 (faster on
-    Ampere+, ~1e-3 off the reference; `--math tf32`, see `mathmode.py` and `set_math`); `deterministic` excludes
-    non-deterministic engines; `max_plans` bounds how many execution plans are built per graph (each becomes a
-    workspace option); `use_cudnn_bn` / `use_cudnn_relu` choose cuDNN graphs over the fallback kernels;
-    `count_stray_allocations` installs a cupy allocator hook that counts (and still serves) any allocation made
-    outside the arena; `plan_cache` keeps cuDNN's execution plans in the user cache folder (`plan_cache.py`).
-    """
-
-    # The sequence family's kernels (`sequence.py`), no fusions, one update per parameter; host copies on copy
-    # streams, the step replayed as captured graphs whose gradients are checked on the device (`guard_nonfinite`).
     capabilities = Capabilities(name="cuda", device="gpu", kernels=SEQUENCE_KERNELS, stream_copies=True,
                                 graph_capture=True, device_guard=True, paged_arena=True, host_link=True)
 
@@ -357,8 +283,6 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         store = plan_store(cudnn, gpu_name, dev.compute_capability) if plan_cache else None
         compute = cupy.cuda.Stream(non_blocking=True)
         try:
-            # An int before frontend 1.3x, a `cudnn.Handle` since: used opaquely either way. This is where a missing
-            # libcudnn.so.9 shows (the frontend package dlopens it and does not depend on nvidia-cudnn-cu13).
             handle = cudnn.create_handle()
         except Exception as e:
             raise CUDAUnavailable(f"the cuDNN frontend cannot create a cuDNN handle ({e}); is the cuDNN library "
@@ -380,7 +304,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             self._cublas_math(True)
         if count_stray_allocations:
             self._install_stray_counter()
-        self._anchor()  # the transfer clock's anchor, now: the host then never blocks for it inside a step
+        self._anchor()  # the transfer clock's anchor, made now so no step blocks for it
 
     def _init_state(self, *, cupy, cupyx, cudnn, cublas, compute, transfer, graphs: CudnnGraphs, side, limits,
                     filters, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True, prefetch=None) -> None:
@@ -388,13 +312,13 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.xp = cupy
         self.device = None
         self.gpu_name = ""
-        self.compute, self.transfer = compute, transfer        # transfer: the offload (device -> host) stream
+        self.compute, self.transfer = compute, transfer        # transfer: device -> host
         self.prefetch_stream = prefetch if prefetch is not None else transfer   # host -> device
         self.graphs, self.side = graphs, side
         self.limits, self.filters = limits, filters
         self.use_cudnn_bn, self.use_cudnn_relu = bool(use_cudnn_bn), bool(use_cudnn_relu)
         self._handle = None
-        self.fallbacks: dict[str, str] = {}     # graph op -> why the fallback kernels run instead
+        self.fallbacks: dict[str, str] = {}     # graph op -> why it fell back
         self._unsupported: set[cudnn_specs.GraphKey] = set()
         self._modules: dict[str, Any] = {}      # .cu file -> cupy.RawModule
         self._kernels: dict[str, Any] = {}      # kernel name -> RawKernel
@@ -404,27 +328,25 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.stray_bytes = 0
         self.stray_allocs = 0
         self._prev_allocator = None
-        self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter) pairing the two clocks
-        self._cublas_math: Callable[[bool], None] | None = None  # sets cuBLAS's TF32 math (None: host tests)
-        self.graph_scalars = None  # backend/scalars.StepScalars while a graph is captured: the `_dev` kernels
+        self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter)
+        self._cublas_math: Callable[[bool], None] | None = None  # None: host tests
+        self.graph_scalars = None  # backend/scalars.StepScalars while a graph is captured
         _LIVE_BACKENDS.add(self)
 
     @classmethod
     def from_parts(cls, **parts) -> "CUDABackend":
-        """Assemble a backend from ready-made parts (the keyword arguments of `_init_state`) without touching a
-        device: host tests inject fakes of cupy / the cuDNN module / streams to check the dispatch logic."""
+        """A backend from `_init_state`'s parts without a device: host tests inject fakes."""
         obj = cls.__new__(cls)
         obj._init_state(**parts)
         return obj
 
     @property
     def math(self) -> str:
-        """The math mode (`backend/mathmode.py`): 'tf32' when cuDNN may pick TF32 engines, else 'fp32'."""
+        """'tf32' when cuDNN may pick TF32 engines, else 'fp32'."""
         return "tf32" if self.filters.allow_tf32 else "fp32"
 
     def set_math(self, math: str) -> None:
-        """Switch between 'fp32' and 'tf32' (before planning: the mode decides which convolution engines, hence
-        which workspace options, exist). cuDNN's engine filters and cuBLAS's math mode change together."""
+        """Switch 'fp32' / 'tf32' before planning (the mode decides the engines, hence the workspace options)."""
         from ..mathmode import check_math
 
         tf32 = check_math(math) == "tf32"
@@ -435,11 +357,10 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
     @property
     def profile(self) -> str:
-        """The simulator profile nearest this GPU (see `cudnn_specs.profile_for_gpu`): the speeds a plan's timing
-        decisions assume when the caller names none."""
+        """The simulator profile nearest this GPU: the speeds a plan assumes when the caller names none."""
         return cudnn_specs.profile_for_gpu(self.gpu_name)
 
-    # -- lifecycle / reports ------------------------------------------------------------------------------------
+    # -- lifecycle / reports
     def _install_stray_counter(self) -> None:
         pool = self.cp.get_default_memory_pool()
 
@@ -452,7 +373,6 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.cp.cuda.set_allocator(counting_malloc)
 
     def close(self) -> None:
-        """Wait for all work, restore cupy's allocator and release the cuDNN graphs and handle."""
         self.synchronize()
         if self._prev_allocator is not None:
             self.cp.cuda.set_allocator(self._prev_allocator)
@@ -460,7 +380,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.release_cudnn()
 
     def release_cudnn(self) -> None:
-        """Drop the built graphs, then destroy the handle they were built with (run at exit for live backends)."""
+        """Drop the built graphs, then destroy their handle."""
         if self.graphs is None:  # a backend assembled from parts without cuDNN
             return
         self.graphs.release()
@@ -470,19 +390,16 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             try:
                 self.synchronize()
                 self.cudnn.destroy_handle(handle)
-            except Exception:  # at exit the device may already be gone; dropping the reference is what matters
+            except Exception:  # at exit the device may be gone already
                 pass
 
     def autotune_path(self) -> str | None:
-        """Where `--autotune` without a file keeps this GPU's measured algorithm times: beside its cached cuDNN
-        plans (the algorithm names are the plans' heuristic indices, valid for these libraries only), one file per
-        math mode (the mode decides the engines). None without a plan cache."""
+        """`--autotune`'s file for this GPU and math mode, beside the cached plans whose indices it names."""
         store = self.graphs.store
         return None if store is None else str(store.folder / f"autotune-{self.math}.json")
 
     def startup_caches(self) -> dict[str, Any]:
-        """What this process took from the user cache folder and what it built (`minidl train --json`'s
-        `startup_caches`): cuDNN graphs built, loaded, loaded with plans rebuilt, or cached but unusable (why)."""
+        """What this process took from the user cache folder and what it built (`--json`'s `startup_caches`)."""
         g = self.graphs
         out: dict[str, Any] = {"cudnn_graphs": dict(g.stats)}
         if g.store is not None:
@@ -493,18 +410,15 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         return out
 
     def memory_report(self) -> dict[str, Any]:
-        """Device memory the backend uses outside the arena, and which graphs fell back to other kernels."""
         return {"side_bytes": self.side.nbytes, "stray_bytes": self.stray_bytes,
                 "stray_allocs": self.stray_allocs, "cached_graphs": len(self.graphs),
                 "fallbacks": dict(self.fallbacks)}
 
     def step_scope(self):
-        """A step needs no host-side context here: the kernels run on the streams."""
         return nullcontext()
 
     def compute_scope(self):
-        """The compute stream as the current one: cupy work done by a caller (the gradient reducer's division)
-        is ordered with the kernels'."""
+        """The compute stream, so a caller's cupy work is ordered with the kernels'."""
         return self.compute
 
     def synchronize(self) -> None:
@@ -513,84 +427,69 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         if self.prefetch_stream is not self.transfer:
             self.prefetch_stream.synchronize()
 
-    # -- arena -----------------------------------------------------------------------------------------------
+    # -- arena
     def arena_backing(self) -> DeviceArenaBacking:
-        """The tensor pool's backing: one raw device allocation whose `view_at(offset, shape, dtype)` gives the
-        cupy view of a block (the executor calls this factory once per pool)."""
         return DeviceArenaBacking(self.cp)
 
     def paged_backing(self):
-        """The paged pool's memory (`--paged`): driver-API chunks mapped into a reserved range (`cuda.vmm`)."""
+        """The paged pool's memory: driver-API chunks mapped into a reserved range."""
         from .vmm import VmmBacking
 
         return VmmBacking(self.cp, device=int(self.cp.cuda.runtime.getDevice()))
 
     def measure_link(self, nbytes: int | None = None, repeats: int = 3):
-        """The host link's bandwidth (each direction alone and with both busy) and per-copy latency, measured on
-        this backend's copy streams (`cuda.calibrate.measure_link`): what `memory/calibrate.py` builds the
-        simulator's measured profile from. Blocks; call before training."""
+        """The host link's bandwidth and latency on these copy streams (for memory/calibrate.py). Blocks."""
         from .calibrate import BANDWIDTH_BYTES, measure_link
 
         return measure_link(self, nbytes or BANDWIDTH_BYTES, repeats)
 
-    # -- CUDA graphs (minidl/runtime/capture.py) -----------------------------------------------------------------------
-    #: The kernels a captured graph launches instead of their plain variants (backend/scalars.py).
+    # -- CUDA graphs (runtime/capture.py)
+    #: The kernels a captured graph launches instead of their plain variants.
     GRAPH_KERNELS = ("dropout_forward_dev", "dropout_backward_dev", "sgd_update_dev", "adam_update_dev",
                      "nonfinite_flag")
-    #: What a call raises when it cannot be captured: cupy's cuBLAS wrappers (`cupy.cublas.gemm` in dense.py,
-    #: `cupy.matmul` in sequence.py) call cublasSetStream, which raises NotImplementedError ("calling cuBLAS API
-    #: during stream capture is currently unsupported") on a capturing stream, before enqueuing anything. Such a
-    #: call runs eagerly between the step's graphs (minidl/runtime/capture.py).
+    #: Raised by a call that cannot be captured (cupy's cuBLAS wrappers call cublasSetStream), before enqueuing
+    #: anything: it runs eagerly between the step's graphs.
     CaptureUnsupported = (NotImplementedError,)
 
     @on_compute
     def guard_nonfinite(self, x, code: int) -> None:
-        """The divergence guard inside a graph: set the capture's `diverged` flag to `code` if `x` (a gradient,
-        or the loss) is not finite and no earlier guarded tensor was (minidl/runtime/capture.py)."""
+        """Set the capture's `diverged` flag to `code` if `x` is not finite and no earlier guarded tensor was."""
         self._launch(launches.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
 
     def prepare_graph(self) -> None:
-        """Load the graph variants of the per-step kernels before a capture: loading a module or a function is
-        not a stream operation, so it happens now rather than while the stream is being captured."""
+        """Load the graph kernels now: loading is not a stream operation, so not while capturing."""
         for name in self.GRAPH_KERNELS:
             self._kernel(name)
 
     def begin_graph(self) -> None:
-        """Start capturing the compute stream: what is enqueued on it until `end_graph` is recorded, not run.
-        cupy's default capture mode (relaxed) lets cupy allocate meanwhile; capture.py refuses a graph during
-        whose capture `stray_bytes` grew, since such a temporary goes back to cupy's pool afterwards."""
+        """Capture the compute stream until `end_graph` (capture.py refuses a graph whose capture allocated)."""
         self.compute.begin_capture()
 
     def end_graph(self):
-        """End the capture begun by `begin_graph`: the recorded work as a `cupy.cuda.Graph`."""
+        """The recorded work as a `cupy.cuda.Graph`."""
         return self.compute.end_capture()
 
     def launch_graph(self, graph) -> None:
-        """Replay a captured graph on the compute stream (asynchronous: the host does not wait)."""
         graph.launch(stream=self.compute)
 
     def copy_in_async(self, dst, src: np.ndarray) -> None:
-        """Copy pinned host array `src` into device view `dst` on the compute stream (a graph's batch input: the
-        copy reads `src` when it runs, so the host refills the same buffer before each replay)."""
+        """Pinned `src` -> `dst` on the compute stream (a graph's batch input)."""
         self._check_transfer(dst, src)
         self._upload(dst, src, self.compute)
 
     def copy_out_async(self, src, dst: np.ndarray) -> None:
-        """Copy device view `src` into pinned host array `dst` on the compute stream (a graph's loss output)."""
+        """`src` -> pinned `dst` on the compute stream (a graph's loss output)."""
         self._check_transfer(src, dst)
         self._download(src, dst, self.compute)
 
     def scalar_buffer(self, name: str, n: int, dtype):
-        """A small device array outside the arena (a side buffer) for a graph's per-step scalars."""
         return self.side.get(name, (int(n),), dtype)
 
     def wait_compute(self) -> None:
-        """Block the host until the compute stream is idle (after a step's graphs, to read the loss)."""
         self.compute.synchronize()
 
-    # -- helpers ---------------------------------------------------------------------------------------------
+    # -- helpers
     def _check(self, op: str, dtype: np.dtype = F32, **arrays) -> None:
-        """Arrays given (not None) must be C-contiguous device arrays of `dtype`."""
         for name, a in arrays.items():
             if a is None:
                 continue
@@ -609,7 +508,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     def _kernel(self, name: str):
         k = self._kernels.get(name)
         if k is None:
-            with startup.phase("kernels"):  # the module compiled by NVRTC, or loaded from cupy's cache
+            with startup.phase("kernels"):
                 file = ks.KERNELS[name].file
                 mod = self._modules.get(file)
                 if mod is None:
@@ -637,7 +536,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             return None
 
     def _run_graph(self, built: BuiltGraph, arrays: dict[str, Any], scalars: dict[str, float] | None = None):
-        """Execute the heuristics' first plan of a small graph (BN, ReLU) with a side-buffer workspace."""
+        """Run a small graph's (BN, ReLU) first plan with a side-buffer workspace."""
         plan = built.plans[0]
         pointers = {name: self._ptr(a) for name, a in arrays.items()}
         for name, value in (scalars or {}).items():
@@ -646,14 +545,13 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self.graphs.execute(built, pointers, self._ptr(ws) if ws is not None else 0, plan.index)
 
     def _host_scalar(self, value: float) -> np.ndarray:
-        """A float32 host scalar passed by value to cuDNN, kept alive for the backend's lifetime."""
         a = self._host_scalars.get(float(value))
         if a is None:
             a = self._host_scalars[float(value)] = np.full((1, 1, 1, 1), value, np.float32)
         return a
 
     def _constant(self, name: str, n: int, value: float):
-        """A cached device vector of `n` copies of `value` (ones/zeros for a BN without affine parameters)."""
+        """A cached device vector of `n` copies of `value`."""
         key = f"{name}{n}"
         buf = self.side.get(key, (n,), np.float32)
         if key not in self._filled:

@@ -1,7 +1,5 @@
-"""The CUDA backend's copies: host <-> device staging and fills (`to_host`, `copy_in`, `fill`, `accumulate`,
-`copy`), and the asynchronous offloads and prefetches of the host store, on copy streams of their own, with the
-timing events `transfer_times` maps onto the host clock; the same events time a traced step's calls
-(`DeviceClock`)."""
+"""The CUDA backend's copies: host <-> device staging and fills, and the host store's offloads and prefetches on
+copy streams of their own, timed by events mapped onto the host clock (as `DeviceClock` times traced calls)."""
 from __future__ import annotations
 
 import time
@@ -16,12 +14,8 @@ from .ops import F32, on_compute
 
 @dataclass(slots=True)
 class Transfer:
-    """An asynchronous device<->host copy on the transfer stream, with the timing events around it.
-
-    `start` and `done` are recorded on the transfer stream just before and just after the copy; `reached` is
-    recorded on the compute stream by `transfer_wait`, where compute begins to wait for `done` (None while
-    nobody waited). All three are timing-enabled, so `transfer_times` can measure both the copy and the stall.
-    """
+    """An asynchronous copy between `start` and `done` (copy stream) and `reached`, where compute began to wait
+    for it (None while nobody waited): timing events for the copy and the stall."""
 
     kind: str    # "offload" (device -> host) or "prefetch" (host -> device)
     nbytes: int
@@ -31,12 +25,9 @@ class Transfer:
 
 
 class CopyOps:
-    """Copies between host and device and within the arena, and the timed host transfers.
+    """Copies and timed host transfers: a mixin of `CUDABackend`, which holds the streams and helpers."""
 
-    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
-    call (`_check`, `_launch`, `_graph`...)."""
-
-    # -- memory helpers --------------------------------------------------------------------------------------
+    # -- memory helpers
     def to_host(self, a) -> np.ndarray:
         if isinstance(a, np.ndarray):
             return a
@@ -48,12 +39,11 @@ class CopyOps:
         if isinstance(src, self.cp.ndarray):
             self.cp.copyto(dst, src.reshape(dst.shape))
             return
-        # np.asarray + copy, not np.ascontiguousarray: that one returns at least 1-d, so a 0-d source (a loss
-        # delta) became shape (1,) and cupy's set() refused it for the 0-d destination.
+        # not np.ascontiguousarray: it makes a 0-d source 1-d, which cupy's set() refuses for a 0-d view
         host = np.asarray(src, dtype=dst.dtype).reshape(dst.shape)
         if not host.flags.c_contiguous:
             host = host.copy(order="C")
-        # Pageable host memory: the copy is staged before memcpyAsync returns, so `host` may die afterwards.
+        # pageable memory is staged before memcpyAsync returns: `host` may die afterwards
         dst.set(host, stream=self.compute)
 
     @on_compute
@@ -70,31 +60,26 @@ class CopyOps:
     @on_compute
     def copy(self, dst, src) -> None:
         self.cp.copyto(dst, src)
-    # -- copies between pinned host buffers and device views ----------------------------------------------------
+    # -- copies between pinned host buffers and device views
     def _upload(self, dst, src: np.ndarray, stream) -> None:
-        """Enqueue pinned host array `src` -> device view `dst` on `stream` (checked by `_check_transfer`).
-
-        cudaMemcpyAsync itself, not cupy's `ndarray.set`: cupy refuses every host->device copy on a stream that
-        is being captured (a pageable source would go through a staging buffer a graph cannot replay), and the
-        host store's buffers and a graph's input buffers are pinned, so their copies belong in the graph."""
+        """Pinned `src` -> `dst` on `stream` by cudaMemcpyAsync: cupy's `set` refuses a capturing stream."""
         rt = self.cp.cuda.runtime
         rt.memcpyAsync(self._ptr(dst), src.ctypes.data, int(src.nbytes), rt.memcpyHostToDevice, stream.ptr)
 
     def _download(self, src, dst: np.ndarray, stream) -> None:
-        """Enqueue device view `src` -> pinned host array `dst` on `stream`; see `_upload`."""
+        """`src` -> pinned `dst` on `stream`, as `_upload`."""
         rt = self.cp.cuda.runtime
         rt.memcpyAsync(dst.ctypes.data, self._ptr(src), int(dst.nbytes), rt.memcpyDeviceToHost, stream.ptr)
 
-    # -- host transfers (offload / prefetch) -----------------------------------------------------------------
+    # -- host transfers (offload / prefetch)
     def host_empty(self, shape, dtype) -> np.ndarray:
-        """A numpy array in pinned (page-locked) host memory: the host store's buffers."""
+        """A numpy array in pinned host memory."""
         return self.cpx.empty_pinned(shape, dtype=dtype)
 
     def offload_async(self, src, dst: np.ndarray) -> Transfer:
-        """Copy device view `src` into host array `dst` on the transfer stream, after every kernel already
-        enqueued on the compute stream (which may still be writing `src`). Returns at once."""
+        """`src` -> `dst` on the transfer stream, after the compute work already enqueued. Returns at once."""
         self._check_transfer(src, dst)
-        self._anchor()  # before the first copy: every transfer event is then later than the anchor
+        self._anchor()  # every transfer event is later than the anchor
         ready = self._event()
         ready.record(self.compute)
         self.transfer.wait_event(ready)
@@ -103,8 +88,7 @@ class CopyOps:
         return Transfer("offload", int(src.nbytes), self._record(self.transfer, timing=True), start)
 
     def prefetch_async(self, src: np.ndarray, dst) -> Transfer:
-        """Copy host array `src` into device view `dst` on the prefetch stream, after every kernel already
-        enqueued on the compute stream (the block's previous tenant may still be in use). Returns at once."""
+        """`src` -> `dst` on the prefetch stream, after the compute work already enqueued. Returns at once."""
         self._check_transfer(dst, src)
         self._anchor()
         stream = self.prefetch_stream
@@ -116,53 +100,33 @@ class CopyOps:
         return Transfer("prefetch", int(dst.nbytes), self._record(stream, timing=True), start)
 
     def transfer_wait(self, t: Transfer) -> None:
-        """Make the compute stream wait for `t` (device-side: the host does not block). Call before a kernel
-        reads a prefetched tensor, and before an offloaded tensor's block is reused.
-
-        The `reached` event marks where compute starts waiting, so `transfer_times` can tell how long it stalled.
-        """
+        """The compute stream waits for `t` (the host does not); `reached` marks where, to time the stall."""
         t.reached = self._record(self.compute, timing=True)
         self.compute.wait_event(t.done)
 
     def transfer_sync(self, t: Transfer) -> None:
-        """Block the host until `t` has completed (e.g. before reading or reusing its host buffer)."""
+        """Block the host until `t` has completed."""
         t.done.synchronize()
-
-    @staticmethod
-    def transfer_done(t: Transfer) -> bool:
-        return bool(t.done.done)
 
     def transfer_times(self, t: Transfer) -> tuple[float, float, float]:
-        """(start_s, end_s, stall_s) of transfer `t`, in seconds; blocks until the copy (and the compute stream's
-        wait for it, if any) has happened.
-
-        These are device times mapped onto the host's `time.perf_counter` clock: the first transfer records an
-        anchor event on the compute stream, synchronizes it and reads `perf_counter()` right after (once per
-        backend, before any transfer event exists, so every elapsed time read from it is positive), and every
-        time is then the anchor's host time plus `get_elapsed_time(anchor, event)`. The offset is approximate
-        (the host wakes up a few microseconds after the anchor completes, and the clocks may drift apart over a
-        long run), the durations exact: both ends are device timestamps. `stall_s` is how long the compute
-        stream sat at `transfer_wait` before the copy completed, elapsed(reached, done), clamped at 0 when the
-        copy was done first; 0 when nobody waited.
-        """
+        """(start_s, end_s, stall_s) of `t` on `time.perf_counter`'s clock via the anchor: offset approximate,
+        durations exact. Blocks."""
         t.done.synchronize()
         anchor, anchor_s = self._anchor()
-        ms = self.cp.cuda.get_elapsed_time  # milliseconds from its first event to its second
+        ms = self.cp.cuda.get_elapsed_time  # milliseconds
         start_s = anchor_s + ms(anchor, t.start) / 1e3
         end_s = anchor_s + ms(anchor, t.done) / 1e3
         stall_s = 0.0
         if t.reached is not None:
-            t.reached.synchronize()  # recorded on the compute stream, which may still be behind
+            t.reached.synchronize()  # the compute stream may still be behind
             stall_s = max(0.0, ms(t.reached, t.done) / 1e3)
         return start_s, end_s, stall_s
 
     def call_clock(self) -> "DeviceClock":
-        """Times a traced call by events on the compute stream around the kernels it enqueues."""
         return DeviceClock(self)
 
     def _anchor(self) -> tuple[Any, float]:
-        """A completed compute-stream event and the `perf_counter()` time just after it (made once, by the first
-        transfer)."""
+        """A completed compute-stream event and `perf_counter()` just after it, made once."""
         if self._clock_anchor is None:
             ev = self._record(self.compute, timing=True)
             ev.synchronize()
@@ -170,7 +134,7 @@ class CopyOps:
         return self._clock_anchor
 
     def _event(self, timing: bool = False):
-        """A CUDA event; timing only where it is measured (a timing event costs more to record and wait on)."""
+        """A CUDA event; timing only where measured (it costs more)."""
         return self.cp.cuda.Event(disable_timing=not timing)
 
     def _record(self, stream, timing: bool = False):
@@ -190,13 +154,11 @@ class CopyOps:
 
 
 class DeviceClock:
-    """The GPU's `CallClock` (backend/base.py): a timing event recorded on the compute stream at each mark, read
-    once it has completed on the host clock the way `transfer_times` reads a copy's (the backend's anchor event:
-    the offset approximate, the duration exact)."""
+    """The GPU's `CallClock`: compute-stream events read as `transfer_times` reads a copy's."""
 
     def __init__(self, backend):
         self._be = backend
-        backend._anchor()   # now, before any mark: every event is then later than the anchor
+        backend._anchor()   # before any mark
 
     def mark(self):
         return self._be._record(self._be.compute, timing=True)
