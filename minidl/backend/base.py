@@ -17,6 +17,9 @@ from typing import Any, ContextManager, Protocol, runtime_checkable
 FUSES_BATCHNORM_RELU = "batchnorm_relu"        # batchnorm_forward_train / batchnorm_backward take `relu=`
 FUSES_ADD_RELU = "add_relu"                    # add_forward takes `relu_out`
 FUSES_ADD_RELU_BACKWARD = "add_relu_backward"  # add_relu_backward: a ReLU's and the add's backward in one call
+# Layer types a following ReLU folds into, forward and backward, and the fusion a backend lists for each.
+FUSES_RELU = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU}
+FUSES_RELU_BACKWARD = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU_BACKWARD}
 
 
 @dataclass(frozen=True)

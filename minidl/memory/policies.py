@@ -92,7 +92,8 @@ def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, targe
     with _without_cycle_collection():
         route = net.route(training=True, optimizer_slots=tuple(slots), menu=target.menu,
                           fused_update=request.fused_update, micro_batches=opts.micro_batches or 1,
-                          packs=[[n.name] for n in net.layer_nodes] if packed and request.policy == "packs" else None)
+                          packs=[[n.name] for n in net.layer_nodes] if packed and request.policy == "packs" else None,
+                          math=opts.math)
         route = route.with_options(opts)
         if opts.data_parallel is None:
             return _plan_verified(route, request, target)

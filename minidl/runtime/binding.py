@@ -41,6 +41,7 @@ class LayerCall:
     dout: Any = None                # backward: the output's gradient
     dinputs: list | None = None     # backward: where each input's gradient goes (None: not wanted)
     grads: dict | None = None       # backward: the parameters' gradients
+    staging: Any = None             # the step's staging (a half mode on the CPU), bound before the call runs
 
 
 @dataclass(slots=True)
@@ -99,6 +100,7 @@ class StepBinding(Protocol):
     iteration: int
     last_loss: float
     check_finite: bool
+    skip_update: bool    # fp16: this step's gradients overflowed, its update is skipped (`Executor.unscale`)
     host: Any
     host_limit_bytes: int | None
     program_fallback: str | None
@@ -117,6 +119,8 @@ class StepBinding(Protocol):
     def batch_slots(self, step: "Step") -> list[tuple[Any, int, int | None, int | None]]: ...
 
     def seed_key(self, node_index: int, iteration: int) -> int: ...
+
+    def staged(self, fn, staging): ...
 
     def guard_update(self, step: "Step", grads: list | None = None, buffers: list | None = None) -> None: ...
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU
+from ..backend.base import FUSES_RELU, FUSES_RELU_BACKWARD
 from ..core.tensors import act_id
 from ..graph.route import Step
 from ..layers.base import LayerContext
@@ -39,12 +39,6 @@ from ..memory.plan import EventKind
 from .binding import BoundCall, Call, GuardCall, LayerCall, StepBinding
 
 __all__ = ["Program", "GuardCall", "NotLowered", "why_not", "lower"]
-
-# Layer types a following ReLU folds into (`_Recording.fuse_relu`), and the fusion a backend lists in its
-# capabilities (`Capabilities.fuses`) when it can run them so.
-FUSES_RELU = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU}
-# Layers whose backward may take the backward of the ReLU after them into the same call, and the fusion.
-FUSES_RELU_BACKWARD = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU_BACKWARD}
 
 
 @dataclass(slots=True)
@@ -231,8 +225,9 @@ class _Recording:
         ex = self.ex
         # (a packed route's tensors are renamed per micro-batch: y is kept there, the tables read canonical ids)
         keep = ex.route.packing is not None or not self.read_only_by(act_id(h.node.name), step.index)
-        self.calls[pos] = self.timed(host_step, _bind(h.node.layer.forward_relu, ex.be, h.inputs, y, out, h.params,
-                                                      h.ctx, keep), in_use=host_in_use)
+        fused = ex.staged(h.node.layer.forward_relu, h.staging)   # at the host's step: its staging
+        self.calls[pos] = self.timed(host_step, _bind(fused, ex.be, h.inputs, y, out, h.params, h.ctx, keep),
+                                     in_use=host_in_use)
         if not keep:
             self.kinds["output_not_kept"] = self.kinds.get("output_not_kept", 0) + 1
         kind = f"fused_{h.node.type_name}_relu"
@@ -298,8 +293,8 @@ class _Recording:
             self.kinds["folded"] = self.kinds.get("folded", 0) + 1
         else:
             del self.calls[pos], self.call_kinds[pos]
-        fused = _bind(node.layer.backward_relu, self.ex.be, lc.inputs, dout, lc.dinputs, lc.grads, lc.params, ctx,
-                      r, dr)
+        fused = _bind(self.ex.staged(node.layer.backward_relu, lc.staging), self.ex.be, lc.inputs, dout, lc.dinputs,
+                      lc.grads, lc.params, ctx, r, dr)
         self.emit("backward", self.timed(step, fused))
         kind = f"fused_{node.type_name}_relu_backward"
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
@@ -316,7 +311,8 @@ class _Recording:
         update = ex.opt.prepare(ex.be, call.items)
 
         def run_update() -> None:
-            update(ex.iteration)
+            if not ex.skip_update:   # fp16: a step whose gradients overflowed is skipped
+                update(ex.iteration)
         self.emit("update", self.timed(call.step, run_update))
 
     def timed(self, step: Step, call: Call, in_use: int | None = None) -> Call:

@@ -40,6 +40,7 @@ from ..memory.pool import as_size
 from ..memory.report import memory_report
 from ..memory.request import PlanRequest, Target
 from ..optim import Optimizer
+from ..optim.loss_scale import LossScaler
 from ..optim.schedules import Constant, LRSchedule
 from .checkpoint import (
     check_data_position,
@@ -172,9 +173,11 @@ class Session:
     `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
     to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
     `micro_batches`: Harmony's micro-batches (`packs.py`): policy `packs` chooses when None.
-    `math` ('fp32' or 'tf32'; None: the backend's own, fp32 unless it was built otherwise) puts the backend in that
-    math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. `self.math` is the mode, and
-    checkpoints record it (resuming in the other mode is allowed: only the arithmetic of later steps differs).
+    `math` ('fp32', 'tf32', 'bf16' or 'fp16'; None: the backend's own, fp32 unless it was built otherwise) puts
+    the backend in that math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. bf16 and
+    fp16 train with half activations and float32 master weights (`backend/precision.py`); fp16 scales the loss
+    (`optim/loss_scale.py`). `self.math` is the mode, and checkpoints record it, with fp16's loss scale (resuming
+    in another mode is allowed: only the arithmetic of later steps differs).
 
     `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
     batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
@@ -485,6 +488,8 @@ class Session:
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
                 "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
                 "math": self.math, "data_position": self._data_position(), "recipe": self.net.recipe}
+        if self.executor.scaler is not None:   # fp16: the loss scale and its counters, so a resume is exact
+            meta["loss_scale"] = self.executor.scaler.state_dict()
         if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)
@@ -542,6 +547,8 @@ class Session:
         if position_ok:
             self.executor.iteration, self.batches_consumed = iteration, consumed
             self._resume_data = self._data_desc = meta.get("data")
+            if self.executor.scaler is not None and meta.get("loss_scale") is not None:
+                self.executor.scaler = LossScaler.from_state(meta["loss_scale"])
         self._iterator, self._resume_position = None, position
         meta["not_loaded"] = sorted(set(mine) - set(usable)) + ([] if opt_ok else ["optimizer state"]) + (
             [] if position_ok else ["iteration and data position"])

@@ -11,7 +11,8 @@ again. The extra compute is small; the memory saved is most of the activations.
 Vocabulary used below.
 
 - A **member** is a droppable tensor: the output of a single-input, non-checkpoint layer that needs no
-  workspace and whose saved aux tensors (BN's batch statistics) are planned.
+  workspace nor staging (the float32 copies a half mode's kernels take on the CPU: `Step.staging`) and whose
+  saved aux tensors (BN's batch statistics) are planned.
 - Every member descends, through members only, from exactly one kept tensor, its **root** (the checkpoint).
   The members of one root form its **segment**: a tree (cheap layers have one input, but their output may feed
   several layers, e.g. the ReLU that feeds both the next block and the shortcut of a ResNet).
@@ -112,8 +113,8 @@ def find_segments(route: Route, iv: dict | None = None) -> list[Segment]:
         if spec is None or spec.role is not Role.ACTIVATION or tid not in iv:
             return False
         step = fwd_step.get(node.index)
-        if step is None or step.workspace is not None:
-            return False  # a recomputed layer runs without workspace
+        if step is None or step.workspace is not None or step.staging is not None:
+            return False  # a recomputed layer runs without workspace, and without staging (a half mode's, CPU)
         in_shapes = [net.nodes[i].shape for i in node.inputs]
         aux = layer.aux_specs(in_shapes, training=True)
         # BN's recomputation needs the statistics saved in forward: they must be planned tensors.
