@@ -60,7 +60,7 @@ class PlanRequest:
         if dp is not None and opts.micro_batches is not None:
             raise DistError("data parallel with micro-batches (packs) is not supported")
         if opts.math == "fp16":
-            asked = ("--fused-update on" if opts.fused_update else "--micro-batches" if opts.micro_batches is not None
+            asked = ("--fused-update on" if opts.fused_update else "--micro-batches" if (opts.micro_batches or 1) > 1
                      else "--policy packs" if self.policy == "packs" else None)
             if asked is not None:
                 raise OptionError(f"--math fp16 skips a step whose gradients overflow (dynamic loss scaling), which "

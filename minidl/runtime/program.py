@@ -205,7 +205,8 @@ class _Recording:
         tensor freed after that step lay, which the fused call, running at that step's place, would otherwise
         overwrite too early), except that it may be exactly an input
         (the plan put it where an input that dies there lay: both kernels read each input value before they write
-        the same position, `_apart_or_same`). y is still written where anything else may read it; where the
+        the same position, `_apart_or_same`), nor with that layer's staging (a half mode on the CPU). y is still
+        written where anything else may read it; where the
         ReLU's step is its only reader and the plan neither moves nor recomputes it, nor recomputes the ReLU
         (`read_only_by`), the fused call may leave y unwritten (one stream of writes less; counted as
         "output_not_kept"). The values are the same as unfused (tested), so the parameters stay
@@ -219,7 +220,7 @@ class _Recording:
         if list(node.inputs) != [h.node.index] or h.micro != lc.micro or pos != len(self.calls) - 1:
             return False
         y = h.out
-        touched = [y, *h.params.values(), *h.ctx.aux.values()]
+        touched = [y, *h.params.values(), *h.ctx.aux.values(), *([h.staging] if h.staging is not None else [])]
         if any(np.may_share_memory(out, a) for a in touched) or not all(_apart_or_same(out, x) for x in h.inputs):
             return False
         ex = self.ex
@@ -269,8 +270,8 @@ class _Recording:
         last call emitted, the ReLU reads this layer's output alone and writes exactly this layer's output
         gradient, and nothing this call writes (dx, the parameter gradients) overlaps the ReLU's output or
         gradient, which it reads, unless it is exactly one of them (each element or channel of those is read
-        before it is written). The ReLU's own call is dropped (with tracing on, it becomes its step's near-zero
-        event)."""
+        before it is written), and its staging (a half mode on the CPU) overlaps neither. The ReLU's own call is
+        dropped (with tracing on, it becomes its step's near-zero event)."""
         pending, self.relu_backward = self.relu_backward, None
         node, ctx, dout = lc.node, lc.ctx, lc.dout
         flag = FUSES_RELU_BACKWARD.get(node.type_name)
@@ -286,6 +287,8 @@ class _Recording:
         written = [*lc.dinputs, *lc.grads.values()]
         if not all(w is None or (_apart_or_same(w, r) and _apart_or_same(w, dr)) for w in written):
             return False
+        if lc.staging is not None and (np.may_share_memory(lc.staging, r) or np.may_share_memory(lc.staging, dr)):
+            return False   # the step's staging may lie where the ReLU's tensors did: they are read inside the call
         self.kinds["backward"] -= 1
         if self.ex.tracing:
             self.calls[pos] = self.timed(relu_step, _nothing, in_use=relu_in_use)
