@@ -129,6 +129,11 @@ class Route:
     math: str = "fp32"          # the math mode whose storage dtypes the tensors have (`backend.precision`)
     copies: dict[str, str] = field(default_factory=dict)  # a half mode: master weight id -> its half copy's id
 
+    @property
+    def precision(self):
+        """The `backend.precision.Precision` of the math mode the tensors are stored for."""
+        return precision(self.math)
+
     def kernel_params(self, node) -> dict[str, str]:
         """The tensor each parameter of `node`'s kernels reads, by parameter name: in a half mode the half copy
         of the layer's `half_params` (a tied one's owner's copy), else the master (`Node.param_ids`)."""

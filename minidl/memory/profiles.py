@@ -34,6 +34,15 @@ class DeviceProfile:
     # A GPU: plans made here for it size convolution workspaces with the cuDNN model (`cudnn_model`), not the
     # CPU's menu.
     gpu: bool = False
+    # Peak FLOP/s of products on half operands with float32 accumulation (--math bf16|fp16: tensor cores since
+    # Volta); None: the float32 peak (no faster half arithmetic: Kepler, Maxwell, consumer Pascal, the CPU, whose
+    # half kernels compute in float32)
+    half_flops: float | None = None
+
+    @property
+    def flops_half(self) -> float:
+        """The FLOP/s the layers of a half-precision plan compute at (`half_flops`, else `flops`)."""
+        return self.half_flops if self.half_flops is not None else self.flops
 
     @property
     def usable_bytes(self) -> int:
@@ -66,12 +75,14 @@ PROFILES: dict[str, DeviceProfile] = {
     # GeForce GTX TITAN X (Maxwell): 12 GB, 6.6 TFLOP/s, 336 GB/s, PCIe 3.
     "titanx": DeviceProfile("titanx", 12 * 10**9, 6.6e12, 336e9, 10e9, 0.5, "datasheet",
                             context_bytes=CONTEXT_MAXWELL, gpu=True),
-    # Tesla V100 16 GB (PCIe): 14 TFLOP/s fp32, 900 GB/s, PCIe 3 ~12 GB/s.
+    # Tesla V100 16 GB (PCIe): 14 TFLOP/s fp32, 900 GB/s, PCIe 3 ~12 GB/s; 112 TFLOP/s fp16 on tensor cores (PCIe
+    # datasheet; Volta has no bf16 arithmetic: a bf16 plan is timed at the fp16 rate, as an fp16 run would go).
     "v100": DeviceProfile("v100", 16 * 10**9, 14e12, 900e9, 12e9, 0.5, "datasheet",
-                          context_bytes=CONTEXT_VOLTA, gpu=True),
-    # H100 80 GB SXM: 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s HBM3, PCIe 5 x16 ~50 GB/s.
+                          context_bytes=CONTEXT_VOLTA, gpu=True, half_flops=112e12),
+    # H100 80 GB SXM: 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s HBM3, PCIe 5 x16 ~50 GB/s; 989 TFLOP/s dense bf16 and
+    # fp16 on tensor cores.
     "h100": DeviceProfile("h100", 80 * 10**9, 67e12, 3.35e12, 50e9, 0.5, "datasheet", peer_bw=450e9,
-                          context_bytes=CONTEXT_HOPPER, gpu=True),
+                          context_bytes=CONTEXT_HOPPER, gpu=True, half_flops=989e12),
     # Harmony's simulator (Li et al., VLDB 2022; shared/PAPERS.md): 11.5 GiB/s host swap and 8.2 GiB/s GPU-to-GPU
     # (PCIe 3 peer to peer), here on a K40c's compute and 12 GB, for `--devices` tables in the paper's terms.
     "harmony": DeviceProfile("harmony", 12 * 10**9, 4.29e12, 288e9, 11.5 * GiB, 0.5,

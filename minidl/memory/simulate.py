@@ -5,7 +5,8 @@ needs no model at all: the plan is computed by the same planner the executor rep
 *is* the executor's pool peak (tests hold this byte for byte). Step time is an estimate: each route step takes
 max(FLOPs / (peak FLOP/s x efficiency), bytes touched / memory bandwidth), and host transfers run on the link
 at its bandwidth, overlapped with compute where the plan allows (`link_timeline`): only the time a RELEASE or
-WAIT event must block for its copy adds to the step.
+WAIT event must block for its copy adds to the step. A half-precision plan's layers compute at the device's half
+rate (`DeviceProfile.half_flops`: tensor cores) and move the bytes of their half tensors.
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ def step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
 def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
     net: Network = route.network
     out: list[StepCost] = []
+    layer_flops = device.flops_half if route.precision.half is not None else device.flops   # half operands
     for step in route.steps:
         touched = set(step.reads) | set(step.writes)
         nbytes = sum(route.tensors[t].nbytes for t in touched)
@@ -90,7 +92,8 @@ def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
             in_shapes, out_shape = route.shapes_of(node.index)  # a micro-batch's, on a packed route
             fwd = node.layer.flops(in_shapes, out_shape)
             flops = fwd if step.phase is Phase.FORWARD else node.layer.backward_flops(in_shapes, out_shape)
-        t = max(flops / (device.flops * device.efficiency), nbytes / device.mem_bw)
+        rate = device.flops if step.phase is Phase.UPDATE else layer_flops   # updates: float32 masters
+        t = max(flops / (rate * device.efficiency), nbytes / device.mem_bw)
         out.append(StepCost(int(flops), int(nbytes), t))
     return out
 
