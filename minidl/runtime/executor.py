@@ -193,7 +193,13 @@ class Executor:
         """Each half copy of a master weight, rounded from the master's value (a half mode; after the masters were
         initialized or loaded)."""
         for master, copy in self.route.copies.items():
-            self.be.copy_in(self.views[copy], self._get_persistent(master))
+            values = self._get_persistent(master)
+            if copy in self.views:
+                self.be.copy_in(self.views[copy], values)
+            else:   # homed on the host with its master (decisions/weights.py): its host value, rounded there
+                rounded = np.empty(values.shape, self.route.tensors[copy].dtype)
+                self._host_backend().copy(rounded, values)
+                self._host().store(copy, rounded)
     def _set_persistent(self, tid: str, values: np.ndarray) -> None:
         """Write a parameter's or optimizer slot's value where it lives between steps: its device block, or the
         host store for a tensor the plan homes on the host (decisions/weights.py)."""
@@ -747,8 +753,9 @@ class Executor:
                 state = {s: host.host_copy(opt_state_id(n.name, pname, s)) for s in self.route.optimizer_slots}
                 master = host.host_copy(param_id(n.name, pname))
                 self.opt.update(be, master, host.host_copy(grad_id(n.name, pname)), state, self.iteration)
-                if param_id(n.name, pname) in self.route.copies:   # its half copy, resident on the device
-                    self.be.copy_in(self.views[self.route.copies[param_id(n.name, pname)]], master)
+                copy = self.route.copies.get(param_id(n.name, pname))
+                if copy is not None:   # its half copy, homed with it (decisions/weights.py): rewritten there
+                    be.copy(host.host_copy(copy), master)
 
     def _host_backend(self):
         """The backend that runs on host arrays: the CPU reference (the executor's own when it is the CPU)."""

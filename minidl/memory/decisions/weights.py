@@ -13,6 +13,10 @@ Rules the code keeps:
   PREFETCH `lead` steps before its first use (so the copy hides behind the previous step) and a WAIT right before
   it; it ends with FREE if the visit only read the tensor (the host copy is still exact: nothing to copy back) or
   with OFFLOAD + RELEASE if it wrote it (the update).
+- In a half-precision mode the kernels read each weight's half copy (`Role.WEIGHT_COPY`), which is homed with its
+  master and visits the device for the forward and backward in the master's place (half the bytes); the master
+  then visits only for a device update (which rewrites the copy there), and never with a host update, which
+  rewrites the copy's host value.
 - Which layers: those whose outputs recomputation keeps (`layer.checkpoint`: convolutions and fully connected
   layers, which hold nearly all the weights). A recomputed layer (BN) re-runs its forward at a point of the step
   only the recomputation schedule knows, so its parameters stay resident; they are small.
@@ -40,7 +44,7 @@ from ...graph.route import Phase, Route
 from ..plan import EventKind, Plan
 from ..planner import Marker, Residency, Schedule
 
-_WEIGHT_ROLES = (Role.PARAMETER,)
+_WEIGHT_ROLES = (Role.PARAMETER, Role.WEIGHT_COPY)
 
 
 @dataclass(slots=True)
@@ -116,7 +120,7 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
     packing = route.packing
     block_of = {k: b for b, (lo, hi) in enumerate(packing.blocks) for k in range(lo, hi + 1)} if packing else None
     for tid, spec in route.tensors.items():
-        if spec.owner not in chosen or spec.role not in (Role.PARAMETER, Role.OPTIMIZER, Role.GRADIENT):
+        if spec.owner not in chosen or spec.role not in (*_WEIGHT_ROLES, Role.OPTIMIZER, Role.GRADIENT):
             continue
         upd = update_of.get(spec.owner)
         if host_update and upd is None:
@@ -135,7 +139,7 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
         prev_end = -1
         for v in visits(own, block_of):
             start = max(v.first - lead, prev_end + 1)
-            what = "weights" if spec.role is Role.PARAMETER else "optimizer state"
+            what = "weights" if spec.role in _WEIGHT_ROLES else "optimizer state"
             label = route.steps[v.first].label
             end_kind = EventKind.RELEASE if v.dirty else EventKind.FREE
             res[tid].append(Residency(
@@ -178,7 +182,8 @@ def host_homed(plan: Plan) -> set[str]:
     return {t.id for t in plan.route.tensors.values() if t.role.persistent and t.id not in resident}
 
 
-MOVED_ROLES = {Role.PARAMETER: "weights", Role.OPTIMIZER: "optimizer_state", Role.GRADIENT: "gradients"}
+MOVED_ROLES = {Role.PARAMETER: "weights", Role.WEIGHT_COPY: "weights", Role.OPTIMIZER: "optimizer_state",
+               Role.GRADIENT: "gradients"}
 
 
 def moved_by_role(plan: Plan) -> dict[str, int]:
