@@ -76,9 +76,9 @@ def render() -> str:
         f"`minidl` has {len(helps)} commands: " + ", ".join(f"`{n}` ({h})" for n, h in helps.items()) + ". "
         "Each takes `--json` and then prints one JSON object as its last line of output. Sizes (`--budget`, "
         "`--paged`, `--host-limit`, `--bucket-size`) read `512MiB`, `12GB` (10^9 B), `12GiB` (2^30 B) or plain "
-        "bytes. Errors print one line, `minidl: error: ...`, and exit with status 2 (3 for a diverged run; "
-        "`--debug` shows the traceback). A training run stopped by Ctrl-C writes its checkpoint and exits with "
-        "status 130.",
+        "bytes. Errors print one line, `minidl: error: ...` (a budget too small adds one saying how `minidl plan "
+        "--explain` lists the plans tried), and exit with status 2 (3 for a diverged run; `--debug` also shows "
+        "the traceback). A training run stopped by Ctrl-C writes its checkpoint and exits with status 130.",
         "",
         "Options of `minidl` itself: " + ", ".join(f"`{s}`" for a in top for s in a.option_strings) + ".",
         "",

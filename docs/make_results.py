@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generated import ROOT, fill, main, table  # noqa: E402
+from make_readme import kernel_figures  # noqa: E402
 
 SCRIPT = "docs/make_results.py"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -131,7 +132,8 @@ def first_command() -> str:
     return (f"From `benchmarks/results/first_command.json` ({d['date']}; {m['cpu']}, {m['cores']} cores, "
             f"{m['blas']}, Python {m['python']}; `python benchmarks/first_command.py`): `{d['command']}`\n\n" +
             table(["run", "wall time", "load average before"], rows, "lrr") +
-            f"\nHeld-out accuracy {100 * d['cold']['accuracy']:.2f}%, final loss {d['cold']['final_loss']:.4f}.\n")
+            f"\nHeld-out accuracy and final loss by OpenBLAS kernel ({d['figures']['date']}, numpy "
+            f"{d['figures']['numpy']}):\n\n" + kernel_figures())
 
 
 def step_vs_torch(name: str) -> str:

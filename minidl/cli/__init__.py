@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from importlib import import_module
 
 from ..core import startup
@@ -30,6 +31,28 @@ def _command(name: str):
     return getattr(import_module(f"{__package__}.{module}"), fn)
 
 
+def _say_error(e: BaseException, args) -> None:
+    """A user error: its first line (the error, the values, what to do) on one line of stderr; the lines after it
+    (a table of what was tried) only with --explain, which `minidl plan` takes. With --json, one JSON object."""
+    summary, _, detail = str(e).partition("\n")
+    if getattr(args, "json", False):
+        err = {"error": type(e).__name__, "message": " ".join(summary.split())}
+        if detail:
+            err["detail"] = detail.splitlines()
+        if getattr(e, "min_budget_bytes", None) is not None:
+            err["min_budget_bytes"] = e.min_budget_bytes
+        print(json.dumps(err))
+        return
+    print(f"minidl: error: {' '.join(summary.split())}", file=sys.stderr)
+    if not detail:
+        return
+    if getattr(args, "explain", None) is not None:
+        print(detail, file=sys.stderr)
+    else:
+        how = "--explain" if args.cmd == "plan" else "`minidl plan` with these options and --explain"
+        print(f"minidl: {how} prints the {len(detail.splitlines())} lines of detail left out here", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     startup.begin()   # the startup's parts (`minidl train` reports them), from the process's start
     try:
@@ -47,16 +70,10 @@ def _main(argv: list[str] | None) -> int:
     try:
         check_args(args)
         out = _command(args.cmd)(args)
-    except (MinidlError, ValueError, OSError) as e:  # user errors: one line (a bug keeps its traceback)
+    except (MinidlError, ValueError, OSError) as e:  # user errors: a few lines (a bug keeps its traceback)
         if getattr(args, "debug", False):
-            raise
-        if getattr(args, "json", False):
-            err = {"error": type(e).__name__, "message": str(e)}
-            if getattr(e, "min_budget_bytes", None) is not None:
-                err["min_budget_bytes"] = e.min_budget_bytes
-            print(json.dumps(err))
-        else:
-            print(f"minidl: error: {' '.join(str(e).split())}", file=sys.stderr)
+            traceback.print_exc()
+        _say_error(e, args)
         return exit_status(e)
     except KeyboardInterrupt:  # outside a training step (planning, evaluating), or a second Ctrl-C in one
         print("\nminidl: interrupted", file=sys.stderr)

@@ -150,8 +150,10 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
 def _math_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--math", default=MATH_MODES[0], choices=MATH_MODES,
-                   help="float32 arithmetic (fp32) or TF32 tensor cores for convolutions and matrix products "
-                        "(tf32, PyTorch's default for convolutions; --backend cuda only)")
+                   help="float32 arithmetic (fp32); TF32 tensor cores for convolutions and matrix products "
+                        "(tf32, PyTorch's default for convolutions; --backend cuda only); or mixed precision "
+                        "(bf16, fp16: half activations, deltas and weight copies, float32 masters, gradients and "
+                        "optimizer state; fp16 with a dynamic loss scale)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,8 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0,
                    help="fixes initialization, data order, dropout and bert's masks: same seed, bit-identical "
                         "parameters")
-    p.add_argument("--data", default="synthetic",
-                   help="synthetic | digits | cifar10:DIR | mnist:DIR | npz:PATH.npz (arrays x, y; x_test, y_test "
+    p.add_argument("--data", default=None,
+                   help="synthetic (the default: random images, said on stderr) | digits | cifar10:DIR | mnist:DIR "
+                        "| npz:PATH.npz (arrays x, y; x_test, y_test "
                         "held out) | npy:IMAGES.npy,LABELS.npy | images:DIR (DIR/CLASS/*.png, or DIR/train/ and "
                         "DIR/test/); held out: the test part, else 20%% split by --seed. A sequence model (gpt2, "
                         "bert): stdlib (Python's own sources, the default for them) | text:PATH (a text file), as "
@@ -245,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=_positive_int, default=None, metavar="N",
                    help="with --early-stop: evaluate the held-out loss every N steps (default: once per epoch)")
     p.add_argument("--log", default=None, metavar="PATH.csv",
-                   help="write one CSV row per step as it ends: iteration, loss, lr, step time, images/s and the "
+                   help="write one CSV row per step as it ends: iteration, loss, lr, step time, images/s (tokens/s "
+                        "for a language model) and the "
                         "step's host copies (bytes, copy time, the time the step waited for them)")
     p.add_argument("--resume", default=None, metavar="PATH.npz", help="resume from a checkpoint written by --save")
     p.add_argument("--resume-params-only", action="store_true",

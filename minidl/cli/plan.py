@@ -107,7 +107,7 @@ def cmd_plan(args) -> dict:
         print(memory_report(plan).format())
         print(moved_line(out["moved_bytes_by_role"]))
         print(f"  estimated step time on {name}: {sim.est_step_time_s * 1e3:.1f} ms "
-              f"(planned in {out['planning_time_s']:.1f} s; math {args.math})")
+              f"(planned in {out['planning_time_s']:.1f} s; math {args.math}),\n    {sim.device.model_label()}")
         if sim.transfer_time_s:
             print(f"  host transfers   {sim.transfer_time_s:.3f} s on the link, {sim.exposed_transfer_s:.3f} s exposed "
                   f"(the step waits for them), {sim.transfer_hidden_fraction:.1%} hidden behind compute")

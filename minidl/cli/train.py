@@ -23,6 +23,9 @@ from .common import (
     token_figures,
 )
 
+SYNTHETIC_NOTE = ("minidl: no --data: training on random synthetic images (normal noise, labels a function of "
+                  "it; nothing real is learned). --data digits trains on the handwritten digits minidl ships")
+
 
 def cmd_train(args) -> dict:
     from ..backend import get_backend
@@ -38,7 +41,8 @@ def cmd_train(args) -> dict:
 @dataclass(slots=True)
 class _TrainInputs:
     """What `_train_inputs` checked and built before any session exists: the network, the optimizer, the data
-    (`heldout` None when the source has no held-out part) and the device profile and cost table to plan with."""
+    (`heldout` None when the source has no held-out part), the device profile and cost table to plan with, and
+    a note to print as training starts (None: nothing to say)."""
 
     net: object
     opt: object
@@ -46,6 +50,7 @@ class _TrainInputs:
     heldout: object
     device: object
     costs: object
+    note: str | None = None
 
 
 def _train(args, backend, comm) -> dict:
@@ -67,6 +72,9 @@ def _train_inputs(args, backend) -> _TrainInputs:
 
     batch = args.batch or 32
     args.batch = batch
+    note = None
+    if args.data is None and not is_sequence_model(args.model):
+        args.data, note = "synthetic", SYNTHETIC_NOTE
     if is_sequence_model(args.model):
         train, heldout, net = _sequence_inputs(args)
     elif args.data != "synthetic":
@@ -95,7 +103,7 @@ def _train_inputs(args, backend) -> _TrainInputs:
     device, costs = args.device, cost_table(args, backend)
     if device == "measured":   # the simulator's link figures (and, with --autotune, efficiency) from this GPU
         device = measured_device(net, opt, backend, costs)
-    return _TrainInputs(net, opt, train, heldout, device, costs)
+    return _TrainInputs(net, opt, train, heldout, device, costs, note)
 
 
 def _sequence_inputs(args):
@@ -107,7 +115,7 @@ def _sequence_inputs(args):
     from ..data import load_data
     from ..data.text import text_vocab
 
-    if args.data == "synthetic":
+    if args.data in (None, "synthetic"):
         args.data = "stdlib"
     if args.data.partition(":")[0].strip().lower() not in ("stdlib", "text"):
         raise OptionError(f"--data {args.data}: model '{args.model}' reads token sequences; give --data stdlib "
@@ -126,8 +134,6 @@ def _sequence_inputs(args):
 def _train_run(args, inputs: _TrainInputs, backend, comm):
     """Plan and train: the session, fit's result and the step log (None without --log, or on a rank other than
     0). On divergence the last good state is saved when --save is given, and the error says where."""
-    import numpy as np
-
     from ..optim.schedules import make_schedule
     from ..runtime.session import RunConfig, Session
     from ..runtime.steplog import StepLog
@@ -153,12 +159,12 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
         from ..runtime.earlystop import EarlyStop
 
         early = EarlyStop(args.early_stop, args.eval_every, best_path=best_path(args.save) if args.save else None)
-    try:  # numpy's overflow warnings would say less than the divergence guard, and say it many times
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            res = sess.fit(inputs.train, args.steps, progress=lead and not args.no_progress and not args.json
-                           and sys.stderr.isatty(), on_step=log,
-                           save_every=args.save_every, save_path=args.save, heldout=inputs.heldout,
-                           early_stop=early)
+    if inputs.note and lead and not args.json:
+        print(inputs.note, file=sys.stderr)
+    try:
+        res = sess.fit(inputs.train, args.steps, progress=None if lead and not args.no_progress and not args.json
+                       else False, on_step=log, save_every=args.save_every, save_path=args.save,
+                       heldout=inputs.heldout, early_stop=early)
     except DivergenceError as e:  # the update was not applied: what is saved is the last good state
         if args.save:
             e.args = (f"{e}; the last good state (after step {e.iteration - 1}) is saved in "
@@ -183,7 +189,7 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
 
     out = {"model": args.model, "data": args.data, "batch": args.batch, "steps": args.steps,
            "steps_done": res.steps, "interrupted": res.interrupted, "backend": args.backend, "math": sess.math,
-           "final_loss": res.final_loss, "step_time_s": res.median_step_time, "images_per_s": res.images_per_s,
+           "final_loss": res.final_loss, "step_time_s": res.median_step_time, f"{res.unit}_per_s": res.throughput,
            "iteration": sess.executor.iteration, "pool_peak_bytes": sess.executor.pool.peak,
            "step_runner": sess.executor.step_runner, "graph_fallback": sess.executor.graph_fallback,
            "device_profile": getattr(sess.device, "note", sess.device)}
@@ -194,7 +200,8 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
     fit = check_fit(sess.plan, sess.target.profile, sess.request.budget)
     out.update(fit.to_json())
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
-    out.update(transfer_json(sess.executor.host, max(res.steps, 1)))  # measured by the transfer engine
+    # measured by the transfer engine, over the steps after the first (which compiles kernels), as the step times
+    out.update(transfer_json(sess.executor.host, len(res.warm_step_times) or 1, res.transfers_after_first))
     if heldout is not None and not res.interrupted:
         loss, acc = sess.evaluate(heldout)
         if isinstance(heldout, SequenceDataset):  # a language model: its objective's figures, and the bar to clear
@@ -256,7 +263,7 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     print(fit.format())
     print(moved_line(out["moved_bytes_by_role"]))
     line = (f"final loss {res.final_loss:.4f}, median step {res.median_step_time * 1e3:.1f} ms "
-            f"({sess.math}), {res.images_per_s:.1f} images/s")
+            f"({sess.math}), {res.throughput:.1f} {res.unit}/s")
     if "perplexity" in out:
         line += (f", held-out loss {out['heldout_loss']:.4f} (perplexity {out['perplexity']:.2f}; a unigram model's "
                  f"{out['unigram_loss']:.4f}), next-token accuracy {out['accuracy']:.2%}")
@@ -269,7 +276,9 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
     print(line)
     print("  " + startup.CLOCK.report().line())
     if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
-        print("  " + copies_line(out, sum(res.step_times) / len(res.step_times)))   # the waits' mean: a mean
+        warm = res.warm_step_times
+        over = f"the {len(warm)} steps after the first" if res.steps > 1 else "the one step"
+        print("  " + copies_line(out, sum(warm) / len(warm), over))
     if args.backend != "cpu":   # how the steps ran: as CUDA graphs, or why not
         gs = sess.executor.graph_step
         print(f"  steps: {gs.describe()}" if gs is not None else

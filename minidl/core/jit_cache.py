@@ -25,10 +25,16 @@ library's) stays where numba puts it. Every `cpu_*_jit` module and the codec's k
 with this `njit` (tests/backend/test_cpu_jit_cache.py checks every kernel's folder). Where the folder cannot be
 created or written, the kernels are compiled without a disk cache (every process compiles them again: ~30 s for
 ResNet-20's) rather than into the package, and a warning names the folder.
+
+`compiling(notify)`: while active, `notify()` runs once when numba starts compiling one of these kernels (numba's
+"numba:compile" event fires only on a compile; a kernel loaded from the cache raises none), so a first run can
+say what its long first step is doing (`runtime.progress`).
 """
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
+from typing import Callable
 
 import numba
 from numba.core import config
@@ -38,6 +44,7 @@ from . import startup
 from .user_cache import cache_folder, writable
 
 _decorating = threading.Lock()  # config.CACHE_DIR is process-wide: one decoration at a time
+_kernels: set = set()  # the dispatchers `njit` made: the kernels `compiling` watches
 
 
 def cache_dir() -> str:
@@ -51,19 +58,52 @@ def njit(**options):
     """`numba.njit(**options)` for a minidl kernel: with `cache=True`, its machine code is kept in
     `cache_dir()`, never beside this package's files."""
     def decorate(fn):
-        with _decorating:
-            config.reload_config()  # a NUMBA_CACHE_DIR set after numba's import counts, as numba reads it
-            if not options.get("cache") or config.CACHE_DIR:
-                return numba.njit(**options)(fn)
-            folder = cache_dir()
-            if not writable(folder, "the CPU kernels are compiled again in every process"):
-                return numba.njit(**{**options, "cache": False})(fn)
-            config.CACHE_DIR = folder
-            try:
-                return numba.njit(**options)(fn)
-            finally:
-                config.CACHE_DIR = ""
+        kernel = _decorate(fn, options)
+        _kernels.add(kernel)
+        return kernel
     return decorate
+
+
+def _decorate(fn, options: dict):
+    with _decorating:
+        config.reload_config()  # a NUMBA_CACHE_DIR set after numba's import counts, as numba reads it
+        if not options.get("cache") or config.CACHE_DIR:
+            return numba.njit(**options)(fn)
+        folder = cache_dir()
+        if not writable(folder, "the CPU kernels are compiled again in every process"):
+            return numba.njit(**{**options, "cache": False})(fn)
+        config.CACHE_DIR = folder
+        try:
+            return numba.njit(**options)(fn)
+        finally:
+            config.CACHE_DIR = ""
+
+
+class _FirstCompile(numba_event.Listener):
+    """Calls `notify()` at the start of the first compile of a minidl kernel (in whichever thread compiles)."""
+
+    def __init__(self, callback: Callable[[], None]):
+        self.callback, self.fired = callback, False
+        self._lock = threading.Lock()
+
+    def on_start(self, event) -> None:
+        if event.data.get("dispatcher") not in _kernels:
+            return
+        with self._lock:
+            fired, self.fired = self.fired, True
+        if not fired:
+            self.callback()
+
+    def on_end(self, event) -> None:
+        pass
+
+
+@contextmanager
+def compiling(notify: Callable[[], None]):
+    """While active, `notify()` once, when numba starts compiling a minidl kernel (never for a cached one)."""
+    listener = _FirstCompile(notify)
+    with numba_event.install_listener("numba:compile", listener):
+        yield listener
 
 
 class _CompileTimer(numba_event.Listener):

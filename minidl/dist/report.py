@@ -5,11 +5,13 @@ from __future__ import annotations
 def dist_json(sess, result) -> dict:
     """Ranks, global batch and throughput, and the all-reduce's cost as this rank measured it (rank 0 reports).
 
-    `images_per_s` is the whole job's: ranks x per-rank batch / this rank's median step time (every rank waits
-    for the others at each step's all-reduce, so their step times agree up to noise)."""
+    `images_per_s` (`tokens_per_s` for a language model) is the whole job's: ranks x per-rank batch / this
+    rank's median step time (every rank waits for the others at each step's all-reduce, so their step times agree
+    up to noise)."""
     comm, reducer = sess.comm, sess.executor.reducer
+    rate = f"{result.unit}_per_s"
     out = {"dist": comm.kind, "ranks": comm.size, "rank": comm.rank, "global_batch": sess.batch * comm.size,
-           "images_per_s_per_rank": result.images_per_s, "images_per_s": result.images_per_s * comm.size}
+           f"{rate}_per_rank": result.throughput, rate: result.throughput * comm.size, "unit": result.unit}
     if reducer is not None:
         out.update(reducer.stats.to_json())
     return out
@@ -18,7 +20,7 @@ def dist_json(sess, result) -> dict:
 def dist_line(out: dict) -> str:
     """The text line `minidl train` adds under mpiexec (from `dist_json`'s keys)."""
     line = (f"{out['ranks']} rank(s) ({out['dist']}), global batch {out['global_batch']}: "
-            f"{out['images_per_s']:.1f} images/s in all")
+            f"{out[out['unit'] + '_per_s']:.1f} {out['unit']}/s in all")
     if "allreduce_buckets" in out:
         line += (f"; {out['allreduce_bytes_per_step'] / 2**20:.2f} MiB of gradients per step in "
                  f"{out['allreduce_buckets_per_step']} buckets, "

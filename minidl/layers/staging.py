@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backend.base import FUSES_RELU, FUSES_RELU_BACKWARD
+from ..backend.base import FUSES_RELU, FUSES_RELU_BACKWARD, menu_of
 from ..backend.precision import Precision
 from ..core.tensors import Role
 from .base import Layer, LayerContext
@@ -34,7 +34,7 @@ def step_staging(layer: Layer, backend, prec: Precision, phase: str, in_shapes, 
     aux = {k: np.empty(s, prec.dtype(Role.AUX, layer=layer, aux=k))
            for k, s in layer.aux_specs(in_shapes, training=training).items() if kept_aux is None or k in kept_aux}
     out = np.empty(out_shape, prec.dtype(Role.ACTIVATION, layer=layer))
-    opts = layer.workspace_options(phase, in_shapes, tuple(out_shape), 4, backend.menu)
+    opts = layer.workspace_options(phase, in_shapes, tuple(out_shape), 4, menu_of(backend))
     ctx = LayerContext(training=training, aux=aux, algo=opts[0].algo if opts else None)
     fuses = backend.capabilities.fuses if fold_relu else frozenset()
     trace = backend.staging_trace()

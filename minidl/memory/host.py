@@ -306,6 +306,15 @@ class TransferStats:
     def moved_bytes(self) -> int:
         return self.offloaded_bytes + self.prefetched_bytes
 
+    def since(self, earlier: TransferStats) -> TransferStats:
+        """What was measured after `earlier` (a `HostStore.stats()` taken before): counts and times subtracted,
+        the host buffers' sizes as they are now."""
+        return TransferStats(self.iterations - earlier.iterations, self.offloads - earlier.offloads,
+                             self.prefetches - earlier.prefetches, self.offloaded_bytes - earlier.offloaded_bytes,
+                             self.prefetched_bytes - earlier.prefetched_bytes,
+                             self.transfer_time_s - earlier.transfer_time_s, self.stall_time_s - earlier.stall_time_s,
+                             self.ram_bytes, self.disk_bytes, self.spilled_bytes - earlier.spilled_bytes)
+
     @property
     def bandwidth(self) -> float:
         """Achieved copy bandwidth, bytes per second of copying (0.0 when nothing moved)."""
@@ -572,13 +581,17 @@ class HostStore:
         self.close()
 
 
-def transfer_json(host: HostStore | None, iterations: int | None = None) -> dict:
+def transfer_json(host: HostStore | None, iterations: int | None = None,
+                  since: TransferStats | None = None) -> dict:
     """The measured transfer statistics as JSON keys (per training step where the key is a byte count).
 
     `iterations` divides the byte counts (the number of training steps the stats cover; default: the store's
-    own count of iterations, which includes evaluation passes).
+    own count of iterations, which includes evaluation passes). `since`: only what was measured after those
+    statistics (e.g. the first step's, which compiles kernels and faults in fresh host buffers).
     """
     s = host.stats() if host is not None else TransferStats()
+    if since is not None:
+        s = s.since(since)
     n = iterations if iterations else max(s.iterations, 1)
     untimed = host.untimed_copies if host is not None else 0
     # copies replayed inside CUDA graphs have no times: a hidden fraction of the others alone would mislead
@@ -589,28 +602,22 @@ def transfer_json(host: HostStore | None, iterations: int | None = None) -> dict
             "host_ram_bytes": s.ram_bytes, "host_disk_bytes": s.disk_bytes}
 
 
-COSTLY_WAIT_SHARE = 0.05
-"""`copies_line`: a wait for copies under this share of the step is called small (the budget costs little time)."""
-
-
-def copies_line(transfer: dict, step_time_s: float) -> str:
-    """What the measured copies mean for this run, in one line: how much moved and how fast, and what share of
-    the step was spent waiting for it, with a verdict.
+def copies_line(transfer: dict, step_time_s: float, over: str) -> str:
+    """What the measured copies cost this run, in one line: how much moved and how fast, how much of it hid behind
+    compute, and how long a step waited for it, as a share of the step.
 
     Why the wait and not the hidden share alone: "0% hidden behind compute" reads as a failure, yet 2 MiB copied in
     0.4 ms of an 80 ms step costs nothing that matters, while 50% hidden of copies that take as long as the compute
-    is a slow run. The wait, as a share of the step, is the time the budget costs; the hidden share says how much
-    more of it overlap could save. `transfer`: `transfer_json`'s keys (per step: means over the run's steps);
-    `step_time_s`: the mean step time, so that the share compares a mean with a mean (the first steps, slower,
-    weigh in both)."""
+    is a slow run. No verdict on the budget: it also costs recomputation and smaller workspaces, which only a
+    measured step without it could weigh. `transfer`: `transfer_json`'s keys and `step_time_s` the mean step
+    time, both over the same steps, which `over` names ("the 149 steps after the first": the first compiles
+    kernels)."""
     if transfer["transfer_hidden_fraction"] is None:
         return "copies inside CUDA graphs (not timed: --cuda-graph off measures their overlap)"
     moved = transfer["offloaded_bytes"] + transfer["prefetched_bytes"]
     wait = transfer["transfer_stall_s"]
     share = wait / step_time_s if step_time_s > 0 else 0.0
-    verdict = ("which is small: this budget costs little time" if share < COSTLY_WAIT_SHARE else
-               "which is costly: a larger budget (fewer copies) would win most of it back")
     return (f"copies: {format_bytes(moved)} a step at {transfer['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s "
             f"({transfer['transfer_time_s'] * 1e3:.1f} ms), {transfer['transfer_hidden_fraction']:.0%} hidden behind "
             f"compute; a step waited {wait * 1e3:.1f} ms for them, {share:.1%} of its {step_time_s * 1e3:.1f} ms "
-            f"(means), {verdict}")
+            f"(means over {over})")

@@ -49,6 +49,14 @@ class DeviceProfile:
         """The memory left to the plan's arena once the context and library handles are loaded."""
         return self.memory_bytes - self.context_bytes
 
+    def model_label(self) -> str:
+        """What a step time estimated on this profile is: a roofline model of the profile's device, where its
+        figures come from, and that it is no measurement (a plan never runs a step)."""
+        return (f"a roofline model of profile {self.name} ({self.flops / 1e9:g} GFLOP/s x {self.efficiency:g}, "
+                f"{self.mem_bw / 1e9:g} GB/s; {self.note}), not a measurement"
+                + ("" if self.gpu else " of this machine; it counts no per-layer overhead: `minidl train` times "
+                   "the steps"))
+
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -68,7 +76,7 @@ CONTEXT_HOPPER = 512 * MiB
 PROFILES: dict[str, DeviceProfile] = {
     # Measured on the development machine (2 cores): numpy sgemm 2048^3 at ~65 GFLOP/s, np.copyto at ~22 GB/s
     # read+write (so ~11 GB/s for a one-way host "transfer", which is a memcpy on the CPU).
-    "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured here, 2 cores, 2026-11-22"),
+    "cpu": DeviceProfile("cpu", 24 * GiB, 65e9, 22e9, 11e9, 0.6, "measured on a 2-core AMD EPYC VM, 2026-11-22"),
     # SuperNeurons' GPU: Tesla K40c, 12 GB, 4.29 TFLOP/s fp32, 288 GB/s, PCIe 3 x16 ~10 GB/s effective.
     "k40c": DeviceProfile("k40c", 12 * 10**9, 4.29e12, 288e9, 10e9, 0.5, "datasheet",
                           context_bytes=CONTEXT_KEPLER, gpu=True),

@@ -183,6 +183,32 @@ def _x(v: float) -> str:
 def run(quick: bool, log) -> Report:
     keys = QUICK_NETS if quick else tuple(NETS)
     mem = {k: memory_rows(k, log) for k in keys}
+    acc = codec = None
+    if not quick:
+        acc = {p: [] for p in ("none", "compress")}
+        for seed in SEEDS:
+            for p in acc:
+                t = time.perf_counter()
+                acc[p].append(accuracy(seed, STEPS, p))
+                log(f"  digits ResNet-20 seed {seed} {p}: {acc[p][-1]:.4f} ({time.perf_counter() - t:.0f} s)")
+        codec = codec_time()
+        log(f"  codec: {codec['codec_s']:.2f} s of a {codec['step_s']:.2f} s ResNet-20 b{codec['batch']} step")
+    return report(mem, acc, codec, quick)
+
+
+def measured(result: dict) -> tuple[dict, dict | None, dict | None]:
+    """What `report` was given, read back from the JSON it wrote (`Report.to_json`): the memory figures per net,
+    the accuracy runs per policy and the codec's times (None in a --quick run)."""
+    rows = {r["key"]: r for t in result["tables"] for r in t["rows"]}
+    mem = {k.split("/", 1)[1]: r["detail"] for k, r in rows.items() if k.startswith("none/") and k != "none/best"}
+    acc = {p: rows[f"accuracy/{p}"]["detail"]["runs"] for p in ("none", "compress")} if not result["quick"] else None
+    codec = rows["codec/resnet20"]["detail"] if not result["quick"] else None
+    return mem, acc, codec
+
+
+def report(mem: dict, acc: dict | None, codec: dict | None, quick: bool) -> Report:
+    """The tables of the measured figures: `memory_rows` per net, the accuracy runs per policy and the codec's
+    times (both None in a --quick run). Every figure of a row is made here, so the committed JSON rebuilds them."""
     detail = {k: {f: v for f, v in m.items()} for k, m in mem.items()}
     t_none = Table("comet-none", f"Peak training memory, compress vs none (batch {BATCH}, 224 px)", "x less",
                    note="Peaks from the planner (SGD with momentum); compressed blocks reserved from measured ratios.")
@@ -191,7 +217,7 @@ def run(quick: bool, log) -> Report:
     t_jpeg = Table("comet-jpeg", f"Peak training memory, compress vs a JPEG-ACT-style codec (batch {BATCH})",
                    "x less", note="The comparator at the lowest JPEG quality whose median relative error is no "
                    "larger than SZ's on the same tensors; sign-only tensors as 1-bit masks.")
-    for k in keys:
+    for k in mem:
         m = mem[k]
         q = k in QUICK_NETS
         t_none.rows.append(Row(f"none/{k}", LABELS[k], None, _x(m["none"] / m["compress"]),
@@ -217,7 +243,7 @@ def run(quick: bool, log) -> Report:
     t_half = Table("comet-bf16", "Activations stored for backward: bf16 over SZ-compressed (rho* = 1 %)", "x less",
                    note="bf16 stores each of these activations in half their float32 bytes, exactly; SZ's bytes are "
                         "the measured ones. The paper compares float32 runs only.")
-    for k in keys:
+    for k in mem:
         m = mem[k]
         t_half.rows.append(Row(f"bf16/{k}", f"{LABELS[k]}: stored activations, bf16 / SZ", None,
                                _x(m["stored_raw"] / 2 / m["stored_sz"]),
@@ -225,33 +251,28 @@ def run(quick: bool, log) -> Report:
                                f"float32 {m['stored_raw'] / 2**30:.2f} GiB; the paper has no half-precision run",
                                k in QUICK_NETS, {"stored_bf16": m["stored_raw"] // 2}))
     tables = [t_none, t_live, t_jpeg, t_half]
-    if not quick:
-        acc = {p: [] for p in ("none", "compress")}
-        for seed in SEEDS:
-            for p in acc:
-                t = time.perf_counter()
-                acc[p].append(accuracy(seed, STEPS, p))
-                log(f"  digits ResNet-20 seed {seed} {p}: {acc[p][-1]:.4f} ({time.perf_counter() - t:.0f} s)")
+    if acc is not None:
         a = {p: (float(np.mean(v)), float(np.std(v, ddof=1))) for p, v in acc.items()}
         diff = float(np.mean(np.subtract(acc["compress"], acc["none"])))
         setup = (f"ResNet-20 on the 8x8 digits (CPU), {STEPS} steps at batch {ACC_BATCH}, seeds "
                  f"{SEEDS[0]}-{SEEDS[-1]}; the paper: ImageNet")
         tables.append(Table("comet-accuracy", "Held-out accuracy, mean +- standard deviation over seeds", "%", [
             Row("accuracy/none", "none", None, f"{100 * a['none'][0]:.2f} +- {100 * a['none'][1]:.2f}",
-                setup + " (the paper's baseline accuracy is ImageNet top-1)", detail={"runs": acc["none"]}),
+                setup + " (the paper's baseline accuracy is ImageNet top-1)", detail={"runs": acc["none"]},
+                varies="kernel"),
             Row("accuracy/compress", "compress (rho* = 1 %)", "little or no loss",
                 f"{100 * a['compress'][0]:.2f} +- {100 * a['compress'][1]:.2f}", setup,
-                detail={"runs": acc["compress"]}),
+                detail={"runs": acc["compress"]}, varies="kernel"),
             Row("accuracy/difference", "compress - none (mean of paired runs)", None, f"{100 * diff:+.2f} points",
-                f"against the uncompressed runs' own spread of {100 * a['none'][1]:.2f} points"),
+                f"against the uncompressed runs' own spread of {100 * a['none'][1]:.2f} points", varies="kernel"),
         ]))
-    if not quick:
-        c = codec_time()
-        log(f"  codec: {c['codec_s']:.2f} s of a {c['step_s']:.2f} s ResNet-20 b{c['batch']} step")
+    if codec is not None:
+        c = codec
         tables.append(Table("comet-codec", "Codec time in a training step (CPU, measured)", "s", [
             Row("codec/resnet20", f"ResNet-20 (CIFAR shape) at batch {c['batch']}: codec / step", None,
                 f"{c['codec_s']:.2f} / {c['step_s']:.2f}",
-                "the paper's codec runs on the GPU; ours on the CPU (numba), on a shared machine", detail=c)]))
+                "the paper's codec runs on the GPU; ours on the CPU (numba), on a shared machine", detail=c,
+                varies="time")]))
     return Report("comet", 'Jin et al., "COMET: A Novel Memory-Efficient Deep Learning Training Framework by '
                   'Using Error-Bounded Lossy Compression", VLDB 2022',
                   "The paper: five CNNs on ImageNet, a Caffe fork, one fixed SZ bound on conv inputs, up to 13.5x "

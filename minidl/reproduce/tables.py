@@ -27,6 +27,8 @@ class Row:
     differs: str = ""         # one line: what differs from the paper's setup ("" when nothing does)
     quick: bool = False       # part of the `--quick` subset (simulated, hence exact and comparable)
     detail: dict = field(default_factory=dict)   # further figures (bytes, plan chosen, step times) for the JSON
+    varies: str = ""          # "": the same on every machine (planner, simulator); "kernel": also depends on the
+    #                           BLAS kernel (a trained network's accuracy); "time": this machine's measured time
 
     def cells(self) -> list[str]:
         return [self.label, _cell(self.paper), _cell(self.ours), self.differs or "-"]
@@ -102,7 +104,14 @@ class Report:
 
 
 def machine_meta() -> dict:
-    return {"date": str(datetime.date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
+    """The date and the machine, and numpy's BLAS kernel (what a row that `varies` with the kernel was made on)."""
+    import numpy  # noqa: F401 - threadpoolctl lists the libraries already loaded
+    from threadpoolctl import threadpool_info
+
+    blas = next((f"{lib.get('internal_api')} {lib.get('architecture')}" for lib in threadpool_info()
+                 if lib.get("user_api") == "blas"), None)
+    return {"date": str(datetime.date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "blas": blas}
 
 
 def _cell(v) -> str:

@@ -12,6 +12,7 @@ layer that reads memory its declaration did not protect produces NaN instead of 
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -444,9 +445,15 @@ class Executor:
         startup.CLOCK.first_step_done()
         return loss
 
-    def _step_scope(self):
-        """The backend's context for one whole step (`CPUBackend.step_scope`: the BLAS threads)."""
-        return self.be.step_scope()
+    def _step_scope(self) -> ExitStack:
+        """The context of one whole step, trained or evaluated: the backend's (`CPUBackend.step_scope`: the BLAS
+        threads), with numpy's floating-point warnings off. The values they are about (an overflow, an Inf - Inf)
+        are the divergence guard's to report in training, by step and layer, before the update, and are what an
+        evaluation returns (a loss that is not finite); numpy would name a line of a kernel, once, and go on."""
+        scope = ExitStack()
+        scope.enter_context(self.be.step_scope())
+        scope.enter_context(np.errstate(over="ignore", invalid="ignore", divide="ignore"))
+        return scope
 
     def guard_grads(self, step: Step) -> list[tuple[str, str, np.ndarray]]:
         """(layer, parameter, gradient array) the UPDATE `step` applies, in backward order (resolved now: the

@@ -35,6 +35,7 @@ from ..dist.checkpoint import check_resume, save_on_rank0
 from ..graph.network import Network
 from ..layers import IGNORE_INDEX, args
 from ..memory.decisions.allreduce import DEFAULT_BUCKET_BYTES, DataParallel
+from ..memory.host import TransferStats
 from ..memory.policies import plan_network
 from ..memory.pool import as_size
 from ..memory.report import memory_report
@@ -54,6 +55,7 @@ from .checkpoint import (
 )
 from .earlystop import EarlyStop, EarlyStopWatch
 from .executor import Executor
+from .progress import StepProgress
 
 
 @dataclass(slots=True)
@@ -66,6 +68,9 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     batch: int = 0
+    unit: str = "images"     # what the throughput counts: "images", or "tokens" for a language model
+    per_sample: int = 1      # how many of them one sample holds (a sequence's tokens)
+    transfers_after_first: TransferStats | None = None  # the host copies' statistics once the first step ran
     interrupted: bool = False
     saved: list[Path] = field(default_factory=list)
     early_stop: EarlyStopWatch | None = None   # with fit(early_stop=...): the evaluations, the best, the verdict
@@ -92,10 +97,16 @@ class TrainResult:
         return statistics.median(self.step_times) if self.step_times else float("nan")
 
     @property
-    def images_per_s(self) -> float:
-        """Batch size over the median step time."""
+    def throughput(self) -> float:
+        """`unit` per second: the batch's images or tokens over the median step time."""
         t = self.median_step_time
-        return self.batch / t if t and t == t else float("nan")
+        return self.batch * self.per_sample / t if t and t == t else float("nan")
+
+    @property
+    def warm_step_times(self) -> list[float]:
+        """The step times after the first (the first compiles kernels on a cold cache and records the compiled
+        step): what a mean step time is taken over; all of them when only one step ran."""
+        return self.step_times[1:] or self.step_times
 
 
 class _StopOnSigint:
@@ -231,6 +242,15 @@ class Session:
         self._agreed: dict | None = None  # data parallel: the run record every rank was checked to share
 
     @property
+    def throughput_unit(self) -> tuple[str, int]:
+        """What a step's throughput counts: ("tokens", sequence length) for a network whose input is integer
+        tokens, else ("images", 1)."""
+        node = self.net.input_nodes[0]
+        if np.issubdtype(node.dtype, np.integer):
+            return "tokens", int(np.prod(node.shape[1:]))
+        return "images", 1
+
+    @property
     def iteration(self) -> int:
         """Training steps completed since initialization (a resumed session counts the loaded ones too)."""
         return self.executor.iteration
@@ -262,7 +282,9 @@ class Session:
         `early_stop.best_path` receives the checkpoint of each new best (`result.best_saved`). Evaluating changes
         no later step: the training losses are those of the same run without it.
 
-        `progress`: a progress bar on stderr; None (default) shows one only on an interactive terminal.
+        `progress`: True, a progress bar on stderr; None (default): the bar on an interactive terminal, else a
+        line on stderr while numba compiles the CPU kernels (a cold cache: the first step takes a minute or
+        more); False: nothing (`runtime.progress`).
         `on_step(k, loss, seconds)` is called after each step. With `save_path`, a checkpoint is written every
         `save_every` steps (counted by `iteration`, so a resumed run keeps the rhythm) and, on Ctrl-C, for the
         last completed step before returning early (`result.interrupted`). A non-finite loss, gradient or BN
@@ -286,8 +308,6 @@ class Session:
             if tuple(heldout.sample_shape) != tuple(data.sample_shape):
                 raise DataError(f"Session.fit: the held-out set {heldout.name!r} has samples of shape "
                                 f"{heldout.sample_shape}, the training set {data.sample_shape}")
-        if progress is None:
-            progress = sys.stderr.isatty()
         desc = {"samples": len(data), "image_shape": list(data.sample_shape), "num_classes": data.num_classes,
                 "source": data.source, "transform": data.transform.to_json() if data.transform is not None else None}
         diff = compare_data(self._resume_data, desc)
@@ -298,37 +318,32 @@ class Session:
         if self.ranks > 1:
             self._check_ranks_agree(steps, save_every)
         it = self._batches(data)
-        result = TrainResult(batch=self.batch)
+        unit, per_sample = self.throughput_unit
+        result = TrainResult(batch=self.batch, unit=unit, per_sample=per_sample)
         if early_stop is not None:
             result.early_stop = EarlyStopWatch(early_stop, early_stop.every or it.batches_per_epoch)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=steps, unit="step", dynamic_ncols=True, leave=True)
-        try:
-            with _StopOnSigint() as stop:
-                for k in range(steps):
-                    loss, dt = self._train_one(it)
-                    result.losses.append(loss)
-                    result.step_times.append(dt)
-                    if bar:
-                        bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{self.batch / dt:.1f}")
-                        bar.update(1)
-                    if on_step:
-                        on_step(k, loss, dt)
-                    if result.early_stop is not None and result.early_stop.due(self.iteration):
-                        self._watch(heldout, result)
-                        if result.stopped_early:
-                            break
-                    if self._stop_requested(stop.requested):
-                        result.interrupted = True
+        mode = "bar" if progress or (progress is None and sys.stderr.isatty()) else (
+            "lines" if progress is None else None)
+        with _StopOnSigint() as stop, StepProgress(steps, mode, result.unit,
+                                                   self.batch * result.per_sample) as shown:
+            for k in range(steps):
+                loss, dt = self._train_one(it)
+                result.losses.append(loss)
+                result.step_times.append(dt)
+                if k == 0 and self.executor.host is not None and steps > 1:
+                    result.transfers_after_first = self.executor.host.stats()
+                shown.step(loss, dt)
+                if on_step:
+                    on_step(k, loss, dt)
+                if result.early_stop is not None and result.early_stop.due(self.iteration):
+                    self._watch(heldout, result)
+                    if result.stopped_early:
                         break
-                    if save_every and self.iteration % save_every == 0:
-                        result.saved.append(self.save(save_path))
-        finally:
-            if bar:
-                bar.close()
+                if self._stop_requested(stop.requested):
+                    result.interrupted = True
+                    break
+                if save_every and self.iteration % save_every == 0:
+                    result.saved.append(self.save(save_path))
         if result.interrupted and save_path is not None:
             result.saved.append(self.save(save_path))
         return result

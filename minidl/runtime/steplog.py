@@ -5,7 +5,8 @@ once at the end; a loss curve, a slow step, or the copies of one step need every
 Ctrl-C or a divergence keeps the rows of the steps it completed (each row is flushed when written). Columns:
 
 - `iteration`: steps completed after this one (the checkpoint's iteration: a resumed run continues the count);
-- `loss`, `lr` (the learning rate this step used), `step_time_s`, `images_per_s` (of this process's batch);
+- `loss`, `lr` (the learning rate this step used), `step_time_s`, `images_per_s` (of this process's batch;
+  `tokens_per_s` for a language model);
 - `offloaded_bytes`, `prefetched_bytes`, `copy_time_s`, `copy_wait_s`: this step's host copies as the transfer
   engine measured them (0 without any), the wait being the time the step stood still for them.
 """
@@ -14,8 +15,13 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-COLUMNS = ("iteration", "loss", "lr", "step_time_s", "images_per_s", "offloaded_bytes", "prefetched_bytes",
+COLUMNS = ("iteration", "loss", "lr", "step_time_s", "{unit}_per_s", "offloaded_bytes", "prefetched_bytes",
            "copy_time_s", "copy_wait_s")
+
+
+def columns(session) -> tuple[str, ...]:
+    """`COLUMNS` with the rate named after what `session` trains on (`Session.throughput_unit`)."""
+    return tuple(c.format(unit=session.throughput_unit[0]) for c in COLUMNS)
 
 
 class StepLog:
@@ -25,7 +31,8 @@ class StepLog:
         self.path, self.session = Path(path), session
         self._file = open(self.path, "w", newline="")   # noqa: SIM115 - closed by close(), after the last step
         self._csv = csv.writer(self._file)
-        self._csv.writerow(COLUMNS)
+        self._csv.writerow(columns(session))
+        self._per_step = session.batch * session.throughput_unit[1]
         self._file.flush()
         self._last = self._copies()
 
@@ -43,7 +50,7 @@ class StepLog:
         s = self.session
         lr = getattr(s.optimizer, "lr", "")
         self._csv.writerow([s.iteration, repr(float(loss)), lr, f"{seconds:.6f}",
-                            f"{s.batch / seconds:.2f}" if seconds > 0 else "", off, pre, f"{t:.6f}",
+                            f"{self._per_step / seconds:.2f}" if seconds > 0 else "", off, pre, f"{t:.6f}",
                             f"{wait:.6f}"])
         self._file.flush()
 

@@ -1,6 +1,7 @@
-"""The README's exact memory figures, asserted: the first command's 34 MiB (`none`) / 6.3 MiB (`liveness`) / fits
-in 4 MiB (`auto`), and ResNet-2500 planning within 12 GB under `auto` (slow); and the mutation-testing paragraph of
-docs/guarantees.md against its results file."""
+"""The README's exact figures, asserted: the first command's 34 MiB (`none`) / 6.3 MiB (`liveness`) / fits in
+4 MiB (`auto`), its held-out accuracy and final loss under the OpenBLAS kernel this machine runs, and ResNet-2500
+planning within 12 GB under `auto` (slow); and the mutation-testing paragraph of docs/guarantees.md against its
+results file."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,8 @@ import pytest
 
 from minidl.models import build_model
 from minidl.optim import make_optimizer
+from tests.benchmarks import bench_scripts
+from tests.blas_kernel import openblas_kernel
 from tests.planning import planned
 
 from .md_blocks import ROOT
@@ -33,6 +36,30 @@ def test_first_command_figures():
     assert f"{none / MIB:.0f}" == "34", none       # "the same run needs 34 MiB under --policy none"
     assert f"{live / MIB:.1f}" == "6.3", live      # "and 6.3 MiB under --policy liveness"
     assert auto.peak_bytes <= 4 * MIB             # "inside a 4 MiB pool"
+
+
+def test_first_command_reaches_the_recorded_figures_of_this_blas_kernel():
+    """README command 1, run again under the OpenBLAS kernel numpy runs here, reaches exactly the held-out accuracy
+    and final loss that benchmarks/results/first_command.json records for that kernel (README's table and
+    docs/performance.md's are generated from it): a change that moves them fails here until
+    `python benchmarks/first_command.py --figures-only` and the docs generators have run. Every kernel the script
+    records (those of the CI machines) must have its row; another kernel is skipped, naming it."""
+    bench = bench_scripts.load("first_command")
+    rec = json.loads(bench.OUT.read_text())["figures"]
+    rows = rec["by_kernel"]
+    redo = "run `python benchmarks/first_command.py --figures-only`, then docs/make_readme.py and docs/make_results.py"
+    assert rec["command"] == bench.readme_command_1(), f"README command 1 changed: {redo}"
+    missing = [k for k in bench.KERNELS if k not in rows]
+    assert not missing, f"first_command.json has no figures for OpenBLAS kernel(s) {missing}: {redo} on a CPU " \
+                        f"that runs them"
+    kernel = openblas_kernel()
+    if kernel not in rows:
+        pytest.skip(f"numpy's BLAS runs kernel {kernel!r} here, not one whose figures are recorded "
+                    f"({', '.join(rows)}): `python benchmarks/first_command.py` records this machine's")
+    out = bench.run_command(rec["command"], bench.command_env())
+    got = {"accuracy": out["accuracy"], "final_loss": out["final_loss"]}
+    assert got == rows[kernel], (f"README command 1 under OpenBLAS {kernel} now gives {got}, first_command.json "
+                                 f"records {rows[kernel]} (numpy {rec['numpy']}): {redo}")
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ NETS = {
     "resnet56": lambda: build_model("resnet", depth=56, batch=2, image_size=16, num_classes=10),
     "vgg11": lambda: build_model("vgg11", batch=2, image_size=224, num_classes=10),
     "densenet_tiny": lambda: build_model("densenet_tiny", batch=4, image_size=16),
-    "inception_v4": lambda: build_model("inception_v4", batch=2, image_size=75, num_classes=10),
+    "inception_v4": lambda: build_model("inception_v4", batch=4, image_size=75, num_classes=10),
     "gpt2_tiny": lambda: build_model("gpt2", layers=2, heads=2, width=32, seq=16, batch=4, num_classes=64),
     "bert_tiny": lambda: build_model("bert", layers=2, heads=2, width=32, seq=16, batch=4, num_classes=64),
 }

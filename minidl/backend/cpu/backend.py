@@ -109,10 +109,12 @@ class CoreOps:
         if jit is not None and _flat_ok(y, dy, dx):
             _elementwise("relu_backward", y, dy, dx)  # the same values as below
             return
-        # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it.
+        # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it. An inf of dy
+        # where y <= 0 gives NaN (inf * 0), as the compiled kernel does: a value, not a warning (the guard's)
         yf, dyf, dxf = y.reshape(-1), dy.reshape(-1), dx.reshape(-1)
-        for s in _chunks(yf.size):
-            np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
+        with np.errstate(invalid="ignore"):
+            for s in _chunks(yf.size):
+                np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
 
     # -- joins ------------------------------------------------------------------------------------------------
     def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None,

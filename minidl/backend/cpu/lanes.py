@@ -28,6 +28,7 @@ How many lanes: `count()`, the CPU menu's `threads` while its backend runs a ste
 """
 from __future__ import annotations
 
+import contextvars
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -234,7 +235,9 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
 
 def _run_lanes(tasks: Sequence[Callable[[], None]]) -> None:
     pool = _executor(len(tasks) - 1)
-    futures = [pool.submit(t) for t in tasks[1:]]
+    # each lane in a copy of the caller's context: numpy's error state (np.errstate) is a context variable, so
+    # a lane computes under the caller's, as the first task does
+    futures = [pool.submit(contextvars.copy_context().run, t) for t in tasks[1:]]
     first: BaseException | None = None
     try:
         tasks[0]()
