@@ -83,6 +83,18 @@ class GuardCall:
         self.ex.guard_update(self.step, self.grads, self.buffers)
 
 
+@dataclass(slots=True)
+class UnscaleCall:
+    """fp16's unscaling of one UPDATE step's gradients before its guard (`StepBinding.unscale`), and the gradients
+    a CUDA graph unscales on the device instead (`minidl.runtime.capture`)."""
+
+    ex: Any
+    grads: list   # gradient views, in the guard's order
+
+    def __call__(self) -> None:
+        self.ex.unscale(self.grads)
+
+
 class StepBinding(Protocol):
     """The executor as its step runners see it (`minidl.runtime.executor.Executor` provides it)."""
 
@@ -101,6 +113,7 @@ class StepBinding(Protocol):
     last_loss: float
     check_finite: bool
     skip_update: bool    # fp16: this step's gradients overflowed, its update is skipped (`Executor.unscale`)
+    scaler: Any          # fp16's LossScaler (None in the other modes)
     host: Any
     host_limit_bytes: int | None
     program_fallback: str | None
@@ -123,5 +136,6 @@ class StepBinding(Protocol):
     def staged(self, fn, staging): ...
 
     def guard_update(self, step: "Step", grads: list | None = None, buffers: list | None = None) -> None: ...
+    def unscale(self, grads: list) -> None: ...
 
     def end_iteration(self) -> float: ...

@@ -31,6 +31,16 @@ Rules this module keeps:
   nothing updated; fused, the layers updated before the bad gradient. A step is then one graph. A backend
   without a device guard splits the step at each guard instead (a host call between graphs, named in
   `describe()`), and refuses a split that would fall between a host copy and its wait.
+- Half precision: the weight copies' refresh after an update is device work like the update (it rewrites each
+  copy from its master: on a step whose update was skipped the copy's bits come out unchanged). fp16's loss scale
+  and its inverse are two more slots (`StepScalars.amp`), read by the loss's seed (`fill_loss_scale`) and the
+  gradients' unscaling (`unscale`). Its skip is the device guard's: each gradient is checked (`found_inf_flag`,
+  before it is unscaled, as `LossScaler.unscale` checks it) into a `found_inf` flag; the guard then checks the loss
+  and the running statistics first and the unscaled gradients last, so a non-finite loss or statistic keeps its
+  code, and an overflow leaves a gradient's, which skips the updates as a divergence would. After the replay the
+  host reads both flags: overflow alone is the skipped step the eager loop makes (`skip_update`), then the scale
+  advances on the host (`LossScaler.update`, the "scale" call, run after the graph). fp16 is captured only with
+  the device guard on (without it nothing on the device could skip an update).
 - A call the backend cannot capture runs eagerly between graphs. cupy refuses every cuBLAS call on a capturing
   stream (the dense layers' `cupy.cublas.gemm`, the batched products' and attention's `cupy.matmul`), raising
   the error the backend names in `CaptureUnsupported`, before it enqueues anything. `record` captures each
@@ -76,7 +86,7 @@ from ..backend.scalars import StepScalars
 from ..core import startup
 
 #: Call kinds the graph contains (they only enqueue device work on the compute stream).
-DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
+DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update", "refresh"})
 #: Host copies: captured too (on their own streams, joined to compute by events) where the host store's copies
 #: are stream copies between fixed pinned buffers (`HostStore.capturable`); their times are then not measured.
 COPY_KINDS = frozenset({"offload", "release", "prefetch", "wait"})
@@ -84,6 +94,8 @@ COPY_KINDS = frozenset({"offload", "release", "prefetch", "wait"})
 HOST_KINDS = {"guard": "the divergence guard reads the loss and gradients on the host before the update"}
 #: Host-only bookkeeping: run once per step outside the graphs (it enqueues nothing).
 HOISTED_KINDS = frozenset({"recompute_flops"})
+#: Host calls that read what the step's flags say: run after the replay, once they are read (fp16's scale).
+AFTER_KINDS = frozenset({"scale"})
 #: Call kinds a capture cannot contain, with the reason the fallback gives.
 REFUSED_KINDS = {
     "map": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
@@ -132,7 +144,8 @@ def why_not(ex, program) -> str | None:
             if ex.host_limit_bytes is not None:
                 return COPIES_REFUSED
             continue
-        if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss":
+        if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss" \
+                and kind not in AFTER_KINDS and kind != "unscale":
             return f"call kind '{kind}' is unknown to minidl.runtime.capture"
     kind = _optimizer_kind(ex.opt)
     if kind not in ("sgd", "adam"):
@@ -140,6 +153,9 @@ def why_not(ex, program) -> str | None:
                 f"(backend/scalars.py); a graph would replay the captured step's")
     if program.loss_view is None:
         return "the network has no loss layer whose value a graph could copy out"
+    if ex.scaler is not None and not (be.capabilities.device_guard and ex.check_finite):
+        return ("fp16's loss scale: a step whose gradients overflow is skipped on the device by the divergence "
+                "guard's flag, which this run does not have (no device guard, or the guard off)")
     return None
 
 
@@ -180,24 +196,32 @@ COPY_BALANCE = {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}
 
 
 def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any], guard: bool = True,
-          device_guard: Callable[[Any], Callable[[], Any]] | None = None,
-          epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list]:
+          device_guard: Callable[..., Callable[[], Any]] | None = None,
+          epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list, list]:
     """The program's calls as segments: maximal runs of device calls (to capture) and the host calls between
     them. `copy_in` (the batch: staging -> arena) opens the first graph; `copy_out` (the loss -> pinned) takes the
     place of the loss read; `guard` False leaves the divergence guard out (`Executor.check_finite` off: it would
     return at once); `device_guard(guard_call)`, where the backend can, is the device call that replaces a guard
-    (then the step is one graph); `epilogue` closes the last graph. Returns (segments, hoisted host calls)."""
+    (then the step is one graph; fp16's unscaling becomes part of it: `device_guard(guard_call, unscale_call)`);
+    `epilogue` closes the last graph. Returns (segments, hoisted host calls, host calls to run after the replay)."""
     segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
-    hoisted = []
+    hoisted, after = [], []
+    unscale = None   # fp16: the unscaling the next guard does on the device
     in_flight = 0   # host copies started and not yet waited for: a graph must end with none (its streams joined)
     for call, kind in zip(program.calls, program.call_kinds):
         if kind in HOISTED_KINDS:
             hoisted.append(call)
             continue
+        if kind in AFTER_KINDS:
+            after.append(call)
+            continue
+        if kind == "unscale":
+            unscale = call
+            continue
         if kind == "guard" and not guard:
             continue
         if kind == "guard" and device_guard is not None:
-            call, kind = device_guard(call), "device_guard"
+            call, kind, unscale = device_guard(call, unscale), "device_guard", None
         elif kind in HOST_KINDS:
             if in_flight:
                 raise CaptureRefused(f"{HOST_KINDS[kind]}, between a host copy and its wait (a graph must end "
@@ -216,7 +240,10 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
             segments.append(Segment([], []))
         segments[-1].calls.extend(epilogue)
         segments[-1].kinds.extend(["epilogue"] * len(epilogue))
-    return [s for s in segments if s.host is not None or s.calls], hoisted
+    if unscale is not None:
+        raise CaptureRefused("fp16's unscaling is done on the device by the divergence guard, which this step "
+                             "does not have")
+    return [s for s in segments if s.host is not None or s.calls], hoisted, after
 
 
 class GraphStep:
@@ -238,6 +265,7 @@ class GraphStep:
         self.codes: list[tuple[Any, str | None, str | None, bool]] = []
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
+        self.after: list[Callable[[], Any]] = []
         self.signature: tuple | None = None
         self.copies: list[tuple[str, str, int]] = []   # (kind, tensor, bytes) of the host copies in the graphs
         self.captures = 0
@@ -253,7 +281,8 @@ class GraphStep:
 
     def _capture(self) -> None:
         be, program = self.be, self.program
-        copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
+        scaled = self.ex.scaler is not None
+        copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies(scaled)]
         copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
         sc = self.scalars
         guard = bool(self.ex.check_finite)
@@ -262,23 +291,27 @@ class GraphStep:
         if guard and be.capabilities.device_guard:
             device_guard = self._device_guard
             epilogue = [_copy(be.copy_out_async, sc.diverged, sc.diverged_out)]
+            if scaled:
+                epilogue.append(_copy(be.copy_out_async, sc.found_inf, sc.found_inf_out))
             loss_out = self._keep_loss   # the loss kept where the guards can read it, and copied out
         else:
             loss_out = _copy(be.copy_out_async, self.loss_flat, self.loss_host)
-        segments, hoisted = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
-                                  epilogue=epilogue or [])
+        segments, hoisted, after = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
+                                         epilogue=epilogue or [])
         host = self.ex.host
         if host is not None and host.capturable is not None:
             raise CaptureRefused(host.capturable)
         be.prepare_graph()
         be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
+        skipped, self.ex.skip_update = self.ex.skip_update, False   # the updates are recorded; the flags skip them
         try:
             segments, copies = record(be, segments, host)
         finally:
             be.graph_scalars = None
+            self.ex.skip_update = skipped
             if host is not None:  # the copies issued while capturing belong to a graph: never to be settled
                 host.drop_captured()
-        self.segments, self.hoisted, self.copies = segments, hoisted, copies
+        self.segments, self.hoisted, self.after, self.copies = segments, hoisted, after, copies
         self.captures += 1
 
     # -- the divergence guard on the device ---------------------------------------------------------------------
@@ -289,29 +322,48 @@ class GraphStep:
         be.copy(self.loss_slot, self.loss_flat)
         be.copy_out_async(self.loss_slot, self.loss_host)
 
-    def _device_guard(self, guard_call) -> Callable[[], Any]:
+    def _device_guard(self, guard_call, unscale_call=None) -> Callable[[], Any]:
         """The device call replacing `guard_call` (a binding.GuardCall): `nonfinite_flag` on each gradient, then
         on the loss, then on each running statistic, in the host guard's order; each gets a code (an index into
-        `self.codes`) the host reads back after the step to raise the very error the host guard raises."""
+        `self.codes`) the host reads back after the step to raise the very error the host guard raises. With
+        fp16's `unscale_call` (a binding.UnscaleCall) first each of its gradients is checked into `found_inf` and
+        unscaled, and the gradients' checks come last (see the module docstring)."""
         be, checks = self.be, []
+        grads = []
         for layer, pname, g in guard_call.grads:
             self.codes.append((guard_call.step, layer, pname, False))
-            checks.append((g, len(self.codes)))
+            grads.append((g, len(self.codes)))
+        if unscale_call is None:
+            checks += grads
         self.codes.append((guard_call.step, None, None, False))
         checks.append((self.loss_slot, len(self.codes)))
         for layer, name, b in guard_call.buffers:
             self.codes.append((guard_call.step, layer, name, True))
             checks.append((b, len(self.codes)))
+        if unscale_call is not None:
+            checks += grads
+        scaler = self.ex.scaler
+        unscaled = [] if unscale_call is None else unscale_call.grads
 
         def run() -> None:
+            if unscaled:
+                inv = scaler.inv_scale
+                for g in unscaled:
+                    be.found_inf_flag(g)
+                    be.unscale(g, inv)
             for arr, code in checks:
                 be.guard_nonfinite(arr, code)
         return run
 
     def _raise_if_diverged(self) -> None:
         """After a replay with the device guard: the first non-finite tensor's code, if any, raised as the host
-        guard raises it (its message, its note on fused updates already applied); no update ran after it."""
+        guard raises it (its message, its note on fused updates already applied); no update ran after it. fp16:
+        a gradient's code after an overflow is the skipped step (`skip_update`), not a divergence."""
         code = int(self.scalars.diverged_out[0])
+        if self.ex.scaler is not None:
+            self.ex.skip_update = bool(self.scalars.found_inf_out[0])
+            if self.ex.skip_update and code and self.codes[code - 1][1] is not None and not self.codes[code - 1][3]:
+                return
         if not code:
             return
         step, layer, name, buffer = self.codes[code - 1]
@@ -330,7 +382,8 @@ class GraphStep:
         keys = program.step_keys(it)
         for (ctx, _, _), key in zip(program.keyed, keys):
             ctx.rng_key = key
-        self.scalars.fill(keys, getattr(ex.opt, "lr", 0.0), it + 1)
+        sc = ex.scaler
+        self.scalars.fill(keys, getattr(ex.opt, "lr", 0.0), it + 1, *((sc.scale, sc.inv_scale) if sc else ()))
         sig = signature(ex)
         if sig != self.signature:
             if self.signature is not None and self._changed_last:
@@ -361,6 +414,8 @@ class GraphStep:
             ex.host.count_replayed(self.copies)
         if self.codes:
             self._raise_if_diverged()
+        for call in self.after:
+            call()
         self.replays += 1
         return ex.end_iteration()
 

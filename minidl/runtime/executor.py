@@ -43,7 +43,7 @@ from ..memory.plan import Event, EventKind, Plan
 from ..memory.pool import NumpyArenaBacking, TensorPool
 from ..optim import Optimizer
 from ..optim.loss_scale import LossScaler
-from .binding import BoundCall, GuardCall, LayerCall, Sink, run_now
+from .binding import BoundCall, GuardCall, LayerCall, Sink, UnscaleCall, run_now
 from .capture import CaptureRefused, graph_step
 from .program import NotLowered, Program, lower
 
@@ -697,7 +697,7 @@ class Executor:
                     items.append((get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state))
         guarded = self.guard_grads(step)
         if self.scaler is not None:
-            sink(BoundCall("unscale", self.unscale, ([g for _, _, g in guarded],), step))
+            sink(BoundCall("unscale", UnscaleCall(self, [g for _, _, g in guarded]), (), step))
         sink(BoundCall("guard", GuardCall(self, step, guarded, self.guard_buffers(step)), (), step))
         if self.scaler is not None:
             sink(BoundCall("scale", self.advance_scale, (), step))
@@ -728,7 +728,7 @@ class Executor:
     # -- fp16's dynamic loss scale (`optim/loss_scale.py`) -----------------------------------------------------------
     def seed_scaled(self, dout) -> None:
         """The loss's gradient, set to the loss scale (fp16: one micro-batch, so no 1/M)."""
-        self.be.fill(dout, self.scaler.scale)
+        self.be.fill_loss_scale(dout, self.scaler.scale)
 
     def unscale(self, grads: list) -> None:
         """The step's float32 gradients multiplied by the inverse scale; an inf or a NaN among them makes this

@@ -546,6 +546,12 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         or the loss) is not finite and no earlier guarded tensor was (minidl/runtime/capture.py)."""
         self._launch(launches.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
 
+    @on_compute
+    def found_inf_flag(self, x) -> None:
+        """fp16 inside a graph: set the capture's `found_inf` flag if gradient `x` is not finite (before it is
+        unscaled, as `LossScaler.unscale` checks it)."""
+        self._launch(launches.nonfinite_flag(self.graph_scalars.found_inf, x, 1, self.limits))
+
     def prepare_graph(self) -> None:
         """Load the graph variants of the per-step kernels before a capture: loading a module or a function is
         not a stream operation, so it happens now rather than while the stream is being captured."""
