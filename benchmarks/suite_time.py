@@ -1,6 +1,6 @@
-"""How long the test suite takes on this machine: `python -m pytest -q` (the suite CI runs on every change, the
-slow tests deselected by pyproject's addopts; `--all` adds them), with its counts, the machine (CPU model, the cores this
-process may use, load average before and after) and the date.
+"""How long the test suite takes on this machine: `python -m pytest -q` (the suite CI runs on every change,
+the slow tests deselected by pyproject's addopts; `--all` adds them), with its counts, the machine (CPU model, the
+cores this process may use, load average before and after) and the date.
 
     python benchmarks/suite_time.py [--all]
 

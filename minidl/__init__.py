@@ -1,12 +1,6 @@
 """minidl: a small deep-learning framework whose executor virtualizes device memory.
 
-    import minidl as dl
-    net = dl.Network()
-    x = net.input((8, 3, 32, 32)); y = net.input((8,), dtype="int64", name="label")
-    ...
-
-The names below are imported when first used (`dl.Session` loads the runtime), so that `import minidl.cli` and
-`minidl --help` load only what they run.
+Names are imported when first used, so `minidl --help` loads only what it runs.
 """
 from __future__ import annotations
 
@@ -38,7 +32,7 @@ def __getattr__(name: str):
     value = import_module(f"{__name__}.{where or name}")
     if where:
         value = getattr(value, name)
-    globals()[name] = value   # found once: later lookups are plain attribute reads
+    globals()[name] = value   # later lookups are plain attribute reads
     return value
 
 

@@ -1,14 +1,5 @@
-"""The model zoo: builders returning a built `minidl.Network` with its loss set.
-
-Every image builder takes (depth where it has one), batch, image_size, num_classes, in_channels, dtype, variant;
-the inputs are named "data" (N, C, H, W) and "label" (N,) int64, the loss "loss". The sequence builders (`gpt2`,
-`bert`) take size, layers, heads, width, seq, batch, vocab; their inputs are "tokens" and "targets" (B, T) int64.
-`build_model(name, ...)` picks a registered model by name with per-model defaults (see `MODELS`).
-
-    from minidl.models import resnet, build_model
-    net = resnet(depth=2500, batch=16)          # SuperNeurons' ResNet-2500 (2498 weighted layers)
-    net = build_model("vgg16", batch=8)
-"""
+"""The model zoo: builders of a built `minidl.Network` with its loss "loss"; image inputs "data" (N, C, H, W) and
+"label" (N,), sequence inputs "tokens" and "targets" (B, T). `build_model(name, ...)` picks one from `MODELS`."""
 from .alexnet import alexnet
 from .bert import bert
 from .common import weighted_layers

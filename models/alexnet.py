@@ -1,25 +1,9 @@
 """AlexNet: torchvision's single-tower version, and the original Krizhevsky-style one with LRN.
 
-torchvision (`variant=None`), 61,100,840 parameters at 1000 classes:
-
-    conv1 Conv2d(64, 11, stride 4, padding 2) relu1 pool1 MaxPool2d(3, 2)
-    conv2 Conv2d(192, 5, padding 2)            relu2 pool2 MaxPool2d(3, 2)
-    conv3 Conv2d(384, 3, padding 1)            relu3
-    conv4 Conv2d(256, 3, padding 1)            relu4
-    conv5 Conv2d(256, 3, padding 1)            relu5 pool5 MaxPool2d(3, 2)
-    [avgpool]  torchvision's AdaptiveAvgPool2d((6, 6))
-    drop6 Dropout(0.5) fc6 Linear(4096) relu6
-    drop7 Dropout(0.5) fc7 Linear(4096) relu7
-    fc8 Linear(num_classes)
-
-At 224x224 (and 227x227) pool5 is already 6x6, where the adaptive pooling is the identity, so no layer is
-emitted. When pool5 is a multiple of 6 (e.g. 12x12 at 416) it is a plain AvgPool2d(s/6) named "avgpool";
-any other size is rejected, since the adaptive pooling's overlapping/replicating windows have no equivalent
-layer here. fc6 reads the (N, 256, 6, 6) tensor directly (Linear flattens), saving Flatten's copy.
-
-`variant="lrn"`: Krizhevsky et al. 2012 (and SuperNeurons' AlexNet): LRN after relu1 and relu2, before the
-pooling ("norm1", "norm2"), with the paper's constants size 5, k 2, beta 0.75 and alpha 1e-4 per element,
-i.e. alpha=5e-4 in minidl's (torch's) LRN, which divides alpha by size. Same widths, so the same parameters.
+torchvision's: 61,100,840 parameters at 1000 classes. Its AdaptiveAvgPool2d((6, 6)) is the identity where pool5 is
+6x6 (224, 227: no layer) and an AvgPool2d where pool5 is a multiple of 6; other sizes are refused (no layer has
+its overlapping windows). `variant="lrn"`: Krizhevsky et al. 2012 (SuperNeurons' AlexNet), LRN "norm1", "norm2"
+after relu1 and relu2.
 """
 from __future__ import annotations
 
@@ -29,7 +13,7 @@ from minidl.layers import LRN, AvgPool2d, Conv2d, Dropout, Linear, MaxPool2d, Re
 from .common import finish, new_network
 
 VARIANTS = (None, "torchvision", "lrn")
-# The paper's LRN: b = a / (k + alpha * sum a^2)^beta over 5 channels, alpha = 1e-4 per element.
+# the paper's alpha 1e-4 per element is 5e-4 in torch's LRN, which divides alpha by size
 LRN_ARGS = dict(size=5, alpha=5e-4, beta=0.75, k=2.0)
 
 
@@ -42,9 +26,7 @@ def feature_size(image_size: int) -> int:
 
 
 def _nearest_working_sizes(image_size: int) -> str:
-    """The closest image sizes below and above `image_size` whose feature map is a multiple of 6, as ranges
-    ("223-254" at 100). Working sizes come in runs of 32 every 192 (the net's total stride is 32), so the
-    search below stops at 1 and the one above within 6 * 32 + 32 sizes."""
+    """The nearest working image sizes below and above, as ranges ("223-254" at 100): runs of 32 every 192."""
     def run_around(s: int) -> str:
         lo, hi = s, s
         while lo > 1 and feature_size(lo - 1) == feature_size(s):

@@ -1,19 +1,7 @@
-"""BERT (Devlin et al. 2018) with its masked-language-model head, as HuggingFace's `BertForMaskedLM` builds it.
-
-    tokens (B, T) -> word_embeddings (vocabulary x C) + position_embeddings -> LayerNorm -> dropout
-      -> L encoder layers (post-norm): x = LN(x + dropout(out(attention(qkv(x))))),
-                                       x = LN(x + dropout(output(gelu(intermediate(x)))))
-      -> MLM head: LN(gelu(transform(x))) -> decoder (C -> vocabulary, its weight tied to word_embeddings, a bias
-         of its own) -> per-token cross-entropy against targets (B, T), -100 where a token is not predicted
-
-Sizes (layers, heads, width): base 12/12/768, large 24/16/1024, and Harmony's BERT-96: large with 96 layers;
-30,522 tokens, 512 positions, intermediate 4 C, exact GELU, layer norm eps 1e-12, tables N(0, 0.02^2).
-
-Parameters: every tensor of `BertForMaskedLM` but the token-type table (2 x C): these networks read one
-segment per sequence (no second input), so base is 109,512,762 (HF 109,514,298), large 335,172,410 (HF
-335,174,458; the released BERT-large without its pooler and NSP head). q, k and v are one (3 C) projection
-here, the same parameters as BERT's three. The dropout BERT applies to attention probabilities is left out, as
-in `gpt2`.
+"""BERT (Devlin et al. 2018) with its masked-LM head, as HuggingFace's `BertForMaskedLM` (post-norm, exact GELU,
+eps 1e-12, the decoder tied to word_embeddings with a bias of its own). Every tensor of it but the token-type table
+(one segment per sequence): base 109,512,762 parameters (HF 109,514,298). q, k, v are one (3 C) projection; no
+dropout on attention probabilities.
 """
 from __future__ import annotations
 
@@ -33,7 +21,7 @@ from minidl.layers import (
 
 from .common import check_positive, transformer_size
 
-#: size -> (layers, heads, width); "96" is Harmony's BERT-96 (BERT-large, 96 layers).
+#: size -> (layers, heads, width); "96" is Harmony's BERT-96
 BERT_CONFIGS: dict[str, tuple[int, int, int]] = {"base": (12, 12, 768), "large": (24, 16, 1024), "96": (96, 16, 1024)}
 BERT_VOCAB = 30522
 BERT_POSITIONS = 512
@@ -43,9 +31,7 @@ EPS = 1e-12
 def bert(size: str = "base", layers: int | None = None, heads: int | None = None, width: int | None = None,
          seq: int = BERT_POSITIONS, batch: int = 8, vocab: int = BERT_VOCAB, positions: int = BERT_POSITIONS,
          dropout: float = 0.1, keep_scores: bool = True, dtype="float32") -> dl.Network:
-    """BERT of `size` (see the module doc) with its masked-LM head, on batches of `batch` sequences of `seq` tokens:
-    inputs "tokens" and "targets", (batch, seq) int64 (targets: the original token where it was masked, -100
-    elsewhere). The position table has max(positions, seq) rows."""
+    """BERT of `size` on (batch, seq) tokens; targets: the original token where masked, -100 elsewhere."""
     layers, heads, width = transformer_size("bert", BERT_CONFIGS, size, layers, heads, width)
     check_positive("bert", seq=seq, batch=batch, vocab=vocab, positions=positions)
     name = f"bert_{size}" if (layers, heads, width) == BERT_CONFIGS[size] else "bert"

@@ -1,5 +1,4 @@
-"""Scaffolding every model builder shares: argument checks, the "data"/"label" inputs, the loss, and the weighted
-layer count. It sits beneath both the builders and the registry, so neither imports the other's module."""
+"""What every model builder shares; beneath both the builders and the registry."""
 from __future__ import annotations
 
 import minidl as dl
@@ -7,16 +6,14 @@ from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy, args
 
 
 def check_positive(model: str, **values: int) -> None:
-    """Raise OptionError naming the model and the argument if any value is not an integer >= 1 (numpy's
-    included; a float or a bool is refused, never truncated)."""
+    """Each value an integer >= 1 (a float or bool refused, never truncated)."""
     for key, v in values.items():
         args.integer(model, None, key, v, 1)
 
 
 def transformer_size(model: str, configs: dict[str, tuple[int, int, int]], size: str, layers, heads,
                      width) -> tuple[int, int, int]:
-    """(layers, heads, width): the named size's, each overridden where given; checked (OptionError naming the
-    model and the value): a known size, positive integers, a width that the heads divide."""
+    """(layers, heads, width) of the named size, each overridden where given; the heads must divide the width."""
     if size not in configs:
         raise dl.OptionError(f"model '{model}': unknown size {size!r}; choose one of {', '.join(configs)}")
     base = configs[size]
@@ -45,8 +42,6 @@ def finish(net: dl.Network, logits, label) -> dl.Network:
 
 
 def weighted_layers(net: dl.Network, include_shortcuts: bool = True) -> int:
-    """Number of convolution and linear layers; `include_shortcuts=False` leaves out the 1x1 projection
-    convolutions of residual shortcuts (named "*.downsample.conv"), which the usual depth count excludes
-    (ResNet-50 has 49 + 1 weighted layers on its main path plus 4 projections)."""
+    """Convolution and linear layers, without the "*.downsample.conv" projections unless `include_shortcuts`."""
     return sum(1 for n in net.layer_nodes if isinstance(n.layer, (Conv2d, Linear))
                and (include_shortcuts or ".downsample." not in n.name))

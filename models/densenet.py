@@ -1,20 +1,6 @@
-"""DenseNet-BC (Huang et al. 2017), torchvision's layout and names (without the "features." prefix).
-
-    conv0 Conv2d(init, 7, stride 2, padding 3) norm0 relu0 pool0 MaxPool2d(3, 2, padding 1)
-    denseblock{b}.denselayer{l} (l = 1..blocks[b-1]), BN-ReLU-Conv ordering:
-        norm1 relu1 conv1 1x1 (bn_size * growth)  norm2 relu2 conv2 3x3 (growth)
-        cat = Concat(layer input, conv2): the next layer's input (torchvision concatenates all earlier
-        features at each layer; chaining two-input concats builds the very same tensors)
-    transition{b} (between blocks): norm relu conv 1x1 (floor(channels * compression)) pool AvgPool2d(2, 2)
-    norm5 relu5 avgpool GlobalAvgPool classifier Linear(num_classes)
-
-Convolutions have no bias. Configurations (growth, blocks, init): 121 (32, (6, 12, 24, 16), 64),
-161 (48, (6, 12, 36, 24), 96), 169 (32, (6, 12, 32, 32), 64), 201 (32, (6, 12, 48, 32), 64); bn_size 4,
-compression 0.5. The depth counts conv0, two convolutions per dense layer, the transitions and the classifier:
-2 * sum(blocks) + len(blocks) + 1. DenseNet-121 has 7,978,856 parameters at 1000 classes.
-
-Custom nets: `densenet(depth=None, blocks=(2, 2), growth=8, init_features=16)`; `variant="tiny"` is exactly
-that (for tests).
+"""DenseNet-BC (Huang et al. 2017), torchvision's layout and names (without "features."); 7,978,856 parameters
+for DenseNet-121 at 1000 classes. A dense layer's "cat" joins its input and conv2: chained two-input concats build
+torchvision's tensors. Depth is 2 * sum(blocks) + len(blocks) + 1.
 """
 from __future__ import annotations
 
@@ -50,12 +36,8 @@ def densenet(depth: int | None = None, batch: int = 32, image_size: int = 224, n
              in_channels: int = 3, dtype="float32", variant: str | None = None, *,
              blocks: tuple[int, ...] | None = None, growth: int | None = None, init_features: int | None = None,
              bn_size: int = 4, compression: float = 0.5, drop_rate: float = 0.0):
-    """DenseNet-`depth` (121, 161, 169, 201; None: 121), `variant="tiny"`, or a custom net given by `blocks`.
-
-    `growth` and `init_features` override the configuration's (custom nets default to growth 32, init 64);
-    with `blocks` given, `depth` must be None or equal to 2 * sum(blocks) + len(blocks) + 1.
-    `drop_rate` > 0 adds torchvision's dropout after each dense layer's conv2.
-    """
+    """DenseNet-`depth` (None: 121), `variant="tiny"`, or a custom net of `blocks` (growth 32, init 64 unless
+    given); `drop_rate` > 0 adds dropout after each dense layer's conv2."""
     if variant not in (None, "tiny"):
         raise OptionError(f"densenet: unknown variant {variant!r}; choose None or 'tiny'")
     if variant == "tiny":

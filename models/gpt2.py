@@ -1,16 +1,5 @@
-"""GPT-2 (Radford et al. 2019), as OpenAI's released models and HuggingFace's `GPT2LMHeadModel` build it.
-
-    tokens (B, T) -> wte (vocabulary x C) + wpe (positions x C) -> dropout
-      -> L blocks: x + proj(attention(c_attn(ln_1(x)))), then x + c_proj(gelu(c_fc(ln_2(x)))) (pre-norm)
-      -> ln_f -> head (C -> vocabulary, no bias, tied to wte) -> per-token cross-entropy against targets (B, T)
-
-The four released sizes (layers, heads, width): small 12/12/768 (124,439,808 parameters with the tied head),
-medium 24/16/1024, large 36/20/1280, xl 48/25/1600; 50,257 tokens, 1,024 positions. `layers`, `heads` and
-`width` override a size's values (a small GPT for a laptop: layers=4, width=128). GELU is the tanh form GPT-2 used;
-layer norms use eps 1e-5; tables are drawn N(0, 0.02^2) as GPT-2's were (the linear layers keep PyTorch's
-default). Dropout (0.1, GPT-2's) follows the embeddings and each residual branch; the dropout GPT-2 applies to the
-attention probabilities is left out (the attention layer has none), so its count of dropout masks is two fewer
-per block.
+"""GPT-2 (Radford et al. 2019) as HuggingFace's `GPT2LMHeadModel`: pre-norm, tanh GELU, eps 1e-5, the head tied to
+wte; small has 124,439,808 parameters. No dropout on attention probabilities (the attention layer has none).
 """
 from __future__ import annotations
 
@@ -30,7 +19,7 @@ from minidl.layers import (
 
 from .common import check_positive, transformer_size
 
-#: size -> (layers, heads, width) of the released GPT-2 models.
+#: size -> (layers, heads, width)
 GPT2_CONFIGS: dict[str, tuple[int, int, int]] = {
     "small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
 GPT2_VOCAB = 50257
@@ -38,10 +27,8 @@ GPT2_POSITIONS = 1024
 def gpt2(size: str = "small", layers: int | None = None, heads: int | None = None, width: int | None = None,
          seq: int = GPT2_POSITIONS, batch: int = 8, vocab: int = GPT2_VOCAB, positions: int = GPT2_POSITIONS,
          dropout: float = 0.1, tied: bool = True, keep_scores: bool = True, dtype="float32") -> dl.Network:
-    """GPT-2 of `size` (see the module doc) on batches of `batch` sequences of `seq` tokens: inputs "tokens" and
-    "targets", both (batch, seq) int64 (targets: the next token, or -100 to ignore a position). The position table
-    has max(positions, seq) rows. `tied`: the head reads wte's table (GPT-2's; False: a head of its own, vocab x C
-    more parameters). `keep_scores=False`: attention rebuilds its scores in backward (see the attention layer)."""
+    """GPT-2 of `size` on (batch, seq) tokens; `tied=False` gives the head a table of its own; `keep_scores=False`
+    makes attention rebuild its scores in backward."""
     layers, heads, width = transformer_size("gpt2", GPT2_CONFIGS, size, layers, heads, width)
     check_positive("gpt2", seq=seq, batch=batch, vocab=vocab, positions=positions)
     net = dl.Network(f"gpt2_{size}" if (layers, heads, width) == GPT2_CONFIGS[size] else "gpt2", dtype=dtype)

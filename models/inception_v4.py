@@ -1,29 +1,8 @@
 """Inception-v4 (Szegedy et al. 2016, "Inception-v4, Inception-ResNet and the Impact of Residual Connections").
 
-Layer for layer the model of timm's `inception_v4` / Cadene's `inceptionv4` (ported from TF-slim), so it has
-the same 42,679,816 parameters at 1000 classes. Every convolution is a BasicConv: Conv2d(bias=False) +
-BatchNorm2d(eps=0.001) + ReLU, named "<unit>.conv", "<unit>.bn", "<unit>.relu". "k" below is the kernel, "s2"
-stride 2, "v" no padding ("valid"), otherwise padding keeps the size; 1x7 means (1, 7) with padding (0, 3).
-
-    stem.conv1 32 3x3 s2 v, stem.conv2 32 3x3 v, stem.conv3 64 3x3                      299 -> 147 x 147 x 64
-    stem.mixed3a  concat(branch0.pool MaxPool 3 s2, branch1.0 96 3x3 s2 v)                    73 x 73 x 160
-    stem.mixed4a  concat(branch0: 64 1x1, 96 3x3 v; branch1: 64 1x1, 64 1x7, 64 7x1, 96 3x3 v) 71 x 71 x 192
-    stem.mixed5a  concat(branch0.0 192 3x3 s2 v, branch1.pool MaxPool 3 s2)                   35 x 35 x 384
-    inception_a1..4  concat(96 1x1 | 64 1x1, 96 3x3 | 64 1x1, 96 3x3, 96 3x3 |
-                            AvgPool 3 s1 p1 (count_include_pad=False), 96 1x1)                35 x 35 x 384
-    reduction_a      concat(384 3x3 s2 v | 192 1x1, 224 3x3, 256 3x3 s2 v | MaxPool 3 s2)     17 x 17 x 1024
-    inception_b1..7  concat(384 1x1 | 192 1x1, 224 1x7, 256 7x1 |
-                            192 1x1, 192 7x1, 224 1x7, 224 7x1, 256 1x7 | AvgPool, 128 1x1)   17 x 17 x 1024
-    reduction_b      concat(192 1x1, 192 3x3 s2 v | 256 1x1, 256 1x7, 320 7x1, 320 3x3 s2 v |
-                            MaxPool 3 s2)                                                      8 x 8 x 1536
-    inception_c1..3  concat(256 1x1 | 384 1x1 -> (256 1x3, 256 3x1) |
-                            384 1x1, 448 3x1, 512 1x3 -> (256 1x3, 256 3x1) | AvgPool, 256 1x1)  8 x 8 x 1536
-    avgpool GlobalAvgPool, [dropout], fc Linear(num_classes)
-
-Branch b's units are "<block>.branch{b}.{i}" (i counts from 0 along the branch, as in timm's nn.Sequential,
-so the 1x1 conv after an average pool "<block>.branch3.pool" is "<block>.branch3.1");
-the forks of inception_c are "branch1.1a/1b" and "branch2.3a/3b", joined by "branch1.concat" and
-"branch2.concat"; each block ends with "<block>.concat". The smallest image is 75x75 (reduction_b gives 1x1).
+Layer for layer timm's `inception_v4` (ported from TF-slim): 42,679,816 parameters at 1000 classes, units named
+as timm's nn.Sequential indexes them ("<block>.branch{b}.{i}", then ".conv", ".bn", ".relu"; inception_c's forks
+"branch1.1a/1b", "branch2.3a/3b"). The smallest image is 75x75 (reduction_b gives 1x1).
 """
 from __future__ import annotations
 
@@ -50,7 +29,7 @@ def _seq(h, name: str, units):
     return h
 
 
-# Kernel/padding shorthands: same-size factorized 7x7 and 3x3 convolutions.
+# (kernel, padding) of the size-keeping factorized 7x7 and 3x3 convolutions
 K17, P17, K71, P71 = (1, 7), (0, 3), (7, 1), (3, 0)
 K13, P13, K31, P31 = (1, 3), (0, 1), (3, 1), (1, 0)
 
@@ -120,7 +99,7 @@ def _inception_c(h, b: str):
 
 def inception_v4(batch: int = 32, image_size: int = 299, num_classes: int = 1000, in_channels: int = 3,
                  dtype="float32", variant: str | None = None, drop_rate: float = 0.0):
-    """Inception-v4 (see the module docstring). `drop_rate` > 0 adds dropout before fc (the paper: 0.2)."""
+    """Inception-v4; `drop_rate` > 0 adds dropout before fc (the paper: 0.2)."""
     if variant is not None:
         raise OptionError(f"inception_v4: unknown variant {variant!r} (it has none)")
     net, x, y = new_network("inception_v4", batch, in_channels, image_size, num_classes, dtype)

@@ -1,14 +1,4 @@
-"""The model registry: one name per model (plus aliases), each with its own defaults, and `build_model`.
-
-    from minidl.models import build_model
-    net = build_model("resnet", depth=2500, batch=16)        # SuperNeurons' ResNet-2500
-    net = build_model("resnet56")                             # CIFAR ResNet-56 at 32x32, 10 classes
-    net = build_model("lenet", image_size=8)                  # sklearn's 8x8 digits
-    net = build_model("gpt2", size="xl", batch=64, seq=1024)  # a sequence model: size, layers, heads, width, seq
-
-The scaffolding every builder shares (argument checks, the "data"/"label" inputs, the loss) lives in `common.py`,
-beneath both the builders and this registry.
-"""
+"""The model registry: one name per model (plus aliases), each with its own defaults, and `build_model`."""
 from __future__ import annotations
 
 import inspect
@@ -28,7 +18,7 @@ from .lenet import lenet
 from .resnet import CIFAR_DEPTHS_EXAMPLES, IMAGENET_BLOCKS, cifar_blocks_per_stage, imagenet_blocks, resnet
 from .vgg import VGG_CONFIGS, vgg
 
-#: The options only sequence models (gpt2, bert) take.
+#: the options only sequence models take
 SEQUENCE_OPTIONS = ("size", "layers", "heads", "width", "seq")
 
 
@@ -44,7 +34,7 @@ class ModelSpec:
     num_classes: int = 1000
     in_channels: int = 3
     batch: int = 32
-    objective: str | None = None  # a sequence model's: what it trains to predict (next-token, masked); None: images
+    objective: str | None = None  # a sequence model's (next-token, masked); None: images
 
     @property
     def sequence(self) -> bool:
@@ -132,13 +122,8 @@ def _resnet_is_cifar_only(depth: int) -> bool:
 
 def build_model(name: str, depth: int | None = None, batch: int | None = None, image_size: int | None = None,
                 num_classes: int | None = None, in_channels: int | None = None, **kw) -> dl.Network:
-    """Build the registered model `name`; arguments left at None take the model's defaults.
-
-    Defaults: image size 28 for lenet, 32 for the CIFAR ResNets (and "resnet" with variant="cifar" or a depth
-    that only a CIFAR ResNet has, e.g. 20), 299 for inception_v4, 224 otherwise; 10 classes for lenet and the
-    CIFAR models, 1000 otherwise; 1 input channel for lenet, 3 otherwise. Extra keywords (e.g. variant="lrn",
-    batch_norm=True, blocks=(2, 2)) go to the builder.
-    """
+    """Build the registered model `name`; arguments left at None take the model's defaults (a depth only a CIFAR
+    ResNet has, e.g. 20, means 32x32 and 10 classes); extra keywords go to the builder."""
     key = canonical_model(name)
     if key is None:
         raise dl.OptionError(f"unknown model {name!r}; available: {', '.join(model_names())}")
@@ -146,7 +131,7 @@ def build_model(name: str, depth: int | None = None, batch: int | None = None, i
                  **kw)
     net = _build(name, key, depth, batch, image_size, num_classes, in_channels, kw)
     options = {k: v for k, v in given.items() if v is not None}
-    if all(_plain(v) for v in options.values()):   # (a checkpoint keeps it as JSON)
+    if all(_plain(v) for v in options.values()):   # a checkpoint keeps it as JSON
         net.recipe = {"model": key, "options": options}
     return net
 
@@ -191,8 +176,7 @@ def _build(name: str, key: str, depth, batch, image_size, num_classes, in_channe
 
 def _build_sequence(name: str, spec: ModelSpec, args: dict, depth, batch, image_size, num_classes,
                     in_channels) -> dl.Network:
-    """A sequence model: its vocabulary is `num_classes` (the classes of its per-token loss: a byte-level corpus
-    gives 256); image options are refused by name (it has `layers` where an image model has a depth)."""
+    """A sequence model, its vocabulary `num_classes`; image options are refused by name."""
     for opt, v in (("depth", depth), ("image_size", image_size), ("in_channels", in_channels)):
         if v is not None:
             raise dl.OptionError(f"model {name!r} reads token sequences: it has no {opt} option (got {opt}={v}); "
@@ -204,14 +188,12 @@ def _build_sequence(name: str, spec: ModelSpec, args: dict, depth, batch, image_
 
 
 def is_sequence_model(name: str) -> bool:
-    """True for a registered model that reads token sequences (gpt2, bert and their sizes); False otherwise,
-    unknown names included (`build_model` names those)."""
+    """True for a registered model that reads token sequences; False otherwise, unknown names included."""
     return model_objective(name) is not None
 
 
 def model_objective(name: str) -> str | None:
-    """What a registered sequence model trains to predict on text: "next-token" (gpt2) or "masked" (bert, masked
-    tokens: `minidl.data.text`); None for an image model or an unknown name."""
+    """"next-token" (gpt2) or "masked" (bert); None for an image model or an unknown name."""
     key = canonical_model(name)
     return None if key is None else MODELS[key].objective
 

@@ -1,34 +1,11 @@
 """ResNet (He et al. 2015), ImageNet and CIFAR flavours, at any depth the block rules allow.
 
-ImageNet ResNet (`variant="imagenet"`, the default when image_size > 64), torchvision's v1.5 (the stride sits
-on the 3x3 convolution of a bottleneck):
-
-    conv1 Conv2d(64, 7, stride 2, padding 3) bn1 relu maxpool MaxPool2d(3, 2, padding 1)
-    layer1..layer4 (64, 128, 256, 512 planes; stride 1, 2, 2, 2), block j of layer i is "layer{i}.{j}":
-        basic:      conv1 3x3 bn1 relu1 conv2 3x3 bn2          (+ shortcut) add relu
-        bottleneck: conv1 1x1 bn1 relu1 conv2 3x3 bn2 relu2 conv3 1x1 (x4) bn3 (+ shortcut) add relu
-        shortcut: identity, or "layer{i}.{j}.downsample.conv" 1x1 (stride) + ".downsample.bn" where the shape
-        changes (the first block of each layer for bottlenecks; layers 2-4 for basic blocks)
-    avgpool GlobalAvgPool, fc Linear(num_classes)
-
-Depths: 18 (2,2,2,2) and 34 (3,4,6,3) basic; 50 (3,4,6,3), 101 (3,4,23,3), 152 (3,8,36,3), 200 (3,24,36,3)
-bottleneck; 1026 (128, 128, 128, 128) basic, the ResNet-1026 Harmony trains (Chen et al.'s 1K-layer ResNet,
-801,800,232 parameters at 1000 classes); any other depth d with (d - 2) divisible by 3 and d >= 35 is
-bottleneck with blocks (3, 4, k, 3), stage 3 grown so that 3 * (10 + k) + 2 = d; and 2500 is SuperNeurons'
-ResNet-2500, blocks (6, 32, 788, 6),
-which has 3 * 832 + 2 = 2498 weighted layers on its main path (the name rounds; their code uses these blocks).
-`blocks=(n1, n2, n3, n4)` builds any bottleneck ResNet with those blocks per stage (depth 3 (n1+n2+n3+n4) + 2,
-given or not): SuperNeurons' depth table grows stage 3 of (6, 32, k, 6), a family the depth alone cannot name.
-The depth counts the main path's weighted layers: conv1, the block convolutions and fc; the four projection
-shortcuts are not counted (as for ResNet-50, whose net has 54 conv/linear layers). Every convolution is
-followed by BN and has no bias. ResNet-50 has 25,557,032 parameters at 1000 classes.
-
-CIFAR ResNet (`variant="cifar"`, the default when image_size <= 64): depth 6n + 2, n basic blocks in each of
-three layers of 16, 32, 64 channels (stride 1, 2, 2) after conv1 3x3 (16) bn1 relu, then GAP and fc. The paper's
-CIFAR nets use parameter-free "option A" shortcuts (stride-2 subsampling, zero-padded channels), which minidl
-cannot express (there is no zero-padding or scaling layer); here the two shortcuts that change shape are
-projections, 1x1 conv + BN ("option B"). ResNet-20 thus has 272,474 parameters at 10 classes (option A:
-269,722, the "0.27M" of the paper).
+ImageNet (default when image_size > 64): torchvision's v1.5 (a bottleneck's stride on its 3x3), layers named as
+torchvision's ("layer{i}.{j}.conv1", ".downsample.conv"); 25,557,032 parameters for ResNet-50 at 1000 classes.
+Depth counts the main path's weighted layers (not the projections). Beside `IMAGENET_BLOCKS`, any d >= 35 with
+(d - 2) % 3 == 0 is bottleneck (3, 4, (d - 2)/3 - 10, 3); `blocks=` names SuperNeurons' (6, 32, k, 6) family.
+CIFAR (image_size <= 64): depth 6n + 2, stages of 16, 32, 64; the shape-changing shortcuts are projections
+("option B": minidl has no zero-padding layer), so ResNet-20 has 272,474 parameters (the paper's 269,722).
 """
 from __future__ import annotations
 
@@ -41,7 +18,6 @@ from .common import finish, new_network
 
 VARIANTS = (None, "imagenet", "cifar")
 
-# Named ImageNet depths -> (block kind, blocks per stage).
 IMAGENET_BLOCKS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
     18: ("basic", (2, 2, 2, 2)),
     34: ("basic", (3, 4, 6, 3)),
@@ -50,7 +26,7 @@ IMAGENET_BLOCKS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
     152: ("bottleneck", (3, 8, 36, 3)),
     200: ("bottleneck", (3, 24, 36, 3)),
     2500: ("bottleneck", (6, 32, 788, 6)),  # SuperNeurons' ResNet-2500: 2498 weighted layers
-    1026: ("basic", (128, 128, 128, 128)),  # ResNet-1026 of Harmony (after Chen et al.'s sublinear-memory paper)
+    1026: ("basic", (128, 128, 128, 128)),  # Harmony's (after Chen et al.): 801,800,232 parameters
 }
 CIFAR_DEPTHS_EXAMPLES = (20, 32, 44, 56, 110, 1202)
 
@@ -59,7 +35,7 @@ CIFAR_DEPTHS_EXAMPLES = (20, 32, 44, 56, 110, 1202)
 class ResNetConfig:
     kind: str  # "basic" or "bottleneck"
     blocks: tuple[int, ...]  # blocks per stage
-    widths: tuple[int, ...]  # planes per stage (bottleneck output is 4x)
+    widths: tuple[int, ...]  # planes per stage (a bottleneck outputs 4x)
     strides: tuple[int, ...]
     stem: str  # "imagenet" (7x7/2 + maxpool) or "cifar" (3x3)
 
@@ -75,7 +51,7 @@ class ResNetConfig:
 
 
 def imagenet_blocks(depth: int) -> tuple[str, tuple[int, int, int, int]]:
-    """The block kind and blocks per stage of an ImageNet ResNet of `depth`; OptionError if there is none."""
+    """(block kind, blocks per stage) of an ImageNet ResNet of `depth`."""
     if isinstance(depth, bool) or not isinstance(depth, int):
         raise OptionError(f"resnet: depth must be an integer, got {depth!r}")
     if depth in IMAGENET_BLOCKS:
@@ -89,7 +65,7 @@ def imagenet_blocks(depth: int) -> tuple[str, tuple[int, int, int, int]]:
 
 
 def cifar_blocks_per_stage(depth: int) -> int:
-    """n of a CIFAR ResNet of depth 6n + 2; OptionError otherwise."""
+    """n of a CIFAR ResNet of depth 6n + 2."""
     if isinstance(depth, bool) or not isinstance(depth, int):
         raise OptionError(f"resnet: depth must be an integer, got {depth!r}")
     if depth < 8 or (depth - 2) % 6:
@@ -108,8 +84,7 @@ def resnet_config(depth: int, variant: str) -> ResNetConfig:
 
 
 def _bottleneck_blocks(blocks, depth: int, variant: str) -> ResNetConfig:
-    """The ImageNet bottleneck configuration of `blocks` per stage; OptionError if it cannot be one (or the depth
-    given with it is not the one those blocks make)."""
+    """The ImageNet bottleneck configuration of `blocks`, which must agree with a depth given."""
     if variant != "imagenet" or len(blocks) != 4 or not all(isinstance(n, int) and n >= 1 for n in blocks):
         raise OptionError(f"resnet: blocks must be four positive integers of an ImageNet (bottleneck) ResNet, got "
                           f"blocks={tuple(blocks)!r} with variant={variant!r}")
@@ -142,12 +117,7 @@ def _block(h, cfg: ResNetConfig, planes: int, stride: int, name: str):
 
 def resnet(depth: int = 50, batch: int = 32, image_size: int = 224, num_classes: int = 1000, in_channels: int = 3,
            dtype="float32", variant: str | None = None, blocks: tuple[int, ...] | None = None):
-    """ResNet-`depth`; `variant` "imagenet" or "cifar" (None: "cifar" when image_size <= 64).
-
-    See the module docstring for the depth rules; an impossible depth raises OptionError saying which depths
-    are possible. Note that the default follows the image size: resnet(50, image_size=32) is the CIFAR
-    ResNet-50 (n = 8); pass variant="imagenet" for torchvision's ResNet-50 on small images.
-    """
+    """ResNet-`depth`; `variant` None follows the image size: resnet(50, image_size=32) is the CIFAR ResNet-50."""
     if variant not in VARIANTS:
         raise OptionError(f"resnet: unknown variant {variant!r}; choose one of {VARIANTS}")
     if variant is None:

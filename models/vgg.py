@@ -1,16 +1,8 @@
 """VGG (Simonyan & Zisserman 2014), torchvision's configurations A/B/D/E = VGG-11/13/16/19, and vDNN's VGG-416.
 
-Stage s (1..5) has the configuration's 3x3 convolutions (padding 1, with bias), named "conv{s}_{i}", each
-followed by "relu{s}_{i}" (with `batch_norm=True`: "bn{s}_{i}" between them), and ends with the 2x2 max-pool
-"pool{s}". The classifier is torchvision's: fc6 Linear(4096) relu6 drop6, fc7 Linear(4096) relu7 drop7,
-fc8 Linear(num_classes); fc6 reads (N, 512, 7, 7) directly (Linear flattens).
-
-torchvision's AdaptiveAvgPool2d((7, 7)) before the classifier is the identity at 224x224 (pool5 is 7x7), so
-no layer is emitted; when pool5 is a multiple of 7 it is a plain AvgPool2d named "avgpool"; other sizes are
-rejected. Parameters at 1000 classes: VGG-11 132,863,336, VGG-13 133,047,848, VGG-16 138,357,544,
-VGG-19 143,667,240, VGG-416 577,894,184 (vDNN's deep VGG, which Harmony trains: configuration D with 80 more
-3x3 convolutions per stage, its classifier unchanged). `batch_norm=True` follows torchvision's vgg*_bn exactly,
-which keeps the convolution bias (VGG-11-BN 132,868,840, VGG-16-BN 138,365,992).
+torchvision's AdaptiveAvgPool2d((7, 7)) is the identity at 224 (no layer), an AvgPool2d where pool5 is a multiple
+of 7, refused otherwise. VGG-16 has 138,357,544 parameters, VGG-416 577,894,184; `batch_norm=True` is
+torchvision's vgg*_bn (the convolution bias kept).
 """
 from __future__ import annotations
 
@@ -19,14 +11,13 @@ from minidl.layers import AvgPool2d, BatchNorm2d, Conv2d, Dropout, Linear, MaxPo
 
 from .common import finish, new_network
 
-# Output channels of the 3x3 convolutions of each of the 5 stages (each stage ends with a 2x2 max-pool).
+# output channels of each stage's 3x3 convolutions
 VGG_CONFIGS: dict[int, tuple[tuple[int, ...], ...]] = {
     11: ((64,), (128,), (256, 256), (512, 512), (512, 512)),                            # A
     13: ((64, 64), (128, 128), (256, 256), (512, 512), (512, 512)),                     # B
     16: ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512)),      # D
     19: ((64, 64), (128, 128), (256,) * 4, (512,) * 4, (512,) * 4),                     # E
-    # vDNN's VGG-416 (Rhu et al. 2016) as Harmony's scripts build it: configuration D with 80 more
-    # convolutions in every stage (82 + 82 + 83 + 83 + 83 = 413 convolutions, plus the three fc layers)
+    # vDNN's VGG-416 (Rhu et al. 2016) as Harmony builds it: D with 80 more convolutions a stage
     416: ((64,) * 82, (128,) * 82, (256,) * 83, (512,) * 83, (512,) * 83),
 }
 

@@ -37,7 +37,7 @@ def pytest_configure(config):
 @pytest.fixture
 def lanes():
     """`lanes(n)`: the CPU's kernels run on n lanes for the rest of the test (what a CPU menu's `threads` sets for
-    its backend's steps, `cpu_lanes.using`)."""
+    its backend's steps, `cpu.lanes.using`)."""
     from contextlib import ExitStack
 
     from minidl.backend.cpu import lanes as cpu_lanes

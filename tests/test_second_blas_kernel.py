@@ -32,6 +32,7 @@ from tests.blas_kernel import openblas_kernel, second_kernel
 ROOT = Path(__file__).resolve().parents[1]
 SELECTED = ["tests/backend/test_cpu_lanes.py", "tests/backend/test_cpu_winograd_threads.py",
             "tests/backend/test_cpu_conv_weight_grad.py", "tests/backend/test_cpu_rows_jit.py",
+            "tests/backend/test_cpu_conv_accumulate.py",
             "tests/memory/test_executor.py::test_lanes_do_not_change_the_bits"]
 
 

@@ -9,10 +9,8 @@ __all__ = ["Backend", "Capabilities", "backend_name", "get_backend", "menu_of"]
 
 
 def get_backend(name: str = "cpu", device: int = 0, math: str | None = None, menu=None):
-    """Return a backend instance by name. The CUDA backend is imported only when asked for; `device` is the GPU it
-    runs on (data parallel: each rank its own); `math` its math mode (`mathmode.py`; None: fp32); `menu` the CPU's
-    (`cpu.menu.CPUMenu`: Winograd, threads; None: its defaults). Timed as the `backend` startup phase (CUDA: the
-    context, the streams, the cuDNN handle)."""
+    """A backend by name (CUDA imported only when asked for): `device` its GPU, `math` its math mode (None: fp32),
+    `menu` the CPU's (`cpu.menu.CPUMenu`)."""
     with startup.phase("backend"):
         return _open_backend(name, device, math, menu)
 
@@ -25,10 +23,10 @@ def _open_backend(name: str, device: int, math: str | None, menu):
         from .cpu.menu import CPU_MENU
 
         backend = CPUBackend(menu or CPU_MENU)
-        apply_math(backend, math)  # the CPU computes in fp32 only: tf32 is refused, naming --math
+        apply_math(backend, math)  # refuses tf32, naming --math
         return backend
     if name == "cuda":
-        from .cuda.backend import CUDABackend  # noqa: WPS433 - deliberate lazy import: CUDA is optional
+        from .cuda.backend import CUDABackend
         from .mathmode import check_math
 
         return CUDABackend(device=device, allow_tf32=check_math(math or "fp32") == "tf32")

@@ -1,7 +1,6 @@
-"""What both backends compute alike, so neither imports the other: convolution output sizes (the planner's and
-the kernels' shapes), and the counter-based dropout RNG whose masks the CUDA kernels (kernels/elementwise.cu) and
-the CPU's numpy reference draw bit for bit alike, so a mask can be replayed on either device; the host's clock
-for traced calls."""
+"""What both backends compute alike: convolution output sizes, the counter-based dropout RNG (the masks of
+kernels/elementwise.cu), the host's clock.
+"""
 from __future__ import annotations
 
 import time
@@ -20,14 +19,10 @@ class HostClock:
 
 
 def conv_output_hw(in_hw, kernel, stride, padding, dilation) -> tuple[int, int]:
-    """PyTorch's output size: floor((H + 2p - d(k-1) - 1) / s) + 1 per axis (may be <= 0 for invalid configs)."""
+    """PyTorch's output size per axis: floor((H + 2p - d(k-1) - 1) / s) + 1 (<= 0 when invalid)."""
     return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1  # type: ignore[return-value]
                  for i, k, s, p, d in zip(in_hw, kernel, stride, padding, dilation))
 
-
-# ---------------------------------------------------------------------------
-# Counter-based dropout RNG (numpy reference of kernels/elementwise.cu)
-# ---------------------------------------------------------------------------
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -35,25 +30,15 @@ _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S40 = (np.uint64(s) for s in (30, 27, 31, 40))
 
-#: Elements per chunk when building large masks (bounds temporary memory).
-_MASK_CHUNK = 1 << 20
+_MASK_CHUNK = 1 << 20  # elements per chunk of a mask
 
 
 def splitmix64(x) -> np.ndarray:
-    """SplitMix64 finaliser of every element of ``x`` (uint64, wrapping).
-
-        z = x + 0x9E3779B97F4A7C15
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-        return z ^ (z >> 31)
-
-    Returns a new uint64 array of ``x``'s shape (0-d for a scalar input).
-    """
-    z = np.array(x, dtype=np.uint64)  # copy; raises for negative ints
+    """The SplitMix64 finaliser of every element of `x` (uint64, wrapping), as a new array."""
+    z = np.array(x, dtype=np.uint64)  # raises for negative ints
     shape = z.shape
     z = z.reshape(-1)
-    # numpy wraps uint64 array arithmetic modulo 2**64 silently; the 1-D view
-    # keeps it on the array path (0-d scalars would warn on overflow).
+    # 1-D: arrays wrap silently, 0-d scalars warn
     z += _GOLDEN
     z ^= z >> _S30
     z *= _MUL1
@@ -64,8 +49,7 @@ def splitmix64(x) -> np.ndarray:
 
 
 def dropout_threshold24(p: float) -> int:
-    """``round(p * 2**24)``: an element is dropped iff its 24 random bits are
-    below it, so P(drop) = threshold / 2**24 (0 keeps all, 2**24 drops all)."""
+    """round(p * 2**24): an element is dropped iff its 24 random bits are below it."""
     p = float(p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -73,19 +57,13 @@ def dropout_threshold24(p: float) -> int:
 
 
 def dropout_scale(p: float) -> float:
-    """``1 / (1 - p)``, the factor applied to kept elements (0.0 for p == 1,
-    where nothing is kept)."""
+    """1 / (1 - p), the factor of kept elements (0.0 for p == 1)."""
     p = float(p)
     return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
 
 
 def dropout_keep_mask(key: int, n: int, p: float) -> np.ndarray:
-    """Boolean keep mask of ``n`` elements, identical to the CUDA kernels'.
-
-    ``keep[i] = (splitmix64((key + i) mod 2**64) >> 40) >= dropout_threshold24(p)``
-    for i = 0 .. n-1. Deterministic in ``(key, n, p)``; the mask of a prefix
-    does not depend on ``n``.
-    """
+    """keep[i] = (splitmix64((key + i) mod 2**64) >> 40) >= dropout_threshold24(p), as the CUDA kernels draw it."""
     n = int(n)
     if n < 0:
         raise ValueError(f"negative n {n}")
@@ -95,6 +73,6 @@ def dropout_keep_mask(key: int, n: int, p: float) -> np.ndarray:
     for start in range(0, n, _MASK_CHUNK):
         stop = min(start + _MASK_CHUNK, n)
         idx = np.arange(start, stop, dtype=np.uint64)
-        idx += key  # wraps modulo 2**64
+        idx += key
         keep[start:stop] = (splitmix64(idx) >> _S40) >= threshold
     return keep

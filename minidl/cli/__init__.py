@@ -1,10 +1,4 @@
 """The `minidl` command: info, plan, train, evaluate, predict, reproduce (with --json, each prints one JSON object).
-
-    minidl info resnet --depth 50 --batch 32
-    minidl plan resnet --depth 2500 --batch 16 --policy liveness --budget 12GB --device k40c
-    minidl train resnet --depth 20 --data digits --batch 32 --steps 50 --policy liveness --budget 16MiB --save r.npz
-    minidl evaluate --checkpoint r.npz
-    minidl reproduce out-of-core --quick
 """
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ def _command(name: str):
 
 
 def _say_error(e: BaseException, args) -> None:
-    """A user error: its first line (the error, the values, what to do) on one line of stderr; the lines after it
-    (a table of what was tried) only with --explain, which `minidl plan` takes. With --json, one JSON object."""
+    """A user error's first line on stderr (the rest, a table of what was tried, with --explain); with --json, JSON."""
     summary, _, detail = str(e).partition("\n")
     if getattr(args, "json", False):
         err = {"error": type(e).__name__, "message": " ".join(summary.split())}
@@ -54,7 +47,7 @@ def _say_error(e: BaseException, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    startup.begin()   # the startup's parts (`minidl train` reports them), from the process's start
+    startup.begin()
     try:
         return _main(argv)
     finally:
@@ -75,7 +68,7 @@ def _main(argv: list[str] | None) -> int:
             traceback.print_exc()
         _say_error(e, args)
         return exit_status(e)
-    except KeyboardInterrupt:  # outside a training step (planning, evaluating), or a second Ctrl-C in one
+    except KeyboardInterrupt:  # outside a training step, or a second Ctrl-C in one
         print("\nminidl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     if args.json and not getattr(args, "quiet", False):

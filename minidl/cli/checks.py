@@ -1,9 +1,5 @@
-"""Checks of the command line's values, run right after parsing and before anything is built or read.
-
-argparse checks types only: `--steps 0`, `--batch -1` or `--lr nan` parse fine and fail (or are silently
-changed) much later. Each rule here names the option and the value it refuses, as an `OptionError`, so the
-command prints one line and nothing is trained or written.
-"""
+"""Checks of the command line's values after parsing, before anything is built or read: argparse checks types only
+(`--lr nan` parses). Each refusal is an `OptionError` naming the option and the value."""
 from __future__ import annotations
 
 import math
@@ -35,7 +31,7 @@ def check_args(args) -> None:
             rng = f"in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
             raise OptionError(f"{_flag(attr)} must be a finite number {rng}, got {v}")
     budget = getattr(args, "budget", None)
-    if budget is not None and budget <= 0:  # (--host-limit 0 is meaningful: every offload goes to disk)
+    if budget is not None and budget <= 0:  # (--host-limit 0 means every offload goes to disk)
         raise OptionError(f"--budget must be a positive size, got {budget}")
     for option, example in (("save", "ckpt.npz"), ("log", "steps.csv")):
         path = getattr(args, option, None)
@@ -56,7 +52,7 @@ def _run_paths(args) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
               if getattr(args, o, None)]
     data = getattr(args, "data", None)
     if isinstance(data, str):
-        from ..data.load import data_paths  # (the data package's import: only for a command that reads data)
+        from ..data.load import data_paths  # imported only by a command that reads data
 
         inputs += [(f"--data {data}", p) for p in data_paths(data)]
     outputs = [(f"--{o}", Path(getattr(args, o)).expanduser()) for o in ("save", "log", "plot", "trace", "output")
@@ -83,9 +79,8 @@ def _inside(path: Path, directory: Path) -> bool:
 
 
 def check_paths_apart(args) -> None:
-    """No file the run writes may be one it reads, another file it writes, or lie inside a directory it reads
-    (an image folder would take a plot for a sample). `--save` may name the `--resume` checkpoint: the run goes on
-    in the same file, written atomically after the resume has read it."""
+    """No output may be an input, another output, or inside an input directory; `--save` may be the `--resume`
+    checkpoint (written atomically after it is read)."""
     inputs, outputs = _run_paths(args)
     for i, (option, path) in enumerate(outputs):
         for other, earlier in outputs[:i]:
@@ -104,8 +99,7 @@ def check_paths_apart(args) -> None:
 
 
 def check_output_path(path: str, option: str = "--save", example: str = "ckpt.npz") -> None:
-    """A file the run writes (--save, --log) is checked before training, not after it: a directory, or a missing
-    or read-only parent directory."""
+    """Refuse before training an output that is a directory or whose parent is missing or read-only."""
     if os.path.isdir(path):
         raise OptionError(f"{option} {path}: is a directory; give a file name, e.g. {os.path.join(path, example)}")
     parent = os.path.dirname(path) or "."

@@ -1,5 +1,4 @@
-"""What several commands share: the network the model options build, the plan's JSON fields and lines, the
-progress line while planning, and saying what was written where."""
+"""What several commands share: the network, the plan's JSON and lines, the planning progress line, the outputs."""
 from __future__ import annotations
 
 import sys
@@ -9,8 +8,7 @@ from ..core.errors import OptionError
 
 
 def build_net(args, image_shape=None, num_classes=None, recipe: dict | None = None):
-    """The network of MODEL and the model options; `image_shape` and `num_classes` (the data's) fill the options
-    not given, and before them `recipe` (a checkpoint's `Network.recipe`, of the same model): its options."""
+    """The network of MODEL and its options; unset ones come from `recipe` (a checkpoint's), then the data's."""
     from minidl.models import SEQUENCE_OPTIONS, build_model
 
     kw = dict(recipe["options"]) if recipe else {}
@@ -26,8 +24,7 @@ def build_net(args, image_shape=None, num_classes=None, recipe: dict | None = No
 
 
 def check_data_kind(model: str, data: str) -> None:
-    """Images for an image model, text for a sequence model: the other pairing fails at its first batch, or
-    trains on nothing it can read."""
+    """Images for an image model, text for a sequence model."""
     from minidl.models import is_sequence_model
 
     from ..data.load import is_text
@@ -41,9 +38,8 @@ def check_data_kind(model: str, data: str) -> None:
 
 
 def token_figures(objective: str, loss: float, accuracy: float, heldout, train=None, held: str = "") -> dict:
-    """A language model's held-out figures, named for what they measure: next-token loss, perplexity and accuracy
-    over every token; or masked-token loss and accuracy over the masked tokens alone (no perplexity: the masked
-    tokens are not a text's likelihood). `train`: with the unigram model's loss; `held`: the prefix of the losses."""
+    """A language model's held-out figures: next-token (with perplexity) or masked-token (none: not a text's
+    likelihood); `train` adds the unigram loss; `held` prefixes the names."""
     from ..data.text import MASKED, perplexity, unigram_loss
     from ..layers import IGNORE_INDEX
 
@@ -73,15 +69,14 @@ def memory_json(plan) -> dict:
             "fused_update": plan.route.fused_update, "moved_bytes_by_role": moved_by_role(plan),
             "micro_batches": plan.route.micro_batches,
             "decision": plan.decision,
-            "packs": (plan.route.packing.packs or None) if plan.route.packing is not None else None,  # none: accumulate
+            "packs": (plan.route.packing.packs or None) if plan.route.packing is not None else None,  # None: accumulate
             **({"paged_chunk_bytes": plan.paged.chunk_bytes, "live_peak_bytes": plan.paged.live_peak_bytes}
                if plan.paged else {})}
 
 
 def cost_table(args, backend):
-    """The cost table `--autotune` asks for (None: the algorithms' fixed estimates). Without a file, a GPU's
-    measurements are kept in the user cache folder beside its cuDNN plans (`CUDABackend.autotune_path`: one file
-    per GPU, library versions and math mode); the CPU's are not kept (they depend on the load of the moment)."""
+    """The cost table `--autotune` asks for (None: fixed estimates); a GPU's is kept in the user cache folder, the
+    CPU's never (it depends on the load of the moment)."""
     if args.autotune is None:
         return None
     from ..backend import backend_name
@@ -92,7 +87,7 @@ def cost_table(args, backend):
 
 
 def moved_line(moved: dict[str, int]) -> str:
-    """Bytes copied between device and host per step, by role (weights, optimizer state, ...)."""
+    """Bytes copied between device and host per step, by role."""
     from ..memory.decisions.weights import moved_words
     from ..memory.pool import format_bytes
 
@@ -101,12 +96,12 @@ def moved_line(moved: dict[str, int]) -> str:
 
 
 def fused_update_option(args) -> bool | None:
-    """--fused-update on/off/auto -> True/False/None (None: the planner decides)."""
+    """--fused-update on/off/auto -> True/False/None (the planner decides)."""
     return {"on": True, "off": False}.get(args.fused_update)
 
 
 def plan_request(args):
-    """The request `plan` and `train` describe (`PlanRequest.from_options`: the rules `Session` applies too)."""
+    """The request `plan` and `train` describe, by `Session`'s rules."""
     from ..memory.request import PlanRequest
 
     dp = None
@@ -129,8 +124,7 @@ def cpu_menu(args):
 
 
 class ProgressLine:
-    """On a terminal, a line on stderr that says what is being planned and for how long, once it has taken more
-    than `AFTER_S` (ResNet-2500 takes seconds); erased when done. Never in --json output or a pipe."""
+    """On a terminal only, a stderr line saying what is being planned once it takes over `AFTER_S`; erased after."""
 
     AFTER_S = 1.0
     EVERY_S = 0.5
@@ -168,13 +162,13 @@ class ProgressLine:
 
 
 def plot_title(args, plan) -> str:
-    """Model, depth and batch: what a reader needs to tell two timelines apart (the plot adds budget and policy)."""
+    """Model, depth and batch (the plot adds budget and policy)."""
     batch = plan.route.network.input_nodes[0].shape[0]
     return f"{args.model}{f'-{args.depth}' if args.depth else ''}, batch {batch}"
 
 
 def say_written(args, written: list[tuple[str, object]]) -> None:
-    """End the text output with what was written where (a user should never have to guess a file's path)."""
+    """End the text output with what was written where."""
     if not args.json:
         for what, path in written:
             if path is not None:
@@ -182,8 +176,8 @@ def say_written(args, written: list[tuple[str, object]]) -> None:
 
 
 def measured_device(net, opt, backend, costs):
-    """`--device measured`: the host link measured on the GPU; with --autotune, the convolutions measured first
-    (the plan then reuses the cache) and the roofline's efficiency fitted to them (memory/calibrate.py)."""
+    """`--device measured`: the host link measured on the GPU; with --autotune the roofline is fitted to the
+    measured convolutions (memory/calibrate.py)."""
     from ..backend import menu_of
     from ..memory.calibrate import measured_profile
     from ..memory.workspace import workspace_choices

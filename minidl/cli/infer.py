@@ -1,8 +1,7 @@
 """`minidl evaluate` and `minidl predict`: a checkpoint written by `train --save`, on held-out data or images.
 
-A checkpoint records its network's recipe (model and options), its data's source and input transform, so
-`--checkpoint` alone rebuilds the run. MODEL, the model options and --data given on the command line override the
-checkpoint's, and the network they build must still be the checkpoint's: its parameters and its input shape.
+`--checkpoint` alone rebuilds the run (its recipe, data source and input transform); options given override, but
+the network must still be the checkpoint's (parameters and input shape).
 """
 from __future__ import annotations
 
@@ -14,9 +13,7 @@ from .common import build_net, check_data_kind, say_written, token_figures
 
 
 def _checkpoint_meta(args, wants_data: bool) -> dict:
-    """The --checkpoint's metadata (its manifest verified, the arrays not read yet), with what the command line
-    leaves out taken from it: MODEL, --data when `wants_data`, and --seed (so the held-out split of --data digits
-    is the training run's)."""
+    """The verified metadata; MODEL, --data (if `wants_data`) and --seed (the held-out split) default to it."""
     from ..runtime.checkpoint import read_manifest
 
     if not Path(args.checkpoint).expanduser().is_file():
@@ -39,10 +36,8 @@ def _checkpoint_meta(args, wants_data: bool) -> dict:
 
 
 def _checkpoint_session(args, meta: dict, image_shape, num_classes):
-    """A session of the checkpoint's network with its parameters and BN statistics (parameters only: no optimizer
-    state or data position is needed to infer), at the checkpoint's batch unless --batch says otherwise. The
-    network is the checkpoint's recipe under the options given; without a recipe, the options alone with the
-    data's shape and classes (the training run's shape when the checkpoint records it)."""
+    """A session of the checkpoint's network and parameters (no optimizer state), at its batch unless --batch;
+    without a recipe, the options with the data's shape and classes."""
     from minidl.models import canonical_model, is_sequence_model
 
     from ..backend import get_backend
@@ -55,7 +50,7 @@ def _checkpoint_session(args, meta: dict, image_shape, num_classes):
     recipe = meta.get("recipe")
     if recipe and canonical_model(args.model) == recipe.get("model"):
         net = build_net(args, None, None, recipe)
-    elif is_sequence_model(args.model):  # the sequence length it trained on (its data's sample shape is (T,))
+    elif is_sequence_model(args.model):  # the sequence length it trained on
         if args.seq is None and trained is not None and len(trained) == 1:
             args.seq = int(trained[0])
         net = build_net(args, None, num_classes or saved.get("num_classes"))
@@ -77,15 +72,14 @@ def _checkpoint_session(args, meta: dict, image_shape, num_classes):
 
 
 def _transform(args, meta: dict):
-    """The checkpoint's input transform: how its training images were scaled (None: taken as they were)."""
+    """The checkpoint's input transform (None: images taken as they were)."""
     from ..data.transform import InputTransform
 
     return InputTransform.from_json((meta.get("data") or {}).get("transform"), f"--checkpoint {args.checkpoint}")
 
 
 def cmd_evaluate(args) -> dict:
-    """The held-out loss and accuracy, computed as `train` computes them at its end (Session.evaluate, every
-    sample, the split of the checkpoint's seed), so a checkpoint's accuracy is the one its run printed."""
+    """Held-out loss and accuracy as `train` computes them at its end: the run's printed accuracy."""
     from minidl.models import model_objective
 
     from ..data import load_data
@@ -129,8 +123,7 @@ def cmd_evaluate(args) -> dict:
 
 
 def cmd_predict(args) -> dict:
-    """Classes (argmax of the logits, in inference mode) for --input images or a --data set's samples (the
-    checkpoint's own data when neither is given), each through the checkpoint's input transform."""
+    """Classes for --input images or --data samples (default the checkpoint's data), through its input transform."""
     import numpy as np
 
     from minidl.models import is_sequence_model

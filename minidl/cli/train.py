@@ -40,9 +40,7 @@ def cmd_train(args) -> dict:
 
 @dataclass(slots=True)
 class _TrainInputs:
-    """What `_train_inputs` checked and built before any session exists: the network, the optimizer, the data
-    (`heldout` None when the source has no held-out part), the device profile and cost table to plan with, and
-    a note to print as training starts (None: nothing to say)."""
+    """What `_train_inputs` checked and built before any session exists."""
 
     net: object
     opt: object
@@ -54,8 +52,7 @@ class _TrainInputs:
 
 
 def _train(args, backend, comm) -> dict:
-    """`minidl train`: inputs checked, then the run, then what it reports (three steps, so an option added to
-    one of them does not have to be read among the other two)."""
+    """`minidl train`: inputs checked, then the run, then its report."""
     with startup.phase("inputs"):
         inputs = _train_inputs(args, backend)
     sess, res, log = _train_run(args, inputs, backend, comm)
@@ -63,8 +60,7 @@ def _train(args, backend, comm) -> dict:
 
 
 def _train_inputs(args, backend) -> _TrainInputs:
-    """Validate the options against the data and build what the session is made of, so that every user error
-    (a batch larger than the data, a missing --resume file, --save-every without --save) comes before planning."""
+    """Check the options against the data and build the session's parts: every user error comes before planning."""
     from minidl.models import is_sequence_model
 
     from ..data import load_data
@@ -101,15 +97,13 @@ def _train_inputs(args, backend) -> _TrainInputs:
                           f"(digits, npz, npy and images have one; cifar10:DIR and mnist:DIR need their test files)")
     opt = make_optimizer(args.optimizer, args.lr, args.momentum, args.weight_decay)
     device, costs = args.device, cost_table(args, backend)
-    if device == "measured":   # the simulator's link figures (and, with --autotune, efficiency) from this GPU
+    if device == "measured":
         device = measured_device(net, opt, backend, costs)
     return _TrainInputs(net, opt, train, heldout, device, costs, note)
 
 
 def _sequence_inputs(args):
-    """A language model's data: byte-level text (`--data stdlib`, the default, or `text:PATH`) in sequences of the
-    network's length, with the targets of the model's objective (gpt2: next tokens, bert: masked tokens), and the
-    network with that objective's vocabulary (256 bytes; bert's adds [MASK])."""
+    """A language model's text data (default `stdlib`), with its objective's targets, and the network."""
     from minidl.models import model_objective
 
     from ..data import load_data
@@ -132,25 +126,23 @@ def _sequence_inputs(args):
 
 
 def _train_run(args, inputs: _TrainInputs, backend, comm):
-    """Plan and train: the session, fit's result and the step log (None without --log, or on a rank other than
-    0). On divergence the last good state is saved when --save is given, and the error says where."""
+    """(session, fit's result, step log or None); on divergence --save keeps the last good state."""
     from ..optim.schedules import make_schedule
     from ..runtime.session import RunConfig, Session
     from ..runtime.steplog import StepLog
 
-    request = plan_request(args)   # the policy (--lossy, --budget alone) and the chunk (bare --paged) resolved
+    request = plan_request(args)
     config = RunConfig(debug=args.debug, trace=bool(args.trace), host_limit_bytes=args.host_limit,
                        costs=inputs.costs, fused_update=fused_update_option(args), paged=request.options.paged_chunk,
                        bucket_bytes=args.bucket_size, reduction=args.reduction, graphs=args.cuda_graph == "on")
     sess = Session(inputs.net, inputs.opt, policy=request.policy, budget=request.budget, seed=args.seed,
                    backend=backend, device=inputs.device, comm=comm, micro_batches=args.micro_batches, math=args.math,
                    config=config)
-    lead = comm is None or comm.rank == 0  # under mpiexec, rank 0 alone reports, plots and traces
+    lead = comm is None or comm.rank == 0  # rank 0 alone reports, plots and traces
     args.quiet = not lead
     if args.resume:
         sess.load(args.resume, params_only=args.resume_params_only)
-    # The schedule spans the whole run, from step 0 to this invocation's last step: a run stopped at step k and
-    # resumed with --steps (N - k) and the same options follows the schedule of the uninterrupted N steps.
+    # the schedule spans the whole run: a resume follows the uninterrupted run's schedule
     sess.lr_schedule = make_schedule(args.lr_schedule, sess.iteration + args.steps, args.warmup_steps,
                                      args.lr_step_size, args.lr_gamma, args.lr_min)
     log = StepLog(args.log, sess) if args.log and lead else None
@@ -177,8 +169,7 @@ def _train_run(args, inputs: _TrainInputs, backend, comm):
 
 
 def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
-    """The run's JSON fields, the files written at its end (checkpoint, plot, trace) and, without --json, the
-    text summary; ranks other than 0 return their fields without writing or printing (`args.quiet`)."""
+    """The run's JSON fields, its files written and the text summary (ranks other than 0: the fields only)."""
     from minidl.models import model_objective
 
     from ..data.text import SequenceDataset
@@ -195,16 +186,15 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
            "device_profile": getattr(sess.device, "note", sess.device)}
     out.update(memory_json(sess.plan))
     out.update(_startup_json(sess.executor.be))
-    # The verdict `minidl plan` gives, against the budget and the memory of the device profile the plan was made
-    # for: a run under a budget too small never gets here (planning refuses it), so this says by how much it fits.
+    # `minidl plan`'s verdict: by how much the plan fits (planning refused a budget too small)
     fit = check_fit(sess.plan, sess.target.profile, sess.request.budget)
     out.update(fit.to_json())
     out["recompute_flops_share"] = simulate(sess.plan, "cpu").recompute_flops_share
-    # measured by the transfer engine, over the steps after the first (which compiles kernels), as the step times
+    # over the steps after the first (which compiles kernels), as the step times
     out.update(transfer_json(sess.executor.host, len(res.warm_step_times) or 1, res.transfers_after_first))
     if heldout is not None and not res.interrupted:
         loss, acc = sess.evaluate(heldout)
-        if isinstance(heldout, SequenceDataset):  # a language model: its objective's figures, and the bar to clear
+        if isinstance(heldout, SequenceDataset):
             out.update(token_figures(model_objective(args.model), loss, acc, heldout, train, held="heldout_"))
         else:
             out["accuracy"] = acc
@@ -213,7 +203,7 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
         from ..dist.report import dist_json
 
         out.update(dist_json(sess, res))
-    written = []  # (what, path), said in the text output
+    written = []  # (what, path)
     if args.save:
         # fit already wrote the last completed step when interrupted or when --save-every fell on it
         already = res.saved and (res.interrupted or (args.save_every and sess.iteration % args.save_every == 0))
@@ -246,17 +236,14 @@ def _train_report(args, sess, res, log, heldout, comm, train=None) -> dict:
 
 
 def _startup_json(backend) -> dict:
-    """The run's startup (`core/startup.py`): seconds from the process's start to the end of the first step and its
-    parts, the phases timed after it (the CUDA graphs' capture), and what the backend loaded from the user cache
-    folder or built (CUDA)."""
+    """The startup's seconds and parts (`core/startup.py`) and what the backend loaded from its cache or built."""
     rep = startup.CLOCK.report()
     return {"startup_s": rep.startup_s, "startup_parts": rep.parts, "startup_after_first_step": rep.later,
             "startup_caches": backend.startup_caches()}
 
 
 def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
-    """The text `minidl train` ends with: the memory report and whether the plan fits (`fit`), the bytes moved,
-    loss and speed, what the copies cost, how the steps ran (on a GPU), the ranks' figures, and an interruption."""
+    """The text `minidl train` ends with."""
     from ..memory.host import copies_line
 
     print(sess.report().format())
@@ -275,7 +262,7 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
         line += f", held-out accuracy {out['accuracy']:.2%}"
     print(line)
     print("  " + startup.CLOCK.report().line())
-    if out["offloaded_bytes"]:   # what the copies cost this run, not only how fast they were
+    if out["offloaded_bytes"]:   # what the copies cost, not only their speed
         warm = res.warm_step_times
         over = f"the {len(warm)} steps after the first" if res.steps > 1 else "the one step"
         print("  " + copies_line(out, sum(warm) / len(warm), over))
@@ -295,7 +282,7 @@ def _print_train_summary(args, sess, res, out: dict, comm, fit) -> None:
 
 
 def _early_stop_line(res, steps: int) -> str:
-    """What early stopping did: when it stopped (or that it did not), and the best held-out loss and its step."""
+    """When early stopping stopped (or not), and the best held-out loss and its step."""
     w = res.early_stop
     best = (f"best held-out loss {w.best_loss:.4f} at step {w.best_iteration}" if w.best_iteration is not None
             else "no finite held-out loss")

@@ -1,5 +1,1 @@
-"""Codecs: lossless and error-bounded lossy encodings of arrays, with no knowledge of networks or plans.
-
-A floor of its own, just above the errors: the memory decisions (`memory.decisions.compress`) and the backends
-use it, it uses nothing of theirs.
-"""
+"""Codecs: encodings of arrays, knowing nothing of networks or plans (a floor just above the errors)."""

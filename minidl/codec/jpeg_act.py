@@ -1,21 +1,10 @@
-"""A JPEG-ACT-style lossy codec for activations: the image-codec family COMET is compared against.
+"""A JPEG-ACT-style activation codec (Evans et al., ISCA 2020): the image-codec family COMET is compared against.
 
-Why it is here: COMET's claim is a ratio against "another compression framework". The compressors of that
-kind (JPEG-ACT, Evans et al., ISCA 2020) treat each channel of an activation as an image: scale it to an 8-bit
-range, transform 8x8 tiles with a DCT, divide the coefficients by a quantization table and entropy-code the
-rounded integers. That is what this module does, simply, so that the same networks can be planned with either
-codec's measured ratios (`minidl reproduce comet`). It is a comparator, not an option of the compress policy.
-
-**Steps.** Each plane (the last two axes; an array of fewer dims is one row) is scaled by its own max |x| to
-[-127, 127] (JPEG-ACT's per-channel scaling), padded to a multiple of 8 by repeating its edge, cut into 8x8
-tiles, transformed by the orthonormal DCT-II, divided by the JPEG luminance table scaled for `quality` (libjpeg's
-rule: 50 is the table itself, 100 all ones), rounded, and Huffman-coded (`sz.huffman_pack`, the codec's own
-entropy stage). Decoding inverts each step.
-
-**No bound.** Unlike `sz`, the error is not bounded per element: the table bounds each coefficient's error,
-and a tile's error spreads over its 64 values. Zeros do not stay zeros, so a ReLU's sign mask is not kept;
-`minidl reproduce comet` stores tensors read only for their sign as a 1-bit mask for this codec instead.
-Deterministic (same input, same bytes).
+A comparator for `minidl reproduce comet`, not an option of the compress policy. Each plane (last two axes) is
+scaled by its max |x| to [-127, 127], edge-padded to 8x8 tiles, DCT-II transformed, divided by the JPEG luminance
+table scaled for `quality` (libjpeg's rule), rounded and Huffman-coded (`sz.huffman_pack`). No per-element bound:
+a tile's error spreads over its 64 values and zeros do not stay zeros (reproduce stores sign-only tensors as a
+1-bit mask for this codec). Deterministic.
 """
 from __future__ import annotations
 

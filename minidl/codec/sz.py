@@ -1,44 +1,13 @@
-"""An error-bounded lossy compressor for float arrays, in the SZ family (cuSZ's dual-quantization variant).
+"""An error-bounded lossy compressor for float32/float64 arrays, SZ family (cuSZ's dual quantization).
 
-**The guarantee.** `decompress(compress(x, eb))` returns y with |x - y| <= eb for every finite element of x,
-the same dtype and shape; NaN, +-Inf (and any element the bound cannot be met for in floating point) come back
-bit for bit; zeros come back as exact zeros and no element changes sign, -0.0 included. Same input, same bytes (no
-randomness, no dependence on threads). The stream is never larger than the raw array plus `HEADER_BYTES`.
-
-**Approach (three stages, each vectorized, each a kernel on the GPU: `kernels/compress.cu`).**
-
-1. *Quantize* each element to an integer bin p on a grid of step 2*eb, with a zero class:
-   p = sign(x) * ceil(|x| / (2 eb)), reconstructed as x' = sign(p) * (2|p| - 1) * eb. Bin |p| >= 1 covers
-   ((2|p|-2) eb, 2|p| eb] and reconstructs at its midpoint, so |x - x'| <= eb; p = 0 only for x = 0, so zeros
-   are exact and signs never flip (a ReLU's mask `out > 0` survives compression exactly). Bin 0 decodes as
-   +0.0, so a -0.0 is an outlier (below): its sign is kept at 4 + 4 bytes each, which costs nothing in practice
-   (ReLU and pooling outputs hold +0.0; no activation of the test networks holds a -0.0). The bound is then
-   *verified* in float64 on the values as they will be decoded (float32 rounding of x' can push an element at a
-   bin's edge past eb): every element that fails, and every NaN/Inf, -0.0 or element whose bin index would
-   exceed `P_MAX`, is an *outlier*, stored verbatim (index + raw bits) and given p = 0.
-2. *Predict* (Lorenzo, order 1, along the flattened array, i.e. the fastest axis first): code = p[i] - p[i-1].
-   Quantizing before predicting ("dual quantization", cuSZ) makes prediction exact integer arithmetic, so it
-   needs no reconstructed neighbour and runs in parallel; decoding is a prefix sum. The prediction restarts at
-   every block of `BLOCK` codes; each block's first p (its *anchor*) is stored apart, so blocks decode alone.
-3. *Encode* each block at a fixed length, as GPU SZ compressors do: codes are zigzag-mapped to unsigned, the
-   block's width w is the bit length of its largest code, and the block is stored as w bit-planes of BLOCK bits
-   (plane j = bit j of all BLOCK codes; a warp's `__ballot_sync` writes a plane word on the GPU). A block of
-   zeros (a run of dead ReLUs, a constant region) costs its width byte alone.
-   Or, on the CPU (`entropy="huffman"`, the compressed-activation store's choice), instead of the blocks: a
-   canonical Huffman code of the Lorenzo codes over the whole array (SZ's own entropy stage; codes of up to
-   `sz_jit.HUFF_MAX_LEN` bits, a code of `HUFF_SYMBOLS` or more escaped), encoded and decoded by compiled
-   kernels. On ResNet-20's stored activations it compresses more than the blocks and than Zstandard over the
-   blocks (the alternative measured), and encodes and decodes faster than the latter (`codec_variants` in
-   benchmarks/results/compression.json): so no Zstandard stage, and no dependency for it.
-
-Quantization runs compiled (`sz_jit.quantize`) for every encoding, with the same bins and outliers as
-`quantize` below, the numpy reference the tests hold it to.
-
-**Limitations.** Only float32 and float64. The predictor is one-dimensional (along the last axis, wrapping rows):
-2-D/3-D Lorenzo would predict better on images, at the cost of a halo per block. The compression ratio depends on
-the data and the bound; it is measured (`compressed_nbytes`), never assumed by this module.
+Guarantee: |x - y| <= eb on every finite element; NaN, Inf and elements the bound fails for in floating point come
+back bit for bit; zeros stay zeros and no sign flips (-0.0 included); deterministic; at most raw + `HEADER_BYTES`.
+1. Quantize: p = sign(x) ceil(|x| / 2eb), decoded at sign(p)(2|p| - 1)eb; the bound is verified in float64 on the
+   decoded values, and failures are outliers stored verbatim with p = 0.
+2. Predict: code = p[i] - p[i-1] (exact integers, so parallel), restarting at a stored anchor every `BLOCK`.
+3. Encode: `BLOCK`-bit planes of the zigzagged codes, as many as the widest needs; or canonical Huffman over the
+   whole array (CPU), which beat the blocks and Zstandard on ResNet-20 (benchmarks/results/compression.json).
 """
-from __future__ import annotations
 
 import struct
 
@@ -47,11 +16,10 @@ import numpy as np
 from ..core.errors import MinidlError
 
 BLOCK = 256
-"""Codes per fixed-length block (cuSZ's chunk size; one block of 256 threads per block on the GPU)."""
+"""Codes per fixed-length block (cuSZ's chunk; one 256-thread block on the GPU)."""
 
 P_MAX = 1 << 40
-"""Largest bin index |p| quantized; an element further than 2 * P_MAX * eb from zero is stored as an outlier.
-2|p| - 1 stays exact in float64, and the zigzagged codes fit in 42 bits."""
+"""Largest bin index |p| (2|p| - 1 stays exact in float64; zigzagged codes fit 42 bits); beyond it, an outlier."""
 
 _MAGIC = b"MSZ1"
 _HEAD = struct.Struct("<4sBBBBdQQQQ")   # magic, version, dtype, mode, anchor width, eb, n, outliers, body, total
@@ -59,13 +27,12 @@ HEADER_BYTES = _HEAD.size
 _VERSION = 1
 _DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
 _DTYPE_CODE = {v: k for k, v in _DTYPES.items()}
-_MODE_RAW, _MODE_SZ, _MODE_SZ_HUFF = 0, 1, 3   # 2 was Zstandard over the blocks
+_MODE_RAW, _MODE_SZ, _MODE_SZ_HUFF = 0, 1, 3
 ENTROPY = ("none", "huffman")
-"""The encodings after quantization and prediction: fixed-length blocks (the GPU kernels' layout) or Huffman."""
+"""Encodings after prediction: fixed-length blocks (the GPU kernels' layout) or Huffman."""
 
 HUFF_SYMBOLS = 32768
-"""Lorenzo codes below this are Huffman symbols; a larger one (a jump of over 16384 bins between neighbours) is
-the escape symbol, its value kept apart in 8 bytes."""
+"""Lorenzo codes below this are Huffman symbols; larger ones are escaped, their value kept in 8 bytes."""
 
 
 class CodecError(MinidlError, ValueError):
@@ -80,21 +47,20 @@ def _check(x: np.ndarray, eb: float) -> None:
 
 
 def dequantize(p: np.ndarray, eb: float, dtype) -> np.ndarray:
-    """Bin indices -> values, exactly as the decoder (and the CUDA kernel) computes them: in float64, then one
-    rounding to `dtype`."""
+    """Bin indices -> values as the decoder and the CUDA kernel compute them: float64, then one rounding."""
     mag = 2.0 * np.abs(p).astype(np.float64) - 1.0
     val = np.where(p == 0, 0.0, np.copysign(mag * float(eb), p.astype(np.float64)))
     return val.astype(dtype)
 
 
 def quantize(x: np.ndarray, eb: float) -> tuple[np.ndarray, np.ndarray]:
-    """(bin index per element with outliers set to 0, indices of the outliers), for a flat array."""
+    """(bin index per element, outliers set to 0; outlier indices) for a flat array."""
     xf = x.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         a = np.abs(xf) / (2.0 * float(eb))
         ok = np.isfinite(a) & (a <= P_MAX)
         p = np.where(ok, np.ceil(np.where(ok, a, 0.0)), 0.0).astype(np.int64)
-        p[(p == 0) & (xf != 0) & ok] = 1    # |x| / 2eb underflowed to 0: the first bin still keeps the sign
+        p[(p == 0) & (xf != 0) & ok] = 1    # |x| / 2eb underflowed to 0: the first bin keeps the sign
         p = np.where(xf < 0, -p, p)
         err = np.abs(xf - dequantize(p, eb, x.dtype).astype(np.float64))
     bad = ~(ok & (err <= float(eb))) | ((xf == 0) & np.signbit(xf))   # -0.0: bin 0 would decode as +0.0
@@ -121,7 +87,7 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
 
 
 def _pack_planes(codes: np.ndarray, w: int) -> np.ndarray:
-    """(k, BLOCK) uint64 codes of width <= w -> (k, w * BLOCK // 8) bytes, bit-plane by bit-plane."""
+    """(k, BLOCK) uint64 codes -> (k, w * BLOCK // 8) bytes, bit-plane by bit-plane."""
     k = codes.shape[0]
     out = np.empty((k, w, BLOCK // 8), np.uint8)
     for j in range(w):
@@ -131,7 +97,6 @@ def _pack_planes(codes: np.ndarray, w: int) -> np.ndarray:
 
 
 def _unpack_planes(raw: np.ndarray, w: int) -> np.ndarray:
-    """Inverse of `_pack_planes`: (k, w * BLOCK // 8) bytes -> (k, BLOCK) uint64 codes."""
     k = raw.shape[0]
     planes = raw.reshape(k, w, BLOCK // 8)
     codes = np.zeros((k, BLOCK), np.uint64)
@@ -198,17 +163,15 @@ def _decode_blocks(buf: memoryview, n: int, aw: int) -> np.ndarray:
 
 
 def _jit():
-    """The compiled kernels (`sz_jit`), imported on first use: planning never pays numba's import."""
+    """The compiled kernels, imported on first use: planning never pays numba's import."""
     from . import sz_jit
 
     return sz_jit
 
 
 def huffman_pack(s: np.ndarray, esc: np.ndarray, freq: np.ndarray) -> bytes:
-    """Symbols, escaped codes and counts (`sz_jit.quantize_symbols`, `sz_jit.int_symbols`) -> a symbol table,
-    the escaped codes and the Huffman bits. Layout: number of symbols used (u32), escaped codes (u64), bit bytes
-    (u64); the used symbols (u16 each), their code lengths (u8 each), the escaped codes (i64 each), the bits
-    (most significant first)."""
+    """Symbols, escaped codes and counts -> header (u32 used, u64 escaped, u64 bit bytes), used symbols (u16),
+    their code lengths (u8), escaped codes (i64), bits (most significant first)."""
     k = _jit()
     lens = k.code_lengths(freq, k.HUFF_MAX_LEN)
     used = np.flatnonzero(lens)
@@ -218,8 +181,7 @@ def huffman_pack(s: np.ndarray, esc: np.ndarray, freq: np.ndarray) -> bytes:
 
 
 def huffman_unpack(body, pos: int = 0) -> tuple:
-    """Inverse of `huffman_pack`'s layout at `pos`: (bits, used symbols, their lengths, their codes, escaped
-    codes, the position after the stream), the arguments of `sz_jit.huff_decode` / `huff_decode_ints`."""
+    """`huffman_pack`'s layout at `pos` -> `sz_jit.huff_decode`'s arguments and the position after the stream."""
     k = _jit()
     nused, nesc, nbytes = struct.unpack_from("<IQQ", body, pos)
     pos += struct.calcsize("<IQQ")
@@ -236,12 +198,7 @@ def huffman_unpack(body, pos: int = 0) -> tuple:
 
 
 def compress(x: np.ndarray, eb: float, entropy: str = "none") -> bytes:
-    """Encode `x` (float32/float64, any shape; read in C order) within absolute error bound `eb`.
-
-    `entropy` (one of `ENTROPY`): "none" (fixed-length blocks, the GPU kernels' layout) or "huffman" (Huffman
-    codes of the Lorenzo codes instead of the blocks). The shape is not stored: the caller knows it (a planned
-    tensor), `decompress` takes it.
-    """
+    """Encode `x` (any shape, C order) within absolute bound `eb`; the shape is not stored (`decompress` takes it)."""
     x = np.asarray(x)
     _check(x, eb)
     if entropy not in ENTROPY:
@@ -257,16 +214,12 @@ def compress(x: np.ndarray, eb: float, entropy: str = "none") -> bytes:
         (body, aw), mode = _encode_blocks(p), _MODE_SZ
     idx_dtype = np.uint32 if n <= 0xFFFFFFFF else np.uint64
     body += out_idx.astype(idx_dtype).tobytes() + flat[out_idx].tobytes()
-    if len(body) >= flat.nbytes:   # incompressible: never worse than raw
+    if len(body) >= flat.nbytes:   # never worse than raw
         body, mode, aw, out_idx = flat.tobytes(), _MODE_RAW, 0, out_idx[:0]
     head = _HEAD.pack(_MAGIC, _VERSION, _DTYPE_CODE[flat.dtype], mode, aw, float(eb), n, out_idx.size,
                       len(body), HEADER_BYTES + len(body))
     return head + body
 
-
-def stream_nbytes(buf) -> int:
-    """Length of the stream at the start of `buf` (which may be a larger block holding it)."""
-    return _parse_head(memoryview(buf).cast("B"))[-1]
 
 
 def _parse_head(buf: memoryview):
@@ -281,7 +234,7 @@ def _parse_head(buf: memoryview):
 
 
 def decompress(buf, shape=None) -> np.ndarray:
-    """Decode a stream from `compress` (bytes, or a uint8 array/block that starts with one) to a new array."""
+    """Decode a stream (bytes, or a uint8 block starting with one) to a new array."""
     mv = memoryview(np.ascontiguousarray(np.frombuffer(buf, np.uint8)) if not isinstance(buf, bytes) else buf)
     _, dt, mode, aw, eb, n, n_out, body_len, _ = _parse_head(mv)
     dtype = _DTYPES[dt]
@@ -301,8 +254,3 @@ def decompress(buf, shape=None) -> np.ndarray:
             idx = np.frombuffer(body, idx_dtype, n_out, start)
             out[idx] = np.frombuffer(body, dtype, n_out, start + n_out * idx_dtype.itemsize)
     return out.reshape(shape) if shape is not None else out
-
-
-def compressed_nbytes(x: np.ndarray, eb: float, entropy: str = "none") -> int:
-    """Bytes `compress(x, eb, entropy)` produces (what a plan must reserve for it)."""
-    return len(compress(x, eb, entropy))

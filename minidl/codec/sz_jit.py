@@ -1,15 +1,9 @@
-"""The SZ codec's compiled (numba) kernels: quantization with its bound check, the Huffman stage, the decoder
-that turns a Huffman stream back into values in one pass, and the statistics an error bound is chosen from
-(`memory.errorbound`).
+"""The SZ codec's compiled (numba) kernels: quantization with its bound check, the Huffman stage, the one-pass
+decoder, and the statistics `memory.errorbound` chooses a bound from.
 
-Why compiled: the numpy codec makes ~15 full passes over each tensor (float64 copies, `where`s, the bound
-check in float64, bit-planes one by one) and took most of a training step that compresses its activations
-(`benchmarks/compression.py`, codec time). One loop per stage does the same arithmetic element by element in
-the same order, in float64 then one rounding to the tensor's dtype, so the bins, the outliers and every decoded
-value are the numpy path's, bit for bit (tests/codec/test_sz.py compares the two).
-
-Imported on first use by `sz` (importing numba costs ~0.3 s that planning never needs). Cached on disk like
-the CPU backend's kernels (`core.jit_cache`).
+Rule: the same arithmetic in the same order as `sz`'s numpy reference (float64, then one rounding to the tensor's
+dtype), so bins, outliers and decoded values match it bit for bit (tests/codec/test_sz.py). Compiled because
+numpy's ~15 passes per tensor took most of a compressed step (`benchmarks/compression.py`).
 """
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ HUFF_MAX_LEN = 16
 
 @njit(**_OPTS)
 def _bin(xf, eb, two_eb, p_max, rt):
-    """(bin, kept) of one value read as float64: `sz.quantize` for one element. `rt` is a 1-element array of the
-    tensor's dtype, through which the decoded value is rounded as the decoder will store it."""
+    """(bin, kept) of one value as float64; `rt` rounds as the decoder stores."""
     a = abs(xf) / two_eb
     if not (np.isfinite(a) and a <= p_max):
         return 0, False
@@ -45,7 +38,7 @@ def _bin(xf, eb, two_eb, p_max, rt):
 
 @njit(**_OPTS)
 def quantize(x, eb, p_max):
-    """(bin per element, outlier indices) for a flat float array: `sz.quantize`, element by element."""
+    """`sz.quantize` element by element: (bins, outlier indices)."""
     n = x.size
     p = np.empty(n, np.int64)
     bad = np.empty(n, np.int64)
@@ -62,13 +55,10 @@ def quantize(x, eb, p_max):
 
 @njit(**_OPTS)
 def quantize_symbols(x, eb, p_max, nsym):
-    """Quantization and Lorenzo prediction in one pass, for the Huffman stage: the bins `quantize` gives (an
-    outlier's bin 0), their codes p[i] - p[i-1] zigzagged, a code u < nsym as symbol u and a larger one as the
-    escape symbol nsym with u kept apart. Returns (symbols as uint16, escaped codes, symbol counts, outlier
-    indices); the bins themselves are never stored (8 bytes an element of memory traffic saved)."""
+    """Quantize and predict in one pass: (uint16 symbols, escaped codes, counts, outliers); no bins stored."""
     n = x.size
     s = np.empty(n, np.uint16)
-    esc = np.empty(n, np.int64)   # pages never written are never committed: these cost what they hold
+    esc = np.empty(n, np.int64)   # pages never written are never committed
     ne = 0
     bad = np.empty(n, np.int64)
     nbad = 0
@@ -98,8 +88,7 @@ def quantize_symbols(x, eb, p_max, nsym):
 
 @njit(**_OPTS)
 def finite_stats(x):
-    """(max |x|, sum of x^2, count) over the finite values of a flat array, in float64: the error bound's cap and
-    rule B0's rms in one pass instead of a boolean-indexed copy each."""
+    """(max |x|, sum of x^2, count) over the finite values, in float64."""
     top = 0.0
     sq = 0.0
     cnt = 0
@@ -116,9 +105,7 @@ def finite_stats(x):
 
 @njit(**_OPTS)
 def channel_variances(x):
-    """Variance per channel of x seen as (N, C, M) over its finite values (the mean first, then the mean squared
-    deviation, in float64, as numpy's nanvar), NaN for a channel with none: rule N's sigma_c in two compiled
-    passes instead of a float64 copy and five numpy reductions."""
+    """Per-channel variance of x as (N, C, M) over finite values (nanvar's order), NaN for none."""
     nn, c, m = x.shape
     out = np.empty(c, np.float64)
     for ch in range(c):
@@ -146,8 +133,7 @@ def channel_variances(x):
 
 @njit(**_OPTS)
 def _lengths_once(w):
-    """Huffman code lengths of weights `w` (> 0, ascending), by the two-queue method: leaves and merged nodes
-    are each taken in ascending weight order, a leaf first on a tie (so the lengths are deterministic)."""
+    """Huffman code lengths of ascending weights `w`, a leaf first on ties (deterministic)."""
     m = w.size
     weight = np.empty(2 * m - 1, np.int64)
     parent = np.zeros(2 * m - 1, np.int64)
@@ -173,9 +159,7 @@ def _lengths_once(w):
 
 @njit(**_OPTS)
 def code_lengths(freq, max_len):
-    """Length-limited Huffman code length per symbol (0: the symbol never occurs; a lone symbol gets 1).
-    Counts are halved (never to zero) until the longest code fits in `max_len` bits: it costs a fraction of a
-    percent on activations and keeps the decoder's table at 2**max_len entries."""
+    """Huffman code lengths within `max_len` (counts halved until they fit); 0 if absent, 1 if alone."""
     lens = np.zeros(freq.size, np.int64)
     used = np.flatnonzero(freq)
     if used.size == 1:
@@ -195,8 +179,7 @@ def code_lengths(freq, max_len):
 
 @njit(**_OPTS)
 def canonical_codes(lens):
-    """The canonical code of each symbol from its length (shorter codes first, then by symbol): a stream stores
-    only (symbol, length) pairs and the decoder rebuilds the same codes."""
+    """Canonical codes from lengths (shorter first, then by symbol): a stream stores only (symbol, length)."""
     codes = np.zeros(lens.size, np.int64)
     used = np.flatnonzero(lens)
     order = used[np.argsort(lens[used], kind="mergesort")]
@@ -212,7 +195,7 @@ def canonical_codes(lens):
 
 @njit(**_OPTS)
 def huff_encode(s, codes, lens, nbits):
-    """Symbols -> their codes, most significant bit first, in ceil(nbits / 8) bytes."""
+    """Symbols -> codes, most significant bit first."""
     out = np.zeros((nbits + 7) // 8, np.uint8)
     acc = 0
     nacc = 0
@@ -233,8 +216,7 @@ def huff_encode(s, codes, lens, nbits):
 
 @njit(**_OPTS)
 def _decode_table(syms, lens, codes):
-    """The canonical code's lookup table: for every HUFF_MAX_LEN-bit window, the symbol its prefix codes and that
-    code's length, so a decoder reads one symbol per table lookup (both decoders share it)."""
+    """For every HUFF_MAX_LEN-bit window, the symbol its prefix codes and that code's length."""
     tsym = np.zeros(1 << HUFF_MAX_LEN, np.uint16)
     tlen = np.zeros(1 << HUFF_MAX_LEN, np.uint8)
     for k in range(syms.size):
@@ -248,8 +230,7 @@ def _decode_table(syms, lens, codes):
 
 @njit(**_OPTS)
 def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
-    """Huffman stream -> symbols -> Lorenzo codes -> bins (a running sum) -> values in `out` (length n, the
-    tensor's dtype), in one pass. The values are `sz.dequantize`'s: float64, then one rounding to out's dtype."""
+    """Huffman stream -> symbols -> codes -> bins -> values in `out`, as `sz.dequantize`, in one pass."""
     tsym, tlen = _decode_table(syms, lens, codes)
     acc = 0
     nacc = 0
@@ -280,9 +261,7 @@ def huff_decode(bits, syms, lens, codes, nsym, esc, n, eb, out):
 
 @njit(**_OPTS)
 def int_symbols(v, nsym):
-    """Integers as Huffman symbols without prediction: v zigzagged, a code u < nsym as symbol u, a larger one
-    the escape symbol nsym with u kept apart (`jpeg_act`'s quantized coefficients). Returns (symbols, escaped
-    codes, counts)."""
+    """Integers as Huffman symbols without prediction (`jpeg_act`): (symbols, escaped, counts)."""
     n = v.size
     s = np.empty(n, np.uint16)
     esc = np.empty(n, np.int64)
@@ -304,7 +283,7 @@ def int_symbols(v, nsym):
 
 @njit(**_OPTS)
 def huff_decode_ints(bits, syms, lens, codes, nsym, esc, n):
-    """Inverse of `int_symbols` + `huff_encode`: the integers back, as int64."""
+    """Inverse of `int_symbols` + `huff_encode`, as int64."""
     tsym, tlen = _decode_table(syms, lens, codes)
     out = np.empty(n, np.int64)
     acc = 0

@@ -1,9 +1,4 @@
-"""The errors minidl raises on purpose.
-
-Every error a user can trigger by describing a bad network or a bad budget is raised *before* any array
-exists, and its message names the layer (name and type) and the shapes involved, so the fix is obvious
-without a debugger.
-"""
+"""The errors minidl raises on purpose: before any array exists, naming the layer, option or file and the values."""
 
 
 class MinidlError(Exception):
@@ -28,14 +23,11 @@ class ResidencyError(MinidlError, RuntimeError):
 
 
 class OptionError(MinidlError, ValueError):
-    """A value given for an option (a memory size, a learning-rate schedule, a layer's or an optimizer's
-    hyper-parameter, ...) is invalid; the message names the option and the value, and says what would be
-    accepted. Raised where the value is given: at construction, or when the command line is parsed."""
+    """An option's value is invalid; raised where it is given, naming the option, the value and what fits."""
 
 
 class DistError(MinidlError, RuntimeError):
-    """Data-parallel training: a bad configuration (bucket size, ranks vs batch), or another rank failed or stopped
-    answering; the message names the rank, the bucket or option, and the values."""
+    """Data-parallel training: a bad configuration, or another rank failed or stopped answering."""
 
 
 class DataError(MinidlError, ValueError):
@@ -43,8 +35,7 @@ class DataError(MinidlError, ValueError):
 
 
 class HostMemoryError(MinidlError, MemoryError):
-    """The plan's arena (or a host buffer) is larger than the memory this machine has available; raised
-    before anything is allocated."""
+    """The plan's arena or a host buffer exceeds the machine's available memory; raised before allocating."""
 
 
 class CheckpointError(MinidlError, ValueError):
@@ -52,10 +43,8 @@ class CheckpointError(MinidlError, ValueError):
 
 
 class DivergenceError(MinidlError, FloatingPointError):
-    """Training produced a non-finite loss, gradient or running statistic (BN). Raised after backward and before
-    the update, so the parameters are those of the last good step; `iteration` is the step that failed, `layer`
-    the first layer (in backward order) whose gradient is not finite (None when only the loss is), or the layer
-    whose running statistic is not."""
+    """A non-finite loss, gradient or running statistic, raised before the update (the parameters are the last
+    good step's); `layer`: the first in backward order that is not finite, None for the loss alone."""
 
     def __init__(self, message: str, iteration: int, layer: str | None = None):
         super().__init__(message)
@@ -63,15 +52,14 @@ class DivergenceError(MinidlError, FloatingPointError):
         self.layer = layer
 
 
-# Exit statuses of the `minidl` command: argparse's usage errors are 2 as well; a bug (any other exception) is 1.
+# exit statuses of `minidl` (argparse's usage errors are 2 too; a bug is 1)
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
-EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT (128 + 2)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
 
 def exit_status(e: BaseException) -> int:
-    """The exit status an error ends the `minidl` command with: the same for one process and for a rank under
-    mpiexec (where it is the status the failing rank aborts the job with, `dist.launch.guarded`)."""
+    """The status an error ends `minidl` with, in one process or a rank under mpiexec."""
     if isinstance(e, DivergenceError):
         return EXIT_DIVERGED
     if isinstance(e, KeyboardInterrupt):

@@ -1,8 +1,5 @@
-"""Cheap run-time checks that turn a bad input or a diverging run into a `MinidlError` naming what went wrong.
-
-Each check is O(batch) or O(parameters) per step, small next to a training step, and each one runs before the
-damage: labels before the loss indexes with them, the host arena before it is allocated, and non-finite
-gradients after backward but before the update, so a diverging run keeps its last good parameters.
+"""Cheap checks (O(batch) or O(parameters) a step) that turn bad input or divergence into a `MinidlError`, each
+before the damage: labels before the loss indexes, the host arena before allocation, gradients before the update.
 """
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ def _as_array(a, where: str, what: str) -> np.ndarray:
 
 
 def _shape_text(shape) -> str:
-    """(None, 1, 8, 8) -> "(N, 1, 8, 8)": None is a size that may be anything (the number of samples)."""
+    """(None, 1, 8, 8) -> "(N, 1, 8, 8)"."""
     return "(" + ", ".join("N" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
@@ -31,9 +28,7 @@ def _shape_fits(got: tuple, want) -> bool:
 
 
 def check_images(x, where: str, shape=None) -> np.ndarray:
-    """Images must be numeric (float or integer, which the copy into the network's dtype converts exactly enough;
-    a bool or a string array is a mistake), and of `shape` when one is given (a batch: the network input's shape;
-    None in it matches any size). Returns `x` as an array. The one check of images: data sets, batches, predict."""
+    """`x` as an array: numeric, not bool, of `shape` if given (None matches any size). The one image check."""
     x = _as_array(x, where, "images")
     numeric = x.dtype != np.bool_ and (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer))
     if not numeric or (shape is not None and not _shape_fits(x.shape, shape)):
@@ -44,10 +39,8 @@ def check_images(x, where: str, shape=None) -> np.ndarray:
 
 
 def check_labels(y, num_classes: int | None, where: str, shape=None, ignore_index: int | None = None) -> np.ndarray:
-    """Labels must be integers (a float label would be truncated, a bool read as class 0 or 1), of `shape` when
-    given, and in [0, num_classes) when it is given: numpy reads -1 as the last class and K as an IndexError.
-    `ignore_index` (a loss's label that counts for nothing, e.g. -100 on padding) is allowed besides.
-    Returns `y` as an array. The one check of labels: data sets, batches."""
+    """`y` as an array: integers (not bool), of `shape` and in [0, num_classes) if given (numpy would read -1 as
+    the last class), or `ignore_index`. The one label check."""
     y = _as_array(y, where, "labels")
     if y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer) or (
             shape is not None and not _shape_fits(y.shape, shape)):
@@ -67,7 +60,7 @@ def check_labels(y, num_classes: int | None, where: str, shape=None, ignore_inde
 
 
 def check_finite_data(x: np.ndarray, where: str) -> None:
-    """Images must be finite: one NaN makes every parameter NaN after a step, long before the loss says so."""
+    """One NaN makes every parameter NaN after a step, long before the loss says so."""
     if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
         bad = np.argwhere(~np.isfinite(x))[0]
         raise DataError(f"{where}: images contain {x[tuple(bad)]} (first at sample {int(bad[0])}, index "
@@ -75,7 +68,7 @@ def check_finite_data(x: np.ndarray, where: str) -> None:
 
 
 def available_host_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (what the kernel can give without swapping), None where unknown."""
+    """MemAvailable from /proc/meminfo, None where unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -90,8 +83,7 @@ def available_host_bytes() -> int | None:
 
 
 def check_host_allocation(nbytes: int, what: str) -> None:
-    """Refuse a host allocation larger than the available memory, before trying it: numpy would either raise a
-    bare MemoryError or, with overcommit, succeed and let the kernel kill the process at the first touch."""
+    """Refuse beforehand: numpy would raise a bare MemoryError, or overcommit and be killed at the first touch."""
     avail = available_host_bytes()
     if avail is not None and nbytes > avail:
         raise HostMemoryError(f"{what} needs {_gib(nbytes)} of host memory, but only {_gib(avail)} is available "
@@ -104,21 +96,17 @@ def _gib(n: int) -> str:
 
 
 def nonfinite(be, a) -> bool:
-    """True if `a` holds a NaN or an infinity. One reduction (a sum is finite unless some entry is not, or it
-    overflows), then the exact elementwise test only if the sum says so: no temporary of a's size per step."""
-    s = float(a.sum())  # numpy and cupy arrays alike; float() of a cupy scalar waits for it
+    """Whether `a` holds a NaN or infinity: one sum, the elementwise test only if it is not finite."""
+    s = float(a.sum())  # float() of a cupy scalar waits for it
     if math.isfinite(s):
         return False
     return not bool(np.isfinite(np.asarray(be.to_host(a))).all())
 
 
 def check_step(be, iteration: int, loss: float, grads_backward_order, buffers=()) -> None:
-    """The divergence guard, run after backward and before the update: raise `DivergenceError` if the loss, a
-    gradient or a buffer is not finite. `grads_backward_order` yields (layer name, parameter name, gradient array)
-    in the order backward produced them, so the layer named is where the non-finite values appeared first.
-    `buffers` yields (layer name, buffer name, array) for the buffers the forward updated (BN running
-    statistics): a finite but huge input (3e38) can overflow a running variance while the normalized output, the
-    loss and every gradient stay finite, and an infinite statistic would then poison every later evaluation."""
+    """The divergence guard between backward and update: `DivergenceError` on a non-finite loss, gradient (in
+    backward order: the first layer named) or forward-updated buffer (a 3e38 input overflows a running variance
+    while loss and gradients stay finite)."""
     for layer, pname, g in grads_backward_order:
         if nonfinite(be, g):
             lossmsg = f"loss {loss}; " if not math.isfinite(loss) else ""

@@ -1,17 +1,8 @@
 """Where a command's time goes before its first training step: one process-wide clock of named phases.
 
-Rules:
-- Nothing is recorded until `begin()` (the `minidl` command calls it first thing); a library user pays one
-  attribute check per phase.
-- Time is exclusive: a phase entered inside another (a cuDNN graph build inside planning) is taken out of the
-  outer one, so the parts add up to the whole; what no phase covers is `other`.
-- Only the thread that began the clock is timed (kernels compiled on a worker thread count where the main thread
-  waits for them).
-- `first_step_done()` closes the startup: `report().startup_s` is the time from the process's start to the end
-  of the first step and `parts` what it was spent on; phases after it (the CUDA graphs' capture, in the second
-  step) are in `later`.
-
-`current` is the phase running now, for a progress message to name ("compiling kernels...").
+Rules: nothing is recorded before `begin()` (a library user pays one check per phase); time is exclusive (an
+inner phase is taken out of the outer one; the rest is `other`); only the thread that began is timed;
+`first_step_done()` closes the startup, later phases go to `later`.
 """
 from __future__ import annotations
 
@@ -22,15 +13,14 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-#: Phase names, in the order a run meets them (a report lists its parts in this order).
+#: in the order a run meets them (and a report lists them)
 PHASES = ("imports", "backend", "inputs", "planning", "arena", "cudnn_graphs", "kernels", "first_step", "capture")
 OTHER = "other"
 
 
 @dataclass(slots=True)
 class StartupReport:
-    """What the clock measured: seconds per phase up to the end of the first step (`parts`, with `other`, sum to
-    `startup_s`), and seconds per phase after it (`later`)."""
+    """Seconds per phase to the end of the first step (`parts` sum to `startup_s`) and after it (`later`)."""
 
     startup_s: float | None
     parts: dict[str, float] = field(default_factory=dict)
@@ -49,7 +39,7 @@ class StartupReport:
 
 
 class StartupClock:
-    """The phases of one command (see the module docstring); `clock` is injected for tests."""
+    """The phases of one command; `clock` is injected for tests."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self._clock = clock
@@ -65,19 +55,18 @@ class StartupClock:
 
     @property
     def current(self) -> str | None:
-        """The innermost phase running now (None: none, or the clock was not begun)."""
+        """The innermost phase running now, for a progress message to name."""
         return self._stack[-1][0] if self._stack else None
 
     def begin(self, origin: float | None = None) -> None:
-        """Start recording on this thread. `origin`: when the process started, on this clock (None: now); the
-        time from it to now is the `imports` part."""
+        """Start recording on this thread; `origin` (the process's start, None: now) to now is `imports`."""
         now = self._clock()
         self._thread = threading.get_ident()
         self._origin = now if origin is None else min(float(origin), now)
         self._stack, self._parts, self._startup = [], {"imports": now - self._origin}, None
 
     def stop(self) -> None:
-        """Stop recording (what was measured stays readable)."""
+        """Stop recording; what was measured stays readable."""
         self._thread = None
         self._stack = []
 
@@ -85,7 +74,7 @@ class StartupClock:
         return self._thread is not None and threading.get_ident() == self._thread
 
     def enter(self, name: str) -> bool:
-        """Start phase `name` (True if recorded: the clock runs on this thread)."""
+        """Start phase `name`; True if recorded."""
         if not self._mine():
             return False
         self._stack.append([name, self._clock(), 0.0])
@@ -110,11 +99,11 @@ class StartupClock:
             self.leave(name)
 
     def phase(self, name: str):
-        """A context timing `name` (nothing when the clock is not running on this thread)."""
+        """A context timing `name` on the clock's thread."""
         return self._timed(name) if self._mine() else nullcontext()
 
     def first_step_done(self) -> None:
-        """Close the startup at the end of the first training step (once; later calls do nothing)."""
+        """Close the startup at the end of the first training step (the first call only)."""
         if not self._mine() or self._startup is not None:
             return
         total = self._clock() - self._origin
@@ -124,7 +113,7 @@ class StartupClock:
         self._startup = StartupReport(total, parts)
 
     def report(self) -> StartupReport:
-        """The startup as measured (startup_s None before `first_step_done`), and the phases timed since."""
+        """The startup (startup_s None before `first_step_done`) and the phases timed since."""
         if self._startup is None:
             return StartupReport(None, {k: v for k, v in self._parts.items()})
         done = self._startup.parts
@@ -133,19 +122,18 @@ class StartupClock:
 
 
 def process_age() -> float | None:
-    """Seconds since this process started (Linux: /proc; None elsewhere), to 1/CLK_TCK (10 ms)."""
+    """Seconds since this process started, to 1/CLK_TCK (Linux; None elsewhere)."""
     try:
         with open("/proc/self/stat") as f:
             stat = f.read()
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        started = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks after boot
+        started = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, ticks after boot
         return max(0.0, uptime - started / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return None
 
 
-#: The process's clock: phases anywhere in minidl time themselves on it.
 CLOCK = StartupClock()
 
 
@@ -155,6 +143,6 @@ def phase(name: str):
 
 
 def begin() -> None:
-    """Start the process clock, its origin at the process's start where the platform says when that was."""
+    """Start the process clock from the process's start where known."""
     age = process_age()
     CLOCK.begin(None if age is None else time.perf_counter() - age)

@@ -1,9 +1,5 @@
-"""`Symbol`: the handle a layer call returns while a network is being built.
-
-It lives on its own, beneath both `layers` (whose `Layer.__call__` checks its inputs are Symbols) and `graph`
-(whose `Network` creates them), so neither has to import the other: the layer asks the symbol's network to add
-the node, and the network is only ever reached through the symbol.
-"""
+"""`Symbol`, the handle a layer call returns while building: beneath `layers` and `graph`, so neither imports the
+other (a layer reaches the network through its input symbols)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -17,7 +13,7 @@ Shape = tuple[int, ...]
 
 
 class Symbol:
-    """A handle to a node's output while building: carries the shape so the next layer can check it."""
+    """A node's output while building; its shape lets the next layer check."""
 
     __slots__ = ("network", "index")
 

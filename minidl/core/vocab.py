@@ -1,10 +1,4 @@
-"""Small records that several floors speak, kept on the lowest floor so that no floor imports a higher one.
-
-A backend offers `WorkspaceOption`s (its convolution algorithms), layers declare them, the planner chooses among
-them; the executor and the host store both append `TraceEvent`s to a run's trace. Defining them here, beneath
-all of those modules, is what keeps the import graph free of circles (checked by import-linter, see
-docs/architecture.md).
-"""
+"""Records several floors speak, on the lowest floor so that no floor imports a higher one."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +6,7 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class WorkspaceOption:
-    """One algorithm a layer can run a phase with: how much scratch it needs and what it is estimated to cost."""
+    """One algorithm for a layer's phase: its scratch and estimated cost."""
 
     algo: str
     workspace_bytes: int

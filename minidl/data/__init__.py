@@ -1,13 +1,5 @@
-"""Data for training: image sets and a user's files as `Dataset`s, byte-level text as `SequenceDataset`s, the
-batches of either gathered by `BatchIterator`, and ``--data SPEC`` parsed by `load_data`.
-
-    dataset  the Dataset and BatchIterator every source produces and the session consumes
-    sets     synthetic, the shipped digits, CIFAR-10 and MNIST
-    files    a user's arrays (.npz, .npy) and image folders, read and checked as stored
-    text     byte-level text (Python's own sources, a user's file) in sequences
-    augment  crops and flips of training batches, drawn from a batch's place in the data order
-    load     --data SPEC -> (train, held-out)
-"""
+"""Data for training: images as `Dataset`s, text as `SequenceDataset`s, batched by `BatchIterator`; ``--data SPEC``
+read by `load_data`."""
 from .augment import Augment, parse_augment
 from .dataset import BatchIterator, Dataset, from_arrays
 from .load import data_paths, from_files, load_data

@@ -1,9 +1,7 @@
-"""The one form every image source produces: a `Dataset` (float32 NCHW images, int64 labels, the augmentation of
-its batches) and the `BatchIterator` that gathers its batches in an order fixed by the seed.
+"""`Dataset` (float32 NCHW images, int64 labels), the one form every image source produces, and `BatchIterator`.
 
-One layout and one dtype pair means the executor plans the data and label tensors once, from the sample shape and
-the batch size alone, whatever the source. Every random choice comes from ``np.random.default_rng(seed)``, so a
-run is reproducible from its seed alone.
+One layout and dtype pair: the executor plans the data and label tensors from sample shape and batch size alone.
+Every random choice comes from ``np.random.default_rng(seed)``: a run is reproducible from its seed.
 """
 from __future__ import annotations
 
@@ -22,25 +20,12 @@ from .transform import InputTransform
 
 __all__ = ["Dataset", "BatchIterator", "from_arrays"]
 
-# ---------------------------------------------------------------------------------------------------------
-# Dataset
-# ---------------------------------------------------------------------------------------------------------
-
-
 @dataclass(slots=True, eq=False)
 class Dataset:
-    """Images (float32, NCHW) and their labels (int64, shape (N,)), and the augmentation of its batches.
+    """Images and labels, made C-contiguous float32/int64 once (batching is a plain gather) and checked here.
 
-    The constructor normalizes dtypes and memory layout (C-contiguous float32 / int64) once, so batching
-    is a plain gather with no per-step conversion, and validates that the labels fit `num_classes`, so a
-    bad label shows up here and not as an out-of-range index deep inside a loss kernel. Equality is
-    identity: comparing image arrays element-wise is not what `==` on a dataset should do.
-
-    `augment` (an `Augment`, or None) is applied by `BatchIterator` to each training batch; `subset` and
-    `split` leave it out, so a held-out part is never augmented (set it on the training part). `transform` (an
-    `InputTransform`; None: the images were given as the network reads them) says how stored pixels became `x`;
-    `subset` and `split` keep it, and a checkpoint records it, so `predict` treats new images the same way.
-    `source`: the ``--data`` value it was loaded from (`load_data` sets it; None for arrays given in Python).
+    `subset`/`split` drop `augment` (a held-out part is never augmented) and keep `transform` (how stored pixels
+    became `x`; a checkpoint records it for `predict`). `source`: the ``--data`` value. Equality is identity.
     """
 
     x: np.ndarray = field(repr=False)
@@ -82,7 +67,7 @@ class Dataset:
         self.num_classes = num_classes
         check_finite_data(self.x, self.name)  # after the cast: a float64 beyond 3.4e38 becomes inf here
 
-    def __repr__(self) -> str:  # the arrays themselves would flood a log
+    def __repr__(self) -> str:
         aug = f", augment={self.augment.describe()!r}" if self.augment else ""
         return (
             f"Dataset(name={self.name!r}, n={len(self)}, image_shape={self.image_shape}, "
@@ -109,13 +94,8 @@ class Dataset:
         return Dataset(self.x[idx], self.y[idx], self.num_classes, name=name or self.name, transform=self.transform)
 
     def split(self, fraction_or_count: float | int, seed: int = 0) -> tuple[Dataset, Dataset]:
-        """Split into (train, heldout) with a random, seed-determined partition.
-
-        `fraction_or_count` is the size of the *held-out* part: a float in (0, 1) is a fraction of the
-        samples (rounded, at least one), an int is a sample count. Both parts must be non-empty, since an
-        empty validation set would make every reported metric meaningless. Samples keep their original
-        relative order inside each part, so the split is a pure function of (data, size, seed).
-        """
+        """(train, heldout) by a seeded permutation; `fraction_or_count` sizes the held-out part (a float in (0, 1)
+        or an int). Both parts non-empty; samples keep their relative order."""
         n = len(self)
         if isinstance(fraction_or_count, (bool, np.bool_)):
             raise DataError("split() takes a held-out fraction (float) or count (int), not a bool")
@@ -138,27 +118,10 @@ class Dataset:
         return self.subset(train, name=f"{self.name}/train"), self.subset(held, name=f"{self.name}/heldout")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Batching
-# ---------------------------------------------------------------------------------------------------------
-
-
 class BatchIterator:
-    """Endless, seed-deterministic mini-batches over a Dataset, reshuffled every epoch, augmented when the
-    data set says so (`Dataset.augment`: the crops and flips of a batch drawn from its seed, epoch and offset),
-    masked likewise when a `SequenceDataset` has a `masking` (BERT's masked tokens and their targets).
-
-    * ``next(it)`` / ``it.next_batch()`` return fresh contiguous ``(x, y)`` arrays (float32, int64).
-    * ``it.next_into(x_out, y_out)`` gathers the same batch straight into caller-owned arrays. The
-      executor owns the memory of the DATA/LABEL tensors (they live in its arena), so it hands us views
-      and we write into them without allocating per step.
-    * ``for x, y in it.epoch():`` runs the rest of the current epoch (a whole one at an epoch boundary).
-
-    With ``drop_last=True`` (the default) every batch has exactly ``batch_size`` samples, so shapes never
-    change between steps and the memory plan holds for every step; the samples left over in an epoch are
-    dropped, but since each epoch is a new permutation, every sample is still seen over time.
-    The sequence of batches depends only on (dataset, batch_size, seed, shuffle, drop_last).
-    """
+    """Endless mini-batches, reshuffled each epoch; a batch's augmentation or masking is drawn from (seed, epoch,
+    offset). The sequence depends only on (dataset, batch_size, seed, shuffle, drop_last); ``drop_last`` keeps every
+    batch full, so the memory plan holds for every step. `next_into` gathers into the executor's arena views."""
 
     def __init__(
         self,
@@ -188,8 +151,8 @@ class BatchIterator:
         self._rng = np.random.default_rng(self.seed)
         self._order: np.ndarray | None = None
         self._pos = 0
-        self.epoch_index = -1  # index of the epoch the last batch came from; -1 before the first batch
-        self._epoch_rng: dict | None = None  # the generator's state just before it drew this epoch's order
+        self.epoch_index = -1  # the last batch's epoch; -1 before the first
+        self._epoch_rng: dict | None = None  # generator state before this epoch's permutation
 
     @property
     def batches_per_epoch(self) -> int:
@@ -218,7 +181,7 @@ class BatchIterator:
             self._start_epoch()
         assert self._order is not None
         idx = self._order[self._pos : self._pos + self.batch_size]
-        self._batch_key = (self.seed, self.epoch_index, self._pos)  # where this batch stands: its crops, its masks
+        self._batch_key = (self.seed, self.epoch_index, self._pos)  # seeds its crops and masks
         self._pos += len(idx)
         return idx
 
@@ -231,23 +194,18 @@ class BatchIterator:
             masking.apply(x, y, self._batch_key)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
-        """The next batch as new contiguous arrays (x float32 NCHW, y int64)."""
+        """The next batch as new contiguous arrays."""
         idx = self._take_indices()
-        # Fancy indexing gathers into a fresh C-contiguous array of the source dtype.
         x, y = self.dataset.x[idx], self.dataset.y[idx]
         self._transform(x, y)
         return x, y
 
-    # -- the position in the sequence of batches, as checkpoints keep it -------------------------------------
     def position(self) -> dict:
-        """Where the iterator stands, as plain values: the epoch, the samples of it already taken, and the
-        generator's state just before it drew that epoch's order (None without shuffling, or before the first
-        batch). `seek` goes back to it in one permutation, whatever the number of batches before it."""
+        """Epoch, samples taken of it, generator state before its permutation: `seek` returns in one permutation."""
         return {"epoch": self.epoch_index, "offset": self._pos, "rng": self._epoch_rng}
 
     def seek(self, position: dict) -> None:
-        """Stand where `position()` said: the same batches follow, bit for bit. Raises ValueError, TypeError or
-        KeyError for a position this iterator could not have had (the caller names where it came from)."""
+        """Stand where `position()` said (the same batches follow); ValueError/TypeError/KeyError on a bad one."""
         epoch, offset, rng = position["epoch"], position["offset"], position.get("rng")
         for what, v in (("epoch", epoch), ("offset", offset)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -268,24 +226,19 @@ class BatchIterator:
         self._pos = offset
 
     def skip(self, batches: int) -> None:
-        """From the start, stand after `batches` batches, epoch by epoch: one permutation per epoch passed
-        (batches // batches_per_epoch of them) instead of taking every batch. For positions kept as a count."""
+        """Stand after `batches` batches from the start, drawing one permutation per epoch passed."""
         self.reset()
         epochs, rest = divmod(int(batches), self.batches_per_epoch)
         for _ in range(epochs):
             self._start_epoch()
-            self._pos = len(self._order)  # the epoch is used up; the next batch starts the next one
+            self._pos = len(self._order)  # used up: the next batch starts the next epoch
         if rest:
             self._start_epoch()
             self._pos = rest * self.batch_size
 
     def next_into(self, x_out: np.ndarray, y_out: np.ndarray) -> None:
-        """Write the next batch into caller-provided arrays (e.g. views into an executor's arena).
-
-        The outputs must be exactly (batch_size, C, H, W) float32 and (batch_size,) int64 (a `SequenceDataset`'s:
-        (batch_size, T) int64 both): a size or dtype mismatch means the memory plan and the data disagree, and
-        converting silently would hide that.
-        """
+        """Write the next batch into caller arrays of exactly the batch's shape and dtype: a mismatch means the
+        memory plan and the data disagree, and a silent conversion would hide it."""
         bs = self.batch_size
         for what, src, out in (("x_out", self.dataset.x, x_out), ("y_out", self.dataset.y, y_out)):
             want = (bs, *src.shape[1:])
@@ -301,8 +254,7 @@ class BatchIterator:
         idx = self._take_indices()
         for src, out in ((self.dataset.x, x_out), (self.dataset.y, y_out)):
             if out.flags.c_contiguous:
-                # mode="clip" lets np.take write straight into `out` (mode="raise" buffers a copy);
-                # the indices come from a permutation, so they are always in range.
+                # mode="clip" writes straight into `out` (mode="raise" buffers a copy); indices are in range
                 np.take(src, idx, axis=0, out=out, mode="clip")
             else:
                 out[...] = src[idx]
@@ -323,11 +275,7 @@ class BatchIterator:
 
 
 def from_arrays(x, y, num_classes: int | None = None, name: str = "arrays") -> Dataset:
-    """Build a Dataset from user arrays, checking what a loader would otherwise get wrong silently.
-
-    `x` is (N, C, H, W) or (N, H, W) (a channel axis is added), numeric and finite; `y` is (N,) integers
-    in [0, num_classes). `num_classes` defaults to max(y) + 1.
-    """
+    """A Dataset from (N, C, H, W) or (N, H, W) images and (N,) labels; `num_classes` defaults to max(y) + 1."""
     x = check_images(x, f"{name}: x")
     y = check_labels(y, None, f"{name}: y")
     if x.ndim == 3:

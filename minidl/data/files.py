@@ -1,23 +1,12 @@
 """Readers of a user's own data: arrays in `.npz` / `.npy` files, and a folder of images per class.
 
-They read and check; they do not scale. Each returns `Arrays`: the images as stored (uint8 or uint16 pixels, or
-floats, laid out (N, C, H, W)), integer labels, the class count, and the held-out part when the files have one.
-`data.load_data` turns that into `Dataset`s (pixels scaled and standardized with the training part's statistics, a
-held-out part split off when the files have none), so every source is normalized by one piece of code.
-
-Every refusal is a `DataError` naming the file or folder and the values found: a wrong shape, a label outside the
-classes, a class folder with no image, images of different sizes or depths, a damaged archive member. A silently
-reshaped, rescaled or relabelled data set trains, and its accuracy is the only sign, far too late.
-
-Layouts:
-
-* ``npz:PATH`` -- arrays ``x`` (images) and ``y`` (labels), or Keras's ``x_train``/``y_train``; ``x_test`` and
-  ``y_test`` when present are the held-out part; an optional scalar ``num_classes`` (else the largest label + 1).
-* ``npy:IMAGES.npy,LABELS.npy`` -- the same two arrays in two files.
-* ``images:DIR`` -- ``DIR/<class>/<image>`` (torchvision's ImageFolder layout), or ``DIR/train/<class>/...`` with
-  ``DIR/test/...`` (or ``DIR/val/...``) as the held-out part. Classes are the folder names in sorted order. Images
-  are read at their depth: 8-bit (uint8), 16-bit grayscale (uint16) or 32-bit float grayscale (float32); every
-  image of a folder has the same one.
+They read and check, never scale: `Arrays` holds (N, C, H, W) images as stored; `data.load_data` scales all sources.
+Every refusal is a `DataError` naming the file and the values found: a silently reshaped, rescaled or relabelled
+data set trains, and its accuracy is the only sign.
+* ``npz:PATH``: ``x``/``y`` or ``x_train``/``y_train``; ``x_test``/``y_test`` held out; optional ``num_classes``.
+* ``npy:IMAGES.npy,LABELS.npy``: the same two arrays in two files.
+* ``images:DIR``: ``DIR/<class>/<image>`` (ImageFolder), or ``DIR/train/...`` with ``DIR/test`` or ``DIR/val``
+  held out; classes in sorted order; images at their depth (uint8, 16-bit or float grayscale), one per folder.
 """
 from __future__ import annotations
 
@@ -34,22 +23,17 @@ from .transform import DEPTHS
 
 __all__ = ["Arrays", "read_npz", "read_npy", "read_array", "read_image_folder", "IMAGE_SUFFIXES"]
 
-# What a class folder's images may be (torchvision's list, less the formats Pillow reads only with plug-ins); other
-# files (a README, a .DS_Store) are not images and are left alone.
+# torchvision's list less Pillow's plug-in formats; other files in a class folder are ignored
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
-# Pillow modes read at a depth above 8 bits, one channel each: mode -> the dtype its pixels are kept as. Every other
-# mode Pillow opens holds 8-bit channels (1, L, P, RGB, RGBA, LA, CMYK, YCbCr ...) and is read as RGB, or as one
-# channel when every image of the folder is grayscale. Mode I (32-bit signed integers) has no depth to scale by.
+# Pillow modes deeper than 8 bits (one channel) -> the dtype kept; other modes are 8-bit, read as RGB or gray
 _DEEP_MODES = {"I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16, "I;16N": np.uint16, "F": np.float32}
 _GRAY_MODES = ("1", "L", "I") + tuple(_DEEP_MODES)
 
 
 @dataclass(frozen=True, slots=True)
 class Arrays:
-    """What a file source holds, as stored: images (N, C, H, W) (uint8 pixels or floats), labels int64 (N,),
-    the class count, the held-out images and labels when the source has them, and the class names of an
-    image folder (None for arrays)."""
+    """A file source as stored: (N, C, H, W) images, int64 labels, held-out part, an image folder's class names."""
 
     x: np.ndarray
     y: np.ndarray
@@ -61,9 +45,8 @@ class Arrays:
 
 
 def _images(x, where: str) -> np.ndarray:
-    """(N, C, H, W) images, or (N, H, W) with a channel axis added; a channels-last array is refused with the
-    transpose that fixes it (guessing the layout would train on scrambled pixels when the guess is wrong), and so
-    are integers of a depth other than 8 or 16 bits (an int64 array may hold bytes or anything: no scale fits)."""
+    """(N, C, H, W) images (a channel axis added to (N, H, W)); channels-last and integers other than 8 or 16 bits
+    are refused, not guessed."""
     x = check_images(x, where)
     if np.issubdtype(x.dtype, np.integer) and x.dtype.name not in DEPTHS:
         raise DataError(f"{where}: pixels stored as {x.dtype}, which has no depth to scale by: store them as uint8 "
@@ -82,8 +65,7 @@ def _images(x, where: str) -> np.ndarray:
 
 
 def _labels(y, n: int, where: str) -> np.ndarray:
-    """Integer labels, one per image, as stored (cast to int64 only once their range is checked: a uint64 label
-    beyond int64 would turn negative)."""
+    """Labels as stored (cast after the range check: a uint64 beyond int64 would turn negative)."""
     y = check_labels(y, None, where)
     if y.ndim != 1 or len(y) != n:
         raise DataError(f"{where}: labels must be a 1-D array of {n} integers (one per image), got shape {y.shape}")
@@ -91,8 +73,7 @@ def _labels(y, n: int, where: str) -> np.ndarray:
 
 
 def _arrays(x, y, x_test, y_test, num_classes, name: str, where_x: str, where_y: str) -> Arrays:
-    """Check the arrays of one source and count its classes: `num_classes`, else the largest label + 1, which may
-    not exceed the number of labelled samples (a label of 10^9 is a wrong label, not 10^9 classes)."""
+    """Check one source; classes: `num_classes`, else largest label + 1, at most the sample count."""
     x = _images(x, where_x)
     y = _labels(y, len(x), where_y)
     if len(x) == 0:
@@ -124,7 +105,7 @@ def _arrays(x, y, x_test, y_test, num_classes, name: str, where_x: str, where_y:
     return Arrays(x, y, int(num_classes), name, x_test, y_test)
 
 
-_PICKLED = "Object arrays cannot be loaded"   # numpy's message for a pickled array under allow_pickle=False
+_PICKLED = "Object arrays cannot be loaded"   # numpy's message for a pickle under allow_pickle=False
 
 
 def _unreadable(where: str, e: Exception) -> DataError:
@@ -139,29 +120,26 @@ def _load(path: Path, what: str):
         raise DataError(f"{what}: no file at {path}")
     try:
         return np.load(path, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 -- a damaged file raises anything (ValueError, EOFError, BadZipFile,
-        # zlib.error ...): each means the same thing here
+    except Exception as e:  # noqa: BLE001 -- a damaged file raises anything
         if isinstance(e, ValueError) and _PICKLED in str(e):
             raise _unreadable(str(path), e) from None
         raise DataError(f"{path}: not a readable {what} file ({type(e).__name__}: {e})") from None
 
 
 def _member(f, key: str, path: Path) -> np.ndarray:
-    """Array `key` of the open archive `f`, read whole (its CRC checked): anything else, a damaged member, a
-    pickle, a member that is not an .npy array, is a DataError naming the file and the member."""
+    """Member `key`, read whole (CRC checked); damage, a pickle or a non-.npy member is a DataError."""
     where = f"{path}: array {key!r}"
     try:
         a = f[key]
     except Exception as e:  # noqa: BLE001 -- as in _load
         raise _unreadable(where, e) from None
-    if not isinstance(a, np.ndarray):   # numpy hands a member without the .npy header over as its raw bytes
+    if not isinstance(a, np.ndarray):   # a member without the .npy header comes as raw bytes
         raise DataError(f"{where}: not an .npy array (the member {key}.npy has no .npy header)")
     return a
 
 
 def read_array(path: str | Path, what: str) -> np.ndarray:
-    """One array from a `.npy` file (`what` names it in errors: an option, a role), checked as `read_npz` checks
-    an archive's members."""
+    """One array from a `.npy` file; `what` names it in errors."""
     path = Path(path).expanduser()
     a = _load(path, what)
     if not isinstance(a, np.ndarray):
@@ -171,7 +149,7 @@ def read_array(path: str | Path, what: str) -> np.ndarray:
 
 
 def read_npz(path: str | Path) -> Arrays:
-    """Images and labels from one `.npz` (the module docstring lists its arrays)."""
+    """Images and labels from one `.npz`."""
     path = Path(path).expanduser()
     with _load(path, ".npz") as f:
         if not hasattr(f, "files"):
@@ -227,7 +205,7 @@ def _image_files(folder: Path) -> list[Path]:
 
 @dataclass(slots=True)
 class _Seen:
-    """What the first image read fixed for every other: its file, size (W, H) and stored dtype."""
+    """What the first image fixes for every other."""
 
     path: Path
     size: tuple[int, int]
@@ -236,13 +214,12 @@ class _Seen:
 
 
 def _pixels(p: Path, im) -> tuple[np.ndarray, str]:
-    """One opened image's pixels at their depth, (H, W, 3) uint8 (8-bit modes, as RGB) or (H, W, 1) uint16/float32,
-    and its dtype name; a mode with no depth to scale by, or a float image with NaN or infinity, is refused."""
+    """(H, W, 3) uint8 or (H, W, 1) uint16/float32 pixels and the dtype name; 32-bit integers and NaN refused."""
     mode = im.mode
-    if mode == "I" and im.format == "PNG":   # a 16-bit grayscale PNG as Pillow before 10.3 opens it (PNG has no
-        mode = "I;16"                        # deeper grayscale)
+    if mode == "I" and im.format == "PNG":   # 16-bit grayscale PNG as Pillow < 10.3 opens it
+        mode = "I;16"
     if mode in _DEEP_MODES:
-        a = np.asarray(im).astype(_DEEP_MODES[mode])   # (big-endian I;16B to native)
+        a = np.asarray(im).astype(_DEEP_MODES[mode])   # I;16B to native order
         if not np.isfinite(a).all():
             r, c = np.argwhere(~np.isfinite(a))[0]
             raise DataError(f"{p}: float image (mode F) holding {a[r, c]} at row {r}, column {c}; clean it")
@@ -254,9 +231,8 @@ def _pixels(p: Path, im) -> tuple[np.ndarray, str]:
 
 
 def _read_images(files: list[Path], first: _Seen | None) -> tuple[list, bool, _Seen]:
-    """Pixels (H, W, C) of each file at its depth, whether all were grayscale, and what every image must share with
-    the first. Pillow's decompression-bomb warning is an error here: a header declaring more pixels than Pillow
-    reads quietly names a file no training set holds, and its pixels would fill the memory."""
+    """Pixels (H, W, C) of each file, whether all were gray, and the first's `_Seen`. Pillow's decompression-bomb
+    warning is an error: no training image is that large."""
     from PIL import Image
 
     pixels, gray = [], True
@@ -272,8 +248,7 @@ def _read_images(files: list[Path], first: _Seen | None) -> tuple[list, bool, _S
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             raise DataError(f"{p}: too large to be a training image ({e}); minidl reads images of at most "
                             f"{Image.MAX_IMAGE_PIXELS:,} pixels") from None
-        except Exception as e:  # noqa: BLE001 -- a damaged image raises anything (OSError, SyntaxError,
-            # ValueError, struct.error ...): each means the same thing here
+        except Exception as e:  # noqa: BLE001 -- a damaged image raises anything
             raise DataError(f"{p}: not an image Pillow can read ({type(e).__name__}: {e})") from None
         if first is None:
             first = seen
@@ -289,9 +264,8 @@ def _read_images(files: list[Path], first: _Seen | None) -> tuple[list, bool, _S
 
 
 def read_image_folder(directory: str | Path) -> Arrays:
-    """Images from a folder per class (the module docstring gives the layouts), as stored (N, C, H, W): uint8, one
-    channel when every image is grayscale, else RGB (an alpha channel is dropped); uint16 or float32 grayscale for
-    16-bit and float images. Needs Pillow."""
+    """Images from a folder per class, (N, C, H, W) as stored: one channel when all are gray, else RGB (alpha
+    dropped). Needs Pillow."""
     root = Path(directory).expanduser()
     held = next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
     split = (root / "train").is_dir() and held is not None
@@ -316,7 +290,7 @@ def read_image_folder(directory: str | Path) -> Arrays:
     gray = all(g for _, _, g in parts.values())
 
     def stack(pixels):
-        x = np.stack(pixels).transpose(0, 3, 1, 2)   # (N, H, W, C) -> (N, C, H, W)
+        x = np.stack(pixels).transpose(0, 3, 1, 2)
         return np.ascontiguousarray(x[:, :1] if gray else x)
 
     x, y = stack(parts["train"][0]), np.asarray(parts["train"][1], np.int64)

@@ -1,9 +1,4 @@
-"""``--data SPEC`` to (train, held-out): the command line's data sources by name, a user's files scaled and split.
-
-A user's arrays and image folders are read and checked as stored by `files`; `from_files` scales and standardizes
-them with the training part's statistics and splits off a held-out part when the files have none, so every source
-is normalized by one piece of code.
-"""
+"""``--data SPEC`` to (train, held-out). `from_files` is the one place a user's files are scaled and split."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,21 +12,13 @@ from .text import NEXT_TOKEN, SequenceDataset, sequences, stdlib_corpus, text_fi
 from .transform import DEPTHS, InputTransform
 
 __all__ = ["from_files", "load_data", "data_paths", "is_text"]
-# ---------------------------------------------------------------------------------------------------------
-# A user's own files (read and checked by data.files)
-# ---------------------------------------------------------------------------------------------------------
 
 
 def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2,
                transform: InputTransform | None = None) -> tuple[Dataset, Dataset]:
-    """(train, heldout) Datasets from what `data.files` read.
-
-    Pixels stored as uint8 or uint16 are scaled to [0, 1] and standardized per channel with the mean and std of
-    the training part (held-out images with the same figures: the held-out set must not inform its own scaling),
-    or with `transform` when given (a checkpoint's: new data as its network was trained); float images are taken
-    as they are (the user normalized them). Without a held-out part in the files, `heldout_fraction` of the
-    samples is held out, split by `seed` (as for ``digits``).
-    """
+    """(train, heldout): uint8/uint16 pixels scaled to [0, 1] and standardized by the training part's statistics
+    (or a checkpoint's `transform`); floats taken as they are. Without a held-out part, `heldout_fraction` is split
+    off by `seed`."""
     name = Path(arrays.name).name or arrays.name
     if arrays.x_heldout is None:   # split first: the statistics are the training part's alone
         train, held = Dataset(arrays.x, arrays.y, arrays.num_classes, name=name).split(heldout_fraction, seed)
@@ -40,7 +27,7 @@ def from_files(arrays: Arrays, seed: int = 0, heldout_fraction: float = 0.2,
         held = Dataset(arrays.x_heldout, arrays.y_heldout, arrays.num_classes, name=f"{name}/heldout")
     if transform is not None:
         transform.check(arrays.x, arrays.name)
-    elif arrays.x.dtype.name in DEPTHS:   # the Datasets hold the stored values as float32, exactly
+    elif arrays.x.dtype.name in DEPTHS:   # stored values are exact in float32
         transform = InputTransform.fit(train.x, arrays.x.dtype.name)
     if transform is not None:
         for part in (train, held):
@@ -63,10 +50,6 @@ def _read_files(kind: str, arg: str, spec: str) -> Arrays:
     return read_image_folder(arg.strip())
 
 
-# ---------------------------------------------------------------------------------------------------------
-# CLI entry point
-# ---------------------------------------------------------------------------------------------------------
-
 _SPEC_HELP = ("expected one of: synthetic, digits, cifar10:DIR, mnist:DIR, npz:PATH, npy:IMAGES,LABELS, images:DIR; "
               "for a sequence model: stdlib, text:PATH")
 
@@ -84,28 +67,10 @@ def load_data(
     objective: str = NEXT_TOKEN,
     transform: InputTransform | None = None,
 ) -> tuple[Dataset | SequenceDataset, Dataset | SequenceDataset | None]:
-    """Turn the CLI's ``--data`` value into (train, heldout-or-None).
-
-    * ``synthetic`` -- `synthetic(num_samples, image_shape, num_classes, seed)`; no held-out set (the
-      labels are a known function, so held-out accuracy would say nothing new).
-    * ``digits`` -- the bundled digits, `heldout_fraction` (20%) held out, split by `seed`.
-    * ``cifar10:DIR`` / ``mnist:DIR`` -- the training files for training, the test files as held-out set
-      if they are present (None if absent).
-    * ``npz:PATH`` / ``npy:IMAGES.npy,LABELS.npy`` / ``images:DIR`` -- a user's arrays or image folder
-      (`data.files` gives the layouts): their held-out part, or `heldout_fraction` split off by `seed`.
-
-    * ``stdlib`` / ``text:PATH`` -- byte-level text (Python's standard library sources, or the file at PATH) in
-      sequences of `seq` tokens with the targets of `objective` (next-token or masked), the last 10% held out
-      (`data.text`).
-
-    `augment` is set on the training set (never on the held-out one). The keyword arguments `image_shape`,
-    `num_classes` and `num_samples` only affect ``synthetic``; `heldout_fraction` the sources without a
-    held-out part of their own. Real datasets keep their own shapes and class counts.
-
-    `transform` (a checkpoint's `InputTransform`): the images must become what that network was trained on: a
-    user's files are scaled with it instead of their own statistics; any other source must already have it. Each
-    part returned records `spec` as its `source`.
-    """
+    """The CLI's ``--data`` value as (train, heldout or None). ``synthetic`` has no held-out set (its labels are a
+    known function); cifar10/mnist hold out their test files when present. `image_shape`, `num_classes` and
+    `num_samples` shape ``synthetic`` only. `transform` (a checkpoint's) scales a user's files; any other source
+    must already match it."""
     if is_text(spec):
         if augment is not None:
             raise DataError(f"--data {spec}: text is not augmented (crops and flips are for images)")
@@ -126,13 +91,12 @@ def load_data(
 
 
 def is_text(spec) -> bool:
-    """Whether a ``--data`` value names text (token sequences, for gpt2 and bert) rather than images."""
+    """Whether a ``--data`` value names text rather than images."""
     return isinstance(spec, str) and spec.strip().partition(":")[0].strip().lower() in ("stdlib", "text")
 
 
 def data_paths(spec: str) -> list[Path]:
-    """The files and directories a ``--data`` value reads (none for synthetic, digits, stdlib), so that the command
-    line can refuse an output path that would overwrite one of them."""
+    """The paths a ``--data`` value reads (the CLI refuses an output over one)."""
     kind, _, arg = spec.strip().partition(":") if isinstance(spec, str) else ("", "", "")
     kind, arg = kind.strip().lower(), arg.strip()
     if not arg or kind not in ("npz", "npy", "images", "cifar10", "mnist", "text"):
@@ -178,7 +142,7 @@ def _load(spec, seed, image_shape, num_classes, num_samples, heldout_fraction,
             test_present = (_cifar_dir(directory) / _CIFAR_TEST_FILE).is_file()
             return train, (load_cifar10(directory, train=False) if test_present else None)
         train = load_mnist(directory, train=True)
-        # Only one of the two t10k files present is a broken download: load_mnist reports which is missing.
+        # one t10k file of two is a broken download: load_mnist names the missing one
         return train, (load_mnist(directory, train=False) if _mnist_test_present(directory) else None)
     raise DataError(f"unknown --data value {spec!r}; {_SPEC_HELP}")
 

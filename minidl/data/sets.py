@@ -1,7 +1,5 @@
-"""The standard data sets: `synthetic` (learnable random images, no files), `digits` (the 8x8 handwritten digits
-shipped with minidl) and the canonical binary distributions of CIFAR-10 and MNIST, parsed strictly, so a truncated
-or mislabeled download fails at load time instead of training on garbage.
-"""
+"""The standard data sets: `synthetic`, `digits` (shipped), CIFAR-10 and MNIST's binary files, parsed strictly:
+a truncated or mislabeled download fails at load time."""
 from __future__ import annotations
 
 import gzip
@@ -19,9 +17,7 @@ from .transform import InputTransform
 __all__ = ["synthetic", "digits", "load_cifar10", "load_mnist", "CIFAR10_MEAN", "CIFAR10_STD", "MNIST_MEAN",
            "MNIST_STD"]
 
-# The standard per-channel statistics of the CIFAR-10 training set. Using the published constants (rather
-# than recomputing them from whatever batch files happen to be present) keeps train and test normalized
-# identically and makes results comparable with other code.
+# the published training-set statistics (not recomputed from the files present): train and test alike
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 MNIST_MEAN = 0.1307
@@ -35,19 +31,12 @@ _CIFAR_SUBDIR = "cifar-10-batches-bin"
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
 _IDX_LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension
 
-_DIGITS_FILE = Path(__file__).with_name("datasets") / "digits.npz"  # package data, see _digits_arrays
-
-# ---------------------------------------------------------------------------------------------------------
-# In-memory sources
-# ---------------------------------------------------------------------------------------------------------
+_DIGITS_FILE = Path(__file__).with_name("datasets") / "digits.npz"  # provenance: datasets/README.md
 
 
 def _grid_features(x: np.ndarray, grid: int) -> np.ndarray:
-    """Mean-pool each channel of NCHW images over a grid x grid layout of blocks -> (N, C*grid*grid).
-
-    Each block mean is multiplied by sqrt(block size), so for standard-normal pixels every feature is
-    standard normal again, whatever the image size.
-    """
+    """Block means over a grid x grid of each channel -> (N, C*grid*grid), times sqrt(block size): features of
+    standard-normal pixels stay standard normal."""
     n, c, h, w = x.shape
     feats = []
     for rows in np.array_split(np.arange(h), grid):
@@ -63,17 +52,8 @@ def synthetic(
     num_classes: int = 10,
     seed: int = 0,
 ) -> Dataset:
-    """Standard-normal images whose labels a small convnet can learn exactly.
-
-    The label is ``argmax(features @ W + b)`` where the features are the image's channels mean-pooled
-    over a g x g grid of blocks (g = 2 for 3 channels and 10 classes; grown up to 4 so there are at least
-    two features per class when possible) and W, b are fixed by the seed. So the labels are a
-    deterministic function of the pixels that a conv -> pool -> linear network can represent exactly:
-    the loss can go to zero, which makes a training run a real check of the whole stack, not of noise.
-    The bias `b` is tuned on the sample so classes come out balanced (a plain random projection leaves
-    some classes almost empty); it is part of the fixed labeling function, not noise. Deterministic
-    given the arguments.
-    """
+    """Standard-normal images labelled ``argmax(grid block means @ W + b)``, W from the seed: a conv -> pool ->
+    linear net can fit them exactly, so training checks the whole stack. `b` balances the classes."""
     n = args.integer("synthetic", None, "num_samples", num_samples, 1)
     shape = args.shape("synthetic", None, "image_shape", image_shape)
     if len(shape) != 3:
@@ -90,8 +70,7 @@ def synthetic(
     scores = feats @ proj
     scale = float(scores.std()) or 1.0
     bias = np.zeros(k)
-    # Balance the classes: lower the bias of over-represented classes, with a decaying step so it
-    # settles. A fixed schedule keeps this deterministic.
+    # lower over-represented classes' bias, with a decaying step (fixed schedule: deterministic)
     for t in range(300):
         counts = np.bincount(np.argmax(scores + bias, axis=1), minlength=k)
         if counts.max() - counts.min() <= 1:
@@ -102,15 +81,8 @@ def synthetic(
 
 
 def digits(seed: int | None = None) -> Dataset:
-    """The 8x8 handwritten digits (UCI optdigits' test set, as scikit-learn bundles it): 1797 images,
-    (1, 8, 8), 10 classes; shipped with minidl (``minidl/data/datasets/digits.npz``), so no download and no
-    scikit-learn.
-
-    Pixels (0..16) are scaled to [0, 1], then standardized with the dataset's own mean and std (a single
-    channel, so one mean and one std; per-pixel statistics would divide by zero on the always-blank
-    border pixels). With a seed, the sample order is shuffled deterministically; without one, it is
-    scikit-learn's order (the arrays equal ``sklearn.datasets.load_digits()``'s; a test checks it).
-    """
+    """scikit-learn's 8x8 digits (1797, 1x8x8, 10 classes), shipped; standardized by one mean and std (per-pixel
+    statistics would divide by zero on the blank border). Shuffled by `seed`, else scikit-learn's order."""
     images, target = _digits_arrays()
     x = images.astype(np.float64) / 16.0
     x = (x - x.mean()) / x.std()
@@ -123,19 +95,10 @@ def digits(seed: int | None = None) -> Dataset:
 
 
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """The shipped digits as stored: images uint8 (1797, 8, 8) in 0..16, labels uint8 (1797,).
-
-    Why a copy of our own: the README's first command trains on digits, and a plain ``pip install`` must
-    be enough for it; scikit-learn (~40 MB with scipy) for a 45 KB table was the one thing it lacked.
-    Provenance and licence: ``minidl/data/datasets/README.md``.
-    """
+    """uint8 images (1797, 8, 8) in 0..16 and labels: our copy, so README's first command needs no scikit-learn."""
     with np.load(_DIGITS_FILE) as f:
         return f["images"], f["target"]
 
-
-# ---------------------------------------------------------------------------------------------------------
-# CIFAR-10 (binary version)
-# ---------------------------------------------------------------------------------------------------------
 
 
 def _cifar_dir(directory: str | os.PathLike) -> Path:
@@ -170,19 +133,14 @@ def _read_cifar_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if labels.max() >= 10:
         bad = int(np.argmax(labels >= 10))
         raise DataError(f"{path}: record {bad} has label {int(labels[bad])}, CIFAR-10 labels are 0..9")
-    # Each record's 3072 pixel bytes are the R plane, then G, then B, each 32x32 row-major: exactly CHW.
+    # a record's pixels are the R, G, B planes row-major: CHW
     pixels = raw[:, 1:].reshape(-1, 3, 32, 32)
     return pixels, labels
 
 
 def load_cifar10(directory: str | os.PathLike, train: bool = True) -> Dataset:
-    """Load CIFAR-10 from the official binary files (data_batch_1..5.bin, test_batch.bin).
-
-    `directory` holds the files directly or inside cifar-10-batches-bin/ (the tarball's layout). For the
-    training set every data_batch_*.bin that exists is loaded (so a subset of batches works for quick
-    experiments); at least one is required. Pixels become float32 ``(x/255 - mean_c) / std_c`` with the
-    standard CIFAR-10 channel statistics.
-    """
+    """CIFAR-10's binary files in `directory` or its cifar-10-batches-bin/; training loads every data_batch_*.bin
+    present (at least one). Pixels become ``(x/255 - mean_c) / std_c``."""
     root = _cifar_dir(directory)
     if train:
         paths = [root / f for f in _CIFAR_TRAIN_FILES if (root / f).is_file()]
@@ -203,10 +161,6 @@ def load_cifar10(directory: str | os.PathLike, train: bool = True) -> Dataset:
     return Dataset(x, labels.astype(np.int64), 10, name="cifar10/" + ("train" if train else "test"),
                    transform=transform)
 
-
-# ---------------------------------------------------------------------------------------------------------
-# MNIST (idx format)
-# ---------------------------------------------------------------------------------------------------------
 
 
 def _find_mnist_file(roots: list[Path], stem: str) -> Path | None:
@@ -253,13 +207,8 @@ def _read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
 
 
 def load_mnist(directory: str | os.PathLike, train: bool = True) -> Dataset:
-    """Load MNIST from the official idx files, plain or gzipped.
-
-    Looks for ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`` in `directory` (or in its
-    MNIST/raw/, torchvision's layout). Headers are checked strictly (magic 0x803 / 0x801, dims, byte
-    counts, image/label counts agree, labels 0..9). Pixels become float32 ``(x/255 - 0.1307) / 0.3081``,
-    shape (N, 1, 28, 28).
-    """
+    """MNIST's idx files, plain or gzipped, in `directory` or its MNIST/raw/ (torchvision's layout), headers
+    checked strictly. Pixels become ``(x/255 - 0.1307) / 0.3081``, (N, 1, 28, 28)."""
     root = Path(directory).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"MNIST directory {root} does not exist or is not a directory")

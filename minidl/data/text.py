@@ -1,23 +1,12 @@
 """Text for language models: byte-level corpora cut into sequences, with a next-token or a masked-token objective.
 
-* `stdlib_corpus` -- Python's own standard library sources: every machine that runs minidl has them, so a small
-  GPT trains on real text with no download. The selection is deterministic (the top-level ``*.py`` files of the
-  standard library directory, sorted by name, read until `max_bytes`); a different Python version has different
-  files, so the corpus is a function of the interpreter, and its name says which.
-* `text_file` -- a user's text file (``--data text:PATH``), read as bytes.
-
-Tokens are bytes (a vocabulary of 256: no tokenizer to ship or to get wrong). A corpus of n tokens is cut into
-(n - 1) // T windows of T tokens, sample k is ``x = tokens[kT : kT + T]``; the held-out part is the corpus's last
-windows (a contiguous stretch: text is not exchangeable sample by sample as images are). The targets depend on
-the objective (`OBJECTIVES`), which the model's kind decides (gpt2 next-token, bert masked):
-
-* next-token (GPT-2): ``y = tokens[kT + 1 : kT + T + 1]``, the next token at every position.
-* masked (BERT; `Masking`, the rule of BERT and HuggingFace's DataCollatorForLanguageModeling): each position is
-  chosen with probability 0.15 (one at random if none was: every sequence has a target); of the chosen, 80% become
-  [MASK] (id 256, so the vocabulary is 257), 10% a random byte, 10% stay. The targets are the original tokens at
-  the chosen positions and `IGNORE_INDEX` elsewhere. Training masks are drawn per batch from the batch's place in
-  the data order (`BatchIterator`, as augmentation is): fresh every epoch, the same after a resume. Held-out masks
-  are drawn once, from a fixed key whatever the seed, so evaluations compare across steps and runs.
+Corpora: `stdlib_corpus` (Python's own sources: real text, no download; named by the interpreter version) and
+`text_file`. Tokens are bytes (vocabulary 256, no tokenizer). Sample k is ``x = tokens[kT : kT + T]``; the held-out
+part is the last windows (text is not exchangeable sample by sample). Objectives:
+* next-token (GPT-2): ``y = tokens[kT + 1 : kT + T + 1]``.
+* masked (BERT, as HuggingFace's DataCollatorForLanguageModeling): 15% of positions chosen (at least one), of them
+  80% [MASK] (id 256), 10% a random byte, 10% kept; targets there, `IGNORE_INDEX` elsewhere. Training masks are
+  drawn from the batch's place in the data order (fresh each epoch, the same after a resume); held-out masks once.
 """
 from __future__ import annotations
 
@@ -39,14 +28,12 @@ __all__ = ["BYTE_VOCAB", "MASKED", "Masking", "NEXT_TOKEN", "OBJECTIVES", "Seque
 BYTE_VOCAB = 256
 NEXT_TOKEN, MASKED = "next-token", "masked"
 OBJECTIVES = (NEXT_TOKEN, MASKED)
-# The generator key of every held-out set's masks, whatever the run's seed: four numbers, so that no training batch's
-# key (seed, epoch, offset) draws the same (numpy's seeding reads missing trailing numbers as zeros).
+# held-out masks' key, whatever the seed: four numbers, so no training key (seed, epoch, offset) equals it
 HELDOUT_MASK_KEY = (0, 0, 0, 1)
 
 
 def text_vocab(objective: str) -> int:
-    """The vocabulary a network trained on byte-level text with `objective` needs: 256 bytes, plus [MASK] (id 256)
-    for the masked objective."""
+    """256 bytes, plus [MASK] for the masked objective."""
     _check_objective(objective)
     return BYTE_VOCAB + (objective == MASKED)
 
@@ -58,8 +45,7 @@ def _check_objective(objective: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Masking:
-    """BERT's masked-language-model rule (the module doc) over `tokens` real tokens [0, tokens): [MASK] is id
-    `tokens`, random replacements are real tokens, never [MASK]. `rate`: the share of positions chosen."""
+    """BERT's masking rule (module doc) over real tokens [0, tokens); [MASK] is id `tokens`."""
 
     tokens: int = BYTE_VOCAB
     rate: float = 0.15
@@ -75,18 +61,17 @@ class Masking:
 
     @property
     def vocab(self) -> int:
-        """The vocabulary of the masked inputs: the real tokens and [MASK]."""
+        """Real tokens and [MASK]."""
         return self.tokens + 1
 
     def apply(self, x: np.ndarray, y: np.ndarray, key: tuple[int, ...]) -> None:
-        """Mask the batch `x` (B, T) of original tokens in place and write its targets into `y` (the original token
-        where chosen, `IGNORE_INDEX` elsewhere); every choice is drawn from `key` alone (a pure function of it)."""
+        """Mask `x` (B, T) in place and write its targets into `y`, every choice drawn from `key` alone."""
         if x.size == 0:
             return
         rng = np.random.default_rng(key)
         b, t = x.shape
         chosen = rng.random((b, t)) < self.rate
-        fallback = rng.integers(0, t, b)  # drawn for every sequence, so the draws after it do not depend on `chosen`
+        fallback = rng.integers(0, t, b)  # drawn for all: later draws do not depend on `chosen`
         none = np.flatnonzero(~chosen.any(axis=1))
         chosen[none, fallback[none]] = True
         how = rng.random((b, t))
@@ -97,8 +82,7 @@ class Masking:
         x[swap] = replacements[swap]
 
     def fixed(self, data: SequenceDataset, name: str | None = None) -> SequenceDataset:
-        """`data`'s sequences with masks drawn once, from `HELDOUT_MASK_KEY`: a held-out set (no `masking` of its
-        own), the same masks for every run and every evaluation."""
+        """`data` masked once from `HELDOUT_MASK_KEY`: a held-out set, the same for every run."""
         x, y = data.x.copy(), np.empty_like(data.x)
         self.apply(x, y, HELDOUT_MASK_KEY)
         return SequenceDataset(x, y, self.vocab, name or data.name)
@@ -106,19 +90,17 @@ class Masking:
 
 @dataclass(eq=False)
 class SequenceDataset:
-    """Windows of a token stream: inputs x and targets y, both (N, T) int64, tokens in [0, num_classes), targets
-    also `IGNORE_INDEX` (not predicted). What `BatchIterator` batches and `Session.fit`/`Session.evaluate` take,
-    like an image `Dataset`: `sample_shape` is (T,). With `masking` (a masked training set) y equals x, and each
-    batch is masked as it is drawn; `num_classes` is then `masking.vocab`."""
+    """Inputs and targets (N, T) int64 (targets may be `IGNORE_INDEX`), batched like an image `Dataset`. With
+    `masking`, y equals x and each batch is masked as it is drawn."""
 
     x: np.ndarray = field(repr=False)
     y: np.ndarray = field(repr=False)
     num_classes: int = BYTE_VOCAB
     name: str = "text"
     masking: Masking | None = None
-    augment: None = None  # text is never augmented (BatchIterator asks)
-    transform: None = None  # nor transformed: tokens are read as they are (a checkpoint asks)
-    source: str | None = None  # the --data value it was loaded from (set by load_data)
+    augment: None = None  # never: BatchIterator and checkpoints ask
+    transform: None = None
+    source: str | None = None  # the --data value
 
     def __post_init__(self) -> None:
         x, y = np.asarray(self.x), np.asarray(self.y)
@@ -157,9 +139,7 @@ class SequenceDataset:
 
 def sequences(tokens: np.ndarray, seq: int, heldout_fraction: float = 0.1, name: str = "text",
               num_classes: int = BYTE_VOCAB, objective: str = NEXT_TOKEN) -> tuple[SequenceDataset, SequenceDataset]:
-    """(train, held-out) windows of `seq` tokens with the targets of `objective` (see the module doc); the held-out
-    part is the last `heldout_fraction` of the windows (at least one). A DataError if the text is too short for two
-    windows. `num_classes`: the tokens' vocabulary (the masked objective's is one more: [MASK])."""
+    """(train, held-out) windows of `seq` tokens; the held-out part is the last `heldout_fraction` (at least one)."""
     seq = args.integer("sequences", name, "seq", seq, 1)
     _check_objective(objective)
     tokens = np.asarray(tokens).reshape(-1)
@@ -181,8 +161,7 @@ def sequences(tokens: np.ndarray, seq: int, heldout_fraction: float = 0.1, name:
 
 
 def stdlib_corpus(max_bytes: int = 2_000_000) -> tuple[np.ndarray, str]:
-    """(bytes of Python's standard library sources as uint8 tokens, the corpus's name): the top-level ``*.py``
-    files of the standard library directory, sorted by name, whole files until `max_bytes` is reached."""
+    """(uint8 tokens, name): the stdlib's top-level ``*.py`` files sorted by name, up to `max_bytes`."""
     max_bytes = args.integer("stdlib_corpus", None, "max_bytes", max_bytes, 1)
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.glob("*.py") if p.is_file())
@@ -200,7 +179,7 @@ def stdlib_corpus(max_bytes: int = 2_000_000) -> tuple[np.ndarray, str]:
 
 
 def text_file(path: str | os.PathLike) -> np.ndarray:
-    """The bytes of the text file at `path` as uint8 tokens (a DataError naming the path if it cannot be read)."""
+    """The file's bytes as uint8 tokens."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise DataError(f"--data text:{path}: a directory, not a text file")
@@ -214,15 +193,12 @@ def text_file(path: str | os.PathLike) -> np.ndarray:
 
 
 def perplexity(loss: float) -> float:
-    """exp(mean per-token cross-entropy in nats): the number of equally likely tokens the model's uncertainty is
-    worth (256 for a uniform guess over bytes)."""
+    """exp(mean cross-entropy in nats): 256 for a uniform guess over bytes."""
     return math.exp(loss) if loss < 700 else math.inf
 
 
 def unigram_loss(train: SequenceDataset, heldout: SequenceDataset) -> float:
-    """The held-out loss of the best model that ignores context: each token's frequency in the training text
-    (add-one smoothed, over the real tokens: never [MASK]) at every held-out target (the masked positions of a
-    masked set), the baseline a language model must beat to have learned anything from context."""
+    """Held-out loss of add-one-smoothed training token frequencies: the no-context baseline to beat."""
     tokens = train.masking.tokens if train.masking is not None else train.num_classes
     seen = train.y.reshape(-1)
     counts = np.bincount(seen[seen != IGNORE_INDEX], minlength=tokens).astype(np.float64) + 1.0

@@ -1,10 +1,7 @@
-"""How stored pixels become the floats a network reads: divided by their depth's largest value, minus a mean, over a
-standard deviation, per channel, in float32, in place.
+"""How stored pixels become the floats a network reads: `(x / depth max - mean[c]) / std[c]` in float32, in place.
 
-One `InputTransform` serves the training part, the held-out part and the images `minidl predict` is given, and a
-checkpoint keeps it, so the three see the same arithmetic, bit for bit. Pixels of another kind than those it was
-made for (floats for a network trained on bytes, 16-bit for 8-bit) are refused: scaled by the wrong depth they
-would still give classes, wrong ones, with nothing to say so.
+One `InputTransform`, kept in the checkpoint, serves training, held-out and `predict` images bit for bit. Pixels of
+another kind are refused: scaled by the wrong depth they would give wrong classes silently.
 """
 from __future__ import annotations
 
@@ -17,14 +14,13 @@ from ..core.guards import check_finite_data, check_images
 
 __all__ = ["InputTransform", "DEPTHS", "as_network_input"]
 
-# stored pixel dtype -> its largest value: what dividing by it maps to [0, 1]
+# stored pixel dtype -> its largest value
 DEPTHS = {"uint8": 255, "uint16": 65535}
 
 
 @dataclass(frozen=True, slots=True)
 class InputTransform:
-    """`(x / scale - mean[c]) / std[c]` for pixels stored as `dtype` (a key of `DEPTHS`); `mean` and `std` hold one
-    float32 value per channel (kept as Python floats, which JSON carries exactly)."""
+    """The transform of pixels stored as `dtype`; `mean`, `std`: float32 values per channel (JSON-exact floats)."""
 
     dtype: str
     mean: tuple[float, ...]
@@ -43,9 +39,8 @@ class InputTransform:
 
     @classmethod
     def fit(cls, x: np.ndarray, dtype: str) -> InputTransform:
-        """The transform that standardizes the (N, C, H, W) pixels `x` (stored as `dtype`, held in any dtype that
-        keeps them exactly) per channel, with statistics in float64; a constant channel keeps std 1: it becomes
-        zero instead of a division by zero (or by the rounding error of a zero)."""
+        """Per-channel statistics of `x` (N, C, H, W) in float64; a constant channel keeps std 1 (no division by
+        zero, or by a zero's rounding error)."""
         scaled = x.astype(np.float32) / np.float32(DEPTHS[dtype])
         mean = scaled.mean(axis=(0, 2, 3), dtype=np.float64)
         std = scaled.std(axis=(0, 2, 3), dtype=np.float64)
@@ -61,7 +56,7 @@ class InputTransform:
                 f"{', '.join(f'{v:.4g}' for v in self.mean)}; std {', '.join(f'{v:.4g}' for v in self.std)})")
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
-        """`x` (float32 holding the stored values, (N, C, H, W)) transformed in place; returns it."""
+        """Transform float32 `x` holding the stored values in place; return it."""
         c = (1, self.channels, 1, 1)
         x /= np.float32(DEPTHS[self.dtype])
         x -= np.asarray(self.mean, np.float32).reshape(c)
@@ -87,7 +82,7 @@ class InputTransform:
 
     @classmethod
     def from_json(cls, d, where: str) -> InputTransform | None:
-        """The transform a checkpoint recorded (None: none recorded, its network reads floats as they are)."""
+        """The transform a checkpoint recorded (None: its network reads floats as they are)."""
         if d is None:
             return None
         try:
@@ -97,13 +92,12 @@ class InputTransform:
 
 
 def as_network_input(x, transform: InputTransform | None, where: str) -> np.ndarray:
-    """Images given for inference (N, C, H, W) as the network reads them: through `transform` when its training
-    data had one, else as they are (float32); numeric and finite either way, like the data `train` reads."""
+    """Inference images as the network reads them (through `transform` if any), numeric and finite."""
     x = check_images(x, where)
     if transform is not None:
         out = transform.apply(x, where)
     else:
-        with np.errstate(over="ignore"):   # a float64 beyond float32's range becomes inf: refused just below
+        with np.errstate(over="ignore"):   # beyond float32's range becomes inf: refused below
             out = x.astype(np.float32)
     check_finite_data(out, where)
     return out

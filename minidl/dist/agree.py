@@ -1,12 +1,8 @@
 """Before the first step, the ranks check that they were started to run the same training.
 
-Every rank computes its own plan from its own command line; nothing else makes them agree. Ranks started with
-another seed, batch, learning rate or head would all-reduce gradients of different runs (or buffers of different
-sizes, read as if they matched), and end with different parameters of which only rank 0's are saved. So each
-rank describes its run as a flat record of plain values (`Session._run_record`: the network's parameters, the
-optimizer's configuration, seed, batch, policy, buckets, data, steps), the ranks exchange the records, and every
-rank compares all of them the same way: they all stop together, with the same `DistError`, naming each
-differing entry and every rank's value.
+Each rank plans from its own command line, so each describes its run as a flat record (`Session._run_record`),
+the ranks exchange them, and all compare them alike: they stop together with the same `DistError` naming every
+differing entry and each rank's value.
 """
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from ..core.errors import DistError
 from .comm import Communicator
 
 SHOWN = 6
-"""Differing entries named in the message (a different network differs in most of its parameters)."""
+"""Differing entries named in the message (another network differs in most of its parameters)."""
 
 
 def differences(records: list[dict]) -> list[str]:
@@ -35,7 +31,7 @@ def _show(v) -> str:
 
 
 def check_same(comm: Communicator, record: dict) -> None:
-    """Raise `DistError` on every rank (the same message everywhere) unless every rank's `record` is this one."""
+    """Raise the same `DistError` on every rank unless every rank's `record` is this one."""
     if comm.size == 1:
         return
     mine = json.dumps(record, sort_keys=True).encode()

@@ -1,11 +1,7 @@
 """Checkpoints in data-parallel training: rank 0 writes, every rank reads.
 
-Every replica holds the same parameters and optimizer state (the reducer keeps them bit-identical), so one copy
-is the whole state: rank 0 writes it (atomically, through `checkpoint.save_checkpoint`), and a barrier keeps the
-other ranks from going on, and possibly reading it, before it is complete. BN running statistics are rank 0's
-(docs/multi-process.md: batch statistics are per rank, as in PyTorch DDP). On resume every rank loads the same file; the
-data position is counted in global batches, so a resume must keep the global batch (ranks x batch) the
-checkpoint was written with, or the replayed data order would differ.
+Replicas are bit-identical, so rank 0's copy is the whole state (BN running statistics: rank 0's); a barrier
+holds the others until it is complete. The data position counts global batches, so a resume keeps ranks x batch.
 """
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ def save_on_rank0(comm, write, path) -> Path:
     if comm.rank == 0:
         try:
             out = write()
-        except Exception as e:  # the others must not wait at the barrier forever: fail the job, naming why
+        except Exception as e:  # the others must not wait at the barrier forever
             failure = e
             comm.fail(f"writing checkpoint {path} failed: {type(e).__name__}: {e}")
     if failure is not None:
@@ -34,8 +30,7 @@ def save_on_rank0(comm, write, path) -> Path:
 
 
 def check_resume(meta: dict, batch: int, ranks: int, path) -> None:
-    """A data-parallel checkpoint records its global batch; resuming with another one would replay other samples.
-    (A single process resuming a single-process checkpoint keeps its old freedom to change the batch.)"""
+    """Refuse to resume a data-parallel checkpoint with another global batch (it would replay other samples)."""
     saved, saved_ranks = meta.get("global_batch"), int(meta.get("ranks", 1))
     if saved is None or (ranks == 1 and saved_ranks == 1) or int(saved) == batch * ranks:
         return

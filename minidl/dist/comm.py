@@ -1,21 +1,8 @@
 """Communicators: what data-parallel training needs of a group of ranks, and nothing more.
 
-- `start_allgather(buf)`: `buf` has one row per rank; this rank's row is filled, the others arrive;
-  `start_alltoall(send, recv)`: chunk j of `send` goes to rank j, chunk r of `recv` comes from rank r. Nonblocking:
-  both return a request; `test` drives progress (MPI progresses a nonblocking collective only inside MPI calls, so the
-  executor tests pending requests after every backward step), `wait` blocks until done.
-- `mean(value)`: the mean of a float over the ranks (the reported loss), summed in rank order on every rank.
-- `barrier()`: after rank 0 wrote a checkpoint, before anyone reads it.
-- `exchange(data)`: every rank's bytes, in rank order (before the first step, the ranks compare what they were
-  started with: `agree.check_same`).
-- `fail(message)`: this rank cannot go on. It says so, tells every other rank (a message on a communicator of
-  its own, so it never mixes with gradients), waits a little for them to acknowledge, then aborts the job.
-  The other ranks hear of it at their next `test`/`wait`, say so naming the failed rank and its error, and stop.
-  A rank that stops answering without failing (a hang) is caught by the timeout of `wait`.
-
-Rules: every wait has a timeout (`timeout_s`), and every error names this rank, the other rank and what was
-being waited for. Polling sleeps between tests (`POLL_S`) so that waiting ranks leave the cores to the ones
-still computing (the development machine has 2 cores for all ranks).
+Rules: collectives are nonblocking (`test` drives progress: MPI progresses only inside MPI calls); every wait has
+a timeout, and every error names this rank, the other and what was awaited; sums run in rank order on every rank.
+`fail` tells every rank on a communicator of its own, then aborts the job.
 """
 from __future__ import annotations
 
@@ -27,25 +14,24 @@ import numpy as np
 from ..core.errors import DistError
 
 POLL_S = 2e-4
-"""Seconds between two tests of a pending request while waiting: short against a step (tens of ms), long enough
-that a waiting rank does not spin a core another rank needs."""
+"""Seconds between tests while waiting: short against a step, yet no spinning on a core another rank needs."""
 
 DEFAULT_TIMEOUT_S = 300.0
-"""How long a rank waits for a collective before deciding another rank hung (`--comm-timeout`)."""
+"""Seconds a rank waits for a collective before deciding another rank hung (`--comm-timeout`)."""
 
 FAIL_GRACE_S = 10.0
-"""How long a failing rank waits for the others to acknowledge its failure before aborting the job."""
+"""Seconds a failing rank waits for acknowledgements before aborting the job."""
 
 _FAIL_TAG, _ACK_TAG = 17, 18
 _MSG_BYTES = 4096
 
 
 class PeerFailed(DistError):
-    """Another rank reported that it failed: this one stops too (after saying so)."""
+    """Another rank reported that it failed: this one stops too."""
 
 
 class Request:
-    """A started collective: the library's handle, and `done` once `Communicator.test` / `wait` saw it complete."""
+    """A started collective: the library's handle, and whether it was seen complete."""
 
     __slots__ = ("handle", "done")
 
@@ -54,29 +40,25 @@ class Request:
 
 
 class Communicator:
-    """A single process: every collective is already complete. The base of the real ones."""
+    """A single process: every collective is already complete."""
 
     kind = "local"
 
     def __init__(self, rank: int = 0, size: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.rank, self.size, self.timeout_s = int(rank), int(size), float(timeout_s)
-        self.local_rank = self.rank  # this rank's index among the ranks of its node (its GPU)
+        self.local_rank = self.rank  # index among its node's ranks (its GPU)
 
     @property
     def reduction(self) -> str:
-        """How gradient buckets are reduced by default (`decisions/allreduce.py`): up to 2 ranks `gather` (one
-        collective; the same bytes and memory as `ring` at 2 ranks, half the memory at 1), beyond `ring`
-        (2(N-1)/N x the gradient bytes received instead of (N-1) x, 2x the memory instead of N x)."""
+        """Default bucket reduction: `gather` up to 2 ranks (one collective, no more memory), `ring` beyond."""
         return "gather" if self.size <= 2 else "ring"
 
     def start_allgather(self, buf, second: bool = False) -> Request:
-        """`second`: the second half of a reduction (`ring`'s all-gather), which ranks start in bucket order but
-        at different moments relative to the first halves of later buckets: it goes on a communicator of its
-        own, since MPI matches the collectives of one communicator by the order they were started in."""
+        """`second`: `ring`'s all-gather, on a communicator of its own (MPI matches collectives by start order)."""
         return Request(done=True)
 
     def start_alltoall(self, send, recv) -> Request:
-        recv[...] = send  # one rank: its own chunk
+        recv[...] = send
         return Request(done=True)
 
     def test(self, req: Request) -> bool:
@@ -89,15 +71,14 @@ class Communicator:
         return float(value)
 
     def any(self, flag: bool) -> bool:
-        """True on every rank if `flag` is True on any (the same answer everywhere: a collective)."""
+        """True on every rank if `flag` is on any (a collective)."""
         return bool(flag)
 
     def barrier(self) -> None:
         pass
 
     def exchange(self, data: bytes, what: str) -> list[bytes]:
-        """Every rank's `data`, in rank order, on every rank. Two all-gathers of host arrays (the lengths, then the
-        bytes padded to the longest), through `start_allgather` and `wait`: the same timeout as any collective."""
+        """Every rank's `data` in rank order (lengths, then padded bytes)."""
         n = self.size
         lens = np.zeros((n, 1), np.int64)
         lens[self.rank, 0] = len(data)
@@ -108,28 +89,27 @@ class Communicator:
         return [bytes(buf[r, :int(lens[r, 0])]) for r in range(n)]
 
     def bcast(self, obj):
-        """`obj` of rank 0, on every rank (a small picklable record: NCCL's unique id)."""
+        """Rank 0's `obj` on every rank (NCCL's unique id)."""
         return obj
 
     def check_peers(self) -> None:
-        """Raise DistError if another rank reported a failure."""
+        """Raise if another rank reported a failure."""
 
     def fail(self, message: str, code: int = 1) -> None:
-        """Report that this rank cannot go on (a single process simply returns; the caller raises)."""
+        """Report that this rank cannot go on."""
 
     def stop(self, code: int = 1) -> None:
-        """End this rank after a peer's failure (a single process has no peers)."""
+        """End this rank after a peer's failure."""
 
     def close(self) -> None:
-        """Release what the communicator holds (after a successful run, before MPI finalizes)."""
+        """Release what the communicator holds."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
 
 
 class MPIComm(Communicator):
-    """Over an mpi4py communicator (COMM_WORLD by default). Gradients and control messages use two duplicates
-    of it, so a failure notice can never be matched by a collective."""
+    """Over an mpi4py communicator, with duplicates for collectives and failure notices."""
 
     kind = "mpi"
 
@@ -140,15 +120,14 @@ class MPIComm(Communicator):
         base = comm if comm is not None else MPI.COMM_WORLD
         super().__init__(base.Get_rank(), base.Get_size(), timeout_s)
         self.base = base
-        self.local_rank = base.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()  # this rank's index on its node
+        self.local_rank = base.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
         self.comm = base.Dup()   # collectives
-        self.comm2 = base.Dup()  # the second halves of `ring` reductions (see `start_allgather`)
-        self.ctl = base.Dup()    # failure notices and their acknowledgements
+        self.comm2 = base.Dup()  # the second halves of `ring` reductions
+        self.ctl = base.Dup()    # failure notices and acknowledgements
         self._notice = bytearray(_MSG_BYTES)
         self._notice_req = self.ctl.Irecv([self._notice, MPI.BYTE], source=MPI.ANY_SOURCE, tag=_FAIL_TAG)
         self._status = MPI.Status()
 
-    # -- collectives ---------------------------------------------------------------------------------------
     def start_allgather(self, buf, second: bool = False) -> Request:
         if not (isinstance(buf, np.ndarray) and buf.flags.c_contiguous and buf.shape[0] == self.size):
             raise DistError(f"rank {self.rank}: all-gather buffer must be a C-contiguous array with {self.size} "
@@ -181,7 +160,7 @@ class MPIComm(Communicator):
         buf[self.rank, 0] = value
         self.wait(self.start_allgather(buf), "the mean of the loss")
         total = 0.0
-        for r in range(self.size):  # rank order: every rank computes the same bits
+        for r in range(self.size):  # rank order: the same bits on every rank
             total += float(buf[r, 0])
         return total / self.size
 
@@ -197,7 +176,6 @@ class MPIComm(Communicator):
     def bcast(self, obj):
         return self.comm.bcast(obj, root=0)
 
-    # -- failures ------------------------------------------------------------------------------------------
     def check_peers(self) -> None:
         if self._notice_req is None or not self._notice_req.Test(self._status):
             return
@@ -209,10 +187,7 @@ class MPIComm(Communicator):
         raise PeerFailed(f"rank {self.rank} of {self.size}: stopping because rank {src} failed: {msg}")
 
     def fail(self, message: str, code: int = 1) -> None:
-        """Tell every other rank (they print why they stop), wait for their acknowledgements, abort the job.
-
-        A rank that failed too (the same bad option on every rank, say) cannot acknowledge: it is waiting for
-        acknowledgements itself. Its own notice counts as one, so that case ends at once, not after the grace."""
+        """Tell every other rank, wait for acknowledgements (a rank that failed too counts), abort the job."""
         MPI = self.MPI
         print(f"minidl: rank {self.rank} of {self.size}: {message}; stopping every rank", file=sys.stderr,
               flush=True)
@@ -232,15 +207,14 @@ class MPIComm(Communicator):
         self.base.Abort(code)
 
     def stop(self, code: int = 1) -> None:
-        """After a peer's failure (already acknowledged): the failing rank aborts the job; if it has not within
-        the grace period, abort it from here."""
+        """After a peer's failure: abort the job if the failing rank has not within the grace."""
         time.sleep(FAIL_GRACE_S)
         self.base.Abort(code)
 
     def close(self) -> None:
-        """Withdraw the failure-notice receive (an MPI library warns about a receive left pending at exit)."""
+        """Withdraw the failure-notice receive (MPI warns about one pending at exit)."""
         if self._notice_req is not None:
             self._notice_req.Cancel()
             self._notice_req.Wait()
             self._notice_req = None
-        self.barrier()  # nobody can send a notice any more once every rank is here
+        self.barrier()  # past it, nobody can send a notice

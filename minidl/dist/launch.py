@@ -1,8 +1,7 @@
 """Which group of ranks this process belongs to, and how a rank's failure ends the job everywhere.
 
-A process started by `mpiexec` finds its launcher's variables in its environment (MPICH's Hydra and Intel MPI
-set PMI_SIZE, Open MPI sets OMPI_COMM_WORLD_SIZE, PMIx launchers PMIX_RANK): only then is mpi4py imported
-(importing it initializes MPI). The environment is read here, at the command's entry, and nowhere deeper.
+Rule: the environment is read here, at the command's entry, and nowhere deeper; mpi4py (whose import initializes
+MPI) is imported only when a launcher's variable is set (Hydra/Intel MPI: PMI_SIZE, Open MPI, PMIx).
 """
 from __future__ import annotations
 
@@ -25,9 +24,8 @@ def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
 
 def communicator(mode: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
                  environ: Mapping[str, str] | None = None) -> Communicator | None:
-    """The ranks `--dist MODE` asks for: None for one plain process ('off', or 'auto' outside mpiexec), else the
-    MPI communicator the launcher started ('mpi', 'nccl', or 'auto' under mpiexec). NCCL is set up on top of it
-    once the rank's GPU backend exists (`with_nccl`)."""
+    """`--dist MODE`'s ranks: None for one plain process ('off', or 'auto' outside mpiexec), else the launcher's
+    MPI communicator; NCCL goes on top once the GPU backend exists (`with_nccl`)."""
     if mode not in ("auto", "off", "mpi", "nccl"):
         raise DistError(f"--dist must be auto, off, mpi or nccl, got {mode!r}")
     if mode == "off" or (mode == "auto" and not launched_by_mpi(environ)):
@@ -54,11 +52,8 @@ def with_nccl(comm: Communicator | None, backend, mode: str = "auto") -> Communi
 
 
 def guarded(comm: Communicator | None, fn: Callable[[], T]) -> T:
-    """Run one rank's work; if it fails, make sure every rank stops with a message instead of hanging.
-
-    This rank's own error: it says so, tells the others and aborts the job (`Communicator.fail`) with the exit
-    status one process would end with (`errors.exit_status`: 3 for a diverging run, 2 for a user error). Another
-    rank's error, heard while waiting: say which rank failed and why, then stop. A single process just raises."""
+    """Run one rank's work so that a failure stops every rank with a message instead of a hang: this rank's own
+    error fails the job with one process's exit status (`errors.exit_status`); a peer's is named, then this stops."""
     if comm is None or comm.size == 1:
         return fn()
     try:

@@ -1,19 +1,10 @@
-"""NCCL between GPUs: the same buckets, the same ordered reduction, the all-gather on the device.
+"""NCCL between GPUs (one per rank): the same buckets and ordered sums, the all-gather on the device.
 
-**Not yet run on a GPU.** Its calls were checked against cupy's `cupy.cuda.nccl` bindings and are tested on the
-host against a recording fake (tests/dist/test_nccl_host.py). A machine with one GPU can run only a single-rank
-NCCL job (NCCL refuses two ranks on one device), so even there the 2-rank path needs a machine with two GPUs.
-
-How it works, rank by rank (one GPU per rank: the CLI picks device = the rank's index on its node):
-- Setup: MPI starts the ranks and carries NCCL's unique id from rank 0 to the others (`bcast`); failures,
-  barriers and the loss's mean stay on MPI (`MPIComm`), so the failure protocol is the same as on the CPU.
-- `start_allgather(buf)`: `buf` is the bucket's arena view (a cupy array, one row per rank) whose row `rank`
-  the reducer just packed on the compute stream. The all-gather runs on a stream of its own, after an event
-  recorded on the compute stream (so it reads the packed row), in place: NCCL's in-place all-gather is
-  `sendbuff = recvbuff + rank * count`. A `done` event is recorded after it.
-- `test`: the event's state (no blocking). `wait`: poll the event with the same timeout as MPI (a rank that
-  died leaves NCCL waiting forever on the device, so the host must not block without one), then make the
-  compute stream wait for it too, so the ordered sum the reducer enqueues next reads the gathered rows.
+Not yet run on a GPU: checked against cupy's `cupy.cuda.nccl` and tested on the host with a recording fake
+(tests/dist/test_nccl_host.py); two ranks need two GPUs. MPI carries NCCL's unique id and keeps barriers, the
+loss's mean and the failure protocol. The in-place all-gather (send = recv + rank * count) runs on its own stream
+after an event on the compute stream; `wait` polls its done event with a timeout (a dead rank leaves NCCL waiting
+forever), then makes the compute stream wait too, so the reducer's sum reads the gathered rows.
 """
 from __future__ import annotations
 
@@ -33,11 +24,10 @@ class NCCLComm(Communicator):
 
     @property
     def reduction(self) -> str:
-        return "gather"  # NCCL has no all-to-all collective: buckets are reduced by the all-gather of whole rows
+        return "gather"  # NCCL has no all-to-all
 
     def __init__(self, mpi: Communicator, backend, nccl=None, cupy=None):
-        """`mpi`: the MPI communicator the ranks were started with; `backend`: this rank's CUDA backend (its
-        compute stream orders the collectives). `nccl`/`cupy`: injected by host tests (default: cupy's)."""
+        """`mpi`: the ranks' MPI communicator; `backend`: this rank's CUDA backend; `nccl`/`cupy`: test fakes."""
         super().__init__(mpi.rank, mpi.size, mpi.timeout_s)
         if cupy is None:
             import cupy
@@ -85,7 +75,7 @@ class NCCLComm(Communicator):
             time.sleep(POLL_S)
         self.be.compute.wait_event(req.handle)
 
-    # Host-side collectives, failures and shutdown: MPI's.
+    # host-side collectives, failures and shutdown: MPI's
     def mean(self, value: float) -> float:
         return self.mpi.mean(value)
 
@@ -99,7 +89,7 @@ class NCCLComm(Communicator):
         return self.mpi.bcast(obj)
 
     def exchange(self, data: bytes, what: str) -> list[bytes]:
-        return self.mpi.exchange(data, what)  # host bytes: NCCL gathers device buffers only
+        return self.mpi.exchange(data, what)
 
     def check_peers(self) -> None:
         self.mpi.check_peers()

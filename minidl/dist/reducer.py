@@ -1,22 +1,10 @@
 """The gradient reducer: runs a plan's ALLREDUCE and REDUCED events on a communicator.
 
-ALLREDUCE (after a bucket's ready step): copy the bucket's gradients into this rank's row of the bucket tensor,
-in the plan's order, and start the collective. `progress()` (after every backward step) tests the pending ones:
-an MPI library progresses a nonblocking collective only inside MPI calls, so without these tests nothing would
-move while numpy computes. REDUCED (before the update): wait, divide by N and copy the slices back into the
-gradients. The sums (rank order 0..N-1, `decisions/allreduce.py`):
-- `gather`: after the all-gather of the rows, rows 1..N-1 are added into row 0 at REDUCED;
-- `ring`: after the all-to-all (row 1 holds chunk `rank` of every rank), those N chunks are summed into this
-  rank's chunk of row 0 as soon as a test sees it complete, and the all-gather of row 0's chunks is started
-  then; REDUCED waits for it (and, if the all-to-all was still running, does both).
-Every element is ((g_0 + g_1) + ...) + g_{N-1} either way: every rank runs the same additions in the same order
-on the same bits, so all replicas stay bit-identical to each other and to the previous run.
-
-Timing, for the trace and `hidden_fraction`: a bucket's all-reduce is *in flight* from its start to the first
-test or wait that sees it complete; the time the update waited on it is *exposed*. Per step, hidden =
-1 - exposed / (union of the in-flight intervals): the share of the all-reduce time during which backward
-went on computing. Completion is only seen at a test, so an interval can read long by up to one step: that
-makes in-flight time an upper bound, never exposed time.
+ALLREDUCE packs the bucket's gradients into this rank's row and starts the collective; `progress()`, after every
+backward step, tests it (MPI progresses only inside MPI calls); REDUCED waits, divides by N, copies back. Every
+element is ((g_0 + g_1) + ...) + g_{N-1} on every rank (`decisions/allreduce.py`): `gather` adds rows 1..N-1 into
+row 0; `ring` sums row 1's N chunks into this rank's chunk of row 0, then all-gathers row 0. Hidden share per step
+= 1 - exposed / union of in-flight intervals; completion is seen only at a test, so in-flight time reads long.
 """
 from __future__ import annotations
 
@@ -33,19 +21,19 @@ class _Pending:
     step: int
     start: float
     buf: object = None
-    scattered: bool = True   # ring: False while the all-to-all (the first half) is still running
+    scattered: bool = True   # ring: False while the all-to-all runs
     done: float | None = None
 
 
 @dataclass(slots=True)
 class ReduceStats:
-    """Totals over the steps run: seconds in flight (union per step), seconds the update waited, buckets."""
+    """Totals: in-flight seconds (union per step), seconds the update waited, buckets."""
 
     inflight_s: float = 0.0
     exposed_s: float = 0.0
     buckets: int = 0
     steps: int = 0
-    bytes_per_step: int = 0   # this rank's gradient bytes sent per step
+    bytes_per_step: int = 0   # gradient bytes this rank sends a step
 
     @property
     def hidden_fraction(self) -> float:
@@ -81,14 +69,13 @@ class GradientReducer:
             self.be.copy(row[off:off + g.size].reshape(g.shape), g)
             off += g.size
         if off < row.size:
-            self.be.fill(row[off:], 0.0)  # the padding to N equal chunks
+            self.be.fill(row[off:], 0.0)  # padding to N equal chunks
         self._step_bytes += off * row.dtype.itemsize
         req = self.comm.start_alltoall(buf[0], buf[1]) if ring else self.comm.start_allgather(buf)
         self._pending[bucket] = _Pending(req, step, time.perf_counter(), buf, scattered=not ring)
 
     def _gather_sums(self, p: _Pending) -> None:
-        """Ring, once the all-to-all is complete: this rank's chunk of row 0 = the N chunks of row 1 summed in rank
-        order (row 0 was the send buffer; it is free now), then start the all-gather of row 0's chunks."""
+        """Ring, all-to-all done: row 1's chunks summed in rank order into ours of row 0, then its all-gather."""
         n = self.comm.size
         chunks = p.buf[1].reshape(n, -1)
         mine = p.buf[0].reshape(n, -1)[self.comm.rank]
@@ -99,11 +86,9 @@ class GradientReducer:
         p.scattered = True
 
     def progress(self) -> None:
-        """Test the pending collectives. A `ring` bucket's all-gather starts here once its all-to-all is seen
-        complete, but only in bucket order (a later bucket waits for the earlier ones' to have started): every
-        rank then starts them in the same order, which MPI needs to match them."""
+        """Test the pending collectives; `ring` all-gathers start in bucket order, as MPI needs to match them."""
         in_order = True
-        for p in self._pending.values():  # in the order the buckets started
+        for p in self._pending.values():  # in start order
             if p.done is not None:
                 continue
             if self.comm.test(p.req):
@@ -134,7 +119,7 @@ class GradientReducer:
         n = self.comm.size
         acc = buf[0]
         if self.reduction == "gather":
-            for r in range(1, n):  # rank order, on every rank
+            for r in range(1, n):  # rank order
                 self.be.accumulate(acc, buf[r])
         if n > 1:
             _divide(self.be, acc, n)
@@ -145,7 +130,7 @@ class GradientReducer:
         self.stats.buckets += 1
 
     def end_iteration(self) -> None:
-        """Close a step's books: the union of its in-flight intervals."""
+        """Close a step: the union of its in-flight intervals."""
         if self._pending:
             raise RuntimeError(f"all-reduces still pending at the end of a step: {sorted(self._pending)}")
         total, end = 0.0, float("-inf")
@@ -160,6 +145,6 @@ class GradientReducer:
 
 
 def _divide(be, a, n: int) -> None:
-    """a /= n on the backend's compute stream (a device backend has one; on the CPU it is numpy in place)."""
+    """a /= n on the backend's compute stream."""
     with be.compute_scope():
         a /= n

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 
 def dist_json(sess, result) -> dict:
-    """Ranks, global batch and throughput, and the all-reduce's cost as this rank measured it (rank 0 reports).
-
-    `images_per_s` (`tokens_per_s` for a language model) is the whole job's: ranks x per-rank batch / this
-    rank's median step time (every rank waits for the others at each step's all-reduce, so their step times agree
-    up to noise)."""
+    """Ranks, global batch, the job's throughput (ranks x batch / this rank's median step: the all-reduce keeps
+    the ranks in step) and the all-reduce's cost as this rank measured it."""
     comm, reducer = sess.comm, sess.executor.reducer
     rate = f"{result.unit}_per_s"
     out = {"dist": comm.kind, "ranks": comm.size, "rank": comm.rank, "global_batch": sess.batch * comm.size,

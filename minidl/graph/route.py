@@ -21,10 +21,12 @@ Forks need no special layer: when a tensor feeds several layers, its delta recei
 backward. The first consumer to run backward writes the delta directly; each later one writes a *partial
 delta* that is added into it and freed at once. Partials are planned tensors like any other, so the memory
 this costs is visible in every plan. A later consumer whose layer can add into the delta itself
-(`Layer.accumulates_in_place`: convolutions, the consumers at a ResNet block's fork) does so, as nnabla
-accumulates a fork's gradients: its partial is one sample's worth, a scratch it computes each sample's delta in
-before adding it, so the fork's backward step holds the delta once instead of twice (`Accumulation.in_place`).
-Every plan of a route shares its route, so every policy sums in the same order: plans stay bit-identical.
+(`Layer.accumulates_in_place`: convolutions, the consumers at a ResNet block's fork) has no partial: its
+backward kernel adds its input delta into the delta for the whole batch (`Accumulation.in_place`; the CPU's
+`conv2d_backward(..., accumulate=True)`, cuDNN's data gradient with a fused add), so the fork's backward step
+holds the delta once instead of twice. The backends add exactly dx + (the delta a plain call computes), the
+addition a partial gets, so both ways give the same bits; and every plan of a route shares its route, so every
+policy sums in the same order: plans stay bit-identical.
 """
 from __future__ import annotations
 
@@ -68,14 +70,17 @@ class Phase(str, enum.Enum):
 
 @dataclass(slots=True)
 class Accumulation:
-    """After a backward step: `into += partial`, then `partial` is dead. `in_place`: the step's layer adds its
-    contribution to input `slot`'s delta into `into` itself, sample by sample through `partial` (one sample's
-    delta: `LayerContext.accumulate`); nothing is left to add after the step."""
+    """After a backward step: `into += partial`, then `partial` is dead. In place (`partial` None): the step's
+    layer adds its contribution to input `slot`'s delta into `into` itself (`LayerContext.accumulate`); nothing
+    is left to add after the step."""
 
-    partial: str
+    partial: str | None
     into: str
-    in_place: bool = False
     slot: int = 0
+
+    @property
+    def in_place(self) -> bool:
+        return self.partial is None
 
 
 @dataclass(slots=True)
@@ -99,6 +104,11 @@ class Step:
     recompute: bool = False        # a pack's re-forward in backward: no running-statistics update
     rename: dict[str, str] = field(default_factory=dict)  # canonical tensor id -> this step's (`micro_id`)
     staging: str | None = None     # a half mode on the CPU: the float32 copies its half kernels stage (`Role.STAGING`)
+
+    @property
+    def accumulates_into(self) -> frozenset[int]:
+        """The input slots whose delta this backward step's layer adds into (in-place accumulations)."""
+        return frozenset(a.slot for a in self.accumulate if a.in_place)
 
     @property
     def label(self) -> str:
@@ -555,11 +565,8 @@ class _RouteBuilder:
             if d not in self.seen[m]:
                 self.seen[m].add(d)
                 target = self.delta(d, self.shapes[i][1], src)
-            elif layer.accumulates_in_place and len(self.shapes[i][1]) > 1:
-                scratch = self.delta(self.micro(partial_delta_id(src.name, n.name, k), m), (1, *self.shapes[i][1][1:]),
-                                     src)
-                accs.append(Accumulation(scratch, d, in_place=True, slot=k))
-                writes.append(scratch)
+            elif layer.accumulates_in_place:
+                accs.append(Accumulation(None, d, slot=k))
                 target = d
             else:
                 target = self.delta(self.micro(partial_delta_id(src.name, n.name, k), m), self.shapes[i][1], src)
@@ -580,13 +587,15 @@ class _RouteBuilder:
             for part, into in self.tied_in.get(n.index, ()):
                 reads.append(part)
                 accs.append(Accumulation(part, into))
-        opts = layer.workspace_options("bwd", ins, out_shape, self.ws_itemsize, self.menu)
-        ws = self.add(self.micro(workspace_id(n.name, "bwd"), m), Role.WORKSPACE, (0,), np.uint8, n.name) \
-            if opts else None
-        staging = self.staging(n, "bwd", m, ins, out_shape, writes, aux, dinputs,
-                               [a.slot for a in accs if a.in_place])
-        step = Step(len(self.steps), Phase.BACKWARD, n.index, n.name, reads, writes, ws, list(opts), dinputs, accs,
-                    micro=m, rename=_renamed(rename), staging=staging)
+        step = Step(len(self.steps), Phase.BACKWARD, n.index, n.name, reads, writes, None, [], dinputs, accs,
+                    micro=m, rename=_renamed(rename))
+        opts = layer.workspace_options("bwd", ins, out_shape, self.ws_itemsize, self.menu,
+                                       accumulate=step.accumulates_into)
+        if opts:
+            step.workspace = self.add(self.micro(workspace_id(n.name, "bwd"), m), Role.WORKSPACE, (0,), np.uint8,
+                                      n.name)
+            step.workspace_options = list(opts)
+        step.staging = self.staging(n, "bwd", m, ins, out_shape, writes, aux, dinputs, sorted(step.accumulates_into))
         if layer.is_loss:
             step.seed_delta = dout
         self.steps.append(step)

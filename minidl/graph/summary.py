@@ -1,9 +1,5 @@
-"""The layer table of a network (what `minidl info` prints and `Network.summary()` returns).
-
-One module builds it for both, so the command line and Python show the same numbers. It reads only the graph's
-nodes (shapes, parameters, each layer's FLOP count), no plan and no arrays, so it is instant even for
-ResNet-2500, and it sits below the graph module, which calls it.
-"""
+"""The layer table `minidl info` prints and `Network.summary()` returns, from the nodes alone (no plan, no arrays:
+instant even for ResNet-2500)."""
 from __future__ import annotations
 
 import math
@@ -16,12 +12,12 @@ if TYPE_CHECKING:
     from .network import Network
 
 WEIGHTED_TYPES = ("conv", "linear")
-"""Layer types counted as "weighted" (the depth convention of the ResNet/VGG papers)."""
+"""Layer types counted as "weighted" (the ResNet/VGG papers' depth)."""
 
 
 @dataclass(frozen=True, slots=True)
 class LayerRow:
-    """One node of the table: its output shape, trainable parameter count, forward FLOPs and output bytes."""
+    """One node of the table."""
 
     name: str
     type: str
@@ -33,8 +29,7 @@ class LayerRow:
 
 @dataclass(frozen=True, slots=True)
 class NetworkSummary:
-    """The table and its totals. `str()` / `repr()` is the printed table, so `net.summary()` at a prompt shows it;
-    `to_json()` is what `minidl info --json` prints."""
+    """The table and its totals; `repr()` is the printed table, `to_json()` what `minidl info --json` prints."""
 
     name: str
     rows: tuple[LayerRow, ...]
@@ -61,15 +56,14 @@ class NetworkSummary:
         return self.format()
 
     def to_json(self) -> dict:
-        """Plain types only: the keys `minidl info --json` documents (`params`, `layers`, `weighted_layers`,
-        `forward_flops`, `input_shape`, `table`)."""
+        """The documented keys of `minidl info --json`, plain types only."""
         table = [{**asdict(r), "output_shape": list(r.output_shape)} for r in self.rows]
         return {"params": self.params, "layers": self.layers, "weighted_layers": self.weighted_layers,
                 "forward_flops": self.forward_flops, "input_shape": list(self.input_shape), "table": table}
 
 
 def summarize(net: Network, name: str | None = None) -> NetworkSummary:
-    """The layer table of `net` (titled `name`, default the network's own name)."""
+    """The layer table of `net`, titled `name` or the network's name."""
     rows = []
     for n in net.nodes:
         in_shapes = [net.nodes[i].shape for i in n.inputs]

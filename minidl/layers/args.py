@@ -1,9 +1,6 @@
-"""Checks of layer hyper-parameters at construction, so a mistyped value fails where it is written.
-
-`int(2.9)` silently truncates and `float("nan") < 0` is False: a constructor that converts without checking
-accepts `Conv2d(3.9, 3)` or `Dropout(nan)` and fails (or worse, trains) much later. These helpers accept exactly
-the values PyTorch's constructors accept (integers, including numpy integers, but not bools or floats; finite
-reals in a stated range) and raise `OptionError` naming the layer class, its name, the argument and the value.
+"""Checks of hyper-parameters at construction, accepting what PyTorch's constructors accept: `int(2.9)` truncates
+and `nan < 0` is False, so `Conv2d(3.9, 3)` or `Dropout(nan)` would fail much later. `OptionError` names the
+layer, the argument and the value.
 """
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ def _bad(cls_name: str, name: str | None, arg: str, want: str, v) -> OptionError
 
 
 def integer(cls_name: str, name: str | None, arg: str, v, least: int) -> int:
-    """An integer >= `least` (bools and floats refused, even 3.0: PyTorch refuses them too)."""
+    """An integer >= `least` (bools and floats refused, even 3.0, as PyTorch does)."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) < least:
         raise _bad(cls_name, name, arg, f"an integer >= {least}", v)
     return int(v)
@@ -44,8 +41,7 @@ def int_pair(cls_name: str, name: str | None, arg: str, v, least: int) -> tuple[
 
 
 def shape(cls_name: str, name: str | None, arg: str, v) -> tuple[int, ...]:
-    """A shape: a sequence (tuple, list, 1-D array) of integers >= 1. `tuple(int(s) for s in v)` would read
-    (2.7, 3) as (2, 3) and (True, 3) as (1, 3); the message shows the whole shape and the first bad entry."""
+    """A sequence of integers >= 1 (never (2.7, 3) read as (2, 3))."""
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or getattr(v, "ndim", 1) != 1:
         raise _bad(cls_name, name, arg, "a sequence of integers >= 1 such as (8, 3, 32, 32)", v)
     items = list(v)
@@ -70,14 +66,14 @@ def real(cls_name: str, name: str | None, arg: str, v, lo: float, hi: float = ma
 
 
 def flag(cls_name: str, name: str | None, arg: str, v) -> bool:
-    """A bool (numpy's, or the integers 0 and 1, included): `bias="no"` is a mistake, not True."""
+    """A bool, numpy's, or 0 or 1: `bias="no"` is a mistake, not True."""
     if isinstance(v, (bool, np.bool_)) or (isinstance(v, numbers.Integral) and int(v) in (0, 1)):
         return bool(v)
     raise _bad(cls_name, name, arg, "True or False", v)
 
 
 def choice(cls_name: str, name: str | None, arg: str, v, options: tuple[str, ...]) -> str:
-    """One of the strings `options` (GELU's approximate='tanh'): a typo fails here, naming what is accepted."""
+    """One of the strings `options`."""
     if not isinstance(v, str) or v not in options:
         raise _bad(cls_name, name, arg, "one of " + ", ".join(repr(o) for o in options), v)
     return v

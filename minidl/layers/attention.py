@@ -1,18 +1,9 @@
-"""Self-attention: several heads of scaled dot-product attention, each position attending to itself and the positions
-before it (`CausalSelfAttention`, GPT's) or to every position (`SelfAttention`, BERT's). The projections around it
-are `Linear(..., flatten=False)` layers.
+"""Multi-head scaled dot-product self-attention, causal (GPT's) or not (BERT's).
 
-Input: q, k and v side by side on the last axis, (B, T, 3C) (what one `Linear(3 * C, flatten=False)` produces,
-nanoGPT's `c_attn`); output (B, T, C), the heads' outputs side by side. Each head h uses the channels
-[h D, (h + 1) D) of q, k and v, D = C / num_heads, and scores scaled by 1 / sqrt(D).
-
-What backward reads: the input (q, k, v) and the attention probabilities P = softmax(q k^T / sqrt(D)),
-(B, H, T, T), which forward saves as an aux tensor (`probs`): the score matrix is a planned tensor, visible to
-every policy, and a rebuildable one (`rebuildable_aux`): a plan may leave it out (policy `recompute` does where
-that lowers its peak), and so does `keep_scores=False` always. Without it nothing but the input is kept, and
-backward rebuilds P one sample at a time from q and k (FlashAttention's trade: one more q k^T product and softmax per
-sample in backward, for B H T^2 values fewer between forward and backward, and a scratch of H T^2 values). The
-rebuilt P has the bits of the saved one (the same operations on the same values), so both give the same gradients.
+Input (B, T, 3C): q, k, v side by side (nanoGPT's `c_attn`); head h uses channels [h D, (h + 1) D). Backward reads
+the input and P = softmax(q k^T / sqrt(D)) (B, H, T, T), a planned, rebuildable aux (`probs`): a plan, or
+`keep_scores=False`, may drop it, and backward then rebuilds P per sample from q and k (FlashAttention's trade) with
+the same bits, so the gradients are the same.
 """
 from __future__ import annotations
 
@@ -23,8 +14,7 @@ from .base import Layer
 
 
 class SelfAttention(Layer):
-    """Bidirectional self-attention (BERT's encoder): every position attends to every position of its sequence.
-    `causal=True` masks the keys after each query (`CausalSelfAttention`, the same kernels)."""
+    """Bidirectional self-attention (BERT's); `causal=True` masks the keys after each query."""
 
     type_name = "attention"
     needs_inputs = (0,)

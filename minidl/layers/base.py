@@ -1,19 +1,8 @@
 """The layer contract: shape inference, parameters, FLOPs, backward needs, forward and backward.
 
-A layer is a description plus two kernels-calling methods. Everything the memory planner needs is *declared*
-here as class attributes or pure functions of the input shapes, never discovered by running code:
-
-- `needs_inputs` / `needs_output`: which of its inputs and its output the backward reads (Chainer's
-  `retain_inputs` / `retain_outputs`). Liveness, offload and recomputation all read this declaration, so a
-  layer must never keep an array in `self` between forward and backward: it would be invisible to the planner.
-- `param_specs`: parameters and persistent buffers, with their shapes.
-- `aux_specs`: small tensors forward saves for backward (BN's batch mean and inverse std), also planned;
-  `rebuildable_aux` names those a plan may choose not to keep (attention's scores, rebuilt in backward).
-- `checkpoint`: whether recomputation keeps this layer's output (conv, linear, joins) or may drop it
-  (cheap layers: ReLU, BN, pooling, LRN, dropout).
-
-Forward and backward write into arrays they are given (outputs, deltas, gradients, workspace), all of which
-the executor has carved out of its tensor pool; they return nothing.
+Rules: what the planner needs is *declared*, never discovered by running code: `needs_inputs` / `needs_output`
+(what backward reads), `param_specs`, `aux_specs`, `checkpoint`. A layer keeps no array in `self` between
+forward and backward. Forward and backward write into the arrays they are given.
 """
 from __future__ import annotations
 
@@ -31,8 +20,7 @@ Shape = tuple[int, ...]
 
 
 def last_axis_rows(shape: Shape) -> tuple[int, int]:
-    """(rows, C) of a tensor worked on along its last axis (layer norm, softmax, a per-token linear): every other
-    axis is a row, so a (B, T, C) tensor is the (B*T, C) matrix its kernels take."""
+    """(rows, C) of a tensor worked on along its last axis: (B, T, C) is a (B*T, C) matrix."""
     return math.prod(shape[:-1]), shape[-1]
 
 
@@ -45,17 +33,13 @@ class ParamSpec:
     trainable: bool = True
     fan_in: int = 1
     fan_out: int = 1
-    std: float = 1.0  # the "normal" initializer's standard deviation (GPT-2 and BERT draw their tables at 0.02)
+    std: float = 1.0  # the "normal" initializer's standard deviation
 
 
 @dataclass(slots=True)
 class LayerContext:
-    """Per-call state handed to forward/backward by the executor (never stored in the layer).
-
-    `recompute` is True when forward runs again in backward to rebuild a dropped output: layers must then
-    produce exactly the same result without side effects (BN reuses its saved batch statistics and does
-    not touch its running statistics again; dropout replays the same mask from `rng_key`).
-    """
+    """Per-call state from the executor; with `recompute`, forward gives the same result without side
+    effects."""
 
     training: bool = True
     aux: dict[str, np.ndarray] = field(default_factory=dict)
@@ -63,9 +47,7 @@ class LayerContext:
     algo: str | None = None
     rng_key: int = 0
     recompute: bool = False
-    accumulate: dict[int, np.ndarray] = field(default_factory=dict)
-    """backward: input slot -> a one-sample scratch, for the inputs whose delta (`dinputs[slot]`) already holds
-    other consumers' contributions: the layer adds its own into it (layers with `accumulates_in_place`)."""
+    accumulate: frozenset[int] = frozenset()  # backward: input slots whose delta it adds into
 
 
 class Layer:
@@ -76,20 +58,14 @@ class Layer:
     needs_inputs: ClassVar[tuple[int, ...]] = ()
     needs_output: ClassVar[bool] = False
     checkpoint: ClassVar[bool] = False
-    # backward can add its input's delta into a delta other consumers already wrote (`ctx.accumulate`), one sample
-    # at a time: a fork then needs no full-size partial delta (graph/route.py)
+    # backward can add into a delta other consumers wrote (`ctx.accumulate`): a fork needs no partial delta
     accumulates_in_place: ClassVar[bool] = False
     is_loss: ClassVar[bool] = False
-    # Whether forward/backward read `ctx.rng_key` (it changes every iteration; the compiled step refreshes it).
     uses_rng_key: ClassVar[bool] = False
-    # Inputs that never receive a gradient (labels of a loss).
     nondiff_inputs: ClassVar[tuple[int, ...]] = ()
-    # Aux tensors backward can rebuild from what it reads anyway (attention's probabilities, from q and k): a plan
-    # may leave them out of its route (`Route.without_aux`); the layer then gets no array for them in `ctx.aux`,
-    # and forward and backward take the path that rebuilds them, with the same bits.
+    # aux a plan may leave out (`Route.without_aux`): backward rebuilds them, with the same bits
     rebuildable_aux: ClassVar[tuple[str, ...]] = ()
-    # In a mixed-precision mode (`backend.precision`): the parameters the kernels read as their half copy (a
-    # product's operands), and the aux tensors stored in half (scores; the others are statistics, float32).
+    # mixed precision: parameters read as their half copy, aux stored in half
     half_params: ClassVar[tuple[str, ...]] = ()
     half_aux: ClassVar[tuple[str, ...]] = ()
 
@@ -97,7 +73,7 @@ class Layer:
         self.name = name
         self._called = False
 
-    # -- graph building -------------------------------------------------------------------------------
+    # -- graph building
     def __call__(self, *inputs: "Symbol") -> "Symbol":
         if not inputs:
             raise GraphError(f"{self.describe()}: called with no inputs")
@@ -122,7 +98,7 @@ class Layer:
     def describe(self) -> str:
         return f"layer '{self.name or '?'}' ({self.type_name})"
 
-    # -- declarations (pure functions of shapes) -------------------------------------------------------
+    # -- declarations (pure functions of shapes)
     def infer_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         """Return the output shape, or raise ValueError saying what is wrong (wrapped into a GraphError)."""
         raise NotImplementedError
@@ -139,19 +115,13 @@ class Layer:
                 raise ValueError(f"input {i} has dtype {np.dtype(dt).name}, expected a floating dtype")
 
     def check_training(self, in_shapes: Sequence[Shape]) -> None:
-        """Raise GraphError naming the layer if it cannot train on inputs of these shapes (BN on one value per
-        channel); checked when a training route is built (before planning) and by `testing.run_layer` in
-        training mode, while evaluation stays allowed."""
+        """Raise GraphError naming the layer if it cannot train on these shapes (before planning)."""
 
     def check_values(self, inputs: Sequence[np.ndarray]) -> None:
-        """Raise a MinidlError if the layer cannot compute on these input values (a loss on labels outside
-        [0, classes)): run by `testing.run_layer` before forward. In a network the executor checks each batch
-        (`Executor.check_batch`), so a layer's kernels can index with its labels unchecked."""
+        """Raise a MinidlError if the layer cannot compute on these values (`testing.run_layer`)."""
 
     def check_batch_input(self, k: int, batch: np.ndarray, where: str) -> None:
-        """Raise a DataError naming `where` if `batch`, fed from a network input to this layer's input `k`, is
-        unusable (token indices outside an embedding's table): run by the executor on every batch, before it is
-        copied in, so the kernels can index with it unchecked."""
+        """Raise a DataError naming `where` if a fed batch is unusable for input `k`."""
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         return {}
@@ -160,37 +130,31 @@ class Layer:
         return {}
 
     def flops(self, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
-        """Forward FLOPs (multiply-adds count as 2). Backward is estimated as twice this by default."""
+        """Forward FLOPs (a multiply-add is 2)."""
         return int(math.prod(out_shape))
 
     def backward_flops(self, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
         return 2 * self.flops(in_shapes, out_shape)
 
-    def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape,
-                          itemsize: int, menu) -> list[WorkspaceOption]:
-        """Algorithms this layer can run `phase` ('fwd' or 'bwd') with; empty means no choice, no workspace.
-
-        `menu` is what the plan is for (the CPU's menu, the cuDNN model, a live backend): the algorithms and their
-        workspace sizes are its own (cuDNN's execution plans are not the CPU's im2col).
-        """
+    def workspace_options(self, phase: str, in_shapes: Sequence[Shape], out_shape: Shape, itemsize: int, menu,
+                          accumulate: frozenset[int] = frozenset()) -> list[WorkspaceOption]:
+        """Algorithms for `phase` ('fwd' or 'bwd') from `menu`, the backend the plan is for
+        (empty: no choice, no workspace); `accumulate`: the input slots whose delta backward adds into."""
         return []
 
     def kernels(self) -> tuple[str, ...]:
-        """Every backend kernel forward and backward may call, the compiled step's fusions included: what a
-        backend needs in a half precision for this layer (`backend.precision.check_half_kernels`)."""
+        """Every backend kernel forward and backward may call (what a half precision must have)."""
         return ()
 
     def backend_ops(self) -> tuple[str, ...]:
-        """The backend methods this layer calls beyond those every backend has (the convolutional family's):
-        a backend that lacks one cannot run the layer, and the executor says so, naming the layer, before any
-        step runs (`check_backend`)."""
+        """Backend methods beyond the common ones: checked before any step (`check_backend`)."""
         return ()
 
     def config(self) -> dict[str, Any]:
         """Hyper-parameters, for summaries and checkpoints."""
         return {}
 
-    # -- compute -------------------------------------------------------------------------------------------
+    # -- compute
     def forward(self, be, inputs: list[np.ndarray], out: np.ndarray, params: dict[str, np.ndarray],
                 ctx: LayerContext) -> None:
         raise NotImplementedError

@@ -1,12 +1,6 @@
-"""BatchNorm2d: per-channel normalization over (N, H, W), PyTorch semantics.
-
-Training normalizes with the batch statistics, saves them as aux tensors (`mean`, `invstd`: C values each, the
-only thing backward needs beside the input) and folds them into the running statistics (variance unbiased).
-Evaluation normalizes with the running statistics. The running statistics are buffers (`trainable=False`
-parameters): they live with the parameters, are updated in place and never receive a gradient.
-
-Recomputation (`ctx.recompute`) re-normalizes with the saved statistics and leaves the running statistics
-alone, so a recomputed output is bit-identical to the first one and a step has exactly one running update.
+"""BatchNorm2d with PyTorch's semantics. Training saves the batch statistics as aux (`mean`, `invstd`) and updates
+the running ones (buffers, variance unbiased); a recomputation reuses the saved statistics and leaves the running
+ones alone: bit-identical output, one running update a step.
 """
 from __future__ import annotations
 
@@ -40,7 +34,7 @@ class BatchNorm2d(Layer):
 
     def check_training(self, in_shapes):
         s = in_shapes[0]
-        if s[0] * s[2] * s[3] < 2:  # training normalizes by the batch variance, which one value does not have
+        if s[0] * s[2] * s[3] < 2:  # one value has no batch variance
             raise GraphError(f"{self.describe()} with input {s}: expected more than one value per channel when "
                              f"training (N x H x W = 1; PyTorch refuses it too): a batch variance needs two; use a "
                              f"larger batch, or evaluate (training=False)")
@@ -80,10 +74,8 @@ class BatchNorm2d(Layer):
             self.forward_relu(be, inputs, out, None, params, ctx)
 
     def forward_relu(self, be, inputs, out, relu_out, params, ctx, keep_out=True):
-        """The training forward, and with `relu_out` also ReLU(out) written there in the same pass: what the
-        compiled step runs for a BN whose output feeds a ReLU next (`minidl.runtime.program`, on backends whose
-        `capabilities.fuses` has `batchnorm_relu`). `out` is written as by `forward` (unless `keep_out` is False:
-        nothing else reads it, and the backend may leave it unwritten), `relu_out` as `ReLU.forward(out)` would."""
+        """The training forward with ReLU(out) into `relu_out` in the same pass (`out` may stay unwritten unless
+        `keep_out`); the compiled step's fused BN+ReLU."""
         extra = {} if relu_out is None else {"relu_out": relu_out, **({} if keep_out else {"keep_y": False})}
         be.batchnorm_forward_train(inputs[0], params.get("weight"), params.get("bias"), params["running_mean"],
                                    params["running_var"], out, ctx.aux["mean"], ctx.aux["invstd"], self.momentum,
@@ -99,9 +91,6 @@ class BatchNorm2d(Layer):
                                        dx, dw, db)
 
     def backward_relu(self, be, inputs, dout, dinputs, grads, params, ctx, relu_out, relu_dout):
-        """The training backward of a batch norm whose output feeds a ReLU, with that ReLU's backward first in
-        the same call: dout (this layer's output gradient) is written as `ReLU.backward` would write it from
-        relu_out and relu_dout, then used. What the compiled step runs where it folds the pair
-        (`minidl.runtime.program`, on backends whose `capabilities.fuses` has `batchnorm_relu`)."""
+        """The ReLU's backward (into `dout`, as `ReLU.backward` writes it) and then this one, in one call."""
         be.batchnorm_backward(inputs[0], params.get("weight"), dout, ctx.aux["mean"], ctx.aux["invstd"], dinputs[0],
                               grads.get("weight"), grads.get("bias"), relu=(relu_out, relu_dout))

@@ -1,10 +1,7 @@
 """2-D convolution (NCHW, PyTorch's weight layout and default initialization).
 
-The layer declares its algorithms and their exact workspace sizes (`workspace_options`) from the menu the plan is
-for (`conv_workspace_options`: the CPU's table of `minidl.backend.cpu.conv`, the cuDNN model, or on CUDA cuDNN's
-execution plans). The memory planner picks one per phase and hands the executor's workspace block and the
-algorithm's name in through the LayerContext. Every CPU algorithm gives bit-identical results, so on the CPU the
-choice changes memory and speed, never values.
+The layer declares its algorithms and exact workspaces from the menu the plan is for; the planner picks one
+per phase and hands the workspace and the algorithm's name in through the LayerContext.
 """
 from __future__ import annotations
 
@@ -38,7 +35,7 @@ class Conv2d(Layer):
         self.groups = args.integer(*who, "groups", groups, 1)
         self.bias = args.flag(*who, "bias", bias)
 
-    # -- declarations ------------------------------------------------------------------------------------------
+    # -- declarations
     def kernels(self):
         return ("conv2d_forward", "conv2d_backward", "accumulate")
 
@@ -94,9 +91,8 @@ class Conv2d(Layer):
                             tuple(self.stride), tuple(self.padding), tuple(self.dilation))
 
     def algorithms(self, in_shape=None, winograd: bool = True) -> list[str]:
-        """The CPU algorithms this configuration can run with (`winograd`: with Winograd on the CPU's menu); on
-        input `in_shape` (N, C, H, W) exactly, without it those that depend on the configuration alone
-        (`im2col_grouped` depends on the shapes too)."""
+        """The CPU algorithms this configuration can run (`winograd`: Winograd on the menu); with
+        `in_shape` exactly, without it those the configuration alone decides."""
         shape = None if in_shape is None else tuple(in_shape)
         key = (shape, winograd)
         cache = self.__dict__.setdefault("_algorithms", {})  # called on every step: worked out once per shape
@@ -106,17 +102,19 @@ class Conv2d(Layer):
                                          geom, winograd)
         return cache[key]
 
-    def workspace_options(self, phase, in_shapes, out_shape, itemsize, menu):
-        """The algorithms `menu` runs this convolution with, fastest first, with their exact workspace bytes."""
+    def workspace_options(self, phase, in_shapes, out_shape, itemsize, menu, accumulate=frozenset()):
+        """`menu`'s algorithms for this convolution, fastest first, with exact workspaces;
+        `accumulate` {0}: the accumulating backward."""
         w_shape = (self.out_channels, in_shapes[0][1] // self.groups, *self.kernel_size)
         return menu.conv_workspace_options(phase, tuple(in_shapes[0]), w_shape, tuple(out_shape), self.stride,
-                                           self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"))
+                                           self.padding, self.dilation, self.groups, np.dtype(f"f{itemsize}"),
+                                           accumulate=0 in accumulate)
 
     def config(self):
         return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
                 "padding": self.padding, "dilation": self.dilation, "groups": self.groups, "bias": self.bias}
 
-    # -- compute -----------------------------------------------------------------------------------------------
+    # -- compute
     def _algo(self, ctx: LayerContext, phase: str, in_shape) -> str:
         algo = ctx.algo
         if algo is None:
@@ -135,19 +133,7 @@ class Conv2d(Layer):
                           self.dilation, self.groups, self._algo(ctx, "fwd", inputs[0].shape), ctx.workspace)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
-        algo = self._algo(ctx, "bwd", inputs[0].shape)
-        scratch = ctx.accumulate.get(0)
-        if scratch is None:
-            be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
-                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
-            return
-        # dinputs[0] already holds the fork's other contributions: the weight gradient over the batch, then this
-        # layer's input delta one sample at a time (every algorithm computes samples independently), each added
-        # into the sum, so no delta of the whole batch is ever held twice
-        if grads:
-            be.conv2d_backward(inputs[0], params["weight"], dout, None, grads.get("weight"), grads.get("bias"),
-                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
-        for i in range(dout.shape[0]):
-            be.conv2d_backward(inputs[0][i:i + 1], params["weight"], dout[i:i + 1], scratch, None, None,
-                               self.stride, self.padding, self.dilation, self.groups, algo, ctx.workspace)
-            be.accumulate(dinputs[0][i:i + 1], scratch)
+        # at a fork, dinputs[0] already holds the other consumers' contributions: added into
+        be.conv2d_backward(inputs[0], params["weight"], dout, dinputs[0], grads.get("weight"), grads.get("bias"),
+                           self.stride, self.padding, self.dilation, self.groups,
+                           self._algo(ctx, "bwd", inputs[0].shape), ctx.workspace, accumulate=0 in ctx.accumulate)

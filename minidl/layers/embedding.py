@@ -1,10 +1,4 @@
-"""Embeddings: `Embedding` (a table of vectors looked up by integer index, the tokens of a language model) and
-`PositionEmbedding` (a learned vector per position added to a (B, T, C) sequence).
-
-`Embedding`'s backward reads its indices (to scatter the gradient into the rows they picked) and nothing else;
-its indices never receive a gradient. `PositionEmbedding`'s backward reads no forward tensor: the delta passes
-through, and the weight gradient is the delta summed over the batch.
-"""
+"""Embeddings: `Embedding`'s backward reads only its indices (no gradient for them); `PositionEmbedding`'s none."""
 from __future__ import annotations
 
 import math
@@ -17,16 +11,13 @@ from .base import Layer, ParamSpec
 
 
 class Embedding(Layer):
-    """Integer indices of any shape (...) -> their rows of the table, (..., embedding_dim), as `nn.Embedding`.
-
-    The table's gradient accumulates every occurrence of an index (a token repeated in the batch adds its
-    gradients); rows no index picked get zeros. The table is initialized N(0, std^2): std 1 is PyTorch's default,
-    GPT-2 and BERT use 0.02 (a table read by a tied output projection must start small)."""
+    """`nn.Embedding`: indices (...) -> rows (..., embedding_dim), the gradient summed over repeated indices.
+    Initialized N(0, std^2): 1 is PyTorch's default, GPT-2 and BERT use 0.02."""
 
     type_name = "embedding"
     needs_inputs = (0,)
     nondiff_inputs = (0,)
-    checkpoint = True  # a lookup into a parameter: kept, like a linear's output, rather than rebuilt from indices
+    checkpoint = True  # kept, like a linear's output, rather than rebuilt
 
     def __init__(self, num_embeddings: int, embedding_dim: int, std: float = 1.0, name: str | None = None):
         super().__init__(name)
@@ -54,8 +45,7 @@ class Embedding(Layer):
         self.check_indices(batch, where)
 
     def check_indices(self, idx: np.ndarray, where: str) -> None:
-        """Indices outside [0, num_embeddings) are a DataError naming `where` and the index (numpy would read -1
-        as the last row): run on every batch by the executor, and by `testing.run_layer`."""
+        """An index outside [0, num_embeddings) is a DataError (numpy would read -1 as the last row)."""
         if idx.size == 0:
             return
         lo, hi = int(idx.min()), int(idx.max())
@@ -88,10 +78,9 @@ class Embedding(Layer):
 
 
 class PositionEmbedding(Layer):
-    """(B, T, C) -> x + P[:T]: a learned vector per position (GPT's `wpe(arange(T))` added to the token
-    embeddings), `max_positions` >= T rows. Initialized N(0, std^2) like an `nn.Embedding`."""
+    """(B, T, C) -> x + P[:T], GPT's `wpe`; `max_positions` >= T rows, initialized N(0, std^2)."""
 
-    type_name = "pos_embedding"  # fits the summary's type column (13 characters)
+    type_name = "pos_embedding"  # fits the summary's 13-character type column
     checkpoint = True  # an add: kept, like `Add`'s output
 
     def __init__(self, max_positions: int, std: float = 1.0, name: str | None = None):

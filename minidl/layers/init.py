@@ -1,9 +1,5 @@
-"""Parameter initializers (PyTorch's defaults), deterministic per parameter.
-
-Each parameter draws from its own generator seeded by (run seed, CRC32 of its qualified name), so the values of
-one layer do not depend on how many layers come before it: inserting a layer leaves the others unchanged, and
-the same seed always gives bit-identical parameters.
-"""
+"""Parameter initializers (PyTorch's defaults). Each parameter draws from its own generator, seeded by (run seed,
+CRC32 of its name): inserting a layer leaves the others' values unchanged."""
 from __future__ import annotations
 
 import math
@@ -19,7 +15,7 @@ def param_rng(seed: int, qualified_name: str) -> np.random.Generator:
 
 
 def initial_values(spec: ParamSpec, rng: np.random.Generator, dtype) -> np.ndarray:
-    """The initial values of a parameter as a host array (the backend copies them into the arena)."""
+    """The initial values of a parameter as a host array."""
     out = np.empty(spec.shape, dtype)
     initialize(spec, out, rng)
     return out
@@ -33,14 +29,14 @@ def initialize(spec: ParamSpec, out: np.ndarray, rng: np.random.Generator) -> No
     elif kind == "ones":
         out.fill(1)
     elif kind in ("kaiming_uniform", "bias_uniform"):
-        # PyTorch's default for conv/linear: kaiming_uniform(a=sqrt(5)) => bound 1/sqrt(fan_in); bias likewise.
+        # PyTorch's conv/linear default: kaiming_uniform(a=sqrt(5)), bound 1/sqrt(fan_in); bias likewise
         bound = 1.0 / math.sqrt(max(1, spec.fan_in))
         out[...] = rng.uniform(-bound, bound, size=out.shape)
     elif kind == "kaiming_normal_fan_out":
-        # torchvision's ResNet convs: kaiming_normal_(mode="fan_out", nonlinearity="relu").
+        # torchvision's ResNet: kaiming_normal_(mode="fan_out", nonlinearity="relu")
         out[...] = rng.standard_normal(out.shape) * math.sqrt(2.0 / max(1, spec.fan_out))
     elif kind == "normal":
-        # PyTorch's nn.Embedding default: N(0, 1); N(0, std^2) where a model says so.
+        # nn.Embedding's N(0, 1), or the model's std
         out[...] = rng.standard_normal(out.shape) if spec.std == 1.0 else rng.standard_normal(out.shape) * spec.std
     elif kind == "xavier_uniform":
         bound = math.sqrt(6.0 / max(1, spec.fan_in + spec.fan_out))

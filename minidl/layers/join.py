@@ -34,9 +34,7 @@ class Add(Layer):
         be.add_forward(inputs, out)
 
     def forward_relu(self, be, inputs, out, relu_out, params, ctx, keep_out=True):
-        """`forward`, and ReLU(out) written to `relu_out` in the same pass: what the compiled step runs for an add
-        whose output feeds a ReLU next (`minidl.runtime.program`, on backends whose `capabilities.fuses` has
-        `add_relu`); without `keep_out` (nothing else reads out) the backend may leave `out` unwritten."""
+        """`forward` with ReLU(out) into `relu_out` in the same pass (`out` unwritten unless `keep_out`)."""
         be.add_forward(inputs, out, relu_out=relu_out, keep_y=keep_out)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
@@ -45,10 +43,7 @@ class Add(Layer):
                 be.copy(dx, dout)
 
     def backward_relu(self, be, inputs, dout, dinputs, grads, params, ctx, relu_out, relu_dout):
-        """The backward of the ReLU that follows this add, then `backward`, in one call: each input's gradient
-        as `ReLU.backward` then `backward` would leave it (`dout`, which only this add reads, may be left
-        unwritten): the compiled step's fusion, `minidl.runtime.program`, on backends whose `capabilities.fuses`
-        has `add_relu_backward`."""
+        """The following ReLU's backward, then `backward`, in one call (`dout` may stay unwritten)."""
         be.add_relu_backward(relu_out, relu_dout, dout, dinputs)
 
 
@@ -68,7 +63,7 @@ class Concat(Layer):
             if len(s) != len(first) or s[:1] != first[:1] or s[2:] != first[2:]:
                 raise ValueError(f"inputs must agree on every axis but channels (1); input 0 is {first}, "
                                  f"input {i} is {s}")
-        # Channel counts are a build-time fact the backward needs even for inputs without a delta.
+        # backward needs the channel counts even of inputs without a delta
         self.channels = [s[1] for s in in_shapes]
         return (first[0], sum(self.channels)) + tuple(first[2:])
 

@@ -8,12 +8,8 @@ from .base import Layer, ParamSpec
 
 
 class Linear(Layer):
-    """y = x W^T + b; W has PyTorch's layout (out_features, in_features).
-
-    `flatten=True` (the default, a classifier's head): the input (N, features...) is read as (N, F), F the product
-    of its other axes, and the output is (N, out_features). `flatten=False`: the product applies to the last axis,
-    as `torch.nn.Linear` does, (..., C) -> (..., out_features): a transformer's per-token projection of (B, T, C).
-    Either way the kernels see one 2-D product (rows, F) x (F, out), so every backend's linear runs both."""
+    """y = x W^T + b, W (out_features, in_features). `flatten=True` reads (N, ...) as (N, F); `flatten=False` is
+    `torch.nn.Linear` on the last axis. The kernels see one 2-D product either way."""
 
     type_name = "linear"
     needs_inputs = (0,)
@@ -41,7 +37,7 @@ class Linear(Layer):
         return math.prod(shape[1:]) if self.flatten else shape[-1]
 
     def _matrix(self, a):
-        """`a` (an input or an output, or their deltas) as the 2-D matrix the kernels take (a view)."""
+        """`a` as the kernels' 2-D matrix (a view)."""
         if a is None:
             return None
         return a.reshape(a.shape[0], -1) if self.flatten else a.reshape(-1, a.shape[-1])
@@ -69,9 +65,7 @@ class Linear(Layer):
 
 
 class MatMul(Layer):
-    """A batched matrix product of two tensors, `torch.matmul` on equal batch axes: a (..., M, K) times
-    b (..., K, N) -> (..., M, N); with `transpose_b`, b is (..., N, K) and the product is a b^T (attention's
-    scores q k^T). Backward reads both inputs (da = dy b^T, db = a^T dy)."""
+    """`torch.matmul` on equal batch axes (a b^T with `transpose_b`); backward reads both inputs."""
 
     type_name = "matmul"
     num_inputs = 2
@@ -116,7 +110,7 @@ class MatMul(Layer):
 
 
 class Flatten(Layer):
-    """(N, C, H, W) -> (N, C*H*W). A copy here (cheap), so every tensor keeps a single owner in the pool."""
+    """(N, C, H, W) -> (N, C*H*W), a copy: every tensor keeps a single owner in the pool."""
 
     type_name = "flatten"
 

@@ -1,10 +1,5 @@
-"""Softmax cross-entropy loss: the mean over samples (or tokens) of -log softmax(logits)[label].
-
-Logits (N, classes) with labels (N,), a classifier's; or logits (..., classes) with one label per row, labels
-(...), a language model's (B, T, vocabulary) with (B, T) targets: classes are on the last axis. With
-`ignore_index`, rows whose label is that value count for nothing, and the mean is over the others (PyTorch's
-`F.cross_entropy(..., ignore_index=i)`, reduction 'mean'; all rows ignored gives NaN there and here).
-"""
+"""Softmax cross-entropy, the mean over rows of -log softmax(logits)[label], classes on the last axis. As PyTorch's
+`F.cross_entropy(..., ignore_index=i)`: ignored rows count for nothing (all ignored: NaN)."""
 from __future__ import annotations
 
 import math
@@ -15,7 +10,7 @@ from ..core.guards import check_labels
 from . import args
 from .base import Layer, last_axis_rows
 
-IGNORE_INDEX = -100  # the usual ignore_index: a sequence model's target that counts for nothing (PyTorch's default)
+IGNORE_INDEX = -100  # PyTorch's default ignore_index
 
 
 class SoftmaxCrossEntropy(Layer):
@@ -52,7 +47,7 @@ class SoftmaxCrossEntropy(Layer):
         self.check_label_values(inputs[1], inputs[0].shape[-1], f"{self.describe()}: labels")
 
     def check_label_values(self, labels, classes: int, where: str, shape=None) -> np.ndarray:
-        """The labels checked (`guards.check_labels`): integers in [0, classes), or `ignore_index`."""
+        """The labels, integers in [0, classes) or `ignore_index`."""
         return check_labels(labels, classes, where, shape, ignore_index=self.ignore_index)
 
     def flops(self, in_shapes, out_shape):

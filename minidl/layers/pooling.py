@@ -1,11 +1,7 @@
 """Pooling: MaxPool2d, AvgPool2d (PyTorch semantics, NCHW) and GlobalAvgPool ((N, C, H, W) -> (N, C)).
 
-MaxPool2d's backward declares only its input as needed (`needs_inputs=(0,)`, `needs_output=False`) and
-recomputes each window's argmax from it. Keeping the output (as cuDNN does) or argmax indices (as PyTorch does)
-would hold an extra tensor a quarter of the input (3x3 stride 2) or, for int64 indices, half of it, from forward
-until backward; the input is usually kept anyway, by the convolution or ReLU that produced it, so re-deriving
-the argmax costs no memory at all, only one more pass over the windows. Average and global average pooling
-need nothing: their backward is a fixed linear map of the output delta.
+MaxPool2d's backward needs only its input (usually kept anyway by its producer) and re-derives each window's
+argmax: keeping the output (cuDNN) or int64 indices (PyTorch) would hold a quarter to half of the input more.
 """
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ Pair = tuple[int, int]
 
 
 def pool_output_size(size: int, k: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
-    """PyTorch's pooling_output_shape: floor (or ceil) division, and with ceil_mode the last window must start
-    inside the input or its left padding."""
+    """PyTorch's pooling_output_shape (with ceil_mode the last window starts inside the input or left padding)."""
     span = dilation * (k - 1) + 1
     num = size + 2 * pad - span + ((stride - 1) if ceil_mode else 0)
     out = num // stride + 1  # Python's // rounds toward -inf, like PyTorch's div_rtn
@@ -30,7 +25,7 @@ def pool_output_size(size: int, k: int, stride: int, pad: int, dilation: int, ce
 
 def _check_window(in_shapes, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair,
                   ceil_mode: bool, all_padding: bool = False) -> tuple[int, int, int, int]:
-    """Validate a 2-D pooling window against its input; return the output shape. Raises ValueError."""
+    """The output shape of a valid 2-D pooling window; ValueError otherwise."""
     s = in_shapes[0]
     if len(s) != 4:
         raise ValueError(f"expects a 4-D input (N, C, H, W), got shape {s}")
@@ -46,8 +41,7 @@ def _check_window(in_shapes, kernel: Pair, stride: Pair, padding: Pair, dilation
         raise ValueError(f"input {s[2]}x{s[3]} is too small for kernel {kernel}, stride {stride}, padding "
                          f"{padding}, dilation {dilation}: the output would be {out_hw[0]}x{out_hw[1]}")
     for a in range(2):
-        # ceil_mode lets a window overhang the padded input; PyTorch clips it, but a window wider than the whole
-        # padded input is a mistake (AvgPool2d(100000) on 8x8), and scratch sized by the kernel would be huge
+        # a window wider than the padded input is a mistake (AvgPool2d(100000) on 8x8), not a clip
         span = dilation[a] * (kernel[a] - 1) + 1
         if span > s[2 + a] + 2 * padding[a]:
             raise ValueError(f"kernel {kernel} (dilation {dilation}) spans {span} along "
@@ -62,9 +56,7 @@ def _check_window(in_shapes, kernel: Pair, stride: Pair, padding: Pair, dilation
 
 
 def _window_in_padding(size: int, k: int, stride: int, pad: int, dilation: int, out: int) -> int | None:
-    """The first output index whose window (taps start + j * dilation, j < k) misses [0, size), else None.
-    The first tap at or after 0 is j0 = ceil(-start / dilation); the window hits iff j0 < k and that tap < size.
-    O(out) integer arithmetic, whatever the kernel size."""
+    """The first output index whose window misses [0, size), else None; O(out), whatever the kernel size."""
     for o in range(out):
         start = o * stride - pad
         j0 = max(0, -(start // dilation)) if start < 0 else 0
@@ -74,7 +66,7 @@ def _window_in_padding(size: int, k: int, stride: int, pad: int, dilation: int, 
 
 
 class MaxPool2d(Layer):
-    """Max pooling; padding acts as -inf. Backward re-derives the argmax from the input (see module doc)."""
+    """Max pooling; padding acts as -inf."""
 
     type_name = "maxpool"
     needs_inputs = (0,)

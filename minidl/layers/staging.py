@@ -22,7 +22,7 @@ def step_staging(layer: Layer, backend, prec: Precision, phase: str, in_shapes, 
     """The bytes of staging `layer`'s forward (`phase` 'fwd', a recomputation alike) or backward ('bwd') takes on
     `backend` in `prec`, its inputs of `in_shapes` stored in `in_dtypes`; `kept_aux` the aux tensors the plan
     keeps (None: all of them); `wants_dinputs` which inputs' deltas the step writes (None: every differentiable
-    one); `accumulate` the inputs whose delta the layer adds in place a sample at a time (`ctx.accumulate`);
+    one); `accumulate` the inputs whose delta the layer adds into (`ctx.accumulate`);
     `fold_relu`: the larger of the plain call and the one with a following ReLU folded in, where the backend
     folds it. 0 in float32 modes, and on backends that stage nothing."""
     if prec.half is None or not backend.capabilities.half_staging:
@@ -34,8 +34,10 @@ def step_staging(layer: Layer, backend, prec: Precision, phase: str, in_shapes, 
     aux = {k: np.empty(s, prec.dtype(Role.AUX, layer=layer, aux=k))
            for k, s in layer.aux_specs(in_shapes, training=training).items() if kept_aux is None or k in kept_aux}
     out = np.empty(out_shape, prec.dtype(Role.ACTIVATION, layer=layer))
-    opts = layer.workspace_options(phase, in_shapes, tuple(out_shape), 4, menu_of(backend))
-    ctx = LayerContext(training=training, aux=aux, algo=opts[0].algo if opts else None)
+    opts = layer.workspace_options(phase, in_shapes, tuple(out_shape), 4, menu_of(backend),
+                                   accumulate=frozenset(accumulate))
+    ctx = LayerContext(training=training, aux=aux, algo=opts[0].algo if opts else None,
+                       accumulate=frozenset(accumulate))
     fuses = backend.capabilities.fuses if fold_relu else frozenset()
     trace = backend.staging_trace()
     if phase == "fwd":
@@ -47,7 +49,6 @@ def step_staging(layer: Layer, backend, prec: Precision, phase: str, in_shapes, 
     wants = wants_dinputs if wants_dinputs is not None else [True] * len(inputs)
     dinputs = [np.empty_like(x) if k not in layer.nondiff_inputs and floating(x) and wants[k] else None
                for k, x in enumerate(inputs)]
-    ctx.accumulate = {k: np.empty((1, *inputs[k].shape[1:]), inputs[k].dtype) for k in accumulate}
     grads = {p: np.empty(spec.shape, np.float32) for p, spec in layer.param_specs(in_shapes).items()
              if spec.trainable}
     saved = [x if k in layer.needs_inputs else None for k, x in enumerate(inputs)]

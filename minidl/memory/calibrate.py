@@ -1,22 +1,10 @@
 """A measured device profile: the simulator's CUDA timing from measurement instead of the datasheet.
 
-`auto` decides between offloading a tensor and recomputing it by simulating both on a device profile. With the
-datasheet profiles a copy costs `nbytes / link_bw` on one FIFO stream; on the GPU each copy also pays a fixed
-cost, the two directions run on their own streams, and each direction is slower while the other is busy. So
-`calibrated_profile` builds a profile from:
-
-* a `backend.cuda_calibrate.LinkMeasurement` (each direction's bandwidth with both busy, and the per-copy
-  latency): `link_bw` = the slower direction's duplex bandwidth, `link_latency_s`, `duplex=True`;
-* optionally the autotune cache (`workspace.CostTable` with measured seconds, `--autotune CACHE.json`): the
-  profile's `efficiency` (the share of peak FLOP/s the roofline assumes) is fitted so that the route's
-  convolutions, at their fastest measured algorithm, take the time they were measured to take. Convolutions
-  are most of a CNN step, and the fit is one scalar: layers the cache does not cover keep the roofline's shape.
-
-A copy the link cannot hide then costs what it costs on that machine, and `auto` recomputes instead
-(tests/memory/test_calibrate.py shows the switch with two given measurements). `measured_profile(backend)` does
-the measuring (a GPU only); everything else here is arithmetic, host-tested. `fit_profile` fits the same scalar
-to a measured per-layer profile (benchmarks/gpu_profile.py) instead, and says per layer kind and phase how far
-each row is from the roofline.
+`calibrated_profile` takes a `backend.cuda.calibrate.LinkMeasurement` (each direction's bandwidth with both
+busy, the per-copy latency: `link_bw` the slower, `duplex=True`) and optionally fits the one scalar
+`efficiency` so the route's convolutions take their autotuned times; `fit_profile` fits it to a measured
+per-layer profile (benchmarks/gpu_profile.py). `auto` then weighs offload against recompute at that machine's
+costs. Only `measured_profile` needs a GPU; the rest is arithmetic, host-tested.
 """
 from __future__ import annotations
 
@@ -32,8 +20,7 @@ EFFICIENCY_RANGE = (0.01, 1.0)
 
 def calibrated_profile(base: DeviceProfile | str, link, costs: CostTable | None = None, route: Route | None = None,
                        name: str = "measured") -> DeviceProfile:
-    """`base` with the link figures of `link` (a LinkMeasurement) and, given `costs` and `route`, its efficiency
-    fitted to the measured convolution times (see the module docstring)."""
+    """`base` with `link`'s figures and, given `costs` and `route`, its fitted efficiency."""
     prof = get_profile(base) if isinstance(base, str) else base
     bw = min(float(link.duplex_h2d_bw), float(link.duplex_d2h_bw))
     if not bw > 0:
@@ -50,11 +37,11 @@ def calibrated_profile(base: DeviceProfile | str, link, costs: CostTable | None 
 
 
 def fit_efficiency(route: Route, costs: CostTable, peak_flops: float) -> float | None:
-    """The efficiency at which the roofline's FLOP time of the route's measured convolutions equals their
-    measured time (fastest algorithm of each, from `costs.seconds`); None when the cache covers none of them."""
+    """The efficiency at which the roofline's FLOP time of the route's measured convolutions (fastest
+    algorithm each) equals their measured time; None when the cache covers none."""
     flops = seconds = 0.0
     net = route.network
-    for step in route.steps:   # the steps, keys and item size `workspace.workspace_choices` ranks by
+    for step in route.steps:
         if step.workspace is None:
             continue
         node = net.nodes[step.node]
@@ -62,7 +49,7 @@ def fit_efficiency(route: Route, costs: CostTable, peak_flops: float) -> float |
         in_shapes, out_shape = route.shapes_of(node.index)
         phase = "fwd" if step.phase is Phase.FORWARD else "bwd"
         entry = costs.seconds.get(cost_key(layer, phase, in_shapes, out_shape, net.dtype.itemsize,
-                                           route.backend_name))
+                                           route.backend_name, step.accumulates_into))
         if not entry:
             continue
         seconds += min(entry.values())
@@ -75,15 +62,13 @@ def fit_efficiency(route: Route, costs: CostTable, peak_flops: float) -> float |
 
 def measured_profile(backend, base: DeviceProfile | str | None = None, costs: CostTable | None = None,
                      route: Route | None = None) -> DeviceProfile:
-    """Measure `backend`'s link (`backend.measure_link()`, a GPU) and return the calibrated profile; `base`
-    defaults to the backend's nearest datasheet profile."""
+    """Measure `backend`'s link (a GPU) and return the calibrated profile."""
     return calibrated_profile(base or backend.profile, backend.measure_link(), costs, route)
 
 
 @dataclass(slots=True)
 class KindFit:
-    """A measured profile row against the roofline: the share of the device's peak FLOP/s and of its memory
-    bandwidth the row's calls reached, which of the two the roofline says binds it, and the simulator's error."""
+    """A measured profile row against the roofline: the shares of peak FLOP/s and bandwidth reached."""
 
     kind: str
     phase: str
@@ -95,17 +80,13 @@ class KindFit:
 
     @property
     def sim_error(self) -> float | None:
-        """(simulated - measured) / measured (None where nothing was measured)."""
+        """(simulated - measured) / measured; None where nothing was measured."""
         return (self.sim_s - self.measured_s) / self.measured_s if self.measured_s > 0 else None
 
 
 def fit_profile(rows, base: DeviceProfile | str) -> tuple[list[KindFit], DeviceProfile]:
-    """The rows of a measured per-layer profile (benchmarks/results/gpu_profile_*.json: dicts or
-    `runtime.profile.ProfileRow`s with kind, phase, seconds, flops, bytes, sim_s) fitted to `base`'s roofline:
-    each row's reached efficiencies, and `base` with the one `efficiency` at which the roofline's time of all
-    rows, max(FLOPs / (peak x efficiency), bytes / bandwidth) row by row, equals their measured time (bisection:
-    that time falls as the efficiency rises; clamped to EFFICIENCY_RANGE). Rows without FLOPs and bytes (`other`)
-    are left out of both."""
+    """Each measured row's reached efficiencies, and `base` with the one `efficiency` at which the
+    roofline's time of all rows equals theirs (bisection, clamped to EFFICIENCY_RANGE)."""
     prof = get_profile(base) if isinstance(base, str) else base
     rows = [r if isinstance(r, dict) else {"kind": r.kind, "phase": r.phase, "seconds": r.seconds, "flops": r.flops,
                                            "bytes": r.bytes, "sim_s": r.sim_s} for r in rows]

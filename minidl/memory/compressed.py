@@ -1,14 +1,5 @@
 """The moving half of the compress decision: encodes tensors into their reserved blocks and decodes them back.
-
-The executor owns one `CompressedStore` when its plan has COMPRESS events. The store chooses each tensor's error
-bound when it compresses it (`errorbound.ErrorBoundRule`, adapted from the norms the executor reports after each
-bilinear layer's backward), writes the stream into the block the plan reserved, and keeps per-tensor figures
-(raw and compressed bytes, bound, time) that the benchmark reports and that `ratios()` hands to the next plan.
-
-A stream larger than its block is *spilled*: kept here, in host memory, and the block is left unused, so the pool
-never holds more than the plan placed (see `decisions/compress.py`). Streams are read back once, in backward;
-the spill dictionary is empty again at the end of every iteration.
-"""
+Rule: a stream larger than its block spills to host memory, so the pool never holds more than the plan placed."""
 from __future__ import annotations
 
 import time
@@ -28,7 +19,7 @@ class TensorFigures:
     stream_bytes: int = 0
     reserved_bytes: int = 0
     eb: float = 0.0
-    spills: int = 0          # iterations whose stream did not fit the reserved block
+    spills: int = 0          # iterations whose stream missed its block
 
     @property
     def ratio(self) -> float:
@@ -52,7 +43,7 @@ class CompressedStore:
         return np.asarray(self.be.to_host(view)) if self.be is not None else np.asarray(view)
 
     def compress(self, tid: str, src, block) -> None:
-        """Encode tensor `tid` (device view `src`) into `block` (the uint8 view the plan reserved)."""
+        """Encode `tid` (device view `src`) into the uint8 `block` the plan reserved."""
         t = time.perf_counter()
         x = self._host(src)
         eb = self.rule.bound(x, self.readers[tid])
@@ -71,7 +62,7 @@ class CompressedStore:
         self.compress_s += time.perf_counter() - t
 
     def decompress(self, tid: str, dst, block) -> None:
-        """Decode tensor `tid` into `dst` (its freshly allocated device view) from `block` or the spill."""
+        """Decode `tid` into `dst` from `block` or the spill."""
         t = time.perf_counter()
         stream = self.spilled.pop(tid, None)
         if stream is None:
@@ -84,12 +75,12 @@ class CompressedStore:
         self.decompress_s += time.perf_counter() - t
 
     def observe(self, node: str, grads: dict, delta) -> None:
-        """After `node`'s backward: feed rule B with its weight gradient and output delta (bilinear nodes only)."""
+        """After `node`'s backward: feed rule B its weight gradient and output delta."""
         if node in self.bilinear_nodes and "weight" in grads:
             self.rule.observe(node, self._host(grads["weight"]), self._host(delta))
 
     def ratios(self) -> dict[str, float]:
-        """Measured raw / compressed bytes per tensor (for `decisions.compress.plan_compress(ratios=...)`)."""
+        """Measured raw / compressed bytes per tensor, for `plan_compress(ratios=...)`."""
         return {t: f.ratio for t, f in self.figures.items() if f.stream_bytes}
 
     @property

@@ -1,53 +1,11 @@
 """A model of cuDNN's convolution algorithms, for plans made for a GPU that is not here.
 
-A plan for a simulated GPU must size its convolution workspaces the way cuDNN would on that GPU, not with the
-CPU's menu (`minidl.backend.cpu.conv`): the CPU's im2col/Winograd table needs different scratch than cuDNN's
-families, and a depth or batch claimed "for a K40c" is only as good as those sizes. `CudnnModel` stands in for
-the CUDA backend when the route is built (it answers `conv_workspace_options`, as `CUDABackend` does from real
-cuDNN execution plans): for each phase it lists cuDNN's algorithm families that apply to the shapes, each with
-
-- a **workspace** from the shapes (the formulas below; float32 unless the dtype says otherwise), and
-- a **time** from a roofline: max(FLOPs / (device FLOP/s x the family's efficiency), bytes / bandwidth), the
-  FLOPs and bytes those of the family's method (a Winograd or FFT convolution does fewer multiplies than the
-  direct sum and moves its workspace twice).
-
-Families, per cuDNN's `cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t` (cuDNN developer guide, "Convolution
-algorithms"), with the restrictions its documentation states (stride 1 for FFT and Winograd, 3x3 for fused
-Winograd, padded image <= 256 for FFT, kernel <= 32 for FFT tiling, one group for the transform families):
-
-=====================  ==========================================================================================
-implicit_gemm          the GEMM done on the fly from the input: no workspace (vDNN's "memory-optimal" choice).
-                       fwd IMPLICIT_GEMM, bwd-data ALGO_0, bwd-filter ALGO_0.
-precomp_gemm           the same with a precomputed table of input offsets: int32 per (channel, tap) of the
-                       filter and per output row/column (docs: "needs some workspace to store a precomputed set
-                       of indices"; sizes here are an estimate of that table, a few KiB to a few MiB).
-                       fwd IMPLICIT_PRECOMP_GEMM, bwd-data ALGO_1, bwd-filter ALGO_3.
-gemm                   im2col of the whole batch, then one GEMM: C/g*kh*kw * Ho*Wo * N elements (the column
-                       matrix Caffe builds per image, for the batch at once; SuperNeurons and vDNN describe it as
-                       the large-workspace fast path). fwd GEMM, bwd-filter ALGO_1 (its column matrix).
-fft                    transforms of the padded input, the filters and the output, each (H+2p) x ((W+2p)/2+1)
-                       complex64 values: 8 B * Hf*(Wf/2+1) * (N*C + K*C + N*K) (the method of Vasilache et al.,
-                       which cuDNN's FFT follows; the largest workspace of all, the one vDNN cites).
-fft_tiling             the same on 32x32 tiles: the filters' transforms (K*C) plus one tile position of input and
-                       output across the batch (N*C + N*K), 32 x 17 complex64 each: an estimate (cuDNN does not
-                       document its tiling), kept below `fft` as the documentation says it is.
-winograd               fused F(2x2, 3x3): transformed filters only, 16 * K*C values (estimate: the fused kernel
-                       keeps its tiles in shared memory).
-winograd_nonfused      F(4x4, 3x3) for 3x3, F(2x2, 5x5) for 5x5, every transform in global memory: 6x6 values
-                       per tile per channel for input and output, per (k, c) for the filters:
-                       4 B * 36 * (K*C + N*C*T + N*K*T), T the number of output tiles.
-=====================  ==========================================================================================
-
-Every size is an estimate from the method's data, not cuDNN's exact figure (cuDNN rounds, pads and versions
-differ), not yet checked against a GPU: on one, the CUDA backend's `conv_workspace_options` (cuDNN's execution plans
-and their exact workspaces) and an `--autotune` cache (their measured seconds) are what to compare with. The
-per-family efficiencies are estimates too, chosen so that the ranking
-matches what cuDNN's heuristics typically pick on large convolutions (Winograd and FFT ahead of the GEMMs for 3x3
-and large 1-channel-heavy layers, implicit GEMM last), and are the first thing a measurement would correct.
-
-The backward phase of a layer runs backward-data then backward-filter in one workspace (as the CUDA backend
-does), so each backward option is a pair: workspace the larger of the two, time their sum; pairs slower than a
-pair with no more workspace are dropped (`backend.cuda.cudnn_specs.pareto`, the CUDA backend's own rule).
+`CudnnModel` answers `conv_workspace_options` as `CUDABackend` does: per phase, the cuDNN families
+(`cudnnConvolution*Algo_t`, with the documented limits) with a workspace from the method's data and a roofline
+time, max(FLOPs / (peak x `EFFICIENCY`), bytes / bandwidth). Sizes and efficiencies are estimates, not yet
+checked on a GPU. A backward option is a (dgrad, wgrad) pair in one workspace, times summed, Pareto-filtered.
+Enums: implicit_gemm = fwd IMPLICIT_GEMM, data ALGO_0, filter ALGO_0; precomp_gemm = IMPLICIT_PRECOMP_GEMM,
+data ALGO_1, filter ALGO_3; gemm = GEMM, filter ALGO_1.
 """
 from __future__ import annotations
 
@@ -64,23 +22,21 @@ from ..core.vocab import WorkspaceOption
 if TYPE_CHECKING:  # pragma: no cover
     from .simulate import DeviceProfile
 
-NAME = "cudnn-model"
-"""The backend name of plans made with this model: their algorithm names are the model's, so no real backend
-runs them (the executor refuses a plan whose menu is another backend's)."""
+NAME = "cudnn-model"  # a plan's backend name: no real backend runs the model's algorithm names
 
-#: Share of the device's peak FLOP/s each family reaches (estimates; see the module docstring).
+#: Share of the device's peak FLOP/s each family reaches (estimates ranked as cuDNN's heuristics pick).
 EFFICIENCY = {"implicit_gemm": 0.35, "precomp_gemm": 0.5, "gemm": 0.6, "fft": 0.5, "fft_tiling": 0.45,
               "winograd": 0.55, "winograd_nonfused": 0.6}
 
-FFT_MAX_SIZE = 256      # cuDNN: the padded image must be at most 256 x 256 for the (untiled) FFT algorithms
-FFT_TILE = 32           # FFT tiling's tile side; kernels up to 32 fit a tile
+FFT_MAX_SIZE = 256      # pixels a side of the padded image for the untiled FFT (cuDNN's limit)
+FFT_TILE = 32           # FFT tiling's tile side, pixels
 COMPLEX = 8             # bytes of one complex64 value
 INDEX = 4               # bytes of one int32 offset
 
 
 @dataclass(slots=True, frozen=True)
 class ConvShape:
-    """One convolution's shapes and configuration: input (n, c, h, w), filters (k, c/g, kh, kw), output ho x wo."""
+    """One convolution: input (n, c, h, w), filters (k, c/g, kh, kw), output ho x wo."""
 
     n: int
     c: int
@@ -99,7 +55,7 @@ class ConvShape:
 
     @property
     def direct_flops(self) -> int:
-        """Multiply-adds of the direct sum, counted as 2 FLOPs: what a GEMM formulation computes."""
+        """2 x the direct sum's multiply-adds: what a GEMM formulation computes."""
         return 2 * self.n * self.k * self.ho * self.wo * (self.c // self.groups) * self.kh * self.kw
 
     @property
@@ -113,9 +69,9 @@ class ConvShape:
         return self.stride == (1, 1) and self.dilation == (1, 1)
 
 
-# -- workspace formulas ------------------------------------------------------------------------------------------
+# -- workspace formulas
 def precomp_bytes(s: ConvShape) -> int:
-    """The offset table: one int32 per filter tap and channel, plus one per output row and column."""
+    """The offset table: int32 per filter tap and channel, and per output row and column."""
     return INDEX * ((s.c // s.groups) * s.kh * s.kw + s.ho + s.wo)
 
 
@@ -125,42 +81,40 @@ def gemm_bytes(s: ConvShape) -> int:
 
 
 def fft_size(s: ConvShape) -> tuple[int, int]:
-    """The transform's size: the padded input."""
     return s.h + 2 * s.padding[0], s.w + 2 * s.padding[1]
 
 
 def fft_bytes(s: ConvShape) -> int:
-    """Input, filter and output transforms of the padded image, half-spectrum complex64."""
+    """Input, filter and output transforms of the padded image, half-spectrum complex64 (Vasilache et al.)."""
     hf, wf = fft_size(s)
     return COMPLEX * hf * (wf // 2 + 1) * (s.n * s.c + s.k * s.c + s.n * s.k)
 
 
 def fft_tiling_bytes(s: ConvShape) -> int:
-    """The filters' transforms plus one tile position's input and output transforms across the batch."""
+    """Filters' transforms plus one 32x32 tile position's input and output across the batch."""
     return COMPLEX * FFT_TILE * (FFT_TILE // 2 + 1) * (s.k * s.c + s.n * s.c + s.n * s.k)
 
 
 def winograd_bytes(s: ConvShape) -> int:
-    """Fused F(2x2, 3x3): the transformed filters, 4x4 per (k, c)."""
+    """Fused F(2x2, 3x3): the transformed filters only (tiles stay in shared memory)."""
     return s.itemsize * 16 * s.k * s.c
 
 
 def winograd_tiles(s: ConvShape) -> tuple[int, int]:
-    """(output tile side m, tile count): F(4x4, 3x3) for 3x3 kernels, F(2x2, 5x5) for 5x5; input tiles are
-    (m + r - 1) = 6 on a side in both cases."""
+    """(output tile side m, tile count): F(4x4, 3x3) for 3x3, F(2x2, 5x5) for 5x5."""
     m = 4 if s.kh == 3 else 2
     return m, math.ceil(s.ho / m) * math.ceil(s.wo / m)
 
 
 def winograd_nonfused_bytes(s: ConvShape) -> int:
-    """Every transform in global memory: 6x6 values per tile per channel of input and output, per (k, c) filter."""
+    """Every transform in global memory: 6x6 values per tile and channel, per filter."""
     _, t = winograd_tiles(s)
     return s.itemsize * 36 * (s.k * s.c + s.n * s.c * t + s.n * s.k * t)
 
 
-# -- which families apply ----------------------------------------------------------------------------------------
+# -- which families apply
 def families(s: ConvShape, phase: str) -> list[str]:
-    """The families cuDNN offers for `s` in `phase` ('fwd', 'dgrad' or 'wgrad'), by its documented limits."""
+    """The families cuDNN offers for `s` in `phase` ('fwd', 'dgrad' or 'wgrad')."""
     out = ["implicit_gemm", "precomp_gemm"]
     if phase in ("fwd", "wgrad"):
         out.append("gemm")           # backward data has no explicit-GEMM algorithm
@@ -188,11 +142,10 @@ def workspace_bytes(family: str, s: ConvShape) -> int:
     return int(WORKSPACE[family](s))
 
 
-# -- time ---------------------------------------------------------------------------------------------------------
+# -- time
 def family_flops(family: str, s: ConvShape) -> float:
-    """FLOPs the family's method performs: the direct count for the GEMMs, fewer multiplies for Winograd
-    (2.25x fewer for F(2x2,3x3), 4x for F(4x4,3x3), plus the transforms), and for FFT the transforms
-    (5 n log2 n per complex transform) plus the pointwise complex products (8 FLOPs per multiply-add)."""
+    """FLOPs of the family's method: direct for the GEMMs; Winograd's fewer products plus transforms;
+    FFT's transforms (5 n log2 n each) plus pointwise complex products (8 FLOPs a multiply-add)."""
     if family in ("implicit_gemm", "precomp_gemm", "gemm"):
         return float(s.direct_flops)
     if family in ("winograd", "winograd_nonfused"):
@@ -217,8 +170,8 @@ def family_flops(family: str, s: ConvShape) -> float:
 
 
 def family_seconds(family: str, s: ConvShape, device: "DeviceProfile") -> float:
-    """Roofline time of one phase with `family` on `device`: its FLOPs at the family's share of peak, or its
-    bytes (tensors once, workspace written and read) at the memory bandwidth, whichever is longer."""
+    """Roofline time of one phase: FLOPs at the family's share of peak, or bytes (workspace written
+    and read) at the bandwidth, whichever is longer."""
     flops = family_flops(family, s)
     nbytes = s.tensor_bytes + 2 * workspace_bytes(family, s)
     return max(flops / (device.flops * EFFICIENCY[family]), nbytes / device.mem_bw)
@@ -239,14 +192,13 @@ def bwd_algo(dgrad: str, wgrad: str) -> str:
 
 
 class CudnnModel:
-    """The CUDA backend's planning interface (`capabilities`, `conv_workspace_options`) answered by the model for
-    `device`, so that a route built for a simulated GPU lists cuDNN's families with their modeled workspaces."""
+    """The CUDA backend's planning interface answered by the model for `device`."""
 
-    capabilities = Capabilities(name=NAME, device="gpu")  # what `backend_name` reads: plans made from the model
+    capabilities = Capabilities(name=NAME, device="gpu")
 
     def __init__(self, device: "DeviceProfile"):
         self.device = device
-        self._options: dict[tuple, list[WorkspaceOption]] = {}   # per distinct convolution: a deep net has few
+        self._options: dict[tuple, list[WorkspaceOption]] = {}   # per distinct convolution
 
     def __repr__(self) -> str:
         return f"CudnnModel({self.device.name})"
@@ -258,8 +210,9 @@ class CudnnModel:
         return hash((NAME, self.device))
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
-                               groups: int, dtype=np.float32) -> list[WorkspaceOption]:
-        """The modeled options for `phase` ('fwd' or 'bwd'), fastest first; same signature as the backends'."""
+                               groups: int, dtype=np.float32, accumulate: bool = False) -> list[WorkspaceOption]:
+        """The modeled options for `phase`, fastest first; an accumulating backward is
+        the plain one (the add runs in dgrad's epilogue, no workspace)."""
         key = (phase, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding), tuple(dilation),
                groups, np.dtype(dtype).str)
         if key not in self._options:

@@ -1,15 +1,5 @@
-"""Liveness analysis: for every tensor, the first and the last route step that touches it.
-
-This is the whole of SuperNeurons' first idea. A training step's tensors are born and die at predictable
-steps: an activation is born at its layer's forward and must survive until the last backward step that declared
-it needs it; a delta is born at the first backward contribution and dies at its producer's backward; a
-workspace lives inside one step. Allocating each tensor just before its first use and freeing it right after
-its last turns "the sum of every tensor" into "the tensors alive at the busiest step".
-
-Nothing here runs a kernel: the analysis reads only the route's per-step read/write lists, which come from each
-layer's declared backward needs. A tensor whose need is not declared would be freed too early; the executor's
-debug mode catches that as a residency error.
-"""
+"""Liveness (SuperNeurons): the first and last route step that touches each tensor, from the layers' declared
+backward needs (an undeclared need frees a tensor early: the executor's debug mode reports it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,17 +9,16 @@ from ..graph.route import Route
 
 @dataclass(slots=True)
 class Interval:
-    """The closed range of steps [first, last] during which a tensor must be resident (absent offload)."""
+    """The steps [first, last] a tensor must be resident (absent offload)."""
 
     tensor: str
     first: int
     last: int
-    uses: tuple[int, ...]  # every step that reads or writes it, in order
+    uses: tuple[int, ...]  # every step that touches it, in order
 
 
 def tensor_uses(route: Route) -> dict[str, list[int]]:
-    """Every step index at which each non-persistent tensor is read or written (computed once per route:
-    callers must not modify the lists)."""
+    """The steps that touch each non-persistent tensor (memoized: do not modify)."""
     if "uses" in route.memo:
         return route.memo["uses"]
     uses: dict[str, list[int]] = {}
@@ -41,7 +30,7 @@ def tensor_uses(route: Route) -> dict[str, list[int]]:
 
     for t in route.tensors.values():
         if t.role.name in ("DATA", "LABEL"):
-            touch(t.id, 0)  # the executor loads the batch just before the first step
+            touch(t.id, 0)  # the batch is loaded before the first step
     for step in route.steps:
         for tid in step.reads:
             touch(tid, step.index)
@@ -57,8 +46,7 @@ def tensor_uses(route: Route) -> dict[str, list[int]]:
 
 
 def analyze(route: Route) -> dict[str, Interval]:
-    """The live interval of every non-persistent tensor of the route (computed once per route: callers must not
-    modify the result)."""
+    """The live interval of every non-persistent tensor (memoized: do not modify)."""
     if "intervals" not in route.memo:
         route.memo["intervals"] = {tid: Interval(tid, lst[0], lst[-1], tuple(lst))
                                    for tid, lst in tensor_uses(route).items()}

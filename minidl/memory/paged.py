@@ -1,32 +1,10 @@
-"""The paged pool: fixed-size physical chunks mapped behind contiguous virtual ranges (`--paged [CHUNK]`).
+"""The paged pool (`--paged [CHUNK]`): physical chunks mapped behind contiguous virtual ranges (nnabla's answer to
+fragmentation: a free chunk is usable wherever it sits).
 
-Note [Paged pool]. The contiguous pool (`pool.TensorPool`) needs an arena larger than the bytes in use whenever
-free memory is scattered in holes too small for the next tensor: fragmentation, which frequent swapping makes
-worse. Hayakawa & Narihira (nnabla) remove it with virtual addressing: physical memory is a set of fixed-size
-chunks (20 MB by default), and every tensor gets a contiguous *virtual* range whose chunks are mapped onto
-whichever physical chunks are free. A free chunk is always usable, wherever it sits.
-
-Rules this pool keeps:
-- the arena (the budget) is `n_chunks` physical chunks; `in_use` is the mapped chunks' bytes, and the arena a
-  plan needs is its peak: physical chunks are taken lowest index first, so the highest chunk ever used is the
-  peak count (no holes can raise it);
-- a tensor of at least one chunk gets its own run of virtual chunks (its last chunk is rounded up: the only waste);
-- a smaller tensor is placed, best fit, inside a *shared* chunk (a small best-fit pool per chunk, never crossing
-  a chunk boundary), so the 512-byte biases and BN statistics do not take a chunk each; a shared chunk is
-  unmapped when its last tensor leaves. Hence every tensor holds at most its chunk-rounded size and the arena
-  is at most the peak of live chunk-rounded bytes (usually less, since small tensors share);
-- virtual address space is cheap (reserved, not backed): its ranges are carved by a `TensorPool` in units of
-  one chunk, so a tensor's virtual offset is as deterministic as a contiguous pool's offset.
-
-The pool is the planner's and the executor's alike (like `TensorPool`): the planner replays a plan's events on a
-backing-less `PagedPool`, the executor replays the same events with `alloc_at` on one whose backing really maps
-memory (`backend.cpu_paged`: a memfd mapped with MAP_FIXED; `backend.cuda_vmm`: the CUDA driver's virtual memory
-API). Same events, same physical chunks, same peak: the simulator's peak equals the executor's byte for byte.
-The compiled step (`minidl.runtime.program`) records each map/unmap as a call while lowering and replays them per step.
-
-Limitations: a chunk is the unit of mapping, so a chunk much larger than the tensors (20 MB for a CIFAR net)
-wastes up to one chunk per large tensor; `--paged` alone picks the chunk from the budget (`chunk_for_budget`),
-`--paged 2MiB` sets it.
+Rules: physical chunks go lowest index first, so the highest ever mapped is the plan's arena; a tensor of a chunk
+or more owns a run of virtual chunks (its last one rounded up); a smaller one shares a chunk, best fit, never
+crossing it; virtual offsets come from a `TensorPool` in chunk units, so they are deterministic. Planner and
+executor (`backend.cpu.paged`, `backend.cuda.vmm`) replay the same events, so their peaks agree byte for byte.
 """
 from __future__ import annotations
 
@@ -42,25 +20,18 @@ from minidl.core.errors import OptionError
 from .pool import ALIGNMENT, LiveQueries, PoolOutOfMemory, TensorPool, align_up, format_bytes, parse_size
 
 DEFAULT_CHUNK = 20 * 2**20
-"""The paper's physical chunk, 20 MB (as 20 MiB: a multiple of CUDA's 2 MiB mapping granularity and of any page)."""
+"""The paper's 20 MB chunk, as 20 MiB: a multiple of CUDA's 2 MiB mapping granularity and of any page."""
 
 CHUNKS_PER_BUDGET = 64
-"""`--paged` without a size: the chunk is at most this share of the budget (`chunk_for_budget`)."""
+"""`--paged` without a size: the chunk is at most 1/this of the budget."""
 
 LEAST_CHUNK = {"cpu": 64 * 2**10, "cuda": 2 * 2**20}
-"""The smallest chunk `chunk_for_budget` picks, per backend: a multiple of any page size (4, 16 or 64 KiB) on the
-CPU, CUDA's mapping granularity on a GPU."""
+"""Bytes: the smallest chunk `chunk_for_budget` picks (CPU: a multiple of 4/16/64 KiB pages; CUDA: its granularity)."""
 
 
 def chunk_for_budget(budget: int | None, backend: str = "cpu") -> int:
-    """The chunk `--paged` uses when none is given: the paper's 20 MiB, unless the budget is under 64 of them;
-    then the largest power of two that is at most 1/64 of the budget (never below `LEAST_CHUNK[backend]`).
-
-    Why adapt: a tensor takes whole chunks (small ones share one), so the arena is at least one chunk and every
-    large tensor wastes up to a chunk. With a fixed 20 MiB, a network that plans in 2 MiB contiguously needed a
-    20 MiB budget paged, and the error asked for that budget rather than a smaller chunk. At 1/64 of the budget
-    the rounding costs at most a few chunks, a small share of what was given. No budget: nothing to fit, the
-    paper's chunk."""
+    """`--paged`'s chunk: 20 MiB, or under 64 of them the largest power of two <= budget / 64 (at least
+    `LEAST_CHUNK`), so chunk rounding costs a small share of the budget."""
     least = LEAST_CHUNK.get(backend, LEAST_CHUNK["cuda"])
     if budget is None or budget >= CHUNKS_PER_BUDGET * DEFAULT_CHUNK:
         return DEFAULT_CHUNK
@@ -69,16 +40,16 @@ def chunk_for_budget(budget: int | None, backend: str = "cpu") -> int:
 
 @dataclass(slots=True)
 class PagedLayout:
-    """What a plan placed by chunks tells the executor: the chunk, and how much virtual space to reserve."""
+    """The chunk and the virtual space a chunk-placed plan needs."""
 
     chunk_bytes: int
     virtual_bytes: int      # the highest virtual byte the plan touches
-    live_peak_bytes: int    # peak of live bytes (512-aligned, as a contiguous pool counts them)
-    rounded_peak_bytes: int = 0  # peak of live bytes with each tensor rounded up to whole chunks (the arena's bound)
+    live_peak_bytes: int    # peak of live bytes, 512-aligned
+    rounded_peak_bytes: int = 0  # peak with each tensor rounded to whole chunks (the arena's bound)
 
 
 class PagedBacking(Protocol):
-    """Real memory behind a paged pool: `allocate` reserves the virtual range and the physical chunks once."""
+    """Real memory behind a paged pool: `allocate` reserves the virtual range and physical chunks once."""
 
     def allocate(self, physical_bytes: int, chunk: int, virtual_bytes: int) -> Any: ...
 
@@ -92,7 +63,7 @@ class _Range:
 
 
 class PagedPool(LiveQueries):
-    """A pool of `budget // chunk` physical chunks behind a virtual range (see the module note)."""
+    """`budget // chunk` physical chunks behind a virtual range."""
 
     def __init__(self, budget: int | str, chunk: int = DEFAULT_CHUNK, virtual_bytes: int | None = None,
                  backing: PagedBacking | None = None):
@@ -114,7 +85,6 @@ class PagedPool(LiveQueries):
         self.arena = (backing.allocate(self.capacity, self.chunk, n_virtual * self.chunk)
                       if backing is not None else None)
 
-    # -- mapping ------------------------------------------------------------------------------------------------
     def _map(self, vchunk: int, count: int, nbytes: int, tag) -> None:
         if len(self._free_phys) < count:
             raise PoolOutOfMemory(count * self.chunk, self._in_use, len(self._free_phys) * self.chunk,
@@ -141,9 +111,8 @@ class PagedPool(LiveQueries):
             heapq.heappush(self._free_phys, self._phys.pop(vchunk + i))
         self._in_use -= count * self.chunk
 
-    # -- allocation ---------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int, tag: Hashable | None = None) -> int:
-        """Choose a virtual offset for `nbytes` (best fit in a shared chunk, or a fresh run) and claim it."""
+        """Best fit in a shared chunk, or a fresh run of chunks; returns the virtual offset."""
         size = align_up(nbytes)
         if size < self.chunk:
             best = None
@@ -164,7 +133,7 @@ class PagedPool(LiveQueries):
         return self.alloc_at(vchunk * self.chunk, size, tag)
 
     def alloc_at(self, offset: int, nbytes: int, tag: Hashable | None = None) -> int:
-        """Claim exactly [offset, offset + align_up(nbytes)) of the virtual range (the executor's replay)."""
+        """Claim exactly [offset, offset + align_up(nbytes)) (the executor's replay)."""
         size = align_up(nbytes)
         if offset < 0 or offset % ALIGNMENT:
             raise ValueError(f"alloc_at offset {offset} for tag {tag!r} is not a non-negative multiple of "
@@ -224,10 +193,9 @@ class PagedPool(LiveQueries):
             self._unmap(r.vchunk, 1)
             self._virt.free(r.vchunk * ALIGNMENT)
 
-    # -- queries (the rest are LiveQueries', shared with the contiguous pool) -------------------------------------
     @property
     def live_bytes(self) -> int:
-        """Bytes of live tensors, 512-aligned (what a contiguous pool would count as in use)."""
+        """Live bytes, 512-aligned (a contiguous pool's in_use)."""
         return self._live_bytes
 
     @property
@@ -236,22 +204,22 @@ class PagedPool(LiveQueries):
 
     @property
     def largest_free_block(self) -> int:
-        """The largest request that can succeed now: every free chunk, behind one virtual range."""
+        """The largest request that can succeed now: every free chunk behind one virtual range."""
         holes = [sub.largest_free_block for sub in self._shared.values()]
         return max([self.free_bytes] + holes)
 
     def free_below(self, limit: int) -> int:
-        """The largest request that fits while the mapped chunks stay within `limit` bytes (workspace fitting)."""
+        """The largest request that fits while mapped chunks stay within `limit` bytes."""
         room = max(0, min(limit, self.capacity) // self.chunk * self.chunk - self._in_use)
         holes = [sub.largest_free_block for sub in self._shared.values()]
         return max([room] + holes)
 
     def arena_end(self) -> int:
-        """One past the highest physical byte mapped now (lowest-first chunks: the peak is the highest end)."""
+        """One past the highest physical byte mapped now."""
         return (max(self._phys.values()) + 1) * self.chunk if self._phys else 0
 
     def view(self, offset: int, shape, dtype) -> np.ndarray:
-        """An array of `shape`/`dtype` on the virtual range of the live tensor at `offset` (no copy)."""
+        """An array aliasing the live tensor at `offset` (no copy)."""
         if self.arena is None:
             raise RuntimeError("this paged pool has no backing memory (planning/simulation only): nothing to view")
         dt = np.dtype(dtype)
@@ -282,5 +250,5 @@ def _best_hole(sub: TensorPool, size: int) -> tuple[int, int] | None:
 
 
 def paged_capacity(sizes: list[int], chunk: int) -> int:
-    """An arena no paged plan of tensors of `sizes` can exceed: each tensor in chunks of its own, all at once."""
+    """An arena no paged plan of `sizes` can exceed: every tensor in its own chunks at once."""
     return sum(-(-align_up(s) // chunk) for s in sizes) * chunk + chunk

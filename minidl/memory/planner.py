@@ -1,15 +1,8 @@
-"""The planner: network route + policy + budget -> a plan, computed before the first step.
+"""The planner: route + schedule + budget -> a plan with offsets, computed before the first step.
 
-The planner is a pure pass: it reads only the route (shapes, dtypes, per-step reads and writes) and produces
-events with arena offsets. It places tensors by replaying the very allocator the executor uses (`TensorPool`)
-on shape-only blocks, so the offsets, the peak and the fragmentation it reports are exactly what a run gets.
-
-Schedules in this module (a policy is a schedule placed by the one placement pass, `place`):
-- `none_schedule`: every tensor of the step is allocated once, up front, and lives for the whole step (and
-  across steps): the baseline every framework without memory planning pays.
-- `liveness_schedule`: each tensor is allocated just before its first use and freed right after its last use.
-
-Offload and recomputation extend `liveness` in their own modules; they add event kinds, not special cases.
+A pure pass over the route (shapes, dtypes, reads and writes) that replays the executor's own allocator
+(`TensorPool`, or `PagedPool` under `--paged`) on shape-only blocks, so its offsets, peak and minimum arena are what
+a run gets. Every policy is a `Schedule` placed by `place` and held to the budget by `finalize`.
 """
 from __future__ import annotations
 
@@ -26,24 +19,20 @@ from .workspace import WorkspaceChoice, WorkspaceFitter, smallest_workspaces, wo
 
 
 def default_workspace(route: Route, costs=None) -> dict[int, WorkspaceChoice]:
-    """Without a memory constraint each layer runs its fastest algorithm: the first option of the menu, or the
-    fastest by `costs` (a `workspace.CostTable`, e.g. measured) when given."""
+    """Each layer's fastest algorithm: the menu's first, or the fastest by `costs` (a `workspace.CostTable`)."""
     if costs is not None:
         return {k: WorkspaceChoice(c.algo, c.nbytes) for k, c in workspace_choices(route, costs).items()}
     out: dict[int, WorkspaceChoice] = {}
     for step in route.steps:
         if step.workspace is None:
             continue
-        opts = step.workspace_options  # the route's backend's menu, fastest first
+        opts = step.workspace_options  # fastest first
         out[step.index] = WorkspaceChoice(opts[0].algo, opts[0].workspace_bytes)
     return out
 
 
 class PlacementRecorder:
-    """Replays allocations on a shape-only pool and records them as events with offsets.
-
-    With `paged` (a `memory.paged.PagedPool`), tensors are placed by chunks and the arena a plan needs is the
-    pool's highest mapped physical chunk instead of the highest block end."""
+    """Replays allocations on a shape-only pool as events with offsets, tracking the arena's high water."""
 
     def __init__(self, capacity: int, paged=None):
         self.paged = paged is not None
@@ -84,8 +73,7 @@ def capacity_bound(route: Route, ws: dict[int, WorkspaceChoice]) -> int:
 
 
 def lower_bound(route: Route) -> int:
-    """Parameters + gradients + optimizer state + the largest single step's working set (least workspace).
-    A function of the route alone: computed once per route."""
+    """Parameters + gradients + optimizer state + the largest step's working set (least workspace); memoized."""
     if "lower_bound" not in route.memo:
         route.memo["lower_bound"] = _lower_bound(route)
     return route.memo["lower_bound"]
@@ -109,11 +97,7 @@ def _lower_bound(route: Route) -> int:
 
 def make_plan(route: Route, policy: str = "liveness", budget: int | None = None,
               workspace: dict[int, WorkspaceChoice] | None = None, schedule: Schedule | None = None) -> Plan:
-    """Plan `route` under `policy`; with a `budget`, fail early (BudgetError) if the plan does not fit.
-
-    `schedule` (per-tensor residencies) is how other mechanisms (offload, recomputation) hand their decisions
-    to the one placement pass; without it, plain liveness.
-    """
+    """Plan `route` from `schedule` (default: liveness); with a `budget`, BudgetError if it does not fit."""
     ws = default_workspace(route) if workspace is None else workspace
     plan = place(route, ws, schedule, budget, policy=policy)
     if budget is not None and plan.min_budget_bytes > budget and any(c.options for c in ws.values()):
@@ -122,11 +106,7 @@ def make_plan(route: Route, policy: str = "liveness", budget: int | None = None,
 
 
 def finalize(plan: Plan, budget: int | None, policy: str | None = None) -> Plan:
-    """The one place a placed plan becomes the plan a policy returns: named `policy` (when given), held to
-    `budget` (BudgetError naming the smallest budget that works) and given the budget as its arena.
-
-    Why one place: schedulers search over many placements and keep one; finishing it here means no policy can
-    return a plan whose arena, budget check or name was set differently from the others'."""
+    """The one place a placed plan becomes a policy's plan: named, held to `budget`, given its arena."""
     if policy is not None:
         plan.policy = policy
     check_budget(plan, budget)
@@ -136,13 +116,8 @@ def finalize(plan: Plan, budget: int | None, policy: str | None = None) -> Plan:
 
 def _frugal_fallback(route: Route, policy: str, ws: dict[int, WorkspaceChoice], schedule: Schedule | None,
                      budget: int, greedy: Plan) -> Plan:
-    """The plan with every open workspace on its smallest option, when the budgeted placement missed the budget.
-
-    Why: the placement fits each step's workspace to the memory free *at that step* (`WorkspaceFitter`), fastest
-    first; a fast, large workspace early can leave the pool fragmented so that a later step no longer fits,
-    where the smallest workspaces everywhere would have. Then the budget is met by the frugal plan, and an error
-    names the smaller of the two minima, which is the smallest budget that works (seen on CIFAR ResNets: the
-    greedy placement's minimum 0.8% above the frugal one's). Returns the plan with the smaller minimum."""
+    """Every open workspace on its smallest option (a large workspace fitted early can fragment the pool so a
+    later step misses); the plan with the smaller minimum."""
     frugal = smallest_workspaces(ws, "not taken (the fastest-that-fits placement missed the budget)")
     plan = place(route, frugal, schedule, budget, policy=policy)
     return plan if plan.min_budget_bytes < greedy.min_budget_bytes else greedy
@@ -161,15 +136,7 @@ def check_budget(plan: Plan, budget: int | None) -> None:
 
 @dataclass(slots=True)
 class Residency:
-    """One stretch of device residency of a tensor, from a start event to an end event.
-
-    `start_at` / `end_at` say whether the event happens before or after the step computes. Plain liveness gives
-    every tensor one residency (ALLOC before its first use, FREE after its last); offload splits it in two
-    (... RELEASE, then PREFETCH ...); recomputation likewise (FREE after forward, RECOMPUTE before backward).
-
-    `start_seq` / `end_seq` > 0 put the event in an explicit sequence at its boundary (see `_place_schedule`):
-    a recomputation chain must rebuild a tensor's input before the tensor, and may free that input at once.
-    """
+    """One stretch of a tensor's residency; `start_seq`/`end_seq` > 0 order an event within its boundary."""
 
     start: int
     start_at: str
@@ -184,10 +151,7 @@ class Residency:
 
 @dataclass(slots=True)
 class Marker:
-    """An event that does not change residency: the start of an offload copy, a wait for a prefetch.
-
-    `seq` > 0 puts it in its boundary's explicit sequence (after the sequence's starts of the same number, before
-    its ends): a prefetched checkpoint that a recomputation chain reads is waited for just before that chain."""
+    """An event that changes no residency (an offload's start, a prefetch's wait)."""
 
     step: int
     at: str
@@ -199,20 +163,17 @@ class Marker:
 
 @dataclass(slots=True)
 class Schedule:
-    """The per-tensor decision a plan is made of: where each tensor is resident, plus transfer markers."""
+    """Where each tensor is resident, plus transfer markers."""
 
     residencies: dict[str, list[Residency]] = field(default_factory=dict)
     markers: list[Marker] = field(default_factory=list)
-    host_steps: set[int] = field(default_factory=set)  # steps that run on the host's copies (weights decision)
-    sizes: dict[str, int] = field(default_factory=dict)  # bytes of blocks that are not route tensors (z:<t>)
-    upfront: list[tuple[str, str]] = field(default_factory=list)  # (tensor, reason): allocated before the first
-    # step in this order and never freed (policy none), like the persistent tensors
+    host_steps: set[int] = field(default_factory=set)  # steps run on the host's copies (weights decision)
+    sizes: dict[str, int] = field(default_factory=dict)  # blocks that are not route tensors (z:<t>)
+    upfront: list[tuple[str, str]] = field(default_factory=list)  # (tensor, reason): allocated first, never freed
 
 
 def none_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
-    """Policy none: every tensor of the step allocated up front, in first-use order (workspaces last, by step),
-    and never freed: the baseline every framework without memory planning pays. A schedule like any other, so
-    the placement pass has no policy of its own to know about."""
+    """Policy none: every tensor allocated up front in first-use order (workspaces last), never freed."""
     intervals = analyze(route)
     upfront = [(tid, "policy none: lives for the whole step")
                for tid in sorted(intervals, key=lambda t: (intervals[t].first, t))
@@ -236,12 +197,8 @@ def liveness_schedule(route: Route, ws: dict[int, WorkspaceChoice]) -> Schedule:
 
 def place(route: Route, ws: dict[int, WorkspaceChoice], schedule: Schedule | None = None,
           budget: int | None = None, *, policy: str = "liveness") -> Plan:
-    """One placement pass: `schedule` (plain liveness when None) replayed on the pool, with offsets, peak and
-    minimum arena; with `budget`, open workspace algorithms are fitted to what is free (no budget check).
-
-    The placed plan is whole and runnable on an arena of its own minimum (its `arena_bytes`); schedulers place
-    many and keep one, which `finalize` holds to the budget. The only other way to a plan is `make_plan`, which
-    is these two in a row."""
+    """One placement pass: `schedule` replayed on the pool; with `budget`, open workspaces take the fastest
+    algorithm that fits (`finalize` checks the budget)."""
     rec = PlacementRecorder(capacity_bound(route, ws), _paged_pool(route, ws))
     sizes = {tid: t.nbytes for tid, t in route.tensors.items()}
     for k, c in ws.items():
@@ -254,7 +211,7 @@ def place(route: Route, ws: dict[int, WorkspaceChoice], schedule: Schedule | Non
         steps[k].algo, steps[k].workspace_bytes, steps[k].refused = c.algo, c.nbytes, list(c.refused)
 
     for t in route.tensors.values():
-        # A persistent tensor the schedule gives residencies to is homed on the host (decisions/weights.py).
+        # a persistent tensor the schedule gives residencies to is homed on the host (decisions/weights.py)
         if t.role.persistent and (schedule is None or t.id not in schedule.residencies):
             setup.append(rec.alloc(t.id, t.nbytes, reason="persistent"))
     for k in schedule.host_steps if schedule is not None else ():
@@ -278,7 +235,7 @@ def place(route: Route, ws: dict[int, WorkspaceChoice], schedule: Schedule | Non
 
 
 def transfer_bytes(plan: Plan) -> tuple[int, int]:
-    """(bytes offloaded, bytes prefetched) per training step, from the plan's events."""
+    """(bytes offloaded, bytes prefetched) per training step."""
     off = pre = 0
     for sp in plan.steps:
         for ev in sp.before + sp.after:
@@ -290,7 +247,6 @@ def transfer_bytes(plan: Plan) -> tuple[int, int]:
 
 
 def _paged_pool(route: Route, ws: dict[int, WorkspaceChoice]) -> PagedPool | None:
-    """Under `--paged` (the route's `options.paged_chunk`), the shape-only paged pool placement replays on."""
     chunk = route.options.paged_chunk
     if not chunk:
         return None
@@ -301,20 +257,10 @@ def _paged_pool(route: Route, ws: dict[int, WorkspaceChoice]) -> PagedPool | Non
 
 def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps: list[StepPlan],
                     rec: "PlacementRecorder", fit_workspace=None) -> None:
-    """Turn residencies and markers into ordered events with offsets, by replaying them on the pool.
-
-    At each step boundary the order is fixed and explained:
-    - before a step: ends (frees, releases) first so their memory is reusable, then the explicitly sequenced
-      events (`start_seq`/`end_seq` > 0, and markers with `seq` > 0, in sequence order, starts then markers then
-      ends within one number: a recomputation chain rebuilds a tensor's input before the tensor and frees that
-      input as soon as it is consumed; a prefetched checkpoint it reads is waited for first), then starts
-      (allocations, prefetches, recomputations) largest first (big blocks claim the best holes before small ones
-      split them), then markers (waits: a prefetch must have landed before the step reads it);
-    - after a step: markers first (an offload copy starts while the tensor is still resident), then ends,
-      then sequenced events, then starts (a prefetch issued early for a later step).
-    With `fit_workspace` (a budget was given), a workspace whose algorithm is still open is placed after the
-    step's other starts, and `fit_workspace` picks the fastest algorithm whose workspace fits what is free then.
-    """
+    """Residencies and markers -> ordered events with offsets. Before a step: ends (memory reusable), sequenced
+    events (by number: starts, markers, ends: a recomputation chain rebuilds an input, then frees it), starts
+    largest first (big blocks take the best holes; open workspaces last, fitted to what is free), markers (waits).
+    After a step: markers (an offload starts while resident), ends, sequenced events, starts."""
     starts: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
     ends: dict[tuple[int, str], list[tuple[str, Residency]]] = {}
     # sequenced items: (number, 0 start / 1 marker / 2 end, tensor, residency or marker)
@@ -383,14 +329,13 @@ def _place_schedule(route: Route, sched: Schedule, sizes: dict[str, int], steps:
 
 
 def _workspace_fitter(route: Route, ws: dict[int, WorkspaceChoice], budget: int | None, steps: list[StepPlan]):
-    """With a budget, the object that lets placement choose workspace algorithms (see `workspace.py`)."""
     if budget is None or not any(c.options for c in ws.values()):
         return None
     return WorkspaceFitter(route, ws, budget, steps)
 
 
 def live_at(plan: Plan, k: int) -> list[str]:
-    """Tensors resident while step k computes, by replaying the events."""
+    """Tensors resident while step k computes."""
     live = {ev.tensor for ev in plan.setup}
     for sp in plan.steps[:k + 1]:
         for ev in sp.before:

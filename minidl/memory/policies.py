@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
+from functools import partial
 from typing import Callable, Sequence
 
 from ..core.errors import BudgetError, OptionError
@@ -33,7 +34,7 @@ from .planner import default_workspace, make_plan, none_schedule
 from .policy_table import POLICY_TABLE, PolicyInfo, available_policies, exact_policies, policies_help
 from .pool import ALIGNMENT, format_bytes
 from .request import PlanRequest, Target
-from .schedulers.auto import auto_policy
+from .schedulers.auto import Rival, auto_policy
 from .schedulers.lossy import auto_lossy_policy
 from .schedulers.minimum import verified_minimum
 from .schedulers.packs import packs_policy
@@ -84,21 +85,51 @@ def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, targe
     on the textbook route (the update waits for the reduced gradients); `micro_batches`: policy `packs` plans
     Harmony's route of layer packs (`packs.py`; it chooses the count when None), every other policy gradient
     accumulation (`route.py`: each micro-batch's forward, then its backward); `max_micro_batches`: the most
-    micro-batches `auto` may cut the batch into by itself; `host_weights=False`: weights and optimizer state stay
-    on the device whatever the budget (as SuperNeurons and nnabla's out-of-core training keep them).
+    micro-batches a policy may cut the batch into by itself (`auto` where that is faster or the only fit, `packs` by
+    the bytes it moves); `host_weights=False`: weights and optimizer state stay on the device whatever the budget
+    (`auto` neither homes them on the host nor weighs `weights` and `packs` plans), as SuperNeurons and nnabla's
+    out-of-core training keep them. A `portfolio` policy (`auto`) also plans every other exact policy, each on the
+    route this function would give it (`_rivals`).
     """
     opts = request.options
     packed = opts.micro_batches is not None   # micro-batched: layer packs (cut by policy packs) or accumulate
+
+    def route_of(policy: str) -> Route:
+        """The route `policy` is planned on when asked for with `request`'s budget and options: its update fused
+        or not (`PlanRequest.fused_update`), one pack per layer for `packs` under micro-batches."""
+        return net.route(training=True, optimizer_slots=tuple(slots), menu=target.menu,
+                         fused_update=replace(request, policy=policy).fused_update,
+                         micro_batches=opts.micro_batches or 1,
+                         packs=[[n.name] for n in net.layer_nodes] if packed and policy == "packs" else None,
+                         math=opts.math).with_options(opts)
+
     with _without_cycle_collection():
-        route = net.route(training=True, optimizer_slots=tuple(slots), menu=target.menu,
-                          fused_update=request.fused_update, micro_batches=opts.micro_batches or 1,
-                          packs=[[n.name] for n in net.layer_nodes] if packed and request.policy == "packs" else None,
-                          math=opts.math)
-        route = route.with_options(opts)
+        route = route_of(request.policy)
         if opts.data_parallel is None:
-            return _plan_verified(route, request, target)
+            return _plan_verified(route, request, target, _rivals(request, route_of, None))
         route, buckets = with_buckets(route, opts.data_parallel)
-        return add_allreduce_events(_plan_verified(route, request, target), buckets, opts.data_parallel)
+        return add_allreduce_events(_plan_verified(route, request, target, _rivals(request, route_of, route)),
+                                    buckets, opts.data_parallel)
+
+
+def _rivals(request: PlanRequest, route_of: Callable[[str], Route], ranks_route: Route | None) -> tuple[Rival, ...]:
+    """What a `portfolio` policy plans besides its own search: every exact policy without the flag, on the route
+    `plan_network` gives that policy (`route_of`), so that it fits wherever one of them does, and is as fast. With
+    several ranks, on the one route with the gradient buckets (every exact policy's route is then the same, and
+    `packs`, which cuts the batch into micro-batches, is left out: data parallel does not support them)."""
+    if not POLICIES[request.policy].portfolio or request.budget is None:
+        return ()
+    rows = [POLICIES[p] for p in exact_policies() if not POLICIES[p].portfolio]
+    if ranks_route is not None:
+        return tuple(Rival(p.name, p.plan, lambda: ranks_route, p.homes_weights, p.packs_batch)
+                     for p in rows if not p.packs_batch)
+    return tuple(Rival(p.name, p.plan, partial(route_of, p.name), p.homes_weights, p.packs_batch) for p in rows)
+
+
+def _whole_batch(route_of: Callable[[], Route]) -> Route:
+    """The route `route_of` builds, with no micro-batches chosen by the policy itself."""
+    route = route_of()
+    return route.with_options(replace(route.options, max_micro_batches=1))
 
 
 @contextmanager
@@ -116,7 +147,7 @@ def _without_cycle_collection():
             gc.enable()
 
 
-def _plan_verified(route: Route, request: PlanRequest, target: Target) -> Plan:
+def _plan_verified(route: Route, request: PlanRequest, target: Target, rivals: tuple[Rival, ...] = ()) -> Plan:
     """Plan with the table's function; a BudgetError leaves with a minimum verified by planning at it
     (`schedulers/minimum.py` says what "minimum" means per policy).
 
@@ -124,16 +155,18 @@ def _plan_verified(route: Route, request: PlanRequest, target: Target) -> Plan:
     bytes past the last boundary can never be used). Handing the policies the raw number let its last few bytes
     steer their choices (`offload` scales its room by the excess of a first placement): 36,045 B planned where
     36,044 B did not and 35,533 B did again, so no stated minimum could be the edge. The plan's arena is still the
-    budget given."""
+    budget given. `rivals`: the other policies a `portfolio` policy plans as its candidates (`_rivals`)."""
     policy, budget = request.policy, request.budget
-    fn, device, costs = POLICIES[policy].plan, target.profile, target.costs
+
+    def fn(r: Route, b: int | None) -> Plan:
+        return POLICIES[policy].plan(r, b, target.profile, target.costs, **({"rivals": rivals} if rivals else {}))
 
     def plan_at(b: int | None) -> Plan:
         if b is None:
-            return fn(route, None, device, costs)
+            return fn(route, None)
         usable = b - b % ALIGNMENT
         try:
-            plan = fn(route, usable, device, costs)
+            plan = fn(route, usable)
         except BudgetError as e:
             if usable == b:
                 raise
@@ -151,6 +184,7 @@ def _plan_verified(route: Route, request: PlanRequest, target: Target) -> Plan:
         # verified with the batch whole: `auto` searching every micro-batch count at each of the dozen budgets the
         # verification plans cost minutes (ResNet-20 at batch 8: 1 s -> 3 min); the budget it states plans either way
         route = route.with_options(replace(route.options, max_micro_batches=1))   # (plan_at reads this route)
+        rivals = tuple(replace(r, route_of=partial(_whole_batch, r.route_of)) for r in rivals)   # (and these)
         e = verified_minimum(plan_at, policy, budget, e)
         if route.options.paged_chunk:   # the chunk is as much a cause as the budget: say so, and that it can be smaller
             chunk = route.options.paged_chunk

@@ -1,10 +1,6 @@
-"""The policies by name: what each does in one line, when to pick it, the paper it comes from, whether it is lossy.
-
-The words only, with nothing to import: the command line's parser lists these (`--policy` choices, the epilog of
-`--help`) without loading a planner. `policies.POLICIES` adds each row's planning function; README's policy table
-and docs/policies/ are generated from these fields (docs/make_readme.py, docs/make_policies.py), so --help and
-the docs cannot disagree.
-"""
+"""The policies by name, as words only: the parser lists them without importing a planner; `policies.POLICIES`
+adds the planning functions; README's table and docs/policies/ are generated from these fields, so --help and the
+docs agree."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,13 +8,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PolicyInfo:
-    """One row: the name users type, what it does in one line (the mechanism's own module says the rest)."""
+    """One row: the name users type and what it does in one line."""
 
     name: str
     help: str
-    lossy: bool = False   # True: parameters are NOT bit-identical to policy 'none' (opt-in compression)
-    when: str = ""        # when a user should pick it, in one line
+    lossy: bool = False   # parameters are NOT bit-identical to policy 'none'
+    when: str = ""        # when to pick it, in one line
     paper: str = ""       # the system it reproduces
+    portfolio: bool = False  # also plans every exact policy without it as one of its candidates (`auto`)
+    homes_weights: bool = False  # its plans may keep weights on the host (not a candidate under host_weights off)
+    packs_batch: bool = False  # its plan is layer packs at a micro-batch count it chooses (`auto.Rival`)
 
 
 POLICY_TABLE: dict[str, PolicyInfo] = {p.name: p for p in (
@@ -36,6 +35,7 @@ POLICY_TABLE: dict[str, PolicyInfo] = {p.name: p for p in (
                when="the activations do not fit and spare compute is cheaper than host copies",
                paper="SuperNeurons (Wang et al., PPoPP 2018): cost-aware recomputation"),
     PolicyInfo("weights", "liveness + weights and optimizer state of conv/FC layers kept and updated on the host",
+               homes_weights=True,
                when="the parameters, gradients and optimizer state alone do not fit on the device",
                paper="Harmony (Li et al., VLDB 2022): per-layer weight swapping"),
     PolicyInfo("compress", "LOSSY, opt-in: liveness + activations stored compressed between forward and backward",
@@ -43,15 +43,17 @@ POLICY_TABLE: dict[str, PolicyInfo] = {p.name: p for p in (
                when="memory matters more than bit-identical results (opt-in; check accuracy on your task)",
                paper="COMET (Jin et al., VLDB 2022)"),
     PolicyInfo("packs", "Harmony's layer packs and micro-batches, packed to fit the budget (weights in once a pack)",
+               homes_weights=True, packs_batch=True,
                when="weights do not fit and a larger batch should move fewer bytes per sample",
                paper="Harmony (Li et al., VLDB 2022): layer packs and micro-batches"),
     PolicyInfo("auto", "with a budget: the fastest exact plan that fits (recompute, offload, workspaces, weights on "
-                       "the host; micro-batches where one batch cannot fit); else liveness",
+                       "the host, micro-batches, and every other exact policy's own plan); else liveness",
+               portfolio=True,
                when="the default with --budget: the fastest exact plan that fits; start here",
                paper="SuperNeurons (Wang et al., PPoPP 2018), extended to weights (Harmony)"),
     PolicyInfo("auto-lossy", "LOSSY, opt-in (--policy auto --lossy): auto, also weighing compression of activations, "
                              "kept on the device or offloaded",
-               lossy=True,
+               lossy=True, portfolio=True,
                when="auto could not fit, or is slow, and lossy results are acceptable",
                paper="SuperNeurons's search with COMET's compression (Jin et al., VLDB 2022)"),
     PolicyInfo("window", "nnabla's out-of-core schedule: tensors swapped by a window over the access order",
@@ -65,12 +67,11 @@ def available_policies() -> tuple[str, ...]:
 
 
 def policies_help() -> str:
-    """One line per policy, name and what it does: the epilog of `minidl --help`, `plan --help` and `train --help`
-    (a list of ten names says nothing about which one to pick)."""
+    """One line per policy: the epilog of `minidl --help`, `plan --help` and `train --help`."""
     width = max(map(len, POLICY_TABLE))
     return "policies (--policy):\n" + "\n".join(f"  {p.name:<{width}}  {p.help}" for p in POLICY_TABLE.values())
 
 
 def exact_policies() -> tuple[str, ...]:
-    """The policies whose parameters are bit-identical to policy 'none' on the CPU (all but the lossy ones)."""
+    """Policies bit-identical to 'none' on the CPU (all but the lossy ones)."""
     return tuple(name for name, p in POLICY_TABLE.items() if not p.lossy)

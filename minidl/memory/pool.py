@@ -1,42 +1,9 @@
-"""The unified tensor pool: one preallocated device arena, carved up by a best-fit allocator.
+"""The unified tensor pool (SuperNeurons): one arena of `budget` bytes, carved by a best-fit coalescing allocator.
 
-Why one arena? Asking the device allocator (cudaMalloc, or numpy here) for every tensor is slow, and - more
-important for a framework that *promises* a memory budget - it hides how much memory is really used. Like
-SuperNeurons' unified tensor pool, minidl grabs `budget` bytes once, up front, and places every tensor
-inside that arena itself. A plan that fits the pool fits the device; nothing else allocates behind our back.
-
-The pool deals in byte *offsets* only. What sits behind the offsets (a numpy buffer on the CPU, a device
-buffer on a GPU, or nothing at all when we only simulate a plan) is injected as a `backing`, so the same
-allocator serves the planner (shapes only), the tests (fake addresses) and the executor (real bytes).
-
-Concepts, briefly:
-
-* **Alignment.** Every block size is rounded up to `ALIGNMENT` (512) bytes and every block starts at a
-  multiple of it. Kernels want their inputs aligned (vector loads, cuDNN), and a coarse granularity keeps
-  the number of distinct hole sizes small, which makes holes more reusable. The cost is internal waste: a
-  1-byte tensor takes 512 bytes. A zero-byte request is rounded up to one full 512-byte block too: that way
-  every live block has a distinct start offset, so `free(offset)` can never be ambiguous.
-
-* **Best fit.** The free blocks are indexed in a list sorted by (size, offset). To serve a request of n
-  bytes, one binary search finds the *smallest* free block that is at least n bytes; ties go to the lowest
-  offset, which makes the allocator fully deterministic (same requests, same offsets - plans can be
-  replayed). Best fit leaves big holes intact for big tensors instead of nibbling at them, as first fit
-  would. The chosen block is split: the front part is handed out, the rest stays free.
-
-* **Coalescing.** All blocks, free or live, form a doubly linked list in address order that tiles the
-  arena exactly. When a block is freed, its neighbours are one pointer away, and a free neighbour on either
-  side is merged into it in O(1). Hence two free blocks are never adjacent, and freeing everything leaves
-  exactly one free block spanning the whole arena.
-
-* **Fragmentation.** Memory can be free yet unusable: 10 MiB free as ten 1 MiB holes cannot hold one 2 MiB
-  tensor. We measure it as `1 - largest_free_block / free_bytes`: 0 when all free memory is one hole, close
-  to 1 when it is shattered into many small ones. An out-of-memory error reports both numbers, so one can
-  tell "the budget is too small" from "the budget is fragmented".
-
-Planners can also compute offsets ahead of time and have the executor claim exactly those ranges with
-`alloc_at`, which fails loudly if the range is not free - a cheap check that the plan and reality agree.
-
-The pool is not thread safe; the executor drives it from one thread.
+Rules: nothing allocates behind its back, so a plan that fits the pool fits the device; offsets only, the memory
+behind them injected (`backing`, or none for planning); every block, even of zero bytes, rounds up to `ALIGNMENT`
+and has its own offset; best fit, ties to the lowest offset, so the same requests give the same offsets; a freed
+block merges with free neighbours in O(1). Not thread safe.
 """
 from __future__ import annotations
 
@@ -52,7 +19,7 @@ import numpy as np
 
 from minidl.core.errors import MinidlError, OptionError
 from minidl.core.guards import check_host_allocation
-from minidl.core.units import format_bytes  # noqa: F401  (re-exported: it lived here first)
+from minidl.core.units import format_bytes  # noqa: F401  (re-exported)
 
 __all__ = [
     "ALIGNMENT", "ARENA_ALIGNMENT", "Block", "FreeBlock", "LiveBlock", "NumpyArenaBacking", "PoolOutOfMemory",
@@ -60,15 +27,12 @@ __all__ = [
 ]
 
 ALIGNMENT = 512
-"""Granularity of the pool: every block size is a multiple of it and every block starts on a multiple of it."""
+"""Bytes: every block's size and start are multiples (kernels want aligned inputs; few hole sizes reuse better)."""
 
 ARENA_ALIGNMENT = 64
-"""Alignment of the arena's base address (a cache line; enough for any SIMD load numpy may use)."""
+"""Bytes: the arena's base address alignment (a cache line, enough for any SIMD load)."""
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Sizes for humans
-# ---------------------------------------------------------------------------------------------------------
 
 _UNIT_FACTORS = {
     "": 1, "b": 1,
@@ -80,8 +44,7 @@ _SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[a-
 
 
 def as_size(value: str | int | None, option: str) -> int | None:
-    """`parse_size` for a user-facing option (`budget`, `host_limit_bytes`, `--budget`...): None stays None,
-    and a bad value raises `OptionError` naming the option, so a user never reads a parser's name."""
+    """`parse_size` for a user-facing option: None stays None, a bad value raises `OptionError` naming `option`."""
     if value is None:
         return None
     try:
@@ -91,21 +54,14 @@ def as_size(value: str | int | None, option: str) -> int | None:
 
 
 def _bytes_both(n: int) -> str:
-    """"1.50 MiB (1572864 bytes)": human units for reading, exact bytes for grepping and arithmetic."""
+    """"1.50 MiB (1572864 bytes)": units to read, bytes to grep."""
     return f"{format_bytes(n)} ({n} bytes)"
 
 
 def parse_size(s: str | int) -> int:
-    """Parse a memory size such as "512MiB", "12GB", "1.5 GiB", "64KiB", "100kB" or "1024" into bytes.
-
-    Units are case-insensitive: B, KB, MB, GB, TB are decimal (10^3, 10^6, ...: what disk and cloud vendors
-    mean), KiB, MiB, GiB, TiB are binary (2^10, 2^20, ...: what memory is built in). No unit means bytes.
-    "mb" is read as megabytes, never megabits. Fractions are computed exactly (no float rounding); a size that
-    is not a whole number of bytes ("7.02MiB" is 7361003.52 bytes) is rounded *up* to the next multiple of
-    512 bytes (`ALIGNMENT`, the pool's unit: 7361024), never down, so a size minidl printed (which
-    `format_bytes` rounds up too) is always at least the size it stood for. A whole number of bytes is kept
-    as given. A plain non-negative int is returned unchanged, so a budget can be given either way.
-    """
+    """Bytes from "512MiB", "12GB", "1.5 GiB" or an int. KB/MB/GB/TB are decimal, KiB/MiB/GiB/TiB binary, "mb"
+    is megabytes. Fractions are exact; a fractional byte count rounds *up* to `ALIGNMENT`, so a size minidl printed
+    (rounded up by `format_bytes`) is never less than what it stood for."""
     if isinstance(s, (bool, np.bool_)):
         raise OptionError(f"not a memory size: {s!r}")
     if isinstance(s, numbers.Integral):  # numpy's integers too
@@ -131,17 +87,12 @@ def parse_size(s: str | int) -> int:
 
 
 def align_up(nbytes: int, alignment: int = ALIGNMENT) -> int:
-    """The size the pool really reserves for a request of `nbytes`: rounded up to `alignment`, at least one
-    unit (so that a zero-byte tensor still owns a distinct offset). Planners use it to size their plans
-    exactly like the pool will."""
+    """The bytes the pool reserves for `nbytes`: rounded up to `alignment`, at least one unit."""
     if nbytes < 0:
         raise ValueError(f"cannot allocate a negative number of bytes ({nbytes})")
     return max(alignment, -(-nbytes // alignment) * alignment)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Backing memory
-# ---------------------------------------------------------------------------------------------------------
 
 class ArenaBacking(Protocol):
     """Whatever provides the arena's real memory. The pool calls `allocate` exactly once."""
@@ -150,12 +101,7 @@ class ArenaBacking(Protocol):
 
 
 class NumpyArenaBacking:
-    """Host memory for the CPU backend: a numpy uint8 buffer whose base address is 64-byte aligned.
-
-    numpy only promises its default (16-byte) alignment, so we over-allocate by `ARENA_ALIGNMENT` bytes and
-    slice from the first aligned address. Since every block offset is a multiple of 512, every tensor view
-    is then 64-byte aligned too.
-    """
+    """Host memory for the CPU backend: a uint8 buffer over-allocated so its base is `ARENA_ALIGNMENT`-aligned."""
 
     def allocate(self, nbytes: int) -> np.ndarray:
         check_host_allocation(nbytes, "the tensor pool's arena")
@@ -166,17 +112,10 @@ class NumpyArenaBacking:
         return arena
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Records
-# ---------------------------------------------------------------------------------------------------------
 
 @dataclass(slots=True, eq=False)
 class Block:
-    """One contiguous range of the arena, free or live. Blocks tile the arena in address order.
-
-    `prev`/`next` link address neighbours so coalescing is O(1); they are left out of repr and equality,
-    which would otherwise walk the whole chain.
-    """
+    """One contiguous range of the arena, free or live; `prev`/`next` (address neighbours) stay out of repr."""
 
     offset: int
     size: int
@@ -215,20 +154,20 @@ class FreeBlock:
 
 @dataclass(slots=True, frozen=True)
 class PoolStats:
-    """A snapshot of the pool, for reports and logs. Sizes in bytes."""
+    """A snapshot of the pool, in bytes."""
 
-    budget: int                 # what was asked for at construction
-    capacity: int               # usable bytes: budget rounded down to ALIGNMENT
-    in_use: int                 # bytes held by live blocks (rounded sizes)
-    peak: int                   # max in_use since construction or the last reset_peak()
-    free_bytes: int             # capacity - in_use
-    largest_free_block: int     # the biggest request that can succeed right now
-    fragmentation: float        # 1 - largest_free_block / free_bytes (0 when nothing is free)
-    live_blocks: int            # number of live blocks
-    free_blocks: int            # number of free holes
-    allocs: int                 # successful alloc/alloc_at calls
-    frees: int                  # successful free calls
-    failed_allocs: int          # alloc calls that raised PoolOutOfMemory
+    budget: int
+    capacity: int               # budget rounded down to ALIGNMENT
+    in_use: int                 # live blocks, rounded sizes
+    peak: int                   # max in_use since construction or reset_peak()
+    free_bytes: int
+    largest_free_block: int
+    fragmentation: float
+    live_blocks: int
+    free_blocks: int
+    allocs: int
+    frees: int
+    failed_allocs: int
 
     def __str__(self) -> str:
         return (f"pool: {format_bytes(self.in_use)} in use of {format_bytes(self.capacity)} "
@@ -238,7 +177,7 @@ class PoolStats:
 
 
 class PoolOutOfMemory(MinidlError, MemoryError):
-    """No free block is large enough. The message says whether the budget is too small or fragmented."""
+    """No free block is large enough; the message says whether the budget is too small or fragmented."""
 
     def __init__(self, requested: int, in_use: int, largest_free: int, free_bytes: int, budget: int,
                  tag: Hashable | None):
@@ -258,17 +197,10 @@ class PoolOutOfMemory(MinidlError, MemoryError):
             f"largest free block {_bytes_both(largest_free)}, budget {_bytes_both(budget)} ({why})")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The pool
-# ---------------------------------------------------------------------------------------------------------
 
 class LiveQueries:
-    """The queries a pool answers from its live ranges and counters, written once for the contiguous pool
-    (`TensorPool`) and the paged one (`paged.PagedPool`), so that the planner, the replay and the executor ask
-    both the same questions the same way.
-
-    A pool keeps `_live` (offset -> a record with `.size`, its rounded bytes, and `.tag`), `_in_use` (the bytes
-    it counts as used), `_peak` and `capacity`."""
+    """Queries over `_live` (offset -> record with `.size`, `.tag`), `_in_use`, `_peak` and `capacity`, shared by
+    `TensorPool` and `paged.PagedPool` so both answer the same way."""
 
     _live: dict
     _in_use: int
@@ -276,11 +208,9 @@ class LiveQueries:
     capacity: int
 
     def size_of(self, offset: int) -> int:
-        """The (rounded) size of the live block starting at `offset`."""
         return self._live_block(offset).size
 
     def tag_of(self, offset: int) -> Hashable | None:
-        """The tag the live block starting at `offset` was allocated with."""
         return self._live_block(offset).tag
 
     def _live_block(self, offset: int):
@@ -297,17 +227,14 @@ class LiveQueries:
 
     @property
     def in_use(self) -> int:
-        """Bytes the pool counts as used: live blocks with their alignment padding (it is just as unusable);
-        for the paged pool, its mapped chunks."""
+        """Bytes counted as used: live blocks with their padding (the paged pool: mapped chunks)."""
         return self._in_use
 
     @property
     def peak(self) -> int:
-        """The highest `in_use` since construction or the last `reset_peak()`."""
         return self._peak
 
     def reset_peak(self) -> None:
-        """Start a new peak measurement (e.g. per training step) from the current usage."""
         self._peak = self._in_use
 
     @property
@@ -316,13 +243,7 @@ class LiveQueries:
 
 
 class TensorPool(LiveQueries):
-    """A best-fit, coalescing allocator over one arena of `budget` bytes (see the module docstring).
-
-    `budget` may be an int or a size string ("512MiB"). The usable `capacity` is `budget` rounded down to
-    `ALIGNMENT`: a tail smaller than one alignment unit could never hold a (rounded) block. `backing`, if
-    given, is asked once for `capacity` bytes and the result is exposed as `arena`; with no backing the pool
-    only does the arithmetic (planning, simulation, tests).
-    """
+    """A best-fit, coalescing allocator over `budget` bytes; with no `backing` it only does the arithmetic."""
 
     def __init__(self, budget: int | str, backing: ArenaBacking | None = None):
         self.budget = parse_size(budget)
@@ -331,13 +252,12 @@ class TensorPool(LiveQueries):
             raise OptionError(f"pool budget {_bytes_both(self.budget)} is smaller than one block "
                               f"({ALIGNMENT} bytes)")
         self.arena = backing.allocate(self.capacity) if backing is not None else None
-        # The block at offset 0 is never absorbed by a neighbour (merges keep the left block), so it is a
-        # stable head for walking the arena in address order.
+        # merges keep the left block, so offset 0's block is a stable head
         self._head = Block(offset=0, size=self.capacity, free=True)
         self._live: dict[int, Block] = {}
         self._free: dict[int, Block] = {}            # offset -> free block
         self._free_by_size: list[tuple[int, int]] = []   # sorted (size, offset): best fit is one bisect
-        self._free_starts: list[int] = []            # sorted offsets of free blocks: finds a hole by address
+        self._free_starts: list[int] = []            # sorted offsets of free blocks
         self._index_add(self._head)
         self._in_use = 0
         self._peak = 0
@@ -345,24 +265,22 @@ class TensorPool(LiveQueries):
         self._frees = 0
         self._failed = 0
 
-    # -- free-block index --------------------------------------------------------------------------------------
     def _index_add(self, block: Block) -> None:
         bisect.insort(self._free_by_size, (block.size, block.offset))
         bisect.insort(self._free_starts, block.offset)
         self._free[block.offset] = block
 
     def _index_remove(self, block: Block) -> None:
-        # Must be called *before* the block's size or offset change: the keys are the current ones.
+        # before the block's size or offset change: the keys are the current ones
         i = bisect.bisect_left(self._free_by_size, (block.size, block.offset))
         del self._free_by_size[i]
         j = bisect.bisect_left(self._free_starts, block.offset)
         del self._free_starts[j]
         del self._free[block.offset]
 
-    # -- block surgery -----------------------------------------------------------------------------------------
     @staticmethod
     def _split(block: Block, at: int) -> Block:
-        """Cut `block` at address `at`; `block` keeps the front, the returned new block is the back."""
+        """Cut `block` at `at`: it keeps the front, the new block returned is the back."""
         back = Block(offset=at, size=block.end - at, free=block.free, prev=block, next=block.next)
         if block.next is not None:
             block.next.prev = back
@@ -371,13 +289,12 @@ class TensorPool(LiveQueries):
         return back
 
     def _carve(self, hole: Block, offset: int, size: int, tag: Hashable | None) -> int:
-        """Turn [offset, offset+size) of the free `hole` into a live block; the leftovers stay free."""
         self._index_remove(hole)
         block = hole
-        if offset > hole.offset:             # leftover in front (alloc_at only)
+        if offset > hole.offset:             # alloc_at only
             block = self._split(hole, offset)
             self._index_add(hole)
-        if block.size > size:                # leftover behind
+        if block.size > size:
             self._index_add(self._split(block, offset + size))
         block.free = False
         block.tag = tag
@@ -388,7 +305,6 @@ class TensorPool(LiveQueries):
         return offset
 
     def _hole_containing(self, offset: int) -> Block | None:
-        """The free block whose range contains `offset`, if any (one bisect over free start offsets)."""
         i = bisect.bisect_right(self._free_starts, offset) - 1
         if i < 0:
             return None
@@ -401,13 +317,8 @@ class TensorPool(LiveQueries):
             yield b
             b = b.next
 
-    # -- allocation --------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int, tag: Hashable | None = None) -> int:
-        """Reserve `nbytes` (rounded up by `align_up`) in the smallest hole that fits; return its offset.
-
-        Ties between equally small holes go to the lowest offset, so allocation is deterministic. Raises
-        `PoolOutOfMemory` when no hole is large enough.
-        """
+        """Reserve `align_up(nbytes)` in the smallest hole, lowest offset first; raises `PoolOutOfMemory`."""
         size = align_up(nbytes)
         i = bisect.bisect_left(self._free_by_size, (size, -1))
         if i == len(self._free_by_size):
@@ -418,12 +329,8 @@ class TensorPool(LiveQueries):
         return self._carve(self._free[offset], offset, size, tag)
 
     def alloc_at(self, offset: int, nbytes: int, tag: Hashable | None = None) -> int:
-        """Claim exactly [offset, offset + align_up(nbytes)), which must lie inside one free block.
-
-        Planners compute offsets ahead of time; the executor replays them through this call, so any
-        disagreement between the plan and the pool's actual state raises instead of corrupting a tensor.
-        Returns `offset`.
-        """
+        """Claim exactly [offset, offset + align_up(nbytes)): the executor replays a plan's offsets, so a plan that
+        disagrees with the pool raises instead of corrupting a tensor."""
         size = align_up(nbytes)
         if offset < 0 or offset % ALIGNMENT:
             raise ValueError(f"alloc_at offset {offset} for tag {tag!r} is not a non-negative multiple of "
@@ -443,7 +350,7 @@ class TensorPool(LiveQueries):
         return self._carve(hole, offset, size, tag)
 
     def free(self, offset: int) -> None:
-        """Release the live block starting at `offset` and merge it with any free neighbour (O(1))."""
+        """Release the block at `offset`, merging free neighbours."""
         block = self._live.pop(offset, None)
         if block is None:
             hole = self._hole_containing(offset)
@@ -459,14 +366,14 @@ class TensorPool(LiveQueries):
         block.free = True
         block.tag = None
         prev, nxt = block.prev, block.next
-        if prev is not None and prev.free:       # merge into the left neighbour; it survives
+        if prev is not None and prev.free:       # the left neighbour survives
             self._index_remove(prev)
             prev.size += block.size
             prev.next = nxt
             if nxt is not None:
                 nxt.prev = prev
             block = prev
-        if nxt is not None and nxt.free:         # absorb the right neighbour
+        if nxt is not None and nxt.free:
             self._index_remove(nxt)
             block.size += nxt.size
             block.next = nxt.next
@@ -474,25 +381,19 @@ class TensorPool(LiveQueries):
                 nxt.next.prev = block
         self._index_add(block)
 
-    # -- queries (the rest are LiveQueries') -------------------------------------------------------------------
     @property
     def largest_free_block(self) -> int:
-        """The largest request that can succeed now: the last entry of the size-sorted free index."""
         return self._free_by_size[-1][0] if self._free_by_size else 0
 
     @property
     def fragmentation(self) -> float:
-        """1 - largest_free_block / free_bytes: 0 when free memory is one hole (or none), towards 1 when it
-        is scattered in small holes."""
         free = self.free_bytes
         return 0.0 if free == 0 else 1.0 - self.largest_free_block / free
 
     def live_blocks(self) -> list[LiveBlock]:
-        """Live blocks in address order."""
         return [LiveBlock(b.offset, b.size, b.tag) for b in self._blocks() if not b.free]
 
     def free_blocks(self) -> list[FreeBlock]:
-        """Free holes in address order."""
         return [FreeBlock(b.offset, b.size) for b in self._blocks() if b.free]
 
     def stats(self) -> PoolStats:
@@ -503,11 +404,7 @@ class TensorPool(LiveQueries):
                          failed_allocs=self._failed)
 
     def check(self) -> None:
-        """Verify every internal invariant (O(blocks)); raises AssertionError. For tests and debugging.
-
-        Blocks tile [0, capacity) in order with consistent links, are aligned, no two free blocks touch,
-        and the indexes and counters agree with the block list.
-        """
+        """Assert every invariant: blocks tile the capacity, linked, aligned, no free neighbours, indexes agree."""
         pos, prev, live_bytes, n_live, free_seen = 0, None, 0, 0, []
         for b in self._blocks():
             assert b.prev is prev, f"broken prev link at {b.offset}"
@@ -528,13 +425,8 @@ class TensorPool(LiveQueries):
         assert [o for _, o in free_seen] == self._free_starts and len(free_seen) == len(self._free)
         assert self._peak >= self._in_use
 
-    # -- views -------------------------------------------------------------------------------------------------
     def view(self, offset: int, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
-        """A numpy array of `shape`/`dtype` aliasing the arena at `offset` (no copy).
-
-        `offset` must be the start of a live block large enough for the array: viewing freed or foreign
-        memory is exactly the kind of bug a memory-virtualizing executor must not let through silently.
-        """
+        """An array aliasing the live block at `offset` (no copy); freed or too-small memory raises."""
         if self.arena is None:
             raise RuntimeError("this pool has no backing memory (planning/simulation only): nothing to view")
         is_numpy = isinstance(self.arena, np.ndarray)
@@ -550,7 +442,7 @@ class TensorPool(LiveQueries):
         if nbytes > block.size:
             raise ValueError(f"cannot view {shp} {dt} ({_bytes_both(nbytes)}) at offset {offset}: the live "
                              f"block there (tag {block.tag!r}) holds only {_bytes_both(block.size)}")
-        if not is_numpy:  # a device arena (the CUDA backend's) builds its own views
+        if not is_numpy:
             return self.arena.view_at(offset, shp, dt)
         return self.arena[offset:offset + nbytes].view(dt).reshape(shp)
 

@@ -1,12 +1,7 @@
-"""The simulator's own memory: a plan's events replayed on a shape-only pool, from scratch.
+"""The simulator's own memory: a plan's events replayed from scratch on a shape-only pool.
 
-"The simulator's peak equals the executor's pool peak" is only a check if the two are computed apart. The planner
-records `plan.peak_bytes` while it places tensors; reading that number back in the simulator would compare the
-plan with itself, and a planner bug (a free one step late, a prefetch never released) would pass unseen. This
-module derives the peak the way the executor does, but without arrays: a fresh `TensorPool` (or `PagedPool` for
-a paged plan) with no backing, the setup allocations, then every event of every step in order, each placed at
-the offset the plan chose (the pool refuses an overlap) and freed where the plan frees it. What it returns is
-what a run would measure, so tests can hold plan = replay = executor byte for byte.
+The peak is derived, never read from `plan.peak_bytes` (that would compare the plan with itself): every event at
+the plan's offset (the pool refuses an overlap), so tests hold plan = replay = executor byte for byte.
 """
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from .pool import TensorPool
 
 
 def replay(plan: Plan):
-    """The pool after one training step's events replayed on it (shape only): `.peak`, `.in_use`."""
+    """The pool after one step's events replayed on it: `.peak`, `.in_use`."""
     if plan.paged is not None:
         pool = PagedPool(plan.arena_bytes, plan.paged.chunk_bytes, plan.paged.virtual_bytes)
     else:
@@ -27,7 +22,7 @@ def replay(plan: Plan):
         events += sp.before
         events += sp.after
     for ev in events:
-        if not isinstance(ev.kind, EventKind):   # what a kind does to memory is declared by `EventKind` alone
+        if not isinstance(ev.kind, EventKind):   # memory effects are declared by `EventKind` alone
             raise ValueError(f"replay: event kind '{getattr(ev.kind, 'value', ev.kind)}' has no memory effect "
                              f"declared (not a minidl.memory.plan.EventKind)")
         if ev.kind.allocates:
@@ -43,5 +38,5 @@ def replay(plan: Plan):
 
 
 def replay_peak(plan: Plan) -> int:
-    """The pool peak a training step of `plan` reaches, derived by replaying its events (not read from it)."""
+    """The pool peak of a step of `plan`, by replay."""
     return replay(plan).peak

@@ -1,7 +1,5 @@
-"""Optimizers with PyTorch's semantics. Their state is a set of named per-parameter tensors (slots), which the
-route plans like any other tensor (role `optimizer`), so a memory report counts Adam's two moments exactly.
-Learning-rate schedules (`StepLR`, `Cosine`, `LinearLR`, `WarmUp`) live in `minidl.optim.schedules` and are
-re-exported here."""
+"""Optimizers with PyTorch's semantics; their state is named per-parameter tensors (slots) the route plans like any
+other (role `optimizer`). Schedules are `minidl.optim.schedules`'."""
 from __future__ import annotations
 
 import math
@@ -19,17 +17,14 @@ from ..core.errors import OptionError
 
 
 def _check_real(opt: str, what: str, v, lo_open: bool = False) -> None:
-    """A finite number >= 0 (> 0 if lo_open): `nan < 0` is False, so a plain comparison lets NaN through."""
+    """A finite number >= 0 (> 0 if lo_open); NaN fails too."""
     if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(v) \
             or (v <= 0 if lo_open else v < 0):
         raise OptionError(f"{opt}: {what} must be a finite number {'>' if lo_open else '>='} 0, got {v!r}")
 
 
 class Optimizer:
-    """Base of the optimizers: `update` one parameter in place from its gradient and its state tensors.
-
-    `slots` names the per-parameter state tensors (e.g. ("momentum",)); the route plans them as tensors of role
-    `optimizer`, so they count in every memory figure, and the executor hands them to `update` by name."""
+    """Base of the optimizers: `update` one parameter in place from its gradient and its `slots` by name."""
 
     slots: tuple[str, ...] = ()
 
@@ -46,12 +41,9 @@ class Optimizer:
         raise NotImplementedError
 
     def prepare(self, be, items: list) -> Callable[[int], None]:
-        """The update of every (param, grad, state) item as one callable `run(step)`, prepared once (the
-        compiled step's update call). Where the backend fuses updates (`be.fuse_update`: the CPU's compiled
-        kernel over a list of parameters) and this optimizer has a fused form, the items it takes are updated
-        in one call per group, the rest one by one; both compute the same arithmetic per element, so the
-        parameters are bit-identical to `update` called per item (the interpreted executor's path). Reads the
-        hyper-parameters at every call: a learning-rate schedule's changes apply."""
+        """Every (param, grad, state) item's update as one callable `run(step)`: fused groups where the backend
+        fuses (same arithmetic per element: bit-identical to `update`), the rest one by one. Hyper-parameters
+        are read at each call, so a schedule applies."""
         fusable = be.capabilities.fused_update and type(self).update_fused is not Optimizer.update_fused
         groups, rest = be.fuse_update(items, self.slots) if fusable and items else ([], list(items))
         update, update_fused = self.update, self.update_fused
@@ -66,8 +58,7 @@ class Optimizer:
 
 @dataclass
 class SGD(Optimizer):
-    """Stochastic gradient descent with optional momentum, dampening, weight decay and Nesterov momentum, with
-    torch.optim.SGD's update rule (the first step's momentum buffer is the gradient itself)."""
+    """torch.optim.SGD's rule (the first step's momentum buffer is the gradient itself)."""
 
     lr: float = 0.01
     momentum: float = 0.0
@@ -83,25 +74,21 @@ class SGD(Optimizer):
         self.slots = ("momentum",) if self.momentum else ()
 
     def update(self, be, param, grad, state, step):
-        """One SGD update of `param` in place (the backend's fused kernel)."""
         be.sgd_update(param, grad, state.get("momentum"), self.lr, self.momentum, self.dampening,
                       self.weight_decay, self.nesterov, first_step=(step == 0))
 
     def update_fused(self, be, group, step):
-        """`update` on a fused group of parameters (the backend's one-call kernel, same arithmetic)."""
         be.sgd_update_fused(group, self.lr, self.momentum, self.dampening, self.weight_decay, self.nesterov,
                             first_step=(step == 0))
 
     def config(self):
-        """SGD's hyper-parameters as plain types."""
         return {"type": "sgd", "lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
 
 @dataclass
 class Adam(Optimizer):
-    """Adam with torch.optim.Adam's update rule (bias-corrected moments; `weight_decay` adds L2 to the gradient,
-    not AdamW's decoupled decay)."""
+    """torch.optim.Adam's rule (`weight_decay` adds L2 to the gradient, not AdamW's decoupled decay)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -117,22 +104,19 @@ class Adam(Optimizer):
         self.slots = ("exp_avg", "exp_avg_sq")
 
     def update(self, be, param, grad, state, step):
-        """One Adam update of `param` and its two moments in place (`step` + 1 is Adam's bias-correction t)."""
         be.adam_update(param, grad, state["exp_avg"], state["exp_avg_sq"], self.lr, self.betas[0], self.betas[1],
                        self.eps, self.weight_decay, step + 1)
 
     def update_fused(self, be, group, step):
-        """`update` on a fused group of parameters (the backend's one-call kernel, same arithmetic)."""
         be.adam_update_fused(group, self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay, step + 1)
 
     def config(self):
-        """Adam's hyper-parameters as plain types."""
         return {"type": "adam", "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
                 "weight_decay": self.weight_decay}
 
 
 def make_optimizer(name: str, lr: float, momentum: float = 0.9, weight_decay: float = 0.0) -> Optimizer:
-    """The optimizer the command line names ('sgd' with `momentum`, or 'adam')."""
+    """The optimizer the command line names."""
     if name == "sgd":
         return SGD(lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":

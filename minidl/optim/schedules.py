@@ -1,14 +1,7 @@
-"""Learning-rate schedules with PyTorch's semantics (each tested against `torch.optim.lr_scheduler`'s class of
-the same name on the same steps).
+"""Learning-rate schedules with PyTorch's semantics (tested against `torch.optim.lr_scheduler`'s namesakes).
 
-A schedule is a pure function of (base learning rate, step): `lr(base_lr, step)` is the learning rate the
-optimizer uses for the update of step `step` (counting from 0, the first update of the run). PyTorch holds the
-same numbers in a stateful object stepped after each update; a pure function instead lets a resumed session
-continue exactly where it stopped (the step is the executor's iteration, which a checkpoint stores) and lets a
-test compare whole sequences at once.
-
-    sched = WarmUp(Cosine(total_steps=900), steps=100)   # torch: SequentialLR([LinearLR, CosineAnnealingLR])
-    sess = Session(net, SGD(lr=0.1), lr_schedule=sched)
+A schedule is a pure function `lr(base_lr, step)`, not PyTorch's stateful object: a resumed session continues
+exactly from the iteration its checkpoint stores.
 """
 from __future__ import annotations
 
@@ -59,9 +52,7 @@ class StepLR(LRSchedule):
 
 @dataclass(frozen=True, slots=True)
 class Cosine(LRSchedule):
-    """Half a cosine from the base rate down to `eta_min` over `total_steps` steps
-    (torch.optim.lr_scheduler.CosineAnnealingLR with T_max = total_steps; like it, the cosine continues past
-    T_max, so set total_steps to the run's length)."""
+    """CosineAnnealingLR with T_max = total_steps (like it, the cosine continues past T_max)."""
 
     total_steps: int
     eta_min: float = 0.0
@@ -77,8 +68,7 @@ class Cosine(LRSchedule):
 
 @dataclass(frozen=True, slots=True)
 class LinearLR(LRSchedule):
-    """Scale the base rate linearly from `start_factor` to `end_factor` over `total_steps` steps, then hold
-    (torch.optim.lr_scheduler.LinearLR): with the defaults, a linear warm-up."""
+    """Linear from `start_factor` to `end_factor` over `total_steps`, then held (torch's LinearLR)."""
 
     total_steps: int
     start_factor: float = 1.0 / 3
@@ -97,9 +87,7 @@ class LinearLR(LRSchedule):
 
 @dataclass(frozen=True, slots=True)
 class WarmUp(LRSchedule):
-    """A linear warm-up over `steps` steps from `start_factor` x the base rate, then `after` with its step
-    counted from the end of the warm-up (torch: SequentialLR([LinearLR(start_factor, total_iters=steps),
-    after], milestones=[steps]))."""
+    """Linear warm-up over `steps`, then `after` counted from its end (torch's SequentialLR of LinearLR, after)."""
 
     after: LRSchedule
     steps: int
@@ -117,14 +105,13 @@ class WarmUp(LRSchedule):
 
 
 SCHEDULES = ("constant", "step", "cosine")
-"""The names `--lr-schedule` takes (a warm-up is `--warmup-steps`, in front of any of them)."""
+"""The names `--lr-schedule` takes (`--warmup-steps` goes in front of any)."""
 
 
 def make_schedule(name: str, total_steps: int, warmup_steps: int = 0, step_size: int | None = None,
                   gamma: float = 0.1, eta_min: float = 0.0) -> LRSchedule:
-    """The schedule the command line describes: `name` over a run of `total_steps`, after `warmup_steps` of
-    linear warm-up (cosine then decays over the steps left; `step` decays every `step_size`, default a third
-    of them)."""
+    """The command line's schedule over `total_steps`, after `warmup_steps` (`step`'s `step_size` defaults to a
+    third of the steps)."""
     if name not in SCHEDULES:
         raise OptionError(f"--lr-schedule: unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}")
     _check_steps("--warmup-steps", "the warm-up", warmup_steps, minimum=0)

@@ -148,8 +148,9 @@ def table5_micro(quick: bool, log) -> Table:
               note=f"minidl: micro-batching removes the batch limit (a batch fits once one micro-batch does), so "
                    f"this column is not a largest batch: it is the number of micro-batches `auto` splits "
                    f"{MICRO_FACTOR}x the paper's Table 5 batch into to fit the K40c's 12 GB less its CUDA context "
-                   f"(the fewest of 2, 4, 8, ... dividing the batch; weights on the device or the host, as `auto` "
-                   f"chooses), and the simulated speed of that plan against the same batch in unlimited memory. "
+                   f"(the fastest of 2, 4, 8, ... dividing the batch, weighed by simulated step time; weights on the "
+                   f"device or the host, as `auto` chooses), and the simulated speed of that plan against the same "
+                   f"batch in unlimited memory. "
                    f"The paper does not micro-batch: it has no figure here.")
     for name, model, size, paper in TABLE5:
         if quick and model != "alexnet":

@@ -1,26 +1,14 @@
 """Checkpoints that cannot lie: written atomically, verified on load, matched against the run that resumes.
 
-Format. One `.npz` (a zip of `.npy` members) holding every parameter and buffer under its layer-qualified name,
-the optimizer state under `optim/<layer>.<param>.<slot>`, and two small members:
-
-- `__manifest__`: JSON with the metadata the caller gives (iteration, seed, data position, the network's
-  fingerprint, the optimizer's configuration, ...) and, for every array, its shape, dtype and SHA-256;
-- `__manifest_sha256__`: the SHA-256 of the manifest's bytes.
-
-Rules the code keeps (each has a test in tests/runtime/test_checkpoint.py):
-
-1. The file on disk is always a complete checkpoint: the old one or the new one, whenever the writer dies
-   (kill -9 included). The bytes go to a temporary file in the target's directory, are flushed and fsynced,
-   then renamed over the target (atomic on POSIX), and the directory is fsynced so the rename itself is durable.
-   Temporary files of writers that died are removed by the next save to the same path.
-2. The path written is the path given: no `.npz` is appended, no directory is created; a path that is a
-   directory, or whose directory does not exist, is a `CheckpointError` before anything is written.
-3. Every load verifies the whole file: a missing, empty, truncated, bit-flipped or foreign file (another zip, a
-   pickle, a directory) gives one `CheckpointError` saying which, never a `BadZipFile`/`EOFError`/pickle
-   traceback. Complex, object or otherwise non-numeric arrays are refused (nothing is cast silently).
-4. Whether a checkpoint *fits* the run that loads it (same network, optimizer, data order) is decided by
-   `compare`, from the manifest's metadata: the session refuses a mismatch, naming what differs, unless the
-   user asks for a partial load.
+Format: one `.npz` of parameters and buffers by qualified name, optimizer state under `optim/<layer>.<param>.<slot>`,
+`__manifest__` (JSON: the caller's metadata; each array's shape, dtype, SHA-256) and `__manifest_sha256__`.
+Rules (tests/runtime/test_checkpoint.py):
+1. The file on disk is always complete, old or new, whenever the writer dies: temp file beside it, fsync, rename,
+   fsync of the directory. The next save to the path removes dead writers' temporaries.
+2. The path written is the path given: no `.npz` appended, no directory created.
+3. Every load verifies the whole file; damage or a foreign file is one `CheckpointError`, never a zip/pickle
+   traceback. Only real-number arrays, nothing cast.
+4. Whether a checkpoint fits the resuming run is decided from the manifest (`resume_problems`, `compare_data`).
 """
 from __future__ import annotations
 
@@ -43,8 +31,7 @@ FORMAT = "minidl-checkpoint"
 VERSION = 2
 _TMP_SUFFIX = ".tmp"
 
-# Test hook: called with the temporary path just before / just after the rename (the crash test stops the
-# writer there to kill it at exactly that point). None in normal use.
+# test hooks, called with the temporary path around the rename (the crash test kills the writer there)
 _before_rename = None
 _after_rename = None
 
@@ -60,7 +47,6 @@ def _check_dtype(name: str, arr: np.ndarray, path) -> None:
                               f"(float or integer), nothing is cast")
 
 
-# -- writing ----------------------------------------------------------------------------------------------------
 def _target(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
@@ -77,8 +63,7 @@ def _tmp_prefix(path: Path) -> str:
 
 
 def clean_stale_temps(path: str | Path) -> list[Path]:
-    """Remove temporary files that a writer of `path` left when it died (named `.<name>.<pid>.<random>.tmp`,
-    the pid no longer running). Temporaries of live writers are left alone. Returns what was removed."""
+    """Remove the temporaries (`.<name>.<pid>.<random>.tmp`) of dead writers of `path`; return them."""
     path = Path(path)
     pat = re.compile(re.escape(_tmp_prefix(path)) + r"(\d+)\.[^.]+" + re.escape(_TMP_SUFFIX) + "$")
     removed = []
@@ -125,9 +110,7 @@ def _fsync_dir(d: Path) -> None:
 
 
 def _create_temp(path: Path) -> tuple[int, str]:
-    """A new temporary file beside `path` (named as `clean_stale_temps` expects), opened for writing, created with
-    mode 0666 less the process umask: what any file the user writes gets (tempfile.mkstemp's 0600 would make
-    every checkpoint private, whatever the umask says, and the rename keeps the mode)."""
+    """A new temporary beside `path`, mode 0666 less the umask (mkstemp's 0600 would survive the rename)."""
     for _ in range(100):
         tmp = str(path.parent / f"{_tmp_prefix(path)}{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
         try:
@@ -138,7 +121,7 @@ def _create_temp(path: Path) -> tuple[int, str]:
 
 
 def atomic_savez(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Write `arrays` as an uncompressed npz at exactly `path`, atomically (rule 1 of the module doc)."""
+    """Write `arrays` as an uncompressed npz at exactly `path`, atomically (rule 1)."""
     path = _target(path)
     clean_stale_temps(path)
     fd, tmp = _create_temp(path)
@@ -162,8 +145,7 @@ def atomic_savez(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
 
 def save_checkpoint(path: str | Path, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None,
                     meta: dict) -> Path:
-    """Write a checkpoint at `path` (exactly that path) and return it. `meta` must be JSON-serializable; the
-    manifest adds to it every array's shape, dtype and SHA-256, and whether optimizer state is included."""
+    """Write a checkpoint at exactly `path`; `meta` must be JSON-serializable."""
     arrays: dict[str, np.ndarray] = {}
     for k, v in params.items():
         arrays[k] = np.asarray(v)
@@ -181,7 +163,6 @@ def save_checkpoint(path: str | Path, params: dict[str, np.ndarray], optimizer_s
     return atomic_savez(path, arrays)
 
 
-# -- reading ----------------------------------------------------------------------------------------------------
 def _open(path: Path):
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -197,8 +178,7 @@ def _open(path: Path):
         raise CheckpointError(f"{path} is not a minidl checkpoint ({kind}: it does not start like a zip archive)")
     try:
         return np.load(path, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 -- a damaged zip raises anything (BadZipFile, EOFError, zlib.error,
-        # NotImplementedError for a flipped compression field, ...): each means the same thing here
+    except Exception as e:  # noqa: BLE001 -- a damaged zip raises anything (BadZipFile, zlib.error, ...)
         raise CheckpointError(f"checkpoint {path} is damaged (truncated or corrupted): "
                               f"{type(e).__name__}: {e}") from None
 
@@ -206,7 +186,7 @@ def _open(path: Path):
 def _read(z, key: str, path: Path) -> np.ndarray:
     try:
         return z[key]
-    except Exception as e:  # noqa: BLE001 -- as in _open: whatever a damaged member raises, it is damage
+    except Exception as e:  # noqa: BLE001 -- as in _open
         raise CheckpointError(f"checkpoint {path} is damaged: array {key!r} cannot be read "
                               f"({type(e).__name__}: {e})") from None
 
@@ -240,8 +220,7 @@ def _manifest(z, path: Path) -> dict:
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
-    """(parameters, optimizer state, metadata), after verifying every array against the manifest (rule 3).
-    The metadata carries `has_optimizer_state` beside what `save_checkpoint` was given."""
+    """(parameters, optimizer state, metadata + `has_optimizer_state`), every array verified (rule 3)."""
     path = Path(path)
     with _open(path) as z:
         manifest = _manifest(z, path)
@@ -266,7 +245,6 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, 
     return params, opt, meta
 
 
-# -- matching a checkpoint with the run that loads it ---------------------------------------------------------
 def network_fingerprint(named: dict[str, tuple[tuple[int, ...], str]]) -> list[list]:
     """[[name, shape, dtype], ...] sorted by name: what a checkpoint's parameters must match."""
     return [[k, list(shape), str(dtype)] for k, (shape, dtype) in sorted(named.items())]
@@ -290,8 +268,7 @@ def compare_networks(saved: list, current: list) -> list[str]:
 
 
 def compare_optimizers(saved: dict, current: dict, slots_saved: list, slots_now: list) -> list[str]:
-    """What differs between two optimizer configurations, except `lr` (resuming with another learning rate,
-    e.g. after a divergence, keeps the meaning of the saved state)."""
+    """What differs between two optimizer configurations, except `lr` (another rate keeps the state's meaning)."""
     out = []
     if saved.get("type") != current.get("type"):
         return [f"optimizer {saved.get('type')} in the checkpoint, {current.get('type')} here"]
@@ -304,14 +281,11 @@ def compare_optimizers(saved: dict, current: dict, slots_saved: list, slots_now:
 
 
 REPLAY_LIMIT_SAMPLES = 10**8
-"""How many samples a resume may shuffle again to find its place in the data order when the checkpoint has only
-a count of batches (written without `data_position`): one permutation per epoch passed, about a second."""
+"""Samples a resume from a bare batch count may reshuffle to find its place (one permutation per epoch: ~1 s)."""
 
 
 def check_positions(meta: dict, path) -> tuple[int, int]:
-    """(iteration, batches_consumed) from a checkpoint's metadata, refused unless they are integers with
-    0 <= batches_consumed <= iteration: a run consumes one batch per step (a negative count would be silently
-    read as 0). Where in the data order they put the run is `check_data_position`'s."""
+    """(iteration, batches_consumed), integers with 0 <= batches_consumed <= iteration (one batch per step)."""
     it, bc = meta.get("iteration"), meta.get("batches_consumed")
     for what, v in (("iteration", it), ("batches_consumed", bc)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -323,12 +297,9 @@ def check_positions(meta: dict, path) -> tuple[int, int]:
 
 
 def check_data_position(meta: dict, consumed: int, path) -> dict | None:
-    """The data position a checkpoint resumes at (`BatchIterator.position()`: epoch, samples of it taken, the
-    generator's state before that epoch's order), refused unless it is where `consumed` batches of the recorded
-    global batch end in the recorded data set. Restoring it costs one permutation however far the run went, so
-    a position is never replayed batch by batch (a manifest claiming 10^9 batches used to replay them for hours).
-    None: the run is at the start, or the checkpoint has only the count (an older writer): then the count is
-    skipped epoch by epoch, refused beyond `REPLAY_LIMIT_SAMPLES` shuffled samples."""
+    """The `BatchIterator.position()` to resume at, refused unless it is where `consumed` batches of the recorded
+    batch end in the recorded data. None: at the start, or only a count is recorded (then skipped epoch by epoch,
+    up to `REPLAY_LIMIT_SAMPLES`)."""
     pos, batch = meta.get("data_position"), meta.get("batch")
     samples = (meta.get("data") or {}).get("samples")
     if consumed == 0 and pos in (None, {"epoch": -1, "offset": 0, "rng": None}):
@@ -381,8 +352,7 @@ _DATA_COMPARED = ("image_shape", "num_classes", "samples", "transform")
 
 
 def compare_data(saved: dict | None, current: dict) -> list[str]:
-    """What differs between the data set a checkpoint was trained on and the one given now (of what the checkpoint
-    recorded)."""
+    """What differs between the checkpoint's recorded data set and the one given now."""
     if not saved:
         return []
     return [f"data {k}: {saved.get(k)} in the checkpoint, {current.get(k)} here" for k in _DATA_COMPARED

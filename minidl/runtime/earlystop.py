@@ -1,15 +1,7 @@
-"""Early stopping on the held-out loss: when to evaluate, what counts as better, when to give up.
+"""Early stopping on the held-out loss (not accuracy, which moves by whole samples and stalls on a small set).
 
-`Session.fit(..., heldout=H, early_stop=EarlyStop(patience=P))` evaluates the mean held-out loss every `every`
-steps and stops once P evaluations in a row have not improved on the best one by more than `min_delta`: the steps
-after that point would be spent fitting the training set at the held-out set's expense. The best state can be
-kept as a checkpoint (`best_path`), written each time the held-out loss improves, so the model to use is on disk
-whatever the last step did.
-
-Why the held-out loss and not its accuracy: the loss moves with every step while accuracy moves by whole samples,
-so on a small held-out set accuracy stalls for many evaluations while the model is still improving. Why
-evaluations are counted by `Session.iteration` (as `save_every` is): a resumed run keeps the same rhythm. The count
-of evaluations without improvement starts again with each `fit` (a checkpoint does not carry it).
+Evaluations fall on `Session.iteration` multiples, so a resumed run keeps the rhythm; the count without improvement
+restarts with each `fit` (a checkpoint does not carry it).
 """
 from __future__ import annotations
 
@@ -24,9 +16,8 @@ __all__ = ["EarlyStop", "EarlyStopWatch"]
 
 @dataclass(frozen=True, slots=True)
 class EarlyStop:
-    """Stop when `patience` evaluations of the held-out loss in a row have not improved on the best by more than
-    `min_delta`; evaluate every `every` steps (None: once per epoch of the training data). `best_path`: write
-    the session's checkpoint there each time the held-out loss improves (None: no checkpoint)."""
+    """Stop after `patience` evaluations in a row not better than the best by `min_delta`; evaluate every `every`
+    steps (None: each epoch); write a checkpoint to `best_path` at each improvement."""
 
     patience: int
     every: int | None = None
@@ -42,7 +33,7 @@ class EarlyStop:
 
 @dataclass(slots=True)
 class EarlyStopWatch:
-    """The state of one `fit` under an `EarlyStop`: the evaluations so far, the best, and the verdict."""
+    """One `fit`'s evaluations, best and verdict under an `EarlyStop`."""
 
     rule: EarlyStop
     every: int                                       # the rule's `every`, or the epoch's batches
@@ -52,11 +43,11 @@ class EarlyStopWatch:
     since_best: int = 0                              # evaluations in a row without improvement
 
     def due(self, iteration: int) -> bool:
-        """Whether the held-out loss is evaluated after the step that brought the session to `iteration`."""
+        """Whether to evaluate after the step that reached `iteration`."""
         return iteration % self.every == 0
 
     def observe(self, iteration: int, loss: float) -> bool:
-        """Record an evaluation; True when it is the new best (a NaN loss never is)."""
+        """Record an evaluation; True for a new best (never NaN)."""
         self.evaluations.append((iteration, loss))
         if loss < self.best_loss - self.rule.min_delta:   # the first finite loss improves on infinity
             self.best_iteration, self.best_loss, self.since_best = iteration, loss, 0

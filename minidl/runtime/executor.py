@@ -201,6 +201,7 @@ class Executor:
                 rounded = np.empty(values.shape, self.route.tensors[copy].dtype)
                 self._host_backend().copy(rounded, values)
                 self._host().store(copy, rounded)
+
     def _set_persistent(self, tid: str, values: np.ndarray) -> None:
         """Write a parameter's or optimizer slot's value where it lives between steps: its device block, or the
         host store for a tensor the plan homes on the host (decisions/weights.py)."""
@@ -643,7 +644,7 @@ class Executor:
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
-        ctx.accumulate = {a.slot: get(a.partial, step) for a in step.accumulate if a.in_place}
+        ctx.accumulate = step.accumulates_into
         grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
         sink(BoundCall("backward", self.staged(layer.backward, stage),
                        (self.be, inputs, out, dout, dinputs, grads, params, ctx), step,

@@ -1,12 +1,7 @@
-"""Where a training step's time goes, per layer kind and phase: the traced compiled step's calls (timed on the
-backend's clock: a GPU's events, `Backend.call_clock`) summed per (kind, phase) for each step, the median over the
-steps, beside the route's FLOPs and bytes and the simulator's estimate on a device profile.
+"""Where a step's time goes: the traced calls (`Backend.call_clock`) summed per (layer kind, phase), median over
+steps, beside the route's FLOPs and bytes and the simulator's estimate.
 
-Rules: one row per (layer kind, phase) that ran a call; `update` is the optimizer's (kind `update`), a fused ReLU
-counts under the layer it was folded into (its own step's call is then near zero); the step's time outside the
-traced calls (batch copy-in, fork sums, host copies) is the row `other`. benchmarks/gpu_profile.py puts PyTorch's
-kernel times for the same network beside these rows and writes them; `memory.calibrate.fit_profile` fits the
-simulator's costs to them.
+Rules: a fused ReLU counts under the layer it was folded into; time outside the traced calls is the row `other`.
 """
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ PHASES = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward", Phase.UPDATE: "u
 
 @dataclass(slots=True)
 class ProfileRow:
-    """One (layer kind, phase): calls per step, the median step's seconds in them, and per step the route's FLOPs
-    and bytes touched and the simulator's seconds for those steps."""
+    """One (layer kind, phase): calls, median seconds, FLOPs, bytes and simulated seconds per step."""
 
     kind: str
     phase: str
@@ -39,7 +33,7 @@ class ProfileRow:
 
 
 def step_kind(route, index: int) -> tuple[str, str]:
-    """(layer kind, phase) of route step `index`: the layer's type name, or `update` for the optimizer."""
+    """(layer kind or `update`, phase) of route step `index`."""
     step = route.steps[index]
     phase = PHASES[step.phase]
     if step.phase is Phase.UPDATE:
@@ -48,9 +42,8 @@ def step_kind(route, index: int) -> tuple[str, str]:
 
 
 def profile_steps(executor, batches, device: DeviceProfile | str | None = None) -> tuple[list[ProfileRow], list[float]]:
-    """Train one step per (x, y) of `batches` on `executor` (which must trace: `RunConfig(trace=True)`) and return
-    the rows (largest first, `other` last) and each step's wall time. Each row is its median over the steps; its
-    FLOPs, bytes and simulated seconds are those of `device` (a profile or its name; None: left 0)."""
+    """Train a step per batch on a tracing `executor`; (rows largest first, `other` last; each step's wall time).
+    Simulated figures are `device`'s (None: 0)."""
     if not executor.tracing:
         raise ValueError("profile_steps needs a tracing executor (RunConfig(trace=True)): its calls are what is timed")
     route = executor.route

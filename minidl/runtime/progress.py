@@ -1,10 +1,6 @@
-"""What `Session.fit` says while it trains: a progress bar on a terminal, else a line on stderr for the one long
-wait, the first step of a run whose compiled CPU kernels are not cached yet (numba compiles them: a minute or more).
-
-Rules: the compile notice appears only while numba really compiles a minidl kernel (`core.jit_cache.compiling`:
-a kernel loaded from the cache raises no compile event); the bar shows no rate and no time left until a step has
-run after the first one (the first step compiles the kernels and records the compiled step: an estimate from
-its time says hours for a run of a minute).
+"""What `Session.fit` says while it trains: a bar on a terminal, else stderr lines for the one long wait (numba
+compiling the CPU kernels). Rules: the compile notice only while numba really compiles; no rate or time left
+before a warm step (the first step's time would promise hours).
 """
 from __future__ import annotations
 
@@ -16,19 +12,17 @@ from ..core.jit_cache import compiling
 
 COMPILING = "compiling the CPU kernels once (cached for the next runs)"
 FIRST_STEP_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"  # tqdm's default, no rate, no ETA
-REFRESH_S = 1.0  # how often the first step's bar redraws its elapsed time while the kernels compile
+REFRESH_S = 1.0  # seconds between redraws of the first step's elapsed time
 
 
 class StepProgress:
-    """`mode` "bar": a tqdm bar on stderr; "lines": the compile notice and its end as lines on stderr; None:
-    nothing. `unit` ("images" or "tokens") and `per_step` (how many of them a step trains) name the rate.
-    `step(loss, seconds)` after each step; use as a context manager."""
+    """`mode` "bar" (tqdm), "lines" (the compile notice) or None; `unit` and `per_step` make the rate."""
 
     def __init__(self, steps: int, mode: str | None, unit: str, per_step: int, stream=None):
         self.steps, self.mode, self.unit, self.per_step = steps, mode, unit, per_step
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
-        self.compiled_at: float | None = None   # when the first compile began (perf_counter), if one did
+        self.compiled_at: float | None = None   # perf_counter when a first compile began
         self._bar = None
         self._stop = threading.Event()
         self._watch = None
@@ -50,7 +44,7 @@ class StepProgress:
                     bar_format=bar_format, file=self.stream)
 
     def _tick(self) -> None:
-        """Redraw the first step's bar (its elapsed time) until that step ends: the compile shows as a clock."""
+        """Redraw the first step's elapsed time until it ends."""
         while not self._stop.wait(REFRESH_S):
             bar = self._bar
             if bar is not None and self.done == 0:
@@ -70,7 +64,7 @@ class StepProgress:
             if self.compiled_at is not None and self.mode == "lines":
                 print(f"minidl: compiled in {time.perf_counter() - self.compiled_at:.0f} s; training "
                       f"{self.steps} steps", file=self.stream, flush=True)
-            if self._bar is not None:   # a bar whose rate and time left count warm steps only
+            if self._bar is not None:   # rate and time left of warm steps only
                 self._bar.close()
                 self._bar = self._new_bar(1, None)
                 self._bar.set_postfix(loss=f"{loss:.4f}", refresh=True)

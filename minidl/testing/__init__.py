@@ -1,6 +1,4 @@
-"""Test helpers a layer's author uses: `run_layer` runs one layer's forward and backward on a backend,
-`directional_gradcheck` checks its gradients by finite differences; `torch_twin` (imports torch) rebuilds a network
-in PyTorch to compare values and gradients."""
+"""Test helpers for a layer's author: `run_layer`, `directional_gradcheck`, `torch_twin` (a network in PyTorch)."""
 from .layers import LayerRun, directional_gradcheck, run_layer
 
 __all__ = ["LayerRun", "directional_gradcheck", "run_layer"]

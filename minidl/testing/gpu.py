@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def why_no_gpu() -> str | None:
-    """None if a CUDA GPU, cupy, the cuDNN frontend and a CUDA build of torch are all here; else what is missing."""
+    """None if a CUDA GPU, cupy, the cuDNN frontend and CUDA torch are here; else what is missing."""
     try:
         import torch
     except ImportError as e:

@@ -38,8 +38,8 @@ class LayerRun:
     aux: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend):
-    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize, menu_of(backend))
+def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend, accumulate=frozenset()):
+    opts = layer.workspace_options(phase, in_shapes, out_shape, itemsize, menu_of(backend), accumulate)
     if not opts:
         return None, None
     chosen = opts[0] if algo is None else next((o for o in opts if o.algo == algo), None)
@@ -50,14 +50,18 @@ def _workspace(layer, phase, in_shapes, out_shape, itemsize, algo, backend):
 
 def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarray] | None = None,
               dout: np.ndarray | None = None, *, training: bool = True, backend=None, algo_fwd: str | None = None,
-              algo_bwd: str | None = None, rng_key: int = 0, dtype=None, math: str | None = None) -> LayerRun:
+              algo_bwd: str | None = None, rng_key: int = 0, dtype=None, math: str | None = None,
+              accumulate: dict[int, np.ndarray] | None = None) -> LayerRun:
     """Run forward (and backward when `dout` is given) of `layer` on concrete arrays. The checks a network
     makes run here too: the layer's shapes at build, its training check (`training=True`) and its input values
     (a loss's labels in [0, classes)), each a MinidlError naming the layer.
 
     `math` a half mode ('bf16', 'fp16'): every array is stored as `backend.precision` says (float inputs and
     `dout` rounded to the half dtype, `params` are the float32 masters and the layer's `half_params` get half
-    copies), in a float32 network, as a plan in that mode runs it."""
+    copies), in a float32 network, as a plan in that mode runs it.
+
+    `accumulate` {input slot: a delta}: backward adds that input's delta into the given one (stored as deltas
+    are), on the layer's accumulating workspace, as a fork's later consumer does (`Layer.accumulates_in_place`)."""
     from ..backend.cpu.backend import CPUBackend
 
     be = backend or CPUBackend()
@@ -92,10 +96,17 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
     run = LayerRun(out=out, aux=aux)
     if dout is None:
         return run
-    ws, algo = _workspace(layer, "bwd", in_shapes, node.shape, net.dtype.itemsize, algo_bwd, be)
-    bctx = LayerContext(training=training, aux=aux, workspace=ws, algo=algo, rng_key=rng_key)
+    into = dict(accumulate or {})
+    if into and not layer.accumulates_in_place:
+        raise OptionError(f"{layer.describe()}: its backward does not add into a delta it is given "
+                          f"(accumulate={sorted(into)})")
+    ws, algo = _workspace(layer, "bwd", in_shapes, node.shape, net.dtype.itemsize, algo_bwd, be, frozenset(into))
+    bctx = LayerContext(training=training, aux=aux, workspace=ws, algo=algo, rng_key=rng_key,
+                        accumulate=frozenset(into))
     dinputs = [None if (k in layer.nondiff_inputs or not _floating(x.dtype))
                else np.full(x.shape, np.nan, x.dtype) for k, x in enumerate(inputs)]
+    for k, d in into.items():
+        dinputs[k] = _stored(be, np.asarray(d), dinputs[k].dtype)
     grads = {p: np.full(s.shape, np.nan, net.dtype) for p, s in node.params.items() if s.trainable}
     saved_in = [x if k in layer.needs_inputs else None for k, x in enumerate(inputs)]
     dout = _stored(be, np.asarray(dout, np.float32), prec.dtype(Role.DELTA, layer=layer)) if prec.half \

@@ -1,10 +1,5 @@
-"""Rebuild a minidl network in PyTorch, node by node, with the same weights: the oracle for whole-network tests
-and the peer in benchmarks.
-
-This module imports torch, so minidl itself never imports it: only tests and benchmarks do. The translation is
-generic (one torch.nn.functional call per node), so any network built with minidl's layers has a PyTorch twin
-whose losses and gradients can be compared, and whose speed is PyTorch's own eager speed.
-"""
+"""A minidl network rebuilt in PyTorch with the same weights, one functional call per node: the oracle of
+whole-network tests and the benchmarks' peer. Imports torch: only tests and benchmarks import it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -15,9 +10,7 @@ import torch.nn.functional as F
 
 from ..graph.network import Network
 
-#: (a fragment of an aten op's name, the minidl layer kind it is part of), first match wins: how a PyTorch
-#: profile's ops are put beside minidl's layer kinds (benchmarks/step_vs_torch.py, benchmarks/gpu_profile.py). An
-#: approximate mapping: the ops a layer decomposes into may land under another kind (a mean under `gap`).
+#: (aten op name fragment, minidl layer kind), first match wins; approximate (a mean lands under `gap`)
 ATEN_KINDS = [
     ("convolution", "conv"), ("conv", "conv"),
     ("batch_norm", "batchnorm"),
@@ -100,8 +93,7 @@ def _node_fn(node) -> Callable:
 
 
 def causal_attention(qkv: torch.Tensor, num_heads: int, causal: bool = True) -> torch.Tensor:
-    """`CausalSelfAttention` in PyTorch (`SelfAttention` with causal=False): qkv (B, T, 3C) -> (B, T, C), through its
-    own scaled_dot_product_attention."""
+    """`CausalSelfAttention` (or not causal) through torch's scaled_dot_product_attention."""
     b, t, c3 = qkv.shape
     c = c3 // 3
     q, k, v = (a.reshape(b, t, num_heads, c // num_heads).transpose(1, 2) for a in qkv.split(c, dim=2))
@@ -136,7 +128,7 @@ class TorchTwin:
         for n in self.net.layer_nodes:
             xs = [vals[i] for i in n.inputs]
             fn = self.fns[n.index]
-            params = self.params[n.name] | self.tied[n.name]  # a tied parameter: its owner's very tensor
+            params = self.params[n.name] | self.tied[n.name]  # a tied parameter is its owner's tensor
             if n.layer.type_name == "batchnorm":
                 vals[n.index] = fn(xs, params, training)
             else:

@@ -60,10 +60,11 @@ class OnDevice:
             return [self._to_device(v, pairs) for v in a]
         return a
 
-    def _conv_algo(self, phase, args):
+    def _conv_algo(self, phase, args, accumulate=False):
         x, w, y = args[0], args[1], args[2] if phase == "bwd" else args[3]
         stride, padding, dilation, groups = args[-6:-2]
-        opts = self.be.conv_workspace_options(phase, x.shape, w.shape, y.shape, stride, padding, dilation, groups)
+        opts = self.be.conv_workspace_options(phase, x.shape, w.shape, y.shape, stride, padding, dilation, groups,
+                                              accumulate=accumulate)
         opt = opts[min(self.conv_option, len(opts) - 1)]
         # `empty`, not `zeros`: a memset on cupy's default stream would race the backend's compute stream
         ws = self.cp.empty(opt.workspace_bytes, self.cp.uint8) if opt.workspace_bytes else None
@@ -79,8 +80,9 @@ class OnDevice:
             args = [self._to_device(a, pairs) for a in args]
             kwargs = {k: self._to_device(v, pairs) for k, v in kwargs.items()}
             if name in ("conv2d_forward", "conv2d_backward"):
-                assert not kwargs, "layers call the convolution kernels positionally"
-                args[-2:] = self._conv_algo("fwd" if name == "conv2d_forward" else "bwd", args)
+                assert set(kwargs) <= {"accumulate"}, "layers call the convolution kernels positionally"
+                args[-2:] = self._conv_algo("fwd" if name == "conv2d_forward" else "bwd", args,
+                                            kwargs.get("accumulate", False))
             out = fn(*args, **kwargs)
             for host, dev in pairs:
                 if host.flags.writeable:
@@ -158,6 +160,37 @@ def test_conv2d(backend, shape, cout, k, s, p, d, g, bias):
         _close(r.grads["weight"], tw.grad)
         if bias:
             _close(r.grads["bias"], tb.grad)
+    if _is_cuda(backend):
+        backend.conv_option = 0
+
+
+@pytest.mark.parametrize("shape,cout,k,s,p,d,g,bias", CONV_CONFIGS)
+def test_conv2d_backward_adds_into_the_delta(backend, shape, cout, k, s, p, d, g, bias):
+    """A fork's later convolution: dx += the input gradient, the whole batch in one call, under each of the
+    backend's accumulating options (CPU: every algorithm; CUDA: the data gradient with a fused add, or `+add`)."""
+    rng = np.random.default_rng(2)
+    layer = L.Conv2d(cout, k, s, p, d, g, bias=bias)
+    kh, kw = layer.kernel_size
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal((cout, shape[1] // g, kh, kw)) * 0.3).astype(np.float32)
+    tx = _t(x)
+    ty = F.conv2d(tx, _t(w), None, layer.stride, layer.padding, layer.dilation, g)
+    dy = rng.standard_normal(tuple(ty.shape)).astype(np.float32)
+    ty.backward(torch.tensor(dy))
+    delta = rng.standard_normal(shape).astype(np.float32)
+    conf = (layer.stride, layer.padding, layer.dilation, g)
+    be = backend.be if _is_cuda(backend) else backend
+    opts = be.conv_workspace_options("bwd", x.shape, w.shape, tuple(ty.shape), *conf, accumulate=True)
+    assert opts
+    for k_opt, opt in enumerate(opts):
+        got = delta.copy()
+        if _is_cuda(backend):
+            backend.conv_option = k_opt
+            backend.conv2d_backward(x, w, dy, got, None, None, *conf, None, None, accumulate=True)
+        else:
+            ws = np.zeros(opt.workspace_bytes, np.uint8)
+            backend.conv2d_backward(x, w, dy, got, None, None, *conf, opt.algo, ws, accumulate=True)
+        _close(got, delta + tx.grad.numpy())
     if _is_cuda(backend):
         backend.conv_option = 0
 

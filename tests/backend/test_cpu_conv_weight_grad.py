@@ -1,4 +1,4 @@
-"""The im2col family's weight gradient compiled (`cpu_conv._sum_weight_grad`, `cpu_gemm_jit.sum_products_nt`):
+"""The im2col family's weight gradient compiled (`cpu.conv._sum_weight_grad`, `cpu.gemm_jit.sum_products_nt`):
 each sample's product added by the BLAS into dW, dW's rows in fixed blocks. Every algorithm of a layer
 (gemm_1x1, im2col, im2col_chunked) and every thread count gives the same bits, which match PyTorch; the numpy
 path (prod + add, where numba is missing) computes the same convolution."""

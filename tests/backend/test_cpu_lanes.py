@@ -1,4 +1,4 @@
-"""Convolution lanes (`cpu_lanes`): samples split over threads, with the same bits whatever the thread count."""
+"""Convolution lanes (`cpu.lanes`): samples split over threads, with the same bits whatever the thread count."""
 import threading
 
 import numpy as np
@@ -110,7 +110,6 @@ def test_same_bits_whatever_the_lanes(cfg, monkeypatch, lanes):
     """The numpy path of the row-shift pair (where numba or numpy's 64-bit OpenBLAS is missing; the compiled
     path is `test_cpu_rows_jit`'s): 1, 2, 3 or 5 lanes, `rows` (lanes) or `rows_chunked` (one thread), the very
     same y, dx and dW; and the kernel rows split over lanes still give the convolution's gradient (PyTorch)."""
-    assert cpu_conv.small_gemms(_geom(cfg))
     monkeypatch.setattr(cpu_conv, "_compiled_rows", lambda: False)
     results = {}
     for threads in (1, 2, 3, 5):
@@ -124,7 +123,6 @@ def test_lanes_for_rows_whatever_the_gemms(monkeypatch, lanes):
     lanes(4)
     small = _geom((8, 16, 32, 32, 16, 1))
     big = cpu_conv.ConvGeometry(8, 64, 56, 56, 64, 3, 3, 56, 56, 1, (1, 1), (1, 1), (1, 1))
-    assert cpu_conv.small_gemms(small) and not cpu_conv.small_gemms(big)
     assert cpu_conv._RowShift(small, "rows", 4).lanes(4) == 4
     assert cpu_conv._RowShift(small, "rows", 4).lanes(2) == 2
     assert cpu_conv._RowShift(small, "rows_chunked", 4).lanes(4) == 1  # one sample's buffer: one lane
@@ -163,8 +161,8 @@ CASES = [((64, 576), (576, 3136), False, False), ((8, 4608), (4608, 512), False,
 
 
 def _blockwise(a, b):
-    """The product as `cpu_lanes.matmul` promises it: every matrix of the stack alone, in the blocks of
-    `cpu_lanes.blocks`, each one np.matmul call."""
+    """The product as `cpu.lanes.matmul` promises it: every matrix of the stack alone, in the blocks of
+    `cpu.lanes.blocks`, each one np.matmul call."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     axis, cuts = cpu_lanes.blocks(m, n, k)
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])

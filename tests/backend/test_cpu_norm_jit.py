@@ -107,7 +107,7 @@ def test_numpy_fallback_keeps_its_numerics(shape, ratio, numpy_only):
 @pytest.mark.bits
 @pytest.mark.parametrize("shape", [(8, 16, 32, 32), (4, 5, 60, 60), (32, 64, 8, 8)])
 def test_same_bits_on_any_threads(shape, monkeypatch, lanes):
-    """Large enough to split (`cpu_jit.workers_for`), the channels go to the threads, each channel computed as
+    """Large enough to split (`cpu.jit.workers_for`), the channels go to the threads, each channel computed as
     on one thread: the same bits with 1, 2, 3 or 5 threads, and `apply` (recomputation) still the forward's y."""
     from minidl.backend.cpu import jit as cpu_jit
     x, w, b, dy = _inputs(shape, np.float32)

@@ -1,4 +1,4 @@
-"""The row-shift convolution's compiled path (`cpu_rows_jit`): its strided GEMM, its rows, and the bits, which
+"""The row-shift convolution's compiled path (`cpu.rows_jit`): its strided GEMM, its rows, and the bits, which
 must not depend on the threads, the algorithm (`rows` or `rows_chunked`) or the workers' slots."""
 import os
 
@@ -80,7 +80,7 @@ def _run(cfg, dtype, algo):
 def test_same_bits_on_any_threads_and_algorithm(cfg, dtype, monkeypatch, lanes):
     """1, 2, 3 or 5 threads, `rows` or `rows_chunked`: the same y, dx and dW, bit for bit, and PyTorch's
     convolution and gradients (in float64). Small layers are split too here (by default they stay on one
-    thread, `cpu_jit.workers_for`)."""
+    thread, `cpu.jit.workers_for`)."""
     monkeypatch.setattr(cpu_conv, "workers_for", lambda values: cpu_jit.gemm_kernels().workers())
     results = {}
     for threads in (1, 2, 3, 5):

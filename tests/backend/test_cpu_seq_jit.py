@@ -41,7 +41,7 @@ def _xent(logits, labels, ignore):
 
 
 def _on_threads(run):
-    """run() on 1, 2 and 3 threads (each large enough to split: `cpu_jit.workers_for`): {threads: outputs}."""
+    """run() on 1, 2 and 3 threads (each large enough to split: `cpu.jit.workers_for`): {threads: outputs}."""
     got = {}
     for threads in (1, 2, 3):
         with cpu_lanes.using(threads):

@@ -1,4 +1,4 @@
-"""Winograd on several threads (`cpu_gemm_jit`, `cpu_winograd_jit`'s compiled path): numpy's own GEMM called
+"""Winograd on several threads (`cpu.gemm_jit`, `cpu.winograd_jit`'s compiled path): numpy's own GEMM called
 from compiled code, the workers' shares and scratch slots, and the bits, which must not depend on any of it."""
 import numpy as np
 import pytest
@@ -71,7 +71,7 @@ def _run(shape, dtype, by_position=False):
 def test_same_bits_on_any_threads_path_and_variant(shape, dtype, monkeypatch, lanes):
     """1, 2, 3 or 5 threads, the compiled path or the numpy one, the whole-tile variant or the by-position one:
     the same y, dx and dW, bit for bit (the planner may mix them, the machine decides the threads). Small
-    layers are split too here (they run on one thread by default, `cpu_jit.workers_for`)."""
+    layers are split too here (they run on one thread by default, `cpu.jit.workers_for`)."""
     monkeypatch.setattr(cpu_jit, "PARALLEL_MIN", 0)
     results = {}
     for threads in (1, 2, 3, 5):

@@ -542,6 +542,7 @@ FE_SIGNATURES = {
                            {"peer_stats", "compute_data_type", "name"}),
     "relu": ({"input"}, _RELU_OPTIONAL),
     "relu_backward": ({"loss", "input"}, _RELU_OPTIONAL),
+    "add": ({"a", "b"}, {"compute_data_type", "name"}),   # python/pygraph/pointwise.cpp
 }
 
 #: What each op returns, in the real order (norm.cpp: batchnorm -> {Y, mean, inv_var, next_running_mean,
@@ -549,7 +550,7 @@ FE_SIGNATURES = {
 FE_OUTPUTS = {"conv_fprop": ("Y",), "conv_dgrad": ("DX",), "conv_wgrad": ("DW",),
               "batchnorm": ("Y", "mean", "inv_var", "next_running_mean", "next_running_var"),
               "batchnorm_inference": ("Y",), "batchnorm_backward": ("DX", "DScale", "DBias"), "relu": ("Y",),
-              "relu_backward": ("Y",)}
+              "relu_backward": ("Y",), "add": ("OUT_0",)}
 
 
 def _check_fe_call(op, kw):
@@ -640,6 +641,7 @@ class FakeGraph:
     batchnorm_backward = lambda self, **kw: self._op("batchnorm_backward", **kw)    # noqa: E731
     relu = lambda self, **kw: self._op("relu", **kw)                        # noqa: E731
     relu_backward = lambda self, **kw: self._op("relu_backward", **kw)      # noqa: E731
+    add = lambda self, **kw: self._op("add", **kw)                          # noqa: E731
 
     def validate(self):
         self.calls.append(("validate", {}))
@@ -1502,23 +1504,73 @@ def test_copies_overlap_on_one_stream_per_direction_ordered_by_events_only(perf_
     assert [ev for s, what, ev in be.log if s == "host"]   # end_iteration settled the copies: the one block
 
 
-def test_a_slice_of_the_batch_runs_the_heuristics_plan_when_the_chosen_one_is_not_built_for_it():
-    """The first H200 run: a fork's in-place gradient sum runs conv dgrad one sample at a time with the algorithm
-    chosen for the whole batch, and cuDNN had not built that plan for one sample ('no built execution plan 29').
-    The heuristics' first plan within the same workspace runs instead, and the report says so."""
-    def plans(g):
-        one_sample = any(kw.get("dim", [0])[0] == 1 for op, kw in g.calls if op == "tensor")
-        return [(0, "engA", not one_sample), (64, "engB", True)]   # plan 0 does not build for one sample
-    fake = FakeCudnn(plans=plans)
-    be = _host_backend(fake)
+def test_adapter_builds_the_data_gradient_with_a_fused_add():
+    """dgrad_add: conv_dgrad's result stays inside the graph (dims set, not an output) and an add of x_acc, the
+    delta it is added to, is the graph's output x."""
+    fake = FakeCudnn()
+    spec, key = _conv_key("dgrad_add")
+    built = CudnnGraphs(fake, handle=1).get(key)
+    g = fake.graphs[0]
+    (dgrad_kw,) = [kw for op, kw in g.calls if op == "conv_dgrad"]
+    (add_kw,) = [kw for op, kw in g.calls if op == "add"]
+    t = built.tensors
+    assert set(t) == {"x", "w", "y", "x_acc"} and key.op == "conv_dgrad_add"
+    assert dgrad_kw["loss"] is t["y"] and dgrad_kw["filter"] is t["w"]
+    assert add_kw["b"] is t["x_acc"] and add_kw["a"].origin == "conv_dgrad::DX"
+    assert add_kw["a"].output is False and add_kw["a"].dim == list(spec.descs()["x"].dim)
+    assert t["x"].origin == "add::OUT_0" and t["x"].output is True
+    assert t["x_acc"].kw["dim"] == t["x"].dim
+
+
+def _accumulating_backend(fused: bool):
+    tables = {**TABLES, "conv_dgrad": [(512, "d0", True), (128, "d1", True)]}
+    fake = FakeCudnn(plans=lambda g: tables["conv_dgrad" if _op_of(g) == "conv_dgrad" else _op_of(g)],
+                     unsupported=lambda g: not fused and any(op == "add" for op, _ in g.calls))
+    return fake, _host_backend(fake)
+
+
+def test_an_accumulating_backward_adds_in_the_data_gradients_graph():
+    """A fork's later convolution: one dgrad_add execution over the whole batch, x_acc and x both the delta's
+    memory (the add reads each value before it writes it), then wgrad; the options are dgrad_add's plans."""
+    fake, be = _accumulating_backend(fused=True)
     x, w, dy, p = _conv_arrays()
+    opts = be.conv_workspace_options("bwd", x.shape, w.shape, dy.shape, p["stride"], p["padding"], p["dilation"],
+                                     p["groups"], accumulate=True)
+    assert [o.algo for o in opts] == ["cudnn:d0w0", "cudnn:d0w1", "cudnn:d1w1"]
+    dx, dw = np.zeros_like(x), np.zeros_like(w)
+    ws = np.zeros(512, np.uint8)
+    be.conv2d_backward(x, w, dy, dx, dw, None, algo="cudnn:d0w1", workspace=ws, accumulate=True, **p)
+    dgrad, wgrad = fake.executions
+    spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, **p, dtype=np.float32)
+    td = be.graphs.get(spec.key("dgrad_add", be.filters)).tensors
+    assert dgrad.graph is be.graphs.get(spec.key("dgrad_add", be.filters)).graph
+    assert dgrad.pack == {td["y"]: dy.ctypes.data, td["w"]: w.ctypes.data, td["x"]: dx.ctypes.data,
+                          td["x_acc"]: dx.ctypes.data}
+    assert (dgrad.index, wgrad.index, dgrad.workspace) == (0, 1, ws.ctypes.data)
+    assert _op_of(wgrad.graph) == "conv_wgrad" and not be.launches and not be.fallbacks
+
+
+def test_without_a_fused_add_the_data_gradient_goes_through_the_workspace():
+    """Where cuDNN builds no dgrad_add: the options say `+add`, each with dx's bytes (rounded to 256) ahead of
+    the dgrad plan's own workspace; the call runs dgrad into that head and adds it to the delta after."""
+    fake, be = _accumulating_backend(fused=False)
+    x, w, dy, p = _conv_arrays()
+    head = cudnn_specs.dx_scratch_bytes(x.shape, x.dtype)
+    assert head == 2 * 4 * 9 * 7 * 4 + 32 == 2048
+    opts = be.conv_workspace_options("bwd", x.shape, w.shape, dy.shape, p["stride"], p["padding"], p["dilation"],
+                                     p["groups"], accumulate=True)
+    assert [(o.algo, o.workspace_bytes) for o in opts] == [("cudnn:d0w0+add", head + 512),
+                                                           ("cudnn:d1w0+add", head + 128)]
+    assert "conv_dgrad_add" in be.fallbacks
     dx = np.zeros_like(x)
-    ws = np.zeros(64, np.uint8)
-    be.conv2d_backward(x, w, dy, dx, None, None, algo="cudnn:d0w0", workspace=ws, **p)
-    assert fake.executions[-1].index == 0 and not be.fallbacks
-    be.conv2d_backward(x[:1], w, dy[:1], dx[:1], None, None, algo="cudnn:d0w0", workspace=ws, **p)
-    assert fake.executions[-1].index == 1
-    (reason,) = be.fallbacks.values()
-    assert "plan 0 is not built for this shape (have [1])" in reason and "plan 1 (engB)" in reason
-    with pytest.raises(ValueError, match="no cuDNN plan fits a workspace of 0"):
-        be.conv2d_backward(x[:1], w, dy[:1], dx[:1], None, None, algo="cudnn:d0w0", workspace=None, **p)
+    ws = np.zeros(head + 128, np.uint8)
+    be.conv2d_backward(x, w, dy, dx, None, None, algo="cudnn:d1w0+add", workspace=ws, accumulate=True, **p)
+    (dgrad,) = fake.executions
+    spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, **p, dtype=np.float32)
+    td = be.graphs.get(spec.key("dgrad", be.filters)).tensors
+    assert dgrad.pack[td["x"]] == ws.ctypes.data and dgrad.workspace == ws.ctypes.data + head and dgrad.index == 1
+    (add,) = be.launches
+    assert add.name == "accumulate" and add.args[0] is dx
+    with pytest.raises(ValueError, match="needs a workspace of 128 bytes, got 127"):
+        be.conv2d_backward(x, w, dy, dx, None, None, algo="cudnn:d1w0+add", workspace=ws[:head + 127],
+                           accumulate=True, **p)

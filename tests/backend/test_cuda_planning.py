@@ -103,3 +103,19 @@ def test_a_gpu_plans_with_its_nearest_simulator_profile(name, profile, be):
     assert cudnn_specs.profile_for_gpu(name) == profile and profile in PROFILES
     be.gpu_name = name
     assert be.profile == profile
+
+
+def test_a_forks_later_convolution_plans_the_data_gradient_with_a_fused_add(be):
+    """At a fork the later convolution's backward lists the dgrad_add graph's plans (the add in the data
+    gradient's epilogue): no partial delta, no workspace for it; the others list plain dgrad's."""
+    from minidl.models import build_model
+
+    route = build_model("resnet", depth=8, batch=2, image_size=8, num_classes=4).route(
+        optimizer_slots=("momentum",), menu=be)
+    fork = [s for s in route.backward_steps if s.accumulates_into]
+    assert fork and not [t for t in route.tensors if t.startswith("dpart:")]
+    for s in fork:
+        assert [(o.algo, o.workspace_bytes) for o in s.workspace_options] == [
+            ("cudnn:d0w0", 1 << 19), ("cudnn:d1w0", 1 << 18), ("cudnn:d1w1", 0)]
+    ops = [[op for op, _ in g.calls if op not in ("tensor",)][:2] for g in be.cudnn.graphs]
+    assert ["conv_dgrad", "add"] in ops and ["conv_dgrad", "validate"] in ops

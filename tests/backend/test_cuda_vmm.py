@@ -1,4 +1,4 @@
-"""Host-only tests of the CUDA paged arena (`backend/cuda_vmm.py`) against a recording fake of the driver API.
+"""Host-only tests of the CUDA paged arena (`backend/cuda/vmm.py`) against a recording fake of the driver API.
 
 No GPU or cuda-python is needed: the fake records every call and returns (CUDA_SUCCESS, value) as cuda-python
 does. What must hold: the physical chunks are created once; each mapping is cuMemMap + cuMemSetAccess at

@@ -221,6 +221,40 @@ def test_float32_kernel_rounded_once(case, mode):
         same(half.aux[name], ref.aux[name])
 
 
+CONV_CASES = [c for c in CASES if c.id.startswith("conv")]
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c.id for c in CONV_CASES])
+def test_accumulating_backward_rounds_once(case, mode):
+    """A fork's later convolution adds its input delta into the delta it is given: the stored delta read exactly,
+    the float32 accumulating kernel's delta + dx, rounded once; the staging is the plain backward's."""
+    inputs, params, dout = _setup(case)
+    held = _n(np.random.default_rng(1), *inputs[0].shape)
+    be = CPUBackend()
+    half = run_layer(case.make(), inputs, copy.deepcopy(params), dout=dout, math=mode, accumulate={0: held},
+                     backend=be, **case.kw)
+    layer = case.make()
+    stored = [_wide(_half(x, mode)) for x in inputs]
+    wide_params = {k: _wide(_half(v, mode)) if k in layer.half_params else v.copy() for k, v in params.items()}
+    ref = run_layer(case.make(), stored, wide_params, dout=_wide(_half(dout, mode)),
+                    accumulate={0: _wide(_half(held, mode))}, **case.kw)
+    np.testing.assert_array_equal(half.dinputs[0].view(np.uint16), _half(ref.dinputs[0], mode).view(np.uint16))
+    for name in ref.grads:
+        np.testing.assert_array_equal(half.grads[name], ref.grads[name])
+    assert be.staging.high_water == max(step_staging(layer, CPUBackend(), precision(mode), phase,
+                                                     [inputs[0].shape], [HALF_DTYPES[mode]], half.out.shape)
+                                        for phase in ("fwd", "bwd"))
+
+
+def test_only_a_layer_that_adds_into_a_delta_is_run_accumulating():
+    with pytest.raises(OptionError, match=r"layer 'r' \(relu\): its backward does not add into a delta it is "
+                                          r"given \(accumulate=\[0\]\)"):
+        run_layer(L.ReLU(name="r"), [np.ones((2, 3), np.float32)], dout=np.ones((2, 3), np.float32),
+                  accumulate={0: np.zeros((2, 3), np.float32)})
+
+
 @pytest.mark.bits
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("causal", [True, False])

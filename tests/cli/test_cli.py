@@ -158,10 +158,10 @@ def test_plan_says_whether_it_fits_and_what_would(capsys):
     assert out["fits"] is True and out["budget_bytes"] == 3 * 2**20 and out["needs_bytes"] <= 3 * 2**20
     assert main([*argv, *suggested]) == 0
     assert "fits: yes. It fits the 3.00 MiB budget" in capsys.readouterr().out
-    assert main([*argv[:-1], "k40c:2MiB", "--json"]) == 0   # auto cannot fit it either: its smallest budget
+    assert main([*argv[:-1], "k40c:1536KiB", "--json"]) == 0   # auto cannot fit it either: its smallest budget
     out = json.loads(capsys.readouterr().out)
     least = out["suggested"]["least_budget_bytes"]
-    assert out["fits"] is False and out["budget_bytes"] is None and least > 2 * 2**20
+    assert out["fits"] is False and out["budget_bytes"] is None and least > 1536 * 2**10
     assert main([*argv[:-1], f"k40c:{least}", "--policy", "auto", "--budget", str(least), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] is True
 

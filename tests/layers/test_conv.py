@@ -96,7 +96,7 @@ def _id(c):
 
 def _assert_bit_identical(runs):
     """Every algorithm's output, input delta and parameter gradients equal the first one's, bit for bit (a layer's
-    menu is the row-shift pair or the im2col family, never both: see cpu_conv.uses_rows)."""
+    menu is the row-shift pair or the im2col family, never both: see cpu.conv.uses_rows)."""
     ref = next(iter(runs.values()))
     assert len(runs) >= 2 or list(runs) == ["im2col_grouped"]  # that one: the layer's only algorithm
     for algo, r in runs.items():

@@ -30,9 +30,9 @@ class LeanCPU(CPUBackend):
     capabilities = replace(CPUBackend.capabilities, name="lean")
 
     def conv_workspace_options(self, phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
-                               dtype=np.float32):
+                               dtype=np.float32, accumulate=False):
         opts = super().conv_workspace_options(phase, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
-                                              dtype)
+                                              dtype, accumulate)
         o = min(opts, key=lambda o: o.workspace_bytes)
         self.asked = getattr(self, "asked", 0) + 1
         return [WorkspaceOption("lean:" + o.algo, o.workspace_bytes, 5.0)]
@@ -42,10 +42,11 @@ class LeanCPU(CPUBackend):
         super().conv2d_forward(x, w, b, y, stride, padding, dilation, groups, algo.removeprefix("lean:"),
                                workspace)
 
-    def conv2d_backward(self, x, w, dy, dx, dw, db, stride, padding, dilation, groups, algo, workspace):
+    def conv2d_backward(self, x, w, dy, dx, dw, db, stride, padding, dilation, groups, algo, workspace,
+                        accumulate=False):
         self.ran.append(algo)
         super().conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, algo.removeprefix("lean:"),
-                                workspace)
+                                workspace, accumulate)
 
     def __init__(self):
         super().__init__()

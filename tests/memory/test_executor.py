@@ -212,7 +212,7 @@ def test_winograd_policies_bit_identical_to_none(policy):
 @pytest.mark.bits
 @pytest.mark.parametrize("policy", ["none", "recompute", "offload"])
 def test_lanes_do_not_change_the_bits(policy):
-    """The convolution lanes (`cpu_lanes`), the compiled kernels' workers and the product blocks: the parameters
+    """The convolution lanes (`cpu.lanes`), the compiled kernels' workers and the product blocks: the parameters
     after training are the same bits with one, two or three threads, under every policy (ResNet-20's layers run
     Winograd, the row-shift pair, im2col and a dense product; with the BLAS's threads left at 2, as a machine
     may have them: the step pins them at any lane count)."""

@@ -38,8 +38,8 @@ def test_device_with_its_memory_raised():
 
 
 def test_explain_filters_and_summary():
-    net = build_model("resnet", depth=20, batch=4)
-    plan = planned(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu")
+    net = build_model("resnet", depth=20, batch=4)   # (weights on the device: only activations move)
+    plan = planned(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu", host_weights=False)
     one = explain(plan, select="layer2.0.conv1")
     steps = [ln for ln in one.splitlines() if ln.startswith("step ")]
     assert steps and all("layer2.0.conv1" in ln or "layer2.0.bn1" in ln for ln in steps)
@@ -118,8 +118,8 @@ def test_progress_line_only_on_a_terminal(capsys, monkeypatch):
 
 
 def test_explain_names_the_workspace_algorithm_chosen():
-    net = build_model("resnet", depth=20, batch=4)
-    plan = planned(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu")
+    net = build_model("resnet", depth=20, batch=4)   # (weights on the device: some workspaces refused)
+    plan = planned(net, make_optimizer("sgd", 0.01), "auto", 4 * 2**20, device="cpu", host_weights=False)
     k = next(k for k, sp in enumerate(plan.steps) if sp.refused)
     text = explain(plan, steps=(k, k + 1))
     free = next(ln for ln in text.splitlines() if "- free" in ln and "ws:" in ln)

@@ -1,12 +1,6 @@
-"""The CPU backend: numpy kernels, the reference implementation.
-
-Every kernel writes into arrays it is given (views into the executor's arena). Elementwise work that would
-need a temporary as large as a tensor is done in fixed-size chunks, so kernels never allocate more than a
-small bounded scratch outside the pool: the memory budget is real, not bookkeeping. Larger scratch (im2col
-buffers) is declared as workspace by the layer and handed in by the executor.
-
-The kernels of each layer family live in their own module (`cpu_conv`, `cpu_pool`, `cpu_norm`, `cpu_update`); this class
-gathers them so layers dispatch once, through `be.<op>`, whatever the backend.
+"""The CPU backend: numpy kernels, the reference implementation. Every kernel writes into arrays it is given
+(views into the arena) and allocates only bounded scratch (`CHUNK`) outside the pool: the budget is real.
+`CPUBackend` gathers each family's kernels so layers dispatch once, through `be.<op>`.
 """
 from __future__ import annotations
 
@@ -33,15 +27,12 @@ from .update import UpdateOps
 CHUNK = 1 << 16  # elements per chunk of elementwise work: bounds stray temporaries to ~512 KiB
 
 
-# ReLU compiled with numba (`cpu_eltwise_jit`), or None where numba cannot be imported: the numpy kernels run.
-eltwise_kernels = lazy("eltwise_jit")
-# Softmax cross-entropy compiled with numba (`loss_jit`), or None: the numpy kernels run.
+eltwise_kernels = lazy("eltwise_jit")  # None without numba
 loss_kernels = lazy("loss_jit")
 
 
 def _elementwise(name: str, *arrays: np.ndarray) -> None:
-    """Run `cpu_eltwise_jit.<name>` on the flat views of `arrays` (the last one sets the size), on as many
-    threads as it is large enough for (`cpu_jit.workers_for`): elementwise, so the split changes no bits."""
+    """`cpu.eltwise_jit.<name>` on flat views, split over `workers_for` threads (elementwise: same bits)."""
     jit = eltwise_kernels()
     flat = [a.reshape(-1) for a in arrays]
     workers = workers_for(flat[-1].size)
@@ -52,7 +43,7 @@ def _elementwise(name: str, *arrays: np.ndarray) -> None:
 
 
 def _flat_ok(*arrays: np.ndarray) -> bool:
-    """All C-contiguous numpy arrays of one dtype: flat views of them are the arrays themselves."""
+    """All C-contiguous numpy arrays of one dtype."""
     dt = arrays[0].dtype
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == dt for a in arrays)
 
@@ -65,15 +56,14 @@ def _chunks(n: int):
 class CoreOps:
     """Elementwise, dense, loss and optimizer kernels."""
 
-    profile = "cpu"  # the simulator profile whose speeds plans for this backend assume (measured here)
+    profile = "cpu"  # the simulator profile its plans assume
     xp = np
 
-    # -- memory helpers ---------------------------------------------------------------------------------------
     def to_host(self, a) -> np.ndarray:
         return np.asarray(a)
 
     def copy_in(self, dst: np.ndarray, src) -> None:
-        """dst = src; into a half dst, float values are rounded once from float32 (the loaders' dtype)."""
+        """dst = src; into a half dst, rounded once from float32 (the loaders' dtype)."""
         if is_half(dst.dtype):
             cast_into(dst, np.asarray(src, dtype=np.float32).reshape(dst.shape))
             return
@@ -90,44 +80,39 @@ class CoreOps:
 
     def accumulate(self, dst: np.ndarray, src: np.ndarray) -> None:
         if eltwise_kernels() is not None and _flat_ok(dst, src) and workers_for(dst.size) > 1:
-            _elementwise("add_into", dst, src)  # the same sums on both cores (one thread: numpy is as fast)
+            _elementwise("add_into", dst, src)  # one thread: numpy is as fast
             return
         np.add(dst, src, out=dst)
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        """dst = src; between a half and a float32 array, widened exactly or rounded to nearest even (a master
-        weight into its half copy)."""
+        """dst = src; between half and float32, widened exactly or rounded to nearest even."""
         if is_half(dst.dtype) or is_half(src.dtype):
             cast_into(dst, src)
         else:
             np.copyto(dst, src)
 
-    # -- activation -------------------------------------------------------------------------------------------
     def relu_forward(self, x: np.ndarray, y: np.ndarray) -> None:
         jit = eltwise_kernels()
         if jit is not None and _flat_ok(x, y):
-            _elementwise("relu_forward", x, y)  # the same values as below, ~4x faster
+            _elementwise("relu_forward", x, y)  # ~4x faster
             return
         np.maximum(x, 0, out=y)
 
     def relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
         jit = eltwise_kernels()
         if jit is not None and _flat_ok(y, dy, dx):
-            _elementwise("relu_backward", y, dy, dx)  # the same values as below
+            _elementwise("relu_backward", y, dy, dx)
             return
-        # dx = dy where y > 0. `np.multiply(dy, y > 0)` would build a full bool temporary: chunk it. An inf of dy
-        # where y <= 0 gives NaN (inf * 0), as the compiled kernel does: a value, not a warning (the guard's)
+        # inf * 0 = NaN, as compiled: a value for the guard
         yf, dyf, dxf = y.reshape(-1), dy.reshape(-1), dx.reshape(-1)
         with np.errstate(invalid="ignore"):
             for s in _chunks(yf.size):
                 np.multiply(dyf[s], yf[s] > 0, out=dxf[s])
 
-    # -- joins ------------------------------------------------------------------------------------------------
     def add_forward(self, xs: list[np.ndarray], y: np.ndarray, relu_out: np.ndarray | None = None,
                     keep_y: bool = True) -> None:
-        """y = the sum of xs, in order; with `relu_out`, also ReLU(y) there, as `relu_forward(y, relu_out)` would
-        (in the same pass for two flat inputs, where the compiled kernels load; there, without `keep_y`, y is
-        not written: nothing reads it, the compiled step checks the plan)."""
+        """y = the sum of xs, in order; with `relu_out`, also ReLU(y) (one pass for two flat inputs, y unwritten
+        without `keep_y`)."""
         jit = eltwise_kernels() if relu_out is not None and len(xs) == 2 else None
         if jit is not None and _flat_ok(xs[0], xs[1], y, relu_out):
             if keep_y:
@@ -143,11 +128,7 @@ class CoreOps:
 
     def add_relu_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
                           dinputs: list[np.ndarray | None]) -> None:
-        """The backward of a ReLU (y, dy -> dx) and of the add that produced its input (dx copied to each input's
-        gradient) in one call: the compiled step's add+ReLU backward, which runs it only where the add is the
-        sole reader of dx (the add's output gradient) and runs right after the ReLU (`minidl.runtime.program`). Each
-        input gradient gets the values `relu_backward` gives; for two flat input gradients, where the compiled
-        kernels load, in one pass that leaves dx unwritten (nothing reads it again)."""
+        """A ReLU's backward and the add's before it in one call (two flat input gradients: one pass, dx unwritten)."""
         jit = eltwise_kernels()
         live = [d for d in dinputs if d is not None]
         if jit is not None and len(live) == 2 and _flat_ok(y, dy, *live):
@@ -170,7 +151,6 @@ class CoreOps:
                 dx[...] = dy[:, c:c + ch]
             c += ch
 
-    # -- dense ------------------------------------------------------------------------------------------------
     def linear_forward(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray) -> None:
         lanes.matmul(x.reshape(x.shape[0], -1), w.T, y)
         if b is not None:
@@ -185,7 +165,7 @@ class CoreOps:
         if db is not None:
             np.sum(dy, axis=0, out=db)
 
-    # -- dropout: the mask is replayed from a counter-based RNG, never stored ---------------------------------
+    # dropout's mask is replayed from a counter-based RNG, never stored
     def dropout_forward(self, x: np.ndarray, y: np.ndarray, p: float, key: int) -> None:
         self._dropout(x, y, p, key)
 
@@ -193,12 +173,12 @@ class CoreOps:
         self._dropout(dy, dx, p, key)
 
     def _dropout(self, src: np.ndarray, dst: np.ndarray, p: float, key: int) -> None:
-        """dst = src * keep / (1 - p); half arrays computed in float32 a chunk at a time, rounded on store."""
+        """dst = src * keep / (1 - p); half arrays in float32 a chunk at a time."""
         half = is_half(src.dtype)
         scale = np.float32(1.0 / (1.0 - p)) if half else src.dtype.type(1.0 / (1.0 - p))
         sf, df = src.reshape(-1), dst.reshape(-1)
         for s in _chunks(sf.size):
-            # keep[i] depends only on (key + i): shifting the key by the chunk start continues the sequence.
+            # keep[i] depends only on key + i
             keep = dropout_keep_mask((key + s.start) & 0xFFFFFFFFFFFFFFFF, s.stop - s.start, p)
             if not half:
                 np.multiply(sf[s], keep * scale, out=df[s])
@@ -208,9 +188,6 @@ class CoreOps:
             np.multiply(f, keep * scale, out=f)
             narrow_into(df[s], f)
 
-    # -- loss -------------------------------------------------------------------------------------------------
-    # The loss runs compiled where numba loads (`loss_jit`: each row read once, rows over the threads, the same
-    # bits on any thread count); the numpy passes below are the fallback and the reference.
     def softmax_xent_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray) -> None:
         if self._xent_jit_forward(logits, labels, loss, None):
             return
@@ -232,7 +209,7 @@ class CoreOps:
 
     def softmax_xent_ignore_forward(self, logits: np.ndarray, labels: np.ndarray, loss: np.ndarray,
                                     ignore_index: int) -> None:
-        """The mean over the rows whose label is not `ignore_index` (NaN when every row is ignored, as PyTorch)."""
+        """The mean over rows whose label is not `ignore_index` (NaN if none, as PyTorch)."""
         if self._xent_jit_forward(logits, labels, loss, ignore_index):
             return
         valid = labels != ignore_index
@@ -244,7 +221,7 @@ class CoreOps:
 
     def softmax_xent_ignore_backward(self, logits: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
                                      dlogits: np.ndarray, ignore_index: int) -> None:
-        """(softmax - one-hot) / (rows not ignored) on the rows not ignored, zeros on the others."""
+        """(softmax - one-hot) / (rows not ignored) on those rows, zeros on the others."""
         valid = labels != ignore_index
         if self._xent_jit_backward(logits, labels, dloss, dlogits, ignore_index, int(np.count_nonzero(valid))):
             return
@@ -259,11 +236,11 @@ class CoreOps:
 
     @staticmethod
     def _xent_jit_forward(logits, labels, loss, ignore_index) -> bool:
-        """The compiled loss (`loss_jit`) into `loss`, if numba loads and the arrays are plain: whether it ran."""
+        """The compiled loss into `loss` if numba loads and the arrays are plain: whether it ran."""
         jit = loss_kernels()
         if jit is None or not (_flat_ok(logits) and isinstance(labels, np.ndarray) and labels.flags.c_contiguous):
             return False
-        losses = np.empty(logits.shape[0])  # one float64 per row (scratch)
+        losses = np.empty(logits.shape[0])
         args = (logits, labels, 0 if ignore_index is None else int(ignore_index), ignore_index is not None, losses)
         workers = workers_for(logits.size)
         loss[...] = jit.xent_forward_parallel(*args, workers) if workers > 1 else jit.xent_forward(*args)
@@ -271,7 +248,7 @@ class CoreOps:
 
     @staticmethod
     def _xent_jit_backward(logits, labels, dloss, dlogits, ignore_index, count: int) -> bool:
-        """The compiled gradient (`loss_jit`) into `dlogits`, scaled by dloss / count: whether it ran."""
+        """The compiled gradient into `dlogits`, scaled by dloss / count: whether it ran."""
         jit = loss_kernels()
         if jit is None or not (_flat_ok(logits, dlogits) and isinstance(labels, np.ndarray)
                                and labels.flags.c_contiguous):
@@ -286,7 +263,7 @@ class CoreOps:
             jit.xent_backward(*args)
         return True
 
-    # -- optimizers (PyTorch semantics, chunked so no parameter-sized temporary is made) ----------------------
+    # optimizers: PyTorch's semantics, chunked
     def sgd_update(self, p: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float, momentum: float,
                    dampening: float, weight_decay: float, nesterov: bool, first_step: bool) -> None:
         pf, gf = p.reshape(-1), g.reshape(-1)
@@ -325,11 +302,8 @@ class CoreOps:
 
 @half_io
 class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
-    """numpy backend: the reference every other backend is tested against. Its kernels also take bf16 and fp16
-    arrays (`half_io`: float32 compute on converted copies, rounded on store)."""
+    """numpy backend, the reference; its kernels take bf16/fp16 arrays too (`half_io`: float32 on copies)."""
 
-    # add_forward takes `relu_out`, add_relu_backward runs a ReLU's and the add's backward in one call, the batch
-    # norm's kernels take `relu=` (the compiled step's fusions); `fuse_update` groups parameters (`cpu_update`).
     capabilities = Capabilities(
         name="cpu", device="host", kernels=SEQ_KERNELS | {"softmax_xent_ignore_forward",
                                                           "softmax_xent_ignore_backward"},
@@ -338,56 +312,50 @@ class CPUBackend(CoreOps, ConvOps, PoolOps, NormOps, UpdateOps, SeqOps):
 
     @functools.cached_property
     def staging(self) -> Staging:
-        """Where the half kernels keep their float32 copies (`cpu.half`); unbound, it grows its own buffer."""
+        """Where the half kernels keep their float32 copies (`cpu.half`)."""
         return Staging()
 
     def staging_trace(self) -> StagingTrace:
-        """A dry run of these kernels that counts the staging the calls made on it would take (`cpu.half`)."""
+        """A dry run of these kernels counting their staging."""
         return StagingTrace(self)
 
-    menu: CPUMenu = CPU_MENU   # the algorithms plans for this backend choose among, and the lanes its steps run on
+    menu: CPUMenu = CPU_MENU
 
     def __init__(self, menu: CPUMenu = CPU_MENU):
         self.menu = menu
 
     def compute_scope(self):
-        """Kernels run on the calling thread: nothing to enter."""
+        """Kernels run on the calling thread."""
         return nullcontext()
 
     def synchronize(self) -> None:
-        """Every kernel has finished when it returns: nothing to wait for."""
+        """Every kernel has finished when it returns."""
 
     def arena_backing(self):
-        """None: the tensor pool's own aligned numpy arena (`memory.pool.NumpyArenaBacking`)."""
+        """None: the pool's own numpy arena."""
         return None
 
     def call_clock(self) -> HostClock:
-        """Calls run on the host: their own time is their kernels' time."""
+        """A call's own time is its kernels' time."""
         return HostClock()
 
     def startup_caches(self) -> dict:
-        """Nothing of its own: numba's compiled kernels are cached by numba (`core.jit_cache`), and timed as the
-        startup's `kernels` phase."""
+        """None of its own: numba caches its kernels (`core.jit_cache`)."""
         return {}
 
     def measure_link(self, nbytes: int | None = None, repeats: int = 3):
-        """The CPU has no host link to measure: refused, naming the backend."""
+        """Refused: no host link."""
         raise OptionError("backend 'cpu' cannot measure a host link (CUDA only): use a datasheet --device profile")
 
     def step_scope(self):
-        """The context a whole step runs in (`Executor.train_step`, `evaluate`): the menu's lanes
-        (`CPUMenu.threads`), and numpy's BLAS at one thread (`cpu_lanes.blas_pinned`), at any lane count; large
-        products are split over the lanes instead, in blocks fixed by their shapes (`cpu_lanes.matmul`). The
-        threads are then the lanes' and the compiled kernels', never OpenBLAS's, which spin long after a call on
-        the cores the others need, and which would cut a product by their own count (other bits on another thread
-        count)."""
+        """The context a whole step runs in: the menu's lanes and the BLAS at one thread (`cpu.lanes`)."""
         scope = ExitStack()
         scope.enter_context(lanes.using(self.menu.threads))
         scope.enter_context(lanes.blas_pinned())
         return scope
 
     def paged_backing(self):
-        """The paged pool's memory (`--paged`): a memfd of chunks mapped into a reserved range (`cpu_paged`)."""
+        """The paged pool's memory: a memfd of chunks mapped into a reserved range (`cpu.paged`)."""
         from .paged import MemfdBacking
 
         return MemfdBacking()

@@ -1,23 +1,6 @@
-"""ReLU of the CPU backend compiled with numba: forward and backward, and fused with an add (both ways).
-
-Why. numpy's `maximum` and the chunked `dy * (y > 0)` run at a few GB/s on this machine and cost a few us of
-fixed overhead per call; one compiled loop per call is ~4x faster at batch 32 (a (32, 16, 32, 32) ReLU: forward
-209 -> 53 us, backward 199 -> 73 us) and ~3-5x at batch 1 (7 -> 1.6 us), without the backward's boolean
-temporary.
-
-Bit-identical to the numpy kernels they replace (`CoreOps.relu_forward` etc., which remain as the fallback):
-- relu forward: y = 0 if x <= 0 else x, numpy's `maximum(x, 0)` (x when x > 0 or x is NaN, so NaN propagates;
-  +0.0 for -0.0);
-- relu backward: dx = dy * (1 if y > 0 else 0), a product as numpy's (so a non-finite dy stays non-finite:
-  inf * 0 = NaN reaches the divergence guard);
-- add+ReLU (the compiled step's fusions, `minidl.runtime.program`): forward as `np.add` then the ReLU; backward as the
-  ReLU's backward, its result written to the add's two input gradients;
-- accumulate (the executor's `into += partial`): a + b, as `np.add`.
-Each kernel has a `_parallel` twin that cuts the array into contiguous pieces, one per worker (one OpenMP
-region): elementwise, so the split changes no bits. At one thread numpy's two-input `add` is as fast as a
-compiled loop here (measured), but it cannot use the second core: at two threads ResNet-50's adds and
-accumulations went from one core's speed to ~1.3-1.7x that (they are bound by memory bandwidth).
-The arrays are flat (1-D) C-contiguous views: the caller falls back to numpy for anything else.
+"""ReLU of the CPU backend compiled with numba: forward, backward, fused with an add; ~4x numpy's passes. The numpy
+kernels' bits (`CoreOps`): maximum(x, 0), dx = dy * (y > 0) as a product (inf * 0 = NaN), adds as `np.add`.
+`_parallel` twins split flat arrays by position. An output may be exactly an input: each value is read first.
 """
 from __future__ import annotations
 
@@ -32,7 +15,7 @@ _ADD_BLOCK = 4096  # elements per block of `add_relu` (16 KiB of float32: y's bl
 
 @njit(**_OPTS)
 def _cut(n, t, workers):
-    """Where worker t's piece of n elements starts: multiples of `_ADD_BLOCK`, the last piece ending at n."""
+    """Where worker t's piece starts: a multiple of `_ADD_BLOCK`, the last ending at n."""
     return n if t == workers else (n * t // workers) // _ADD_BLOCK * _ADD_BLOCK
 
 
@@ -78,7 +61,7 @@ def relu_backward_parallel(y, dy, dx, workers):
 def _add_relu(a, b, y, r, start, stop):
     z = y.dtype.type(0)
     for s in range(start, stop, _ADD_BLOCK):
-        lo, hi = uint64(s), uint64(min(stop, s + _ADD_BLOCK))  # unsigned: numba's negative-index check off
+        lo, hi = uint64(s), uint64(min(stop, s + _ADD_BLOCK))  # unsigned: no negative-index check
         for i in range(lo, hi):
             y[i] = a[i] + b[i]
         for i in range(lo, hi):
@@ -88,11 +71,7 @@ def _add_relu(a, b, y, r, start, stop):
 
 @njit(**_OPTS)
 def add_relu(a, b, y, r):
-    """y = a + b and r = ReLU(y), as `np.add` and `relu_forward` compute them (the compiled step's add+ReLU,
-    `minidl.runtime.program`), a block at a time, so that the ReLU reads y from the cache rather than memory. r may be
-    exactly a or b (the plan places it there when that input dies at the add): each block is read before it is
-    written, and the two loops stay free of overlapping operands, which LLVM vectorizes (one loop with r over a
-    ran 3x slower, measured)."""
+    """y = a + b and r = ReLU(y) a block at a time, in two loops LLVM vectorizes (one: 3x slower)."""
     _add_relu(a, b, y, r, 0, y.size)
 
 
@@ -118,9 +97,7 @@ def _add_relu_only(a, b, r, start, stop):
 
 @njit(**_OPTS)
 def add_relu_only(a, b, r):
-    """r = ReLU(a + b), the sum kept a block at a time in a local buffer (in cache) and not stored: `add_relu`
-    where nothing reads the add's output (the compiled step checks the plan). The same values; r may be exactly
-    a or b (each block is read before it is written)."""
+    """r = ReLU(a + b), the sum kept a block at a time in a local buffer."""
     _add_relu_only(a, b, r, 0, r.size)
 
 
@@ -142,13 +119,7 @@ def _relu_backward_add(y, dy, d1, d2, lo, hi):
 
 @njit(**_OPTS)
 def relu_backward_add(y, dy, d1, d2):
-    """d1 = d2 = `relu_backward(y, dy)`: the ReLU's backward and the backward of the add before it (which copies
-    its output gradient to both inputs) in one pass, the compiled step's fused add+ReLU backward. The add's
-    output gradient itself is not written: the add is its only reader (see `CoreOps.add_relu_backward`).
-    d1 or d2 may be exactly y or dy (the plan may place an input gradient where the ReLU's tensors, dead after
-    this step, lay): each element is read before it is written. One loop, no block buffer: measured on
-    (8, 256, 56, 56), 3.4 ms, against 6.8 for the ReLU's backward and two copies, and 5.5 through a block
-    buffer."""
+    """d1 = d2 = `relu_backward(y, dy)` in one loop: 3.4 ms against 6.8 with two copies ((8, 256, 56, 56))."""
     _relu_backward_add(y, dy, d1, d2, 0, y.size)
 
 
@@ -166,14 +137,13 @@ def _add_into(a, b, lo, hi):
 
 @njit(**_OPTS)
 def add_into(a, b):
-    """a += b, one rounding per element (as `np.add`), C-contiguous arrays of one shape: the two halves of a
-    weight gradient's sum (`cpu_rows_jit`, `cpu_winograd_jit`, `cpu_winograd`)."""
+    """a += b, as `np.add`, for C-contiguous arrays of one shape."""
     af, bf = a.reshape(-1), b.reshape(-1)
     _add_into(af, bf, 0, af.size)
 
 
 @njit(**_OPTS, parallel=True)
 def add_into_parallel(a, b, workers):
-    """a += b (the executor's gradient accumulation), one piece per worker."""
+    """a += b, one piece per worker."""
     for t in prange(workers):
         _add_into(a, b, _cut(a.size, t, workers), _cut(a.size, t + 1, workers))

@@ -1,18 +1,12 @@
 """Half-precision storage on the CPU: kernels take bf16/fp16 arrays, compute with the float32 kernels, round on store.
 
-Rules (`minidl.backend.precision` is the contract; this is how the CPU keeps it):
-* One conversion point per kernel call (`half_io`): each half array a kernel is given is read into a float32 copy
-  (exact), the float32 kernel runs on the copies, and the copies of the arrays it writes are rounded back, to
-  nearest even (`half_jit`). float32 arrays (masters, gradients, statistics, the loss) pass through untouched.
-* Staged kernels (`STAGED`) take their copies from the backend's `Staging`: 4 bytes a value of each distinct half
-  array of the call, each copy 64-byte aligned (`staging_bytes`): the workspace a plan must count.
-* Elementwise kernels (`ELEMENTWISE`) run `CHUNK` values at a time, the chunks shared over the lanes, their copies
-  in a small fixed scratch outside the plan (a few `CHUNK`s a lane), like the other kernels' bounded temporaries
-  (elementwise: the chunks change no bits).
-* Moves copy half values as they are (`copy`, `concat_*`, `fill`); dropout converts inside its own chunk loop.
-* An array a kernel writes is either the very array another argument names or disjoint from it (the
-  executor's tensors never overlap in part): copies are shared by identity.
-* A half array reaching a kernel without a half form (`FLOAT32_ONLY`) is an error naming the kernel and argument.
+Rules (the contract is `minidl.backend.precision`):
+* One conversion point per call (`half_io`): half arrays read into float32 copies (exact), written copies
+  rounded back to nearest even; float32 arrays pass through.
+* `STAGED` kernels take copies from the backend's `Staging` (workspace a plan counts); `ELEMENTWISE` ones run
+  `CHUNK` values at a time over the lanes; `NATIVE` ones take half values as they are.
+* A written array is the very array another argument names or disjoint from it: copies are shared by identity.
+* A half array reaching a `FLOAT32_ONLY` kernel is an error naming the kernel and argument.
 """
 from __future__ import annotations
 
@@ -29,12 +23,12 @@ from .jit import PARALLEL_MIN, lazy, workers_for
 
 half_kernels = lazy("half_jit")
 
-R, W, RW = "r", "w", "rw"   # what a kernel does with an argument: reads it, writes it, or both
+R, W, RW = "r", "w", "rw"   # a kernel reads an argument, writes it, or both
 ALIGN = 64                  # bytes: each staged copy starts on a cache line (and an AVX-512 vector)
-CHUNK = PARALLEL_MIN // 2   # values per chunk of an elementwise kernel: 128 KiB of float32 a copy, in L2, one thread
+CHUNK = PARALLEL_MIN // 2   # values per elementwise chunk: 128 KiB of float32 a copy, in L2, one thread
 _BF16 = HALF_DTYPES["bf16"]
 
-#: Kernels that run on float32 copies of all their half arrays at once (`Staging`), by argument name.
+#: Kernels run on float32 copies of all their half arrays at once (`Staging`), by argument name.
 STAGED: dict[str, dict[str, str]] = {
     "linear_forward": {"x": R, "w": R, "b": R, "y": W},
     "linear_backward": {"x": R, "w": R, "dy": R, "dx": W},
@@ -51,7 +45,7 @@ STAGED: dict[str, dict[str, str]] = {
     "batchnorm_forward_train": {"x": R, "y": W, "relu_out": W},
     "batchnorm_forward_apply": {"x": R, "y": W},
     "batchnorm_forward_eval": {"x": R, "y": W},
-    "batchnorm_backward": {"x": R, "dy": RW, "dx": W, "relu": R},  # dy: the fused ReLU's backward may write it
+    "batchnorm_backward": {"x": R, "dy": RW, "dx": W, "relu": R},  # the fused ReLU's backward may write dy
     "batchnorm_backward_eval": {"x": R, "dy": R, "dx": W},
     "softmax_xent_forward": {"logits": R},
     "softmax_xent_backward": {"logits": R, "dlogits": W},
@@ -71,10 +65,12 @@ STAGED: dict[str, dict[str, str]] = {
     "attention_forward": {"q": R, "k": R, "v": R, "probs": W, "y": W},
     "attention_backward": {"q": R, "k": R, "v": R, "probs": R, "dy": R, "dq": W, "dk": W, "dv": W},
 }
-#: Kernels that round their own intermediate to the storage dtype, told which by `quantize=` (attention's
-#: probabilities: stored in half, so the product with v and the backward use the rounded values, kept or rebuilt).
+#: Staged kernels that read the array they write when the call accumulates (`accumulate=True`: a fork's later
+#: convolution adds its input delta into the delta held): its copy starts from the stored values.
+ACCUMULATING: dict[str, str] = {"conv2d_backward": "dx"}
+#: Kernels that round their own intermediate (attention's probabilities) to the dtype given as `quantize=`.
 QUANTIZING = frozenset({"attention_forward", "attention_backward"})
-#: Elementwise kernels: every array argument has the same number of values and is read or written value by value.
+#: Elementwise kernels: all array arguments of one size, read or written value by value.
 ELEMENTWISE: dict[str, dict[str, str]] = {
     "relu_forward": {"x": R, "y": W},
     "relu_backward": {"y": R, "dy": R, "dx": W},
@@ -84,10 +80,10 @@ ELEMENTWISE: dict[str, dict[str, str]] = {
     "gelu_forward": {"x": R, "y": W},
     "gelu_backward": {"x": R, "dy": R, "dx": W},
 }
-#: Kernels that take half arrays as they are: moves, and dropout (which converts inside its chunk loop).
+#: Kernels that take half arrays as they are (dropout converts in its own chunk loop).
 NATIVE = frozenset({"copy", "copy_in", "fill", "to_host", "concat_forward", "concat_backward", "dropout_forward",
                     "dropout_backward"})
-#: Kernels of float32 roles only (parameters, their gradients and state): a half array is a caller's error.
+#: Kernels of float32 roles only (parameters, gradients, optimizer state).
 FLOAT32_ONLY: dict[str, tuple[str, ...]] = {
     "sgd_update": ("p", "g", "buf"),
     "adam_update": ("p", "g", "m", "v"),
@@ -96,7 +92,6 @@ FLOAT32_ONLY: dict[str, tuple[str, ...]] = {
 HALF_KERNELS = frozenset(STAGED) | frozenset(ELEMENTWISE) | NATIVE
 
 
-# -- conversions ---------------------------------------------------------------------------------------------------
 def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16)
 
@@ -106,10 +101,8 @@ def _as4(a: np.ndarray) -> np.ndarray:
 
 
 def widen_into(f: np.ndarray, h: np.ndarray) -> None:
-    """f (float32) = the values of the half array h (same shape, any strides): exact. On the calling thread, as
-    `narrow_into`: a conversion is one pass over memory, and an OpenMP region per conversion cost more than it
-    saved (ResNet-20 b32's layers at 2 threads on the shared 2-core VM: bf16 1.63x fp32 with two workers a
-    conversion, 0.93x with one; benchmarks/half_layers.py)."""
+    """f (float32) = the half h's values, on the calling thread: an OpenMP region per conversion cost more than it
+    saved (ResNet-20 b32 bf16, 2 threads: 1.63x fp32's time on two workers, 0.93x on one)."""
     jit = half_kernels()
     bf = h.dtype == _BF16
     if jit is not None and h.flags.c_contiguous and f.flags.c_contiguous:
@@ -117,11 +110,11 @@ def widen_into(f: np.ndarray, h: np.ndarray) -> None:
     elif jit is not None and h.ndim <= 4:
         jit.widen_nd(_as4(_bits(h)), _as4(f), bf)
     else:
-        np.copyto(f, h, casting="unsafe")  # ml_dtypes' and numpy's casts: the same values
+        np.copyto(f, h, casting="unsafe")
 
 
 def narrow_into(h: np.ndarray, f: np.ndarray) -> None:
-    """h (half) = the float32 values f rounded to nearest even (same shape, any strides)."""
+    """h (half) = f (float32) rounded to nearest even, on the calling thread."""
     jit = half_kernels()
     bf = h.dtype == _BF16
     if jit is not None and h.flags.c_contiguous and f.flags.c_contiguous:
@@ -129,13 +122,12 @@ def narrow_into(h: np.ndarray, f: np.ndarray) -> None:
     elif jit is not None and h.ndim <= 4:
         jit.narrow_nd(_as4(f), _as4(_bits(h)), bf)
     else:
-        with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows to inf; NaN stays NaN
+        with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows to inf
             np.copyto(h, f, casting="unsafe")
 
 
 def quantize(f: np.ndarray, dtype) -> None:
-    """f (float32, C-contiguous) rounded in place to the nearest value of the half `dtype`, on the calling thread
-    (attention calls it per sample, inside its lanes)."""
+    """f (float32, C-contiguous) rounded in place to the half `dtype`."""
     jit = half_kernels()
     if jit is None:
         with np.errstate(over="ignore", invalid="ignore"):
@@ -145,7 +137,7 @@ def quantize(f: np.ndarray, dtype) -> None:
 
 
 def cast_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """dst = src in dst's dtype: half values widened exactly, float32 ones rounded to nearest even."""
+    """dst = src: half values widened exactly, float32 ones rounded to nearest even."""
     if dst.dtype == src.dtype:
         np.copyto(dst, src)
     elif is_half(dst.dtype) and src.dtype == np.float32:
@@ -157,21 +149,18 @@ def cast_into(dst: np.ndarray, src: np.ndarray) -> None:
             np.copyto(dst, src, casting="unsafe")
 
 
-# -- staging ------------------------------------------------------------------------------------------------------
 def staged_nbytes(shape) -> int:
-    """The bytes of one staged float32 copy of an array of `shape` (aligned to `ALIGN`)."""
+    """The bytes of one staged float32 copy of `shape`, aligned to `ALIGN`."""
     return -(-4 * math.prod(shape) // ALIGN) * ALIGN
 
 
 def staging_bytes(shapes) -> int:
-    """The staging a staged kernel call needs: one aligned float32 copy per distinct half array `shapes` lists."""
+    """One aligned float32 copy per distinct half array of a staged call."""
     return sum(staged_nbytes(s) for s in shapes)
 
 
 class Staging:
-    """Where staged kernels keep their float32 copies: a buffer the executor binds (planned workspace, at least
-    the call's `staging_bytes`), or, while none is bound, one grown here (tests, `testing.run_layer`).
-    `high_water` is the most one call has needed."""
+    """The staged kernels' float32 copies: in the buffer the executor binds (planned workspace), else one grown here."""
 
     def __init__(self):
         self._bound: np.ndarray | None = None
@@ -180,7 +169,7 @@ class Staging:
         self.high_water = 0
 
     def bind(self, buf: np.ndarray | None) -> None:
-        """Take the copies from `buf` (a flat uint8 array) from now on; None: grow a buffer of its own."""
+        """Take copies from `buf` (flat uint8); None: grow a buffer of its own."""
         if buf is not None and (buf.dtype != np.uint8 or buf.ndim != 1):
             raise ValueError(f"half staging must be a flat uint8 buffer, got {buf.dtype} {buf.shape}")
         self._bound = buf
@@ -197,7 +186,7 @@ class Staging:
         return self._own
 
     def chunks(self, values: int) -> np.ndarray:
-        """A float32 scratch of `values` for the elementwise kernels' chunks (a few `CHUNK`s, kept)."""
+        """A float32 scratch of `values` for the elementwise kernels' chunks."""
         if self._chunks.size < values:
             self._chunks = np.empty(values, np.float32)
         return self._chunks
@@ -207,18 +196,8 @@ def _carve(buf: np.ndarray, offset: int, shape) -> np.ndarray:
     return buf[offset:offset + 4 * math.prod(shape)].view(np.float32).reshape(shape)
 
 
-# -- the adapters --------------------------------------------------------------------------------------------------
 def _key(a: np.ndarray):
     return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
-
-
-def _halves(value):
-    """The half arrays in an argument (an array, or a list/tuple of arrays and None)."""
-    if isinstance(value, np.ndarray):
-        return [value] if is_half(value.dtype) else []
-    if isinstance(value, (list, tuple)):
-        return [v for v in value if isinstance(v, np.ndarray) and is_half(v.dtype)]
-    return []
 
 
 def _has_half(value) -> bool:
@@ -233,7 +212,7 @@ _HALF_SET = frozenset(np.dtype(d) for d in HALF_DTYPES.values())
 
 
 class _Args:
-    """A call's arguments by name (positional ones through the kernel's signature), and their replacement."""
+    """A call's arguments by name, and their replacement."""
 
     def __init__(self, positions: dict[str, int], args: tuple, kwargs: dict):
         self.positions, self.args, self.kwargs = positions, list(args), dict(kwargs)
@@ -259,8 +238,7 @@ def _map(value, fn):
 
 
 def _operands(spec: dict[str, str], call: _Args, halves: bool = True) -> dict:
-    """The call's distinct arrays (its half ones only, by default), by identity: key -> (array, access); an
-    array named twice with two accesses is read and written."""
+    """The call's distinct (half, by default) arrays by identity: key -> (array, access)."""
     out: dict = {}
     for name, access in spec.items():
         value = call.get(name)
@@ -273,7 +251,7 @@ def _operands(spec: dict[str, str], call: _Args, halves: bool = True) -> dict:
 
 
 def _chunkable(spec: dict[str, str], call: _Args) -> dict | None:
-    """The call's arrays if an elementwise kernel can run them chunk by chunk (all C-contiguous, one size)."""
+    """The call's arrays if all are C-contiguous and of one size, else None."""
     arrays = _operands(spec, call, halves=False)
     if all(a.flags.c_contiguous for a, _ in arrays.values()) and len({a.size for a, _ in arrays.values()}) == 1:
         return arrays
@@ -281,8 +259,7 @@ def _chunkable(spec: dict[str, str], call: _Args) -> dict | None:
 
 
 def call_staging(kernel: str, call: _Args) -> int:
-    """The staging bytes a call of `kernel` takes: its half arrays' float32 copies when staged, none when an
-    elementwise kernel runs it in chunks."""
+    """The staging bytes a call of `kernel` takes (none when run elementwise in chunks)."""
     spec = STAGED.get(kernel) or ELEMENTWISE[kernel]
     if kernel in ELEMENTWISE and _chunkable(spec, call) is not None:
         return 0
@@ -290,8 +267,9 @@ def call_staging(kernel: str, call: _Args) -> int:
 
 
 def _stage(be, kernel: str, fn, spec: dict[str, str], call: _Args):
-    """Run `fn` on float32 copies of the call's half arrays, from the backend's staging; round the written ones."""
-    arrays = _operands(spec, call)
+    """Run `fn` on float32 copies of the call's half arrays from the staging; round the written ones."""
+    acc = ACCUMULATING.get(kernel)
+    arrays = _operands({**spec, acc: RW} if acc and call.get("accumulate") else spec, call)
     buf = be.staging.buffer(kernel, staging_bytes(a.shape for a, _ in arrays.values()))
     copies, offset = {}, 0
     for k, (a, access) in arrays.items():
@@ -311,9 +289,8 @@ def _stage(be, kernel: str, fn, spec: dict[str, str], call: _Args):
 
 
 def _elementwise(be, kernel: str, fn, spec: dict[str, str], call: _Args):
-    """Run `fn` chunk by chunk on flat float32 copies of the call's half arrays (`_chunkable`), the chunks shared
-    over the lanes (each chunk's conversions and kernel on one thread: `CHUNK` is below `PARALLEL_MIN`); float32
-    arrays are passed as their chunks. Anything else runs staged."""
+    """Run `fn` a chunk at a time on float32 copies of the call's half arrays, the chunks over the lanes; staged
+    unless `_chunkable`."""
     arrays = _chunkable(spec, call)
     if arrays is None:
         return _stage(be, kernel, fn, spec, call)
@@ -348,8 +325,7 @@ def _elementwise(be, kernel: str, fn, spec: dict[str, str], call: _Args):
 
 
 def _one_pass(kernel: str, call: _Args, arrays: dict) -> bool:
-    """Run `kernel` as one pass over half bits (`half_jit`'s elementwise kernels: the chunked path's values, with
-    no copies) where it has one and its arrays are all of one half dtype: whether it ran."""
+    """Run `kernel` as one `half_jit` pass over half bits, where it has one: whether it ran."""
     jit = half_kernels()
     dtypes = {a.dtype for a, _ in arrays.values()}
     if jit is None or len(dtypes) != 1 or not dtypes <= _HALF_SET:
@@ -389,7 +365,7 @@ def _refuse(kernel: str, names: tuple[str, ...], call: _Args):
 
 def _adapt(cls, kernel: str, run, spec: dict[str, str]) -> None:
     fn = getattr(cls, kernel)
-    params = list(inspect.signature(fn).parameters)[1:]     # without self
+    params = list(inspect.signature(fn).parameters)[1:]
     positions = {name: params.index(name) for name in params}
     missing = set(spec) - set(positions)
     if missing:
@@ -408,9 +384,7 @@ def _adapt(cls, kernel: str, run, spec: dict[str, str]) -> None:
 
 
 def half_io(cls):
-    """Give the backend class `cls` its half forms: each kernel of `STAGED` and `ELEMENTWISE` converts where
-    a half array comes in (else it runs as before, after one dtype check per array argument); the kernels of
-    `FLOAT32_ONLY` refuse half arrays."""
+    """Give `cls` its half forms: converting `STAGED` and `ELEMENTWISE` kernels, refusing `FLOAT32_ONLY`."""
     cls.half_positions = {}
     for kernel, spec in STAGED.items():
         _adapt(cls, kernel, _stage, spec)
@@ -423,9 +397,7 @@ def half_io(cls):
 
 
 class StagingTrace:
-    """A dry run of a backend's kernels: nothing computes; each call of a kernel with a half form records the
-    staging it would take (`call_staging`), so `high_water` is the figure `Staging.high_water` reaches when the
-    backend runs the same calls on arrays of the same shapes and dtypes (`layers.staging.step_staging`)."""
+    """A dry run of a backend's kernels recording the staging each call would take: `high_water` as `Staging`'s."""
 
     def __init__(self, backend):
         self.backend = backend

@@ -1,15 +1,6 @@
-"""Half-precision conversions compiled with numba: bf16 and fp16 bits to float32 (exact) and float32 to their
-bits, rounded to nearest, ties to even (what a GPU stores: `__float2bfloat16_rn`, `__float2half_rn`).
-
-Why. numpy's float16 casts run ~6 ns a value here (float32 -> float16 ~10 ns), ml_dtypes' float32 -> bfloat16
-~2 ns; these loops vectorize (~0.1 ns a value for bf16, measured on 1M values), and a half kernel converts its
-operands once per call (`cpu.half`). The same bits as numpy's and ml_dtypes' casts for every finite value and
-infinity (tests/backend/test_half_cast.py: all 65536 halves, random float32 bit patterns); a NaN stays a quiet
-NaN of the same sign (its payload's top bits kept).
-Half values travel as their uint16 bits (numba has no bfloat16, and no float16 on the CPU); `as_f32`/`as_u32`
-reinterpret a value's bits in a register. The conversions run on one thread (`cpu.half.widen_into` says why), with a
-4-D twin for strided views (`_nd`); the elementwise kernels at the end have `_parallel` twins (one contiguous piece
-per worker: elementwise, so the split changes no bits), as the float32 ones they replace.
+"""Half-precision conversions compiled with numba, as uint16 bits: bf16/fp16 to float32 (exact) and back, rounded
+to nearest even (a GPU's `__float2bfloat16_rn`, `__float2half_rn`), ~0.1 ns a value (numpy's float16: 6-10).
+The bits of numpy's and ml_dtypes' casts (tests/backend/test_half_cast.py); a NaN stays quiet, its sign kept.
 """
 from __future__ import annotations
 
@@ -20,7 +11,7 @@ from numba.extending import intrinsic
 from ...core.jit_cache import njit
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
-_PIECE = 4096  # values per worker piece boundary (16 KiB of float32)
+_PIECE = 4096  # worker pieces start on multiples of this (16 KiB of float32)
 
 
 @intrinsic
@@ -33,7 +24,7 @@ def as_f32(typingctx, x):
 
 @intrinsic
 def as_u32(typingctx, x):
-    """The bits of the float32 `x`, as a uint32."""
+    """The bits of the float32 `x`."""
     def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.IntType(32))
     return types.uint32(types.float32), codegen
@@ -54,8 +45,7 @@ def bf16_value(h):
 
 @njit(**_OPTS)
 def f16_bits(f):
-    """float32 -> float16 bits, ties to even: overflow to inf, subnormals rounded by a float addition (the
-    magic 0.5 puts the half's last bit at float32's), NaN -> a quiet NaN keeping the top of its payload."""
+    """float32 -> float16 bits, ties to even; subnormals rounded by adding the magic 0.5."""
     u = as_u32(f)
     sign = u & uint32(0x80000000)
     a = u ^ sign
@@ -69,7 +59,7 @@ def f16_bits(f):
 
 @njit(**_OPTS)
 def f16_value(h):
-    """float16 bits -> float32 (exact): subnormals renormalized by a float subtraction of 2^-14."""
+    """float16 bits -> float32: subnormals renormalized by subtracting 2^-14."""
     v = uint32(h)
     o = (v & uint32(0x7FFF)) << uint32(13)
     e = o & uint32(0x0F800000)
@@ -85,7 +75,6 @@ def _cut(n, t, workers):
     return n if t == workers else (n * t // workers) // _PIECE * _PIECE
 
 
-# -- flat (1-D, contiguous) conversions ----------------------------------------------------------------------------
 @njit(**_OPTS)
 def _widen(h, f, bf, lo, hi):
     for i in range(uint64(lo), uint64(hi)):
@@ -122,10 +111,9 @@ def quantize(f, bf):
     _quantize(f, bf, 0, f.size)
 
 
-# -- strided 4-D views (attention's heads, a concat's slice) ------------------------------------------------------
 @njit(**_OPTS)
 def widen_nd(h, f, bf):
-    """`widen` over 4-D arrays of any strides (f contiguous or not)."""
+    """`widen` over 4-D arrays of any strides."""
     for a in range(h.shape[0]):
         for b in range(h.shape[1]):
             for c in range(h.shape[2]):
@@ -143,10 +131,7 @@ def narrow_nd(f, h, bf):
                     h[a, b, c, d] = bf16_bits(f[a, b, c, d]) if bf else f16_bits(f[a, b, c, d])
 
 
-# -- elementwise kernels on half bits: widen, compute in float32, round, in one pass -------------------------------
-# The float32 kernels' operations (`eltwise_jit`) on the widened values, each result rounded once: the values the
-# staged path (float32 copies, the float32 kernel, rounding) stores, with no copies: 6 bytes a value moved by an
-# add instead of ~22. An output may be exactly an input (each value is read before it is written).
+# Elementwise kernels on half bits: `eltwise_jit`'s float32 operations, each rounded once (the staged values).
 @njit(**_OPTS)
 def _value(h, bf):
     return bf16_value(h) if bf else f16_value(h)
@@ -222,7 +207,7 @@ def relu_backward_parallel(y, dy, dx, bf, workers):
 
 @njit(**_OPTS)
 def add_relu(a, b, y, r, keep_y, relu, bf):
-    """y = a + b (with `keep_y`) and r = ReLU(a + b) (with `relu`), each rounded once."""
+    """y = a + b (with `keep_y`) and r = ReLU(a + b) (with `relu`)."""
     _add_relu(a, b, y, r, keep_y, relu, bf, 0, a.size)
 
 

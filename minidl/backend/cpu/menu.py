@@ -1,8 +1,5 @@
-"""The CPU's menu: which convolution algorithms a plan for the CPU chooses among, and how the CPU runs them.
-
-A value, made where the run is described (the command line's --no-cpu-winograd and --threads, `get_backend`) and
-held by the CPU backend that runs the plan (`CPUBackend.menu`). A plan made from a menu holds it in its route, so
-the algorithms a step may run are fixed when the route is built.
+"""The CPU's menu: the convolution algorithms a CPU plan chooses among and the lanes it runs them on; held by the
+route, so a step's algorithms are fixed at build time.
 """
 from __future__ import annotations
 
@@ -17,10 +14,8 @@ from ..base import Capabilities
 
 @dataclass(frozen=True, slots=True)
 class CPUMenu:
-    """`winograd`: 3x3 stride-1 convolutions with >= 32 channels run Winograd F(2x2, 3x3) (`cpu_winograd`; off:
-    the row-shift pair, other rounding, the same guarantees). `threads`: the lanes a convolution's samples and the
-    compiled kernels run on (`cpu_lanes`; None: the usable cores, at most `cpu_lanes.MAX_LANES`). Results are the
-    same bits whatever the threads."""
+    """`winograd`: 3x3 stride-1 convolutions with >= 32 channels run Winograd F(2x2, 3x3), else the row-shift pair.
+    `threads`: the lanes (`cpu.lanes`; None: the usable cores); the bits are the same on any count."""
 
     winograd: bool = True
     threads: int | None = None
@@ -32,9 +27,9 @@ class CPUMenu:
             raise OptionError(f"--threads must be a positive integer, got {self.threads!r}")
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
-                               groups: int, dtype=np.float32):
-        """The algorithms for `phase` ('fwd' or 'bwd') with their exact workspace bytes, fastest first (the same
-        signature as the CUDA backend's)."""
+                               groups: int, dtype=np.float32, accumulate: bool = False):
+        """The algorithms for `phase` ('fwd' or 'bwd'; `accumulate`: a backward adding dx into the delta it is
+        given) with exact workspace bytes, fastest first."""
         from .conv import ConvGeometry, conv_options
 
         n, cin, h, wd = x_shape
@@ -42,7 +37,7 @@ class CPUMenu:
         g = ConvGeometry(n, cin, h, wd, cout, kh, kw, y_shape[2], y_shape[3], groups, tuple(stride), tuple(padding),
                          tuple(dilation))
         return conv_options(phase, g, np.dtype(dtype).itemsize, tuple(stride), tuple(padding), tuple(dilation),
-                            self.winograd)
+                            self.winograd, accumulate)
 
 
 CPU_MENU = CPUMenu()

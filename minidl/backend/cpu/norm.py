@@ -1,25 +1,9 @@
 """Normalization kernels of the CPU backend: batch normalization (NCHW, per channel) and cross-channel LRN.
 
-Both work through blocks of the (N, C, H*W) view: per-channel reductions are dot products along the contiguous
-H*W axis of a block, and elementwise passes run on a block while it is in cache. The only scratch is a few
-blocks (`_BLOCK` elements each, or one plane when a plane is larger), as the chunking rule of the backend asks.
-
-Numerics (why the passes are what they are). Per-channel sums are taken per plane in float32 and summed over
-planes in float64. The statistics are a corrected two-pass algorithm (Chan, Golub & LeVeque 1983): pass 1 finds
-the mean from deviations to a rough per-channel shift, pass 2 sums deviations from that mean (rounded to the
-stored dtype) and their squares, var = S2/M - (S1/M)^2 with S1/M of the order of one rounding of the mean, so the
-subtraction cancels nothing. The applying passes subtract the mean first, y = (x - mean) * a + bias and
-dx = dy * s + (x - mean) * kx + c: x - mean is exact when the two are close (Sterbenz), so a large |mean| / std
-costs no accuracy beyond the rounding of the stored mean itself (the form x * a + b loses eps * |mean| / std).
-Float32 errors measured against float64: within 2x of PyTorch's float32 for mean/std up to 1e4 and two values
-per channel (tests/layers/test_batchnorm_numerics.py).
-Batch norm on CPU is memory-bound: training forward reads x three times and writes y once, backward reads x and
-dy twice and writes dx once.
-
-Batch norm runs as compiled kernels (`cpu_norm_jit`, numba: one call per phase, the same two-pass numerics with
-float64 sums) when numba is installed, which it is with minidl (a runtime dependency): the numpy passes below cost
-~14 calls per layer, whose fixed cost dominates at small batches. The numpy passes stay as the fallback when
-numba cannot be imported, and as the reference the compiled kernels are tested against.
+Batch norm runs compiled (`cpu.norm_jit`); these numpy passes are its reference and fallback, on blocks of the
+(N, C, H*W) view. Numerics: per-plane sums in float32, summed over planes in float64 in a fixed order; the
+corrected two-pass variance (Chan, Golub & LeVeque 1983); the mean subtracted first ((x - mean) * a + b is
+exact near the mean by Sterbenz, where x * a + b' loses eps * |mean| / std).
 """
 from __future__ import annotations
 
@@ -29,15 +13,13 @@ import numpy as np
 
 from .jit import lazy, workers_for
 
-_BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best between 32K and 128K
+_BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best at 32K-128K
 
-# The compiled batch-norm kernels (`cpu_norm_jit`), or None where numba cannot be imported (then the numpy passes
-# below run). numba's import (~0.3 s) is paid on the first batch-norm call only.
-jit_kernels = lazy("norm_jit")  # its per-channel loops run on `workers_for` threads (same bits)
+jit_kernels = lazy("norm_jit")  # None without numba
 
 
 def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
-    """`a`, or a stand-in of the same kind the compiled kernel will not touch (its flag says `a` is absent)."""
+    """`a`, or a stand-in the kernel leaves alone (its flag says `a` is absent)."""
     return stand_in if a is None else a
 
 
@@ -47,12 +29,8 @@ def _ncl(a: np.ndarray) -> np.ndarray:
 
 
 def _nc_blocks(n: int, c: int, hw: int):
-    """Blocks covering (N, C), grouped by channel range: yields (channel slice, [sample slices]).
-
-    Small samples are taken several at a time with all channels; large ones one at a time, a channel range each.
-    Grouping by channel range lets per-channel constants be broadcast once into a block-shaped buffer and reused
-    for every sample: numpy's (C, 1)-against-(C, HW) broadcasting costs an iterator step per row, about twice the
-    time of a contiguous operand."""
+    """(channel slice, [sample slices]) covering (N, C): per-channel constants are spread once into a block-shaped
+    buffer (broadcasting (C, 1) against (C, HW) costs twice a contiguous operand)."""
     if c * hw <= _BLOCK:
         step = max(1, _BLOCK // (c * hw))
         yield slice(0, c), [slice(n0, min(n, n0 + step)) for n0 in range(0, n, step)]
@@ -69,17 +47,17 @@ def _block_elems(n: int, c: int, hw: int) -> int:
 
 
 class _Scratch:
-    """Block-sized buffers: `take(i, shape)` is buffer i viewed as `shape` (at most one block of elements)."""
+    """Block-sized buffers: `take(i, shape)` is buffer i viewed as `shape`."""
 
     def __init__(self, count: int, elems: int, dtype):
         self._bufs = [np.empty(elems, dtype) for _ in range(count)]
 
     def take(self, i: int, shape) -> np.ndarray:
-        size = math.prod(shape)  # (np.prod on a tuple costs ~5 us: more than a batch-1 block's arithmetic)
+        size = math.prod(shape)  # not np.prod: ~5 us on a tuple
         return self._bufs[i][:size].reshape(shape)
 
     def spread(self, i: int, v: np.ndarray, cs: slice, hw: int) -> np.ndarray:
-        """Per-channel vector v[cs] broadcast into buffer i as a contiguous (channels, hw) block."""
+        """v[cs] broadcast into buffer i as a contiguous (channels, hw) block."""
         out = self.take(i, (cs.stop - cs.start, hw))
         np.copyto(out, v[cs, None])
         return out
@@ -87,10 +65,8 @@ class _Scratch:
 
 def _centered_sums(x3: np.ndarray, center: np.ndarray, dy3: np.ndarray | None,
                    sc: _Scratch, squares: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per channel, in float64, with d = x - center: (sum(d), sum(d * d)) if dy3 is None (sum(d * d) left out,
-    None, if not `squares`), else (sum(dy), sum(dy * d)). One pass; each plane is reduced in float32 (BLAS dot
-    products along H*W), the planes are then summed in float64 in a fixed order, so the result does not depend
-    on the blocking."""
+    """Per channel in float64, d = x - center: (sum(d), sum(d * d) if `squares`), or with dy3 (sum(dy),
+    sum(dy * d))."""
     n, c, hw = x3.shape
     p1 = np.empty((n, c), x3.dtype)
     p2 = np.empty((n, c), x3.dtype)
@@ -116,26 +92,13 @@ def _centered_sums(x3: np.ndarray, center: np.ndarray, dy3: np.ndarray | None,
 class NormOps:
     """Batch-norm and LRN kernels (mixed into CPUBackend)."""
 
-    # -- batch normalization ------------------------------------------------------------------------------------
-
     def batchnorm_forward_train(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                 running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, mean: np.ndarray,
                                 invstd: np.ndarray, momentum: float, eps: float, update_running: bool = True,
                                 relu_out: np.ndarray | None = None, keep_y: bool = True) -> None:
-        """Normalize with batch statistics; save them in `mean`/`invstd` (for backward and for recomputation) and,
-        if `update_running`, fold them into the running statistics (the variance unbiased, as in PyTorch).
-
-        Pass 1 centres on a shift K (each channel's mean over the first sample) so that the float32 per-plane sums
-        see values of the order of the spread, not of |mean|: mean = K + sum(x - K)/M. Pass 2 centres on that mean
-        as stored (float32 for float32 input, which is what the applying passes subtract): var = sum(d^2)/M -
-        (sum(d)/M)^2 with d = x - mean. Pass 1 alone (var from the same shifted sums) would let the cancellation
-        amplify rounding by up to N when the first sample sits far from the batch mean; pass 2 makes the
-        correction term a rounding error of the mean, so nothing cancels.
-
-        `relu_out`: also write ReLU(y) there, as `relu_forward(y, relu_out)` would (the compiled step's fused
-        BN+ReLU, `runtime.program`): in the applying pass of the compiled kernel, so the ReLU does not read y again;
-        a second call on the numpy path. With `relu_out` and not `keep_y` (nothing will read y: the compiled step
-        checks the plan), the compiled kernel leaves y unwritten, each plane of it kept in a scratch in cache."""
+        """Normalize with batch statistics, saved in `mean`/`invstd`, folded into the running ones if `update_running`
+        (variance unbiased). Pass 2 centres on pass 1's mean as stored: the correction is a rounding error of the mean.
+        `relu_out`: also ReLU(y) there; with it and not `keep_y`, the compiled kernel leaves y unwritten."""
         x3 = _ncl(x)
         n, c, hw = x3.shape
         m = n * hw
@@ -173,10 +136,7 @@ class NormOps:
 
     def batchnorm_forward_apply(self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                                 mean: np.ndarray, invstd: np.ndarray, y: np.ndarray) -> None:
-        """y = (x - mean) * a + bias with a = invstd * weight, the mean subtracted first: PyTorch's x * a + b
-        (b = bias - mean * a) rounds two products of size |mean| * a and loses eps * |mean| / std, the subtraction
-        first is exact when x is near the mean and costs one elementwise pass more. Recomputation calls this with
-        the saved statistics, so it reproduces the first forward bit for bit."""
+        """y = (x - mean) * (invstd * weight) + bias; recomputation calls it with the saved statistics."""
         x3, y3 = _ncl(x), _ncl(y)
         jit = jit_kernels()
         if jit is not None:
@@ -213,16 +173,8 @@ class NormOps:
     def batchnorm_backward(self, x: np.ndarray, weight: np.ndarray | None, dy: np.ndarray, mean: np.ndarray,
                            invstd: np.ndarray, dx: np.ndarray | None, dweight: np.ndarray | None,
                            dbias: np.ndarray | None, relu: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Backward through batch statistics (training mode), from the input and the saved mean/invstd:
-
-            dbias = sum(dy);  dweight = sum(dy * xhat);  xhat = (x - mean) * invstd
-            dx = (dy - sum(dy)/M - (x - mean) * invstd^2 * sum(dy * (x - mean))/M) * invstd * weight
-
-        `relu` = (r, dr): a ReLU follows, r its output and dr its output's gradient; dy is first computed as its
-        backward (`relu_backward(r, dr, dy)`), channel by channel inside the compiled kernel, into a channel's
-        scratch that is still in cache when the reductions read it, so dy itself is not written there (the
-        compiled step's fused BN+ReLU backward, `minidl.runtime.program`, which fuses only where this batch norm is dy's
-        sole reader); without numba, dy is written first and used as usual."""
+        """dbias = sum(dy), dweight = sum(dy * xhat), dx = (dy - sum(dy)/M - (x - mean) invstd^2 sum(dy (x - mean))/M)
+        * invstd * weight. `relu` = (r, dr): dy is a following ReLU's backward (compiled: per channel, unwritten)."""
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if relu is not None and jit is None:
@@ -249,9 +201,7 @@ class NormOps:
             dweight[...] = sdyd * inv64
         if dx is None:
             return
-        # dx = dy * s + (x - mean) * kx + c per channel, with s = invstd * weight,
-        # kx = -s * invstd^2 * sum(dy (x-mean))/M and c = -s * sum(dy)/M. The mean is subtracted first for the
-        # reason the forward does it (x * kx + c' would lose eps * |mean| / std).
+        # dx = dy * s + (x - mean) * kx + c per channel
         k = inv64 * inv64 * sdyd / m
         s64 = inv64 * weight if weight is not None else inv64
         dt = x.dtype
@@ -272,7 +222,7 @@ class NormOps:
     def batchnorm_backward_eval(self, x: np.ndarray, weight: np.ndarray | None, dy: np.ndarray,
                                 running_mean: np.ndarray, running_var: np.ndarray, eps: float,
                                 dx: np.ndarray | None, dweight: np.ndarray | None, dbias: np.ndarray | None) -> None:
-        """Backward with fixed (running) statistics: a per-channel affine map, so dx = dy * weight * invstd."""
+        """Backward with fixed (running) statistics: dx = dy * weight * invstd."""
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if jit is not None:
@@ -297,10 +247,9 @@ class NormOps:
                 for ns in samples:
                     np.multiply(dy3[ns, cs], sb, out=dx3[ns, cs])
 
-    # -- local response normalization (across channels) ---------------------------------------------------------
+
     def lrn_forward(self, x: np.ndarray, y: np.ndarray, size: int, alpha: float, beta: float, k: float) -> None:
-        """y = x / (k + alpha/size * sum_{window} x^2)^beta, the window spanning channels
-        [c - size//2, c + (size-1)//2] clipped to the input (zero padding), as torch's local_response_norm."""
+        """y = x / (k + alpha/size * sum x^2 over channels [c - size//2, c + (size-1)//2])^beta, as torch."""
         x3, y3 = _ncl(x), _ncl(y)
         bufs = _LRNScratch(x3.shape, x.dtype)
         for ns, ls in _nl_blocks(*x3.shape):
@@ -311,11 +260,7 @@ class NormOps:
 
     def lrn_backward(self, x: np.ndarray, y: np.ndarray, dy: np.ndarray, dx: np.ndarray, size: int, alpha: float,
                      beta: float, k: float) -> None:
-        """With s_c = k + alpha/size * sum_{j in W(c)} x_j^2 and y_c = x_c s_c^-beta:
-
-            dx_i = dy_i s_i^-beta - (2 alpha beta / size) x_i sum_{c : i in W(c)} dy_c y_c / s_c
-
-        where i in W(c) <=> c in [i - (size-1)//2, i + size//2] (the window mirrored). s is recomputed from x."""
+        """dx_i = dy_i s_i^-beta - (2 alpha beta / size) x_i sum_{c : i in W(c)} dy_c y_c / s_c."""
         x3, y3, dy3, dx3 = _ncl(x), _ncl(y), _ncl(dy), _ncl(dx)
         bufs = _LRNScratch(x3.shape, x.dtype)
         coef = x.dtype.type(2.0 * alpha * beta / size)
@@ -335,7 +280,7 @@ class NormOps:
 
 
 class _LRNScratch:
-    """Block-sized scratch of the LRN kernels: squares / window sums, the scale s, and one more."""
+    """Block-sized scratch of the LRN kernels."""
 
     def __init__(self, shape, dtype):
         n, c, hw = shape
@@ -359,9 +304,9 @@ class _LRNScratch:
 
 
 def _window_sum(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> None:
-    """dst[:, c] = sum_{o=lo..hi} src[:, c+o] over channels (axis 1), terms outside [0, C) taken as zero."""
+    """dst[:, c] = sum_{o=lo..hi} src[:, c+o] over axis 1, zero outside [0, C)."""
     c = src.shape[1]
-    np.copyto(dst, src)  # offset 0 (lo <= 0 <= hi always)
+    np.copyto(dst, src)
     for o in range(lo, hi + 1):
         if o == 0 or abs(o) >= c:
             continue
@@ -372,11 +317,11 @@ def _window_sum(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> None:
 
 
 def _pow_neg(s: np.ndarray, beta: float, out: np.ndarray) -> None:
-    """out = s ** -beta, with square roots instead of the (much slower) pow for the usual betas."""
+    """out = s ** -beta, by square roots for the usual betas (pow is much slower)."""
     if beta == 0.75:
-        np.sqrt(s, out=out)         # s^1/2
-        r = np.sqrt(out)            # s^1/4 (block-sized temporary)
-        out *= r                    # s^3/4
+        np.sqrt(s, out=out)
+        r = np.sqrt(out)
+        out *= r  # s^3/4
         np.reciprocal(out, out=out)
     elif beta == 0.5:
         np.sqrt(s, out=out)
@@ -388,7 +333,7 @@ def _pow_neg(s: np.ndarray, beta: float, out: np.ndarray) -> None:
 
 
 def _nl_blocks(n: int, c: int, hw: int):
-    """(sample slice, H*W slice) blocks: LRN couples channels, so every block holds all channels."""
+    """(sample slice, H*W slice) blocks holding all channels (LRN couples them)."""
     if c * hw <= _BLOCK:
         step = max(1, _BLOCK // (c * hw))
         for n0 in range(0, n, step):

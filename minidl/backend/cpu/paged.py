@@ -1,13 +1,6 @@
-"""Paged arena memory on the CPU: a memfd of physical chunks, mapped with MAP_FIXED into a reserved virtual range.
-
-This is what `--paged` runs on with the CPU backend (the planning half is `memory.paged.PagedPool`). The
-physical memory is one anonymous in-memory file (`os.memfd_create`) of `physical_bytes`; a virtual range of
-`virtual_bytes` is reserved once with PROT_NONE (no memory behind it); mapping virtual chunk v onto physical
-chunk p is one `mmap(base + v*chunk, chunk, RW, MAP_SHARED | MAP_FIXED, fd, p*chunk)`, unmapping puts a
-PROT_NONE reservation back (a stale view then faults instead of reading another tensor's bytes). A tensor's
-numpy view is an ordinary array over its contiguous virtual range, whichever physical chunks sit behind it.
-
-Python's `mmap` module cannot map at a fixed address, so this goes through libc with ctypes. Linux only (memfd).
+"""Paged arena memory on the CPU (`--paged`; planned by `memory.paged.PagedPool`): memfd chunks mapped MAP_FIXED
+into a range reserved PROT_NONE; unmapping restores PROT_NONE, so a stale view faults. Through libc (Python's
+mmap cannot map at a fixed address); Linux only.
 """
 from __future__ import annotations
 
@@ -64,7 +57,7 @@ class MemfdArena:
             raise PagedMemoryError(f"cannot reserve {virtual_bytes} bytes of virtual address space: "
                                    f"{os.strerror(ctypes.get_errno())}")
         self.base = base
-        self.mapped: dict[int, int] = {}   # virtual chunk -> physical chunk (for tests and debugging)
+        self.mapped: dict[int, int] = {}  # virtual chunk -> physical chunk
 
     def _mmap(self, addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> None:
         got = self._libc.mmap(addr, length, prot, flags, fd, offset)
@@ -92,7 +85,7 @@ class MemfdArena:
         dt = np.dtype(dtype)
         nbytes = int(math.prod(shape)) * dt.itemsize
         buf = (ctypes.c_char * max(nbytes, 1)).from_address(self.base + offset)
-        buf._arena = self   # a view keeps the mapping alive: the range is never unmapped under it
+        buf._arena = self  # a view keeps the mapping alive
         return np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dt).reshape(shape)
 
     def close(self) -> None:
@@ -101,7 +94,7 @@ class MemfdArena:
             os.close(self.fd)
             self.fd = -1
 
-    def __del__(self):  # no view is left (each holds the arena), so nothing can touch the range any more
+    def __del__(self):  # no view is left: each holds the arena
         try:
             self.close()
         except Exception:  # pragma: no cover - interpreter shutdown

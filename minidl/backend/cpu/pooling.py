@@ -1,21 +1,9 @@
 """Pooling kernels of the CPU backend: max, average and global average pooling (NCHW, PyTorch semantics).
 
-A 2-D pooling is computed as one vectorized pass per kernel tap (kh * kw of them), on a *phase grid*: each input
-plane is split into its stride phases (rows a, a+sh, ...; columns b, b+sw, ...), each phase laid out on a padded
-grid whose row length is shared with the output. On that layout a kernel tap is a constant flat offset, so every
-pass is one long contiguous ufunc call over a whole block of planes, instead of a strided view with short rows
-(which numpy runs 4-7x slower). Padding cells hold the padding value (-inf for max, 0 for average), so windows
-that overhang the input need no special case; cells right of each output row are junk that is never read back.
-
-Work is blocked over planes (the flattened N*C axis). The only scratch is a few blocks (about `_BLOCK` output
-elements each, the phase grids a stride-squared multiple of that), as the chunking rule of the backend asks.
-
-Max-pool backward keeps neither the output nor argmax indices: it recomputes the window maxima of one block
-from the input and routes each gradient to the first maximum in row-major window order (PyTorch's choice).
-
-Where numba loads, max pooling runs the same formulation compiled, a plane at a time and planes split over
-threads (`pooling_jit`: the same values term for term, 3x faster backward in ResNet-50); these numpy kernels
-stay as its twin and for average pooling.
+A 2-D pooling is one contiguous ufunc pass per kernel tap on a *phase grid*: each stride phase of a plane on a
+padded grid whose row length the output shares, so a tap is a flat offset (strided short rows: 4-7x slower).
+Padding holds -inf (max) or 0 (average); cells right of an output row are junk. Max-pool backward recomputes
+the maxima and routes each gradient to the first maximum in row-major order (PyTorch's choice).
 """
 from __future__ import annotations
 
@@ -25,14 +13,13 @@ import numpy as np
 
 from .jit import lazy, workers_for
 
-pooling_jit = lazy("pooling_jit")  # the max-pool compiled (numba), or None: the numpy kernels below run
+pooling_jit = lazy("pooling_jit")  # None without numba
 _BLOCK = 1 << 15  # output elements per block of planes (measured: 32K-64K best for a 3x3/2 max-pool)
 
 
 @dataclass(slots=True, frozen=True)
 class _Phase:
-    """One stride phase (input rows a::sh, columns b::sw) on its grid: grid rows t0.. and columns u0.. hold
-    input rows a, a+sh, ... (nt of them) and columns b, b+sw, ... (nu of them)."""
+    """One stride phase (rows a::sh, columns b::sw): its nt rows and nu columns from grid row t0, column u0."""
 
     slot: int
     a: int
@@ -45,15 +32,15 @@ class _Phase:
 
 @dataclass(slots=True, frozen=True)
 class _Grid:
-    """The phase-grid layout of one pooling geometry (see the module doc)."""
+    """The phase-grid layout of one pooling geometry."""
 
     out_hw: tuple[int, int]
     stride: tuple[int, int]
     rows: int
     cols: int
-    taps: tuple[tuple[int, int], ...]  # (phase slot, flat offset) in row-major window order
-    phases: tuple[_Phase, ...]         # the phases some tap reads
-    covers_input: bool                 # every input element lies on some phase grid
+    taps: tuple[tuple[int, int], ...]  # (phase slot, flat offset), row-major window order
+    phases: tuple[_Phase, ...]
+    covers_input: bool
 
     @property
     def cells(self) -> int:
@@ -61,7 +48,7 @@ class _Grid:
 
     @property
     def out_len(self) -> int:
-        """Flat length spanning all outputs of a plane on the grid (junk cells between rows included)."""
+        """Flat length spanning a plane's outputs on the grid, junk cells included."""
         return (self.out_hw[0] - 1) * self.cols + self.out_hw[1]
 
 
@@ -69,7 +56,7 @@ def _grid(in_hw, out_hw, kernel, stride, padding, dilation) -> _Grid:
     (h, w), (ho, wo), (sh, sw) = in_hw, out_hw, stride
     offs_h = [i * dilation[0] - padding[0] for i in range(kernel[0])]
     offs_w = [j * dilation[1] - padding[1] for j in range(kernel[1])]
-    qh = [o // sh for o in offs_h]  # output row oh reads phase row oh + q (floor division: q may be < 0)
+    qh = [o // sh for o in offs_h]  # output row oh reads phase row oh + q (q may be < 0)
     qw = [o // sw for o in offs_w]
     qh0, qw0 = min(qh), min(qw)
     rows, cols = ho + max(qh) - qh0, wo + max(qw) - qw0
@@ -83,7 +70,7 @@ def _grid(in_hw, out_hw, kernel, stride, padding, dilation) -> _Grid:
     phases = []
     covers = len(slots) == sh * sw
     for (a, b), slot in slots.items():
-        # grid row t holds input row (t + qh0) * sh + a; input row a sits at t0 = -qh0 (qh0 <= 0 always)
+        # grid row t holds input row (t + qh0) * sh + a
         t0, u0 = -qh0, -qw0
         need_t = (h - 1 - a) // sh + 1 if a < h else 0
         need_u = (w - 1 - b) // sw + 1 if b < w else 0
@@ -99,7 +86,7 @@ def _planes(a: np.ndarray) -> np.ndarray:
 
 
 class _Scratch:
-    """The per-call buffers of one blocked pooling kernel, sized for `step` planes."""
+    """The buffers of one blocked pooling call, for `step` planes."""
 
     def __init__(self, g: _Grid, planes: int, dtype, phases: bool = True, dphases: bool = False,
                  flat: int = 1, masks: int = 0):
@@ -116,7 +103,7 @@ class _Scratch:
 
 
 def _fill_phases(xb: np.ndarray, q: np.ndarray, g: _Grid, pad: float) -> None:
-    """Lay the planes of xb out on the phase grids q[slot, :n] with `pad` around the input."""
+    """Lay the planes of xb on the phase grids q[slot, :n], `pad` around the input."""
     n = xb.shape[0]
     sh, sw = g.stride
     for ph in g.phases:
@@ -134,7 +121,7 @@ def _fill_phases(xb: np.ndarray, q: np.ndarray, g: _Grid, pad: float) -> None:
 
 
 def _scatter_phases(dq: np.ndarray, dxb: np.ndarray, g: _Grid) -> None:
-    """dx = the input elements of the phase grids dq (zero where no grid holds an element)."""
+    """dx = the input elements of the phase grids dq (zero where no grid holds one)."""
     n = dxb.shape[0]
     sh, sw = g.stride
     if not g.covers_input:
@@ -152,15 +139,14 @@ def _outputs(flat: np.ndarray, g: _Grid) -> np.ndarray:
 
 
 def _to_grid_layout(src: np.ndarray, flat: np.ndarray, g: _Grid) -> None:
-    """Copy (n, Ho, Wo) into an (n, Ho * cols) grid-layout buffer, the junk cells set to zero."""
+    """Copy (n, Ho, Wo) into an (n, Ho * cols) grid-layout buffer, junk cells zero."""
     v = flat.reshape(flat.shape[0], g.out_hw[0], g.cols)
     np.copyto(v[:, :, :g.out_hw[1]], src)
     v[:, :, g.out_hw[1]:].fill(0)
 
 
 def _reduce_taps(q: np.ndarray, n: int, g: _Grid, out: np.ndarray, op) -> None:
-    """out = op-reduction over every kernel tap of the phase grids q (np.maximum for max, np.add for sums):
-    each tap is one long contiguous slice, so the whole window reduction is len(taps) numpy calls."""
+    """out = the `op` reduction over every tap of the phase grids q, one contiguous call a tap."""
     length = g.out_len
     (slot, off), *rest = g.taps
     np.copyto(out, q[slot, :n, off:off + length])
@@ -187,9 +173,7 @@ def _avg_inv_divisor(in_hw, out_hw, kernel, stride, padding, count_include_pad, 
 
 
 def _compiled_max(x: np.ndarray, dy_or_y: np.ndarray, dx: np.ndarray | None, g: _Grid) -> bool:
-    """Run a max-pool forward (dx None: dy_or_y is y) or backward through `pooling_jit` on as many threads as
-    the layer is large enough for; False (nothing done) where numba does not load or an array is not
-    C-contiguous."""
+    """A max-pool forward (dx None: dy_or_y is y) or backward by `pooling_jit`: whether it ran."""
     k = pooling_jit()
     arrays = (x, dy_or_y) if dx is None else (x, dy_or_y, dx)
     if k is None or not all(a.flags.c_contiguous and a.dtype == x.dtype for a in arrays):
@@ -198,7 +182,7 @@ def _compiled_max(x: np.ndarray, dy_or_y: np.ndarray, dx: np.ndarray | None, g: 
     workers = min(x3.shape[0], workers_for(x.size))
     phases = np.array([(p.slot, p.a, p.b, p.t0, p.nt, p.u0, p.nu) for p in g.phases], np.int64)
     taps = np.array(g.taps, np.int64)
-    q = np.empty((workers, len(g.phases), g.cells), x.dtype)  # one plane's phase grids a worker
+    q = np.empty((workers, len(g.phases), g.cells), x.dtype)
     m = np.empty((workers, g.out_hw[0] * g.cols), x.dtype)
     sh, sw = g.stride
     if dx is None:
@@ -221,7 +205,6 @@ def _compiled_max(x: np.ndarray, dy_or_y: np.ndarray, dx: np.ndarray | None, g: 
 class PoolOps:
     """Max, average and global-average pooling kernels (mixed into CPUBackend)."""
 
-    # -- max pooling --------------------------------------------------------------------------------------------
     def maxpool2d_forward(self, x: np.ndarray, y: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
                           padding: tuple[int, int], dilation: tuple[int, int]) -> None:
         g = _grid(x.shape[2:], y.shape[2:], kernel, stride, padding, dilation)
@@ -239,11 +222,8 @@ class PoolOps:
 
     def maxpool2d_backward(self, x: np.ndarray, dy: np.ndarray, dx: np.ndarray, kernel: tuple[int, int],
                            stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]) -> None:
-        """dx from the input alone. Per block: recompute the window maxima m, then visit the taps in row-major
-        order with r, the gradient not yet routed (dy at first): a tap whose input equals its window's maximum
-        takes g = r * (x == m) and r -= g, so a later tie in the same window finds r = 0 and the gradient goes
-        to the first maximum, as in PyTorch. (Plain ufuncs throughout: masked ones, `where=`, are an order of
-        magnitude slower.)"""
+        """Per block the maxima m recomputed; per tap in row-major order g = r * (x == m), r -= g (r: the gradient not
+        yet routed), so a later tie gets nothing. Plain ufuncs: `where=` is 10x slower."""
         g = _grid(x.shape[2:], dy.shape[2:], kernel, stride, padding, dilation)
         if _compiled_max(x, dy, dx, g):
             return
@@ -269,7 +249,6 @@ class PoolOps:
                     np.subtract(r, gr, out=r)
             _scatter_phases(dq, dx3[b], g)
 
-    # -- average pooling ----------------------------------------------------------------------------------------
     def avgpool2d_forward(self, x: np.ndarray, y: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
                           padding: tuple[int, int], count_include_pad: bool) -> None:
         g = _grid(x.shape[2:], y.shape[2:], kernel, stride, padding, (1, 1))
@@ -304,7 +283,6 @@ class PoolOps:
                 np.add(dqv, r[:, :length], out=dqv)
             _scatter_phases(dq, dx3[b], g)
 
-    # -- global average pooling ---------------------------------------------------------------------------------
     def global_avgpool_forward(self, x: np.ndarray, y: np.ndarray) -> None:
         """(N, C, H, W) -> (N, C): the mean of each plane."""
         n, c = x.shape[:2]

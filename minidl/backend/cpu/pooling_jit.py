@@ -1,20 +1,6 @@
-"""Max pooling of the CPU backend compiled with numba: forward and backward, planes split over threads.
-
-Why. numpy's phase-grid kernels (`cpu_pool`) make about 3 + 5 * taps ufunc calls a block, each a pass over
-memory, and run on one thread: ResNet-50's max-pool ((8, 64, 112, 112), 3x3 stride 2) took ~30 ms backward
-at two threads, against PyTorch's < 17 ms. Here one loop nest a plane reads the input plane once per tap
-from cache, and the planes are split over the compiled kernels' threads (one OpenMP region a call).
-
-The same values as the numpy kernels, term for term:
-- forward: m = the window's first in-bounds tap's value, then `maximum(m, v)` for each later tap in row-major
-  window order, as numpy's ufunc computes it (m stays when m >= v or m is NaN); a tap in the padding reads
-  -inf, which never replaces m, so it is skipped (a window wholly in the padding is refused at build);
-- backward: the same recurrence as `PoolOps.maxpool2d_backward`, output by output: r = dy, then for each tap
-  in row-major order g = r * (1 if v == m else 0) and r -= g (not after the last tap), g added to the tap's
-  input element (a padding tap's g is dropped, its v is -inf). Each input element receives its terms in tap
-  order, the order numpy adds them in, so sums of several windows round the same; non-finite dy and NaN
-  maxima give what the numpy kernel gives (inf * 0 is NaN there too).
-Planes are independent, so the split over threads changes no bits. Nothing is compiled with fastmath.
+"""Max pooling of the CPU backend compiled with numba on `cpu.pooling`'s phase grids, planes split over threads.
+The numpy kernels' values term for term (taps in row-major order, `maximum`'s NaN rule, the backward's
+recurrence), no fastmath. Indices are unsigned: numba's negative-index check keeps LLVM from vectorizing.
 """
 from __future__ import annotations
 
@@ -28,9 +14,7 @@ _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", bounds
 
 @njit(**_OPTS)
 def _fill(xp, q, phases, cols, sh, sw):
-    """Lay one input plane xp (h, w) out on its phase grids q (slots, rows * cols), -inf around the input.
-    phases[s] = (slot, a, b, t0, nt, u0, nu), as `cpu_pool._Phase`. (Indices are unsigned throughout this
-    module: numba's signed indexing checks for negative indices, which keeps LLVM from vectorizing.)"""
+    """Lay plane xp (h, w) on its phase grids q, -inf around it."""
     ninf = q.dtype.type(-np.inf)
     w = xp.shape[1]
     xf = xp.reshape(-1)
@@ -38,14 +22,14 @@ def _fill(xp, q, phases, cols, sh, sw):
     for s in range(phases.shape[0]):
         slot, a, b, t0, nt, u0, nu = phases[s]
         qs = q[slot]
-        for i in range(uint64(t0 * cols)):  # the padding rows above and below
+        for i in range(uint64(t0 * cols)):  # padding rows
             qs[i] = ninf
         for i in range(uint64((t0 + nt) * cols), uint64(rows * cols)):
             qs[i] = ninf
         for t in range(uint64(nt)):
             src = uint64((a + t * sh) * w + b)
             d = uint64((t0 + t) * cols)
-            for u in range(uint64(u0)):  # the padding columns left and right
+            for u in range(uint64(u0)):  # padding columns
                 qs[d + u] = ninf
             for u in range(uint64(u0 + nu), uint64(cols)):
                 qs[d + u] = ninf
@@ -56,8 +40,7 @@ def _fill(xp, q, phases, cols, sh, sw):
 
 @njit(**_OPTS)
 def _reduce_max(q, taps, m, length):
-    """m[:length] = the maximum over the taps (slot, offset) in order, as numpy's `maximum` takes it (m stays
-    where m >= v or m is NaN): each tap is one contiguous pass."""
+    """m[:length] = the maximum over the taps (slot, offset) in order."""
     n = uint64(length)
     qs = q[taps[0, 0]]
     off = uint64(taps[0, 1])
@@ -74,8 +57,7 @@ def _reduce_max(q, taps, m, length):
 
 @njit(**_OPTS)
 def maxpool_forward(x, y, q, m, phases, taps, cols, sh, sw, lo, hi):
-    """y[p] for the planes p in [lo, hi) of x (planes, h, w); q (slots, rows * cols) and m (ho * cols) are
-    scratch."""
+    """y[p] for planes [lo, hi) of x; q and m are scratch."""
     ho, wo = y.shape[1], y.shape[2]
     length = (ho - 1) * cols + wo
     for p in range(lo, hi):
@@ -88,7 +70,7 @@ def maxpool_forward(x, y, q, m, phases, taps, cols, sh, sw, lo, hi):
 
 @njit(**_OPTS, parallel=True)
 def maxpool_forward_parallel(x, y, q, m, phases, taps, cols, sh, sw, workers):
-    """The forward on `workers` threads, worker t on a contiguous share of the planes with scratch q[t], m[t]."""
+    """The forward, worker t on a share of the planes with scratch q[t], m[t]."""
     n = x.shape[0]
     for t in prange(workers):
         maxpool_forward(x, y, q[t], m[t], phases, taps, cols, sh, sw, n * t // workers, n * (t + 1) // workers)
@@ -96,8 +78,7 @@ def maxpool_forward_parallel(x, y, q, m, phases, taps, cols, sh, sw, workers):
 
 @njit(**_OPTS)
 def maxpool_backward(x, dy, dx, q, dq, m, r, phases, taps, cols, sh, sw, covers, lo, hi):
-    """dx[p] for the planes p in [lo, hi): `PoolOps.maxpool2d_backward` plane by plane. q and dq (slots,
-    rows * cols), m and r (ho * cols) are scratch."""
+    """dx[p] for planes [lo, hi); q, dq, m, r are scratch."""
     ho, wo = dy.shape[1], dy.shape[2]
     length = (ho - 1) * cols + wo
     zero, one = dx.dtype.type(0), dx.dtype.type(1)
@@ -105,7 +86,7 @@ def maxpool_backward(x, dy, dx, q, dq, m, r, phases, taps, cols, sh, sw, covers,
     for p in range(lo, hi):
         _fill(x[p], q, phases, cols, sh, sw)
         _reduce_max(q, taps, m, length)
-        for oh in range(ho):  # r = dy on the grid layout, the junk cells between rows zero
+        for oh in range(ho):  # r = dy on the grid, zero between rows
             for ow in range(cols):
                 r[oh * cols + ow] = dy[p, oh, ow] if ow < wo else zero
         dqf = dq.reshape(-1)
@@ -141,7 +122,7 @@ def maxpool_backward(x, dy, dx, q, dq, m, r, phases, taps, cols, sh, sw, covers,
 
 @njit(**_OPTS, parallel=True)
 def maxpool_backward_parallel(x, dy, dx, q, dq, m, r, phases, taps, cols, sh, sw, covers, workers):
-    """The backward on `workers` threads, worker t on a contiguous share of the planes with its own scratch."""
+    """The backward, worker t on a share of the planes with its own scratch."""
     n = x.shape[0]
     for t in prange(workers):
         maxpool_backward(x, dy, dx, q[t], dq[t], m[t], r[t], phases, taps, cols, sh, sw, covers,

@@ -1,18 +1,6 @@
-"""Float arithmetic the compiled CPU kernels share (`seq_jit`, `loss_jit`), in orders fixed by the inputs alone,
-so that their bits depend neither on the thread count nor on the CPU's vector width.
-
-- `_sum`: a 1-D array's sum in float64, in `_LANES` lanes added in a fixed tree (see layer norm's note in
-  `seq_jit`): it vectorizes, where one running sum does not, and its order depends only on the length.
-- `_exp32`: exp of a float32 <= 0 in float32 operations (Cephes' `expf`: a reduction by multiples of ln 2, a
-  degree-6 polynomial, a power of two built from its bits). numba has no vector exp without Intel's SVML, and
-  the C library's scalar `expf` cost ~3 ns a value here against ~0.3 for numpy's; this one vectorizes (~0.24 ns)
-  and, written in plain IEEE operations (nothing fastmath: no reordering, no fused multiply-add), gives the same
-  bits on any x86-64 CPU. Within 2 ulp of the true value on [-87.3, 0]; 0 below (the true value is subnormal
-  there, < 1.2e-38), for -inf and NaN too (callers that must see a NaN check for it themselves).
-- `_tanh32`: tanh from `_exp32`, for the tanh GELU.
-- `_order_key` / `_from_order_key`: a float's bits as an integer that orders as the float does, so that a row's
-  max (`_row_max`) is an integer max (which vectorizes; a float max reduction does not without fastmath) and
-  NaNs show; `_exp_shifted`: a row's exp(x - max), for the loss and the softmax.
+"""Float arithmetic the compiled CPU kernels share (`seq_jit`, `loss_jit`), in orders fixed by the inputs alone, no
+fastmath: the bits depend neither on the thread count nor on the vector width. `_exp32` is Cephes' `expf` in
+IEEE float32 operations: it vectorizes (~0.24 ns a value, C's expf ~3 ns), within 2 ulp on [-87.3, 0], 0 below.
 """
 from __future__ import annotations
 
@@ -32,10 +20,8 @@ _LANES = 64  # partial sums per row: 8 float64 vectors of AVX-512 (16 of AVX2); 
 
 @njit(**_OPTS)
 def _sum(a, acc):
-    """The sum of the 1-D a in float64, in the lane order of the note above: lane l adds a[l], a[l + 64], ...
-    in order; lanes l and l + w are added for w = 32, 16, ..., 1; then the tail past the last whole block, in
-    order. `acc`: `_LANES` float64 of the caller's scratch (allocated once per piece of rows: an allocation
-    per call cost more than a short row's sum)."""
+    """The sum of the 1-D a in float64: lane l adds a[l], a[l + 64], ...; lanes l and l + w are added for w = 32, ...,
+    1; then the tail. `acc`: `_LANES` float64 of scratch."""
     n = a.shape[0]
     whole = n - n % _LANES
     acc[:] = 0.0
@@ -53,10 +39,10 @@ def _sum(a, acc):
     return s
 
 
-# Cephes' expf (float32): exp(a) = 2^n exp(r), n = round(a log2 e), r = a - n ln 2 (ln 2 in two parts).
-_EXP_LO = np.float32(-87.33654)         # ~ln of float32's smallest normal: below it, exp is 0 here
+# Cephes' expf: exp(a) = 2^n exp(r), n = round(a log2 e), r = a - n ln 2 (ln 2 in two parts)
+_EXP_LO = np.float32(-87.33654)         # ~ln of float32's smallest normal
 _LOG2E = np.float32(1.44269504088896341)
-_LN2_HI = np.float32(0.693359375)       # ln 2 = _LN2_HI + _LN2_LO, the first exact in few bits
+_LN2_HI = np.float32(0.693359375)
 _LN2_LO = np.float32(-2.12194440e-4)
 _P0, _P1, _P2 = np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3)
 _P3, _P4, _P5 = np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1)
@@ -65,23 +51,22 @@ _HALF, _ONE = np.float32(0.5), np.float32(1.0)
 
 @intrinsic
 def _float32_from_bits(typingctx, bits):
-    """The float32 whose bit pattern is the int32 `bits` (an LLVM bitcast: no conversion)."""
+    """The float32 whose bits are the int32 `bits`."""
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.FloatType())
     return types.float32(types.int32), codegen
 
 
 def _flip(builder, bits, width: int):
-    """bits ^ ((bits >> (width - 1)) & INT_MAX): the map between a float's bits and an integer that orders as
-    the float does (negative floats' magnitude bits reversed); its own inverse."""
+    """bits ^ ((bits >> (width - 1)) & INT_MAX), its own inverse."""
     sign = builder.ashr(bits, ir.Constant(bits.type, width - 1))
     return builder.xor(bits, builder.and_(sign, ir.Constant(bits.type, (1 << (width - 1)) - 1)))
 
 
 @intrinsic
 def _order_key(typingctx, v):
-    """The integer of v's width that orders as v (float32 -> int32, float64 -> int64): ... < key(-inf) < keys of
-    finite floats < key(+inf) < ..., NaNs outside [key(-inf), key(+inf)] (by their sign bit, either side)."""
+    """An integer of v's width ordering as v; NaNs outside [key(-inf), key(+inf)]. Integer max vectorizes (float max
+    does not without fastmath)."""
     width = v.bitwidth
     out = types.int32 if width == 32 else types.int64
 
@@ -92,7 +77,7 @@ def _order_key(typingctx, v):
 
 @intrinsic
 def _from_order_key(typingctx, k, like):
-    """The float (of `like`'s type) whose `_order_key` is k."""
+    """The float of `like`'s type whose `_order_key` is k."""
     width = like.bitwidth
     ftype = ir.FloatType() if width == 32 else ir.DoubleType()
 
@@ -103,8 +88,7 @@ def _from_order_key(typingctx, k, like):
 
 @njit(**_OPTS)
 def _exp32(a):
-    """exp(a) for a float32 a <= 0 (see the module note); 0 below `_EXP_LO`, which also takes -inf and NaN (a
-    NaN's row is marked by its caller)."""
+    """exp(a) for a float32 a <= 0; 0 below `_EXP_LO`, -inf and NaN included."""
     lo = not (a >= _EXP_LO)
     a = _EXP_LO if lo else a
     n = np.floor(a * _LOG2E + _HALF)
@@ -122,9 +106,7 @@ def _exp32(a):
 
 @njit(**_OPTS)
 def _tanh32(u):
-    """tanh of a float32 u: (1 - t) / (1 + t) with t = exp(-2 |u|) <= 1, the sign of u put back; 1 where t
-    underflows (|u| > ~43.7). Absolute error a few float32 ulps of 1 (the GELU reads 1 + tanh). A NaN u gives
-    +-1, not NaN: the GELU's x, NaN there too, carries it into its output."""
+    """tanh of a float32 from `_exp32(-2 |u|)`, a few ulps of 1; NaN gives +-1 (the GELU's x carries it)."""
     neg = u < np.float32(0.0)
     s = -u if neg else u
     t = _exp32(np.float32(-2.0) * s)
@@ -134,8 +116,7 @@ def _tanh32(u):
 
 @njit(**_OPTS)
 def _row_max(x):
-    """(the max of the 1-D x, whether x holds a NaN or +inf). As integer max and min of `_order_key`s: they
-    vectorize (a float max reduction does not without fastmath) and see NaNs; exact whatever the order."""
+    """(max of the 1-D x, whether it holds a NaN or +inf), over `_order_key`s."""
     inf = x.dtype.type(_INF)
     hi = lo = _order_key(-inf)
     for j in range(x.shape[0]):
@@ -147,7 +128,7 @@ def _row_max(x):
 
 @njit(**_OPTS)
 def _exp_shifted(x, m, e):
-    """e = exp(x - m) elementwise (x - m in x's dtype), e of x's dtype."""
+    """e = exp(x - m), x - m in x's dtype."""
     if x.itemsize == 4:
         for j in range(x.shape[0]):
             e[j] = _exp32(np.float32(x[j] - m))

@@ -1,11 +1,7 @@
-"""Sequence-model kernels of the CPU backend: layer norm, GELU, embeddings, softmax over the last axis, batched
-matrix products and causal self-attention.
-
-Every kernel takes the 2-D (rows, C) views the layer hands it (a (B, T, C) tensor is B*T rows of C values),
-writes into arrays it is given and works through blocks of rows (`_rows`), so its numpy temporaries stay within
-about `CHUNK` elements whatever the tensor's size (the backend's rule: scratch outside the pool stays small).
-Results do not depend on anything but the inputs (fixed blocks, fixed order of sums), so a recomputed forward
-and every memory policy give the same bits.
+"""Sequence-model kernels of the CPU backend: layer norm, GELU, embeddings, last-axis softmax, batched matrix
+products and self-attention. They run compiled (`cpu.seq_jit`) where numba loads; the numpy passes here are
+the fallback and reference, on blocks of about `CHUNK` elements in a fixed order of sums: a recomputation gives
+the same bits.
 """
 from __future__ import annotations
 
@@ -20,25 +16,22 @@ CHUNK = 1 << 16  # elements per block of rows (256 KiB of float32)
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 _TANH_CUBIC = 0.044715  # the cubic term of GELU's tanh approximation
 
-# Layer norm, GELU and the embedding gradient compiled with numba (`seq_jit`), or None where numba
-# cannot be imported: the numpy twins run.
-seq_kernels = lazy("seq_jit")
+seq_kernels = lazy("seq_jit")  # None without numba
 
 
 def _rows(rows: int, width: int):
-    """Slices of about `CHUNK` elements covering `rows` rows of `width` values (at least one row each)."""
+    """Slices of about `CHUNK` elements, at least a row, covering `rows` rows of `width`."""
     step = max(1, CHUNK // max(1, width))
     for s in range(0, rows, step):
         yield slice(s, min(rows, s + step))
 
 
 def _erf(a: np.ndarray) -> np.ndarray:
-    """erf elementwise in float64, for the numpy fallback of exact GELU only (numpy has no erf; the compiled
-    kernels call the C library's)."""
+    """erf in float64 (numpy has none), for the fallback of exact GELU."""
     return np.vectorize(math.erf, otypes=[np.float64])(a)
 
 
-#: The kernels of this family, beyond the `Backend` protocol's (`Capabilities.kernels`; `Layer.backend_ops`).
+#: The kernels of this family beyond the `Backend` protocol's (`Capabilities.kernels`).
 SEQ_KERNELS = frozenset({"layernorm_forward", "layernorm_forward_apply", "layernorm_backward", "gelu_forward",
                          "gelu_backward", "embedding_forward", "embedding_backward", "position_embedding_forward",
                          "position_embedding_backward", "softmax_forward", "softmax_backward", "matmul_forward",
@@ -48,20 +41,12 @@ SEQ_KERNELS = frozenset({"layernorm_forward", "layernorm_forward_apply", "layern
 class SeqOps:
     """Layer norm, GELU, embedding, last-axis softmax and attention kernels."""
 
-    # -- layer norm over the last axis ---------------------------------------------------------------------------
-    # Layer norm runs compiled (`seq_jit`: one sweep per row for the statistics, one for the output; backward's
-    # dx per row, its weight/bias sums per column; rows and columns over the threads, see the note there) where
-    # numba loads: measured on a 4-block GPT (B16 T64 C128, one thread, the 8 block layer norms of a step)
-    # 1.8 -> 1.3 ms forward, 5.2 -> 1.5 ms backward against the numpy passes below (~12 calls a layer each),
-    # which stay as the fallback and the reference.
     def layernorm_forward(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, y: np.ndarray,
                           mean: np.ndarray | None, rstd: np.ndarray | None, eps: float) -> None:
-        """Rows of x (R, C) normalized: y = (x - mean) * rstd * w + b, with mean and rstd (R,) saved for backward
-        when given (evaluation passes None). The variance is the mean of squared deviations from the row mean
-        (two passes: no cancellation)."""
+        """y = (x - mean) * rstd * w + b per row of x (R, C), mean and rstd (R,) saved when given; two passes."""
         jit = seq_kernels()
         if jit is not None and _flat(x, y, *(a for a in (w, b, mean, rstd) if a is not None)):
-            if mean is None:  # evaluation: the statistics in scratch (one value per row each)
+            if mean is None:  # evaluation
                 mean, rstd = np.empty(x.shape[0], x.dtype), np.empty(x.shape[0], x.dtype)
             args = (x, _or(w, x[0]), _or(b, x[0]), w is not None, b is not None, y, mean, rstd, float(eps))
             workers = workers_for(x.size)
@@ -82,8 +67,7 @@ class SeqOps:
 
     def layernorm_forward_apply(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None,
                                 mean: np.ndarray, rstd: np.ndarray, y: np.ndarray) -> None:
-        """y from the saved statistics: the same operations as the training forward on the same values, so a
-        recomputed layer norm gives the bits that ran."""
+        """y from the saved statistics by the training forward's operations."""
         jit = seq_kernels()
         if jit is not None and _flat(x, y, mean, rstd, *(a for a in (w, b) if a is not None)):
             args = (x, _or(w, x[0]), _or(b, x[0]), w is not None, b is not None, mean, rstd, y)
@@ -100,10 +84,10 @@ class SeqOps:
                            rstd: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None,
                            db: np.ndarray | None) -> None:
         """g = dy * w, xhat = (x - mean) * rstd: dx = rstd (g - mean(g) - xhat mean(g xhat)) per row;
-        dw = sum over rows of dy xhat, db = sum of dy (sums per block of rows, then over blocks in order)."""
+        dw = sum of dy xhat, db = sum of dy, per block of rows, then over blocks in order."""
         jit = seq_kernels()
         if jit is not None and _flat(x, dy, mean, rstd, *(a for a in (w, dx, dw, db) if a is not None)):
-            sw, sb = np.empty(x.shape[1]), np.empty(x.shape[1])  # float64 sums, C values each
+            sw, sb = np.empty(x.shape[1]), np.empty(x.shape[1])
             args = (x, _or(w, x[0]), w is not None, dy, mean, rstd, _or(dx, x), dx is not None, sw, sb)
             workers = workers_for(x.size)
             if workers > 1:
@@ -136,19 +120,12 @@ class SeqOps:
             g -= xhat
             np.multiply(g, rstd[s, None], out=dx[s])
 
-    # -- GELU (elementwise) ----------------------------------------------------------------------------------------
-    # Both forms run compiled where numba loads (`seq_jit`), the array cut into one piece per thread. The tanh
-    # form's float32 tanh is `rowmath_jit._tanh32`, which vectorizes (numba's own tanh is the C library's scalar
-    # call, ~150x slower than numpy's vectorized float32 tanh); measured at GPT-2 small's MLP ((512, 3072)
-    # float32, one thread's CPU time) forward 0.77 -> 0.72 ms, backward 1.75 -> 0.83 ms against the numpy passes
-    # below (the fallback: ~9 passes over blocks in cache, one thread). The exact form needs erf, which numpy
-    # lacks: in float64, ~16 ns a value.
     def gelu_forward(self, x: np.ndarray, y: np.ndarray, approximate: str) -> None:
         xf, yf = x.reshape(-1), y.reshape(-1)
         jit = seq_kernels()
         if jit is not None and _flat(x, y):
             name = "gelu_tanh_forward" if approximate == "tanh" else "gelu_exact_forward"
-            workers = 1 if approximate == "tanh" else workers_for(xf.size)  # seq_jit: the tanh form stays serial
+            workers = 1 if approximate == "tanh" else workers_for(xf.size)  # tanh: serial only
             if workers > 1:
                 getattr(jit, name + "_parallel")(xf, yf, workers)
             else:
@@ -172,7 +149,7 @@ class SeqOps:
         jit = seq_kernels()
         if jit is not None and _flat(x, dy, dx):
             name = "gelu_tanh_backward" if approximate == "tanh" else "gelu_exact_backward"
-            workers = 1 if approximate == "tanh" else workers_for(xf.size)  # seq_jit: the tanh form stays serial
+            workers = 1 if approximate == "tanh" else workers_for(xf.size)  # tanh: serial only
             if workers > 1:
                 getattr(jit, name + "_parallel")(xf, dyf, dxf, workers)
             else:
@@ -182,7 +159,7 @@ class SeqOps:
             t = x.dtype.type
             for s in _rows(xf.size, 1):
                 a, th = xf[s], dxf[s]
-                _tanh_inner(a, th)                                # th = tanh(k (a + c a^3))
+                _tanh_inner(a, th)
                 # slope = 0.5 (1 + th) + 0.5 a (1 - th^2) k (1 + 3 c a^2)
                 q = a * a
                 q *= t(3 * _TANH_CUBIC)
@@ -202,16 +179,12 @@ class SeqOps:
             slope = 0.5 * (1 + _erf(a / math.sqrt(2))) + a * np.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
             dxf[s] = dyf[s] * slope
 
-    # -- embeddings --------------------------------------------------------------------------------------------------
     def embedding_forward(self, idx: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
-        """y[r] = w[idx[r]] for the flat indices idx (R,) and rows y (R, C)."""
+        """y[r] = w[idx[r]]."""
         np.take(w, idx, axis=0, out=y)
 
     def embedding_backward(self, idx: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
-        """dw[v] = the sum of dy[r] over the rows r with idx[r] == v, in row order (`np.add.at` is unbuffered:
-        a repeated index accumulates, it is not overwritten); rows never indexed get zeros. Compiled where numba
-        loads (`seq_jit`: the same sums, the table's rows split over the threads): at GPT-2 small's shape
-        (512 rows into a 50257 x 768 table) the fill and np.add.at took 6.8 ms of one thread, the kernel 1.7."""
+        """dw[v] = the sum in row order of dy[r] over rows with idx[r] == v; zeros elsewhere."""
         jit = seq_kernels()
         if jit is not None and _flat(dy, dw) and isinstance(idx, np.ndarray) and idx.flags.c_contiguous:
             workers = workers_for(dw.size)
@@ -224,11 +197,11 @@ class SeqOps:
         np.add.at(dw, idx, dy)
 
     def position_embedding_forward(self, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
-        """y[b, t] = x[b, t] + w[t] for x (B, T, C) and the first T rows of w."""
+        """y[b, t] = x[b, t] + w[t]."""
         np.add(x, w[:x.shape[1]], out=y)
 
     def position_embedding_backward(self, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None) -> None:
-        """dx = dy; dw[t] = the sum over the batch of dy[:, t] (rows past T get zeros)."""
+        """dx = dy; dw[t] = the sum over the batch of dy[:, t], zero past T."""
         if dx is not None:
             np.copyto(dx, dy)
         if dw is not None:
@@ -236,11 +209,8 @@ class SeqOps:
             dw[t:] = 0
             np.sum(dy, axis=0, out=dw[:t])
 
-    # -- softmax over the last axis ------------------------------------------------------------------------------
-    # Compiled where numba loads (`seq_jit`: one pass a step over a row in cache, rows over the threads); the
-    # numpy passes below are the fallback. Attention's probabilities run the same kernels, per sample.
     def softmax_forward(self, x: np.ndarray, y: np.ndarray) -> None:
-        """y = exp(x - max) / sum(exp(x - max)) per row of (R, C)."""
+        """y = exp(x - max) / sum(exp(x - max)) per row."""
         jit = seq_kernels()
         if jit is not None and _flat(x, y):
             workers = workers_for(x.size)
@@ -256,7 +226,7 @@ class SeqOps:
             ys /= ys.sum(axis=1, keepdims=True)
 
     def softmax_backward(self, y: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
-        """dx = y (dy - sum(dy y)) per row: reads the output only."""
+        """dx = y (dy - sum(dy y)) per row."""
         jit = seq_kernels()
         if jit is not None and _flat(y, dy, dx):
             workers = workers_for(y.size)
@@ -270,34 +240,29 @@ class SeqOps:
             np.subtract(dy[s], dot, out=dx[s])
             dx[s] *= y[s]
 
-    # -- batched matrix product ------------------------------------------------------------------------------------
     def matmul_forward(self, a: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
-        """y = a b over the batch axes (b may be a transposed view)."""
+        """y = a b over the batch axes."""
         np.matmul(a, b, out=y)
 
     def matmul_backward(self, a: np.ndarray, b: np.ndarray, dy: np.ndarray, da: np.ndarray | None,
                         db: np.ndarray | None) -> None:
-        """da = dy b^T, db = a^T dy (db may be a transposed view: it is written through)."""
+        """da = dy b^T, db = a^T dy (db may be a transposed view)."""
         if da is not None:
             np.matmul(dy, b.swapaxes(-1, -2), out=da)
         if db is not None:
             np.matmul(a.swapaxes(-1, -2), dy, out=db)
 
-    # -- self-attention (causal or bidirectional) ---------------------------------------------------------------------
     def attention_forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
                           y: np.ndarray, scale: float, causal: bool = True, quantize=None) -> None:
-        """Per (batch, head): probs = softmax(q k^T * scale, masked to keys at or before the query when `causal`,
-        else over every key: BERT's), y = probs v.
-        q, k, v, y are (B, H, T, D) views; probs (B, H, T, T), its masked entries exactly 0, saved for backward
-        (None: not kept, one sample's scores at a time in scratch). `quantize` (a half dtype: the probabilities'
-        storage, `cpu.half`): probs rounded to it before anything reads them, kept or rebuilt alike."""
+        """Per (batch, head): probs = softmax(q k^T * scale, masked if `causal`), y = probs v; probs (B, H, T, T) saved
+        (None: scratch), masked entries 0, rounded to the half dtype `quantize`."""
         b, h, t, _ = q.shape
         mask = _causal_mask(t, q.dtype) if causal else None
 
         def samples(b0: int, b1: int) -> None:
             scratch = np.empty((h, t, t), q.dtype) if probs is None else None
             for bi in range(b0, b1):
-                p = scratch if probs is None else probs[bi]  # (H, T, T)
+                p = scratch if probs is None else probs[bi]
                 _attention_probs(q[bi], k[bi], scale, mask, p, quantize)
                 np.matmul(p, v[bi], out=y[bi])
         _samples_over_lanes(b, samples)
@@ -305,10 +270,8 @@ class SeqOps:
     def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
                            dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float,
                            causal: bool = True, quantize=None) -> None:
-        """From the probs forward saved, or (probs None) from the probs rebuilt per sample from q and k, as
-        FlashAttention's backward does: the same operations as forward's, so the same bits and the same
-        gradients either way. dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
-        dk = dS^T q (per batch and head; masked entries have P = 0, so they contribute nothing)."""
+        """dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k, dk = dS^T q; P saved, or (None)
+        rebuilt by forward's operations (FlashAttention's backward): the same bits."""
         b, h, t, _ = q.shape
         mask = _causal_mask(t, q.dtype) if probs is None and causal else None
 
@@ -321,9 +284,8 @@ class SeqOps:
                 else:
                     p = probs[bi]
                 np.matmul(p.swapaxes(-1, -2), dy[bi], out=dv[bi])
-                ds = np.matmul(dy[bi], v[bi].swapaxes(-1, -2))   # (H, T, T) scratch: one sample's scores
-                # numpy here: the compiled softmax backward (per row, in float64) measured ~4% slower on
-                # GPT-2 small's attention backward than these passes over the sample's block
+                ds = np.matmul(dy[bi], v[bi].swapaxes(-1, -2))
+                # numpy, not seq_jit's softmax backward: ~4% faster on GPT-2 small
                 ds -= np.sum(ds * p, axis=-1, keepdims=True, dtype=ds.dtype)
                 ds *= p
                 ds *= q.dtype.type(scale)
@@ -333,27 +295,20 @@ class SeqOps:
 
 
 def _samples_over_lanes(b: int, samples) -> None:
-    """samples(b0, b1) for contiguous shares of range(b), one per lane (`lanes.run`, the BLAS at one thread a
-    call): attention's samples are independent, and each sample runs the same numpy calls on any lane, so the
-    bits do not depend on the lane count. Each share keeps its own (H, T, T) scratch where it needs one."""
+    """samples(b0, b1) over contiguous shares of range(b), one per lane: samples are independent."""
     parts = max(1, min(lanes.count(), b))
     lanes.run([lambda b0=b0, b1=b1: samples(b0, b1) for b0, b1 in lanes.split(b, parts)])
 
 
 def _causal_mask(t: int, dtype) -> np.ndarray:
-    """(T, T): 0 where a query may attend (keys at or before it), -inf above the diagonal. Added to the scores:
-    an addition of a (T, T) operand costs ~2 us a sample where assigning -inf through a boolean index cost ~26
-    (and the mask is built once per call, not per sample)."""
+    """(T, T): 0 where a query may attend, -inf above: added (~2 us a sample; -inf by index ~26)."""
     return np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, 0).astype(dtype)
 
 
 def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarray | None, p: np.ndarray,
                      quantize=None) -> None:
-    """One sample's attention probabilities, p (H, T, T) = softmax(q k^T * scale + mask) (no mask: every key),
-    rounded to the half dtype `quantize` where given; the softmax compiled where numba loads
-    (`seq_jit.softmax_rows`, causal where a mask is given: the mask is always the causal one; on the calling
-    thread: the samples are what the lanes share): measured at GPT-2 small (one thread) the attention forward
-    3.1-3.3 -> 2.75 ms."""
+    """One sample's p (H, T, T) = softmax(q k^T * scale + mask), rounded to `quantize`; the compiled softmax takes
+    any mask as the causal one."""
     np.matmul(q, k.swapaxes(-1, -2), out=p)
     jit = seq_kernels()
     if jit is not None and _flat(p):
@@ -371,7 +326,7 @@ def _attention_probs(q: np.ndarray, k: np.ndarray, scale: float, mask: np.ndarra
 
 
 def _tanh_inner(a: np.ndarray, out: np.ndarray) -> None:
-    """out = tanh(sqrt(2/pi) (a + 0.044715 a^3)), the tanh GELU's inner value, in a's dtype without temporaries."""
+    """out = tanh(sqrt(2/pi) (a + 0.044715 a^3)) in a's dtype."""
     t = a.dtype.type
     np.multiply(a, a, out=out)
     out *= t(_TANH_CUBIC)
@@ -382,7 +337,7 @@ def _tanh_inner(a: np.ndarray, out: np.ndarray) -> None:
 
 
 def _ln_apply(x: np.ndarray, w, b, m: np.ndarray, r: np.ndarray, y: np.ndarray) -> None:
-    """One block of layer norm's output: y = (x - m) * r, then * w, then + b (in this order, always)."""
+    """y = (x - m) * r, then * w, then + b: always in this order."""
     np.subtract(x, m[:, None], out=y)
     y *= r[:, None]
     if w is not None:
@@ -392,11 +347,11 @@ def _ln_apply(x: np.ndarray, w, b, m: np.ndarray, r: np.ndarray, y: np.ndarray) 
 
 
 def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
-    """`a`, or a stand-in the compiled kernel will not touch (its flag says `a` is absent)."""
+    """`a`, or a stand-in the kernel leaves alone (its flag says `a` is absent)."""
     return stand_in if a is None else a
 
 
 def _flat(*arrays: np.ndarray) -> bool:
-    """All C-contiguous numpy arrays of one dtype (their flat views are the arrays themselves)."""
+    """All C-contiguous numpy arrays of one dtype."""
     dt = arrays[0].dtype
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == dt for a in arrays)

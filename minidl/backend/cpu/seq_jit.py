@@ -1,21 +1,9 @@
-"""GELU (both forms), layer norm and the embedding gradient of the CPU backend compiled with numba.
+"""GELU, layer norm, the embedding gradient and row softmax of the CPU backend compiled with numba.
 
-Layer norm and the embedding gradient: see the notes above their kernels below; the row sums and the float32
-tanh come from `rowmath_jit`.
-
-Exact GELU: compiled because it needs erf, which numpy does not have (numba compiles `math.erf` to the C
-library's). Each exact GELU kernel has a `_parallel` twin that cuts the flat array into one piece per worker:
-elementwise, so the split changes no bits. The tanh form has none: its serial loop vectorizes and the split
-one did not (GPT-2 small's MLP, 512 x 3072 values, quiet 2-core EPYC: forward 0.74 ms on one thread, 1.12 ms
-on two; the exact form, a scalar erf, 10.7 ms against 5.8).
-
-Formulas (PyTorch's `F.gelu`): exact, y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); dy/dx = Phi(x) + x phi(x),
-phi(x) = exp(-x^2/2) / sqrt(2 pi), each value computed in float64 and rounded once to the array's dtype. tanh,
-y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u)
-sqrt(2/pi) (1 + 3 0.044715 x^2), in the dtype and the operation order of the numpy twins (`seq.SeqOps`), float32
-through `rowmath_jit._tanh32` (vectorized: numba's tanh is the C library's scalar call, ~150x slower than
-numpy's vectorized float32 tanh), float64 through `math.tanh`. The arrays are C-contiguous, of one dtype: the
-caller falls back to numpy for anything else.
+Rules: a row is one thread's, its sums in `rowmath_jit._sum`'s lanes; a column's or an embedding row's sums
+are one thread's, over rows in order; no fastmath: the bits never depend on the threads or the CPU. GELU is
+`F.gelu`: exact in float64, rounded once; tanh in `seq.SeqOps`' dtype and order, serial only (it vectorizes;
+split, it did not: GPT-2 small's MLP 0.74 ms on one thread, 1.12 on two).
 """
 from __future__ import annotations
 
@@ -29,8 +17,8 @@ from .rowmath_jit import _LANES, _exp_shifted, _row_max, _sum, _tanh32
 from .seq import _SQRT_2_OVER_PI, _TANH_CUBIC
 
 _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
-_SQRT_HALF = 0.7071067811865476      # 1 / sqrt(2)
-_INV_SQRT_2PI = 0.3989422804014327   # 1 / sqrt(2 pi)
+_SQRT_HALF = 0.7071067811865476  # 1 / sqrt(2)
+_INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 pi)
 
 
 @njit(**_OPTS)
@@ -71,7 +59,7 @@ def gelu_exact_backward_parallel(x, dy, dx, workers):
         _backward(x, dy, dx, n * t // workers, n * (t + 1) // workers)
 
 
-_K, _C = _SQRT_2_OVER_PI, _TANH_CUBIC  # the numpy twins' constants
+_K, _C = _SQRT_2_OVER_PI, _TANH_CUBIC
 
 
 @njit(**_OPTS)
@@ -111,31 +99,12 @@ def gelu_tanh_backward(x, dy, dx):
     _tanh_backward(x, dy, dx, 0, x.size)
 
 
-# -- layer norm over rows ---------------------------------------------------------------------------------------------
-# Note [layer norm on threads]
-# Rules: each row's statistics and dx are computed by one thread; each column's weight and bias sums by one
-# thread, over the rows in row order; so the bits never depend on the thread count.
-# Approach: a row's sums run in `_LANES` float64 lanes (`_sum`, over the row or a float64 scratch row of the
-# terms): lane l adds the values at l, l + 64, ... in order, then the lanes are added in a fixed tree and the
-# tail after them. The order is fixed by the row's length alone, so it is the same on any CPU and vector width
-# (nothing is compiled with fastmath: LLVM keeps the written order), and it vectorizes, where one running sum
-# cannot (measured, sums of float32 rows of 50257: 0.24 ns a value with one sum or 8 lanes, 0.08 with 64).
-# Forward splits the rows into one piece per worker; backward's region gives worker t a piece of the rows (their
-# dx) and a piece of the columns (their weight and bias sums over every row). Statistics: sums in float64, the
-# mean rounded to the stored dtype and the squared deviations from that rounded mean summed (two passes, no
-# cancellation), on a row in cache. Loops run over 1-D row views: numba vectorized none over x[i, j].
-# Measured at GPT-2 small's shape ((512, 768) float32), one thread's CPU time: forward 0.45 -> 0.12 ms, backward
-# 0.48 -> 0.21 ms against the one-running-sum kernels this replaced (which ran on one thread). The threads
-# (`jit.workers_for`, as every compiled kernel) pay only where a second core is free: on the shared 2-core VM,
-# with other jobs holding the second core, forward took 0.58 ms on two threads (the region waits for its
-# descheduled worker), and once 0.14 ms against 0.27 on one when that core was mostly free.
-
+# Layer norm: worker t takes a piece of the rows, and in backward a piece of the columns' parameter sums.
 
 
 @njit(**_OPTS)
 def _ln_apply_row(x, w, b, has_w, has_b, m, r, y):
-    """y = (x - m) * r, then * w, then + b, for one row, in the stored dtype: what forward and the recomputing
-    apply both run, so they give the same bits."""
+    """y = (x - m) * r, then * w, then + b, in the stored dtype: forward's and recomputation's."""
     for j in range(x.shape[0]):
         v = (x[j] - m) * r
         if has_w:
@@ -148,13 +117,13 @@ def _ln_apply_row(x, w, b, has_w, has_b, m, r, y):
 @njit(**_OPTS)
 def _ln_forward_rows(x, w, b, has_w, has_b, y, mean, rstd, eps, lo, hi):
     c = x.shape[1]
-    sq, acc = np.empty(c), np.empty(_LANES)  # one row of squared deviations, the sums' lanes (float64 scratch)
+    sq, acc = np.empty(c), np.empty(_LANES)
     for i in range(lo, hi):
         xi = x[i]
         mean[i] = _sum(xi, acc) / c
         m = mean[i]
         for j in range(c):
-            d = float(xi[j] - m)  # in the stored dtype, then squared in float64
+            d = float(xi[j] - m)  # the stored dtype's, squared in float64
             sq[j] = d * d
         rstd[i] = 1.0 / math.sqrt(_sum(sq, acc) / c + eps)
         _ln_apply_row(xi, w, b, has_w, has_b, m, rstd[i], y[i])
@@ -192,14 +161,13 @@ def layernorm_forward_apply_parallel(x, w, b, has_w, has_b, mean, rstd, y, worke
 
 @njit(**_OPTS)
 def _ln_dx_rows(x, w, has_w, dy, mean, rstd, dx, lo, hi):
-    """dx for rows [lo, hi): g = dy w, xhat = (x - mean) rstd (float64); c1 = mean of g, c2 = mean of g xhat
-    (`_sum` over a row of each, kept in float64 scratch); dx = (g - c1 - xhat c2) rstd, rounded once."""
+    """dx = (g - mean(g) - xhat mean(g xhat)) rstd per row, g = dy w, in float64, rounded once."""
     c = x.shape[1]
-    gs, hs, acc = np.empty(c), np.empty(c), np.empty(_LANES)  # one row of g and of g xhat, the sums' lanes
+    gs, hs, acc = np.empty(c), np.empty(c), np.empty(_LANES)
     for i in range(lo, hi):
         m = float(mean[i])
         r = float(rstd[i])
-        xi, gi, di = x[i], dy[i], dx[i]  # row views: numba vectorizes loops over 1-D views, not over x[i, j]
+        xi, gi, di = x[i], dy[i], dx[i]  # numba vectorizes over 1-D views only
         for j in range(c):
             g = float(gi[j])
             if has_w:
@@ -214,7 +182,7 @@ def _ln_dx_rows(x, w, has_w, dy, mean, rstd, dx, lo, hi):
 
 @njit(**_OPTS)
 def _ln_param_sums(x, dy, mean, rstd, sum_w, sum_b, lo, hi):
-    """sum_w[j] = the sum over rows (in order) of dy xhat, sum_b[j] of dy, for the columns [lo, hi), in float64."""
+    """Columns [lo, hi) of the float64 sums over rows, in order, of dy xhat and dy."""
     sw, sb = sum_w[lo:hi], sum_b[lo:hi]
     sw[:] = 0.0
     sb[:] = 0.0
@@ -230,8 +198,7 @@ def _ln_param_sums(x, dy, mean, rstd, sum_w, sum_b, lo, hi):
 
 @njit(**_OPTS)
 def layernorm_backward(x, w, has_w, dy, mean, rstd, dx, has_dx, sum_w, sum_b):
-    """dx (float64 inside, rounded once) where `has_dx`; sum_w / sum_b (C,), float64: the sums over rows of
-    dy xhat and of dy, in row order (the caller rounds them into the gradients)."""
+    """dx where `has_dx`; sum_w / sum_b (C,) float64, rounded into the gradients by the caller."""
     if has_dx:
         _ln_dx_rows(x, w, has_w, dy, mean, rstd, dx, 0, x.shape[0])
     _ln_param_sums(x, dy, mean, rstd, sum_w, sum_b, 0, x.shape[1])
@@ -246,12 +213,7 @@ def layernorm_backward_parallel(x, w, has_w, dy, mean, rstd, dx, has_dx, sum_w, 
         _ln_param_sums(x, dy, mean, rstd, sum_w, sum_b, c * t // workers, c * (t + 1) // workers)
 
 
-# -- embedding gradient ---------------------------------------------------------------------------------------------
-# dw[v] = the sum of dy[r] over the rows r with idx[r] == v, in row order, from zero: the sums `np.add.at` makes,
-# bit for bit. Worker t owns the table rows [V t / workers, V (t + 1) / workers): it zeroes them, then walks every
-# index in order and adds the rows that land in its range. No table row is written by two threads and each is
-# summed in row order, so the bits never depend on the thread count. Zeroing the table is most of the work (GPT-2's
-# 50257 x 768 float32 table is 154 MB against 1.5 MB of dy at batch 4 x 128), and it splits with the rows.
+# Embedding gradient: worker t zeroes its table rows and adds the dy rows landing there in order (`np.add.at`'s).
 
 
 @njit(**_OPTS)
@@ -277,21 +239,15 @@ def embedding_backward_parallel(idx, dy, dw, workers):
         _embedding_backward_rows(idx, dy, dw, v * t // workers, v * (t + 1) // workers)
 
 
-# -- softmax over rows (the Softmax layer's and attention's) ----------------------------------------------------------
-# Rows of (R, T). Attention calls these on one sample's (H*T, T) scores: with `causal`, row r is query r % T and
-# sees the keys 0 .. r % T only (the others get probability 0, exactly). One pass to scale and take the max (as
-# integers: `rowmath_jit._row_max`), one for exp(s - max) (`_exp_shifted`), one for the sum (`_sum`) and one
-# to normalize, over a row in cache, where the numpy passes made six over the sample's whole (H, T, T) block.
-# A row with a NaN or +inf score gets NaNs (numpy's result). Rows are independent: the caller splits samples,
-# never a row.
+# Row softmax; with `causal` (attention's (H*T, T) scores) row r sees keys 0 .. r % T. NaN or +inf: NaNs.
 
 
 @njit(**_OPTS)
 def _softmax_rows(s, p, scale, causal, lo, hi):
-    """p[r] = softmax(s[r] * scale) over the row's visible entries, 0 past them; s and p may be one array."""
+    """p[r] = softmax(s[r] * scale) over the row's visible entries, 0 past them; p may be s."""
     t = s.shape[1]
     sc = s.dtype.type(scale)
-    e, acc = np.empty(t, s.dtype), np.empty(_LANES)  # a row of exponentials (in place, the exp ran ~25x slower)
+    e, acc = np.empty(t, s.dtype), np.empty(_LANES)  # not in place: the exp ran ~25x slower
     for r in range(lo, hi):
         n = r % t + 1 if causal else t
         si, pi = s[r], p[r]
@@ -317,10 +273,9 @@ def softmax_rows(s, p, scale, causal):
 
 @njit(**_OPTS)
 def _softmax_backward_rows(y, dy, dx, scale, lo, hi):
-    """dx[r] = (dy[r] - sum(dy[r] y[r])) * y[r] * scale, in float64 (the sum in `_sum`'s order), rounded once;
-    dx may be dy."""
+    """dx[r] = (dy[r] - sum(dy[r] y[r])) * y[r] * scale in float64, rounded once; dx may be dy."""
     t = y.shape[1]
-    prod, acc = np.empty(t), np.empty(_LANES)  # one row of dy * y, the sum's lanes (float64 scratch)
+    prod, acc = np.empty(t), np.empty(_LANES)
     for r in range(lo, hi):
         yi, gi, di = y[r], dy[r], dx[r]
         for j in range(t):

@@ -1,11 +1,6 @@
-"""Fused optimizer updates of the CPU backend: every parameter of a step updated in one compiled call.
-
-`fuse_update(items, slots)` is asked once, when the compiled step is lowered (`minidl.runtime.program`), with the
-step's (param, grad, state) views; it groups the ones it can take (C-contiguous views of one buffer, the arena,
-one dtype per group) into `FusedParams` (offsets into that buffer) and hands the rest back, to be updated one by
-one. The kernels are in `cpu_update_jit` (numba,
-imported on first use); where numba cannot be imported nothing is fused and every parameter takes the
-per-parameter path. Both paths compute the same expression in the same order: bit-identical parameters.
+"""Fused optimizer updates of the CPU backend: a step's parameters that are C-contiguous views of one buffer, one
+dtype per group, updated in one compiled call (`cpu.update_jit`); the others (all, without numba) one by one.
+Both compute the same expression in the same order: bit-identical parameters.
 """
 from __future__ import annotations
 
@@ -15,15 +10,13 @@ import numpy as np
 
 from .jit import lazy, workers_for
 
-# The compiled update kernels (`cpu_update_jit`), or None where numba cannot be imported (nothing is fused then).
-jit_kernels = lazy("update_jit")
+jit_kernels = lazy("update_jit")  # None without numba
 
 
 @dataclass(slots=True, eq=False)
 class FusedParams:
-    """Parameters of one dtype in one buffer, updated together: `flat` is the buffer seen as that dtype, and
-    parameter k, its gradient and its state slot s are flat[off:off + sizes[k]] for off = p_off[k], g_off[k],
-    slots[s][k]."""
+    """Parameters of one dtype in `flat`: parameter k, its gradient and its state s start at p_off[k], g_off[k],
+    slots[s][k], sizes[k] long."""
 
     flat: np.ndarray
     p_off: np.ndarray
@@ -40,20 +33,19 @@ class FusedParams:
         return int(self.sizes.size)
 
     def workers(self) -> int:
-        """Threads for one update of these parameters (`cpu_jit.workers_for` of their total size): each worker
-        takes its share of every parameter; elements are independent, so no bits move."""
+        """Threads for one update: each takes its share of every parameter."""
         return workers_for(int(self.sizes.sum()))
 
 
 def _root(a: np.ndarray) -> np.ndarray:
-    """The array that owns `a`'s memory (the end of its chain of numpy bases)."""
+    """The array that owns `a`'s memory."""
     while isinstance(a.base, np.ndarray):
         a = a.base
     return a
 
 
 def _typed_buffer(root: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
-    """`root`'s bytes as a 1-D array of `dtype` from its first byte (None if that cannot be a view)."""
+    """`root`'s bytes as a 1-D array of `dtype` (None if that cannot be a view)."""
     if not root.flags.c_contiguous or root.ctypes.data % dtype.itemsize:
         return None
     raw = root.reshape(-1).view(np.uint8)
@@ -61,7 +53,7 @@ def _typed_buffer(root: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
 
 
 def _offset(flat: np.ndarray, a: np.ndarray) -> int | None:
-    """The element offset of `a` in `flat` if `a` is exactly flat[off:off + a.size] (C-contiguous), else None."""
+    """The element offset of `a` in `flat` if `a` is exactly flat[off:off + a.size], else None."""
     if not a.flags.c_contiguous or a.dtype != flat.dtype:
         return None
     off, rem = divmod(a.ctypes.data - flat.ctypes.data, a.dtype.itemsize)
@@ -74,9 +66,7 @@ class UpdateOps:
     """The fused optimizer kernels (mixed into CPUBackend)."""
 
     def fuse_update(self, items: list, slots: tuple[str, ...]) -> tuple[list[FusedParams], list]:
-        """Split (param, grad, state dict) items into fused groups (one per buffer and dtype: on the CPU the
-        arena) and the items left to update one by one (arrays in different buffers, as a paged arena's views,
-        or not C-contiguous; or no numba)."""
+        """(fused groups, one per buffer and dtype; the items left to update one by one)."""
         if jit_kernels() is None:
             return [], list(items)
         groups: dict[tuple[int, np.dtype], tuple[np.ndarray, list]] = {}
@@ -108,9 +98,9 @@ class UpdateOps:
 
     def sgd_update_fused(self, fp: FusedParams, lr: float, momentum: float, dampening: float, weight_decay: float,
                          nesterov: bool, first_step: bool) -> None:
-        """`sgd_update` on every parameter of `fp`, in one call (same arithmetic, element by element)."""
+        """`sgd_update` on every parameter of `fp` in one call."""
         t = fp.flat.dtype.type
-        bufs = fp.slots.get("momentum") if momentum else None  # as sgd_update: no momentum, no buffer
+        bufs = fp.slots.get("momentum") if momentum else None
         args = (fp.flat, fp.p_off, fp.g_off, bufs, fp.sizes, t(lr), t(momentum), t(1 - dampening),
                 t(weight_decay) if weight_decay else None, True if nesterov else None, bool(first_step))
         workers = fp.workers()
@@ -121,7 +111,7 @@ class UpdateOps:
 
     def adam_update_fused(self, fp: FusedParams, lr: float, beta1: float, beta2: float, eps: float,
                           weight_decay: float, step: int) -> None:
-        """`adam_update` on every parameter of `fp`, in one call (same arithmetic, element by element)."""
+        """`adam_update` on every parameter of `fp` in one call."""
         t = fp.flat.dtype.type
         bc1 = 1 - beta1 ** step
         bc2_sqrt = float(np.sqrt(1 - beta2 ** step))

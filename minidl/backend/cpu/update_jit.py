@@ -1,18 +1,7 @@
-"""The optimizer update of many parameters in one compiled call (numba): SGD and Adam over lists of arrays.
-
-Why. The compiled step used to call the optimizer once per parameter, and each numpy update is ~5 to 8 calls:
-ResNet-20 (65 parameters) spent ~0.8 ms per step in ~400 numpy calls whose arithmetic takes a fraction of that.
-Here one call updates every parameter of a group (`cpu_update.FusedParams`): the parameters, gradients and
-state slots that live in one buffer (the arena), given as offsets into it. The tensors need not be adjacent,
-so every policy's layout fuses the same way. (A numba typed list of arrays would need no common buffer, but
-building one costs ~1 s of numba compilation per process.)
-
-Bit-identical to `CoreOps.sgd_update` / `adam_update` (the per-parameter path the interpreted executor runs):
-the same expression per element, evaluated in the parameter's dtype (every scalar is passed as that dtype, so
-numba types each operation as numpy does), in the same order of operations, each operation rounded (no fastmath:
-no reassociation, no FMA contraction); error_model="numpy" so a division by zero gives inf/nan as numpy does.
-Elements are independent, so the order in which parameters and elements are visited does not matter.
-Compiled lazily per dtype and flag combination, cached on disk (`cache=True`).
+"""SGD and Adam over a group of parameters in one compiled call (numba), as offsets into one buffer
+(`cpu.update.FusedParams`; a numba typed list would need no buffer but costs ~1 s of compilation a process).
+`CoreOps.sgd_update`'s and `adam_update`'s bits: the same expression in the parameter's dtype, in the same
+order, no fastmath. Elements are independent: the thread split moves no bits.
 """
 from __future__ import annotations
 
@@ -26,7 +15,7 @@ _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 @njit(**_OPTS)
 def _part(n, t, workers):
-    """Worker t's share [lo, hi) of a parameter's n elements (elements are independent: no bits move)."""
+    """Worker t's share [lo, hi) of n elements."""
     return n * t // workers, n * (t + 1) // workers
 
 
@@ -37,22 +26,15 @@ def sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, fir
 
 @njit(**_OPTS, parallel=True)
 def sgd_parallel(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, workers):
-    """`sgd` on `workers` threads, each on its share of every parameter."""
+    """`sgd` with every parameter split over `workers` threads."""
     for t in prange(workers):
         _sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, t, workers)
 
 
 @njit(**_OPTS)
 def _sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, first_step, t, workers):
-    """torch.optim.SGD per element: d = g (+ wd * p); buf = d on the first step, else buf * momentum +
-    (1 - dampening) * d; d = d + momentum * buf if nesterov else buf; p = p - lr * d. Parameter k is
-    flat[p_off[k]:p_off[k] + sizes[k]], its gradient and momentum buffer likewise.
-
-    The options tested per element are types, not values: `wd` None (no weight decay), `b_off` None (no
-    momentum), `nesterov` None or True. numba prunes the branches on `is None` when it compiles, so each
-    combination is its own branch-free loop, which LLVM vectorizes (6x faster than one loop testing the flags
-    per element). `first_step` is a plain bool: it picks one of two loops per parameter, so the first and the
-    later steps share one compilation (each costs ~0.6 s the first time on a machine)."""
+    """torch.optim.SGD per element. Options are types (`wd`, `b_off`, `nesterov`: None or not), so numba compiles
+    branch-free loops that vectorize (6x); `first_step` is a bool per parameter: one compilation for both."""
     for k in range(sizes.size):
         lo, hi = _part(sizes[k], t, workers)
         n = hi - lo
@@ -64,7 +46,7 @@ def _sgd(flat, p_off, g_off, b_off, sizes, lr, momentum, damp1, wd, nesterov, fi
                 if wd is not None:
                     d = d + wd * p[i]
                 p[i] = p[i] - lr * d
-        elif first_step:  # a runtime flag tested once per parameter, outside the element loop
+        elif first_step:
             b = flat[b_off[k] + lo:b_off[k] + hi]
             for i in range(n):
                 d = g[i]
@@ -96,16 +78,14 @@ def adam(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_
 
 @njit(**_OPTS, parallel=True)
 def adam_parallel(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd, workers):
-    """`adam` on `workers` threads, each on its share of every parameter."""
+    """`adam` with every parameter split over `workers` threads."""
     for t in prange(workers):
         _adam(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd, t, workers)
 
 
 @njit(**_OPTS)
 def _adam(flat, p_off, g_off, m_off, v_off, sizes, step_size, c1, beta2, c2, bc2_sqrt, eps, wd, t, workers):
-    """torch.optim.Adam per element: d = g (+ wd * p, `wd` None for none); m = m + (1 - beta1) * (d - m);
-    v = v * beta2 + (1 - beta2) * d * d; p = p - step_size * (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)).
-    Offsets as `sgd`."""
+    """torch.optim.Adam per element; `wd` None for no weight decay."""
     for k in range(sizes.size):
         lo, hi = _part(sizes[k], t, workers)
         n = hi - lo

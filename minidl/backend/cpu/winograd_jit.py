@@ -1,20 +1,11 @@
-"""The transforms of the Winograd convolution F(2x2, 3x3) (`cpu_winograd`), compiled with numba.
+"""The transforms of the Winograd convolution F(2x2, 3x3) (`cpu.winograd`), compiled with numba.
 
-Layout. Channels are taken 16 at a time (a block; the last one zero-padded): a block's planes are first
-transposed into a small channels-last scratch (rows, columns, 16), so that each tile's arithmetic runs on
-16 channels at once, which LLVM vectorizes. The transformed tiles of a group of samples form a (16, T, CB)
-array: position (k, l) of the 4x4 tile at index 4k + l, tile t = (sample * th + ti) * tw + tj, channel c (CB
-= the channels rounded up to a multiple of 16); each position is then a plain (T, CB) matrix for the GEMMs.
-
-Why the odd style below. numba checks every signed index for a negative value (Python's wrap-around), which
-stops LLVM from seeing consecutive addresses; the tile loops therefore index flat arrays with unsigned
-integers. And LLVM vectorizes a loop only if it can rule out that its stores overlap its loads: the 16 results
-of a tile go first to a small scratch at fixed offsets, then out in 16 contiguous copies. Measured on the
-2-core Xeon VM, 32 x 64 x 8 x 8: the input transform 1.6 ms as plain indexed numba, 0.2 ms this way.
-
-Exactness. Each value is a fixed sequence of additions and subtractions (and exact halvings in the weight
-transforms) of its own tile's inputs, written out below; nothing is compiled with fastmath, so the same inputs
-give the same bits whatever the group, the workspace or the thread count.
+Layout: channels 16 at a time (a block, the last zero-padded) in a channels-last scratch (rows, columns, 16),
+so LLVM vectorizes a tile's arithmetic over 16 channels; a group's transformed tiles form (16, T, CB), position
+(k, l) at 4k + l, tile t = (sample * th + ti) * tw + tj. Flat unsigned indices and a per-tile scratch written at
+fixed offsets let LLVM vectorize (32 x 64 x 8 x 8 input transform: 1.6 ms plainly indexed, 0.2 this way).
+Rules: each value is a fixed sequence of additions, subtractions and exact halvings of its own tile's inputs;
+no fastmath; the same inputs give the same bits whatever the group, workspace or thread count.
 """
 from __future__ import annotations
 
@@ -31,11 +22,8 @@ L = 16  # channels per block
 
 @njit(**_OPTS)
 def _to_block(x, s, cb, r_off, q_off, xs, ra=0, rb=-1):
-    """xs[r + r_off, q + q_off, c] = x[s, cb + c, r, q] for the block's channels (zero for the padded ones),
-    for the rows r in [ra, rb) of the image (rb -1: all; rows outside the image are left as they are).
-
-    A full block is read 16 channels at a time (a gather across the planes, one contiguous store): 4x faster
-    than plane by plane with strided stores (measured, 32 x 16 x 32 x 32: 0.62 -> 0.14 ms)."""
+    """xs[r + r_off, q + q_off, c] = x[s, cb + c, r, q] for rows [ra, rb) (rb -1: all), 16 channels at a
+    time (32 x 16 x 32 x 32: 0.62 -> 0.14 ms against plane by plane)."""
     _, c, h, w = x.shape
     nb = min(L, c - cb)
     ra = max(ra, 0)
@@ -86,8 +74,7 @@ def _put4(buf, k, ch, v0, v1, v2, v3):
 
 @njit(**_OPTS)
 def _input_block(xf, vf, ta, tb, tw, wp, base, cbo, ps, cbw, buf):
-    """B^T d B of the tiles in tile rows [ta, tb) of one sample's block (xs flattened in xf) into vf, tile
-    (ti, tj) at index base + ti * tw + tj."""
+    """B^T d B of the tiles in tile rows [ta, tb) of one sample's block into vf."""
     ll = uint64(L)
     rw = uint64(wp) * ll
     for ti in range(uint64(ta), uint64(tb)):
@@ -156,12 +143,8 @@ def _grad_block(df, mf, ta, tb, tw, wp, base, cbo, ps, cbw, buf):
 
 @njit(**_OPTS)
 def _tiles(x, s0, s1, r_off, q_off, th, tw, xs, buf, out, grad, lo, hi):
-    """Units [lo, hi) of samples [s0, s1) of x into `out`: the input transform, or with `grad` the gradient of
-    the output transform. A unit is one tile row of one sample (unit u: sample s0 + u // th, tile row u % th),
-    so a range of units is a range of tiles, contiguous rows of `out`'s matrices. Sample by sample and block by
-    block of 16 channels, the rows the units read are copied into the channels-last scratch xs (x placed at
-    rows r_off, columns q_off; everything else zero), then transformed. Units are independent: any split of
-    them over threads gives the same bits."""
+    """Units [lo, hi) (a unit: one tile row of one sample) of samples [s0, s1) into `out`: the input transform,
+    or with `grad` the output transform's gradient; units are independent."""
     c = x.shape[1]
     wp = xs.shape[1]
     xs[:] = 0
@@ -183,23 +166,19 @@ def _tiles(x, s0, s1, r_off, q_off, th, tw, xs, buf, out, grad, lo, hi):
 
 @njit(**_OPTS)
 def input_tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v):
-    """v (16, (s1-s0)*th*tw, CB) <- B^T d B of every 4x4 input patch d of samples [s0, s1) of x (n, C, H, W);
-    the patch of tile (ti, tj) starts at input row 2ti - pad_h, column 2tj - pad_w, zero outside the image.
-    Scratch: xs (2th + 2, 2tw + 2, 16), buf (256,)."""
+    """v (16, T, CB) <- B^T d B of every 4x4 input patch of samples [s0, s1), zero outside the image."""
     _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, 0, (s1 - s0) * th)
 
 
 @njit(**_OPTS)
 def grad_tiles(dy, s0, s1, th, tw, ds, buf, dm):
-    """dm (16, (s1-s0)*th*tw, CB) <- A dY A^T of every 2x2 tile dY of samples [s0, s1) of dy (n, Co, Ho, Wo),
-    zero beyond Ho, Wo: the gradient of `output_tiles`. Scratch: ds (2th, 2tw, 16), buf (256,)."""
+    """dm <- A dY A^T of every 2x2 tile of dy (zero beyond Ho, Wo): the gradient of `output_tiles`."""
     _tiles(dy, s0, s1, 0, 0, th, tw, ds, buf, dm, True, 0, (s1 - s0) * th)
 
 
 @njit(**_OPTS)
 def _output_block(mf, yf, ta, tb, tw, base, cbo, ps, cbw, buf):
-    """A^T m A of the tiles in tile rows [ta, tb) of one sample's block into the channels-last scratch
-    (flattened in yf)."""
+    """A^T m A of the tiles in tile rows [ta, tb) of one sample's block into the scratch."""
     ll = uint64(L)
     ysw = uint64(2) * uint64(tw)
     rw = ysw * ll
@@ -226,9 +205,8 @@ def _output_block(mf, yf, ta, tb, tw, base, cbo, ps, cbw, buf):
                 m13 = mf[q + uint64(13) * pss]
                 m14 = mf[q + uint64(14) * pss]
                 m15 = mf[q + uint64(15) * pss]
-                # A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]: each output the sum of its nine terms, left to right in
-                # position order (not factored into rows and columns): the order `output_position` keeps when
-                # it adds one position at a time, so both give the same bits
+                # A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]: nine terms left to right in position order, unfactored,
+                # the order `output_position` keeps
                 buf[ch] = m0 + m1 + m2 + m4 + m5 + m6 + m8 + m9 + m10
                 buf[ch + uint64(16)] = m1 - m2 - m3 + m5 - m6 - m7 + m9 - m10 - m11
                 buf[ch + uint64(32)] = m4 + m5 + m6 - m8 - m9 - m10 - m12 - m13 - m14
@@ -241,7 +219,7 @@ def _output_block(mf, yf, ta, tb, tw, base, cbo, ps, cbw, buf):
 
 
 @njit(**_OPTS)
-def _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi):
+def _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi, acc):
     """Units [lo, hi) (tile rows of samples, as in `_tiles`) of `output_tiles`."""
     _, co, ho, wo = y.shape
     mf = m.reshape(-1)
@@ -255,23 +233,25 @@ def _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi):
             _output_block(mf, yf, ta, tb, tw, j * th * tw, cb, ps, cbw, buf)
             for ch in range(min(L, co - cb)):
                 for r in range(2 * ta, min(2 * tb, ho)):
-                    for q in range(wo):
-                        y[s, cb + ch, r, q] = ys[r, q, ch]
+                    if acc:
+                        for q in range(wo):
+                            y[s, cb + ch, r, q] = y[s, cb + ch, r, q] + ys[r, q, ch]
+                    else:
+                        for q in range(wo):
+                            y[s, cb + ch, r, q] = ys[r, q, ch]
 
 
 @njit(**_OPTS)
-def output_tiles(m, s0, s1, th, tw, ys, buf, y):
-    """y[s0:s1] (n, Co, Ho, Wo) <- A^T m A of every tile of m (16, T, CB), the 2x2 outputs of tile (ti, tj) at
-    rows 2ti, 2ti + 1 and columns 2tj, 2tj + 1 (those beyond Ho, Wo are dropped). Scratch: ys (2th, 2tw, 16),
-    buf (64,)."""
-    _outputs(m, s0, s1, th, tw, ys, buf, y, 0, (s1 - s0) * th)
+def output_tiles(m, s0, s1, th, tw, ys, buf, y, acc):
+    """y[s0:s1] (+= with `acc`) <- A^T m A of every tile of m (16, T, CB); outputs beyond Ho, Wo
+    dropped."""
+    _outputs(m, s0, s1, th, tw, ys, buf, y, 0, (s1 - s0) * th, acc)
 
 
 @njit(**_OPTS)
 def weight_tiles(wt, u):
-    """u (16, CiB, CoB) <- G g G^T of every 3x3 kernel g, from wt (3, 3, Ci, Co) (the weight transposed so that
-    the loops below run along Co); padded channels get zero. G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2],
-    [0, 0, 1]]; the halvings are exact."""
+    """u (16, CiB, CoB) <- G g G^T of every kernel, from wt (3, 3, Ci, Co); padded channels zero.
+    G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]; the halvings are exact."""
     _, _, ci, co = wt.shape
     half = wt.dtype.type(0.5)
     u[:] = 0
@@ -299,7 +279,7 @@ def weight_tiles(wt, u):
 
 @njit(**_OPTS)
 def weight_grad_tiles(du, dwt):
-    """dwt (3, 3, Ci, Co) <- G^T dU G, the gradient of `weight_tiles`: du (16, CiB, CoB) is dL/du."""
+    """dwt (3, 3, Ci, Co) <- G^T dU G, the gradient of `weight_tiles`."""
     _, ci, co = dwt.shape[0], dwt.shape[2], dwt.shape[3]
     half = du.dtype.type(0.5)
     s = np.empty((4, 3, co), du.dtype)
@@ -320,15 +300,12 @@ def weight_grad_tiles(du, dwt):
                 dwt[2, b, i, o] = (s[1, b, o] + s[2, b, o]) * half + s[3, b, o]
 
 
-# -- one position at a time (`winograd_by_position`) -------------------------------------------------------------
-# The frugal variant computes the same values as the transforms above, position by position: each function below
-# evaluates, for its one position (k, j) of the 4x4 tile, exactly the expression the whole-tile function writes
-# out for that position (the same operands, operations and order), so the two variants agree bit for bit.
+# -- one position at a time (`winograd_by_position`)
+# Each function evaluates, for one position (k, j), exactly the whole-tile expression: the same bits.
 
 @njit(inline="always", **_OPTS)
 def _b_row(k):
-    """Row k of B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]] as (first, second, sign):
-    row k of B^T a is a[first] + sign * a[second] (with sign -1 that is a[first] - a[second], bit for bit)."""
+    """Row k of B^T as (first, second, sign): a[first] + sign * a[second]."""
     if k == 0:
         return 0, 2, -1
     if k == 1:
@@ -340,9 +317,7 @@ def _b_row(k):
 
 @njit(**_OPTS)
 def input_position(x, s0, s1, pad_h, pad_w, th, tw, k, j, xs, v1):
-    """v1 (T, CB) <- position (k, j) of B^T d B for every 4x4 input patch of samples [s0, s1) (the tiles as in
-    `input_tiles`): row combination k of the patch's columns first, then column combination j, as
-    `_input_block` computes it. Scratch: xs (2th + 2, 2tw + 2, 16)."""
+    """v1 (T, CB) <- position (k, j) of B^T d B, computed as `_input_block` does."""
     c = x.shape[1]
     wp = xs.shape[1]
     r1, r2, sk = _b_row(k)
@@ -385,8 +360,7 @@ def _a_comb(k, a, b):
 
 @njit(**_OPTS)
 def grad_position(dy, s0, s1, th, tw, k, j, ds, dm1):
-    """dm1 (T, CB) <- position (k, j) of A dY A^T for every 2x2 tile of samples [s0, s1) of dy (as in
-    `grad_tiles`, rows first, then columns). Scratch: ds (2th, 2tw, 16)."""
+    """dm1 (T, CB) <- position (k, j) of A dY A^T, rows first, as `grad_tiles`."""
     c = dy.shape[1]
     wp = ds.shape[1]
     ds[:] = 0
@@ -411,9 +385,8 @@ def grad_position(dy, s0, s1, th, tw, k, j, ds, dm1):
 
 @njit(**_OPTS)
 def output_position(m1, s0, s1, th, tw, k, j, y):
-    """y[s0:s1] (+)= position (k, j)'s share of A^T m A: each output of a tile is the sum of its nine terms in
-    position order (see `_output_block`), so the first position of output (a, b), which is (a, b) itself, writes
-    it and every later one adds or subtracts its m. Called for the 16 positions in order."""
+    """y[s0:s1] (+)= position (k, j)'s share of A^T m A, positions called in order, so each
+    output sums its nine terms as `_output_block` does."""
     _, co, ho, wo = y.shape
     for a in range(2):
         ca = _a_comb(k, 1, 0) if a == 0 else _a_comb(k, 0, 1)   # A[k, a]
@@ -447,8 +420,7 @@ def output_position(m1, s0, s1, th, tw, k, j, y):
 
 @njit(inline="always", **_OPTS)
 def _g_comb(k, a0, a1, a2, half):
-    """Row k of G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]] applied to (a0, a1, a2), as
-    `weight_tiles` writes it."""
+    """Row k of G applied to (a0, a1, a2), as `weight_tiles` writes it."""
     if k == 0:
         return a0
     if k == 1:
@@ -460,8 +432,7 @@ def _g_comb(k, a0, a1, a2, half):
 
 @njit(**_OPTS)
 def weight_position(wt, k, j, u1):
-    """u1 (CiB, CoB) <- position (k, j) of G g G^T for every 3x3 kernel g of wt (3, 3, Ci, Co): the kernel's
-    rows combined by G's row k, then its columns by row j, as `weight_tiles` does; padded channels zero."""
+    """u1 (CiB, CoB) <- position (k, j) of G g G^T, as `weight_tiles` computes it."""
     _, _, ci, co = wt.shape
     half = wt.dtype.type(0.5)
     u1[:] = 0
@@ -473,27 +444,17 @@ def weight_position(wt, k, j, u1):
             u1[i, o] = _g_comb(j, t0, t1, t2, half)
 
 
-# -- with numpy's GEMM from compiled code, on one thread or several -----------------------------------------------
-# Where `cpu_gemm_jit` binds the BLAS, the whole-tile variant runs these instead of the per-phase calls above.
-# The forward cuts each group's units (tile rows of samples) into `forward_pieces` fixed pieces, so a piece's
-# tiles are contiguous rows of V and M; worker w takes pieces w, w + workers, ... and needs no hand-off between
-# phases: it transforms a piece's tiles, runs the 16 GEMMs on its rows and transforms its outputs, in one OpenMP
-# region per call, its data in its own core's cache. The weight gradient, a sum over all tiles, transforms by
-# units and multiplies by positions (whole GEMMs). Each worker has its own scratch slot: its input block, later
-# its output block, in the same memory, then 256 values for one tile's results. Every value is computed by the
-# same code from the same operands whatever the split, and every GEMM is the same call whichever worker makes it:
-# a piece is fixed by the shapes, never by the workers, since a block of a GEMM's rows does not in general come
-# out as in the whole product (OpenBLAS's edge and small-matrix kernels sum otherwise). So the bits do not
-# depend on the workers, on any BLAS kernel (tested).
+# -- with numpy's GEMM from compiled code, on one thread or several
+# Pieces are fixed by the shapes, never by the workers: a block of a GEMM's rows need not sum as the whole
+# product does (OpenBLAS's edge kernels), so every GEMM is the same call whichever worker makes it.
 
-_PIECE_ROWS = 32  # a forward piece has at least this many rows (tiles) of a full group ...
-_WIDE_ROWS = 1024  # ... and four pieces from this many rows, else two (or one, below 2 * _PIECE_ROWS)
+_PIECE_ROWS = 32  # tiles of a full group per forward piece at least
+_WIDE_ROWS = 1024  # tiles of a full group from which the forward cuts four pieces
 
 
 @njit(**_OPTS)
 def forward_pieces(rows):
-    """The number of pieces the forward cuts a group into, from a full group's `rows` (tiles) alone: 1, 2 or 4
-    (two workers, the usual case, get even shares: the same calls they ran when each took half a group)."""
+    """Pieces the forward cuts a group into, from a full group's `rows` alone: 1, 2 or 4."""
     if rows < 2 * _PIECE_ROWS:
         return 1
     return 2 if rows < _WIDE_ROWS else 4
@@ -501,8 +462,7 @@ def forward_pieces(rows):
 
 @njit(inline="always", **_OPTS)
 def piece_units(size, th, units, q, pieces):
-    """Piece q's units [lo, hi) of a group of `units` units (a full group has `size` samples of `th` tile rows):
-    the full group's cut, clipped to a short last group, so that every group is cut at the same units."""
+    """Piece q's units [lo, hi): the full group's cut, clipped to a short last group."""
     full = size * th
     return min(full * q // pieces, units), min(full * (q + 1) // pieces, units)
 
@@ -515,24 +475,21 @@ def _share(units, w, workers):
 
 @njit(inline="always", **_OPTS)
 def _slot_views(slot, th, tw):
-    """A worker's scratch slot as (its input block, its output or gradient block in the same memory, 256 values
-    for one tile's results)."""
+    """A worker's scratch slot: input block, output block in the same memory, 256 values."""
     return (slot[:(2 * th + 2) * (2 * tw + 2) * L].reshape((2 * th + 2, 2 * tw + 2, L)),
             slot[:4 * th * tw * L].reshape((2 * th, 2 * tw, L)), slot[slot.size - 256:])
 
 
 @njit(inline="always", **_OPTS)
 def _full_group(flat, rows, cb):
-    """A flat V or M buffer seen as a full group's (16, rows, CB), whichever group is being worked on."""
+    """A flat V or M buffer seen as a full group's (16, rows, CB)."""
     return flat[:16 * rows * cb].reshape((16, rows, cb))
 
 
 @njit(**_OPTS)
-def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers):
-    """Worker w's pieces (w, w + workers, ...) of every group of the forward: input transform, the 16 GEMMs on
-    the piece's rows, output transform. vf, mf: the flat V and M buffers, seen as a full group's (16, rows, CB)
-    for every group, so that a piece's rows are the same memory in each (workers run through the groups without
-    waiting for each other); a short last group is cut at the same units. slot: the worker's scratch."""
+def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers, acc):
+    """Worker w's pieces (w, w + workers, ...) of every group: input transform, 16 GEMMs, output
+    transform; no worker waits for another."""
     n = x.shape[0]
     cib, cob = u.shape[1], u.shape[2]
     xs, ys, buf = _slot_views(slot, th, tw)
@@ -547,21 +504,21 @@ def _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slot, w, workers
             _tiles(x, s0, s1, pad_h, pad_w, th, tw, xs, buf, v, False, lo, hi)
             for p in range(16):
                 gemm(v[p, lo * tw:hi * tw], u[p], m[p, lo * tw:hi * tw], False)
-            _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi)
+            _outputs(m, s0, s1, th, tw, ys, buf, y, lo, hi, acc)
 
 
 @njit(**_OPTS)
-def forward(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots):
-    """The whole-tile forward (groups of `size` samples) on this thread, scratch slots[0]."""
-    _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[0], 0, 1)
+def forward(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots, acc):
+    """The whole-tile forward (groups of `size` samples) on this thread, scratch slots[0]; `acc`: y += it."""
+    _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[0], 0, 1, acc)
 
 
 @njit(parallel=True, **_OPTS)
-def forward_parallel(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots):
-    """The whole-tile forward on len(slots) threads, one OpenMP region; the BLAS must run one thread a call."""
+def forward_parallel(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots, acc):
+    """The whole-tile forward on len(slots) threads; the BLAS must run one thread a call."""
     workers = slots.shape[0]
     for w in prange(workers):
-        _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[w], w, workers)
+        _forward_share(x, u, vf, mf, y, size, pad_h, pad_w, th, tw, slots[w], w, workers, acc)
 
 
 @njit(**_OPTS)
@@ -591,8 +548,7 @@ def transforms_parallel(x, dy, s0, s1, pad_h, pad_w, th, tw, v, dm, slots):
 
 @njit(**_OPTS)
 def _positions(a, b, c, acc, add, w, workers):
-    """Positions w, w + workers, ... of c[p] = a[p].T @ b[p] (dU's share of one group: V^T dM); with `add`,
-    then acc[p] += c[p] (one rounding per element, as `np.add`)."""
+    """Positions w, w + workers, ... of c[p] = a[p].T @ b[p]; with `add`, acc[p] += c[p]."""
     for p in range(w, a.shape[0], workers):
         gemm(a[p], b[p], c[p], True)
         if add:
@@ -609,35 +565,25 @@ def positions(a, b, c, acc, add):
 
 @njit(parallel=True, **_OPTS)
 def positions_parallel(a, b, c, acc, add, workers):
-    """The 16 positions' products on `workers` threads (see `_positions`); the BLAS must run one thread a call."""
+    """The 16 positions' products on `workers` threads."""
     for w in prange(workers):
         _positions(a, b, c, acc, add, w, workers)
 
 
-# The weight gradient over several groups (`cpu_winograd._Winograd._weight_grad`): dU is a sum over every tile of
-# the batch, which a split over workers would cut; so its order is fixed by the shapes instead. Each group's
-# units (tile rows) fall in two halves at a full group's middle m: [0, m) and [m, u) (a short last
-# group cut at the same unit, so that the two workers' rows of V and dM never overlap while they run through
-# the groups at their own pace); dU = H0 + H1, where Hh sums the products
-# V[p]^T dM[p] over half h's rows of each group, group after group, accumulating in the BLAS (beta = 1). Two
-# workers run one half each, transforms and GEMMs on their own rows of V and dM (which stay in their caches, and
-# no worker waits for the other); one worker runs the halves in turn. The same GEMM calls, in the same order,
-# into the same accumulator: the same bits (tested), which the by-position variant reproduces position by
-# position (`half_products`).
+# The weight gradient over several groups: dU = H0 + H1, Hh summing V[p]^T dM[p] over half h's tile rows of
+# each group (cut at a full group's middle), group after group in the BLAS (beta 1). One or two workers: the
+# same calls in the same order; the by-position variant repeats them (`half_products`).
 
 @njit(inline="always", **_OPTS)
 def half_cut(size, th, units):
-    """The unit where a group's two halves meet: a full group's middle (`size` samples of `th` tile rows), cut to
-    the group's own `units` (a short last group), so that the two workers' rows never meet. Both variants split
-    here, which keeps their bits equal."""
+    """The unit where a group's two halves meet: a full group's middle, clipped to `units`."""
     return min(size * th // 2, units)
 
 
 @njit(**_OPTS)
 def half_products(v, dm, cut, tw, acc, acc1, started):
-    """One position's share of one group: acc (+)= v[:cut * tw]^T dm[:cut * tw] (half 0's tile rows) and
-    acc1 (+)= the same over the rest (half 1's); `started[h]`: whether half h's accumulator holds a sum yet (set
-    here). v: (T, CiB), dm: (T, CoB), T the group's tiles; cut: the unit the halves meet at (`_dw_half`)."""
+    """One position's share of one group: acc (+)= half 0's V^T dM, acc1 (+)= half 1's;
+    `started[h]`: whether half h holds a sum yet."""
     r = cut * tw
     if r > 0:
         gemm_acc(v[:r], dm[:r], acc, True, False, started[0])
@@ -649,9 +595,7 @@ def half_products(v, dm, cut, tw, acc, acc1, started):
 
 @njit(**_OPTS)
 def _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, slot, h):
-    """Half h of every group, in group order: its units' V and dM, then its 16 products into acc (the first one
-    written, the others accumulated). vf, df: the flat V and dM buffers, seen as a full group's (16, rows, CB)
-    for every group (as in `_forward_share`)."""
+    """Half h of every group in group order: V and dM of its units, then 16 products into acc."""
     n = x.shape[0]
     cib, cob = acc.shape[1], acc.shape[2]
     xs, ds, buf = _slot_views(slot, th, tw)
@@ -681,7 +625,7 @@ def weight_grad_halves(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, acc1, slo
 
 @njit(parallel=True, **_OPTS)
 def weight_grad_halves_parallel(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc, acc1, slots):
-    """The same on two threads, one half each (scratch slots[0] and slots[1]); the BLAS must run one thread a call."""
+    """The same on two threads, one half each; the BLAS must run one thread a call."""
     for h in prange(2):
         _dw_half(x, dy, size, pad_h, pad_w, th, tw, vf, df, acc if h == 0 else acc1, slots[h], h)
     add_into(acc, acc1)

@@ -1,19 +1,18 @@
-"""Carving a kernel's flat uint8 workspace into typed arrays: shared by the convolution algorithms
-(`cpu_conv`, `cpu_winograd`), whose workspace sizes the planner reserves exactly as their layouts say."""
+"""Carving a convolution's flat uint8 workspace into typed arrays, at the offsets the planner reserved."""
 from __future__ import annotations
 
 import numpy as np
 
-ALIGN = 64  # byte alignment of each sub-buffer inside a workspace
+ALIGN = 64  # bytes: alignment of each sub-buffer
 
 
 def align(nbytes: int) -> int:
-    """`nbytes` rounded up to the next sub-buffer boundary."""
+    """`nbytes` rounded up to `ALIGN`."""
     return -(-nbytes // ALIGN) * ALIGN
 
 
 def view(ws: np.ndarray, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """The C-contiguous `shape` array of `dtype` at byte `offset` of the workspace `ws` (no copy)."""
+    """The C-contiguous `shape` array of `dtype` at byte `offset` of `ws` (no copy)."""
     nbytes = int(np.prod(shape)) * dtype.itemsize
     a = ws[offset:offset + nbytes].view(dtype).reshape(shape)
     if not a.flags.aligned:

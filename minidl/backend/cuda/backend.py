@@ -29,13 +29,16 @@ What lives where on the device:
   the plan releases the tensor (compute waits for the offload's `done`) before it prefetches it, and the
   prefetch waits for an event recorded on compute after that wait. The host store
   is pinned memory (`host_empty`), so device<->host copies are truly asynchronous.
-* **cuDNN graphs** (convolution forward / backward-data / backward-filter, batch norm training / inference /
-  backward, ReLU forward / backward) are built once per shape (`cudnn_specs.GraphKey`) by `CudnnGraphs`, the one
+* **cuDNN graphs** (convolution forward / backward-data / backward-filter / backward-data with a fused add of
+  the delta it accumulates into, batch norm training / inference / backward, ReLU forward / backward) are built
+  once per shape (`cudnn_specs.GraphKey`) by `CudnnGraphs`, the one
   class that calls the cuDNN frontend (a version difference of its API is a fix in one place). Convolutions
   expose every buildable execution plan with its workspace size to the memory planner through
   `conv_workspace_options` (see `cudnn_specs.conv_options`). If cuDNN supports no engine for a BN or ReLU graph
   (e.g. an engine that insists on NHWC), the backend falls back to cupy kernels (BN) or kernels/elementwise.cu
-  (ReLU) and records why in `fallbacks`; convolutions have no fallback and fail loudly.
+  (ReLU) and records why in `fallbacks`; so does a backward-data graph with a fused add, whose options then
+  write dx into the workspace and add it after (`+add`); the other convolutions have no fallback and fail
+  loudly.
 * **kernels/*.cu** (pooling, loss, optimizers, dropout, concat, LRN, elementwise) are loaded with
   `cupy.RawModule` and launched with the arguments and grid of `launches.LAUNCHERS`.
 
@@ -517,14 +520,14 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         return DeviceArenaBacking(self.cp)
 
     def paged_backing(self):
-        """The paged pool's memory (`--paged`): driver-API chunks mapped into a reserved range (`cuda_vmm`)."""
+        """The paged pool's memory (`--paged`): driver-API chunks mapped into a reserved range (`cuda.vmm`)."""
         from .vmm import VmmBacking
 
         return VmmBacking(self.cp, device=int(self.cp.cuda.runtime.getDevice()))
 
     def measure_link(self, nbytes: int | None = None, repeats: int = 3):
         """The host link's bandwidth (each direction alone and with both busy) and per-copy latency, measured on
-        this backend's copy streams (`cuda_calibrate.measure_link`): what `memory/calibrate.py` builds the
+        this backend's copy streams (`cuda.calibrate.measure_link`): what `memory/calibrate.py` builds the
         simulator's measured profile from. Blocks; call before training."""
         from .calibrate import BANDWIDTH_BYTES, measure_link
 

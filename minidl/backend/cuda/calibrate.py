@@ -1,16 +1,8 @@
 """Measuring the host link of a CUDA device, for the simulator's measured profile (`memory/calibrate.py`).
 
-The datasheet profiles assume one copy stream at a nominal PCIe bandwidth with no per-copy cost. The CUDA
-backend copies on two streams (one per direction) and every copy pays a fixed setup cost, so the planner's
-timing (`auto`: offload a tensor or recompute it) is only as good as the link figures it is given. This measures
-them on the device, with device events (no host clock inside a measurement):
-
-* each direction alone, on a `nbytes` pinned <-> device copy (the best of `repeats`);
-* each direction while the other runs at the same time (the figure the duplex model uses: both streams busy);
-* the latency: the median time of a `LATENCY_BYTES` copy in each direction, i.e. what a copy costs besides its
-  bytes.
-
-Runs only where a GPU is (`CUDABackend.measure_link`); host tests give `LinkMeasurement`s directly.
+With device events on the backend's two copy streams: each direction alone and while the other runs (what the
+duplex model uses), best of `repeats`; the per-copy latency, the median of small copies. Runs only where a GPU
+is (`CUDABackend.measure_link`); host tests give `LinkMeasurement`s directly.
 """
 from __future__ import annotations
 
@@ -19,15 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Size of the copies that measure the per-copy latency (small enough for the bytes to be negligible).
+#: Bytes of the latency copies (their bytes negligible).
 LATENCY_BYTES = 4096
-#: Default size of the bandwidth copies: large enough to reach the link's steady state.
+#: Bytes of the bandwidth copies (the link's steady state).
 BANDWIDTH_BYTES = 256 << 20
 
 
 @dataclass(slots=True, frozen=True)
 class LinkMeasurement:
-    """Host link figures in bytes/s and seconds, measured by `measure_link` (or given, in tests)."""
+    """Host link figures in bytes/s and seconds."""
 
     h2d_bw: float           # host -> device alone
     d2h_bw: float           # device -> host alone
@@ -42,8 +34,8 @@ class LinkMeasurement:
 
 
 def measure_link(be, nbytes: int = BANDWIDTH_BYTES, repeats: int = 3, latency_repeats: int = 21) -> LinkMeasurement:
-    """Measure `be`'s (a CUDABackend) host link on its own copy streams (`transfer`: d2h, `prefetch_stream`:
-    h2d). Blocks the host; run before training, never inside a step."""
+    """Measure `be`'s host link on its copy streams (d2h `transfer`, h2d `prefetch_stream`); blocks the
+    host: run before training, never inside a step."""
     cp = be.cp
     n = int(nbytes) // 4
     dev_a, dev_b = cp.empty(n, np.float32), cp.empty(n, np.float32)

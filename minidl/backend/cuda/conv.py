@@ -15,27 +15,29 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ConvOps:
-    """Convolution and pooling.
+    """Convolution and pooling; a mixin of `CUDABackend`."""
 
-    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
-    call (`_check`, `_launch`, `_graph`...)."""
-
-    # -- convolution (cuDNN graphs; the planner picks the execution plan) -----------------------------------
+    # -- convolution (cuDNN graphs; the planner picks the execution plan)
     def _conv_graph(self, op: str, spec: cudnn_specs.ConvSpec) -> BuiltGraph:
         return self.graphs.get(spec.key(op, self.filters))  # no fallback: GraphUnsupported propagates
 
     def conv_workspace_options(self, phase: str, x_shape, w_shape, y_shape, stride, padding, dilation,
-                               groups: int, dtype=np.float32) -> list[WorkspaceOption]:
-        """The convolution's algorithms for `phase` ('fwd' or 'bwd') with their exact workspace bytes, fastest
-        first: what `Conv2d.workspace_options` returns on the CPU. Builds (and caches) the cuDNN graphs."""
+                               groups: int, dtype=np.float32, accumulate: bool = False) -> list[WorkspaceOption]:
+        """The algorithms for `phase` with exact workspaces, fastest first (builds and caches
+        the cuDNN graphs); `accumulate`: a backward adding dx into the delta it is given."""
         spec = cudnn_specs.ConvSpec.from_shapes(x_shape, w_shape, y_shape, stride, padding, dilation, groups, dtype)
         if phase == "fwd":
-            plans = {"fprop": self._conv_graph("fprop", spec).plans}
-        elif phase == "bwd":
-            plans = {"dgrad": self._conv_graph("dgrad", spec).plans, "wgrad": self._conv_graph("wgrad", spec).plans}
-        else:
+            return cudnn_specs.conv_options(phase, {"fprop": self._conv_graph("fprop", spec).plans})
+        if phase != "bwd":
             raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
-        return cudnn_specs.conv_options(phase, plans)
+        wgrad = self._conv_graph("wgrad", spec).plans
+        fused = self._graph(spec.key("dgrad_add", self.filters)) if accumulate else None
+        if fused is not None or not accumulate:
+            return cudnn_specs.conv_options(phase, {"dgrad": (fused or self._conv_graph("dgrad", spec)).plans,
+                                                    "wgrad": wgrad})
+        # no fused-add dgrad here (reason in `fallbacks`): `+add` names
+        return cudnn_specs.conv_options(phase, {"dgrad": self._conv_graph("dgrad", spec).plans, "wgrad": wgrad},
+                                        add_scratch=cudnn_specs.dx_scratch_bytes(spec.x, spec.dtype))
 
     def _workspace(self, op: str, workspace) -> tuple[int, int]:
         if workspace is None:
@@ -47,18 +49,7 @@ class ConvOps:
                 ws_bytes: int) -> cudnn_specs.PlanInfo:
         if algo is None:  # e.g. a recomputation: the heuristics' first plan that fits what was handed in
             return cudnn_specs.pick_plan(built.plans, ws_bytes)
-        index = cudnn_specs.parse_conv_algo(phase, algo)[which]
-        plan = built.find(index)
-        if plan is None:
-            # The algorithm was chosen for this convolution on the whole batch, and this call is on a slice of
-            # it: a fork's in-place gradient sum takes the input delta one sample at a time (layers/conv.py),
-            # and cuDNN builds other engines for one sample. The heuristics' first plan within the same
-            # workspace stands in (the same one at every step), and the report's `fallbacks` says so.
-            plan = cudnn_specs.pick_plan(built.plans, ws_bytes)
-            self.fallbacks.setdefault(
-                f"{built.key.op} {algo!r} on a slice", f"plan {index} is not built for this shape (have "
-                f"{[p.index for p in built.plans]}): plan {plan.index} ({plan.name}) runs instead")
-            return plan
+        plan = built.plan(cudnn_specs.parse_conv_algo(phase, algo)[which])
         if plan.workspace_bytes > ws_bytes:
             raise ValueError(f"conv2d {phase}: algorithm {algo!r} ({built.key.op} plan {plan.index}, "
                              f"{plan.name}) needs a workspace of {plan.workspace_bytes} bytes, got {ws_bytes}")
@@ -78,16 +69,31 @@ class ConvOps:
 
     @on_compute
     def conv2d_backward(self, x, w, dy, dx, dw, db, stride, padding, dilation, groups: int, algo: str | None,
-                        workspace) -> None:
+                        workspace, accumulate: bool = False) -> None:
+        """dx, dw, db given dy (any may be None); `accumulate`: dx += the data gradient, in the
+        `dgrad_add` graph or, under a `+add` algorithm, through the workspace's head."""
         self._check("conv2d_backward", x=x, w=w, dy=dy, dx=dx, dw=dw, db=db)
         spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, dy.shape, stride, padding, dilation, groups,
-                                           x.dtype)
+                                                x.dtype)
         ws_ptr, ws_bytes = self._workspace("conv2d_backward", workspace)
-        if dx is not None:
+        if dx is not None and accumulate and cudnn_specs.adds_after(algo):
+            head = cudnn_specs.dx_scratch_bytes(dx.shape, dx.dtype)
+            if ws_bytes < head:
+                raise ValueError(f"conv2d bwd: algorithm {algo!r} writes dx into its workspace: needs at least "
+                                 f"{head} bytes, got {ws_bytes}")
             g = self._conv_graph("dgrad", spec)
-            plan = self._choose(g, "bwd", algo, 0, ws_bytes)
-            self.graphs.execute(g, {"y": self._ptr(dy), "w": self._ptr(w), "x": self._ptr(dx)}, ws_ptr,
+            plan = self._choose(g, "bwd", algo, 0, ws_bytes - head)
+            part = workspace[:dx.nbytes].view(dx.dtype).reshape(dx.shape)
+            self.graphs.execute(g, {"y": self._ptr(dy), "w": self._ptr(w), "x": self._ptr(part)}, ws_ptr + head,
                                 plan.index)
+            self.accumulate(dx, part)
+        elif dx is not None:
+            g = self._conv_graph("dgrad_add" if accumulate else "dgrad", spec)
+            plan = self._choose(g, "bwd", algo, 0, ws_bytes)
+            pointers = {"y": self._ptr(dy), "w": self._ptr(w), "x": self._ptr(dx)}
+            if accumulate:
+                pointers["x_acc"] = pointers["x"]
+            self.graphs.execute(g, pointers, ws_ptr, plan.index)
         if dw is not None:  # same stream, so it reuses the workspace after dgrad is done with it
             g = self._conv_graph("wgrad", spec)
             plan = self._choose(g, "bwd", algo, 1, ws_bytes)
@@ -96,7 +102,7 @@ class ConvOps:
         if db is not None:
             self._norm_kernels().sum_f32(dy, axis=(0, 2, 3), out=db)
 
-    # -- pooling (kernels/pool.cu) ---------------------------------------------------------------------------
+    # -- pooling (kernels/pool.cu)
     @on_compute
     def maxpool2d_forward(self, x, y, kernel, stride, padding, dilation) -> None:
         self._check("maxpool2d_forward", x=x, y=y)

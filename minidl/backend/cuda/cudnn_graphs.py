@@ -1,12 +1,9 @@
 """The cuDNN frontend adapter, the only code that calls `cudnn.*`: graphs built (or loaded from the plan cache),
 kept per `GraphKey`, executed.
 
-A convolution graph keeps up to `max_plans` execution plans (each a workspace option the planner chooses among); a
-batch-norm or ReLU graph keeps one, the heuristics' first that builds (`_run_graph` runs no other). With a
-`plan_cache.PlanStore`, a graph built here is recorded, and a graph recorded by an earlier process is loaded:
-its plans deserialized, else rebuilt from their `(engine_id, knobs)`, else built afresh (plan_cache.py says
-why; `stats` counts each way). Either way the plans, their indices, names and workspaces are the recorded ones,
-so a plan made in a warm process is the plan of a cold one.
+A convolution graph keeps up to `max_plans` plans (the planner's workspace options), a batch-norm or ReLU graph
+the first that builds. Rule: a graph loaded from a `plan_cache.PlanStore` has the recorded plans, indices,
+names and workspaces, so a warm process plans as a cold one.
 """
 from __future__ import annotations
 
@@ -30,23 +27,20 @@ CACHE_NOTES = 8
 
 
 def one_line(text: str, limit: int = REASON_CHARS) -> str:
-    """`text` as one line of at most `limit` characters: its first non-empty line, whitespace collapsed
-    (cuDNN's not-supported errors carry multi-KB logs; a report needs the reason, not the log)."""
+    """`text`'s first non-empty line, collapsed, at most `limit` characters (cuDNN's errors carry KB of log)."""
     first = next((ln for ln in str(text).splitlines() if ln.strip()), "")
     first = " ".join(first.split())
     return first if len(first) <= limit else first[:limit - 3] + "..."
 
 
-#: Every CudnnGraphs alive, so their cuDNN objects are released before the interpreter shuts down
-#: (backend.py's `_release_all`).
+#: Every CudnnGraphs alive: released before the interpreter shuts down (backend.py's `_release_all`).
 LIVE_GRAPHS: "weakref.WeakSet[CudnnGraphs]" = weakref.WeakSet()
 
 
 @dataclass(slots=True)
 class PlanRunner:
-    """Where one plan runs: `graph` at plan index `local` with the variant pack keyed by `tensors` (name -> the
-    graph's tensor handle or, for a deserialized graph, its uid); `local` None: the graph's one plan
-    (`graph.execute`)."""
+    """Where one plan runs: `graph` at plan index `local` (None: its one plan, `graph.execute`) with the
+    variant pack keyed by `tensors` (name -> handle, or uid for a deserialized graph)."""
 
     graph: Any
     local: int | None
@@ -70,7 +64,7 @@ class BuiltGraph:
                 self.runners[p.index] = PlanRunner(self.graph, p.index, self.tensors)
 
     def find(self, index: int) -> cudnn_specs.PlanInfo | None:
-        """The built plan numbered `index`, or None where cuDNN built no such plan for this graph."""
+        """The built plan numbered `index`, or None."""
         return next((p for p in self.plans if p.index == index), None)
 
     def plan(self, index: int) -> cudnn_specs.PlanInfo:
@@ -86,20 +80,9 @@ class _Stale(Exception):
 
 
 class CudnnGraphs:
-    """Builds, caches and executes cuDNN frontend graphs (`cudnn.pygraph`).
-
-    The workflow is the documented one: `pygraph(io_data_type=, intermediate_data_type=, compute_data_type=,
-    handle=)`, `tensor(name=, dim=, stride=, data_type=)`, the op, `set_output(True)` + dims/strides/type of
-    the outputs, `validate()`, `build_operation_graph()`, `create_execution_plans([A, FALLBACK])`,
-    `deselect_numeric_notes(...)`, `check_support()`, then `build_plan_at_index(i)` and
-    `get_workspace_size_plan_at_index(i)` for each engine config, and `execute_plan_at_index(variant_pack,
-    workspace, index, handle=)` with device pointers (ints) in the variant pack. The plan cache adds
-    `get_engine_and_knobs_at_index(i)` and `serialize(as_bytes=True)` after each build; loading,
-    `deserialize(handle, blob)` then `execute(variant_pack, workspace, handle=)`, or `create_execution_plan(engine_id,
-    knobs)` then `build_plan_at_index`.
-
-    `cudnn` is the module, injected so host tests can pass a recording fake; `store` the plan cache (None: none).
-    """
+    """Builds, caches and executes cuDNN frontend graphs (`cudnn.pygraph`) by the documented workflow
+    (`create_execution_plans([A, FALLBACK])`, `build_plan_at_index`, `execute_plan_at_index`). `cudnn` is injected
+    (host tests pass a fake); `store` the plan cache or None."""
 
     def __init__(self, cudnn, handle, max_plans: int = 8, store: PlanStore | None = None):
         self.cudnn = cudnn
@@ -116,12 +99,11 @@ class CudnnGraphs:
         return len(self._cache)
 
     def release(self) -> None:
-        """Drop every built graph (and its tensors and plans); later `get`s build them again."""
+        """Drop every built graph; later `get`s build them again."""
         self._cache.clear()
 
     def plan_limit(self, key: cudnn_specs.GraphKey) -> int:
-        """Plans kept for `key`: every buildable one up to `max_plans` for a convolution (workspace options), the
-        first for the others (only it runs)."""
+        """Plans kept for `key`: up to `max_plans` for a convolution, else the first."""
         return self.max_plans if key.op.startswith("conv_") else 1
 
     def _note(self, text: str) -> None:
@@ -139,14 +121,16 @@ class CudnnGraphs:
     def _tensor(self, g, d: cudnn_specs.TensorDesc):
         return g.tensor(data_type=self._enum("data_type", d.dtype), **d.kwargs())
 
-    def _output(self, t, d: cudnn_specs.TensorDesc):
-        t.set_output(True)
+    def _output(self, t, d: cudnn_specs.TensorDesc, output: bool = True):
+        """Shape an op's result as `d`; `output` False: virtual (kept inside the graph)."""
+        if output:
+            t.set_output(True)
         t.set_dim(list(d.dim))
         t.set_stride(list(d.stride))
         t.set_data_type(self._enum("data_type", d.dtype))
         return t
 
-    # -- graph bodies: each returns {tensor name: handle} ---------------------------------------------------
+    # -- graph bodies: each returns {tensor name: handle}
     def _conv_body(self, g, spec: cudnn_specs.ConvSpec, op: str) -> dict[str, Any]:
         d = spec.descs()
         (a, b), out = spec.io(op)
@@ -154,11 +138,17 @@ class CudnnGraphs:
         kw = spec.conv_kwargs()
         if op == "fprop":
             t = g.conv_fprop(image=ta, weight=tb, name="fprop", **kw)
-        elif op == "dgrad":
-            t = g.conv_dgrad(loss=ta, filter=tb, name="dgrad", **kw)
-        else:
+        elif op == "wgrad":
             t = g.conv_wgrad(image=ta, loss=tb, name="wgrad", **kw)
-        return {a: ta, b: tb, out: self._output(t, d[out])}
+        else:
+            t = g.conv_dgrad(loss=ta, filter=tb, name="dgrad", **kw)
+        if op != "dgrad_add":
+            return {a: ta, b: tb, out: self._output(t, d[out])}
+        # dx + x_acc in the dgrad's epilogue: x_acc is another tensor of the graph (cuDNN refuses a multi-node
+        # graph whose output is one of its inputs); the backend binds both to the delta's memory
+        acc = self._tensor(g, d["x_acc"])
+        total = g.add(a=self._output(t, d[out], output=False), b=acc, name="add_into")
+        return {a: ta, b: tb, "x_acc": acc, out: self._output(total, d[out])}
 
     def _bn_body(self, g, spec: cudnn_specs.BNSpec, op: str) -> dict[str, Any]:
         d = spec.descs(op)
@@ -202,9 +192,9 @@ class CudnnGraphs:
             return lambda g: self._pointwise_body(g, spec, op)
         raise ValueError(f"unknown graph op {op!r}")
 
-    # -- build ---------------------------------------------------------------------------------------------
+    # -- build
     def get(self, key: cudnn_specs.GraphKey) -> BuiltGraph:
-        """The built graph for `key`: built (or loaded from the plan cache) on first use. Raises GraphUnsupported."""
+        """The built graph for `key`, built or loaded on first use. Raises GraphUnsupported."""
         built = self._cache.get(key)
         if built is None:
             with startup.phase("cudnn_graphs"):
@@ -285,8 +275,8 @@ class CudnnGraphs:
             return f"plan{i}"
 
     def _record(self, g, plan: cudnn_specs.PlanInfo, tensors: dict[str, Any]) -> PlanRecord:
-        """What the plan cache keeps of built plan `plan` of `g`: whatever the frontend gives of its
-        `(engine_id, knobs)` and of its serialized form (either may be missing: loading then takes the next way)."""
+        """What the plan cache keeps of plan `plan`: its `(engine_id, knobs)` and serialized form,
+        either may be missing."""
         rec = PlanRecord(plan.index, plan.name, plan.workspace_bytes)
         try:
             engine_id, knobs = g.get_engine_and_knobs_at_index(index=plan.index)
@@ -302,10 +292,9 @@ class CudnnGraphs:
             rec.blob, rec.uids = None, {}
         return rec
 
-    # -- load ------------------------------------------------------------------------------------------------
+    # -- load
     def _load(self, key: cudnn_specs.GraphKey) -> BuiltGraph | None:
-        """`key`'s graph from the plan cache, or None (nothing cached, or an entry that did not load: counted
-        `stale`, with the reason in `cache_notes`; the caller then builds it and rewrites the entry)."""
+        """`key`'s graph from the plan cache, or None (an unusable entry counted `stale`, noted)."""
         if self.store is None:
             return None
         entry = self.store.load(key, self.plan_limit(key))
@@ -321,8 +310,8 @@ class CudnnGraphs:
         return built
 
     def _restore(self, key: cudnn_specs.GraphKey, entry: GraphEntry) -> tuple[BuiltGraph, bool]:
-        """The recorded plans, each deserialized where it can be; the others rebuilt on one fresh graph from their
-        `(engine_id, knobs)` (raises _Stale where a plan cannot be, or builds with another workspace)."""
+        """The recorded plans, deserialized where possible, else rebuilt on one fresh graph (raises
+        _Stale where a plan cannot be, or reports another workspace)."""
         runners: dict[int, PlanRunner] = {}
         rest = []
         for rec in entry.plans:
@@ -338,8 +327,7 @@ class CudnnGraphs:
         return BuiltGraph(key, graph, tensors, plans, entry.relaxed, runners), bool(rest)
 
     def _deserialize(self, rec: PlanRecord) -> PlanRunner | None:
-        """The serialized plan `rec` loaded into a graph of its own (None, with a note, where it does not load or
-        reports another workspace than it was built with)."""
+        """The serialized plan `rec` in a graph of its own, or None with a note."""
         try:
             g = self.cudnn.pygraph(handle=self.handle)
             g.deserialize(self.handle, rec.blob)
@@ -354,7 +342,7 @@ class CudnnGraphs:
 
     def _replay(self, key: cudnn_specs.GraphKey, recs: list[PlanRecord],
                 runners: dict[int, PlanRunner]) -> tuple[Any, dict[str, Any]]:
-        """Build `recs` on a fresh graph of `key` from their `(engine_id, knobs)`, skipping the heuristics."""
+        """Build `recs` on a fresh graph from their `(engine_id, knobs)`, skipping the heuristics."""
         g = self._new_graph()
         tensors = self._body(key)(g)
         g.validate()
@@ -373,10 +361,9 @@ class CudnnGraphs:
             runners[rec.index] = PlanRunner(g, local, tensors)
         return g, tensors
 
-    # -- execute -------------------------------------------------------------------------------------------
+    # -- execute
     def execute(self, built: BuiltGraph, pointers: dict[str, int], workspace_ptr: int, plan_index: int) -> None:
-        """Run plan `plan_index` of `built`; `pointers` maps every tensor name to a device address (or, for a
-        pass-by-value scalar, a host address)."""
+        """Run plan `plan_index` of `built`; `pointers`: tensor name -> device (or host scalar) address."""
         runner = built.runners.get(int(plan_index))
         if runner is None:
             built.plan(plan_index)  # raises, naming the plans there are

@@ -1,10 +1,9 @@
 """cuDNN graph parameters and convolution "algorithms", device-free (host-tested, no cuDNN needed).
 
-`TensorDesc` is exactly what `pygraph.tensor(name=, dim=, stride=, data_type=)` receives; `ConvSpec.conv_kwargs()` the
-`padding=/stride=/dilation=` lists of `conv_fprop`, `conv_dgrad`, `conv_wgrad`. `GraphKey` keys a built graph: op,
-shapes, parameters and engine filters, never a pointer (pointers are bound per call). cuDNN's execution plans per
-convolution reach the memory planner as `WorkspaceOption`s named `cudnn:f<i>` (forward plan i) and `cudnn:d<i>w<j>`
-(dgrad plan i then wgrad plan j, sharing one workspace of max(ws_i, ws_j)): the fastest whose workspace fits wins.
+`TensorDesc` is what `pygraph.tensor(...)` receives; `GraphKey` keys a built graph by op, shapes, parameters and
+engine filters, never a pointer. Execution plans reach the planner as `cudnn:f<i>` (forward plan i) and
+`cudnn:d<i>w<j>` (dgrad plan i, wgrad plan j, one workspace of max(ws_i, ws_j)). An accumulating backward runs
+the `dgrad_add` graph under the same names, else `cudnn:d<i>w<j>+add`: dgrad into the workspace's head, added after.
 """
 from __future__ import annotations
 
@@ -17,11 +16,7 @@ import numpy as np
 
 from ...core.vocab import WorkspaceOption
 from ..common import conv_output_hw
-from .views import contiguous_strides, shape_tuple
-
-# ---------------------------------------------------------------------------------------------------------
-# cuDNN tensor descriptors
-# ---------------------------------------------------------------------------------------------------------
+from .views import CUDA_MALLOC_ALIGNMENT, contiguous_strides, shape_tuple
 
 _CUDNN_DTYPES = {
     np.dtype(np.float32): "FLOAT",
@@ -36,7 +31,7 @@ _CUDNN_DTYPES = {
 
 
 def cudnn_dtype_name(dtype) -> str:
-    """The member name of `cudnn.data_type` for a numpy dtype ("FLOAT" for float32, ...)."""
+    """The member name of `cudnn.data_type` for a numpy dtype."""
     dt = np.dtype(dtype)
     try:
         return _CUDNN_DTYPES[dt]
@@ -46,10 +41,8 @@ def cudnn_dtype_name(dtype) -> str:
 
 @dataclass(slots=True, frozen=True)
 class TensorDesc:
-    """The arguments of one `pygraph.tensor(...)` call (or of `set_dim/set_stride/set_data_type` on an output).
-
-    `dim`/`stride` are in elements; `dtype` is a `cudnn.data_type` member name; `by_value` marks a scalar that
-    is passed by host pointer at execution (BN's epsilon and momentum)."""
+    """The arguments of one `pygraph.tensor(...)`: `dim`/`stride` in elements; `by_value`: a scalar
+    passed by host pointer (BN's epsilon and momentum)."""
 
     name: str
     dim: tuple[int, ...]
@@ -58,7 +51,7 @@ class TensorDesc:
     by_value: bool = False
 
     def kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `pygraph.tensor` except `data_type` (the adapter maps the name to the enum)."""
+        """`pygraph.tensor`'s arguments but `data_type` (the adapter maps it)."""
         kw: dict[str, Any] = {"name": self.name, "dim": list(self.dim), "stride": list(self.stride)}
         if self.by_value:
             kw["is_pass_by_value"] = True
@@ -76,7 +69,7 @@ def nchw_desc(name: str, shape: Sequence[int], dtype=np.float32) -> TensorDesc:
 
 
 def channel_desc(name: str, channels: int, dtype=np.float32) -> TensorDesc:
-    """A per-channel vector of C values seen as (1, C, 1, 1), as cuDNN's BN scale/bias/statistics are."""
+    """A per-channel vector seen as (1, C, 1, 1), as cuDNN's BN parameters are."""
     c = int(channels)
     if c <= 0:
         raise ValueError(f"{name}: channel count must be positive, got {c}")
@@ -90,18 +83,13 @@ def scalar_desc(name: str, dtype=np.float32) -> TensorDesc:
 
 @dataclass(slots=True, frozen=True)
 class EngineFilters:
-    """Which cuDNN engines a graph may use; part of every graph's cache key.
-
-    `allow_tf32=False` deselects engines with the TENSOR_CORE / DOWN_CONVERT_INPUTS numerical notes, which
-    compute float32 convolutions in TF32 (10-bit mantissa): results would then miss the CPU reference by ~1e-3.
-    `deterministic=True` deselects NONDETERMINISTIC engines (atomics), so two runs give the same bits.
-    """
+    """Which cuDNN engines a graph may use (part of its key): without `allow_tf32`, no TENSOR_CORE /
+    DOWN_CONVERT_INPUTS (TF32: ~1e-3 off); with `deterministic`, no NONDETERMINISTIC (atomics)."""
 
     allow_tf32: bool = False
     deterministic: bool = True
 
     def numeric_notes(self) -> tuple[str, ...]:
-        """Member names of `cudnn.numerical_note` to deselect."""
         notes = []
         if not self.allow_tf32:
             notes += ["TENSOR_CORE", "DOWN_CONVERT_INPUTS"]
@@ -112,15 +100,15 @@ class EngineFilters:
 
 @dataclass(slots=True, frozen=True)
 class GraphKey:
-    """Cache key of a built cuDNN graph: shapes and parameters only (pointers are bound at execution)."""
+    """Cache key of a built cuDNN graph: shapes and parameters only."""
 
     op: str
     spec: Any          # ConvSpec | BNSpec | PointwiseSpec (frozen dataclasses, hashable)
     filters: EngineFilters
 
 
-# -- convolution -----------------------------------------------------------------------------------------------
-CONV_OPS = ("fprop", "dgrad", "wgrad")
+# -- convolution
+CONV_OPS = ("fprop", "dgrad", "wgrad", "dgrad_add")
 
 
 @dataclass(slots=True, frozen=True)
@@ -160,21 +148,20 @@ class ConvSpec:
         return cls(x, w, y, stride, padding, dilation, groups, np.dtype(dtype).name)  # type: ignore[arg-type]
 
     def conv_kwargs(self) -> dict[str, list[int]]:
-        """`padding=`, `stride=`, `dilation=` of `conv_fprop` / `conv_dgrad` / `conv_wgrad` (symmetric padding:
-        cuDNN's `padding` is applied before and after each spatial axis, like PyTorch's)."""
+        """`padding=`, `stride=`, `dilation=` of the conv ops (padding symmetric, as PyTorch's)."""
         return {"padding": list(self.padding), "stride": list(self.stride), "dilation": list(self.dilation)}
 
     def descs(self) -> dict[str, TensorDesc]:
-        """The three tensors of the convolution: x (image), w (filter), y (output / its gradient)."""
+        """x (image), w (filter), y (output or its gradient), x_acc (the delta `dgrad_add` adds to)."""
         return {"x": nchw_desc("x", self.x, self.dtype), "w": nchw_desc("w", self.w, self.dtype),
-                "y": nchw_desc("y", self.y, self.dtype)}
+                "y": nchw_desc("y", self.y, self.dtype), "x_acc": nchw_desc("x_acc", self.x, self.dtype)}
 
     def io(self, op: str) -> tuple[tuple[str, str], str]:
-        """(the two graph inputs, the output) of `op`, by tensor name: fprop (x, w) -> y, dgrad (y=dy, w) -> x=dx,
-        wgrad (x, y=dy) -> w=dw."""
+        """(graph inputs, output) of `op`: fprop (x, w) -> y, dgrad (y, w) -> x, wgrad (x, y) -> w;
+        dgrad_add's x is dx + x_acc."""
         if op == "fprop":
             return ("x", "w"), "y"
-        if op == "dgrad":
+        if op in ("dgrad", "dgrad_add"):
             return ("y", "w"), "x"
         if op == "wgrad":
             return ("x", "y"), "w"
@@ -185,7 +172,7 @@ class ConvSpec:
         return GraphKey(f"conv_{op}", self, filters)
 
 
-# -- batch normalization and pointwise -------------------------------------------------------------------------
+# -- batch normalization and pointwise
 BN_OPS = ("bn_train", "bn_infer", "bn_backward")
 
 
@@ -214,7 +201,7 @@ class BNSpec:
         return n * h * w
 
     def descs(self, op: str) -> dict[str, TensorDesc]:
-        """The tensors of graph `op`; their names are the keys of the variant pack the backend binds."""
+        """The tensors of graph `op`, named as the backend's variant pack."""
         c, dt = self.channels, self.dtype
         big = lambda name: nchw_desc(name, self.x, dt)  # noqa: E731
         vec = lambda name: channel_desc(name, c, dt)    # noqa: E731
@@ -255,7 +242,7 @@ class PointwiseSpec:
         return cls(shape_tuple(shape), np.dtype(dtype).name)  # type: ignore[arg-type]
 
     def dims4(self) -> tuple[int, int, int, int]:
-        """The shape padded with trailing ones to 4-D (or folded into 4-D): cuDNN graph tensors are >= 4-D here."""
+        """The shape padded with trailing ones (or folded) to 4-D."""
         s = self.shape
         if len(s) <= 4:
             return tuple(s) + (1,) * (4 - len(s))  # type: ignore[return-value]
@@ -275,13 +262,11 @@ class PointwiseSpec:
         return GraphKey(op, self, filters)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Execution plans as workspace options
-# ---------------------------------------------------------------------------------------------------------
+# -- execution plans as workspace options
 
 @dataclass(slots=True, frozen=True)
 class PlanInfo:
-    """A built cuDNN execution plan: its index in the graph's engine-config list, engine name, workspace."""
+    """A built execution plan: its index in the engine-config list, engine name, workspace."""
 
     index: int
     name: str
@@ -289,8 +274,9 @@ class PlanInfo:
 
 
 ALGO_PREFIX = "cudnn:"
+ADD_AFTER = "+add"  # a backward option's suffix: dgrad into the workspace's head, then added to the delta
 _FWD_RE = re.compile(r"^cudnn:f(\d+)$")
-_BWD_RE = re.compile(r"^cudnn:d(\d+)w(\d+)$")
+_BWD_RE = re.compile(r"^cudnn:d(\d+)w(\d+)(?:\+add)?$")
 
 
 def fwd_algo(plan: int) -> str:
@@ -298,9 +284,20 @@ def fwd_algo(plan: int) -> str:
     return f"{ALGO_PREFIX}f{int(plan)}"
 
 
-def bwd_algo(dgrad_plan: int, wgrad_plan: int) -> str:
-    """Algorithm name of backward with dgrad plan `dgrad_plan` and wgrad plan `wgrad_plan`."""
-    return f"{ALGO_PREFIX}d{int(dgrad_plan)}w{int(wgrad_plan)}"
+def bwd_algo(dgrad_plan: int, wgrad_plan: int, add_after: bool = False) -> str:
+    """Name of a backward with dgrad plan and wgrad plan; `add_after`: dgrad into the workspace, then added."""
+    return f"{ALGO_PREFIX}d{int(dgrad_plan)}w{int(wgrad_plan)}" + (ADD_AFTER if add_after else "")
+
+
+def adds_after(algo: str | None) -> bool:
+    """Whether backward algorithm `algo` adds a dgrad written into its workspace."""
+    return bool(algo) and algo.endswith(ADD_AFTER)
+
+
+def dx_scratch_bytes(x_shape, dtype) -> int:
+    """Bytes at the head of a `+add` workspace receiving dx, aligned for the plan's own workspace."""
+    n = math.prod(int(v) for v in x_shape) * np.dtype(dtype).itemsize
+    return -(-n // CUDA_MALLOC_ALIGNMENT) * CUDA_MALLOC_ALIGNMENT
 
 
 def parse_conv_algo(phase: str, algo: str) -> tuple[int, ...]:
@@ -319,13 +316,12 @@ def parse_conv_algo(phase: str, algo: str) -> tuple[int, ...]:
 
 
 def plan_cost(rank: int) -> float:
-    """Relative cost of the plan cuDNN's heuristics ranked `rank` (0 = their first choice). Heuristics order
-    plans by expected speed; measured times can replace this later without changing the interface."""
+    """Relative cost of the plan cuDNN's heuristics ranked `rank` (0: their first choice)."""
     return 1.0 + 0.1 * int(rank)
 
 
 def pareto(cands: list[tuple[float, int, str]]) -> list[WorkspaceOption]:
-    """Keep an option only if it needs less workspace than every faster one (others are never chosen)."""
+    """Keep an option only if it needs less workspace than every faster one."""
     out: list[WorkspaceOption] = []
     best_ws = None
     for cost, ws, algo in sorted(cands, key=lambda c: (c[0], c[1], c[2])):
@@ -335,10 +331,10 @@ def pareto(cands: list[tuple[float, int, str]]) -> list[WorkspaceOption]:
     return out
 
 
-def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[WorkspaceOption]:
-    """Workspace options of a convolution phase, fastest first, from the built plans of its graphs (each list in
-    cuDNN's heuristic order). 'fwd' reads plans['fprop']; 'bwd' pairs plans['dgrad'] with plans['wgrad'].
-    Dominated options (slower and no smaller) are dropped."""
+def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]],
+                 add_scratch: int | None = None) -> list[WorkspaceOption]:
+    """A phase's workspace options, fastest first, from its built plans in heuristic order ('bwd' pairs
+    dgrad with wgrad; `add_scratch`: the `+add` variants); dominated ones dropped."""
     if phase == "fwd":
         fp = plans["fprop"]
         if not fp:
@@ -348,7 +344,9 @@ def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]]) -> list[Wo
         dg, wg = plans["dgrad"], plans["wgrad"]
         if not dg or not wg:
             raise ValueError("conv2d bwd: cuDNN offers no execution plan for dgrad or wgrad")
-        cands = [(plan_cost(rd) + plan_cost(rw), max(d.workspace_bytes, w.workspace_bytes), bwd_algo(d.index, w.index))
+        head = add_scratch or 0
+        cands = [(plan_cost(rd) + plan_cost(rw), max(head + d.workspace_bytes, w.workspace_bytes),
+                  bwd_algo(d.index, w.index, add_scratch is not None))
                  for rd, d in enumerate(dg) for rw, w in enumerate(wg)]
         return pareto(cands)
     raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
@@ -360,10 +358,7 @@ _GPU_PROFILES = (("H100", "h100"), ("H200", "h100"), ("V100", "v100"), ("TITAN X
 
 
 def profile_for_gpu(name: str) -> str:
-    """The simulator profile nearest the GPU called `name` (cudaDeviceProp.name). A plan's timing decisions
-    (when to start a prefetch, which tensors can be offloaded without stalling) use the profile's compute and
-    link speeds; an unknown GPU gets 'v100', whose slower link makes the offload planner start copies early
-    rather than late (a late prefetch stalls, an early one only holds memory sooner)."""
+    """The simulator profile nearest GPU `name`; unknown: 'v100' (its slower link prefetches early)."""
     upper = (name or "").upper()
     for fragment, profile in _GPU_PROFILES:
         if fragment in upper:
@@ -372,7 +367,7 @@ def profile_for_gpu(name: str) -> str:
 
 
 def pick_plan(plans: Sequence[PlanInfo], limit: int) -> PlanInfo:
-    """The first plan (heuristic order) whose workspace fits in `limit` bytes."""
+    """The first plan in heuristic order whose workspace fits `limit` bytes."""
     for p in plans:
         if p.workspace_bytes <= limit:
             return p

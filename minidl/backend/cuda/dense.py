@@ -1,17 +1,12 @@
-"""The CUDA backend's dense layers: `linear_forward` / `linear_backward` through cuBLAS (`cupy.cublas.gemm`),
-writing straight into the arena views they are given."""
+"""The CUDA backend's dense layers through cuBLAS (`cupy.cublas.gemm`), writing into the arena views given."""
 from __future__ import annotations
 
 from .ops import on_compute
 
 
 class DenseOps:
-    """Fully connected layers (matrix products).
+    """Fully connected layers; a mixin of `CUDABackend`."""
 
-    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
-    call (`_check`, `_launch`, `_graph`...)."""
-
-    # -- dense (cuBLAS through cupy.cublas.gemm: writes straight into the given views) ----------------------
     @on_compute
     def linear_forward(self, x, w, b, y) -> None:
         self._check("linear_forward", x=x, w=w, b=b, y=y)

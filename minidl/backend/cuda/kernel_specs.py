@@ -1,23 +1,10 @@
-"""Description of minidl's hand-written CUDA kernels (``kernels/*.cu``).
+"""Description of minidl's hand-written CUDA kernels (``kernels/*.cu``), numpy only (host-testable).
 
-Pure Python (numpy only, no cupy), so it can be imported and tested on
-machines without a GPU. It provides:
-
-* ``KERNELS``: a registry ``name -> KernelSpec`` giving, for every
-  ``extern "C" __global__`` entry point, its source file, its argument list
-  (name + C type, in order) and how it is launched. The CUDA backend uses it
-  to load the kernels with ``cupy.RawModule`` and to convert Python scalars
-  to the exact C types (cupy passes a Python ``float`` as ``double`` and an
-  ``int`` as ``long long``; see ``scalar_type`` / ``coerce_scalars``).
-* ``launch_config(kernel_name, n_or_shape)``: the grid/block to use.
-* The numpy reference of the counter-based dropout RNG of
-  ``kernels/elementwise.cu`` lives in ``minidl.backend.common``, which the CPU
-  backend uses too, so both backends draw the same mask bit for bit from the
-  same ``key``.
-
-Conventions of the kernels (see the header of ``kernels/elementwise.cu``):
-float32 data, int64 labels, outputs first, ``long long`` sizes, grid-stride
-loops (any grid is correct; ``launch_config`` only picks an efficient one).
+``KERNELS``: for every ``extern "C" __global__`` entry point, its file, its arguments (name and C type, in
+order) and its launch kind; the backend converts Python scalars to the exact C types (cupy passes a ``float``
+as ``double``, an ``int`` as ``long long``: ``coerce_scalars``). ``launch_config`` picks grid and block.
+Kernel conventions (``kernels/elementwise.cu``): float32 data, int64 labels, outputs first, ``long long``
+sizes, grid-stride loops (any grid is correct).
 """
 
 from __future__ import annotations
@@ -44,11 +31,8 @@ __all__ = [
 ]
 
 
-
 def _find_kernel_dir() -> Path:
-    """``<repo>/kernels`` in a source checkout; ``minidl/kernels`` once
-    installed (pyproject.toml maps the ``minidl.kernels`` package onto
-    ``kernels/``)."""
+    """``<repo>/kernels`` in a checkout; ``minidl/kernels`` once installed (pyproject's mapping)."""
     here = Path(__file__).resolve()
     candidates = (here.parents[3] / "kernels", here.parents[2] / "kernels")
     for d in candidates:
@@ -89,12 +73,7 @@ class Arg:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """An ``extern "C" __global__`` kernel of ``kernels/<file>``.
-
-    ``work`` says what ``n_or_shape`` to pass to ``launch_config``: the size
-    of the kernel's iteration space (e.g. ``"y.size"``), or for "row" /
-    "warp_row" kernels the ``(rows, row_length)`` shape.
-    """
+    """An ``extern "C" __global__`` kernel of ``kernels/<file>``; ``work``: what ``launch_config`` gets."""
 
     name: str
     file: str
@@ -122,8 +101,7 @@ def _args(sig: str) -> Tuple[Arg, ...]:
     out = []
     for part in sig.split(","):
         part = " ".join(part.split())
-        # the name is the last identifier; the C type is everything before it
-        # (a '*' may be glued to either side)
+        # the name is the last identifier; the C type everything before it
         star = part.rfind("*")
         space = part.rfind(" ")
         cut = max(star, space)
@@ -136,7 +114,7 @@ def _args(sig: str) -> Tuple[Arg, ...]:
 _POOL_DIMS = "long long N, long long C, long long H, long long W, long long OH, long long OW"
 
 _SPECS: Sequence[KernelSpec] = (
-    # ------------------------------------------------------------ loss.cu
+    # -- loss.cu
     KernelSpec(
         "softmax_xent_forward", "loss.cu",
         _args("float* loss, const float* logits, const long long* labels, "
@@ -188,7 +166,7 @@ _SPECS: Sequence[KernelSpec] = (
         launch="row", work="(N, K)",
         doc="(softmax - onehot) * scale[0] per row, zeros for ignored rows",
         torch_op="F.cross_entropy(ignore_index=...) backward"),
-    # ----------------------------------------------------------- optim.cu
+    # -- optim.cu
     KernelSpec(
         "sgd_update", "optim.cu",
         _args("float* param, const float* grad, float* momentum_buf, long long n, "
@@ -222,7 +200,7 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="param.size",
         doc="adam_update with {lr, step} read from device memory, skipped if diverged[0]: a CUDA graph's replay",
         torch_op="torch.optim.Adam.step"),
-    # ------------------------------------------------------------ pool.cu
+    # -- pool.cu
     KernelSpec(
         "maxpool2d_forward", "pool.cu",
         _args("float* y, const float* x, " + _POOL_DIMS + ", int kh, int kw, "
@@ -267,7 +245,7 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="dx.size",
         doc="dx[r, j] = dy[r] / HW",
         torch_op="F.adaptive_avg_pool2d(x, 1) backward"),
-    # --------------------------------------------------------- compress.cu
+    # -- compress.cu
     KernelSpec(
         "sz_quantize", "compress.cu",
         _args("long long* bins, unsigned char* outlier, const float* x, long long n, double eb"),
@@ -299,7 +277,7 @@ _SPECS: Sequence[KernelSpec] = (
         _args("float* y, const long long* idx, const float* vals, long long n_out"),
         launch="elementwise", work="n_out",
         doc="write the outliers' exact values back after sz_decode_blocks"),
-    # ----------------------------------------------------- elementwise.cu
+    # -- elementwise.cu
     KernelSpec(
         "add_forward", "elementwise.cu",
         _args("float* out, const float* a, const float* b, long long n"),
@@ -391,7 +369,7 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="x.size",
         doc="gradient of lrn_forward given x, its output y and dy",
         torch_op="nn.LocalResponseNorm backward"),
-    # ------------------------------------------------------------- seq.cu
+    # -- seq.cu
     KernelSpec(
         "layernorm_forward", "seq.cu",
         _args("float* y, float* mean, float* rstd, const float* x, const float* w, "
@@ -494,10 +472,6 @@ def source_path(file_or_kernel: str) -> Path:
     return KERNEL_DIR / file_or_kernel
 
 
-# ---------------------------------------------------------------------------
-# Scalar argument types
-# ---------------------------------------------------------------------------
-
 _SCALAR_TYPES = {
     "float": np.float32,
     "double": np.float64,
@@ -518,11 +492,7 @@ def scalar_type(ctype: str):
 
 
 def coerce_scalars(kernel_name: str, args: Sequence) -> tuple:
-    """Convert the scalar arguments of ``args`` to the kernel's exact C types.
-
-    Pointer arguments (device arrays) are passed through untouched. Use it
-    right before ``RawKernel(grid, block, coerce_scalars(name, args))``.
-    """
+    """The scalar arguments of ``args`` converted to the kernel's C types; pointers untouched."""
     spec = KERNELS[kernel_name]
     if len(args) != spec.nargs:
         raise TypeError(f"{kernel_name} takes {spec.nargs} arguments "
@@ -536,11 +506,6 @@ def coerce_scalars(kernel_name: str, args: Sequence) -> tuple:
         else:
             out.append(scalar_type(a.ctype)(v))
     return tuple(out)
-
-
-# ---------------------------------------------------------------------------
-# Launch configuration
-# ---------------------------------------------------------------------------
 
 
 def _prod(shape: Iterable[int]) -> int:
@@ -563,26 +528,9 @@ def launch_config(kernel_name: str,
                   n_or_shape: Union[int, Sequence[int]],
                   device_max_threads: int = 1024,
                   sm_count: int = 132) -> Tuple[Tuple[int, int, int], Tuple[int, int, int]]:
-    """Return ``(grid, block)`` 3-tuples for launching ``kernel_name``.
-
-    ``n_or_shape`` is the kernel's work size (``KERNELS[name].work``): an int,
-    or a shape whose product is used for 1-D kernels. "row" kernels take
-    ``(N, K)`` and "warp_row" kernels ``(rows, row_length)`` (an int means
-    ``rows``).
-
-    * "elementwise" (grid-stride): threads = 256 (capped by
-      ``device_max_threads``), blocks = min(ceil(n / threads),
-      sm_count * 32), at least 1.
-    * "row" (loss): one block per row (grid = N, capped at the gridDim.x
-      limit; the kernel grid-strides over rows), threads = the next power of
-      two >= min(K, 1024), capped by ``device_max_threads``.
-    * "single_block": grid = 1, threads = min(256, next power of two >= n).
-    * "warp_row": 256 threads = 8 warps per block, one warp per row, blocks
-      capped at sm_count * 32.
-
-    n == 0 still yields a valid (1-block) launch; the kernels then do nothing
-    (the host may equally skip the launch).
-    """
+    """``(grid, block)`` 3-tuples for ``kernel_name`` over ``n_or_shape`` (its ``work``): "elementwise"
+    256 threads, at most sm_count * 32 blocks; "row" a block per row, threads the power of two >= min(K, 1024);
+    "single_block" one block; "warp_row" a warp per row. n == 0 still gives a valid launch."""
     spec = KERNELS[kernel_name]
     max_threads = _pow2_floor(min(int(device_max_threads), 1024))
     max_blocks = max(1, int(sm_count) * BLOCKS_PER_SM)

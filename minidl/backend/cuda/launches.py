@@ -1,6 +1,7 @@
-"""Kernel launches, device-free: `LAUNCHERS[name](...)` builds the full argument tuple of each `kernels/*.cu` entry
-point from the arrays' shapes (`kernel_specs.coerce_scalars`) and its grid and block (`kernel_specs.launch_config`),
-so every number handed to a launch is checked by host tests (tests/backend/test_cuda_host.py)."""
+"""Kernel launches, device-free: `LAUNCHERS[name](...)` builds each `kernels/*.cu` entry point's argument tuple
+(`kernel_specs.coerce_scalars`) and its grid and block (`kernel_specs.launch_config`) from the arrays' shapes,
+so every number a launch is handed is checked by host tests (tests/backend/test_cuda_host.py).
+"""
 from __future__ import annotations
 
 import math
@@ -12,9 +13,6 @@ import numpy as np
 from ..common import dropout_scale, dropout_threshold24
 from . import kernel_specs as ks
 
-# ---------------------------------------------------------------------------------------------------------
-# Kernel launches
-# ---------------------------------------------------------------------------------------------------------
 
 @dataclass(slots=True, frozen=True)
 class DeviceLimits:
@@ -34,8 +32,7 @@ class KernelLaunch:
     args: tuple
 
 
-#: Pointer parameters that may be NULL (passed as None): SGD's momentum buffer when momentum == 0; layer norm's
-#: weight and bias (and their gradients) where the layer has none or does not want them.
+#: Pointer parameters that may be NULL (None): SGD's momentum buffer without momentum; layer norm's w, b, dw, db.
 NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev", "momentum_buf"),
                                ("layernorm_forward", "w"), ("layernorm_forward", "b"),
                                ("layernorm_forward_apply", "w"), ("layernorm_forward_apply", "b"),
@@ -47,12 +44,8 @@ ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward", "embedding_backward"})
 
 
 def pack_launch(name: str, args: Sequence, work, limits: DeviceLimits = DeviceLimits()) -> KernelLaunch:
-    """Coerce `args` to kernel `name`'s C types and compute its launch configuration for `work`.
-
-    Pointer parameters must be arrays (anything with a `shape`), or None where `NULLABLE_POINTERS` allows it;
-    this catches a Python number passed where the kernel expects a pointer, which the driver would accept and
-    dereference.
-    """
+    """Coerce `args` to kernel `name`'s C types and compute its launch for `work`. Pointers must be arrays
+    (or None where `NULLABLE_POINTERS` allows): the driver would dereference a Python number."""
     spec = ks.KERNELS[name]
     coerced = ks.coerce_scalars(name, args)
     for a, v in zip(spec.args, coerced):
@@ -87,7 +80,7 @@ def _pair(v) -> tuple[int, int]:
     return t  # type: ignore[return-value]
 
 
-# -- elementwise.cu --------------------------------------------------------------------------------------------
+# -- elementwise.cu
 def relu_forward(y, x, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("relu_forward", y, x)
     return pack_launch("relu_forward", (y, x, n), n, limits)
@@ -135,12 +128,12 @@ def _dropout_dev(name, out, x, p: float, key, limits) -> KernelLaunch:
 
 
 def dropout_forward_dev(out, x, p: float, key, limits=DeviceLimits()) -> KernelLaunch:
-    """dropout_forward with `key` a one-element uint64 device array (read when the kernel runs)."""
+    """dropout_forward with `key` a one-element uint64 device array."""
     return _dropout_dev("dropout_forward_dev", out, x, p, key, limits)
 
 
 def dropout_backward_dev(dx, dy, p: float, key, limits=DeviceLimits()) -> KernelLaunch:
-    """dropout_backward with `key` a one-element uint64 device array (read when the kernel runs)."""
+    """dropout_backward with `key` a one-element uint64 device array."""
     return _dropout_dev("dropout_backward_dev", dx, dy, p, key, limits)
 
 
@@ -183,7 +176,7 @@ def lrn_backward(dx, x, y, dy, size: int, alpha: float, beta: float, k: float,
     return pack_launch("lrn_backward", (dx, x, y, dy, n, c, inner, size, alpha, beta, k), _size(x), limits)
 
 
-# -- loss.cu ---------------------------------------------------------------------------------------------------
+# -- loss.cu
 def _logits_dims(name, logits, labels) -> tuple[int, int]:
     s = tuple(logits.shape)
     if len(s) != 2 or tuple(labels.shape) != (s[0],):
@@ -213,8 +206,7 @@ def softmax_xent_backward(dlogits, logits, labels, scale: float, limits=DeviceLi
 
 def softmax_xent_ignore_forward(loss_rows, logits, labels, ignore_index: int,
                                 limits=DeviceLimits()) -> KernelLaunch:
-    """Per-row losses into `loss_rows` (at least N floats of scratch), 0 for the rows whose label is
-    `ignore_index`."""
+    """Per-row losses into `loss_rows` (N floats of scratch), 0 for ignored rows."""
     n, k = _logits_dims("softmax_xent_ignore_forward", logits, labels)
     if _size(loss_rows) < n:
         raise ValueError(f"softmax_xent_ignore_forward: the row-loss buffer holds {_size(loss_rows)} < {n} values")
@@ -246,7 +238,7 @@ def softmax_xent_ignore_backward(dlogits, logits, labels, scale, ignore_index: i
                        (n, k), limits)
 
 
-# -- optim.cu --------------------------------------------------------------------------------------------------
+# -- optim.cu
 def sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step,
                limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("sgd_update", p, g)
@@ -281,8 +273,7 @@ def nonfinite_flag(flag, x, code: int, limits=DeviceLimits()) -> KernelLaunch:
 
 def sgd_update_dev(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step, diverged,
                    limits=DeviceLimits()) -> KernelLaunch:
-    """sgd_update with `lr` a one-element float64 device array (read when the kernel runs), skipped while the
-    int32 `diverged` flag is set."""
+    """sgd_update with `lr` on the device, skipped while the int32 `diverged` flag is set."""
     n = _same_size("sgd_update_dev", p, g)
     _device_doubles("sgd_update_dev", lr, 1)
     _device_flag("sgd_update_dev", diverged)
@@ -298,8 +289,7 @@ def sgd_update_dev(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, f
 
 def adam_update_dev(p, g, m, v, scalars, beta1, beta2, eps, weight_decay, diverged,
                     limits=DeviceLimits()) -> KernelLaunch:
-    """adam_update with `scalars` = [lr, step] a two-element float64 device array (read when the kernel runs),
-    skipped while the int32 `diverged` flag is set."""
+    """adam_update with [lr, step] on the device, skipped while `diverged` is set."""
     n = _same_size("adam_update_dev", p, g, m, v)
     _device_doubles("adam_update_dev", scalars, 2)
     _device_flag("adam_update_dev", diverged)
@@ -314,7 +304,7 @@ def adam_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, limits=De
     return pack_launch("adam_update", (p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, int(step)), n, limits)
 
 
-# -- pool.cu ---------------------------------------------------------------------------------------------------
+# -- pool.cu
 def _pool_dims(name, x_shape, y_shape) -> tuple[int, ...]:
     xs, ys = tuple(x_shape), tuple(y_shape)
     if len(xs) != 4 or len(ys) != 4 or xs[:2] != ys[:2]:
@@ -369,7 +359,7 @@ def global_avgpool_backward(dx, dy, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch("global_avgpool_backward", (dx, dy, nc, hw), _size(dx), limits)
 
 
-# -- compress.cu (the SZ codec; layout as in minidl/codec/sz.py) -----------------------------------------------------
+# -- compress.cu (the SZ codec; layout as in minidl/codec/sz.py)
 SZ_BLOCK = 256          # codes per block (one thread block of 256 threads)
 SZ_PLANE_WORDS = 8      # 32-bit words per bit-plane of a block (SZ_BLOCK / 32)
 SZ_MAX_PLANES = 64      # fixed plane slots per block before compaction
@@ -414,7 +404,7 @@ def sz_scatter_outliers(y, idx, vals, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch("sz_scatter_outliers", (y, idx, vals, n_out), n_out, limits)
 
 
-# -- seq.cu ----------------------------------------------------------------------------------------------------
+# -- seq.cu
 def _rows_cols(name, x) -> tuple[int, int]:
     """(R, C) of a tensor read as rows of its last axis."""
     if len(x.shape) < 1:
@@ -459,8 +449,7 @@ def layernorm_backward_dx(dx, x, w, dy, mean, rstd, limits=DeviceLimits()) -> Ke
     return pack_launch("layernorm_backward_dx", (dx, x, w, dy, mean, rstd, r, c), (r, c), limits)
 
 
-#: Layer norm's weight and bias sums run in at most this many chunks of rows (a partial sum per chunk and column,
-#: in float64: LN_CHUNKS x C x 16 bytes of scratch), each of at least LN_MIN_CHUNK rows.
+#: Layer norm's dw, db: chunks of rows at most (float64 partials: LN_CHUNKS x C x 16 bytes), LN_MIN_CHUNK rows each.
 LN_CHUNKS = 64
 LN_MIN_CHUNK = 32
 
@@ -508,8 +497,7 @@ def gelu_backward(dx, x, dy, approximate: str, limits=DeviceLimits()) -> KernelL
 
 
 def softmax_forward(y, x, scale: float = 1.0, causal_t: int = 0, limits=DeviceLimits()) -> KernelLaunch:
-    """Rows of x's last axis; `causal_t` > 0: x holds (T, T) score matrices (last axis T = causal_t) whose row
-    r attends to keys 0..r mod T."""
+    """Rows of x's last axis; `causal_t` > 0: (T, T) score matrices, row r attending to keys 0..r mod T."""
     r, c = _rows_cols("softmax_forward", x)
     _same_size("softmax_forward", y, x)
     if causal_t and c != causal_t:
@@ -538,8 +526,7 @@ def embedding_forward(y, w, idx, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch("embedding_forward", (y, w, idx, r, c, v), r * c, limits)
 
 
-#: embedding_backward runs about this many threads (vocabulary ranges x columns), at most one range per row of
-#: the table: enough to fill a GPU, where one thread per column (C of them) would not.
+#: embedding_backward's threads (vocabulary ranges x columns): enough to fill a GPU, one a column would not.
 EMBEDDING_THREADS = 1 << 16
 
 

@@ -14,12 +14,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class NormOps:
-    """Batch normalization and local response normalization.
+    """Batch normalization and local response normalization; a mixin of `CUDABackend`."""
 
-    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
-    call (`_check`, `_launch`, `_graph`...)."""
-
-    # -- LRN (kernels/elementwise.cu) ------------------------------------------------------------------------
+    # -- LRN (kernels/elementwise.cu)
     @on_compute
     def lrn_forward(self, x, y, size: int, alpha: float, beta: float, k: float) -> None:
         self._check("lrn_forward", x=x, y=y)
@@ -30,7 +27,7 @@ class NormOps:
         self._check("lrn_backward", x=x, y=y, dy=dy, dx=dx)
         self._launch(launches.lrn_backward(dx, x, y, dy, size, alpha, beta, k, self.limits))
 
-    # -- batch normalization (cuDNN graphs, cupy kernels as the fallback) -----------------------------------
+    # -- batch normalization (cuDNN graphs, cupy kernels as the fallback)
     def _bn_graph(self, op: str, spec: cudnn_specs.BNSpec) -> BuiltGraph | None:
         return self._graph(spec.key(op, self.filters)) if self.use_cudnn_bn else None
 
@@ -48,11 +45,8 @@ class NormOps:
         if spec.count < 2:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         c = spec.channels
-        # The statistics come from cuDNN's training graph (or the fallback reductions); the output is then
-        # written by `batchnorm_forward_apply`, the very call a recomputation makes with the saved statistics,
-        # so a recomputed output is bit-identical to this one (the training graph's own normalization rounds
-        # differently from the inference graph's, which broke policy `recompute`'s bits on the H200). The
-        # graph's y is overwritten: one elementwise pass spent on exactness.
+        # y is rewritten by `batchnorm_forward_apply`, the call a recomputation makes with the saved statistics,
+        # so a recomputed y has the same bits (the training graph's own y rounds otherwise)
         built = self._bn_graph("bn_train", spec)
         if built is not None:
             scale, shift = self._affine(weight, bias, c)

@@ -1,5 +1,6 @@
-"""What the CUDA backend's op families (conv, dense, norm, pointwise, sequence, update, copies) share: the dtypes their
-kernels are written for, the decorator that runs an op on the compute stream, and the NCHW channel broadcast."""
+"""What the CUDA backend's op families share: their kernels' dtypes, the compute-stream decorator, the
+NCHW channel broadcast.
+"""
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,7 @@ I64 = np.dtype(np.int64)
 
 
 def on_compute(fn):
-    """Run a backend op with the compute stream current (cupy ops and cuBLAS then enqueue there)."""
+    """Run a backend op with the compute stream current (cupy and cuBLAS enqueue there)."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         with self.compute:

@@ -1,21 +1,12 @@
-"""cuDNN execution plans on disk, so a later process skips the heuristics query and the plans' builds.
+"""cuDNN execution plans on disk, so a later process skips the heuristics query and the plans' builds (where
+cuDNN compiles its runtime-fused kernels: the bulk of a first step).
 
-A plan's build is where cuDNN compiles a runtime-fused kernel (batch norm, ReLU, some convolutions): the bulk of
-a first step. `CudnnGraphs` (backend.py) records, for each graph it builds, every plan it kept: its index in the
-heuristics' order (the planner's algorithm names `cudnn:f<i>` use it, so a plan made from a cached entry names
-the same algorithms), engine name and workspace, its `(engine_id, knobs)` and, where the frontend can serialize
-it, the built plan itself with the uids of the graph's tensors. A later process deserializes each plan; where that
-fails it rebuilds the recorded `(engine_id, knobs)` on a fresh graph; where that fails too, it builds as if
-nothing were cached and rewrites the entry. Every way out is counted in `CudnnGraphs.stats`.
-
-Rules:
-- An entry is one file per graph, `<folder>/<env>/<digest>.json`, written whole through a temporary and a rename:
-  a reader sees an old entry or a new one, never half of one.
-- The key is everything the plans depend on: the GPU's name and compute capability, the cuDNN library's and
-  frontend's versions (`env`), the graph (`GraphKey`: op, shapes, dtypes, math mode and engine filters), the
-  number of plans kept, and this file's FORMAT. The file repeats the key and is ignored unless it matches.
-- A file that cannot be read or parsed is a miss, never an error: the cache only ever saves time.
-Deserializing loads machine code: only this user's cache folder is read.
+`CudnnGraphs` records each kept plan: its heuristic index (the `cudnn:f<i>` names), engine name, workspace,
+`(engine_id, knobs)` and, where the frontend serializes it, the built plan with its tensors' uids. Rules:
+- One file per graph, `<folder>/<env>/<digest>.json`, written through a temporary and a rename.
+- The key is everything the plans depend on: GPU name and compute capability, cuDNN and frontend versions,
+  the `GraphKey`, the plan limit and FORMAT; the file repeats it and is ignored unless it matches.
+- An unreadable file is a miss, never an error. Deserializing loads machine code: only this user's folder.
 """
 from __future__ import annotations
 
@@ -90,8 +81,8 @@ class PlanStore:
         self.folder = Path(folder) / env.folder_name()
 
     def key_text(self, key: Any, max_plans: int) -> str:
-        """The entry's identity as text: the format, the environment, the graph key's repr (frozen dataclasses of
-        ints, strings and tuples: the same text in every process) and the plan limit."""
+        """The entry's identity as text: format, environment, the graph key's repr (the same in every
+        process), plan limit."""
         return f"{FORMAT}|{self.env}|{key!r}|max_plans={int(max_plans)}"
 
     def path(self, key: Any, max_plans: int) -> Path:
@@ -111,7 +102,7 @@ class PlanStore:
         return GraphEntry(plans, tuple(d.get("relaxed", ()))) if plans else None
 
     def save(self, key: Any, max_plans: int, entry: GraphEntry) -> bool:
-        """Write the entry of graph `key` (False where the folder cannot be written: the run goes on uncached)."""
+        """Write the entry of graph `key` (False where the folder cannot be written)."""
         p = self.path(key, max_plans)
         data = json.dumps({"format": FORMAT, "key": self.key_text(key, max_plans), "relaxed": list(entry.relaxed),
                            "plans": [r.to_json() for r in entry.plans]})

@@ -7,12 +7,9 @@ from .ops import on_compute
 
 
 class PointwiseOps:
-    """Activation, joins and dropout.
+    """Activation, joins and dropout; a mixin of `CUDABackend`."""
 
-    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
-    call (`_check`, `_launch`, `_graph`...)."""
-
-    # -- activation ------------------------------------------------------------------------------------------
+    # -- activation
     @on_compute
     def relu_forward(self, x, y) -> None:
         self._check("relu_forward", x=x, y=y)
@@ -33,7 +30,7 @@ class PointwiseOps:
         else:
             self._launch(launches.relu_backward(dx, y, dy, self.limits))
 
-    # -- joins -----------------------------------------------------------------------------------------------
+    # -- joins
     @on_compute
     def add_forward(self, xs: list, y) -> None:
         self._check("add_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
@@ -57,8 +54,8 @@ class PointwiseOps:
             if dx is not None:
                 self._launch(launches.concat_copy_backward(dx, dy, c, self.limits))
             c += ch
-    # -- dropout ---------------------------------------------------------------------------------------------
-    # While a graph is captured (`graph_scalars` set) the key is read from its device slot (backend/scalars.py).
+    # -- dropout
+    # captured: the key from its device slot (backend/scalars.py)
     @on_compute
     def dropout_forward(self, x, y, p: float, key: int) -> None:
         self._check("dropout_forward", x=x, y=y)

@@ -9,12 +9,9 @@ from .ops import I64, on_compute
 
 
 class UpdateOps:
-    """The loss and the optimizer updates.
+    """The loss and the optimizer updates; a mixin of `CUDABackend`."""
 
-    A mixin of `CUDABackend` (backend.py), which holds the streams, the kernels and the helpers these methods
-    call (`_check`, `_launch`, `_graph`...)."""
-
-    # -- loss ------------------------------------------------------------------------------------------------
+    # -- loss
     @on_compute
     def softmax_xent_forward(self, logits, labels, loss) -> None:
         self._check("softmax_xent_forward", logits=logits, loss=loss)
@@ -33,7 +30,7 @@ class UpdateOps:
         self._launch(launches.softmax_xent_backward(dlogits, logits, labels, 1.0 / n, self.limits))
         self.cp.multiply(dlogits, dloss.reshape(()), out=dlogits)
 
-    # -- optimizers ------------------------------------------------------------------------------------------
+    # -- optimizers
     @on_compute
     def sgd_update(self, p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step) -> None:
         self._check("sgd_update", p=p, g=g, buf=buf)

@@ -1,6 +1,6 @@
-"""Arena views of the CUDA backend, device-free: a tensor is a `cupy.ndarray` whose pointer is `arena base + offset`;
-`view_spec` turns (offset, shape, dtype) into the byte range and C-order byte strides and checks bounds and
-alignment, so a view can never reach past its block or the arena (host-tested, no GPU needed)."""
+"""Arena views of the CUDA backend, device-free: a tensor is a `cupy.ndarray` at `arena base + offset`.
+Rule: `view_spec` checks bounds and alignment, so a view never reaches past its block or the arena.
+"""
 from __future__ import annotations
 
 import math
@@ -9,22 +9,14 @@ from typing import Sequence
 
 import numpy as np
 
-CUDA_MALLOC_ALIGNMENT = 256
-"""cudaMalloc returns 256-byte aligned pointers; the arena base must be at least that aligned."""
+CUDA_MALLOC_ALIGNMENT = 256  # bytes cudaMalloc aligns to; the arena base must be as aligned
 
-VIEW_ALIGNMENT = 16
-"""Every tensor view must start on a multiple of this (cuDNN's vectorized loads). The tensor pool hands out
-512-byte aligned offsets, so this holds for every planned tensor."""
+VIEW_ALIGNMENT = 16  # bytes: a view's start (cuDNN's vectorized loads); the pool's 512 B offsets keep it
 
-
-# ---------------------------------------------------------------------------------------------------------
-# Arena views
-# ---------------------------------------------------------------------------------------------------------
 
 def contiguous_strides(shape: Sequence[int], itemsize: int = 1) -> tuple[int, ...]:
-    """C-order strides of `shape`: in elements with itemsize=1 (what cuDNN wants), in bytes otherwise (what
-    numpy/cupy report). For a zero-size shape no element is ever addressed, so the values do not matter (numpy
-    itself reports zeros there)."""
+    """C-order strides of `shape`: in elements with itemsize=1 (cuDNN), else in bytes (numpy);
+    any values for a zero-size shape."""
     strides = []
     acc = int(itemsize)
     for d in reversed(tuple(shape)):
@@ -62,11 +54,8 @@ def shape_tuple(shape) -> tuple[int, ...]:
 
 
 def view_spec(offset: int, shape, dtype, capacity: int, alignment: int = VIEW_ALIGNMENT) -> ViewSpec:
-    """Check and describe the view of `shape`/`dtype` at byte `offset` of an arena of `capacity` bytes.
-
-    Raises ValueError if the view would start unaligned (to `alignment` and to the dtype's size), start
-    outside the arena or end past it.
-    """
+    """Check and describe the view of `shape`/`dtype` at byte `offset` of a `capacity`-byte arena; raises
+    ValueError where it starts unaligned or outside, or ends past it."""
     dt = np.dtype(dtype)
     shp = shape_tuple(shape)
     offset = int(offset)

@@ -1,18 +1,10 @@
 """Paged arena memory on a GPU: the CUDA driver's virtual memory management API (via cuda-python).
 
-The GPU twin of `cpu_paged.MemfdArena`, for `--paged` with the CUDA backend: physical chunks are
-`cuMemCreate` allocations of `chunk` bytes (created once, up front: the budget), a virtual range is reserved once
-with `cuMemAddressReserve`, and mapping virtual chunk v onto physical chunk p is `cuMemMap` at `base + v*chunk`
-followed by `cuMemSetAccess` (read-write for this device). A tensor's view is a cupy array over its contiguous
-virtual range. The chunk must be a multiple of the device's allocation granularity (2 MiB on current GPUs;
-the default 20 MiB is).
-
-Unmapping is not stream-ordered: kernels still queued on the compute stream may read the range. So `unmap`
-synchronizes the context first. That is correct but costs a host-device round trip per freed tensor; keeping
-freed chunks mapped until the physical chunk is needed elsewhere would remove most of them (not done yet).
-
-`driver` is injected (`cuda.bindings.driver` by default), so the call sequence is tested on a machine without
-a GPU against a recording fake (tests/backend/test_cuda_vmm.py), like the cuDNN adapter.
+The GPU twin of `cpu.paged.MemfdArena`: physical chunks from `cuMemCreate` (the budget, up front), one
+`cuMemAddressReserve` range, and a mapping is `cuMemMap` at `base + v*chunk` then `cuMemSetAccess`. The chunk
+is a multiple of the allocation granularity (2 MiB; the default 20 MiB is). Rule: unmapping is not
+stream-ordered, so `unmap` synchronizes first (a round trip per freed tensor). `driver` is injected (host tests
+pass a recording fake).
 """
 from __future__ import annotations
 
@@ -72,7 +64,7 @@ class VmmArena:
         self._call("cuMemSetAccess", self.base + vchunk * c, count * c, [self._access], 1)
 
     def unmap(self, vchunk: int, count: int = 1) -> None:
-        self._call("cuCtxSynchronize")     # queued kernels may still read the range (see the module doc)
+        self._call("cuCtxSynchronize")     # queued kernels may still read the range
         self._call("cuMemUnmap", self.base + vchunk * self.chunk, count * self.chunk)
         for i in range(count):
             self.mapped.pop(vchunk + i, None)

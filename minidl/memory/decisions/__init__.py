@@ -1,8 +1,3 @@
-"""Decisions: what happens to one tensor between two of its uses, besides staying resident.
-
-Each module here turns a base `Schedule` (from liveness) into one with some tensors' residencies changed, and says
-why in the events' reasons: `offload` (copy to the host after the forward use, prefetch before the backward use)
-and `recompute` (drop cheap layers' outputs, rebuild them from the segment's checkpoint). None of them places
-tensors or checks a budget alone: the planner's single placement pass does that, so a new decision never needs a
-special case in the executor or the simulator.
-"""
+"""Decisions: what happens to a tensor between two of its uses besides staying resident (offload, recompute,
+compress, weights on the host, allreduce). Each turns a base `Schedule` into another, with a reason per event; only
+the planner's one placement pass places and checks the budget, so no decision is a special case downstream."""

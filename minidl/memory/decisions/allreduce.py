@@ -1,40 +1,12 @@
-"""The all-reduce decision: data-parallel gradients packed in buckets and reduced while backward goes on.
+"""The all-reduce decision: data-parallel gradients packed in buckets, reduced while backward goes on.
 
-Rules this module keeps:
-- **Buckets are planned tensors** (role `bucket`), so a budget, `--explain`, the timeline and the trace count
-  them like any other. The route is extended, not special-cased: a bucket is *written* by the backward step at
-  which it becomes ready and *read* by the update step, so under every policy liveness allocates it just before
-  it is packed and frees it after the update, and the placement pass gives it an arena offset.
-- **Bucketing** follows PyTorch DDP's reducer: gradients are taken in the order backward writes them (the last
-  layer's first), and a bucket is closed before the gradient that would take it past `bucket_bytes` (a gradient
-  larger than that gets a bucket of its own). A bucket is ready at the backward step that writes its last
-  gradient.
-- **Events.** `ALLREDUCE` after the ready step packs the bucket's gradients into this rank's row and starts the
-  collective without blocking, so it proceeds while the remaining backward steps compute; `REDUCED` before the
-  update step waits for it and writes the averaged gradients back into the gradient tensors the optimizer reads.
-  Neither changes residency, so they are added after placement and peaks are unchanged by them.
-- **Fixed reduction order.** Every element of a reduced gradient is g_0 + g_1 + ... + g_{N-1} (rank order),
-  then / N, computed by this code, never by the library, so runs are bit-identical run to run and every replica
-  holds the very same bits: replicas cannot drift apart. Two ways to get there (`DataParallel.reduction`), with
-  the same additions and so the same bits:
-  - `ring` (MPI's default): a reduce-scatter then an all-gather, as a ring all-reduce moves data. The bucket is
-    2 rows of the gradients padded to N chunks: row 0 is this rank's packed gradients, row 1 receives chunk
-    `rank` of every rank's row (an all-to-all); this rank sums those N chunks in rank order into its chunk of
-    row 0 (the send buffer is free by then), and an in-place all-gather of row 0's chunks completes it. Each
-    rank receives 2(N-1)/N x the gradient bytes and the bucket takes 2x the gradient bytes, whatever N.
-  - `gather` (NCCL's, which has no all-to-all): N rows, one per rank; an in-place all-gather of the rows, then
-    every rank sums all of them in rank order. Each rank receives (N-1) x the gradient bytes and the bucket
-    takes N x: the same as `ring` at 2 ranks, worse beyond.
-  With one rank the sum is the gradient itself, so a 1-rank run is bit-identical to a plain one.
-
-**Simulated time** (`allreduce_timeline`, `minidl plan --ranks N`): the plan's steps on a device profile, each
-bucket's all-gather queued on one channel when its ALLREDUCE is reached, (N-1) x (latency + row bytes /
-bandwidth) long (a ring all-gather), and REDUCED blocking the compute clock until it is done: what blocks is the
-exposed all-reduce time; the rest hid behind backward.
-
-Limitations: the in-flight buckets take 2x (`ring`) or N x (`gather`) the gradient bytes, where DDP's buckets
-take 1x (its library sums in place, in an order of its own). Only trainable parameters' gradients are reduced:
-BN running statistics stay per rank (see docs/multi-process.md).
+Rules: buckets are planned tensors (written at the backward step that makes them ready, read by the update), so
+every budget and report counts them; bucketing as PyTorch DDP's (backward's order, closed before `bucket_bytes`).
+ALLREDUCE starts a bucket's collective, REDUCED waits and writes the mean back; neither changes residency. Each
+element is (g_0 + ... + g_{N-1}) / N in rank order, summed here, never by the library, so replicas stay
+bit-identical and one rank equals a plain run. `ring` (MPI): all-to-all, ordered sum of one chunk, all-gather, 2x
+the gradients' memory; `gather` (NCCL, no all-to-all): all-gather of rows, N x (DDP's take 1x, summed in its own
+order). BN statistics stay per rank.
 """
 from __future__ import annotations
 
@@ -52,17 +24,14 @@ from ..pool import format_bytes
 from ..simulate import DeviceProfile, add_plan_costs, get_profile, step_costs
 
 DEFAULT_BUCKET_BYTES = 1 << 20
-"""1 MiB: DDP's first bucket (its later ones are 25 MiB). Small buckets start communicating early in backward,
-which is what hides the all-reduce on small networks (LeNet's gradients are 0.24 MiB in all: at 1 MiB it has one
-bucket, ready only at the end of backward; `--bucket-size 64KiB` splits it)."""
+"""DDP's first bucket, 1 MiB: small buckets start early in backward (LeNet's 0.24 MiB is one bucket at 1 MiB)."""
 
 
 REDUCTIONS = ("ring", "gather")
 
 
 def bucket_shape(reduction: str, ranks: int, elements: int) -> tuple[int, int]:
-    """A bucket's rows x columns: `ring`: 2 rows of the gradients padded to `ranks` equal chunks; `gather`: one
-    row per rank."""
+    """Rows x columns: `ring`, 2 rows padded to `ranks` equal chunks; `gather`, one row per rank."""
     if reduction == "gather":
         return (ranks, elements)
     return (2, -(-elements // ranks) * ranks)
@@ -70,11 +39,11 @@ def bucket_shape(reduction: str, ranks: int, elements: int) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class DataParallel:
-    """How a plan is made for one of `world_size` data-parallel ranks."""
+    """A plan for one of `world_size` data-parallel ranks."""
 
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    reduction: str = "ring"   # "ring" (reduce-scatter + all-gather) or "gather" (all-gather of whole rows)
+    reduction: str = "ring"
 
     def __post_init__(self):
         if self.reduction not in REDUCTIONS:
@@ -88,14 +57,14 @@ class DataParallel:
 
 @dataclass(slots=True)
 class Bucket:
-    tensor: str            # the bucket's tensor id ("bucket:k")
-    grads: list[str]       # gradient tensor ids in packing order
-    elements: int          # elements per rank row
-    ready_step: int        # the backward step that writes its last gradient
+    tensor: str            # "bucket:k"
+    grads: list[str]       # in packing order
+    elements: int          # per rank row
+    ready_step: int        # the backward step writing its last gradient
 
 
 def assign_buckets(route: Route, bucket_bytes: int) -> list[Bucket]:
-    """Gradients in the order backward writes them, cut into buckets of at most `bucket_bytes` each."""
+    """Gradients in backward's order, in buckets of at most `bucket_bytes`."""
     buckets: list[Bucket] = []
     cur: list[str] = []
     cur_bytes = 0
@@ -130,7 +99,7 @@ def assign_buckets(route: Route, bucket_bytes: int) -> list[Bucket]:
 
 
 def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
-    """A copy of `route` whose ready steps write, and whose update step reads, one bucket tensor per bucket."""
+    """A copy of `route` with one bucket tensor per bucket, written at its ready step, read by the update."""
     buckets = assign_buckets(route, dp.bucket_bytes)
     tensors = dict(route.tensors)
     steps = [dataclasses.replace(s, reads=list(s.reads), writes=list(s.writes)) for s in route.steps]
@@ -143,16 +112,16 @@ def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
         tensors[b.tensor] = TensorSpec(b.tensor, Role.BUCKET, shape, g.dtype, "allreduce")
         steps[b.ready_step].writes.append(b.tensor)
         update.reads.append(b.tensor)
-    # a fresh memo: the route's analyses (liveness, step costs) are of its own steps, not of the copy's
+    # a fresh memo: the route's analyses are of its own steps
     return dataclasses.replace(route, steps=steps, tensors=tensors, memo={}), buckets
 
 
 def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) -> Plan:
-    """Attach ALLREDUCE after each bucket's ready step and REDUCED before the update step (in bucket order)."""
+    """ALLREDUCE after each bucket's ready step, REDUCED before the update (bucket order)."""
     update = next((k for k, s in enumerate(plan.route.steps) if s.phase is Phase.UPDATE), None)
     how = ("reduce-scatter (all-to-all, ordered sum of the chunks) then all-gather" if dp.reduction == "ring"
            else "all-gather of every rank's row")
-    plan.memo.clear()   # analyses of the plan without these events
+    plan.memo.clear()
     for b in buckets:
         nbytes = plan.sizes[b.tensor]
         label = plan.route.steps[b.ready_step].label
@@ -172,7 +141,7 @@ def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) ->
 
 @dataclass(frozen=True, slots=True)
 class Interconnect:
-    """What links the ranks: bandwidth one rank receives at (bytes/s) and the start-up cost of one message."""
+    """Bandwidth a rank receives at (bytes/s) and one message's start-up cost."""
 
     bw: float
     latency_s: float
@@ -180,10 +149,8 @@ class Interconnect:
 
 
 INTERCONNECTS: dict[str, Interconnect] = {
-    # Measured here: Iallgather of one row per rank between 2 ranks of the mpich wheel over shared memory, 1-7 GB/s
-    # by row size on the shared 2-core VM (0.02 ms for 64 KiB rows); 2 GB/s is the middle of that.
+    # measured here: Iallgather between 2 mpich ranks over shared memory, 1-7 GB/s by row size (shared 2-core VM)
     "cpu": Interconnect(2e9, 20e-6, "MPI over shared memory, measured here (2 ranks, noisy: 1-7 GB/s)"),
-    # GPUs of one server: peer-to-peer over PCIe 3 x16 (~10-12 GB/s), NVLink 4 on an H100 SXM (450 GB/s each way).
     "k40c": Interconnect(10e9, 10e-6, "PCIe 3 x16 peer to peer, datasheet"),
     "titanx": Interconnect(10e9, 10e-6, "PCIe 3 x16 peer to peer, datasheet"),
     "v100": Interconnect(12e9, 10e-6, "PCIe 3 x16 peer to peer (the PCIe V100), datasheet"),
@@ -194,7 +161,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
 @dataclass(slots=True)
 class AllreduceTimeline:
     total_s: float     # all-gather time of every bucket of a step
-    exposed_s: float   # the part the update had to wait for (the rest ran while backward computed)
+    exposed_s: float   # the part the update waited for
     ranks: int
     link: Interconnect
 
@@ -205,7 +172,7 @@ class AllreduceTimeline:
 
 def allreduce_timeline(plan: Plan, device: DeviceProfile | str = "cpu",
                        link: Interconnect | None = None) -> AllreduceTimeline:
-    """Replay a data-parallel plan's steps on `device`'s clock with its buckets' all-gathers on one channel."""
+    """A data-parallel plan on `device`'s clock, its all-gathers on one channel."""
     dev = get_profile(device) if isinstance(device, str) else device
     if link is None:
         if dev.name not in INTERCONNECTS:
@@ -228,9 +195,9 @@ def allreduce_timeline(plan: Plan, device: DeviceProfile | str = "cpu",
         now += c.time_s
         for ev in sp.after:
             if ev.kind is EventKind.ALLREDUCE:
-                if ring:  # all-to-all then all-gather, each (N-1) chunks of row / N
+                if ring:  # all-to-all, then all-gather: (N-1) chunks of row / N each
                     d = 2 * (ranks - 1) * (link.latency_s + ev.nbytes / 2 / ranks / link.bw)
-                else:  # all-gather of the rows: (N-1) rows
+                else:  # all-gather of (N-1) rows
                     d = (ranks - 1) * (link.latency_s + ev.nbytes / ranks / link.bw)
                 free = max(now, free) + d
                 done[ev.tensor] = free

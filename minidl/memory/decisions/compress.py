@@ -1,48 +1,9 @@
-"""The compress decision (COMET): stored activations wait for backward in compressed form, in the pool.
+"""The compress decision (COMET): stored activations wait for backward as an error-bounded stream in the pool.
 
-For each chosen tensor its single residency becomes two, with a small block for the compressed stream between:
-
-    ALLOC (first use) .. last forward use | COMPRESS z:<t> then FREE <t> | .. z:<t> in the pool ..
-        | DECOMPRESS <t> then FREE z:<t> | first backward use .. FREE
-
-COMPRESS allocates the block `z:<t>` and encodes t into it (`codec/sz.py`, bound from `errorbound.py`); t's
-block is freed right after, at the same step boundary. DECOMPRESS, right before t's first backward use,
-allocates t again and decodes into it; the stream's block is freed right after. Both pairs are sequenced events
-(`start_seq` / `end_seq`), so the two blocks coexist only for the instant of the copy. The codec runs on the
-compute stream: it costs time (measured in `benchmarks/compression.py`) but no link bandwidth and no FLOPs of
-recomputation.
-
-**Which tensors: those the bound allows.** Activations (and the network input) with one residency that are used
-in forward and again in backward with at least one step in between, and whose every backward reader tolerates
-a bounded error with a known effect on the gradients (`errorbound.ReaderKind`): convolutions and linear layers
-reading their input, batch norm reading its input, ReLU reading its output (only its sign, which the codec
-keeps exactly). A tensor any other layer reads in backward (max-pool re-finding its argmax, LRN, the loss) stays
-exact. Labels and integer tensors are never compressed.
-
-**Reserving space for a size known only at run time.** The plan is made before any data exists, but a
-compressed size depends on the data and the bound. The plan therefore reserves, per tensor,
-
-    reserve(t) = min(raw bytes, ceil(raw bytes / ratio(t) * MARGIN)) + sz.HEADER_BYTES
-
-where ratio(t) is the compression ratio *measured* for t (`Executor.compressed.ratios()` after a first training
-step, handed to `plan_compress(ratios=...)` for the plan the run continues with) or, without a measurement,
-`DEFAULT_RATIO` (the policy table's `compress` row, which plans before any data exists). The margin
-covers drift of the data and of the adaptive bound over training. A stream that still comes out larger than its
-block at run time is *spilled*: kept in host memory instead of the block (the block stays reserved and unused),
-and counted (`CompressedStore.spilled`). So a bad guess costs host memory and a copy, never a crash and never a
-byte over the budget: the pool only ever holds what the plan placed. The raw-size cap means a tensor that does not
-compress at all costs one header more than keeping it, never more (the codec falls back to raw).
-
-**Compressed and offloaded.** A stream may also wait on the host (`stream_candidates`: the tensor cache's
-candidates): COMPRESS, then at once in the same sequence OFFLOAD of `z:<t>` (and its RELEASE, when just in time);
-before the first backward step, PREFETCH and WAIT of `z:<t>`, then DECOMPRESS. The link then moves the reserved
-stream instead of the tensor: about 1 / DEFAULT_RATIO x MARGIN of its bytes. `auto --lossy` weighs it
-(`schedulers/lossy.py`); the `compress` policy alone never offloads.
-
-Limitations: the codec runs on the host on both backends for now (the CUDA kernels in `kernels/compress.cu` are
-registered and compile, their wiring is pending a GPU). Under a budget the `compress` policy either fits or fails
-with the smallest budget it needs; a checkpoint a recomputation reads is never compressed (its reader is not one
-the bound accounts for).
+t becomes: ALLOC .. COMPRESS z:<t>, FREE t .. DECOMPRESS t, FREE z:<t> .. FREE, each pair sequenced so both blocks
+coexist only for the copy. Rules: only float tensors whose every backward reader has a known response to a bounded
+error (`errorbound.ReaderKind`). Each stream reserves min(raw, raw / ratio x `MARGIN`) + `sz.HEADER_BYTES`; a
+larger stream spills to host memory, never past the budget. The codec runs on the host on both backends for now.
 """
 from __future__ import annotations
 
@@ -61,14 +22,11 @@ from ..plan import EventKind, Plan
 from ..planner import Residency, Schedule, WorkspaceChoice, default_workspace, liveness_schedule, make_plan
 from . import offload
 
-"""The compressed stream of tensor t is the plannable block `z:<t>`."""
-
 DEFAULT_RATIO = 2.5
-"""Compression ratio assumed for a tensor with no measurement: below what ResNet-20's stored activations reach
-at the default bound on the first iterations (CHANGELOG.md, compression), so a first plan rarely spills."""
+"""Ratio assumed unmeasured: below ResNet-20's 4.1-4.6 per layer type (benchmarks/results/compression.json)."""
 
 MARGIN = 1.25
-"""Reserve this much more than the measured compressed size: the data and the adaptive bound drift in training."""
+"""Reserve this much above the measured size: data and the adaptive bound drift in training."""
 
 _READER_KINDS = {("Conv2d", "input"): ReaderKind.BILINEAR, ("Linear", "input"): ReaderKind.BILINEAR,
                  ("BatchNorm2d", "input"): ReaderKind.NORMALIZE, ("ReLU", "output"): ReaderKind.SIGN}
@@ -85,8 +43,7 @@ class Compressible:
 
 
 def backward_readers(route: Route) -> dict[str, list[Reader] | None]:
-    """For every tensor a backward step reads as a layer's input or output: its readers, or None if one of them
-    is a layer whose gradient the bound cannot account for."""
+    """Per tensor a backward step reads: its readers, or None if the bound cannot account for one of them."""
     net = route.network
     out: dict[str, list[Reader] | None] = {}
     for step in route.steps:
@@ -106,8 +63,8 @@ def backward_readers(route: Route) -> dict[str, list[Reader] | None]:
 
 
 def find_candidates(route: Route, base: Schedule, exclude=()) -> list[Compressible]:
-    """Tensors the bound allows to be compressed between their forward and backward uses, in route order.
-    `exclude`: tensors a reader the bound does not know reads in backward (a recomputation's checkpoint)."""
+    """Tensors the bound allows to be compressed, in route order; `exclude`: read in backward by an unknown reader
+    (a recomputation's checkpoint)."""
     uses = tensor_uses(route)
     readers = backward_readers(route)
     out: list[Compressible] = []
@@ -129,20 +86,19 @@ def find_candidates(route: Route, base: Schedule, exclude=()) -> list[Compressib
 
 
 def reserve_bytes(nbytes: int, ratio: float | None) -> int:
-    """Bytes planned for the compressed stream of a tensor of `nbytes` expected to compress `ratio`-fold."""
+    """Bytes reserved for the stream of a tensor of `nbytes` expected to compress `ratio`-fold."""
     r = DEFAULT_RATIO if ratio is None or not math.isfinite(ratio) or ratio <= 0 else ratio
     return min(nbytes, math.ceil(nbytes / r * MARGIN)) + HEADER_BYTES
 
 
 def compress_schedule(base: Schedule, chosen: list[Compressible], ratios: dict[str, float] | None = None,
                       offloadable: bool = False) -> Schedule:
-    """`base` with each chosen tensor's residency split around its stay in compressed form. `offloadable`: the
-    streams may then be offloaded (`stream_candidates`), so the decompression leaves the first place of its
-    sequence to the stream's prefetch and wait."""
+    """`base` with each chosen tensor stored compressed between its uses; `offloadable` leaves the first place of
+    the decompression's sequence to the stream's prefetch and wait."""
     res = dict(base.residencies)
     sizes = dict(base.sizes)
     ratios = ratios or {}
-    d = 1 if offloadable else 0   # the decompression's place in its sequence, moved up by one
+    d = 1 if offloadable else 0
     for c in chosen:
         b, z = c.base, compressed_id(c.tensor)
         sizes[z] = reserve_bytes(c.nbytes, ratios.get(c.tensor))
@@ -161,10 +117,8 @@ def compress_schedule(base: Schedule, chosen: list[Compressible], ratios: dict[s
 
 
 def stream_candidates(route: Route, sched: Schedule, chosen: list[Compressible], clock) -> list[offload.Offloadable]:
-    """The compressed streams of `chosen` (in `sched`, made `offloadable`) as candidates of the tensor cache: a
-    stream may wait on the host between its compression and its decompression, moving its reserved bytes over the
-    link instead of the tensor's. It is written in the sequence after its tensor's last forward step (`out_seq`:
-    the copy out starts there) and read in the sequence before its first backward step (`seq_read`)."""
+    """The streams of `chosen` as tensor-cache candidates, written in the sequence after the last forward step
+    (`out_seq`) and read in the one before the first backward step (`seq_read`)."""
     out = []
     for c in chosen:
         z = compressed_id(c.tensor)
@@ -179,11 +133,8 @@ def stream_candidates(route: Route, sched: Schedule, chosen: list[Compressible],
 def plan_compress(route: Route, budget: int | None, device: str = "cpu", costs=None, *,
                   ratios: dict[str, float] | None = None, workspace: dict[int, WorkspaceChoice] | None = None,
                   base: Schedule | None = None, policy: str = "compress") -> Plan:
-    """Plan `route` with every eligible stored activation compressed between forward and backward.
-
-    `ratios` (tensor id -> raw / compressed bytes, from `CompressedStore.ratios()`) size the reserved blocks; missing
-    tensors get `DEFAULT_RATIO`. Raises BudgetError (from the placement pass) naming the smallest budget.
-    """
+    """Plan `route` with every eligible stored activation compressed; `ratios` (raw / compressed, from
+    `CompressedStore.ratios()`) size the blocks."""
     ws = (default_workspace(route, costs) if workspace is None else workspace)
     base = liveness_schedule(route, ws) if base is None else base
     chosen = find_candidates(route, base)
@@ -191,10 +142,10 @@ def plan_compress(route: Route, budget: int | None, device: str = "cpu", costs=N
 
 
 def compress_policy(route: Route, budget: int | None, device: str = "cpu", costs=None) -> Plan:
-    """The policy table's `compress` row: reserved sizes from `DEFAULT_RATIO` (no data at planning time)."""
+    """The policy table's `compress` row (`DEFAULT_RATIO`: no data at planning time)."""
     return plan_compress(route, budget, device, costs)
 
 
 def compressed_tensors(plan: Plan) -> list[str]:
-    """Tensors the plan stores compressed (their COMPRESS events), in route order."""
+    """Tensors the plan stores compressed, in route order."""
     return [compressed_source(ev.tensor) for sp in plan.steps for ev in sp.after if ev.kind is EventKind.COMPRESS]

@@ -1,56 +1,10 @@
-"""The offload decision: which tensors leave the device between forward and backward, and when they return.
+"""The offload decision: the planning half of SuperNeurons' tensor cache (`host.py` moves the bytes).
 
-This is the planning half of SuperNeurons' tensor cache (the moving half is `host.py`). It starts from a base
-schedule (plain liveness by default) and, for a chosen set of tensors, splits their single residency in two:
-
-    ALLOC (first use) .. last forward use | OFFLOAD .. RELEASE | .. host ..
-        | PREFETCH .. WAIT | first backward use .. FREE
-
-- OFFLOAD right after the last forward use starts the copy to the host on the transfer stream;
-- RELEASE frees the device block, after waiting for that copy (placed where the copy should be done);
-- PREFETCH allocates the block again and starts the copy back, early enough to hide behind compute;
-- WAIT, right before the first backward use, blocks until the copy has landed.
-
-**The tensor cache: move only what the budget demands.** A transfer is never free (it takes link bandwidth
-and, on the CPU, memory bandwidth from the kernels), so the default is to keep every tensor resident: with no
-budget, or a budget the base plan already fits, this policy offloads nothing and its plan *is* the base plan.
-Only when the budget is smaller do tensors leave, and then as few as fit. SuperNeurons' cache evicts in LRU
-order when space runs out; with a static route we know the future, so we can evict by Belady's rule instead:
-the tensor whose next use is farthest away (weighted by its size, since a big tensor frees more) is the one
-whose absence costs least. The priority is therefore *idle byte-seconds*: bytes x estimated compute time
-between the last forward use and the first backward use.
-
-**Candidates.** Tensors with exactly one residency in the base schedule that are used in forward and again in
-backward with at least one step in between (else releasing and re-allocating frees nothing while any step
-computes): layer outputs and the network input. SuperNeurons offloads only checkpoint layers' outputs (conv,
-FC, joins), because in its design the cheap layers' outputs are recomputed, so checkpoints are all that
-survive to backward. Without recomputation, what survives is often a cheap layer's output (ReLU keeps its
-output for its backward; in VGG a conv's own output dies right after the ReLU reads it), so restricting to
-checkpoints would leave most of the memory unmovable. Combined with a recomputation schedule as the base, the
-dropped outputs have several residencies and are skipped, and the rule falls back to SuperNeurons' own.
-
-**Fitted to the budget first.** Under a binding budget, which tensors leave and how long their copy windows
-stay open are first chosen on a per-slot byte timeline (`offload_fit.py`): windows cut only where memory is
-short, scored by the simulator's link model, placed once (twice or three times if fragmentation needs more room).
-The policy's entry point (`offload_fit.offload_policy`) tries that first; `plan_offload` below is the older
-search, used when the timeline finds no fit (and by the weights scheduler).
-
-**Choosing how many.** In priority order, the first n candidates are offloaded; n is found by binary search
-(memory at each step can only drop when one more tensor leaves, so "fits" is monotone in n up to allocator
-noise), each probe being one replay of the placement pass. Planning ResNet-50 takes a handful of replays.
-
-**Timing: hide the copies, but pay for the hiding in memory.** Each step's compute time is estimated on the
-device profile (`simulate.step_costs`), each copy's time as a start latency plus bytes / link bandwidth times
-a safety factor (`COPY_LATENCY_S`, `COPY_SLACK`: on the CPU the copy thread must first get a core and the GIL,
-then competes with the kernels for memory bandwidth). Copies share one FIFO stream, as in the
-executor. Offloads are issued in forward order; the RELEASE goes after the first step by whose end the copy
-should be done. Prefetches are scheduled backwards from their deadlines (the first backward use), each one
-starting as *late* as it can while still finishing before its deadline and before the next prefetch on the
-stream starts: starting earlier would hide nothing more and only hold the block longer. If that plan does not
-fit the budget, the windows that hold memory at the binding step (a release waiting for its copy, a prefetch
-landing early) are cut short: less hiding, but a smaller peak; the simulator reports the exposed time. If even
-the tightest plan (everything offloaded, released at once, prefetched just in time) does not fit, a
-`BudgetError` names the smallest budget that does.
+A chosen tensor's residency splits: OFFLOAD after its last forward use, RELEASE once the copy should be done,
+PREFETCH early enough to hide the copy back, WAIT before its first backward use. Rules: move only what the budget
+demands. The route is static, so evict by Belady's rule, not LRU: priority is idle byte-seconds. Candidates are not
+only checkpoints (without recomputation a cheap layer's output is what survives to backward). `plan_offload` is the
+fallback of `offload_fit.offload_policy` and the weights scheduler's search.
 """
 from __future__ import annotations
 
@@ -70,54 +24,43 @@ from ..pool import format_bytes
 from ..simulate import DeviceProfile, get_profile, step_costs
 
 COPY_SLACK = 2.5
-"""Planning assumes a copy takes this many times bytes / link bandwidth: a margin for the copy competing with
-compute for memory bandwidth (on the CPU the "link" is a memcpy on the same memory bus: measured at 4-6 GB/s
-while the kernels run, against 11 GB/s alone) and for estimates of compute time that come out optimistic.
-Too small and copies are exposed; too large and blocks are held longer than needed."""
+"""Planned copy time = bytes / link bandwidth x this (CPU memcpy measured 4-6 GB/s beside the kernels, 11 alone)."""
 
 GPU_COPY_SLACK = 1.0
-"""On a simulated GPU the copy engine runs beside the compute units at the link's bandwidth, which is exactly
-what the simulator models, so planning assumes no margin there: a margin would only keep blocks longer (and
-at ResNet-2500 scale, where the forward pass produces activations about as fast as the link drains them, make
-every copy look late)."""
+"""A simulated GPU's copy engine runs at the link's modelled bandwidth: a margin would only hold blocks longer."""
 
 
 def copy_slack(device: DeviceProfile) -> float:
-    """The factor planning applies to bytes / link bandwidth on `device` (`COPY_SLACK` on the CPU)."""
     return COPY_SLACK if device.name == "cpu" else GPU_COPY_SLACK
 
 
 COPY_LATENCY_S = {"cpu": 0.010}
-"""Planning also assumes each copy starts this late after it is issued. On the CPU the transfer engine is a
-Python thread: before copying it must be scheduled and take the GIL, which the main thread hands over at its
-next kernel or after the interpreter's switch interval (5 ms); on a busy machine the OS adds more. On a GPU a
-copy launch takes microseconds (`DEFAULT_LATENCY_S`). Only the lead of prefetches and the delay of releases
-grow with it, never the bytes moved."""
+"""Seconds from issue to copy start: the CPU's copy thread waits for the GIL (5 ms switch interval) and the OS."""
 
 DEFAULT_LATENCY_S = 1e-5
 
 MAX_REPAIRS = 100
-"""Targeted repair rounds (each one placement replay) before scaling every window down uniformly."""
+"""Targeted repair rounds (one placement each) before scaling every window uniformly."""
 
 SCALE_STEPS = 7
-"""Bisection steps on the uniform window scale (resolution 1/128 of each window)."""
+"""Bisection steps on the uniform window scale (1/128 of a window)."""
 
 _MOVABLE_ROLES = (Role.ACTIVATION, Role.DATA)
 
 
 @dataclass(slots=True)
 class Offloadable:
-    """A tensor that could wait on the host between its last forward use and its first backward use."""
+    """A tensor that could wait on the host between its last forward and first backward use."""
 
     tensor: str
     nbytes: int
-    last_forward: int      # step after which the copy out starts
-    first_backward: int    # step before which the tensor must be back
-    base: Residency        # its residency in the base schedule
+    last_forward: int
+    first_backward: int
+    base: Residency        # in the base schedule
     idle_s: float = 0.0    # estimated compute time between the two uses
     checkpoint: bool = False
-    seq_read: bool = False  # first read by a sequence before `first_backward` (recomputation, decompression)
-    out_seq: int = 0        # written in the sequence after `last_forward` (a compressed stream): copied out there
+    seq_read: bool = False  # first read by a sequence (recomputation, decompression)
+    out_seq: int = 0        # written by the sequence after `last_forward` (a compressed stream)
 
     @property
     def gap(self) -> int:
@@ -125,13 +68,12 @@ class Offloadable:
 
     @property
     def priority(self) -> float:
-        """Idle byte-seconds: what keeping it resident costs, hence what offloading it saves."""
+        """Idle byte-seconds: what offloading it saves."""
         return self.nbytes * self.idle_s
 
 
 @dataclass(slots=True)
 class Timing:
-    """When one offloaded tensor's block is freed and claimed again."""
 
     release: int    # RELEASE after this step computes (>= last_forward)
     prefetch: int   # PREFETCH before this step computes (<= first_backward, >= release + 2)
@@ -139,7 +81,7 @@ class Timing:
 
 @dataclass(slots=True)
 class _Clock:
-    """Estimated step start times on a device: start[k] is when step k begins, start[-1] the iteration's end."""
+    """Estimated step start times; start[-1] is the iteration's end."""
 
     start: list[float]
     link_bw: float
@@ -147,7 +89,7 @@ class _Clock:
     latency: float = 0.0
 
     def copy_s(self, nbytes: int) -> float:
-        """Planned time from issuing a copy to its end, if the stream is free: latency + slack x bytes / bw."""
+        """Issue to end of a copy on a free stream."""
         return self.latency + nbytes * self.slack / self.link_bw
 
     def end(self, k: int) -> float:
@@ -158,14 +100,14 @@ def _clock(route: Route, device: DeviceProfile, slack: float) -> _Clock:
     start = [0.0]
     for c in step_costs(route, device):
         start.append(start[-1] + c.time_s)
-    latency = device.link_latency_s or DEFAULT_LATENCY_S   # measured (calibrate.py), else default
+    latency = device.link_latency_s or DEFAULT_LATENCY_S   # measured by calibrate.py, else the default
     return _Clock(start, device.link_bw, slack, COPY_LATENCY_S.get(device.name, latency))
 
 
 def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -> list[Offloadable]:
-    """Tensors the base schedule keeps resident across the forward/backward turn, highest priority first."""
+    """Tensors resident across the forward/backward turn, highest priority first."""
     uses = tensor_uses(route)
-    turn = route.turn  # the first backward step (a packed route's re-forwards belong to the backward half)
+    turn = route.turn  # a packed route's re-forwards belong to the backward half
     out: list[Offloadable] = []
     for tid, lst in base.residencies.items():
         spec = route.tensors.get(tid)
@@ -193,13 +135,7 @@ def find_candidates(route: Route, base: Schedule, clock: _Clock | None = None) -
 
 
 def hiding_timing(chosen: list[Offloadable], clock: _Clock) -> dict[str, Timing]:
-    """For each chosen tensor, the latest prefetch and the earliest release that still hide its copies.
-
-    Offloads go on the stream in issue order (forward order); each starts when the stream is free and its
-    tensor's last forward use has finished. Prefetches are planned from the last deadline backwards: a copy
-    must end before its tensor's first backward use *and* before the next copy on the stream begins, so it
-    starts at min(deadline, next start) - duration, and is issued before the last step that begins by then.
-    """
+    """Per tensor, the latest prefetch and earliest release that still hide its copies on the FIFO stream."""
     timing: dict[str, Timing] = {}
     done: dict[str, float] = {}
     free = 0.0
@@ -211,7 +147,7 @@ def hiding_timing(chosen: list[Offloadable], clock: _Clock) -> dict[str, Timing]
         lf, fb = c.last_forward, c.first_backward
         start = min(clock.start[fb], limit) - clock.copy_s(c.nbytes)
         limit = start
-        p = bisect.bisect_right(clock.start, start) - 1     # last step that begins no later than `start`
+        p = bisect.bisect_right(clock.start, start) - 1     # last step beginning by `start`
         p = min(fb, max(lf + 2, p))
         r = max(lf, bisect.bisect_left(clock.start, done[c.tensor]) - 1)  # first step ending after the copy
         timing[c.tensor] = Timing(min(r, p - 2), p)
@@ -219,21 +155,20 @@ def hiding_timing(chosen: list[Offloadable], clock: _Clock) -> dict[str, Timing]
 
 
 def tight_timing(chosen: list[Offloadable]) -> dict[str, Timing]:
-    """Least memory: release right after the copy out (waiting for it), prefetch right before the use."""
+    """Least memory: release right after the copy out, prefetch right before the use."""
     return {c.tensor: Timing(c.last_forward, c.first_backward) for c in chosen}
 
 
 def offload_schedule(route: Route, base: Schedule, chosen: list[Offloadable],
                      timing: dict[str, Timing]) -> Schedule:
-    """`base` with each chosen tensor's residency split around its stay on the host, plus the markers."""
+    """`base` with each chosen tensor's residency split around its stay on the host."""
     res = dict(base.residencies)
     markers = list(base.markers)
     steps = route.steps
     for c in sorted(chosen, key=lambda c: (c.last_forward, c.tensor)):
         t, b = timing[c.tensor], c.base
         back = steps[c.first_backward].label
-        # a tensor a sequence reads first (a recomputation, a decompression) is prefetched and waited for in that
-        # sequence, before its reader; one a sequence writes (a compressed stream) is copied out right after
+        # a sequence that reads it first prefetches and waits for it; one that writes it copies it out
         seq = 1 if c.seq_read else 0
         res[c.tensor] = [
             Residency(b.start, b.start_at, b.start_kind, t.release, "after", EventKind.RELEASE,
@@ -255,11 +190,7 @@ def offload_schedule(route: Route, base: Schedule, chosen: list[Offloadable],
 def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile = "cpu", *,
                  base: Schedule | None = None, workspace: dict[int, WorkspaceChoice] | None = None,
                  policy: str = "offload", slack: float | None = None) -> Plan:
-    """Plan `route` with the tensor cache under `budget`: offload as little as fits, hidden where possible.
-
-    `base` is the schedule to start from (plain liveness by default; a recomputation schedule composes).
-    Raises BudgetError naming the smallest budget reachable with every candidate offloaded.
-    """
+    """Plan `route` offloading as little as fits `budget`, hidden where possible; BudgetError names the smallest."""
     ws = default_workspace(route) if workspace is None else workspace
     base = liveness_schedule(route, ws) if base is None else base
 
@@ -268,13 +199,11 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
 
     plan = place(base)
     if budget is None or plan.min_budget_bytes <= budget:
-        return finalize(plan, budget)   # the cache keeps everything resident: nothing moves
+        return finalize(plan, budget)
 
     dev = get_profile(device) if isinstance(device, str) else device
     clock = _clock(route, dev, copy_slack(dev) if slack is None else slack)
     cands = find_candidates(route, base, clock)
-
-
     def with_first(n: int, tight: bool = False) -> Plan:
         chosen = cands[:n]
         timing = tight_timing(chosen) if tight else hiding_timing(chosen, clock)
@@ -283,7 +212,6 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
     if cands:
         best = with_first(len(cands))
         if best.min_budget_bytes <= budget:
-            # Binary search for the fewest offloads that fit with fully hidden timing.
             lo, hi = 0, len(cands)           # with_first(lo) does not fit, with_first(hi) does
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -308,18 +236,8 @@ def plan_offload(route: Route, budget: int | None, device: str | DeviceProfile =
 
 def _repair(route: Route, base: Schedule, cands: list[Offloadable], clock: _Clock, budget: int,
             place) -> Plan | None:
-    """Offload everything, then trim the hiding windows until the plan fits; None if only the tightest does.
-
-    Targeted first: a release window (block kept while its copy out finishes) or a prefetch window (block
-    claimed before the copy back is needed) that holds memory at the binding step (or, failing that, at the
-    step of peak use) is cut to end just before / start just after it, largest windows first, just enough of
-    them to cover the excess. Each round is one placement replay.
-
-    That can stall: the arena a plan needs is peak use *plus fragmentation*, and the binding step may be one
-    where no window is open but an earlier early-landed prefetch left its hole pattern behind. Then every window
-    is scaled by the same factor between the tightest timing (0) and the current one (1), and the largest
-    factor that fits is found by bisection: uniformly less hiding, never more memory than the tightest plan.
-    """
+    """Offload all, then cut the windows open at the binding (or peak) step, largest first, until it fits; if that
+    stalls, scale every window by the largest factor that fits. None if only the tightest plan fits."""
     timing = hiding_timing(cands, clock)
     by_id = {c.tensor: c for c in cands}
 

@@ -1,6 +1,5 @@
-"""Everything that turns a plan (or a run) into something a person reads: the summary by role (`summary`), the
-per-step timeline and its PNG (`timeline`), the Perfetto trace (`trace`) and the explanation in words (`explain`).
-Nothing here changes a plan."""
+"""A plan or a run for a person to read: `summary` by role, `timeline` (and its PNG), the Perfetto `trace`,
+`explain` in words. Nothing here changes a plan."""
 from .explain import decision_lines, explain, tensor_decisions
 from .summary import MemoryReport, memory_report
 from .timeline import plot_timeline, role_timeline

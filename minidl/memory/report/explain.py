@@ -1,9 +1,6 @@
-"""`--explain`: a plan in words. Step by step what is allocated and freed and why; then, per tensor, whether it
-is kept, offloaded or recomputed and why; then, per convolution, the algorithm it runs and the faster ones the
-budget refused.
-
-The decisions are read back from the plan's events, never from the policy that made them, so the explanation
-holds for every policy, including ones added later.
+"""`--explain`: a plan in words: step by step what is allocated and freed and why; per tensor, kept,
+offloaded or recomputed and why; per convolution, its algorithm and the faster ones the budget refused.
+Rule: decisions are read back from the plan's events, never from the policy that made them.
 """
 from __future__ import annotations
 
@@ -16,9 +13,7 @@ from ..liveness import analyze
 from ..plan import EventKind, Plan
 from ..pool import align_up, format_bytes
 
-SUMMARY_STEPS = 600
-"""Plans with more route steps than this (a network of about 300 layers) are explained as a summary unless the
-full listing is asked for: ResNet-2500's full explanation is 120,000 lines."""
+SUMMARY_STEPS = 600  # route steps (~300 layers) above which a summary: ResNet-2500's full text is 120,000 lines
 
 
 def parse_steps(spec: str) -> tuple[int, int]:
@@ -49,12 +44,8 @@ def _matches(pattern: str, *names: str) -> bool:
 
 def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
             steps: tuple[int, int] | None = None, full: bool | None = None) -> str:
-    """Step by step, in words: what is allocated, freed and why.
-
-    `select` keeps the steps of one layer and the events of one tensor (a name or a glob: `conv1`,
-    `layer3.1*`); `steps` keeps a range [A, B) of route steps. Without either, a plan of more than
-    `SUMMARY_STEPS` steps is summarized (first steps, the binding and peak steps, totals) unless `full`.
-    """
+    """Step by step, what is allocated, freed and why; `select` (a name or glob) and `steps` [A, B) filter;
+    a plan over `SUMMARY_STEPS` steps is summarized unless `full`."""
     route = plan.route
     iv = analyze(route)
     n = len(route.steps)
@@ -93,8 +84,10 @@ def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
             lines.append(f"... (steps {prev + 1} to {k - 1})")
         prev = k
         mark = "  <- binding step" if k == plan.binding_step else ("  <- peak" if k == plan.peak_step else "")
+        into = [a.into for a in step.accumulate if a.in_place]
         lines.append(f"step {k:>4} {step.label}   [in use {format_bytes(sp.in_use)}]"
                      + (f"  algo {sp.algo}" if sp.algo else "")
+                     + (f"  (adds its input delta into {', '.join(into)} in the same call)" if into else "")
                      + (f" (refused for lack of memory: {'; '.join(sp.refused)})" if sp.refused else "")
                      + ("  [runs on the host's copies: host update]" if sp.on_host else "") + mark)
         if sp.note:
@@ -116,8 +109,7 @@ def explain(plan: Plan, max_steps: int | None = None, select: str | None = None,
 
 
 def _size(plan: Plan, ev) -> str:
-    """The tensor's size as planned; when the pool rounds it (a 0-byte workspace takes one 512 B block), both, so
-    that an allocation and its free read the same."""
+    """The planned size; both where the pool rounds it (a 0-byte workspace takes one 512 B block)."""
     want = plan.sizes.get(ev.tensor, ev.nbytes)
     got = align_up(want)
     return format_bytes(want) if got == want else f"{format_bytes(want)} ({format_bytes(got)} block)"
@@ -147,12 +139,8 @@ def _why_free(ev, route, iv, sp=None) -> str:
 
 
 def tensor_decisions(plan: Plan) -> list[tuple[str, str, str]]:
-    """(tensor, decision, why) for every activation and data tensor, in forward order.
-
-    The decision is read back from the plan's events, so it holds for any policy: "recomputed" (a RECOMPUTE
-    event rebuilds it in backward), "offloaded" (an OFFLOAD event moves it to the host), "kept" (resident from
-    forward into backward), or "freed in forward" (no backward step reads it: liveness frees it early).
-    """
+    """(tensor, decision, why) for every activation and data tensor in forward order, from the
+    plan's events: "recomputed", "offloaded", "kept" or "freed in forward"."""
 
     route = plan.route
     iv = analyze(route)
@@ -194,8 +182,8 @@ def tensor_decisions(plan: Plan) -> list[tuple[str, str, str]]:
 
 
 def decision_lines(plan: Plan, select: str | None = None, totals_only: bool = False) -> list[str]:
-    """The per-tensor decisions and the per-convolution algorithms, as report lines (used by `explain`);
-    `select` keeps one layer's or tensor's (a name or a glob), `totals_only` gives counts instead of rows."""
+    """Per-tensor decisions and per-convolution algorithms as report lines; `select`: one name or
+    glob; `totals_only`: counts."""
     lines = ["per tensor: why each activation is kept, offloaded or recomputed"]
     counts: dict[str, int] = {}
     for tid, what, why in tensor_decisions(plan):

@@ -1,8 +1,5 @@
-"""The memory report: where the bytes go at the peak, by role, and what bound the budget.
-
-It reads a `Plan` only; nothing here measures memory, because the plan's numbers are exact (the pool's measured
-peak equals them byte for byte).
-"""
+"""The memory report, read from a `Plan` only (its figures are exact): where the bytes go at the peak, by role,
+and what bound the budget."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

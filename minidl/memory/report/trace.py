@@ -8,22 +8,18 @@ from pathlib import Path
 from ..plan import EventKind, Plan
 
 TRACKS = {"compute": 1, "transfer": 2, "allreduce": 3}
-"""Thread ids of the trace's tracks: kernels, host<->device copies, data-parallel all-reduces (in flight)."""
+"""Thread ids of the trace's tracks: kernels, copies, all-reduces in flight."""
 
 
 def write_trace(path: str | Path, plan: Plan, events=None, device="k40c") -> Path:
-    """A Chrome/Perfetto trace: compute (and transfer) tracks from timed events, and a memory counter track.
-
-    Without timed events (plan only), the trace is the simulator's predicted timeline on `device`
-    (`simulate.predicted_timeline`): each step at its estimated start and length, each copy when the link
-    carries it, a step pushed later wherever it waits for a copy.
-    """
+    """A Chrome/Perfetto trace from timed events, with a memory counter; without events, the simulator's predicted
+    timeline on `device`."""
     trace = []
     if events:
         for e in events:
             trace.append({"name": e.name, "ph": "X", "ts": e.start_s * 1e6, "dur": max(e.dur_s * 1e6, 0.01),
                           "pid": 1, "tid": TRACKS.get(e.track, 2), "args": {"step": e.step}})
-            if e.track == "compute":  # transfer events (tid 2) carry no pool reading
+            if e.track == "compute":  # copies carry no pool reading
                 trace.append({"name": "pool in use", "ph": "C", "ts": e.start_s * 1e6, "pid": 1,
                               "args": {"bytes": e.in_use}})
     else:

@@ -1,29 +1,11 @@
-"""The smallest budget a `BudgetError` states: a budget at which the policy plans and one byte less does not.
+"""The smallest budget a `BudgetError` states: one at which the policy plans while one byte less does not.
 
-Why a search. A policy's first answer to "too small" is the arena its most frugal plan *at that budget* needs.
-That plan depends on the budget: each convolution takes the fastest workspace that fits what is free under it,
-and `auto`, `offload` and `window` choose what moves and when to fit it, so planning again at the stated number
-can choose differently and need more (the error comes back with a larger minimum) or, with more room to choose
-from, less. A number a user is told to use must work, and be the edge, so it is searched:
-
-1. **verify**: plan at the stated minimum M. If it fails, its own error states a new M; repeat (at most
-   `VERIFY_ROUNDS`), then step up by `STEP_UP` of M per round until a plan is made;
-2. **search down**: bisect between the budget that failed and the verified M (at most `SEARCH_PROBES` plannings,
-   stopping at `RESOLUTION` of M): a probe that plans becomes the new M;
-3. **settle on the edge**: until M - 1 is a budget known to fail, probe, in this order, the arena the plan made at M
-   needs (often well below M: the plan fits in less than it was given), M - 1, and the middle of the interval
-   left. What is stated is then a budget that plans while one byte less does not. Usually one or two plannings
-   more than steps 1-2 (the plan's own arena, then one byte below it: `offload` on 25 random small nets, 9.0
-   plannings in all on average instead of 6.7); at most about twice log2 of the interval step 2 left (23).
-
-What the figure is, per policy (docs/policies/auto.md summarizes it for users):
-- `none`: exact. Its placement does not depend on the budget (everything up front, fastest algorithms).
-- every other policy: a budget at which it plans, with one byte less failing, found below the policy's own figure
-  and above the budget that failed. For `liveness` and `recompute` this is the smallest budget in practice
-  (their placement depends on the budget only through workspace choices). For `offload`, `auto` and `window` a
-  smaller budget can still plan: whether they plan is not monotone in the budget (measured on a 5-conv net under
-  `offload`: 213,504 B plans, 214,528 B does not, 229,376 B and up all do), so the smallest budget of all would
-  take a planning per 512 B block; the message says which budget the search started from.
+A policy's plan depends on its budget (workspaces fitted to what is free; what `auto`, `offload`, `window` move),
+so its stated minimum M may not plan, or a smaller one may. So: verify M (a failure states a new M; after
+`VERIFY_ROUNDS`, step up by `STEP_UP`); bisect down from M (`SEARCH_PROBES`, to `RESOLUTION`); then settle on the
+edge, probing the arena the plan at M needs, M - 1, and the middle. `none` is exact; `liveness` and `recompute` are
+monotone in practice; for `offload`, `auto`, `window` a smaller budget may still plan (5-conv net under `offload`:
+213,504 B plans, 214,528 B does not), and the message says so.
 """
 from __future__ import annotations
 
@@ -33,29 +15,25 @@ from ...core.errors import BudgetError
 from ..pool import ALIGNMENT, format_bytes
 
 VERIFY_ROUNDS = 4
-"""Times the stated minimum is replaced by the one a failed verification states, before stepping up."""
+"""Times a failed verification's minimum replaces the candidate before stepping up."""
 
 STEP_UP = 0.01
-"""After `VERIFY_ROUNDS`, each further round raises the candidate by this share of it."""
+"""Share of the candidate each later round adds."""
 
 SEARCH_PROBES = 6
-"""Plannings the downward bisection may spend (ResNet-2500 under `auto`: a few seconds each)."""
+"""Plannings for the downward bisection (ResNet-2500 under `auto`: seconds each)."""
 
 RESOLUTION = 0.002
-"""The bisection stops when the interval is narrower than this share of the verified minimum."""
+"""Bisection stops below this share of the verified minimum."""
 
 EXACT_POLICIES = ("none",)
 
 MONOTONE_IN_PRACTICE = ("liveness", "recompute")
-"""Policies whose edge is, in practice, the smallest budget that plans (see the module doc)."""
+"""Policies whose edge is in practice the smallest budget that plans."""
 
 
 def verified_minimum(plan_at: Callable[[int], object], policy: str, budget: int, err: BudgetError) -> BudgetError:
-    """`err` (raised planning at `budget`) with its stated minimum replaced by the edge of a budget at which
-    `plan_at` plans (it plans there, not one byte below).
-
-    `plan_at(b)` plans at budget `b` (returning the plan) and raises BudgetError if it does not fit. The returned
-    error's message keeps the policy's own explanation and says how the number was found."""
+    """`err` (raised at `budget`) restated at the edge `plan_at` (plans or raises BudgetError) finds, saying how."""
     stated = err.min_budget_bytes
     if stated is None or policy in EXACT_POLICIES:
         return err
@@ -71,7 +49,7 @@ def verified_minimum(plan_at: Callable[[int], object], policy: str, budget: int,
             if rounds > VERIFY_ROUNDS or nxt <= m:
                 nxt = m + max(ALIGNMENT, int(m * STEP_UP))
             m = nxt
-    lo, hi = budget, m            # lo does not plan, hi does (with `plan`)
+    lo, hi = budget, m            # lo does not plan, hi does
 
     def probe(b: int) -> bool:
         nonlocal lo, hi, plan
@@ -87,11 +65,11 @@ def verified_minimum(plan_at: Callable[[int], object], policy: str, budget: int,
         if hi - lo <= max(ALIGNMENT, int(hi * RESOLUTION)):
             break
         probe((lo + hi) // 2)
-    edge_planned_at = None        # hi - 1 planned without telling anything smaller: bisect instead of walking
+    edge_planned_at = None        # hi - 1 planned: bisect instead of walking down
     while hi - lo > 1:
         arena = plan.min_budget_bytes
         if lo < arena < hi:
-            probe(arena)          # the plan made at hi fits in less: try its own arena
+            probe(arena)          # the plan at hi fits in less
         elif edge_planned_at != hi:
             if probe(hi - 1):
                 edge_planned_at = hi

@@ -10,9 +10,9 @@ module searches the two numbers that route leaves open:
   packs mean fewer stashed tensors, but a larger working set per pack (its weights, one micro-batch's
   activations inside it). So: the fewest packs that fit, with packs cut to hold about equal weight bytes
   (`packs.even_packs`), tried at 1, 2, 4, ... packs up to one per layer; the first that fits is kept.
-- **Micro-batches** (when not given): 1, 2, 4, ... dividing the batch; the count whose first fitting packing
-  moves the fewest bytes per step (ties: the fewest micro-batches, whose kernels run on larger batches). The
-  search stops once only weights move: more micro-batches cannot move less.
+- **Micro-batches** (when not given): 1, 2, 4, ... dividing the batch, up to `PlanOptions.max_micro_batches`;
+  the count whose first fitting packing moves the fewest bytes per step (ties: the fewest micro-batches, whose
+  kernels run on larger batches). The search stops once only weights move: more micro-batches cannot move less.
 
 Limitations: packs are cut by weight bytes only, not by activation sizes; the search tries powers of two.
 """
@@ -65,7 +65,8 @@ def plan_packs(route: Route, budget: int | None, device: str = "cpu", costs=None
     batch = net.input_nodes[0].shape[0]
     if micro_batches is None and route.packing is not None:
         micro_batches = route.micro_batches
-    ms = [micro_batches] if micro_batches else [m for m in _powers(batch) if batch % m == 0]
+    most = route.options.max_micro_batches or batch
+    ms = [micro_batches] if micro_batches else [m for m in _powers(batch) if batch % m == 0 and m <= most]
     failed: list[tuple[str, int | Callable[[], int]]] = []   # (where, the budget it needs, or how to find it out)
     best: tuple[int, int, Plan] | None = None    # (bytes moved, micro-batches, plan)
     for m in ms:

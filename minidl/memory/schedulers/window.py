@@ -1,58 +1,11 @@
-"""Policy `window`: out-of-core training the nnabla way (Hayakawa & Narihira, 2020), a local two-pointer schedule.
+"""Policy `window`: the two-pointer swap schedule of nnabla's out-of-core training (Hayakawa & Narihira, 2020).
 
-`auto` is a global search: it tries whole plans and keeps the fastest that fits. The window scheduler is the
-paper's own, local answer: it walks the recorded access order of one training step once, with two pointers,
-and decides every swap-in and swap-out from what the next few steps need. A reader can run both on the same net
-(`minidl plan ... --policy window` vs `--policy auto`) and see where each wins.
-
-**The access order.** nnabla records the first iteration's array accesses; here the route already *is* that
-record (every step's reads and writes, from the layers' declared backward needs), so `AccessOrder` is read off
-the route: for each step, the non-persistent tensors it touches (its workspace included) and which it writes.
-Parameters, buffers and optimizer state stay resident (they are placed once, before the first step); the
-window moves everything else: activations, deltas, gradients, BN statistics, the batch.
-
-**The two pointers.** With `cap` the bytes the window may hold (the budget minus the resident parameters):
-
-- the *head* runs ahead of the step being computed. Before step k it advances over steps k, k+1, ... and takes
-  each step's tensors into the window while the window's bytes stay within `cap` and the bytes being prefetched
-  within `prefetch_limit`. A tensor entering the window is swapped in (PREFETCH before step k, WAIT before its
-  use), or, if it is created fresh at that step, only *reserved* (counted, allocated at its first use); a tensor
-  whose swap-out is still pending when it re-enters is simply kept: the swap-out is *cancelled* (its OFFLOAD
-  never happens). Step k itself always enters, whatever it costs;
-- after step k computes, a tensor with no use left inside the window is swapped out (OFFLOAD after step k)
-  if it is used again later, or freed if never. A swap-out does not free memory at once: the block stays until
-  the *tail* needs the space;
-- the *tail*: before step k, while the window's bytes plus the blocks of pending swap-outs exceed `cap`, the
-  oldest swap-out is waited on and its block released (RELEASE before step k).
-So the window is wide where layers are small and narrow where they are big: it adapts to each layer's memory.
-A swap-out of a tensor whose host copy is still current (read-only since its last copy) moves no bytes: the
-block is just freed (FREE) and prefetched back from the copy already on the host.
-
-**When a step cannot fit.** The byte counts above ignore where blocks land: the placement pass (the same
-best-fit pool the executor replays, or the paged one under `--paged`) may need more arena than the window's
-bytes because of holes. Then the schedule is redone with the window budget lowered *at the step that binds*
-by the excess: the head may no longer carry prefetches across that step, so the prefetches that held memory
-there are cancelled, and the step is rescheduled (`MAX_RESCHEDULES` rounds). The head checks every step it
-would carry a prefetch across (`cap` is per step), so lowering one step's budget narrows only the windows
-that span it.
-
-The window's bytes are a *sum* over the steps it spans (a fresh tensor is reserved from the moment the head
-passes it), never the memory at one instant, so a window as wide as the whole step needs more than the
-liveness plan; a budget that the liveness plan meets therefore gets the liveness plan (nothing moves), as under
-the tensor cache.
-
-**Its minimum budget** is found, not guessed: the tightest window (`cap` 0 everywhere: the head takes only
-the current step, the tail releases every swap-out before the next step, so at each step only that step's own
-tensors and the parameters are on the device) is placed by the same pass, and its arena (peak plus holes; with
-`--paged`, peak chunks) is what a `BudgetError` states when nothing fits (`window_min_budget`). It is an upper
-bound: a wider window placed under a slightly smaller budget can land with fewer holes, so `plan_network` verifies
-the stated number and searches below it (`schedulers/minimum.py`; ResNet-50 at batch 32: 587.20 MiB stated,
-568.85 MiB verified).
-
-**Rationale / limitations.** The schedule is computed once before training, from shapes, like every minidl
-plan, so cancellations and reschedules happen in the plan, never at run time. It does not estimate compute
-or copy times (the paper's scheduler does not either): a prefetch is issued as soon as the window has room,
-which is as early as memory allows. Parameters are not swapped (nnabla swaps them too).
+Over the recorded access order (the route) with `cap` = budget minus resident parameters: the head takes steps into
+the window while its bytes fit `cap` (prefetching or reserving what enters, cancelling a pending swap-out of what
+returns); after a step, what has no use left in the window is swapped out, or just freed if its host copy is
+current; the tail releases the oldest swap-outs while the window plus them exceed `cap`. Where placement misses the
+budget, `cap` at the binding step drops by the excess. The tightest window (`cap` 0) states the minimum budget.
+Shapes only: a prefetch goes as early as memory allows. Parameters are not swapped.
 """
 from __future__ import annotations
 
@@ -71,22 +24,20 @@ from ..pool import align_up, format_bytes
 from ..workspace import frugal_workspace, workspace_choices
 
 PREFETCH_SHARE = 0.5
-"""Default prefetch limit as a share of the window budget: at most half the window may be bytes still being
-copied in. nnabla has the same knob (a maximum of prefetched bytes); without one, a wide window would fill with
-copies issued long before they are needed and leave no room for the arrays the next steps create."""
+"""Prefetch limit as a share of the window budget (nnabla's knob): without it, early copies crowd out new arrays."""
 
 MAX_RESCHEDULES = 60
-"""Rounds of "lower the budget at the binding step and reschedule" before falling back to the tightest window."""
+"""Rounds of "lower the budget at the binding step, reschedule" before the tightest window."""
 
 
 @dataclass(slots=True)
 class AccessOrder:
-    """The recorded accesses of one training step: per route step, the tensors touched and those written."""
+    """Per route step, the tensors touched (workspace included) and those written."""
 
     touched: list[list[str]]
     written: list[set[str]]
     uses: dict[str, list[int]]   # tensor -> the steps that touch it, in order
-    sizes: dict[str, int]        # tensor -> pool bytes (rounded as the pool rounds)
+    sizes: dict[str, int]        # tensor -> pool bytes
 
     @staticmethod
     def record(route: Route, ws: dict[int, WorkspaceChoice]) -> "AccessOrder":
@@ -103,9 +54,9 @@ class AccessOrder:
             written[step.index].update(a.into for a in step.accumulate)
         for t in route.tensors.values():
             if t.role in (Role.DATA, Role.LABEL):
-                written[0].add(t.id)     # the batch is loaded just before the first step
+                written[0].add(t.id)     # the batch is loaded before the first step
         sizes = {t: align_up(route.tensors[t].nbytes) for t in uses if t in route.tensors}
-        for k, c in ws.items():   # reserved at the smallest algorithm's; the placement may grant a faster one
+        for k, c in ws.items():   # the smallest algorithm's
             smallest = min([c.nbytes] + [o.workspace_bytes for o in c.options or ()])
             sizes[route.steps[k].workspace] = align_up(smallest)
         return AccessOrder(touched, written, uses, sizes)
@@ -113,13 +64,13 @@ class AccessOrder:
 
 @dataclass(slots=True)
 class WindowStep:
-    """What the two pointers did before one step: for `--explain` and tests."""
+    """What the two pointers did before one step (for `--explain` and tests)."""
 
     head: int          # the window is steps [k, head)
-    window_bytes: int  # bytes of the tensors used inside the window (fresh ones reserved)
-    pending_bytes: int  # blocks of swap-outs not yet released (the tail's side)
-    released: int = 0  # swap-outs the tail waited on before this step
-    cancelled: int = 0  # swap-outs cancelled because their tensor re-entered the window
+    window_bytes: int  # tensors used inside the window, fresh ones reserved
+    pending_bytes: int  # swap-outs not yet released
+    released: int = 0
+    cancelled: int = 0
 
 
 @dataclass(slots=True)
@@ -133,7 +84,7 @@ _NEW, _DEV, _OUT, _HOST, _DEAD = range(5)
 
 def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch_limit: float,
                     ws: dict[int, WorkspaceChoice]) -> WindowResult:
-    """One pass of the two pointers over `order` with window budget `cap[k]` at step k (see the module doc)."""
+    """One pass of the two pointers with window budget `cap[k]` at step k."""
     n = len(route.steps)
     labels = [s.label for s in route.steps]
     size = order.sizes
@@ -143,7 +94,7 @@ def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch
     opened: dict[str, Residency] = {}             # t -> its open residency
     res: dict[str, list[Residency]] = {t: [] for t in order.uses}
     markers: list[Marker | None] = []
-    pending: OrderedDict[str, tuple[int, int | None, bool]] = OrderedDict()  # swap-outs: t -> (step, marker, valid)
+    pending: OrderedDict[str, tuple[int, int | None, bool]] = OrderedDict()  # t -> (step, marker, valid)
     prefetching: dict[str, int] = {}              # t -> the step whose WAIT lands it
     bytes_w = bytes_s = bytes_p = 0
     head = 0
@@ -158,23 +109,23 @@ def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch
     def end(t: str, k: int, at: str, kind: EventKind, reason: str) -> None:
         r = opened.pop(t)
         r.end, r.end_at, r.end_kind = k, at, kind
-        if reason:   # one reason serves both events of the residency: say where it starts and ends
+        if reason:   # one reason for both events of the residency
             r.reason = (r.reason or "first used here") + "; " + reason
 
     for k in range(n):
         info = WindowStep(head, 0, 0)
-        # -- the head: take steps into the window while it has room ----------------------------------------
+        # the head
         limit = cap[k]
         while head < n:
             j = head
             limit = min(limit, cap[j]) if j > k else limit
             new = [t for t in order.touched[j] if inwin[t] == 0]
-            add = sum(size[t] for t in new)       # a cancelled swap-out moves from the tail's bytes to these
+            add = sum(size[t] for t in new)
             pre = sum(size[t] for t in new if state[t] == _HOST)
             if j > k and (bytes_w + add > limit or bytes_p + pre > prefetch_limit):
                 break
             for t in new:
-                if state[t] == _OUT:               # it returns inside the window: cancel its swap-out
+                if state[t] == _OUT:               # cancel its swap-out
                     _, mk, valid = pending.pop(t)
                     bytes_s -= size[t]
                     if mk is not None:
@@ -182,7 +133,7 @@ def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch
                     host_valid[t] = valid
                     state[t] = _DEV
                     info.cancelled += 1
-                elif state[t] == _HOST:            # swap it in now, wait for it before its use
+                elif state[t] == _HOST:
                     start(t, k, EventKind.PREFETCH,
                           f"swapped in {j - k} steps ahead: the window head reached '{labels[j]}' (step {j})")
                     markers.append(Marker(j, "before", EventKind.WAIT, t,
@@ -194,7 +145,7 @@ def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch
             for t in order.touched[j]:
                 inwin[t] += 1
             head += 1
-        # -- the tail: wait on the oldest swap-outs while space is short -----------------------------------
+        # the tail
         while pending and bytes_w + bytes_s > cap[k]:
             t, (issued, mk, _) = pending.popitem(last=False)
             bytes_s -= size[t]
@@ -207,7 +158,7 @@ def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch
             info.released += 1
         info.head, info.window_bytes, info.pending_bytes = head, bytes_w, bytes_s
         out.steps.append(info)
-        # -- fresh tensors are allocated at their first use -------------------------------------------------
+        # fresh tensors are allocated at their first use
         for t in order.touched[k]:
             if state[t] == _NEW:
                 start(t, k, EventKind.ALLOC, ws_reason.get(t, ""))
@@ -215,7 +166,7 @@ def window_schedule(route: Route, order: AccessOrder, cap: list[float], prefetch
             if prefetching.get(t) == k:
                 del prefetching[t]
                 bytes_p -= size[t]
-        # -- after step k: what has no use left in the window leaves ---------------------------------------
+        # after step k: what has no use left in the window leaves
         for t in order.touched[k]:
             if t in order.written[k]:
                 host_valid[t] = False
@@ -256,15 +207,14 @@ def _note(st: WindowStep, k: int) -> str:
 
 def plan_window(route: Route, budget: int | None, *, workspace: dict[int, WorkspaceChoice] | None = None,
                 prefetch_limit: int | None = None, policy: str = "window") -> Plan:
-    """Plan `route` with the window scheduler under `budget` (None: the window spans the whole step, which is
-    plain liveness). Raises BudgetError naming the window's minimum budget (see the module doc)."""
+    """Plan `route` with the window scheduler under `budget` (None: liveness); BudgetError names its minimum."""
     ws = workspace_choices(route) if workspace is None else workspace
     order = AccessOrder.record(route, ws)
     n = len(route.steps)
     frugal = frugal_workspace(route) if any(s.workspace for s in route.steps) else ws
 
     def place_window(cap: list[float], limit: float, fit: int | None, w=ws) -> Plan:
-        """Schedule, then place; with `fit` (a budget) each convolution gets the fastest workspace that fits."""
+        """Schedule, then place (with a budget `fit`, the fastest workspaces that fit)."""
         wr = window_schedule(route, order, cap, limit, w)
         plan = place(route, {k: WorkspaceChoice(c.algo, c.nbytes, list(c.refused), c.options)
                              for k, c in w.items()}, wr.schedule, fit, policy=policy)
@@ -272,9 +222,9 @@ def plan_window(route: Route, budget: int | None, *, workspace: dict[int, Worksp
             sp.note = _note(st, k)
         return plan
 
-    whole = place_window([math.inf] * n, math.inf, None)   # a window as wide as the step: plain liveness
+    whole = place_window([math.inf] * n, math.inf, None)   # plain liveness
     if budget is None or whole.min_budget_bytes <= budget:
-        return finalize(whole, budget)            # like the tensor cache: nothing moves while everything fits
+            return finalize(whole, budget)
 
     fixed = sum(align_up(t.nbytes) for t in route.tensors.values() if t.role.persistent)
     base = max(0, budget - fixed)
@@ -287,8 +237,8 @@ def plan_window(route: Route, budget: int | None, *, workspace: dict[int, Worksp
         b, excess = plan.binding_step, plan.min_budget_bytes - budget
         if cap[b] <= 0:
             break
-        cap[b] = max(0, cap[b] - excess)        # a step that cannot fit: cancel prefetches across it
-    # the tightest window, then also with the most frugal workspaces: the smallest arena this scheduler reaches
+        cap[b] = max(0, cap[b] - excess)        # cancel prefetches across the binding step
+    # the tightest window, then with the most frugal workspaces
     for tight in (place_window([0] * n, 0, budget), place_window([0] * n, 0, None, frugal)):
         if tight.min_budget_bytes <= budget:
             return finalize(tight, budget)
@@ -300,7 +250,7 @@ def plan_window(route: Route, budget: int | None, *, workspace: dict[int, Worksp
 
 
 def window_min_budget(route: Route, costs=None) -> int:
-    """The arena of the tightest window: the minimum `window` states when nothing fits (see the module doc)."""
+    """The arena of the tightest window: the minimum `window` states when nothing fits."""
     try:
         plan_window(route, 1, workspace=workspace_choices(route, costs))
     except BudgetError as e:
@@ -309,5 +259,5 @@ def window_min_budget(route: Route, costs=None) -> int:
 
 
 def window_policy(route: Route, budget: int | None, device: str, costs=None) -> Plan:
-    """The `window` policy (see the table in `memory/policies.py`)."""
+    """The `window` policy (table in `memory/policies.py`)."""
     return plan_window(route, budget, workspace=workspace_choices(route, costs))
