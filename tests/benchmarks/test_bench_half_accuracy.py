@@ -9,6 +9,9 @@ import pytest
 from tests.benchmarks import bench_scripts
 
 
+RESULTS = bench_scripts.BENCHMARKS / "results"
+
+
 def _bench():
     return bench_scripts.load("half_accuracy")
 
@@ -28,3 +31,12 @@ def test_one_small_run_per_mode_and_seed_summarized_against_float32(tmp_path):
         assert summary["fp32"]["diff_vs_fp32"] == 0
     assert path.with_suffix(".md").read_text() == ha.markdown(result) + "\n"
 
+
+def test_the_committed_results_are_the_scripts_over_several_seeds():
+    ha = _bench()
+    result = json.loads((RESULTS / "half_accuracy.json").read_text())
+    assert len(result["seeds"]) >= 3
+    for task in ("resnet20", "gpt2"):
+        assert set(result[task]["runs"]) == set(ha.MODES)
+        assert all(len(r) == len(result["seeds"]) for r in result[task]["runs"].values())
+    assert (RESULTS / "half_accuracy.md").read_text() == ha.markdown(result) + "\n"
