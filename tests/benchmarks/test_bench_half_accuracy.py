@@ -8,7 +8,6 @@ import pytest
 
 from tests.benchmarks import bench_scripts
 
-
 RESULTS = bench_scripts.BENCHMARKS / "results"
 
 
