@@ -22,7 +22,7 @@ import numpy as np
 
 from minidl.backend.cpu import lanes
 from minidl.backend.cpu.backend import CPUBackend
-from minidl.backend.precision import WEIGHT_COPY, precision
+from minidl.backend.precision import precision
 from minidl.core.tensors import Role
 from minidl.layers.base import LayerContext
 from minidl.models import build_model, is_sequence_model
@@ -58,7 +58,7 @@ class LayerArrays:
         specs = layer.param_specs(self.in_shapes)
         self.masters = {p: (rng.standard_normal(s.shape) * 0.05).astype(np.float32) for p, s in specs.items()}
         self.masters |= {p: np.abs(a) + 1 for p, a in self.masters.items() if p == "running_var"}
-        self.copies = {p: np.empty(self.masters[p].shape, prec.dtype(WEIGHT_COPY)) for p in layer.half_params
+        self.copies = {p: np.empty(self.masters[p].shape, prec.dtype(Role.WEIGHT_COPY)) for p in layer.half_params
                        if prec.half is not None and p in self.masters}
         self.params = self.masters | self.copies
         self.grads = {p: np.empty(s.shape, np.float32) for p, s in specs.items() if s.trainable}

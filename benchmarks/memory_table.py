@@ -6,11 +6,16 @@
         --md benchmarks/results/memory_table.md             # the committed results
     python benchmarks/memory_table.py --models gpt2_small --check --merge \
         --json benchmarks/results/memory_table.json --md benchmarks/results/memory_table.md
+    python benchmarks/memory_table.py --models resnet50 gpt2_small --math bf16 --device v100 --check --merge \
+        --json benchmarks/results/memory_table.json --md benchmarks/results/memory_table.md   # the bf16 rows
 
 Image models run at `--batch` (default 32) and their own image size (224 px; inception_v4 299); the sequence
 models (gpt2, bert) at `--seq-batch` (default 8) sequences of `--seq` tokens (default: the model's context, 1024
 for GPT-2 and 512 for BERT). `--merge` replaces (or appends) only the rows measured now in the `--json` file and
-rewrites `--md` from all its rows, so one row can be re-measured without re-running the others.
+rewrites `--md` from all its rows, so one row can be re-measured without re-running the others. `--math bf16|fp16`
+plans in that mode (half activations, deltas and weight copies; float32 masters, gradients and optimizer state) and
+`--device` a GPU profile plans its workspaces with the cuDNN model: a row not float32 on the CPU says its mode and
+device (on the CPU's menu a half mode also plans the float32 copies its kernels stage, which a GPU does not need).
 
 Columns (all bytes are exact: the plan is placed by the pool's own allocator, and the executor measures the
 same peak when it runs the plan):
@@ -45,29 +50,32 @@ import platform
 import time
 
 from minidl.core.errors import BudgetError
+from minidl.core.options import MATH_MODES
 from minidl.memory.policies import plan_network
 from minidl.memory.pool import format_bytes, parse_size
 from minidl.memory.request import PlanRequest, Target
 from minidl.memory.schedulers.window import window_min_budget
-from minidl.memory.simulate import get_profile
 from minidl.models import build_model, is_sequence_model
 from minidl.optim import SGD
 
+DEVICE = "cpu"   # the profile of the table's plain rows; a row for another names it
 MODELS = ["alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "densenet121", "inception_v4", "gpt2_small",
           "gpt2_medium", "bert_base", "bert_large"]
 
 
-def auto_minimum(net, opt, device: str) -> int:
+def auto_minimum(net, opt, device: str, math: str = "fp32") -> int:
     """The smallest budget `auto` accepts: ask for an impossible one and read the BudgetError."""
     try:
-        plan = plan_network(net, opt.slots, PlanRequest.from_options("auto", 1), Target(get_profile(device)))
+        plan = plan_network(net, opt.slots, PlanRequest.from_options("auto", 1, math=math), Target.for_run(device))
         return plan.min_budget_bytes
     except BudgetError as e:
         return int(e.min_budget_bytes)
 
 
-def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**20, seq: int | None = None) -> dict:
-    """One model's columns. `seq`: a sequence model's tokens per sequence (None: its context length)."""
+def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**20, seq: int | None = None,
+        math: str = "fp32") -> dict:
+    """One model's columns. `seq`: a sequence model's tokens per sequence (None: its context length); `math` the
+    math mode (a row in another mode than fp32, or for another device than `DEVICE`, records both)."""
     sequence = is_sequence_model(model)
     net = build_model(model, batch=batch, **({"seq": seq} if sequence and seq else {}))
     opt = SGD(lr=0.01, momentum=0.9)
@@ -75,19 +83,23 @@ def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**2
     out = {"model": model, "batch": batch, "input": list(net.input_nodes[0].shape)}
     if sequence:
         out["seq"] = out["input"][1]
+    if math != "fp32" or device != DEVICE:
+        out.update(math=math, device=device)
+    target = Target.for_run(device)
     for pol in ("none", "liveness", "recompute"):
-        p = plan_network(net, opt.slots, PlanRequest(pol), Target(get_profile(device)))
+        p = plan_network(net, opt.slots, PlanRequest.from_options(pol, math=math), target)
         out[pol] = p.peak_bytes
         out[f"{pol}_min_budget"] = p.min_budget_bytes
         out["lower_bound"] = p.lower_bound_bytes
-    m = auto_minimum(net, opt, device)
+    m = auto_minimum(net, opt, device, math)
     out["auto_min"] = m
     if check:  # auto at exactly that budget must plan
-        p = plan_network(net, opt.slots, PlanRequest.from_options("auto", m), Target(get_profile(device)))
+        p = plan_network(net, opt.slots, PlanRequest.from_options("auto", m, math=math), target)
         out["auto_min_checked"] = p.min_budget_bytes <= m
     slots = tuple(opt.slots)
-    out["window_min"] = window_min_budget(net.route(training=True, optimizer_slots=slots))
-    paged = plan_network(net, opt.slots, PlanRequest.from_options("liveness", paged=chunk), Target(get_profile(device)))
+    out["window_min"] = window_min_budget(net.route(training=True, optimizer_slots=slots, menu=target.menu,
+                                                    math=math))
+    paged = plan_network(net, opt.slots, PlanRequest.from_options("liveness", paged=chunk, math=math), target)
     out["paged_chunk"] = chunk
     out["paged_arena"] = paged.min_budget_bytes
     out["paged_live_peak"] = paged.paged.live_peak_bytes
@@ -102,13 +114,16 @@ def row(model: str, batch: int, device: str, check: bool, chunk: int = 20 * 2**2
 
 
 def label(r: dict) -> str:
-    """A row's model cell: a sequence model also names its tokens per sequence."""
-    return f"{r['model']} ({r['seq']} tokens)" if "seq" in r else r["model"]
+    """A row's model cell: a sequence model also names its tokens per sequence, a row in another math mode than
+    fp32 that mode and its device."""
+    extra = [f"{r['seq']} tokens"] if "seq" in r else []
+    extra += [f"{r['math']}, {r['device']}"] if "math" in r else []
+    return f"{r['model']} ({', '.join(extra)})" if extra else r["model"]
 
 
 def same_row(a: dict, b: dict) -> bool:
     """Whether two rows measure the same thing (a merge replaces the old one)."""
-    return all(a.get(k) == b.get(k) for k in ("model", "batch", "seq", "paged_chunk"))
+    return all(a.get(k) == b.get(k) for k in ("model", "batch", "seq", "paged_chunk", "math", "device"))
 
 
 def merged(old: list[dict], new: list[dict]) -> list[dict]:
@@ -124,13 +139,14 @@ def merged(old: list[dict], new: list[dict]) -> list[dict]:
 
 
 def caption(rows: list[dict], device: str) -> str:
-    """The table's first line: what every row shares, and the dates its rows were measured on."""
+    """The table's first line: what every row shares (`device`: the plain rows' profile), and the dates its rows
+    were measured on."""
     dates = sorted({r["date"] for r in rows if "date" in r})
     undated = "" if all("date" in r for r in rows) else "before the rows recorded their date; "
     when = undated + (", ".join(dates) if dates else "")
-    return (f"Peak bytes of one training step, SGD with momentum, float32; image models at their image size, "
-            f"sequence models at the tokens shown ({when}, {platform.machine()}, auto timed on profile "
-            f"'{device}'):")
+    return (f"Peak bytes of one training step, SGD with momentum, float32 (a row naming a mode and a device: planned "
+            f"so); image models at their image size, sequence models at the tokens shown ({when}, "
+            f"{platform.machine()}, planned for profile '{device}'):")
 
 
 def markdown(rows: list[dict]) -> str:
@@ -154,9 +170,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-batch", type=int, default=8, help="batch of the sequence models (default 8)")
     ap.add_argument("--seq", type=int, default=None,
                     help="tokens per sequence of the sequence models (default: each model's context)")
-    ap.add_argument("--device", default="cpu", help="profile auto estimates step times with")
+    ap.add_argument("--device", default=DEVICE, help="the profile planned for (its menu: the CPU's, or the cuDNN "
+                                                      "model for a GPU) and auto's step times")
     ap.add_argument("--check", action="store_true", help="also plan auto at exactly its minimum")
     ap.add_argument("--chunk", type=parse_size, default=20 * 2**20, help="paged pool chunk (default 20MiB)")
+    ap.add_argument("--math", default="fp32", choices=MATH_MODES, help="the math mode planned (default fp32)")
     ap.add_argument("--json", default=None, help="write the rows to this file")
     ap.add_argument("--md", default=None, help="write the caption and table to this file")
     ap.add_argument("--merge", action="store_true",
@@ -168,14 +186,14 @@ def main(argv=None) -> int:
     for m in args.models:
         seq_model = is_sequence_model(m)
         r = row(m, args.seq_batch if seq_model else args.batch, args.device, args.check, args.chunk,
-                args.seq if seq_model else None)
+                args.seq if seq_model else None, args.math)
         r["date"] = str(datetime.date.today())
         rows.append(r)
         print(f"{label(r)}: planned in {r['planning_s']:.1f} s", flush=True)
     if args.merge:
         with open(args.json) as f:
             rows = merged(json.load(f), rows)
-    text = caption(rows, args.device) + "\n\n" + markdown(rows) + "\n"
+    text = caption(rows, DEVICE) + "\n\n" + markdown(rows) + "\n"
     print("\n" + text, end="")
     if args.json:
         with open(args.json, "w") as f:

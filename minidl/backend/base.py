@@ -12,7 +12,10 @@ from typing import Any, ContextManager, Protocol, runtime_checkable
 #: The compiled step's fusions: a ReLU folded into the batch norm's or the add's call.
 FUSES_BATCHNORM_RELU = "batchnorm_relu"        # batchnorm_forward_train / batchnorm_backward take `relu=`
 FUSES_ADD_RELU = "add_relu"                    # add_forward takes `relu_out`
-FUSES_ADD_RELU_BACKWARD = "add_relu_backward"
+FUSES_ADD_RELU_BACKWARD = "add_relu_backward"  # add_relu_backward: a ReLU's and the add's backward in one call
+# Layer types a following ReLU folds into, forward and backward, and the fusion a backend lists for each.
+FUSES_RELU = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU}
+FUSES_RELU_BACKWARD = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU_BACKWARD}
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class Backend(Protocol):
     def fill(self, dst, value) -> None: ...
     def accumulate(self, dst, src) -> None: ...
     def copy(self, dst, src) -> None: ...
+    def fill_loss_scale(self, dst, scale) -> None: ...   # fp16's seed: dst = scale (a graph: from its slot)
+    def unscale(self, g, inv_scale) -> None: ...         # g *= float32 inv_scale (a graph: from its slot)
 
     # -- elementwise, joins, dense, dropout, loss, optimizers
     def relu_forward(self, x, y) -> None: ...
@@ -134,6 +139,7 @@ class GraphCapture(Protocol):
     def scalar_buffer(self, name, n, dtype): ...
     def wait_compute(self) -> None: ...
     def guard_nonfinite(self, x, code) -> None: ...
+    def found_inf_flag(self, x) -> None: ...   # fp16: set the capture's `found_inf` flag if x is not finite
 
 
 def backend_name(backend) -> str:

@@ -1,7 +1,9 @@
 """Per-step scalars at fixed device addresses for a captured CUDA graph (`minidl/runtime/capture.py`): dropout keys,
 the learning rate and Adam's step live in device slots the graph's first node fills from pinned buffers, read by
 the `*_dev` kernels (eager's bits). `diverged`, the guard's flag, is zeroed by each copy-in, set by
-`nonfinite_flag`, read by the update kernels (which then skip), copied out to `diverged_out`.
+`nonfinite_flag`, read by the update kernels (which then skip), copied out to `diverged_out`. fp16: `amp` holds
+[scale, inverse scale] (the loss's seed, the gradients' unscaling); `found_inf`, zeroed like `diverged`, is set where
+a gradient is not finite before its unscaling and copied out to `found_inf_out` for the host to back the scale off.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import numpy as np
 
 #: Index of each optimizer scalar in the float64 slots.
 LR, STEP = 0, 1
+#: Index of the loss scale and its inverse in the float32 `amp` slots.
+SCALE, INV_SCALE = 0, 1
 
 
 class StepScalars:
@@ -30,19 +34,31 @@ class StepScalars:
         self.diverged_out = backend.host_empty((1,), np.int32)
         self.diverged_out[...] = 0
         self.diverged = backend.scalar_buffer("graph_diverged", 1, np.int32)
+        self.amp_host = backend.host_empty((2,), np.float32)
+        self.amp_host[...] = 1
+        self.amp = backend.scalar_buffer("graph_amp", 2, np.float32)
+        self.found_inf_out = backend.host_empty((1,), np.int32)
+        self.found_inf_out[...] = 0
+        self.found_inf = backend.scalar_buffer("graph_found_inf", 1, np.int32)
         self._slot_of_key: dict[int, int] = {}
 
-    def fill(self, keys: list[int], lr: float, step: int) -> None:
-        """Write one step's values into the pinned buffers."""
+    def fill(self, keys: list[int], lr: float, step: int, scale: float | None = None,
+             inv_scale: float | None = None) -> None:
+        """Write one step's values into the pinned buffers; `scale`, `inv_scale`: fp16's loss scale and its
+        inverse."""
         for i, k in enumerate(keys):
             self.keys_host[i] = np.uint64(int(k) & 0xFFFFFFFFFFFFFFFF)
         self._slot_of_key = {int(k) & 0xFFFFFFFFFFFFFFFF: i for i, k in enumerate(keys)}
         self.optim_host[LR] = float(lr)
         self.optim_host[STEP] = float(step)
+        if scale is not None:
+            self.amp_host[SCALE] = np.float32(scale)
+            self.amp_host[INV_SCALE] = np.float32(inv_scale)
 
-    def copies(self) -> list[tuple[Any, np.ndarray]]:
-        """(device slot, pinned host array) pairs the graph copies in first."""
-        return [(self.keys, self.keys_host), (self.optim, self.optim_host), (self.diverged, self.diverged_host)]
+    def copies(self, loss_scale: bool = False) -> list[tuple[Any, np.ndarray]]:
+        """(device slot, pinned host array) pairs the graph copies in first; `loss_scale`: fp16's slots too."""
+        out = [(self.keys, self.keys_host), (self.optim, self.optim_host), (self.diverged, self.diverged_host)]
+        return out + ([(self.amp, self.amp_host), (self.found_inf, self.diverged_host)] if loss_scale else [])
 
     def key_slot(self, key: int):
         """The device slot of the dropout layer whose key this step is `key`."""
@@ -61,6 +77,16 @@ class StepScalars:
         self._same("learning rate", lr, self.optim_host[LR])
         self._same("Adam step", step, self.optim_host[STEP])
         return self.optim[LR:STEP + 1]
+
+    def scale_slot(self, scale: float):
+        """The loss scale's slot (the seed of the loss's gradient); `scale` must be the value written by `fill`."""
+        self._same("loss scale", np.float32(scale), self.amp_host[SCALE])
+        return self.amp[SCALE:SCALE + 1]
+
+    def inv_scale_slot(self, inv_scale: float):
+        """The inverse scale's slot (the gradients' unscaling); the value passed must be the one written by `fill`."""
+        self._same("inverse loss scale", np.float32(inv_scale), self.amp_host[INV_SCALE])
+        return self.amp[INV_SCALE:INV_SCALE + 1]
 
     @staticmethod
     def _same(what: str, passed, written) -> None:

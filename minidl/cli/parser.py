@@ -150,8 +150,10 @@ def _memory_args(p: argparse.ArgumentParser, policy_default: str | None) -> None
 
 def _math_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--math", default=MATH_MODES[0], choices=MATH_MODES,
-                   help="float32 arithmetic (fp32) or TF32 tensor cores for convolutions and matrix products "
-                        "(tf32, PyTorch's default for convolutions; --backend cuda only)")
+                   help="float32 arithmetic (fp32); TF32 tensor cores for convolutions and matrix products "
+                        "(tf32, PyTorch's default for convolutions; --backend cuda only); or mixed precision "
+                        "(bf16, fp16: half activations, deltas and weight copies, float32 masters, gradients and "
+                        "optimizer state; fp16 with a dynamic loss scale)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,8 +11,9 @@ from .errors import OptionError
 if TYPE_CHECKING:  # pragma: no cover
     from ..memory.decisions.allreduce import DataParallel
 
-#: The modes `--math` accepts, the default first.
-MATH_MODES = ("fp32", "tf32")
+#: The modes `--math` accepts, the default first; a mode is added here (and taught to the backends that run it,
+#: and, a storage mode, to `backend.precision`).
+MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,18 @@ class Role(str, enum.Enum):
     DATA = "data"                # network input
     LABEL = "label"              # targets
     BUCKET = "bucket"            # data parallel: gradients packed for the all-reduce, one row per rank
+    WEIGHT_COPY = "weight_copy"  # a half-precision mode: the half copy of a master weight that products read
+    STAGING = "staging"          # a half-precision mode: float32 copies a CPU kernel stages its half operands in
 
     @property
     def persistent(self) -> bool:
-        """Survives from one step to the next."""
-        return self in (Role.PARAMETER, Role.BUFFER, Role.OPTIMIZER)
+        """Persistent tensors survive from one training step to the next."""
+        return self in (Role.PARAMETER, Role.BUFFER, Role.OPTIMIZER, Role.WEIGHT_COPY)
+
+    @property
+    def mixed_only(self) -> bool:
+        """Roles only a half-precision mode has: reports list them where a plan has such tensors."""
+        return self in (Role.WEIGHT_COPY, Role.STAGING)
 
 
 @dataclass(slots=True)
@@ -93,6 +100,16 @@ def grad_id(layer: str, pname: str) -> str:
 
 def opt_state_id(layer: str, pname: str, slot: str) -> str:
     return f"opt:{layer}.{pname}.{slot}"
+
+
+def copy_id(layer: str, pname: str) -> str:
+    """The half copy of master weight `param_id(layer, pname)` (a half-precision mode)."""
+    return f"copy:{layer}.{pname}"
+
+
+def staging_id(layer: str, phase: str) -> str:
+    """The float32 staging of a layer's step in a half-precision mode on the CPU (`phase`: fwd, rfwd, bwd)."""
+    return f"stage:{layer}.{phase}"
 
 
 def aux_id(layer: str, name: str) -> str:

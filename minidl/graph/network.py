@@ -21,6 +21,7 @@ import numpy as np
 
 from ..backend.base import menu_of
 from ..backend.cpu.menu import CPU_MENU
+from ..backend.precision import precision
 from ..core.errors import GraphError
 from ..core.symbol import Symbol
 from ..core.tensors import grad_id, param_id
@@ -271,22 +272,34 @@ class Network:
                              f"it does not reach the loss '{loss.name}'")
 
     def route(self, training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
-              fused_update: bool = False, micro_batches: int = 1, packs=None) -> "Route":
-        """The route every plan is expressed on, cached until the graph changes."""
+              fused_update: bool = False, micro_batches: int = 1, packs=None, math: str = "fp32") -> "Route":
+        """The execution order every plan is expressed on (cached until the graph changes).
+
+        `optimizer_slots` names the per-parameter state the optimizer keeps (e.g. ("momentum",)), so that
+        optimizer state is planned like every other tensor. `menu` supplies the convolution algorithms each step
+        may run and their workspace sizes: the CPU's menu (`CPUMenu`, by default), the cuDNN model, or a live
+        backend; a CPU backend's menu is its `CPUMenu`, so it shares that menu's route. `fused_update`: each
+        layer's optimizer update right after its backward (see `route.py`). `packs` (lists of layer names):
+        Harmony's route of layer packs and micro-batches (see `packs.py`; always fused); `micro_batches` > 1
+        without packs: gradient accumulation, each micro-batch's forward then its backward (`route.py`; always
+        fused). `math`: the math mode whose storage dtypes the tensors get (`backend.precision`; fp32 and tf32
+        store alike and share a route).
+        """
         menu = menu_of(menu)
-        key = (bool(training), tuple(optimizer_slots), menu, bool(fused_update) and bool(training))
+        math = math if precision(math).half is not None else "fp32"
+        key = (bool(training), tuple(optimizer_slots), menu, bool(fused_update) and bool(training), math)
         if training and (micro_batches != 1 or packs is not None):
             from .packs import build_packed
 
             pkey = key + (int(micro_batches), tuple(map(tuple, packs)) if packs is not None else None)
             if pkey not in self._route_cache:
                 self.validate()
-                self._route_cache[pkey] = build_packed(self, micro_batches, packs, key[1], menu)
+                self._route_cache[pkey] = build_packed(self, micro_batches, packs, key[1], menu, math)
             return self._route_cache[pkey]
         if key not in self._route_cache:
             self.validate()
             self._route_cache[key] = Route.build(self, training=training, optimizer_slots=key[1], menu=menu,
-                                                 fused_update=key[3])
+                                                 fused_update=key[3], math=math)
         return self._route_cache[key]
 
     def __repr__(self) -> str:

@@ -56,16 +56,17 @@ def _check_micro_training(net: "Network", M: int) -> None:
 
 
 def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[str]] | None = None,
-                 optimizer_slots: Sequence[str] = (), menu=CPU_MENU) -> Route:
-    """`net`'s route with `micro_batches` and `packs` (consecutive layers covering all); None: the accumulate
-    schedule."""
+                 optimizer_slots: Sequence[str] = (), menu=CPU_MENU, math: str = "fp32") -> Route:
+    """The training route of `net` with `micro_batches` micro-batches and `packs` (layer names, consecutive in
+    topological order, covering every layer), built by `route.build_route`; `packs` None: no packs, the accumulate
+    schedule (each micro-batch's forward, then its backward: `route.py`)."""
     batch = net.input_nodes[0].shape[0]
     M = int(micro_batches)
     if M < 1 or batch % M:
         raise PackError(f"micro-batches: {M} does not divide the batch of {batch} (network '{net.name}')")
     _check_micro_training(net, M)
     if packs is None:
-        return build_route(net, True, optimizer_slots, menu, True, M, None)
+        return build_route(net, True, optimizer_slots, menu, True, M, None, math)
     layer_names = [n.name for n in net.layer_nodes]
     packs = [list(p) for p in packs]
     flat = [n for p in packs for n in p]
@@ -74,4 +75,4 @@ def build_packed(net: "Network", micro_batches: int, packs: Sequence[Sequence[st
                         f"{len(flat)} names for {len(layer_names)} layers")
     if net.loss_node.name not in packs[-1]:
         raise PackError("the loss layer must be in the last pack")
-    return build_route(net, True, optimizer_slots, menu, True, M, packs)
+    return build_route(net, True, optimizer_slots, menu, True, M, packs, math)

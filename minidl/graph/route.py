@@ -18,20 +18,25 @@ import numpy as np
 
 from ..backend import backend_name
 from ..backend.cpu.menu import CPU_MENU
+from ..backend.precision import check_half_kernels, precision
+from ..core.errors import OptionError
 from ..core.options import PlanOptions
 from ..core.tensors import (
     Role,
     TensorSpec,
     act_id,
     aux_id,
+    copy_id,
     delta_id,
     grad_id,
     micro_id,
     opt_state_id,
     param_id,
     partial_delta_id,
+    staging_id,
     workspace_id,
 )
+from ..layers.staging import step_staging
 
 if TYPE_CHECKING:  # pragma: no cover
     from .network import Network
@@ -75,6 +80,7 @@ class Step:
     micro: int = 0                 # the micro-batch this step runs
     recompute: bool = False        # a pack's re-forward in backward: no running-statistics update
     rename: dict[str, str] = field(default_factory=dict)  # canonical tensor id -> this step's (`micro_id`)
+    staging: str | None = None     # a half mode on the CPU: the float32 copies its half kernels stage (`Role.STAGING`)
 
     @property
     def accumulates_into(self) -> frozenset[int]:
@@ -107,6 +113,22 @@ class Route:
     """Analyses derived from the route alone (liveness, per-step cost estimates), computed once: a plan of a deep
     network asks for them a dozen times, and a route does not change after `build`."""
     packing: object = None      # packs.Packing for a route of layer packs and micro-batches, else None
+    math: str = "fp32"          # the math mode whose storage dtypes the tensors have (`backend.precision`)
+    copies: dict[str, str] = field(default_factory=dict)  # a half mode: master weight id -> its half copy's id
+
+    @property
+    def precision(self):
+        """The `backend.precision.Precision` of the math mode the tensors are stored for."""
+        return precision(self.math)
+
+    def kernel_params(self, node) -> dict[str, str]:
+        """The tensor each parameter of `node`'s kernels reads, by parameter name: in a half mode the half copy
+        of the layer's `half_params` (a tied one's owner's copy), else the master (`Node.param_ids`)."""
+        ids = node.param_ids()
+        if not self.copies:
+            return ids
+        half = node.layer.half_params
+        return {p: self.copies[t] if p in half else t for p, t in ids.items()}
 
     @property
     def backend_name(self) -> str:
@@ -157,11 +179,16 @@ class Route:
     def with_micro_batches(self, micro_batches: int, packs: list[list[str]] | None = None) -> "Route":
         """This route cut into `micro_batches`, in `packs` or (None) the accumulate order, same menu and options."""
         return self.network.route(training=True, optimizer_slots=self.optimizer_slots, menu=self.menu,
-                                  fused_update=True, micro_batches=micro_batches,
-                                  packs=packs).with_options(self.options)
+                                  fused_update=True, micro_batches=micro_batches, packs=packs,
+                                  math=self.math).with_options(self.options)
 
     def with_options(self, options: PlanOptions) -> "Route":
-        """A copy under `options` (the cached route never changes), sharing the placement-free memo."""
+        """This route planned under `options`: a copy (the cached route is shared and never changes). It keeps
+        the memo: the analyses there (liveness, bounds, step costs) do not depend on how tensors are placed.
+        The options' math mode must store as the route's does (the dtypes are the route's)."""
+        if precision(options.math).half != precision(self.math).half:
+            raise ValueError(f"a route built for --math {self.math} planned under --math {options.math}: build "
+                             f"the route in that mode (Network.route(math=...))")
         return self if options == self.options else replace(self, options=options)
 
     def without_aux(self, aux: Sequence[str]) -> "Route":
@@ -182,8 +209,9 @@ class Route:
     # -- construction
     @staticmethod
     def build(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (),
-              menu=CPU_MENU, fused_update: bool = False) -> "Route":
-        return build_route(net, training, optimizer_slots, menu, fused_update)
+              menu=CPU_MENU, fused_update: bool = False, math: str = "fp32") -> "Route":
+        """The plain route of `net` (`build_route` with one micro-batch and no packs)."""
+        return build_route(net, training, optimizer_slots, menu, fused_update, math=math)
 
 
 @dataclass(slots=True)
@@ -228,18 +256,35 @@ def requires_grad(net: "Network") -> list[bool]:
 
 def build_route(net: "Network", training: bool = True, optimizer_slots: Sequence[str] = (), menu=CPU_MENU,
                 fused_update: bool = False, micro_batches: int = 1,
-                packs: Sequence[Sequence[str]] | None = None) -> Route:
+                packs: Sequence[Sequence[str]] | None = None, math: str = "fp32") -> Route:
     """Every route: `packs` given, Harmony's; None, the plain route or (micro-batches) the accumulate schedule.
-    `menu` is asked once per step for its algorithms, so every planner pass reads the same ones."""
+    `menu` is asked once per step for its algorithms, so every planner pass reads the same ones. `math` sets each
+    tensor's dtype (`backend.precision`): in a half mode one `Role.WEIGHT_COPY` per master a product reads, and
+    on the CPU each step's float32 staging (`layers.staging`); a layer without a half kernel is an OptionError."""
     return _RouteBuilder(net, training, tuple(optimizer_slots), menu, fused_update, int(micro_batches),
-                         packs).build()
+                         packs, math).build()
 
 
 class _RouteBuilder:
     """One `build_route` call's state: tensors, steps, and per micro-batch the deltas already written."""
 
-    def __init__(self, net, training, optimizer_slots, menu, fused_update, micro_batches, packs):
+    def __init__(self, net, training, optimizer_slots, menu, fused_update, micro_batches, packs, math):
         self.net, self.nodes, self.training, self.slots, self.menu = net, net.nodes, training, optimizer_slots, menu
+        self.math, self.prec = math, precision(math)
+        self.half = self.prec.half
+        self.tracer = None   # the backend whose half kernels' staging the steps take (the CPU's), or None
+        if self.half is not None:
+            if net.dtype != np.float32:
+                raise OptionError(f"--math {math}: network '{net.name}' is {net.dtype}; the half-precision modes "
+                                  f"train a float32 network (float32 masters, half activations)")
+            if backend_name(menu) == "cpu":
+                from ..backend.cpu.backend import CPUBackend
+
+                self.tracer = CPUBackend(menu)
+                check_half_kernels([n.layer for n in net.layer_nodes], self.tracer, math)
+        self.ws_itemsize = self.prec.workspace_itemsize(self.tracer is not None) if self.half is not None \
+            else net.dtype.itemsize
+        self.copies: dict[str, str] = {}
         self.packed = packs is not None
         self.M = micro_batches
         self.accumulate = training and not self.packed and micro_batches > 1
@@ -263,12 +308,60 @@ class _RouteBuilder:
             self.tensors[tid] = TensorSpec(tid, role, tuple(shape), np.dtype(dtype), owner)
         return tid
 
+    def stored(self, role: Role, node, dtype, aux: str | None = None) -> np.dtype:
+        """The dtype a float tensor of `role` belonging to `node` is stored in: `dtype` (the network's) in a
+        float32 mode, the mode's (`Precision.dtype`) in a half one; anything not floating keeps its dtype."""
+        if self.half is None or not np.issubdtype(dtype, np.floating):
+            return dtype
+        return self.prec.dtype(role, layer=node.layer if node is not None else None, aux=aux)
+
     def act(self, i: int, m: int, pack: int | None = None) -> str:
         """Node i's output in micro-batch m as pack `pack` reads it (None: the forward's)."""
         src = self.nodes[i]
         again = pack is not None and src.layer is not None and self.pack_of[i] == pack
-        return self.add(self.micro(act_id(src.name), m, again), self.act_role(src), self.shapes[i][1], src.dtype,
-                        src.name)
+        role = self.act_role(src)
+        return self.add(self.micro(act_id(src.name), m, again), role, self.shapes[i][1],
+                        self.stored(role, src, src.dtype), src.name)
+
+    def delta(self, tid: str, shape, node) -> str:
+        """The delta `tid` of node `node`'s output (a partial one alike), stored as the mode says."""
+        return self.add(tid, Role.DELTA, shape, self.stored(Role.DELTA, node, node.dtype), node.name)
+
+    def kernel_params(self, n) -> dict[str, str]:
+        """`Route.kernel_params` while the route is built: what node `n`'s kernels read for each parameter."""
+        ids = n.param_ids()
+        half = n.layer.half_params
+        return {p: self.copies.get(t, t) if p in half else t for p, t in ids.items()}
+
+    def weight_copies(self) -> None:
+        """A half mode: one `Role.WEIGHT_COPY` per master weight some layer's kernels read in half (the owner's,
+        for a tied weight)."""
+        for n in self.net.layer_nodes:
+            for p, tid in n.param_ids().items():
+                if p in n.layer.half_params and tid not in self.copies:
+                    owner, pname = n.tied.get(p, (n.name, p))
+                    spec = self.tensors[tid]
+                    self.copies[tid] = self.add(copy_id(owner, pname), Role.WEIGHT_COPY, spec.shape, self.half,
+                                                owner)
+
+    def staging(self, n, phase: str, m: int, ins, out_shape, writes: list[str], aux: list[str], dinputs=None,
+                accumulate=()) -> str | None:
+        """The staging tensor a step of node `n` writes (`phase` 'fwd', 'rfwd' or 'bwd'), added to `writes`; None
+        where its kernels stage nothing (float32 modes, CUDA)."""
+        if self.tracer is None:
+            return None
+        dtypes = [self.stored(self.act_role(src), src, src.dtype) for src in (self.nodes[i] for i in n.inputs)]
+        kept = [a for a in n.layer.aux_specs(ins, training=True)
+                if {self.micro(aux_id(n.name, a), m), self.micro(aux_id(n.name, a), m, True)} & set(aux)]
+        nbytes = step_staging(n.layer, self.tracer, self.prec, "bwd" if phase == "bwd" else "fwd", ins, dtypes,
+                              out_shape, kept_aux=kept if self.training else [],
+                              wants_dinputs=None if dinputs is None else [d is not None for d in dinputs],
+                              accumulate=accumulate, fold_relu=True)
+        if not nbytes:
+            return None
+        tid = self.add(self.micro(staging_id(n.name, phase), m), Role.STAGING, (nbytes,), np.uint8, n.name)
+        writes.append(tid)
+        return tid
 
     @staticmethod
     def act_role(n) -> Role:
@@ -284,6 +377,8 @@ class _RouteBuilder:
             for pname, spec in n.params.items():
                 self.add(param_id(n.name, pname), Role.PARAMETER if spec.trainable else Role.BUFFER, spec.shape,
                          n.dtype if np.issubdtype(n.dtype, np.floating) else net.dtype, n.name)
+        if self.half is not None:
+            self.weight_copies()
         if self.accumulate:
             self.accumulated()
         else:
@@ -295,7 +390,8 @@ class _RouteBuilder:
                 self.blocks.append((first, len(self.steps) - 1))
             if self.training:
                 self.backward()
-        route = Route(net, self.training, self.steps, self.tensors, self.slots, self.rg, self.menu, self.fused)
+        route = Route(net, self.training, self.steps, self.tensors, self.slots, self.rg, self.menu, self.fused,
+                      math=self.math, copies=self.copies)
         b = self.shapes[net.input_nodes[0].index][1][0]
         if self.packed:
             route.packing = Packing(self.M, b, self.packs, self.blocks, self.shapes)
@@ -335,7 +431,7 @@ class _RouteBuilder:
                 self.steps.append(Step(len(self.steps), Phase.UPDATE, None, "", [], []))
 
     def update(self, nodes) -> bool:
-        step = update_step(len(self.steps), nodes, self.slots, self.add, self.net.dtype)
+        step = update_step(len(self.steps), nodes, self.slots, self.add, self.net.dtype, self.copies)
         if step is not None:
             self.steps.append(step)
         return step is not None
@@ -347,7 +443,7 @@ class _RouteBuilder:
         pack = self.pack_of[n.index] if again else None
         rename = {act_id(self.nodes[i].name): self.act(i, m, pack) for i in n.inputs}
         out = rename[act_id(n.name)] = self.act(n.index, m, pack)
-        reads = [rename[act_id(self.nodes[i].name)] for i in n.inputs] + list(n.param_ids().values())
+        reads = [rename[act_id(self.nodes[i].name)] for i in n.inputs] + list(self.kernel_params(n).values())
         writes = [out]
         if self.training and not again:
             writes += [param_id(n.name, p) for p, s in n.params.items() if not s.trainable]
@@ -355,7 +451,7 @@ class _RouteBuilder:
                 layer.check_training([self.nodes[i].shape for i in n.inputs])
             # written even when no backward reads them; on a packed route a rebuildable one is the re-forward's
             self.aux[n.index, m] = [(aux_id(n.name, a), self.add(self.micro(aux_id(n.name, a), m), Role.AUX, shape,
-                                                                 net.dtype, n.name))
+                                                                 self.stored(Role.AUX, n, net.dtype, a), n.name))
                                     for a, shape in layer.aux_specs(ins, training=True).items()
                                     if not (self.packed and a in layer.rebuildable_aux)]
         for canonical, tid in self.aux.get((n.index, m), []) if self.training else ():
@@ -366,20 +462,23 @@ class _RouteBuilder:
             for a, shape in layer.aux_specs(ins, training=True).items():
                 if a in layer.rebuildable_aux:
                     tid = rename[aux_id(n.name, a)] = self.add(self.micro(aux_id(n.name, a), m, again=True),
-                                                               Role.AUX, shape, net.dtype, n.name)
+                                                               Role.AUX, shape, self.stored(Role.AUX, n, net.dtype, a),
+                                                               n.name)
                     writes.append(tid)
                     self.aux[n.index, m].append((aux_id(n.name, a), tid))
-        opts = layer.workspace_options("fwd", ins, out_shape, net.dtype.itemsize, self.menu)
+        opts = layer.workspace_options("fwd", ins, out_shape, self.ws_itemsize, self.menu)
         ws = self.add(self.micro(workspace_id(n.name, "rfwd" if again else "fwd"), m), Role.WORKSPACE, (0,),
                       np.uint8, n.name) if opts else None
+        staging = self.staging(n, "rfwd" if again else "fwd", m, ins, out_shape, writes,
+                               [t for t in reads + writes if self.tensors[t].role is Role.AUX])
         self.steps.append(Step(len(self.steps), Phase.FORWARD, n.index, n.name, reads, writes, ws, list(opts),
-                               micro=m, recompute=again, rename=_renamed(rename)))
+                               micro=m, recompute=again, rename=_renamed(rename), staging=staging))
 
     def backward_step(self, n, m: int, pack: int | None) -> None:
         """Layer n's backward on micro-batch m, reading pack `pack`'s re-forward (None: the forward's)."""
         layer, net, nodes = n.layer, self.net, self.nodes
         ins, out_shape = self.shapes[n.index]
-        dout = self.add(self.micro(delta_id(n.name), m), Role.DELTA, out_shape, n.dtype, n.name)
+        dout = self.delta(self.micro(delta_id(n.name), m), out_shape, n)
         rename = {delta_id(n.name): dout}
         reads = [dout]
         for k in layer.needs_inputs:
@@ -392,7 +491,8 @@ class _RouteBuilder:
         for canonical, tid in self.aux.get((n.index, m), []):
             rename[canonical] = tid
             reads.append(tid)
-        reads += list(n.param_ids().values())
+        aux = [t for t in reads if self.tensors[t].role is Role.AUX]
+        reads += list(self.kernel_params(n).values())
         writes: list[str] = []
         dinputs: list[str | None] = []
         accs: list[Accumulation] = []
@@ -404,13 +504,12 @@ class _RouteBuilder:
             d = self.micro(delta_id(src.name), m)
             if d not in self.seen[m]:
                 self.seen[m].add(d)
-                target = self.add(d, Role.DELTA, self.shapes[i][1], src.dtype, src.name)
+                target = self.delta(d, self.shapes[i][1], src)
             elif layer.accumulates_in_place:
                 accs.append(Accumulation(None, d, slot=k))
                 target = d
             else:
-                target = self.add(self.micro(partial_delta_id(src.name, n.name, k), m), Role.DELTA,
-                                  self.shapes[i][1], src.dtype, src.name)
+                target = self.delta(self.micro(partial_delta_id(src.name, n.name, k), m), self.shapes[i][1], src)
                 accs.append(Accumulation(target, d))
             dinputs.append(target)
             writes.append(target)
@@ -430,12 +529,13 @@ class _RouteBuilder:
                 accs.append(Accumulation(part, into))
         step = Step(len(self.steps), Phase.BACKWARD, n.index, n.name, reads, writes, None, [], dinputs, accs,
                     micro=m, rename=_renamed(rename))
-        opts = layer.workspace_options("bwd", ins, out_shape, net.dtype.itemsize, self.menu,
+        opts = layer.workspace_options("bwd", ins, out_shape, self.ws_itemsize, self.menu,
                                        accumulate=step.accumulates_into)
         if opts:
             step.workspace = self.add(self.micro(workspace_id(n.name, "bwd"), m), Role.WORKSPACE, (0,), np.uint8,
                                       n.name)
             step.workspace_options = list(opts)
+        step.staging = self.staging(n, "bwd", m, ins, out_shape, writes, aux, dinputs, sorted(step.accumulates_into))
         if layer.is_loss:
             step.seed_delta = dout
         self.steps.append(step)
@@ -455,8 +555,11 @@ def tied_contributions(net: "Network") -> dict[int, list[tuple[str, str]]]:
     return out
 
 
-def update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype) -> Step | None:
-    """The update of `nodes`' trainable parameters (None if none): one node's (fused) or the whole network's."""
+def update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype,
+                copies: dict[str, str] | None = None) -> Step | None:
+    """The optimizer update of `nodes`' trainable parameters (None if they have none), which rewrites their half
+    copies (`copies`: master id -> copy id). One node: a fused per-layer update, named after its layer; several:
+    the whole-network update step."""
     reads: list[str] = []
     writes: list[str] = []
     for n in nodes:
@@ -466,6 +569,8 @@ def update_step(index: int, nodes, optimizer_slots: Sequence[str], add, dtype) -
             p = param_id(n.name, pname)
             reads += [p, grad_id(n.name, pname)]
             writes.append(p)
+            if copies and p in copies:
+                writes.append(copies[p])
             for slot in optimizer_slots:
                 s = add(opt_state_id(n.name, pname, slot), Role.OPTIMIZER, spec.shape, dtype, n.name)
                 reads.append(s)

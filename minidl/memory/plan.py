@@ -100,10 +100,17 @@ class Plan:
         """Pool bytes (aligned, as allocated) per role at the peak: they sum to it."""
         from .pool import align_up
 
-        out = {r.value: 0 for r in Role}
+        out = {r.value: 0 for r in self.roles}
         for tid in self.peak_live:
             out[self.role_of(tid).value] += align_up(self.sizes[tid])
         return out
+
+    @property
+    def roles(self) -> list[Role]:
+        """The roles a report of this plan lists: every one, but those of a half-precision mode only where the
+        route has tensors of them."""
+        have = {t.role for t in self.route.tensors.values()}
+        return [r for r in Role if not r.mixed_only or r in have]
 
     def role_of(self, tid: str) -> Role:
         spec = self.route.tensors.get(tid)

@@ -80,8 +80,8 @@ def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, targe
         return net.route(training=True, optimizer_slots=tuple(slots), menu=target.menu,
                          fused_update=replace(request, policy=policy).fused_update,
                          micro_batches=opts.micro_batches or 1,
-                         packs=[[n.name] for n in net.layer_nodes] if packed and policy == "packs" else None
-                         ).with_options(opts)
+                         packs=[[n.name] for n in net.layer_nodes] if packed and policy == "packs" else None,
+                         math=opts.math).with_options(opts)
 
     with _without_cycle_collection():
         route = route_of(request.policy)
@@ -93,14 +93,27 @@ def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, targe
 
 
 def _rivals(request: PlanRequest, route_of: Callable[[str], Route], ranks_route: Route | None) -> tuple[Rival, ...]:
-    """Every other exact policy on its own route (with ranks: the bucketed route, without `packs`)."""
+    """What a `portfolio` policy plans besides its own search: every exact policy without the flag, on the route
+    `plan_network` gives that policy (`route_of`), so that it fits wherever one of them does, and is as fast. With
+    several ranks, on the one route with the gradient buckets (every exact policy's route is then the same, and
+    `packs`, which cuts the batch into micro-batches, is left out: data parallel does not support them). A policy
+    the request's options refuse (`PlanRequest`: fp16 and `packs`) is no rival."""
     if not POLICIES[request.policy].portfolio or request.budget is None:
         return ()
-    rows = [POLICIES[p] for p in exact_policies() if not POLICIES[p].portfolio]
+    rows = [POLICIES[p] for p in exact_policies() if not POLICIES[p].portfolio and _accepted(request, p)]
     if ranks_route is not None:
         return tuple(Rival(p.name, p.plan, lambda: ranks_route, p.homes_weights, p.packs_batch)
                      for p in rows if not p.packs_batch)
     return tuple(Rival(p.name, p.plan, partial(route_of, p.name), p.homes_weights, p.packs_batch) for p in rows)
+
+
+def _accepted(request: PlanRequest, policy: str) -> bool:
+    """Whether `request`'s options accept `policy` (`PlanRequest`'s own checks)."""
+    try:
+        replace(request, policy=policy)
+    except OptionError:
+        return False
+    return True
 
 
 def _whole_batch(route_of: Callable[[], Route]) -> Route:

@@ -19,11 +19,30 @@ class DeviceProfile:
     link_bw: float        # host <-> device bandwidth, bytes/s (one direction)
     efficiency: float = 0.5  # share of peak FLOP/s dense layers reach in practice
     note: str = ""
-    peer_bw: float = 8.2 * (1 << 30)  # device<->device B/s one way (`--devices`): Harmony's PCIe 3 peer figure
-    link_latency_s: float = 0.0  # fixed cost per copy (measured profiles, memory/calibrate.py)
-    duplex: bool = False         # offloads and prefetches on separate streams (`link_bw` then per direction)
-    context_bytes: int = 0       # CUDA context + library handles, reserved from the plan's memory (`usable_bytes`)
-    gpu: bool = False            # workspaces sized by the cuDNN model (`cudnn_model`), not the CPU's menu
+    # device <-> device bandwidth, bytes/s, one direction (`--devices`); default 8.2 GiB/s: Harmony's simulator's
+    # GPU-to-GPU figure (PCIe 3 peer to peer), kept for every PCIe profile; the h100 gets NVLink 4's 450 GB/s
+    peer_bw: float = 8.2 * (1 << 30)
+    # A measured profile (memory/calibrate.py) sets these: each copy's fixed cost (launch + DMA setup), and whether
+    # offloads and prefetches run on separate streams (the CUDA backend: one per direction; `link_bw` is then what
+    # each direction reaches while the other is busy). The defaults are the datasheet profiles' one FIFO stream.
+    link_latency_s: float = 0.0
+    duplex: bool = False
+    # Device memory the process holds before the first tensor: the CUDA context and the cuBLAS/cuDNN handles
+    # (their kernels' code and static buffers). Reserved from the memory a plan may use (`usable_bytes`); 0 for the
+    # CPU, and for a profile whose memory is set by `NAME:SIZE` (SIZE is then what the plan may use).
+    context_bytes: int = 0
+    # A GPU: plans made here for it size convolution workspaces with the cuDNN model (`cudnn_model`), not the
+    # CPU's menu.
+    gpu: bool = False
+    # Peak FLOP/s of products on half operands with float32 accumulation (--math bf16|fp16: tensor cores since
+    # Volta); None: the float32 peak (no faster half arithmetic: Kepler, Maxwell, consumer Pascal, the CPU, whose
+    # half kernels compute in float32)
+    half_flops: float | None = None
+
+    @property
+    def flops_half(self) -> float:
+        """The FLOP/s the layers of a half-precision plan compute at (`half_flops`, else `flops`)."""
+        return self.half_flops if self.half_flops is not None else self.flops
 
     @property
     def usable_bytes(self) -> int:
@@ -54,12 +73,16 @@ PROFILES: dict[str, DeviceProfile] = {
                           context_bytes=CONTEXT_KEPLER, gpu=True),
     "titanx": DeviceProfile("titanx", 12 * 10**9, 6.6e12, 336e9, 10e9, 0.5, "datasheet",
                             context_bytes=CONTEXT_MAXWELL, gpu=True),
+    # Tesla V100 16 GB (PCIe): 14 TFLOP/s fp32, 900 GB/s, PCIe 3 ~12 GB/s; 112 TFLOP/s fp16 on tensor cores (PCIe
+    # datasheet; Volta has no bf16 arithmetic: a bf16 plan is timed at the fp16 rate, as an fp16 run would go).
     "v100": DeviceProfile("v100", 16 * 10**9, 14e12, 900e9, 12e9, 0.5, "datasheet",
-                          context_bytes=CONTEXT_VOLTA, gpu=True),
-    # H100 SXM: fp32 without tensor cores; peer is NVLink 4
+                          context_bytes=CONTEXT_VOLTA, gpu=True, half_flops=112e12),
+    # H100 80 GB SXM: 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s HBM3, PCIe 5 x16 ~50 GB/s; 989 TFLOP/s dense bf16 and
+    # fp16 on tensor cores.
     "h100": DeviceProfile("h100", 80 * 10**9, 67e12, 3.35e12, 50e9, 0.5, "datasheet", peer_bw=450e9,
-                          context_bytes=CONTEXT_HOPPER, gpu=True),
-    # A K40c with the links Harmony's simulator assumes (Li et al., VLDB 2022): 11.5 GiB/s host, 8.2 GiB/s peer
+                          context_bytes=CONTEXT_HOPPER, gpu=True, half_flops=989e12),
+    # Harmony's simulator (Li et al., VLDB 2022; shared/PAPERS.md): 11.5 GiB/s host swap and 8.2 GiB/s GPU-to-GPU
+    # (PCIe 3 peer to peer), here on a K40c's compute and 12 GB, for `--devices` tables in the paper's terms.
     "harmony": DeviceProfile("harmony", 12 * 10**9, 4.29e12, 288e9, 11.5 * GiB, 0.5,
                              "k40c datasheet; host and peer links as Harmony's simulator assumes", 8.2 * GiB,
                              context_bytes=CONTEXT_KEPLER, gpu=True),

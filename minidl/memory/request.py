@@ -1,9 +1,15 @@
 """What a run plans for, described once: the request (policy, budget, plan options) and the target (device profile,
 algorithm menu, cost table).
 
-Frozen values made at the edge and passed down unchanged to `policies.plan_network`. The defaults, here only:
-- policy: as given, else `auto` under a budget and `liveness` without; `lossy` turns `auto` into `auto-lossy`;
-- fused update: as given, else on for `weights` and for `auto` under a budget; never with data parallel;
+Both are frozen values, made at the edge (the command line, `Session`, `reproduce`) by `PlanRequest.from_options`
+and `Target.for_run`, and passed down unchanged to `policies.plan_network`. The defaulting rules live here and
+nowhere else, so every door means the same by the same words:
+
+- policy: as given, else `auto` under a budget and `liveness` without one; `lossy` asks `auto` to weigh
+  compression too (`auto-lossy`) and applies to `auto` alone;
+- fused update: as given, else on for `weights`, and for `auto` under a budget (`PlanRequest.fused_update`);
+  never with data parallel (the update waits for the reduced gradients), nor in fp16 (a step whose gradients
+  overflow is skipped whole, so every gradient is checked before the first update: no micro-batches or packs);
 - `paged="auto"`: a chunk the budget holds many of (`paged.chunk_for_budget`);
 - device profile: as given, else the backend's own (a plan is for where the run would train);
 - menu: the backend's; without one, the measuring cost table's, else the cuDNN model for a GPU profile, else the CPU's.
@@ -49,13 +55,20 @@ class PlanRequest:
                             "update would run before its gradients are all-reduced (use --fused-update off)")
         if dp is not None and opts.micro_batches is not None:
             raise DistError("data parallel with micro-batches (packs) is not supported")
+        if opts.math == "fp16":
+            asked = ("--fused-update on" if opts.fused_update else "--micro-batches" if (opts.micro_batches or 1) > 1
+                     else "--policy packs" if self.policy == "packs" else None)
+            if asked is not None:
+                raise OptionError(f"--math fp16 skips a step whose gradients overflow (dynamic loss scaling), which "
+                                  f"needs every gradient before the first update; {asked} updates layers during "
+                                  f"backward: use --math bf16 (not scaled), or leave {asked.split()[0]} out")
 
     @property
     def fused_update(self) -> bool:
         """Fusing costs no FLOPs, keeps the bits and only shortens gradients' lives, so the memory searches fuse;
         other policies keep the textbook route unless asked."""
         opts = self.options
-        if opts.data_parallel is not None:
+        if opts.data_parallel is not None or opts.math == "fp16":
             return False
         if opts.fused_update is not None:
             return bool(opts.fused_update)

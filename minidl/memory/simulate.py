@@ -1,8 +1,12 @@
 """The simulator: the planner on shape-only tensors, plus a roofline cost model of a device.
 
-Peak memory needs no model: the plan is the one the executor replays, so the simulated peak is the executor's (tests
-hold it byte for byte). Step time is an estimate: each step takes max(FLOPs / (peak x efficiency), bytes / memory
-bandwidth); copies run on the link, and only the time a RELEASE or WAIT blocks for its copy adds (`link_timeline`).
+It answers "what would this network need, and how fast would it run, on a GPU we do not have?". Peak memory
+needs no model at all: the plan is computed by the same planner the executor replays, so the simulated peak
+*is* the executor's pool peak (tests hold this byte for byte). Step time is an estimate: each route step takes
+max(FLOPs / (peak FLOP/s x efficiency), bytes touched / memory bandwidth), and host transfers run on the link
+at its bandwidth, overlapped with compute where the plan allows (`link_timeline`): only the time a RELEASE or
+WAIT event must block for its copy adds to the step. A half-precision plan's layers compute at the device's half
+rate (`DeviceProfile.half_flops`: tensor cores) and move the bytes of their half tensors.
 """
 from __future__ import annotations
 
@@ -73,6 +77,7 @@ def step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
 def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
     net: Network = route.network
     out: list[StepCost] = []
+    layer_flops = device.flops_half if route.precision.half is not None else device.flops   # half operands
     for step in route.steps:
         touched = set(step.reads) | set(step.writes)
         nbytes = sum(route.tensors[t].nbytes for t in touched)
@@ -83,7 +88,8 @@ def _step_costs(route: Route, device: DeviceProfile) -> list[StepCost]:
             in_shapes, out_shape = route.shapes_of(node.index)  # a micro-batch's, on a packed route
             fwd = node.layer.flops(in_shapes, out_shape)
             flops = fwd if step.phase is Phase.FORWARD else node.layer.backward_flops(in_shapes, out_shape)
-        t = max(flops / (device.flops * device.efficiency), nbytes / device.mem_bw)
+        rate = device.flops if step.phase is Phase.UPDATE else layer_flops   # updates: float32 masters
+        t = max(flops / (rate * device.efficiency), nbytes / device.mem_bw)
         out.append(StepCost(int(flops), int(nbytes), t))
     return out
 

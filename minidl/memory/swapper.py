@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..graph.network import Network
 
 MODES = ("dp", "pp")
-_WEIGHTS = (Role.PARAMETER, Role.BUFFER)
+_WEIGHTS = (Role.PARAMETER, Role.BUFFER, Role.WEIGHT_COPY)   # a half mode's layers read the weights' copies
 _STASHED = (Role.ACTIVATION, Role.AUX)
 
 
@@ -128,12 +128,13 @@ def _sum_roles(tasks: list[SwapTask], times: int = 1) -> dict[str, int]:
 
 
 def micro_batch_sizes(build: Callable[[int], "Network"], batch: int, profile: DeviceProfile,
-                      optimizer_slots=()) -> list[tuple[int, Route, int]]:
-    """(u, route, working set) per power of two dividing `batch` that fits, largest first."""
+                      optimizer_slots=(), math: str = "fp32") -> list[tuple[int, Route, int]]:
+    """The powers of two dividing `batch` whose double-buffered working set fits the profile's usable memory,
+    largest first, each with its plain route and working set. BudgetError if not even one sample fits."""
     u = batch & -batch                       # the largest power of two dividing the batch
     out: list[tuple[int, Route, int]] = []
     while u >= 1:
-        route = build(u).route(optimizer_slots=optimizer_slots, fused_update=True)
+        route = build(u).route(optimizer_slots=optimizer_slots, fused_update=True, math=math)
         need = 2 * step_floor(route)
         if need <= profile.usable_bytes:
             out.append((u, route, need))
@@ -148,8 +149,10 @@ def micro_batch_sizes(build: Callable[[int], "Network"], batch: int, profile: De
 
 
 def simulate_swapper(build: Callable[[int], "Network"], batch: int, devices: int, device: DeviceProfile | str,
-                     mode: str = "dp", optimizer_slots=()) -> SwapperResult:
-    """The swapper baseline for `build(b)` at minibatch `batch` over `devices`: the fastest micro-batch size."""
+                     mode: str = "dp", optimizer_slots=(), math: str = "fp32") -> SwapperResult:
+    """The swapper baseline (module doc) for the network `build(b)` builds at batch b, trained at minibatch `batch`
+    over `devices` devices of profile `device`: of the micro-batch sizes that fit, the fastest (ties: the larger);
+    `math` the math mode (a half mode swaps the weights' half copies in, the float32 gradients out)."""
     if mode not in MODES:
         raise OptionError(f"swapper mode must be one of {MODES}, got {mode!r}")
     if devices < 1 or (mode == "dp" and batch % devices):
@@ -157,7 +160,7 @@ def simulate_swapper(build: Callable[[int], "Network"], batch: int, devices: int
     profile = get_profile(device) if isinstance(device, str) else device
     per_device = batch // devices if mode == "dp" else batch
     best: SwapperResult | None = None
-    for u, route, need in micro_batch_sizes(build, per_device, profile, optimizer_slots):
+    for u, route, need in micro_batch_sizes(build, per_device, profile, optimizer_slots, math):
         tasks = swap_tasks(route, profile)
         r = _data_parallel(tasks, per_device // u, u, devices, profile, need) if mode == "dp" else \
             _gpipe(route, tasks, batch // u, u, devices, profile, need)

@@ -1,11 +1,26 @@
 """Harmony (Li et al., VLDB 2022) on its own setup, in the simulator: swap volume and throughput of Harmony's
 schedule against training under virtualized memory that re-swaps every micro-batch.
 
-Setup: 4 x `gtx1080ti` (10 GiB usable each, Harmony's simulator's links), fp32, momentum SGD updated on the host,
-minibatch 64, the models as Harmony's library builds them. Harmony is `memory/schedulers/pipeline.py` (the fastest
-of a small grid of micro-batch and pack counts); the baseline is `memory/swapper.py`, `dp` or `pp`, each at its
-fastest micro-batch size. Both are priced by one roofline and link model (`memory/simulate.py`); ratios are against
-the stronger baseline. The `--quick` rows (VGG-416 at minibatch 8, one packing) are rows of the full run.
+The setup is the paper's: 4 GPUs of profile `gtx1080ti` (11 GiB, 10 GiB usable as Harmony's scheduler caps them;
+11.5 GiB/s host swap and 8.2 GiB/s GPU to GPU per direction, the figures of Harmony's simulator), fp32, SGD with
+momentum updated on the host (Harmony offloads the optimizer), minibatch 64, the models as Harmony's model library
+builds them (`vgg416`, `resnet1026`; `bert96` and `gpt2_xl` where the zoo has them).
+
+- **Harmony** is minidl's pipeline of layer packs over the 4 devices (`memory/schedulers/pipeline.py`: packs round
+  robin on the devices, all micro-batches through a pack before the next, each backward pack re-forwarded from its
+  stashed input and followed by its update, activations passed device to device, each device's memory planned
+  exactly under its 10 GiB). Of a small grid of micro-batch counts and pack counts, the fastest simulated step.
+- **The baseline** is `memory/swapper.py`: each micro-batch swaps its layers' weights in (forward and backward), its
+  stashed activations out and back, its gradients out, through the host; data parallel over the 4 devices (`dp`)
+  or GPipe across them (`pp`), each at its fastest micro-batch size that fits.
+
+In bf16 (`--math bf16`: half activations, the weights' half copies swapped in, float32 masters and gradients) the
+same comparison again, rows `bf16/...`: what halving the stashes and the weights in flight does to both schedules'
+swap volume (the 1080 Ti computes half operands at its float32 rate: no faster half arithmetic).
+
+Both are priced by one roofline per route step and one link model (`memory/simulate.py`). Ratios are against the
+stronger baseline: swap volume against the one that swaps least, throughput against the faster. The `--quick`
+rows are VGG-416 at minibatch 8 with one packing, also rows of the full run.
 """
 from __future__ import annotations
 
@@ -48,6 +63,9 @@ def available() -> list[str]:
     return [k for k, (name, *_) in MODELS.items() if name in ZOO]
 
 
+MATHS = ("fp32", "bf16")
+
+
 def _build(key: str, batch: int):
     name, kw, *_ = MODELS[key]
     return build_model(name, batch=batch, **kw)
@@ -64,16 +82,17 @@ def _summary(r, t0: float) -> dict:
             "planning_s": time.perf_counter() - t0}
 
 
-def harmony(key: str, batch: int, grid) -> dict[str, dict]:
-    """The fastest pipeline of `grid` that fits, weights resident where they fit ("fit"), and the same packing
-    with all weights on the host ("host", Harmony's runtime)."""
+def harmony(key: str, batch: int, grid, math: str = "fp32") -> dict[str, dict]:
+    """Harmony's pipeline: of `grid`, the fastest that fits, with each device's weights resident where they fit
+    ("fit", minidl's plan); and the same packing with every layer's weights on the host ("host", as Harmony's
+    runtime swaps each pack's weights in for its tasks). Bytes exact, step times simulated."""
     net = _build(key, batch)
     budget = get_profile(PROFILE).usable_bytes
     best, t = None, time.perf_counter()
     for m in grid[0]:
         for p in grid[1]:
             try:
-                r = plan_pipeline_fixed(net, DEVICES, m, p, budget, PROFILE, SLOTS, cut="compute")
+                r = plan_pipeline_fixed(net, DEVICES, m, p, budget, PROFILE, SLOTS, cut="compute", math=math)
             except BudgetError:
                 continue
             if best is None or (r.step_time_s, r.host_bytes) < (best.step_time_s, best.host_bytes):
@@ -83,28 +102,28 @@ def harmony(key: str, batch: int, grid) -> dict[str, dict]:
     fit = _summary(best, t)
     t = time.perf_counter()
     host = plan_pipeline_fixed(net, DEVICES, best.micro_batches, len(best.packs), budget, PROFILE, SLOTS,
-                               cut="compute", weights="host")
+                               cut="compute", weights="host", math=math)
     return {"fit": fit, "host": _summary(host, t), "parameters": net.num_params()}
 
 
-def baseline(key: str, batch: int, mode: str) -> dict:
-    r = simulate_swapper(lambda b: _build(key, b), batch, DEVICES, PROFILE, mode, SLOTS)
+def baseline(key: str, batch: int, mode: str, math: str = "fp32") -> dict:
+    r = simulate_swapper(lambda b: _build(key, b), batch, DEVICES, PROFILE, mode, SLOTS, math)
     return {"mode": mode, "micro_batch": r.micro_batch, "micro_batches": r.micro_batches, "host_bytes": r.host_bytes,
             "host_by_role": r.host_by_role, "device_bytes": r.p2p_bytes, "step_time_s": r.step_time_s,
             "compute_time_s": r.compute_time_s}
 
 
-def compare(key: str, batch: int, grid, log) -> dict:
-    """Harmony (both variants) and both baselines on one model, with the ratios (`ratios`)."""
-    h = harmony(key, batch, grid)
-    base = {mode: baseline(key, batch, mode) for mode in MODES}
-    log(f"  {key} at minibatch {batch}: " + "; ".join(
+def compare(key: str, batch: int, grid, log, math: str = "fp32") -> dict:
+    """Harmony (both variants) and both baselines on one model in `math`, with the ratios (`ratios`)."""
+    h = harmony(key, batch, grid, math)
+    base = {mode: baseline(key, batch, mode, math) for mode in MODES}
+    log(f"  {key} at minibatch {batch} ({math}): " + "; ".join(
         f"Harmony ({v}) {_gb(x['host_bytes'])} through the host, {x['step_time_s']:.2f} s"
         for v, x in h.items() if v in VARIANTS)
         + "; " + ", ".join(f"baseline {m} {_gb(b['host_bytes'])}, {b['step_time_s']:.2f} s"
                            for m, b in base.items()))
     return ratios({"model": key, "batch": batch, "parameters": h.pop("parameters"), "harmony": h,
-                   "baselines": base})
+                   "baselines": base, "math": math})
 
 
 def ratios(c: dict) -> dict:
@@ -160,18 +179,19 @@ def _rows(c: dict, label: str, differs: str, quick: bool, prefix: str) -> list[t
     return out
 
 
-def measure(quick: bool, log) -> tuple[dict, list[dict]]:
-    """The --quick check and (unless `quick`) every model the zoo has, compared (`compare`)."""
+def measure(quick: bool, log, math: str = "fp32") -> tuple[dict, list[dict]]:
+    """The --quick check and (unless `quick`) every model the zoo has, compared (`compare`) in `math`."""
     qkey, qbatch, qgrid = QUICK
-    check = compare(qkey, qbatch, qgrid, log)
-    return check, [] if quick else [compare(key, BATCH, GRID, log) for key in available()]
+    check = compare(qkey, qbatch, qgrid, log, math)
+    return check, [] if quick else [compare(key, BATCH, GRID, log, math) for key in available()]
 
 
 def run(quick: bool, log) -> Report:
-    return build_report(*measure(quick, log), quick)
+    check, compared = measure(quick, log)
+    return build_report(check, compared, quick, measure(quick, log, "bf16"))
 
 
-def build_report(check: dict, compared: list[dict], quick: bool) -> Report:
+def build_report(check: dict, compared: list[dict], quick: bool, half: tuple[dict, list[dict]] | None = None) -> Report:
     """The tables of `measure`'s figures (see the module doc)."""
     swap = Table("swap", "Swap volume: the baseline's over Harmony's, per training step", "x less",
                  note="Bytes between host and devices per step, all 4 devices together, against the baseline that "
@@ -188,6 +208,10 @@ def build_report(check: dict, compared: list[dict], quick: bool) -> Report:
     figures = Table("figures", "What each schedule moves and how long its step takes", "GB, s",
                     note="dp: 4 replicas, u samples x M micro-batches each; pp: GPipe over the 4 devices, u x M in "
                          "all; Harmony: M micro-batches, packs in all, round robin on the 4 devices.")
+    mixed = Table("bf16", "In bf16: swap volume, the baseline's over Harmony's, and what each moves", "x less",
+                  note="bf16: activations and the weights' half copies in 16 bits, float32 masters, gradients and "
+                       "momentum; the paper's runs are float32 (its 1080 Ti baseline fp16). The same grid and "
+                       "baselines as in float32.")
     tables = {"swap": swap, "throughput": speed}
     qkey = check["model"]
     label = f"{MODELS[qkey][2]}, minibatch {check['batch']}, one packing (the --quick check)"
@@ -202,6 +226,17 @@ def build_report(check: dict, compared: list[dict], quick: bool) -> Report:
         for which, r in _rows(c, label, differs, False, c["model"]):
             tables[which].rows.append(r)
         figures.rows.append(Row(f"figures/{c['model']}", label, None, _figures(c), differs))
+    for c in ([half[0], *half[1]] if half is not None else []):
+        key = c["model"]
+        quick_row = c is half[0]
+        label = f"{MODELS[key][2]}, minibatch {c['batch']}" + (", one packing (the --quick check)" if quick_row else "")
+        prefix = f"bf16/quick/{key}" if quick_row else f"bf16/{key}"
+        for v, words in VARIANTS.items():
+            mixed.rows.append(Row(f"{prefix}/{v}", f"{label}, {words}, bf16", None, _swap(c, v),
+                                  f"bf16; {MODELS[key][3]}", quick_row,
+                                  {"swap_reduction": c[f"swap_reduction_{v}"], "speedup": c[f"speedup_{v}"]}))
+        mixed.rows.append(Row(f"{prefix}/figures", f"{label}, bf16: what each moves", None, _figures(c),
+                              f"bf16; {MODELS[key][3]}", quick_row))
     if compared:
         without = "without " + ", ".join(missing) if missing else ""
         for v, words in VARIANTS.items():
@@ -221,5 +256,7 @@ def build_report(check: dict, compared: list[dict], quick: bool) -> Report:
     meta = {**machine_meta(), "profile": PROFILE, "devices": DEVICES, "usable_bytes": prof.usable_bytes,
             "host_link_bytes_per_s": prof.link_bw, "peer_link_bytes_per_s": prof.peer_bw, "batch": BATCH,
             "grid": {"micro_batches": GRID[0], "packs": GRID[1]}, "missing_models": [] if quick else missing,
-            "measured": {"check": check, "compared": compared}}
-    return Report("harmony", CITATION, setup, [swap, speed, figures], quick, meta)
+            "measured": {"check": check, "compared": compared,
+                         **({"bf16": {"check": half[0], "compared": half[1]}} if half is not None else {})}}
+    return Report("harmony", CITATION, setup, [swap, speed, figures] + ([mixed] if half is not None else []), quick,
+                  meta)

@@ -1,10 +1,20 @@
 """Out-of-core training with adaptive window-based scheduling (Hayakawa & Narihira, 2020; nnabla) on its own
 setup: ResNet-50 at 224x224 on a 16 GB V100 (`v100`, context reserved), float32, momentum SGD, weights on device.
 
-N0 is the largest batch whose `liveness` plan fits (in memory at full speed). Batches of 2x to 7.5x N0 are planned
-under `window` and `auto` by `search.plan_on_device`, and their simulated images/s compared with N0's (the paper's
-"55% of in-memory speed"); each policy's largest batch is bisected to 1%. The same figures for DenseNet-121 (the
-paper's figure does not say which DenseNet).
+N0, the in-memory limit, is the largest batch whose `liveness` plan (no budget: every convolution on its fastest
+algorithm, nothing moved) fits the device: the batch that trains in memory at full speed. Batches of 2x to 7.5x N0
+are then planned under `window` (nnabla's schedule) and `auto` (minidl's search) within the same memory, by
+`search.plan_on_device` (what `minidl plan --budget` does), and their simulated images/s are compared with N0's in
+memory, the paper's "55% of in-memory speed". Each policy's largest batch is bisected to 1% from the largest batch
+the policies before it reached, where it plans too (`auto` plans wherever `window` does, at least as fast).
+
+In bf16 (`--math bf16`: half activations, float32 masters) the same questions again (`mixed`): N0 in bf16, the
+largest batch under each policy, and the speed at 7.5x the fp32 N0 (the paper's batch) and at 7.5x bf16's own N0,
+against the in-memory speed in bf16 (the profile's tensor-core rate: `DeviceProfile.half_flops`) and in fp32.
+
+The paper's result figure also plots DenseNet (about 1150 images a batch against about 510 in memory, at about
+80% of in-memory speed): the same three figures (N0, the largest batch under `window` and under `auto`, the speed)
+for the zoo's DenseNet-121 (the figure does not say which DenseNet; 121 is the most common).
 """
 from __future__ import annotations
 
@@ -32,14 +42,80 @@ def _densenet(batch: int):
     return build_model("densenet", depth=DENSENET_DEPTH, batch=batch, image_size=224)
 
 
-def _in_memory(batch: int, build=_net):
+def _in_memory(batch: int, build=_net, math: str = "fp32"):
     """The plan of `batch` in unlimited memory (liveness, fastest algorithms), whose arena the device must hold."""
-    return plan_on(build(batch), "liveness", DEVICE)
+    return plan_on(build(batch), "liveness", DEVICE, math=math)
 
 
-def _out_of_core(batch: int, policy: str, build=_net):
+def _out_of_core(batch: int, policy: str, build=_net, math: str = "fp32"):
     # nnabla keeps parameters on the device and runs the batch whole: so does `auto` here
-    return plan_on_device(build(batch), policy, DEVICE, host_weights=False, max_micro_batches=1)
+    return plan_on_device(build(batch), policy, DEVICE, host_weights=False, max_micro_batches=1, math=math)
+
+
+def _n0(math: str, log, build=_net, start: int = 128) -> tuple[int, float]:
+    """The in-memory limit N0 in `math` and its simulated images/s."""
+    usable = get_profile(DEVICE).usable_bytes
+
+    def in_memory(b: int) -> bool:
+        fits = _in_memory(b, build, math).min_budget_bytes <= usable
+        log(f"  {math} in memory: batch {b}: {'fits' if fits else 'does not fit'}")
+        return fits
+
+    n0 = largest(in_memory, start)
+    return n0, n0 / simulate(_in_memory(n0, build, math), DEVICE).est_step_time_s
+
+
+def _largest_out_of_core(pol: str, lo: int, log, math: str = "fp32") -> int:
+    """The largest ResNet-50 batch `pol` plans within the device in `math`, from `lo` (which fits), to 1%."""
+    return largest(lambda b: _out_of_core(b, pol, math=math) is not None, round(lo * 1.25), lo=lo, within=0.01)
+
+
+def mixed(quick: bool, log, n0_fp32: int, base_fp32: float) -> Table:
+    """ResNet-50 beyond the in-memory batch in bf16 (see the module doc)."""
+    n0, base = _n0("bf16", log, start=2 * n0_fp32)
+    t = Table("bf16", "ResNet-50 beyond the in-memory batch, bf16", "batch",
+              note="bf16: half activations, deltas and weight copies, float32 masters and optimizer state; speed: "
+                   "simulated images/s against N0's in memory in bf16 (and in fp32, where said), products at the "
+                   "v100's fp16 tensor-core rate (Volta has no bf16 arithmetic).")
+    t.rows.append(Row("bf16/n0", "in-memory limit N0, bf16", None, n0, quick=True,
+                      differs=f"the paper has no bf16 run; {n0 / n0_fp32:.2f}x our fp32 N0 ({n0_fp32})",
+                      detail={"images_per_s": base, "fp32_n0": n0_fp32, "fp32_images_per_s": base_fp32}))
+    factors = ((PAPER_MULTIPLE, n0_fp32, "fp32"),) if quick else ((PAPER_MULTIPLE, n0_fp32, "fp32"),
+                                                                   (PAPER_MULTIPLE, n0, "bf16"))
+    for f, ref, whose in factors:
+        b = round(f * ref)
+        for pol in POLICIES:
+            plan = _out_of_core(b, pol, math="bf16")
+            sim = simulate(plan, DEVICE) if plan else None
+            speed = b / sim.est_step_time_s / base if plan else None
+            log(f"  bf16 {pol} batch {b}: " + (f"{speed:.0%} of bf16 in-memory speed" if plan else "does not fit"))
+            detail = {"batch": b, "policy": pol, "fits": plan is not None, "of_n0": whose}
+            differs = "does not fit"
+            if plan:
+                vs32 = b / sim.est_step_time_s / base_fp32
+                detail.update(relative_speed=speed, relative_speed_fp32=vs32, est_step_time_s=sim.est_step_time_s,
+                              exposed_transfer_s=sim.exposed_transfer_s,
+                              moved_bytes=plan.offloaded_bytes + plan.prefetched_bytes)
+                differs = (f"{vs32:.0%} of fp32's in-memory speed; {sim.exposed_transfer_s:.1f} s of the "
+                           f"{sim.est_step_time_s:.1f} s step waiting for "
+                           f"{(plan.offloaded_bytes + plan.prefetched_bytes) / 1e9:.0f} GB of copies")
+            t.rows.append(Row(f"bf16/{whose}/{pol}", f"7.5x {whose} N0 = {b} in bf16, `{pol}` (% of bf16 "
+                                                     f"in-memory speed)", f"{PAPER_SPEED:.0%}",
+                              f"{speed:.0%}" if plan else "does not fit", quick=whose == "fp32",
+                              differs=differs, detail=detail))
+    if not quick:
+        for pol in POLICIES:
+            best = _largest_out_of_core(pol, n0, log, "bf16")
+            plan = _out_of_core(best, pol, math="bf16")
+            sim = simulate(plan, DEVICE)
+            speed = best / sim.est_step_time_s / base
+            t.rows.append(Row(f"bf16/limit/{pol}", f"largest batch in bf16, `{pol}`", PAPER_BATCH, best,
+                              differs=f"{best / n0:.2f}x bf16's N0, {best / n0_fp32:.2f}x fp32's, at {speed:.0%} of "
+                                      f"bf16's in-memory speed, simulated",
+                              detail={"multiple": best / n0, "multiple_fp32": best / n0_fp32,
+                                      "relative_speed": speed, "to_within": "1%",
+                                      "est_step_time_s": sim.est_step_time_s}))
+    return t
 
 
 def densenet(quick: bool, log) -> Table:
@@ -162,5 +238,5 @@ def run(quick: bool, log) -> Report:
              "context), cuDNN's modeled workspaces, float32, SGD with momentum, parameters on the device, no "
              "micro-batching; step times simulated (compute roofline, host copies over the profile's link). The "
              "paper's precision is not stated in the sources we have; ours is float32.")
-    return Report("out-of-core", CITATION, setup, [head, curve, densenet(quick, log)], quick,
-                  {**machine_meta(), "device": DEVICE, "n0": n0})
+    return Report("out-of-core", CITATION, setup, [head, curve, densenet(quick, log), mixed(quick, log, n0, base)],
+                  quick, {**machine_meta(), "device": DEVICE, "n0": n0})

@@ -1,11 +1,19 @@
 """SuperNeurons (Wang et al., PPoPP 2018) on its own setup: a 12 GB K40c (`k40c`, context reserved), float32,
 momentum SGD, 3x227x227 AlexNet and 224x224 inputs otherwise.
 
-- Table 4, the deepest ResNet (6, 32, k, 6) at batch 16: each framework beside the policy with its mechanism
-  (Caffe, Torch as `none`; MXNet, TensorFlow as `liveness`; SuperNeurons as `auto` with weights on the device).
-- Table 5, the largest batch under `auto` without micro-batches (as the paper); micro-batching in its own column.
-- Fig. 10, AlexNet at batch 200: the memory of naive -> liveness -> offload -> recompute.
-Every plan comes from `search.plan_on_device`; step times are simulated and labelled so.
+- Table 4, the deepest ResNet at batch 16 on the paper's own family, bottleneck stages (6, 32, k, 6): each
+  framework of the paper beside the minidl policy with the same mechanism (Caffe and Torch reuse nothing across
+  layers, as `none`; MXNet and TensorFlow free dead tensors, as `liveness`; SuperNeurons adds offload and
+  recomputation, as `auto` with the weights on the device, where SuperNeurons keeps them); then ResNet-2500.
+- Table 5, the largest batch in 12 GB under `auto` without micro-batching (one batch per step, as the paper);
+  then micro-batching as a column of its own: it removes the batch limit, so what it shows is bounded instead,
+  the micro-batches `auto` splits 8x the paper's batch into to fit 12 GB, and that plan's simulated speed.
+- Fig. 10, AlexNet at batch 200: the memory each mechanism needs, naive -> liveness -> offload -> recompute.
+- In bf16 (`--math bf16`: half activations, float32 masters), Table 4's depth under `liveness` and `auto` and Table
+  5's batches again: what halving the activations buys on the paper's own device (the K40c has no fast half
+  arithmetic: the simulated speeds are its float32 rate's).
+Every plan comes from `search.plan_on_device` (what `minidl plan --budget` does), and each row carries the
+simulated step time against the in-memory step (the paper's "leading performance"), labelled as simulated.
 """
 from __future__ import annotations
 
@@ -51,9 +59,10 @@ def _resnet(k: int):
     return build_model("resnet", blocks=(STAGES[0], STAGES[1], k, STAGES[2]), batch=16)
 
 
-def _speed(plan, net) -> float:
-    """Simulated in-memory step time / this plan's (1.0: the speed with unlimited memory)."""
-    free = plan_on(net, "liveness", DEVICE)
+def _speed(plan, net, math: str = "fp32") -> float:
+    """In-memory step time / this plan's step time, simulated: 1.0 is the speed of the same network trained with
+    unlimited memory (liveness, fastest algorithms), in the same math mode."""
+    free = plan_on(net, "liveness", DEVICE, math=math)
     return simulate(free, DEVICE).est_step_time_s / simulate(plan, DEVICE).est_step_time_s
 
 
@@ -204,9 +213,69 @@ def _at_minimum(net, policy: str):
     raise AssertionError("a one-byte budget cannot plan")
 
 
+def _deepest(policy: str, log, math: str) -> tuple[int, dict]:
+    """Table 4's search: the largest k (ResNet-(3 (44 + k) + 2) at batch 16) `policy` fits in `math`."""
+    def ok(k):
+        plan = plan_on_device(_resnet(k), policy, DEVICE, math=math, **_policy_options(policy))
+        log(f"  table 4 ({math}): {policy} k={k} (ResNet-{depth_of(k)}): {'fits' if plan else 'does not fit'}")
+        return plan is not None
+    # auto's plans of ResNets of thousands of layers take minutes each: its depth is found to 1%
+    k = largest(ok, {"none": 1, "liveness": 128, "auto": 1024}[policy], within=0.01 if policy == "auto" else 0)
+    detail = {"policy": policy, "k": k, "math": math}
+    if k:
+        net = _resnet(k)
+        plan = plan_on_device(net, policy, DEVICE, math=math, **_policy_options(policy))
+        detail.update(min_budget_bytes=plan.min_budget_bytes, speed_vs_in_memory=_speed(plan, net, math))
+    return (depth_of(k) if k else 0), detail
+
+
+def mixed(quick: bool, log, fp32_rows: list[Row]) -> Table:
+    """Table 4's deepest ResNet and Table 5's largest batches in bf16, beside the paper's (float32) figures and
+    ours in float32 (`fp32_rows`, where this run has them)."""
+    t = Table("bf16", "Tables 4 and 5 in bf16 (half activations, float32 masters)", "depth or batch",
+              note="minidl in bf16: activations, deltas and the weights' half copies in bf16, masters, gradients and "
+                   "momentum in float32; the paper's figures are float32. Speed: simulated against the same "
+                   "network in unlimited memory in bf16 (the K40c's float32 rate: it has no fast half arithmetic).")
+    ours32 = {r.key: r.ours for r in fp32_rows}
+    for framework, paper, policy in (("MXNet", 480, "liveness"), ("SuperNeurons", 1920, "auto")):
+        if quick and policy == "auto":
+            continue
+        depth, detail = _deepest(policy, log, "bf16")
+        was = ours32.get(f"table4/{framework.lower()}")
+        speed = detail.get("speed_vs_in_memory")
+        t.rows.append(Row(f"bf16/table4/{policy}", f"deepest ResNet at batch 16, `{policy}`, bf16", paper, depth,
+                          quick=policy != "auto", detail={**detail, "fp32_depth": was},
+                          differs=(f"{framework}'s figure (float32); ours in float32: {was}; " if was else "")
+                          + (f"simulated speed {speed:.0%} of in-memory" if speed else "nothing fits")))
+    for name, model, size, paper in TABLE5:
+        if quick and model != "alexnet":
+            continue
+
+        def ok(b, model=model, size=size):
+            plan = plan_on_device(build_model(model, batch=b, image_size=size), "auto", DEVICE, math="bf16",
+                                  **_policy_options("auto"))
+            log(f"  table 5 (bf16): {model} batch {b}: {'fits' if plan else 'does not fit'}")
+            return plan is not None
+
+        best = largest(ok, 2 * paper)
+        was = ours32.get(f"table5/{model}")
+        detail: dict = {"model": model, "image_size": size, "math": "bf16", "fp32_batch": was}
+        differs = "does not fit"
+        if best:
+            net = build_model(model, batch=best, image_size=size)
+            plan = plan_on_device(net, "auto", DEVICE, math="bf16", **_policy_options("auto"))
+            detail.update(min_budget_bytes=plan.min_budget_bytes, speed_vs_in_memory=_speed(plan, net, "bf16"))
+            differs = (f"ours in float32: {was}; " if was else "") + \
+                f"simulated speed {detail['speed_vs_in_memory']:.0%} of in-memory"
+        t.rows.append(Row(f"bf16/table5/{model}", f"{name}, largest batch in bf16", paper, best, differs=differs,
+                          quick=model == "alexnet", detail=detail))
+    return t
+
+
 def run(quick: bool, log) -> Report:
     setup = ("Paper: a 12 GB K40c, float32, AlexNet at 3x227x227, the others at 224x224. minidl: the simulator's "
              "`k40c` profile (12 GB less its CUDA context), cuDNN's modeled workspaces, float32, SGD with momentum; "
              "every figure is a plan (what fits; step times simulated).")
     tables = [table4(quick, log), table5(quick, log), table5_micro(quick, log), fig10(log)]
+    tables.append(mixed(quick, log, [r for t in tables for r in t.rows]))
     return Report("superneurons", CITATION, setup, tables, quick, {**machine_meta(), "device": DEVICE})

@@ -23,11 +23,12 @@ class LayerCall:
     out: Any                        # backward: None unless the layer reads it
     params: dict
     ctx: "LayerContext"
-    micro: int = 0
-    recompute: bool = False         # re-run by a RECOMPUTE event
-    dout: Any = None
-    dinputs: list | None = None     # None: not wanted
-    grads: dict | None = None
+    micro: int = 0                  # the micro-batch (its dropout key: iteration * M + micro)
+    recompute: bool = False         # re-run by a RECOMPUTE event (not the route's own step)
+    dout: Any = None                # backward: the output's gradient
+    dinputs: list | None = None     # backward: where each input's gradient goes (None: not wanted)
+    grads: dict | None = None       # backward: the parameters' gradients
+    staging: Any = None             # the step's staging (a half mode on the CPU), bound before the call runs
 
 
 @dataclass(slots=True)
@@ -67,6 +68,18 @@ class GuardCall:
         self.ex.guard_update(self.step, self.grads, self.buffers)
 
 
+@dataclass(slots=True)
+class UnscaleCall:
+    """fp16's unscaling of one UPDATE step's gradients before its guard (`StepBinding.unscale`), and the gradients
+    a CUDA graph unscales on the device instead (`minidl.runtime.capture`)."""
+
+    ex: Any
+    grads: list   # gradient views, in the guard's order
+
+    def __call__(self) -> None:
+        self.ex.unscale(self.grads)
+
+
 class StepBinding(Protocol):
     """The executor as its step runners see it."""
 
@@ -84,6 +97,8 @@ class StepBinding(Protocol):
     iteration: int
     last_loss: float
     check_finite: bool
+    skip_update: bool    # fp16: this step's gradients overflowed, its update is skipped (`Executor.unscale`)
+    scaler: Any          # fp16's LossScaler (None in the other modes)
     host: Any
     host_limit_bytes: int | None
     program_fallback: str | None
@@ -103,6 +118,9 @@ class StepBinding(Protocol):
 
     def seed_key(self, node_index: int, iteration: int) -> int: ...
 
+    def staged(self, fn, staging): ...
+
     def guard_update(self, step: "Step", grads: list | None = None, buffers: list | None = None) -> None: ...
+    def unscale(self, grads: list) -> None: ...
 
     def end_iteration(self) -> float: ...

@@ -1,12 +1,77 @@
 """One CUDA graph per step: the compiled program (program.py) captured once and replayed.
 
-Rules:
-- Replay runs exactly the eager program's calls, order and arguments: the same bits (tests/backend/test_capture*.py).
-- What changes per step lives at fixed addresses (pinned buffers, device slots of `backend/scalars.py`); other
-  launch arguments are checked before each replay (`signature`): a change re-captures.
-- The divergence guard runs on the device in the host guard's order; the host raises its very error after the step.
-- A call the backend cannot capture (cupy's cuBLAS) runs eagerly between graphs, never between a host copy and its
-  wait. A plan that cannot be captured runs the compiled eager loop; `Executor.graph_fallback` says why.
+On the GPU about 80 ms of every ResNet-50 step was host-side dispatch (Python per kernel, ../shared/GPU.md). The
+compiled program already fixes every call, view, algorithm and workspace before the first step; a CUDA graph
+records the kernels those calls enqueue once, and a step becomes one `cudaGraphLaunch` (the divergence guard
+included: see below), or a few with the calls cupy cannot capture between them (cuBLAS: see below).
+
+Rules this module keeps:
+- Replay runs exactly the calls the eager program runs, in its order, on the same stream, with the same arguments:
+  the parameters are bit-identical to the compiled eager loop's (tests/backend/test_capture.py checks the order
+  and the arguments against fakes; tests/backend/test_capture_gpu.py the bits, behind `-m gpu`).
+- What changes per step lives at fixed addresses: the batch and labels are copied into fixed pinned staging
+  buffers on the host, and the graph's first nodes copy them into the arena; the loss is copied out by the graph
+  into a fixed pinned buffer that the host reads after the step. The host blocks once per step (to read it).
+- The first `WARMUP_STEPS` run eagerly: they build the cuDNN graphs, compile and load the kernels and size the
+  side buffers, none of which may happen while a stream is captured.
+- The scalars that change per step are in device memory too (`backend/scalars.py`): each dropout layer's key,
+  the learning rate (a schedule) and Adam's step count (its bias corrections) are written by the host into a
+  fixed pinned buffer before each replay, copied to the device by the graph's first node, and read there by the
+  `_dev` kernels, which the backend launches instead of the ordinary ones while a capture is under way.
+- Every other value baked into the captured kernels as a launch argument must not change between replays: the
+  optimizer's other hyper-parameters, SGD's first-step flag and whether the divergence guard is on are checked
+  before every replay (the `signature`); a change re-captures, one at every step gives up (the eager loop runs,
+  and says why).
+- The divergence guard runs on the device: the host guard (`Executor.guard_update`) reads the loss and the
+  gradients before an update may run, which a graph cannot stop for. So each guard becomes `nonfinite_flag`
+  launches (kernels/elementwise.cu) on the same gradients, then the loss (kept in a slot at the loss layer), then
+  the running statistics (at the first update), in the host guard's order; the first non-finite one leaves its
+  code in a device flag, the update kernels' graph variants skip while it is set, and after the step the host
+  reads the flag and raises the host guard's very error (`_raise_if_diverged`). Same state as eager: unfused,
+  nothing updated; fused, the layers updated before the bad gradient. A step is then one graph. A backend
+  without a device guard splits the step at each guard instead (a host call between graphs, named in
+  `describe()`), and refuses a split that would fall between a host copy and its wait.
+- Half precision: the weight copies' refresh after an update is device work like the update (it rewrites each
+  copy from its master: on a step whose update was skipped the copy's bits come out unchanged). fp16's loss scale
+  and its inverse are two more slots (`StepScalars.amp`), read by the loss's seed (`fill_loss_scale`) and the
+  gradients' unscaling (`unscale`). Its skip is the device guard's: each gradient is checked (`found_inf_flag`,
+  before it is unscaled, as `LossScaler.unscale` checks it) into a `found_inf` flag; the guard then checks the loss
+  and the running statistics first and the unscaled gradients last, so a non-finite loss or statistic keeps its
+  code, and an overflow leaves a gradient's, which skips the updates as a divergence would. After the replay the
+  host reads both flags: overflow alone is the skipped step the eager loop makes (`skip_update`), then the scale
+  advances on the host (`LossScaler.update`, the "scale" call, run after the graph). fp16 is captured only with
+  the device guard on (without it nothing on the device could skip an update).
+- A call the backend cannot capture runs eagerly between graphs. cupy refuses every cuBLAS call on a capturing
+  stream (the dense layers' `cupy.cublas.gemm`, the batched products' and attention's `cupy.matmul`), raising
+  the error the backend names in `CaptureUnsupported`, before it enqueues anything. `record` captures each
+  segment in one pass: at such an error it drops that capture (it may hold part of the call's work), captures
+  the calls before the failing one again as one graph, makes the call an eager segment and goes on capturing
+  after it. A step is then graph, eager call(s), graph, ...: the eager calls are enqueued on the compute stream
+  behind the graph before them (stream order, no host wait) with `graph_scalars` still set, so a call with a
+  `_dev` variant launches it as inside a graph (this step's slots, skipped after a flagged guard). The same
+  kernels run as in the compiled loop, so the bits are its bits. `describe()` says how many calls run eagerly
+  and why; such a call between a host copy and its wait refuses the capture (a graph must end with its copies
+  joined), and a cupy allocation inside it is no capture error (only the kept graphs are checked).
+- A plan that cannot be captured falls back to the compiled eager loop, and `Executor.graph_fallback` says why in
+  one line: no graph capture on this backend, not compiled, tracing, the paged arena's mappings, data parallel,
+  micro-batches (a loss read per micro-batch), compression (the codec runs on the host), host copies that may go
+  to the disk tier (`--host-limit`), a host update, an optimizer other than SGD and
+  Adam, an allocation made by cupy inside a captured graph (a temporary the graph would keep reusing), a call
+  that cannot be captured between a host copy and its wait, or the capture's own error.
+- Host copies (offload/prefetch) are captured with the compute they overlap: each copy waits on its stream for
+  an event recorded on compute, and compute waits for the copy's `done` event at RELEASE/WAIT, so the graph has
+  the same dependencies as the eager step. The host store's buffers are fixed per tensor, so the graph's copies
+  always read and write the same pinned memory. The copies' events belong to the graph: the store forgets them
+  after the capture (`HostStore.drop_captured`) and counts each replay's copies without times
+  (`HostStore.untimed_copies`; the JSON's `transfer_hidden_fraction` is then null: `--cuda-graph off` measures
+  the overlap eagerly).
+
+Rationale: capture is at the program's granularity (not per layer) because the program is already the whole
+step as a flat list; segments fall out of the call kinds the lowering records (`Program.call_kinds`).
+Limitations: on the H200 (docs/gpu.md) cupy's cuBLAS refusal failed the capture of every network with a dense
+layer; the eager calls between graphs that answer it are tested on the host only (the emulated capture of
+tests/backend/test_capture.py), not yet on a GPU, and nothing about graphs is measured. Copies inside a graph
+are not timed.
 """
 from __future__ import annotations
 
@@ -20,15 +85,18 @@ from ..backend.base import backend_name
 from ..backend.scalars import StepScalars
 from ..core import startup
 
-#: Call kinds the graph contains.
-DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update"})
-#: Host copies: captured where they are stream copies between fixed pinned buffers.
+#: Call kinds the graph contains (they only enqueue device work on the compute stream).
+DEVICE_KINDS = frozenset({"forward", "backward", "accumulate", "seed", "update", "refresh"})
+#: Host copies: captured too (on their own streams, joined to compute by events) where the host store's copies
+#: are stream copies between fixed pinned buffers (`HostStore.capturable`); their times are then not measured.
 COPY_KINDS = frozenset({"offload", "release", "prefetch", "wait"})
 #: Call kinds run on the host between graphs, with the reason.
 HOST_KINDS = {"guard": "the divergence guard reads the loss and gradients on the host before the update"}
 #: Host-only bookkeeping, run once per step outside the graphs.
 HOISTED_KINDS = frozenset({"recompute_flops"})
-#: Call kinds a capture cannot contain, with the reason.
+#: Host calls that read what the step's flags say: run after the replay, once they are read (fp16's scale).
+AFTER_KINDS = frozenset({"scale"})
+#: Call kinds a capture cannot contain, with the reason the fallback gives.
 REFUSED_KINDS = {
     "map": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
     "unmap": "the paged arena maps and unmaps chunks on the host at every step (driver calls a graph cannot replay)",
@@ -75,7 +143,8 @@ def why_not(ex, program) -> str | None:
             if ex.host_limit_bytes is not None:
                 return COPIES_REFUSED
             continue
-        if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss":
+        if kind not in DEVICE_KINDS and kind not in HOST_KINDS and kind not in HOISTED_KINDS and kind != "loss" \
+                and kind not in AFTER_KINDS and kind != "unscale":
             return f"call kind '{kind}' is unknown to minidl.runtime.capture"
     kind = _optimizer_kind(ex.opt)
     if kind not in ("sgd", "adam"):
@@ -83,6 +152,9 @@ def why_not(ex, program) -> str | None:
                 f"(backend/scalars.py); a graph would replay the captured step's")
     if program.loss_view is None:
         return "the network has no loss layer whose value a graph could copy out"
+    if ex.scaler is not None and not (be.capabilities.device_guard and ex.check_finite):
+        return ("fp16's loss scale: a step whose gradients overflow is skipped on the device by the divergence "
+                "guard's flag, which this run does not have (no device guard, or the guard off)")
     return None
 
 
@@ -118,20 +190,32 @@ COPY_BALANCE = {"offload": 1, "prefetch": 1, "release": -1, "wait": -1}
 
 
 def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any], guard: bool = True,
-          device_guard: Callable[[Any], Callable[[], Any]] | None = None,
-          epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list]:
-    """(segments, hoisted host calls): maximal runs of device calls and the host calls between them."""
+          device_guard: Callable[..., Callable[[], Any]] | None = None,
+          epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list, list]:
+    """The program's calls as segments: maximal runs of device calls (to capture) and the host calls between
+    them. `copy_in` (the batch: staging -> arena) opens the first graph; `copy_out` (the loss -> pinned) takes the
+    place of the loss read; `guard` False leaves the divergence guard out (`Executor.check_finite` off: it would
+    return at once); `device_guard(guard_call)`, where the backend can, is the device call that replaces a guard
+    (then the step is one graph; fp16's unscaling becomes part of it: `device_guard(guard_call, unscale_call)`);
+    `epilogue` closes the last graph. Returns (segments, hoisted host calls, host calls to run after the replay)."""
     segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
-    hoisted = []
-    in_flight = 0   # host copies not yet waited for: a graph must end with none
+    hoisted, after = [], []
+    unscale = None   # fp16: the unscaling the next guard does on the device
+    in_flight = 0   # host copies started and not yet waited for: a graph must end with none (its streams joined)
     for call, kind in zip(program.calls, program.call_kinds):
         if kind in HOISTED_KINDS:
             hoisted.append(call)
             continue
+        if kind in AFTER_KINDS:
+            after.append(call)
+            continue
+        if kind == "unscale":
+            unscale = call
+            continue
         if kind == "guard" and not guard:
             continue
         if kind == "guard" and device_guard is not None:
-            call, kind = device_guard(call), "device_guard"
+            call, kind, unscale = device_guard(call, unscale), "device_guard", None
         elif kind in HOST_KINDS:
             if in_flight:
                 raise CaptureRefused(f"{HOST_KINDS[kind]}, between a host copy and its wait (a graph must end "
@@ -150,7 +234,10 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
             segments.append(Segment([], []))
         segments[-1].calls.extend(epilogue)
         segments[-1].kinds.extend(["epilogue"] * len(epilogue))
-    return [s for s in segments if s.host is not None or s.calls], hoisted
+    if unscale is not None:
+        raise CaptureRefused("fp16's unscaling is done on the device by the divergence guard, which this step "
+                             "does not have")
+    return [s for s in segments if s.host is not None or s.calls], hoisted, after
 
 
 class GraphStep:
@@ -169,6 +256,7 @@ class GraphStep:
         self.codes: list[tuple[Any, str | None, str | None, bool]] = []
         self.segments: list[Segment] | None = None
         self.hoisted: list[Callable[[], Any]] = []
+        self.after: list[Callable[[], Any]] = []
         self.signature: tuple | None = None
         self.copies: list[tuple[str, str, int]] = []   # (kind, tensor, bytes) copied inside the graphs
         self.captures = 0
@@ -184,7 +272,8 @@ class GraphStep:
 
     def _capture(self) -> None:
         be, program = self.be, self.program
-        copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies()]
+        scaled = self.ex.scaler is not None
+        copy_in = [_copy(be.copy_in_async, dev, host) for dev, host in self.scalars.copies(scaled)]
         copy_in += [_copy(be.copy_in_async, view, buf) for view, buf in zip(program.inputs, self.staging)]
         sc = self.scalars
         guard = bool(self.ex.check_finite)
@@ -193,23 +282,27 @@ class GraphStep:
         if guard and be.capabilities.device_guard:
             device_guard = self._device_guard
             epilogue = [_copy(be.copy_out_async, sc.diverged, sc.diverged_out)]
-            loss_out = self._keep_loss
+            if scaled:
+                epilogue.append(_copy(be.copy_out_async, sc.found_inf, sc.found_inf_out))
+            loss_out = self._keep_loss   # the loss kept where the guards can read it, and copied out
         else:
             loss_out = _copy(be.copy_out_async, self.loss_flat, self.loss_host)
-        segments, hoisted = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
-                                  epilogue=epilogue or [])
+        segments, hoisted, after = split(program, copy_in, loss_out, guard=guard, device_guard=device_guard,
+                                         epilogue=epilogue or [])
         host = self.ex.host
         if host is not None and host.capturable is not None:
             raise CaptureRefused(host.capturable)
         be.prepare_graph()
-        be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels
+        be.graph_scalars = self.scalars  # the backend launches the `_dev` kernels, reading these slots
+        skipped, self.ex.skip_update = self.ex.skip_update, False   # the updates are recorded; the flags skip them
         try:
             segments, copies = record(be, segments, host)
         finally:
             be.graph_scalars = None
-            if host is not None:  # the captured copies belong to the graph
+            self.ex.skip_update = skipped
+            if host is not None:  # the copies issued while capturing belong to a graph: never to be settled
                 host.drop_captured()
-        self.segments, self.hoisted, self.copies = segments, hoisted, copies
+        self.segments, self.hoisted, self.after, self.copies = segments, hoisted, after, copies
         self.captures += 1
 
     # -- the divergence guard on the device
@@ -219,27 +312,48 @@ class GraphStep:
         be.copy(self.loss_slot, self.loss_flat)
         be.copy_out_async(self.loss_slot, self.loss_host)
 
-    def _device_guard(self, guard_call) -> Callable[[], Any]:
-        """The device call replacing `guard_call`: `nonfinite_flag` per tensor in the host guard's order, each
-        with a code into `self.codes`."""
+    def _device_guard(self, guard_call, unscale_call=None) -> Callable[[], Any]:
+        """The device call replacing `guard_call` (a binding.GuardCall): `nonfinite_flag` on each gradient, then
+        on the loss, then on each running statistic, in the host guard's order; each gets a code (an index into
+        `self.codes`) the host reads back after the step to raise the very error the host guard raises. With
+        fp16's `unscale_call` (a binding.UnscaleCall) first each of its gradients is checked into `found_inf` and
+        unscaled, and the gradients' checks come last (see the module docstring)."""
         be, checks = self.be, []
+        grads = []
         for layer, pname, g in guard_call.grads:
             self.codes.append((guard_call.step, layer, pname, False))
-            checks.append((g, len(self.codes)))
+            grads.append((g, len(self.codes)))
+        if unscale_call is None:
+            checks += grads
         self.codes.append((guard_call.step, None, None, False))
         checks.append((self.loss_slot, len(self.codes)))
         for layer, name, b in guard_call.buffers:
             self.codes.append((guard_call.step, layer, name, True))
             checks.append((b, len(self.codes)))
+        if unscale_call is not None:
+            checks += grads
+        scaler = self.ex.scaler
+        unscaled = [] if unscale_call is None else unscale_call.grads
 
         def run() -> None:
+            if unscaled:
+                inv = scaler.inv_scale
+                for g in unscaled:
+                    be.found_inf_flag(g)
+                    be.unscale(g, inv)
             for arr, code in checks:
                 be.guard_nonfinite(arr, code)
         return run
 
     def _raise_if_diverged(self) -> None:
-        """Raise the host guard's error for the first flagged tensor, if any."""
+        """After a replay with the device guard: the first non-finite tensor's code, if any, raised as the host
+        guard raises it (its message, its note on fused updates already applied); no update ran after it. fp16:
+        a gradient's code after an overflow is the skipped step (`skip_update`), not a divergence."""
         code = int(self.scalars.diverged_out[0])
+        if self.ex.scaler is not None:
+            self.ex.skip_update = bool(self.scalars.found_inf_out[0])
+            if self.ex.skip_update and code and self.codes[code - 1][1] is not None and not self.codes[code - 1][3]:
+                return
         if not code:
             return
         step, layer, name, buffer = self.codes[code - 1]
@@ -257,7 +371,8 @@ class GraphStep:
         keys = program.step_keys(it)
         for (ctx, _, _), key in zip(program.keyed, keys):
             ctx.rng_key = key
-        self.scalars.fill(keys, getattr(ex.opt, "lr", 0.0), it + 1)
+        sc = ex.scaler
+        self.scalars.fill(keys, getattr(ex.opt, "lr", 0.0), it + 1, *((sc.scale, sc.inv_scale) if sc else ()))
         sig = signature(ex)
         if sig != self.signature:
             if self.signature is not None and self._changed_last:
@@ -288,6 +403,8 @@ class GraphStep:
             ex.host.count_replayed(self.copies)
         if self.codes:
             self._raise_if_diverged()
+        for call in self.after:
+            call()
         self.replays += 1
         return ex.end_iteration()
 

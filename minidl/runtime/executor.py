@@ -12,6 +12,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from ..backend import backend_name
+from ..backend.precision import check_half_kernels, is_half, precision
 from ..core import startup
 from ..core.errors import CheckpointError, DivergenceError, OptionError, ResidencyError
 from ..core.guards import check_images, check_step
@@ -35,7 +36,8 @@ from ..layers.init import initial_values, param_rng
 from ..memory.plan import Event, EventKind, Plan
 from ..memory.pool import NumpyArenaBacking, TensorPool
 from ..optim import Optimizer
-from .binding import BoundCall, GuardCall, LayerCall, Sink, run_now
+from ..optim.loss_scale import LossScaler
+from .binding import BoundCall, GuardCall, LayerCall, Sink, UnscaleCall, run_now
 from .capture import CaptureRefused, graph_step
 from .program import NotLowered, Program, lower
 
@@ -75,6 +77,15 @@ class Executor:
                 raise OptionError(f"{n.layer.describe()} cannot run on backend '{be_name}': its kernels "
                                   f"({', '.join(missing)}) are not yet written for that backend; run this network "
                                   f"on backend 'cpu'")
+        check_half_kernels([n.layer for n in net.layer_nodes], self.be, self.route.math)
+        self.precision = precision(self.route.math)
+        # fp16's dynamic loss scale (`optim/loss_scale.py`): the loss's gradient starts at its scale, the gradients
+        # are unscaled before the update, and a step whose gradients overflow is skipped (`skip_update`)
+        self.scaler = LossScaler() if self.precision.loss_scaling else None
+        self.skip_update = False
+        # a half mode on a backend whose half kernels stage float32 copies: each layer call binds its step's
+        # staging tensor first (`Step.staging`; None: the backend grows its own, for calls that stage nothing)
+        self.stages = self.precision.half is not None and self.be.capabilities.half_staging
         if be_name != "cpu" and any(sp.on_host for sp in plan.steps):
             raise OptionError("the plan updates weights on the host, which runs on the CPU backend only (on a GPU "
                               "the host would have to wait for each gradient's copy): plan without a host update")
@@ -159,6 +170,19 @@ class Executor:
                 for slot in self.route.optimizer_slots if spec.trainable else ():
                     sid = opt_state_id(n.name, pname, slot)
                     self._set_persistent(sid, np.zeros(spec.shape, self.route.tensors[sid].dtype))
+        self._set_copies()
+
+    def _set_copies(self) -> None:
+        """Each half copy of a master weight, rounded from the master's value (a half mode; after the masters were
+        initialized or loaded)."""
+        for master, copy in self.route.copies.items():
+            values = self._get_persistent(master)
+            if copy in self.views:
+                self.be.copy_in(self.views[copy], values)
+            else:   # homed on the host with its master (decisions/weights.py): its host value, rounded there
+                rounded = np.empty(values.shape, self.route.tensors[copy].dtype)
+                self._host_backend().copy(rounded, values)
+                self._host().store(copy, rounded)
 
     def _set_persistent(self, tid: str, values: np.ndarray) -> None:
         """Write a persistent tensor where it lives between steps: its block, or the host store."""
@@ -199,6 +223,7 @@ class Executor:
         for key, arr in (optimizer_state or {}).items():
             layer, p, s = key.rsplit(".", 2)
             self._set_persistent(opt_state_id(layer, p, s), np.asarray(arr))
+        self._set_copies()
 
     # -- events: bookkeeping now, calls to the sink (binding.py)
     def _alloc(self, ev: Event, step: Step | None = None, sink: Sink = run_now) -> None:
@@ -329,6 +354,19 @@ class Executor:
     def seed_key(self, node_index: int, iteration: int) -> int:
         return dropout_key(self.seed, node_index, iteration)
 
+    def staged(self, fn, staging):
+        """`fn` (a layer's call), binding the step's staging first where the backend stages half operands
+        (`stages`): every layer call binds its own (None for one that stages nothing), so none can run on a block
+        another step's tensors now occupy. Else `fn` itself."""
+        if not self.stages:
+            return fn
+        bind = self.be.staging.bind
+
+        def call(*args):
+            bind(staging)
+            fn(*args)
+        return call
+
     def check_batch(self, x, y) -> tuple[np.ndarray, np.ndarray]:
         """The batch checked before any use (exact shapes, integer labels in [0, classes)), else `DataError`:
         never converted."""
@@ -401,7 +439,9 @@ class Executor:
         updates, later layers are already applied: the message says so)."""
         if not self.check_finite:
             return
-        if grads is None:
+        if self.skip_update:   # fp16: gradients that overflowed the loss scale skip the step, not a divergence
+            grads = []
+        elif grads is None:
             grads = self.guard_grads(step)
         if buffers is None:
             buffers = self.guard_buffers(step)
@@ -521,7 +561,7 @@ class Executor:
         if step.rename:  # a micro-batch's tensors: the layer asks by canonical id
             def get(tid, step, _get=self.get, _rename=step.rename):
                 return _get(_rename.get(tid, tid), step)
-        params = {p: get(tid, step) for p, tid in node.param_ids().items()}
+        params = {p: get(tid, step) for p, tid in self.route.kernel_params(node).items()}
         aux = {a: get(aux_id(node.name, a), step) for a in self._aux_names[node.index]
                if step.rename.get(aux_id(node.name, a), aux_id(node.name, a)) in self.route.tensors}
         ws = self.get(step.workspace, step) if step.workspace else None
@@ -531,26 +571,30 @@ class Executor:
         ctx = LayerContext(training=self.training, aux=aux, workspace=ws, algo=None if recompute else sp.algo,
                            rng_key=self.seed_key(node.index, self.iteration * M + step.micro),
                            recompute=recompute or step.recompute)
+        stage = self.get(step.staging, step) if step.staging and not recompute else None
         if step.phase is Phase.FORWARD:
             inputs = [get(act_id(self.net.nodes[i].name), step) for i in node.inputs]
             out = get(act_id(node.name), step)
-            sink(BoundCall("forward", layer.forward, (self.be, inputs, out, params, ctx), step,
-                           LayerCall(node, inputs, out, params, ctx, step.micro, recompute)))
+            sink(BoundCall("forward", self.staged(layer.forward, stage), (self.be, inputs, out, params, ctx), step,
+                           LayerCall(node, inputs, out, params, ctx, step.micro, recompute, staging=stage)))
             if layer.is_loss and not (recompute or step.recompute):
                 sink(BoundCall("loss", self.record_loss, (out, inputs[0], step.micro), step))
             return
         dout = get(delta_id(node.name), step)
-        if step.seed_delta:
-            sink(BoundCall("seed", self.be.fill, (dout, 1.0 / M), step))  # each micro-batch weighs 1/M
+        if step.seed_delta and self.scaler is not None:
+            sink(BoundCall("seed", self.seed_scaled, (dout,), step))
+        elif step.seed_delta:
+            sink(BoundCall("seed", self.be.fill, (dout, 1.0 / M), step))  # each micro-batch's mean loss weighs 1/M
         inputs = [get(act_id(self.net.nodes[i].name), step) if k in layer.needs_inputs else None
                   for k, i in enumerate(node.inputs)]
         out = get(act_id(node.name), step) if layer.needs_output else None
         dinputs = [get(t, step) if t else None for t in step.dinputs]
         ctx.accumulate = step.accumulates_into
         grads = {p: get(tid, step) for p, tid in node.grad_ids().items()}
-        sink(BoundCall("backward", layer.backward, (self.be, inputs, out, dout, dinputs, grads, params, ctx), step,
-                       LayerCall(node, inputs, out, params, ctx, step.micro, False, dout, dinputs, grads)))
-        if self.compressed is not None:
+        sink(BoundCall("backward", self.staged(layer.backward, stage),
+                       (self.be, inputs, out, dout, dinputs, grads, params, ctx), step,
+                       LayerCall(node, inputs, out, params, ctx, step.micro, False, dout, dinputs, grads, stage)))
+        if self.compressed is not None:  # the adaptive bound's measurements
             sink(BoundCall("observe", self.compressed.observe, (node.name, grads, dout), step))
 
     def bind_after_compute(self, step: Step, sink: Sink) -> None:
@@ -573,8 +617,9 @@ class Executor:
             self._loss_parts, self._logit_parts = [], []
         self._loss_parts.append(loss)
         self.last_loss = loss if M == 1 else float(np.mean(self._loss_parts))
-        if not self.training:
-            self._logit_parts.append(np.array(self.be.to_host(logits)))
+        if not self.training:   # half logits widened: what evaluation reports is float32
+            host = np.asarray(self.be.to_host(logits))
+            self._logit_parts.append(host.astype(np.float32) if is_half(host.dtype) else np.array(host))
             self._logits = np.concatenate(self._logit_parts) if M > 1 else self._logit_parts[0]
 
     def _bind_update(self, step: Step, on_host: bool, sink: Sink) -> None:
@@ -591,13 +636,56 @@ class Executor:
                 if spec.trainable:
                     state = {s: get(opt_state_id(n.name, pname, s), step) for s in self.route.optimizer_slots}
                     items.append((get(param_id(n.name, pname), step), get(grad_id(n.name, pname), step), state))
-        sink(BoundCall("guard", GuardCall(self, step, self.guard_grads(step), self.guard_buffers(step)), (), step))
+        guarded = self.guard_grads(step)
+        if self.scaler is not None:
+            sink(BoundCall("unscale", UnscaleCall(self, [g for _, _, g in guarded]), (), step))
+        sink(BoundCall("guard", GuardCall(self, step, guarded, self.guard_buffers(step)), (), step))
+        if self.scaler is not None:
+            sink(BoundCall("scale", self.advance_scale, (), step))
         sink(BoundCall("update", self._update_items, (items,), step, items=items))
+        copies = [(get(self.route.copies[param_id(n.name, p)], step), get(param_id(n.name, p), step))
+                  for n in nodes for p, spec in n.params.items()
+                  if spec.trainable and param_id(n.name, p) in self.route.copies]
+        if copies:
+            sink(BoundCall("refresh", self.refresh_copies, (copies,), step))
 
     def _update_items(self, items: list) -> None:
-        """The optimizer on (param, grad, state) triples, one by one."""
+        """The optimizer on (param, grad, state) triples, one by one (the reference a fused update matches);
+        nothing on a step fp16's loss scale skips."""
+        if self.skip_update:
+            return
         for p, g, state in items:
             self.opt.update(self.be, p, g, state, self.iteration)
+
+    def refresh_copies(self, pairs: list) -> None:
+        """After an update: each (half copy, master) pair's copy rounded from the master's new value (to nearest
+        even: `backend.precision`); nothing on a skipped step (the masters did not change)."""
+        if self.skip_update:
+            return
+        copy = self.be.copy
+        for c, m in pairs:
+            copy(c, m)
+
+    # -- fp16's dynamic loss scale (`optim/loss_scale.py`) -----------------------------------------------------------
+    def seed_scaled(self, dout) -> None:
+        """The loss's gradient, set to the loss scale (fp16: one micro-batch, so no 1/M)."""
+        self.be.fill_loss_scale(dout, self.scaler.scale)
+
+    def unscale(self, grads: list) -> None:
+        """The step's float32 gradients multiplied by the inverse scale; an inf or a NaN among them makes this
+        step's update skipped (`skip_update`), which the guard then does not call divergence."""
+        self.skip_update = self.scaler.unscale(grads)
+
+    def advance_scale(self) -> None:
+        """After the guard let the step through: the scale backed off (a skipped step) or grown; a run whose
+        gradients overflow `max_skips` steps in a row, even at the scale that fell that far, diverges."""
+        self.scaler.update(self.skip_update)
+        if self.scaler.diverging:
+            it = self.iteration
+            raise DivergenceError(f"step {it}: the fp16 gradients overflowed {self.scaler.skipped_in_a_row} steps in "
+                                  f"a row, down to a loss scale of {self.scaler.scale:g}: the run diverges; the "
+                                  f"update was not applied, so the parameters are those after step {it - 1}. Lower "
+                                  f"the learning rate, or train in bf16.", it, None)
 
     def host_update(self, step: Step) -> None:
         """UPDATE `step` on the host store's copies, guarded."""
@@ -610,8 +698,11 @@ class Executor:
                 if not spec.trainable:
                     continue
                 state = {s: host.host_copy(opt_state_id(n.name, pname, s)) for s in self.route.optimizer_slots}
-                self.opt.update(be, host.host_copy(param_id(n.name, pname)), host.host_copy(grad_id(n.name, pname)),
-                                state, self.iteration)
+                master = host.host_copy(param_id(n.name, pname))
+                self.opt.update(be, master, host.host_copy(grad_id(n.name, pname)), state, self.iteration)
+                copy = self.route.copies.get(param_id(n.name, pname))
+                if copy is not None:   # its half copy, homed with it (decisions/weights.py): rewritten there
+                    be.copy(host.host_copy(copy), master)
 
     def _host_backend(self):
         """The backend for host arrays: the CPU."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.base import FUSES_ADD_RELU, FUSES_ADD_RELU_BACKWARD, FUSES_BATCHNORM_RELU
+from ..backend.base import FUSES_RELU, FUSES_RELU_BACKWARD
 from ..core.tensors import act_id
 from ..graph.route import Step
 from ..layers.base import LayerContext
@@ -20,11 +20,6 @@ from ..memory.plan import EventKind
 from .binding import BoundCall, Call, GuardCall, LayerCall, StepBinding
 
 __all__ = ["Program", "GuardCall", "NotLowered", "why_not", "lower"]
-
-# Layer types a following ReLU folds into, and the fusion the backend must list.
-FUSES_RELU = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU}
-# Layers whose backward may take the following ReLU's backward, and the fusion.
-FUSES_RELU_BACKWARD = {"batchnorm": FUSES_BATCHNORM_RELU, "add": FUSES_ADD_RELU_BACKWARD}
 
 
 @dataclass(slots=True)
@@ -176,9 +171,21 @@ class _Recording:
             self.relu_backward = (lc, len(self.calls) - 1, step, self.ex.pool.in_use)
 
     def fuse_relu(self, step: Step, lc: LayerCall) -> bool:
-        """Fold a ReLU's forward into the batch norm or add emitted just before it (one pass writes y and ReLU(y));
-        True if done. Only if that call is the last emitted, of the same micro-batch, and the ReLU's output shares
-        no memory with its tensors but exactly an input (read before written). Same values as unfused."""
+        """Fold a ReLU's forward into the batch norm or add just before it (`FUSES_RELU`: one pass writes y and
+        ReLU(y), the ReLU does not read y again); True if done, and the ReLU then emits nothing. Only when nothing
+        ran between the two (that layer's call is the last one emitted: no transfer, no mapping, no other layer),
+        the ReLU's input is that layer's output (of the same micro-batch: a packed route interleaves them), and
+        the ReLU's output shares no memory with what that layer reads or writes (the plan may place it where a
+        tensor freed after that step lay, which the fused call, running at that step's place, would otherwise
+        overwrite too early), except that it may be exactly an input
+        (the plan put it where an input that dies there lay: both kernels read each input value before they write
+        the same position, `_apart_or_same`), nor with that layer's staging (a half mode on the CPU). y is still
+        written where anything else may read it; where the
+        ReLU's step is its only reader and the plan neither moves nor recomputes it, nor recomputes the ReLU
+        (`read_only_by`), the fused call may leave y unwritten (one stream of writes less; counted as
+        "output_not_kept"). The values are the same as unfused (tested), so the parameters stay
+        bit-identical to the interpreted executor's. With tracing on, the ReLU's step still records its compute
+        event (near zero: its work is in the other's), so a trace keeps one event per step."""
         pending, self.relu_host = self.relu_host, None
         node, out = lc.node, lc.out
         if pending is None or node.type_name != "relu" or node.layer.is_loss:
@@ -187,14 +194,15 @@ class _Recording:
         if list(node.inputs) != [h.node.index] or h.micro != lc.micro or pos != len(self.calls) - 1:
             return False
         y = h.out
-        touched = [y, *h.params.values(), *h.ctx.aux.values()]
+        touched = [y, *h.params.values(), *h.ctx.aux.values(), *([h.staging] if h.staging is not None else [])]
         if any(np.may_share_memory(out, a) for a in touched) or not all(_apart_or_same(out, x) for x in h.inputs):
             return False
         ex = self.ex
         # a packed route's tensors are renamed per micro-batch: y is kept there
         keep = ex.route.packing is not None or not self.read_only_by(act_id(h.node.name), step.index)
-        self.calls[pos] = self.timed(host_step, _bind(h.node.layer.forward_relu, ex.be, h.inputs, y, out, h.params,
-                                                      h.ctx, keep), in_use=host_in_use)
+        fused = ex.staged(h.node.layer.forward_relu, h.staging)   # at the host's step: its staging
+        self.calls[pos] = self.timed(host_step, _bind(fused, ex.be, h.inputs, y, out, h.params, h.ctx, keep),
+                                     in_use=host_in_use)
         if not keep:
             self.kinds["output_not_kept"] = self.kinds.get("output_not_kept", 0) + 1
         kind = f"fused_{h.node.type_name}_relu"
@@ -225,9 +233,17 @@ class _Recording:
         return self.readers.get(tensor, set()) == {step_index} and tensor not in self.moved
 
     def fuse_relu_backward(self, step: Step, lc: LayerCall) -> bool:
-        """Fold a ReLU's backward into the backward of the batch norm or add before it, which then never writes
-        its own `dout`; True if done. Only if the ReLU's call is the last emitted, reads this layer's output alone,
-        writes exactly its `dout`, and nothing written overlaps the ReLU's tensors but exactly."""
+        """Fold the backward of a ReLU into the backward of the batch norm or add that follows it (the pair of
+        `fuse_relu`, backwards; `FUSES_RELU_BACKWARD`): the batch norm's call computes its output gradient from
+        the ReLU's channel by channel, in a scratch it reduces while it is in cache (`batchnorm_backward(...,
+        relu=)`); the add's writes that gradient straight to its inputs' gradients in one pass
+        (`add_relu_backward`). Neither writes the layer's own output gradient (`dout`): the conditions below make
+        the layer its only reader. The same values (tested); True if done. Only where the ReLU's backward is the
+        last call emitted, the ReLU reads this layer's output alone and writes exactly this layer's output
+        gradient, and nothing this call writes (dx, the parameter gradients) overlaps the ReLU's output or
+        gradient, which it reads, unless it is exactly one of them (each element or channel of those is read
+        before it is written), and its staging (a half mode on the CPU) overlaps neither. The ReLU's own call is
+        dropped (with tracing on, it becomes its step's near-zero event)."""
         pending, self.relu_backward = self.relu_backward, None
         node, ctx, dout = lc.node, lc.ctx, lc.dout
         flag = FUSES_RELU_BACKWARD.get(node.type_name)
@@ -243,6 +259,8 @@ class _Recording:
         written = [*lc.dinputs, *lc.grads.values()]
         if not all(w is None or (_apart_or_same(w, r) and _apart_or_same(w, dr)) for w in written):
             return False
+        if lc.staging is not None and (np.may_share_memory(lc.staging, r) or np.may_share_memory(lc.staging, dr)):
+            return False   # the step's staging may lie where the ReLU's tensors did: they are read inside the call
         self.kinds["backward"] -= 1
         if self.ex.tracing:
             self.calls[pos] = self.timed(relu_step, _nothing, in_use=relu_in_use)
@@ -250,8 +268,8 @@ class _Recording:
             self.kinds["folded"] = self.kinds.get("folded", 0) + 1
         else:
             del self.calls[pos], self.call_kinds[pos]
-        fused = _bind(node.layer.backward_relu, self.ex.be, lc.inputs, dout, lc.dinputs, lc.grads, lc.params, ctx,
-                      r, dr)
+        fused = _bind(self.ex.staged(node.layer.backward_relu, lc.staging), self.ex.be, lc.inputs, dout, lc.dinputs,
+                      lc.grads, lc.params, ctx, r, dr)
         self.emit("backward", self.timed(step, fused))
         kind = f"fused_{node.type_name}_relu_backward"
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
@@ -267,7 +285,8 @@ class _Recording:
         update = ex.opt.prepare(ex.be, call.items)
 
         def run_update() -> None:
-            update(ex.iteration)
+            if not ex.skip_update:   # fp16: a step whose gradients overflowed is skipped
+                update(ex.iteration)
         self.emit("update", self.timed(call.step, run_update))
 
     def timed(self, step: Step, call: Call, in_use: int | None = None) -> Call:

@@ -39,6 +39,7 @@ from ..memory.pool import as_size
 from ..memory.report import memory_report
 from ..memory.request import PlanRequest, Target
 from ..optim import Optimizer
+from ..optim.loss_scale import LossScaler
 from ..optim.schedules import Constant, LRSchedule
 from .checkpoint import (
     check_data_position,
@@ -153,10 +154,31 @@ class RunConfig:
 class Session:
     """Trains one network under one memory plan, made once, here, before any array exists.
 
-    `policy` and `budget` choose the plan as on the command line (a budget below its minimum raises `BudgetError`
-    naming the smallest). Same `seed`, same parameters bit for bit, whatever the policy. `device`: the simulator
-    profile the plan's timing assumes; `math`: set before planning. With `comm` the batch is per rank: rank r
-    trains on the r-th slice of the global batch; rank 0 writes checkpoints. `config`: a `RunConfig`.
+    `policy` (none, liveness, offload, recompute, auto, ...; None: `auto` under a budget, else `liveness`, as on
+    the command line) and `budget` (bytes or a size string such as "16MiB"; None: no limit) choose the plan
+    (`PlanRequest.from_options`); a budget below the plan's minimum raises `BudgetError` naming the smallest
+    budget that works. `seed` fixes initialization, data order and dropout masks: same seed, same parameters,
+    bit for bit, whatever the policy. `lr_schedule` (`minidl.optim.schedules`) sets the optimizer's learning
+    rate before each step from its initial one.
+
+    `backend` runs the steps (default: the CPU); the plan chooses among its convolution algorithms.
+    `device` is the simulator profile whose speeds the policy's timing decisions (when to prefetch, what
+    to offload) assume; by default the backend's own (`backend.profile`: 'cpu', or the GPU's nearest).
+    `micro_batches`: Harmony's micro-batches (`packs.py`): policy `packs` chooses when None.
+    `math` ('fp32', 'tf32', 'bf16' or 'fp16'; None: the backend's own, fp32 unless it was built otherwise) puts
+    the backend in that math mode before planning (`backend/mathmode.py`); the CPU backend refuses tf32. bf16 and
+    fp16 train with half activations and float32 master weights (`backend/precision.py`); fp16 scales the loss
+    (`optim/loss_scale.py`). `self.math` is the mode, and checkpoints record it, with fp16's loss scale (resuming
+    in another mode is allowed: only the arithmetic of later steps differs).
+
+    `comm` (a `dist.comm.Communicator`): data parallel, this process is one rank of `comm.size`. The network's
+    batch is per rank: rank r trains on the r-th slice of the global batch of size x batch that one process
+    would take; gradients are all-reduced in buckets (`memory/decisions/allreduce.py`); rank 0 writes
+    checkpoints and every rank reads them.
+
+    `config` (a `RunConfig`): the options most runs leave at their defaults (diagnostics, the step runner, the
+    arena, the host limit, the cost table, the all-reduce buckets), in one value so that this signature stays
+    the short list of what a run is about.
     """
 
     def __init__(self, net: Network, optimizer: Optimizer, policy: str | None = None,
@@ -427,7 +449,9 @@ class Session:
                 "optimizer_slots": list(self.optimizer.slots), "fingerprint": self._fingerprint(),
                 "data": self._data_desc, "global_batch": self.batch * self.ranks, "ranks": self.ranks,
                 "math": self.math, "data_position": self._data_position(), "recipe": self.net.recipe}
-        if self.ranks > 1:  # rank 0 writes, the others wait
+        if self.executor.scaler is not None:   # fp16: the loss scale and its counters, so a resume is exact
+            meta["loss_scale"] = self.executor.scaler.state_dict()
+        if self.ranks > 1:  # every replica holds the same state: rank 0 writes it, the others wait for it
             return save_on_rank0(self.comm, lambda: self._save(path, meta, with_optimizer), path)
         return self._save(path, meta, with_optimizer)
 
@@ -475,6 +499,8 @@ class Session:
         if position_ok:
             self.executor.iteration, self.batches_consumed = iteration, consumed
             self._resume_data = self._data_desc = meta.get("data")
+            if self.executor.scaler is not None and meta.get("loss_scale") is not None:
+                self.executor.scaler = LossScaler.from_state(meta["loss_scale"])
         self._iterator, self._resume_position = None, position
         meta["not_loaded"] = sorted(set(mine) - set(usable)) + ([] if opt_ok else ["optimizer state"]) + (
             [] if position_ok else ["iteration and data position"])

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import menu_of
-from ..backend.precision import WEIGHT_COPY, is_half, precision
+from ..backend.precision import is_half, precision
 from ..core.errors import DataError, OptionError
 from ..core.tensors import Role
 from ..graph.network import Network
@@ -74,7 +74,7 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], params: dict[str, np.ndarr
         layer.check_training(in_shapes)
     layer.check_values(inputs)
     if prec.half is not None:
-        params = {p: _stored(be, a, prec.dtype(WEIGHT_COPY)) if p in layer.half_params else a
+        params = {p: _stored(be, a, prec.dtype(Role.WEIGHT_COPY)) if p in layer.half_params else a
                   for p, a in params.items()}
     out = np.empty(node.shape, prec.dtype(Role.ACTIVATION, layer=layer) if prec.half else node.dtype)
     aux = {k: np.empty(s, prec.dtype(Role.AUX, layer=layer, aux=k) if prec.half else net.dtype)

@@ -61,9 +61,27 @@ def _guard_dev(fn, gs, x, code):
     return run
 
 
+def _fill_scale_dev(fn, gs, dst, scale):
+    slot = gs.scale_slot(scale)
+    return lambda: fn(dst, float(slot[0]))
+
+
+def _unscale_dev(fn, gs, g, inv_scale):
+    slot = gs.inv_scale_slot(inv_scale)
+    return lambda: fn(g, slot[0])
+
+
+def _found_inf_dev(fn, gs, x):
+    def run():
+        if not np.isfinite(x).all():
+            gs.found_inf[0] = 1
+    return run
+
+
 # The backend calls that read a device slot while captured (the CUDA backend's `_dev` kernels), emulated.
 _DEV = {"dropout_forward": _dropout_dev, "dropout_backward": _dropout_dev, "sgd_update": _sgd_dev,
-        "adam_update": _adam_dev, "guard_nonfinite": _guard_dev}
+        "adam_update": _adam_dev, "guard_nonfinite": _guard_dev, "fill_loss_scale": _fill_scale_dev,
+        "unscale": _unscale_dev, "found_inf_flag": _found_inf_dev}
 _PASS.add("scalar_buffer")
 _PASS.add("step_scope")  # host-side context of a whole step (the BLAS threads), not a kernel
 
@@ -71,9 +89,10 @@ _PASS.add("step_scope")  # host-side context of a whole step (the BLAS threads),
 class GraphCPU(CPUBackend):
     """CPUBackend with graph capture emulated: recorded calls replayed by `launch_graph`."""
 
-    # As the CUDA backend it stands for: one update per parameter (its _dev kernels, above), copies on streams.
+    # As the CUDA backend it stands for: one update per parameter (its _dev kernels, above), copies on streams, half
+    # operands computed without a planned float32 staging (its kernels grow their own here: a bind is host state).
     capabilities = replace(CPUBackend.capabilities, fused_update=False, stream_copies=True, graph_capture=True,
-                           device_guard=True)
+                           device_guard=True, half_staging=False)
 
     # What a call the capture cannot contain raises (the CUDA backend's: cupy's cuBLAS wrappers on a capturing
     # stream); the methods named in `uncapturable` raise it while capturing.
@@ -183,12 +202,15 @@ class GraphCPU(CPUBackend):
     def guard_nonfinite(self, x, code):
         raise AssertionError("the device guard exists only inside a capture")
 
+    def found_inf_flag(self, x):
+        raise AssertionError("fp16's overflow flag exists only inside a capture")
+
     def scalar_buffer(self, name, n, dtype):
         return np.zeros(n, dtype)   # 'device' slots, apart from the pinned ones: only the graph's copy fills them
 
     def host_empty(self, shape, dtype):
         dt = np.dtype(dtype)   # garbage, as fresh pinned memory: tests must not depend on its contents
-        return np.full(shape, np.nan if dt.kind == "f" else np.iinfo(dt).max, dt)
+        return np.full(shape, np.iinfo(dt).max if dt.kind in "iu" else np.nan, dt)   # bf16's kind is 'V'
 
 
 def _dropout_net(batch=4):
@@ -460,10 +482,10 @@ def test_split_keeps_host_calls_between_graphs():
     class P:
         calls = list(range(7))
         call_kinds = ["forward", "loss", "backward", "recompute_flops", "guard", "update", "update"]
-    segs, hoisted = split(P, ["in"], "out")
+    segs, hoisted, _ = split(P, ["in"], "out")
     assert [(s.calls, s.host) for s in segs] == [(["in", 0, "out", 2], None), ([], 4), ([5, 6], None)]
     assert hoisted == [3]
-    segs, _ = split(P, ["in"], "out", guard=False)
+    segs, _, _ = split(P, ["in"], "out", guard=False)
     assert [s.calls for s in segs] == [["in", 0, "out", 2, 5, 6]]
 
 
@@ -514,6 +536,43 @@ def test_the_cuda_backend_launches_the_dev_kernels_while_capturing():
     assert drop.args[3].base is gs.keys and drop.args[3].__array_interface__["data"][0] == gs.keys[1:].ctypes.data
     assert sgd.args[4].__array_interface__["data"][0] == gs.optim.ctypes.data and sgd.args[4].shape == (1,)
     assert adam.args[5].shape == (2,) and adam.args[5].__array_interface__["data"][0] == gs.optim.ctypes.data
+
+
+def test_the_cuda_backend_reads_fp16s_loss_scale_from_its_slots_while_capturing():
+    """fp16 in a graph on the real CUDABackend dispatch (host-emulated): the seed and the unscaling read the scale
+    and its inverse from the slots (the values a replay writes), the overflow check sets `found_inf`; eager, the
+    host's values, with the same bits."""
+    from types import SimpleNamespace
+
+    from minidl.backend.scalars import StepScalars
+    from minidl.optim.loss_scale import LossScaler
+    from tests.backend.test_cuda_host import FakeCudnn, _host_backend
+
+    be = _host_backend(FakeCudnn())
+    mem = SimpleNamespace(host_empty=lambda shape, dt: np.zeros(shape, dt),
+                          scalar_buffer=lambda name, n, dt: np.zeros(n, dt))
+    gs = StepScalars(mem, dropout_nodes=[])
+    sc = LossScaler(scale=2.0 ** 10)
+    gs.fill([], lr=0.1, step=1, scale=sc.scale, inv_scale=sc.inv_scale)
+    for dev, host in gs.copies(loss_scale=True):   # what the graph's first node does
+        dev[...] = host
+    g = np.linspace(-3, 3, 6, dtype=np.float32)
+    seeds, grads = [], []
+    for scalars in (None, gs):
+        be.graph_scalars = scalars
+        seed, gg = np.zeros(3, np.float32), g.copy()
+        be.fill_loss_scale(seed, sc.scale)
+        be.unscale(gg, sc.inv_scale)
+        seeds.append(seed)
+        grads.append(gg)
+    assert np.array_equal(seeds[0], seeds[1]) and seeds[0][0] == 1024.0
+    assert np.array_equal(grads[0], grads[1]) and np.array_equal(grads[0], g * np.float32(2.0 ** -10))
+    with pytest.raises(ValueError, match="loss scale 2048.0 is not the step's value 1024.0"):
+        be.graph_scalars = gs
+        be.fill_loss_scale(seed, 2048.0)
+    be.found_inf_flag(g)
+    flag = be.launches[-1]
+    assert flag.name == "nonfinite_flag" and flag.args[0] is gs.found_inf and int(flag.args[3]) == 1
 
 
 def test_host_copies_are_captured_and_counted_untimed():
@@ -603,7 +662,7 @@ def test_a_host_call_between_a_copy_and_its_wait_refuses_the_split():
         call_kinds = ["offload", "guard", "update", "release", "backward"]
     with pytest.raises(CaptureRefused, match="between a host copy and its wait"):
         split(P, [], "out")
-    segs, _ = split(P, [], "out", guard=False)
+    segs, _, _ = split(P, [], "out", guard=False)
     assert [s.calls for s in segs] == [[0, 2, 3, 4]]
 
 
@@ -702,7 +761,7 @@ def test_record_drops_the_failing_calls_part_and_captures_around_it():
     be = _Recording()
     c = be.call
     calls = [c("a"), c("b"), c("lin", allocates=64, cublas=True), c("lin2", cublas=True), c("d"), c("e")]
-    segs, _ = split(_program(calls, ["forward"] * 6), [c("in")], c("out"))
+    segs, _, _ = split(_program(calls, ["forward"] * 6), [c("in")], c("out"))
     out, copies = record(be, segs)
     assert [(s.graph, s.eager, s.kinds) for s in out] == [
         (["in", "a", "b"], False, ["copy_in", "forward", "forward"]),
@@ -710,7 +769,7 @@ def test_record_drops_the_failing_calls_part_and_captures_around_it():
         (["d", "e"], False, ["forward", "forward"])]
     assert out[1].calls == calls[2:4] and copies == []
     assert out[1].reason == "NotImplementedError: calling cuBLAS API during stream capture is currently unsupported"
-    segs, _ = split(_program([c("a", allocates=8)], ["forward"]), [], c("out"))
+    segs, _, _ = split(_program([c("a", allocates=8)], ["forward"]), [], c("out"))
     with pytest.raises(CaptureRefused, match="cupy allocated 8 bytes"):
         record(be, segs)   # an allocation inside a kept graph still refuses it
 
@@ -722,7 +781,7 @@ def test_an_uncapturable_call_between_a_copy_and_its_wait_refuses_the_capture():
     c = be.call
     kinds = ["forward", "offload", "forward", "release", "forward"]
     calls = [c("a"), c("off"), c("lin", cublas=True), c("rel"), c("b")]
-    segs, _ = split(_program(calls, kinds), [], c("out"))
+    segs, _, _ = split(_program(calls, kinds), [], c("out"))
     with pytest.raises(CaptureRefused) as e:
         record(be, segs)
     assert str(e.value) == ("a forward call the backend cannot capture (NotImplementedError: calling cuBLAS API "
@@ -733,3 +792,48 @@ def test_an_uncapturable_call_between_a_copy_and_its_wait_refuses_the_capture():
     calls[4] = c("lin", cublas=True)
     out, _ = record(be, split(_program(calls, kinds), [], c("out"))[0])
     assert [s.graph for s in out] == [["a", "off", "lin", "rel"], None]
+
+
+def _half_train(backend, math, graphs, batches, scaler=None):
+    sess = dl.Session(_net(), dl.SGD(lr=0.05, momentum=0.9), policy="liveness", seed=0, backend=backend, math=math)
+    ex = sess.executor
+    ex.graph_fallback = None if graphs else "graphs=False"
+    if scaler is not None:
+        ex.scaler = scaler
+    skips = []
+    for x, y in batches:
+        ex.train_step(x, y)
+        skips.append(ex.skip_update)
+    return sess, skips
+
+
+@pytest.mark.parametrize("math", ["bf16", "fp16"])
+def test_half_precision_steps_replay_with_the_eager_loops_bits(math):
+    """bf16 and fp16 steps are one graph: the weight copies rewritten in it, fp16's loss scale and its inverse read
+    from device slots (the seed, the unscaled gradients), an overflow found on the device skips the updates and
+    the host backs the scale off after the replay. A scale that doubles after every good step overflows fp16 on
+    some steps: the same skips, scales and parameters as the compiled eager loop's."""
+    from minidl.optim.loss_scale import LossScaler
+
+    data = _data(steps=7)
+    runs = []
+    for graphs in (False, True):
+        scaler = LossScaler(scale=2.0 ** 16, growth_interval=1) if math == "fp16" else None
+        sess, skips = _half_train(GraphCPU(), math, graphs, data, scaler)
+        ex = sess.executor
+        runs.append((skips, None if scaler is None else scaler.state_dict(), _params(sess)))
+        if graphs:
+            assert ex.step_runner == "cuda graph", ex.graph_fallback
+            assert ex.graph_step.describe() == "cuda graph: 1 graph per step (divergence guard on the device)"
+            assert ex.graph_step.replays == len(data) - 1
+    (s_e, sc_e, p_e), (s_g, sc_g, p_g) = runs
+    assert s_g == s_e and sc_g == sc_e
+    if math == "fp16":
+        assert any(s_e) and not all(s_e), s_e   # the test exercises both: skipped and applied updates
+    _same(p_g, p_e)
+
+
+def test_fp16_without_the_device_guard_runs_the_compiled_loop_and_says_why():
+    sess, _ = _half_train(GraphCPU(device_guard=False), "fp16", True, _data(steps=2))
+    assert sess.executor.step_runner == "compiled"
+    assert "fp16" in sess.executor.graph_fallback and "device" in sess.executor.graph_fallback

@@ -29,3 +29,17 @@ def test_merge_replaces_the_rows_it_measures_and_keeps_the_others(tmp_path):
     text = md.read_text()
     assert "| gpt2 (16 tokens) | 2 |" in text and "| vgg16 | 32 |" in text
     assert "before the rows recorded their date" in text.splitlines()[0]
+
+
+def test_a_half_precision_row_sits_beside_the_float32_one_and_says_its_mode_and_device(tmp_path):
+    mt = _bench()
+    path, md = tmp_path / "t.json", tmp_path / "t.md"
+    for extra in ([], ["--merge", "--math", "bf16", "--device", "v100"], ["--merge", "--device", "v100"]):
+        assert mt.main(["--models", "lenet", "--batch", "8", "--json", str(path), "--md", str(md), *extra]) == 0
+    rows = json.loads(path.read_text())
+    assert [(r.get("math"), r.get("device")) for r in rows] == [(None, None), ("bf16", "v100"), ("fp32", "v100")]
+    fp32, bf16 = rows[2], rows[1]
+    assert bf16["liveness"] < fp32["liveness"] and bf16["none"] < fp32["none"]
+    text = md.read_text()
+    assert "| lenet (bf16, v100) | 8 |" in text and "| lenet (fp32, v100) | 8 |" in text and "| lenet | 8 |" in text
+    assert "planned for profile 'cpu'" in text.splitlines()[0]

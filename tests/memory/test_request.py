@@ -48,7 +48,7 @@ def test_options_are_checked_and_paged_auto_is_a_chunk_of_the_budget():
     assert PlanRequest.from_options(paged="auto").options.paged_chunk == 20 << 20
     assert PlanRequest.from_options(paged="4KiB").options.paged_chunk == 4096
     assert PlanRequest.from_options().options.math == MATH_MODES[0] == "fp32"
-    with pytest.raises(OptionError, match="--math must be one of fp32, tf32, got 'fp8'"):
+    with pytest.raises(OptionError, match="--math must be one of fp32, tf32, bf16, fp16, got 'fp8'"):
         PlanOptions(math="fp8")
 
 

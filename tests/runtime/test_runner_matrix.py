@@ -1,18 +1,24 @@
 """Every plan runs compiled: `minidl train --json` reports `step_runner: "compiled"` under every policy, a paged
 arena, micro-batches, compression and a host update (and 2 MPI ranks: tests/dist/test_mpi.py), and the parameters
 after a few steps are bit-identical to the interpreter's (`--debug`, which runs the same calls as they are
-assembled). With the Session API, each case shows its mechanism really ran, as recorded calls."""
+assembled), in every math mode. With the Session API, each case shows its mechanism really ran, as recorded calls;
+within bf16 and within fp16, every exact policy trains the parameters of policy `none`, bit for bit, its pool's peak
+the plan's and the simulator's."""
 import json
 
 import numpy as np
 import pytest
 
 from minidl.cli import main
+from minidl.core.errors import BudgetError
 from minidl.data import synthetic
-from minidl.memory.policies import POLICIES
+from minidl.memory.policies import POLICIES, exact_policies
+from minidl.memory.simulate import simulate
 from minidl.optim import SGD
 from minidl.runtime.session import Session
+from tests.memory import nets
 from tests.memory.nets import NETS
+from tests.planning import planned
 from tests.sessions import session_kw
 
 LENET = ["lenet", "--data", "digits", "--batch", "16", "--steps", "3", "--seed", "4", "--lr", "0.05"]
@@ -34,6 +40,11 @@ def same_state(a, b):
 
 CASES = [["--policy", p] for p in POLICIES] + [["--paged"], ["--micro-batches", "2"],
                                                ["--policy", "packs", "--micro-batches", "2"]]
+# the half modes: a plan of each kind of event (fp16 has no micro-batches or packs: its skipped steps need every
+# gradient before the first update)
+CASES += [["--math", m, *args] for m in ("bf16", "fp16") for args in (
+    ["--policy", "liveness"], ["--policy", "offload"], ["--policy", "weights"], ["--paged"])]
+CASES += [["--math", "bf16", "--micro-batches", "2"], ["--math", "bf16", "--policy", "packs", "--micro-batches", "2"]]
 
 
 @pytest.mark.parametrize("args", CASES, ids=" ".join)
@@ -46,7 +57,9 @@ def test_every_plan_runs_compiled_and_matches_the_interpreter(capsys, tmp_path, 
     assert compiled["final_loss"] == interpreted["final_loss"]
     if "--micro-batches" in args:
         assert compiled["micro_batches"] == 2
-    if "weights" in args:  # weights homed on the host, updated there: gradients go out
+    if "weights" in args and "fp16" in args:  # an unfused update (fp16), on the device: the weights visit it
+        assert compiled["moved_bytes_by_role"]["weights"] > 0
+    elif "weights" in args:  # weights homed on the host, updated there: gradients go out
         assert compiled["moved_bytes_by_role"]["gradients"] > 0
 
 
@@ -95,3 +108,44 @@ def test_a_recorded_step_traces_one_compute_event_per_route_step_like_the_interp
     cb = [(e.name, e.step, e.in_use) for e in b.executor.trace if e.track == "compute"]
     assert a.executor.step_runner == "compiled" and b.executor.step_runner == "interpreted"
     assert ca == cb and len(ca) == 3 * len(a.plan.steps)
+
+
+# a budget per policy, as a share of the liveness minimum in the same mode, tight enough for the policy to act; a
+# policy that does not plan there is run at the minimum it states. A plan that cuts the batch into micro-batches
+# is compared with `none` on the same micro-batches (as in tests/memory/test_packs.py)
+SHARES = {"offload": 0.97, "weights": 0.6, "packs": 0.6, "window": 0.85, "auto": 0.6}
+HALF_CASES = [(key, math, policy) for key in ("resnet20", "dropnet") for math in ("bf16", "fp16")
+              for policy in exact_policies() if policy != "none" and not (math == "fp16" and policy == "packs")]
+
+
+@pytest.fixture(scope="module")
+def none_in():
+    cache = {}
+
+    def get(key, math, micro_batches=1):
+        if (key, math, micro_batches) not in cache:
+            cache[key, math, micro_batches] = nets.train(key, "none", math=math,
+                                                         micro_batches=micro_batches if micro_batches > 1 else None)
+        return cache[key, math, micro_batches]
+    return get
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("key, math, policy", HALF_CASES, ids=["-".join(c) for c in HALF_CASES])
+def test_every_exact_policy_trains_the_bits_of_none_within_a_half_mode(key, math, policy, none_in):
+    share = SHARES.get(policy)
+    budget = None
+    if share is not None:
+        budget = int(planned(NETS[key](), nets.opt(), "liveness", math=math).min_budget_bytes * share)
+        try:
+            planned(NETS[key](), nets.opt(), policy, budget, math=math)
+        except BudgetError as e:
+            budget = e.min_budget_bytes
+    sess = nets.train(key, policy, budget, math=math)
+    ref = none_in(key, math, sess.plan.route.micro_batches)   # the same micro-batches (BN's statistics are theirs)
+    ex = sess.executor
+    assert ex.step_runner == "compiled"
+    same_state(ref.executor.state_dict(), ex.state_dict())
+    same_state(ref.executor.optimizer_state(), ex.optimizer_state())
+    assert ex.pool.peak == sess.plan.peak_bytes == simulate(sess.plan, "cpu").peak_bytes
+    assert ex.pool.peak < ref.executor.pool.peak

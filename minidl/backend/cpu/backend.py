@@ -72,6 +72,12 @@ class CoreOps:
     def fill(self, dst: np.ndarray, value: float) -> None:
         dst.fill(value)
 
+    def fill_loss_scale(self, dst: np.ndarray, scale: float) -> None:
+        dst.fill(scale)
+
+    def unscale(self, g: np.ndarray, inv_scale: float) -> None:
+        np.multiply(g, np.float32(inv_scale), out=g)
+
     def accumulate(self, dst: np.ndarray, src: np.ndarray) -> None:
         if eltwise_kernels() is not None and _flat_ok(dst, src) and workers_for(dst.size) > 1:
             _elementwise("add_into", dst, src)  # one thread: numpy is as fast

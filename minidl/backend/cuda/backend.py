@@ -456,6 +456,12 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         """Set the capture's `diverged` flag to `code` if `x` is not finite and no earlier guarded tensor was."""
         self._launch(launches.nonfinite_flag(self.graph_scalars.diverged, x, code, self.limits))
 
+    @on_compute
+    def found_inf_flag(self, x) -> None:
+        """fp16 inside a graph: set the capture's `found_inf` flag if gradient `x` is not finite (before it is
+        unscaled, as `LossScaler.unscale` checks it)."""
+        self._launch(launches.nonfinite_flag(self.graph_scalars.found_inf, x, 1, self.limits))
+
     def prepare_graph(self) -> None:
         """Load the graph kernels now: loading is not a stream operation, so not while capturing."""
         for name in self.GRAPH_KERNELS:

@@ -51,6 +51,22 @@ class CopyOps:
         dst.fill(value)
 
     @on_compute
+    def fill_loss_scale(self, dst, scale: float) -> None:
+        """fp16's seed of the loss's gradient: `scale`, or while a graph is captured its device slot (the scale
+        changes between replays: backend/scalars.py)."""
+        gs = self.graph_scalars
+        if gs is None:
+            dst.fill(scale)
+        else:
+            self.cp.copyto(dst, gs.scale_slot(scale))
+
+    @on_compute
+    def unscale(self, g, inv_scale: float) -> None:
+        """g *= the float32 inverse loss scale (while a graph is captured, read from its device slot)."""
+        gs = self.graph_scalars
+        self.cp.multiply(g, np.float32(inv_scale) if gs is None else gs.inv_scale_slot(inv_scale), out=g)
+
+    @on_compute
     def accumulate(self, dst, src) -> None:
         if dst.dtype == F32 and src.dtype == F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
             self._launch(launches.accumulate(dst, src, self.limits))

@@ -5,16 +5,50 @@ whose aux tensors are planned); members descend, through members only, from one 
 root's members form its **segment** (a tree). A segment is dropped only where the members backward reads outweigh
 keeping the root longer (a ResNet add's ReLU saves nothing).
 
-Rules:
-- A recomputation before step j runs root first, as one sequence (`Residency.start_seq` / `end_seq`): at a boundary,
-  sequences run after the frees and before the plain allocations; a transient parent is freed once its children are
-  rebuilt; the root stays resident until its last recomputation reads it.
-- **speed-centric** rebuilds a segment once, at its first backward use; **memory-centric** rebuilds each member
-  before each run of backward steps reading it (a chain of k costs up to k(k+1)/2 forwards). All segments start
-  memory-centric; the timeline's top is the **bottleneck**; then, in backward order, a segment turns speed-centric
-  where the timeline (`Timeline`: rounded bytes per slot, `SLOTS` a step) stays under it (or the caller's `limit`).
-- Results never change: the forward re-runs with `ctx.recompute=True` (BN uses its saved batch statistics and does
-  not update running ones; dropout regenerates its mask from its key).
+Vocabulary used below.
+
+- A **member** is a droppable tensor: the output of a single-input, non-checkpoint layer that needs no
+  workspace nor staging (the float32 copies a half mode's kernels take on the CPU: `Step.staging`) and whose
+  saved aux tensors (BN's batch statistics) are planned.
+- Every member descends, through members only, from exactly one kept tensor, its **root** (the checkpoint).
+  The members of one root form its **segment**: a tree (cheap layers have one input, but their output may feed
+  several layers, e.g. the ReLU that feeds both the next block and the shortcut of a ResNet).
+- A segment is **dropped** only if that saves memory across the forward->backward turn: the members that
+  backward reads must outweigh what keeping the root longer costs. (A ResNet's add feeds one ReLU: dropping the
+  ReLU's output would only swap it for the add's output of the same size, for nothing.) That is the first half
+  of "cost-aware".
+- **Recomputing** a member before backward step `j` needs its parent resident: either the parent is itself
+  resident at `j` (recomputed earlier and still kept) or it is rebuilt first, transiently, and freed as soon as
+  its children are rebuilt. So each recomputation at a step boundary is a little sequence, root first:
+
+      before step j:  recompute bn1 (reads conv1) -> recompute relu1 (reads bn1) -> free bn1 -> step j
+
+  The planner places such events in exactly this order (`Residency.start_seq` / `end_seq`): at one boundary,
+  explicit sequences run after the frees and before the plain allocations, and the executor applies events in
+  list order. The root must stay resident until its last recomputation reads it, so its residency is extended
+  when liveness alone would have freed it earlier.
+
+The two ways to rebuild a segment (the second half of "cost-aware"):
+
+- **speed-centric**: at the first backward step that reads any member, rebuild the whole segment once and keep
+  each member until its last backward use. Every cheap layer runs forward once more: the least extra compute.
+- **memory-centric**: each member is rebuilt right before each run of consecutive backward steps that read it,
+  and freed right after; its ancestors are rebuilt transiently each time (a chain of k layers costs up to
+  k(k+1)/2 forward passes). The least memory: at any step only what that step reads is resident.
+
+The policy plans every dropped segment memory-centric first; the highest point of that timeline is the plan's
+**bottleneck**, which no choice of segment modes can go below. Then, segment by segment in backward order, it
+switches a segment to speed-centric if the timeline stays at or under the bottleneck (or under a caller's
+`limit`, e.g. a budget). Most segments of real networks are short chains whose two modes coincide.
+
+The timeline used for that decision (`Timeline`) sums rounded block sizes per *slot*: six slots per route step
+(before-step frees, before-step sequence, the step's compute, after-step frees, after-step sequence,
+after-step allocations); a sequence slot holds the highest point reached inside the sequence. Placement then
+turns the final schedule into offsets with the real allocator, and the peak it reports is exact.
+
+Recomputation never changes results (tested bit for bit against policy `none`): the executor re-runs the
+layer's forward with `ctx.recompute=True`, BN normalizes with the batch statistics it saved in forward and does
+not update its running statistics again, and dropout regenerates the same mask from the same key.
 """
 from __future__ import annotations
 
@@ -75,8 +109,8 @@ def find_segments(route: Route, iv: dict | None = None) -> list[Segment]:
         if spec is None or spec.role is not Role.ACTIVATION or tid not in iv:
             return False
         step = fwd_step.get(node.index)
-        if step is None or step.workspace is not None:
-            return False  # a recomputed layer runs without workspace
+        if step is None or step.workspace is not None or step.staging is not None:
+            return False  # a recomputed layer runs without workspace, and without staging (a half mode's, CPU)
         in_shapes = [net.nodes[i].shape for i in node.inputs]
         aux = layer.aux_specs(in_shapes, training=True)
         return all(f"aux:{node.name}.{a}" in route.tensors for a in aux)

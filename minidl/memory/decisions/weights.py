@@ -3,16 +3,34 @@
 The training state alone sets a floor no activation decision lowers (VGG-16 with SGD momentum: 1.55 GiB); Harmony
 and ZeRO-Offload lift it. Weight movements are ordinary PREFETCH / WAIT / OFFLOAD / RELEASE / FREE events.
 
-Rules:
-- A host-homed tensor has no block at setup; it visits the device for runs of uses with no gap of two steps or more.
-  A visit opens with a PREFETCH `lead` steps early and a WAIT before its first use; it closes with FREE if it only
-  read the tensor, OFFLOAD + RELEASE if it wrote it.
-- Candidates are checkpoint layers (convolutions, fully connected: nearly all the weights); a recomputed layer's
-  parameters stay resident (they are small). Buffers (BN running statistics) always stay resident.
-- Host update (`host_update=True`, fused-update route): the update runs on the host's copies with the same kernel
-  (bits unchanged); the gradient is the only copy out, the slots never visit, parameter visits are read-only.
-  Device update: the slots visit for the update and the parameter is copied back.
-Limitation: the simulator charges a host update the device's update time (wrong on a GPU profile).
+Rules the code keeps:
+- A *host-homed* tensor has no block at setup: its home between steps is the host store (the executor writes
+  its initial value there). Within a step it is on the device only for *visits*: runs of its uses with no gap of
+  two steps or more (else bringing it back costs nothing in memory and only adds a copy). A visit starts with a
+  PREFETCH `lead` steps before its first use (so the copy hides behind the previous step) and a WAIT right before
+  it; it ends with FREE if the visit only read the tensor (the host copy is still exact: nothing to copy back) or
+  with OFFLOAD + RELEASE if it wrote it (the update).
+- In a half-precision mode the kernels read each weight's half copy (`Role.WEIGHT_COPY`), which is homed with its
+  master and visits the device for the forward and backward in the master's place (half the bytes); the master
+  then visits only for a device update (which rewrites the copy there), and never with a host update, which
+  rewrites the copy's host value.
+- Which layers: those whose outputs recomputation keeps (`layer.checkpoint`: convolutions and fully connected
+  layers, which hold nearly all the weights). A recomputed layer (BN) re-runs its forward at a point of the step
+  only the recomputation schedule knows, so its parameters stay resident; they are small.
+- **Host update** (`host_update=True`, needs the fused-update route): the layer's update step runs on the host's
+  copies. The gradient is offloaded right after the layer's backward (the only copy that goes out), the
+  optimizer slots never come to the device, and the parameter's device visits are all read-only (FREE, no copy
+  back). On the CPU backend the host *is* the device memory's neighbour on the same bus, so this moves the least:
+  per step, weights in twice (forward, backward) and the gradient out once, against weights in twice, weights
+  out once and every slot in and out once for a device update. The update runs the same kernel on the same
+  values, so parameters stay bit-identical.
+- **Device update** (`host_update=False`): the slots visit the device for the update step like the parameter
+  does, and the parameter's last visit writes it, so it is copied back: what a GPU wants when its update is much
+  faster than the host's.
+
+Limitations: the simulator charges a host update the device's own update time (on the CPU profile that is
+right; on a GPU profile the host update would be slower, and is not modelled). Buffers (BN running statistics)
+always stay resident.
 """
 from __future__ import annotations
 
@@ -23,7 +41,7 @@ from ...graph.route import Phase, Route
 from ..plan import EventKind, Plan
 from ..planner import Marker, Residency, Schedule
 
-_WEIGHT_ROLES = (Role.PARAMETER,)
+_WEIGHT_ROLES = (Role.PARAMETER, Role.WEIGHT_COPY)
 
 
 @dataclass(slots=True)
@@ -93,7 +111,7 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
     packing = route.packing
     block_of = {k: b for b, (lo, hi) in enumerate(packing.blocks) for k in range(lo, hi + 1)} if packing else None
     for tid, spec in route.tensors.items():
-        if spec.owner not in chosen or spec.role not in (Role.PARAMETER, Role.OPTIMIZER, Role.GRADIENT):
+        if spec.owner not in chosen or spec.role not in (*_WEIGHT_ROLES, Role.OPTIMIZER, Role.GRADIENT):
             continue
         upd = update_of.get(spec.owner)
         if host_update and upd is None:
@@ -111,7 +129,7 @@ def weights_schedule(route: Route, base: Schedule, layers: list[str], *, host_up
         prev_end = -1
         for v in visits(own, block_of):
             start = max(v.first - lead, prev_end + 1)
-            what = "weights" if spec.role is Role.PARAMETER else "optimizer state"
+            what = "weights" if spec.role in _WEIGHT_ROLES else "optimizer state"
             label = route.steps[v.first].label
             end_kind = EventKind.RELEASE if v.dirty else EventKind.FREE
             res[tid].append(Residency(
@@ -153,7 +171,8 @@ def host_homed(plan: Plan) -> set[str]:
     return {t.id for t in plan.route.tensors.values() if t.role.persistent and t.id not in resident}
 
 
-MOVED_ROLES = {Role.PARAMETER: "weights", Role.OPTIMIZER: "optimizer_state", Role.GRADIENT: "gradients"}
+MOVED_ROLES = {Role.PARAMETER: "weights", Role.WEIGHT_COPY: "weights", Role.OPTIMIZER: "optimizer_state",
+               Role.GRADIENT: "gradients"}
 
 
 def moved_by_role(plan: Plan) -> dict[str, int]:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core.tensors import Role
 from ..plan import Plan
 from ..pool import align_up
 
@@ -11,8 +10,8 @@ from ..pool import align_up
 def role_timeline(plan: Plan) -> tuple[list[str], dict[str, list[int]]]:
     """Bytes resident per role while each step computes (what the timeline plot stacks)."""
     labels = [s.label for s in plan.route.steps]
-    series = {r.value: [0] * len(labels) for r in Role}
-    cur = {r.value: 0 for r in Role}
+    series = {r.value: [0] * len(labels) for r in plan.roles}
+    cur = {r.value: 0 for r in plan.roles}
     resident: dict[str, int] = {}
 
     def apply(ev):

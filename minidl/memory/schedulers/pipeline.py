@@ -126,7 +126,8 @@ def sub_routes(route: Route, devices: int) -> tuple[list[Route], list[int]]:
         n = len(packing.packs)
         blocks = [packing.blocks[k] for k in mine] + [packing.blocks[n + (n - 1 - k)] for k in reversed(mine)]
         sub = Route(route.network, route.training, steps, tensors, route.optimizer_slots, route.requires_grad,
-                    route.menu, route.fused_update)
+                    route.menu, route.fused_update, math=route.math,
+                    copies={m: c for m, c in route.copies.items() if c in tensors})
         sub.packing = Packing(packing.micro_batches, packing.micro_batch, [packing.packs[k] for k in mine],
                               [(new[lo], new[hi]) for lo, hi in blocks], packing.shapes)
         parts.append(sub)
@@ -233,13 +234,15 @@ def pipeline_time(route: Route, step_dev: list[int], plans: list[Plan], profile:
 
 def plan_pipeline_fixed(net: "Network", devices: int, micro_batches: int, n_packs: int, budget: int,
                         device: str = "k40c", optimizer_slots=(), costs=None, cut: str = "weights",
-                        weights: str = "fit") -> PipelineResult:
-    """The pipeline plan for one M, pack count and cut; `weights`: "fit" (resident where they fit) or "host"."""
+                        weights: str = "fit", math: str = "fp32") -> PipelineResult:
+    """The pipeline plan with M = `micro_batches` and `n_packs` packs cut by `cut` (a key of `CUTS`); `weights`:
+    "fit" keeps a device's weights resident where they fit, "host" homes every layer's weights on the host;
+    `math` the math mode whose dtypes the tensors have (`backend.precision`)."""
     if weights not in ("fit", "host"):
         raise OptionError(f"weights must be 'fit' or 'host', got {weights!r}")
     profile = get_profile(device)
     packs = CUTS[cut](net, n_packs)
-    route = net.route(optimizer_slots=optimizer_slots, micro_batches=micro_batches, packs=packs)
+    route = net.route(optimizer_slots=optimizer_slots, micro_batches=micro_batches, packs=packs, math=math)
     parts, step_dev = sub_routes(route, devices)
     dplans: list[DevicePlan] = []
     dev_of_pack = pack_devices(len(packs), devices)
