@@ -199,11 +199,3 @@ def link_timeline(plan: Plan, dev: DeviceProfile, costs: list[StepCost] | None =
         for ev in sp.after:
             apply(ev)
     return LinkTimeline(total, exposed)
-
-
-def transfer_seconds(plan: Plan, dev: DeviceProfile) -> float:
-    from .plan import EventKind
-
-    moved = sum(ev.nbytes for sp in plan.steps for ev in sp.before + sp.after
-                if ev.kind in (EventKind.OFFLOAD, EventKind.PREFETCH))
-    return moved / dev.link_bw

@@ -31,8 +31,9 @@ def test_cpu_is_fp32_and_refuses_tf32_naming_the_option():
         apply_math(cpu, "tf32")
     with pytest.raises(OptionError, match=r"--math tf32"):
         get_backend("cpu", math="tf32")
-    with pytest.raises(OptionError, match=r"--math must be one of fp32, tf32, got 'fp16'"):
-        apply_math(cpu, "fp16")
+    assert apply_math(cpu, "bf16") == "bf16" and apply_math(cpu, "fp16") == "fp16"   # half storage, fp32 compute
+    with pytest.raises(OptionError, match=r"--math must be one of fp32, tf32, bf16, fp16, got 'fp8'"):
+        apply_math(cpu, "fp8")
     assert MATH_MODES[0] == "fp32"   # the default
 
 
