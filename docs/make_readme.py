@@ -81,9 +81,11 @@ def suite_time() -> str:
             continue
         t, m = r[key], r[key]["machine"]
         n = t["counts"]
+        shared = ": shared with other jobs" if t["load_average_before"] > 1.5 else ""   # 2 cores: over 1.5, others ran
         lines.append(f"`{t['command']}` took {t['wall_s'] / 60:.0f} min on {m['cores']} cores ({m['cpu']}, "
                      f"{t['date']}, load average {t['load_average_before']:.1f} before and\n"
-                     f"{t['load_average_after']:.1f} after: shared with other jobs), {n.get('passed', 0):,} tests "
+                     f"{t['load_average_after']:.1f} after{shared}), "
+                     f"{n.get('passed', 0):,} tests "
                      f"passed, {n.get('skipped', 0)} skipped"
                      + (f", {n['failed']} FAILED" if n.get("failed") else "")
                      + (f", the {n['deselected']} slow ones deselected" if n.get("deselected") else "") + ".")
