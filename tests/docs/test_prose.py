@@ -3,21 +3,12 @@ characters (whitespace not counted), and no docstring with more lines than the r
 from __future__ import annotations
 
 import ast
-import io
-import tokenize
 from pathlib import Path
+
+from .prose import comments, docstrings
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_RATIO = 0.35   # prose characters per code character over minidl/ and models/ (tinygrad's engine: 0.07-0.17)
-
-
-def _docstrings(tree: ast.AST):
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value,
-                                                                                                   str):
-                yield node, first
 
 
 def measure(src: str) -> tuple[int, int, list[str]]:
@@ -25,14 +16,13 @@ def measure(src: str) -> tuple[int, int, list[str]]:
     tree = ast.parse(src)
     lines = src.splitlines(keepends=True)
     prose, long = 0, []
-    for node, doc in _docstrings(tree):
+    for node, doc in docstrings(tree):
         prose += len("".join("".join(lines[doc.lineno - 1:doc.end_lineno]).split()))
         if not isinstance(node, ast.Module):
             doc_lines = doc.end_lineno - doc.lineno + 1
             if doc_lines > node.end_lineno - node.lineno + 1 - doc_lines:
                 long.append(f"{node.name} (line {node.lineno})")
-    prose += sum(len("".join(t.string.split())) for t in tokenize.generate_tokens(io.StringIO(src).readline)
-                 if t.type == tokenize.COMMENT)
+    prose += sum(len("".join(c.split())) for c in comments(src))
     return prose, len("".join(src.split())) - prose, long
 
 

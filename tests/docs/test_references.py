@@ -4,12 +4,12 @@ benchmarks' docstrings and comments, docs/ and README.md (CHANGELOG.md is histor
 from __future__ import annotations
 
 import ast
-import io
 import re
-import tokenize
 from pathlib import Path
 
 import pytest
+
+from .prose import comments, docstrings
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = {"minidl": ROOT / "minidl", "minidl/models": ROOT / "models", "minidl/kernels": ROOT / "kernels"}
@@ -28,14 +28,7 @@ def prose(path: Path) -> str:
     src = path.read_text()
     if path.suffix != ".py":
         return src
-    parts = []
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value,
-                                                                                                   str):
-                parts.append(first.value.value)
-    parts += [t.string for t in tokenize.generate_tokens(io.StringIO(src).readline) if t.type == tokenize.COMMENT]
+    parts = [doc.value.value for _, doc in docstrings(ast.parse(src))] + comments(src)
     return "\n".join(parts)
 
 
