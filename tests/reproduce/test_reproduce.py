@@ -138,6 +138,23 @@ def test_out_of_core_rows_follow_from_their_details():
             assert r["ours"] >= max(fitted), key   # the largest batch is at least every multiple that fitted
 
 
+def test_auto_reaches_every_batch_window_reaches_in_the_committed_out_of_core_rows():
+    """`auto` plans every exact policy's own plan, `window`'s included: in every table it fits every batch `window`
+    fits, at least as fast, and its largest batch is at least `window`'s (the full run is slow; the committed file
+    is checked here)."""
+    rows = _rows(_committed("out-of-core"))
+    pairs = [(k, "/".join("auto" if p == "window" else p for p in k.split("/"))) for k in rows
+             if "window" in k.split("/")]
+    assert len(pairs) >= 10 and all(auto in rows for _, auto in pairs)
+
+    def value(ours):   # a batch, a speed in percent, or "does not fit" (lowest)
+        return float(ours.rstrip("%")) if isinstance(ours, str) and ours.endswith("%") else \
+            -1.0 if ours == "does not fit" else float(ours)
+    for win, auto in pairs:
+        w, a = rows[win]["ours"], rows[auto]["ours"]
+        assert value(a) >= value(w), (win, w, auto, a)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PAPERS))
 def test_a_full_reproduction_equals_every_committed_row(name):
