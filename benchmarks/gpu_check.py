@@ -14,6 +14,7 @@ its own under its cap (killed with everything it started when the cap is reached
   startup       `minidl train resnet --depth 50 --batch 64 --image-size 224 --backend cuda`, twice: cold (an empty
                 user cache folder) and warm; startup_s, its parts, what the caches held (goal: 10 s, then 3 s)
   speed         benchmarks/gpu_vs_torch.py's ResNet-50 rows, fp32 and tf32, against PyTorch on the same GPU
+  half          its bf16 rows (ResNet-50 b32 and b64, GPT-2 small) against PyTorch AMP (bf16 autocast, channels_last)
   memory        ResNet-50 b64 under `--budget 3GB` (auto): the pool's peak, the device's own reading
                 (cudaMemGetInfo), beside the same network in PyTorch (max_memory_allocated and the device's reading)
   superneurons  SuperNeurons' headline on the device: ResNet-2500 at batch 16 planned in 12 GB (`window`: its plan
@@ -21,8 +22,8 @@ its own under its cap (killed with everything it started when the cap is reached
                 searched on the host, where each plan may take minutes)
   profile       benchmarks/gpu_profile.py: minidl's step per layer kind and phase beside PyTorch's kernels
 
-Files in --out (8): summary.json (setup and each part: status, seconds, cap, headline figures; rewritten after each
-part), log.txt (everything every part printed), startup.json, speed.json, memory.json, superneurons.json and the
+Files in --out (9): summary.json (setup and each part: status, seconds, cap, headline figures; rewritten after each
+part), log.txt (everything every part printed), startup.json, speed.json, half.json, memory.json, superneurons.json and the
 profile's gpu_profile_*.json and .md (benchmarks/results/ takes them as they are). Scratch (caches, the speed rows'
 autotune file) goes to --work. --fake runs every part on the CPU backend and PyTorch's CPU with tiny networks, so
 that the script, its parts and its files are tested without a GPU; its figures are not GPU figures.
@@ -59,19 +60,20 @@ class Part:
 
 
 PARTS = [
-    Part("correctness", 90, "pytest -m gpu: conformance, graph replay, exact policies under CUDA graphs"),
-    Part("startup", 100, "minidl train ResNet-50 b64 224, cold then warm: startup_s and its parts"),
-    Part("speed", 95, "gpu_vs_torch.py ResNet-50 rows, fp32 and tf32"),
-    Part("memory", 45, "ResNet-50 b64 --budget 3GB: pool peak and the device's reading beside PyTorch's"),
-    Part("superneurons", 70, "ResNet-2500 b16 in 12 GB (`window`) on the device, 2 steps"),
-    Part("profile", 50, "gpu_profile.py: per layer kind and phase, minidl beside PyTorch"),
+    Part("correctness", 80, "pytest -m gpu: conformance, graph replay, exact policies under CUDA graphs"),
+    Part("startup", 85, "minidl train ResNet-50 b64 224, cold then warm: startup_s and its parts"),
+    Part("speed", 85, "gpu_vs_torch.py ResNet-50 rows, fp32 and tf32"),
+    Part("half", 60, "gpu_vs_torch.py bf16 rows: ResNet-50 b32/b64 and GPT-2 small against PyTorch AMP"),
+    Part("memory", 40, "ResNet-50 b64 --budget 3GB: pool peak and the device's reading beside PyTorch's"),
+    Part("superneurons", 55, "ResNet-2500 b16 in 12 GB (`window`) on the device, 2 steps"),
+    Part("profile", 45, "gpu_profile.py: per layer kind and phase, minidl beside PyTorch"),
 ]
 
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--out", type=Path, required=True, help="the results folder (8 files at most)")
+    ap.add_argument("--out", type=Path, required=True, help="the results folder (9 files at most)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--fake", action="store_true", help="every part on the CPU, tiny (the tests' mode)")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds for all parts together")
@@ -298,24 +300,36 @@ def part_startup(args) -> int:
 
 
 # -- speed --------------------------------------------------------------------------------------------------------
-def part_speed(args) -> int:
-    """gpu_vs_torch.py's ResNet-50 rows into the work folder (it rewrites its JSON after each row; the parent
-    copies it to speed.json when the part ends, capped or not: `collect_speed`)."""
+#: part -> gpu_vs_torch.py's arguments for its rows (fp32/tf32 against plain PyTorch, bf16 against AMP)
+SPEED_ROWS = {"speed": ["--only", "resnet50", "--math", "fp32", "tf32"],
+              "half": ["--only", "resnet50", "gpt2", "--math", "bf16"]}
+
+
+def _speed_rows(args, part: str) -> int:
+    """gpu_vs_torch.py's rows of `part` into the work folder (it rewrites its JSON after each row; the parent
+    copies it to PART.json when the part ends, capped or not: `_collect_rows`)."""
     bench = _script("gpu_vs_torch")
-    rc = bench.main(["--only", "resnet50", "--math", "fp32", "tf32", "--steps", "5", "--warmup", "2", "--out",
-                     str(args.work / "speed")])
+    rc = bench.main(SPEED_ROWS[part] + ["--steps", "5", "--warmup", "2", "--out", str(args.work / part)])
     if rc == bench.EXIT_NO_GPU:
         _result(args, {"skipped": "gpu_vs_torch.py found no GPU (its message is in log.txt)"})
         return EXIT_SKIPPED
     return rc
 
 
-def collect_speed(args) -> dict | None:
-    """speed.json from the rows gpu_vs_torch.py wrote so far, and their headline figures."""
-    src = args.work / "speed" / "gpu_vs_torch.json"
+def part_speed(args) -> int:
+    return _speed_rows(args, "speed")
+
+
+def part_half(args) -> int:
+    return _speed_rows(args, "half")
+
+
+def _collect_rows(args, part: str) -> dict | None:
+    """PART.json from the rows gpu_vs_torch.py wrote so far, and their headline figures."""
+    src = args.work / part / "gpu_vs_torch.json"
     if not src.exists():
         return None
-    shutil.copyfile(src, args.out / "speed.json")
+    shutil.copyfile(src, args.out / f"{part}.json")
     return {"rows": [{k: r[k] for k in ("workload", "batch", "math", "minidl", "minidl_s", "torch_s", "ratio")}
                      for r in json.loads(src.read_text())]}
 
@@ -466,8 +480,8 @@ def part_profile(args) -> int:
     return rc
 
 
-COLLECT = {"speed": collect_speed}   # what the parent gathers after a part, capped or not
-PART_FUNCTIONS = {"correctness": part_correctness, "startup": part_startup, "speed": part_speed,
+COLLECT = {part: (lambda args, part=part: _collect_rows(args, part)) for part in SPEED_ROWS}  # after a part, capped or not
+PART_FUNCTIONS = {"correctness": part_correctness, "startup": part_startup, "speed": part_speed, "half": part_half,
                   "memory": part_memory, "superneurons": part_superneurons, "profile": part_profile}
 
 

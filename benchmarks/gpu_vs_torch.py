@@ -4,16 +4,21 @@
     python benchmarks/gpu_vs_torch.py --only resnet50        # the ResNet-50 rows only
     python benchmarks/gpu_vs_torch.py --only resnet2500 --math tf32 --steps 3
 
-Rows (each in fp32 and in tf32, `--math`):
+Rows in fp32 and in tf32 (`--math`):
   resnet50   224 px, batch 1 / 32 / 64, minidl `liveness`          vs PyTorch plain
   resnet50   224 px, batch 32, minidl `--budget 700MiB` (auto)     vs PyTorch plain (and its own liveness row)
   resnet2500 224 px, batch 16, minidl `liveness` (in memory)       vs PyTorch plain
   resnet2500 224 px, batch 16, minidl `--budget 12GB` (auto)       vs PyTorch checkpoint_sequential
+Rows in bf16 and in fp16 (`--math bf16 fp16`), against PyTorch AMP (`torch.autocast` in the mode, float32
+parameters, channels_last for the convolution nets, `torch.amp.GradScaler` in fp16):
+  resnet50   224 px, batch 32 / 64, minidl `liveness`              vs PyTorch AMP
+  gpt2       small, batch 8, 512 tokens, minidl `liveness`         vs PyTorch AMP
 PyTorch runs the same network (`minidl.testing.torch_twin.TorchTwin`: one functional call per layer, the same initial
 weights) with SGD (momentum 0.9) and `cudnn.benchmark`; minidl runs its compiled step, as CUDA graphs where the
 plan can be captured (`minidl.runtime.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
 autotuned on the GPU (cache: results/gpu_autotune.json). Math modes match: fp32 turns TF32 off on both sides
-(`torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False`), tf32 on on both.
+(`torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False`), tf32 on on both; in bf16 and
+fp16 minidl trains with `--math` the mode and PyTorch under autocast (`amp`).
 
 Alternating: where both fit on the device together the steps alternate (minidl, PyTorch, minidl, ...); where they
 do not (ResNet-2500) each side runs a round of steps, is freed, and the other runs, `--rounds` times; the row's
@@ -51,15 +56,19 @@ from minidl.testing.gpu import why_no_gpu
 
 OUT = Path(__file__).resolve().parent / "results"
 EXIT_NO_GPU = 2
+MATHS = ("fp32", "tf32", "bf16", "fp16")
+HALF_MATHS = ("bf16", "fp16")            # the modes PyTorch runs under autocast
+WORKLOADS = ("resnet50", "resnet2500", "gpt2")
+GPT2_BATCH, GPT2_SEQ = 8, 512            # GPT-2 small's row: 4,096 tokens a step
 
 
 @dataclass(slots=True)
 class RowSpec:
-    workload: str          # resnet50 | resnet2500
+    workload: str          # resnet50 | resnet2500 | gpt2
     batch: int
-    math: str              # fp32 | tf32
+    math: str              # fp32 | tf32 | bf16 | fp16
     minidl: str            # "liveness" or the budget ("700MiB", "12GB")
-    peer: str              # plain | checkpoint_sequential
+    peer: str              # plain | checkpoint_sequential | amp
 
 
 @dataclass(slots=True)
@@ -87,6 +96,10 @@ def row_specs(only: list[str] | None, maths: list[str]) -> list[RowSpec]:
     """The issue's rows, in the order they run (cheapest first)."""
     rows = []
     for m in maths:
+        if m in HALF_MATHS:
+            rows += [RowSpec("resnet50", b, m, "liveness", "amp") for b in (32, 64)]
+            rows.append(RowSpec("gpt2", GPT2_BATCH, m, "liveness", "amp"))
+            continue
         rows += [RowSpec("resnet50", b, m, "liveness", "plain") for b in (1, 32, 64)]
         rows.append(RowSpec("resnet50", 32, m, "700MiB", "plain"))
         rows.append(RowSpec("resnet2500", 16, m, "liveness", "plain"))
@@ -98,14 +111,20 @@ def row_specs(only: list[str] | None, maths: list[str]) -> list[RowSpec]:
 # PyTorch: the twin on the GPU, a forward that frees what it no longer needs, checkpoint_sequential's segments
 # ---------------------------------------------------------------------------------------------------------
 
-def torch_twin(net, state: dict, device):
-    """`TorchTwin` of `net` with its parameters (and BN statistics) on `device`."""
+def torch_twin(net, state: dict, device, channels_last: bool = False):
+    """`TorchTwin` of `net` with its parameters (and BN statistics) on `device`; 4-D ones channels_last if asked."""
+    import torch
+
     from minidl.testing.torch_twin import TorchTwin
 
     twin = TorchTwin(net, state)
     for ps in twin.params.values():
         for k, t in ps.items():
-            ps[k] = t.detach().to(device).requires_grad_(t.requires_grad)
+            t = t.detach().to(device)
+            if channels_last and t.dim() == 4:
+                t = t.contiguous(memory_format=torch.channels_last)
+            ps[k] = t.requires_grad_(t.requires_grad or ps[k].requires_grad)
+    twin.tied = {n.name: {p: twin.params[o][op] for p, (o, op) in n.tied.items()} for n in net.layer_nodes}
     return twin
 
 
@@ -123,8 +142,8 @@ def _run_nodes(twin, nodes, vals: dict, remaining: dict) -> None:
     for n in nodes:
         xs = [vals[i] for i in n.inputs]
         fn = twin.fns[n.index]
-        vals[n.index] = fn(xs, twin.params[n.name], True) if n.layer.type_name == "batchnorm" else \
-            fn(xs, twin.params[n.name])
+        params = twin.params[n.name] | twin.tied[n.name]   # a tied parameter is its owner's tensor
+        vals[n.index] = fn(xs, params, True) if n.layer.type_name == "batchnorm" else fn(xs, params)
         for i in n.inputs:
             remaining[i] -= 1
             if remaining[i] == 0 and i != n.index:
@@ -189,18 +208,28 @@ def segment_functions(twin) -> list:
 
 
 class TorchStep:
-    """One PyTorch training step (plain or checkpoint_sequential) on the GPU."""
+    """One PyTorch training step on `device`: plain, checkpoint_sequential, or AMP (`math` bf16/fp16: autocast,
+    channels_last for 4-D inputs, a GradScaler in fp16), as PyTorch's users run mixed precision."""
 
-    def __init__(self, net, state, x, y, peer: str, segments: int | None):
+    def __init__(self, net, state, x, y, peer: str, segments: int | None, math: str = "fp32",
+                 device: str = "cuda"):
         import torch
 
         self.torch = torch
-        dev = torch.device("cuda")
-        self.twin = torch_twin(net, state, dev)
+        dev = torch.device(device)
+        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(math) if peer == "amp" else None
+        if peer == "amp" and self.amp is None:
+            raise ValueError(f"peer 'amp' runs in bf16 or fp16, not {math!r}")
+        channels_last = self.amp is not None and np.ndim(x) == 4
+        self.twin = torch_twin(net, state, dev, channels_last)
         self.x = torch.as_tensor(x, device=dev)
+        if channels_last:
+            self.x = self.x.contiguous(memory_format=torch.channels_last)
         self.y = torch.as_tensor(y, device=dev)
         self.opt = torch.optim.SGD(self.twin.parameters(), lr=1e-4, momentum=0.9)
+        self.scaler = torch.amp.GradScaler(device) if self.amp is torch.float16 else None
         self.peer = peer
+        self.device = dev
         if peer == "checkpoint_sequential":
             self.fns = segment_functions(self.twin)
             self.segments = segments or max(1, round(math.sqrt(len(self.fns))))
@@ -208,16 +237,23 @@ class TorchStep:
     def __call__(self) -> float:
         torch = self.torch
         self.opt.zero_grad(set_to_none=True)
-        if self.peer == "plain":
-            loss = plain_loss(self.twin, self.x, self.y)
-        else:
+        if self.peer == "checkpoint_sequential":
             from torch.utils.checkpoint import checkpoint_sequential
 
             logits = checkpoint_sequential(self.fns, self.segments, self.x, use_reentrant=False)
             loss = torch.nn.functional.cross_entropy(logits, self.y)
-        loss.backward()
-        self.opt.step()
-        torch.cuda.synchronize()
+        else:
+            with torch.autocast(self.device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None):
+                loss = plain_loss(self.twin, self.x, self.y)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         return float(loss.detach())
 
 
@@ -301,30 +337,43 @@ def _free_gpu() -> None:
     torch.cuda.empty_cache()
 
 
+def workload(spec: RowSpec, **sizes):
+    """The row's network builder and one batch (x, y) from seed 0; `sizes` override the network's for tests."""
+    from minidl.models import build_model
+
+    rng = np.random.default_rng(0)
+    if spec.workload == "gpt2":   # dropout off: its masks differ between the frameworks
+        kw = {"size": "small", "seq": GPT2_SEQ, "dropout": 0.0} | sizes
+
+        def net():
+            return build_model("gpt2", batch=spec.batch, **kw)
+        vocab = net().logits_node.shape[-1]
+        tokens = rng.integers(0, vocab, (spec.batch, kw["seq"] + 1)).astype(np.int64)
+        return net, np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+    kw = {"depth": 50 if spec.workload == "resnet50" else 2500, "image_size": 224} | sizes
+
+    def net():
+        return build_model("resnet", batch=spec.batch, **kw)
+    n0 = net()
+    x = rng.standard_normal(n0.input_nodes[0].shape).astype(np.float32)
+    return net, x, rng.integers(0, n0.logits_node.shape[1], spec.batch).astype(np.int64)
+
+
 def run_row(spec: RowSpec, steps: int, warmup: int, rounds: int, segments: int | None, autotune: Path | None,
             device_name: str, log, graphs: bool = True) -> Row:
     import torch
 
-    from minidl.models import build_model
-
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = spec.math == "tf32"
     torch.backends.cudnn.benchmark = True
-    depth = 50 if spec.workload == "resnet50" else 2500
-
-    def net():
-        return build_model("resnet", depth=depth, batch=spec.batch, image_size=224)
-
-    rng = np.random.default_rng(0)
+    net, x, y = workload(spec)
     n0 = net()
-    x = rng.standard_normal(n0.input_nodes[0].shape).astype(np.float32)
-    y = rng.integers(0, n0.logits_node.shape[1], spec.batch).astype(np.int64)
     ours, theirs = [], []
     total = torch.cuda.get_device_properties(0).total_memory
     m = MinidlStep(spec, net(), x, y, autotune, graphs)
     state = m.sess.executor.state_dict()   # minidl's initial weights: PyTorch starts from the same
-    together = spec.workload == "resnet50" and m.sess.plan.peak_bytes * 2.5 < total
+    together = spec.workload != "resnet2500" and m.sess.plan.peak_bytes * 2.5 < total
     if together:   # both resident: alternate step by step
-        t = TorchStep(n0, state, x, y, spec.peer, segments)
+        t = TorchStep(n0, state, x, y, spec.peer, segments, spec.math)
         torch.cuda.reset_peak_memory_stats()
         for k in range(warmup + steps):
             a, b = _timed(m), _timed(t)
@@ -345,7 +394,7 @@ def run_row(spec: RowSpec, steps: int, warmup: int, rounds: int, segments: int |
             m = None
             _free_gpu()
             torch.cuda.reset_peak_memory_stats()
-            t = TorchStep(n0, state, x, y, spec.peer, segments)
+            t = TorchStep(n0, state, x, y, spec.peer, segments, spec.math)
             theirs += [_timed(t) for _ in range(warmup + steps)][warmup:]
             torch_peak = max(torch_peak, torch.cuda.max_memory_allocated())
             del t
@@ -388,8 +437,9 @@ def markdown(rows: list[Row]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--only", nargs="*", choices=("resnet50", "resnet2500"), help="workloads to run (default all)")
-    ap.add_argument("--math", nargs="*", default=["fp32", "tf32"], choices=("fp32", "tf32"))
+    ap.add_argument("--only", nargs="*", choices=WORKLOADS, help="workloads to run (default all)")
+    ap.add_argument("--math", nargs="*", default=["fp32", "tf32"], choices=MATHS,
+                    help="math modes (bf16 and fp16 rows run against PyTorch AMP)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per side and round")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (the graph is captured in these)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds where the two sides cannot share the GPU")

@@ -89,3 +89,63 @@ def test_markdown_table_of_rows():
     md = b.markdown(rows)
     assert "| resnet50 | 32 | fp32 | 700MiB | plain | 0.0600 | 0.0450 | 1.33x | 1.20x |" in md
     assert "| 93% |" in md and "0.0550 (+10%)" in md
+
+
+def test_half_rows_run_against_pytorch_amp():
+    b = _bench()
+    rows = b.row_specs(None, ["bf16", "fp16"])
+    assert {(r.workload, r.batch, r.minidl, r.peer) for r in rows} == {
+        ("resnet50", 32, "liveness", "amp"), ("resnet50", 64, "liveness", "amp"),
+        ("gpt2", b.GPT2_BATCH, "liveness", "amp")}
+    assert {r.math for r in rows} == {"bf16", "fp16"} and len(rows) == 6
+    with pytest.raises(ValueError, match="'amp' runs in bf16 or fp16"):
+        net = build_model("resnet", depth=20, batch=2, image_size=8, in_channels=3, num_classes=10)
+        b.TorchStep(net, Session(net, SGD(lr=0.1), seed=0).executor.state_dict(), np.zeros((2, 3, 8, 8), np.float32),
+                    np.zeros(2, np.int64), "amp", None, "fp32", device="cpu")
+
+
+@pytest.mark.parametrize("math", ["bf16", "fp16"])
+def test_the_amp_peer_autocasts_on_the_cpu(math):
+    """PyTorch's side of a half row on the CPU: convolutions in the half dtype under autocast, channels_last
+    weights and input, float32 parameters updated (through a GradScaler in fp16)."""
+    b = _bench()
+    spec = b.RowSpec("resnet50", 2, math, "liveness", "amp")
+    net_of, x, y = b.workload(spec, depth=20, image_size=8)
+    net = net_of()
+    state = Session(net, SGD(lr=0.1), seed=0).executor.state_dict()
+    step = b.TorchStep(net, state, x, y, "amp", None, math, device="cpu")
+    assert step.x.is_contiguous(memory_format=torch.channels_last)
+    convs = [ps["weight"] for n, ps in step.twin.params.items() if ps.get("weight") is not None
+             and ps["weight"].dim() == 4]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    assert (step.scaler is not None) == (math == "fp16")
+    seen = []
+    real = torch.nn.functional.conv2d   # the twin is functional: conv2d is what autocast reaches
+
+    def conv2d(*a, **k):
+        out = real(*a, **k)
+        seen.append(out.dtype)
+        return out
+    torch.nn.functional.conv2d = conv2d
+    try:
+        before = convs[0].detach().clone()
+        loss = step()
+    finally:
+        torch.nn.functional.conv2d = real
+    assert np.isfinite(loss) and seen and set(seen) == {step.amp}
+    assert convs[0].dtype == torch.float32
+    moved = not torch.equal(convs[0].detach(), before)
+    # fp16: GradScaler's first scale (2**16) may overflow; then the step is skipped and the scale backs off
+    assert moved or (math == "fp16" and step.scaler.get_scale() < 2.0 ** 16)
+
+
+def test_the_amp_peer_runs_gpt2_with_tied_weights_on_the_cpu():
+    b = _bench()
+    spec = b.RowSpec("gpt2", 2, "bf16", "liveness", "amp")
+    net_of, x, y = b.workload(spec, layers=1, heads=2, width=16, seq=8)
+    net = net_of()
+    assert x.shape == y.shape == (2, 8) and x.dtype == np.int64
+    state = Session(net, SGD(lr=0.1), seed=0).executor.state_dict()
+    step = b.TorchStep(net, state, x, y, "amp", None, "bf16", device="cpu")
+    assert any(step.twin.tied.values())   # the head reads the embedding's table
+    assert np.isfinite(step())

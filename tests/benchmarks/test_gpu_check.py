@@ -26,27 +26,28 @@ def _bench():
 
 def test_the_parts_fit_the_eight_minutes_with_their_setup():
     b = _bench()
-    assert [p.name for p in b.PARTS] == ["correctness", "startup", "speed", "memory", "superneurons", "profile"]
+    assert [p.name for p in b.PARTS] == ["correctness", "startup", "speed", "half", "memory", "superneurons",
+                                         "profile"]
     assert sum(p.cap_s for p in b.PARTS) <= b.BUDGET_S <= 8 * 60 - 30
 
 
-def test_the_fake_check_runs_every_part_into_at_most_eight_files(tmp_path):
+def test_the_fake_check_runs_every_part_into_at_most_nine_files(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--work", str(work), "--fake"],
                        capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8, files
+    assert len(files) <= 9, files
     assert {"summary.json", "log.txt", "startup.json", "memory.json", "superneurons.json"} <= set(files)
     assert any(f.startswith("gpu_profile_") and f.endswith(".md") for f in files)
     s = json.loads((out / "summary.json").read_text())
     assert s["fake"] is True and s["setup"]["minidl"] == "importable"
     status = {p["part"]: p["status"] for p in s["parts"]}
-    assert status == {"correctness": "passed", "startup": "passed", "speed": "skipped", "memory": "passed",
-                      "superneurons": "passed", "profile": "passed"}
+    assert status == {"correctness": "passed", "startup": "passed", "speed": "skipped", "half": "skipped",
+                      "memory": "passed", "superneurons": "passed", "profile": "passed"}
     parts = {p["part"]: p for p in s["parts"]}
     assert parts["correctness"]["result"]["counts"] == {"passed": 2}
-    assert "no GPU" in parts["speed"]["result"]["skipped"]
+    assert "no GPU" in parts["speed"]["result"]["skipped"] and "no GPU" in parts["half"]["result"]["skipped"]
     startup = json.loads((out / "startup.json").read_text())
     for run in ("cold", "warm"):
         assert startup["runs"][run]["exit"] == 0 and startup["runs"][run]["startup_s"] > 0
@@ -58,6 +59,12 @@ def test_the_fake_check_runs_every_part_into_at_most_eight_files(tmp_path):
     assert len(sn["minidl"]["step_s"]) == 2
     log = (out / "log.txt").read_text()
     assert "===== profile: passed" in log and "gpu_vs_torch: needs a CUDA GPU" in log
+
+
+def test_the_half_part_runs_the_bf16_rows_against_pytorch_amp():
+    b = _bench()
+    args = b.SPEED_ROWS["half"]
+    assert args[args.index("--math") + 1:] == ["bf16"] and "gpt2" in args and "resnet50" in args
 
 
 def test_a_part_past_its_cap_is_killed_with_what_it_started_and_keeps_what_it_wrote(tmp_path):
