@@ -80,8 +80,13 @@ def _source_kernels(file: str) -> dict[str, list[tuple[str, str]]]:
 def _top_level_function_heads(src: str) -> list[str]:
     """Declaration text in front of every top-level ``{`` that opens a
     function body (preprocessor lines and comments removed)."""
-    src = "\n".join(line for line in _strip_comments(src).splitlines()
-                    if not line.lstrip().startswith("#"))
+    lines, directive = [], False
+    for line in _strip_comments(src).splitlines():  # drop preprocessor lines and their continuations
+        directive = directive or line.lstrip().startswith("#")
+        if not directive:
+            lines.append(line)
+        directive = directive and line.rstrip().endswith("\\")
+    src = "\n".join(lines)
     heads, depth, start = [], 0, 0
     for i, ch in enumerate(src):
         if ch == "{":
@@ -347,7 +352,8 @@ def test_registry_shape():
                     "softmax_xent_ignore_backward"},
         "seq.cu": {"layernorm_forward", "layernorm_forward_apply", "layernorm_backward_dx",
                    "layernorm_backward_partials", "layernorm_backward_params", "gelu_forward", "gelu_backward",
-                   "softmax_forward", "softmax_backward", "embedding_forward", "embedding_backward"},
+                   "softmax_forward", "softmax_backward", "embedding_forward", "embedding_backward",
+                   "position_embedding_forward", "position_embedding_backward"},
         "optim.cu": {"sgd_update", "adam_update", "sgd_update_dev", "adam_update_dev"},
         "compress.cu": {"sz_quantize", "sz_encode_blocks", "sz_gather_planes", "sz_decode_blocks",
                         "sz_scatter_outliers"},
@@ -360,8 +366,42 @@ def test_registry_shape():
                            "lrn_backward"},
     }
     for file, names in expected.items():
-        assert {s.name for s in ks.kernels_in_file(file)} == names
+        assert {s.name for s in ks.kernels_in_file(file) if not s.half} == names
     assert ks.source_path("sgd_update") == ks.KERNEL_DIR / "optim.cu"
+
+
+HALF_BLOCK = re.compile(r"// -+\n// Half storage.*?// End of half storage\.\n// -+\n", re.S)
+
+
+def test_half_storage_block_is_one_text():
+    """Every file with half forms carries the same conversions (NVRTC has no #include to share them)."""
+    blocks = {f: HALF_BLOCK.findall((KERNEL_SRC_DIR / f).read_text()) for f in CU_FILES}
+    with_halves = {s.file for s in ks.KERNELS.values() if s.half}
+    assert {f for f, b in blocks.items() if b} == with_halves == {"elementwise.cu", "loss.cu", "pool.cu", "seq.cu"}
+    assert all(len(b) == 1 for f, b in blocks.items() if f in with_halves)
+    assert len({b[0] for f, b in blocks.items() if f in with_halves}) == 1
+
+
+def test_half_forms_mirror_their_float32_kernel():
+    """<name>_bf16 / <name>_f16 take <name>'s arguments with float storage replaced by bf16 / f16 (and
+    softmax_xent_backward's dloss appended); every half type appears in its own forms only."""
+    halves = [s for s in ks.KERNELS.values() if s.half]
+    assert len(halves) == 70
+    for s in halves:
+        suffix = ks.HALF_SUFFIX[s.half]
+        assert s.name.endswith(suffix)
+        other = "f16" if s.half == "bf16" else "bf16"
+        assert not any(other in a.ctype.split("*")[0].split() for a in s.args), s.name
+        base = ks.KERNELS.get(s.name[: -len(suffix)])
+        if base is None:
+            assert s.name.startswith("round_copy"), s.name   # float32 -> half: no float32 form
+            continue
+        assert (base.file, base.launch) == (s.file, s.launch)
+        extra = s.args[base.nargs:]
+        assert [a.name for a in extra] == (["dloss"] if base.name == "softmax_xent_backward" else [])
+        for a, b in zip(s.args, base.args):
+            assert a.name == b.name and a.ctype in (b.ctype, b.ctype.replace("float", suffix[1:])), (s.name, a)
+        assert any(a.ctype != b.ctype for a, b in zip(s.args, base.args)), s.name
 
 
 def test_coerce_scalars():
