@@ -3,7 +3,8 @@
 Rules: importing needs neither cupy nor cuDNN (construction raises `CUDAUnavailable`). The budget is the arena, one
 raw `cudaMalloc`; outside it only `_SideBuffers`, handles and counted strays. Compute, offloads and prefetches run on
 a stream each, ordered by events. `CudnnGraphs` alone calls the cuDNN frontend; BN and ReLU may fall back
-(`fallbacks` says why), convolutions fail loudly. float32 data, int64 labels, else TypeError.
+(`fallbacks` says why), convolutions fail loudly. float32 data (in `--math bf16|fp16` also the mode's half
+storage: `halves`), int64 labels, else TypeError.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from ...core import startup
 from ...core.errors import MinidlError
 from ...core.user_cache import cache_folder, writable
 from ..base import Capabilities
-from . import cudnn_specs, launches, views
+from ..precision import HALF_DTYPES, precision
+from . import cudnn_specs, halves, launches, views
 from . import kernel_specs as ks
 from .conv import ConvOps
 from .copies import CopyOps, Transfer
@@ -267,7 +269,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     `count_stray_allocations`: count cupy allocations outside the arena."""
 
     capabilities = Capabilities(name="cuda", device="gpu", kernels=SEQUENCE_KERNELS, stream_copies=True,
-                                graph_capture=True, device_guard=True, paged_arena=True, host_link=True)
+                                graph_capture=True, device_guard=True, paged_arena=True, host_link=True,
+                                half_kernels=launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS)
 
     def __init__(self, device: int = 0, *, allow_tf32: bool = False, deterministic: bool = True,
                  max_plans: int = 8, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True,
@@ -342,16 +345,17 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
     @property
     def math(self) -> str:
-        """'tf32' when cuDNN may pick TF32 engines, else 'fp32'."""
-        return "tf32" if self.filters.allow_tf32 else "fp32"
+        """'tf32' when cuDNN may pick TF32 engines, the half mode ('bf16', 'fp16') when in one, else 'fp32'."""
+        return self.filters.half or ("tf32" if self.filters.allow_tf32 else "fp32")
 
     def set_math(self, math: str) -> None:
-        """Switch 'fp32' / 'tf32' before planning (the mode decides the engines, hence the workspace options)."""
-        from ..mathmode import check_math
-
-        tf32 = check_math(math) == "tf32"
+        """Switch 'fp32' / 'tf32' / 'bf16' / 'fp16' before planning (the mode decides the engines, hence the
+        workspace options); the half modes allow tensor-core engines on half inputs, float32 stays TF32-free."""
+        prec = precision(math)
+        tf32 = prec.mode == "tf32"
         changed = tf32 != self.filters.allow_tf32
-        self.filters = cudnn_specs.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
+        self.filters = cudnn_specs.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic,
+                                                 half=prec.mode if prec.half is not None else None)
         if changed and self._cublas_math is not None:
             self._cublas_math(tf32)
 
@@ -506,6 +510,29 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
                                 f"int64 labels)")
             if not a.flags.c_contiguous:
                 raise ValueError(f"{op}: {name} must be C-contiguous")
+
+    def _check_io(self, op: str, **arrays) -> str | None:
+        """Check device arrays `arrays` (None: absent) as one kernel's I/O: C-contiguous, all float32 or all the
+        math mode's half storage. Returns None for float32, else 'bf16' / 'fp16'."""
+        half = self.filters.half
+        allowed = (F32, halves.storage_dtype(HALF_DTYPES[half])) if half else (F32,)
+        first = None
+        for name, a in arrays.items():
+            if a is None:
+                continue
+            if not isinstance(a, self.cp.ndarray):
+                raise TypeError(f"{op}: {name} must be a cupy array on the device, got {type(a).__name__}")
+            if a.dtype not in allowed:
+                raise TypeError(f"{op}: {name} must be {' or '.join(map(str, allowed))} in --math {self.math}, "
+                                f"got {a.dtype}")
+            if first is None:
+                first = name, a
+            elif a.dtype != first[1].dtype:
+                raise TypeError(f"{op}: {name} is {a.dtype} but {first[0]} is {first[1].dtype}: a kernel's "
+                                f"arrays share one dtype")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{op}: {name} must be C-contiguous")
+        return None if first is None else halves.half_of(first[1])
 
     @staticmethod
     def _ptr(a) -> int:

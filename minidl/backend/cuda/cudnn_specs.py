@@ -83,16 +83,18 @@ def scalar_desc(name: str, dtype=np.float32) -> TensorDesc:
 
 @dataclass(slots=True, frozen=True)
 class EngineFilters:
-    """Which cuDNN engines a graph may use (part of its key): without `allow_tf32`, no TENSOR_CORE /
-    DOWN_CONVERT_INPUTS (TF32: ~1e-3 off); with `deterministic`, no NONDETERMINISTIC (atomics)."""
+    """Which cuDNN engines a graph may use (part of its key): without `allow_tf32`, no DOWN_CONVERT_INPUTS
+    (TF32: ~1e-3 off) and, but in a `half` mode ('bf16', 'fp16': tensor cores on half inputs, float32
+    accumulation), no TENSOR_CORE; with `deterministic`, no NONDETERMINISTIC (atomics)."""
 
     allow_tf32: bool = False
     deterministic: bool = True
+    half: str | None = None
 
     def numeric_notes(self) -> tuple[str, ...]:
         notes = []
         if not self.allow_tf32:
-            notes += ["TENSOR_CORE", "DOWN_CONVERT_INPUTS"]
+            notes += ["DOWN_CONVERT_INPUTS"] if self.half else ["TENSOR_CORE", "DOWN_CONVERT_INPUTS"]
         if self.deterministic:
             notes.append("NONDETERMINISTIC")
         return tuple(notes)
@@ -351,6 +353,9 @@ def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]],
         return pareto(cands)
     raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
 
+
+#: The layer kernels (`Layer.kernels()`) whose half forms run on cuDNN and cuBLAS here (`Capabilities.half_kernels`).
+HALF_KERNELS: frozenset[str] = frozenset()
 
 #: GPU name fragments -> simulator profile (minidl.memory.simulate.PROFILES), most specific first.
 _GPU_PROFILES = (("H100", "h100"), ("H200", "h100"), ("V100", "v100"), ("TITAN X", "titanx"),

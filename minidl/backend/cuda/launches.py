@@ -42,6 +42,9 @@ NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev"
 #: Kernels whose first (output) argument the host must zero before the launch (they add into it).
 ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward", "embedding_backward"})
 
+#: The layer kernels (`Layer.kernels()`) whose half forms these launches run (`Capabilities.half_kernels`).
+HALF_KERNELS: frozenset[str] = frozenset()
+
 
 def pack_launch(name: str, args: Sequence, work, limits: DeviceLimits = DeviceLimits()) -> KernelLaunch:
     """Coerce `args` to kernel `name`'s C types and compute its launch for `work`. Pointers must be arrays
