@@ -440,14 +440,18 @@ LAUNCH_CASES = {
     "softmax_backward": ((_f(6, 5), _f(6, 5), _f(6, 5), 0.25), lambda a: (*a[:3], 6, 5, 0.25), (6, 5)),
     "embedding_forward": ((_f(6, 4), _f(10, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10), 24),
     "embedding_backward": ((_f(10, 4), _f(2, 3, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10, 10), 40),
+    "position_embedding_forward": ((_f(2, 3, 4), _f(2, 3, 4), _f(5, 4)), lambda a: (*a, 2, 12), 24),
+    "position_embedding_backward": ((_f(5, 4), _f(2, 3, 4)), lambda a: (*a, 2, 12), 12),
 }
 
 
 def test_every_kernel_has_a_launcher_and_a_case():
-    assert set(launches.LAUNCHERS) == set(ks.KERNELS) == set(LAUNCH_CASES)
+    """A launcher per kernel and its forms (the half forms' cases: tests/backend/test_cuda_half_kernels.py)."""
+    assert set(launches.LAUNCHERS) == {s.base for s in ks.KERNELS.values()}
+    assert set(LAUNCH_CASES) == {name for name, s in ks.KERNELS.items() if not s.half}
 
 
-@pytest.mark.parametrize("name", sorted(ks.KERNELS))
+@pytest.mark.parametrize("name", sorted(LAUNCH_CASES))
 def test_launch_packing(name):
     args, expected, work = LAUNCH_CASES[name]
     launch = launches.LAUNCHERS[name](*args, limits=LIMITS)
@@ -512,7 +516,8 @@ def test_sgd_without_momentum_passes_null():
         launches.nonfinite_flag(flag, _f(3), 0)
     with pytest.raises(ValueError, match="uint64"):
         launches.dropout_forward_dev(_f(3), _f(3), 0.5, np.zeros(2, np.uint64))
-    assert launches.ZERO_OUTPUT_FIRST == {"maxpool2d_backward", "embedding_backward"}
+    assert launches.ZERO_OUTPUT_FIRST == {"maxpool2d_backward", "embedding_backward", "embedding_backward_bf16",
+                                          "embedding_backward_f16"}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -58,6 +58,9 @@ class CopyOps:
 
     @on_compute
     def fill(self, dst, value: float) -> None:
+        """dst = value (into bf16 storage as the bits of its rounding)."""
+        if halves.half_of(dst) == "bf16":
+            value = int(np.asarray(value, F32).astype(halves.BF16).view(np.uint16))
         dst.fill(value)
 
     @on_compute
@@ -78,14 +81,28 @@ class CopyOps:
 
     @on_compute
     def accumulate(self, dst, src) -> None:
-        if dst.dtype == F32 and src.dtype == F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
+        """dst += src; half storage by the kernel's half form (summed in float32, rounded once)."""
+        if halves.half_of(dst) is not None or halves.half_of(src) is not None:
+            self._check_io("accumulate", dst=dst, src=src)
+            self._launch(launches.accumulate(dst, src, self.limits))
+        elif dst.dtype == F32 and src.dtype == F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
             self._launch(launches.accumulate(dst, src, self.limits))
         else:
             self.cp.add(dst, src, out=dst)
 
     @on_compute
     def copy(self, dst, src) -> None:
+        """dst = src; a float32 `src` into half storage rounds to nearest even (a weight copy's refresh)."""
+        if halves.half_of(dst) is not None and src.dtype == F32:
+            self._check_io("copy", dst=dst)
+            self._check("copy", src=src)
+            self._launch(launches.round_copy(dst, src, self.limits))
+            return
+        if dst.dtype != src.dtype and (halves.half_of(dst) or halves.half_of(src)):
+            raise TypeError(f"copy: {src.dtype} into {dst.dtype}: half storage is copied from its own dtype or "
+                            f"rounded from float32")
         self.cp.copyto(dst, src)
+
     # -- copies between pinned host buffers and device views
     def _upload(self, dst, src: np.ndarray, stream) -> None:
         """Pinned `src` -> `dst` on `stream` by cudaMemcpyAsync: cupy's `set` refuses a capturing stream."""

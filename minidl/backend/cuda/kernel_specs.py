@@ -88,6 +88,11 @@ class KernelSpec:
     half: str = ""       # "bf16" / "fp16": a half form's storage ("" for float32)
 
     @property
+    def base(self) -> str:
+        """The kernel's name without its half suffix (``relu_forward`` for ``relu_forward_bf16``)."""
+        return self.name[: -len(HALF_SUFFIX[self.half])] if self.half else self.name
+
+    @property
     def nargs(self) -> int:
         return len(self.args)
 

@@ -1,5 +1,5 @@
 """The CUDA backend's normalizations: batch norm (cuDNN graphs, cupy kernels from `NORM_KERNELS` as the
-fallback when cuDNN has no engine) and LRN (kernels/elementwise.cu)."""
+fallback when cuDNN has no engine) and LRN (kernels/elementwise.cu, float32 or half storage)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,12 +19,12 @@ class NormOps:
     # -- LRN (kernels/elementwise.cu)
     @on_compute
     def lrn_forward(self, x, y, size: int, alpha: float, beta: float, k: float) -> None:
-        self._check("lrn_forward", x=x, y=y)
+        self._check_io("lrn_forward", x=x, y=y)
         self._launch(launches.lrn_forward(y, x, size, alpha, beta, k, self.limits))
 
     @on_compute
     def lrn_backward(self, x, y, dy, dx, size: int, alpha: float, beta: float, k: float) -> None:
-        self._check("lrn_backward", x=x, y=y, dy=dy, dx=dx)
+        self._check_io("lrn_backward", x=x, y=y, dy=dy, dx=dx)
         self._launch(launches.lrn_backward(dx, x, y, dy, size, alpha, beta, k, self.limits))
 
     # -- batch normalization (cuDNN graphs, cupy kernels as the fallback)

@@ -1,7 +1,9 @@
 """The CUDA backend's sequence-model kernels, the CPU's `cpu/seq.py` family with its signatures.
 
 Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. Rules: attention's backward
-rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically. Not cuDNN's SDPA:
+rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically; the kernels take float32
+or the mode's half storage for activations and deltas (`_check_io`), float32 for weights, statistics and their
+gradients; the products and attention float32 only. Not cuDNN's SDPA:
 fp16/bf16/fp8 only, and it never returns P. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
@@ -24,7 +26,8 @@ class SequenceOps:
     @on_compute
     def layernorm_forward(self, x, w, b, y, mean, rstd, eps: float) -> None:
         """y = (x - mean) * rstd * w + b per row; mean and rstd (R,) saved where given."""
-        self._check("layernorm_forward", x=x, w=w, b=b, y=y, mean=mean, rstd=rstd)
+        self._check_io("layernorm_forward", x=x, y=y)
+        self._check("layernorm_forward", w=w, b=b, mean=mean, rstd=rstd)
         if mean is None:
             mean = self.side.get("ln_mean", (x.shape[0],), np.float32)
             rstd = self.side.get("ln_rstd", (x.shape[0],), np.float32)
@@ -33,14 +36,16 @@ class SequenceOps:
     @on_compute
     def layernorm_forward_apply(self, x, w, b, mean, rstd, y) -> None:
         """y from the saved statistics, the training forward's operations in order."""
-        self._check("layernorm_forward_apply", x=x, w=w, b=b, mean=mean, rstd=rstd, y=y)
+        self._check_io("layernorm_forward_apply", x=x, y=y)
+        self._check("layernorm_forward_apply", w=w, b=b, mean=mean, rstd=rstd)
         self._launch(launches.layernorm_forward_apply(y, x, w, b, mean, rstd, self.limits))
 
     @on_compute
     def layernorm_backward(self, x, w, dy, mean, rstd, dx, dw, db) -> None:
         """dx per row; dw, db column sums in float64, by chunks of rows then over the
         chunks, each in a fixed order (`launches.layernorm_chunks`)."""
-        self._check("layernorm_backward", x=x, w=w, dy=dy, mean=mean, rstd=rstd, dx=dx, dw=dw, db=db)
+        self._check_io("layernorm_backward", x=x, dy=dy, dx=dx)
+        self._check("layernorm_backward", w=w, mean=mean, rstd=rstd, dw=dw, db=db)
         if dw is not None or db is not None:
             r, c = x.shape
             _, n = launches.layernorm_chunks(r)
@@ -54,55 +59,58 @@ class SequenceOps:
     # -- GELU
     @on_compute
     def gelu_forward(self, x, y, approximate: str) -> None:
-        self._check("gelu_forward", x=x, y=y)
+        self._check_io("gelu_forward", x=x, y=y)
         self._launch(launches.gelu_forward(y, x, approximate, self.limits))
 
     @on_compute
     def gelu_backward(self, x, dy, dx, approximate: str) -> None:
-        self._check("gelu_backward", x=x, dy=dy, dx=dx)
+        self._check_io("gelu_backward", x=x, dy=dy, dx=dx)
         self._launch(launches.gelu_backward(dx, x, dy, approximate, self.limits))
 
     # -- embeddings
     @on_compute
     def embedding_forward(self, idx, w, y) -> None:
-        self._check("embedding_forward", w=w, y=y)
+        self._check_io("embedding_forward", y=y)
+        self._check("embedding_forward", w=w)
         self._check("embedding_forward", I64, idx=idx)
         self._launch(launches.embedding_forward(y, w, idx, self.limits))
 
     @on_compute
     def embedding_backward(self, idx, dy, dw) -> None:
         """dw[v] = the sum of dy[r] over rows with idx[r] == v, in row order."""
-        self._check("embedding_backward", dy=dy, dw=dw)
+        self._check_io("embedding_backward", dy=dy)
+        self._check("embedding_backward", dw=dw)
         self._check("embedding_backward", I64, idx=idx)
         dw.fill(0)  # the kernel adds into it (launches.ZERO_OUTPUT_FIRST)
         self._launch(launches.embedding_backward(dw, dy, idx, self.limits))
 
     @on_compute
     def position_embedding_forward(self, x, w, y) -> None:
-        self._check("position_embedding_forward", x=x, w=w, y=y)
-        self.cp.add(x, w[:x.shape[1]], out=y)
+        self._check_io("position_embedding_forward", x=x, y=y)
+        self._check("position_embedding_forward", w=w)
+        self._launch(launches.position_embedding_forward(y, x, w, self.limits))
 
     @on_compute
     def position_embedding_backward(self, dy, dx, dw) -> None:
-        """dx = dy; dw[t] = the sum over the batch of dy[:, t]."""
-        self._check("position_embedding_backward", dy=dy, dx=dx, dw=dw)
+        """dx = dy; dw[t] = the sum over the batch of dy[:, t], in batch order (numpy's), zero past T."""
+        self._check_io("position_embedding_backward", dy=dy, dx=dx)
+        self._check("position_embedding_backward", dw=dw)
         if dx is not None:
             self.cp.copyto(dx, dy)
         if dw is not None:
-            t = dy.shape[1]
-            dw[t:] = 0
-            self.cp.sum(dy, axis=0, out=dw[:t])
+            dw[dy.shape[1]:] = 0
+            self._launch(launches.position_embedding_backward(dw, dy, self.limits))
 
     # -- softmax over the last axis
     @on_compute
     def softmax_forward(self, x, y) -> None:
-        self._check("softmax_forward", x=x, y=y)
+        self._check_io("softmax_forward", x=x, y=y)
         self._launch(launches.softmax_forward(y, x, 1.0, 0, self.limits))
 
     @on_compute
     def softmax_backward(self, y, dy, dx) -> None:
         """dx = y (dy - sum(dy y)) per row: reads the output only."""
-        self._check("softmax_backward", y=y, dy=dy, dx=dx)
+        self._check_io("softmax_backward", y=y, dy=dy, dx=dx)
         self._launch(launches.softmax_backward(dx, y, dy, 1.0, self.limits))
 
     # -- batched matrix product (cuBLAS)
@@ -187,7 +195,8 @@ class SequenceOps:
     def softmax_xent_ignore_forward(self, logits, labels, loss, ignore_index: int) -> None:
         """The mean loss over rows not `ignore_index` (NaN when all are, as
         PyTorch), on the device."""
-        self._check("softmax_xent_ignore_forward", logits=logits, loss=loss)
+        self._check_io("softmax_xent_ignore_forward", logits=logits)
+        self._check("softmax_xent_ignore_forward", loss=loss)
         self._check("softmax_xent_ignore_forward", I64, labels=labels)
         rows = self.side.get("xent_rows", (logits.shape[0],), np.float32)
         self._launch(launches.softmax_xent_ignore_forward(rows, logits, labels, ignore_index, self.limits))
@@ -197,7 +206,8 @@ class SequenceOps:
     def softmax_xent_ignore_backward(self, logits, labels, dloss, dlogits, ignore_index: int) -> None:
         """(softmax - one-hot) * dloss / count on rows not ignored, zeros
         elsewhere; no host round trip."""
-        self._check("softmax_xent_ignore_backward", logits=logits, dloss=dloss, dlogits=dlogits)
+        self._check_io("softmax_xent_ignore_backward", logits=logits, dlogits=dlogits)
+        self._check("softmax_xent_ignore_backward", dloss=dloss)
         self._check("softmax_xent_ignore_backward", I64, labels=labels)
         scale = self.side.get("xent_scale", (1,), np.float32)
         self._launch(launches.softmax_xent_ignore_scale(scale, dloss, labels, ignore_index, self.limits))
