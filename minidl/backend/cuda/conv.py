@@ -105,33 +105,34 @@ class ConvOps:
     # -- pooling (kernels/pool.cu)
     @on_compute
     def maxpool2d_forward(self, x, y, kernel, stride, padding, dilation) -> None:
-        self._check("maxpool2d_forward", x=x, y=y)
+        self._check_io("maxpool2d_forward", x=x, y=y)
         self._launch(launches.maxpool2d_forward(y, x, kernel, stride, padding, dilation, self.limits))
 
     @on_compute
     def maxpool2d_backward(self, x, dy, dx, kernel, stride, padding, dilation) -> None:
-        self._check("maxpool2d_backward", x=x, dy=dy, dx=dx)
+        self._check_io("maxpool2d_backward", x=x, dy=dy, dx=dx)
         launch = launches.maxpool2d_backward(dx, dy, x, kernel, stride, padding, dilation, self.limits)
-        dx.fill(0)  # the kernel scatters with atomicAdd (launches.ZERO_OUTPUT_FIRST)
+        if launch.name in launches.ZERO_OUTPUT_FIRST:
+            dx.fill(0)  # float32 scatters with atomicAdd; the half forms gather
         self._launch(launch)
 
     @on_compute
     def avgpool2d_forward(self, x, y, kernel, stride, padding, count_include_pad: bool) -> None:
-        self._check("avgpool2d_forward", x=x, y=y)
+        self._check_io("avgpool2d_forward", x=x, y=y)
         self._launch(launches.avgpool2d_forward(y, x, kernel, stride, padding, count_include_pad, 0, self.limits))
 
     @on_compute
     def avgpool2d_backward(self, dy, dx, kernel, stride, padding, count_include_pad: bool) -> None:
-        self._check("avgpool2d_backward", dy=dy, dx=dx)
+        self._check_io("avgpool2d_backward", dy=dy, dx=dx)
         self._launch(launches.avgpool2d_backward(dx, dy, kernel, stride, padding, count_include_pad, 0,
                                                self.limits))
 
     @on_compute
     def global_avgpool_forward(self, x, y) -> None:
-        self._check("global_avgpool_forward", x=x, y=y)
+        self._check_io("global_avgpool_forward", x=x, y=y)
         self._launch(launches.global_avgpool_forward(y, x, self.limits))
 
     @on_compute
     def global_avgpool_backward(self, dy, dx) -> None:
-        self._check("global_avgpool_backward", dy=dy, dx=dx)
+        self._check_io("global_avgpool_backward", dy=dy, dx=dx)
         self._launch(launches.global_avgpool_backward(dx, dy, self.limits))
