@@ -128,27 +128,43 @@ extern "C" __global__ void accumulate_f16(f16* __restrict__ dst,
     accumulate_body(dst, src, n);
 }
 
-// out = x rounded to the half storage: a weight's half copy refreshed from
-// its float32 master after an update (the CPU's narrow_into).
-template <typename T>
-static __device__ void round_copy_body(T* __restrict__ out,
-                                       const float* __restrict__ x, long long n)
+// out = x converted between float32 and a half storage: rounded into the
+// half (a weight's half copy refreshed from its float32 master, as the
+// CPU's narrow_into), or widened exactly from it (an add of more than two
+// half inputs sums in float32 and rounds once, as the CPU).
+template <typename TO, typename FROM>
+static __device__ void convert_body(TO* __restrict__ out, const FROM* __restrict__ x,
+                                    long long n)
 {
-    GRID_STRIDE_LOOP(i, n) { store(out, i, x[i]); }
+    GRID_STRIDE_LOOP(i, n) { store(out, i, load(x, i)); }
 }
 
 extern "C" __global__ void round_copy_bf16(bf16* __restrict__ out,
                                            const float* __restrict__ x,
                                            long long n)
 {
-    round_copy_body(out, x, n);
+    convert_body(out, x, n);
 }
 
 extern "C" __global__ void round_copy_f16(f16* __restrict__ out,
                                           const float* __restrict__ x,
                                           long long n)
 {
-    round_copy_body(out, x, n);
+    convert_body(out, x, n);
+}
+
+extern "C" __global__ void widen_copy_bf16(float* __restrict__ out,
+                                           const bf16* __restrict__ x,
+                                           long long n)
+{
+    convert_body(out, x, n);
+}
+
+extern "C" __global__ void widen_copy_f16(float* __restrict__ out,
+                                          const f16* __restrict__ x,
+                                          long long n)
+{
+    convert_body(out, x, n);
 }
 
 // out = x * scale                                       (torch.mul by scalar)

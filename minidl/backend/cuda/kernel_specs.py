@@ -326,6 +326,11 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="n", half=half,
         doc=f"out = x rounded to {half}: a weight's half copy refreshed from its float32 master",
         torch_op="Tensor.copy_") for half, suffix in HALF_SUFFIX.items()),
+    *(KernelSpec(
+        "widen_copy" + suffix, "elementwise.cu", _args(f"float* out, const {_HALF_CTYPE[half]}* x, long long n"),
+        launch="elementwise", work="n", half=half,
+        doc=f"out = the {half} values of x in float32, exactly (an add of more than two half inputs)",
+        torch_op="Tensor.float") for half, suffix in HALF_SUFFIX.items()),
     KernelSpec(
         "scale_copy", "elementwise.cu",
         _args("float* out, const float* x, long long n, float scale"),

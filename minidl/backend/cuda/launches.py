@@ -149,6 +149,12 @@ def round_copy(out, x, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch(form("round_copy", out), (out, x, n), n, limits)
 
 
+def widen_copy(out, x, limits=DeviceLimits()) -> KernelLaunch:
+    """out (float32) = the half `x`'s values, exactly."""
+    n = _same_size("widen_copy", out, x)
+    return pack_launch(form("widen_copy", x), (out, x, n), n, limits)
+
+
 def accumulate(dst, src, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("accumulate", dst, src)
     return pack_launch(form("accumulate", dst, src), (dst, src, n), n, limits)
@@ -647,5 +653,5 @@ LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
         softmax_xent_ignore_backward, layernorm_forward, layernorm_forward_apply, layernorm_backward_dx,
         layernorm_backward_partials, layernorm_backward_params, gelu_forward, gelu_backward, softmax_forward,
         softmax_backward, embedding_forward, embedding_backward, position_embedding_forward,
-        position_embedding_backward, round_copy)
+        position_embedding_backward, round_copy, widen_copy)
 }

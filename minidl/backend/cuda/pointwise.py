@@ -3,6 +3,8 @@ a half mode), the joins (add, concat) and dropout (kernels/elementwise.cu, the c
 draws too). Each takes float32 or the mode's half storage, its arrays all one (`_check_io`)."""
 from __future__ import annotations
 
+import numpy as np
+
 from . import cudnn_specs, launches
 from .ops import on_compute
 
@@ -34,7 +36,16 @@ class PointwiseOps:
     # -- joins
     @on_compute
     def add_forward(self, xs: list, y) -> None:
-        self._check_io("add_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
+        half = self._check_io("add_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
+        if half is not None and len(xs) > 2:   # one rounding, as the CPU: the sum in float32, then y
+            acc = self.side.get("add_sum", y.shape, np.float32)
+            part = self.side.get("add_part", y.shape, np.float32)
+            self._launch(launches.widen_copy(acc, xs[0], self.limits))
+            for x in xs[1:]:
+                self._launch(launches.widen_copy(part, x, self.limits))
+                self._launch(launches.add_forward(acc, acc, part, self.limits))
+            self._launch(launches.round_copy(y, acc, self.limits))
+            return
         self._launch(launches.add_forward(y, xs[0], xs[1], self.limits))
         for x in xs[2:]:
             self._launch(launches.add_forward(y, y, x, self.limits))  # out may alias an input
