@@ -564,16 +564,19 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             self._norm = _NormKernels(self.cp)
         return self._norm
 
-    def _graph(self, key: cudnn_specs.GraphKey) -> BuiltGraph | None:
-        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`)."""
-        if key in self._unsupported:
-            return None
-        try:
-            return self.graphs.get(key)
-        except GraphUnsupported as e:
-            self._unsupported.add(key)
-            self.fallbacks[key.op] = one_line(str(e))
-            return None
+    def _graph(self, key: cudnn_specs.GraphKey, required: bool = False) -> BuiltGraph | None:
+        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`); `required`: there is
+        no fallback (half data), so GraphUnsupported instead of None."""
+        if key not in self._unsupported:
+            try:
+                return self.graphs.get(key)
+            except GraphUnsupported as e:
+                self._unsupported.add(key)
+                self.fallbacks[key.op] = one_line(str(e))
+        if required:
+            raise GraphUnsupported(f"{key.op} on {key.spec.dtype} data has no kernel but cuDNN's, which cannot run "
+                                   f"it here ({self.fallbacks[key.op]}); use --math fp32")
+        return None
 
     def _run_graph(self, built: BuiltGraph, arrays: dict[str, Any], scalars: dict[str, float] | None = None):
         """Run a small graph's (BN, ReLU) first plan with a side-buffer workspace."""

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import cudnn_specs, launches
-from .cudnn_graphs import GraphUnsupported
 from .ops import chan4, on_compute
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,13 +33,12 @@ class NormOps:
 
     # -- batch normalization (cuDNN graphs, cupy kernels as the fallback)
     def _bn_graph(self, op: str, spec: cudnn_specs.BNSpec) -> BuiltGraph | None:
-        """The graph of `op`, or None for the fallback kernels (float32 only: a half spec without a graph raises)."""
-        built = self._graph(spec.key(op, self.filters)) if self.use_cudnn_bn else None
-        if built is None and spec.dtype != "float32":
-            why = self.fallbacks.get(op, "use_cudnn_bn=False")
-            raise GraphUnsupported(f"batch norm ({op}) on {spec.dtype} data {spec.x} has no half kernel but cuDNN's, "
-                                   f"which cannot run it here ({why}); use --math fp32")
-        return built
+        """The graph of `op`, or None for the fallback kernels; half data has only the graph (the fallback kernels
+        are float32), whatever `use_cudnn_bn` says, and raises GraphUnsupported where cuDNN cannot run it."""
+        half = spec.dtype != "float32"
+        if not (self.use_cudnn_bn or half):
+            return None
+        return self._graph(spec.key(op, self.filters), required=half)
 
     def _affine(self, weight, bias, c: int):
         scale = weight if weight is not None else self._constant("ones", c, 1.0)
