@@ -3,6 +3,7 @@ copies that move the bits unchanged, the I/O check of a kernel's arrays, the mod
 No GPU: fakes of cupy stand in (the numerics run in gpu-marked tests)."""
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
 import ml_dtypes
@@ -382,3 +383,88 @@ def test_half_batchnorm_dispatch_and_refusals(mode, dt, cudnn_dt):
     refusal = rf"bn_train on {dt.name} data has no kernel but cuDNN's, which cannot run it here \(cuDNN cannot run "
     with pytest.raises(GraphUnsupported, match=refusal + r"bn_train: .*no engine.*use --math fp32"):
         no_bn.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
+
+
+# -- products: cublasGemmEx on half storage, float32 accumulation
+
+class FakeCublasLib:
+    """cupy_backends' cuBLAS bindings as the half products call them: `gemmEx` (column-major, positional, as bound
+    in cupy_backends/cuda/libs/cublas.pyx) computed by numpy over the host arrays its pointers address; each call
+    recorded."""
+
+    TYPES = {0: np.dtype(np.float32), 2: np.dtype(np.float16), 14: np.dtype(np.uint16)}
+
+    def __init__(self):
+        self.arrays, self.calls, self.modes = {}, [], []
+
+    def register(self, *arrays):
+        for a in arrays:
+            self.arrays[a.ctypes.data] = a
+
+    def setPointerMode(self, handle, mode):
+        self.modes.append((handle, mode))
+
+    def gemmEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+               computeType, algo):
+        self.calls.append(dict(transa=transa, transb=transb, m=m, n=n, k=k, Atype=Atype, lda=lda, Btype=Btype,
+                               ldb=ldb, Ctype=Ctype, ldc=ldc, computeType=computeType, algo=algo,
+                               alpha=ctypes.c_float.from_address(alpha).value,
+                               beta=ctypes.c_float.from_address(beta).value))
+
+        def col_major(ptr, typ, rows, cols, ld):
+            a = self.arrays[ptr]
+            assert a.dtype == self.TYPES[typ] and a.size == rows * cols and ld == rows
+            return a.reshape(-1).view(halves.host_dtype(a.dtype)).astype(np.float32).reshape(cols, rows).T
+
+        a = col_major(A, Atype, *((m, k) if transa == 0 else (k, m)), lda)
+        b = col_major(B, Btype, *((k, n) if transb == 0 else (n, k)), ldb)
+        a, b = (a if transa == 0 else a.T), (b if transb == 0 else b.T)
+        c = self.arrays[C]
+        out = np.float32(self.calls[-1]["alpha"]) * (a @ b) + np.float32(self.calls[-1]["beta"]) * \
+            col_major(C, Ctype, m, n, ldc)
+        with np.errstate(over="ignore"):
+            c.reshape(-1)[...] = out.T.reshape(-1).astype(halves.host_dtype(c.dtype)).view(c.dtype)
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
+    be = _half_backend(mode)
+    lib = FakeCublasLib()
+    be._cublas_ex = (lib, 77)
+    log = []
+    be._norm_kernels = lambda: _HalfNormKernels(log)
+    rng = np.random.default_rng(0)
+    x32, w32, b32 = (rng.standard_normal(s).astype(np.float32) for s in ((5, 2, 3), (4, 6), (4,)))
+    x, w, b = _as_device(x32, dt), _as_device(w32, dt), _as_device(b32, dt)
+    y = np.zeros((5, 4), dt)
+    lib.register(x, w, b, y)
+    be.linear_forward(x, w, b, y)
+    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
+    with np.errstate(over="ignore"):
+        want = (wide(x).reshape(5, 6) @ wide(w).T + wide(b)).astype(halves.host_dtype(dt))   # one rounding
+    assert y.view(halves.host_dtype(dt)).tobytes() == want.tobytes()
+    (call,) = lib.calls
+    t = {np.dtype(np.uint16): 14, np.dtype(np.float16): 2}[dt]
+    assert call == dict(transa=1, transb=0, m=4, n=5, k=6, Atype=t, lda=6, Btype=t, ldb=6, Ctype=t, ldc=4,
+                        computeType=68, algo=-1, alpha=1.0, beta=1.0)
+    assert lib.modes == [(77, 0)]
+    be.linear_forward(x, w, None, y)
+    assert lib.calls[-1]["beta"] == 0.0
+    lib.calls.clear()
+    dy = _as_device(rng.standard_normal((5, 4)).astype(np.float32), dt)
+    dx, dw, db = np.zeros(x.shape, dt), np.zeros((4, 6), np.float32), np.zeros(4, np.float32)
+    lib.register(dy, dx, dw)
+    be.linear_backward(x, w, dy, dx, dw, db)
+    dx_call, dw_call = lib.calls
+    assert dx_call == dict(transa=0, transb=0, m=6, n=5, k=4, Atype=t, lda=6, Btype=t, ldb=4, Ctype=t, ldc=6,
+                           computeType=68, algo=-1, alpha=1.0, beta=0.0)
+    assert dw_call == dict(transa=0, transb=1, m=6, n=4, k=5, Atype=t, lda=6, Btype=t, ldb=4, Ctype=0, ldc=6,
+                           computeType=68, algo=-1, alpha=1.0, beta=0.0)    # float32 C: the weight gradient
+    with np.errstate(over="ignore"):
+        assert dx.view(halves.host_dtype(dt)).tobytes() == \
+            (wide(dy) @ wide(w)).astype(halves.host_dtype(dt)).reshape(x.shape).tobytes()
+    np.testing.assert_array_equal(dw, wide(dy).T @ wide(x).reshape(5, 6))
+    assert log == [halves.variant("sum_f32", mode)]
+    np.testing.assert_array_equal(db, wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
+    with pytest.raises(TypeError, match=r"linear_backward: dw must be float32"):
+        be.linear_backward(x, w, dy, dx, np.zeros((4, 6), dt), None)
