@@ -14,7 +14,7 @@ from minidl.backend import get_backend
 from minidl.backend.cuda import cudnn_specs, halves, launches, views
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
 from minidl.backend.mathmode import apply_math, backend_math
-from minidl.backend.precision import HALF_DTYPES
+from minidl.backend.precision import HALF_DTYPES, check_half_kernels
 from tests.backend.test_cuda_host import (
     _DEVICE_ARRAYS,
     TABLES,
@@ -468,3 +468,35 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
     np.testing.assert_array_equal(db, wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
     with pytest.raises(TypeError, match=r"linear_backward: dw must be float32"):
         be.linear_backward(x, w, dy, dx, np.zeros((4, 6), dt), None)
+
+
+# -- what is wired
+
+def test_the_cudnn_half_kernels_are_layer_kernels_the_backend_runs():
+    from minidl import layers as L
+
+    layer_kernels = {k for layer in (L.Conv2d(4, 3), L.Linear(4), L.BatchNorm2d()) for k in layer.kernels()}
+    assert cudnn_specs.HALF_KERNELS <= layer_kernels
+    assert all(callable(getattr(CUDABackend, k)) for k in cudnn_specs.HALF_KERNELS)
+    assert cudnn_specs.HALF_KERNELS == {"conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward",
+                                        "batchnorm_forward_train", "batchnorm_forward_apply",
+                                        "batchnorm_forward_eval", "batchnorm_backward"}
+    check_half_kernels([L.Linear(4, name="fc")], CUDABackend, "bf16")     # a linear layer runs in half on CUDA
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_a_half_accumulating_backward_has_only_the_fused_add(mode, dt, cudnn_dt):
+    be = _half_backend(mode, FakeCudnn(plans=_table_by_op(TABLES), unsupported=lambda g: _op_of(g) == "conv_dgrad"
+                                       and any(op == "add" for op, _ in g.calls)))
+    x32, w32, y32, p = _conv_arrays()
+    conf = (p["stride"], p["padding"], p["dilation"], p["groups"])
+    with pytest.raises(GraphUnsupported, match=r"dgrad_add on .* data has no kernel but cuDNN's"):
+        be.conv_workspace_options("bwd", x32.shape, w32.shape, y32.shape, *conf, np.float16, accumulate=True)
+    f32 = _host_backend(FakeCudnn(plans=_table_by_op(TABLES), unsupported=lambda g: _op_of(g) == "conv_dgrad"
+                                  and any(op == "add" for op, _ in g.calls)))
+    opts = f32.conv_workspace_options("bwd", x32.shape, w32.shape, y32.shape, *conf, accumulate=True)
+    assert all(o.algo.endswith("+add") for o in opts)                    # float32 adds after instead
+    x, w, dy = _as_device(x32, dt), _as_device(w32, dt), np.zeros(y32.shape, dt)
+    with pytest.raises(ValueError, match=r"conv2d bwd: 'cudnn:d0w0\+add' adds dx after the data gradient"):
+        be.conv2d_backward(x, w, dy, np.zeros(x.shape, dt), None, None, *conf, "cudnn:d0w0+add",
+                           np.zeros(4096, np.uint8), accumulate=True)

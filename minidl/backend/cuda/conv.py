@@ -2,7 +2,8 @@
 option the planner chooses among) and pooling (kernels/pool.cu).
 
 A half convolution (`--math bf16|fp16`) runs half graphs: the forward adds its bias in the convolution's epilogue
-(`fprop_bias`, a zero bias where the layer has none) so y is rounded once; dgrad writes half dx, wgrad float32 dw.
+(`fprop_bias`, a zero bias where the layer has none) so y is rounded once; dgrad writes half dx (an accumulating one
+adds in its epilogue, `dgrad_add`: no `+add` route), wgrad float32 dw.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class ConvOps:
         if phase != "bwd":
             raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
         wgrad = self._conv_graph("wgrad", spec).plans
-        fused = self._graph(spec.key("dgrad_add", self.filters)) if accumulate else None
+        # a half delta has no `+add` route (its add would round dx twice): the fused graph or GraphUnsupported
+        fused = self._graph(spec.key("dgrad_add", self.filters), required=spec.half) if accumulate else None
         if fused is not None or not accumulate:
             return cudnn_specs.conv_options(phase, {"dgrad": (fused or self._conv_graph("dgrad", spec)).plans,
                                                     "wgrad": wgrad})
@@ -99,6 +101,9 @@ class ConvOps:
                                                 x.dtype)
         ws_ptr, ws_bytes = self._workspace("conv2d_backward", workspace)
         if dx is not None and accumulate and cudnn_specs.adds_after(algo):
+            if spec.half:
+                raise ValueError(f"conv2d bwd: {algo!r} adds dx after the data gradient, which a half delta has "
+                                 f"not (ask conv_workspace_options(accumulate=True) in this mode)")
             head = cudnn_specs.dx_scratch_bytes(dx.shape, dx.dtype)
             if ws_bytes < head:
                 raise ValueError(f"conv2d bwd: algorithm {algo!r} writes dx into its workspace: needs at least "

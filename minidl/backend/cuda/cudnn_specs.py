@@ -123,6 +123,14 @@ def dtype_name(dtype) -> str:
     return storage_dtype(dtype).name
 
 
+#: The layer kernels (`Layer.kernels()`) whose half forms run on cuDNN and cuBLAS (`Capabilities.half_kernels`):
+#: conv.py's, dense.py's and norm.py's graphs. BatchNorm2d's batchnorm_backward_eval and Conv2d's `accumulate` are
+#: kernels of their own (`launches.HALF_KERNELS` lists their half forms).
+HALF_KERNELS: frozenset[str] = frozenset({
+    "conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward", "batchnorm_forward_train",
+    "batchnorm_forward_apply", "batchnorm_forward_eval", "batchnorm_backward"})
+
+
 # -- convolution
 CONV_OPS = ("fprop", "fprop_bias", "dgrad", "wgrad", "dgrad_add")
 
@@ -375,9 +383,6 @@ def conv_options(phase: str, plans: Mapping[str, Sequence[PlanInfo]],
         return pareto(cands)
     raise ValueError(f"phase must be 'fwd' or 'bwd', got {phase!r}")
 
-
-#: The layer kernels (`Layer.kernels()`) whose half forms run on cuDNN and cuBLAS here (`Capabilities.half_kernels`).
-HALF_KERNELS: frozenset[str] = frozenset()
 
 #: GPU name fragments -> simulator profile (minidl.memory.simulate.PROFILES), most specific first.
 _GPU_PROFILES = (("H100", "h100"), ("H200", "h100"), ("V100", "v100"), ("TITAN X", "titanx"),
