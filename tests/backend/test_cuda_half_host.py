@@ -99,6 +99,10 @@ class _NullSync:
         pass
 
 
+class _PtrStream(_NullSync):
+    ptr = 0xC0
+
+
 @pytest.mark.parametrize("half", [BF16, np.dtype(np.float16)])
 def test_copy_in_rounds_as_numpy_and_to_host_gives_the_half_back(half):
     be = _copy_backend()
@@ -395,7 +399,8 @@ class FakeCublasLib:
     TYPES = {0: np.dtype(np.float32), 2: np.dtype(np.float16), 14: np.dtype(np.uint16)}
 
     def __init__(self):
-        self.arrays, self.calls, self.modes = {}, [], []
+        self.arrays, self.calls, self.modes, self.streams = {}, [], [], []
+        self.capturing = False
 
     def register(self, *arrays):
         for a in arrays:
@@ -403,6 +408,11 @@ class FakeCublasLib:
 
     def setPointerMode(self, handle, mode):
         self.modes.append((handle, mode))
+
+    def setStream(self, handle, stream):   # cupy refuses a capturing stream here, before any work is enqueued
+        if self.capturing:
+            raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+        self.streams.append((handle, stream))
 
     def gemmEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
                computeType, algo):
@@ -429,6 +439,7 @@ class FakeCublasLib:
 @pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
 def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
     be = _half_backend(mode)
+    be.compute = _PtrStream()
     lib = FakeCublasLib()
     be._cublas_ex = (lib, 77)
     log = []
@@ -447,7 +458,7 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
     t = {np.dtype(np.uint16): 14, np.dtype(np.float16): 2}[dt]
     assert call == dict(transa=1, transb=0, m=4, n=5, k=6, Atype=t, lda=6, Btype=t, ldb=6, Ctype=t, ldc=4,
                         computeType=68, algo=-1, alpha=1.0, beta=1.0)
-    assert lib.modes == [(77, 0)]
+    assert lib.modes == [(77, 0)] and lib.streams == [(77, 0xC0)]     # the compute stream, host scalars
     be.linear_forward(x, w, None, y)
     assert lib.calls[-1]["beta"] == 0.0
     lib.calls.clear()
@@ -468,6 +479,11 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
     np.testing.assert_array_equal(db, wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
     with pytest.raises(TypeError, match=r"linear_backward: dw must be float32"):
         be.linear_backward(x, w, dy, dx, np.zeros((4, 6), dt), None)
+    lib.capturing, y[...] = True, 0
+    with pytest.raises(be.CaptureUnsupported):
+        be.linear_forward(x, w, b, y)
+    assert not y.any()            # refused before the bias was copied in: the call runs eagerly, once
+
 
 
 # -- what is wired
