@@ -885,7 +885,8 @@ class HostEmulatedCUDA(CUDABackend):
         return EmulatedNormKernels()
 
 
-_NP = {"float32": np.float32, "float64": np.float64}     # parameter types: numpy names, as cupy parses them
+_NP = {"float32": np.float32, "float64": np.float64,     # parameter types: numpy names, as cupy parses them
+       "float16": np.float16, "uint16": np.uint16}
 _C_NP = {"float": np.float32, "double": np.float64}       # reduce_type: a C type, pasted verbatim by cupy
 
 
@@ -897,6 +898,7 @@ def _c_to_python(code: str) -> list[str]:
     out = []
     for stmt in filter(None, (s.strip() for s in code.split(";"))):
         stmt = re.sub(r"^(?:double|float)\s+", "", stmt)
+        stmt = re.sub(r"\(unsigned int\)\s*(\w+)", r"_uint(\1)", stmt)
         stmt = re.sub(r"\((double|float)\)\s*\(", lambda m: f"_{m.group(1)}(", stmt)
         stmt = re.sub(r"\((double|float)\)\s*(\w+)", lambda m: f"_{m.group(1)}({m.group(2)})", stmt)
         out.append(stmt)
@@ -904,7 +906,8 @@ def _c_to_python(code: str) -> list[str]:
 
 
 _CASTS = {"_double": lambda v: np.asarray(v, np.float64), "_float": lambda v: np.asarray(v, np.float32),
-          "sqrt": np.sqrt}
+          "sqrt": np.sqrt, "_uint": lambda v: np.asarray(v, np.uint32),
+          "__uint_as_float": lambda v: np.asarray(v, np.uint32).view(np.float32)}
 
 
 class _EmulatedKernel:
@@ -1156,7 +1159,7 @@ def test_kernel_dispatch():
 # The cupy-compiled fallback kernels (cuda.NORM_KERNELS) compile as CUDA C
 # ---------------------------------------------------------------------------------------------------------
 
-_CTYPES = {"float32": "float", "float64": "double"}
+_CTYPES = {"float32": "float", "float64": "double", "float16": "__half", "uint16": "unsigned short"}
 
 
 def _params(spec: str) -> list[tuple[str, str]]:
@@ -1198,7 +1201,7 @@ def test_fallback_kernels_compile(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found: cannot compile-check the fallback kernels")
-    src = "".join(_cupy_like_source(name, k) for name, k in NORM_KERNELS.items())
+    src = "#include <cuda_fp16.h>\n" + "".join(_cupy_like_source(name, k) for name, k in NORM_KERNELS.items())
     path = tmp_path / "norm_kernels.cu"
     path.write_text(src)
     r = subprocess.run([nvcc, "-arch=sm_75", "-Werror", "all-warnings", "-c", str(path), "-o",

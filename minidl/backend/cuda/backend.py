@@ -182,10 +182,16 @@ class ReductionSource:
     reduce_type: str
 
 
-#: Batch-norm fallback kernels: statistics in float64, mean then squared deviations (as the CPU backend).
+#: Batch-norm fallback kernels: statistics in float64, mean then squared deviations (as the CPU backend); the
+#: channel sums of bias gradients.
 NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
     "sum": ReductionSource("float32 x", "float64 s", "(double)x", "a + b", "s = a", "0", "double"),
     "sum_f32": ReductionSource("float32 x", "float32 s", "(double)x", "a + b", "s = (float)a", "0", "double"),
+    # its half forms (`halves.variant`): the bias gradients of half convolutions and products, read exactly
+    "sum_f32_bf16": ReductionSource("uint16 x", "float32 s", "(double)(__uint_as_float((unsigned int)x << 16))",
+                                    "a + b", "s = (float)a", "0", "double"),
+    "sum_f32_f16": ReductionSource("float16 x", "float32 s", "(double)((float)x)", "a + b", "s = (float)a", "0",
+                                   "double"),
     "sqdev": ReductionSource("float32 x, float32 m", "float64 s", "(double)(x - m) * (double)(x - m)", "a + b",
                              "s = a", "0", "double"),
     "dot": ReductionSource("float32 dy, float32 x, float32 m", "float64 s", "(double)dy * (double)(x - m)",
@@ -333,6 +339,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self._prev_allocator = None
         self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter)
         self._cublas_math: Callable[[bool], None] | None = None  # None: host tests
+        self._cublas_ex: tuple[Any, int] | None = None   # (cupy's cuBLAS bindings, handle): half products, lazily
         self.graph_scalars = None  # backend/scalars.StepScalars while a graph is captured
         _LIVE_BACKENDS.add(self)
 
@@ -557,16 +564,19 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             self._norm = _NormKernels(self.cp)
         return self._norm
 
-    def _graph(self, key: cudnn_specs.GraphKey) -> BuiltGraph | None:
-        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`)."""
-        if key in self._unsupported:
-            return None
-        try:
-            return self.graphs.get(key)
-        except GraphUnsupported as e:
-            self._unsupported.add(key)
-            self.fallbacks[key.op] = one_line(str(e))
-            return None
+    def _graph(self, key: cudnn_specs.GraphKey, required: bool = False) -> BuiltGraph | None:
+        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`); `required`: there is
+        no fallback (half data), so GraphUnsupported instead of None."""
+        if key not in self._unsupported:
+            try:
+                return self.graphs.get(key)
+            except GraphUnsupported as e:
+                self._unsupported.add(key)
+                self.fallbacks[key.op] = one_line(str(e))
+        if required:
+            raise GraphUnsupported(f"{key.op} on {key.spec.dtype} data has no kernel but cuDNN's, which cannot run "
+                                   f"it here ({self.fallbacks[key.op]}); use --math fp32")
+        return None
 
     def _run_graph(self, built: BuiltGraph, arrays: dict[str, Any], scalars: dict[str, float] | None = None):
         """Run a small graph's (BN, ReLU) first plan with a side-buffer workspace."""
@@ -583,11 +593,12 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             a = self._host_scalars[float(value)] = np.full((1, 1, 1, 1), value, np.float32)
         return a
 
-    def _constant(self, name: str, n: int, value: float):
-        """A cached device vector of `n` copies of `value`."""
-        key = f"{name}{n}"
-        buf = self.side.get(key, (n,), np.float32)
+    def _constant(self, name: str, n: int, value: float, dtype=F32):
+        """A cached device vector of `n` copies of `value` in device dtype `dtype` (bf16: its uint16 bits)."""
+        dt = np.dtype(dtype)
+        key = f"{name}{n}" if dt == F32 else f"{name}{n}_{dt.name}"
+        buf = self.side.get(key, (n,), dt)
         if key not in self._filled:
-            buf.fill(value)
+            buf.fill(np.asarray(value, halves.host_dtype(dt)).view(dt)[()])
             self._filled.add(key)
         return buf
