@@ -130,6 +130,10 @@ class _StrictCupy:
         self._refuse_halves(a, b, out)
         return np.multiply(a, b, out=out)
 
+    def matmul(self, a, b, out=None):
+        self._refuse_halves(a, b, out)
+        return np.matmul(a, b, out=out)
+
     @staticmethod
     def copyto(dst, src):
         assert dst.dtype == src.dtype, f"copyto from {src.dtype} into {dst.dtype}"
@@ -194,7 +198,16 @@ OPS = {
     "softmax_xent_backward": lambda be, a: be.softmax_xent_backward(a(6, 5), _lab(6), _f(), a(6, 5)),
     "softmax_xent_ignore_forward": lambda be, a: be.softmax_xent_ignore_forward(a(6, 5), _lab(6), _f(), 2),
     "softmax_xent_ignore_backward": lambda be, a: be.softmax_xent_ignore_backward(a(6, 5), _lab(6), _f(), a(6, 5), 2),
+    "matmul_forward": lambda be, a: be.matmul_forward(a(2, 3, 4), a(2, 5, 4).swapaxes(-1, -2), a(2, 3, 5)),
+    "matmul_backward": lambda be, a: be.matmul_backward(a(2, 3, 4), a(2, 4, 5), a(2, 3, 5), a(2, 3, 4),
+                                                        a(2, 5, 4).swapaxes(-1, -2)),
+    "attention_forward": lambda be, a: be.attention_forward(a(2, 2, 3, 4), a(2, 2, 3, 4), a(2, 2, 3, 4),
+                                                            a(2, 2, 3, 3), a(2, 2, 3, 4), 0.5, True),
+    "attention_backward": lambda be, a: be.attention_backward(*(a(2, 2, 3, 4) for _ in range(3)), None,
+                                                              *(a(2, 2, 3, 4) for _ in range(4)), 0.5, False),
 }
+#: Ops whose half path computes on float32 copies (widen_copy, then the float32 route, then round_copy).
+STAGED = {"matmul_forward", "matmul_backward", "attention_forward", "attention_backward"}
 
 
 def _launches(kernel: str, half: str | None) -> list:
@@ -230,7 +243,10 @@ def test_each_op_launches_the_form_of_its_storage(kernel):
         names = _launched(kernel, half)
         assert _half_wired(kernel, half), names
         bases = [ks.KERNELS[n].base for n in names]
-        assert f32 == FLOAT32_LAUNCHES.get(kernel, bases), (f32, bases)
+        if kernel in STAGED:
+            assert set(bases) == {"widen_copy", "round_copy", *f32}, (f32, bases)
+        else:
+            assert f32 == FLOAT32_LAUNCHES.get(kernel, bases), (f32, bases)
 
 
 def test_a_half_add_of_three_sums_in_float32_and_rounds_once():
@@ -299,6 +315,81 @@ def test_fill_writes_bf16_bits():
     b = np.zeros(3, np.float32)
     be.fill(b, 1.5)
     assert b.tolist() == [1.5] * 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The staged products and attention, emulated (numpy twins of the kernels) against the CPU's half
+# ---------------------------------------------------------------------------------------------------------
+
+class _EmulatedHalf(CUDABackend):
+    """The CUDA backend on numpy arrays, each launch run by its kernel's numpy twin (tests/backend/
+    test_cuda_sequence.py's), the conversions by ml_dtypes' casts (to nearest even)."""
+
+    def _launch(self, launch):
+        from tests.backend.test_cuda_sequence import KERNEL_TWINS, _unpack
+
+        spec = ks.KERNELS[launch.name]
+        out, x = launch.args[:2]
+        if spec.base == "widen_copy":
+            out[...] = x.view(HOST[spec.half]).astype(np.float32)
+        elif spec.base == "round_copy":
+            out[...] = x.astype(HOST[spec.half]).view(out.dtype)
+        else:
+            assert not spec.half, launch.name
+            KERNEL_TWINS[launch.name](*_unpack(launch))
+
+
+def _emulated(half):
+    from types import SimpleNamespace
+
+    fake = FakeCudnn()
+    cp = SimpleNamespace(ndarray=np.ndarray, copyto=np.copyto, matmul=np.matmul)
+    be = _EmulatedHalf.from_parts(cupy=cp, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
+                                  transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
+                                  limits=LIMITS, filters=cudnn_specs.EngineFilters())
+    be.set_math(half)
+    return be
+
+
+def _both_halves(half, op, make, outputs):
+    """`op` on the CPU backend's half arrays and on the emulated CUDA backend's storage: the outputs close."""
+    cpu, dev = make(), make()
+    getattr(CPUBackend(), op)(*cpu)
+    as_storage = [a.view(STORAGE[half]) if isinstance(a, np.ndarray) and a.dtype == HOST[half] else a for a in dev]
+    getattr(_emulated(half), op)(*as_storage)
+    for k in outputs:
+        _same(dev[k], cpu[k], False, half)
+
+
+@pytest.mark.parametrize("half", HALVES)
+@pytest.mark.parametrize("keep, causal", [(True, True), (False, False)])
+def test_staged_attention_matches_the_cpu_half(half, keep, causal):
+    def h(*shape, seed=0):
+        return _data(half, *shape, seed=seed)
+
+    def fwd():
+        return [h(2, 3, 5, 4), h(2, 3, 5, 4, seed=1), h(2, 3, 5, 4, seed=2),
+                h(2, 3, 5, 5, seed=3) if keep else None, h(2, 3, 5, 4, seed=4), 0.5, causal]
+    _both_halves(half, "attention_forward", fwd, (4, 3) if keep else (4,))
+
+    probs = np.empty((2, 3, 5, 5), HOST[half])
+    CPUBackend().attention_forward(*fwd()[:3], probs, h(2, 3, 5, 4), 0.5, causal)
+
+    def bwd():
+        return [h(2, 3, 5, 4), h(2, 3, 5, 4, seed=1), h(2, 3, 5, 4, seed=2), probs.copy() if keep else None,
+                h(2, 3, 5, 4, seed=5), *(h(2, 3, 5, 4, seed=6 + i) for i in range(3)), 0.5, causal]
+    _both_halves(half, "attention_backward", bwd, (5, 6, 7))
+
+
+@pytest.mark.parametrize("half", HALVES)
+def test_staged_matmul_matches_the_cpu_half(half):
+    def h(*shape, seed=0):
+        return _data(half, *shape, seed=seed)
+
+    _both_halves(half, "matmul_forward", lambda: [h(2, 3, 4), h(2, 5, 4, seed=1).swapaxes(-1, -2),
+                                                  h(2, 3, 5, seed=2)], (2,))
+    _both_halves(half, "matmul_backward", lambda: [h(2, 3, 4), h(2, 4, 5, seed=1), h(2, 3, 5, seed=2),
+                                                   h(2, 3, 4, seed=3), h(2, 5, 4, seed=4).swapaxes(-1, -2)], (3, 4))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -396,6 +487,11 @@ GPU_CASES = {
     "softmax_xent_forward": (lambda h, f: ("softmax_xent_forward", h(8, 11), _lab(8, 11), f()), (2,), False),
     "softmax_xent_backward": (lambda h, f: ("softmax_xent_backward", h(8, 11), _lab(8, 11), np.array(1.5, F32),
                                             h(8, 11, seed=1)), (3,), False),
+    "matmul_forward": (lambda h, f: ("matmul_forward", h(2, 7, 16), h(2, 16, 9, seed=1), h(2, 7, 9, seed=2)), (2,),
+                       False),
+    "attention_forward": (lambda h, f: ("attention_forward", h(2, 2, 8, 16), h(2, 2, 8, 16, seed=1),
+                                        h(2, 2, 8, 16, seed=2), h(2, 2, 8, 8, seed=3), h(2, 2, 8, 16, seed=4), 0.25,
+                                        True), (3, 4), False),
 }
 
 

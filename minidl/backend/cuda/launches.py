@@ -47,8 +47,9 @@ NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev"
 ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward", "embedding_backward", "embedding_backward_bf16",
                                "embedding_backward_f16"})
 
-#: The layer kernels (`Layer.kernels()`) whose CUDA ops launch only half forms of kernels/*.cu (or move half values
-#: unchanged) on half storage (`Capabilities.half_kernels`; tests/backend/test_cuda_half_kernels.py runs each).
+#: The layer kernels (`Layer.kernels()`) whose CUDA ops read and write half storage only through half forms of
+#: kernels/*.cu (products on their float32 copies) or copies of its bits (`Capabilities.half_kernels`;
+#: tests/backend/test_cuda_half_kernels.py runs each).
 HALF_KERNELS: frozenset[str] = frozenset({
     "relu_forward", "relu_backward", "gelu_forward", "gelu_backward", "softmax_forward", "softmax_backward",
     "dropout_forward", "dropout_backward", "add_forward", "accumulate", "copy", "concat_forward", "concat_backward",
@@ -56,7 +57,8 @@ HALF_KERNELS: frozenset[str] = frozenset({
     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward", "layernorm_forward",
     "layernorm_forward_apply", "layernorm_backward", "embedding_forward", "embedding_backward",
     "position_embedding_forward", "position_embedding_backward", "softmax_xent_forward", "softmax_xent_backward",
-    "softmax_xent_ignore_forward", "softmax_xent_ignore_backward"})
+    "softmax_xent_ignore_forward", "softmax_xent_ignore_backward", "matmul_forward", "matmul_backward",
+    "attention_forward", "attention_backward"})
 
 
 #: The dtype of the array behind each C pointer type (bf16 and f16: 16-bit storage, `halves`).
