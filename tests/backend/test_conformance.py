@@ -201,10 +201,8 @@ def test_conv2d_backward_adds_into_the_delta(backend, shape, cout, k, s, p, d, g
 # Batch normalization
 # ---------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 16, 7, 9), (8, 4, 1, 1), (1, 5, 30, 20)])
-@pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize("affine", [True, False])
-def test_batchnorm(backend, shape, training, affine):
+def _bn_case(shape, affine):
+    """x, dy and the parameters of a batch-norm test (seed 1)."""
     rng = np.random.default_rng(1)
     c = shape[1]
     x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
@@ -214,6 +212,14 @@ def test_batchnorm(backend, shape, training, affine):
     if affine:
         p["weight"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
         p["bias"] = rng.standard_normal(c).astype(np.float32)
+    return x, dy, p
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 16, 7, 9), (8, 4, 1, 1), (1, 5, 30, 20)])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batchnorm(backend, shape, training, affine):
+    x, dy, p = _bn_case(shape, affine)
     tx = _t(x)
     tw, tb = (_t(p["weight"]), _t(p["bias"])) if affine else (None, None)
     rm, rv = torch.tensor(p["running_mean"]), torch.tensor(p["running_var"])
@@ -515,15 +521,7 @@ def test_half_batchnorm_matches_the_cpus_half(half_device, shape, affine):
     """Training forward and backward, then the evaluation forward (the running statistics' backward is not a
     cuDNN graph)."""
     mode, dev = half_device
-    rng = np.random.default_rng(1)
-    c = shape[1]
-    x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    params = {"running_mean": rng.standard_normal(c).astype(np.float32),
-              "running_var": rng.uniform(0.5, 2.0, c).astype(np.float32)}
-    if affine:
-        params["weight"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
-        params["bias"] = rng.standard_normal(c).astype(np.float32)
+    x, dy, params = _bn_case(shape, affine)
     make = lambda: L.BatchNorm2d(affine=affine)  # noqa: E731
     ref, got = _half_runs(mode, make, [x], params, dy, dev)
     _half_close(got.out, ref.out, mode)
