@@ -5,7 +5,9 @@
 // point is `extern "C" __global__` so its symbol is not C++-mangled.
 //
 // Conventions shared by every minidl kernel file:
-//   * data is float32, labels are int64 (`long long`);
+//   * data is float32, labels are int64 (`long long`); a kernel with half
+//     forms takes bf16 or fp16 storage in its `_bf16` / `_f16` entry points
+//     (the block "Half storage" below);
 //   * outputs come first in the argument list, then inputs, then sizes, then
 //     scalar hyper-parameters;
 //   * sizes are `long long` and every kernel uses a grid-stride loop, so any
@@ -21,23 +23,148 @@
          i < (n); i += (long long)blockDim.x * gridDim.x)
 
 // ---------------------------------------------------------------------------
+// Half storage (this block is the same in every file with half forms:
+// tests/backend/test_kernels.py checks it). A bf16 or fp16 value travels as
+// its 16 bits; a kernel reads it into float32 exactly, computes in float32 as
+// its float32 form does, and rounds once when it stores: to nearest even,
+// fp16 overflowing to inf, a NaN staying a NaN (minidl/backend/precision.py,
+// the CPU's minidl/backend/cpu/half_jit.py). A kernel's body is a template on
+// its storage type; its entry points are <name> (float), <name>_bf16 and
+// <name>_f16.
+// ---------------------------------------------------------------------------
+struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
+
+static __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
+
+static __device__ __forceinline__ float load(const bf16* p, long long i)
+{
+    return __uint_as_float((unsigned int)p[i].bits << 16);
+}
+
+static __device__ __forceinline__ float load(const f16* p, long long i)
+{
+    float v;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(p[i].bits));
+    return v;
+}
+
+static __device__ __forceinline__ void store(float* p, long long i, float v) { p[i] = v; }
+
+static __device__ __forceinline__ void store(bf16* p, long long i, float v)
+{
+    const unsigned int u = __float_as_uint(v);
+    p[i].bits = (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)                        // NaN: quiet, sign kept
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest, ties to even
+}
+
+static __device__ __forceinline__ void store(f16* p, long long i, float v)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i].bits = h;
+}
+// ---------------------------------------------------------------------------
+// End of half storage.
+// ---------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------
 // Basic element-wise ops
 // ---------------------------------------------------------------------------
 
 // out = a + b                                         (torch.add, same shapes)
 // `out` may alias `a` or `b` (in-place add), hence no __restrict__.
+template <typename T>
+static __device__ void add_body(T* out, const T* a, const T* b, long long n)
+{
+    GRID_STRIDE_LOOP(i, n) { store(out, i, load(a, i) + load(b, i)); }
+}
+
 extern "C" __global__ void add_forward(float* out, const float* a,
                                        const float* b, long long n)
 {
-    GRID_STRIDE_LOOP(i, n) { out[i] = a[i] + b[i]; }
+    add_body(out, a, b, n);
+}
+
+extern "C" __global__ void add_forward_bf16(bf16* out, const bf16* a,
+                                            const bf16* b, long long n)
+{
+    add_body(out, a, b, n);
+}
+
+extern "C" __global__ void add_forward_f16(f16* out, const f16* a,
+                                           const f16* b, long long n)
+{
+    add_body(out, a, b, n);
 }
 
 // dst += src                     (Tensor.add_, used for gradient accumulation)
+template <typename T>
+static __device__ void accumulate_body(T* __restrict__ dst,
+                                       const T* __restrict__ src, long long n)
+{
+    GRID_STRIDE_LOOP(i, n) { store(dst, i, load(dst, i) + load(src, i)); }
+}
+
 extern "C" __global__ void accumulate(float* __restrict__ dst,
                                       const float* __restrict__ src,
                                       long long n)
 {
-    GRID_STRIDE_LOOP(i, n) { dst[i] += src[i]; }
+    accumulate_body(dst, src, n);
+}
+
+extern "C" __global__ void accumulate_bf16(bf16* __restrict__ dst,
+                                           const bf16* __restrict__ src,
+                                           long long n)
+{
+    accumulate_body(dst, src, n);
+}
+
+extern "C" __global__ void accumulate_f16(f16* __restrict__ dst,
+                                          const f16* __restrict__ src,
+                                          long long n)
+{
+    accumulate_body(dst, src, n);
+}
+
+// out = x converted between float32 and a half storage: rounded into the
+// half (a weight's half copy refreshed from its float32 master, as the
+// CPU's narrow_into), or widened exactly from it (an add of more than two
+// half inputs sums in float32 and rounds once, as the CPU).
+template <typename TO, typename FROM>
+static __device__ void convert_body(TO* __restrict__ out, const FROM* __restrict__ x,
+                                    long long n)
+{
+    GRID_STRIDE_LOOP(i, n) { store(out, i, load(x, i)); }
+}
+
+extern "C" __global__ void round_copy_bf16(bf16* __restrict__ out,
+                                           const float* __restrict__ x,
+                                           long long n)
+{
+    convert_body(out, x, n);
+}
+
+extern "C" __global__ void round_copy_f16(f16* __restrict__ out,
+                                          const float* __restrict__ x,
+                                          long long n)
+{
+    convert_body(out, x, n);
+}
+
+extern "C" __global__ void widen_copy_bf16(float* __restrict__ out,
+                                           const bf16* __restrict__ x,
+                                           long long n)
+{
+    convert_body(out, x, n);
+}
+
+extern "C" __global__ void widen_copy_f16(float* __restrict__ out,
+                                          const f16* __restrict__ x,
+                                          long long n)
+{
+    convert_body(out, x, n);
 }
 
 // out = x * scale                                       (torch.mul by scalar)
@@ -52,23 +179,58 @@ extern "C" __global__ void scale_copy(float* out, const float* x, long long n,
 // y = max(x, 0)                                                 (torch.relu)
 // Written as `x <= 0 ? 0 : x` so a NaN input stays NaN, like torch.relu.
 // `y` may alias `x` (in-place ReLU).
-extern "C" __global__ void relu_forward(float* y, const float* x, long long n)
+template <typename T>
+static __device__ void relu_forward_body(T* y, const T* x, long long n)
 {
     GRID_STRIDE_LOOP(i, n)
     {
-        const float v = x[i];
-        y[i] = (v <= 0.0f) ? 0.0f : v;
+        const float v = load(x, i);
+        store(y, i, (v <= 0.0f) ? 0.0f : v);
     }
+}
+
+extern "C" __global__ void relu_forward(float* y, const float* x, long long n)
+{
+    relu_forward_body(y, x, n);
+}
+
+extern "C" __global__ void relu_forward_bf16(bf16* y, const bf16* x, long long n)
+{
+    relu_forward_body(y, x, n);
+}
+
+extern "C" __global__ void relu_forward_f16(f16* y, const f16* x, long long n)
+{
+    relu_forward_body(y, x, n);
 }
 
 // dx = dy where y > 0, else 0       (torch threshold_backward(dy, y, 0), the
 // autograd formula of relu, which is expressed on the OUTPUT y). Like PyTorch
 // it is written `y <= 0 ? 0 : dy`, so a NaN y passes dy through.
 // `dx` may alias `dy`.
+template <typename T>
+static __device__ void relu_backward_body(T* dx, const T* __restrict__ y,
+                                          const T* dy, long long n)
+{
+    GRID_STRIDE_LOOP(i, n) { store(dx, i, (load(y, i) <= 0.0f) ? 0.0f : load(dy, i)); }
+}
+
 extern "C" __global__ void relu_backward(float* dx, const float* __restrict__ y,
                                          const float* dy, long long n)
 {
-    GRID_STRIDE_LOOP(i, n) { dx[i] = (y[i] <= 0.0f) ? 0.0f : dy[i]; }
+    relu_backward_body(dx, y, dy, n);
+}
+
+extern "C" __global__ void relu_backward_bf16(bf16* dx, const bf16* __restrict__ y,
+                                              const bf16* dy, long long n)
+{
+    relu_backward_body(dx, y, dy, n);
+}
+
+extern "C" __global__ void relu_backward_f16(f16* dx, const f16* __restrict__ y,
+                                             const f16* dy, long long n)
+{
+    relu_backward_body(dx, y, dy, n);
 }
 
 // ---------------------------------------------------------------------------
@@ -105,21 +267,32 @@ dropout_keep(unsigned long long key, long long i, unsigned int threshold24)
 
 // out = keep(i) ? x * scale : 0, the one loop every dropout entry point runs
 // (so the graph variants below give the same bits as the plain ones).
+template <typename T>
 static __device__ __forceinline__ void
-dropout_apply(float* out, const float* x, long long n, unsigned long long key,
+dropout_apply(T* out, const T* x, long long n, unsigned long long key,
               unsigned int threshold24, float scale)
 {
     GRID_STRIDE_LOOP(i, n)
     {
-        out[i] = dropout_keep(key, i, threshold24) ? x[i] * scale : 0.0f;
+        store(out, i, dropout_keep(key, i, threshold24) ? load(x, i) * scale : 0.0f);
     }
 }
 
 // out = keep(i) ? x * scale : 0.   `out` may alias `x`.
 extern "C" __global__ void dropout_forward(float* out, const float* x,
-                                           long long n, unsigned long long key,
-                                           unsigned int threshold24,
-                                           float scale)
+        long long n, unsigned long long key, unsigned int threshold24, float scale)
+{
+    dropout_apply(out, x, n, key, threshold24, scale);
+}
+
+extern "C" __global__ void dropout_forward_bf16(bf16* out, const bf16* x,
+        long long n, unsigned long long key, unsigned int threshold24, float scale)
+{
+    dropout_apply(out, x, n, key, threshold24, scale);
+}
+
+extern "C" __global__ void dropout_forward_f16(f16* out, const f16* x,
+        long long n, unsigned long long key, unsigned int threshold24, float scale)
 {
     dropout_apply(out, x, n, key, threshold24, scale);
 }
@@ -127,30 +300,58 @@ extern "C" __global__ void dropout_forward(float* out, const float* x,
 // dx = keep(i) ? dy * scale : 0 (same key/threshold as the forward pass).
 // `dx` may alias `dy`.
 extern "C" __global__ void dropout_backward(float* dx, const float* dy,
-                                            long long n, unsigned long long key,
-                                            unsigned int threshold24,
-                                            float scale)
+        long long n, unsigned long long key, unsigned int threshold24, float scale)
 {
     dropout_apply(dx, dy, n, key, threshold24, scale);
 }
 
-// The same two with the key read from device memory (`key[0]`): what a CUDA
+extern "C" __global__ void dropout_backward_bf16(bf16* dx, const bf16* dy,
+        long long n, unsigned long long key, unsigned int threshold24, float scale)
+{
+    dropout_apply(dx, dy, n, key, threshold24, scale);
+}
+
+extern "C" __global__ void dropout_backward_f16(f16* dx, const f16* dy,
+        long long n, unsigned long long key, unsigned int threshold24, float scale)
+{
+    dropout_apply(dx, dy, n, key, threshold24, scale);
+}
+
+// The same with the key read from device memory (`key[0]`): what a CUDA
 // graph replays (minidl/runtime/capture.py), since the key changes at every step and a
 // launch argument is fixed at capture. Same mask for the same key.
 extern "C" __global__ void dropout_forward_dev(float* out, const float* x,
-                                               long long n,
-                                               const unsigned long long* key,
-                                               unsigned int threshold24,
-                                               float scale)
+        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
+{
+    dropout_apply(out, x, n, key[0], threshold24, scale);
+}
+
+extern "C" __global__ void dropout_forward_dev_bf16(bf16* out, const bf16* x,
+        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
+{
+    dropout_apply(out, x, n, key[0], threshold24, scale);
+}
+
+extern "C" __global__ void dropout_forward_dev_f16(f16* out, const f16* x,
+        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
 {
     dropout_apply(out, x, n, key[0], threshold24, scale);
 }
 
 extern "C" __global__ void dropout_backward_dev(float* dx, const float* dy,
-                                                long long n,
-                                                const unsigned long long* key,
-                                                unsigned int threshold24,
-                                                float scale)
+        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
+{
+    dropout_apply(dx, dy, n, key[0], threshold24, scale);
+}
+
+extern "C" __global__ void dropout_backward_dev_bf16(bf16* dx, const bf16* dy,
+        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
+{
+    dropout_apply(dx, dy, n, key[0], threshold24, scale);
+}
+
+extern "C" __global__ void dropout_backward_dev_f16(f16* dx, const f16* dy,
+        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
 {
     dropout_apply(dx, dy, n, key[0], threshold24, scale);
 }
@@ -182,11 +383,10 @@ extern "C" __global__ void nonfinite_flag(int* flag, const float* x,
 // ---------------------------------------------------------------------------
 
 // out[n, c0 + c, s] = x[n, c, s]          (the host calls it once per input)
-extern "C" __global__ void concat_copy_forward(float* __restrict__ out,
-                                               const float* __restrict__ x,
-                                               long long N, long long Ci,
-                                               long long inner,
-                                               long long Ctotal, long long c0)
+template <typename T>
+static __device__ void concat_copy_forward_body(T* __restrict__ out, const T* __restrict__ x,
+                                                long long N, long long Ci, long long inner,
+                                                long long Ctotal, long long c0)
 {
     const long long per_sample = Ci * inner;
     GRID_STRIDE_LOOP(i, N * per_sample)
@@ -198,11 +398,10 @@ extern "C" __global__ void concat_copy_forward(float* __restrict__ out,
 }
 
 // dx[n, c, s] = dout[n, c0 + c, s]      (slice of the gradient; overwrites dx)
-extern "C" __global__ void concat_copy_backward(float* __restrict__ dx,
-                                                const float* __restrict__ dout,
-                                                long long N, long long Ci,
-                                                long long inner,
-                                                long long Ctotal, long long c0)
+template <typename T>
+static __device__ void concat_copy_backward_body(T* __restrict__ dx, const T* __restrict__ dout,
+                                                 long long N, long long Ci, long long inner,
+                                                 long long Ctotal, long long c0)
 {
     const long long per_sample = Ci * inner;
     GRID_STRIDE_LOOP(i, N * per_sample)
@@ -211,6 +410,49 @@ extern "C" __global__ void concat_copy_backward(float* __restrict__ dx,
         const long long r = i - n * per_sample;
         dx[i] = dout[(n * Ctotal + c0) * inner + r];
     }
+}
+
+// The concat copies move values unchanged (half values as their bits).
+extern "C" __global__ void concat_copy_forward(float* __restrict__ out,
+        const float* __restrict__ x, long long N, long long Ci, long long inner, long long Ctotal,
+        long long c0)
+{
+    concat_copy_forward_body(out, x, N, Ci, inner, Ctotal, c0);
+}
+
+extern "C" __global__ void concat_copy_forward_bf16(bf16* __restrict__ out,
+        const bf16* __restrict__ x, long long N, long long Ci, long long inner, long long Ctotal,
+        long long c0)
+{
+    concat_copy_forward_body(out, x, N, Ci, inner, Ctotal, c0);
+}
+
+extern "C" __global__ void concat_copy_forward_f16(f16* __restrict__ out,
+        const f16* __restrict__ x, long long N, long long Ci, long long inner, long long Ctotal,
+        long long c0)
+{
+    concat_copy_forward_body(out, x, N, Ci, inner, Ctotal, c0);
+}
+
+extern "C" __global__ void concat_copy_backward(float* __restrict__ dx,
+        const float* __restrict__ dout, long long N, long long Ci, long long inner, long long Ctotal,
+        long long c0)
+{
+    concat_copy_backward_body(dx, dout, N, Ci, inner, Ctotal, c0);
+}
+
+extern "C" __global__ void concat_copy_backward_bf16(bf16* __restrict__ dx,
+        const bf16* __restrict__ dout, long long N, long long Ci, long long inner, long long Ctotal,
+        long long c0)
+{
+    concat_copy_backward_body(dx, dout, N, Ci, inner, Ctotal, c0);
+}
+
+extern "C" __global__ void concat_copy_backward_f16(f16* __restrict__ dx,
+        const f16* __restrict__ dout, long long N, long long Ci, long long inner, long long Ctotal,
+        long long c0)
+{
+    concat_copy_backward_body(dx, dout, N, Ci, inner, Ctotal, c0);
 }
 
 // ---------------------------------------------------------------------------
@@ -226,8 +468,9 @@ extern "C" __global__ void concat_copy_backward(float* __restrict__ dx,
 
 // S[c] / size for the channel window of channel c at (n, s); `base` points at
 // x[n, 0, s].
+template <typename T>
 static __device__ __forceinline__ float
-lrn_window_mean_sq(const float* __restrict__ base, long long c, long long C,
+lrn_window_mean_sq(const T* __restrict__ base, long long c, long long C,
                    long long inner, int size)
 {
     long long lo = c - size / 2;
@@ -236,29 +479,49 @@ lrn_window_mean_sq(const float* __restrict__ base, long long c, long long C,
     if (hi > C - 1) hi = C - 1;
     float s = 0.0f;
     for (long long j = lo; j <= hi; ++j) {
-        const float v = base[j * inner];
+        const float v = load(base, j * inner);
         s += v * v;
     }
     return s / (float)size;
 }
 
 // y = x / (k + alpha * mean_window(x^2)) ^ beta
-extern "C" __global__ void lrn_forward(float* __restrict__ y,
-                                       const float* __restrict__ x,
-                                       long long N, long long C,
-                                       long long inner, int size, float alpha,
-                                       float beta, float k)
+template <typename T>
+static __device__ void lrn_forward_body(T* __restrict__ y, const T* __restrict__ x,
+                                        long long N, long long C, long long inner,
+                                        int size, float alpha, float beta, float k)
 {
     GRID_STRIDE_LOOP(i, N * C * inner)
     {
         const long long s = i % inner;
         const long long c = (i / inner) % C;
         const long long n = i / (C * inner);
-        const float* base = x + n * C * inner + s;
+        const T* base = x + n * C * inner + s;
         const float div =
             powf(lrn_window_mean_sq(base, c, C, inner, size) * alpha + k, beta);
-        y[i] = x[i] / div;
+        store(y, i, load(x, i) / div);
     }
+}
+
+extern "C" __global__ void lrn_forward(float* __restrict__ y,
+        const float* __restrict__ x, long long N, long long C, long long inner, int size,
+        float alpha, float beta, float k)
+{
+    lrn_forward_body(y, x, N, C, inner, size, alpha, beta, k);
+}
+
+extern "C" __global__ void lrn_forward_bf16(bf16* __restrict__ y,
+        const bf16* __restrict__ x, long long N, long long C, long long inner, int size,
+        float alpha, float beta, float k)
+{
+    lrn_forward_body(y, x, N, C, inner, size, alpha, beta, k);
+}
+
+extern "C" __global__ void lrn_forward_f16(f16* __restrict__ y,
+        const f16* __restrict__ x, long long N, long long C, long long inner, int size,
+        float alpha, float beta, float k)
+{
+    lrn_forward_body(y, x, N, C, inner, size, alpha, beta, k);
 }
 
 // Gradient of LocalResponseNorm (autograd of the PyTorch formula above).
@@ -267,13 +530,11 @@ extern "C" __global__ void lrn_forward(float* __restrict__ y,
 //             - 2 * alpha * beta / size * x[i] * sum_{c : i in win(c)} dy[c] * y[c] / d[c]
 // where i in win(c)  <=>  i - (size-1)/2 <= c <= i + size/2. d is recomputed
 // from x (O(size^2) reads per element, cached); y is the forward output.
-extern "C" __global__ void lrn_backward(float* __restrict__ dx,
-                                        const float* __restrict__ x,
-                                        const float* __restrict__ y,
-                                        const float* __restrict__ dy,
-                                        long long N, long long C,
-                                        long long inner, int size, float alpha,
-                                        float beta, float k)
+template <typename T>
+static __device__ void lrn_backward_body(T* __restrict__ dx, const T* __restrict__ x,
+                                         const T* __restrict__ y, const T* __restrict__ dy,
+                                         long long N, long long C, long long inner,
+                                         int size, float alpha, float beta, float k)
 {
     GRID_STRIDE_LOOP(i, N * C * inner)
     {
@@ -281,10 +542,10 @@ extern "C" __global__ void lrn_backward(float* __restrict__ dx,
         const long long c = (i / inner) % C;
         const long long n = i / (C * inner);
         const long long plane = n * C * inner + s;  // offset of [n, 0, s]
-        const float* xbase = x + plane;
+        const T* xbase = x + plane;
 
         const float d_self = lrn_window_mean_sq(xbase, c, C, inner, size) * alpha + k;
-        float grad = dy[i] * powf(d_self, -beta);
+        float grad = load(dy, i) * powf(d_self, -beta);
 
         long long lo = c - (size - 1) / 2;
         long long hi = c + size / 2;  // inclusive
@@ -294,9 +555,30 @@ extern "C" __global__ void lrn_backward(float* __restrict__ dx,
         for (long long cc = lo; cc <= hi; ++cc) {
             const float d = lrn_window_mean_sq(xbase, cc, C, inner, size) * alpha + k;
             const long long o = plane + cc * inner;
-            acc += dy[o] * y[o] / d;
+            acc += load(dy, o) * load(y, o) / d;
         }
-        grad -= 2.0f * alpha * beta / (float)size * x[i] * acc;
-        dx[i] = grad;
+        grad -= 2.0f * alpha * beta / (float)size * load(x, i) * acc;
+        store(dx, i, grad);
     }
+}
+
+extern "C" __global__ void lrn_backward(float* __restrict__ dx,
+        const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ dy,
+        long long N, long long C, long long inner, int size, float alpha, float beta, float k)
+{
+    lrn_backward_body(dx, x, y, dy, N, C, inner, size, alpha, beta, k);
+}
+
+extern "C" __global__ void lrn_backward_bf16(bf16* __restrict__ dx,
+        const bf16* __restrict__ x, const bf16* __restrict__ y, const bf16* __restrict__ dy,
+        long long N, long long C, long long inner, int size, float alpha, float beta, float k)
+{
+    lrn_backward_body(dx, x, y, dy, N, C, inner, size, alpha, beta, k);
+}
+
+extern "C" __global__ void lrn_backward_f16(f16* __restrict__ dx,
+        const f16* __restrict__ x, const f16* __restrict__ y, const f16* __restrict__ dy,
+        long long N, long long C, long long inner, int size, float alpha, float beta, float k)
+{
+    lrn_backward_body(dx, x, y, dy, N, C, inner, size, alpha, beta, k);
 }

@@ -1,7 +1,8 @@
 // minidl CUDA kernels: softmax cross-entropy loss.
 //
 // Mirrors torch.nn.functional.cross_entropy(logits, labels) for logits of
-// shape (N, K) (float32, contiguous) and class-index labels of shape (N,)
+// shape (N, K) (float32, or bf16 / fp16 in the `_bf16` / `_f16` forms; the
+// row losses are float32 in every form), contiguous, and class-index labels of shape (N,)
 // (int64), i.e. log_softmax followed by nll_loss, with reduction='none'
 // (softmax_xent_forward) or 'mean' (+ softmax_xent_mean).
 //
@@ -21,6 +22,53 @@
 // out of bounds. NaN logits propagate to the row's loss/gradient as well.
 
 #define LOSS_MAX_THREADS 1024
+
+// ---------------------------------------------------------------------------
+// Half storage (this block is the same in every file with half forms:
+// tests/backend/test_kernels.py checks it). A bf16 or fp16 value travels as
+// its 16 bits; a kernel reads it into float32 exactly, computes in float32 as
+// its float32 form does, and rounds once when it stores: to nearest even,
+// fp16 overflowing to inf, a NaN staying a NaN (minidl/backend/precision.py,
+// the CPU's minidl/backend/cpu/half_jit.py). A kernel's body is a template on
+// its storage type; its entry points are <name> (float), <name>_bf16 and
+// <name>_f16.
+// ---------------------------------------------------------------------------
+struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
+
+static __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
+
+static __device__ __forceinline__ float load(const bf16* p, long long i)
+{
+    return __uint_as_float((unsigned int)p[i].bits << 16);
+}
+
+static __device__ __forceinline__ float load(const f16* p, long long i)
+{
+    float v;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(p[i].bits));
+    return v;
+}
+
+static __device__ __forceinline__ void store(float* p, long long i, float v) { p[i] = v; }
+
+static __device__ __forceinline__ void store(bf16* p, long long i, float v)
+{
+    const unsigned int u = __float_as_uint(v);
+    p[i].bits = (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)                        // NaN: quiet, sign kept
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest, ties to even
+}
+
+static __device__ __forceinline__ void store(f16* p, long long i, float v)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i].bits = h;
+}
+// ---------------------------------------------------------------------------
+// End of half storage.
+// ---------------------------------------------------------------------------
 
 static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
 static __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
@@ -56,15 +104,16 @@ static __device__ float block_reduce(float v, float* smem)
 }
 
 // Row statistics of log_softmax: m = max_j x[j], log_s = log sum_j exp(x[j] - m).
-static __device__ void row_logsumexp(const float* xr, long long K, float* smem,
+template <typename T>
+static __device__ void row_logsumexp(const T* xr, long long K, float* smem,
                                      float* m_out, float* log_s_out)
 {
     float m = neg_inf_f();
-    for (long long j = threadIdx.x; j < K; j += blockDim.x) m = nan_max(m, xr[j]);
+    for (long long j = threadIdx.x; j < K; j += blockDim.x) m = nan_max(m, load(xr, j));
     m = block_reduce<true>(m, smem);
 
     float s = 0.0f;
-    for (long long j = threadIdx.x; j < K; j += blockDim.x) s += expf(xr[j] - m);
+    for (long long j = threadIdx.x; j < K; j += blockDim.x) s += expf(load(xr, j) - m);
     s = block_reduce<false>(s, smem);
 
     *m_out = m;
@@ -74,21 +123,38 @@ static __device__ void row_logsumexp(const float* xr, long long K, float* smem,
 // loss[r] = -log_softmax(logits[r])[labels[r]]
 //         = log(sum_j exp(x_j - m)) - (x_label - m),  m = max_j x_j
 // (F.cross_entropy(..., reduction='none')). NaN for an invalid label.
-extern "C" __global__ void softmax_xent_forward(float* __restrict__ loss,
-                                                const float* __restrict__ logits,
-                                                const long long* __restrict__ labels,
-                                                long long N, long long K)
+template <typename T>
+static __device__ void softmax_xent_forward_body(float* __restrict__ loss, const T* __restrict__ logits,
+                                                 const long long* __restrict__ labels, long long N, long long K)
 {
     __shared__ float smem[LOSS_MAX_THREADS];
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        const float* xr = logits + row * K;
+        const T* xr = logits + row * K;
         float m, log_s;
         row_logsumexp(xr, K, smem, &m, &log_s);
         if (threadIdx.x == 0) {
             const long long t = labels[row];
-            loss[row] = (t >= 0 && t < K) ? log_s - (xr[t] - m) : nan_f();
+            loss[row] = (t >= 0 && t < K) ? log_s - (load(xr, t) - m) : nan_f();
         }
     }
+}
+
+extern "C" __global__ void softmax_xent_forward(float* __restrict__ loss,
+        const float* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K)
+{
+    softmax_xent_forward_body(loss, logits, labels, N, K);
+}
+
+extern "C" __global__ void softmax_xent_forward_bf16(float* __restrict__ loss,
+        const bf16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K)
+{
+    softmax_xent_forward_body(loss, logits, labels, N, K);
+}
+
+extern "C" __global__ void softmax_xent_forward_f16(float* __restrict__ loss,
+        const f16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K)
+{
+    softmax_xent_forward_body(loss, logits, labels, N, K);
 }
 
 // out[0] = mean(loss[0:N])            (reduction='mean'; NaN when N == 0, as
@@ -111,25 +177,47 @@ extern "C" __global__ void softmax_xent_mean(float* __restrict__ out,
 // (dloss for 'sum'). softmax is computed as exp(x - m - log_s), like
 // PyTorch's log_softmax backward. A row with an invalid label gets NaN.
 // `dlogits` may alias `logits` (the row is fully read before it is written).
-extern "C" __global__ void softmax_xent_backward(float* dlogits,
-                                                 const float* logits,
-                                                 const long long* __restrict__ labels,
-                                                 long long N, long long K,
-                                                 float scale)
+// The half forms take the loss's float32 gradient `dloss` and multiply by it
+// before their one rounding: the float32 form's host multiplies afterwards.
+template <typename T>
+static __device__ void softmax_xent_backward_body(T* dlogits, const T* logits,
+                                                  const long long* __restrict__ labels, long long N,
+                                                  long long K, float scale, const float* dloss)
 {
     __shared__ float smem[LOSS_MAX_THREADS];
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        const float* xr = logits + row * K;
-        float* dr = dlogits + row * K;
+        const T* xr = logits + row * K;
+        T* dr = dlogits + row * K;
         float m, log_s;
         row_logsumexp(xr, K, smem, &m, &log_s);
         const long long t = labels[row];
         const bool valid = (t >= 0 && t < K);
         for (long long j = threadIdx.x; j < K; j += blockDim.x) {
-            const float p = expf((xr[j] - m) - log_s);
-            dr[j] = valid ? (p - (j == t ? 1.0f : 0.0f)) * scale : nan_f();
+            const float p = expf((load(xr, j) - m) - log_s);
+            const float g = valid ? (p - (j == t ? 1.0f : 0.0f)) * scale : nan_f();
+            store(dr, j, dloss ? g * dloss[0] : g);
         }
     }
+}
+
+extern "C" __global__ void softmax_xent_backward(float* dlogits, const float* logits,
+        const long long* __restrict__ labels, long long N, long long K, float scale)
+{
+    softmax_xent_backward_body(dlogits, logits, labels, N, K, scale, (const float*)0);
+}
+
+extern "C" __global__ void softmax_xent_backward_bf16(bf16* dlogits, const bf16* logits,
+        const long long* __restrict__ labels, long long N, long long K, float scale,
+        const float* __restrict__ dloss)
+{
+    softmax_xent_backward_body(dlogits, logits, labels, N, K, scale, dloss);
+}
+
+extern "C" __global__ void softmax_xent_backward_f16(f16* dlogits, const f16* logits,
+        const long long* __restrict__ labels, long long N, long long K, float scale,
+        const float* __restrict__ dloss)
+{
+    softmax_xent_backward_body(dlogits, logits, labels, N, K, scale, dloss);
 }
 
 // ---------------------------------------------------------------------------
@@ -150,11 +238,11 @@ static __device__ float count_kept(const long long* labels, long long N,
 
 // loss[r] = softmax_xent_forward's row loss, 0 for an ignored row (its label
 // is ignore_index); NaN for any other label outside [0, K).
-extern "C" __global__ void softmax_xent_ignore_forward(float* __restrict__ loss,
-                                                       const float* __restrict__ logits,
-                                                       const long long* __restrict__ labels,
-                                                       long long N, long long K,
-                                                       long long ignore_index)
+template <typename T>
+static __device__ void softmax_xent_ignore_forward_body(float* __restrict__ loss,
+                                                        const T* __restrict__ logits,
+                                                        const long long* __restrict__ labels,
+                                                        long long N, long long K, long long ignore_index)
 {
     __shared__ float smem[LOSS_MAX_THREADS];
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
@@ -163,11 +251,32 @@ extern "C" __global__ void softmax_xent_ignore_forward(float* __restrict__ loss,
             if (threadIdx.x == 0) loss[row] = 0.0f;
             continue;
         }
-        const float* xr = logits + row * K;
+        const T* xr = logits + row * K;
         float m, log_s;
         row_logsumexp(xr, K, smem, &m, &log_s);
-        if (threadIdx.x == 0) loss[row] = (t >= 0 && t < K) ? log_s - (xr[t] - m) : nan_f();
+        if (threadIdx.x == 0) loss[row] = (t >= 0 && t < K) ? log_s - (load(xr, t) - m) : nan_f();
     }
+}
+
+extern "C" __global__ void softmax_xent_ignore_forward(float* __restrict__ loss,
+        const float* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K,
+        long long ignore_index)
+{
+    softmax_xent_ignore_forward_body(loss, logits, labels, N, K, ignore_index);
+}
+
+extern "C" __global__ void softmax_xent_ignore_forward_bf16(float* __restrict__ loss,
+        const bf16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K,
+        long long ignore_index)
+{
+    softmax_xent_ignore_forward_body(loss, logits, labels, N, K, ignore_index);
+}
+
+extern "C" __global__ void softmax_xent_ignore_forward_f16(float* __restrict__ loss,
+        const f16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K,
+        long long ignore_index)
+{
+    softmax_xent_ignore_forward_body(loss, logits, labels, N, K, ignore_index);
 }
 
 // out[0] = sum(loss[:N]) / (rows not ignored). Single block, as
@@ -202,29 +311,49 @@ extern "C" __global__ void softmax_xent_ignore_scale(float* __restrict__ scale,
 // dlogits[r] = (softmax(logits[r]) - onehot(labels[r])) * scale[0], zeros
 // for an ignored row, NaN for any other invalid label. `dlogits` may alias
 // `logits`.
-extern "C" __global__ void softmax_xent_ignore_backward(float* dlogits,
-                                                        const float* logits,
-                                                        const long long* __restrict__ labels,
-                                                        const float* __restrict__ scale,
-                                                        long long N, long long K,
-                                                        long long ignore_index)
+template <typename T>
+static __device__ void softmax_xent_ignore_backward_body(T* dlogits, const T* logits,
+                                                         const long long* __restrict__ labels,
+                                                         const float* __restrict__ scale,
+                                                         long long N, long long K, long long ignore_index)
 {
     __shared__ float smem[LOSS_MAX_THREADS];
     const float sc = scale[0];
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        float* dr = dlogits + row * K;
+        T* dr = dlogits + row * K;
         const long long t = labels[row];
         if (t == ignore_index) {
-            for (long long j = threadIdx.x; j < K; j += blockDim.x) dr[j] = 0.0f;
+            for (long long j = threadIdx.x; j < K; j += blockDim.x) store(dr, j, 0.0f);
             continue;
         }
-        const float* xr = logits + row * K;
+        const T* xr = logits + row * K;
         float m, log_s;
         row_logsumexp(xr, K, smem, &m, &log_s);
         const bool valid = (t >= 0 && t < K);
         for (long long j = threadIdx.x; j < K; j += blockDim.x) {
-            const float p = expf((xr[j] - m) - log_s);
-            dr[j] = valid ? (p - (j == t ? 1.0f : 0.0f)) * sc : nan_f();
+            const float p = expf((load(xr, j) - m) - log_s);
+            store(dr, j, valid ? (p - (j == t ? 1.0f : 0.0f)) * sc : nan_f());
         }
     }
+}
+
+extern "C" __global__ void softmax_xent_ignore_backward(float* dlogits, const float* logits,
+        const long long* __restrict__ labels, const float* __restrict__ scale, long long N, long long K,
+        long long ignore_index)
+{
+    softmax_xent_ignore_backward_body(dlogits, logits, labels, scale, N, K, ignore_index);
+}
+
+extern "C" __global__ void softmax_xent_ignore_backward_bf16(bf16* dlogits, const bf16* logits,
+        const long long* __restrict__ labels, const float* __restrict__ scale, long long N, long long K,
+        long long ignore_index)
+{
+    softmax_xent_ignore_backward_body(dlogits, logits, labels, scale, N, K, ignore_index);
+}
+
+extern "C" __global__ void softmax_xent_ignore_backward_f16(f16* dlogits, const f16* logits,
+        const long long* __restrict__ labels, const float* __restrict__ scale, long long N, long long K,
+        long long ignore_index)
+{
+    softmax_xent_ignore_backward_body(dlogits, logits, labels, scale, N, K, ignore_index);
 }

@@ -1,4 +1,5 @@
-// minidl CUDA kernels: 2-D pooling on NCHW float32 tensors.
+// minidl CUDA kernels: 2-D pooling on NCHW float32 tensors (bf16 / fp16 in the
+// `_bf16` / `_f16` forms).
 //
 // Loaded with cupy.RawModule (NVRTC): device code only, no #include, every
 // entry point `extern "C" __global__`. See elementwise.cu for the shared
@@ -16,6 +17,53 @@
 static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
 
 // ---------------------------------------------------------------------------
+// Half storage (this block is the same in every file with half forms:
+// tests/backend/test_kernels.py checks it). A bf16 or fp16 value travels as
+// its 16 bits; a kernel reads it into float32 exactly, computes in float32 as
+// its float32 form does, and rounds once when it stores: to nearest even,
+// fp16 overflowing to inf, a NaN staying a NaN (minidl/backend/precision.py,
+// the CPU's minidl/backend/cpu/half_jit.py). A kernel's body is a template on
+// its storage type; its entry points are <name> (float), <name>_bf16 and
+// <name>_f16.
+// ---------------------------------------------------------------------------
+struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
+
+static __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
+
+static __device__ __forceinline__ float load(const bf16* p, long long i)
+{
+    return __uint_as_float((unsigned int)p[i].bits << 16);
+}
+
+static __device__ __forceinline__ float load(const f16* p, long long i)
+{
+    float v;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(p[i].bits));
+    return v;
+}
+
+static __device__ __forceinline__ void store(float* p, long long i, float v) { p[i] = v; }
+
+static __device__ __forceinline__ void store(bf16* p, long long i, float v)
+{
+    const unsigned int u = __float_as_uint(v);
+    p[i].bits = (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)                        // NaN: quiet, sign kept
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest, ties to even
+}
+
+static __device__ __forceinline__ void store(f16* p, long long i, float v)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i].bits = h;
+}
+// ---------------------------------------------------------------------------
+// End of half storage.
+// ---------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------
 // Max pooling (torch.nn.functional.max_pool2d)
 // ---------------------------------------------------------------------------
 
@@ -26,8 +74,9 @@ static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff
 // so the result is the FIRST maximum in row-major window order, and a NaN
 // wins (the last NaN, as in PyTorch). Returns -1 (and -inf) for a window with
 // no in-bounds element, which valid PyTorch parameters never produce.
+template <typename T>
 static __device__ __forceinline__ long long
-maxpool_window_argmax(const float* __restrict__ plane, long long H, long long W,
+maxpool_window_argmax(const T* __restrict__ plane, long long H, long long W,
                       long long oh, long long ow, int kh, int kw, int sh, int sw,
                       int ph, int pw, int dh, int dw, float* max_out)
 {
@@ -42,7 +91,7 @@ maxpool_window_argmax(const float* __restrict__ plane, long long H, long long W,
             const long long w = w0 + (long long)c * dw;
             if (w < 0 || w >= W) continue;
             const long long idx = h * W + w;
-            const float val = plane[idx];
+            const float val = load(plane, idx);
             if (best < 0) best = idx;  // first in-bounds position
             if (val > maxval || val != val) {
                 maxval = val;
@@ -56,13 +105,11 @@ maxpool_window_argmax(const float* __restrict__ plane, long long H, long long W,
 
 // y[n, c, oh, ow] = max over the (dilated) window, padding = -inf.
 // One thread per output element.
-extern "C" __global__ void maxpool2d_forward(float* __restrict__ y,
-                                             const float* __restrict__ x,
-                                             long long N, long long C,
-                                             long long H, long long W,
-                                             long long OH, long long OW,
-                                             int kh, int kw, int sh, int sw,
-                                             int ph, int pw, int dh, int dw)
+template <typename T>
+static __device__ void maxpool2d_forward_body(T* __restrict__ y, const T* __restrict__ x,
+                                              long long N, long long C, long long H, long long W,
+                                              long long OH, long long OW, int kh, int kw, int sh,
+                                              int sw, int ph, int pw, int dh, int dw)
 {
     GRID_STRIDE_LOOP(i, N * C * OH * OW)
     {
@@ -72,8 +119,29 @@ extern "C" __global__ void maxpool2d_forward(float* __restrict__ y,
         float m;
         maxpool_window_argmax(x + nc * H * W, H, W, oh, ow, kh, kw, sh, sw, ph,
                               pw, dh, dw, &m);
-        y[i] = m;
+        store(y, i, m);
     }
+}
+
+extern "C" __global__ void maxpool2d_forward(float* __restrict__ y,
+        const float* __restrict__ x, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
+{
+    maxpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
+extern "C" __global__ void maxpool2d_forward_bf16(bf16* __restrict__ y,
+        const bf16* __restrict__ x, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
+{
+    maxpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
+extern "C" __global__ void maxpool2d_forward_f16(f16* __restrict__ y,
+        const f16* __restrict__ x, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
+{
+    maxpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
 }
 
 // Backward of max_pool2d: dx[argmax(window)] += dy[n, c, oh, ow].
@@ -101,6 +169,58 @@ extern "C" __global__ void maxpool2d_backward(float* __restrict__ dx,
             x + nc * H * W, H, W, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, &m);
         if (idx >= 0) atomicAdd(dx + nc * H * W + idx, dy[i]);
     }
+}
+
+// The half forms of max_pool2d's backward GATHER (a half value cannot take an
+// atomic float32 sum): one thread per input element adds dy over the windows
+// whose argmax (the forward's rule, recomputed from x) it is, in row-major
+// output order, in float32, and stores once. Overwrites dx (no zeroing).
+template <typename T>
+static __device__ void maxpool2d_backward_gather(T* __restrict__ dx, const T* __restrict__ dy,
+                                                 const T* __restrict__ x, long long N, long long C,
+                                                 long long H, long long W, long long OH, long long OW,
+                                                 int kh, int kw, int sh, int sw, int ph, int pw,
+                                                 int dh, int dw)
+{
+    GRID_STRIDE_LOOP(i, N * C * H * W)
+    {
+        const long long w = i % W;
+        const long long h = (i / W) % H;
+        const long long nc = i / (W * H);
+        const long long idx = h * W + w;
+        const T* plane = x + nc * H * W;
+        float g = 0.0f;
+        for (int r = kh - 1; r >= 0; --r) {  // oh ascending
+            const long long oh_s = h + ph - (long long)r * dh;
+            if (oh_s < 0 || oh_s % sh != 0 || oh_s / sh >= OH) continue;
+            const long long oh = oh_s / sh;
+            for (int c = kw - 1; c >= 0; --c) {  // ow ascending
+                const long long ow_s = w + pw - (long long)c * dw;
+                if (ow_s < 0 || ow_s % sw != 0 || ow_s / sw >= OW) continue;
+                const long long ow = ow_s / sw;
+                float m;
+                if (maxpool_window_argmax(plane, H, W, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, &m) == idx)
+                    g += load(dy, (nc * OH + oh) * OW + ow);
+            }
+        }
+        store(dx, i, g);
+    }
+}
+
+extern "C" __global__ void maxpool2d_backward_bf16(bf16* __restrict__ dx,
+        const bf16* __restrict__ dy, const bf16* __restrict__ x, long long N, long long C,
+        long long H, long long W, long long OH, long long OW, int kh, int kw, int sh, int sw,
+        int ph, int pw, int dh, int dw)
+{
+    maxpool2d_backward_gather(dx, dy, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
+extern "C" __global__ void maxpool2d_backward_f16(f16* __restrict__ dx,
+        const f16* __restrict__ dy, const f16* __restrict__ x, long long N, long long C,
+        long long H, long long W, long long OH, long long OW, int kh, int kw, int sh, int sw,
+        int ph, int pw, int dh, int dw)
+{
+    maxpool2d_backward_gather(dx, dy, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
 }
 
 // ---------------------------------------------------------------------------
@@ -158,15 +278,12 @@ avgpool_window(long long H, long long W, long long oh, long long ow, int kh,
 
 // y[n, c, oh, ow] = sum(window) / divisor.  One thread per output element.
 // divisor_override = 0 means "None".
-extern "C" __global__ void avgpool2d_forward(float* __restrict__ y,
-                                             const float* __restrict__ x,
-                                             long long N, long long C,
-                                             long long H, long long W,
-                                             long long OH, long long OW,
-                                             int kh, int kw, int sh, int sw,
-                                             int ph, int pw,
-                                             int count_include_pad,
-                                             int divisor_override)
+template <typename T>
+static __device__ void avgpool2d_forward_body(T* __restrict__ y, const T* __restrict__ x,
+                                              long long N, long long C, long long H, long long W,
+                                              long long OH, long long OW, int kh, int kw, int sh,
+                                              int sw, int ph, int pw, int count_include_pad,
+                                              int divisor_override)
 {
     GRID_STRIDE_LOOP(i, N * C * OH * OW)
     {
@@ -177,22 +294,50 @@ extern "C" __global__ void avgpool2d_forward(float* __restrict__ y,
                                              pw, count_include_pad,
                                              divisor_override);
         if (win.empty) {
-            y[i] = 0.0f;
+            store(y, i, 0.0f);
             continue;
         }
-        const float* plane = x + nc * H * W;
+        const T* plane = x + nc * H * W;
         float s = 0.0f;
         for (long long h = win.hstart; h < win.hend; ++h)
-            for (long long w = win.wstart; w < win.wend; ++w) s += plane[h * W + w];
-        y[i] = s / win.divisor;
+            for (long long w = win.wstart; w < win.wend; ++w) s += load(plane, h * W + w);
+        store(y, i, s / win.divisor);
     }
+}
+
+extern "C" __global__ void avgpool2d_forward(float* __restrict__ y,
+        const float* __restrict__ x, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
+        int count_include_pad, int divisor_override)
+{
+    avgpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                           divisor_override);
+}
+
+extern "C" __global__ void avgpool2d_forward_bf16(bf16* __restrict__ y,
+        const bf16* __restrict__ x, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
+        int count_include_pad, int divisor_override)
+{
+    avgpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                           divisor_override);
+}
+
+extern "C" __global__ void avgpool2d_forward_f16(f16* __restrict__ y,
+        const f16* __restrict__ x, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
+        int count_include_pad, int divisor_override)
+{
+    avgpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                           divisor_override);
 }
 
 // Backward of avg_pool2d, as a GATHER (deterministic, no atomics): one thread
 // per INPUT element sums dy / divisor over the output windows that contain
 // it. Overwrites dx entirely (no zeroing needed).
-extern "C" __global__ void avgpool2d_backward(float* __restrict__ dx,
-                                              const float* __restrict__ dy,
+template <typename T>
+static __device__ void avgpool2d_backward_body(T* __restrict__ dx,
+                                              const T* __restrict__ dy,
                                               long long N, long long C,
                                               long long H, long long W,
                                               long long OH, long long OW,
@@ -215,7 +360,7 @@ extern "C" __global__ void avgpool2d_backward(float* __restrict__ dx,
         long long ow_hi = w / sw + 1;
         if (ow_hi > OW) ow_hi = OW;
 
-        const float* dplane = dy + nc * OH * OW;
+        const T* dplane = dy + nc * OH * OW;
         float g = 0.0f;
         for (long long oh = oh_lo; oh < oh_hi; ++oh) {
             for (long long ow = ow_lo; ow < ow_hi; ++ow) {
@@ -224,11 +369,38 @@ extern "C" __global__ void avgpool2d_backward(float* __restrict__ dx,
                                                      count_include_pad,
                                                      divisor_override);
                 if (win.empty) continue;
-                g += dplane[oh * OW + ow] / win.divisor;
+                g += load(dplane, oh * OW + ow) / win.divisor;
             }
         }
-        dx[i] = g;
+        store(dx, i, g);
     }
+}
+
+extern "C" __global__ void avgpool2d_backward(float* __restrict__ dx,
+        const float* __restrict__ dy, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
+        int count_include_pad, int divisor_override)
+{
+    avgpool2d_backward_body(dx, dy, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                            divisor_override);
+}
+
+extern "C" __global__ void avgpool2d_backward_bf16(bf16* __restrict__ dx,
+        const bf16* __restrict__ dy, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
+        int count_include_pad, int divisor_override)
+{
+    avgpool2d_backward_body(dx, dy, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                            divisor_override);
+}
+
+extern "C" __global__ void avgpool2d_backward_f16(f16* __restrict__ dx,
+        const f16* __restrict__ dy, long long N, long long C, long long H, long long W,
+        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
+        int count_include_pad, int divisor_override)
+{
+    avgpool2d_backward_body(dx, dy, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                            divisor_override);
 }
 
 // ---------------------------------------------------------------------------
@@ -240,9 +412,9 @@ extern "C" __global__ void avgpool2d_backward(float* __restrict__ dx,
 // y[r] = mean(x[r, :]).  ONE WARP PER ROW: warps grid-stride over rows, the
 // 32 lanes stride over the row (coalesced) and combine with warp shuffles.
 // REQUIRES blockDim.x to be a multiple of 32 (launch_config uses 256).
-extern "C" __global__ void global_avgpool_forward(float* __restrict__ y,
-                                                  const float* __restrict__ x,
-                                                  long long NC, long long HW)
+template <typename T>
+static __device__ void global_avgpool_forward_body(T* __restrict__ y, const T* __restrict__ x,
+                                                   long long NC, long long HW)
 {
     const unsigned int lane = threadIdx.x & 31u;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -250,19 +422,55 @@ extern "C" __global__ void global_avgpool_forward(float* __restrict__ y,
     // `row` is uniform across a warp, so the whole warp stays converged for
     // the full-mask shuffles below.
     for (long long row = warp; row < NC; row += num_warps) {
-        const float* xr = x + row * HW;
+        const T* xr = x + row * HW;
         float s = 0.0f;
-        for (long long j = lane; j < HW; j += 32) s += xr[j];
+        for (long long j = lane; j < HW; j += 32) s += load(xr, j);
         for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
-        if (lane == 0) y[row] = s / (float)HW;
+        if (lane == 0) store(y, row, s / (float)HW);
     }
 }
 
+extern "C" __global__ void global_avgpool_forward(float* __restrict__ y,
+        const float* __restrict__ x, long long NC, long long HW)
+{
+    global_avgpool_forward_body(y, x, NC, HW);
+}
+
+extern "C" __global__ void global_avgpool_forward_bf16(bf16* __restrict__ y,
+        const bf16* __restrict__ x, long long NC, long long HW)
+{
+    global_avgpool_forward_body(y, x, NC, HW);
+}
+
+extern "C" __global__ void global_avgpool_forward_f16(f16* __restrict__ y,
+        const f16* __restrict__ x, long long NC, long long HW)
+{
+    global_avgpool_forward_body(y, x, NC, HW);
+}
+
 // dx[r, j] = dy[r] / HW.  One thread per input element (grid-stride).
-extern "C" __global__ void global_avgpool_backward(float* __restrict__ dx,
-                                                   const float* __restrict__ dy,
-                                                   long long NC, long long HW)
+template <typename T>
+static __device__ void global_avgpool_backward_body(T* __restrict__ dx, const T* __restrict__ dy,
+                                                    long long NC, long long HW)
 {
     const float hw = (float)HW;
-    GRID_STRIDE_LOOP(i, NC * HW) { dx[i] = dy[i / HW] / hw; }
+    GRID_STRIDE_LOOP(i, NC * HW) { store(dx, i, load(dy, i / HW) / hw); }
+}
+
+extern "C" __global__ void global_avgpool_backward(float* __restrict__ dx,
+        const float* __restrict__ dy, long long NC, long long HW)
+{
+    global_avgpool_backward_body(dx, dy, NC, HW);
+}
+
+extern "C" __global__ void global_avgpool_backward_bf16(bf16* __restrict__ dx,
+        const bf16* __restrict__ dy, long long NC, long long HW)
+{
+    global_avgpool_backward_body(dx, dy, NC, HW);
+}
+
+extern "C" __global__ void global_avgpool_backward_f16(f16* __restrict__ dx,
+        const f16* __restrict__ dy, long long NC, long long HW)
+{
+    global_avgpool_backward_body(dx, dy, NC, HW);
 }

@@ -5,7 +5,9 @@
 // entry point `extern "C" __global__`. See elementwise.cu for the shared
 // conventions (outputs first, `long long` sizes, grid-stride loops).
 //
-// Rows: a (B, T, C) tensor is R = B*T rows of C contiguous floats. "Row"
+// Rows: a (B, T, C) tensor is R = B*T rows of C contiguous values (float32,
+// or bf16 / fp16 in the `_bf16` / `_f16` forms; statistics, weights and their
+// gradients are float32 in every form). "Row"
 // kernels run ONE BLOCK PER ROW (blocks grid-stride over rows, so any grid is
 // correct; the threads of a block stride over the row's C values and combine
 // through a shared-memory tree reduction; any blockDim.x <= 1024).
@@ -21,6 +23,53 @@
 #define GRID_STRIDE_LOOP(i, n)                                                 \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
          i < (n); i += (long long)blockDim.x * gridDim.x)
+
+// ---------------------------------------------------------------------------
+// Half storage (this block is the same in every file with half forms:
+// tests/backend/test_kernels.py checks it). A bf16 or fp16 value travels as
+// its 16 bits; a kernel reads it into float32 exactly, computes in float32 as
+// its float32 form does, and rounds once when it stores: to nearest even,
+// fp16 overflowing to inf, a NaN staying a NaN (minidl/backend/precision.py,
+// the CPU's minidl/backend/cpu/half_jit.py). A kernel's body is a template on
+// its storage type; its entry points are <name> (float), <name>_bf16 and
+// <name>_f16.
+// ---------------------------------------------------------------------------
+struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
+
+static __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
+
+static __device__ __forceinline__ float load(const bf16* p, long long i)
+{
+    return __uint_as_float((unsigned int)p[i].bits << 16);
+}
+
+static __device__ __forceinline__ float load(const f16* p, long long i)
+{
+    float v;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(p[i].bits));
+    return v;
+}
+
+static __device__ __forceinline__ void store(float* p, long long i, float v) { p[i] = v; }
+
+static __device__ __forceinline__ void store(bf16* p, long long i, float v)
+{
+    const unsigned int u = __float_as_uint(v);
+    p[i].bits = (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)                        // NaN: quiet, sign kept
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest, ties to even
+}
+
+static __device__ __forceinline__ void store(f16* p, long long i, float v)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i].bits = h;
+}
+// ---------------------------------------------------------------------------
+// End of half storage.
+// ---------------------------------------------------------------------------
 
 static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
 static __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
@@ -77,25 +126,25 @@ static __device__ __forceinline__ float ln_out(float x, float m, float r, const 
 // squared deviations from the row mean (two passes: no cancellation). w and b
 // may be NULL (no affine weight / bias). The output is `ln_out`, as
 // layernorm_forward_apply's, so a recomputed layer norm gives the same bits.
-extern "C" __global__ void layernorm_forward(float* y, float* mean, float* rstd,
-                                             const float* x, const float* w,
-                                             const float* b, long long R,
-                                             long long C, float eps)
+template <typename T>
+static __device__ void layernorm_forward_body(T* y, float* mean, float* rstd, const T* x,
+                                              const float* w, const float* b, long long R,
+                                              long long C, float eps)
 {
     __shared__ float smem[SEQ_MAX_THREADS];
     for (long long row = blockIdx.x; row < R; row += gridDim.x) {
-        const float* xr = x + row * C;
+        const T* xr = x + row * C;
         float s = 0.0f;
-        for (long long j = threadIdx.x; j < C; j += blockDim.x) s += xr[j];
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) s += load(xr, j);
         const float m = block_reduce<false>(s, smem) / (float)C;
         float q = 0.0f;
         for (long long j = threadIdx.x; j < C; j += blockDim.x) {
-            const float d = xr[j] - m;
+            const float d = load(xr, j) - m;
             q += d * d;
         }
         const float r = 1.0f / sqrtf(block_reduce<false>(q, smem) / (float)C + eps);
-        float* yr = y + row * C;
-        for (long long j = threadIdx.x; j < C; j += blockDim.x) yr[j] = ln_out(xr[j], m, r, w, b, j);
+        T* yr = y + row * C;
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) store(yr, j, ln_out(load(xr, j), m, r, w, b, j));
         if (threadIdx.x == 0) {
             mean[row] = m;
             rstd[row] = r;
@@ -103,49 +152,92 @@ extern "C" __global__ void layernorm_forward(float* y, float* mean, float* rstd,
     }
 }
 
+extern "C" __global__ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, long long R, long long C, float eps)
+{
+    layernorm_forward_body(y, mean, rstd, x, w, b, R, C, eps);
+}
+
+extern "C" __global__ void layernorm_forward_bf16(bf16* y, float* mean, float* rstd, const bf16* x, const float* w, const float* b, long long R, long long C, float eps)
+{
+    layernorm_forward_body(y, mean, rstd, x, w, b, R, C, eps);
+}
+
+extern "C" __global__ void layernorm_forward_f16(f16* y, float* mean, float* rstd, const f16* x, const float* w, const float* b, long long R, long long C, float eps)
+{
+    layernorm_forward_body(y, mean, rstd, x, w, b, R, C, eps);
+}
+
 // y from saved statistics: y[r, j] = ln_out(x[r, j], mean[r], rstd[r], ...).
 // One thread per element.
-extern "C" __global__ void layernorm_forward_apply(float* y, const float* x,
-                                                   const float* w, const float* b,
-                                                   const float* mean,
-                                                   const float* rstd,
-                                                   long long R, long long C)
+template <typename T>
+static __device__ void layernorm_forward_apply_body(T* y, const T* x, const float* w, const float* b,
+                                                    const float* mean, const float* rstd, long long R,
+                                                    long long C)
 {
     GRID_STRIDE_LOOP(i, R * C) {
         const long long row = i / C;
-        y[i] = ln_out(x[i], mean[row], rstd[row], w, b, i - row * C);
+        store(y, i, ln_out(load(x, i), mean[row], rstd[row], w, b, i - row * C));
     }
+}
+
+extern "C" __global__ void layernorm_forward_apply(float* y, const float* x, const float* w, const float* b, const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_forward_apply_body(y, x, w, b, mean, rstd, R, C);
+}
+
+extern "C" __global__ void layernorm_forward_apply_bf16(bf16* y, const bf16* x, const float* w, const float* b, const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_forward_apply_body(y, x, w, b, mean, rstd, R, C);
+}
+
+extern "C" __global__ void layernorm_forward_apply_f16(f16* y, const f16* x, const float* w, const float* b, const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_forward_apply_body(y, x, w, b, mean, rstd, R, C);
 }
 
 // dx of layer norm: with g = dy * w (w NULL: g = dy) and xhat = (x - mean)
 // * rstd, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) per row. dx may
 // alias dy: each thread writes only the columns it reads, after both means
 // are complete.
-extern "C" __global__ void layernorm_backward_dx(float* dx, const float* x,
-                                                 const float* w, const float* dy,
-                                                 const float* mean,
-                                                 const float* rstd, long long R,
-                                                 long long C)
+template <typename T>
+static __device__ void layernorm_backward_dx_body(T* dx, const T* x, const float* w, const T* dy,
+                                                  const float* mean, const float* rstd, long long R,
+                                                  long long C)
 {
     __shared__ float smem[SEQ_MAX_THREADS];
     for (long long row = blockIdx.x; row < R; row += gridDim.x) {
-        const float* xr = x + row * C;
-        const float* dyr = dy + row * C;
+        const T* xr = x + row * C;
+        const T* dyr = dy + row * C;
         const float m = mean[row], r = rstd[row];
         float s1 = 0.0f, s2 = 0.0f;
         for (long long j = threadIdx.x; j < C; j += blockDim.x) {
-            const float g = w ? dyr[j] * w[j] : dyr[j];
+            const float g = w ? load(dyr, j) * w[j] : load(dyr, j);
             s1 += g;
-            s2 += g * ((xr[j] - m) * r);
+            s2 += g * ((load(xr, j) - m) * r);
         }
         const float c1 = block_reduce<false>(s1, smem) / (float)C;
         const float c2 = block_reduce<false>(s2, smem) / (float)C;
-        float* dxr = dx + row * C;
+        T* dxr = dx + row * C;
         for (long long j = threadIdx.x; j < C; j += blockDim.x) {
-            const float g = w ? dyr[j] * w[j] : dyr[j];
-            dxr[j] = r * (g - c1 - ((xr[j] - m) * r) * c2);
+            const float g = w ? load(dyr, j) * w[j] : load(dyr, j);
+            store(dxr, j, r * (g - c1 - ((load(xr, j) - m) * r) * c2));
         }
     }
+}
+
+extern "C" __global__ void layernorm_backward_dx(float* dx, const float* x, const float* w, const float* dy, const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_backward_dx_body(dx, x, w, dy, mean, rstd, R, C);
+}
+
+extern "C" __global__ void layernorm_backward_dx_bf16(bf16* dx, const bf16* x, const float* w, const bf16* dy, const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_backward_dx_body(dx, x, w, dy, mean, rstd, R, C);
+}
+
+extern "C" __global__ void layernorm_backward_dx_f16(f16* dx, const f16* x, const float* w, const f16* dy, const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_backward_dx_body(dx, x, w, dy, mean, rstd, R, C);
 }
 
 // The weight and bias gradients of layer norm, in two deterministic passes.
@@ -153,13 +245,10 @@ extern "C" __global__ void layernorm_backward_dx(float* dx, const float* x,
 // shorter) and column j, pw[g, j] = sum of dy * xhat and pb[g, j] = sum of dy
 // over the chunk's rows in row order, in double; one thread per (chunk,
 // column), adjacent threads on adjacent columns.
-extern "C" __global__ void layernorm_backward_partials(double* pw, double* pb,
-                                                       const float* x,
-                                                       const float* dy,
-                                                       const float* mean,
-                                                       const float* rstd,
-                                                       long long R, long long C,
-                                                       long long chunk)
+template <typename T>
+static __device__ void layernorm_backward_partials_body(double* pw, double* pb, const T* x, const T* dy,
+                                                        const float* mean, const float* rstd, long long R,
+                                                        long long C, long long chunk)
 {
     const long long nchunks = (R + chunk - 1) / chunk;
     GRID_STRIDE_LOOP(i, nchunks * C) {
@@ -167,13 +256,28 @@ extern "C" __global__ void layernorm_backward_partials(double* pw, double* pb,
         const long long stop = (g + 1) * chunk < R ? (g + 1) * chunk : R;
         double sw = 0.0, sb = 0.0;
         for (long long row = g * chunk; row < stop; ++row) {
-            const float d = dy[row * C + j];
-            sw += (double)(d * ((x[row * C + j] - mean[row]) * rstd[row]));
+            const float d = load(dy, row * C + j);
+            sw += (double)(d * ((load(x, row * C + j) - mean[row]) * rstd[row]));
             sb += (double)d;
         }
         pw[i] = sw;
         pb[i] = sb;
     }
+}
+
+extern "C" __global__ void layernorm_backward_partials(double* pw, double* pb, const float* x, const float* dy, const float* mean, const float* rstd, long long R, long long C, long long chunk)
+{
+    layernorm_backward_partials_body(pw, pb, x, dy, mean, rstd, R, C, chunk);
+}
+
+extern "C" __global__ void layernorm_backward_partials_bf16(double* pw, double* pb, const bf16* x, const bf16* dy, const float* mean, const float* rstd, long long R, long long C, long long chunk)
+{
+    layernorm_backward_partials_body(pw, pb, x, dy, mean, rstd, R, C, chunk);
+}
+
+extern "C" __global__ void layernorm_backward_partials_f16(double* pw, double* pb, const f16* x, const f16* dy, const float* mean, const float* rstd, long long R, long long C, long long chunk)
+{
+    layernorm_backward_partials_body(pw, pb, x, dy, mean, rstd, R, C, chunk);
 }
 
 // layernorm_backward_params: dw[j] = sum over the chunks of pw[g, j], db[j]
@@ -207,27 +311,42 @@ extern "C" __global__ void layernorm_backward_params(float* dw, float* db,
 
 // exact != 0: y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2));
 // exact == 0: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-extern "C" __global__ void gelu_forward(float* y, const float* x, long long n,
-                                        int exact)
+template <typename T>
+static __device__ void gelu_forward_body(T* y, const T* x, long long n, int exact)
 {
     GRID_STRIDE_LOOP(i, n) {
-        const float a = x[i];
+        const float a = load(x, i);
         if (exact) {
-            y[i] = 0.5f * a * (1.0f + erff(a * GELU_INV_SQRT_2));
+            store(y, i, 0.5f * a * (1.0f + erff(a * GELU_INV_SQRT_2)));
         } else {
             const float t = tanhf(GELU_SQRT_2_OVER_PI * a * (1.0f + GELU_CUBIC * a * a));
-            y[i] = 0.5f * a * (1.0f + t);
+            store(y, i, 0.5f * a * (1.0f + t));
         }
     }
 }
 
+extern "C" __global__ void gelu_forward(float* y, const float* x, long long n, int exact)
+{
+    gelu_forward_body(y, x, n, exact);
+}
+
+extern "C" __global__ void gelu_forward_bf16(bf16* y, const bf16* x, long long n, int exact)
+{
+    gelu_forward_body(y, x, n, exact);
+}
+
+extern "C" __global__ void gelu_forward_f16(f16* y, const f16* x, long long n, int exact)
+{
+    gelu_forward_body(y, x, n, exact);
+}
+
 // dx = dy * GELU'(x): exact: Phi(x) + x phi(x); tanh form: 0.5 (1 + t) +
 // 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). dx may alias dy.
-extern "C" __global__ void gelu_backward(float* dx, const float* x,
-                                         const float* dy, long long n, int exact)
+template <typename T>
+static __device__ void gelu_backward_body(T* dx, const T* x, const T* dy, long long n, int exact)
 {
     GRID_STRIDE_LOOP(i, n) {
-        const float a = x[i];
+        const float a = load(x, i);
         float slope;
         if (exact) {
             slope = 0.5f * (1.0f + erff(a * GELU_INV_SQRT_2))
@@ -237,8 +356,23 @@ extern "C" __global__ void gelu_backward(float* dx, const float* x,
             slope = 0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * GELU_SQRT_2_OVER_PI
                   * (1.0f + 3.0f * GELU_CUBIC * a * a);
         }
-        dx[i] = dy[i] * slope;
+        store(dx, i, load(dy, i) * slope);
     }
+}
+
+extern "C" __global__ void gelu_backward(float* dx, const float* x, const float* dy, long long n, int exact)
+{
+    gelu_backward_body(dx, x, dy, n, exact);
+}
+
+extern "C" __global__ void gelu_backward_bf16(bf16* dx, const bf16* x, const bf16* dy, long long n, int exact)
+{
+    gelu_backward_body(dx, x, dy, n, exact);
+}
+
+extern "C" __global__ void gelu_backward_f16(f16* dx, const f16* x, const f16* dy, long long n, int exact)
+{
+    gelu_backward_body(dx, x, dy, n, exact);
 }
 
 // ---------------------------------------------------------------------------
@@ -251,44 +385,74 @@ extern "C" __global__ void gelu_backward(float* dx, const float* x,
 // causal mask). causal_t == 0: every key (F.softmax(x * scale, -1)). y may
 // alias x (attention normalizes its scores in place): each thread writes only
 // the values it read, after both reductions are complete.
-extern "C" __global__ void softmax_forward(float* y, const float* x, long long R,
-                                           long long C, float scale,
-                                           long long causal_t)
+template <typename T>
+static __device__ void softmax_forward_body(T* y, const T* x, long long R, long long C, float scale,
+                                            long long causal_t)
 {
     __shared__ float smem[SEQ_MAX_THREADS];
     for (long long row = blockIdx.x; row < R; row += gridDim.x) {
-        const float* xr = x + row * C;
+        const T* xr = x + row * C;
         const long long last = causal_t > 0 ? row % causal_t : C - 1;  // last key attended
         float m = neg_inf_f();
-        for (long long j = threadIdx.x; j <= last; j += blockDim.x) m = nan_max(m, xr[j] * scale);
+        for (long long j = threadIdx.x; j <= last; j += blockDim.x) m = nan_max(m, load(xr, j) * scale);
         m = block_reduce<true>(m, smem);
         float s = 0.0f;
-        for (long long j = threadIdx.x; j <= last; j += blockDim.x) s += expf(xr[j] * scale - m);
+        for (long long j = threadIdx.x; j <= last; j += blockDim.x) s += expf(load(xr, j) * scale - m);
         s = block_reduce<false>(s, smem);
-        float* yr = y + row * C;
+        T* yr = y + row * C;
         for (long long j = threadIdx.x; j < C; j += blockDim.x)
-            yr[j] = j <= last ? expf(xr[j] * scale - m) / s : 0.0f;
+            store(yr, j, j <= last ? expf(load(xr, j) * scale - m) / s : 0.0f);
     }
+}
+
+extern "C" __global__ void softmax_forward(float* y, const float* x, long long R, long long C, float scale, long long causal_t)
+{
+    softmax_forward_body(y, x, R, C, scale, causal_t);
+}
+
+extern "C" __global__ void softmax_forward_bf16(bf16* y, const bf16* x, long long R, long long C, float scale, long long causal_t)
+{
+    softmax_forward_body(y, x, R, C, scale, causal_t);
+}
+
+extern "C" __global__ void softmax_forward_f16(f16* y, const f16* x, long long R, long long C, float scale, long long causal_t)
+{
+    softmax_forward_body(y, x, R, C, scale, causal_t);
 }
 
 // dx[r] = scale * y[r] * (dy[r] - sum_j dy[r, j] y[r, j]): the backward of
 // softmax_forward from its output (masked entries have y = 0, so they get 0).
 // dx may alias dy.
-extern "C" __global__ void softmax_backward(float* dx, const float* y,
-                                            const float* dy, long long R,
-                                            long long C, float scale)
+template <typename T>
+static __device__ void softmax_backward_body(T* dx, const T* y, const T* dy, long long R, long long C,
+                                             float scale)
 {
     __shared__ float smem[SEQ_MAX_THREADS];
     for (long long row = blockIdx.x; row < R; row += gridDim.x) {
-        const float* yr = y + row * C;
-        const float* dyr = dy + row * C;
+        const T* yr = y + row * C;
+        const T* dyr = dy + row * C;
         float s = 0.0f;
-        for (long long j = threadIdx.x; j < C; j += blockDim.x) s += dyr[j] * yr[j];
+        for (long long j = threadIdx.x; j < C; j += blockDim.x) s += load(dyr, j) * load(yr, j);
         const float dot = block_reduce<false>(s, smem);
-        float* dxr = dx + row * C;
+        T* dxr = dx + row * C;
         for (long long j = threadIdx.x; j < C; j += blockDim.x)
-            dxr[j] = scale * (yr[j] * (dyr[j] - dot));
+            store(dxr, j, scale * (load(yr, j) * (load(dyr, j) - dot)));
     }
+}
+
+extern "C" __global__ void softmax_backward(float* dx, const float* y, const float* dy, long long R, long long C, float scale)
+{
+    softmax_backward_body(dx, y, dy, R, C, scale);
+}
+
+extern "C" __global__ void softmax_backward_bf16(bf16* dx, const bf16* y, const bf16* dy, long long R, long long C, float scale)
+{
+    softmax_backward_body(dx, y, dy, R, C, scale);
+}
+
+extern "C" __global__ void softmax_backward_f16(f16* dx, const f16* y, const f16* dy, long long R, long long C, float scale)
+{
+    softmax_backward_body(dx, y, dy, R, C, scale);
 }
 
 // ---------------------------------------------------------------------------
@@ -297,15 +461,30 @@ extern "C" __global__ void softmax_backward(float* dx, const float* y,
 
 // y[r, j] = w[idx[r], j] for R indices into a (V, C) table; an index outside
 // [0, V) gives a NaN row (PyTorch raises; reading out of bounds is worse).
-extern "C" __global__ void embedding_forward(float* y, const float* w,
-                                             const long long* idx, long long R,
-                                             long long C, long long V)
+template <typename T>
+static __device__ void embedding_forward_body(T* y, const float* w, const long long* idx, long long R,
+                                              long long C, long long V)
 {
     GRID_STRIDE_LOOP(i, R * C) {
         const long long row = i / C, j = i - row * C;
         const long long v = idx[row];
-        y[i] = (v >= 0 && v < V) ? w[v * C + j] : nan_f();
+        store(y, i, (v >= 0 && v < V) ? w[v * C + j] : nan_f());
     }
+}
+
+extern "C" __global__ void embedding_forward(float* y, const float* w, const long long* idx, long long R, long long C, long long V)
+{
+    embedding_forward_body(y, w, idx, R, C, V);
+}
+
+extern "C" __global__ void embedding_forward_bf16(bf16* y, const float* w, const long long* idx, long long R, long long C, long long V)
+{
+    embedding_forward_body(y, w, idx, R, C, V);
+}
+
+extern "C" __global__ void embedding_forward_f16(f16* y, const float* w, const long long* idx, long long R, long long C, long long V)
+{
+    embedding_forward_body(y, w, idx, R, C, V);
 }
 
 // dw[v, j] = the sum of dy[r, j] over the rows r with idx[r] == v, in row
@@ -315,17 +494,86 @@ extern "C" __global__ void embedding_forward(float* y, const float* w,
 // (deterministic, where an atomic scatter is not), and `groups` threads per
 // column keep the GPU busy where C alone would not. THE HOST MUST ZERO dw
 // FIRST. Indices outside [0, V) are skipped.
-extern "C" __global__ void embedding_backward(float* dw, const float* dy,
-                                              const long long* idx, long long R,
-                                              long long C, long long V,
-                                              long long groups)
+template <typename T>
+static __device__ void embedding_backward_body(float* dw, const T* dy, const long long* idx, long long R,
+                                               long long C, long long V, long long groups)
 {
     GRID_STRIDE_LOOP(i, groups * C) {
         const long long g = i / C, j = i - g * C;
         const long long lo = g * V / groups, hi = (g + 1) * V / groups;
         for (long long row = 0; row < R; ++row) {
             const long long v = idx[row];
-            if (v >= lo && v < hi) dw[v * C + j] += dy[row * C + j];
+            if (v >= lo && v < hi) dw[v * C + j] += load(dy, row * C + j);
         }
     }
+}
+
+extern "C" __global__ void embedding_backward(float* dw, const float* dy, const long long* idx, long long R, long long C, long long V, long long groups)
+{
+    embedding_backward_body(dw, dy, idx, R, C, V, groups);
+}
+
+extern "C" __global__ void embedding_backward_bf16(float* dw, const bf16* dy, const long long* idx, long long R, long long C, long long V, long long groups)
+{
+    embedding_backward_body(dw, dy, idx, R, C, V, groups);
+}
+
+extern "C" __global__ void embedding_backward_f16(float* dw, const f16* dy, const long long* idx, long long R, long long C, long long V, long long groups)
+{
+    embedding_backward_body(dw, dy, idx, R, C, V, groups);
+}
+
+// ---------------------------------------------------------------------------
+// Position embedding                              (x + w[:T] for x of (B, T, C))
+// ---------------------------------------------------------------------------
+
+// y[b, j] = x[b, j] + w[j] over the TC = T*C values of the table's first T
+// rows (w is the float32 master).
+template <typename T>
+static __device__ void position_embedding_forward_body(T* y, const T* x, const float* w, long long B,
+                                                       long long TC)
+{
+    GRID_STRIDE_LOOP(i, B * TC) { store(y, i, load(x, i) + w[i % TC]); }
+}
+
+extern "C" __global__ void position_embedding_forward(float* y, const float* x, const float* w, long long B, long long TC)
+{
+    position_embedding_forward_body(y, x, w, B, TC);
+}
+
+extern "C" __global__ void position_embedding_forward_bf16(bf16* y, const bf16* x, const float* w, long long B, long long TC)
+{
+    position_embedding_forward_body(y, x, w, B, TC);
+}
+
+extern "C" __global__ void position_embedding_forward_f16(f16* y, const f16* x, const float* w, long long B, long long TC)
+{
+    position_embedding_forward_body(y, x, w, B, TC);
+}
+
+// dw[j] = the sum of dy[b, j] over b in order (numpy's dy.sum(axis=0)), in
+// float32, one thread per value; the host zeroes the table's rows past T.
+template <typename T>
+static __device__ void position_embedding_backward_body(float* dw, const T* dy, long long B, long long TC)
+{
+    GRID_STRIDE_LOOP(j, TC) {
+        float s = 0.0f;
+        for (long long b = 0; b < B; ++b) s += load(dy, b * TC + j);
+        dw[j] = s;
+    }
+}
+
+extern "C" __global__ void position_embedding_backward(float* dw, const float* dy, long long B, long long TC)
+{
+    position_embedding_backward_body(dw, dy, B, TC);
+}
+
+extern "C" __global__ void position_embedding_backward_bf16(float* dw, const bf16* dy, long long B, long long TC)
+{
+    position_embedding_backward_body(dw, dy, B, TC);
+}
+
+extern "C" __global__ void position_embedding_backward_f16(float* dw, const f16* dy, long long B, long long TC)
+{
+    position_embedding_backward_body(dw, dy, B, TC);
 }

@@ -10,8 +10,9 @@
 
 * `bf16`, `fp16`: mixed precision, a choice of storage (`backend.precision`: the dtype of each tensor role) more
   than of arithmetic: the kernels compute in float32 on half operands, and what stays float32 (the optimizer, the
-  statistics) computes as in fp32; the backend itself is put in `fp32`. Every backend with half kernels runs them
-  (the CPU's compute on float32 copies); a layer without one is named when the route is built.
+  statistics) computes as in fp32. The CPU stays in `fp32`; CUDA takes the mode (`set_math`: tensor-core engines
+  on half inputs, float32 accumulation). Every backend with half kernels runs them (the CPU's compute on float32
+  copies); a layer without one is named when the route is built.
 
 Why the CPU backend refuses `tf32` rather than ignoring it: a run or benchmark row labelled tf32 would then be
 fp32 figures under the wrong name. The refusal is an `OptionError` naming the option, raised when the session is
@@ -39,12 +40,17 @@ def apply_math(backend, math: str | None) -> str:
     """Put `backend` in mode `math` (None: leave it in its own) and return the mode it now runs in.
 
     A backend that offers modes has `set_math(mode)`; one that has not (the CPU) runs fp32 only and refuses
-    anything else, naming the option, the backend and what to do instead. A half mode puts the backend in fp32
-    (its float32 arithmetic) and returns the half mode: the plan stores as it says."""
+    anything else, naming the option, the backend and what to do instead. A half mode goes to the backend's
+    `set_math` where it has one (CUDA: its engines), else leaves it in fp32 (the CPU's float32 arithmetic), and
+    returns the half mode: the plan stores as it says."""
     if math is None:
         return backend_math(backend)
     if precision(math).half is not None:
-        apply_math(backend, "fp32")
+        setter = getattr(backend, "set_math", None)
+        if setter is None:
+            apply_math(backend, "fp32")
+        else:
+            setter(math)
         return math
     check_math(math)
     if math == backend_math(backend):

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from minidl import layers as L
 from minidl.backend.base import backend_name
 from minidl.backend.cpu.backend import CPUBackend
+from minidl.backend.cuda import halves
+from minidl.backend.precision import HALF_DTYPES, is_half
 from minidl.testing import run_layer
 
 from .cuda_device import cuda_backend
@@ -52,7 +54,7 @@ class OnDevice:
 
     def _to_device(self, a, pairs):
         if isinstance(a, np.ndarray):
-            d = self.cp.empty(a.shape, a.dtype)
+            d = self.cp.empty(a.shape, halves.storage_dtype(a.dtype))   # bf16: its uint16 bits
             self.be.copy_in(d, a)
             pairs.append((a, d))
             return d
@@ -64,7 +66,7 @@ class OnDevice:
         x, w, y = args[0], args[1], args[2] if phase == "bwd" else args[3]
         stride, padding, dilation, groups = args[-6:-2]
         opts = self.be.conv_workspace_options(phase, x.shape, w.shape, y.shape, stride, padding, dilation, groups,
-                                              accumulate=accumulate)
+                                              x.dtype, accumulate=accumulate)
         opt = opts[min(self.conv_option, len(opts) - 1)]
         # `empty`, not `zeros`: a memset on cupy's default stream would race the backend's compute stream
         ws = self.cp.empty(opt.workspace_bytes, self.cp.uint8) if opt.workspace_bytes else None
@@ -199,10 +201,8 @@ def test_conv2d_backward_adds_into_the_delta(backend, shape, cout, k, s, p, d, g
 # Batch normalization
 # ---------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 16, 7, 9), (8, 4, 1, 1), (1, 5, 30, 20)])
-@pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize("affine", [True, False])
-def test_batchnorm(backend, shape, training, affine):
+def _bn_case(shape, affine):
+    """x, dy and the parameters of a batch-norm test (seed 1)."""
     rng = np.random.default_rng(1)
     c = shape[1]
     x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
@@ -212,6 +212,14 @@ def test_batchnorm(backend, shape, training, affine):
     if affine:
         p["weight"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
         p["bias"] = rng.standard_normal(c).astype(np.float32)
+    return x, dy, p
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 16, 7, 9), (8, 4, 1, 1), (1, 5, 30, 20)])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batchnorm(backend, shape, training, affine):
+    x, dy, p = _bn_case(shape, affine)
     tx = _t(x)
     tw, tb = (_t(p["weight"]), _t(p["bias"])) if affine else (None, None)
     rm, rv = torch.tensor(p["running_mean"]), torch.tensor(p["running_var"])
@@ -415,3 +423,113 @@ def test_adam(backend):
         opt.step()
         backend.adam_update(p, g, m, v, 1e-2, 0.9, 0.999, 1e-8, 1e-3, step)
     _close(p, tp, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Half precision (--math bf16|fp16): the CUDA backend's cuDNN and cuBLAS half kernels against the CPU's
+# ---------------------------------------------------------------------------------------------------------
+
+#: Half outputs: within HALF_ULPS units of the half dtype's spacing at 1, at the reference's scale. Both backends
+#: compute in float32 from the same stored half values and round once, so they differ only by their sums' orders
+#: (cuDNN's and cuBLAS's tensor-core engines against the CPU's), which can move a value across a rounding boundary.
+HALF_ULPS = 2
+#: Float32 results from half operands (weight and bias gradients, BN's parameter gradients and statistics):
+#: exact products, float32 sums in another order.
+HALF_F32_RTOL = 1e-3
+
+
+class HalfOnDevice(OnDevice):
+    """`OnDevice` in a half mode: the test's inputs are rounded on the host by the CPU backend's `copy` (what
+    run_layer stores is the reference's, not a kernel under test); every other call runs on the device."""
+
+    def __init__(self, be):
+        super().__init__(be)
+        self._cpu = CPUBackend()
+
+    def __getattr__(self, name):
+        return self._cpu.copy if name == "copy" else super().__getattr__(name)
+
+
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.gpu) for m in ("bf16", "fp16")])
+def half_device(request):
+    yield request.param, HalfOnDevice(cuda_backend(request.param))
+
+
+def _half_close(got, ref, mode, ulps=HALF_ULPS):
+    """`got` (CUDA) against `ref` (the CPU's half run): half arrays within `ulps`, float32 ones within
+    HALF_F32_RTOL, both at the reference's scale."""
+    assert np.asarray(got).dtype == np.asarray(ref).dtype
+    g, r = np.asarray(got, np.float32), np.asarray(ref, np.float32)
+    scale = max(1.0, float(np.abs(r).max())) if r.size else 1.0
+    if is_half(np.asarray(ref).dtype):
+        eps = float(np.finfo(np.float16).eps) if mode == "fp16" else 2.0 ** -7
+        np.testing.assert_allclose(g, r, rtol=0, atol=ulps * eps * scale)
+    else:
+        np.testing.assert_allclose(g, r, rtol=HALF_F32_RTOL, atol=HALF_F32_RTOL * scale)
+
+
+def _half_runs(mode, layer, inputs, params, dy, dev, **kw):
+    """(the CPU backend's half run, the CUDA backend's) of `layer` on the same values."""
+    ref = run_layer(layer(), inputs, {k: v.copy() for k, v in params.items()}, dout=dy, math=mode, **kw)
+    got = run_layer(layer(), inputs, {k: v.copy() for k, v in params.items()}, dout=dy, backend=dev, math=mode, **kw)
+    return ref, got
+
+
+@pytest.mark.parametrize("shape,cout,k,s,p,d,g,bias", CONV_CONFIGS)
+def test_half_conv2d_matches_the_cpus_half(half_device, shape, cout, k, s, p, d, g, bias):
+    mode, dev = half_device
+    rng = np.random.default_rng(0)
+    make = lambda: L.Conv2d(cout, k, s, p, d, g, bias=bias)  # noqa: E731
+    layer = make()
+    kh, kw = layer.kernel_size
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal((cout, shape[1] // g, kh, kw)) * 0.3).astype(np.float32)
+    params = {"weight": w, **({"bias": rng.standard_normal(cout).astype(np.float32)} if bias else {})}
+    y_shape = run_layer(make(), [x], params).out.shape
+    dy = rng.standard_normal(y_shape).astype(np.float32)
+    conf = (layer.stride, layer.padding, layer.dilation, g)
+    n = max(len(dev.be.conv_workspace_options(ph, x.shape, w.shape, y_shape, *conf, HALF_DTYPES[mode]))
+            for ph in ("fwd", "bwd"))
+    for option in range(n):
+        dev.conv_option = option
+        ref, got = _half_runs(mode, make, [x], params, dy, dev)
+        _half_close(got.out, ref.out, mode)
+        _half_close(got.dinputs[0], ref.dinputs[0], mode)
+        for name in params:
+            _half_close(got.grads[name], ref.grads[name], mode)
+    dev.conv_option = 0
+
+
+@pytest.mark.parametrize("shape,out,bias", [((3, 10), 4, True), ((2, 3, 4, 5), 7, False), ((16, 300), 33, True)])
+def test_half_linear_matches_the_cpus_half(half_device, shape, out, bias):
+    mode, dev = half_device
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal(shape).astype(np.float32)
+    params = {"weight": rng.standard_normal((out, int(np.prod(shape[1:])))).astype(np.float32),
+              **({"bias": rng.standard_normal(out).astype(np.float32)} if bias else {})}
+    dy = rng.standard_normal((shape[0], out)).astype(np.float32)
+    ref, got = _half_runs(mode, lambda: L.Linear(out, bias=bias), [x], params, dy, dev)
+    _half_close(got.out, ref.out, mode)
+    _half_close(got.dinputs[0], ref.dinputs[0], mode)
+    for name in params:
+        _half_close(got.grads[name], ref.grads[name], mode)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 16, 7, 9), (8, 4, 1, 1)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_half_batchnorm_matches_the_cpus_half(half_device, shape, affine):
+    """Training forward and backward, then the evaluation forward (the running statistics' backward is not a
+    cuDNN graph)."""
+    mode, dev = half_device
+    x, dy, params = _bn_case(shape, affine)
+    make = lambda: L.BatchNorm2d(affine=affine)  # noqa: E731
+    ref, got = _half_runs(mode, make, [x], params, dy, dev)
+    _half_close(got.out, ref.out, mode)
+    _half_close(got.dinputs[0], ref.dinputs[0], mode, ulps=2 * HALF_ULPS)   # dy - its means: cancellation
+    for name in ("mean", "invstd"):
+        _half_close(got.aux[name], ref.aux[name], mode)
+    for name in params if affine else ():
+        if name in ("weight", "bias"):
+            _half_close(got.grads[name], ref.grads[name], mode)
+    ref, got = _half_runs(mode, make, [x], params, None, dev, training=False)
+    _half_close(got.out, ref.out, mode)

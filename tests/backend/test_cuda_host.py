@@ -440,14 +440,18 @@ LAUNCH_CASES = {
     "softmax_backward": ((_f(6, 5), _f(6, 5), _f(6, 5), 0.25), lambda a: (*a[:3], 6, 5, 0.25), (6, 5)),
     "embedding_forward": ((_f(6, 4), _f(10, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10), 24),
     "embedding_backward": ((_f(10, 4), _f(2, 3, 4), _labels(6, 10)), lambda a: (*a, 6, 4, 10, 10), 40),
+    "position_embedding_forward": ((_f(2, 3, 4), _f(2, 3, 4), _f(5, 4)), lambda a: (*a, 2, 12), 24),
+    "position_embedding_backward": ((_f(5, 4), _f(2, 3, 4)), lambda a: (*a, 2, 12), 12),
 }
 
 
 def test_every_kernel_has_a_launcher_and_a_case():
-    assert set(launches.LAUNCHERS) == set(ks.KERNELS) == set(LAUNCH_CASES)
+    """A launcher per kernel and its forms (the half forms' cases: tests/backend/test_cuda_half_kernels.py)."""
+    assert set(launches.LAUNCHERS) == {s.base for s in ks.KERNELS.values()}
+    assert set(LAUNCH_CASES) == {name for name, s in ks.KERNELS.items() if not s.half}
 
 
-@pytest.mark.parametrize("name", sorted(ks.KERNELS))
+@pytest.mark.parametrize("name", sorted(LAUNCH_CASES))
 def test_launch_packing(name):
     args, expected, work = LAUNCH_CASES[name]
     launch = launches.LAUNCHERS[name](*args, limits=LIMITS)
@@ -512,7 +516,8 @@ def test_sgd_without_momentum_passes_null():
         launches.nonfinite_flag(flag, _f(3), 0)
     with pytest.raises(ValueError, match="uint64"):
         launches.dropout_forward_dev(_f(3), _f(3), 0.5, np.zeros(2, np.uint64))
-    assert launches.ZERO_OUTPUT_FIRST == {"maxpool2d_backward", "embedding_backward"}
+    assert launches.ZERO_OUTPUT_FIRST == {"maxpool2d_backward", "embedding_backward", "embedding_backward_bf16",
+                                          "embedding_backward_f16"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -880,7 +885,8 @@ class HostEmulatedCUDA(CUDABackend):
         return EmulatedNormKernels()
 
 
-_NP = {"float32": np.float32, "float64": np.float64}     # parameter types: numpy names, as cupy parses them
+_NP = {"float32": np.float32, "float64": np.float64,     # parameter types: numpy names, as cupy parses them
+       "float16": np.float16, "uint16": np.uint16}
 _C_NP = {"float": np.float32, "double": np.float64}       # reduce_type: a C type, pasted verbatim by cupy
 
 
@@ -892,6 +898,7 @@ def _c_to_python(code: str) -> list[str]:
     out = []
     for stmt in filter(None, (s.strip() for s in code.split(";"))):
         stmt = re.sub(r"^(?:double|float)\s+", "", stmt)
+        stmt = re.sub(r"\(unsigned int\)\s*(\w+)", r"_uint(\1)", stmt)
         stmt = re.sub(r"\((double|float)\)\s*\(", lambda m: f"_{m.group(1)}(", stmt)
         stmt = re.sub(r"\((double|float)\)\s*(\w+)", lambda m: f"_{m.group(1)}({m.group(2)})", stmt)
         out.append(stmt)
@@ -899,7 +906,8 @@ def _c_to_python(code: str) -> list[str]:
 
 
 _CASTS = {"_double": lambda v: np.asarray(v, np.float64), "_float": lambda v: np.asarray(v, np.float32),
-          "sqrt": np.sqrt}
+          "sqrt": np.sqrt, "_uint": lambda v: np.asarray(v, np.uint32),
+          "__uint_as_float": lambda v: np.asarray(v, np.uint32).view(np.float32)}
 
 
 class _EmulatedKernel:
@@ -1151,7 +1159,7 @@ def test_kernel_dispatch():
 # The cupy-compiled fallback kernels (cuda.NORM_KERNELS) compile as CUDA C
 # ---------------------------------------------------------------------------------------------------------
 
-_CTYPES = {"float32": "float", "float64": "double"}
+_CTYPES = {"float32": "float", "float64": "double", "float16": "__half", "uint16": "unsigned short"}
 
 
 def _params(spec: str) -> list[tuple[str, str]]:
@@ -1193,7 +1201,7 @@ def test_fallback_kernels_compile(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found: cannot compile-check the fallback kernels")
-    src = "".join(_cupy_like_source(name, k) for name, k in NORM_KERNELS.items())
+    src = "#include <cuda_fp16.h>\n" + "".join(_cupy_like_source(name, k) for name, k in NORM_KERNELS.items())
     path = tmp_path / "norm_kernels.cu"
     path.write_text(src)
     r = subprocess.run([nvcc, "-arch=sm_75", "-Werror", "all-warnings", "-c", str(path), "-o",

@@ -3,7 +3,10 @@
 No GPU is needed:
   (a) every ``kernels/*.cu`` compiles with nvcc for sm_70 (sm_75 where nvcc
       no longer builds sm_70) and sm_90 with all
-      warnings as errors (skipped, with the reason, when nvcc is absent);
+      warnings as errors (skipped, with the reason, when nvcc is absent), and
+      with NVRTC, the compiler cupy.RawModule runs on the GPU, for compute_70
+      and compute_90 (the ``nvidia-cuda-nvrtc-cu12`` wheel, no GPU needed;
+      skipped, with the reason, where it is absent);
   (b) every kernel of ``minidl.backend.cuda.kernel_specs.KERNELS`` is an
       ``extern "C" __global__`` function of its file with exactly the
       registered parameters, both in the source text and in the PTX nvcc
@@ -17,6 +20,8 @@ The kernels' numerics are exercised on a GPU by the CUDA backend's tests.
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import math
 import os
 import re
@@ -75,8 +80,13 @@ def _source_kernels(file: str) -> dict[str, list[tuple[str, str]]]:
 def _top_level_function_heads(src: str) -> list[str]:
     """Declaration text in front of every top-level ``{`` that opens a
     function body (preprocessor lines and comments removed)."""
-    src = "\n".join(line for line in _strip_comments(src).splitlines()
-                    if not line.lstrip().startswith("#"))
+    lines, directive = [], False
+    for line in _strip_comments(src).splitlines():  # drop preprocessor lines and their continuations
+        directive = directive or line.lstrip().startswith("#")
+        if not directive:
+            lines.append(line)
+        directive = directive and line.rstrip().endswith("\\")
+    src = "\n".join(lines)
     heads, depth, start = [], 0, 0
     for i, ch in enumerate(src):
         if ch == "{":
@@ -194,6 +204,68 @@ def test_compiles_without_warnings(nvcc_results, file, arch):
     assert "warning" not in log.lower(), f"nvcc -arch={arch} {file} warned:\n{log}"
 
 
+# NVRTC: what cupy.RawModule compiles the files with, driven through ctypes.
+NVRTC_ARCHS = ("compute_70", "compute_90")
+#: NVRTC 12.9's notice for compute_70 (Volta, the oldest GPU the issue targets), which it still compiles.
+NVRTC_ARCH_NOTICE = "Architectures prior to '<compute/sm>_75' are deprecated"
+
+
+def _nvrtc_library() -> ctypes.CDLL | None:
+    """libnvrtc.so.12 of the nvidia-cuda-nvrtc-cu12 wheel, or None where it is not installed."""
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    except ImportError:
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder, "lib", "libnvrtc.so.12")
+        if path.exists():
+            return ctypes.CDLL(str(path))
+    return None
+
+
+def nvrtc_compile(lib: ctypes.CDLL, source: str, name: str, arch: str) -> tuple[int, str, str]:
+    """(nvrtcResult, log, PTX) of compiling `source` for `arch` with -default-device, as cupy does."""
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
+    assert rc == 0, f"nvrtcCreateProgram({name}) returned {rc}"
+    try:
+        opts = [f"--gpu-architecture={arch}".encode(), b"-default-device"]
+        rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        ptx = b""
+        if rc == 0:
+            lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetPTX(prog, buf)
+            ptx = buf.value
+        return rc, log.value.decode(errors="replace").strip(), ptx.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@pytest.fixture(scope="module")
+def nvrtc_results():
+    """{(file, arch): (rc, log, ptx)} for every kernels/*.cu."""
+    lib = _nvrtc_library()
+    if lib is None:
+        pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12, the test extra on Linux x86-64): "
+                    "cannot compile the CUDA kernels as cupy does")
+    return {(f, arch): nvrtc_compile(lib, (KERNEL_SRC_DIR / f).read_text(), f, arch)
+            for f in CU_FILES for arch in NVRTC_ARCHS}
+
+
+@pytest.mark.parametrize("arch", NVRTC_ARCHS)
+@pytest.mark.parametrize("file", CU_FILES)
+def test_compiles_with_nvrtc(nvrtc_results, file, arch):
+    rc, log, _ = nvrtc_results[(file, arch)]
+    assert rc == 0, f"NVRTC --gpu-architecture={arch} {file} failed (nvrtcResult {rc}):\n{log}"
+    warnings = [line for line in log.splitlines() if "warning" in line.lower() and NVRTC_ARCH_NOTICE not in line]
+    assert not warnings, f"NVRTC --gpu-architecture={arch} {file} warned:\n{log}"
+
+
 # ---------------------------------------------------------------------------
 # (b) symbols and signatures
 # ---------------------------------------------------------------------------
@@ -238,19 +310,30 @@ def test_source_is_device_only_and_nvrtc_friendly(file):
             f"{file}: host function (neither __global__ nor __device__): {head}")
 
 
-def test_ptx_entries_match_specs(nvcc_results):
+def _check_ptx_entries(file: str, ptx: str) -> None:
     """The compiled module exports every registered kernel under its plain
     (unmangled) name with parameters of the registered widths, and nothing
     else."""
+    entries = _ptx_entries(ptx)
+    specs = ks.kernels_in_file(file)
+    assert set(entries) == {s.name for s in specs}, f"{file}: PTX entries {sorted(entries)}"
+    for s in specs:
+        assert len(entries[s.name]) == s.nargs, f"{s.name}: PTX has {len(entries[s.name])} params"
+        assert entries[s.name] == [_ptx_param_type(a.ctype) for a in s.args], s.name
+
+
+def test_ptx_entries_match_specs(nvcc_results):
     for file in CU_FILES:
         r = nvcc_results[(file, "ptx")]
         assert r.returncode == 0, f"nvcc -ptx {file} failed:\n{r.stderr}"
-        entries = _ptx_entries(r.ptx)
-        specs = ks.kernels_in_file(file)
-        assert set(entries) == {s.name for s in specs}, f"{file}: PTX entries {sorted(entries)}"
-        for s in specs:
-            assert len(entries[s.name]) == s.nargs, f"{s.name}: PTX has {len(entries[s.name])} params"
-            assert entries[s.name] == [_ptx_param_type(a.ctype) for a in s.args], s.name
+        _check_ptx_entries(file, r.ptx)
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_nvrtc_ptx_entries_match_specs(nvrtc_results, file):
+    rc, log, ptx = nvrtc_results[(file, NVRTC_ARCHS[0])]
+    assert rc == 0, log
+    _check_ptx_entries(file, ptx)
 
 
 def test_registry_shape():
@@ -269,7 +352,8 @@ def test_registry_shape():
                     "softmax_xent_ignore_backward"},
         "seq.cu": {"layernorm_forward", "layernorm_forward_apply", "layernorm_backward_dx",
                    "layernorm_backward_partials", "layernorm_backward_params", "gelu_forward", "gelu_backward",
-                   "softmax_forward", "softmax_backward", "embedding_forward", "embedding_backward"},
+                   "softmax_forward", "softmax_backward", "embedding_forward", "embedding_backward",
+                   "position_embedding_forward", "position_embedding_backward"},
         "optim.cu": {"sgd_update", "adam_update", "sgd_update_dev", "adam_update_dev"},
         "compress.cu": {"sz_quantize", "sz_encode_blocks", "sz_gather_planes", "sz_decode_blocks",
                         "sz_scatter_outliers"},
@@ -282,8 +366,42 @@ def test_registry_shape():
                            "lrn_backward"},
     }
     for file, names in expected.items():
-        assert {s.name for s in ks.kernels_in_file(file)} == names
+        assert {s.name for s in ks.kernels_in_file(file) if not s.half} == names
     assert ks.source_path("sgd_update") == ks.KERNEL_DIR / "optim.cu"
+
+
+HALF_BLOCK = re.compile(r"// -+\n// Half storage.*?// End of half storage\.\n// -+\n", re.S)
+
+
+def test_half_storage_block_is_one_text():
+    """Every file with half forms carries the same conversions (NVRTC has no #include to share them)."""
+    blocks = {f: HALF_BLOCK.findall((KERNEL_SRC_DIR / f).read_text()) for f in CU_FILES}
+    with_halves = {s.file for s in ks.KERNELS.values() if s.half}
+    assert {f for f, b in blocks.items() if b} == with_halves == {"elementwise.cu", "loss.cu", "pool.cu", "seq.cu"}
+    assert all(len(b) == 1 for f, b in blocks.items() if f in with_halves)
+    assert len({b[0] for f, b in blocks.items() if f in with_halves}) == 1
+
+
+def test_half_forms_mirror_their_float32_kernel():
+    """<name>_bf16 / <name>_f16 take <name>'s arguments with float storage replaced by bf16 / f16 (and
+    softmax_xent_backward's dloss appended); every half type appears in its own forms only."""
+    halves = [s for s in ks.KERNELS.values() if s.half]
+    assert len(halves) == 72
+    for s in halves:
+        suffix = ks.HALF_SUFFIX[s.half]
+        assert s.name.endswith(suffix)
+        other = "f16" if s.half == "bf16" else "bf16"
+        assert not any(other in a.ctype.split("*")[0].split() for a in s.args), s.name
+        base = ks.KERNELS.get(s.name[: -len(suffix)])
+        if base is None:
+            assert s.base in ("round_copy", "widen_copy"), s.name   # conversions: no float32 form
+            continue
+        assert (base.file, base.launch) == (s.file, s.launch)
+        extra = s.args[base.nargs:]
+        assert [a.name for a in extra] == (["dloss"] if base.name == "softmax_xent_backward" else [])
+        for a, b in zip(s.args, base.args):
+            assert a.name == b.name and a.ctype in (b.ctype, b.ctype.replace("float", suffix[1:])), (s.name, a)
+        assert any(a.ctype != b.ctype for a, b in zip(s.args, base.args)), s.name
 
 
 def test_coerce_scalars():

@@ -3,7 +3,8 @@
 Rules: importing needs neither cupy nor cuDNN (construction raises `CUDAUnavailable`). The budget is the arena, one
 raw `cudaMalloc`; outside it only `_SideBuffers`, handles and counted strays. Compute, offloads and prefetches run on
 a stream each, ordered by events. `CudnnGraphs` alone calls the cuDNN frontend; BN and ReLU may fall back
-(`fallbacks` says why), convolutions fail loudly. float32 data, int64 labels, else TypeError.
+(`fallbacks` says why), convolutions fail loudly. float32 data (in `--math bf16|fp16` also the mode's half
+storage: `halves`), int64 labels, else TypeError.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from ...core import startup
 from ...core.errors import MinidlError
 from ...core.user_cache import cache_folder, writable
 from ..base import Capabilities
-from . import cudnn_specs, launches, views
+from ..precision import HALF_DTYPES, precision
+from . import cudnn_specs, halves, launches, views
 from . import kernel_specs as ks
 from .conv import ConvOps
 from .copies import CopyOps, Transfer
@@ -180,10 +182,16 @@ class ReductionSource:
     reduce_type: str
 
 
-#: Batch-norm fallback kernels: statistics in float64, mean then squared deviations (as the CPU backend).
+#: Batch-norm fallback kernels: statistics in float64, mean then squared deviations (as the CPU backend); the
+#: channel sums of bias gradients.
 NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
     "sum": ReductionSource("float32 x", "float64 s", "(double)x", "a + b", "s = a", "0", "double"),
     "sum_f32": ReductionSource("float32 x", "float32 s", "(double)x", "a + b", "s = (float)a", "0", "double"),
+    # its half forms (`halves.variant`): the bias gradients of half convolutions and products, read exactly
+    "sum_f32_bf16": ReductionSource("uint16 x", "float32 s", "(double)(__uint_as_float((unsigned int)x << 16))",
+                                    "a + b", "s = (float)a", "0", "double"),
+    "sum_f32_f16": ReductionSource("float16 x", "float32 s", "(double)((float)x)", "a + b", "s = (float)a", "0",
+                                   "double"),
     "sqdev": ReductionSource("float32 x, float32 m", "float64 s", "(double)(x - m) * (double)(x - m)", "a + b",
                              "s = a", "0", "double"),
     "dot": ReductionSource("float32 dy, float32 x, float32 m", "float64 s", "(double)dy * (double)(x - m)",
@@ -267,7 +275,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
     `count_stray_allocations`: count cupy allocations outside the arena."""
 
     capabilities = Capabilities(name="cuda", device="gpu", kernels=SEQUENCE_KERNELS, stream_copies=True,
-                                graph_capture=True, device_guard=True, paged_arena=True, host_link=True)
+                                graph_capture=True, device_guard=True, paged_arena=True, host_link=True,
+                                half_kernels=launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS)
 
     def __init__(self, device: int = 0, *, allow_tf32: bool = False, deterministic: bool = True,
                  max_plans: int = 8, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True,
@@ -330,6 +339,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self._prev_allocator = None
         self._clock_anchor: tuple[Any, float] | None = None  # (event, perf_counter)
         self._cublas_math: Callable[[bool], None] | None = None  # None: host tests
+        self._cublas_ex: tuple[Any, int] | None = None   # (cupy's cuBLAS bindings, handle): half products, lazily
         self.graph_scalars = None  # backend/scalars.StepScalars while a graph is captured
         _LIVE_BACKENDS.add(self)
 
@@ -342,16 +352,17 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
     @property
     def math(self) -> str:
-        """'tf32' when cuDNN may pick TF32 engines, else 'fp32'."""
-        return "tf32" if self.filters.allow_tf32 else "fp32"
+        """'tf32' when cuDNN may pick TF32 engines, the half mode ('bf16', 'fp16') when in one, else 'fp32'."""
+        return self.filters.half or ("tf32" if self.filters.allow_tf32 else "fp32")
 
     def set_math(self, math: str) -> None:
-        """Switch 'fp32' / 'tf32' before planning (the mode decides the engines, hence the workspace options)."""
-        from ..mathmode import check_math
-
-        tf32 = check_math(math) == "tf32"
+        """Switch 'fp32' / 'tf32' / 'bf16' / 'fp16' before planning (the mode decides the engines, hence the
+        workspace options); the half modes allow tensor-core engines on half inputs, float32 stays TF32-free."""
+        prec = precision(math)
+        tf32 = prec.mode == "tf32"
         changed = tf32 != self.filters.allow_tf32
-        self.filters = cudnn_specs.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic)
+        self.filters = cudnn_specs.EngineFilters(allow_tf32=tf32, deterministic=self.filters.deterministic,
+                                                 half=prec.mode if prec.half is not None else None)
         if changed and self._cublas_math is not None:
             self._cublas_math(tf32)
 
@@ -507,6 +518,29 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             if not a.flags.c_contiguous:
                 raise ValueError(f"{op}: {name} must be C-contiguous")
 
+    def _check_io(self, op: str, **arrays) -> str | None:
+        """Check device arrays `arrays` (None: absent) as one kernel's I/O: C-contiguous, all float32 or all the
+        math mode's half storage. Returns None for float32, else 'bf16' / 'fp16'."""
+        half = self.filters.half
+        allowed = (F32, halves.storage_dtype(HALF_DTYPES[half])) if half else (F32,)
+        first = None
+        for name, a in arrays.items():
+            if a is None:
+                continue
+            if not isinstance(a, self.cp.ndarray):
+                raise TypeError(f"{op}: {name} must be a cupy array on the device, got {type(a).__name__}")
+            if a.dtype not in allowed:
+                raise TypeError(f"{op}: {name} must be {' or '.join(map(str, allowed))} in --math {self.math}, "
+                                f"got {a.dtype}")
+            if first is None:
+                first = name, a
+            elif a.dtype != first[1].dtype:
+                raise TypeError(f"{op}: {name} is {a.dtype} but {first[0]} is {first[1].dtype}: a kernel's "
+                                f"arrays share one dtype")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{op}: {name} must be C-contiguous")
+        return None if first is None else halves.half_of(first[1])
+
     @staticmethod
     def _ptr(a) -> int:
         return int(a.data.ptr)
@@ -530,16 +564,19 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             self._norm = _NormKernels(self.cp)
         return self._norm
 
-    def _graph(self, key: cudnn_specs.GraphKey) -> BuiltGraph | None:
-        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`)."""
-        if key in self._unsupported:
-            return None
-        try:
-            return self.graphs.get(key)
-        except GraphUnsupported as e:
-            self._unsupported.add(key)
-            self.fallbacks[key.op] = one_line(str(e))
-            return None
+    def _graph(self, key: cudnn_specs.GraphKey, required: bool = False) -> BuiltGraph | None:
+        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`); `required`: there is
+        no fallback (half data), so GraphUnsupported instead of None."""
+        if key not in self._unsupported:
+            try:
+                return self.graphs.get(key)
+            except GraphUnsupported as e:
+                self._unsupported.add(key)
+                self.fallbacks[key.op] = one_line(str(e))
+        if required:
+            raise GraphUnsupported(f"{key.op} on {key.spec.dtype} data has no kernel but cuDNN's, which cannot run "
+                                   f"it here ({self.fallbacks[key.op]}); use --math fp32")
+        return None
 
     def _run_graph(self, built: BuiltGraph, arrays: dict[str, Any], scalars: dict[str, float] | None = None):
         """Run a small graph's (BN, ReLU) first plan with a side-buffer workspace."""
@@ -556,11 +593,12 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             a = self._host_scalars[float(value)] = np.full((1, 1, 1, 1), value, np.float32)
         return a
 
-    def _constant(self, name: str, n: int, value: float):
-        """A cached device vector of `n` copies of `value`."""
-        key = f"{name}{n}"
-        buf = self.side.get(key, (n,), np.float32)
+    def _constant(self, name: str, n: int, value: float, dtype=F32):
+        """A cached device vector of `n` copies of `value` in device dtype `dtype` (bf16: its uint16 bits)."""
+        dt = np.dtype(dtype)
+        key = f"{name}{n}" if dt == F32 else f"{name}{n}_{dt.name}"
+        buf = self.side.get(key, (n,), dt)
         if key not in self._filled:
-            buf.fill(value)
+            buf.fill(np.asarray(value, halves.host_dtype(dt)).view(dt)[()])
             self._filled.add(key)
         return buf

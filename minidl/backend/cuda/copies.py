@@ -1,5 +1,6 @@
 """The CUDA backend's copies: host <-> device staging and fills, and the host store's offloads and prefetches on
-copy streams of their own, timed by events mapped onto the host clock (as `DeviceClock` times traced calls)."""
+copy streams of their own, timed by events mapped onto the host clock (as `DeviceClock` times traced calls).
+Rule: a bf16 tensor crosses as its bits (device uint16, host bfloat16: `halves`), never converted on the way."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from . import launches
+from . import halves, launches
 from .ops import F32, on_compute
 
 
@@ -29,18 +30,27 @@ class CopyOps:
 
     # -- memory helpers
     def to_host(self, a) -> np.ndarray:
+        """A host copy of device array `a` (bf16 bits come back as bfloat16)."""
         if isinstance(a, np.ndarray):
             return a
         self.compute.synchronize()
-        return a.get(stream=self.compute)
+        return a.get(stream=self.compute).view(halves.host_dtype(a.dtype))
 
     @on_compute
     def copy_in(self, dst, src) -> None:
+        """dst = src (host values or a device array); into a half dst, rounded once from float32 (the loaders'
+        dtype) to nearest even, as the CPU's `copy_in`."""
         if isinstance(src, self.cp.ndarray):
             self.cp.copyto(dst, src.reshape(dst.shape))
             return
         # not np.ascontiguousarray: it makes a 0-d source 1-d, which cupy's set() refuses for a 0-d view
-        host = np.asarray(src, dtype=dst.dtype).reshape(dst.shape)
+        half = halves.half_of(dst)
+        if half is None:
+            host = np.asarray(src, dtype=dst.dtype).reshape(dst.shape)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):   # fp16 overflows to inf
+                host = np.asarray(np.asarray(src, dtype=F32), dtype=halves.host_dtype(dst.dtype))
+            host = host.reshape(dst.shape).view(dst.dtype)
         if not host.flags.c_contiguous:
             host = host.copy(order="C")
         # pageable memory is staged before memcpyAsync returns: `host` may die afterwards
@@ -48,6 +58,9 @@ class CopyOps:
 
     @on_compute
     def fill(self, dst, value: float) -> None:
+        """dst = value (into bf16 storage as the bits of its rounding)."""
+        if halves.half_of(dst) == "bf16":
+            value = int(np.asarray(value, F32).astype(halves.BF16).view(np.uint16))
         dst.fill(value)
 
     @on_compute
@@ -68,14 +81,28 @@ class CopyOps:
 
     @on_compute
     def accumulate(self, dst, src) -> None:
-        if dst.dtype == F32 and src.dtype == F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
+        """dst += src; half storage by the kernel's half form (summed in float32, rounded once)."""
+        if halves.half_of(dst) is not None or halves.half_of(src) is not None:
+            self._check_io("accumulate", dst=dst, src=src)
+            self._launch(launches.accumulate(dst, src, self.limits))
+        elif dst.dtype == F32 and src.dtype == F32 and dst.flags.c_contiguous and src.flags.c_contiguous:
             self._launch(launches.accumulate(dst, src, self.limits))
         else:
             self.cp.add(dst, src, out=dst)
 
     @on_compute
     def copy(self, dst, src) -> None:
+        """dst = src; a float32 `src` into half storage rounds to nearest even (a weight copy's refresh)."""
+        if halves.half_of(dst) is not None and src.dtype == F32:
+            self._check_io("copy", dst=dst)
+            self._check("copy", src=src)
+            self._launch(launches.round_copy(dst, src, self.limits))
+            return
+        if dst.dtype != src.dtype and (halves.half_of(dst) or halves.half_of(src)):
+            raise TypeError(f"copy: {src.dtype} into {dst.dtype}: half storage is copied from its own dtype or "
+                            f"rounded from float32")
         self.cp.copyto(dst, src)
+
     # -- copies between pinned host buffers and device views
     def _upload(self, dst, src: np.ndarray, stream) -> None:
         """Pinned `src` -> `dst` on `stream` by cudaMemcpyAsync: cupy's `set` refuses a capturing stream."""
@@ -89,8 +116,8 @@ class CopyOps:
 
     # -- host transfers (offload / prefetch)
     def host_empty(self, shape, dtype) -> np.ndarray:
-        """A numpy array in pinned host memory."""
-        return self.cpx.empty_pinned(shape, dtype=dtype)
+        """A numpy array in pinned host memory; for a bf16 device array's uint16 dtype a bfloat16 one."""
+        return self.cpx.empty_pinned(shape, dtype=halves.host_dtype(dtype))
 
     def offload_async(self, src, dst: np.ndarray) -> Transfer:
         """`src` -> `dst` on the transfer stream, after the compute work already enqueued. Returns at once."""
@@ -162,7 +189,7 @@ class CopyOps:
     def _check_transfer(dev, host) -> None:
         if not isinstance(host, np.ndarray):
             raise TypeError(f"host side of a transfer must be a numpy array, got {type(host).__name__}")
-        if tuple(dev.shape) != tuple(host.shape) or np.dtype(dev.dtype) != host.dtype:
+        if tuple(dev.shape) != tuple(host.shape) or np.dtype(dev.dtype) != halves.storage_dtype(host.dtype):
             raise ValueError(f"transfer between {tuple(dev.shape)} {dev.dtype} (device) and {host.shape} "
                              f"{host.dtype} (host): shapes and dtypes must match")
         if not host.flags.c_contiguous:

@@ -2,8 +2,9 @@
 kept per `GraphKey`, executed.
 
 A convolution graph keeps up to `max_plans` plans (the planner's workspace options), a batch-norm or ReLU graph
-the first that builds. Rule: a graph loaded from a `plan_cache.PlanStore` has the recorded plans, indices,
-names and workspaces, so a warm process plans as a cold one.
+the first that builds. Every graph computes in float32 (compute and intermediate FLOAT); its I/O is the spec's dtype
+(half graphs store their outputs rounded once, from float32). Rule: a graph loaded from a `plan_cache.PlanStore`
+has the recorded plans, indices, names and workspaces, so a warm process plans as a cold one.
 """
 from __future__ import annotations
 
@@ -113,10 +114,14 @@ class CudnnGraphs:
     def _enum(self, enum: str, member: str):
         return getattr(getattr(self.cudnn, enum), member)
 
-    def _new_graph(self):
+    def _new_graph(self, key: cudnn_specs.GraphKey):
         f = self._enum("data_type", "FLOAT")
-        return self.cudnn.pygraph(io_data_type=f, intermediate_data_type=f, compute_data_type=f,
+        io = self._enum("data_type", cudnn_specs.cudnn_dtype_name(key.spec.dtype))
+        return self.cudnn.pygraph(io_data_type=io, intermediate_data_type=f, compute_data_type=f,
                                   handle=self.handle)
+
+    def _float(self):
+        return self._enum("data_type", "FLOAT")
 
     def _tensor(self, g, d: cudnn_specs.TensorDesc):
         return g.tensor(data_type=self._enum("data_type", d.dtype), **d.kwargs())
@@ -135,20 +140,23 @@ class CudnnGraphs:
         d = spec.descs()
         (a, b), out = spec.io(op)
         ta, tb = self._tensor(g, d[a]), self._tensor(g, d[b])
-        kw = spec.conv_kwargs()
-        if op == "fprop":
+        kw = {**spec.conv_kwargs(), "compute_data_type": self._float()}
+        if op in ("fprop", "fprop_bias"):
             t = g.conv_fprop(image=ta, weight=tb, name="fprop", **kw)
-        elif op == "wgrad":
-            t = g.conv_wgrad(image=ta, loss=tb, name="wgrad", **kw)
+        elif op == "wgrad":   # half x and dy in, float32 dw out: weight gradients accumulate in float32
+            return {a: ta, b: tb, out: self._output(g.conv_wgrad(image=ta, loss=tb, name="wgrad", **kw), d["dw"])}
         else:
             t = g.conv_dgrad(loss=ta, filter=tb, name="dgrad", **kw)
-        if op != "dgrad_add":
+        if op in ("fprop", "dgrad"):
             return {a: ta, b: tb, out: self._output(t, d[out])}
-        # dx + x_acc in the dgrad's epilogue: x_acc is another tensor of the graph (cuDNN refuses a multi-node
-        # graph whose output is one of its inputs); the backend binds both to the delta's memory
-        acc = self._tensor(g, d["x_acc"])
-        total = g.add(a=self._output(t, d[out], output=False), b=acc, name="add_into")
-        return {a: ta, b: tb, "x_acc": acc, out: self._output(total, d[out])}
+        # conv + b, or dx + x_acc (x_acc is another tensor of the graph: cuDNN refuses a multi-node graph whose
+        # output is one of its inputs; the backend binds both to the delta's memory), in the convolution's
+        # epilogue on its float32 result, rounded once when stored
+        other = "b" if op == "fprop_bias" else "x_acc"
+        extra = self._tensor(g, d[other])
+        total = g.add(a=self._output(t, d[out].inner(), output=False), b=extra, compute_data_type=self._float(),
+                      name="add_into")
+        return {a: ta, b: tb, other: extra, out: self._output(total, d[out])}
 
     def _bn_body(self, g, spec: cudnn_specs.BNSpec, op: str) -> dict[str, Any]:
         d = spec.descs(op)
@@ -158,18 +166,19 @@ class CudnnGraphs:
             y, mean, invstd, nrm, nrv = g.batchnorm(
                 name="bn", input=ins["x"], scale=ins["scale"], bias=ins["bias"],
                 in_running_mean=ins["running_mean"], in_running_var=ins["running_var"],
-                epsilon=ins["epsilon"], momentum=ins["momentum"])
+                epsilon=ins["epsilon"], momentum=ins["momentum"], compute_data_type=self._float())
             outs = {"y": y, "mean": mean, "invstd": invstd, "next_running_mean": nrm, "next_running_var": nrv}
         elif op == "bn_infer":
             ins = {k: self._tensor(g, d[k]) for k in ("x", "mean", "invstd", "scale", "bias")}
             y = g.batchnorm_inference(name="bn_infer", input=ins["x"], mean=ins["mean"],
-                                      inv_variance=ins["invstd"], scale=ins["scale"], bias=ins["bias"])
+                                      inv_variance=ins["invstd"], scale=ins["scale"], bias=ins["bias"],
+                                      compute_data_type=self._float())
             outs = {"y": y}
         else:
             ins = {k: self._tensor(g, d[k]) for k in ("dy", "x", "scale", "mean", "invstd")}
             dx, dscale, dbias = g.batchnorm_backward(name="bn_bwd", grad=ins["dy"], input=ins["x"],
                                                      scale=ins["scale"], mean=ins["mean"],
-                                                     inv_variance=ins["invstd"])
+                                                     inv_variance=ins["invstd"], compute_data_type=self._float())
             outs = {"dx": dx, "dscale": dscale, "dbias": dbias}
         return {**ins, **{k: self._output(t, d[k]) for k, t in outs.items()}}
 
@@ -177,10 +186,11 @@ class CudnnGraphs:
         d = spec.descs(op)
         if op == "relu_fwd":
             x = self._tensor(g, d["x"])
-            return {"x": x, "y": self._output(g.relu(name="relu", input=x), d["y"])}
+            return {"x": x, "y": self._output(g.relu(name="relu", input=x, compute_data_type=self._float()), d["y"])}
         y, dy = self._tensor(g, d["y"]), self._tensor(g, d["dy"])
         # RELU_BWD: dx = dy where input > 0. Fed the forward OUTPUT y, which is > 0 exactly where x is.
-        return {"y": y, "dy": dy, "dx": self._output(g.relu_backward(name="relu_bwd", loss=dy, input=y), d["dx"])}
+        dx = g.relu_backward(name="relu_bwd", loss=dy, input=y, compute_data_type=self._float())
+        return {"y": y, "dy": dy, "dx": self._output(dx, d["dx"])}
 
     def _body(self, key: cudnn_specs.GraphKey) -> Callable[[Any], dict[str, Any]]:
         op, spec = key.op, key.spec
@@ -220,7 +230,7 @@ class CudnnGraphs:
         attempts = [notes, ()] if notes else [()]
         errors = []
         for deselect in attempts:
-            g = self._new_graph()
+            g = self._new_graph(key)
             tensors = body(g)
             kept: list[PlanRecord] | None = [] if records is not None else None
             try:
@@ -343,7 +353,7 @@ class CudnnGraphs:
     def _replay(self, key: cudnn_specs.GraphKey, recs: list[PlanRecord],
                 runners: dict[int, PlanRunner]) -> tuple[Any, dict[str, Any]]:
         """Build `recs` on a fresh graph from their `(engine_id, knobs)`, skipping the heuristics."""
-        g = self._new_graph()
+        g = self._new_graph(key)
         tensors = self._body(key)(g)
         g.validate()
         g.build_operation_graph()

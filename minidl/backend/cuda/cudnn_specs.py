@@ -1,7 +1,9 @@
 """cuDNN graph parameters and convolution "algorithms", device-free (host-tested, no cuDNN needed).
 
-`TensorDesc` is what `pygraph.tensor(...)` receives; `GraphKey` keys a built graph by op, shapes, parameters and
-engine filters, never a pointer. Execution plans reach the planner as `cudnn:f<i>` (forward plan i) and
+`TensorDesc` is what `pygraph.tensor(...)` receives; `GraphKey` keys a built graph by op, shapes, dtypes, parameters
+and engine filters, never a pointer. Half graphs (`--math bf16|fp16`) take and give half data (a bf16 tensor is its
+uint16 bits: `halves`) and compute in float32: FLOAT compute and intermediates, float32 weight gradients, BN
+parameters and statistics. Execution plans reach the planner as `cudnn:f<i>` (forward plan i) and
 `cudnn:d<i>w<j>` (dgrad plan i, wgrad plan j, one workspace of max(ws_i, ws_j)). An accumulating backward runs
 the `dgrad_add` graph under the same names, else `cudnn:d<i>w<j>+add`: dgrad into the workspace's head, added after.
 """
@@ -16,12 +18,14 @@ import numpy as np
 
 from ...core.vocab import WorkspaceOption
 from ..common import conv_output_hw
+from .halves import BF16_BITS, storage_dtype
 from .views import CUDA_MALLOC_ALIGNMENT, contiguous_strides, shape_tuple
 
 _CUDNN_DTYPES = {
     np.dtype(np.float32): "FLOAT",
     np.dtype(np.float64): "DOUBLE",
     np.dtype(np.float16): "HALF",
+    BF16_BITS: "BFLOAT16",   # a uint16 device array holds bf16 bits (`halves`)
     np.dtype(np.int32): "INT32",
     np.dtype(np.int64): "INT64",
     np.dtype(np.int8): "INT8",
@@ -31,8 +35,8 @@ _CUDNN_DTYPES = {
 
 
 def cudnn_dtype_name(dtype) -> str:
-    """The member name of `cudnn.data_type` for a numpy dtype."""
-    dt = np.dtype(dtype)
+    """The member name of `cudnn.data_type` for a numpy dtype (bfloat16 and its uint16 storage: BFLOAT16)."""
+    dt = storage_dtype(dtype)
     try:
         return _CUDNN_DTYPES[dt]
     except KeyError:
@@ -49,6 +53,11 @@ class TensorDesc:
     stride: tuple[int, ...]
     dtype: str = "FLOAT"
     by_value: bool = False
+
+    def inner(self) -> "TensorDesc":
+        """This tensor as a float32 intermediate inside a graph (a virtual tensor: half graphs round only their
+        outputs)."""
+        return TensorDesc(self.name, self.dim, self.stride, "FLOAT", self.by_value)
 
     def kwargs(self) -> dict[str, Any]:
         """`pygraph.tensor`'s arguments but `data_type` (the adapter maps it)."""
@@ -83,16 +92,18 @@ def scalar_desc(name: str, dtype=np.float32) -> TensorDesc:
 
 @dataclass(slots=True, frozen=True)
 class EngineFilters:
-    """Which cuDNN engines a graph may use (part of its key): without `allow_tf32`, no TENSOR_CORE /
-    DOWN_CONVERT_INPUTS (TF32: ~1e-3 off); with `deterministic`, no NONDETERMINISTIC (atomics)."""
+    """Which cuDNN engines a graph may use (part of its key): without `allow_tf32`, no DOWN_CONVERT_INPUTS
+    (TF32: ~1e-3 off) and, but in a `half` mode ('bf16', 'fp16': tensor cores on half inputs, float32
+    accumulation), no TENSOR_CORE; with `deterministic`, no NONDETERMINISTIC (atomics)."""
 
     allow_tf32: bool = False
     deterministic: bool = True
+    half: str | None = None
 
     def numeric_notes(self) -> tuple[str, ...]:
         notes = []
         if not self.allow_tf32:
-            notes += ["TENSOR_CORE", "DOWN_CONVERT_INPUTS"]
+            notes += ["DOWN_CONVERT_INPUTS"] if self.half else ["TENSOR_CORE", "DOWN_CONVERT_INPUTS"]
         if self.deterministic:
             notes.append("NONDETERMINISTIC")
         return tuple(notes)
@@ -107,8 +118,21 @@ class GraphKey:
     filters: EngineFilters
 
 
+def dtype_name(dtype) -> str:
+    """A spec's dtype: the numpy name of the device storage ('float32', 'float16', 'uint16' for bf16)."""
+    return storage_dtype(dtype).name
+
+
+#: The layer kernels (`Layer.kernels()`) whose half forms run on cuDNN and cuBLAS (`Capabilities.half_kernels`):
+#: conv.py's, dense.py's and norm.py's graphs. BatchNorm2d's batchnorm_backward_eval and Conv2d's `accumulate` are
+#: kernels of their own (`launches.HALF_KERNELS` lists their half forms).
+HALF_KERNELS: frozenset[str] = frozenset({
+    "conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward", "batchnorm_forward_train",
+    "batchnorm_forward_apply", "batchnorm_forward_eval", "batchnorm_backward"})
+
+
 # -- convolution
-CONV_OPS = ("fprop", "dgrad", "wgrad", "dgrad_add")
+CONV_OPS = ("fprop", "fprop_bias", "dgrad", "wgrad", "dgrad_add")
 
 
 @dataclass(slots=True, frozen=True)
@@ -145,21 +169,28 @@ class ConvSpec:
         if y != (n, cout, ho, wo):
             raise ValueError(f"conv2d: output must be {(n, cout, ho, wo)} for x {x}, w {w}, stride {stride}, "
                              f"padding {padding}, dilation {dilation}; got {y}")
-        return cls(x, w, y, stride, padding, dilation, groups, np.dtype(dtype).name)  # type: ignore[arg-type]
+        return cls(x, w, y, stride, padding, dilation, groups, dtype_name(dtype))  # type: ignore[arg-type]
 
     def conv_kwargs(self) -> dict[str, list[int]]:
         """`padding=`, `stride=`, `dilation=` of the conv ops (padding symmetric, as PyTorch's)."""
         return {"padding": list(self.padding), "stride": list(self.stride), "dilation": list(self.dilation)}
 
     def descs(self) -> dict[str, TensorDesc]:
-        """x (image), w (filter), y (output or its gradient), x_acc (the delta `dgrad_add` adds to)."""
+        """x (image), w (filter), y (output or its gradient), x_acc (the delta `dgrad_add` adds to), b (the bias
+        `fprop_bias` adds, (1, Cout, 1, 1)), all in the spec's dtype; dw (wgrad's output) in float32, where
+        weight gradients accumulate."""
         return {"x": nchw_desc("x", self.x, self.dtype), "w": nchw_desc("w", self.w, self.dtype),
-                "y": nchw_desc("y", self.y, self.dtype), "x_acc": nchw_desc("x_acc", self.x, self.dtype)}
+                "y": nchw_desc("y", self.y, self.dtype), "x_acc": nchw_desc("x_acc", self.x, self.dtype),
+                "b": channel_desc("b", self.w[0], self.dtype), "dw": nchw_desc("w", self.w, np.float32)}
+
+    @property
+    def half(self) -> bool:
+        return self.dtype != "float32"
 
     def io(self, op: str) -> tuple[tuple[str, str], str]:
         """(graph inputs, output) of `op`: fprop (x, w) -> y, dgrad (y, w) -> x, wgrad (x, y) -> w;
-        dgrad_add's x is dx + x_acc."""
-        if op == "fprop":
+        fprop_bias's y is conv + b, dgrad_add's x is dx + x_acc."""
+        if op in ("fprop", "fprop_bias"):
             return ("x", "w"), "y"
         if op in ("dgrad", "dgrad_add"):
             return ("y", "w"), "x"
@@ -188,7 +219,7 @@ class BNSpec:
         x = shape_tuple(x_shape)
         if len(x) != 4:
             raise ValueError(f"batch norm: expected a 4-D NCHW input, got {x}")
-        return cls(x, np.dtype(dtype).name)  # type: ignore[arg-type]
+        return cls(x, dtype_name(dtype))  # type: ignore[arg-type]
 
     @property
     def channels(self) -> int:
@@ -201,10 +232,11 @@ class BNSpec:
         return n * h * w
 
     def descs(self, op: str) -> dict[str, TensorDesc]:
-        """The tensors of graph `op`, named as the backend's variant pack."""
+        """The tensors of graph `op`, named as the backend's variant pack: x, y, dx, dy in the spec's dtype; the
+        per-channel scale, bias, statistics and their gradients in float32."""
         c, dt = self.channels, self.dtype
         big = lambda name: nchw_desc(name, self.x, dt)  # noqa: E731
-        vec = lambda name: channel_desc(name, c, dt)    # noqa: E731
+        vec = lambda name: channel_desc(name, c)        # noqa: E731
         if op == "bn_train":
             names = {"x": big, "y": big, "scale": vec, "bias": vec, "running_mean": vec, "running_var": vec,
                      "next_running_mean": vec, "next_running_var": vec, "mean": vec, "invstd": vec}
@@ -239,7 +271,7 @@ class PointwiseSpec:
 
     @classmethod
     def from_shape(cls, shape, dtype) -> "PointwiseSpec":
-        return cls(shape_tuple(shape), np.dtype(dtype).name)  # type: ignore[arg-type]
+        return cls(shape_tuple(shape), dtype_name(dtype))  # type: ignore[arg-type]
 
     def dims4(self) -> tuple[int, int, int, int]:
         """The shape padded with trailing ones (or folded) to 4-D."""

@@ -4,7 +4,9 @@
 order) and its launch kind; the backend converts Python scalars to the exact C types (cupy passes a ``float``
 as ``double``, an ``int`` as ``long long``: ``coerce_scalars``). ``launch_config`` picks grid and block.
 Kernel conventions (``kernels/elementwise.cu``): float32 data, int64 labels, outputs first, ``long long``
-sizes, grid-stride loops (any grid is correct).
+sizes, grid-stride loops (any grid is correct). A kernel with half forms has entry points ``<name>_bf16`` and
+``<name>_f16`` beside it: its activation-like arguments in bf16 / fp16 storage (C types ``bf16*``, ``f16*``:
+16-bit values), everything else as in ``<name>``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "scalar_type",
     "coerce_scalars",
     "launch_config",
+    "HALF_SUFFIX",
     "THREADS_PER_BLOCK",
     "BLOCKS_PER_SM",
 ]
@@ -82,6 +85,12 @@ class KernelSpec:
     work: str
     doc: str = ""
     torch_op: str = ""
+    half: str = ""       # "bf16" / "fp16": a half form's storage ("" for float32)
+
+    @property
+    def base(self) -> str:
+        """The kernel's name without its half suffix (``relu_forward`` for ``relu_forward_bf16``)."""
+        return self.name[: -len(HALF_SUFFIX[self.half])] if self.half else self.name
 
     @property
     def nargs(self) -> int:
@@ -111,40 +120,62 @@ def _args(sig: str) -> Tuple[Arg, ...]:
     return tuple(out)
 
 
+#: Entry-point suffix of each half storage (kernels/*.cu: "Half storage").
+HALF_SUFFIX = {"bf16": "_bf16", "fp16": "_f16"}
+_HALF_CTYPE = {"bf16": "bf16", "fp16": "f16"}
+
+
+def _with_halves(spec: KernelSpec, *storage: str, extra: str = "", work: str = "",
+                 doc: str = "") -> Tuple[KernelSpec, ...]:
+    """`spec` and its half forms: the `storage` arguments' ``float`` replaced by each half's C type, `extra`
+    arguments (C signature text) appended to the half forms only; `work`, `doc` where the half forms differ."""
+    missing = set(storage) - set(spec.arg_names)
+    assert not missing and all("float" in a.ctype for a in spec.args if a.name in storage), (spec.name, missing)
+    out = [spec]
+    for half, suffix in HALF_SUFFIX.items():
+        args = tuple(Arg(a.name, a.ctype.replace("float", _HALF_CTYPE[half]) if a.name in storage else a.ctype)
+                     for a in spec.args) + (_args(extra) if extra else ())
+        out.append(KernelSpec(spec.name + suffix, spec.file, args, spec.launch, work or spec.work,
+                              doc=f"{spec.name} on {half} storage" + (f"; {doc}" if doc else ""),
+                              torch_op=spec.torch_op, half=half))
+    return tuple(out)
+
+
 _POOL_DIMS = "long long N, long long C, long long H, long long W, long long OH, long long OW"
 
 _SPECS: Sequence[KernelSpec] = (
     # -- loss.cu
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "softmax_xent_forward", "loss.cu",
         _args("float* loss, const float* logits, const long long* labels, "
               "long long N, long long K"),
         launch="row", work="(N, K)",
         doc="per-sample loss[r] = logsumexp(x[r]) - x[r, labels[r]]; NaN for a "
             "label outside [0, K)",
-        torch_op="F.cross_entropy(reduction='none')"),
+        torch_op="F.cross_entropy(reduction='none')"), "logits"),
     KernelSpec(
         "softmax_xent_mean", "loss.cu",
         _args("float* out, const float* loss, long long N"),
         launch="single_block", work="N",
         doc="out[0] = mean(loss[:N]) (NaN if N == 0)",
         torch_op="Tensor.mean"),
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "softmax_xent_backward", "loss.cu",
         _args("float* dlogits, const float* logits, const long long* labels, "
               "long long N, long long K, float scale"),
         launch="row", work="(N, K)",
         doc="dlogits = (softmax(logits) - onehot(labels)) * scale, scale = "
             "dloss / N for the mean; NaN rows for invalid labels",
-        torch_op="F.cross_entropy backward"),
-    KernelSpec(
+        torch_op="F.cross_entropy backward"), "dlogits", "logits", extra="const float* dloss",
+        doc="times dloss[0] (the loss's float32 gradient) before the one rounding"),
+    *_with_halves(KernelSpec(
         "softmax_xent_ignore_forward", "loss.cu",
         _args("float* loss, const float* logits, const long long* labels, "
               "long long N, long long K, long long ignore_index"),
         launch="row", work="(N, K)",
         doc="per-row loss as softmax_xent_forward, 0 for a row whose label is "
             "ignore_index",
-        torch_op="F.cross_entropy(ignore_index=..., reduction='none')"),
+        torch_op="F.cross_entropy(ignore_index=..., reduction='none')"), "logits"),
     KernelSpec(
         "softmax_xent_ignore_mean", "loss.cu",
         _args("float* out, const float* loss, const long long* labels, "
@@ -159,13 +190,13 @@ _SPECS: Sequence[KernelSpec] = (
         launch="single_block", work="N",
         doc="scale[0] = dloss[0] / (rows not ignored), on the device",
         torch_op="F.cross_entropy(ignore_index=...) backward"),
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "softmax_xent_ignore_backward", "loss.cu",
         _args("float* dlogits, const float* logits, const long long* labels, "
               "const float* scale, long long N, long long K, long long ignore_index"),
         launch="row", work="(N, K)",
         doc="(softmax - onehot) * scale[0] per row, zeros for ignored rows",
-        torch_op="F.cross_entropy(ignore_index=...) backward"),
+        torch_op="F.cross_entropy(ignore_index=...) backward"), "dlogits", "logits"),
     # -- optim.cu
     KernelSpec(
         "sgd_update", "optim.cu",
@@ -201,50 +232,52 @@ _SPECS: Sequence[KernelSpec] = (
         doc="adam_update with {lr, step} read from device memory, skipped if diverged[0]: a CUDA graph's replay",
         torch_op="torch.optim.Adam.step"),
     # -- pool.cu
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "maxpool2d_forward", "pool.cu",
         _args("float* y, const float* x, " + _POOL_DIMS + ", int kh, int kw, "
               "int sh, int sw, int ph, int pw, int dh, int dw"),
         launch="elementwise", work="y.size",
         doc="NCHW max pooling, padding = -inf, dilation supported",
-        torch_op="F.max_pool2d"),
-    KernelSpec(
+        torch_op="F.max_pool2d"), "y", "x"),
+    *_with_halves(KernelSpec(
         "maxpool2d_backward", "pool.cu",
         _args("float* dx, const float* dy, const float* x, " + _POOL_DIMS +
               ", int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw"),
         launch="elementwise", work="dy.size",
         doc="recomputes the argmax (first max, row-major) from x and atomicAdds "
             "dy into dx; THE HOST MUST ZERO dx FIRST",
-        torch_op="F.max_pool2d backward"),
-    KernelSpec(
+        torch_op="F.max_pool2d backward"), "dx", "dy", "x", work="dx.size",
+        doc="gather form: one thread per input element sums dy over the windows it is the argmax of, in "
+            "row-major output order; overwrites dx"),
+    *_with_halves(KernelSpec(
         "avgpool2d_forward", "pool.cu",
         _args("float* y, const float* x, " + _POOL_DIMS + ", int kh, int kw, "
               "int sh, int sw, int ph, int pw, int count_include_pad, "
               "int divisor_override"),
         launch="elementwise", work="y.size",
         doc="NCHW average pooling; divisor_override = 0 means None",
-        torch_op="F.avg_pool2d"),
-    KernelSpec(
+        torch_op="F.avg_pool2d"), "y", "x"),
+    *_with_halves(KernelSpec(
         "avgpool2d_backward", "pool.cu",
         _args("float* dx, const float* dy, " + _POOL_DIMS + ", int kh, int kw, "
               "int sh, int sw, int ph, int pw, int count_include_pad, "
               "int divisor_override"),
         launch="elementwise", work="dx.size",
         doc="gather form: one thread per input element, overwrites dx",
-        torch_op="F.avg_pool2d backward"),
-    KernelSpec(
+        torch_op="F.avg_pool2d backward"), "dx", "dy"),
+    *_with_halves(KernelSpec(
         "global_avgpool_forward", "pool.cu",
         _args("float* y, const float* x, long long NC, long long HW"),
         launch="warp_row", work="(N*C, H*W)",
         doc="y[r] = mean(x[r, :]) over H*W; one warp per row, blockDim.x must "
             "be a multiple of 32",
-        torch_op="F.adaptive_avg_pool2d(x, 1)"),
-    KernelSpec(
+        torch_op="F.adaptive_avg_pool2d(x, 1)"), "y", "x"),
+    *_with_halves(KernelSpec(
         "global_avgpool_backward", "pool.cu",
         _args("float* dx, const float* dy, long long NC, long long HW"),
         launch="elementwise", work="dx.size",
         doc="dx[r, j] = dy[r] / HW",
-        torch_op="F.adaptive_avg_pool2d(x, 1) backward"),
+        torch_op="F.adaptive_avg_pool2d(x, 1) backward"), "dx", "dy"),
     # -- compress.cu
     KernelSpec(
         "sz_quantize", "compress.cu",
@@ -278,126 +311,136 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="n_out",
         doc="write the outliers' exact values back after sz_decode_blocks"),
     # -- elementwise.cu
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "add_forward", "elementwise.cu",
         _args("float* out, const float* a, const float* b, long long n"),
         launch="elementwise", work="n",
-        doc="out = a + b (out may alias a or b)", torch_op="torch.add"),
-    KernelSpec(
+        doc="out = a + b (out may alias a or b)", torch_op="torch.add"), "out", "a", "b"),
+    *_with_halves(KernelSpec(
         "accumulate", "elementwise.cu",
         _args("float* dst, const float* src, long long n"),
         launch="elementwise", work="n",
-        doc="dst += src", torch_op="Tensor.add_"),
+        doc="dst += src", torch_op="Tensor.add_"), "dst", "src"),
+    *(KernelSpec(
+        "round_copy" + suffix, "elementwise.cu", _args(f"{_HALF_CTYPE[half]}* out, const float* x, long long n"),
+        launch="elementwise", work="n", half=half,
+        doc=f"out = x rounded to {half}: a weight's half copy refreshed from its float32 master",
+        torch_op="Tensor.copy_") for half, suffix in HALF_SUFFIX.items()),
+    *(KernelSpec(
+        "widen_copy" + suffix, "elementwise.cu", _args(f"float* out, const {_HALF_CTYPE[half]}* x, long long n"),
+        launch="elementwise", work="n", half=half,
+        doc=f"out = the {half} values of x in float32, exactly (an add of more than two half inputs)",
+        torch_op="Tensor.float") for half, suffix in HALF_SUFFIX.items()),
     KernelSpec(
         "scale_copy", "elementwise.cu",
         _args("float* out, const float* x, long long n, float scale"),
         launch="elementwise", work="n",
         doc="out = x * scale (out may alias x)", torch_op="torch.mul"),
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "relu_forward", "elementwise.cu",
         _args("float* y, const float* x, long long n"),
         launch="elementwise", work="n",
-        doc="y = max(x, 0), NaN propagates", torch_op="torch.relu"),
-    KernelSpec(
+        doc="y = max(x, 0), NaN propagates", torch_op="torch.relu"), "y", "x"),
+    *_with_halves(KernelSpec(
         "relu_backward", "elementwise.cu",
         _args("float* dx, const float* y, const float* dy, long long n"),
         launch="elementwise", work="n",
         doc="dx = y > 0 ? dy : 0 (y is the forward OUTPUT)",
-        torch_op="threshold_backward"),
-    KernelSpec(
+        torch_op="threshold_backward"), "dx", "y", "dy"),
+    *_with_halves(KernelSpec(
         "dropout_forward", "elementwise.cu",
         _args("float* out, const float* x, long long n, unsigned long long key, "
               "unsigned int threshold24, float scale"),
         launch="elementwise", work="n",
         doc="out = keep ? x * scale : 0, keep = (splitmix64(key + i) >> 40) >= "
             "threshold24 (see dropout_keep_mask)",
-        torch_op="F.dropout(training=True)"),
-    KernelSpec(
+        torch_op="F.dropout(training=True)"), "out", "x"),
+    *_with_halves(KernelSpec(
         "dropout_backward", "elementwise.cu",
         _args("float* dx, const float* dy, long long n, unsigned long long key, "
               "unsigned int threshold24, float scale"),
         launch="elementwise", work="n",
         doc="dx = keep ? dy * scale : 0 with the forward's key (mask replayed)",
-        torch_op="F.dropout backward"),
+        torch_op="F.dropout backward"), "dx", "dy"),
     KernelSpec(
         "nonfinite_flag", "elementwise.cu",
         _args("int* flag, const float* x, long long n, int code"),
         launch="elementwise", work="n",
         doc="flag[0] = code (atomicCAS from 0) if any x[i] is not finite: the divergence guard in a CUDA graph",
         torch_op="torch.isfinite(x).all()"),
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "dropout_forward_dev", "elementwise.cu",
         _args("float* out, const float* x, long long n, const unsigned long long* key, "
               "unsigned int threshold24, float scale"),
         launch="elementwise", work="n",
         doc="dropout_forward with the key read from device memory (key[0]): a CUDA graph's replay",
-        torch_op="F.dropout(training=True)"),
-    KernelSpec(
+        torch_op="F.dropout(training=True)"), "out", "x"),
+    *_with_halves(KernelSpec(
         "dropout_backward_dev", "elementwise.cu",
         _args("float* dx, const float* dy, long long n, const unsigned long long* key, "
               "unsigned int threshold24, float scale"),
         launch="elementwise", work="n",
         doc="dropout_backward with the key read from device memory (key[0]): a CUDA graph's replay",
-        torch_op="F.dropout backward"),
-    KernelSpec(
+        torch_op="F.dropout backward"), "dx", "dy"),
+    *_with_halves(KernelSpec(
         "concat_copy_forward", "elementwise.cu",
         _args("float* out, const float* x, long long N, long long Ci, "
               "long long inner, long long Ctotal, long long c0"),
         launch="elementwise", work="x.size",
         doc="out[:, c0:c0+Ci] = x for x (N, Ci, *S), out (N, Ctotal, *S), "
             "inner = prod(S)",
-        torch_op="torch.cat(dim=1)"),
-    KernelSpec(
+        torch_op="torch.cat(dim=1)"), "out", "x"),
+    *_with_halves(KernelSpec(
         "concat_copy_backward", "elementwise.cu",
         _args("float* dx, const float* dout, long long N, long long Ci, "
               "long long inner, long long Ctotal, long long c0"),
         launch="elementwise", work="dx.size",
         doc="dx = dout[:, c0:c0+Ci] (overwrites dx)",
-        torch_op="torch.cat(dim=1) backward"),
-    KernelSpec(
+        torch_op="torch.cat(dim=1) backward"), "dx", "dout"),
+    *_with_halves(KernelSpec(
         "lrn_forward", "elementwise.cu",
         _args("float* y, const float* x, long long N, long long C, long long inner, "
               "int size, float alpha, float beta, float k"),
         launch="elementwise", work="x.size",
         doc="y = x / (k + alpha/size * sum_{window} x^2)^beta across channels",
-        torch_op="nn.LocalResponseNorm"),
-    KernelSpec(
+        torch_op="nn.LocalResponseNorm"), "y", "x"),
+    *_with_halves(KernelSpec(
         "lrn_backward", "elementwise.cu",
         _args("float* dx, const float* x, const float* y, const float* dy, "
               "long long N, long long C, long long inner, int size, float alpha, "
               "float beta, float k"),
         launch="elementwise", work="x.size",
         doc="gradient of lrn_forward given x, its output y and dy",
-        torch_op="nn.LocalResponseNorm backward"),
+        torch_op="nn.LocalResponseNorm backward"), "dx", "x", "y", "dy"),
     # -- seq.cu
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "layernorm_forward", "seq.cu",
         _args("float* y, float* mean, float* rstd, const float* x, const float* w, "
               "const float* b, long long R, long long C, float eps"),
         launch="row", work="(R, C)",
         doc="layer norm of R rows of C values; mean, rstd saved; w, b may be NULL",
-        torch_op="F.layer_norm"),
-    KernelSpec(
+        torch_op="F.layer_norm"), "y", "x"),
+    *_with_halves(KernelSpec(
         "layernorm_forward_apply", "seq.cu",
         _args("float* y, const float* x, const float* w, const float* b, "
               "const float* mean, const float* rstd, long long R, long long C"),
         launch="elementwise", work="R * C",
         doc="layer norm's output from saved statistics (a recomputed forward)",
-        torch_op="F.layer_norm"),
-    KernelSpec(
+        torch_op="F.layer_norm"), "y", "x"),
+    *_with_halves(KernelSpec(
         "layernorm_backward_dx", "seq.cu",
         _args("float* dx, const float* x, const float* w, const float* dy, "
               "const float* mean, const float* rstd, long long R, long long C"),
         launch="row", work="(R, C)",
         doc="dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w",
-        torch_op="F.layer_norm backward"),
-    KernelSpec(
+        torch_op="F.layer_norm backward"), "dx", "x", "dy"),
+    *_with_halves(KernelSpec(
         "layernorm_backward_partials", "seq.cu",
         _args("double* pw, double* pb, const float* x, const float* dy, "
               "const float* mean, const float* rstd, long long R, long long C, long long chunk"),
         launch="elementwise", work="ceil(R / chunk) * C",
         doc="per chunk of rows and column: sums of dy xhat and of dy (double), rows in order",
-        torch_op="F.layer_norm backward"),
+        torch_op="F.layer_norm backward"), "x", "dy"),
     KernelSpec(
         "layernorm_backward_params", "seq.cu",
         _args("float* dw, float* db, const double* pw, const double* pb, "
@@ -405,48 +448,60 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="C",
         doc="dw, db = the chunks' partial sums, in chunk order; either may be NULL",
         torch_op="F.layer_norm backward"),
-    KernelSpec(
+    *_with_halves(KernelSpec(
         "gelu_forward", "seq.cu",
         _args("float* y, const float* x, long long n, int exact"),
         launch="elementwise", work="n",
         doc="GELU, exact (erf) or the tanh approximation",
-        torch_op="F.gelu"),
-    KernelSpec(
+        torch_op="F.gelu"), "y", "x"),
+    *_with_halves(KernelSpec(
         "gelu_backward", "seq.cu",
         _args("float* dx, const float* x, const float* dy, long long n, int exact"),
         launch="elementwise", work="n",
         doc="dx = dy * GELU'(x)",
-        torch_op="F.gelu backward"),
-    KernelSpec(
+        torch_op="F.gelu backward"), "dx", "x", "dy"),
+    *_with_halves(KernelSpec(
         "softmax_forward", "seq.cu",
         _args("float* y, const float* x, long long R, long long C, float scale, "
               "long long causal_t"),
         launch="row", work="(R, C)",
         doc="softmax(x * scale) per row; causal_t > 0: keys after query "
             "(row mod causal_t) get 0; y may alias x",
-        torch_op="F.softmax(x * scale, -1)"),
-    KernelSpec(
+        torch_op="F.softmax(x * scale, -1)"), "y", "x"),
+    *_with_halves(KernelSpec(
         "softmax_backward", "seq.cu",
         _args("float* dx, const float* y, const float* dy, long long R, long long C, "
               "float scale"),
         launch="row", work="(R, C)",
         doc="dx = scale y (dy - sum(dy y)) per row; dx may alias dy",
-        torch_op="F.softmax backward"),
-    KernelSpec(
+        torch_op="F.softmax backward"), "dx", "y", "dy"),
+    *_with_halves(KernelSpec(
         "embedding_forward", "seq.cu",
         _args("float* y, const float* w, const long long* idx, long long R, "
               "long long C, long long V"),
         launch="elementwise", work="R * C",
         doc="y[r] = w[idx[r]]; NaN rows for indices outside [0, V)",
-        torch_op="F.embedding"),
-    KernelSpec(
+        torch_op="F.embedding"), "y"),
+    *_with_halves(KernelSpec(
         "embedding_backward", "seq.cu",
         _args("float* dw, const float* dy, const long long* idx, long long R, "
               "long long C, long long V, long long groups"),
         launch="elementwise", work="groups * C",
         doc="dw[idx[r]] += dy[r] in row order, each value of dw owned by one thread "
             "(a vocabulary range and a column); THE HOST MUST ZERO dw FIRST",
-        torch_op="F.embedding backward"),
+        torch_op="F.embedding backward"), "dy"),
+    *_with_halves(KernelSpec(
+        "position_embedding_forward", "seq.cu",
+        _args("float* y, const float* x, const float* w, long long B, long long TC"),
+        launch="elementwise", work="B * TC",
+        doc="y[b, j] = x[b, j] + w[j] over the T*C values of the table's first T rows (w: float32 master)",
+        torch_op="x + w[:T]"), "y", "x"),
+    *_with_halves(KernelSpec(
+        "position_embedding_backward", "seq.cu",
+        _args("float* dw, const float* dy, long long B, long long TC"),
+        launch="elementwise", work="TC",
+        doc="dw[j] = sum of dy[b, j] over b in order, float32 (the host zeroes the rows past T)",
+        torch_op="(x + w[:T]) backward"), "dy"),
 )
 
 #: name -> KernelSpec, for every kernel in kernels/*.cu.

@@ -1,6 +1,8 @@
 """Kernel launches, device-free: `LAUNCHERS[name](...)` builds each `kernels/*.cu` entry point's argument tuple
 (`kernel_specs.coerce_scalars`) and its grid and block (`kernel_specs.launch_config`) from the arrays' shapes,
 so every number a launch is handed is checked by host tests (tests/backend/test_cuda_host.py).
+Rule: a launcher picks the kernel's form from its storage arrays' dtype (float32, bf16 bits, fp16: `halves`), all
+one; `pack_launch` checks every array against its C type.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..common import dropout_scale, dropout_threshold24
+from . import halves
 from . import kernel_specs as ks
 
 
@@ -32,7 +35,8 @@ class KernelLaunch:
     args: tuple
 
 
-#: Pointer parameters that may be NULL (None): SGD's momentum buffer without momentum; layer norm's w, b, dw, db.
+#: Pointer parameters that may be NULL (None), of every form: SGD's momentum buffer without momentum; layer norm's w,
+#: b, dw, db.
 NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev", "momentum_buf"),
                                ("layernorm_forward", "w"), ("layernorm_forward", "b"),
                                ("layernorm_forward_apply", "w"), ("layernorm_forward_apply", "b"),
@@ -40,23 +44,68 @@ NULLABLE_POINTERS = frozenset({("sgd_update", "momentum_buf"), ("sgd_update_dev"
                                ("layernorm_backward_params", "db")})
 
 #: Kernels whose first (output) argument the host must zero before the launch (they add into it).
-ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward", "embedding_backward"})
+ZERO_OUTPUT_FIRST = frozenset({"maxpool2d_backward", "embedding_backward", "embedding_backward_bf16",
+                               "embedding_backward_f16"})
+
+#: The layer kernels (`Layer.kernels()`) whose CUDA ops read and write half storage only through half forms of
+#: kernels/*.cu (products on their float32 copies) or copies of its bits (`Capabilities.half_kernels`;
+#: tests/backend/test_cuda_half_kernels.py runs each).
+HALF_KERNELS: frozenset[str] = frozenset({
+    "relu_forward", "relu_backward", "gelu_forward", "gelu_backward", "softmax_forward", "softmax_backward",
+    "dropout_forward", "dropout_backward", "add_forward", "accumulate", "copy", "concat_forward", "concat_backward",
+    "lrn_forward", "lrn_backward", "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward",
+    "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward", "layernorm_forward",
+    "layernorm_forward_apply", "layernorm_backward", "embedding_forward", "embedding_backward",
+    "position_embedding_forward", "position_embedding_backward", "softmax_xent_forward", "softmax_xent_backward",
+    "softmax_xent_ignore_forward", "softmax_xent_ignore_backward", "matmul_forward", "matmul_backward",
+    "attention_forward", "attention_backward"})
+
+
+#: The dtype of the array behind each C pointer type (bf16 and f16: 16-bit storage, `halves`).
+POINTER_DTYPES = {"float": np.dtype(np.float32), "double": np.dtype(np.float64), "bf16": halves.BF16_BITS,
+                  "f16": halves.F16, "long long": np.dtype(np.int64), "unsigned long long": np.dtype(np.uint64),
+                  "int": np.dtype(np.int32), "unsigned int": np.dtype(np.uint32), "unsigned char": np.dtype(np.uint8)}
+
+
+def pointer_dtype(ctype: str) -> np.dtype:
+    """The array dtype a pointer parameter of C type `ctype` ("const bf16*") reads or writes."""
+    return POINTER_DTYPES[ctype.rstrip("*").replace("const ", "").strip()]
+
+
+def _dtypes(arrays) -> list[str]:
+    return [str(np.dtype(a.dtype)) for a in arrays if a is not None]
+
+
+def form(name: str, *arrays) -> str:
+    """The entry point of kernel `name` for the storage of `arrays` (None skipped): all float32, or all one half."""
+    kinds = {halves.half_of(a) for a in arrays if a is not None}
+    if len(kinds) > 1:
+        raise TypeError(f"{name}: the arrays mix storages {_dtypes(arrays)}; they must all be float32 or all one "
+                        f"half's")
+    entry = halves.variant(name, kinds.pop() if kinds else None)
+    if entry not in ks.KERNELS:
+        raise TypeError(f"{name}: no kernel {entry} in kernels/*.cu for arrays of {_dtypes(arrays)}")
+    return entry
 
 
 def pack_launch(name: str, args: Sequence, work, limits: DeviceLimits = DeviceLimits()) -> KernelLaunch:
     """Coerce `args` to kernel `name`'s C types and compute its launch for `work`. Pointers must be arrays
-    (or None where `NULLABLE_POINTERS` allows): the driver would dereference a Python number."""
+    (or None where `NULLABLE_POINTERS` allows) of their C type: the driver would dereference a Python number,
+    and a kernel reads whatever bytes it is given."""
     spec = ks.KERNELS[name]
     coerced = ks.coerce_scalars(name, args)
     for a, v in zip(spec.args, coerced):
         if not a.is_pointer:
             continue
         if v is None:
-            if (name, a.name) not in NULLABLE_POINTERS:
+            if (spec.base, a.name) not in NULLABLE_POINTERS:
                 raise TypeError(f"{name}: pointer argument {a.name!r} ({a.ctype}) is None")
         elif not hasattr(v, "shape") or isinstance(v, np.generic):
             raise TypeError(f"{name}: pointer argument {a.name!r} ({a.ctype}) must be an array, got "
                             f"{type(v).__name__}")
+        elif np.dtype(v.dtype) != pointer_dtype(a.ctype):
+            raise TypeError(f"{name}: pointer argument {a.name!r} ({a.ctype}) must be a "
+                            f"{pointer_dtype(a.ctype)} array, got {v.dtype}")
     grid, block = ks.launch_config(name, work, limits.max_threads_per_block, limits.sm_count)
     return KernelLaunch(name, grid, block, coerced)
 
@@ -83,22 +132,34 @@ def _pair(v) -> tuple[int, int]:
 # -- elementwise.cu
 def relu_forward(y, x, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("relu_forward", y, x)
-    return pack_launch("relu_forward", (y, x, n), n, limits)
+    return pack_launch(form("relu_forward", y, x), (y, x, n), n, limits)
 
 
 def relu_backward(dx, y, dy, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("relu_backward", dx, y, dy)
-    return pack_launch("relu_backward", (dx, y, dy, n), n, limits)
+    return pack_launch(form("relu_backward", dx, y, dy), (dx, y, dy, n), n, limits)
 
 
 def add_forward(out, a, b, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("add_forward", out, a, b)
-    return pack_launch("add_forward", (out, a, b, n), n, limits)
+    return pack_launch(form("add_forward", out, a, b), (out, a, b, n), n, limits)
+
+
+def round_copy(out, x, limits=DeviceLimits()) -> KernelLaunch:
+    """out (half) = the float32 `x` rounded to nearest even: a weight's half copy refreshed from its master."""
+    n = _same_size("round_copy", out, x)
+    return pack_launch(form("round_copy", out), (out, x, n), n, limits)
+
+
+def widen_copy(out, x, limits=DeviceLimits()) -> KernelLaunch:
+    """out (float32) = the half `x`'s values, exactly."""
+    n = _same_size("widen_copy", out, x)
+    return pack_launch(form("widen_copy", x), (out, x, n), n, limits)
 
 
 def accumulate(dst, src, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("accumulate", dst, src)
-    return pack_launch("accumulate", (dst, src, n), n, limits)
+    return pack_launch(form("accumulate", dst, src), (dst, src, n), n, limits)
 
 
 def scale_copy(out, x, scale: float, limits=DeviceLimits()) -> KernelLaunch:
@@ -108,8 +169,8 @@ def scale_copy(out, x, scale: float, limits=DeviceLimits()) -> KernelLaunch:
 
 def _dropout(name, out, x, p: float, key: int, limits) -> KernelLaunch:
     n = _same_size(name, out, x)
-    return pack_launch(name, (out, x, n, int(key) & 0xFFFFFFFFFFFFFFFF, dropout_threshold24(p),
-                              dropout_scale(p)), n, limits)
+    return pack_launch(form(name, out, x), (out, x, n, int(key) & 0xFFFFFFFFFFFFFFFF, dropout_threshold24(p),
+                                            dropout_scale(p)), n, limits)
 
 
 def dropout_forward(out, x, p: float, key: int, limits=DeviceLimits()) -> KernelLaunch:
@@ -124,7 +185,7 @@ def _dropout_dev(name, out, x, p: float, key, limits) -> KernelLaunch:
     n = _same_size(name, out, x)
     if int(math.prod(key.shape)) != 1 or np.dtype(key.dtype) != np.uint64:
         raise ValueError(f"{name}: the key must be one uint64 in device memory, got {key.shape} {key.dtype}")
-    return pack_launch(name, (out, x, n, key, dropout_threshold24(p), dropout_scale(p)), n, limits)
+    return pack_launch(form(name, out, x), (out, x, n, key, dropout_threshold24(p), dropout_scale(p)), n, limits)
 
 
 def dropout_forward_dev(out, x, p: float, key, limits=DeviceLimits()) -> KernelLaunch:
@@ -148,12 +209,12 @@ def _concat_dims(name, part, whole, c0: int) -> tuple[int, int, int, int]:
 
 def concat_copy_forward(out, x, c0: int, limits=DeviceLimits()) -> KernelLaunch:
     n, ci, inner, ct = _concat_dims("concat_copy_forward", x, out, c0)
-    return pack_launch("concat_copy_forward", (out, x, n, ci, inner, ct, c0), _size(x), limits)
+    return pack_launch(form("concat_copy_forward", out, x), (out, x, n, ci, inner, ct, c0), _size(x), limits)
 
 
 def concat_copy_backward(dx, dout, c0: int, limits=DeviceLimits()) -> KernelLaunch:
     n, ci, inner, ct = _concat_dims("concat_copy_backward", dx, dout, c0)
-    return pack_launch("concat_copy_backward", (dx, dout, n, ci, inner, ct, c0), _size(dx), limits)
+    return pack_launch(form("concat_copy_backward", dx, dout), (dx, dout, n, ci, inner, ct, c0), _size(dx), limits)
 
 
 def _ncl(name, x) -> tuple[int, int, int]:
@@ -166,14 +227,15 @@ def _ncl(name, x) -> tuple[int, int, int]:
 def lrn_forward(y, x, size: int, alpha: float, beta: float, k: float, limits=DeviceLimits()) -> KernelLaunch:
     _same_size("lrn_forward", y, x)
     n, c, inner = _ncl("lrn_forward", x)
-    return pack_launch("lrn_forward", (y, x, n, c, inner, size, alpha, beta, k), _size(x), limits)
+    return pack_launch(form("lrn_forward", y, x), (y, x, n, c, inner, size, alpha, beta, k), _size(x), limits)
 
 
 def lrn_backward(dx, x, y, dy, size: int, alpha: float, beta: float, k: float,
                  limits=DeviceLimits()) -> KernelLaunch:
     _same_size("lrn_backward", dx, x, y, dy)
     n, c, inner = _ncl("lrn_backward", x)
-    return pack_launch("lrn_backward", (dx, x, y, dy, n, c, inner, size, alpha, beta, k), _size(x), limits)
+    return pack_launch(form("lrn_backward", dx, x, y, dy), (dx, x, y, dy, n, c, inner, size, alpha, beta, k),
+                       _size(x), limits)
 
 
 # -- loss.cu
@@ -189,7 +251,7 @@ def softmax_xent_forward(loss_rows, logits, labels, limits=DeviceLimits()) -> Ke
     n, k = _logits_dims("softmax_xent_forward", logits, labels)
     if _size(loss_rows) < n:
         raise ValueError(f"softmax_xent_forward: the row-loss buffer holds {_size(loss_rows)} < {n} values")
-    return pack_launch("softmax_xent_forward", (loss_rows, logits, labels, n, k), (n, k), limits)
+    return pack_launch(form("softmax_xent_forward", logits), (loss_rows, logits, labels, n, k), (n, k), limits)
 
 
 def softmax_xent_mean(out, loss_rows, n: int, limits=DeviceLimits()) -> KernelLaunch:
@@ -198,10 +260,18 @@ def softmax_xent_mean(out, loss_rows, n: int, limits=DeviceLimits()) -> KernelLa
     return pack_launch("softmax_xent_mean", (out, loss_rows, n), n, limits)
 
 
-def softmax_xent_backward(dlogits, logits, labels, scale: float, limits=DeviceLimits()) -> KernelLaunch:
+def softmax_xent_backward(dlogits, logits, labels, scale: float, limits=DeviceLimits(), dloss=None) -> KernelLaunch:
+    """dlogits = (softmax - onehot) * scale; a half form also times `dloss` (the loss's float32 gradient, one
+    value on the device) before it rounds, where the float32 form's caller multiplies afterwards (dloss None)."""
     n, k = _logits_dims("softmax_xent_backward", logits, labels)
     _same_size("softmax_xent_backward", dlogits, logits)
-    return pack_launch("softmax_xent_backward", (dlogits, logits, labels, n, k, scale), (n, k), limits)
+    name = form("softmax_xent_backward", dlogits, logits)
+    if (name == "softmax_xent_backward") != (dloss is None):
+        raise ValueError(f"{name}: the half forms take dloss, the float32 form does not (its caller multiplies)")
+    if dloss is not None and _size(dloss) != 1:
+        raise ValueError(f"{name}: dloss must hold 1 value, got {_size(dloss)}")
+    extra = () if dloss is None else (dloss,)
+    return pack_launch(name, (dlogits, logits, labels, n, k, scale, *extra), (n, k), limits)
 
 
 def softmax_xent_ignore_forward(loss_rows, logits, labels, ignore_index: int,
@@ -210,8 +280,8 @@ def softmax_xent_ignore_forward(loss_rows, logits, labels, ignore_index: int,
     n, k = _logits_dims("softmax_xent_ignore_forward", logits, labels)
     if _size(loss_rows) < n:
         raise ValueError(f"softmax_xent_ignore_forward: the row-loss buffer holds {_size(loss_rows)} < {n} values")
-    return pack_launch("softmax_xent_ignore_forward", (loss_rows, logits, labels, n, k, ignore_index), (n, k),
-                       limits)
+    return pack_launch(form("softmax_xent_ignore_forward", logits), (loss_rows, logits, labels, n, k, ignore_index),
+                       (n, k), limits)
 
 
 def softmax_xent_ignore_mean(out, loss_rows, labels, ignore_index: int, limits=DeviceLimits()) -> KernelLaunch:
@@ -234,8 +304,8 @@ def softmax_xent_ignore_backward(dlogits, logits, labels, scale, ignore_index: i
     _same_size("softmax_xent_ignore_backward", dlogits, logits)
     if _size(scale) != 1:
         raise ValueError("softmax_xent_ignore_backward: scale must hold 1 value (softmax_xent_ignore_scale's)")
-    return pack_launch("softmax_xent_ignore_backward", (dlogits, logits, labels, scale, n, k, ignore_index),
-                       (n, k), limits)
+    return pack_launch(form("softmax_xent_ignore_backward", dlogits, logits),
+                       (dlogits, logits, labels, scale, n, k, ignore_index), (n, k), limits)
 
 
 # -- optim.cu
@@ -314,32 +384,35 @@ def _pool_dims(name, x_shape, y_shape) -> tuple[int, ...]:
 
 def maxpool2d_forward(y, x, kernel, stride, padding, dilation, limits=DeviceLimits()) -> KernelLaunch:
     dims = _pool_dims("maxpool2d_forward", x.shape, y.shape)
-    return pack_launch("maxpool2d_forward", (y, x, *dims, *_pair(kernel), *_pair(stride), *_pair(padding),
-                                             *_pair(dilation)), _size(y), limits)
+    return pack_launch(form("maxpool2d_forward", y, x), (y, x, *dims, *_pair(kernel), *_pair(stride),
+                                                         *_pair(padding), *_pair(dilation)), _size(y), limits)
 
 
 def maxpool2d_backward(dx, dy, x, kernel, stride, padding, dilation, limits=DeviceLimits()) -> KernelLaunch:
-    """The host must zero `dx` first (ZERO_OUTPUT_FIRST): the kernel adds into it atomically."""
+    """float32: the host must zero `dx` first (ZERO_OUTPUT_FIRST), the kernel adds into it atomically, a thread
+    per output; the half forms gather, a thread per input element, and overwrite dx."""
     if tuple(dx.shape) != tuple(x.shape):
         raise ValueError(f"maxpool2d_backward: dx {tuple(dx.shape)} must match x {tuple(x.shape)}")
     dims = _pool_dims("maxpool2d_backward", x.shape, dy.shape)
-    return pack_launch("maxpool2d_backward", (dx, dy, x, *dims, *_pair(kernel), *_pair(stride), *_pair(padding),
-                                              *_pair(dilation)), _size(dy), limits)
+    name = form("maxpool2d_backward", dx, dy, x)
+    return pack_launch(name, (dx, dy, x, *dims, *_pair(kernel), *_pair(stride), *_pair(padding), *_pair(dilation)),
+                       _size(dy) if name in ZERO_OUTPUT_FIRST else _size(dx), limits)
 
 
 def avgpool2d_forward(y, x, kernel, stride, padding, count_include_pad: bool, divisor_override: int = 0,
                       limits=DeviceLimits()) -> KernelLaunch:
     dims = _pool_dims("avgpool2d_forward", x.shape, y.shape)
-    return pack_launch("avgpool2d_forward", (y, x, *dims, *_pair(kernel), *_pair(stride), *_pair(padding),
-                                             int(bool(count_include_pad)), int(divisor_override)), _size(y), limits)
+    return pack_launch(form("avgpool2d_forward", y, x), (y, x, *dims, *_pair(kernel), *_pair(stride),
+                                                         *_pair(padding), int(bool(count_include_pad)),
+                                                         int(divisor_override)), _size(y), limits)
 
 
 def avgpool2d_backward(dx, dy, kernel, stride, padding, count_include_pad: bool, divisor_override: int = 0,
                        limits=DeviceLimits()) -> KernelLaunch:
     dims = _pool_dims("avgpool2d_backward", dx.shape, dy.shape)
-    return pack_launch("avgpool2d_backward", (dx, dy, *dims, *_pair(kernel), *_pair(stride), *_pair(padding),
-                                              int(bool(count_include_pad)), int(divisor_override)), _size(dx),
-                       limits)
+    return pack_launch(form("avgpool2d_backward", dx, dy), (dx, dy, *dims, *_pair(kernel), *_pair(stride),
+                                                           *_pair(padding), int(bool(count_include_pad)),
+                                                           int(divisor_override)), _size(dx), limits)
 
 
 def _gap_dims(name, x_shape, y_shape) -> tuple[int, int]:
@@ -351,12 +424,12 @@ def _gap_dims(name, x_shape, y_shape) -> tuple[int, int]:
 
 def global_avgpool_forward(y, x, limits=DeviceLimits()) -> KernelLaunch:
     nc, hw = _gap_dims("global_avgpool_forward", x.shape, y.shape)
-    return pack_launch("global_avgpool_forward", (y, x, nc, hw), (nc, hw), limits)
+    return pack_launch(form("global_avgpool_forward", y, x), (y, x, nc, hw), (nc, hw), limits)
 
 
 def global_avgpool_backward(dx, dy, limits=DeviceLimits()) -> KernelLaunch:
     nc, hw = _gap_dims("global_avgpool_backward", dx.shape, dy.shape)
-    return pack_launch("global_avgpool_backward", (dx, dy, nc, hw), _size(dx), limits)
+    return pack_launch(form("global_avgpool_backward", dx, dy), (dx, dy, nc, hw), _size(dx), limits)
 
 
 # -- compress.cu (the SZ codec; layout as in minidl/codec/sz.py)
@@ -371,6 +444,11 @@ def _sz_blocks(name: str, n: int, nblocks: int) -> None:
 
 
 def sz_quantize(bins, outlier, x, eb, limits=DeviceLimits()) -> KernelLaunch:
+    """float32 only: a half mode's activations are never compressed (`memory.decisions.compress` takes float32
+    and float64 tensors), as on the CPU."""
+    if np.dtype(x.dtype) != np.float32:
+        raise TypeError(f"sz_quantize: the SZ codec encodes float32, got {x.dtype} (a half tensor is not a "
+                        f"compression candidate in any math mode)")
     n = _same_size("sz_quantize", bins, outlier, x)
     return pack_launch("sz_quantize", (bins, outlier, x, n, eb), n, limits)
 
@@ -430,7 +508,7 @@ def layernorm_forward(y, mean, rstd, x, w, b, eps: float, limits=DeviceLimits())
     _same_size("layernorm_forward", y, x)
     _vectors("layernorm_forward", c, w=w, b=b)
     _row_stats("layernorm_forward", r, mean=mean, rstd=rstd)
-    return pack_launch("layernorm_forward", (y, mean, rstd, x, w, b, r, c, eps), (r, c), limits)
+    return pack_launch(form("layernorm_forward", y, x), (y, mean, rstd, x, w, b, r, c, eps), (r, c), limits)
 
 
 def layernorm_forward_apply(y, x, w, b, mean, rstd, limits=DeviceLimits()) -> KernelLaunch:
@@ -438,7 +516,7 @@ def layernorm_forward_apply(y, x, w, b, mean, rstd, limits=DeviceLimits()) -> Ke
     _same_size("layernorm_forward_apply", y, x)
     _vectors("layernorm_forward_apply", c, w=w, b=b)
     _row_stats("layernorm_forward_apply", r, mean=mean, rstd=rstd)
-    return pack_launch("layernorm_forward_apply", (y, x, w, b, mean, rstd, r, c), r * c, limits)
+    return pack_launch(form("layernorm_forward_apply", y, x), (y, x, w, b, mean, rstd, r, c), r * c, limits)
 
 
 def layernorm_backward_dx(dx, x, w, dy, mean, rstd, limits=DeviceLimits()) -> KernelLaunch:
@@ -446,7 +524,7 @@ def layernorm_backward_dx(dx, x, w, dy, mean, rstd, limits=DeviceLimits()) -> Ke
     _same_size("layernorm_backward_dx", dx, x, dy)
     _vectors("layernorm_backward_dx", c, w=w)
     _row_stats("layernorm_backward_dx", r, mean=mean, rstd=rstd)
-    return pack_launch("layernorm_backward_dx", (dx, x, w, dy, mean, rstd, r, c), (r, c), limits)
+    return pack_launch(form("layernorm_backward_dx", dx, x, dy), (dx, x, w, dy, mean, rstd, r, c), (r, c), limits)
 
 
 #: Layer norm's dw, db: chunks of rows at most (float64 partials: LN_CHUNKS x C x 16 bytes), LN_MIN_CHUNK rows each.
@@ -469,7 +547,8 @@ def layernorm_backward_partials(pw, pb, x, dy, mean, rstd, limits=DeviceLimits()
         if _size(buf) < n * c or np.dtype(buf.dtype) != np.float64:
             raise ValueError(f"layernorm_backward_partials: {label} must hold {n} x {c} float64 partial sums, "
                              f"got {_size(buf)} {buf.dtype}")
-    return pack_launch("layernorm_backward_partials", (pw, pb, x, dy, mean, rstd, r, c, chunk), n * c, limits)
+    return pack_launch(form("layernorm_backward_partials", x, dy), (pw, pb, x, dy, mean, rstd, r, c, chunk), n * c,
+                       limits)
 
 
 def layernorm_backward_params(dw, db, pw, pb, rows: int, limits=DeviceLimits()) -> KernelLaunch:
@@ -488,12 +567,12 @@ def _exact(approximate: str) -> int:
 
 def gelu_forward(y, x, approximate: str, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("gelu_forward", y, x)
-    return pack_launch("gelu_forward", (y, x, n, _exact(approximate)), n, limits)
+    return pack_launch(form("gelu_forward", y, x), (y, x, n, _exact(approximate)), n, limits)
 
 
 def gelu_backward(dx, x, dy, approximate: str, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("gelu_backward", dx, x, dy)
-    return pack_launch("gelu_backward", (dx, x, dy, n, _exact(approximate)), n, limits)
+    return pack_launch(form("gelu_backward", dx, x, dy), (dx, x, dy, n, _exact(approximate)), n, limits)
 
 
 def softmax_forward(y, x, scale: float = 1.0, causal_t: int = 0, limits=DeviceLimits()) -> KernelLaunch:
@@ -502,13 +581,13 @@ def softmax_forward(y, x, scale: float = 1.0, causal_t: int = 0, limits=DeviceLi
     _same_size("softmax_forward", y, x)
     if causal_t and c != causal_t:
         raise ValueError(f"softmax_forward: a causal mask over {causal_t} keys needs rows of {causal_t}, got {c}")
-    return pack_launch("softmax_forward", (y, x, r, c, scale, causal_t), (r, c), limits)
+    return pack_launch(form("softmax_forward", y, x), (y, x, r, c, scale, causal_t), (r, c), limits)
 
 
 def softmax_backward(dx, y, dy, scale: float = 1.0, limits=DeviceLimits()) -> KernelLaunch:
     r, c = _rows_cols("softmax_backward", y)
     _same_size("softmax_backward", dx, y, dy)
-    return pack_launch("softmax_backward", (dx, y, dy, r, c, scale), (r, c), limits)
+    return pack_launch(form("softmax_backward", dx, y, dy), (dx, y, dy, r, c, scale), (r, c), limits)
 
 
 def _table(name, idx, w, rows) -> tuple[int, int, int]:
@@ -523,7 +602,7 @@ def _table(name, idx, w, rows) -> tuple[int, int, int]:
 
 def embedding_forward(y, w, idx, limits=DeviceLimits()) -> KernelLaunch:
     r, c, v = _table("embedding_forward", idx, w, y)
-    return pack_launch("embedding_forward", (y, w, idx, r, c, v), r * c, limits)
+    return pack_launch(form("embedding_forward", y), (y, w, idx, r, c, v), r * c, limits)
 
 
 #: embedding_backward's threads (vocabulary ranges x columns): enough to fill a GPU, one a column would not.
@@ -539,10 +618,31 @@ def embedding_backward(dw, dy, idx, limits=DeviceLimits()) -> KernelLaunch:
     """dw must be zeroed first (`ZERO_OUTPUT_FIRST`): the kernel adds into it."""
     r, c, v = _table("embedding_backward", idx, dw, dy)
     groups = embedding_groups(c, v)
-    return pack_launch("embedding_backward", (dw, dy, idx, r, c, v, groups), groups * c, limits)
+    return pack_launch(form("embedding_backward", dy), (dw, dy, idx, r, c, v, groups), groups * c, limits)
 
 
-#: kernel name -> the function that packs its launch (one per entry point of kernels/*.cu).
+def _positions(name, x, w) -> tuple[int, int]:
+    """(B, T*C) of x (B, T, C) reading the first T rows of a (P, C) position table."""
+    xs, ws = tuple(x.shape), tuple(w.shape)
+    if len(xs) != 3 or len(ws) != 2 or ws[1] != xs[2] or ws[0] < xs[1]:
+        raise ValueError(f"{name}: x must be (B, T, C) and the table (P >= T, C), got {xs} and {ws}")
+    return xs[0], xs[1] * xs[2]
+
+
+def position_embedding_forward(y, x, w, limits=DeviceLimits()) -> KernelLaunch:
+    b, tc = _positions("position_embedding_forward", x, w)
+    _same_size("position_embedding_forward", y, x)
+    return pack_launch(form("position_embedding_forward", y, x), (y, x, w, b, tc), b * tc, limits)
+
+
+def position_embedding_backward(dw, dy, limits=DeviceLimits()) -> KernelLaunch:
+    """dw's first T rows = the batch sums of dy; the host zeroes the rows past T."""
+    b, tc = _positions("position_embedding_backward", dy, dw)
+    return pack_launch(form("position_embedding_backward", dy), (dw, dy, b, tc), tc, limits)
+
+
+#: kernel name -> the function that packs its launch, for every kernel of kernels/*.cu by its `base` name (a
+#: launcher picks the form: `form`).
 LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
     f.__name__: f for f in (
         relu_forward, relu_backward, add_forward, accumulate, scale_copy, dropout_forward, dropout_backward,
@@ -554,5 +654,6 @@ LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
         softmax_xent_ignore_forward, softmax_xent_ignore_mean, softmax_xent_ignore_scale,
         softmax_xent_ignore_backward, layernorm_forward, layernorm_forward_apply, layernorm_backward_dx,
         layernorm_backward_partials, layernorm_backward_params, gelu_forward, gelu_backward, softmax_forward,
-        softmax_backward, embedding_forward, embedding_backward)
+        softmax_backward, embedding_forward, embedding_backward, position_embedding_forward,
+        position_embedding_backward, round_copy, widen_copy)
 }

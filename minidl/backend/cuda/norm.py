@@ -1,5 +1,9 @@
 """The CUDA backend's normalizations: batch norm (cuDNN graphs, cupy kernels from `NORM_KERNELS` as the
-fallback when cuDNN has no engine) and LRN (kernels/elementwise.cu)."""
+fallback when cuDNN has no engine) and LRN (kernels/elementwise.cu, float32 or half storage).
+
+A half batch norm (`--math bf16|fp16`) runs the cuDNN graphs on half x, y, dx, dy with float32 scale, bias,
+statistics and parameter gradients; the fallback kernels are float32, so a half graph cuDNN refuses is an error.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,17 +23,22 @@ class NormOps:
     # -- LRN (kernels/elementwise.cu)
     @on_compute
     def lrn_forward(self, x, y, size: int, alpha: float, beta: float, k: float) -> None:
-        self._check("lrn_forward", x=x, y=y)
+        self._check_io("lrn_forward", x=x, y=y)
         self._launch(launches.lrn_forward(y, x, size, alpha, beta, k, self.limits))
 
     @on_compute
     def lrn_backward(self, x, y, dy, dx, size: int, alpha: float, beta: float, k: float) -> None:
-        self._check("lrn_backward", x=x, y=y, dy=dy, dx=dx)
+        self._check_io("lrn_backward", x=x, y=y, dy=dy, dx=dx)
         self._launch(launches.lrn_backward(dx, x, y, dy, size, alpha, beta, k, self.limits))
 
     # -- batch normalization (cuDNN graphs, cupy kernels as the fallback)
     def _bn_graph(self, op: str, spec: cudnn_specs.BNSpec) -> BuiltGraph | None:
-        return self._graph(spec.key(op, self.filters)) if self.use_cudnn_bn else None
+        """The graph of `op`, or None for the fallback kernels; half data has only the graph (the fallback kernels
+        are float32), whatever `use_cudnn_bn` says, and raises GraphUnsupported where cuDNN cannot run it."""
+        half = spec.dtype != "float32"
+        if not (self.use_cudnn_bn or half):
+            return None
+        return self._graph(spec.key(op, self.filters), required=half)
 
     def _affine(self, weight, bias, c: int):
         scale = weight if weight is not None else self._constant("ones", c, 1.0)
@@ -39,8 +48,9 @@ class NormOps:
     @on_compute
     def batchnorm_forward_train(self, x, weight, bias, running_mean, running_var, y, mean, invstd,
                                 momentum: float, eps: float, update_running: bool = True) -> None:
-        self._check("batchnorm_forward_train", x=x, weight=weight, bias=bias, running_mean=running_mean,
-                    running_var=running_var, y=y, mean=mean, invstd=invstd)
+        self._check_io("batchnorm_forward_train", x=x, y=y)
+        self._check("batchnorm_forward_train", weight=weight, bias=bias, running_mean=running_mean,
+                    running_var=running_var, mean=mean, invstd=invstd)
         spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
         if spec.count < 2:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
@@ -83,7 +93,8 @@ class NormOps:
 
     @on_compute
     def batchnorm_forward_apply(self, x, weight, bias, mean, invstd, y) -> None:
-        self._check("batchnorm_forward_apply", x=x, weight=weight, bias=bias, mean=mean, invstd=invstd, y=y)
+        self._check_io("batchnorm_forward_apply", x=x, y=y)
+        self._check("batchnorm_forward_apply", weight=weight, bias=bias, mean=mean, invstd=invstd)
         built = self._bn_graph("bn_infer", cudnn_specs.BNSpec.from_shape(x.shape, x.dtype))
         if built is None:
             self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
@@ -93,18 +104,22 @@ class NormOps:
 
     @on_compute
     def batchnorm_forward_eval(self, x, weight, bias, running_mean, running_var, y, eps: float) -> None:
-        self._check("batchnorm_forward_eval", x=x, weight=weight, bias=bias, running_mean=running_mean,
-                    running_var=running_var, y=y)
+        self._check_io("batchnorm_forward_eval", x=x, y=y)
+        self._check("batchnorm_forward_eval", weight=weight, bias=bias, running_mean=running_mean,
+                    running_var=running_var)
         inv = self.side.get("bn_eval_invstd", (x.shape[1],), np.float32)
         self._norm_kernels().invstd_from_var(running_var, float(eps), inv)
         self.batchnorm_forward_apply(x, weight, bias, running_mean, inv, y)
 
     @on_compute
     def batchnorm_backward(self, x, weight, dy, mean, invstd, dx, dweight, dbias) -> None:
-        self._check("batchnorm_backward", x=x, weight=weight, dy=dy, mean=mean, invstd=invstd, dx=dx,
-                    dweight=dweight, dbias=dbias)
+        half = self._check_io("batchnorm_backward", x=x, dy=dy, dx=dx)
+        self._check("batchnorm_backward", weight=weight, mean=mean, invstd=invstd, dweight=dweight, dbias=dbias)
         spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
         c = spec.channels
+        if dx is None and half:
+            raise TypeError(f"batchnorm_backward: --math {half} needs dx (cuDNN's graph writes it; the float32 "
+                            f"kernels that compute only dweight and dbias read float32 x and dy)")
         built = self._bn_graph("bn_backward", spec) if dx is not None else None
         if built is not None:
             scale, _ = self._affine(weight, None, c)

@@ -1,14 +1,18 @@
 """The CUDA backend's sequence-model kernels, the CPU's `cpu/seq.py` family with its signatures.
 
 Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. Rules: attention's backward
-rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically. Not cuDNN's SDPA:
-fp16/bf16/fp8 only, and it never returns P. A mixin of `CUDABackend`; imports no cupy.
+rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically; the kernels take float32
+or the mode's half storage for activations and deltas (`_check_io`), float32 for weights, statistics and their
+gradients; the products and attention of half tensors compute on float32 copies in side buffers (`widen_copy`)
+and round each output once (`round_copy`), attention's probabilities rounded to the half before use, as the
+CPU's. Not cuDNN's SDPA: it never returns P. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import launches
+from ..precision import HALF_DTYPES
+from . import halves, launches
 from .ops import F32, I64, on_compute
 
 #: This family's kernels beyond the `Backend` protocol's (`Capabilities.kernels`).
@@ -24,7 +28,8 @@ class SequenceOps:
     @on_compute
     def layernorm_forward(self, x, w, b, y, mean, rstd, eps: float) -> None:
         """y = (x - mean) * rstd * w + b per row; mean and rstd (R,) saved where given."""
-        self._check("layernorm_forward", x=x, w=w, b=b, y=y, mean=mean, rstd=rstd)
+        self._check_io("layernorm_forward", x=x, y=y)
+        self._check("layernorm_forward", w=w, b=b, mean=mean, rstd=rstd)
         if mean is None:
             mean = self.side.get("ln_mean", (x.shape[0],), np.float32)
             rstd = self.side.get("ln_rstd", (x.shape[0],), np.float32)
@@ -33,14 +38,16 @@ class SequenceOps:
     @on_compute
     def layernorm_forward_apply(self, x, w, b, mean, rstd, y) -> None:
         """y from the saved statistics, the training forward's operations in order."""
-        self._check("layernorm_forward_apply", x=x, w=w, b=b, mean=mean, rstd=rstd, y=y)
+        self._check_io("layernorm_forward_apply", x=x, y=y)
+        self._check("layernorm_forward_apply", w=w, b=b, mean=mean, rstd=rstd)
         self._launch(launches.layernorm_forward_apply(y, x, w, b, mean, rstd, self.limits))
 
     @on_compute
     def layernorm_backward(self, x, w, dy, mean, rstd, dx, dw, db) -> None:
         """dx per row; dw, db column sums in float64, by chunks of rows then over the
         chunks, each in a fixed order (`launches.layernorm_chunks`)."""
-        self._check("layernorm_backward", x=x, w=w, dy=dy, mean=mean, rstd=rstd, dx=dx, dw=dw, db=db)
+        self._check_io("layernorm_backward", x=x, dy=dy, dx=dx)
+        self._check("layernorm_backward", w=w, mean=mean, rstd=rstd, dw=dw, db=db)
         if dw is not None or db is not None:
             r, c = x.shape
             _, n = launches.layernorm_chunks(r)
@@ -54,55 +61,58 @@ class SequenceOps:
     # -- GELU
     @on_compute
     def gelu_forward(self, x, y, approximate: str) -> None:
-        self._check("gelu_forward", x=x, y=y)
+        self._check_io("gelu_forward", x=x, y=y)
         self._launch(launches.gelu_forward(y, x, approximate, self.limits))
 
     @on_compute
     def gelu_backward(self, x, dy, dx, approximate: str) -> None:
-        self._check("gelu_backward", x=x, dy=dy, dx=dx)
+        self._check_io("gelu_backward", x=x, dy=dy, dx=dx)
         self._launch(launches.gelu_backward(dx, x, dy, approximate, self.limits))
 
     # -- embeddings
     @on_compute
     def embedding_forward(self, idx, w, y) -> None:
-        self._check("embedding_forward", w=w, y=y)
+        self._check_io("embedding_forward", y=y)
+        self._check("embedding_forward", w=w)
         self._check("embedding_forward", I64, idx=idx)
         self._launch(launches.embedding_forward(y, w, idx, self.limits))
 
     @on_compute
     def embedding_backward(self, idx, dy, dw) -> None:
         """dw[v] = the sum of dy[r] over rows with idx[r] == v, in row order."""
-        self._check("embedding_backward", dy=dy, dw=dw)
+        self._check_io("embedding_backward", dy=dy)
+        self._check("embedding_backward", dw=dw)
         self._check("embedding_backward", I64, idx=idx)
         dw.fill(0)  # the kernel adds into it (launches.ZERO_OUTPUT_FIRST)
         self._launch(launches.embedding_backward(dw, dy, idx, self.limits))
 
     @on_compute
     def position_embedding_forward(self, x, w, y) -> None:
-        self._check("position_embedding_forward", x=x, w=w, y=y)
-        self.cp.add(x, w[:x.shape[1]], out=y)
+        self._check_io("position_embedding_forward", x=x, y=y)
+        self._check("position_embedding_forward", w=w)
+        self._launch(launches.position_embedding_forward(y, x, w, self.limits))
 
     @on_compute
     def position_embedding_backward(self, dy, dx, dw) -> None:
-        """dx = dy; dw[t] = the sum over the batch of dy[:, t]."""
-        self._check("position_embedding_backward", dy=dy, dx=dx, dw=dw)
+        """dx = dy; dw[t] = the sum over the batch of dy[:, t], in batch order (numpy's), zero past T."""
+        self._check_io("position_embedding_backward", dy=dy, dx=dx)
+        self._check("position_embedding_backward", dw=dw)
         if dx is not None:
             self.cp.copyto(dx, dy)
         if dw is not None:
-            t = dy.shape[1]
-            dw[t:] = 0
-            self.cp.sum(dy, axis=0, out=dw[:t])
+            dw[dy.shape[1]:] = 0
+            self._launch(launches.position_embedding_backward(dw, dy, self.limits))
 
     # -- softmax over the last axis
     @on_compute
     def softmax_forward(self, x, y) -> None:
-        self._check("softmax_forward", x=x, y=y)
+        self._check_io("softmax_forward", x=x, y=y)
         self._launch(launches.softmax_forward(y, x, 1.0, 0, self.limits))
 
     @on_compute
     def softmax_backward(self, y, dy, dx) -> None:
         """dx = y (dy - sum(dy y)) per row: reads the output only."""
-        self._check("softmax_backward", y=y, dy=dy, dx=dx)
+        self._check_io("softmax_backward", y=y, dy=dy, dx=dx)
         self._launch(launches.softmax_backward(dx, y, dy, 1.0, self.limits))
 
     # -- batched matrix product (cuBLAS)
@@ -125,19 +135,52 @@ class SequenceOps:
         self.cp.copyto(buf, a)
         return buf
 
+    def _widened(self, name: str, a):
+        """A float32 copy of half `a` (any strides) in side buffer `name`, exact."""
+        if not a.flags.c_contiguous:
+            bits = self.side.get(name + "_bits", a.shape, a.dtype)
+            self.cp.copyto(bits, a)
+            a = bits
+        buf = self.side.get(name, a.shape, np.float32)
+        self._launch(launches.widen_copy(buf, a, self.limits))
+        return buf
+
+    def _rounded(self, out, f32) -> None:
+        """Half `out` (any strides) = the float32 side buffer `f32` rounded to nearest even."""
+        if out.flags.c_contiguous:
+            self._launch(launches.round_copy(out, f32, self.limits))
+            return
+        bits = self.side.get("round_out", out.shape, out.dtype)
+        self._launch(launches.round_copy(bits, f32, self.limits))
+        self.cp.copyto(out, bits)
+
+    def _half_product(self, a32, b32, out, name: str) -> None:
+        """Half `out` = float32 operands' product, rounded once."""
+        buf = self.side.get(name, out.shape, np.float32)
+        self.cp.matmul(a32, b32, out=buf)
+        self._rounded(out, buf)
+
     @on_compute
     def matmul_forward(self, a, b, y) -> None:
-        self._views("matmul_forward", a=a, b=b, y=y)
-        self._product(a, b, y)
+        if self._views("matmul_forward", a=a, b=b, y=y) is None:
+            self._product(a, b, y)
+            return
+        self._half_product(self._widened("mm_a", a), self._widened("mm_b", b), y, "mm_out")
 
     @on_compute
     def matmul_backward(self, a, b, dy, da, db) -> None:
         """da = dy b^T, db = a^T dy (db may be a transposed view)."""
-        self._views("matmul_backward", a=a, b=b, dy=dy, da=da, db=db)
+        if self._views("matmul_backward", a=a, b=b, dy=dy, da=da, db=db) is None:
+            if da is not None:
+                self._product(dy, b.swapaxes(-1, -2), da)
+            if db is not None:
+                self._product(a.swapaxes(-1, -2), dy, db)
+            return
+        dys = self._widened("mm_dy", dy)
         if da is not None:
-            self._product(dy, b.swapaxes(-1, -2), da)
+            self._half_product(dys, self._widened("mm_b", b).swapaxes(-1, -2), da, "mm_out")
         if db is not None:
-            self._product(a.swapaxes(-1, -2), dy, db)
+            self._half_product(self._widened("mm_a", a).swapaxes(-1, -2), dys, db, "mm_out")
 
     # -- self-attention (causal or bidirectional)
     def _probs(self, q, k, scale: float, causal: bool, p) -> None:
@@ -146,11 +189,26 @@ class SequenceOps:
         self._product(q, k.swapaxes(-1, -2), p)
         self._launch(launches.softmax_forward(p, p, scale, t if causal else 0, self.limits))
 
+    def _half_probs(self, q32, k32, scale: float, causal: bool, p32, kept) -> None:
+        """`_probs` on float32 copies, rounded to the half (into `kept`, the saved probabilities, or a scratch) and
+        read back: the values the CPU's half attention uses."""
+        self._probs(q32, k32, scale, causal, p32)
+        if kept is None:
+            kept = self.side.get("attn_probs_half", p32.shape, halves.storage_dtype(self._half_dtype()))
+        self._launch(launches.round_copy(kept, p32, self.limits))
+        self._launch(launches.widen_copy(p32, kept, self.limits))
+
+    def _half_dtype(self):
+        return HALF_DTYPES[self.filters.half]
+
     @on_compute
     def attention_forward(self, q, k, v, probs, y, scale: float, causal: bool = True) -> None:
         """Per (batch, head): y = softmax(q k^T * scale [causal]) v; probs saved, or None:
         scores in scratch. One sample per call either way, so cuBLAS sees the same shapes (same bits)."""
-        self._views("attention_forward", q=q, k=k, v=v, y=y)
+        if self._views("attention_forward", q=q, k=k, v=v, y=y, probs=probs) is not None:
+            self._check_io("attention_forward", probs=probs)
+            self._half_attention_forward(q, k, v, probs, y, scale, causal)
+            return
         self._check("attention_forward", probs=probs)
         b, h, t, _ = q.shape
         scratch = self.side.get("attn_probs", (h, t, t), np.float32) if probs is None else None
@@ -159,11 +217,22 @@ class SequenceOps:
             self._probs(self._staged("attn_q", q[bi]), self._staged("attn_k", k[bi]), scale, causal, p)
             self._product(p, self._staged("attn_v", v[bi]), y[bi])
 
+    def _half_attention_forward(self, q, k, v, probs, y, scale: float, causal: bool) -> None:
+        b, h, t, _ = q.shape
+        p32 = self.side.get("attn_probs", (h, t, t), np.float32)
+        for bi in range(b):
+            self._half_probs(self._widened("attn_q", q[bi]), self._widened("attn_k", k[bi]), scale, causal, p32,
+                             None if probs is None else probs[bi])
+            self._half_product(p32, self._widened("attn_v", v[bi]), y[bi], "attn_out")
+
     @on_compute
     def attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool = True) -> None:
         """dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
         dk = dS^T q, from saved probs or rebuilt per sample."""
-        self._views("attention_backward", q=q, k=k, v=v, dy=dy, dq=dq, dk=dk, dv=dv)
+        if self._views("attention_backward", q=q, k=k, v=v, dy=dy, dq=dq, dk=dk, dv=dv, probs=probs) is not None:
+            self._check_io("attention_backward", probs=probs)
+            self._half_attention_backward(q, k, v, probs, dy, dq, dk, dv, scale, causal)
+            return
         self._check("attention_backward", probs=probs)
         b, h, t, _ = q.shape
         scratch = self.side.get("attn_probs", (h, t, t), np.float32) if probs is None else None
@@ -182,12 +251,31 @@ class SequenceOps:
             self._product(ds, ks, dq[bi])
             self._product(ds.swapaxes(-1, -2), qs, dk[bi])
 
+    def _half_attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool) -> None:
+        b, h, t, _ = q.shape
+        p32 = self.side.get("attn_probs", (h, t, t), np.float32)
+        ds = self.side.get("attn_dscores", (h, t, t), np.float32)
+        for bi in range(b):
+            qs, ks = self._widened("attn_q", q[bi]), self._widened("attn_k", k[bi])
+            dys = self._widened("attn_dy", dy[bi])
+            if probs is None:
+                self._half_probs(qs, ks, scale, causal, p32, None)
+                p = p32
+            else:
+                p = self._widened("attn_p", probs[bi])
+            self._half_product(p.swapaxes(-1, -2), dys, dv[bi], "attn_out")
+            self.cp.matmul(dys, self._widened("attn_v", v[bi]).swapaxes(-1, -2), out=ds)
+            self._launch(launches.softmax_backward(ds, p, ds, scale, self.limits))
+            self._half_product(ds, ks, dq[bi], "attn_out")
+            self._half_product(ds.swapaxes(-1, -2), qs, dk[bi], "attn_out")
+
     # -- cross-entropy over every token, with an ignore index
     @on_compute
     def softmax_xent_ignore_forward(self, logits, labels, loss, ignore_index: int) -> None:
         """The mean loss over rows not `ignore_index` (NaN when all are, as
         PyTorch), on the device."""
-        self._check("softmax_xent_ignore_forward", logits=logits, loss=loss)
+        self._check_io("softmax_xent_ignore_forward", logits=logits)
+        self._check("softmax_xent_ignore_forward", loss=loss)
         self._check("softmax_xent_ignore_forward", I64, labels=labels)
         rows = self.side.get("xent_rows", (logits.shape[0],), np.float32)
         self._launch(launches.softmax_xent_ignore_forward(rows, logits, labels, ignore_index, self.limits))
@@ -197,7 +285,8 @@ class SequenceOps:
     def softmax_xent_ignore_backward(self, logits, labels, dloss, dlogits, ignore_index: int) -> None:
         """(softmax - one-hot) * dloss / count on rows not ignored, zeros
         elsewhere; no host round trip."""
-        self._check("softmax_xent_ignore_backward", logits=logits, dloss=dloss, dlogits=dlogits)
+        self._check_io("softmax_xent_ignore_backward", logits=logits, dlogits=dlogits)
+        self._check("softmax_xent_ignore_backward", dloss=dloss)
         self._check("softmax_xent_ignore_backward", I64, labels=labels)
         scale = self.side.get("xent_scale", (1,), np.float32)
         self._launch(launches.softmax_xent_ignore_scale(scale, dloss, labels, ignore_index, self.limits))
@@ -205,13 +294,21 @@ class SequenceOps:
                                                          self.limits))
 
     # -- helpers
-    def _views(self, op: str, **arrays) -> None:
-        """Given arrays must be float32 device arrays; strided views are accepted (cuBLAS)."""
+    def _views(self, op: str, **arrays) -> str | None:
+        """Given arrays must be device arrays, all float32 or all the math mode's half storage (strided views
+        accepted: cuBLAS); returns the half or None."""
+        half = self.filters.half
+        allowed = (F32, halves.storage_dtype(self._half_dtype())) if half else (F32,)
+        kinds = set()
         for name, a in arrays.items():
             if a is None:
                 continue
             if not isinstance(a, self.cp.ndarray):
                 raise TypeError(f"{op}: {name} must be a cupy array on the device, got {type(a).__name__}")
-            if a.dtype != F32:
-                raise TypeError(f"{op}: {name} must be {F32}, got {a.dtype} (the CUDA backend is float32 with "
-                                f"int64 indices)")
+            if a.dtype not in allowed:
+                raise TypeError(f"{op}: {name} must be {' or '.join(map(str, allowed))} in --math {self.math}, "
+                                f"got {a.dtype}")
+            kinds.add(np.dtype(a.dtype))
+        if len(kinds) > 1:
+            raise TypeError(f"{op}: the arrays mix {sorted(map(str, kinds))}: a kernel's arrays share one dtype")
+        return halves.half_of(arrays[next(n for n, a in arrays.items() if a is not None)]) if kinds else None

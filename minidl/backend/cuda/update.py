@@ -1,5 +1,6 @@
-"""The CUDA backend's end of a step: the softmax cross-entropy loss (kernels/loss.cu) and the optimizer updates
-(kernels/optim.cu; their `_dev` variants read the learning rate from device memory inside a captured graph)."""
+"""The CUDA backend's end of a step: the softmax cross-entropy loss (kernels/loss.cu: half logits and their delta
+in a half mode, the loss and its gradient float32) and the optimizer updates (kernels/optim.cu, float32 masters;
+their `_dev` variants read the learning rate from device memory inside a captured graph)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,8 @@ class UpdateOps:
     # -- loss
     @on_compute
     def softmax_xent_forward(self, logits, labels, loss) -> None:
-        self._check("softmax_xent_forward", logits=logits, loss=loss)
+        self._check_io("softmax_xent_forward", logits=logits)
+        self._check("softmax_xent_forward", loss=loss)
         self._check("softmax_xent_forward", I64, labels=labels)
         n = logits.shape[0]
         rows = self.side.get("xent_rows", (n,), np.float32)
@@ -23,12 +25,16 @@ class UpdateOps:
 
     @on_compute
     def softmax_xent_backward(self, logits, labels, dloss, dlogits) -> None:
-        self._check("softmax_xent_backward", logits=logits, dloss=dloss, dlogits=dlogits)
+        half = self._check_io("softmax_xent_backward", logits=logits, dlogits=dlogits)
+        self._check("softmax_xent_backward", dloss=dloss)
         self._check("softmax_xent_backward", I64, labels=labels)
         n = logits.shape[0]
-        # scale = 1/N in the kernel, then * dloss on the device: no device->host sync to read dloss.
-        self._launch(launches.softmax_xent_backward(dlogits, logits, labels, 1.0 / n, self.limits))
-        self.cp.multiply(dlogits, dloss.reshape(()), out=dlogits)
+        # scale = 1/N in the kernel, then * dloss on the device: no device->host sync to read dloss (a half form
+        # multiplies before it rounds)
+        self._launch(launches.softmax_xent_backward(dlogits, logits, labels, 1.0 / n, self.limits,
+                                                    dloss=dloss if half else None))
+        if half is None:
+            self.cp.multiply(dlogits, dloss.reshape(()), out=dlogits)
 
     # -- optimizers
     @on_compute

@@ -1,5 +1,6 @@
 """Arena views of the CUDA backend, device-free: a tensor is a `cupy.ndarray` at `arena base + offset`.
-Rule: `view_spec` checks bounds and alignment, so a view never reaches past its block or the arena.
+Rule: `view_spec` checks bounds and alignment, so a view never reaches past its block or the arena; a bf16 view is
+uint16 (`storage_dtype`).
 """
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from .halves import storage_dtype
 
 CUDA_MALLOC_ALIGNMENT = 256  # bytes cudaMalloc aligns to; the arena base must be as aligned
 
@@ -54,9 +57,9 @@ def shape_tuple(shape) -> tuple[int, ...]:
 
 
 def view_spec(offset: int, shape, dtype, capacity: int, alignment: int = VIEW_ALIGNMENT) -> ViewSpec:
-    """Check and describe the view of `shape`/`dtype` at byte `offset` of a `capacity`-byte arena; raises
-    ValueError where it starts unaligned or outside, or ends past it."""
-    dt = np.dtype(dtype)
+    """Check and describe the view of `shape`/`dtype` at byte `offset` of a `capacity`-byte arena (`dtype` as the
+    device stores it: `storage_dtype`); raises ValueError where it starts unaligned or outside, or ends past it."""
+    dt = storage_dtype(dtype)
     shp = shape_tuple(shape)
     offset = int(offset)
     nbytes = math.prod(shp) * dt.itemsize

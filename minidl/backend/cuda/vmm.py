@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ...core.errors import MinidlError
+from .halves import storage_dtype
 
 
 class VmmError(MinidlError, RuntimeError):
@@ -71,7 +70,7 @@ class VmmArena:
 
     def view_at(self, offset: int, shape, dtype):
         cp = self._cupy
-        dt = np.dtype(dtype)
+        dt = storage_dtype(dtype)
         nbytes = int(math.prod(shape)) * dt.itemsize
         mem = cp.cuda.UnownedMemory(self.base + offset, nbytes, self)
         return cp.ndarray(tuple(shape), dt, memptr=cp.cuda.MemoryPointer(mem, 0))

@@ -1,0 +1,518 @@
+"""Host tests of the CUDA backend's half modes (`--math bf16|fp16`): storage (bf16 bits in uint16 device arrays),
+copies that move the bits unchanged, the I/O check of a kernel's arrays, the mode switch and the capabilities.
+No GPU: fakes of cupy stand in (the numerics run in gpu-marked tests)."""
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from minidl.backend import get_backend
+from minidl.backend.cuda import cudnn_specs, halves, launches, views
+from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
+from minidl.backend.mathmode import apply_math, backend_math
+from minidl.backend.precision import HALF_DTYPES, check_half_kernels
+from tests.backend.test_cuda_host import (
+    _DEVICE_ARRAYS,
+    TABLES,
+    EmulatedNormKernels,
+    FakeCudnn,
+    _conv_arrays,
+    _DeviceArray,
+    _FakeCupyArrays,
+    _host_backend,
+    _op_of,
+    _table_by_op,
+    _timed_backend,
+)
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: float32 values whose bf16 / fp16 roundings are ties or overflow: 1 + 2^-8 ties to even (1.0), 1 + 3*2^-8 ties up,
+#: 70000 overflows fp16 to inf, a NaN stays a NaN.
+VALUES = np.array([1 + 2**-8, 1 + 3 * 2**-8, -2.5, 70000.0, np.nan, 3e-41], np.float32)
+
+
+# -- storage
+
+def test_storage_dtypes_and_kernel_variants():
+    assert halves.storage_dtype(BF16) == np.uint16 and halves.storage_dtype(np.float16) == np.float16
+    assert halves.storage_dtype(np.float32) == np.float32 and halves.storage_dtype(np.int64) == np.int64
+    assert halves.host_dtype(np.uint16) == BF16 and halves.host_dtype(np.float16) == np.float16
+    assert views.storage_dtype is halves.storage_dtype
+    assert [halves.half_of(np.empty(1, d)) for d in (np.uint16, np.float16, np.float32, np.int64)] == \
+        ["bf16", "fp16", None, None]
+    assert [halves.variant("relu_forward", h) for h in (None, "bf16", "fp16")] == \
+        ["relu_forward", "relu_forward_bf16", "relu_forward_f16"]
+
+
+def test_device_arena_views_bf16_as_its_bits():
+    arena = DeviceArena(_FakeCupyArrays(), 1 << 16)
+    v = arena.view_at(1024, (4, 8), BF16)
+    assert v.dtype == np.uint16 and v.shape == (4, 8) and v.offset == 1024
+    assert arena.view_at(1024, (4, 8), np.float16).dtype == np.float16
+    spec = views.view_spec(1024, (4, 8), BF16, 1 << 16)
+    assert (spec.dtype, spec.nbytes, spec.strides) == (np.uint16, 64, (16, 2))
+    with pytest.raises(ValueError, match="past the arena"):
+        arena.view_at((1 << 16) - 512, (257,), BF16)
+
+
+# -- copies: the bits cross unchanged
+
+class _Flags:
+    c_contiguous = True
+
+
+class _Dev:
+    """A fake cupy ndarray over a host array: `get` and `set` copy it, as cupy's do."""
+
+    def __init__(self, a):
+        self.a = a
+        self.shape, self.dtype, self.flags = a.shape, a.dtype, _Flags()
+
+    def get(self, stream=None):
+        return self.a.copy()
+
+    def set(self, host, stream=None):
+        assert host.dtype == self.a.dtype and host.shape == self.a.shape
+        self.a[...] = host
+
+
+def _copy_backend(half=None):
+    cp = SimpleNamespace(ndarray=_Dev, copyto=None)
+    be = CUDABackend.from_parts(cupy=cp, cupyx=None, cudnn=None, cublas=None, compute=_NullSync(),
+                                transfer=_NullSync(), graphs=None, side=None, limits=launches.DeviceLimits(1024, 80),
+                                filters=cudnn_specs.EngineFilters(half=half))
+    return be
+
+
+class _NullSync:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+
+class _PtrStream(_NullSync):
+    ptr = 0xC0
+
+
+@pytest.mark.parametrize("half", [BF16, np.dtype(np.float16)])
+def test_copy_in_rounds_as_numpy_and_to_host_gives_the_half_back(half):
+    be = _copy_backend()
+    dev = _Dev(np.zeros(VALUES.shape, halves.storage_dtype(half)))
+    be.copy_in(dev, VALUES)
+    with np.errstate(over="ignore"):
+        want = VALUES.astype(half)                  # round to nearest even, as the CPU's copy_in
+    assert dev.a.tobytes() == want.tobytes()
+    cpu = np.empty(VALUES.shape, half)
+    get_backend("cpu").copy_in(cpu, VALUES)
+    assert cpu.tobytes() == want.tobytes()
+    back = be.to_host(dev)
+    assert back.dtype == half and back.tobytes() == want.tobytes()
+    be.copy_in(dev, want)                           # a half host array goes in bit for bit
+    assert dev.a.tobytes() == want.tobytes()
+
+
+def test_bf16_offload_and_prefetch_move_bits_and_pin_bf16_buffers():
+    be = _timed_backend()
+    bits = VALUES.astype(BF16).view(np.uint16)
+    dev = _DeviceArray(bits.copy(), copy_ms=1.0)
+    try:
+        host = be.host_empty(bits.shape, dev.dtype)
+        assert host.dtype == BF16
+        be.transfer_sync(be.offload_async(dev, host))
+        assert host.view(np.uint16).tobytes() == bits.tobytes()
+        dev.a[...] = 0
+        be.transfer_sync(be.prefetch_async(host, dev))
+        assert dev.a.tobytes() == bits.tobytes()
+        with pytest.raises(ValueError, match="dtypes must match"):
+            be.offload_async(dev, np.empty(bits.shape, np.float16))
+    finally:
+        _DEVICE_ARRAYS.pop(dev.data.ptr, None)
+
+
+# -- a kernel's I/O: float32, or the mode's half, one dtype for all
+
+def test_check_io_returns_the_half_and_names_what_is_wrong():
+    bf = _host_backend(FakeCudnn())
+    bf.filters = cudnn_specs.EngineFilters(half="bf16")
+    x, y = np.zeros((2, 3), np.uint16), np.zeros((2, 3), np.uint16)
+    assert bf._check_io("relu_forward", x=x, y=y, dx=None) == "bf16"
+    assert bf._check_io("relu_forward", x=np.zeros(3, np.float32), y=np.zeros(3, np.float32)) is None
+    assert bf._check_io("relu_forward") is None
+    with pytest.raises(TypeError, match=r"relu_forward: y is float32 but x is uint16: a kernel's arrays share one"):
+        bf._check_io("relu_forward", x=x, y=np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match=r"relu_forward: y must be float32 or uint16 in --math bf16, got float16"):
+        bf._check_io("relu_forward", x=x, y=np.zeros((2, 3), np.float16))
+    with pytest.raises(TypeError, match=r"relu_forward: x must be a cupy array on the device, got list"):
+        bf._check_io("relu_forward", x=[1.0])
+    with pytest.raises(ValueError, match=r"relu_forward: x must be C-contiguous"):
+        bf._check_io("relu_forward", x=np.zeros((3, 2), np.uint16).T)
+    fp = _host_backend(FakeCudnn())
+    fp.filters = cudnn_specs.EngineFilters(half="fp16")
+    assert fp._check_io("conv", x=np.zeros(2, np.float16), w=np.zeros(2, np.float16)) == "fp16"
+    with pytest.raises(TypeError, match=r"conv: x must be float32 or float16 in --math fp16, got uint16"):
+        fp._check_io("conv", x=x)
+    f32 = _host_backend(FakeCudnn())
+    with pytest.raises(TypeError, match=r"conv: x must be float32 in --math fp32, got float16"):
+        f32._check_io("conv", x=np.zeros(2, np.float16))
+
+
+# -- the mode switch and the capabilities
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_set_math_takes_the_half_modes(mode):
+    be = _host_backend(FakeCudnn())
+    calls = []
+    be._cublas_math = calls.append
+    assert apply_math(be, mode) == mode and backend_math(be) == mode == be.math
+    assert be.filters == cudnn_specs.EngineFilters(allow_tf32=False, deterministic=True, half=mode)
+    assert be.filters.numeric_notes() == ("DOWN_CONVERT_INPUTS", "NONDETERMINISTIC")  # tensor cores, no TF32
+    assert calls == []                                                                   # cuBLAS stays default math
+    be.set_math("tf32")
+    assert be.math == "tf32" and be.filters.half is None and calls == [True]
+    be.set_math(mode)
+    assert be.math == mode and calls == [True, False]
+    be.set_math("fp32")
+    assert be.math == "fp32" and be.filters.numeric_notes() == ("TENSOR_CORE", "DOWN_CONVERT_INPUTS",
+                                                                 "NONDETERMINISTIC")
+
+
+def test_half_kernels_are_the_union_of_the_two_lists():
+    assert CUDABackend.capabilities.half_kernels == launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS
+    assert isinstance(launches.HALF_KERNELS, frozenset) and isinstance(cudnn_specs.HALF_KERNELS, frozenset)
+
+
+# -- cuDNN graphs with half I/O and float32 compute
+
+HALVES = [("bf16", np.dtype(np.uint16), "data_type.BFLOAT16"), ("fp16", np.dtype(np.float16), "data_type.HALF")]
+F = "data_type.FLOAT"
+
+
+def _half_backend(mode, fake=None):
+    be = _host_backend(fake or FakeCudnn(plans=_table_by_op(TABLES)))
+    be.set_math(mode)
+    return be
+
+
+def _tensor_types(g):
+    return {kw["name"]: kw["data_type"] for op, kw in g.calls if op == "tensor"}
+
+
+def _graph_of(fake, fe_op):
+    return next(g for g in fake.graphs if any(op == fe_op for op, _ in g.calls))
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_conv_graphs_take_half_and_compute_in_float32(mode, dt, cudnn_dt):
+    fake = FakeCudnn()
+    graphs = CudnnGraphs(fake, handle=1)
+    spec = cudnn_specs.ConvSpec.from_shapes((2, 4, 9, 7), (6, 2, 3, 2), (2, 6, 5, 7), (2, 1), (1, 1), (1, 2), 2,
+                                            HALF_DTYPES[mode])
+    assert spec.dtype == dt.name and spec.half
+    f = cudnn_specs.EngineFilters(half=mode)
+    built = {op: graphs.get(spec.key(op, f)) for op in ("fprop_bias", "dgrad", "wgrad", "dgrad_add")}
+    for g in fake.graphs:
+        assert g.kw == {"io_data_type": cudnn_dt, "intermediate_data_type": F, "compute_data_type": F, "handle": 1}
+        ((conv, kw),) = [(op, kw) for op, kw in g.calls if op.startswith("conv_")]
+        assert kw["compute_data_type"] == F and kw["padding"] == [1, 1] and kw["stride"] == [2, 1]
+    d = spec.descs()
+    # forward: half x, w, b in; conv + b in float32 (a virtual FLOAT tensor), y stored half
+    g = _graph_of(fake, "conv_fprop")
+    assert _tensor_types(g) == {"x": cudnn_dt, "w": cudnn_dt, "b": cudnn_dt}
+    t = built["fprop_bias"].tensors
+    assert t["b"].kw["dim"] == [1, 6, 1, 1] and t["b"].kw["stride"] == [6, 1, 1, 1]
+    ((add_kw,),) = [[kw for op, kw in g.calls if op == "add"]]
+    assert add_kw["b"] is t["b"] and add_kw["compute_data_type"] == F
+    inner = add_kw["a"]
+    assert inner.origin == "conv_fprop::Y" and inner.output is False and inner.data_type == F
+    assert t["y"].origin == "add::OUT_0" and t["y"].output and t["y"].data_type == cudnn_dt
+    assert t["y"].dim == list(d["y"].dim) and t["y"].stride == list(d["y"].stride)
+    # dgrad: half dy, w in, half dx out
+    g = _graph_of(fake, "conv_dgrad")
+    assert _tensor_types(g) == {"y": cudnn_dt, "w": cudnn_dt}
+    assert built["dgrad"].tensors["x"].data_type == cudnn_dt
+    # wgrad: half x, dy in, float32 dw out
+    g = _graph_of(fake, "conv_wgrad")
+    assert _tensor_types(g) == {"x": cudnn_dt, "y": cudnn_dt}
+    dw = built["wgrad"].tensors["w"]
+    assert dw.data_type == F and dw.output and dw.dim == [6, 2, 3, 2] and dw.stride == [12, 6, 2, 1]
+    # dgrad_add: dx + x_acc in float32, stored half
+    t = built["dgrad_add"].tensors
+    assert t["x_acc"].kw["data_type"] == cudnn_dt and t["x"].data_type == cudnn_dt
+    g = fake.graphs[-1]
+    ((add_kw,),) = [[kw for op, kw in g.calls if op == "add"]]
+    assert add_kw["a"].data_type == F and add_kw["b"] is t["x_acc"]
+
+
+def test_graph_keys_tell_the_dtypes_apart():
+    shapes = ((2, 4, 9, 7), (6, 2, 3, 2), (2, 6, 5, 7), (2, 1), (1, 1), (1, 2), 2)
+    specs = [cudnn_specs.ConvSpec.from_shapes(*shapes, dt) for dt in (np.float32, np.float16, BF16, np.uint16)]
+    assert [s.dtype for s in specs] == ["float32", "float16", "uint16", "uint16"]   # bf16 is keyed by its storage
+    assert len({s.key("fprop", cudnn_specs.EngineFilters()) for s in specs}) == 3
+    bn = [cudnn_specs.BNSpec.from_shape((2, 3, 4, 4), dt) for dt in (np.float32, np.float16, BF16)]
+    assert len({s.key("bn_train", cudnn_specs.EngineFilters()) for s in bn}) == 3
+    fake = FakeCudnn()
+    graphs = CudnnGraphs(fake, handle=1)
+    for f in (cudnn_specs.EngineFilters(half="bf16"), cudnn_specs.EngineFilters(half="fp16")):
+        graphs.get(specs[2].key("wgrad", f))
+    assert len(fake.graphs) == 2      # the engine filters of each mode are part of the key too
+    assert cudnn_specs.cudnn_dtype_name(BF16) == cudnn_specs.cudnn_dtype_name(np.uint16) == "BFLOAT16"
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_bn_and_relu_graphs_keep_float32_parameters_and_statistics(mode, dt, cudnn_dt):
+    fake = FakeCudnn()
+    graphs = CudnnGraphs(fake, handle=1)
+    f = cudnn_specs.EngineFilters(half=mode)
+    bn = cudnn_specs.BNSpec.from_shape((4, 6, 5, 3), HALF_DTYPES[mode])
+    expected = {
+        ("bn_train", "batchnorm"): ({"x": cudnn_dt, "scale": F, "bias": F, "running_mean": F, "running_var": F,
+                                     "epsilon": F, "momentum": F},
+                                    {"y": cudnn_dt, "mean": F, "invstd": F, "next_running_mean": F,
+                                     "next_running_var": F}),
+        ("bn_infer", "batchnorm_inference"): ({"x": cudnn_dt, "mean": F, "invstd": F, "scale": F, "bias": F},
+                                              {"y": cudnn_dt}),
+        ("bn_backward", "batchnorm_backward"): ({"dy": cudnn_dt, "x": cudnn_dt, "scale": F, "mean": F, "invstd": F},
+                                                {"dx": cudnn_dt, "dscale": F, "dbias": F}),
+    }
+    for (op, fe_op), (ins, outs) in expected.items():
+        built = graphs.get(bn.key(op, f))
+        g = fake.graphs[-1]
+        assert g.kw["io_data_type"] == cudnn_dt and g.kw["compute_data_type"] == F
+        assert _tensor_types(g) == ins
+        ((kw,),) = [[kw for o, kw in g.calls if o == fe_op]]
+        assert kw["compute_data_type"] == F
+        assert {k: built.tensors[k].data_type for k in outs} == outs
+        assert built.tensors[next(iter(outs))].dim == [4, 6, 5, 3]
+    pw = cudnn_specs.PointwiseSpec.from_shape((8, 10), HALF_DTYPES[mode])
+    for op, fe_op, ins, out in (("relu_fwd", "relu", {"x": cudnn_dt}, "y"),
+                                ("relu_bwd", "relu_backward", {"y": cudnn_dt, "dy": cudnn_dt}, "dx")):
+        built = graphs.get(pw.key(op, f))
+        g = fake.graphs[-1]
+        assert _tensor_types(g) == ins and built.tensors[out].data_type == cudnn_dt
+        ((kw,),) = [[kw for o, kw in g.calls if o == fe_op]]
+        assert kw["compute_data_type"] == F
+
+
+# -- dispatch of half convolutions and batch norms
+
+class _HalfNormKernels(EmulatedNormKernels):
+    """The emulated cupy kernels, recording which channel sum ran."""
+
+    def __init__(self, log):
+        super().__init__()
+        for name in ("sum_f32", "sum_f32_bf16", "sum_f32_f16"):
+            kernel = getattr(self, name)
+            setattr(self, name, lambda *a, _k=kernel, _n=name, **kw: log.append(_n) or _k(*a, **kw))
+
+
+def _as_device(a, dt):
+    """float32 values as a half device array of storage dtype `dt` (bf16: its bits)."""
+    with np.errstate(over="ignore"):
+        return a.astype(halves.host_dtype(dt)).view(dt)
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_conv_dispatch(mode, dt, cudnn_dt):
+    fake = FakeCudnn(plans=_table_by_op({**TABLES, "conv_fprop": [(2048, "f0", True), (0, "f1", True)]}))
+    be = _half_backend(mode, fake)
+    log = []
+    be._norm_kernels = lambda: _HalfNormKernels(log)
+    x32, w32, y32, p = _conv_arrays()
+    x, w, y = _as_device(x32, dt), _as_device(w32, dt), np.zeros(y32.shape, dt)
+    b = _as_device(np.arange(6, dtype=np.float32), dt)
+    # the planner names 2-byte data float16 in both modes: the options are the mode's half graph's
+    opts = be.conv_workspace_options("fwd", x.shape, w.shape, y.shape, p["stride"], p["padding"], p["dilation"],
+                                     p["groups"], np.dtype(np.float16))
+    assert [o.algo for o in opts] == ["cudnn:f0", "cudnn:f1"]
+    assert fake.graphs[-1].kw["io_data_type"] == cudnn_dt and _op_of(fake.graphs[-1]) == "conv_fprop"
+    be.conv2d_forward(x, w, b, y, algo="cudnn:f1", workspace=None, **p)
+    (ex,) = fake.executions
+    spec = cudnn_specs.ConvSpec.from_shapes(x.shape, w.shape, y.shape, **p, dtype=dt)
+    t = be.graphs.get(spec.key("fprop_bias", be.filters)).tensors
+    assert ex.pack == {t["x"]: x.ctypes.data, t["w"]: w.ctypes.data, t["b"]: b.ctypes.data, t["y"]: y.ctypes.data}
+    assert not y.any()                              # the bias is the graph's: nothing added after it
+    be.conv2d_forward(x, w, None, y, algo="cudnn:f1", workspace=None, **p)
+    zeros = be.side.bufs[f"zeros6_{dt.name}"]
+    assert fake.executions[-1].pack[t["b"]] == zeros.ctypes.data and zeros.dtype == dt and not zeros.any()
+    # backward: half dx, float32 dw and db (db summed from the half dy, read exactly)
+    fake.executions.clear()
+    dy = _as_device(np.random.default_rng(1).standard_normal(y.shape).astype(np.float32), dt)
+    dx, dw, db = np.zeros(x.shape, dt), np.zeros(w.shape, np.float32), np.zeros(6, np.float32)
+    be.conv2d_backward(x, w, dy, dx, dw, db, algo="cudnn:d0w1", workspace=np.zeros(512, np.uint8), **p)
+    dgrad, wgrad = fake.executions
+    tw = be.graphs.get(spec.key("wgrad", be.filters)).tensors
+    assert wgrad.pack == {tw["x"]: x.ctypes.data, tw["y"]: dy.ctypes.data, tw["w"]: dw.ctypes.data}
+    assert log == [halves.variant("sum_f32", mode)]
+    widened = dy.view(halves.host_dtype(dt)).astype(np.float64).sum(axis=(0, 2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(db, widened)
+    with pytest.raises(TypeError, match=r"conv2d_backward: dw must be float32, got"):
+        be.conv2d_backward(x, w, dy, dx, np.zeros(w.shape, dt), None, algo="cudnn:d0w1",
+                           workspace=np.zeros(512, np.uint8), **p)
+    with pytest.raises(TypeError, match=r"conv2d_forward: w is float32 but x is"):
+        be.conv2d_forward(x, w32, None, y, algo="cudnn:f1", workspace=None, **p)
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_batchnorm_dispatch_and_refusals(mode, dt, cudnn_dt):
+    fake = FakeCudnn()
+    be = _half_backend(mode, fake)
+    rng = np.random.default_rng(0)
+    x = _as_device(rng.standard_normal((4, 3, 5, 5)).astype(np.float32), dt)
+    y = np.zeros(x.shape, dt)
+    w, b = np.ones(3, np.float32), np.zeros(3, np.float32)
+    rm, rv, mean, inv = (np.zeros(3, np.float32) for _ in range(4))
+    be.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
+    train, apply = fake.executions
+    bn = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
+    t = be.graphs.get(bn.key("bn_train", be.filters)).tensors
+    assert train.pack[t["x"]] == x.ctypes.data and train.pack[t["mean"]] == mean.ctypes.data
+    assert fake.graphs[0].kw["io_data_type"] == cudnn_dt
+    dx = np.zeros(x.shape, dt)
+    dw, db = np.zeros(3, np.float32), np.zeros(3, np.float32)
+    be.batchnorm_backward(x, w, y, mean, inv, dx, dw, db)
+    with pytest.raises(TypeError, match=rf"batchnorm_backward: --math {mode} needs dx"):
+        be.batchnorm_backward(x, w, y, mean, inv, None, dw, db)
+    with pytest.raises(TypeError, match=r"batchnorm_forward_train: mean must be float32"):
+        be.batchnorm_forward_train(x, w, b, rm, rv, y, mean.astype(dt), inv, momentum=0.1, eps=1e-5)
+    no_bn = _half_backend(mode, FakeCudnn(unsupported=lambda g: _op_of(g) == "batchnorm"))
+    refusal = rf"bn_train on {dt.name} data has no kernel but cuDNN's, which cannot run it here \(cuDNN cannot run "
+    with pytest.raises(GraphUnsupported, match=refusal + r"bn_train: .*no engine.*use --math fp32"):
+        no_bn.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
+
+
+# -- products: cublasGemmEx on half storage, float32 accumulation
+
+class FakeCublasLib:
+    """cupy_backends' cuBLAS bindings as the half products call them: `gemmEx` (column-major, positional, as bound
+    in cupy_backends/cuda/libs/cublas.pyx) computed by numpy over the host arrays its pointers address; each call
+    recorded."""
+
+    TYPES = {0: np.dtype(np.float32), 2: np.dtype(np.float16), 14: np.dtype(np.uint16)}
+
+    def __init__(self):
+        self.arrays, self.calls, self.modes, self.streams = {}, [], [], []
+        self.capturing = False
+
+    def register(self, *arrays):
+        for a in arrays:
+            self.arrays[a.ctypes.data] = a
+
+    def setPointerMode(self, handle, mode):
+        self.modes.append((handle, mode))
+
+    def setStream(self, handle, stream):   # cupy refuses a capturing stream here, before any work is enqueued
+        if self.capturing:
+            raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+        self.streams.append((handle, stream))
+
+    def gemmEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+               computeType, algo):
+        self.calls.append(dict(transa=transa, transb=transb, m=m, n=n, k=k, Atype=Atype, lda=lda, Btype=Btype,
+                               ldb=ldb, Ctype=Ctype, ldc=ldc, computeType=computeType, algo=algo,
+                               alpha=ctypes.c_float.from_address(alpha).value,
+                               beta=ctypes.c_float.from_address(beta).value))
+
+        def col_major(ptr, typ, rows, cols, ld):
+            a = self.arrays[ptr]
+            assert a.dtype == self.TYPES[typ] and a.size == rows * cols and ld == rows
+            return a.reshape(-1).view(halves.host_dtype(a.dtype)).astype(np.float32).reshape(cols, rows).T
+
+        a = col_major(A, Atype, *((m, k) if transa == 0 else (k, m)), lda)
+        b = col_major(B, Btype, *((k, n) if transb == 0 else (n, k)), ldb)
+        a, b = (a if transa == 0 else a.T), (b if transb == 0 else b.T)
+        c = self.arrays[C]
+        out = np.float32(self.calls[-1]["alpha"]) * (a @ b) + np.float32(self.calls[-1]["beta"]) * \
+            col_major(C, Ctype, m, n, ldc)
+        with np.errstate(over="ignore"):
+            c.reshape(-1)[...] = out.T.reshape(-1).astype(halves.host_dtype(c.dtype)).view(c.dtype)
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
+    be = _half_backend(mode)
+    be.compute = _PtrStream()
+    lib = FakeCublasLib()
+    be._cublas_ex = (lib, 77)
+    log = []
+    be._norm_kernels = lambda: _HalfNormKernels(log)
+    rng = np.random.default_rng(0)
+    x32, w32, b32 = (rng.standard_normal(s).astype(np.float32) for s in ((5, 2, 3), (4, 6), (4,)))
+    x, w, b = _as_device(x32, dt), _as_device(w32, dt), _as_device(b32, dt)
+    y = np.zeros((5, 4), dt)
+    lib.register(x, w, b, y)
+    be.linear_forward(x, w, b, y)
+    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
+    with np.errstate(over="ignore"):
+        want = (wide(x).reshape(5, 6) @ wide(w).T + wide(b)).astype(halves.host_dtype(dt))   # one rounding
+    assert y.view(halves.host_dtype(dt)).tobytes() == want.tobytes()
+    (call,) = lib.calls
+    t = {np.dtype(np.uint16): 14, np.dtype(np.float16): 2}[dt]
+    assert call == dict(transa=1, transb=0, m=4, n=5, k=6, Atype=t, lda=6, Btype=t, ldb=6, Ctype=t, ldc=4,
+                        computeType=68, algo=-1, alpha=1.0, beta=1.0)
+    assert lib.modes == [(77, 0)] and lib.streams == [(77, 0xC0)]     # the compute stream, host scalars
+    be.linear_forward(x, w, None, y)
+    assert lib.calls[-1]["beta"] == 0.0
+    lib.calls.clear()
+    dy = _as_device(rng.standard_normal((5, 4)).astype(np.float32), dt)
+    dx, dw, db = np.zeros(x.shape, dt), np.zeros((4, 6), np.float32), np.zeros(4, np.float32)
+    lib.register(dy, dx, dw)
+    be.linear_backward(x, w, dy, dx, dw, db)
+    dx_call, dw_call = lib.calls
+    assert dx_call == dict(transa=0, transb=0, m=6, n=5, k=4, Atype=t, lda=6, Btype=t, ldb=4, Ctype=t, ldc=6,
+                           computeType=68, algo=-1, alpha=1.0, beta=0.0)
+    assert dw_call == dict(transa=0, transb=1, m=6, n=4, k=5, Atype=t, lda=6, Btype=t, ldb=4, Ctype=0, ldc=6,
+                           computeType=68, algo=-1, alpha=1.0, beta=0.0)    # float32 C: the weight gradient
+    with np.errstate(over="ignore"):
+        assert dx.view(halves.host_dtype(dt)).tobytes() == \
+            (wide(dy) @ wide(w)).astype(halves.host_dtype(dt)).reshape(x.shape).tobytes()
+    np.testing.assert_array_equal(dw, wide(dy).T @ wide(x).reshape(5, 6))
+    assert log == [halves.variant("sum_f32", mode)]
+    np.testing.assert_array_equal(db, wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
+    with pytest.raises(TypeError, match=r"linear_backward: dw must be float32"):
+        be.linear_backward(x, w, dy, dx, np.zeros((4, 6), dt), None)
+    lib.capturing, y[...] = True, 0
+    with pytest.raises(be.CaptureUnsupported):
+        be.linear_forward(x, w, b, y)
+    assert not y.any()            # refused before the bias was copied in: the call runs eagerly, once
+
+
+
+# -- what is wired
+
+def test_the_cudnn_half_kernels_are_layer_kernels_the_backend_runs():
+    from minidl import layers as L
+
+    layer_kernels = {k for layer in (L.Conv2d(4, 3), L.Linear(4), L.BatchNorm2d()) for k in layer.kernels()}
+    assert cudnn_specs.HALF_KERNELS <= layer_kernels
+    assert all(callable(getattr(CUDABackend, k)) for k in cudnn_specs.HALF_KERNELS)
+    assert cudnn_specs.HALF_KERNELS == {"conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward",
+                                        "batchnorm_forward_train", "batchnorm_forward_apply",
+                                        "batchnorm_forward_eval", "batchnorm_backward"}
+    check_half_kernels([L.Linear(4, name="fc")], CUDABackend, "bf16")     # a linear layer runs in half on CUDA
+
+
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_a_half_accumulating_backward_has_only_the_fused_add(mode, dt, cudnn_dt):
+    be = _half_backend(mode, FakeCudnn(plans=_table_by_op(TABLES), unsupported=lambda g: _op_of(g) == "conv_dgrad"
+                                       and any(op == "add" for op, _ in g.calls)))
+    x32, w32, y32, p = _conv_arrays()
+    conf = (p["stride"], p["padding"], p["dilation"], p["groups"])
+    with pytest.raises(GraphUnsupported, match=r"dgrad_add on .* data has no kernel but cuDNN's"):
+        be.conv_workspace_options("bwd", x32.shape, w32.shape, y32.shape, *conf, np.float16, accumulate=True)
+    f32 = _host_backend(FakeCudnn(plans=_table_by_op(TABLES), unsupported=lambda g: _op_of(g) == "conv_dgrad"
+                                  and any(op == "add" for op, _ in g.calls)))
+    opts = f32.conv_workspace_options("bwd", x32.shape, w32.shape, y32.shape, *conf, accumulate=True)
+    assert all(o.algo.endswith("+add") for o in opts)                    # float32 adds after instead
+    x, w, dy = _as_device(x32, dt), _as_device(w32, dt), np.zeros(y32.shape, dt)
+    with pytest.raises(ValueError, match=r"conv2d bwd: 'cudnn:d0w0\+add' adds dx after the data gradient"):
+        be.conv2d_backward(x, w, dy, np.zeros(x.shape, dt), None, None, *conf, "cudnn:d0w0+add",
+                           np.zeros(4096, np.uint8), accumulate=True)
