@@ -29,6 +29,7 @@ import numpy as np
 from ..core.errors import OptionError
 from ..core.options import MATH_MODES, check_math
 from ..core.tensors import Role
+from .base import FUSES_ADD_RELU_BACKWARD
 
 #: The half dtypes of the mixed-precision modes (each one of `MATH_MODES`).
 HALF_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "fp16": np.dtype(np.float16)}
@@ -91,13 +92,19 @@ def precision(mode: str) -> Precision:
     return Precision(check_math(mode))
 
 
+#: Layer kernels that are fusions (`Capabilities.fuses` names them where a backend runs them).
+FUSED_KERNELS = frozenset({FUSES_ADD_RELU_BACKWARD})
+
+
 def check_half_kernels(layers, backend, mode: str) -> None:
     """In a half mode, an OptionError naming the first layer with a kernel `backend` has no half form of."""
     if precision(mode).half is None:
         return
-    have = backend.capabilities.half_kernels
+    caps = backend.capabilities
+    # a fused kernel is called only where the backend fuses: elsewhere the runner calls the unfused ones
+    unused = FUSED_KERNELS - caps.fuses
     for layer in layers:
-        missing = [k for k in layer.kernels() if k not in have]
+        missing = [k for k in layer.kernels() if k not in caps.half_kernels and k not in unused]
         if missing:
             raise OptionError(f"--math {mode}: {layer.describe()} has no {mode} kernel on backend "
                               f"'{backend.capabilities.name}' ({', '.join(missing)}); use --math fp32")

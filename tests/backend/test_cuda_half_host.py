@@ -4,6 +4,7 @@ No GPU: fakes of cupy stand in (the numerics run in gpu-marked tests)."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from types import SimpleNamespace
 
 import ml_dtypes
@@ -15,6 +16,7 @@ from minidl.backend.cuda import cudnn_specs, halves, launches, views
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
 from minidl.backend.mathmode import apply_math, backend_math
 from minidl.backend.precision import HALF_DTYPES, check_half_kernels
+from minidl.core.errors import OptionError
 from tests.backend.test_cuda_host import (
     _DEVICE_ARRAYS,
     TABLES,
@@ -498,6 +500,23 @@ def test_the_cudnn_half_kernels_are_layer_kernels_the_backend_runs():
                                         "batchnorm_forward_train", "batchnorm_forward_apply",
                                         "batchnorm_forward_eval", "batchnorm_backward"}
     check_half_kernels([L.Linear(4, name="fc")], CUDABackend, "bf16")     # a linear layer runs in half on CUDA
+
+
+def test_a_fusion_the_backend_does_not_run_is_not_asked_of_its_half_kernels():
+    """`Add.kernels()` names add_relu_backward, a fusion CUDA does not run (its runner calls ReLU's and add's own
+    backward): an add is not refused for it on CUDA, and is on a backend that fuses it without a half form."""
+    from types import SimpleNamespace
+
+    from minidl import layers as L
+    from minidl.backend.base import FUSES_ADD_RELU_BACKWARD
+
+    add = L.Add(name="sum")
+    assert "add_relu_backward" in add.kernels() and FUSES_ADD_RELU_BACKWARD not in CUDABackend.capabilities.fuses
+    check_half_kernels([add], CUDABackend, "bf16")
+    fusing = SimpleNamespace(capabilities=dataclasses.replace(
+        CUDABackend.capabilities, fuses=frozenset({FUSES_ADD_RELU_BACKWARD})))
+    with pytest.raises(OptionError, match=r"layer 'sum' \(add\) has no bf16 kernel .*\(add_relu_backward\)"):
+        check_half_kernels([add], fusing, "bf16")
 
 
 @pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
