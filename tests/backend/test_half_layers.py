@@ -14,6 +14,8 @@ Three checks per layer (`minidl.testing.run_layer(..., math=mode)`, which stores
 """
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -321,8 +323,8 @@ def test_float32_only_kernels_refuse_half():
 def test_a_layer_without_half_kernels_is_named():
     """A backend whose record lacks a layer's kernel in half: the check names the layer, the mode and the kernel."""
     class NoGelu:
-        capabilities = SimpleNamespace(name="fake", half_kernels=CPUBackend.capabilities.half_kernels
-                                       - {"gelu_backward"})
+        capabilities = dataclasses.replace(CPUBackend.capabilities, name="fake",
+                                           half_kernels=CPUBackend.capabilities.half_kernels - {"gelu_backward"})
 
     check_half_kernels([L.ReLU(name="r"), L.GELU(name="act")], NoGelu(), "fp32")   # float32: nothing to check
     with pytest.raises(OptionError, match=r"--math bf16: layer 'act' \(gelu\) has no bf16 kernel on backend "
