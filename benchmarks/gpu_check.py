@@ -24,10 +24,10 @@ its own under its cap (killed with everything it started when the cap is reached
   profile       benchmarks/gpu_profile.py: minidl's step per layer kind and phase beside PyTorch's kernels
 
 Files in --out (9): summary.json (setup and each part: status, seconds, cap, headline figures; rewritten after each
-part), log.txt (everything every part printed), startup.json, speed.json, half.json, memory.json, superneurons.json and the
-profile's gpu_profile_*.json and .md (benchmarks/results/ takes them as they are). Scratch (caches, the speed rows'
-autotune file) goes to --work. --fake runs every part on the CPU backend and PyTorch's CPU with tiny networks, so
-that the script, its parts and its files are tested without a GPU; its figures are not GPU figures.
+part), log.txt (everything every part printed), startup.json, speed.json, half.json, memory.json, superneurons.json
+and the profile's gpu_profile_*.json and .md (benchmarks/results/ takes them as they are). Scratch (caches, the
+speed rows' autotune file) goes to --work. --fake runs every part on the CPU backend and PyTorch's CPU with tiny
+networks, so that the script, its parts and its files are tested without a GPU; its figures are not GPU figures.
 """
 from __future__ import annotations
 
@@ -483,7 +483,8 @@ def part_profile(args) -> int:
     return rc
 
 
-COLLECT = {part: (lambda args, part=part: _collect_rows(args, part)) for part in SPEED_ROWS}  # after a part, capped or not
+#: what the parent gathers after a part, capped or not
+COLLECT = {part: (lambda args, part=part: _collect_rows(args, part)) for part in SPEED_ROWS}
 PART_FUNCTIONS = {"correctness": part_correctness, "startup": part_startup, "speed": part_speed, "half": part_half,
                   "memory": part_memory, "superneurons": part_superneurons, "profile": part_profile}
 

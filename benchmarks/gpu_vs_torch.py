@@ -43,7 +43,6 @@ import argparse
 import datetime
 import gc
 import json
-import math
 import statistics
 import sys
 import time

@@ -14,9 +14,8 @@ Three checks per layer (`minidl.testing.run_layer(..., math=mode)`, which stores
 """
 from __future__ import annotations
 
-import dataclasses
-
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
