@@ -43,6 +43,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -207,18 +208,18 @@ def segment_functions(twin) -> list:
 
 
 class TorchStep:
-    """One PyTorch training step on `device`: plain, checkpoint_sequential, or AMP (`math` bf16/fp16: autocast,
+    """One PyTorch training step on `device`: plain, checkpoint_sequential, or AMP (`mode` bf16/fp16: autocast,
     channels_last for 4-D inputs, a GradScaler in fp16), as PyTorch's users run mixed precision."""
 
-    def __init__(self, net, state, x, y, peer: str, segments: int | None, math: str = "fp32",
+    def __init__(self, net, state, x, y, peer: str, segments: int | None, mode: str = "fp32",
                  device: str = "cuda"):
         import torch
 
         self.torch = torch
         dev = torch.device(device)
-        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(math) if peer == "amp" else None
+        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode) if peer == "amp" else None
         if peer == "amp" and self.amp is None:
-            raise ValueError(f"peer 'amp' runs in bf16 or fp16, not {math!r}")
+            raise ValueError(f"peer 'amp' runs in bf16 or fp16, not {mode!r}")
         channels_last = self.amp is not None and np.ndim(x) == 4
         self.twin = torch_twin(net, state, dev, channels_last)
         self.x = torch.as_tensor(x, device=dev)

@@ -149,3 +149,13 @@ def test_the_amp_peer_runs_gpt2_with_tied_weights_on_the_cpu():
     step = b.TorchStep(net, state, x, y, "amp", None, "bf16", device="cpu")
     assert any(step.twin.tied.values())   # the head reads the embedding's table
     assert np.isfinite(step())
+
+
+def test_the_checkpoint_sequential_peer_takes_its_segments_on_the_cpu():
+    b = _bench()
+    net = build_model("resnet", depth=20, batch=2, image_size=8, in_channels=3, num_classes=10)
+    state = Session(net, SGD(lr=0.1), seed=0).executor.state_dict()
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((2, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 2)
+    step = b.TorchStep(net, state, x, y, "checkpoint_sequential", None, "fp32", device="cpu")
+    assert step.segments == max(1, round(len(step.fns) ** 0.5)) and np.isfinite(step())
