@@ -32,8 +32,7 @@ def _st(a, i, v, bf):
 
 
 def _plane_buf(y3, keep_y, hw):
-    """`_affine`'s scratch plane for y: float32 where y3 holds half bits (y is rounded from it), else y3's dtype,
-    empty when y is written in place (`keep_y`)."""
+    """`_affine`'s y scratch: float32 for half bits (rounded from it), else y3's dtype and empty with keep_y."""
 
 
 def _plane(y3, s, c, keep_y, ybuf):
