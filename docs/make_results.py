@@ -198,8 +198,9 @@ def pages() -> dict[Path, str]:
              "compression": compression(), "comet": included("comet.md")}
     perf = {"first-command": first_command(), "dispatch": dispatch(), "autotune": autotune(), "scaling": scaling(),
             "compiled-runner": included("compiled_runner.md"),
-            "step-vs-torch-gpt2": step_vs_torch("step_vs_torch_gpt2"), "gpu-vs-torch": included("gpu_vs_torch.md"),
-            "half-accuracy": included("half_accuracy.md"), "gpu-runs": gpu_runs(), "gpu-profile": gpu_profiles()}
+            "step-vs-torch-gpt2": step_vs_torch("step_vs_torch_gpt2"), "half-step": included("half_step.md"),
+            "half-accuracy": included("half_accuracy.md"), "gpu-vs-torch": included("gpu_vs_torch.md"),
+            "gpu-runs": gpu_runs(), "gpu-profile": gpu_profiles()}
     return {REPRODUCTIONS: fill(REPRODUCTIONS.read_text(), SCRIPT, repro, "docs/reproductions.md"),
             PERFORMANCE: fill(PERFORMANCE.read_text(), SCRIPT, perf, "docs/performance.md")}
 

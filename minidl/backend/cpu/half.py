@@ -3,8 +3,9 @@
 Rules (the contract is `minidl.backend.precision`):
 * One conversion point per call (`half_io`): half arrays read into float32 copies (exact), written copies
   rounded back to nearest even; float32 arrays pass through.
-* `STAGED` kernels take copies from the backend's `Staging` (workspace a plan counts); `ELEMENTWISE` ones run
-  `CHUNK` values at a time over the lanes; `NATIVE` ones take half values as they are.
+* `STAGED` kernels take copies from the backend's `Staging` (workspace a plan counts), but for those whose compiled
+  form reads and writes half bits itself (`norm.COMPILED_HALF`, with numba); `ELEMENTWISE` ones run `CHUNK` values
+  at a time over the lanes; `NATIVE` ones take half values as they are.
 * A written array is the very array another argument names or disjoint from it: copies are shared by identity.
 * A half array reaching a `FLOAT32_ONLY` kernel is an error naming the kernel and argument.
 """
@@ -18,7 +19,7 @@ import numpy as np
 
 from ...core.errors import OptionError
 from ..precision import HALF_DTYPES, is_half
-from . import lanes
+from . import lanes, norm
 from .jit import PARALLEL_MIN, lazy, workers_for
 
 half_kernels = lazy("half_jit")
@@ -258,16 +259,23 @@ def _chunkable(spec: dict[str, str], call: _Args) -> dict | None:
     return None
 
 
+def _compiled(kernel: str) -> bool:
+    """Whether `kernel` runs compiled on half bits, staging nothing."""
+    return kernel in norm.COMPILED_HALF and norm.jit_kernels() is not None
+
+
 def call_staging(kernel: str, call: _Args) -> int:
-    """The staging bytes a call of `kernel` takes (none when run elementwise in chunks)."""
+    """The staging bytes a call of `kernel` takes (none when run elementwise in chunks or compiled on half bits)."""
     spec = STAGED.get(kernel) or ELEMENTWISE[kernel]
-    if kernel in ELEMENTWISE and _chunkable(spec, call) is not None:
+    if (kernel in ELEMENTWISE and _chunkable(spec, call) is not None) or _compiled(kernel):
         return 0
     return staging_bytes(a.shape for a, _ in _operands(spec, call).values())
 
 
 def _stage(be, kernel: str, fn, spec: dict[str, str], call: _Args):
     """Run `fn` on float32 copies of the call's half arrays from the staging; round the written ones."""
+    if _compiled(kernel):
+        return fn(be, *call.args, **call.kwargs)
     acc = ACCUMULATING.get(kernel)
     arrays = _operands({**spec, acc: RW} if acc and call.get("accumulate") else spec, call)
     buf = be.staging.buffer(kernel, staging_bytes(a.shape for a, _ in arrays.values()))

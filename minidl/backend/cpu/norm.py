@@ -1,9 +1,9 @@
 """Normalization kernels of the CPU backend: batch normalization (NCHW, per channel) and cross-channel LRN.
 
-Batch norm runs compiled (`cpu.norm_jit`); these numpy passes are its reference and fallback, on blocks of the
-(N, C, H*W) view. Numerics: per-plane sums in float32, summed over planes in float64 in a fixed order; the
-corrected two-pass variance (Chan, Golub & LeVeque 1983); the mean subtracted first ((x - mean) * a + b is
-exact near the mean by Sterbenz, where x * a + b' loses eps * |mean| / std).
+Batch norm runs compiled (`cpu.norm_jit`), half arrays as their bits (`COMPILED_HALF`); these numpy passes are its
+reference and float32 fallback, on blocks of the (N, C, H*W) view. Numerics: per-plane sums in float32, summed over
+planes in float64 in a fixed order; the corrected two-pass variance (Chan, Golub & LeVeque 1983); the mean
+subtracted first ((x - mean) * a + b is exact near the mean by Sterbenz, where x * a + b' loses eps * |mean| / std).
 """
 from __future__ import annotations
 
@@ -11,11 +11,26 @@ import math
 
 import numpy as np
 
+from ..precision import HALF_DTYPES, is_half
 from .jit import lazy, workers_for
 
 _BLOCK = 1 << 16  # elements per block (256 KiB of float32): measured best at 32K-128K
 
 jit_kernels = lazy("norm_jit")  # None without numba
+#: Kernels whose compiled form reads and writes half arrays itself, without float32 copies (`cpu.half`).
+COMPILED_HALF = frozenset({"batchnorm_forward_train", "batchnorm_forward_apply", "batchnorm_forward_eval",
+                           "batchnorm_backward", "batchnorm_backward_eval"})
+_BF16 = HALF_DTYPES["bf16"]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """A half array as the uint16 bits the compiled kernels take; others as they are."""
+    return a.view(np.uint16) if is_half(a.dtype) else a
+
+
+def _bf(*arrays) -> bool:
+    """Whether the call's half arrays are bfloat16 (else float16, or none)."""
+    return any(a is not None and a.dtype == _BF16 for a in arrays)
 
 
 def _or(a: np.ndarray | None, stand_in: np.ndarray) -> np.ndarray:
@@ -106,10 +121,11 @@ class NormOps:
             raise ValueError(f"batch norm in training needs more than one value per channel, got input {x.shape}")
         jit = jit_kernels()
         if jit is not None:
-            y3 = _ncl(y)
-            args = (x3, _or(weight, mean), _or(bias, mean), running_mean, running_var, y3, mean, invstd,
+            y3 = _bits(_ncl(y))
+            args = (_bits(x3), _or(weight, mean), _or(bias, mean), running_mean, running_var, y3, mean, invstd,
                     float(momentum), float(eps), bool(update_running), weight is not None, bias is not None,
-                    y3 if relu_out is None else _ncl(relu_out), relu_out is not None, keep_y or relu_out is None)
+                    y3 if relu_out is None else _bits(_ncl(relu_out)), relu_out is not None,
+                    keep_y or relu_out is None, _bf(x, y))
             nw = min(workers_for(x3.size), c)
             if nw > 1:
                 jit.train_parallel(*args, nw)
@@ -140,7 +156,8 @@ class NormOps:
         x3, y3 = _ncl(x), _ncl(y)
         jit = jit_kernels()
         if jit is not None:
-            args = (x3, _or(weight, mean), _or(bias, mean), mean, invstd, y3, weight is not None, bias is not None)
+            args = (_bits(x3), _or(weight, mean), _or(bias, mean), mean, invstd, _bits(y3), weight is not None,
+                    bias is not None, _bf(x, y))
             nw = min(workers_for(x3.size), x3.shape[1])
             if nw > 1:
                 jit.apply_parallel(*args, nw)
@@ -164,8 +181,8 @@ class NormOps:
                                running_mean: np.ndarray, running_var: np.ndarray, y: np.ndarray, eps: float) -> None:
         jit = jit_kernels()
         if jit is not None:
-            jit.eval_forward(_ncl(x), _or(weight, running_mean), _or(bias, running_mean), running_mean, running_var,
-                             float(eps), _ncl(y), weight is not None, bias is not None)
+            jit.eval_forward(_bits(_ncl(x)), _or(weight, running_mean), _or(bias, running_mean), running_mean,
+                             running_var, float(eps), _bits(_ncl(y)), weight is not None, bias is not None, _bf(x, y))
             return
         invstd = (1.0 / np.sqrt(running_var.astype(np.float64) + eps)).astype(x.dtype)
         self.batchnorm_forward_apply(x, weight, bias, running_mean, invstd, y)
@@ -181,9 +198,11 @@ class NormOps:
             self.relu_backward(relu[0], relu[1], dy)
             relu = None
         if jit is not None:
-            args = (x3, _or(weight, mean), dy3, mean, invstd, x3 if dx is None else _ncl(dx), _or(dweight, mean),
-                    _or(dbias, mean), weight is not None, dx is not None, dweight is not None, dbias is not None,
-                    dy3 if relu is None else _ncl(relu[1]), dy3 if relu is None else _ncl(relu[0]), relu is not None)
+            x3, dy3 = _bits(x3), _bits(dy3)
+            args = (x3, _or(weight, mean), dy3, mean, invstd, x3 if dx is None else _bits(_ncl(dx)),
+                    _or(dweight, mean), _or(dbias, mean), weight is not None, dx is not None, dweight is not None,
+                    dbias is not None, dy3 if relu is None else _bits(_ncl(relu[1])),
+                    dy3 if relu is None else _bits(_ncl(relu[0])), relu is not None, _bf(x, dy, dx))
             nw = min(workers_for(x3.size), x3.shape[1])
             if nw > 1:
                 jit.backward_parallel(*args, nw)
@@ -226,9 +245,11 @@ class NormOps:
         x3, dy3 = _ncl(x), _ncl(dy)
         jit = jit_kernels()
         if jit is not None:
+            x3, dy3 = _bits(x3), _bits(dy3)
             jit.backward_eval(x3, _or(weight, running_mean), dy3, running_mean, running_var, float(eps),
-                              x3 if dx is None else _ncl(dx), _or(dweight, running_mean), _or(dbias, running_mean),
-                              weight is not None, dx is not None, dweight is not None, dbias is not None)
+                              x3 if dx is None else _bits(_ncl(dx)), _or(dweight, running_mean),
+                              _or(dbias, running_mean), weight is not None, dx is not None, dweight is not None,
+                              dbias is not None, _bf(x, dy, dx))
             return
         n, c, hw = x3.shape
         inv64 = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
