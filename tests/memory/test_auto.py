@@ -1,6 +1,6 @@
-"""Policy `auto`: the fastest plan that fits a budget, over liveness, recomputation, offload and workspace sizing;
-bit-identical to `none` at every budget it accepts, with the executor's peak equal to the plan's, and a
-BudgetError naming the smallest budget (which then works) when nothing fits."""
+"""Policy `auto`: the fastest plan that fits a budget, over liveness, recomputation, offload and workspace sizing,
+and a BudgetError naming the smallest budget (which then works) when nothing fits; plans composed by hand of its
+parts keep `none`'s bits (auto's own plans at every budget level: tests/runtime/test_policy_matrix.py)."""
 import json
 
 import numpy as np
@@ -8,12 +8,11 @@ import pytest
 
 from minidl.cli import main
 from minidl.core.errors import BudgetError
-from minidl.data import synthetic
 from minidl.memory.plan import EventKind
 from minidl.memory.report import explain, tensor_decisions
 from minidl.memory.schedulers.auto import auto_search
 from minidl.optim import SGD
-from minidl.runtime.session import RunConfig, Session
+from tests import sessions
 from tests.planning import planned
 
 from .nets import NETS
@@ -23,11 +22,9 @@ def opt():
     return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
 
 
-def train(net, policy, budget=None, steps=5, micro_batches=None):
-    sess = Session(net, opt(), policy=policy, budget=budget, seed=11, config=RunConfig(debug=True),
-                   micro_batches=micro_batches)
-    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), steps)
-    return sess
+def train(net, policy="liveness", plan=None):
+    """Five steps, in debug mode, of `policy` or of a plan composed by hand (`plan`)."""
+    return sessions.train(net, policy, steps=5, n=32, seed=11, data_seed=4, plan=plan, debug=True)
 
 
 def smallest_budget(net):
@@ -42,26 +39,6 @@ def test_without_a_budget_auto_is_liveness():
     a = planned(net, opt(), "auto")
     b = planned(net, opt(), "liveness")
     assert a.policy == "auto" and a.peak_bytes == b.peak_bytes and a.min_budget_bytes == b.min_budget_bytes
-
-
-@pytest.mark.parametrize("key", list(NETS))
-def test_auto_at_several_budgets_is_bit_identical_and_peak_exact(key):
-    """Bit-identical to `none` at the micro-batches auto chose (one batch where it kept the batch whole)."""
-    refs = {}
-    lo = smallest_budget(NETS[key]())
-    hi = planned(NETS[key](), opt(), "liveness").min_budget_bytes
-    assert lo < hi
-    for budget in sorted({lo, (lo + hi) // 2, hi}):
-        sess = train(NETS[key](), "auto", budget)
-        assert sess.plan.min_budget_bytes <= budget == sess.plan.arena_bytes
-        assert sess.executor.pool.peak == sess.plan.peak_bytes
-        m = sess.plan.route.micro_batches
-        if m not in refs:
-            refs[m] = train(NETS[key](), "none", micro_batches=m if m > 1 else None).executor.state_dict()
-        ref = refs[m]
-        got = sess.executor.state_dict()
-        for k in ref:
-            assert np.array_equal(ref[k], got[k]), (key, budget, k)
 
 
 def test_the_reported_minimum_is_feasible_and_one_byte_less_is_not():
@@ -107,7 +84,6 @@ def test_recompute_composed_with_offload_is_bit_identical(key):
     from minidl.memory.planner import finalize
     from minidl.memory.schedulers.auto import OffloadSearch
     from minidl.memory.workspace import workspace_choices
-    from minidl.runtime.executor import Executor
 
     net = NETS[key]()
     route = net.route(optimizer_slots=("momentum",))
@@ -120,10 +96,8 @@ def test_recompute_composed_with_offload_is_bit_identical(key):
     plan = finalize(cr.plan, cr.plan.min_budget_bytes)
     kinds = {ev.kind for sp in plan.steps for ev in sp.before + sp.after}
     assert {EventKind.OFFLOAD, EventKind.RECOMPUTE} <= kinds
-    ref = train(NETS[key](), "none", steps=5).executor.state_dict()
-    sess = Session(net, opt(), policy="liveness", seed=11)
-    sess.plan, sess.executor = plan, Executor(net, plan, sess.optimizer, seed=11, debug=True)
-    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), 5)
+    ref = train(NETS[key](), "none").executor.state_dict()
+    sess = train(net, plan=plan)
     got = sess.executor.state_dict()
     for k in ref:
         assert np.array_equal(ref[k], got[k]), k
@@ -159,7 +133,6 @@ def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
     from minidl.memory.planner import finalize, liveness_schedule, place
     from minidl.memory.schedulers.auto import LAYOUTS, pin_long_lived
     from minidl.memory.workspace import workspace_choices
-    from minidl.runtime.executor import Executor
 
     net = NETS["resnet20"]()
     route = net.route(optimizer_slots=("momentum",))
@@ -169,22 +142,11 @@ def test_pinned_layout_places_small_long_lived_tensors_first_and_runs():
     first = [ev.tensor for ev in plan.steps[0].before]
     pinned = [t for t, s in route.tensors.items() if s.role in (Role.GRADIENT, Role.AUX, Role.LABEL)]
     assert set(first[:len(pinned)]) == set(pinned)
-    sess = Session(net, opt(), policy="liveness", seed=11)
-    sess.plan, sess.executor = plan, Executor(net, plan, sess.optimizer, seed=11, debug=True)
-    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), 5)
+    sess = train(net, plan=plan)
     ref = train(NETS["resnet20"](), "none").executor.state_dict()
     got = sess.executor.state_dict()
     assert all(np.array_equal(ref[k], got[k]) for k in ref)
     assert sess.executor.pool.peak == plan.peak_bytes
-
-
-def run_plan(net, plan, steps=5):
-    from minidl.runtime.executor import Executor
-
-    sess = Session(net, opt(), policy="liveness", seed=11)
-    sess.plan, sess.executor = plan, Executor(net, plan, sess.optimizer, seed=11, debug=True)
-    sess.fit(synthetic(32, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=4), steps)
-    return sess
 
 
 def test_an_offloaded_checkpoint_comes_back_exactly_when_its_recomputation_reads_it():
@@ -213,7 +175,7 @@ def test_an_offloaded_checkpoint_comes_back_exactly_when_its_recomputation_reads
         assert kinds.index((EventKind.WAIT, root)) < first_recompute, root
         checked += 1
     assert checked >= 5
-    sess = run_plan(net, plan)
+    sess = train(net, plan=plan)
     assert sess.executor.pool.peak == plan.peak_bytes
     ref = train(NETS["resnet20"](), "none").executor.state_dict()
     got = sess.executor.state_dict()

@@ -1,40 +1,20 @@
 """Fused update: each layer's optimizer update right after its backward. Same arithmetic as the one update step
-at the end (bit-identical parameters and optimizer state), gradients live only between backward and update, and
-the pool peak still equals the plan's."""
-import numpy as np
+at the end (bit-identical parameters and optimizer state: with Adam here, with SGD under every policy in
+tests/runtime/test_policy_matrix.py, runner `fused`), and gradients live only between backward and update."""
 import pytest
 
-import minidl as dl
 from minidl.cli import main
 from minidl.core.tensors import Role
-from minidl.data import synthetic
 from minidl.graph.route import Phase
-from minidl.layers import Conv2d, Dropout, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from minidl.memory.liveness import analyze
 from minidl.memory.planner import live_at
 from minidl.models import build_model
-from minidl.models.vgg import VGG_CONFIGS
 from minidl.optim import SGD, Adam
-from minidl.runtime.session import Session
+from tests import sessions
 from tests.planning import planned
-from tests.sessions import session_kw
+from tests.sessions import same_state
 
-
-def vgg11_narrow(batch=2, size=32, width=8):
-    """VGG-11's layer sequence (configuration A) with channels / `width` and a small classifier: the real VGG-11
-    needs 224 px and 1.6 GB of training state, too much for a fast test (the slow test below runs it)."""
-    net = dl.Network("vgg11_narrow")
-    h = net.input((batch, 3, size, size), name="data")
-    y = net.input((batch,), dtype="int64", name="label")
-    for s, widths in enumerate(VGG_CONFIGS[11], start=1):
-        for i, c in enumerate(widths, start=1):
-            h = ReLU(name=f"relu{s}_{i}")(Conv2d(c // width, 3, padding=1, name=f"conv{s}_{i}")(h))
-        h = MaxPool2d(2, stride=2, name=f"pool{s}")(h)
-    for i in (6, 7):
-        h = Dropout(0.5, name=f"drop{i}")(ReLU(name=f"relu{i}")(Linear(32, name=f"fc{i}")(h)))
-    net.set_loss(SoftmaxCrossEntropy(name="loss")(Linear(10, name="fc8")(h), y))
-    return net
-
+from .nets import vgg11_narrow
 
 NETS = {
     "resnet20": lambda: build_model("resnet", depth=20, batch=2, image_size=16, num_classes=10),
@@ -44,35 +24,13 @@ NETS = {
 
 
 def train(net, policy, fused, opt=None, steps=3, budget=None, **kw):
-    opt = opt or SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
-    sess = Session(net, opt, policy=policy, budget=budget, seed=0,
-                   **session_kw({**kw, "fused_update": fused}))
-    data = synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0)
-    sess.fit(data, steps)
-    return sess
-
-
-def assert_same_state(a: Session, b: Session) -> None:
-    for got, ref in ((a.executor.state_dict(), b.executor.state_dict()),
-                     (a.executor.optimizer_state(), b.executor.optimizer_state())):
-        assert got.keys() == ref.keys()
-        for name in ref:
-            assert np.array_equal(got[name], ref[name]), name
-
-
-@pytest.mark.parametrize("key", list(NETS))
-def test_fused_update_is_bit_identical_to_none(key):
-    ref = train(NETS[key](), "none", fused=False)
-    got = train(NETS[key](), "liveness", fused=True, debug=True)
-    assert got.plan.route.fused_update and not ref.plan.route.fused_update
-    assert_same_state(got, ref)
-    assert got.executor.pool.peak == got.plan.peak_bytes
+    return sessions.train(net, policy, budget, steps, seed=0, optimizer=opt, fused_update=fused, **kw)
 
 
 def test_fused_update_with_adam_is_bit_identical():
     ref = train(NETS["resnet20"](), "none", fused=False, opt=Adam(lr=1e-3))
     got = train(NETS["resnet20"](), "liveness", fused=True, opt=Adam(lr=1e-3), debug=True)
-    assert_same_state(got, ref)
+    same_state(got, ref)
 
 
 def test_each_layer_is_updated_right_after_its_backward_and_its_gradients_die_there():
@@ -107,13 +65,11 @@ def test_fused_update_lowers_the_liveness_peak(key):
     assert most == per_layer < grads
 
 
-def test_auto_chooses_fused_update_under_a_budget_and_stays_bit_identical():
+def test_auto_chooses_fused_update_under_a_budget():
     net = NETS["densenet_tiny"]()
     budget = planned(net, SGD(lr=0.1, momentum=0.9), "liveness").min_budget_bytes
     assert planned(net, SGD(lr=0.1, momentum=0.9), "auto").route.fused_update is False
-    got = train(NETS["densenet_tiny"](), "auto", fused=None, budget=budget, debug=True)
-    assert got.plan.route.fused_update
-    assert_same_state(got, train(NETS["densenet_tiny"](), "none", fused=False))
+    assert planned(NETS["densenet_tiny"](), SGD(lr=0.1, momentum=0.9), "auto", budget).route.fused_update
 
 
 def test_cli_fused_update_flag(capsys):
@@ -134,4 +90,4 @@ def test_real_vgg11_fused_update_is_bit_identical():
         return build_model("vgg", depth=11, batch=1, image_size=224, num_classes=10)
     ref = train(make(), "none", fused=False, steps=2)
     got = train(make(), "liveness", fused=True, steps=2)
-    assert_same_state(got, ref)
+    same_state(got, ref)

@@ -1,7 +1,7 @@
 """The tensor cache: the host store and its transfer thread, the offload plan, and training through both.
 
-What must hold: offloading never changes a single bit of the parameters; the pool's measured peak is the
-plan's; a budget the liveness plan meets moves nothing; a smaller one moves tensors and fits; an impossible
+What must hold (bits and peaks against `none`: tests/runtime/test_policy_matrix.py): a budget the liveness plan
+meets moves nothing; a smaller one moves tensors and fits; an impossible
 one fails before any step, naming the smallest budget that works; the thread never lets a kernel read a block
 it is still writing nor frees a block it is still reading; and its errors surface in the executor's thread.
 """
@@ -336,13 +336,11 @@ def test_k40c_link_is_pcie3():
 
 @pytest.mark.parametrize("key", list(NETS))
 @pytest.mark.parametrize("which", ["mid", "floor"])
-def test_bit_identical_to_none_and_peak_equals_plan(key, which, reference):
+def test_the_host_store_moves_what_the_plan_says(key, which):
     live, mid, floor = budgets(key)
     budget = mid if which == "mid" else floor
-    sess = train(key, "offload", budget, debug=True)
+    sess = train(key, "offload", budget)
     assert sess.plan.offloaded_bytes > 0
-    assert_same(reference(key), sess)
-    assert sess.executor.pool.peak == sess.plan.peak_bytes == simulate(sess.plan, "cpu").peak_bytes
     s = sess.executor.host.stats()
     assert s.offloaded_bytes == 5 * sess.plan.offloaded_bytes
     assert s.prefetched_bytes == 5 * sess.plan.prefetched_bytes

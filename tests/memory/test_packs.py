@@ -15,11 +15,11 @@ from minidl.memory.decisions.weights import moved_by_role
 from minidl.memory.liveness import analyze
 from minidl.models import build_model
 from minidl.optim import SGD
-from minidl.runtime.session import Session
+from tests import sessions
 from tests.planning import planned
-from tests.sessions import session_kw
+from tests.sessions import same_state
 
-from .test_fused_update import assert_same_state, vgg11_narrow
+from .nets import vgg11_narrow
 
 NETS = {
     "resnet20": lambda: build_model("resnet", depth=20, batch=4, image_size=16, num_classes=10),
@@ -40,10 +40,7 @@ def plain_net(batch=4):
 
 
 def train(net, policy, M, budget=None, steps=2, **kw):
-    sess = Session(net, SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), policy=policy, budget=budget, seed=0,
-                   micro_batches=M, **session_kw(kw))
-    sess.fit(synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=0), steps)
-    return sess
+    return sessions.train(net, policy, budget, steps, seed=0, micro_batches=M, **kw)
 
 
 @pytest.mark.parametrize("key", list(NETS))
@@ -54,7 +51,7 @@ def test_packs_are_bit_identical_to_none_with_the_same_micro_batches(key, M):
     got = train(NETS[key](), "packs", M, budget=budget, debug=True)
     assert got.plan.route.micro_batches == M and got.plan.min_budget_bytes <= budget
     assert got.executor.pool.peak == got.plan.peak_bytes
-    assert_same_state(got, ref)
+    same_state(got, ref)
 
 
 def test_micro_batches_match_the_full_batch_to_float_tolerance():
@@ -132,7 +129,7 @@ def test_packs_choose_micro_batches_when_one_batch_step_cannot_fit():
         got = train(act_net(), policy, None, budget=floor - 1, debug=True)  # below one full-batch step's tensors
         assert got.plan.route.micro_batches > 1 and got.plan.min_budget_bytes < floor
         assert got.executor.pool.peak == got.plan.peak_bytes
-        assert_same_state(got, train(act_net(), "none", got.plan.route.micro_batches))
+        same_state(got, train(act_net(), "none", got.plan.route.micro_batches))
     assert "micro-batches" in got.plan.decision and "no single-batch plan fits" in got.plan.decision
 
 
@@ -206,22 +203,6 @@ def test_micro_batches_without_packs_accumulate_with_one_micro_batch_alive_at_a_
         assert len(acts) <= 1, plan.peak_live
         peaks[M] = plan.peak_bytes
     assert peaks[1] > peaks[2] > peaks[4]
-
-
-@pytest.mark.parametrize("policy", ["liveness", "recompute", "offload", "window", "weights", "auto"])
-def test_every_exact_policy_on_accumulated_micro_batches_is_bit_identical_to_none(policy):
-    M = 2
-    ref = train(NETS["resnet20"](), "none", M)
-    budget = None
-    if policy not in ("liveness",):
-        live = planned(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), "liveness", micro_batches=M)
-        with pytest.raises(dl.BudgetError) as e:
-            planned(NETS["resnet20"](), SGD(lr=0.1, momentum=0.9), policy, budget=1, micro_batches=M)
-        budget = (live.min_budget_bytes + e.value.min_budget_bytes) // 2
-    got = train(NETS["resnet20"](), policy, M, budget=budget, debug=True)
-    assert got.plan.route.micro_batches == M and got.plan.route.packing.schedule == "accumulate"
-    assert got.executor.pool.peak == got.plan.peak_bytes
-    assert_same_state(got, ref)
 
 
 def test_evaluate_on_accumulated_micro_batches_matches_the_packed_route_bit_for_bit():

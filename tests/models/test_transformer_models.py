@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 import minidl as dl
-from minidl.memory.policies import exact_policies
 from minidl.models import bert, build_model, gpt2
 from minidl.optim import SGD
 from minidl.runtime.session import Session
@@ -252,38 +251,6 @@ def _train_tiny_gpt(policy, budget=None):
         x = rng.integers(0, 40, (4, 17))
         losses.append(sess.executor.train_step(x[:, :-1].copy(), x[:, 1:].copy()))
     return sess, losses
-
-
-BUDGETED = ("offload", "window", "weights", "packs", "auto")  # policies whose work shows only under a budget
-
-
-@pytest.mark.parametrize("policy", [p for p in exact_policies() if p != "none"])
-def test_every_exact_policy_trains_the_zoo_gpt2_to_the_bits_of_none(policy, tiny_gpt_none):
-    """GPT-2 from the zoo (tied head, dropout, two blocks): every exact policy, the budgeted ones at 85% of
-    liveness's peak, where each of them must act (recompute, copy to the host, home weights there); the same losses
-    and parameters as `none`, bit for bit, and the executor's peak is the plan's and the simulator's, byte for
-    byte."""
-    from minidl.memory.plan import EventKind
-    from minidl.memory.simulate import simulate
-
-    ref, ref_losses = tiny_gpt_none
-    budget = None
-    if policy in BUDGETED:
-        budget = int(planned(_tiny_gpt(), SGD(lr=0.1, momentum=0.9), "liveness").peak_bytes * 0.85)
-    sess, losses = _train_tiny_gpt(policy, budget)
-    events = [ev for sp in sess.plan.steps for ev in sp.before + sp.after]
-    acted = {ev.kind for ev in events} - {EventKind.ALLOC, EventKind.FREE}
-    if policy != "liveness":
-        assert acted, f"{policy} planned like liveness"
-    if policy in ("weights", "packs"):
-        assert any(ev.kind is EventKind.PREFETCH and ev.tensor.startswith("param:") for ev in events), policy
-    assert losses == ref_losses
-    want, got = ref.executor.state_dict(), sess.executor.state_dict()
-    assert want.keys() == got.keys()
-    for k in want:
-        assert np.array_equal(want[k], got[k]), k
-    assert sess.executor.pool.peak == sess.plan.peak_bytes == simulate(sess.plan, "cpu").peak_bytes
-    assert ref.executor.pool.peak == ref.plan.peak_bytes
 
 
 def test_compress_trains_the_zoo_gpt2_close_to_none_and_the_executor_peak_is_the_plans(tiny_gpt_none):

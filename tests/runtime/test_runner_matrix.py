@@ -1,25 +1,17 @@
 """Every plan runs compiled: `minidl train --json` reports `step_runner: "compiled"` under every policy, a paged
 arena, micro-batches, compression and a host update (and 2 MPI ranks: tests/dist/test_mpi.py), and the parameters
 after a few steps are bit-identical to the interpreter's (`--debug`, which runs the same calls as they are
-assembled), in every math mode. With the Session API, each case shows its mechanism really ran, as recorded calls;
-within bf16 and within fp16, every exact policy trains the parameters of policy `none`, bit for bit, its pool's peak
-the plan's and the simulator's."""
+assembled), in every math mode. With the Session API, each case shows its mechanism really ran, as recorded calls.
+Each exact policy against `none` under every runner and math mode: tests/runtime/test_policy_matrix.py."""
 import json
 
 import numpy as np
 import pytest
 
 from minidl.cli import main
-from minidl.core.errors import BudgetError
-from minidl.data import synthetic
-from minidl.memory.policies import POLICIES, exact_policies
-from minidl.memory.simulate import simulate
-from minidl.optim import SGD
-from minidl.runtime.session import Session
-from tests.memory import nets
+from minidl.memory.policies import POLICIES
+from tests import sessions
 from tests.memory.nets import NETS
-from tests.planning import planned
-from tests.sessions import session_kw
 
 LENET = ["lenet", "--data", "digits", "--batch", "16", "--steps", "3", "--seed", "4", "--lr", "0.05"]
 
@@ -32,7 +24,7 @@ def train(capsys, path, args, debug):
         return report, {k: z[k] for k in z.files if not k.startswith("__")}
 
 
-def same_state(a, b):
+def same_arrays(a, b):
     assert a.keys() == b.keys()
     for k in a:
         assert np.array_equal(a[k], b[k]), k
@@ -53,7 +45,7 @@ def test_every_plan_runs_compiled_and_matches_the_interpreter(capsys, tmp_path, 
     interpreted, b = train(capsys, tmp_path / "i.npz", args, debug=True)
     assert compiled["step_runner"] == "compiled", compiled.get("graph_fallback")
     assert interpreted["step_runner"] == "interpreted"
-    same_state(a, b)
+    same_arrays(a, b)
     assert compiled["final_loss"] == interpreted["final_loss"]
     if "--micro-batches" in args:
         assert compiled["micro_batches"] == 2
@@ -63,16 +55,9 @@ def test_every_plan_runs_compiled_and_matches_the_interpreter(capsys, tmp_path, 
         assert compiled["moved_bytes_by_role"]["gradients"] > 0
 
 
-def opt():
-    return SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
-
-
-def fit(key, compiled, **kw):
-    net = NETS[key]()
-    sess = Session(net, opt(), seed=5, **session_kw(dict(kw, compiled=compiled)))
-    data = synthetic(16, net.input_nodes[0].shape[1:], net.logits_node.shape[1], seed=2)
-    losses = sess.fit(data, 3).losses
-    return sess, losses
+def fit(key, compiled, policy=None, **kw):
+    sess = sessions.train(NETS[key](), policy, steps=3, seed=5, data_seed=2, compiled=compiled, **kw)
+    return sess, sess.last_fit.losses
 
 
 @pytest.mark.parametrize("key", ["resnet20", "dropnet"])
@@ -88,8 +73,7 @@ def test_each_mechanism_is_recorded_and_bit_identical(key, kw, kinds):
     ex = a.executor
     assert ex.step_runner == "compiled" and b.executor.step_runner == "interpreted"
     assert la == lb
-    same_state(ex.state_dict(), b.executor.state_dict())
-    same_state(ex.optimizer_state(), b.executor.optimizer_state())
+    sessions.same_state(a, b)
     assert ex.pool.peak == a.plan.peak_bytes == b.executor.pool.peak
     for kind in kinds:
         assert ex.program.kinds.get(kind, 0) > 0, (kind, ex.program.kinds)
@@ -108,44 +92,3 @@ def test_a_recorded_step_traces_one_compute_event_per_route_step_like_the_interp
     cb = [(e.name, e.step, e.in_use) for e in b.executor.trace if e.track == "compute"]
     assert a.executor.step_runner == "compiled" and b.executor.step_runner == "interpreted"
     assert ca == cb and len(ca) == 3 * len(a.plan.steps)
-
-
-# a budget per policy, as a share of the liveness minimum in the same mode, tight enough for the policy to act; a
-# policy that does not plan there is run at the minimum it states. A plan that cuts the batch into micro-batches
-# is compared with `none` on the same micro-batches (as in tests/memory/test_packs.py)
-SHARES = {"offload": 0.97, "weights": 0.6, "packs": 0.6, "window": 0.85, "auto": 0.6}
-HALF_CASES = [(key, math, policy) for key in ("resnet20", "dropnet") for math in ("bf16", "fp16")
-              for policy in exact_policies() if policy != "none" and not (math == "fp16" and policy == "packs")]
-
-
-@pytest.fixture(scope="module")
-def none_in():
-    cache = {}
-
-    def get(key, math, micro_batches=1):
-        if (key, math, micro_batches) not in cache:
-            cache[key, math, micro_batches] = nets.train(key, "none", math=math,
-                                                         micro_batches=micro_batches if micro_batches > 1 else None)
-        return cache[key, math, micro_batches]
-    return get
-
-
-@pytest.mark.bits
-@pytest.mark.parametrize("key, math, policy", HALF_CASES, ids=["-".join(c) for c in HALF_CASES])
-def test_every_exact_policy_trains_the_bits_of_none_within_a_half_mode(key, math, policy, none_in):
-    share = SHARES.get(policy)
-    budget = None
-    if share is not None:
-        budget = int(planned(NETS[key](), nets.opt(), "liveness", math=math).min_budget_bytes * share)
-        try:
-            planned(NETS[key](), nets.opt(), policy, budget, math=math)
-        except BudgetError as e:
-            budget = e.min_budget_bytes
-    sess = nets.train(key, policy, budget, math=math)
-    ref = none_in(key, math, sess.plan.route.micro_batches)   # the same micro-batches (BN's statistics are theirs)
-    ex = sess.executor
-    assert ex.step_runner == "compiled"
-    same_state(ref.executor.state_dict(), ex.state_dict())
-    same_state(ref.executor.optimizer_state(), ex.optimizer_state())
-    assert ex.pool.peak == sess.plan.peak_bytes == simulate(sess.plan, "cpu").peak_bytes
-    assert ex.pool.peak < ref.executor.pool.peak
