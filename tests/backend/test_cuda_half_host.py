@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minidl.backend import get_backend
-from minidl.backend.cuda import cudnn_specs, halves, launches, views
+from minidl.backend.cuda import cudnn_specs, halves, launches, norm, views
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
 from minidl.backend.mathmode import apply_math, backend_math
 from minidl.backend.precision import HALF_DTYPES, check_half_kernels
@@ -187,9 +187,10 @@ def test_set_math_takes_the_half_modes(mode):
                                                                  "NONDETERMINISTIC")
 
 
-def test_half_kernels_are_the_union_of_the_two_lists():
-    assert CUDABackend.capabilities.half_kernels == launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS
-    assert isinstance(launches.HALF_KERNELS, frozenset) and isinstance(cudnn_specs.HALF_KERNELS, frozenset)
+def test_half_kernels_are_the_union_of_the_three_lists():
+    assert CUDABackend.capabilities.half_kernels == (launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS
+                                                     | norm.HALF_KERNELS)
+    assert all(isinstance(k, frozenset) for k in (launches.HALF_KERNELS, cudnn_specs.HALF_KERNELS, norm.HALF_KERNELS))
 
 
 # -- cuDNN graphs with half I/O and float32 compute
@@ -306,6 +307,17 @@ def test_half_bn_and_relu_graphs_keep_float32_parameters_and_statistics(mode, dt
 
 # -- dispatch of half convolutions and batch norms
 
+class _LoggedNormKernels(EmulatedNormKernels):
+    """The emulated cupy kernels, recording which of batch norm's backward kernels ran."""
+
+    def __init__(self, log):
+        super().__init__()
+        for base in ("sum", "dot", "scale"):
+            for name in (base, f"{base}_bf16", f"{base}_f16"):
+                kernel = getattr(self, name)
+                setattr(self, name, lambda *a, _k=kernel, _n=name, **kw: log.append(_n) or _k(*a, **kw))
+
+
 class _HalfNormKernels(EmulatedNormKernels):
     """The emulated cupy kernels, recording which channel sum ran."""
 
@@ -389,6 +401,43 @@ def test_half_batchnorm_dispatch_and_refusals(mode, dt, cudnn_dt):
     refusal = rf"bn_train on {dt.name} data has no kernel but cuDNN's, which cannot run it here \(cuDNN cannot run "
     with pytest.raises(GraphUnsupported, match=refusal + r"bn_train: .*no engine.*use --math fp32"):
         no_bn.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_batchnorm_backward_eval_is_the_float32_kernels_on_the_exact_values(mode, dt, cudnn_dt, affine):
+    """The backward with the running statistics (cupy kernels, no cuDNN op): half x and dy read exactly, the sums
+    and dweight/dbias those of the float32 kernels on the widened values, dx their float32 dx rounded once; as the
+    file's float32 fallback test, its C expressions evaluated with numpy."""
+    be = _half_backend(mode, FakeCudnn())
+    log = []
+    be._norm_kernels = lambda: _LoggedNormKernels(log)
+    f32 = _host_backend(FakeCudnn(), use_cudnn_bn=False)
+    rng = np.random.default_rng(4)
+    shape, c = (4, 3, 5, 5), 3
+    x = _as_device((rng.standard_normal(shape) * 2 + 0.5).astype(np.float32), dt)
+    dy = _as_device(rng.standard_normal(shape).astype(np.float32), dt)
+    dy.reshape(-1)[:2] = _as_device(np.float32([6e4, -6e4]), dt)     # dx = dy * 10 overflows fp16
+    w = rng.uniform(0.5, 1.5, c).astype(np.float32) if affine else None
+    rm, rv = rng.standard_normal(c).astype(np.float32), np.float32([0.01, 0.7, 1.9])
+    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
+    outs = {}
+    for backend, xs, dys, d in ((be, x, dy, dt), (f32, wide(x), wide(dy), np.float32)):
+        dx, dw, db = np.zeros(shape, d), np.zeros(c, np.float32), np.zeros(c, np.float32)
+        with np.errstate(over="ignore"):
+            backend.batchnorm_backward_eval(xs, w, dys, rm, rv, 1e-5, dx, dw if affine else None,
+                                            db if affine else None)
+        outs[backend is be] = dx, dw, db
+    (dx, dw, db), (dx32, dw32, db32) = outs[True], outs[False]
+    with np.errstate(over="ignore"):
+        assert dx.view(halves.host_dtype(dt)).tobytes() == dx32.astype(halves.host_dtype(dt)).tobytes()
+    assert np.isinf(wide(dx)).any() == (mode == "fp16") and np.isfinite(dw).all() and np.isfinite(db).all()
+    np.testing.assert_array_equal(dw, dw32)
+    np.testing.assert_array_equal(db, db32)
+    assert log == [halves.variant(k, mode) for k in ("sum", "dot", "scale")]
+    assert not be.graphs._cache                     # cuDNN was never asked
+    with pytest.raises(TypeError, match=r"batchnorm_backward_eval: dx is float32 but x is"):
+        be.batchnorm_backward_eval(x, w, dy, rm, rv, 1e-5, np.zeros(shape, np.float32), None, None)
 
 
 # -- products: cublasGemmEx on half storage, float32 accumulation
@@ -500,6 +549,31 @@ def test_the_cudnn_half_kernels_are_layer_kernels_the_backend_runs():
                                         "batchnorm_forward_train", "batchnorm_forward_apply",
                                         "batchnorm_forward_eval", "batchnorm_backward"}
     check_half_kernels([L.Linear(4, name="fc")], CUDABackend, "bf16")     # a linear layer runs in half on CUDA
+
+
+#: Every zoo network, small: its layers' kernels are what a half mode asks of a backend.
+ZOO = {
+    "resnet50": lambda m: m.resnet(50, batch=2, image_size=64, num_classes=10, variant="imagenet"),
+    "resnet20_cifar": lambda m: m.resnet(20, batch=2, image_size=32, num_classes=10, variant="cifar"),
+    "densenet_tiny": lambda m: m.densenet(batch=2, image_size=32, num_classes=10, variant="tiny"),
+    "inception_v4": lambda m: m.inception_v4(batch=1, num_classes=10),
+    "vgg16": lambda m: m.vgg(16, batch=1, image_size=224, num_classes=10),
+    "vgg11_bn": lambda m: m.vgg(11, batch=1, image_size=224, num_classes=10, batch_norm=True),
+    "alexnet": lambda m: m.alexnet(batch=2, num_classes=10),
+    "alexnet_lrn": lambda m: m.alexnet(batch=2, num_classes=10, variant="lrn"),
+    "lenet": lambda m: m.lenet(batch=2),
+    "gpt2": lambda m: m.gpt2(layers=1, heads=2, width=16, seq=8, batch=2, vocab=32, positions=8),
+    "bert": lambda m: m.bert(layers=1, heads=2, width=16, seq=8, batch=2, vocab=32, positions=8),
+}
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_zoo_network_has_its_half_kernels_on_cuda(name, mode):
+    from minidl import models
+
+    net = ZOO[name](models)
+    check_half_kernels([n.layer for n in net.layer_nodes], CUDABackend, mode)
 
 
 def test_a_fusion_the_backend_does_not_run_is_not_asked_of_its_half_kernels():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from minidl.backend.cpu.backend import CPUBackend
-from minidl.backend.cuda import cudnn_specs, halves, launches
+from minidl.backend.cuda import cudnn_specs, halves, launches, norm
 from minidl.backend.cuda import kernel_specs as ks
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs
 from tests.backend.test_cuda_host import LAUNCH_CASES, LIMITS, FakeCudnn, HostEmulatedCUDA, _HostSide, _NullStream
@@ -281,7 +281,7 @@ def test_the_loss_multiplies_by_dloss_before_rounding_in_half():
 def test_half_kernels_are_exactly_the_ops_that_launch_only_half_forms():
     """CUDA lists a layer kernel as half only when its op, run on each half's storage, launches half forms of the
     registry for every launch on half storage (`_half_wired`) and no cupy arithmetic on it (`_StrictCupy`)."""
-    listed = CUDABackend.capabilities.half_kernels - cudnn_specs.HALF_KERNELS
+    listed = CUDABackend.capabilities.half_kernels - cudnn_specs.HALF_KERNELS - norm.HALF_KERNELS
     assert launches.HALF_KERNELS <= set(OPS), sorted(launches.HALF_KERNELS - set(OPS))
     wired = set()
     for kernel in OPS:

@@ -22,6 +22,7 @@ import sys
 import textwrap
 from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -907,7 +908,8 @@ def _c_to_python(code: str) -> list[str]:
 
 _CASTS = {"_double": lambda v: np.asarray(v, np.float64), "_float": lambda v: np.asarray(v, np.float32),
           "sqrt": np.sqrt, "_uint": lambda v: np.asarray(v, np.uint32),
-          "__uint_as_float": lambda v: np.asarray(v, np.uint32).view(np.float32)}
+          "__uint_as_float": lambda v: np.asarray(v, np.uint32).view(np.float32),
+          "minidl_bf16_bits": lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)}
 
 
 class _EmulatedKernel:
@@ -1201,7 +1203,9 @@ def test_fallback_kernels_compile(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found: cannot compile-check the fallback kernels")
-    src = "#include <cuda_fp16.h>\n" + "".join(_cupy_like_source(name, k) for name, k in NORM_KERNELS.items())
+    preambles = dict.fromkeys(getattr(k, "preamble", "") for k in NORM_KERNELS.values())
+    src = "#include <cuda_fp16.h>\n" + "".join(preambles) + "".join(_cupy_like_source(name, k)
+                                                                 for name, k in NORM_KERNELS.items())
     path = tmp_path / "norm_kernels.cu"
     path.write_text(src)
     r = subprocess.run([nvcc, "-arch=sm_75", "-Werror", "all-warnings", "-c", str(path), "-o",
