@@ -193,6 +193,19 @@ def test_half_kernels_are_the_union_of_the_three_lists():
     assert all(isinstance(k, frozenset) for k in (launches.HALF_KERNELS, cudnn_specs.HALF_KERNELS, norm.HALF_KERNELS))
 
 
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16"])
+def test_prepare_graph_loads_the_modes_forms_of_the_graph_kernels(mode):
+    """A captured step's dropout launches the mode's form: loaded before the capture, which may not load one."""
+    be = _half_backend(mode)
+    loaded = []
+    be.cp = SimpleNamespace(RawModule=lambda code: SimpleNamespace(get_function=lambda n: loaded.append(n) or n))
+    be._modules, be._kernels = {}, {}
+    be.prepare_graph()
+    suffix = {"fp32": "", "bf16": "_bf16", "fp16": "_f16"}[mode]
+    halves_loaded = {f"dropout_forward_dev{suffix}", f"dropout_backward_dev{suffix}"} if suffix else set()
+    assert set(loaded) == set(CUDABackend.GRAPH_KERNELS) | halves_loaded
+
+
 # -- cuDNN graphs with half I/O and float32 compute
 
 HALVES = [("bf16", np.dtype(np.uint16), "data_type.BFLOAT16"), ("fp16", np.dtype(np.float16), "data_type.HALF")]

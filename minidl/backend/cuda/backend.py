@@ -501,9 +501,13 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self._launch(launches.nonfinite_flag(self.graph_scalars.found_inf, x, 1, self.limits))
 
     def prepare_graph(self) -> None:
-        """Load the graph kernels now: loading is not a stream operation, so not while capturing."""
+        """Load the graph kernels now, with the math mode's half forms: loading is not a stream operation, so not
+        while capturing."""
         for name in self.GRAPH_KERNELS:
             self._kernel(name)
+            form = halves.variant(name, self.filters.half)
+            if form in ks.KERNELS:
+                self._kernel(form)
 
     def begin_graph(self) -> None:
         """Capture the compute stream until `end_graph` (capture.py refuses a graph whose capture allocated)."""
