@@ -122,6 +122,25 @@ def test_copy_in_rounds_as_numpy_and_to_host_gives_the_half_back(half):
     assert dev.a.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_copy_in_from_a_float32_device_array_rounds_it_by_the_half_kernel(mode):
+    """A float32 device source is rounded by round_copy (cupy's copyto into bf16's uint16 bits would store the
+    values cast to integers); a half source of the same storage moves its bits; another dtype is refused."""
+    be = _half_backend(mode)
+    dt = halves.storage_dtype(HALF_DTYPES[mode])
+    dst, src = np.zeros((2, 3), dt), np.arange(6, dtype=np.float32)
+    be.copy_in(dst, src)
+    (launch,) = be.launches
+    assert launch.name == halves.variant("round_copy", mode) and launch.args[0] is dst
+    assert launch.args[1].base is src and launch.args[1].shape == (2, 3)
+    bits = _as_device(VALUES, dt)
+    into = np.zeros(VALUES.shape, dt)
+    be.copy_in(into, bits)
+    assert into.tobytes() == bits.tobytes() and len(be.launches) == 1
+    with pytest.raises(TypeError, match="copy: float64 into"):
+        be.copy_in(dst, np.zeros(6, np.float64))
+
+
 def test_bf16_offload_and_prefetch_move_bits_and_pin_bf16_buffers():
     be = _timed_backend()
     bits = VALUES.astype(BF16).view(np.uint16)
