@@ -518,6 +518,35 @@ class FakeCublasLib:
         with np.errstate(over="ignore"):
             c.reshape(-1)[...] = out.T.reshape(-1).astype(halves.host_dtype(c.dtype)).view(c.dtype)
 
+    def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+                             strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+        """`batchCount` column-major products, each matrix read (and C written) at its host address."""
+        self.calls.append(dict(transa=transa, transb=transb, m=m, n=n, k=k, Atype=Atype, lda=lda, strideA=strideA,
+                               Btype=Btype, ldb=ldb, strideB=strideB, Ctype=Ctype, ldc=ldc, strideC=strideC,
+                               count=batchCount, computeType=computeType, algo=algo,
+                               alpha=ctypes.c_float.from_address(alpha).value,
+                               beta=ctypes.c_float.from_address(beta).value))
+
+        def at(ptr, typ, rows, cols, ld, stride):
+            """(the storage from `ptr` on, the element indices of each batch's column-major rows x cols)."""
+            assert ld >= max(rows, 1)
+            dt = self.TYPES[typ]
+            idx = (stride * np.arange(batchCount)[:, None, None] + np.arange(rows)[None, :, None]
+                   + ld * np.arange(cols)[None, None, :])
+            raw = (ctypes.c_char * ((int(idx.max()) + 1) * dt.itemsize)).from_address(ptr)
+            return np.frombuffer(raw, dt), idx
+
+        def wide(ptr, typ, rows, cols, ld, stride, trans):
+            mem, idx = at(ptr, typ, *((cols, rows) if trans else (rows, cols)), ld, stride)
+            v = mem[idx].view(halves.host_dtype(mem.dtype)).astype(np.float32)
+            return v.transpose(0, 2, 1) if trans else v
+
+        a = wide(A, Atype, m, k, lda, strideA, transa)
+        b = wide(B, Btype, k, n, ldb, strideB, transb)
+        mem, idx = at(C, Ctype, m, n, ldc, strideC)
+        with np.errstate(over="ignore"):
+            mem[idx] = (a @ b).astype(halves.host_dtype(mem.dtype)).view(mem.dtype)
+
 
 @pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
 def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
@@ -569,17 +598,50 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
 
 
 
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_matmul_runs_strided_batched_gemm_ex_on_the_half_storage(mode, dt, cudnn_dt):
+    """matmul in half: cublasGemmStridedBatchedEx on the arena's half views (transposed and head-split views
+    included), float32 accumulation, each value rounded once; no copy, so no byte outside the arena."""
+    be = _half_backend(mode)
+    be.compute = _PtrStream()
+    lib = FakeCublasLib()
+    be._cublas_ex = (lib, 77)
+    rng = np.random.default_rng(0)
+    dev = lambda *s: _as_device(rng.standard_normal(s).astype(np.float32), dt)   # noqa: E731
+    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)       # noqa: E731
+    rounded = lambda f: f.astype(halves.host_dtype(dt)).tobytes()                # noqa: E731
+    a = dev(2, 5, 3, 4).transpose(0, 2, 1, 3)        # (2, 3, 5, 4): heads split out of (batch, time, head, d)
+    b = dev(2, 3, 6, 4).swapaxes(-1, -2)             # (2, 3, 4, 6): a transposed view
+    y = np.zeros((2, 3, 5, 6), dt)
+    be.matmul_forward(a, b, y)
+    assert y.view(halves.host_dtype(dt)).tobytes() == rounded(wide(a) @ wide(b))
+    t = {np.dtype(np.uint16): 14, np.dtype(np.float16): 2}[dt]
+    assert len(lib.calls) == 2 and all(c["count"] == 3 and c["Atype"] == c["Btype"] == c["Ctype"] == t
+                                       and c["computeType"] == 68 for c in lib.calls)
+    assert (lib.calls[0]["transa"], lib.calls[0]["transb"]) == (1, 0)     # b^T a^T: b's rows are contiguous
+    lib.calls.clear()
+    dy, da, db = dev(2, 3, 5, 6), np.zeros((2, 3, 5, 4), dt), np.zeros((2, 3, 6, 4), dt).swapaxes(-1, -2)
+    be.matmul_backward(a, b, dy, da, db)
+    assert da.view(halves.host_dtype(dt)).tobytes() == rounded(wide(dy) @ wide(b).swapaxes(-1, -2))
+    assert np.ascontiguousarray(db).view(halves.host_dtype(dt)).tobytes() == \
+        rounded(np.ascontiguousarray(wide(a).swapaxes(-1, -2) @ wide(dy)))
+    assert be.side.nbytes == 0 and not be.launches
+    with pytest.raises(ValueError, match=r"matmul: a \(2, 3, 4\) .* neither rows nor columns contiguous"):
+        be.matmul_forward(dev(2, 3, 8)[:, :, ::2], dev(2, 4, 6), np.zeros((2, 3, 6), dt))
+
+
 # -- what is wired
 
 def test_the_cudnn_half_kernels_are_layer_kernels_the_backend_runs():
     from minidl import layers as L
 
-    layer_kernels = {k for layer in (L.Conv2d(4, 3), L.Linear(4), L.BatchNorm2d()) for k in layer.kernels()}
+    layer_kernels = {k for layer in (L.Conv2d(4, 3), L.Linear(4), L.MatMul(), L.BatchNorm2d())
+                     for k in layer.kernels()}
     assert cudnn_specs.HALF_KERNELS <= layer_kernels
     assert all(callable(getattr(CUDABackend, k)) for k in cudnn_specs.HALF_KERNELS)
     assert cudnn_specs.HALF_KERNELS == {"conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward",
-                                        "batchnorm_forward_train", "batchnorm_forward_apply",
-                                        "batchnorm_forward_eval", "batchnorm_backward"}
+                                        "matmul_forward", "matmul_backward", "batchnorm_forward_train",
+                                        "batchnorm_forward_apply", "batchnorm_forward_eval", "batchnorm_backward"}
     check_half_kernels([L.Linear(4, name="fc")], CUDABackend, "bf16")     # a linear layer runs in half on CUDA
 
 

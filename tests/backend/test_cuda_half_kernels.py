@@ -17,6 +17,7 @@ from minidl.backend.cpu.backend import CPUBackend
 from minidl.backend.cuda import cudnn_specs, halves, launches, norm
 from minidl.backend.cuda import kernel_specs as ks
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs
+from tests.backend.test_cuda_half_host import FakeCublasLib, _PtrStream
 from tests.backend.test_cuda_host import LAUNCH_CASES, LIMITS, FakeCudnn, HostEmulatedCUDA, _HostSide, _NullStream
 
 HALVES = ("bf16", "fp16")
@@ -198,16 +199,13 @@ OPS = {
     "softmax_xent_backward": lambda be, a: be.softmax_xent_backward(a(6, 5), _lab(6), _f(), a(6, 5)),
     "softmax_xent_ignore_forward": lambda be, a: be.softmax_xent_ignore_forward(a(6, 5), _lab(6), _f(), 2),
     "softmax_xent_ignore_backward": lambda be, a: be.softmax_xent_ignore_backward(a(6, 5), _lab(6), _f(), a(6, 5), 2),
-    "matmul_forward": lambda be, a: be.matmul_forward(a(2, 3, 4), a(2, 5, 4).swapaxes(-1, -2), a(2, 3, 5)),
-    "matmul_backward": lambda be, a: be.matmul_backward(a(2, 3, 4), a(2, 4, 5), a(2, 3, 5), a(2, 3, 4),
-                                                        a(2, 5, 4).swapaxes(-1, -2)),
     "attention_forward": lambda be, a: be.attention_forward(a(2, 2, 3, 4), a(2, 2, 3, 4), a(2, 2, 3, 4),
                                                             a(2, 2, 3, 3), a(2, 2, 3, 4), 0.5, True),
     "attention_backward": lambda be, a: be.attention_backward(*(a(2, 2, 3, 4) for _ in range(3)), None,
                                                               *(a(2, 2, 3, 4) for _ in range(4)), 0.5, False),
 }
 #: Ops whose half path computes on float32 copies (widen_copy, then the float32 route, then round_copy).
-STAGED = {"matmul_forward", "matmul_backward", "attention_forward", "attention_backward"}
+STAGED = {"attention_forward", "attention_backward"}
 
 
 def _launches(kernel: str, half: str | None) -> list:
@@ -323,7 +321,11 @@ def test_fill_writes_bf16_bits():
 
 class _EmulatedHalf(CUDABackend):
     """The CUDA backend on numpy arrays, each launch run by its kernel's numpy twin (tests/backend/
-    test_cuda_sequence.py's), the conversions by ml_dtypes' casts (to nearest even)."""
+    test_cuda_sequence.py's), the conversions by ml_dtypes' casts (to nearest even), cuBLAS by `FakeCublasLib`."""
+
+    @staticmethod
+    def _ptr(a):
+        return a.ctypes.data
 
     def _launch(self, launch):
         from tests.backend.test_cuda_sequence import KERNEL_TWINS, _unpack
@@ -343,10 +345,11 @@ def _emulated(half):
     from types import SimpleNamespace
 
     fake = FakeCudnn()
-    cp = SimpleNamespace(ndarray=np.ndarray, copyto=np.copyto, matmul=np.matmul)
-    be = _EmulatedHalf.from_parts(cupy=cp, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
+    cp = SimpleNamespace(ndarray=np.ndarray, copyto=np.copyto, matmul=np.matmul, broadcast_to=np.broadcast_to)
+    be = _EmulatedHalf.from_parts(cupy=cp, cupyx=None, cudnn=fake, cublas=None, compute=_PtrStream(),
                                   transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
                                   limits=LIMITS, filters=cudnn_specs.EngineFilters())
+    be._cublas_ex = (FakeCublasLib(), 77)
     be.set_math(half)
     return be
 
@@ -382,7 +385,7 @@ def test_staged_attention_matches_the_cpu_half(half, keep, causal):
 
 
 @pytest.mark.parametrize("half", HALVES)
-def test_staged_matmul_matches_the_cpu_half(half):
+def test_matmul_matches_the_cpu_half(half):
     def h(*shape, seed=0):
         return _data(half, *shape, seed=seed)
 

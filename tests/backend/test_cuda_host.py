@@ -966,7 +966,8 @@ class EmulatedNormKernels:
 
 
 def _host_backend(fake: FakeCudnn, **kw) -> HostEmulatedCUDA:
-    cp_ns = SimpleNamespace(ndarray=np.ndarray, add=np.add, multiply=np.multiply, copyto=np.copyto)
+    cp_ns = SimpleNamespace(ndarray=np.ndarray, add=np.add, multiply=np.multiply, copyto=np.copyto,
+                            broadcast_to=np.broadcast_to)
     be = HostEmulatedCUDA.from_parts(cupy=cp_ns, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
                                      transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
                                      limits=LIMITS, filters=cudnn_specs.EngineFilters(), **kw)

@@ -57,8 +57,7 @@ HALF_KERNELS: frozenset[str] = frozenset({
     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward", "layernorm_forward",
     "layernorm_forward_apply", "layernorm_backward", "embedding_forward", "embedding_backward",
     "position_embedding_forward", "position_embedding_backward", "softmax_xent_forward", "softmax_xent_backward",
-    "softmax_xent_ignore_forward", "softmax_xent_ignore_backward", "matmul_forward", "matmul_backward",
-    "attention_forward", "attention_backward"})
+    "softmax_xent_ignore_forward", "softmax_xent_ignore_backward", "attention_forward", "attention_backward"})
 
 
 #: The dtype of the array behind each C pointer type (bf16 and f16: 16-bit storage, `halves`).

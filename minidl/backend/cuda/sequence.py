@@ -3,8 +3,9 @@
 Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. Rules: attention's backward
 rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically; the kernels take float32
 or the mode's half storage for activations and deltas (`_check_io`), float32 for weights, statistics and their
-gradients; the products and attention of half tensors compute on float32 copies in side buffers (`widen_copy`)
-and round each output once (`round_copy`), attention's probabilities rounded to the half before use, as the
+gradients; a half batched product runs cublasGemmStridedBatchedEx on the half storage itself (float32
+accumulation, rounded once); half attention computes one sample at a time on float32 copies in side buffers
+(`widen_copy`), rounds each output once (`round_copy`) and its probabilities to the half before use, as the
 CPU's. Not cuDNN's SDPA: it never returns P. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
@@ -160,12 +161,31 @@ class SequenceOps:
         self.cp.matmul(a32, b32, out=buf)
         self._rounded(out, buf)
 
+    def _half_matmul(self, a, b, c) -> None:
+        """Half `c` (..., m, n) = a @ b by cublasGemmStridedBatchedEx on the half storage itself: float32
+        accumulation, each value rounded once, no copy. An operand's last two axes are rows or columns of
+        contiguous elements (a matrix or a transposed view); the leading axes broadcast."""
+        if c.strides[-1] != c.itemsize:       # a transposed c: c^T = b^T a^T
+            self._half_matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2))
+            return
+        m, n, k = c.shape[-2], c.shape[-1], a.shape[-1]
+        a = self.cp.broadcast_to(a, (*c.shape[:-2], m, k))
+        b = self.cp.broadcast_to(b, (*c.shape[:-2], k, n))
+        (opa, lda), (opb, ldb), (_, ldc) = (_column_major("matmul", name, x)
+                                            for name, x in (("a", a), ("b", b), ("c", c)))
+        blas = self._blas()
+        outer, count = c.shape[:-3], (c.shape[-3] if c.ndim > 2 else 1)
+        stride = lambda x: x.strides[-3] // x.itemsize if x.ndim > 2 else 0   # noqa: E731
+        for i in np.ndindex(*outer):          # row-major c = a b is column-major c^T = b^T a^T
+            self._gemm_strided_ex(blas, opb, opa, n, m, k, b[i], ldb, stride(b), a[i], lda, stride(a), c[i], ldc,
+                                  stride(c), count)
+
     @on_compute
     def matmul_forward(self, a, b, y) -> None:
         if self._views("matmul_forward", a=a, b=b, y=y) is None:
             self._product(a, b, y)
             return
-        self._half_product(self._widened("mm_a", a), self._widened("mm_b", b), y, "mm_out")
+        self._half_matmul(a, b, y)
 
     @on_compute
     def matmul_backward(self, a, b, dy, da, db) -> None:
@@ -176,11 +196,10 @@ class SequenceOps:
             if db is not None:
                 self._product(a.swapaxes(-1, -2), dy, db)
             return
-        dys = self._widened("mm_dy", dy)
         if da is not None:
-            self._half_product(dys, self._widened("mm_b", b).swapaxes(-1, -2), da, "mm_out")
+            self._half_matmul(dy, b.swapaxes(-1, -2), da)
         if db is not None:
-            self._half_product(self._widened("mm_a", a).swapaxes(-1, -2), dys, db, "mm_out")
+            self._half_matmul(a.swapaxes(-1, -2), dy, db)
 
     # -- self-attention (causal or bidirectional)
     def _probs(self, q, k, scale: float, causal: bool, p) -> None:
@@ -312,3 +331,15 @@ class SequenceOps:
         if len(kinds) > 1:
             raise TypeError(f"{op}: the arrays mix {sorted(map(str, kinds))}: a kernel's arrays share one dtype")
         return halves.half_of(arrays[next(n for n, a in arrays.items() if a is not None)]) if kinds else None
+
+
+def _column_major(op: str, name: str, x) -> tuple[str, int]:
+    """(cuBLAS op, leading dimension) of row-major matrix stack `x` read as column-major: 'N' with its rows'
+    stride where its columns are contiguous (the column-major storage of x^T), 'T' where its rows are."""
+    rows, cols = x.strides[-2] // x.itemsize, x.strides[-1] // x.itemsize
+    if cols == 1 and rows >= max(x.shape[-1], 1):
+        return "N", max(rows, 1)
+    if rows == 1 and cols >= max(x.shape[-2], 1):
+        return "T", cols
+    raise ValueError(f"{op}: {name} {x.shape} with strides {x.strides} has neither rows nor columns contiguous: "
+                     f"cuBLAS reads it only through a copy")
