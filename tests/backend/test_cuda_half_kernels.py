@@ -248,16 +248,23 @@ def test_each_op_launches_the_form_of_its_storage(kernel):
 
 
 def test_a_half_add_of_three_sums_in_float32_and_rounds_once():
-    """As the CPU: ((x0 + x1) + x2) in float32, rounded once into y (two half adds would round twice)."""
+    """As the CPU: ((x0 + x1) + x2) in float32, rounded once into y (two half adds would round twice): one add_many
+    launch up to ADD_ARITY inputs, with no byte outside the arena; past it, a float32 sum in side buffers."""
     for half in HALVES:
         be = _backend(half)
         xs, y = [np.zeros(4, STORAGE[half]) for _ in range(3)], np.zeros(4, STORAGE[half])
         be.add_forward(xs, y)
+        (launch,) = be.launches
+        assert launch.name == halves.variant("add_many", half) and launch.args[:4] == (y, *xs)
+        assert launch.args[-2:] == (3, 4) and not be.side.bufs
+        be.launches.clear()
+        xs = [np.zeros(4, STORAGE[half]) for _ in range(launches.ADD_ARITY + 1)]
+        be.add_forward(xs, y)
         w, a = halves.variant("widen_copy", half), "add_forward"
-        assert [r.name for r in be.launches] == [w, w, a, w, a, halves.variant("round_copy", half)]
+        assert [r.name for r in be.launches] == [w] + [w, a] * launches.ADD_ARITY + [halves.variant("round_copy",
+                                                                                                     half)]
         acc, part = be.side.bufs["add_sum"], be.side.bufs["add_part"]
         assert acc.dtype == part.dtype == np.float32
-        assert [r.args[:3] for r in be.launches[2:5:2]] == [(acc, acc, part)] * 2
         assert be.launches[0].args[:2] == (acc, xs[0]) and be.launches[-1].args[:2] == (y, acc)
 
 

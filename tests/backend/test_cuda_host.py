@@ -375,6 +375,7 @@ LAUNCH_CASES = {
     "relu_forward": ((_f(2, 5), _f(2, 5)), lambda a: (a[0], a[1], 10), 10),
     "relu_backward": ((_f(7), _f(7), _f(7)), lambda a: (*a, 7), 7),
     "add_forward": ((_f(3, 2), _f(3, 2), _f(3, 2)), lambda a: (*a, 6), 6),
+    "add_many": ((_f(3, 2), _f(3, 2), _f(6), _f(2, 3)), lambda a: (*a, *(a[1],) * 5, 3, 6), 6),
     "accumulate": ((_f(4), _f(4)), lambda a: (*a, 4), 4),
     "scale_copy": ((_f(4), _f(4), 0.5), lambda a: (a[0], a[1], 4, 0.5), 4),
     "dropout_forward": ((_f(9), _f(9), 0.25, -1), lambda a: (a[0], a[1], 9, 2**64 - 1, 1 << 22, 4.0 / 3.0), 9),
@@ -1128,8 +1129,13 @@ def test_kernel_dispatch():
     assert be.launches[-1].name == "maxpool2d_backward" and be.launches[-1].args[0] is dx
     be.launches.clear()
     a, b, c, out = (np.zeros((2, 5), np.float32) for _ in range(4))
-    be.add_forward([a, b, c], out)
-    assert [(c.args[0], c.args[1], c.args[2]) for c in be.launches] == [(out, a, b), (out, out, c)]
+    be.add_forward([a, b], out)
+    be.add_forward([a, b, c], out)                               # one launch sums up to ADD_ARITY inputs
+    be.add_forward([a, b, c] * 3, out)                           # and the rest add into out
+    assert [(c.name, c.args[:4]) for c in be.launches] == [
+        ("add_forward", (out, a, b, 10)), ("add_many", (out, a, b, c)), ("add_many", (out, a, b, c)),
+        ("add_forward", (out, out, c, 10))]
+    assert [c.args[-2:] for c in be.launches[1:3]] == [(3, 10), (8, 10)]
     be.launches.clear()
     parts = [np.zeros((2, k, 3, 3), np.float32) for k in (1, 4, 2)]
     cat = np.zeros((2, 7, 3, 3), np.float32)

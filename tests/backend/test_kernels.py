@@ -376,7 +376,7 @@ def test_registry_shape():
                         "sz_scatter_outliers"},
         "pool.cu": {"maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward",
                     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward"},
-        "elementwise.cu": {"add_forward", "accumulate", "scale_copy", "relu_forward",
+        "elementwise.cu": {"add_forward", "add_many", "accumulate", "scale_copy", "relu_forward",
                            "relu_backward", "dropout_forward", "dropout_backward",
                            "dropout_forward_dev", "dropout_backward_dev", "nonfinite_flag", "concat_copy_forward",
                            "concat_copy_backward", "lrn_forward",
@@ -403,7 +403,7 @@ def test_half_forms_mirror_their_float32_kernel():
     """<name>_bf16 / <name>_f16 take <name>'s arguments with float storage replaced by bf16 / f16 (and
     softmax_xent_backward's dloss appended); every half type appears in its own forms only."""
     halves = [s for s in ks.KERNELS.values() if s.half]
-    assert len(halves) == 72
+    assert len(halves) == 74
     for s in halves:
         suffix = ks.HALF_SUFFIX[s.half]
         assert s.name.endswith(suffix)

@@ -144,6 +144,19 @@ def add_forward(out, a, b, limits=DeviceLimits()) -> KernelLaunch:
     return pack_launch(form("add_forward", out, a, b), (out, a, b, n), n, limits)
 
 
+#: The inputs one `add_many` launch sums (its slots in kernels/elementwise.cu).
+ADD_ARITY = 8
+
+
+def add_many(out, *xs, limits=DeviceLimits()) -> KernelLaunch:
+    """out = the sum of 2 to `ADD_ARITY` arrays `xs`, in float32 left to right, stored once."""
+    if not 2 <= len(xs) <= ADD_ARITY:
+        raise ValueError(f"add_many: sums 2 to {ADD_ARITY} arrays, got {len(xs)}")
+    n = _same_size("add_many", out, *xs)
+    slots = (*xs, *(xs[0],) * (ADD_ARITY - len(xs)))     # unread: any array of the storage
+    return pack_launch(form("add_many", out, *xs), (out, *slots, len(xs), n), n, limits)
+
+
 def round_copy(out, x, limits=DeviceLimits()) -> KernelLaunch:
     """out (half) = the float32 `x` rounded to nearest even: a weight's half copy refreshed from its master."""
     n = _same_size("round_copy", out, x)
@@ -644,7 +657,7 @@ def position_embedding_backward(dw, dy, limits=DeviceLimits()) -> KernelLaunch:
 #: launcher picks the form: `form`).
 LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
     f.__name__: f for f in (
-        relu_forward, relu_backward, add_forward, accumulate, scale_copy, dropout_forward, dropout_backward,
+        relu_forward, relu_backward, add_forward, add_many, accumulate, scale_copy, dropout_forward, dropout_backward,
         dropout_forward_dev, dropout_backward_dev, sgd_update_dev, adam_update_dev, nonfinite_flag,
         concat_copy_forward, concat_copy_backward, lrn_forward, lrn_backward, softmax_xent_forward,
         softmax_xent_mean, softmax_xent_backward, sgd_update, adam_update, maxpool2d_forward, maxpool2d_backward,
