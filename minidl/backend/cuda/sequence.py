@@ -4,9 +4,10 @@ Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. 
 rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically; the kernels take float32
 or the mode's half storage for activations and deltas (`_check_io`), float32 for weights, statistics and their
 gradients; a half batched product runs cublasGemmStridedBatchedEx on the half storage itself (float32
-accumulation, rounded once); half attention computes one sample at a time on float32 copies in side buffers
-(`widen_copy`), rounds each output once (`round_copy`) and its probabilities to the half before use, as the
-CPU's. Not cuDNN's SDPA: it never returns P. A mixin of `CUDABackend`; imports no cupy.
+accumulation, rounded once), and so do half attention's products of half tensors, one sample at a time, its
+scores float32 in a side buffer and its probabilities rounded to the half before use, as the CPU's; dq and dk
+multiply float32 dS by float32 copies of k and q in side buffers (`widen_copy`), rounded once (`round_copy`).
+Not cuDNN's SDPA: it never returns P. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
 
@@ -208,14 +209,15 @@ class SequenceOps:
         self._product(q, k.swapaxes(-1, -2), p)
         self._launch(launches.softmax_forward(p, p, scale, t if causal else 0, self.limits))
 
-    def _half_probs(self, q32, k32, scale: float, causal: bool, p32, kept) -> None:
-        """`_probs` on float32 copies, rounded to the half (into `kept`, the saved probabilities, or a scratch) and
-        read back: the values the CPU's half attention uses."""
-        self._probs(q32, k32, scale, causal, p32)
+    def _half_probs(self, q, k, scale: float, causal: bool, p32, kept):
+        """One sample's scores of half q, k in float32 (`p32`), their softmax rounded to the half into `kept` (the
+        saved probabilities, or a scratch), which it returns: the values the CPU's half attention uses."""
+        self._half_matmul(q, k.swapaxes(-1, -2), p32)
+        self._launch(launches.softmax_forward(p32, p32, scale, q.shape[-2] if causal else 0, self.limits))
         if kept is None:
             kept = self.side.get("attn_probs_half", p32.shape, halves.storage_dtype(self._half_dtype()))
         self._launch(launches.round_copy(kept, p32, self.limits))
-        self._launch(launches.widen_copy(p32, kept, self.limits))
+        return kept
 
     def _half_dtype(self):
         return HALF_DTYPES[self.filters.half]
@@ -240,9 +242,8 @@ class SequenceOps:
         b, h, t, _ = q.shape
         p32 = self.side.get("attn_probs", (h, t, t), np.float32)
         for bi in range(b):
-            self._half_probs(self._widened("attn_q", q[bi]), self._widened("attn_k", k[bi]), scale, causal, p32,
-                             None if probs is None else probs[bi])
-            self._half_product(p32, self._widened("attn_v", v[bi]), y[bi], "attn_out")
+            kept = self._half_probs(q[bi], k[bi], scale, causal, p32, None if probs is None else probs[bi])
+            self._half_matmul(kept, v[bi], y[bi])
 
     @on_compute
     def attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool = True) -> None:
@@ -271,22 +272,19 @@ class SequenceOps:
             self._product(ds.swapaxes(-1, -2), qs, dk[bi])
 
     def _half_attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool) -> None:
+        """As the float32 backward on the half P (saved or rebuilt) and half tensors: dv and dP by cuBLAS on the
+        half storage, dq and dk from float32 dS and float32 copies of k and q (cuBLAS multiplies like types)."""
         b, h, t, _ = q.shape
         p32 = self.side.get("attn_probs", (h, t, t), np.float32)
         ds = self.side.get("attn_dscores", (h, t, t), np.float32)
         for bi in range(b):
-            qs, ks = self._widened("attn_q", q[bi]), self._widened("attn_k", k[bi])
-            dys = self._widened("attn_dy", dy[bi])
-            if probs is None:
-                self._half_probs(qs, ks, scale, causal, p32, None)
-                p = p32
-            else:
-                p = self._widened("attn_p", probs[bi])
-            self._half_product(p.swapaxes(-1, -2), dys, dv[bi], "attn_out")
-            self.cp.matmul(dys, self._widened("attn_v", v[bi]).swapaxes(-1, -2), out=ds)
-            self._launch(launches.softmax_backward(ds, p, ds, scale, self.limits))
-            self._half_product(ds, ks, dq[bi], "attn_out")
-            self._half_product(ds.swapaxes(-1, -2), qs, dk[bi], "attn_out")
+            p = self._half_probs(q[bi], k[bi], scale, causal, p32, None) if probs is None else probs[bi]
+            self._launch(launches.widen_copy(p32, p, self.limits))
+            self._half_matmul(p.swapaxes(-1, -2), dy[bi], dv[bi])
+            self._half_matmul(dy[bi], v[bi].swapaxes(-1, -2), ds)
+            self._launch(launches.softmax_backward(ds, p32, ds, scale, self.limits))
+            self._half_product(ds, self._widened("attn_k", k[bi]), dq[bi], "attn_out")
+            self._half_product(ds.swapaxes(-1, -2), self._widened("attn_q", q[bi]), dk[bi], "attn_out")
 
     # -- cross-entropy over every token, with an ignore index
     @on_compute
