@@ -286,6 +286,15 @@ def test_half_attention_keeps_only_float32_scores_and_the_copies_cublas_needs_ou
         assert {n: b.shape for n, b in be.side.bufs.items()} == {
             "attn_probs": (2, 3, 3), "attn_dscores": (2, 3, 3), "attn_k": (2, 3, 4), "attn_q": (2, 3, 4),
             "attn_out": (2, 3, 4)}
+    be._cublas_ex[0].capturing, be.launches = True, []       # cuBLAS refuses a capture before any launch
+    calls = (("attention_forward", (*(a(2, 2, 3, 4) for _ in range(3)), None, a(2, 2, 3, 4), 0.5)),
+             ("attention_backward", (*(a(2, 2, 3, 4) for _ in range(3)), a(2, 2, 3, 3),
+                                     *(a(2, 2, 3, 4) for _ in range(4)), 0.5, True)),
+             ("matmul_forward", (a(2, 3, 4), a(2, 4, 5), a(2, 3, 5))))
+    for op, args in calls:
+        with pytest.raises(be.CaptureUnsupported):
+            getattr(be, op)(*args)
+        assert be.launches == [], op
 
 
 def test_the_loss_multiplies_by_dloss_before_rounding_in_half():

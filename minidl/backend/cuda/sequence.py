@@ -278,10 +278,11 @@ class SequenceOps:
         p32 = self.side.get("attn_probs", (h, t, t), np.float32)
         ds = self.side.get("attn_dscores", (h, t, t), np.float32)
         for bi in range(b):
+            # cuBLAS first: on a capturing stream it raises before anything is enqueued (`CaptureUnsupported`)
             p = self._half_probs(q[bi], k[bi], scale, causal, p32, None) if probs is None else probs[bi]
-            self._launch(launches.widen_copy(p32, p, self.limits))
             self._half_matmul(p.swapaxes(-1, -2), dy[bi], dv[bi])
             self._half_matmul(dy[bi], v[bi].swapaxes(-1, -2), ds)
+            self._launch(launches.widen_copy(p32, p, self.limits))
             self._launch(launches.softmax_backward(ds, p32, ds, scale, self.limits))
             self._half_product(ds, self._widened("attn_k", k[bi]), dq[bi], "attn_out")
             self._half_product(ds.swapaxes(-1, -2), self._widened("attn_q", q[bi]), dk[bi], "attn_out")
