@@ -163,9 +163,9 @@ class SequenceOps:
         self._rounded(out, buf)
 
     def _half_matmul(self, a, b, c) -> None:
-        """Half `c` (..., m, n) = a @ b by cublasGemmStridedBatchedEx on the half storage itself: float32
-        accumulation, each value rounded once, no copy. An operand's last two axes are rows or columns of
-        contiguous elements (a matrix or a transposed view); the leading axes broadcast."""
+        """`c` (..., m, n) = a @ b of half a, b by cublasGemmStridedBatchedEx on their storage: float32
+        accumulation, a half c rounded once (a float32 c: scores, dS), no copy. An operand's last two axes are rows
+        or columns of contiguous elements (a matrix or a transposed view); the leading axes broadcast."""
         if c.strides[-1] != c.itemsize:       # a transposed c: c^T = b^T a^T
             self._half_matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2))
             return
