@@ -137,8 +137,7 @@ class NormOps:
 
     def _bn_backward_fallback(self, x, weight, dy, mean, invstd, dx, dweight, dbias, spec, batch_stats=True,
                               half=None):
-        """The cupy kernels' backward; `half` ('bf16' / 'fp16': x, dy and dx in that storage) only with fixed
-        statistics, whose dx is one rounded product per value."""
+        """The cupy kernels' backward; `half` (x, dy, dx's storage) only with fixed statistics."""
         k = self._norm_kernels()
         c, m = spec.channels, spec.count
         sdy = self.side.get("bn_sdy", (c,), np.float64)

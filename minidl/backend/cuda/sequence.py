@@ -3,11 +3,10 @@
 Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. Rules: attention's backward
 rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically; the kernels take float32
 or the mode's half storage for activations and deltas (`_check_io`), float32 for weights, statistics and their
-gradients; a half batched product runs cublasGemmStridedBatchedEx on the half storage itself (float32
-accumulation, rounded once), and so do half attention's products of half tensors, one sample at a time, its
-scores float32 in a side buffer and its probabilities rounded to the half before use, as the CPU's; dq and dk
-multiply float32 dS by float32 copies of k and q in side buffers (`widen_copy`), rounded once (`round_copy`).
-Not cuDNN's SDPA: it never returns P. A mixin of `CUDABackend`; imports no cupy.
+gradients; half products run cublasGemmStridedBatchedEx on the half storage (float32 accumulation, rounded
+once); half attention, one sample at a time, keeps scores and dS float32 in side buffers, rounds P to the half
+before use, as the CPU's, and takes float32 copies of k and q for dq and dk. Not cuDNN's SDPA: it never returns
+P. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
 
@@ -163,9 +162,8 @@ class SequenceOps:
         self._rounded(out, buf)
 
     def _half_matmul(self, a, b, c) -> None:
-        """`c` (..., m, n) = a @ b of half a, b by cublasGemmStridedBatchedEx on their storage: float32
-        accumulation, a half c rounded once (a float32 c: scores, dS), no copy. An operand's last two axes are rows
-        or columns of contiguous elements (a matrix or a transposed view); the leading axes broadcast."""
+        """`c` (half, rounded once, or float32) = a @ b of half a, b by cublasGemmStridedBatchedEx, no copy: each
+        operand a matrix stack or its transposed view, the leading axes broadcast."""
         if c.strides[-1] != c.itemsize:       # a transposed c: c^T = b^T a^T
             self._half_matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2))
             return
@@ -272,8 +270,7 @@ class SequenceOps:
             self._product(ds.swapaxes(-1, -2), qs, dk[bi])
 
     def _half_attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool) -> None:
-        """As the float32 backward on the half P (saved or rebuilt) and half tensors: dv and dP by cuBLAS on the
-        half storage, dq and dk from float32 dS and float32 copies of k and q (cuBLAS multiplies like types)."""
+        """dq and dk multiply float32 dS by float32 copies of k and q: cuBLAS multiplies like types."""
         b, h, t, _ = q.shape
         p32 = self.side.get("attn_probs", (h, t, t), np.float32)
         ds = self.side.get("attn_dscores", (h, t, t), np.float32)
