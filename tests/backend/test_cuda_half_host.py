@@ -520,7 +520,8 @@ class FakeCublasLib:
 
     def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
                              strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
-        """`batchCount` column-major products, each matrix read (and C written) at its host address."""
+        """`batchCount` column-major products, each matrix read (and C written) at its host address; summed in
+        float64, exact for the tests' few-term products of halves, so no BLAS kernel's summation order shows."""
         self.calls.append(dict(transa=transa, transb=transb, m=m, n=n, k=k, Atype=Atype, lda=lda, strideA=strideA,
                                Btype=Btype, ldb=ldb, strideB=strideB, Ctype=Ctype, ldc=ldc, strideC=strideC,
                                count=batchCount, computeType=computeType, algo=algo,
@@ -538,14 +539,14 @@ class FakeCublasLib:
 
         def wide(ptr, typ, rows, cols, ld, stride, trans):
             mem, idx = at(ptr, typ, *((cols, rows) if trans else (rows, cols)), ld, stride)
-            v = mem[idx].view(halves.host_dtype(mem.dtype)).astype(np.float32)
+            v = mem[idx].view(halves.host_dtype(mem.dtype)).astype(np.float64)
             return v.transpose(0, 2, 1) if trans else v
 
         a = wide(A, Atype, m, k, lda, strideA, transa)
         b = wide(B, Btype, k, n, ldb, strideB, transb)
         mem, idx = at(C, Ctype, m, n, ldc, strideC)
         with np.errstate(over="ignore"):
-            mem[idx] = (a @ b).astype(halves.host_dtype(mem.dtype)).view(mem.dtype)
+            mem[idx] = (a @ b).astype(np.float32).astype(halves.host_dtype(mem.dtype)).view(mem.dtype)
 
 
 @pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
@@ -608,8 +609,8 @@ def test_half_matmul_runs_strided_batched_gemm_ex_on_the_half_storage(mode, dt, 
     be._cublas_ex = (lib, 77)
     rng = np.random.default_rng(0)
     dev = lambda *s: _as_device(rng.standard_normal(s).astype(np.float32), dt)   # noqa: E731
-    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)       # noqa: E731
-    rounded = lambda f: f.astype(halves.host_dtype(dt)).tobytes()                # noqa: E731
+    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float64)       # noqa: E731
+    rounded = lambda f: f.astype(np.float32).astype(halves.host_dtype(dt)).tobytes()   # noqa: E731
     a = dev(2, 5, 3, 4).transpose(0, 2, 1, 3)        # (2, 3, 5, 4): heads split out of (batch, time, head, d)
     b = dev(2, 3, 6, 4).swapaxes(-1, -2)             # (2, 3, 4, 6): a transposed view
     y = np.zeros((2, 3, 5, 6), dt)
