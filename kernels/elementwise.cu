@@ -99,6 +99,48 @@ extern "C" __global__ void add_forward_f16(f16* out, const f16* a,
     add_body(out, a, b, n);
 }
 
+// out = x0 + x1 + ... + x(k-1), 2 <= k <= 8     (an add of up to 8 inputs)
+// Summed left to right in float32, as chained float32 adds would, and stored
+// once: an add of half inputs rounds once, as the CPU. Slots from k on are
+// not read. `out` may alias an input.
+template <typename T>
+static __device__ void add_many_body(T* out, const T* x0, const T* x1,
+                                     const T* x2, const T* x3, const T* x4,
+                                     const T* x5, const T* x6, const T* x7,
+                                     int k, long long n)
+{
+    const T* xs[8] = {x0, x1, x2, x3, x4, x5, x6, x7};
+    GRID_STRIDE_LOOP(i, n) {
+        float s = load(xs[0], i) + load(xs[1], i);
+        for (int j = 2; j < k; ++j) s += load(xs[j], i);
+        store(out, i, s);
+    }
+}
+
+extern "C" __global__ void add_many(float* out,
+                                    const float* x0, const float* x1, const float* x2,
+                                    const float* x3, const float* x4, const float* x5,
+                                    const float* x6, const float* x7, int k, long long n)
+{
+    add_many_body(out, x0, x1, x2, x3, x4, x5, x6, x7, k, n);
+}
+
+extern "C" __global__ void add_many_bf16(bf16* out,
+                                         const bf16* x0, const bf16* x1, const bf16* x2,
+                                         const bf16* x3, const bf16* x4, const bf16* x5,
+                                         const bf16* x6, const bf16* x7, int k, long long n)
+{
+    add_many_body(out, x0, x1, x2, x3, x4, x5, x6, x7, k, n);
+}
+
+extern "C" __global__ void add_many_f16(f16* out,
+                                        const f16* x0, const f16* x1, const f16* x2,
+                                        const f16* x3, const f16* x4, const f16* x5,
+                                        const f16* x6, const f16* x7, int k, long long n)
+{
+    add_many_body(out, x0, x1, x2, x3, x4, x5, x6, x7, k, n);
+}
+
 // dst += src                     (Tensor.add_, used for gradient accumulation)
 template <typename T>
 static __device__ void accumulate_body(T* __restrict__ dst,

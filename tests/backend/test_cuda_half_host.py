@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minidl.backend import get_backend
-from minidl.backend.cuda import cudnn_specs, halves, launches, views
+from minidl.backend.cuda import cudnn_specs, halves, launches, norm, views
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
 from minidl.backend.mathmode import apply_math, backend_math
 from minidl.backend.precision import HALF_DTYPES, check_half_kernels
@@ -122,6 +122,25 @@ def test_copy_in_rounds_as_numpy_and_to_host_gives_the_half_back(half):
     assert dev.a.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_copy_in_from_a_float32_device_array_rounds_it_by_the_half_kernel(mode):
+    """A float32 device source is rounded by round_copy (cupy's copyto into bf16's uint16 bits would store the
+    values cast to integers); a half source of the same storage moves its bits; another dtype is refused."""
+    be = _half_backend(mode)
+    dt = halves.storage_dtype(HALF_DTYPES[mode])
+    dst, src = np.zeros((2, 3), dt), np.arange(6, dtype=np.float32)
+    be.copy_in(dst, src)
+    (launch,) = be.launches
+    assert launch.name == halves.variant("round_copy", mode) and launch.args[0] is dst
+    assert launch.args[1].base is src and launch.args[1].shape == (2, 3)
+    bits = _as_device(VALUES, dt)
+    into = np.zeros(VALUES.shape, dt)
+    be.copy_in(into, bits)
+    assert into.tobytes() == bits.tobytes() and len(be.launches) == 1
+    with pytest.raises(TypeError, match="copy: float64 into"):
+        be.copy_in(dst, np.zeros(6, np.float64))
+
+
 def test_bf16_offload_and_prefetch_move_bits_and_pin_bf16_buffers():
     be = _timed_backend()
     bits = VALUES.astype(BF16).view(np.uint16)
@@ -187,9 +206,23 @@ def test_set_math_takes_the_half_modes(mode):
                                                                  "NONDETERMINISTIC")
 
 
-def test_half_kernels_are_the_union_of_the_two_lists():
-    assert CUDABackend.capabilities.half_kernels == launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS
-    assert isinstance(launches.HALF_KERNELS, frozenset) and isinstance(cudnn_specs.HALF_KERNELS, frozenset)
+def test_half_kernels_are_the_union_of_the_three_lists():
+    assert CUDABackend.capabilities.half_kernels == (launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS
+                                                     | norm.HALF_KERNELS)
+    assert all(isinstance(k, frozenset) for k in (launches.HALF_KERNELS, cudnn_specs.HALF_KERNELS, norm.HALF_KERNELS))
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16"])
+def test_prepare_graph_loads_the_modes_forms_of_the_graph_kernels(mode):
+    """A captured step's dropout launches the mode's form: loaded before the capture, which may not load one."""
+    be = _half_backend(mode)
+    loaded = []
+    be.cp = SimpleNamespace(RawModule=lambda code: SimpleNamespace(get_function=lambda n: loaded.append(n) or n))
+    be._modules, be._kernels = {}, {}
+    be.prepare_graph()
+    suffix = {"fp32": "", "bf16": "_bf16", "fp16": "_f16"}[mode]
+    halves_loaded = {f"dropout_forward_dev{suffix}", f"dropout_backward_dev{suffix}"} if suffix else set()
+    assert set(loaded) == set(CUDABackend.GRAPH_KERNELS) | halves_loaded
 
 
 # -- cuDNN graphs with half I/O and float32 compute
@@ -306,6 +339,17 @@ def test_half_bn_and_relu_graphs_keep_float32_parameters_and_statistics(mode, dt
 
 # -- dispatch of half convolutions and batch norms
 
+class _LoggedNormKernels(EmulatedNormKernels):
+    """The emulated cupy kernels, recording which of batch norm's backward kernels ran."""
+
+    def __init__(self, log):
+        super().__init__()
+        for base in ("sum", "dot", "scale"):
+            for name in (base, f"{base}_bf16", f"{base}_f16"):
+                kernel = getattr(self, name)
+                setattr(self, name, lambda *a, _k=kernel, _n=name, **kw: log.append(_n) or _k(*a, **kw))
+
+
 class _HalfNormKernels(EmulatedNormKernels):
     """The emulated cupy kernels, recording which channel sum ran."""
 
@@ -391,6 +435,43 @@ def test_half_batchnorm_dispatch_and_refusals(mode, dt, cudnn_dt):
         no_bn.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
 
 
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_batchnorm_backward_eval_is_the_float32_kernels_on_the_exact_values(mode, dt, cudnn_dt, affine):
+    """The backward with the running statistics (cupy kernels, no cuDNN op): half x and dy read exactly, the sums
+    and dweight/dbias those of the float32 kernels on the widened values, dx their float32 dx rounded once; as the
+    file's float32 fallback test, its C expressions evaluated with numpy."""
+    be = _half_backend(mode, FakeCudnn())
+    log = []
+    be._norm_kernels = lambda: _LoggedNormKernels(log)
+    f32 = _host_backend(FakeCudnn(), use_cudnn_bn=False)
+    rng = np.random.default_rng(4)
+    shape, c = (4, 3, 5, 5), 3
+    x = _as_device((rng.standard_normal(shape) * 2 + 0.5).astype(np.float32), dt)
+    dy = _as_device(rng.standard_normal(shape).astype(np.float32), dt)
+    dy.reshape(-1)[:2] = _as_device(np.float32([6e4, -6e4]), dt)     # dx = dy * 10 overflows fp16
+    w = rng.uniform(0.5, 1.5, c).astype(np.float32) if affine else None
+    rm, rv = rng.standard_normal(c).astype(np.float32), np.float32([0.01, 0.7, 1.9])
+    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
+    outs = {}
+    for backend, xs, dys, d in ((be, x, dy, dt), (f32, wide(x), wide(dy), np.float32)):
+        dx, dw, db = np.zeros(shape, d), np.zeros(c, np.float32), np.zeros(c, np.float32)
+        with np.errstate(over="ignore"):
+            backend.batchnorm_backward_eval(xs, w, dys, rm, rv, 1e-5, dx, dw if affine else None,
+                                            db if affine else None)
+        outs[backend is be] = dx, dw, db
+    (dx, dw, db), (dx32, dw32, db32) = outs[True], outs[False]
+    with np.errstate(over="ignore"):
+        assert dx.view(halves.host_dtype(dt)).tobytes() == dx32.astype(halves.host_dtype(dt)).tobytes()
+    assert np.isinf(wide(dx)).any() == (mode == "fp16") and np.isfinite(dw).all() and np.isfinite(db).all()
+    np.testing.assert_array_equal(dw, dw32)
+    np.testing.assert_array_equal(db, db32)
+    assert log == [halves.variant(k, mode) for k in ("sum", "dot", "scale")]
+    assert not be.graphs._cache                     # cuDNN was never asked
+    with pytest.raises(TypeError, match=r"batchnorm_backward_eval: dx is float32 but x is"):
+        be.batchnorm_backward_eval(x, w, dy, rm, rv, 1e-5, np.zeros(shape, np.float32), None, None)
+
+
 # -- products: cublasGemmEx on half storage, float32 accumulation
 
 class FakeCublasLib:
@@ -436,6 +517,36 @@ class FakeCublasLib:
             col_major(C, Ctype, m, n, ldc)
         with np.errstate(over="ignore"):
             c.reshape(-1)[...] = out.T.reshape(-1).astype(halves.host_dtype(c.dtype)).view(c.dtype)
+
+    def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+                             strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+        """`batchCount` column-major products, each matrix read (and C written) at its host address; summed in
+        float64, exact for the tests' few-term products of halves, so no BLAS kernel's summation order shows."""
+        self.calls.append(dict(transa=transa, transb=transb, m=m, n=n, k=k, Atype=Atype, lda=lda, strideA=strideA,
+                               Btype=Btype, ldb=ldb, strideB=strideB, Ctype=Ctype, ldc=ldc, strideC=strideC,
+                               count=batchCount, computeType=computeType, algo=algo,
+                               alpha=ctypes.c_float.from_address(alpha).value,
+                               beta=ctypes.c_float.from_address(beta).value))
+
+        def at(ptr, typ, rows, cols, ld, stride):
+            """(the storage from `ptr` on, the element indices of each batch's column-major rows x cols)."""
+            assert ld >= max(rows, 1)
+            dt = self.TYPES[typ]
+            idx = (stride * np.arange(batchCount)[:, None, None] + np.arange(rows)[None, :, None]
+                   + ld * np.arange(cols)[None, None, :])
+            raw = (ctypes.c_char * ((int(idx.max()) + 1) * dt.itemsize)).from_address(ptr)
+            return np.frombuffer(raw, dt), idx
+
+        def wide(ptr, typ, rows, cols, ld, stride, trans):
+            mem, idx = at(ptr, typ, *((cols, rows) if trans else (rows, cols)), ld, stride)
+            v = mem[idx].view(halves.host_dtype(mem.dtype)).astype(np.float64)
+            return v.transpose(0, 2, 1) if trans else v
+
+        a = wide(A, Atype, m, k, lda, strideA, transa)
+        b = wide(B, Btype, k, n, ldb, strideB, transb)
+        mem, idx = at(C, Ctype, m, n, ldc, strideC)
+        with np.errstate(over="ignore"):
+            mem[idx] = (a @ b).astype(np.float32).astype(halves.host_dtype(mem.dtype)).view(mem.dtype)
 
 
 @pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
@@ -488,18 +599,76 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
 
 
 
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_matmul_runs_strided_batched_gemm_ex_on_the_half_storage(mode, dt, cudnn_dt):
+    """matmul in half: cublasGemmStridedBatchedEx on the arena's half views (transposed and head-split views
+    included), float32 accumulation, each value rounded once; no copy, so no byte outside the arena."""
+    be = _half_backend(mode)
+    be.compute = _PtrStream()
+    lib = FakeCublasLib()
+    be._cublas_ex = (lib, 77)
+    rng = np.random.default_rng(0)
+    dev = lambda *s: _as_device(rng.standard_normal(s).astype(np.float32), dt)   # noqa: E731
+    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float64)       # noqa: E731
+    rounded = lambda f: f.astype(np.float32).astype(halves.host_dtype(dt)).tobytes()   # noqa: E731
+    a = dev(2, 5, 3, 4).transpose(0, 2, 1, 3)        # (2, 3, 5, 4): heads split out of (batch, time, head, d)
+    b = dev(2, 3, 6, 4).swapaxes(-1, -2)             # (2, 3, 4, 6): a transposed view
+    y = np.zeros((2, 3, 5, 6), dt)
+    be.matmul_forward(a, b, y)
+    assert y.view(halves.host_dtype(dt)).tobytes() == rounded(wide(a) @ wide(b))
+    t = {np.dtype(np.uint16): 14, np.dtype(np.float16): 2}[dt]
+    assert len(lib.calls) == 2 and all(c["count"] == 3 and c["Atype"] == c["Btype"] == c["Ctype"] == t
+                                       and c["computeType"] == 68 for c in lib.calls)
+    assert (lib.calls[0]["transa"], lib.calls[0]["transb"]) == (1, 0)     # b^T a^T: b's rows are contiguous
+    lib.calls.clear()
+    dy, da, db = dev(2, 3, 5, 6), np.zeros((2, 3, 5, 4), dt), np.zeros((2, 3, 6, 4), dt).swapaxes(-1, -2)
+    be.matmul_backward(a, b, dy, da, db)
+    assert da.view(halves.host_dtype(dt)).tobytes() == rounded(wide(dy) @ wide(b).swapaxes(-1, -2))
+    assert np.ascontiguousarray(db).view(halves.host_dtype(dt)).tobytes() == \
+        rounded(np.ascontiguousarray(wide(a).swapaxes(-1, -2) @ wide(dy)))
+    assert be.side.nbytes == 0 and not be.launches
+    with pytest.raises(ValueError, match=r"matmul: a \(2, 3, 4\) .* neither rows nor columns contiguous"):
+        be.matmul_forward(dev(2, 3, 8)[:, :, ::2], dev(2, 4, 6), np.zeros((2, 3, 6), dt))
+
+
 # -- what is wired
 
 def test_the_cudnn_half_kernels_are_layer_kernels_the_backend_runs():
     from minidl import layers as L
 
-    layer_kernels = {k for layer in (L.Conv2d(4, 3), L.Linear(4), L.BatchNorm2d()) for k in layer.kernels()}
+    layer_kernels = {k for layer in (L.Conv2d(4, 3), L.Linear(4), L.MatMul(), L.BatchNorm2d())
+                     for k in layer.kernels()}
     assert cudnn_specs.HALF_KERNELS <= layer_kernels
     assert all(callable(getattr(CUDABackend, k)) for k in cudnn_specs.HALF_KERNELS)
     assert cudnn_specs.HALF_KERNELS == {"conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward",
-                                        "batchnorm_forward_train", "batchnorm_forward_apply",
-                                        "batchnorm_forward_eval", "batchnorm_backward"}
+                                        "matmul_forward", "matmul_backward", "batchnorm_forward_train",
+                                        "batchnorm_forward_apply", "batchnorm_forward_eval", "batchnorm_backward"}
     check_half_kernels([L.Linear(4, name="fc")], CUDABackend, "bf16")     # a linear layer runs in half on CUDA
+
+
+#: Every zoo network, small: its layers' kernels are what a half mode asks of a backend.
+ZOO = {
+    "resnet50": lambda m: m.resnet(50, batch=2, image_size=64, num_classes=10, variant="imagenet"),
+    "resnet20_cifar": lambda m: m.resnet(20, batch=2, image_size=32, num_classes=10, variant="cifar"),
+    "densenet_tiny": lambda m: m.densenet(batch=2, image_size=32, num_classes=10, variant="tiny"),
+    "inception_v4": lambda m: m.inception_v4(batch=1, num_classes=10),
+    "vgg16": lambda m: m.vgg(16, batch=1, image_size=224, num_classes=10),
+    "vgg11_bn": lambda m: m.vgg(11, batch=1, image_size=224, num_classes=10, batch_norm=True),
+    "alexnet": lambda m: m.alexnet(batch=2, num_classes=10),
+    "alexnet_lrn": lambda m: m.alexnet(batch=2, num_classes=10, variant="lrn"),
+    "lenet": lambda m: m.lenet(batch=2),
+    "gpt2": lambda m: m.gpt2(layers=1, heads=2, width=16, seq=8, batch=2, vocab=32, positions=8),
+    "bert": lambda m: m.bert(layers=1, heads=2, width=16, seq=8, batch=2, vocab=32, positions=8),
+}
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_zoo_network_has_its_half_kernels_on_cuda(name, mode):
+    from minidl import models
+
+    net = ZOO[name](models)
+    check_half_kernels([n.layer for n in net.layer_nodes], CUDABackend, mode)
 
 
 def test_a_fusion_the_backend_does_not_run_is_not_asked_of_its_half_kernels():

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from minidl.backend.cpu.backend import CPUBackend
-from minidl.backend.cuda import cudnn_specs, halves, launches
+from minidl.backend.cuda import cudnn_specs, halves, launches, norm
 from minidl.backend.cuda import kernel_specs as ks
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs
+from tests.backend.test_cuda_half_host import FakeCublasLib, _PtrStream
 from tests.backend.test_cuda_host import LAUNCH_CASES, LIMITS, FakeCudnn, HostEmulatedCUDA, _HostSide, _NullStream
 
 HALVES = ("bf16", "fp16")
@@ -139,6 +140,8 @@ class _StrictCupy:
         assert dst.dtype == src.dtype, f"copyto from {src.dtype} into {dst.dtype}"
         np.copyto(dst, src)
 
+    broadcast_to = staticmethod(np.broadcast_to)     # a view: no arithmetic
+
 
 def _backend(half: str | None) -> HostEmulatedCUDA:
     fake = FakeCudnn()
@@ -147,6 +150,7 @@ def _backend(half: str | None) -> HostEmulatedCUDA:
                                      limits=LIMITS, filters=cudnn_specs.EngineFilters())
     be.set_math(half or "fp32")
     be.launches = []
+    be.compute, be._cublas_ex = _PtrStream(), (FakeCublasLib(), 77)
     return be
 
 
@@ -198,16 +202,14 @@ OPS = {
     "softmax_xent_backward": lambda be, a: be.softmax_xent_backward(a(6, 5), _lab(6), _f(), a(6, 5)),
     "softmax_xent_ignore_forward": lambda be, a: be.softmax_xent_ignore_forward(a(6, 5), _lab(6), _f(), 2),
     "softmax_xent_ignore_backward": lambda be, a: be.softmax_xent_ignore_backward(a(6, 5), _lab(6), _f(), a(6, 5), 2),
-    "matmul_forward": lambda be, a: be.matmul_forward(a(2, 3, 4), a(2, 5, 4).swapaxes(-1, -2), a(2, 3, 5)),
-    "matmul_backward": lambda be, a: be.matmul_backward(a(2, 3, 4), a(2, 4, 5), a(2, 3, 5), a(2, 3, 4),
-                                                        a(2, 5, 4).swapaxes(-1, -2)),
     "attention_forward": lambda be, a: be.attention_forward(a(2, 2, 3, 4), a(2, 2, 3, 4), a(2, 2, 3, 4),
                                                             a(2, 2, 3, 3), a(2, 2, 3, 4), 0.5, True),
     "attention_backward": lambda be, a: be.attention_backward(*(a(2, 2, 3, 4) for _ in range(3)), None,
                                                               *(a(2, 2, 3, 4) for _ in range(4)), 0.5, False),
 }
-#: Ops whose half path computes on float32 copies (widen_copy, then the float32 route, then round_copy).
-STAGED = {"matmul_forward", "matmul_backward", "attention_forward", "attention_backward"}
+#: Ops whose half path computes in float32 where the float32 route does (scores and their softmax, dS) and rounds
+#: into the half (round_copy), with float32 copies of half tensors (widen_copy) where cuBLAS needs like types.
+STAGED = {"attention_forward", "attention_backward"}
 
 
 def _launches(kernel: str, half: str | None) -> list:
@@ -244,23 +246,55 @@ def test_each_op_launches_the_form_of_its_storage(kernel):
         assert _half_wired(kernel, half), names
         bases = [ks.KERNELS[n].base for n in names]
         if kernel in STAGED:
-            assert set(bases) == {"widen_copy", "round_copy", *f32}, (f32, bases)
+            assert "round_copy" in bases and set(bases) <= {"widen_copy", "round_copy", *f32}, (f32, bases)
         else:
             assert f32 == FLOAT32_LAUNCHES.get(kernel, bases), (f32, bases)
 
 
 def test_a_half_add_of_three_sums_in_float32_and_rounds_once():
-    """As the CPU: ((x0 + x1) + x2) in float32, rounded once into y (two half adds would round twice)."""
+    """As the CPU: ((x0 + x1) + x2) in float32, rounded once into y (two half adds would round twice): one add_many
+    launch up to ADD_ARITY inputs, with no byte outside the arena; past it, a float32 sum in side buffers."""
     for half in HALVES:
         be = _backend(half)
         xs, y = [np.zeros(4, STORAGE[half]) for _ in range(3)], np.zeros(4, STORAGE[half])
         be.add_forward(xs, y)
+        (launch,) = be.launches
+        assert launch.name == halves.variant("add_many", half) and launch.args[:4] == (y, *xs)
+        assert launch.args[-2:] == (3, 4) and not be.side.bufs
+        be.launches.clear()
+        xs = [np.zeros(4, STORAGE[half]) for _ in range(launches.ADD_ARITY + 1)]
+        be.add_forward(xs, y)
         w, a = halves.variant("widen_copy", half), "add_forward"
-        assert [r.name for r in be.launches] == [w, w, a, w, a, halves.variant("round_copy", half)]
+        assert [r.name for r in be.launches] == [w] + [w, a] * launches.ADD_ARITY + [halves.variant("round_copy",
+                                                                                                     half)]
         acc, part = be.side.bufs["add_sum"], be.side.bufs["add_part"]
         assert acc.dtype == part.dtype == np.float32
-        assert [r.args[:3] for r in be.launches[2:5:2]] == [(acc, acc, part)] * 2
         assert be.launches[0].args[:2] == (acc, xs[0]) and be.launches[-1].args[:2] == (y, acc)
+
+
+def test_half_attention_keeps_only_float32_scores_and_the_copies_cublas_needs_outside_the_arena():
+    """Its products of half tensors run on the half storage: forward takes one sample's float32 scores beside the
+    arena (as the float32 route with unkept probabilities), backward also dS and float32 copies of k and q for dq
+    and dk, and dq's float32 product."""
+    for half in HALVES:
+        be = _backend(half)
+        a = lambda *shape, _h=half: np.zeros(shape, STORAGE[_h])   # noqa: E731
+        be.attention_forward(a(2, 2, 3, 4), a(2, 2, 3, 4), a(2, 2, 3, 4), a(2, 2, 3, 3), a(2, 2, 3, 4), 0.5, True)
+        assert {n: b.shape for n, b in be.side.bufs.items()} == {"attn_probs": (2, 3, 3)}
+        be.attention_backward(*(a(2, 2, 3, 4) for _ in range(3)), a(2, 2, 3, 3), *(a(2, 2, 3, 4) for _ in range(4)),
+                              0.5, True)
+        assert {n: b.shape for n, b in be.side.bufs.items()} == {
+            "attn_probs": (2, 3, 3), "attn_dscores": (2, 3, 3), "attn_k": (2, 3, 4), "attn_q": (2, 3, 4),
+            "attn_out": (2, 3, 4)}
+    be._cublas_ex[0].capturing, be.launches = True, []       # cuBLAS refuses a capture before any launch
+    calls = (("attention_forward", (*(a(2, 2, 3, 4) for _ in range(3)), None, a(2, 2, 3, 4), 0.5)),
+             ("attention_backward", (*(a(2, 2, 3, 4) for _ in range(3)), a(2, 2, 3, 3),
+                                     *(a(2, 2, 3, 4) for _ in range(4)), 0.5, True)),
+             ("matmul_forward", (a(2, 3, 4), a(2, 4, 5), a(2, 3, 5))))
+    for op, args in calls:
+        with pytest.raises(be.CaptureUnsupported):
+            getattr(be, op)(*args)
+        assert be.launches == [], op
 
 
 def test_the_loss_multiplies_by_dloss_before_rounding_in_half():
@@ -281,7 +315,7 @@ def test_the_loss_multiplies_by_dloss_before_rounding_in_half():
 def test_half_kernels_are_exactly_the_ops_that_launch_only_half_forms():
     """CUDA lists a layer kernel as half only when its op, run on each half's storage, launches half forms of the
     registry for every launch on half storage (`_half_wired`) and no cupy arithmetic on it (`_StrictCupy`)."""
-    listed = CUDABackend.capabilities.half_kernels - cudnn_specs.HALF_KERNELS
+    listed = CUDABackend.capabilities.half_kernels - cudnn_specs.HALF_KERNELS - norm.HALF_KERNELS
     assert launches.HALF_KERNELS <= set(OPS), sorted(launches.HALF_KERNELS - set(OPS))
     wired = set()
     for kernel in OPS:
@@ -323,7 +357,11 @@ def test_fill_writes_bf16_bits():
 
 class _EmulatedHalf(CUDABackend):
     """The CUDA backend on numpy arrays, each launch run by its kernel's numpy twin (tests/backend/
-    test_cuda_sequence.py's), the conversions by ml_dtypes' casts (to nearest even)."""
+    test_cuda_sequence.py's), the conversions by ml_dtypes' casts (to nearest even), cuBLAS by `FakeCublasLib`."""
+
+    @staticmethod
+    def _ptr(a):
+        return a.ctypes.data
 
     def _launch(self, launch):
         from tests.backend.test_cuda_sequence import KERNEL_TWINS, _unpack
@@ -343,10 +381,11 @@ def _emulated(half):
     from types import SimpleNamespace
 
     fake = FakeCudnn()
-    cp = SimpleNamespace(ndarray=np.ndarray, copyto=np.copyto, matmul=np.matmul)
-    be = _EmulatedHalf.from_parts(cupy=cp, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
+    cp = SimpleNamespace(ndarray=np.ndarray, copyto=np.copyto, matmul=np.matmul, broadcast_to=np.broadcast_to)
+    be = _EmulatedHalf.from_parts(cupy=cp, cupyx=None, cudnn=fake, cublas=None, compute=_PtrStream(),
                                   transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
                                   limits=LIMITS, filters=cudnn_specs.EngineFilters())
+    be._cublas_ex = (FakeCublasLib(), 77)
     be.set_math(half)
     return be
 
@@ -382,7 +421,7 @@ def test_staged_attention_matches_the_cpu_half(half, keep, causal):
 
 
 @pytest.mark.parametrize("half", HALVES)
-def test_staged_matmul_matches_the_cpu_half(half):
+def test_matmul_matches_the_cpu_half(half):
     def h(*shape, seed=0):
         return _data(half, *shape, seed=seed)
 

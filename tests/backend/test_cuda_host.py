@@ -22,6 +22,7 @@ import sys
 import textwrap
 from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -374,6 +375,7 @@ LAUNCH_CASES = {
     "relu_forward": ((_f(2, 5), _f(2, 5)), lambda a: (a[0], a[1], 10), 10),
     "relu_backward": ((_f(7), _f(7), _f(7)), lambda a: (*a, 7), 7),
     "add_forward": ((_f(3, 2), _f(3, 2), _f(3, 2)), lambda a: (*a, 6), 6),
+    "add_many": ((_f(3, 2), _f(3, 2), _f(6), _f(2, 3)), lambda a: (*a, *(a[1],) * 5, 3, 6), 6),
     "accumulate": ((_f(4), _f(4)), lambda a: (*a, 4), 4),
     "scale_copy": ((_f(4), _f(4), 0.5), lambda a: (a[0], a[1], 4, 0.5), 4),
     "dropout_forward": ((_f(9), _f(9), 0.25, -1), lambda a: (a[0], a[1], 9, 2**64 - 1, 1 << 22, 4.0 / 3.0), 9),
@@ -907,7 +909,8 @@ def _c_to_python(code: str) -> list[str]:
 
 _CASTS = {"_double": lambda v: np.asarray(v, np.float64), "_float": lambda v: np.asarray(v, np.float32),
           "sqrt": np.sqrt, "_uint": lambda v: np.asarray(v, np.uint32),
-          "__uint_as_float": lambda v: np.asarray(v, np.uint32).view(np.float32)}
+          "__uint_as_float": lambda v: np.asarray(v, np.uint32).view(np.float32),
+          "minidl_bf16_bits": lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)}
 
 
 class _EmulatedKernel:
@@ -964,7 +967,8 @@ class EmulatedNormKernels:
 
 
 def _host_backend(fake: FakeCudnn, **kw) -> HostEmulatedCUDA:
-    cp_ns = SimpleNamespace(ndarray=np.ndarray, add=np.add, multiply=np.multiply, copyto=np.copyto)
+    cp_ns = SimpleNamespace(ndarray=np.ndarray, add=np.add, multiply=np.multiply, copyto=np.copyto,
+                            broadcast_to=np.broadcast_to)
     be = HostEmulatedCUDA.from_parts(cupy=cp_ns, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
                                      transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
                                      limits=LIMITS, filters=cudnn_specs.EngineFilters(), **kw)
@@ -1125,8 +1129,13 @@ def test_kernel_dispatch():
     assert be.launches[-1].name == "maxpool2d_backward" and be.launches[-1].args[0] is dx
     be.launches.clear()
     a, b, c, out = (np.zeros((2, 5), np.float32) for _ in range(4))
-    be.add_forward([a, b, c], out)
-    assert [(c.args[0], c.args[1], c.args[2]) for c in be.launches] == [(out, a, b), (out, out, c)]
+    be.add_forward([a, b], out)
+    be.add_forward([a, b, c], out)                               # one launch sums up to ADD_ARITY inputs
+    be.add_forward([a, b, c] * 3, out)                           # and the rest add into out
+    assert [(c.name, c.args[:4]) for c in be.launches] == [
+        ("add_forward", (out, a, b, 10)), ("add_many", (out, a, b, c)), ("add_many", (out, a, b, c)),
+        ("add_forward", (out, out, c, 10))]
+    assert [c.args[-2:] for c in be.launches[1:3]] == [(3, 10), (8, 10)]
     be.launches.clear()
     parts = [np.zeros((2, k, 3, 3), np.float32) for k in (1, 4, 2)]
     cat = np.zeros((2, 7, 3, 3), np.float32)
@@ -1201,7 +1210,9 @@ def test_fallback_kernels_compile(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found: cannot compile-check the fallback kernels")
-    src = "#include <cuda_fp16.h>\n" + "".join(_cupy_like_source(name, k) for name, k in NORM_KERNELS.items())
+    preambles = dict.fromkeys(getattr(k, "preamble", "") for k in NORM_KERNELS.values())
+    src = "#include <cuda_fp16.h>\n" + "".join(preambles) + "".join(_cupy_like_source(name, k)
+                                                                 for name, k in NORM_KERNELS.items())
     path = tmp_path / "norm_kernels.cu"
     path.write_text(src)
     r = subprocess.run([nvcc, "-arch=sm_75", "-Werror", "all-warnings", "-c", str(path), "-o",

@@ -266,6 +266,23 @@ def test_compiles_with_nvrtc(nvrtc_results, file, arch):
     assert not warnings, f"NVRTC --gpu-architecture={arch} {file} warned:\n{log}"
 
 
+def test_the_cupy_kernels_bf16_rounding_compiles_with_nvrtc_as_the_files_store():
+    """`BF16_ROUND`, the preamble of the cupy kernels that store bf16, compiles and rounds as kernels/*.cu's store."""
+    from minidl.backend.cuda.backend import BF16_ROUND
+
+    lib = _nvrtc_library()
+    if lib is None:
+        pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12)")
+    src = BF16_ROUND + ('extern "C" __global__ void k(unsigned short* o, const float* v) '
+                        '{ o[0] = minidl_bf16_bits(v[0]); }')
+    for arch in NVRTC_ARCHS:
+        rc, log, _ = nvrtc_compile(lib, src, "bf16_round.cu", arch)
+        assert rc == 0, log
+    stored = _strip_comments((KERNEL_SRC_DIR / "elementwise.cu").read_text())
+    body = lambda text: re.sub(r"\s+", " ", text[text.index("const unsigned int u"):text.index(">> 16);") + 7])  # noqa: E731
+    assert body(BF16_ROUND).replace("return ", "p[i].bits = ") == body(stored)
+
+
 # ---------------------------------------------------------------------------
 # (b) symbols and signatures
 # ---------------------------------------------------------------------------
@@ -359,7 +376,7 @@ def test_registry_shape():
                         "sz_scatter_outliers"},
         "pool.cu": {"maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward",
                     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward"},
-        "elementwise.cu": {"add_forward", "accumulate", "scale_copy", "relu_forward",
+        "elementwise.cu": {"add_forward", "add_many", "accumulate", "scale_copy", "relu_forward",
                            "relu_backward", "dropout_forward", "dropout_backward",
                            "dropout_forward_dev", "dropout_backward_dev", "nonfinite_flag", "concat_copy_forward",
                            "concat_copy_backward", "lrn_forward",
@@ -386,7 +403,7 @@ def test_half_forms_mirror_their_float32_kernel():
     """<name>_bf16 / <name>_f16 take <name>'s arguments with float storage replaced by bf16 / f16 (and
     softmax_xent_backward's dloss appended); every half type appears in its own forms only."""
     halves = [s for s in ks.KERNELS.values() if s.half]
-    assert len(halves) == 72
+    assert len(halves) == 74
     for s in halves:
         suffix = ks.HALF_SUFFIX[s.half]
         assert s.name.endswith(suffix)

@@ -22,7 +22,7 @@ from ...core.errors import MinidlError
 from ...core.user_cache import cache_folder, writable
 from ..base import Capabilities
 from ..precision import HALF_DTYPES, precision
-from . import cudnn_specs, halves, launches, views
+from . import cudnn_specs, halves, launches, norm, views
 from . import kernel_specs as ks
 from .conv import ConvOps
 from .copies import CopyOps, Transfer
@@ -161,11 +161,12 @@ class _SideBuffers:
 
 @dataclass(slots=True, frozen=True)
 class ElementwiseSource:
-    """The arguments of one `cupy.ElementwiseKernel`."""
+    """The arguments of one `cupy.ElementwiseKernel`; `preamble` holds the device functions its operation calls."""
 
     in_params: str
     out_params: str
     operation: str
+    preamble: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -182,6 +183,17 @@ class ReductionSource:
     reduce_type: str
 
 
+#: float32 -> bf16 bits, to nearest even, a NaN staying a quiet NaN: kernels/*.cu's `store(bf16*, ...)`.
+BF16_ROUND = """
+__device__ __forceinline__ unsigned short minidl_bf16_bits(float v)
+{
+    const unsigned int u = __float_as_uint(v);
+    return (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+
 #: Batch-norm fallback kernels: statistics in float64, mean then squared deviations (as the CPU backend); the
 #: channel sums of bias gradients.
 NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
@@ -192,10 +204,20 @@ NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
                                     "a + b", "s = (float)a", "0", "double"),
     "sum_f32_f16": ReductionSource("float16 x", "float32 s", "(double)((float)x)", "a + b", "s = (float)a", "0",
                                    "double"),
+    # the half forms of sum, dot and scale: a half batch norm's backward with the running statistics
+    "sum_bf16": ReductionSource("uint16 x", "float64 s", "(double)(__uint_as_float((unsigned int)x << 16))", "a + b",
+                                "s = a", "0", "double"),
+    "sum_f16": ReductionSource("float16 x", "float64 s", "(double)((float)x)", "a + b", "s = a", "0", "double"),
     "sqdev": ReductionSource("float32 x, float32 m", "float64 s", "(double)(x - m) * (double)(x - m)", "a + b",
                              "s = a", "0", "double"),
     "dot": ReductionSource("float32 dy, float32 x, float32 m", "float64 s", "(double)dy * (double)(x - m)",
                            "a + b", "s = a", "0", "double"),
+    "dot_bf16": ReductionSource("uint16 dy, uint16 x, float32 m", "float64 s",
+                                "(double)(__uint_as_float((unsigned int)dy << 16)) * "
+                                "(double)(__uint_as_float((unsigned int)x << 16) - m)", "a + b", "s = a", "0",
+                                "double"),
+    "dot_f16": ReductionSource("float16 dy, float16 x, float32 m", "float64 s",
+                               "(double)((float)dy) * (double)((float)x - m)", "a + b", "s = a", "0", "double"),
     "mean": ElementwiseSource("float64 s, float64 inv_m", "float32 mean", "mean = (float)(s * inv_m)"),
     "invstd": ElementwiseSource("float64 ssq, float64 inv_m, float64 eps", "float32 invstd",
                                 "invstd = (float)(1.0 / sqrt(ssq * inv_m + eps))"),
@@ -216,6 +238,9 @@ NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
     "dx": ElementwiseSource("float32 x, float32 dy, float32 m, float32 k, float32 g, float32 s", "float32 dx",
                             "dx = (dy - ((x - m) * k + g)) * s"),
     "scale": ElementwiseSource("float32 dy, float32 s", "float32 dx", "dx = dy * s"),
+    "scale_bf16": ElementwiseSource("uint16 dy, float32 s", "uint16 dx",
+                                    "dx = minidl_bf16_bits(__uint_as_float((unsigned int)dy << 16) * s)", BF16_ROUND),
+    "scale_f16": ElementwiseSource("float16 dy, float32 s", "float16 dx", "dx = (float)dy * s"),
 }
 
 
@@ -229,7 +254,8 @@ class _NormKernels:
                                             src.post_map_expr, src.identity, f"minidl_{name}",
                                             reduce_type=src.reduce_type)
             else:
-                kern = cupy.ElementwiseKernel(src.in_params, src.out_params, src.operation, f"minidl_{name}")
+                kern = cupy.ElementwiseKernel(src.in_params, src.out_params, src.operation, f"minidl_{name}",
+                                              preamble=src.preamble)
             setattr(self, name, kern)
 
 
@@ -276,7 +302,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
 
     capabilities = Capabilities(name="cuda", device="gpu", kernels=SEQUENCE_KERNELS, stream_copies=True,
                                 graph_capture=True, device_guard=True, paged_arena=True, host_link=True,
-                                half_kernels=launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS)
+                                half_kernels=(launches.HALF_KERNELS | cudnn_specs.HALF_KERNELS
+                                              | norm.HALF_KERNELS))
 
     def __init__(self, device: int = 0, *, allow_tf32: bool = False, deterministic: bool = True,
                  max_plans: int = 8, use_cudnn_bn: bool = True, use_cudnn_relu: bool = True,
@@ -474,9 +501,13 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self._launch(launches.nonfinite_flag(self.graph_scalars.found_inf, x, 1, self.limits))
 
     def prepare_graph(self) -> None:
-        """Load the graph kernels now: loading is not a stream operation, so not while capturing."""
+        """Load the graph kernels now, with the math mode's half forms: loading is not a stream operation, so not
+        while capturing."""
         for name in self.GRAPH_KERNELS:
             self._kernel(name)
+            form = halves.variant(name, self.filters.half)
+            if form in ks.KERNELS:
+                self._kernel(form)
 
     def begin_graph(self) -> None:
         """Capture the compute stream until `end_graph` (capture.py refuses a graph whose capture allocated)."""

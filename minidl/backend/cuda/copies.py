@@ -39,9 +39,9 @@ class CopyOps:
     @on_compute
     def copy_in(self, dst, src) -> None:
         """dst = src (host values or a device array); into a half dst, rounded once from float32 (the loaders'
-        dtype) to nearest even, as the CPU's `copy_in`."""
+        dtype) to nearest even, as the CPU's `copy_in`, a device source by `copy`'s kernel."""
         if isinstance(src, self.cp.ndarray):
-            self.cp.copyto(dst, src.reshape(dst.shape))
+            self.copy(dst, src.reshape(dst.shape))
             return
         # not np.ascontiguousarray: it makes a 0-d source 1-d, which cupy's set() refuses for a 0-d view
         half = halves.half_of(dst)

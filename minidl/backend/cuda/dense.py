@@ -70,6 +70,18 @@ class DenseOps:
                    self._host_scalar(beta).ctypes.data, self._ptr(c), CUDA_R[np.dtype(c.dtype)], int(ldc),
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
+    def _gemm_strided_ex(self, blas, transa: str, transb: str, m: int, n: int, k: int, a, lda: int, stride_a: int,
+                         b, ldb: int, stride_b: int, c, ldc: int, stride_c: int, count: int) -> None:
+        """`count` products C_i = op(A_i) op(B_i) (column-major; X_i at X + i * stride_x elements) by
+        cublasGemmStridedBatchedEx, float32 accumulation and scalars."""
+        lib, handle = blas
+        lib.gemmStridedBatchedEx(handle, CUBLAS_OP[transa], CUBLAS_OP[transb], int(m), int(n), int(k),
+                                 self._host_scalar(1.0).ctypes.data, self._ptr(a), CUDA_R[np.dtype(a.dtype)],
+                                 int(lda), int(stride_a), self._ptr(b), CUDA_R[np.dtype(b.dtype)], int(ldb),
+                                 int(stride_b), self._host_scalar(0.0).ctypes.data, self._ptr(c),
+                                 CUDA_R[np.dtype(c.dtype)], int(ldc), int(stride_c), int(count), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT)
+
     def _blas(self):
         """(cupy's cuBLAS bindings, this device's handle) on the compute stream with host scalars; raises cupy's
         NotImplementedError on a capturing stream."""

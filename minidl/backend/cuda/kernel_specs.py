@@ -317,6 +317,12 @@ _SPECS: Sequence[KernelSpec] = (
         launch="elementwise", work="n",
         doc="out = a + b (out may alias a or b)", torch_op="torch.add"), "out", "a", "b"),
     *_with_halves(KernelSpec(
+        "add_many", "elementwise.cu",
+        _args("float* out, " + "".join(f"const float* x{j}, " for j in range(8)) + "int k, long long n"),
+        launch="elementwise", work="n",
+        doc="out = x0 + ... + x(k-1) in float32, stored once (slots from k on unread; out may alias an input)",
+        torch_op="torch.add"), "out", *(f"x{j}" for j in range(8))),
+    *_with_halves(KernelSpec(
         "accumulate", "elementwise.cu",
         _args("float* dst, const float* src, long long n"),
         launch="elementwise", work="n",

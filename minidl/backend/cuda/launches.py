@@ -57,8 +57,7 @@ HALF_KERNELS: frozenset[str] = frozenset({
     "avgpool2d_backward", "global_avgpool_forward", "global_avgpool_backward", "layernorm_forward",
     "layernorm_forward_apply", "layernorm_backward", "embedding_forward", "embedding_backward",
     "position_embedding_forward", "position_embedding_backward", "softmax_xent_forward", "softmax_xent_backward",
-    "softmax_xent_ignore_forward", "softmax_xent_ignore_backward", "matmul_forward", "matmul_backward",
-    "attention_forward", "attention_backward"})
+    "softmax_xent_ignore_forward", "softmax_xent_ignore_backward", "attention_forward", "attention_backward"})
 
 
 #: The dtype of the array behind each C pointer type (bf16 and f16: 16-bit storage, `halves`).
@@ -143,6 +142,19 @@ def relu_backward(dx, y, dy, limits=DeviceLimits()) -> KernelLaunch:
 def add_forward(out, a, b, limits=DeviceLimits()) -> KernelLaunch:
     n = _same_size("add_forward", out, a, b)
     return pack_launch(form("add_forward", out, a, b), (out, a, b, n), n, limits)
+
+
+#: The inputs one `add_many` launch sums (its slots in kernels/elementwise.cu).
+ADD_ARITY = 8
+
+
+def add_many(out, *xs, limits=DeviceLimits()) -> KernelLaunch:
+    """out = the sum of 2 to `ADD_ARITY` arrays `xs`, in float32 left to right, stored once."""
+    if not 2 <= len(xs) <= ADD_ARITY:
+        raise ValueError(f"add_many: sums 2 to {ADD_ARITY} arrays, got {len(xs)}")
+    n = _same_size("add_many", out, *xs)
+    slots = (*xs, *(xs[0],) * (ADD_ARITY - len(xs)))     # unread: any array of the storage
+    return pack_launch(form("add_many", out, *xs), (out, *slots, len(xs), n), n, limits)
 
 
 def round_copy(out, x, limits=DeviceLimits()) -> KernelLaunch:
@@ -645,7 +657,7 @@ def position_embedding_backward(dw, dy, limits=DeviceLimits()) -> KernelLaunch:
 #: launcher picks the form: `form`).
 LAUNCHERS: dict[str, Callable[..., KernelLaunch]] = {
     f.__name__: f for f in (
-        relu_forward, relu_backward, add_forward, accumulate, scale_copy, dropout_forward, dropout_backward,
+        relu_forward, relu_backward, add_forward, add_many, accumulate, scale_copy, dropout_forward, dropout_backward,
         dropout_forward_dev, dropout_backward_dev, sgd_update_dev, adam_update_dev, nonfinite_flag,
         concat_copy_forward, concat_copy_backward, lrn_forward, lrn_backward, softmax_xent_forward,
         softmax_xent_mean, softmax_xent_backward, sgd_update, adam_update, maxpool2d_forward, maxpool2d_backward,

@@ -3,6 +3,8 @@ fallback when cuDNN has no engine) and LRN (kernels/elementwise.cu, float32 or h
 
 A half batch norm (`--math bf16|fp16`) runs the cuDNN graphs on half x, y, dx, dy with float32 scale, bias,
 statistics and parameter gradients; the fallback kernels are float32, so a half graph cuDNN refuses is an error.
+The backward with the running statistics (no cuDNN op) runs the fallback's half forms: x and dy read exactly,
+sums and parameter gradients as in float32, dx rounded once.
 """
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import cudnn_specs, launches
+from . import cudnn_specs, halves, launches
 from .ops import chan4, on_compute
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backend import BuiltGraph
+
+#: The layer kernels whose half forms are `NORM_KERNELS`' cupy kernels (`Capabilities.half_kernels`).
+HALF_KERNELS: frozenset[str] = frozenset({"batchnorm_backward_eval"})
 
 
 class NormOps:
@@ -130,13 +135,15 @@ class NormOps:
             return
         self._bn_backward_fallback(x, weight, dy, mean, invstd, dx, dweight, dbias, spec)
 
-    def _bn_backward_fallback(self, x, weight, dy, mean, invstd, dx, dweight, dbias, spec, batch_stats=True):
+    def _bn_backward_fallback(self, x, weight, dy, mean, invstd, dx, dweight, dbias, spec, batch_stats=True,
+                              half=None):
+        """The cupy kernels' backward; `half` (x, dy, dx's storage) only with fixed statistics."""
         k = self._norm_kernels()
         c, m = spec.channels, spec.count
         sdy = self.side.get("bn_sdy", (c,), np.float64)
         sdyd = self.side.get("bn_sdyd", (c,), np.float64)
-        k.sum(dy, axis=(0, 2, 3), out=sdy)
-        k.dot(dy, x, chan4(mean), axis=(0, 2, 3), out=sdyd)
+        getattr(k, halves.variant("sum", half))(dy, axis=(0, 2, 3), out=sdy)
+        getattr(k, halves.variant("dot", half))(dy, x, chan4(mean), axis=(0, 2, 3), out=sdyd)
         scale, _ = self._affine(weight, None, c)
         kk = self.side.get("bn_k", (c,), np.float32)
         g = self.side.get("bn_g", (c,), np.float32)
@@ -149,15 +156,17 @@ class NormOps:
         if batch_stats:
             k.dx(x, dy, chan4(mean), chan4(kk), chan4(g), chan4(s), dx)
         else:  # fixed statistics: a per-channel affine map, dx = dy * weight * invstd
-            k.scale(dy, chan4(s), dx)
+            getattr(k, halves.variant("scale", half))(dy, chan4(s), dx)
 
     @on_compute
     def batchnorm_backward_eval(self, x, weight, dy, running_mean, running_var, eps: float, dx, dweight,
                                 dbias) -> None:
-        """Backward with the running statistics (no cuDNN op covers it): cupy kernels."""
-        self._check("batchnorm_backward_eval", x=x, weight=weight, dy=dy, running_mean=running_mean,
-                    running_var=running_var, dx=dx, dweight=dweight, dbias=dbias)
+        """Backward with the running statistics (no cuDNN op covers it): cupy kernels, float32 or half x, dy, dx."""
+        half = self._check_io("batchnorm_backward_eval", x=x, dy=dy, dx=dx)
+        self._check("batchnorm_backward_eval", weight=weight, running_mean=running_mean, running_var=running_var,
+                    dweight=dweight, dbias=dbias)
         spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
         inv = self.side.get("bn_eval_invstd", (spec.channels,), np.float32)
         self._norm_kernels().invstd_from_var(running_var, float(eps), inv)
-        self._bn_backward_fallback(x, weight, dy, running_mean, inv, dx, dweight, dbias, spec, batch_stats=False)
+        self._bn_backward_fallback(x, weight, dy, running_mean, inv, dx, dweight, dbias, spec, batch_stats=False,
+                                   half=half)

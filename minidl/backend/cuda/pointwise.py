@@ -37,18 +37,22 @@ class PointwiseOps:
     @on_compute
     def add_forward(self, xs: list, y) -> None:
         half = self._check_io("add_forward", y=y, **{f"x{i}": x for i, x in enumerate(xs)})
-        if half is not None and len(xs) > 2:   # one rounding, as the CPU: the sum in float32, then y
-            acc = self.side.get("add_sum", y.shape, np.float32)
-            part = self.side.get("add_part", y.shape, np.float32)
-            self._launch(launches.widen_copy(acc, xs[0], self.limits))
-            for x in xs[1:]:
-                self._launch(launches.widen_copy(part, x, self.limits))
-                self._launch(launches.add_forward(acc, acc, part, self.limits))
-            self._launch(launches.round_copy(y, acc, self.limits))
+        if len(xs) == 2:
+            self._launch(launches.add_forward(y, xs[0], xs[1], self.limits))
             return
-        self._launch(launches.add_forward(y, xs[0], xs[1], self.limits))
-        for x in xs[2:]:
-            self._launch(launches.add_forward(y, y, x, self.limits))  # out may alias an input
+        if len(xs) <= launches.ADD_ARITY or half is None:   # the sum in float32 registers, stored once
+            self._launch(launches.add_many(y, *xs[:launches.ADD_ARITY], limits=self.limits))
+            for x in xs[launches.ADD_ARITY:]:
+                self._launch(launches.add_forward(y, y, x, self.limits))  # out may alias an input
+            return
+        # more half inputs than one launch reads: one rounding, as the CPU, from a float32 sum in side buffers
+        acc = self.side.get("add_sum", y.shape, np.float32)
+        part = self.side.get("add_part", y.shape, np.float32)
+        self._launch(launches.widen_copy(acc, xs[0], self.limits))
+        for x in xs[1:]:
+            self._launch(launches.widen_copy(part, x, self.limits))
+            self._launch(launches.add_forward(acc, acc, part, self.limits))
+        self._launch(launches.round_copy(y, acc, self.limits))
 
     @on_compute
     def concat_forward(self, xs: list, y) -> None:

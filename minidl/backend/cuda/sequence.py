@@ -3,9 +3,10 @@
 Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. Rules: attention's backward
 rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically; the kernels take float32
 or the mode's half storage for activations and deltas (`_check_io`), float32 for weights, statistics and their
-gradients; the products and attention of half tensors compute on float32 copies in side buffers (`widen_copy`)
-and round each output once (`round_copy`), attention's probabilities rounded to the half before use, as the
-CPU's. Not cuDNN's SDPA: it never returns P. A mixin of `CUDABackend`; imports no cupy.
+gradients; half products run cublasGemmStridedBatchedEx on the half storage (float32 accumulation, rounded
+once); half attention, one sample at a time, keeps scores and dS float32 in side buffers, rounds P to the half
+before use, as the CPU's, and takes float32 copies of k and q for dq and dk. Not cuDNN's SDPA: it never returns
+P. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
 
@@ -160,12 +161,30 @@ class SequenceOps:
         self.cp.matmul(a32, b32, out=buf)
         self._rounded(out, buf)
 
+    def _half_matmul(self, a, b, c) -> None:
+        """`c` (half, rounded once, or float32) = a @ b of half a, b by cublasGemmStridedBatchedEx, no copy: each
+        operand a matrix stack or its transposed view, the leading axes broadcast."""
+        if c.strides[-1] != c.itemsize:       # a transposed c: c^T = b^T a^T
+            self._half_matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2))
+            return
+        m, n, k = c.shape[-2], c.shape[-1], a.shape[-1]
+        a = self.cp.broadcast_to(a, (*c.shape[:-2], m, k))
+        b = self.cp.broadcast_to(b, (*c.shape[:-2], k, n))
+        (opa, lda), (opb, ldb), (_, ldc) = (_column_major("matmul", name, x)
+                                            for name, x in (("a", a), ("b", b), ("c", c)))
+        blas = self._blas()
+        outer, count = c.shape[:-3], (c.shape[-3] if c.ndim > 2 else 1)
+        stride = lambda x: x.strides[-3] // x.itemsize if x.ndim > 2 else 0   # noqa: E731
+        for i in np.ndindex(*outer):          # row-major c = a b is column-major c^T = b^T a^T
+            self._gemm_strided_ex(blas, opb, opa, n, m, k, b[i], ldb, stride(b), a[i], lda, stride(a), c[i], ldc,
+                                  stride(c), count)
+
     @on_compute
     def matmul_forward(self, a, b, y) -> None:
         if self._views("matmul_forward", a=a, b=b, y=y) is None:
             self._product(a, b, y)
             return
-        self._half_product(self._widened("mm_a", a), self._widened("mm_b", b), y, "mm_out")
+        self._half_matmul(a, b, y)
 
     @on_compute
     def matmul_backward(self, a, b, dy, da, db) -> None:
@@ -176,11 +195,10 @@ class SequenceOps:
             if db is not None:
                 self._product(a.swapaxes(-1, -2), dy, db)
             return
-        dys = self._widened("mm_dy", dy)
         if da is not None:
-            self._half_product(dys, self._widened("mm_b", b).swapaxes(-1, -2), da, "mm_out")
+            self._half_matmul(dy, b.swapaxes(-1, -2), da)
         if db is not None:
-            self._half_product(self._widened("mm_a", a).swapaxes(-1, -2), dys, db, "mm_out")
+            self._half_matmul(a.swapaxes(-1, -2), dy, db)
 
     # -- self-attention (causal or bidirectional)
     def _probs(self, q, k, scale: float, causal: bool, p) -> None:
@@ -189,14 +207,15 @@ class SequenceOps:
         self._product(q, k.swapaxes(-1, -2), p)
         self._launch(launches.softmax_forward(p, p, scale, t if causal else 0, self.limits))
 
-    def _half_probs(self, q32, k32, scale: float, causal: bool, p32, kept) -> None:
-        """`_probs` on float32 copies, rounded to the half (into `kept`, the saved probabilities, or a scratch) and
-        read back: the values the CPU's half attention uses."""
-        self._probs(q32, k32, scale, causal, p32)
+    def _half_probs(self, q, k, scale: float, causal: bool, p32, kept):
+        """One sample's scores of half q, k in float32 (`p32`), their softmax rounded to the half into `kept` (the
+        saved probabilities, or a scratch), which it returns: the values the CPU's half attention uses."""
+        self._half_matmul(q, k.swapaxes(-1, -2), p32)
+        self._launch(launches.softmax_forward(p32, p32, scale, q.shape[-2] if causal else 0, self.limits))
         if kept is None:
             kept = self.side.get("attn_probs_half", p32.shape, halves.storage_dtype(self._half_dtype()))
         self._launch(launches.round_copy(kept, p32, self.limits))
-        self._launch(launches.widen_copy(p32, kept, self.limits))
+        return kept
 
     def _half_dtype(self):
         return HALF_DTYPES[self.filters.half]
@@ -221,9 +240,8 @@ class SequenceOps:
         b, h, t, _ = q.shape
         p32 = self.side.get("attn_probs", (h, t, t), np.float32)
         for bi in range(b):
-            self._half_probs(self._widened("attn_q", q[bi]), self._widened("attn_k", k[bi]), scale, causal, p32,
-                             None if probs is None else probs[bi])
-            self._half_product(p32, self._widened("attn_v", v[bi]), y[bi], "attn_out")
+            kept = self._half_probs(q[bi], k[bi], scale, causal, p32, None if probs is None else probs[bi])
+            self._half_matmul(kept, v[bi], y[bi])
 
     @on_compute
     def attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool = True) -> None:
@@ -252,22 +270,19 @@ class SequenceOps:
             self._product(ds.swapaxes(-1, -2), qs, dk[bi])
 
     def _half_attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool) -> None:
+        """dq and dk multiply float32 dS by float32 copies of k and q: cuBLAS multiplies like types."""
         b, h, t, _ = q.shape
         p32 = self.side.get("attn_probs", (h, t, t), np.float32)
         ds = self.side.get("attn_dscores", (h, t, t), np.float32)
         for bi in range(b):
-            qs, ks = self._widened("attn_q", q[bi]), self._widened("attn_k", k[bi])
-            dys = self._widened("attn_dy", dy[bi])
-            if probs is None:
-                self._half_probs(qs, ks, scale, causal, p32, None)
-                p = p32
-            else:
-                p = self._widened("attn_p", probs[bi])
-            self._half_product(p.swapaxes(-1, -2), dys, dv[bi], "attn_out")
-            self.cp.matmul(dys, self._widened("attn_v", v[bi]).swapaxes(-1, -2), out=ds)
-            self._launch(launches.softmax_backward(ds, p, ds, scale, self.limits))
-            self._half_product(ds, ks, dq[bi], "attn_out")
-            self._half_product(ds.swapaxes(-1, -2), qs, dk[bi], "attn_out")
+            # cuBLAS first: on a capturing stream it raises before anything is enqueued (`CaptureUnsupported`)
+            p = self._half_probs(q[bi], k[bi], scale, causal, p32, None) if probs is None else probs[bi]
+            self._half_matmul(p.swapaxes(-1, -2), dy[bi], dv[bi])
+            self._half_matmul(dy[bi], v[bi].swapaxes(-1, -2), ds)
+            self._launch(launches.widen_copy(p32, p, self.limits))
+            self._launch(launches.softmax_backward(ds, p32, ds, scale, self.limits))
+            self._half_product(ds, self._widened("attn_k", k[bi]), dq[bi], "attn_out")
+            self._half_product(ds.swapaxes(-1, -2), self._widened("attn_q", q[bi]), dk[bi], "attn_out")
 
     # -- cross-entropy over every token, with an ignore index
     @on_compute
@@ -312,3 +327,15 @@ class SequenceOps:
         if len(kinds) > 1:
             raise TypeError(f"{op}: the arrays mix {sorted(map(str, kinds))}: a kernel's arrays share one dtype")
         return halves.half_of(arrays[next(n for n, a in arrays.items() if a is not None)]) if kinds else None
+
+
+def _column_major(op: str, name: str, x) -> tuple[str, int]:
+    """(cuBLAS op, leading dimension) of row-major matrix stack `x` read as column-major: 'N' with its rows'
+    stride where its columns are contiguous (the column-major storage of x^T), 'T' where its rows are."""
+    rows, cols = x.strides[-2] // x.itemsize, x.strides[-1] // x.itemsize
+    if cols == 1 and rows >= max(x.shape[-1], 1):
+        return "N", max(rows, 1)
+    if rows == 1 and cols >= max(x.shape[-2], 1):
+        return "T", cols
+    raise ValueError(f"{op}: {name} {x.shape} with strides {x.strides} has neither rows nor columns contiguous: "
+                     f"cuBLAS reads it only through a copy")
