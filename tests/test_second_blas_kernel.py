@@ -12,8 +12,8 @@ also compiles them for a generic one (NUMBA_CPU_NAME=generic: no AVX, no FMA), i
 (NUMBA_CACHE_DIR, which wins over any other cache setting): their bits must not depend on the vector width
 (nothing is compiled with fastmath, and LLVM contracts nothing into FMAs without it).
 
-Only the bit tests of the backend and the executor's lanes test run there: ~15 s of tests on two cores, plus
-~80 s of numba compiling for the generic CPU the first time. That cache is kept in the temporary directory
+The bit tests of the backend, the executor's lanes test and the policy matrix run there: ~2 min of tests on two
+cores, plus ~80 s of numba compiling for the generic CPU the first time. That cache is kept in the temporary directory
 between runs (numba recompiles whatever source changed), so later runs take ~20 s; the rest of the `bits`
 tests exercise the same kernels through layers."""
 from __future__ import annotations
@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SELECTED = ["tests/backend/test_cpu_lanes.py", "tests/backend/test_cpu_winograd_threads.py",
             "tests/backend/test_cpu_conv_weight_grad.py", "tests/backend/test_cpu_rows_jit.py",
             "tests/backend/test_cpu_conv_accumulate.py",
-            "tests/memory/test_executor.py::test_lanes_do_not_change_the_bits"]
+            "tests/memory/test_executor.py::test_lanes_do_not_change_the_bits",
+            "tests/runtime/test_policy_matrix.py"]   # every exact policy = none's bits, each runner and math mode
 
 
 @pytest.mark.slow
