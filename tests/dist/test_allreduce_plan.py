@@ -214,3 +214,11 @@ def test_window_keeps_what_a_collective_touches_landed(level):
     assert any(ev.kind is EventKind.OFFLOAD for sp in plan.steps for ev in sp.after)   # it does swap
     assert collective_misses(plan) == []
 
+
+@pytest.mark.parametrize("asked", [dict(policy="packs"), dict(policy="liveness", micro_batches=2)])
+def test_micro_batches_under_data_parallel_are_refused_naming_them(asked):
+    """A rank all-reduces whole-batch gradients once: `packs` (which picks micro-batches) is refused at build."""
+    from minidl.memory.request import PlanRequest
+
+    with pytest.raises(DistError, match="data parallel: --(policy packs|micro-batches) cannot be combined"):
+        PlanRequest.from_options(asked.pop("policy"), 1 << 20, data_parallel=DataParallel(2), **asked)
