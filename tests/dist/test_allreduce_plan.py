@@ -55,6 +55,9 @@ def test_buckets_are_planned_tensors_with_events(reduction):
     update = next(k for k, s in enumerate(route.steps) if s.phase is Phase.UPDATE)
     reduced = [ev.tensor for ev in plan.steps[update].before if ev.kind is EventKind.REDUCED]
     assert reduced == list(plan.buckets)
+    started = [ev.tensor for sp in plan.steps for ev in sp.after if ev.kind is EventKind.ALLREDUCE]
+    assert started == reduced   # in one order on every rank: MPI matches nonblocking collectives by it
+    assert max(sum(ev.kind is EventKind.ALLREDUCE for ev in sp.after) for sp in plan.steps) > 1   # two at a step
     for bid, grads in plan.buckets.items():
         spec = route.tensors[bid]
         assert spec.role is Role.BUCKET

@@ -126,11 +126,13 @@ def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) ->
     how = ("reduce-scatter (all-to-all, ordered sum of the chunks) then all-gather" if dp.reduction == "ring"
            else "all-gather of every rank's row")
     plan.memo.clear()
+    first: dict[int, int] = {}   # ready step -> ALLREDUCEs placed at its front (bucket order: every rank's)
     for b in buckets:
         nbytes = plan.sizes[b.tensor]
         label = plan.route.steps[b.ready_step].label
         grad_bytes = b.elements * plan.route.tensors[b.grads[0]].dtype.itemsize
-        plan.steps[b.ready_step].after.insert(0, Event(
+        at = first[b.ready_step] = first.get(b.ready_step, 0) + 1
+        plan.steps[b.ready_step].after.insert(at - 1, Event(
             EventKind.ALLREDUCE, b.tensor, -1, nbytes,
             f"{len(b.grads)} gradients ({format_bytes(grad_bytes)}) ready after {label}: {how} over "
             f"{dp.world_size} rank(s) starts, overlapping the rest of backward"))
