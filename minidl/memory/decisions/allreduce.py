@@ -131,8 +131,9 @@ def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) ->
         nbytes = plan.sizes[b.tensor]
         label = plan.route.steps[b.ready_step].label
         grad_bytes = b.elements * plan.route.tensors[b.grads[0]].dtype.itemsize
-        at = first[b.ready_step] = first.get(b.ready_step, 0) + 1
-        plan.steps[b.ready_step].after.insert(at - 1, Event(
+        at = first.get(b.ready_step, 0)
+        first[b.ready_step] = at + 1
+        plan.steps[b.ready_step].after.insert(at, Event(
             EventKind.ALLREDUCE, b.tensor, -1, nbytes,
             f"{len(b.grads)} gradients ({format_bytes(grad_bytes)}) ready after {label}: {how} over "
             f"{dp.world_size} rank(s) starts, overlapping the rest of backward"))
