@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Callable, Sequence
 
-from ..core.errors import BudgetError, OptionError
+from ..core.errors import BudgetError, DistError, OptionError
 from ..core.units import size_option
 from ..graph.network import Network
 from ..graph.route import Route
@@ -95,15 +95,13 @@ def plan_network(net: Network, slots: Sequence[str], request: PlanRequest, targe
 def _rivals(request: PlanRequest, route_of: Callable[[str], Route], ranks_route: Route | None) -> tuple[Rival, ...]:
     """What a `portfolio` policy plans besides its own search: every exact policy without the flag, on the route
     `plan_network` gives that policy (`route_of`), so that it fits wherever one of them does, and is as fast. With
-    several ranks, on the one route with the gradient buckets (every exact policy's route is then the same, and
-    `packs`, which cuts the batch into micro-batches, is left out: data parallel does not support them). A policy
-    the request's options refuse (`PlanRequest`: fp16 and `packs`) is no rival."""
+    several ranks, on the one route with the gradient buckets (every exact policy's route is then the same). A policy
+    the request's options refuse (`PlanRequest`: `packs` under fp16 or data parallel) is no rival."""
     if not POLICIES[request.policy].portfolio or request.budget is None:
         return ()
     rows = [POLICIES[p] for p in exact_policies() if not POLICIES[p].portfolio and _accepted(request, p)]
     if ranks_route is not None:
-        return tuple(Rival(p.name, p.plan, lambda: ranks_route, p.homes_weights, p.packs_batch)
-                     for p in rows if not p.packs_batch)
+        return tuple(Rival(p.name, p.plan, lambda: ranks_route, p.homes_weights, p.packs_batch) for p in rows)
     return tuple(Rival(p.name, p.plan, partial(route_of, p.name), p.homes_weights, p.packs_batch) for p in rows)
 
 
@@ -111,7 +109,7 @@ def _accepted(request: PlanRequest, policy: str) -> bool:
     """Whether `request`'s options accept `policy` (`PlanRequest`'s own checks)."""
     try:
         replace(request, policy=policy)
-    except OptionError:
+    except (OptionError, DistError):
         return False
     return True
 

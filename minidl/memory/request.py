@@ -7,6 +7,7 @@ nowhere else, so every door means the same by the same words:
 
 - policy: as given, else `auto` under a budget and `liveness` without one; `lossy` asks `auto` to weigh
   compression too (`auto-lossy`) and applies to `auto` alone;
+- data parallel: no micro-batches, nor a policy that chooses them (`packs`): a rank reduces whole-batch gradients;
 - fused update: as given, else on for `weights`, and for `auto` under a budget (`PlanRequest.fused_update`);
   never with data parallel (the update waits for the reduced gradients), nor in fp16 (a step whose gradients
   overflow is skipped whole, so every gradient is checked before the first update: no micro-batches or packs);
@@ -53,8 +54,11 @@ class PlanRequest:
         if dp is not None and opts.fused_update:
             raise DistError("data parallel: --fused-update on cannot be combined with several ranks: each layer's "
                             "update would run before its gradients are all-reduced (use --fused-update off)")
-        if dp is not None and opts.micro_batches is not None:
-            raise DistError("data parallel with micro-batches (packs) is not supported")
+        if dp is not None and (opts.micro_batches is not None or POLICY_TABLE[self.policy].packs_batch):
+            asked = "--micro-batches" if opts.micro_batches is not None else f"--policy {self.policy}"
+            raise DistError(f"data parallel: {asked} cannot be combined with ranks: it cuts the batch into "
+                            f"micro-batches, while a rank all-reduces each gradient of its whole batch once, before "
+                            f"its one update (use another policy, or train without data parallel)")
         if opts.math == "fp16":
             asked = ("--fused-update on" if opts.fused_update else "--micro-batches" if (opts.micro_batches or 1) > 1
                      else "--policy packs" if self.policy == "packs" else None)

@@ -55,6 +55,9 @@ def test_buckets_are_planned_tensors_with_events(reduction):
     update = next(k for k, s in enumerate(route.steps) if s.phase is Phase.UPDATE)
     reduced = [ev.tensor for ev in plan.steps[update].before if ev.kind is EventKind.REDUCED]
     assert reduced == list(plan.buckets)
+    started = [ev.tensor for sp in plan.steps for ev in sp.after if ev.kind is EventKind.ALLREDUCE]
+    assert started == reduced   # in one order on every rank: MPI matches nonblocking collectives by it
+    assert max(sum(ev.kind is EventKind.ALLREDUCE for ev in sp.after) for sp in plan.steps) > 1   # two at a step
     for bid, grads in plan.buckets.items():
         spec = route.tensors[bid]
         assert spec.role is Role.BUCKET
@@ -174,3 +177,51 @@ def test_simulated_allreduce_hides_all_but_the_last_buckets():
         from minidl.memory.simulate import DeviceProfile
 
         allreduce_timeline(many, DeviceProfile("mystery", 1, 1e9, 1e9, 1e9))
+
+
+def collective_misses(plan) -> list[str]:
+    """Walking the plan's events in order: each ALLREDUCE must find its bucket and gradients landed, nothing may
+    move the bucket while its all-reduce is in flight, and REDUCED must find them landed again."""
+    landed: set[str] = set()
+    flying: set[str] = set()
+    misses = []
+    for k, sp in enumerate(plan.steps):
+        for ev in (*sp.before, *sp.after):
+            if ev.kind in (EventKind.ALLREDUCE, EventKind.REDUCED):
+                misses += [f"{ev.kind.value} {ev.tensor} at step {k}: {t} not landed"
+                           for t in (ev.tensor, *plan.buckets[ev.tensor]) if t not in landed]
+                (flying.add if ev.kind is EventKind.ALLREDUCE else flying.discard)(ev.tensor)
+                continue
+            if ev.tensor in flying:
+                misses.append(f"{ev.kind.value} {ev.tensor} at step {k} while its all-reduce is in flight")
+            if ev.kind in (EventKind.ALLOC, EventKind.WAIT):
+                landed.add(ev.tensor)
+            elif ev.kind in (EventKind.PREFETCH, EventKind.RELEASE, EventKind.FREE):
+                landed.discard(ev.tensor)
+    return misses
+
+
+@pytest.mark.parametrize("level", ["mid", "floor"])
+def test_window_keeps_what_a_collective_touches_landed(level):
+    """`window` under data parallel: the gradients a bucket packs stay resident through its ALLREDUCE (they are the
+    ready step's reads), the bucket is never swapped while in flight, REDUCED comes after every gradient's swap-in."""
+    from tests.memory.nets import resnet8
+
+    dp = DataParallel(1, 4096, "ring")
+    live = planned(resnet8(), SGD(0.1, momentum=0.9), "liveness", data_parallel=dp).min_budget_bytes
+    with pytest.raises(BudgetError) as e:
+        planned(resnet8(), SGD(0.1, momentum=0.9), "window", 1, data_parallel=dp)
+    floor = e.value.min_budget_bytes
+    plan = planned(resnet8(), SGD(0.1, momentum=0.9), "window", floor if level == "floor" else (live + floor) // 2,
+                   data_parallel=dp)
+    assert any(ev.kind is EventKind.OFFLOAD for sp in plan.steps for ev in sp.after)   # it does swap
+    assert collective_misses(plan) == []
+
+
+@pytest.mark.parametrize("asked", [dict(policy="packs"), dict(policy="liveness", micro_batches=2)])
+def test_micro_batches_under_data_parallel_are_refused_naming_them(asked):
+    """A rank all-reduces whole-batch gradients once: `packs` (which picks micro-batches) is refused at build."""
+    from minidl.memory.request import PlanRequest
+
+    with pytest.raises(DistError, match="data parallel: --(policy packs|micro-batches) cannot be combined"):
+        PlanRequest.from_options(asked.pop("policy"), 1 << 20, data_parallel=DataParallel(2), **asked)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from minidl.core.errors import BudgetError, OptionError
+from minidl.core.errors import BudgetError, DistError, OptionError
 from minidl.dist.comm import Communicator
 from minidl.memory.decisions.allreduce import DataParallel
 from minidl.memory.plan import EventKind
@@ -89,12 +89,8 @@ def acting_level(policy: str, runner: str) -> str:
 
 # Cases known not to run, each with its reason (xfail strict: a case that starts to pass must leave here).
 KNOWN = {
-    ("dp", "window"): pytest.mark.skip(reason="window under data parallel fails, not in every run (so not an xfail): "
-                                       "at resnet8's floor a gradient its bucket reads is not resident "
-                                       "(ResidencyError), at mid the bits differ from `none` in most runs"),
-    ("dp", "packs"): pytest.mark.xfail(strict=True, raises=KeyError, reason="packs choose micro-batches, which data "
-                                       "parallel refuses only when asked for: planning fails with KeyError "
-                                       "'bucket:0' instead of naming the conflict"),
+    ("dp", "packs"): pytest.mark.xfail(strict=True, raises=DistError, reason="packs choose micro-batches, and a "
+                                       "data-parallel rank all-reduces whole-batch gradients once: refused at build"),
 }
 
 

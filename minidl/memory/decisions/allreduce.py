@@ -99,7 +99,8 @@ def assign_buckets(route: Route, bucket_bytes: int) -> list[Bucket]:
 
 
 def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
-    """A copy of `route` with one bucket tensor per bucket, written at its ready step, read by the update."""
+    """A copy of `route` with one bucket tensor per bucket, written at its ready step (which reads the bucket's
+    gradients: its ALLREDUCE packs them), read by the update."""
     buckets = assign_buckets(route, dp.bucket_bytes)
     tensors = dict(route.tensors)
     steps = [dataclasses.replace(s, reads=list(s.reads), writes=list(s.writes)) for s in route.steps]
@@ -110,30 +111,36 @@ def with_buckets(route: Route, dp: DataParallel) -> tuple[Route, list[Bucket]]:
         g = route.tensors[b.grads[0]]
         shape = bucket_shape(dp.reduction, dp.world_size, b.elements)
         tensors[b.tensor] = TensorSpec(b.tensor, Role.BUCKET, shape, g.dtype, "allreduce")
-        steps[b.ready_step].writes.append(b.tensor)
+        ready = steps[b.ready_step]
+        ready.reads.extend(g for g in b.grads if g not in ready.reads)   # ALLREDUCE packs them after the step
+        ready.writes.append(b.tensor)
         update.reads.append(b.tensor)
     # a fresh memo: the route's analyses are of its own steps
     return dataclasses.replace(route, steps=steps, tensors=tensors, memo={}), buckets
 
 
 def add_allreduce_events(plan: Plan, buckets: list[Bucket], dp: DataParallel) -> Plan:
-    """ALLREDUCE after each bucket's ready step, REDUCED before the update (bucket order)."""
+    """ALLREDUCE first after each bucket's ready step (before any eviction there), REDUCED last before the update
+    (after every gradient has landed), in bucket order."""
     update = next((k for k, s in enumerate(plan.route.steps) if s.phase is Phase.UPDATE), None)
     how = ("reduce-scatter (all-to-all, ordered sum of the chunks) then all-gather" if dp.reduction == "ring"
            else "all-gather of every rank's row")
     plan.memo.clear()
+    first: dict[int, int] = {}   # ready step -> ALLREDUCEs placed at its front (bucket order: every rank's)
     for b in buckets:
         nbytes = plan.sizes[b.tensor]
         label = plan.route.steps[b.ready_step].label
         grad_bytes = b.elements * plan.route.tensors[b.grads[0]].dtype.itemsize
-        plan.steps[b.ready_step].after.append(Event(
+        at = first.get(b.ready_step, 0)
+        first[b.ready_step] = at + 1
+        plan.steps[b.ready_step].after.insert(at, Event(
             EventKind.ALLREDUCE, b.tensor, -1, nbytes,
             f"{len(b.grads)} gradients ({format_bytes(grad_bytes)}) ready after {label}: {how} over "
             f"{dp.world_size} rank(s) starts, overlapping the rest of backward"))
     if update is not None:
-        plan.steps[update].before[:0] = [Event(
+        plan.steps[update].before.extend([Event(
             EventKind.REDUCED, b.tensor, -1, plan.sizes[b.tensor],
-            f"wait for the all-reduce (sums in rank order), / {dp.world_size} into the gradients") for b in buckets]
+            f"wait for the all-reduce (sums in rank order), / {dp.world_size} into the gradients") for b in buckets])
     plan.buckets = {b.tensor: list(b.grads) for b in buckets}
     plan.data_parallel = dp
     return plan

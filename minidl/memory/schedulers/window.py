@@ -5,7 +5,8 @@ the window while its bytes fit `cap` (prefetching or reserving what enters, canc
 returns); after a step, what has no use left in the window is swapped out, or just freed if its host copy is
 current; the tail releases the oldest swap-outs while the window plus them exceed `cap`. Where placement misses the
 budget, `cap` at the binding step drops by the excess. The tightest window (`cap` 0) states the minimum budget.
-Shapes only: a prefetch goes as early as memory allows. Parameters are not swapped.
+Shapes only: a prefetch goes as early as memory allows. Parameters are not swapped, nor a data-parallel bucket
+while its all-reduce is in flight (its uses span its write to its read).
 """
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class AccessOrder:
     @staticmethod
     def record(route: Route, ws: dict[int, WorkspaceChoice]) -> "AccessOrder":
         uses = {t: u for t, u in tensor_uses(route).items() if route.tensors[t].role is not Role.WORKSPACE}
+        for t, u in uses.items():   # a bucket's collective runs from its write to its read: never swapped
+            if route.tensors[t].role is Role.BUCKET:
+                uses[t] = list(range(u[0], u[-1] + 1))
         for k in ws:
             uses[route.steps[k].workspace] = [k]
         touched: list[list[str]] = [[] for _ in route.steps]
