@@ -51,6 +51,7 @@ CASES = [
     ("packs", 0.6, {}),
     ("packs", None, {"micro_batches": 2}),
     ("window", 0.85, {}),
+    ("window", 0.85, {"data_parallel": (2, 1 << 14, "ring")}),   # gradient buckets among the window's swaps
     ("auto", None, {}),
     ("auto", 0.6, {}),
     ("auto", 0.8, {"fused_update": False}),
