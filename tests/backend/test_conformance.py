@@ -533,3 +533,17 @@ def test_half_batchnorm_matches_the_cpus_half(half_device, shape, affine):
             _half_close(got.grads[name], ref.grads[name], mode)
     ref, got = _half_runs(mode, make, [x], params, None, dev, training=False)
     _half_close(got.out, ref.out, mode)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 16, 7, 9), (8, 4, 1, 1)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_half_batchnorm_eval_backward_matches_the_cpus_half(half_device, shape, affine):
+    """The backward with the running statistics (batchnorm_backward_eval: the fallback kernels' half forms, dx a
+    per-channel scale of dy rounded once; float32 dweight and dbias)."""
+    mode, dev = half_device
+    x, dy, params = _bn_case(shape, affine)
+    ref, got = _half_runs(mode, lambda: L.BatchNorm2d(affine=affine), [x], params, dy, dev, training=False)
+    _half_close(got.out, ref.out, mode)
+    _half_close(got.dinputs[0], ref.dinputs[0], mode)
+    for name in ("weight", "bias") if affine else ():
+        _half_close(got.grads[name], ref.grads[name], mode)
