@@ -169,12 +169,13 @@ def nvcc_results():
     jobs = {}
     for f in CU_FILES:
         stem = f[:-3]
+        src = Path(tmp, f)
+        src.write_text(ks.module_source(f))   # the text cupy compiles: the half storage before a file with halves
         for arch in ARCHS:
             jobs[(f, arch)] = [nvcc, f"-arch={arch}", "-cubin", *NVCC_WARNING_FLAGS,
-                               "-o", os.path.join(tmp, f"{stem}.{arch}.cubin"),
-                               str(KERNEL_SRC_DIR / f)]
+                               "-o", os.path.join(tmp, f"{stem}.{arch}.cubin"), str(src)]
         jobs[(f, "ptx")] = [nvcc, f"-arch={ARCHS[0]}", "-ptx", *NVCC_WARNING_FLAGS,
-                            "-o", os.path.join(tmp, f"{stem}.ptx"), str(KERNEL_SRC_DIR / f)]
+                            "-o", os.path.join(tmp, f"{stem}.ptx"), str(src)]
 
     def run(cmd):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -253,7 +254,7 @@ def nvrtc_results():
     if lib is None:
         pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12, the test extra on Linux x86-64): "
                     "cannot compile the CUDA kernels as cupy does")
-    return {(f, arch): nvrtc_compile(lib, (KERNEL_SRC_DIR / f).read_text(), f, arch)
+    return {(f, arch): nvrtc_compile(lib, ks.module_source(f), f, arch)
             for f in CU_FILES for arch in NVRTC_ARCHS}
 
 
@@ -278,7 +279,7 @@ def test_the_cupy_kernels_bf16_rounding_compiles_with_nvrtc_as_the_files_store()
     for arch in NVRTC_ARCHS:
         rc, log, _ = nvrtc_compile(lib, src, "bf16_round.cu", arch)
         assert rc == 0, log
-    stored = _strip_comments((KERNEL_SRC_DIR / "elementwise.cu").read_text())
+    stored = _strip_comments((KERNEL_SRC_DIR / ks.HALF_STORAGE).read_text())
     body = lambda text: re.sub(r"\s+", " ", text[text.index("const unsigned int u"):text.index(">> 16);") + 7])  # noqa: E731
     assert body(BF16_ROUND).replace("return ", "p[i].bits = ") == body(stored)
 
@@ -316,8 +317,8 @@ def test_every_global_is_extern_c(file):
 @pytest.mark.parametrize("file", CU_FILES)
 def test_source_is_device_only_and_nvrtc_friendly(file):
     """cupy.RawModule compiles with NVRTC: no standard headers, so no
-    #include and no header-only macros/typedefs; and no host code."""
-    src = _strip_comments((KERNEL_SRC_DIR / file).read_text())
+    #include and no header-only macros/typedefs; and no host code (the half storage put before it included)."""
+    src = _strip_comments(ks.module_source(file))
     assert not re.search(r"^\s*#\s*include", src, re.M), f"{file}: #include"
     banned = re.findall(r"\b(INFINITY|NAN|FLT_MAX|FLT_MIN|HUGE_VALF|u?int(?:8|16|32|64)_t"
                         r"|std::\w+|printf|__host__|main)\b", src)
@@ -387,16 +388,16 @@ def test_registry_shape():
     assert ks.source_path("sgd_update") == ks.KERNEL_DIR / "optim.cu"
 
 
-HALF_BLOCK = re.compile(r"// -+\n// Half storage.*?// End of half storage\.\n// -+\n", re.S)
-
-
-def test_half_storage_block_is_one_text():
-    """Every file with half forms carries the same conversions (NVRTC has no #include to share them)."""
-    blocks = {f: HALF_BLOCK.findall((KERNEL_SRC_DIR / f).read_text()) for f in CU_FILES}
+def test_the_half_storage_is_one_text_put_before_each_file_with_halves():
+    """The conversions live in kernels/half_storage.cuh alone (NVRTC takes no #include): `module_source` puts it
+    before exactly the files with half forms, once; no .cu file defines the storage types itself."""
+    storage = (KERNEL_SRC_DIR / ks.HALF_STORAGE).read_text()
     with_halves = {s.file for s in ks.KERNELS.values() if s.half}
-    assert {f for f, b in blocks.items() if b} == with_halves == {"elementwise.cu", "loss.cu", "pool.cu", "seq.cu"}
-    assert all(len(b) == 1 for f, b in blocks.items() if f in with_halves)
-    assert len({b[0] for f, b in blocks.items() if f in with_halves}) == 1
+    assert with_halves == {"elementwise.cu", "loss.cu", "pool.cu", "seq.cu"}
+    for f in CU_FILES:
+        text = ks.module_source(f)
+        assert text.count(storage) == (f in with_halves), f
+        assert "struct bf16" not in (KERNEL_SRC_DIR / f).read_text(), f
 
 
 def test_half_forms_mirror_their_float32_kernel():

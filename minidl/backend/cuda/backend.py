@@ -583,7 +583,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
                 file = ks.KERNELS[name].file
                 mod = self._modules.get(file)
                 if mod is None:
-                    mod = self._modules[file] = self.cp.RawModule(code=ks.source_path(file).read_text())
+                    mod = self._modules[file] = self.cp.RawModule(code=ks.module_source(file))
                 k = self._kernels[name] = mod.get_function(name)
         return k
 

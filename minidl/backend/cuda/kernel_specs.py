@@ -25,6 +25,7 @@ __all__ = [
     "kernel_files",
     "kernels_in_file",
     "source_path",
+    "module_source",
     "scalar_type",
     "coerce_scalars",
     "launch_config",
@@ -524,6 +525,18 @@ def kernel_files() -> Tuple[str, ...]:
 def kernels_in_file(file: str) -> Tuple[KernelSpec, ...]:
     """Specs of the kernels defined in ``file`` (e.g. ``"pool.cu"``)."""
     return tuple(s for s in _SPECS if s.file == file)
+
+
+HALF_STORAGE = "half_storage.cuh"   # bf16/f16 storage types, load and store: put before a file with half forms
+
+
+def module_source(file: str) -> str:
+    """The text a ``.cu`` file is compiled from (by cupy.RawModule, NVRTC or nvcc): the half storage first where
+    the file has half forms (NVRTC takes no #include, so the text is joined here, once)."""
+    text = (KERNEL_DIR / file).read_text()
+    if any(s.half for s in kernels_in_file(file)):
+        text = (KERNEL_DIR / HALF_STORAGE).read_text() + text
+    return text
 
 
 def source_path(file_or_kernel: str) -> Path:
