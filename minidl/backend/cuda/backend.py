@@ -549,9 +549,10 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             if not a.flags.c_contiguous:
                 raise ValueError(f"{op}: {name} must be C-contiguous")
 
-    def _check_io(self, op: str, **arrays) -> str | None:
-        """Check device arrays `arrays` (None: absent) as one kernel's I/O: C-contiguous, all float32 or all the
-        math mode's half storage. Returns None for float32, else 'bf16' / 'fp16'."""
+    def _check_io(self, op: str, contiguous: bool = True, **arrays) -> str | None:
+        """Check device arrays `arrays` (None: absent) as one kernel's I/O: C-contiguous (strided views where not
+        `contiguous`: cuBLAS), all float32 or all the math mode's half storage. Returns None for float32, else
+        'bf16' / 'fp16'."""
         half = self.filters.half
         allowed = (F32, halves.storage_dtype(HALF_DTYPES[half])) if half else (F32,)
         first = None
@@ -568,7 +569,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
             elif a.dtype != first[1].dtype:
                 raise TypeError(f"{op}: {name} is {a.dtype} but {first[0]} is {first[1].dtype}: a kernel's "
                                 f"arrays share one dtype")
-            if not a.flags.c_contiguous:
+            if contiguous and not a.flags.c_contiguous:
                 raise ValueError(f"{op}: {name} must be C-contiguous")
         return None if first is None else halves.half_of(first[1])
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..precision import HALF_DTYPES
 from . import halves, launches
-from .ops import F32, I64, on_compute
+from .ops import I64, on_compute
 
 #: This family's kernels beyond the `Backend` protocol's (`Capabilities.kernels`).
 SEQUENCE_KERNELS = frozenset({
@@ -310,23 +310,8 @@ class SequenceOps:
 
     # -- helpers
     def _views(self, op: str, **arrays) -> str | None:
-        """Given arrays must be device arrays, all float32 or all the math mode's half storage (strided views
-        accepted: cuBLAS); returns the half or None."""
-        half = self.filters.half
-        allowed = (F32, halves.storage_dtype(self._half_dtype())) if half else (F32,)
-        kinds = set()
-        for name, a in arrays.items():
-            if a is None:
-                continue
-            if not isinstance(a, self.cp.ndarray):
-                raise TypeError(f"{op}: {name} must be a cupy array on the device, got {type(a).__name__}")
-            if a.dtype not in allowed:
-                raise TypeError(f"{op}: {name} must be {' or '.join(map(str, allowed))} in --math {self.math}, "
-                                f"got {a.dtype}")
-            kinds.add(np.dtype(a.dtype))
-        if len(kinds) > 1:
-            raise TypeError(f"{op}: the arrays mix {sorted(map(str, kinds))}: a kernel's arrays share one dtype")
-        return halves.half_of(arrays[next(n for n, a in arrays.items() if a is not None)]) if kinds else None
+        """`_check_io` of strided views (cuBLAS reads them): the half or None."""
+        return self._check_io(op, contiguous=False, **arrays)
 
 
 def _column_major(op: str, name: str, x) -> tuple[str, int]:
