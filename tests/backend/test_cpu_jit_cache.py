@@ -93,3 +93,29 @@ def test_unwritable_folder_compiles_without_disk_cache(tmp_path):
     assert "cannot be written" in out["stderr"] and "MINIDL_CACHE_DIR" in out["stderr"]
     assert set(out["folders"].values()) == {None}, out["folders"]  # numba's "no disk cache"
     assert not _cache_files_since(PACKAGE, start), "numba wrote cache files inside the package"
+
+
+def test_a_kernel_is_cached_under_the_digest_of_what_it_imports(tmp_path):
+    """numba checks a cached kernel against its own file only: norm_jit's kernels inline half_jit's conversions,
+    so their folder must change when half_jit does."""
+    from minidl.backend.cpu import norm_jit  # noqa: F401 - imported so its sources resolve
+    from minidl.core import jit_cache
+
+    sources = jit_cache.module_sources("minidl.backend.cpu.norm_jit")
+    assert {"minidl.backend.cpu.norm_jit", "minidl.backend.cpu.half_jit"} <= set(sources.values())
+    out = _probe({"MINIDL_CACHE_DIR": str(tmp_path)})
+    norm = {k: v for k, v in out["folders"].items() if k.startswith("minidl.backend.cpu.norm_jit.")}
+    assert norm and all(f"src-{jit_cache.source_digest('minidl.backend.cpu.norm_jit')}" in Path(v).parts
+                        for v in norm.values()), norm
+
+
+def test_the_digest_changes_with_any_imported_source(tmp_path):
+    from minidl.core import jit_cache
+
+    kernel, helper = tmp_path / "k_jit.py", tmp_path / "h_jit.py"
+    kernel.write_text("from .h_jit import f\n")
+    helper.write_text("def f(x):\n    return x\n")
+    files = {str(kernel): "p.k_jit", str(helper): "p.h_jit"}
+    before = jit_cache.digest(files)
+    helper.write_text("def f(x):\n    return x + 1\n")
+    assert jit_cache.digest(files) != before and len(before) == jit_cache.DIGEST_CHARS
