@@ -127,14 +127,12 @@ def why_not(ex, program) -> str | None:
         return f"the step is not compiled ({ex.program_fallback})"
     if ex.tracing:
         return "tracing times every call on the host; a graph runs them as one launch"
-    if program.prologue:
-        return REFUSED_KINDS["map"]
     if program.micro_batches > 1:
         return ("micro-batches: the host reads each micro-batch's loss and copies in its slice of the batch "
                 "(one staging buffer and one loss per step is what a graph replays)")
     if any(sp.on_host for sp in ex.plan.steps):
         return "a host update (decisions/weights.py) runs the optimizer on the host inside the step"
-    for kind in program.call_kinds:
+    for kind in program.prologue_kinds + program.call_kinds:
         if kind in REFUSED_KINDS:
             return REFUSED_KINDS[kind]
         if kind in COPY_KINDS:
@@ -193,15 +191,18 @@ def split(program, copy_in: list[Callable[[], Any]], copy_out: Callable[[], Any]
           device_guard: Callable[..., Callable[[], Any]] | None = None,
           epilogue: list[Callable[[], Any]] = ()) -> tuple[list[Segment], list, list]:
     """The program's calls as segments: maximal runs of device calls (to capture) and the host calls between
-    them. `copy_in` (the batch: staging -> arena) opens the first graph; `copy_out` (the loss -> pinned) takes the
+    them. The prologue (step 0's events, device calls and copies) then `copy_in` (the batch: staging -> arena)
+    open the first graph, in the eager loop's order; `copy_out` (the loss -> pinned) takes the
     place of the loss read; `guard` False leaves the divergence guard out (`Executor.check_finite` off: it would
     return at once); `device_guard(guard_call)`, where the backend can, is the device call that replaces a guard
     (then the step is one graph; fp16's unscaling becomes part of it: `device_guard(guard_call, unscale_call)`);
     `epilogue` closes the last graph. Returns (segments, hoisted host calls, host calls to run after the replay)."""
-    segments: list[Segment] = [Segment(list(copy_in), ["copy_in"] * len(copy_in))]
+    first = list(program.prologue) + list(copy_in)   # step 0's events (weights, packs swapped in), then the batch
+    segments: list[Segment] = [Segment(first, list(program.prologue_kinds) + ["copy_in"] * len(copy_in))]
     hoisted, after = [], []
     unscale = None   # fp16: the unscaling the next guard does on the device
-    in_flight = 0   # host copies started and not yet waited for: a graph must end with none (its streams joined)
+    # host copies started and not yet waited for: a graph must end with none (its streams joined)
+    in_flight = sum(COPY_BALANCE.get(kind, 0) for kind in program.prologue_kinds)
     for call, kind in zip(program.calls, program.call_kinds):
         if kind in HOISTED_KINDS:
             hoisted.append(call)

@@ -32,8 +32,9 @@ class Program:
     inputs: list[Any] = field(default_factory=list)      # arena views the batch is copied into (data, label)
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # recorded calls per kind
-    prologue: list[Call] = field(default_factory=list)   # step 0's calls before the batch is loaded (paged maps)
+    prologue: list[Call] = field(default_factory=list)   # step 0's events before the batch is loaded
     call_kinds: list[str] = field(default_factory=list)  # the kind of each of `calls`
+    prologue_kinds: list[str] = field(default_factory=list)  # the kind of each of `prologue`
     loss_view: Any = None                                 # the loss layer's output
     input_slices: list[tuple[int, int | None, int | None]] = field(default_factory=list)  # per view: (k, lo, hi)
     micro_batches: int = 1
@@ -129,6 +130,7 @@ class _Recording:
         return Program(self.calls[prologue:], ex, keyed=self.keyed, inputs=[v for v, *_ in slots],
                        input_shapes=[tuple(v.shape) for v, *_ in slots], kinds=self.kinds,
                        prologue=self.calls[:prologue], call_kinds=self.call_kinds[prologue:],
+                       prologue_kinds=self.call_kinds[:prologue],
                        loss_view=self.loss_view, input_slices=[tuple(rest) for _, *rest in slots],
                        micro_batches=ex.route.micro_batches)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -279,9 +280,11 @@ def test_the_cpu_backend_runs_the_compiled_loop_and_says_why():
 
 
 @pytest.mark.parametrize("kw, reason", [(dict(micro_batches=2), "micro-batches"),
-                                        (dict(policy="compress", budget=None), "the sz codec")])
+                                        (dict(policy="compress", budget=None), "the sz codec"),
+                                        (dict(policy="weights"), "a host update")])
 def test_micro_batches_and_compression_run_the_compiled_loop_and_say_why(kw, reason):
-    """Compiled, but not captured: the host reads each micro-batch's loss, and the codec runs on the host."""
+    """Compiled, but not captured: the host reads each micro-batch's loss, the codec runs on the host, the weights'
+    optimizer too (their step-0 swap-ins before the batch are no reason: the first graph holds them)."""
     sess, _ = _train(GraphCPU(), steps=2, **kw)
     ex = sess.executor
     assert ex.step_runner == "compiled" and reason in ex.graph_fallback
@@ -479,9 +482,7 @@ def test_an_allocation_during_capture_refuses_the_graph():
 
 
 def test_split_keeps_host_calls_between_graphs():
-    class P:
-        calls = list(range(7))
-        call_kinds = ["forward", "loss", "backward", "recompute_flops", "guard", "update", "update"]
+    P = _program(list(range(7)), ["forward", "loss", "backward", "recompute_flops", "guard", "update", "update"])
     segs, hoisted, _ = split(P, ["in"], "out")
     assert [(s.calls, s.host) for s in segs] == [(["in", 0, "out", 2], None), ([], 4), ([5, 6], None)]
     assert hoisted == [3]
@@ -492,8 +493,6 @@ def test_split_keeps_host_calls_between_graphs():
 def test_the_cuda_backend_launches_the_dev_kernels_while_capturing():
     """The real CUDABackend dispatch (host-emulated, as tests/backend/test_cuda_host.py): with `graph_scalars`
     set, dropout and the optimizers launch their `_dev` kernels with the slots' addresses; otherwise not."""
-    from types import SimpleNamespace
-
     from minidl.backend.scalars import StepScalars
     from tests.backend.test_cuda_host import FakeCudnn, _host_backend
 
@@ -643,9 +642,7 @@ def test_the_cuda_backend_graph_methods_use_the_compute_stream():
 
 
 def test_a_host_call_between_a_copy_and_its_wait_refuses_the_split():
-    class P:
-        calls = list(range(5))
-        call_kinds = ["offload", "guard", "update", "release", "backward"]
+    P = _program(list(range(5)), ["offload", "guard", "update", "release", "backward"])
     with pytest.raises(CaptureRefused, match="between a host copy and its wait"):
         split(P, [], "out")
     segs, _, _ = split(P, [], "out", guard=False)
@@ -735,8 +732,8 @@ class _Recording:
         return run
 
 
-def _program(calls, kinds):
-    return type("P", (), {"calls": calls, "call_kinds": kinds})
+def _program(calls, kinds, prologue=(), prologue_kinds=()):
+    return SimpleNamespace(calls=calls, call_kinds=kinds, prologue=list(prologue), prologue_kinds=list(prologue_kinds))
 
 
 def test_record_drops_the_failing_calls_part_and_captures_around_it():
@@ -823,3 +820,18 @@ def test_fp16_without_the_device_guard_runs_the_compiled_loop_and_says_why():
     sess, _ = _half_train(GraphCPU(device_guard=False), "fp16", True, _data(steps=2))
     assert sess.executor.step_runner == "compiled"
     assert "fp16" in sess.executor.graph_fallback and "device" in sess.executor.graph_fallback
+
+
+def test_step_zeros_events_open_the_first_graph_before_the_batch():
+    """The prologue (events bound before step 0, e.g. weights swapped in) is captured first, then the batch, in
+    the eager loop's order; a copy it leaves in flight counts toward the first graph's joins."""
+    calls = {name: (lambda: None) for name in ("pre", "wait", "fwd", "loss", "in")}
+    program = _program([calls["fwd"], calls["loss"]], ["forward", "loss"], [calls["pre"], calls["wait"]],
+                       ["prefetch", "wait"])
+    segments, hoisted, after = split(program, [calls["in"]], calls["loss"])
+    assert len(segments) == 1 and not hoisted and not after
+    assert segments[0].kinds == ["prefetch", "wait", "copy_in", "forward", "copy_out"]
+    assert segments[0].calls[:3] == [calls["pre"], calls["wait"], calls["in"]]
+    open_copy = _program([calls["fwd"], calls["wait"]], ["guard", "wait"], [calls["pre"]], ["prefetch"])
+    with pytest.raises(CaptureRefused, match="between a host copy and its wait"):
+        split(open_copy, [calls["in"]], calls["loss"])
