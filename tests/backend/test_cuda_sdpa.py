@@ -27,13 +27,14 @@ B, T, H, D = 2, 5, 3, 8
 C = H * D
 
 
-def _heads(a):
-    """(B, T, H*D) -> its (B, H, T, D) view, as SelfAttention._heads."""
-    return a.reshape(a.shape[0], a.shape[1], H, -1).transpose(0, 2, 1, 3)
+def _heads(a, h=H):
+    """(B, T, h*D) -> its (B, h, T, D) view, as SelfAttention._heads."""
+    return a.reshape(a.shape[0], a.shape[1], h, -1).transpose(0, 2, 1, 3)
 
 
-def _qkv(a):
-    return [_heads(a[:, :, i * C:(i + 1) * C]) for i in range(3)]
+def _qkv(a, h=H):
+    c = a.shape[2] // 3
+    return [_heads(a[:, :, i * c:(i + 1) * c], h) for i in range(3)]
 
 
 def _spec(dt=np.float16, causal=True):
@@ -257,3 +258,110 @@ def test_a_shape_cudnn_refuses_runs_the_kernels_forward_and_backward(mode, dt, c
     be.attention_forward(q, k, v, None, _heads(y), 0.5, False)
     be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, 0.5, False)
     assert [_op_of(e.graph) for e in fake.executions] == ["sdpa", "sdpa", "sdpa_backward"] and not be.launches
+
+
+# -- on a GPU: cuDNN's SDPA against the CPU backend's half attention
+
+#: GPT-2's head size (D = 64) on two heads of 64 tokens; the GPT-2 block below has these shapes, so it runs the
+#: graphs the conformance tests built.
+GB, GT, GH, GD = 2, 64, 2, 64
+GC = GH * GD
+HOST = {"bf16": halves.BF16, "fp16": np.dtype(np.float16)}
+#: max |SDPA - CPU| / max |CPU| per output: a flash kernel sums in its own order and blocks, and its backward takes
+#: rowsum(dO o) where the CPU's takes rowsum(dP P); 4 units of the half's last place for y, 16 for the gradients.
+GPU_TOL = {"y": {"bf16": 4 * 2.0**-8, "fp16": 4 * 2.0**-11}, "grad": {"bf16": 16 * 2.0**-8, "fp16": 16 * 2.0**-11}}
+
+
+def _device(mode):
+    from .cuda_device import cuda_backend
+
+    return cuda_backend(mode)
+
+
+def _host_half(mode, shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32).astype(HOST[mode])
+
+
+def _cpu_attention(x, dy, causal):
+    from minidl.backend.cpu.backend import CPUBackend
+
+    cpu = CPUBackend()
+    y, dx = np.zeros(dy.shape, x.dtype), np.zeros(x.shape, x.dtype)
+    cpu.attention_forward(*_qkv(x, GH), None, _heads(y, GH), 1 / math.sqrt(GD), causal)
+    cpu.attention_backward(*_qkv(x, GH), None, _heads(dy, GH), *_qkv(dx, GH), 1 / math.sqrt(GD), causal)
+    return y, dx
+
+
+def _sdpa_attention(be, x, dy, causal):
+    """y, dx and the o backward recomputed, on the device in the layer's layout (views of (B, T, 3C), (B, T, C))."""
+    def dev(a):
+        d = be.cp.empty(a.shape, halves.storage_dtype(a.dtype))
+        be.copy_in(d, a)
+        return d
+    xd, dyd = dev(x), dev(dy)
+    yd, dxd = be.cp.zeros(dyd.shape, dyd.dtype), be.cp.zeros(xd.shape, xd.dtype)
+    be.attention_forward(*_qkv(xd, GH), None, _heads(yd, GH), 1 / math.sqrt(GD), causal)
+    be.attention_backward(*_qkv(xd, GH), None, _heads(dyd, GH), *_qkv(dxd, GH), 1 / math.sqrt(GD), causal)
+    o = be.to_host(be.cp.ascontiguousarray(be._side_like("attn_o", _heads(dyd, GH))))
+    assert not set(cudnn_specs.SDPA_OPS) & set(be.fallbacks), be.fallbacks
+    assert {"sdpa_fwd", "sdpa_bwd"} <= be.graphs.ops()
+    return be.to_host(yd), be.to_host(dxd), o
+
+
+def _rel(got, ref):
+    g, r = np.asarray(got, np.float32), np.asarray(ref, np.float32)
+    return float(np.abs(g - r).max() / np.abs(r).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,causal", [("bf16", True), ("bf16", False), ("fp16", True)])
+def test_sdpa_matches_the_cpus_half_attention(mode, causal):
+    x, dy = _host_half(mode, (GB, GT, 3 * GC), 0), _host_half(mode, (GB, GT, GC), 1)
+    y_ref, dx_ref = _cpu_attention(x, dy, causal)
+    y, dx, _ = _sdpa_attention(_device(mode), x, dy, causal)
+    assert y.dtype == dx.dtype == HOST[mode]
+    assert _rel(y, y_ref) <= GPU_TOL["y"][mode]
+    for name, got, ref in zip("qkv", _qkv(dx, GH), _qkv(dx_ref, GH)):
+        assert _rel(got, ref) <= GPU_TOL["grad"][mode], f"d{name}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_y_is_the_recomputed_o_and_two_runs_are_bit_identical(mode):
+    x, dy = _host_half(mode, (GB, GT, 3 * GC), 2), _host_half(mode, (GB, GT, GC), 3)
+    be = _device(mode)
+    y, dx, o = _sdpa_attention(be, x, dy, True)
+    bits = lambda a: np.ascontiguousarray(a).view(np.uint16)   # noqa: E731
+    assert np.array_equal(bits(o), bits(_heads(y, GH)))
+    y2, dx2, _ = _sdpa_attention(be, x, dy, True)
+    assert np.array_equal(bits(y2), bits(y)) and np.array_equal(bits(dx2), bits(dx))
+
+
+@pytest.mark.gpu
+def test_a_gpt2_block_trains_with_its_scores_dropped_as_with_them_kept():
+    """Two bf16 steps of a GPT-2 block (D = 64): the scores dropped (SDPA) against kept (the kernels), per parameter
+    the update within 5% (relative norm), the losses within 1%."""
+    from minidl.models import build_model
+    from minidl.optim import SGD
+    from minidl.runtime.session import Session
+
+    be = _device("bf16")
+    vocab = 96
+    tokens = np.random.default_rng(0).integers(0, vocab, (2, GB, GT + 1))
+
+    def run(keep):
+        net = build_model("gpt2", layers=1, heads=GH, width=GC, seq=GT, batch=GB, num_classes=vocab, dropout=0.0,
+                          keep_scores=keep)
+        sess = Session(net, SGD(lr=0.1, momentum=0.9), policy="none", seed=0, backend=be, math="bf16")
+        start = {k: np.array(v, copy=True) for k, v in sess.executor.state_dict().items()}
+        losses = [sess.executor.train_step(np.ascontiguousarray(t[:, :-1]), np.ascontiguousarray(t[:, 1:]))
+                  for t in tokens]
+        return losses, {k: np.asarray(v, np.float64) - start[k] for k, v in sess.executor.state_dict().items()}
+
+    kept_losses, kept = run(True)
+    dropped_losses, dropped = run(False)
+    assert {"sdpa_fwd", "sdpa_bwd"} <= be.graphs.ops() and not set(cudnn_specs.SDPA_OPS) & set(be.fallbacks)
+    np.testing.assert_allclose(dropped_losses, kept_losses, rtol=1e-2)
+    for name, step in kept.items():
+        if np.linalg.norm(step):
+            assert np.linalg.norm(dropped[name] - step) <= 0.05 * np.linalg.norm(step), name

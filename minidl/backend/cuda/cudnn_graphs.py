@@ -100,6 +100,10 @@ class CudnnGraphs:
     def __len__(self) -> int:
         return len(self._cache)
 
+    def ops(self) -> set[str]:
+        """The ops of the graphs built or loaded (`GraphKey.op`): which cuDNN graphs a run used."""
+        return {key.op for key in self._cache}
+
     def release(self) -> None:
         """Drop every built graph; later `get`s build them again."""
         self._cache.clear()
