@@ -333,7 +333,8 @@ def _collect_rows(args, part: str) -> dict | None:
     if not src.exists():
         return None
     shutil.copyfile(src, args.out / f"{part}.json")
-    return {"rows": [{k: r[k] for k in ("workload", "batch", "math", "minidl", "minidl_s", "torch_s", "ratio")}
+    keys = ("workload", "batch", "math", "minidl", "minidl_s", "torch_s", "ratio")
+    return {"rows": [{k: r[k] for k in keys} | {k: v for k, v in r.get("extra", {}).items() if k == "attention"}
                      for r in json.loads(src.read_text())]}
 
 
