@@ -3,7 +3,8 @@
 `TensorDesc` is what `pygraph.tensor(...)` receives; `GraphKey` keys a built graph by op, shapes, dtypes, parameters
 and engine filters, never a pointer. Half graphs (`--math bf16|fp16`) take and give half data (a bf16 tensor is its
 uint16 bits: `halves`) and compute in float32: FLOAT compute and intermediates, float32 weight gradients, BN
-parameters and statistics. Execution plans reach the planner as `cudnn:f<i>` (forward plan i) and
+parameters and statistics. Attention (`SDPASpec`) has half graphs only: cuDNN's SDPA, half q, k, v, o and their
+gradients, float32 softmax statistics. Execution plans reach the planner as `cudnn:f<i>` (forward plan i) and
 `cudnn:d<i>w<j>` (dgrad plan i, wgrad plan j, one workspace of max(ws_i, ws_j)). An accumulating backward runs
 the `dgrad_add` graph under the same names, else `cudnn:d<i>w<j>+add`: dgrad into the workspace's head, added after.
 """
