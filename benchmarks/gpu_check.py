@@ -11,7 +11,7 @@ its own under its cap (killed with everything it started when the cap is reached
   correctness   pytest -m gpu: conformance (convolution, batch norm, dense), CUDA-graph replay bit-identical to
                 the eager loop (a dense layer between the graphs), every exact policy (recompute included)
                 bit-identical to `none` under CUDA graphs; fp32, small nets; the half forms of kernels/*.cu in
-                bf16 and fp16 against the CPU's half kernels
+                bf16 and fp16 against the CPU's half kernels; cuDNN's SDPA against the CPU's half attention
   startup       `minidl train resnet --depth 50 --batch 64 --image-size 224 --backend cuda`, twice: cold (an empty
                 user cache folder) and warm; startup_s, its parts, what the caches held (goal: 10 s, then 3 s)
   speed         benchmarks/gpu_vs_torch.py's ResNet-50 rows, fp32 and tf32, against PyTorch on the same GPU
@@ -221,9 +221,9 @@ def _script(name: str):
 
 # -- correctness ------------------------------------------------------------------------------------------------
 CORRECTNESS = ["tests/backend/test_conformance.py", "tests/backend/test_capture_gpu.py",
-               "tests/backend/test_cuda_half_kernels.py", "-m", "gpu", "-k",
+               "tests/backend/test_cuda_half_kernels.py", "tests/backend/test_cuda_sdpa.py", "-m", "gpu", "-k",
                "(test_conformance and (conv2d or batchnorm or linear)) or (test_capture_gpu and not tf32) "
-               "or test_cuda_half_kernels"]
+               "or test_cuda_half_kernels or test_cuda_sdpa"]
 CORRECTNESS_FAKE = ["tests/backend/test_cuda_plan_cache.py", "-k", "second_process or batch_norm"]
 
 
@@ -333,7 +333,8 @@ def _collect_rows(args, part: str) -> dict | None:
     if not src.exists():
         return None
     shutil.copyfile(src, args.out / f"{part}.json")
-    return {"rows": [{k: r[k] for k in ("workload", "batch", "math", "minidl", "minidl_s", "torch_s", "ratio")}
+    keys = ("workload", "batch", "math", "minidl", "minidl_s", "torch_s", "ratio")
+    return {"rows": [{k: r[k] for k in keys} | {k: v for k, v in r.get("extra", {}).items() if k == "attention"}
                      for r in json.loads(src.read_text())]}
 
 

@@ -12,7 +12,8 @@ Rows in fp32 and in tf32 (`--math`):
 Rows in bf16 and in fp16 (`--math bf16 fp16`), against PyTorch AMP (`torch.autocast` in the mode, float32
 parameters, channels_last for the convolution nets, `torch.amp.GradScaler` in fp16):
   resnet50   224 px, batch 32 / 64, minidl `liveness`              vs PyTorch AMP
-  gpt2       small, batch 8, 512 tokens, minidl `liveness`         vs PyTorch AMP
+  gpt2       small, batch 8, 512 tokens, minidl `liveness`         vs PyTorch AMP (scores not kept: cuDNN's SDPA;
+             the row's `extra.attention` says which attention ran)
 PyTorch runs the same network (`minidl.testing.torch_twin.TorchTwin`: one functional call per layer, the same initial
 weights) with SGD (momentum 0.9) and `cudnn.benchmark`; minidl runs its compiled step, as CUDA graphs where the
 plan can be captured (`minidl.runtime.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
@@ -322,6 +323,16 @@ class MinidlStep:
         self.be.close()
 
 
+def attention_ran(be) -> str:
+    """Which attention a run's half steps used: 'cudnn_sdpa', or 'kernels' with cuDNN's reason where it refused."""
+    from minidl.backend.cuda.cudnn_specs import SDPA_OPS
+
+    refused = [f"{op}: {be.fallbacks[op]}" for op in SDPA_OPS if op in be.fallbacks]
+    if refused:
+        return "kernels (" + "; ".join(refused) + ")"
+    return "cudnn_sdpa" if set(SDPA_OPS) <= be.graphs.ops() else "kernels"
+
+
 def _timed(step) -> float:
     t = time.perf_counter()
     step()
@@ -343,7 +354,8 @@ def workload(spec: RowSpec, **sizes):
 
     rng = np.random.default_rng(0)
     if spec.workload == "gpt2":   # dropout off: its masks differ between the frameworks
-        kw = {"size": "small", "seq": GPT2_SEQ, "dropout": 0.0} | sizes
+        # scores not kept: attention runs cuDNN's SDPA, as PyTorch AMP's runs flash attention (no score matrix)
+        kw = {"size": "small", "seq": GPT2_SEQ, "dropout": 0.0, "keep_scores": False} | sizes
 
         def net():
             return build_model("gpt2", batch=spec.batch, **kw)
@@ -357,6 +369,12 @@ def workload(spec: RowSpec, **sizes):
     n0 = net()
     x = rng.standard_normal(n0.input_nodes[0].shape).astype(np.float32)
     return net, x, rng.integers(0, n0.logits_node.shape[1], spec.batch).astype(np.int64)
+
+
+def _mine(m: MinidlStep, spec: RowSpec) -> tuple:
+    """minidl's figures of a row, taken before its backend closes; the attention that ran for GPT-2."""
+    return (m.peak_bytes(), m.hidden_fraction(), m.runner(), m.sim_s, m.device.note,
+            attention_ran(m.be) if spec.workload == "gpt2" else None)
 
 
 def run_row(spec: RowSpec, steps: int, warmup: int, rounds: int, segments: int | None, autotune: Path | None,
@@ -389,7 +407,7 @@ def run_row(spec: RowSpec, steps: int, warmup: int, rounds: int, segments: int |
             if m is None:
                 m = MinidlStep(spec, net(), x, y, autotune, graphs)
             ours += [_timed(m) for _ in range(warmup + steps)][warmup:]
-            mine = (m.peak_bytes(), m.hidden_fraction(), m.runner(), m.sim_s, m.device.note)
+            mine = _mine(m, spec)
             m.close()
             m = None
             _free_gpu()
@@ -403,14 +421,16 @@ def run_row(spec: RowSpec, steps: int, warmup: int, rounds: int, segments: int |
                 f"{statistics.median(theirs):.4f} s")
         alternation = f"rounds of {steps} steps x {rounds}"
     if m is not None:
-        mine = (m.peak_bytes(), m.hidden_fraction(), m.runner(), m.sim_s, m.device.note)
+        mine = _mine(m, spec)
         m.close()
     _free_gpu()
     ms, ts = statistics.median(ours), statistics.median(theirs)
+    extra = {"sim_s": mine[3], "sim_vs_measured": mine[3] / ms - 1.0, "profile": mine[4], "graphs": graphs}
+    if mine[5] is not None:
+        extra["attention"] = mine[5]
     return Row(spec.workload, spec.batch, spec.math, spec.minidl, spec.peer, ms, ts, ms / ts, mine[0],
                int(torch_peak), mine[1], device_name, datetime.date.today().isoformat(), mine[2], alternation,
-               len(ours), {"sim_s": mine[3], "sim_vs_measured": mine[3] / ms - 1.0, "profile": mine[4],
-                           "graphs": graphs})
+               len(ours), extra)
 
 
 def markdown(rows: list[Row]) -> str:
@@ -430,7 +450,8 @@ def markdown(rows: list[Row]) -> str:
         sim = f"{r.extra['sim_s']:.4f} ({r.extra['sim_vs_measured']:+.0%})" if "sim_s" in r.extra else ""
         lines.append(f"| {r.workload} | {r.batch} | {r.math} | {r.minidl} | {r.peer} | {r.minidl_s:.4f} | "
                      f"{r.torch_s:.4f} | {r.ratio:.2f}x | {vs_own} | {vs_plain} | {r.minidl_peak_bytes / 1e9:.2f} GB"
-                     f" | {r.torch_peak_bytes / 1e9:.2f} GB | {hidden} | {sim} | {r.minidl_runner} |")
+                     f" | {r.torch_peak_bytes / 1e9:.2f} GB | {hidden} | {sim} | {r.minidl_runner}"
+                     + (f"; attention: {r.extra['attention']}" if "attention" in r.extra else "") + " |")
     return "\n".join(lines) + "\n"
 
 

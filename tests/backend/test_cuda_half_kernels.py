@@ -18,7 +18,15 @@ from minidl.backend.cuda import cudnn_specs, halves, launches, norm
 from minidl.backend.cuda import kernel_specs as ks
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs
 from tests.backend.test_cuda_half_host import FakeCublasLib, _PtrStream
-from tests.backend.test_cuda_host import LAUNCH_CASES, LIMITS, FakeCudnn, HostEmulatedCUDA, _HostSide, _NullStream
+from tests.backend.test_cuda_host import (
+    LAUNCH_CASES,
+    LIMITS,
+    FakeCudnn,
+    HostEmulatedCUDA,
+    _HostSide,
+    _NullStream,
+    refuses_sdpa,
+)
 
 HALVES = ("bf16", "fp16")
 #: The device storage of each half (bf16 as its bits).
@@ -141,10 +149,12 @@ class _StrictCupy:
         np.copyto(dst, src)
 
     broadcast_to = staticmethod(np.broadcast_to)     # a view: no arithmetic
+    lib = np.lib                                     # as_strided: a view
 
 
 def _backend(half: str | None) -> HostEmulatedCUDA:
-    fake = FakeCudnn()
+    """Half attention with unkept scores runs these kernels where cuDNN refuses SDPA, as this fake does."""
+    fake = FakeCudnn(unsupported=refuses_sdpa)
     be = HostEmulatedCUDA.from_parts(cupy=_StrictCupy(), cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
                                      transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
                                      limits=LIMITS, filters=cudnn_specs.EngineFilters())
@@ -380,7 +390,7 @@ class _EmulatedHalf(CUDABackend):
 def _emulated(half):
     from types import SimpleNamespace
 
-    fake = FakeCudnn()
+    fake = FakeCudnn(unsupported=refuses_sdpa)   # unkept scores: the kernels, not SDPA
     cp = SimpleNamespace(ndarray=np.ndarray, copyto=np.copyto, matmul=np.matmul, broadcast_to=np.broadcast_to)
     be = _EmulatedHalf.from_parts(cupy=cp, cupyx=None, cudnn=fake, cublas=None, compute=_PtrStream(),
                                   transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),

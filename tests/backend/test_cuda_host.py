@@ -550,6 +550,20 @@ FE_SIGNATURES = {
     "relu": ({"input"}, _RELU_OPTIONAL),
     "relu_backward": ({"loss", "input"}, _RELU_OPTIONAL),
     "add": ({"a", "b"}, {"compute_data_type", "name"}),   # python/pygraph/pointwise.cpp
+    # the arguments of the 1.32 bindings' docstrings (`strings` of _compiled_module*.so), in their order
+    "sdpa": ({"q", "k", "v"}, {
+        "attn_scale", "bias", "use_alibi_mask", "use_padding_mask", "seq_len_q", "seq_len_kv", "dropout", "rng_dump",
+        "paged_attention_k_table", "paged_attention_v_table", "paged_attention_max_seq_len_kv", "max_total_seq_len_q",
+        "max_total_seq_len_kv", "compute_data_type", "name", "generate_stats", "implementation", "score_max",
+        "score_sum_exp", "sink_token", "unfuse_fma", "cu_seq_len_q", "cu_seq_len_kv", "stats_use_log2",
+        "diagonal_alignment", "diagonal_band_left_bound", "diagonal_band_right_bound", "sliding_window_length",
+        "use_causal_mask", "use_causal_mask_bottom_right", "is_inference"}),
+    "sdpa_backward": ({"q", "k", "v", "o", "dO", "stats"}, {
+        "attn_scale", "bias", "dBias", "use_alibi_mask", "use_padding_mask", "seq_len_q", "seq_len_kv",
+        "max_total_seq_len_q", "max_total_seq_len_kv", "dropout", "rng_dump", "use_deterministic_algorithm",
+        "compute_data_type", "name", "score_mod", "score_mod_bprop", "sink_token", "dSink_token",
+        "diagonal_alignment", "diagonal_band_left_bround",   # sic: the docstring's spelling
+        "diagonal_band_right_bound", "sliding_window_length", "use_causal_mask", "use_causal_mask_bottom_right"}),
 }
 
 #: What each op returns, in the real order (norm.cpp: batchnorm -> {Y, mean, inv_var, next_running_mean,
@@ -557,7 +571,7 @@ FE_SIGNATURES = {
 FE_OUTPUTS = {"conv_fprop": ("Y",), "conv_dgrad": ("DX",), "conv_wgrad": ("DW",),
               "batchnorm": ("Y", "mean", "inv_var", "next_running_mean", "next_running_var"),
               "batchnorm_inference": ("Y",), "batchnorm_backward": ("DX", "DScale", "DBias"), "relu": ("Y",),
-              "relu_backward": ("Y",), "add": ("OUT_0",)}
+              "relu_backward": ("Y",), "add": ("OUT_0",), "sdpa": ("O", "Stats"), "sdpa_backward": ("dQ", "dK", "dV")}
 
 
 def _check_fe_call(op, kw):
@@ -649,9 +663,16 @@ class FakeGraph:
     relu = lambda self, **kw: self._op("relu", **kw)                        # noqa: E731
     relu_backward = lambda self, **kw: self._op("relu_backward", **kw)      # noqa: E731
     add = lambda self, **kw: self._op("add", **kw)                          # noqa: E731
+    sdpa_backward = lambda self, **kw: self._op("sdpa_backward", **kw)      # noqa: E731
+
+    def sdpa(self, **kw):
+        o, stats = self._op("sdpa", **kw)
+        return [o, stats if kw.get("generate_stats") else None]   # a list, Stats None unless asked for (_pygraph.py)
 
     def validate(self):
         self.calls.append(("validate", {}))
+        if self.fake.refuse_at_validate(self):
+            raise FakeCudnn.cudnnGraphNotSupportedError("head dim not supported")
 
     def build_operation_graph(self):
         self.calls.append(("build_operation_graph", {}))
@@ -700,12 +721,17 @@ class FakeCudnn:
     data_type = _Enum("data_type")
     heur_mode = _Enum("heur_mode")
     numerical_note = _Enum("numerical_note")
+    diagonal_alignment = _Enum("diagonal_alignment")
 
-    def __init__(self, plans=None, unsupported=lambda g: False):
+    class cudnnGraphNotSupportedError(RuntimeError):   # the frontend's name
+        pass
+
+    def __init__(self, plans=None, unsupported=lambda g: False, refuse_at_validate=lambda g: False):
         self.graphs: list[FakeGraph] = []
         self.executions = []
         self._plans = plans or (lambda g: [(0, "engA", True)])
         self.unsupported = unsupported
+        self.refuse_at_validate = refuse_at_validate
 
     def plan_table(self, g):
         return self._plans(g)
@@ -719,6 +745,11 @@ class FakeCudnn:
 
 def _op_of(g):
     return next(op for op, _ in g.calls if op not in ("tensor",))
+
+
+def refuses_sdpa(g):
+    """A fake cuDNN's answer for a graph: no engine for attention (its kernels run instead)."""
+    return _op_of(g) in ("sdpa", "sdpa_backward")
 
 
 def _conv_key(op, filters=None):
@@ -968,7 +999,7 @@ class EmulatedNormKernels:
 
 def _host_backend(fake: FakeCudnn, **kw) -> HostEmulatedCUDA:
     cp_ns = SimpleNamespace(ndarray=np.ndarray, add=np.add, multiply=np.multiply, copyto=np.copyto,
-                            broadcast_to=np.broadcast_to)
+                            broadcast_to=np.broadcast_to, lib=np.lib)
     be = HostEmulatedCUDA.from_parts(cupy=cp_ns, cupyx=None, cudnn=fake, cublas=None, compute=_NullStream(),
                                      transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
                                      limits=LIMITS, filters=cudnn_specs.EngineFilters(), **kw)

@@ -159,3 +159,26 @@ def test_the_checkpoint_sequential_peer_takes_its_segments_on_the_cpu():
     x, y = rng.standard_normal((2, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 2)
     step = b.TorchStep(net, state, x, y, "checkpoint_sequential", None, "fp32", device="cpu")
     assert step.segments == max(1, round(len(step.fns) ** 0.5)) and np.isfinite(step())
+
+
+def test_the_gpt2_row_drops_the_scores_and_says_which_attention_ran():
+    """Its attention layers keep no scores (half attention then runs cuDNN's SDPA, as PyTorch AMP's flash
+    attention); the row says whether SDPA ran or why cuDNN refused it, in its extra and in the table."""
+    from types import SimpleNamespace
+
+    from minidl.layers.attention import SelfAttention
+
+    b = _bench()
+    net_of, _, _ = b.workload(b.RowSpec("gpt2", 2, "bf16", "liveness", "amp"), layers=1, heads=2, width=16, seq=8)
+    attn = [n.layer for n in net_of().nodes if isinstance(n.layer, SelfAttention)]
+    assert attn and not any(a.keep_scores for a in attn)
+
+    def be(ops, fallbacks=None):
+        return SimpleNamespace(fallbacks=fallbacks or {}, graphs=SimpleNamespace(ops=lambda: set(ops)))
+    assert b.attention_ran(be({"sdpa_fwd", "sdpa_bwd", "bn_train"})) == "cudnn_sdpa"
+    assert b.attention_ran(be({"sdpa_fwd"}, {"sdpa_bwd": "cuDNN cannot run sdpa_bwd: no engine"})) == \
+        "kernels (sdpa_bwd: cuDNN cannot run sdpa_bwd: no engine)"
+    assert b.attention_ran(be(set())) == "kernels"
+    row = b.Row("gpt2", 8, "bf16", "liveness", "amp", 0.2, 0.1, 2.0, 5e9, 4e9, None, "H100", "2026-11-27",
+                "cuda graph: 3 graphs per step", "step", 10, {"attention": "cudnn_sdpa"})
+    assert "| cuda graph: 3 graphs per step; attention: cudnn_sdpa |" in b.markdown([row])

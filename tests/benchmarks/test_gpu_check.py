@@ -67,6 +67,24 @@ def test_the_half_part_runs_the_bf16_rows_against_pytorch_amp():
     assert args[args.index("--math") + 1:] == ["bf16"] and "gpt2" in args and "resnet50" in args
 
 
+def test_the_half_parts_summary_says_which_attention_gpt2_ran(tmp_path):
+    b = _bench()
+    (tmp_path / "work" / "half").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    row = dict(workload="resnet50", batch=32, math="bf16", minidl="liveness", minidl_s=0.1, torch_s=0.05, ratio=2.0,
+               extra={"sim_s": 0.1})
+    rows = [row, row | {"workload": "gpt2", "batch": 8, "extra": {"sim_s": 0.2, "attention": "cudnn_sdpa"}}]
+    (tmp_path / "work" / "half" / "gpu_vs_torch.json").write_text(json.dumps(rows))
+    got = b._collect_rows(SimpleNamespace(work=tmp_path / "work", out=tmp_path / "out"), "half")["rows"]
+    assert "attention" not in got[0] and got[1]["attention"] == "cudnn_sdpa" and got[1]["workload"] == "gpt2"
+    assert (tmp_path / "out" / "half.json").exists()
+
+
+def test_the_correctness_part_collects_the_sdpa_tests():
+    args = _bench().CORRECTNESS
+    assert "tests/backend/test_cuda_sdpa.py" in args and "test_cuda_sdpa" in args[args.index("-k") + 1]
+
+
 def test_a_part_past_its_cap_is_killed_with_what_it_started_and_keeps_what_it_wrote(tmp_path):
     b = _bench()
     pid_file, kept = tmp_path / "grandchild.pid", tmp_path / "kept.json"

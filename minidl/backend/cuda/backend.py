@@ -611,7 +611,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         return None
 
     def _run_graph(self, built: BuiltGraph, arrays: dict[str, Any], scalars: dict[str, float] | None = None):
-        """Run a small graph's (BN, ReLU) first plan with a side-buffer workspace."""
+        """Run a graph's first plan (BN, ReLU, SDPA) with a side-buffer workspace."""
         plan = built.plans[0]
         pointers = {name: self._ptr(a) for name, a in arrays.items()}
         for name, value in (scalars or {}).items():

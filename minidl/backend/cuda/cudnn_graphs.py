@@ -1,10 +1,11 @@
 """The cuDNN frontend adapter, the only code that calls `cudnn.*`: graphs built (or loaded from the plan cache),
 kept per `GraphKey`, executed.
 
-A convolution graph keeps up to `max_plans` plans (the planner's workspace options), a batch-norm or ReLU graph
-the first that builds. Every graph computes in float32 (compute and intermediate FLOAT); its I/O is the spec's dtype
-(half graphs store their outputs rounded once, from float32). Rule: a graph loaded from a `plan_cache.PlanStore`
-has the recorded plans, indices, names and workspaces, so a warm process plans as a cold one.
+A convolution graph keeps up to `max_plans` plans (the planner's workspace options), a batch-norm, ReLU or attention
+(SDPA) graph the first that builds. Every graph computes in float32 (compute and intermediate FLOAT); its I/O is the
+spec's dtype (half graphs store their outputs rounded once, from float32). Rules: a graph loaded from a
+`plan_cache.PlanStore` has the recorded plans, indices, names and workspaces, so a warm process plans as a cold one;
+engine filters that leave nothing are dropped (`relaxed`), but for attention, which falls back to kernels instead.
 """
 from __future__ import annotations
 
@@ -99,6 +100,10 @@ class CudnnGraphs:
     def __len__(self) -> int:
         return len(self._cache)
 
+    def ops(self) -> set[str]:
+        """The ops of the graphs built or loaded (`GraphKey.op`): which cuDNN graphs a run used."""
+        return {key.op for key in self._cache}
+
     def release(self) -> None:
         """Drop every built graph; later `get`s build them again."""
         self._cache.clear()
@@ -192,6 +197,22 @@ class CudnnGraphs:
         dx = g.relu_backward(name="relu_bwd", loss=dy, input=y, compute_data_type=self._float())
         return {"y": y, "dy": dy, "dx": self._output(dx, d["dx"])}
 
+    def _sdpa_body(self, g, spec: cudnn_specs.SDPASpec, op: str) -> dict[str, Any]:
+        d = spec.descs(op)
+        names = ("q", "k", "v") if op == "sdpa_fwd" else ("q", "k", "v", "o", "do", "stats")
+        ins = {k: self._tensor(g, d[k]) for k in names}
+        kw: dict[str, Any] = {"attn_scale": spec.scale, "compute_data_type": self._float(), "name": op}
+        if spec.causal:   # the preferred masking (the bindings list use_causal_mask among the deprecated)
+            kw.update(diagonal_alignment=self._enum("diagonal_alignment", "TOP_LEFT"), diagonal_band_right_bound=0)
+        if op == "sdpa_fwd":   # statistics in inference too: one graph, the same o whether recomputed or not
+            o, stats = g.sdpa(q=ins["q"], k=ins["k"], v=ins["v"], generate_stats=True, **kw)
+            outs = {"o": o, "stats": stats}
+        else:                  # no atomic sums in minidl
+            dq, dk, dv = g.sdpa_backward(q=ins["q"], k=ins["k"], v=ins["v"], o=ins["o"], dO=ins["do"],
+                                         stats=ins["stats"], use_deterministic_algorithm=True, **kw)
+            outs = {"dq": dq, "dk": dk, "dv": dv}
+        return {**ins, **{k: self._output(t, d[k]) for k, t in outs.items()}}
+
     def _body(self, key: cudnn_specs.GraphKey) -> Callable[[Any], dict[str, Any]]:
         op, spec = key.op, key.spec
         if op.startswith("conv_"):
@@ -200,6 +221,8 @@ class CudnnGraphs:
             return lambda g: self._bn_body(g, spec, op)
         if op in cudnn_specs.POINTWISE_OPS:
             return lambda g: self._pointwise_body(g, spec, op)
+        if op in cudnn_specs.SDPA_OPS:
+            return lambda g: self._sdpa_body(g, spec, op)
         raise ValueError(f"unknown graph op {op!r}")
 
     # -- build
@@ -226,8 +249,9 @@ class CudnnGraphs:
     def _build(self, key: cudnn_specs.GraphKey, limit: int, records: list[PlanRecord] | None = None) -> BuiltGraph:
         body = self._body(key)
         notes = key.filters.numeric_notes()
-        # First with the engine filters; if they leave nothing, without them (recorded in `relaxed`).
-        attempts = [notes, ()] if notes else [()]
+        # First with the engine filters; if they leave nothing, without them (recorded in `relaxed`), but for
+        # attention, whose refused graph has the kernels to fall back to.
+        attempts = [notes, ()] if notes and key.op not in cudnn_specs.SDPA_OPS else [notes]
         errors = []
         for deselect in attempts:
             g = self._new_graph(key)
@@ -246,7 +270,10 @@ class CudnnGraphs:
 
     def _finalize(self, g, deselect: tuple[str, ...], limit: int, tensors: dict[str, Any],
                   records: list[PlanRecord] | None = None) -> list[cudnn_specs.PlanInfo]:
-        g.validate()  # an error here is a malformed graph (our bug): let it propagate
+        try:
+            g.validate()  # any other error here is a malformed graph (our bug): let it propagate
+        except self.cudnn.cudnnGraphNotSupportedError as e:   # e.g. SDPA's head dimension or alignment
+            raise GraphUnsupported(f"{type(e).__name__}: {one_line(str(e))}") from e
         try:
             g.build_operation_graph()
             g.create_execution_plans([self._enum("heur_mode", "A"), self._enum("heur_mode", "FALLBACK")])

@@ -3,7 +3,8 @@
 `TensorDesc` is what `pygraph.tensor(...)` receives; `GraphKey` keys a built graph by op, shapes, dtypes, parameters
 and engine filters, never a pointer. Half graphs (`--math bf16|fp16`) take and give half data (a bf16 tensor is its
 uint16 bits: `halves`) and compute in float32: FLOAT compute and intermediates, float32 weight gradients, BN
-parameters and statistics. Execution plans reach the planner as `cudnn:f<i>` (forward plan i) and
+parameters and statistics. Attention (`SDPASpec`) has half graphs only: cuDNN's SDPA, half q, k, v, o and their
+gradients, float32 softmax statistics. Execution plans reach the planner as `cudnn:f<i>` (forward plan i) and
 `cudnn:d<i>w<j>` (dgrad plan i, wgrad plan j, one workspace of max(ws_i, ws_j)). An accumulating backward runs
 the `dgrad_add` graph under the same names, else `cudnn:d<i>w<j>+add`: dgrad into the workspace's head, added after.
 """
@@ -114,7 +115,7 @@ class GraphKey:
     """Cache key of a built cuDNN graph: shapes and parameters only."""
 
     op: str
-    spec: Any          # ConvSpec | BNSpec | PointwiseSpec (frozen dataclasses, hashable)
+    spec: Any          # ConvSpec | BNSpec | PointwiseSpec | SDPASpec (frozen dataclasses, hashable)
     filters: EngineFilters
 
 
@@ -291,6 +292,69 @@ class PointwiseSpec:
     def key(self, op: str, filters: EngineFilters) -> GraphKey:
         if op not in POINTWISE_OPS:
             raise ValueError(f"unknown pointwise op {op!r}; expected one of {POINTWISE_OPS}")
+        return GraphKey(op, self, filters)
+
+
+SDPA_OPS = ("sdpa_fwd", "sdpa_bwd")
+
+
+def element_strides(a) -> tuple[int, ...]:
+    """A device array's strides in elements (cuDNN's unit)."""
+    return tuple(int(s) // a.itemsize for s in a.strides)
+
+
+@dataclass(slots=True, frozen=True)
+class SDPASpec:
+    """Half scaled dot-product attention, (B, H, T, D) q, k, v -> o, with float32 softmax statistics (B, H, T, 1)
+    packed. `qkv_stride`: the element strides of q, k, v and of their gradients (views of one (B, T, 3C) tensor
+    and of its delta); `o_stride`: of o and dO (views of (B, T, C)). The key is the same for forward and for
+    backward's recompute of o, so both run one graph and one plan."""
+
+    b: int
+    h: int
+    t: int
+    d: int
+    causal: bool
+    scale: float
+    dtype: str
+    qkv_stride: tuple[int, int, int, int]
+    o_stride: tuple[int, int, int, int]
+
+    @classmethod
+    def from_views(cls, q, k, v, o, scale: float, causal: bool) -> "SDPASpec":
+        """The spec of device views q, k, v, o (o: y in forward, dy in backward, whose layout o takes)."""
+        shapes = {n: shape_tuple(a.shape) for n, a in (("q", q), ("k", k), ("v", v), ("o", o))}
+        if len(shapes["q"]) != 4 or len(set(shapes.values())) != 1:
+            raise ValueError(f"attention: q, k, v and the output must share one (B, H, T, D) shape, got {shapes}")
+        strides = {n: element_strides(a) for n, a in (("q", q), ("k", k), ("v", v))}
+        if len(set(strides.values())) != 1:
+            raise ValueError(f"attention: q, k and v must be views of one (B, T, 3C) tensor (one layout), got "
+                             f"element strides {strides}")
+        b, h, t, d = shapes["q"]
+        return cls(b, h, t, d, bool(causal), float(scale), dtype_name(q.dtype), strides["q"],  # type: ignore[arg-type]
+                   element_strides(o))  # type: ignore[arg-type]
+
+    @property
+    def stats_shape(self) -> tuple[int, int, int, int]:
+        return (self.b, self.h, self.t, 1)
+
+    def descs(self, op: str) -> dict[str, TensorDesc]:
+        """The tensors of graph `op`, named as the backend's variant pack: sdpa_fwd q, k, v -> o, stats;
+        sdpa_bwd q, k, v, o, do, stats -> dq, dk, dv."""
+        dims, dt = (self.b, self.h, self.t, self.d), cudnn_dtype_name(self.dtype)
+        qkv = lambda name: TensorDesc(name, dims, self.qkv_stride, dt)   # noqa: E731
+        out = lambda name: TensorDesc(name, dims, self.o_stride, dt)     # noqa: E731
+        stats = TensorDesc("stats", self.stats_shape, contiguous_strides(self.stats_shape), "FLOAT")
+        if op == "sdpa_fwd":
+            return {"q": qkv("q"), "k": qkv("k"), "v": qkv("v"), "o": out("o"), "stats": stats}
+        if op == "sdpa_bwd":
+            return {"q": qkv("q"), "k": qkv("k"), "v": qkv("v"), "o": out("o"), "do": out("do"), "stats": stats,
+                    "dq": qkv("dq"), "dk": qkv("dk"), "dv": qkv("dv")}
+        raise ValueError(f"unknown attention op {op!r}; expected one of {SDPA_OPS}")
+
+    def key(self, op: str, filters: EngineFilters) -> GraphKey:
+        if op not in SDPA_OPS:
+            raise ValueError(f"unknown attention op {op!r}; expected one of {SDPA_OPS}")
         return GraphKey(op, self, filters)
 
 

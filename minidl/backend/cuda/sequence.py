@@ -1,20 +1,28 @@
 """The CUDA backend's sequence-model kernels, the CPU's `cpu/seq.py` family with its signatures.
 
-Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`) and cuBLAS products. Rules: attention's backward
-rebuilds an unkept P with forward's operations (the same bits); nothing sums atomically; the kernels take float32
-or the mode's half storage for activations and deltas (`_check_io`), float32 for weights, statistics and their
-gradients; half products run cublasGemmStridedBatchedEx on the half storage (float32 accumulation, rounded
-once); half attention, one sample at a time, keeps scores and dS float32 in side buffers, rounds P to the half
-before use, as the CPU's, and takes float32 copies of k and q for dq and dk. Not cuDNN's SDPA: it never returns
-P. A mixin of `CUDABackend`; imports no cupy.
+Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`), cuBLAS products and cuDNN's SDPA. Rules: nothing sums
+atomically; the kernels take float32 or the mode's half storage for activations and deltas (`_check_io`), float32
+for weights, statistics and their gradients; half products run cublasGemmStridedBatchedEx on the half storage
+(float32 accumulation, rounded once). Half attention whose scores are not kept runs cuDNN's SDPA: forward (training
+and inference) one graph that also writes the softmax statistics, backward that graph again (o and the statistics
+in side buffers, o with y's bits) then the deterministic backward graph; a shape for which cuDNN refuses either
+graph runs the kernels, forward and backward alike. The kernels (float32, kept scores, refused shapes): attention's
+backward rebuilds an unkept P with forward's operations (the same bits); half attention, one sample at a time,
+keeps scores and dS float32 in side buffers, rounds P to the half before use, as the CPU's, and takes float32
+copies of k and q for dq and dk. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..precision import HALF_DTYPES
-from . import halves, launches
+from . import cudnn_specs, halves, launches
 from .ops import I64, on_compute
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cudnn_graphs import BuiltGraph
 
 #: This family's kernels beyond the `Backend` protocol's (`Capabilities.kernels`).
 SEQUENCE_KERNELS = frozenset({
@@ -220,12 +228,57 @@ class SequenceOps:
     def _half_dtype(self):
         return HALF_DTYPES[self.filters.half]
 
+    # -- cuDNN's SDPA: half attention whose scores are not kept
+    def _sdpa_graphs(self, spec: cudnn_specs.SDPASpec) -> tuple[BuiltGraph, BuiltGraph] | None:
+        """`spec`'s forward and backward graphs, or None where cuDNN refuses either (the reason in `fallbacks`):
+        one answer per shape for forward, inference and backward, so a forward that ran SDPA is differentiated by
+        SDPA and one that ran the kernels by the kernels."""
+        fwd = self._graph(spec.key("sdpa_fwd", self.filters))
+        bwd = None if fwd is None else self._graph(spec.key("sdpa_bwd", self.filters))
+        return None if bwd is None else (fwd, bwd)
+
+    def _sdpa_forward(self, q, k, v, y, scale: float, causal: bool) -> bool:
+        """y by the SDPA forward graph (its statistics into a side buffer); False where cuDNN refuses the shape."""
+        spec = cudnn_specs.SDPASpec.from_views(q, k, v, y, scale, causal)
+        graphs = self._sdpa_graphs(spec)
+        if graphs is None:
+            return False
+        stats = self.side.get("attn_stats", spec.stats_shape, np.float32)
+        self._run_graph(graphs[0], {"q": q, "k": k, "v": v, "o": y, "stats": stats})
+        return True
+
+    def _sdpa_backward(self, q, k, v, dy, dq, dk, dv, scale: float, causal: bool) -> bool:
+        """o and the statistics again by the forward graph (o in dy's layout, which is y's: the same key, plan
+        and bits as forward's y), then dq, dk, dv by the backward graph; False where cuDNN refuses the shape."""
+        spec = cudnn_specs.SDPASpec.from_views(q, k, v, dy, scale, causal)
+        grads = {n: cudnn_specs.element_strides(a) for n, a in (("dq", dq), ("dk", dk), ("dv", dv))}
+        if set(grads.values()) != {spec.qkv_stride}:
+            raise ValueError(f"attention_backward: dq, dk and dv must have q's layout (element strides "
+                             f"{spec.qkv_stride}), got {grads}")
+        graphs = self._sdpa_graphs(spec)
+        if graphs is None:
+            return False
+        stats = self.side.get("attn_stats", spec.stats_shape, np.float32)
+        o = self._side_like("attn_o", dy)
+        self._run_graph(graphs[0], {"q": q, "k": k, "v": v, "o": o, "stats": stats})
+        self._run_graph(graphs[1], {"q": q, "k": k, "v": v, "o": o, "do": dy, "stats": stats, "dq": dq, "dk": dk,
+                                    "dv": dv})
+        return True
+
+    def _side_like(self, name: str, a):
+        """Side buffer `name` viewed with `a`'s shape, dtype and strides (positive)."""
+        span = 1 + sum((n - 1) * s for n, s in zip(a.shape, cudnn_specs.element_strides(a)))
+        flat = self.side.get(name, (span,), a.dtype)
+        return self.cp.lib.stride_tricks.as_strided(flat, shape=a.shape, strides=a.strides)
+
     @on_compute
     def attention_forward(self, q, k, v, probs, y, scale: float, causal: bool = True) -> None:
         """Per (batch, head): y = softmax(q k^T * scale [causal]) v; probs saved, or None:
         scores in scratch. One sample per call either way, so cuBLAS sees the same shapes (same bits)."""
         if self._views("attention_forward", q=q, k=k, v=v, y=y, probs=probs) is not None:
             self._check_io("attention_forward", probs=probs)
+            if probs is None and self._sdpa_forward(q, k, v, y, scale, causal):
+                return
             self._half_attention_forward(q, k, v, probs, y, scale, causal)
             return
         self._check("attention_forward", probs=probs)
@@ -249,6 +302,8 @@ class SequenceOps:
         dk = dS^T q, from saved probs or rebuilt per sample."""
         if self._views("attention_backward", q=q, k=k, v=v, dy=dy, dq=dq, dk=dk, dv=dv, probs=probs) is not None:
             self._check_io("attention_backward", probs=probs)
+            if probs is None and self._sdpa_backward(q, k, v, dy, dq, dk, dv, scale, causal):
+                return
             self._half_attention_backward(q, k, v, probs, dy, dq, dk, dv, scale, causal)
             return
         self._check("attention_backward", probs=probs)
