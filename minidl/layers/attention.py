@@ -3,7 +3,9 @@
 Input (B, T, 3C): q, k, v side by side (nanoGPT's `c_attn`); head h uses channels [h D, (h + 1) D). Backward reads
 the input and P = softmax(q k^T / sqrt(D)) (B, H, T, T), a planned, rebuildable aux (`probs`): a plan, or
 `keep_scores=False`, may drop it, and backward then rebuilds P per sample from q and k (FlashAttention's trade) with
-the same bits, so the gradients are the same.
+the same bits, so the gradients are the same. A layer built with `keep_scores=False` keeps them in no plan: the
+backend may then run a fused attention that never forms P (cuDNN's SDPA in a half mode on CUDA), the same in every
+plan, so a memory policy never changes which attention runs.
 """
 from __future__ import annotations
 
@@ -72,14 +74,14 @@ class SelfAttention(Layer):
         q, k, v = self._qkv(inputs[0])
         c = out.shape[2]
         be.attention_forward(q, k, v, ctx.aux.get("probs"), self._heads(out, c),
-                             1.0 / math.sqrt(c // self.num_heads), self.causal)
+                             1.0 / math.sqrt(c // self.num_heads), self.causal, fused=not self.keep_scores)
 
     def backward(self, be, inputs, out, dout, dinputs, grads, params, ctx):
         q, k, v = self._qkv(inputs[0])
         dq, dk, dv = self._qkv(dinputs[0])
         c = dout.shape[2]
         be.attention_backward(q, k, v, ctx.aux.get("probs"), self._heads(dout, c), dq, dk, dv,
-                              1.0 / math.sqrt(c // self.num_heads), self.causal)
+                              1.0 / math.sqrt(c // self.num_heads), self.causal, fused=not self.keep_scores)
 
 
 class CausalSelfAttention(SelfAttention):

@@ -187,7 +187,7 @@ def test_unkept_half_attention_runs_sdpa_with_the_same_graph_for_forward_and_bac
     x, y, dy, dx = _layer_arrays(dt)
     (q, k, v), (dq, dk, dv) = _qkv(x), _qkv(dx)
     scale = 1 / math.sqrt(D)
-    be.attention_forward(q, k, v, None, _heads(y), scale, True)
+    be.attention_forward(q, k, v, None, _heads(y), scale, True, fused=True)
     (ex,) = fake.executions
     fwd = be.graphs.get(_spec(dt).key("sdpa_fwd", be.filters))
     t, stats = fwd.tensors, be.side.bufs["attn_stats"]
@@ -198,10 +198,10 @@ def test_unkept_half_attention_runs_sdpa_with_the_same_graph_for_forward_and_bac
     assert stats.shape == (B, H, T, 1) and stats.dtype == np.float32
     assert ex.workspace == be.side.bufs["graph_workspace"].ctypes.data and be.side.bufs["graph_workspace"].size == 4096
     assert not be.launches and not be.fallbacks
-    be.attention_forward(q, k, v, None, _heads(y), scale, True)      # inference, or a recomputation: the same
+    be.attention_forward(q, k, v, None, _heads(y), scale, True, fused=True)   # inference, a recomputation: the same
     assert fake.executions[1].graph is ex.graph and fake.executions[1].pack == ex.pack
     fake.executions.clear()
-    be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, scale, True)
+    be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, scale, True, fused=True)
     again, back = fake.executions
     bwd = be.graphs.get(_spec(dt).key("sdpa_bwd", be.filters))
     o = be.side.bufs["attn_o"]
@@ -219,17 +219,21 @@ def test_unkept_half_attention_runs_sdpa_with_the_same_graph_for_forward_and_bac
     assert be.side.bufs["graph_workspace"].size == 8192
     assert be.graphs.ops() == {"sdpa_fwd", "sdpa_bwd"} and len(fake.graphs) == 2 and not be.launches
     with pytest.raises(ValueError, match="dq, dk and dv must have q's layout"):
-        be.attention_backward(q, k, v, None, _heads(dy), np.zeros((B, H, T, D), dt), dk, dv, scale, True)
-    # kept scores, and float32, run the kernels: no other graph, no other execution
+        be.attention_backward(q, k, v, None, _heads(dy), np.zeros((B, H, T, D), dt), dk, dv, scale, True,
+                              fused=True)
+    # kept scores, scores a plan drops (not fused: rebuilt with the kernels' bits), and float32 run the kernels: no
+    # other graph, no other execution
     fake.executions.clear()
     probs = np.zeros((B, H, T, T), dt)
-    be.attention_forward(q, k, v, probs, _heads(y), scale, True)
-    be.attention_backward(q, k, v, probs, _heads(dy), dq, dk, dv, scale, True)
+    be.attention_forward(q, k, v, probs, _heads(y), scale, True, fused=True)
+    be.attention_backward(q, k, v, probs, _heads(dy), dq, dk, dv, scale, True, fused=True)
+    be.attention_forward(q, k, v, None, _heads(y), scale, True)
+    be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, scale, True)
     f32 = _backend("fp32", fake)
     x, y, dy, dx = _layer_arrays(np.dtype(np.float32))
     (q, k, v), (dq, dk, dv) = _qkv(x), _qkv(dx)
-    f32.attention_forward(q, k, v, None, _heads(y), scale, True)
-    f32.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, scale, True)
+    f32.attention_forward(q, k, v, None, _heads(y), scale, True, fused=True)
+    f32.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, scale, True, fused=True)
     assert be.launches and f32.launches and len(fake.graphs) == 2 and not fake.executions
 
 
@@ -244,19 +248,19 @@ def test_a_shape_cudnn_refuses_runs_the_kernels_forward_and_backward(mode, dt, c
     be = _backend(mode, fake)
     x, y, dy, dx = _layer_arrays(dt)
     (q, k, v), (dq, dk, dv) = _qkv(x), _qkv(dx)
-    be.attention_forward(q, k, v, None, _heads(y), 0.5, True)
+    be.attention_forward(q, k, v, None, _heads(y), 0.5, True, fused=True)
     op = {"sdpa": "sdpa_fwd", "sdpa_backward": "sdpa_bwd"}[refused]
     assert list(be.fallbacks) == [op] and "no engine" in be.fallbacks[op]
     assert not fake.executions and halves.variant("round_copy", mode) in [r.name for r in be.launches]
     built = len(fake.graphs)
     be.launches.clear()
-    be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, 0.5, True)
-    be.attention_forward(q, k, v, None, _heads(y), 0.5, True)
+    be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, 0.5, True, fused=True)
+    be.attention_forward(q, k, v, None, _heads(y), 0.5, True, fused=True)
     assert not fake.executions and len(fake.graphs) == built
     assert "softmax_backward" in [r.name for r in be.launches]
     be.launches.clear()
-    be.attention_forward(q, k, v, None, _heads(y), 0.5, False)
-    be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, 0.5, False)
+    be.attention_forward(q, k, v, None, _heads(y), 0.5, False, fused=True)
+    be.attention_backward(q, k, v, None, _heads(dy), dq, dk, dv, 0.5, False, fused=True)
     assert [_op_of(e.graph) for e in fake.executions] == ["sdpa", "sdpa", "sdpa_backward"] and not be.launches
 
 
@@ -300,8 +304,9 @@ def _sdpa_attention(be, x, dy, causal):
         return d
     xd, dyd = dev(x), dev(dy)
     yd, dxd = be.cp.zeros(dyd.shape, dyd.dtype), be.cp.zeros(xd.shape, xd.dtype)
-    be.attention_forward(*_qkv(xd, GH), None, _heads(yd, GH), 1 / math.sqrt(GD), causal)
-    be.attention_backward(*_qkv(xd, GH), None, _heads(dyd, GH), *_qkv(dxd, GH), 1 / math.sqrt(GD), causal)
+    be.attention_forward(*_qkv(xd, GH), None, _heads(yd, GH), 1 / math.sqrt(GD), causal, fused=True)
+    be.attention_backward(*_qkv(xd, GH), None, _heads(dyd, GH), *_qkv(dxd, GH), 1 / math.sqrt(GD), causal,
+                          fused=True)
     o = be.to_host(be.cp.ascontiguousarray(be._side_like("attn_o", _heads(dyd, GH))))
     assert not set(cudnn_specs.SDPA_OPS) & set(be.fallbacks), be.fallbacks
     assert {"sdpa_fwd", "sdpa_bwd"} <= be.graphs.ops()
@@ -339,7 +344,7 @@ def test_y_is_the_recomputed_o_and_two_runs_are_bit_identical(mode):
 
 @pytest.mark.gpu
 def test_a_gpt2_block_trains_with_its_scores_dropped_as_with_them_kept():
-    """Two bf16 steps of a GPT-2 block (D = 64): the scores dropped (SDPA) against kept (the kernels), per parameter
+    """Two bf16 steps of a GPT-2 block (D = 64): keep_scores=False (SDPA) against kept (the kernels), per parameter
     the update within 5% (relative norm), the losses within 1%."""
     from minidl.models import build_model
     from minidl.optim import SGD

@@ -268,6 +268,28 @@ def test_attention_without_kept_scores_gives_the_same_bits(dtype):
     np.testing.assert_array_equal(rebuilt.dinputs[0], kept.dinputs[0])
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_attention_asks_for_a_fused_attention_only_where_it_keeps_scores_in_no_plan(keep):
+    """A backend may run a fused attention (cuDNN's SDPA in half on CUDA) only for a layer built without kept
+    scores: a plan that drops kept scores gets them rebuilt with the kernels' bits, so no policy changes which
+    attention runs."""
+    calls = []
+
+    class Recorder:
+        def attention_forward(self, *args, **kw):
+            calls.append(("forward", args[3], kw))
+
+        def attention_backward(self, *args, **kw):
+            calls.append(("backward", args[3], kw))
+
+    layer = L.CausalSelfAttention(2, keep_scores=keep)
+    qkv, y = np.zeros((1, 3, 12), np.float32), np.zeros((1, 3, 4), np.float32)
+    ctx = type("Ctx", (), {"aux": {}})()   # a plan that drops (or never had) the scores
+    layer.forward(Recorder(), [qkv], y, {}, ctx)
+    layer.backward(Recorder(), [qkv], y, y, [np.zeros_like(qkv)], {}, {}, ctx)
+    assert calls == [("forward", None, {"fused": not keep}), ("backward", None, {"fused": not keep})]
+
+
 def test_gradchecks_float64():
     x = RNG.standard_normal((2, 3, 6)) * 2 + 1
     directional_gradcheck(L.LayerNorm, [x], {"weight": RNG.standard_normal(6), "bias": RNG.standard_normal(6)})

@@ -253,9 +253,10 @@ class SeqOps:
             np.matmul(a.swapaxes(-1, -2), dy, out=db)
 
     def attention_forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
-                          y: np.ndarray, scale: float, causal: bool = True, quantize=None) -> None:
+                          y: np.ndarray, scale: float, causal: bool = True, quantize=None, fused: bool = False) -> None:
         """Per (batch, head): probs = softmax(q k^T * scale, masked if `causal`), y = probs v; probs (B, H, T, T) saved
-        (None: scratch), masked entries 0, rounded to the half dtype `quantize`."""
+        (None: scratch), masked entries 0, rounded to the half dtype `quantize`. `fused` (the layer keeps no scores
+        in any plan) changes nothing here: the CPU has one attention."""
         b, h, t, _ = q.shape
         mask = _causal_mask(t, q.dtype) if causal else None
 
@@ -269,7 +270,7 @@ class SeqOps:
 
     def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray | None,
                            dy: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, scale: float,
-                           causal: bool = True, quantize=None) -> None:
+                           causal: bool = True, quantize=None, fused: bool = False) -> None:
         """dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k, dk = dS^T q; P saved, or (None)
         rebuilt by forward's operations (FlashAttention's backward): the same bits."""
         b, h, t, _ = q.shape

@@ -3,13 +3,14 @@
 Hand-written kernels (`kernels/seq.cu`, `kernels/loss.cu`), cuBLAS products and cuDNN's SDPA. Rules: nothing sums
 atomically; the kernels take float32 or the mode's half storage for activations and deltas (`_check_io`), float32
 for weights, statistics and their gradients; half products run cublasGemmStridedBatchedEx on the half storage
-(float32 accumulation, rounded once). Half attention whose scores are not kept runs cuDNN's SDPA: forward (training
-and inference) one graph that also writes the softmax statistics, backward that graph again (o and the statistics
-in side buffers, o with y's bits) then the deterministic backward graph; a shape for which cuDNN refuses either
-graph runs the kernels, forward and backward alike. The kernels (float32, kept scores, refused shapes): attention's
-backward rebuilds an unkept P with forward's operations (the same bits); half attention, one sample at a time,
-keeps scores and dS float32 in side buffers, rounds P to the half before use, as the CPU's, and takes float32
-copies of k and q for dq and dk. A mixin of `CUDABackend`; imports no cupy.
+(float32 accumulation, rounded once). Half attention of a layer that keeps its scores in no plan (`fused`: built
+with keep_scores=False; a plan that drops kept scores rebuilds them with the kernels, the same bits) runs cuDNN's
+SDPA: forward (training and inference) one graph that also writes the softmax statistics, backward that graph
+again (o and the statistics in side buffers, o with y's bits) then the deterministic backward graph; a shape for
+which cuDNN refuses either graph runs the kernels, forward and backward alike. The kernels (float32, kept scores,
+refused shapes): attention's backward rebuilds an unkept P with forward's operations (the same bits); half
+attention, one sample at a time, keeps scores and dS float32 in side buffers, rounds P to the half before use, as
+the CPU's, and takes float32 copies of k and q for dq and dk. A mixin of `CUDABackend`; imports no cupy.
 """
 from __future__ import annotations
 
@@ -272,12 +273,12 @@ class SequenceOps:
         return self.cp.lib.stride_tricks.as_strided(flat, shape=a.shape, strides=a.strides)
 
     @on_compute
-    def attention_forward(self, q, k, v, probs, y, scale: float, causal: bool = True) -> None:
+    def attention_forward(self, q, k, v, probs, y, scale: float, causal: bool = True, fused: bool = False) -> None:
         """Per (batch, head): y = softmax(q k^T * scale [causal]) v; probs saved, or None:
         scores in scratch. One sample per call either way, so cuBLAS sees the same shapes (same bits)."""
         if self._views("attention_forward", q=q, k=k, v=v, y=y, probs=probs) is not None:
             self._check_io("attention_forward", probs=probs)
-            if probs is None and self._sdpa_forward(q, k, v, y, scale, causal):
+            if fused and probs is None and self._sdpa_forward(q, k, v, y, scale, causal):
                 return
             self._half_attention_forward(q, k, v, probs, y, scale, causal)
             return
@@ -297,12 +298,13 @@ class SequenceOps:
             self._half_matmul(kept, v[bi], y[bi])
 
     @on_compute
-    def attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool = True) -> None:
+    def attention_backward(self, q, k, v, probs, dy, dq, dk, dv, scale: float, causal: bool = True,
+                           fused: bool = False) -> None:
         """dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(dP P)) * scale, dq = dS k,
         dk = dS^T q, from saved probs or rebuilt per sample."""
         if self._views("attention_backward", q=q, k=k, v=v, dy=dy, dq=dq, dk=dk, dv=dv, probs=probs) is not None:
             self._check_io("attention_backward", probs=probs)
-            if probs is None and self._sdpa_backward(q, k, v, dy, dq, dk, dv, scale, causal):
+            if fused and probs is None and self._sdpa_backward(q, k, v, dy, dq, dk, dv, scale, causal):
                 return
             self._half_attention_backward(q, k, v, probs, dy, dq, dk, dv, scale, causal)
             return
