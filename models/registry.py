@@ -19,7 +19,7 @@ from .resnet import CIFAR_DEPTHS_EXAMPLES, IMAGENET_BLOCKS, cifar_blocks_per_sta
 from .vgg import VGG_CONFIGS, vgg
 
 #: the options only sequence models take
-SEQUENCE_OPTIONS = ("size", "layers", "heads", "width", "seq")
+SEQUENCE_OPTIONS = ("size", "layers", "heads", "width", "seq", "keep_scores")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ def build_net(args, image_shape=None, num_classes=None, recipe: dict | None = No
     kw = dict(recipe["options"]) if recipe else {}
     for k in ("depth", "batch", "image_size", "num_classes", "in_channels", *SEQUENCE_OPTIONS):
         if getattr(args, k, None) is not None:
-            kw[k] = getattr(args, k)
+            kw[k] = getattr(args, k) == "on" if k == "keep_scores" else getattr(args, k)
     if image_shape is not None:
         kw.setdefault("in_channels", image_shape[0])
         kw.setdefault("image_size", image_shape[1])

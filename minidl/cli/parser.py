@@ -103,6 +103,10 @@ def _model_args(p: argparse.ArgumentParser, from_checkpoint: bool = False) -> No
                       ("width", "channels per token"), ("seq", "tokens per sequence")):
         p.add_argument(f"--{opt}", type=_positive_int, default=None,
                        help=f"gpt2/bert: {what} (default: the size's own)")
+    p.add_argument("--keep-scores", choices=("on", "off"), default=None,
+                   help="gpt2/bert: keep attention's probabilities (B, H, T, T) for backward (on, the default; a plan "
+                        "may still drop and rebuild them) or keep them in no plan (off: backward rebuilds them; on "
+                        "CUDA in bf16/fp16 attention then runs cuDNN's fused SDPA)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 

@@ -248,6 +248,21 @@ def test_a_language_model_reports_tokens_per_second(capsys):
     assert " tokens/s" in out and "images/s" not in out
 
 
+def test_keep_scores_chooses_the_attention_of_a_sequence_model(capsys):
+    """--keep-scores off: attention keeps its probabilities in no plan (no (B, H, T, T) tensor planned; on CUDA in
+    half, cuDNN's SDPA); an image model has no such option."""
+    from minidl.cli.common import build_net
+
+    lm = ["plan", "gpt2", "--layers", "1", "--width", "16", "--heads", "2", "--seq", "32", "--batch", "4"]
+    for flag, keep in (("on", True), ("off", False)):
+        net = build_net(build_parser().parse_args([*lm, "--keep-scores", flag]))
+        attention = [n.layer for n in net.nodes if getattr(n.layer, "type_name", "") == "attention"]
+        assert attention and all(a.keep_scores is keep for a in attention)
+    assert main([*lm, "--keep-scores", "off", "--json"]) == 0
+    assert main(["plan", "resnet", "--depth", "8", "--keep-scores", "off"]) == 2
+    assert "model 'resnet' has no keep_scores option" in capsys.readouterr().err
+
+
 def test_log_writes_a_csv_row_per_step(tmp_path, capsys):
     """--log PATH: the per-step figures the summary leaves out (loss, lr, step time, the step's copies), one row a
     step; the last row's loss is the run's final loss, and the copies add up to what the summary reports."""
