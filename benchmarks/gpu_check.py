@@ -220,8 +220,9 @@ def _script(name: str):
 
 
 # -- correctness ------------------------------------------------------------------------------------------------
+# in order of value where the cap cuts: fp32 conformance and graphs, then SDPA's 6, then the ~90 half kernels
 CORRECTNESS = ["tests/backend/test_conformance.py", "tests/backend/test_capture_gpu.py",
-               "tests/backend/test_cuda_half_kernels.py", "tests/backend/test_cuda_sdpa.py", "-m", "gpu", "-k",
+               "tests/backend/test_cuda_sdpa.py", "tests/backend/test_cuda_half_kernels.py", "-m", "gpu", "-k",
                "(test_conformance and (conv2d or batchnorm or linear)) or (test_capture_gpu and not tf32) "
                "or test_cuda_half_kernels or test_cuda_sdpa"]
 CORRECTNESS_FAKE = ["tests/backend/test_cuda_plan_cache.py", "-k", "second_process or batch_norm"]
