@@ -58,11 +58,19 @@ _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(HALF\(\w+\)|\w+)\s
 #: (file, half) of every text the kernels are compiled as (None: float32).
 TEXTS = [(f, h) for f in CU_FILES for h in ks.file_halves(f)]
 TEXT_IDS = [f"{f}-{h or 'fp32'}" for f, h in TEXTS]
-#: The texts that hold every entry point between them: each file's half texts, else its float32 one (a float32
-#: text's entry points are its half texts' float32 ones, the same bodies). nvcc compiles these for each arch, NVRTC
-#: these for each arch and every text for the oldest.
-FULL_TEXTS = [(f, h) for f, h in TEXTS if h or ks.file_halves(f) == (None,)]
-FULL_IDS = [f"{f}-{h or 'fp32'}" for f, h in FULL_TEXTS]
+
+
+def each_text_once(archs: tuple[str, str]) -> list[tuple[str, str | None, str]]:
+    """(file, half, arch) of the compiles of a compile test, `archs` (oldest, newest): each text once, for the oldest
+    GPU of its mode (bf16 tensor cores start with Ampere: the newest, the H100's; float32 and fp16 the oldest), a
+    file's only text for both. Every file and every float32 kernel compiles for both archs, for about the CPU time
+    of one all-forms text per arch."""
+    return [(f, h, arch) for f, h in TEXTS for arch in archs
+            if ks.file_halves(f) == (None,) or arch == archs[-1 if h == "bf16" else 0]]
+
+
+def _job_ids(jobs) -> list[str]:
+    return [f"{f}-{h or 'fp32'}-{a}" for f, h, a in jobs]
 
 
 def _normalize_param(param: str) -> tuple[str, str]:
@@ -170,26 +178,28 @@ def _oldest_arch() -> str:
 
 
 ARCHS = (_oldest_arch(), "sm_90")
+NVCC_JOBS = each_text_once(ARCHS)
 
 
 @pytest.fixture(scope="module")
 def nvcc_results():
-    """Compile the FULL_TEXTS to a cubin for each arch, in parallel, keeping the oldest's PTX (-keep: no second
-    front-end run). -> {(file, half, arch): CompletedProcess}, the oldest's with .ptx."""
+    """Compile the NVCC_JOBS to cubins in parallel, keeping each one's PTX (-keep: no second front-end run).
+    -> {(file, half, arch): CompletedProcess with .ptx}."""
     nvcc = _find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): "
                     "cannot compile the CUDA kernels on this machine")
     tmp = tempfile.mkdtemp(prefix="minidl_kernels_")
-    jobs = {}
-    for f, half in FULL_TEXTS:
+    jobs, ptx_paths = {}, {}
+    for f, half, arch in NVCC_JOBS:
         stem = f"{f[:-3]}.{half or 'fp32'}"
         src = Path(tmp, f"{stem}.cu")
         src.write_text(ks.module_source(f, half))   # the text cupy compiles
-        for arch in ARCHS:
-            keep = ["-keep", "-keep-dir", tmp] if arch == ARCHS[0] else []
-            jobs[(f, half, arch)] = [nvcc, f"-arch={arch}", "-cubin", *NVCC_WARNING_FLAGS, *keep,
-                                     "-o", os.path.join(tmp, f"{stem}.{arch}.cubin"), str(src)]
+        keep = Path(tmp, arch)
+        keep.mkdir(exist_ok=True)
+        ptx_paths[(f, half, arch)] = keep / f"{stem}.ptx"
+        jobs[(f, half, arch)] = [nvcc, f"-arch={arch}", "-cubin", *NVCC_WARNING_FLAGS, "-keep", "-keep-dir",
+                                 str(keep), "-o", str(keep / f"{stem}.cubin"), str(src)]
 
     def run(cmd):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -197,9 +207,8 @@ def nvcc_results():
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         futures = {k: pool.submit(run, cmd) for k, cmd in jobs.items()}
         results = {k: fut.result() for k, fut in futures.items()}
-    for f, half in FULL_TEXTS:
-        ptx_path = Path(tmp, f"{f[:-3]}.{half or 'fp32'}.ptx")
-        results[(f, half, ARCHS[0])].ptx = ptx_path.read_text() if ptx_path.exists() else ""
+    for k, path in ptx_paths.items():
+        results[k].ptx = path.read_text() if path.exists() else ""
     yield results
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -210,8 +219,7 @@ def test_kernel_sources_exist():
     assert ks.KERNEL_DIR.resolve() == KERNEL_SRC_DIR.resolve()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("file, half", FULL_TEXTS, ids=FULL_IDS)
+@pytest.mark.parametrize("file, half, arch", NVCC_JOBS, ids=_job_ids(NVCC_JOBS))
 def test_compiles_without_warnings(nvcc_results, file, half, arch):
     r = nvcc_results[(file, half, arch)]
     log = (r.stdout + r.stderr).strip()
@@ -261,9 +269,7 @@ def nvrtc_compile(lib: ctypes.CDLL, source: str, name: str, arch: str) -> tuple[
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-#: (file, half, arch) of every NVRTC compile: every text for the oldest arch, the FULL_TEXTS for the others too.
-NVRTC_JOBS = ([(f, h, NVRTC_ARCHS[0]) for f, h in TEXTS]
-              + [(f, h, arch) for arch in NVRTC_ARCHS[1:] for f, h in FULL_TEXTS])
+NVRTC_JOBS = each_text_once(NVRTC_ARCHS)
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +285,7 @@ def nvrtc_results():
         return dict(zip(NVRTC_JOBS, compiled))
 
 
-@pytest.mark.parametrize("file, half, arch", NVRTC_JOBS, ids=[f"{f}-{h or 'fp32'}-{a}" for f, h, a in NVRTC_JOBS])
+@pytest.mark.parametrize("file, half, arch", NVRTC_JOBS, ids=_job_ids(NVRTC_JOBS))
 def test_compiles_with_nvrtc(nvrtc_results, file, half, arch):
     rc, log, _ = nvrtc_results[(file, half, arch)]
     what = f"NVRTC --gpu-architecture={arch} {file} ({half or 'fp32'})"
@@ -378,15 +384,14 @@ def _check_ptx_entries(file: str, half: str | None, ptx: str) -> None:
 
 
 def test_ptx_entries_match_specs(nvcc_results):
-    for file, half in FULL_TEXTS:
-        r = nvcc_results[(file, half, ARCHS[0])]
-        assert r.returncode == 0, f"nvcc -arch={ARCHS[0]} {file} ({half or 'fp32'}) failed:\n{r.stderr}"
+    for (file, half, arch), r in nvcc_results.items():
+        assert r.returncode == 0, f"nvcc -arch={arch} {file} ({half or 'fp32'}) failed:\n{r.stderr}"
         _check_ptx_entries(file, half, r.ptx)
 
 
 @pytest.mark.parametrize("file, half", TEXTS, ids=TEXT_IDS)
 def test_nvrtc_ptx_entries_match_specs(nvrtc_results, file, half):
-    rc, log, ptx = nvrtc_results[(file, half, NVRTC_ARCHS[0])]
+    rc, log, ptx = next(r for (f, h, _), r in nvrtc_results.items() if (f, h) == (file, half))
     assert rc == 0, log
     _check_ptx_entries(file, half, ptx)
 
