@@ -546,7 +546,8 @@ def module_source(file: str, half: Union[str, None] = None) -> str:
     float32): the half storage first where the file has half forms (NVRTC takes no #include, so the text is joined
     here), then with a half its ``HALF(name)`` (the entry point's name) and ``half_t`` (its storage)."""
     if half not in file_halves(file):
-        raise ValueError(f"{file} has no {half} text: its texts are for {', '.join(map(str, file_halves(file)))}")
+        raise ValueError(f"{file} has no {half} text: it is compiled for "
+                         f"{', '.join(h or 'fp32' for h in file_halves(file))}")
     text = (KERNEL_DIR / file).read_text()
     if half is not None:
         text = f"#define HALF(name) name##{HALF_SUFFIX[half]}\ntypedef {_HALF_CTYPE[half]} half_t;\n" + text
