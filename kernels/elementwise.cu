@@ -6,8 +6,8 @@
 //
 // Conventions shared by every minidl kernel file:
 //   * data is float32, labels are int64 (`long long`); a kernel with half
-//     forms takes bf16 or fp16 storage in its `_bf16` / `_f16` entry points
-//     (the block "Half storage" below);
+//     forms takes bf16 or fp16 storage in its `_bf16` / `_f16` entry points,
+//     written once in the HALF block that closes its file;
 //   * outputs come first in the argument list, then inputs, then sizes, then
 //     scalar hyper-parameters;
 //   * sizes are `long long` and every kernel uses a grid-stride loop, so any
@@ -43,18 +43,6 @@ extern "C" __global__ void add_forward(float* out, const float* a,
     add_body(out, a, b, n);
 }
 
-extern "C" __global__ void add_forward_bf16(bf16* out, const bf16* a,
-                                            const bf16* b, long long n)
-{
-    add_body(out, a, b, n);
-}
-
-extern "C" __global__ void add_forward_f16(f16* out, const f16* a,
-                                           const f16* b, long long n)
-{
-    add_body(out, a, b, n);
-}
-
 // out = x0 + x1 + ... + x(k-1), 2 <= k <= 8     (an add of up to 8 inputs)
 // Summed left to right in float32, as chained float32 adds would, and stored
 // once: an add of half inputs rounds once, as the CPU. Slots from k on are
@@ -81,22 +69,6 @@ extern "C" __global__ void add_many(float* out,
     add_many_body(out, x0, x1, x2, x3, x4, x5, x6, x7, k, n);
 }
 
-extern "C" __global__ void add_many_bf16(bf16* out,
-                                         const bf16* x0, const bf16* x1, const bf16* x2,
-                                         const bf16* x3, const bf16* x4, const bf16* x5,
-                                         const bf16* x6, const bf16* x7, int k, long long n)
-{
-    add_many_body(out, x0, x1, x2, x3, x4, x5, x6, x7, k, n);
-}
-
-extern "C" __global__ void add_many_f16(f16* out,
-                                        const f16* x0, const f16* x1, const f16* x2,
-                                        const f16* x3, const f16* x4, const f16* x5,
-                                        const f16* x6, const f16* x7, int k, long long n)
-{
-    add_many_body(out, x0, x1, x2, x3, x4, x5, x6, x7, k, n);
-}
-
 // dst += src                     (Tensor.add_, used for gradient accumulation)
 template <typename T>
 static __device__ void accumulate_body(T* __restrict__ dst,
@@ -112,20 +84,6 @@ extern "C" __global__ void accumulate(float* __restrict__ dst,
     accumulate_body(dst, src, n);
 }
 
-extern "C" __global__ void accumulate_bf16(bf16* __restrict__ dst,
-                                           const bf16* __restrict__ src,
-                                           long long n)
-{
-    accumulate_body(dst, src, n);
-}
-
-extern "C" __global__ void accumulate_f16(f16* __restrict__ dst,
-                                          const f16* __restrict__ src,
-                                          long long n)
-{
-    accumulate_body(dst, src, n);
-}
-
 // out = x converted between float32 and a half storage: rounded into the
 // half (a weight's half copy refreshed from its float32 master, as the
 // CPU's narrow_into), or widened exactly from it (an add of more than two
@@ -135,34 +93,6 @@ static __device__ void convert_body(TO* __restrict__ out, const FROM* __restrict
                                     long long n)
 {
     GRID_STRIDE_LOOP(i, n) { store(out, i, load(x, i)); }
-}
-
-extern "C" __global__ void round_copy_bf16(bf16* __restrict__ out,
-                                           const float* __restrict__ x,
-                                           long long n)
-{
-    convert_body(out, x, n);
-}
-
-extern "C" __global__ void round_copy_f16(f16* __restrict__ out,
-                                          const float* __restrict__ x,
-                                          long long n)
-{
-    convert_body(out, x, n);
-}
-
-extern "C" __global__ void widen_copy_bf16(float* __restrict__ out,
-                                           const bf16* __restrict__ x,
-                                           long long n)
-{
-    convert_body(out, x, n);
-}
-
-extern "C" __global__ void widen_copy_f16(float* __restrict__ out,
-                                          const f16* __restrict__ x,
-                                          long long n)
-{
-    convert_body(out, x, n);
 }
 
 // out = x * scale                                       (torch.mul by scalar)
@@ -192,16 +122,6 @@ extern "C" __global__ void relu_forward(float* y, const float* x, long long n)
     relu_forward_body(y, x, n);
 }
 
-extern "C" __global__ void relu_forward_bf16(bf16* y, const bf16* x, long long n)
-{
-    relu_forward_body(y, x, n);
-}
-
-extern "C" __global__ void relu_forward_f16(f16* y, const f16* x, long long n)
-{
-    relu_forward_body(y, x, n);
-}
-
 // dx = dy where y > 0, else 0       (torch threshold_backward(dy, y, 0), the
 // autograd formula of relu, which is expressed on the OUTPUT y). Like PyTorch
 // it is written `y <= 0 ? 0 : dy`, so a NaN y passes dy through.
@@ -215,18 +135,6 @@ static __device__ void relu_backward_body(T* dx, const T* __restrict__ y,
 
 extern "C" __global__ void relu_backward(float* dx, const float* __restrict__ y,
                                          const float* dy, long long n)
-{
-    relu_backward_body(dx, y, dy, n);
-}
-
-extern "C" __global__ void relu_backward_bf16(bf16* dx, const bf16* __restrict__ y,
-                                              const bf16* dy, long long n)
-{
-    relu_backward_body(dx, y, dy, n);
-}
-
-extern "C" __global__ void relu_backward_f16(f16* dx, const f16* __restrict__ y,
-                                             const f16* dy, long long n)
 {
     relu_backward_body(dx, y, dy, n);
 }
@@ -283,33 +191,9 @@ extern "C" __global__ void dropout_forward(float* out, const float* x,
     dropout_apply(out, x, n, key, threshold24, scale);
 }
 
-extern "C" __global__ void dropout_forward_bf16(bf16* out, const bf16* x,
-        long long n, unsigned long long key, unsigned int threshold24, float scale)
-{
-    dropout_apply(out, x, n, key, threshold24, scale);
-}
-
-extern "C" __global__ void dropout_forward_f16(f16* out, const f16* x,
-        long long n, unsigned long long key, unsigned int threshold24, float scale)
-{
-    dropout_apply(out, x, n, key, threshold24, scale);
-}
-
 // dx = keep(i) ? dy * scale : 0 (same key/threshold as the forward pass).
 // `dx` may alias `dy`.
 extern "C" __global__ void dropout_backward(float* dx, const float* dy,
-        long long n, unsigned long long key, unsigned int threshold24, float scale)
-{
-    dropout_apply(dx, dy, n, key, threshold24, scale);
-}
-
-extern "C" __global__ void dropout_backward_bf16(bf16* dx, const bf16* dy,
-        long long n, unsigned long long key, unsigned int threshold24, float scale)
-{
-    dropout_apply(dx, dy, n, key, threshold24, scale);
-}
-
-extern "C" __global__ void dropout_backward_f16(f16* dx, const f16* dy,
         long long n, unsigned long long key, unsigned int threshold24, float scale)
 {
     dropout_apply(dx, dy, n, key, threshold24, scale);
@@ -324,31 +208,7 @@ extern "C" __global__ void dropout_forward_dev(float* out, const float* x,
     dropout_apply(out, x, n, key[0], threshold24, scale);
 }
 
-extern "C" __global__ void dropout_forward_dev_bf16(bf16* out, const bf16* x,
-        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
-{
-    dropout_apply(out, x, n, key[0], threshold24, scale);
-}
-
-extern "C" __global__ void dropout_forward_dev_f16(f16* out, const f16* x,
-        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
-{
-    dropout_apply(out, x, n, key[0], threshold24, scale);
-}
-
 extern "C" __global__ void dropout_backward_dev(float* dx, const float* dy,
-        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
-{
-    dropout_apply(dx, dy, n, key[0], threshold24, scale);
-}
-
-extern "C" __global__ void dropout_backward_dev_bf16(bf16* dx, const bf16* dy,
-        long long n, const unsigned long long* key, unsigned int threshold24, float scale)
-{
-    dropout_apply(dx, dy, n, key[0], threshold24, scale);
-}
-
-extern "C" __global__ void dropout_backward_dev_f16(f16* dx, const f16* dy,
         long long n, const unsigned long long* key, unsigned int threshold24, float scale)
 {
     dropout_apply(dx, dy, n, key[0], threshold24, scale);
@@ -418,36 +278,8 @@ extern "C" __global__ void concat_copy_forward(float* __restrict__ out,
     concat_copy_forward_body(out, x, N, Ci, inner, Ctotal, c0);
 }
 
-extern "C" __global__ void concat_copy_forward_bf16(bf16* __restrict__ out,
-        const bf16* __restrict__ x, long long N, long long Ci, long long inner, long long Ctotal,
-        long long c0)
-{
-    concat_copy_forward_body(out, x, N, Ci, inner, Ctotal, c0);
-}
-
-extern "C" __global__ void concat_copy_forward_f16(f16* __restrict__ out,
-        const f16* __restrict__ x, long long N, long long Ci, long long inner, long long Ctotal,
-        long long c0)
-{
-    concat_copy_forward_body(out, x, N, Ci, inner, Ctotal, c0);
-}
-
 extern "C" __global__ void concat_copy_backward(float* __restrict__ dx,
         const float* __restrict__ dout, long long N, long long Ci, long long inner, long long Ctotal,
-        long long c0)
-{
-    concat_copy_backward_body(dx, dout, N, Ci, inner, Ctotal, c0);
-}
-
-extern "C" __global__ void concat_copy_backward_bf16(bf16* __restrict__ dx,
-        const bf16* __restrict__ dout, long long N, long long Ci, long long inner, long long Ctotal,
-        long long c0)
-{
-    concat_copy_backward_body(dx, dout, N, Ci, inner, Ctotal, c0);
-}
-
-extern "C" __global__ void concat_copy_backward_f16(f16* __restrict__ dx,
-        const f16* __restrict__ dout, long long N, long long Ci, long long inner, long long Ctotal,
         long long c0)
 {
     concat_copy_backward_body(dx, dout, N, Ci, inner, Ctotal, c0);
@@ -508,20 +340,6 @@ extern "C" __global__ void lrn_forward(float* __restrict__ y,
     lrn_forward_body(y, x, N, C, inner, size, alpha, beta, k);
 }
 
-extern "C" __global__ void lrn_forward_bf16(bf16* __restrict__ y,
-        const bf16* __restrict__ x, long long N, long long C, long long inner, int size,
-        float alpha, float beta, float k)
-{
-    lrn_forward_body(y, x, N, C, inner, size, alpha, beta, k);
-}
-
-extern "C" __global__ void lrn_forward_f16(f16* __restrict__ y,
-        const f16* __restrict__ x, long long N, long long C, long long inner, int size,
-        float alpha, float beta, float k)
-{
-    lrn_forward_body(y, x, N, C, inner, size, alpha, beta, k);
-}
-
 // Gradient of LocalResponseNorm (autograd of the PyTorch formula above).
 // With d[c] = k + alpha/size * S[c] and y[c] = x[c] * d[c]^-beta:
 //     dx[i] = dy[i] * d[i]^-beta
@@ -567,16 +385,99 @@ extern "C" __global__ void lrn_backward(float* __restrict__ dx,
     lrn_backward_body(dx, x, y, dy, N, C, inner, size, alpha, beta, k);
 }
 
-extern "C" __global__ void lrn_backward_bf16(bf16* __restrict__ dx,
-        const bf16* __restrict__ x, const bf16* __restrict__ y, const bf16* __restrict__ dy,
-        long long N, long long C, long long inner, int size, float alpha, float beta, float k)
+// ---------------------------------------------------------------------------
+// Half entry points, written once for both halves: HALF(name) is <name>_bf16
+// or <name>_f16 and half_t that storage, as kernel_specs.module_source
+// defines them before the text of a bf16 or fp16 run. A float32 run's text
+// leaves HALF undefined, so it compiles none of them.
+// ---------------------------------------------------------------------------
+#ifdef HALF
+
+extern "C" __global__ void HALF(add_forward)(half_t* out, const half_t* a, const half_t* b, long long n)
+{
+    add_body(out, a, b, n);
+}
+
+extern "C" __global__ void HALF(add_many)(half_t* out, const half_t* x0, const half_t* x1, const half_t* x2,
+        const half_t* x3, const half_t* x4, const half_t* x5, const half_t* x6, const half_t* x7, int k,
+        long long n)
+{
+    add_many_body(out, x0, x1, x2, x3, x4, x5, x6, x7, k, n);
+}
+
+extern "C" __global__ void HALF(accumulate)(half_t* __restrict__ dst, const half_t* __restrict__ src, long long n)
+{
+    accumulate_body(dst, src, n);
+}
+
+extern "C" __global__ void HALF(round_copy)(half_t* __restrict__ out, const float* __restrict__ x, long long n)
+{
+    convert_body(out, x, n);
+}
+
+extern "C" __global__ void HALF(widen_copy)(float* __restrict__ out, const half_t* __restrict__ x, long long n)
+{
+    convert_body(out, x, n);
+}
+
+extern "C" __global__ void HALF(relu_forward)(half_t* y, const half_t* x, long long n)
+{
+    relu_forward_body(y, x, n);
+}
+
+extern "C" __global__ void HALF(relu_backward)(half_t* dx, const half_t* __restrict__ y, const half_t* dy,
+        long long n)
+{
+    relu_backward_body(dx, y, dy, n);
+}
+
+extern "C" __global__ void HALF(dropout_forward)(half_t* out, const half_t* x, long long n, unsigned long long key,
+        unsigned int threshold24, float scale)
+{
+    dropout_apply(out, x, n, key, threshold24, scale);
+}
+
+extern "C" __global__ void HALF(dropout_backward)(half_t* dx, const half_t* dy, long long n, unsigned long long key,
+        unsigned int threshold24, float scale)
+{
+    dropout_apply(dx, dy, n, key, threshold24, scale);
+}
+
+extern "C" __global__ void HALF(dropout_forward_dev)(half_t* out, const half_t* x, long long n,
+        const unsigned long long* key, unsigned int threshold24, float scale)
+{
+    dropout_apply(out, x, n, key[0], threshold24, scale);
+}
+
+extern "C" __global__ void HALF(dropout_backward_dev)(half_t* dx, const half_t* dy, long long n,
+        const unsigned long long* key, unsigned int threshold24, float scale)
+{
+    dropout_apply(dx, dy, n, key[0], threshold24, scale);
+}
+
+extern "C" __global__ void HALF(concat_copy_forward)(half_t* __restrict__ out, const half_t* __restrict__ x,
+        long long N, long long Ci, long long inner, long long Ctotal, long long c0)
+{
+    concat_copy_forward_body(out, x, N, Ci, inner, Ctotal, c0);
+}
+
+extern "C" __global__ void HALF(concat_copy_backward)(half_t* __restrict__ dx, const half_t* __restrict__ dout,
+        long long N, long long Ci, long long inner, long long Ctotal, long long c0)
+{
+    concat_copy_backward_body(dx, dout, N, Ci, inner, Ctotal, c0);
+}
+
+extern "C" __global__ void HALF(lrn_forward)(half_t* __restrict__ y, const half_t* __restrict__ x, long long N,
+        long long C, long long inner, int size, float alpha, float beta, float k)
+{
+    lrn_forward_body(y, x, N, C, inner, size, alpha, beta, k);
+}
+
+extern "C" __global__ void HALF(lrn_backward)(half_t* __restrict__ dx, const half_t* __restrict__ x,
+        const half_t* __restrict__ y, const half_t* __restrict__ dy, long long N, long long C, long long inner,
+        int size, float alpha, float beta, float k)
 {
     lrn_backward_body(dx, x, y, dy, N, C, inner, size, alpha, beta, k);
 }
 
-extern "C" __global__ void lrn_backward_f16(f16* __restrict__ dx,
-        const f16* __restrict__ x, const f16* __restrict__ y, const f16* __restrict__ dy,
-        long long N, long long C, long long inner, int size, float alpha, float beta, float k)
-{
-    lrn_backward_body(dx, x, y, dy, N, C, inner, size, alpha, beta, k);
-}
+#endif  // HALF

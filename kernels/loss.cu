@@ -101,18 +101,6 @@ extern "C" __global__ void softmax_xent_forward(float* __restrict__ loss,
     softmax_xent_forward_body(loss, logits, labels, N, K);
 }
 
-extern "C" __global__ void softmax_xent_forward_bf16(float* __restrict__ loss,
-        const bf16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K)
-{
-    softmax_xent_forward_body(loss, logits, labels, N, K);
-}
-
-extern "C" __global__ void softmax_xent_forward_f16(float* __restrict__ loss,
-        const f16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K)
-{
-    softmax_xent_forward_body(loss, logits, labels, N, K);
-}
-
 // out[0] = mean(loss[0:N])            (reduction='mean'; NaN when N == 0, as
 // torch's mean of an empty tensor). Single block: launch with grid (1,);
 // extra blocks return immediately. Any blockDim.x <= 1024.
@@ -162,20 +150,6 @@ extern "C" __global__ void softmax_xent_backward(float* dlogits, const float* lo
     softmax_xent_backward_body(dlogits, logits, labels, N, K, scale, (const float*)0);
 }
 
-extern "C" __global__ void softmax_xent_backward_bf16(bf16* dlogits, const bf16* logits,
-        const long long* __restrict__ labels, long long N, long long K, float scale,
-        const float* __restrict__ dloss)
-{
-    softmax_xent_backward_body(dlogits, logits, labels, N, K, scale, dloss);
-}
-
-extern "C" __global__ void softmax_xent_backward_f16(f16* dlogits, const f16* logits,
-        const long long* __restrict__ labels, long long N, long long K, float scale,
-        const float* __restrict__ dloss)
-{
-    softmax_xent_backward_body(dlogits, logits, labels, N, K, scale, dloss);
-}
-
 // ---------------------------------------------------------------------------
 // Cross-entropy over every token with an ignore index
 // (F.cross_entropy(logits, labels, ignore_index=ignore_index), the mean over
@@ -216,20 +190,6 @@ static __device__ void softmax_xent_ignore_forward_body(float* __restrict__ loss
 
 extern "C" __global__ void softmax_xent_ignore_forward(float* __restrict__ loss,
         const float* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K,
-        long long ignore_index)
-{
-    softmax_xent_ignore_forward_body(loss, logits, labels, N, K, ignore_index);
-}
-
-extern "C" __global__ void softmax_xent_ignore_forward_bf16(float* __restrict__ loss,
-        const bf16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K,
-        long long ignore_index)
-{
-    softmax_xent_ignore_forward_body(loss, logits, labels, N, K, ignore_index);
-}
-
-extern "C" __global__ void softmax_xent_ignore_forward_f16(float* __restrict__ loss,
-        const f16* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K,
         long long ignore_index)
 {
     softmax_xent_ignore_forward_body(loss, logits, labels, N, K, ignore_index);
@@ -300,16 +260,39 @@ extern "C" __global__ void softmax_xent_ignore_backward(float* dlogits, const fl
     softmax_xent_ignore_backward_body(dlogits, logits, labels, scale, N, K, ignore_index);
 }
 
-extern "C" __global__ void softmax_xent_ignore_backward_bf16(bf16* dlogits, const bf16* logits,
+// ---------------------------------------------------------------------------
+// Half entry points, written once for both halves: HALF(name) is <name>_bf16
+// or <name>_f16 and half_t that storage, as kernel_specs.module_source
+// defines them before the text of a bf16 or fp16 run. A float32 run's text
+// leaves HALF undefined, so it compiles none of them.
+// ---------------------------------------------------------------------------
+#ifdef HALF
+
+extern "C" __global__ void HALF(softmax_xent_forward)(float* __restrict__ loss, const half_t* __restrict__ logits,
+        const long long* __restrict__ labels, long long N, long long K)
+{
+    softmax_xent_forward_body(loss, logits, labels, N, K);
+}
+
+extern "C" __global__ void HALF(softmax_xent_backward)(half_t* dlogits, const half_t* logits,
+        const long long* __restrict__ labels, long long N, long long K, float scale,
+        const float* __restrict__ dloss)
+{
+    softmax_xent_backward_body(dlogits, logits, labels, N, K, scale, dloss);
+}
+
+extern "C" __global__ void HALF(softmax_xent_ignore_forward)(float* __restrict__ loss,
+        const half_t* __restrict__ logits, const long long* __restrict__ labels, long long N, long long K,
+        long long ignore_index)
+{
+    softmax_xent_ignore_forward_body(loss, logits, labels, N, K, ignore_index);
+}
+
+extern "C" __global__ void HALF(softmax_xent_ignore_backward)(half_t* dlogits, const half_t* logits,
         const long long* __restrict__ labels, const float* __restrict__ scale, long long N, long long K,
         long long ignore_index)
 {
     softmax_xent_ignore_backward_body(dlogits, logits, labels, scale, N, K, ignore_index);
 }
 
-extern "C" __global__ void softmax_xent_ignore_backward_f16(f16* dlogits, const f16* logits,
-        const long long* __restrict__ labels, const float* __restrict__ scale, long long N, long long K,
-        long long ignore_index)
-{
-    softmax_xent_ignore_backward_body(dlogits, logits, labels, scale, N, K, ignore_index);
-}
+#endif  // HALF

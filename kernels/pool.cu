@@ -86,20 +86,6 @@ extern "C" __global__ void maxpool2d_forward(float* __restrict__ y,
     maxpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
 }
 
-extern "C" __global__ void maxpool2d_forward_bf16(bf16* __restrict__ y,
-        const bf16* __restrict__ x, long long N, long long C, long long H, long long W,
-        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
-{
-    maxpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
-}
-
-extern "C" __global__ void maxpool2d_forward_f16(f16* __restrict__ y,
-        const f16* __restrict__ x, long long N, long long C, long long H, long long W,
-        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
-{
-    maxpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
-}
-
 // Backward of max_pool2d: dx[argmax(window)] += dy[n, c, oh, ow].
 // The argmax is recomputed from the INPUT x with the forward's rule (no
 // index tensor is stored), and scattered with atomicAdd because overlapping
@@ -161,22 +147,6 @@ static __device__ void maxpool2d_backward_gather(T* __restrict__ dx, const T* __
         }
         store(dx, i, g);
     }
-}
-
-extern "C" __global__ void maxpool2d_backward_bf16(bf16* __restrict__ dx,
-        const bf16* __restrict__ dy, const bf16* __restrict__ x, long long N, long long C,
-        long long H, long long W, long long OH, long long OW, int kh, int kw, int sh, int sw,
-        int ph, int pw, int dh, int dw)
-{
-    maxpool2d_backward_gather(dx, dy, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
-}
-
-extern "C" __global__ void maxpool2d_backward_f16(f16* __restrict__ dx,
-        const f16* __restrict__ dy, const f16* __restrict__ x, long long N, long long C,
-        long long H, long long W, long long OH, long long OW, int kh, int kw, int sh, int sw,
-        int ph, int pw, int dh, int dw)
-{
-    maxpool2d_backward_gather(dx, dy, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
 }
 
 // ---------------------------------------------------------------------------
@@ -270,24 +240,6 @@ extern "C" __global__ void avgpool2d_forward(float* __restrict__ y,
                            divisor_override);
 }
 
-extern "C" __global__ void avgpool2d_forward_bf16(bf16* __restrict__ y,
-        const bf16* __restrict__ x, long long N, long long C, long long H, long long W,
-        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
-        int count_include_pad, int divisor_override)
-{
-    avgpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
-                           divisor_override);
-}
-
-extern "C" __global__ void avgpool2d_forward_f16(f16* __restrict__ y,
-        const f16* __restrict__ x, long long N, long long C, long long H, long long W,
-        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
-        int count_include_pad, int divisor_override)
-{
-    avgpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
-                           divisor_override);
-}
-
 // Backward of avg_pool2d, as a GATHER (deterministic, no atomics): one thread
 // per INPUT element sums dy / divisor over the output windows that contain
 // it. Overwrites dx entirely (no zeroing needed).
@@ -341,24 +293,6 @@ extern "C" __global__ void avgpool2d_backward(float* __restrict__ dx,
                             divisor_override);
 }
 
-extern "C" __global__ void avgpool2d_backward_bf16(bf16* __restrict__ dx,
-        const bf16* __restrict__ dy, long long N, long long C, long long H, long long W,
-        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
-        int count_include_pad, int divisor_override)
-{
-    avgpool2d_backward_body(dx, dy, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
-                            divisor_override);
-}
-
-extern "C" __global__ void avgpool2d_backward_f16(f16* __restrict__ dx,
-        const f16* __restrict__ dy, long long N, long long C, long long H, long long W,
-        long long OH, long long OW, int kh, int kw, int sh, int sw, int ph, int pw,
-        int count_include_pad, int divisor_override)
-{
-    avgpool2d_backward_body(dx, dy, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
-                            divisor_override);
-}
-
 // ---------------------------------------------------------------------------
 // Global average pooling (adaptive_avg_pool2d(x, 1) == x.mean((2, 3), keepdim))
 //
@@ -392,18 +326,6 @@ extern "C" __global__ void global_avgpool_forward(float* __restrict__ y,
     global_avgpool_forward_body(y, x, NC, HW);
 }
 
-extern "C" __global__ void global_avgpool_forward_bf16(bf16* __restrict__ y,
-        const bf16* __restrict__ x, long long NC, long long HW)
-{
-    global_avgpool_forward_body(y, x, NC, HW);
-}
-
-extern "C" __global__ void global_avgpool_forward_f16(f16* __restrict__ y,
-        const f16* __restrict__ x, long long NC, long long HW)
-{
-    global_avgpool_forward_body(y, x, NC, HW);
-}
-
 // dx[r, j] = dy[r] / HW.  One thread per input element (grid-stride).
 template <typename T>
 static __device__ void global_avgpool_backward_body(T* __restrict__ dx, const T* __restrict__ dy,
@@ -419,14 +341,54 @@ extern "C" __global__ void global_avgpool_backward(float* __restrict__ dx,
     global_avgpool_backward_body(dx, dy, NC, HW);
 }
 
-extern "C" __global__ void global_avgpool_backward_bf16(bf16* __restrict__ dx,
-        const bf16* __restrict__ dy, long long NC, long long HW)
+// ---------------------------------------------------------------------------
+// Half entry points, written once for both halves: HALF(name) is <name>_bf16
+// or <name>_f16 and half_t that storage, as kernel_specs.module_source
+// defines them before the text of a bf16 or fp16 run. A float32 run's text
+// leaves HALF undefined, so it compiles none of them.
+// ---------------------------------------------------------------------------
+#ifdef HALF
+
+extern "C" __global__ void HALF(maxpool2d_forward)(half_t* __restrict__ y, const half_t* __restrict__ x,
+        long long N, long long C, long long H, long long W, long long OH, long long OW, int kh, int kw, int sh,
+        int sw, int ph, int pw, int dh, int dw)
+{
+    maxpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
+extern "C" __global__ void HALF(maxpool2d_backward)(half_t* __restrict__ dx, const half_t* __restrict__ dy,
+        const half_t* __restrict__ x, long long N, long long C, long long H, long long W, long long OH,
+        long long OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
+{
+    maxpool2d_backward_gather(dx, dy, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
+extern "C" __global__ void HALF(avgpool2d_forward)(half_t* __restrict__ y, const half_t* __restrict__ x,
+        long long N, long long C, long long H, long long W, long long OH, long long OW, int kh, int kw, int sh,
+        int sw, int ph, int pw, int count_include_pad, int divisor_override)
+{
+    avgpool2d_forward_body(y, x, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                           divisor_override);
+}
+
+extern "C" __global__ void HALF(avgpool2d_backward)(half_t* __restrict__ dx, const half_t* __restrict__ dy,
+        long long N, long long C, long long H, long long W, long long OH, long long OW, int kh, int kw, int sh,
+        int sw, int ph, int pw, int count_include_pad, int divisor_override)
+{
+    avgpool2d_backward_body(dx, dy, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, count_include_pad,
+                            divisor_override);
+}
+
+extern "C" __global__ void HALF(global_avgpool_forward)(half_t* __restrict__ y, const half_t* __restrict__ x,
+        long long NC, long long HW)
+{
+    global_avgpool_forward_body(y, x, NC, HW);
+}
+
+extern "C" __global__ void HALF(global_avgpool_backward)(half_t* __restrict__ dx, const half_t* __restrict__ dy,
+        long long NC, long long HW)
 {
     global_avgpool_backward_body(dx, dy, NC, HW);
 }
 
-extern "C" __global__ void global_avgpool_backward_f16(f16* __restrict__ dx,
-        const f16* __restrict__ dy, long long NC, long long HW)
-{
-    global_avgpool_backward_body(dx, dy, NC, HW);
-}
+#endif  // HALF

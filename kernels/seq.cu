@@ -113,16 +113,6 @@ extern "C" __global__ void layernorm_forward(float* y, float* mean, float* rstd,
     layernorm_forward_body(y, mean, rstd, x, w, b, R, C, eps);
 }
 
-extern "C" __global__ void layernorm_forward_bf16(bf16* y, float* mean, float* rstd, const bf16* x, const float* w, const float* b, long long R, long long C, float eps)
-{
-    layernorm_forward_body(y, mean, rstd, x, w, b, R, C, eps);
-}
-
-extern "C" __global__ void layernorm_forward_f16(f16* y, float* mean, float* rstd, const f16* x, const float* w, const float* b, long long R, long long C, float eps)
-{
-    layernorm_forward_body(y, mean, rstd, x, w, b, R, C, eps);
-}
-
 // y from saved statistics: y[r, j] = ln_out(x[r, j], mean[r], rstd[r], ...).
 // One thread per element.
 template <typename T>
@@ -137,16 +127,6 @@ static __device__ void layernorm_forward_apply_body(T* y, const T* x, const floa
 }
 
 extern "C" __global__ void layernorm_forward_apply(float* y, const float* x, const float* w, const float* b, const float* mean, const float* rstd, long long R, long long C)
-{
-    layernorm_forward_apply_body(y, x, w, b, mean, rstd, R, C);
-}
-
-extern "C" __global__ void layernorm_forward_apply_bf16(bf16* y, const bf16* x, const float* w, const float* b, const float* mean, const float* rstd, long long R, long long C)
-{
-    layernorm_forward_apply_body(y, x, w, b, mean, rstd, R, C);
-}
-
-extern "C" __global__ void layernorm_forward_apply_f16(f16* y, const f16* x, const float* w, const float* b, const float* mean, const float* rstd, long long R, long long C)
 {
     layernorm_forward_apply_body(y, x, w, b, mean, rstd, R, C);
 }
@@ -186,16 +166,6 @@ extern "C" __global__ void layernorm_backward_dx(float* dx, const float* x, cons
     layernorm_backward_dx_body(dx, x, w, dy, mean, rstd, R, C);
 }
 
-extern "C" __global__ void layernorm_backward_dx_bf16(bf16* dx, const bf16* x, const float* w, const bf16* dy, const float* mean, const float* rstd, long long R, long long C)
-{
-    layernorm_backward_dx_body(dx, x, w, dy, mean, rstd, R, C);
-}
-
-extern "C" __global__ void layernorm_backward_dx_f16(f16* dx, const f16* x, const float* w, const f16* dy, const float* mean, const float* rstd, long long R, long long C)
-{
-    layernorm_backward_dx_body(dx, x, w, dy, mean, rstd, R, C);
-}
-
 // The weight and bias gradients of layer norm, in two deterministic passes.
 // layernorm_backward_partials: for chunk g of `chunk` rows (the last may be
 // shorter) and column j, pw[g, j] = sum of dy * xhat and pb[g, j] = sum of dy
@@ -222,16 +192,6 @@ static __device__ void layernorm_backward_partials_body(double* pw, double* pb, 
 }
 
 extern "C" __global__ void layernorm_backward_partials(double* pw, double* pb, const float* x, const float* dy, const float* mean, const float* rstd, long long R, long long C, long long chunk)
-{
-    layernorm_backward_partials_body(pw, pb, x, dy, mean, rstd, R, C, chunk);
-}
-
-extern "C" __global__ void layernorm_backward_partials_bf16(double* pw, double* pb, const bf16* x, const bf16* dy, const float* mean, const float* rstd, long long R, long long C, long long chunk)
-{
-    layernorm_backward_partials_body(pw, pb, x, dy, mean, rstd, R, C, chunk);
-}
-
-extern "C" __global__ void layernorm_backward_partials_f16(double* pw, double* pb, const f16* x, const f16* dy, const float* mean, const float* rstd, long long R, long long C, long long chunk)
 {
     layernorm_backward_partials_body(pw, pb, x, dy, mean, rstd, R, C, chunk);
 }
@@ -286,16 +246,6 @@ extern "C" __global__ void gelu_forward(float* y, const float* x, long long n, i
     gelu_forward_body(y, x, n, exact);
 }
 
-extern "C" __global__ void gelu_forward_bf16(bf16* y, const bf16* x, long long n, int exact)
-{
-    gelu_forward_body(y, x, n, exact);
-}
-
-extern "C" __global__ void gelu_forward_f16(f16* y, const f16* x, long long n, int exact)
-{
-    gelu_forward_body(y, x, n, exact);
-}
-
 // dx = dy * GELU'(x): exact: Phi(x) + x phi(x); tanh form: 0.5 (1 + t) +
 // 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). dx may alias dy.
 template <typename T>
@@ -317,16 +267,6 @@ static __device__ void gelu_backward_body(T* dx, const T* x, const T* dy, long l
 }
 
 extern "C" __global__ void gelu_backward(float* dx, const float* x, const float* dy, long long n, int exact)
-{
-    gelu_backward_body(dx, x, dy, n, exact);
-}
-
-extern "C" __global__ void gelu_backward_bf16(bf16* dx, const bf16* x, const bf16* dy, long long n, int exact)
-{
-    gelu_backward_body(dx, x, dy, n, exact);
-}
-
-extern "C" __global__ void gelu_backward_f16(f16* dx, const f16* x, const f16* dy, long long n, int exact)
 {
     gelu_backward_body(dx, x, dy, n, exact);
 }
@@ -366,16 +306,6 @@ extern "C" __global__ void softmax_forward(float* y, const float* x, long long R
     softmax_forward_body(y, x, R, C, scale, causal_t);
 }
 
-extern "C" __global__ void softmax_forward_bf16(bf16* y, const bf16* x, long long R, long long C, float scale, long long causal_t)
-{
-    softmax_forward_body(y, x, R, C, scale, causal_t);
-}
-
-extern "C" __global__ void softmax_forward_f16(f16* y, const f16* x, long long R, long long C, float scale, long long causal_t)
-{
-    softmax_forward_body(y, x, R, C, scale, causal_t);
-}
-
 // dx[r] = scale * y[r] * (dy[r] - sum_j dy[r, j] y[r, j]): the backward of
 // softmax_forward from its output (masked entries have y = 0, so they get 0).
 // dx may alias dy.
@@ -401,16 +331,6 @@ extern "C" __global__ void softmax_backward(float* dx, const float* y, const flo
     softmax_backward_body(dx, y, dy, R, C, scale);
 }
 
-extern "C" __global__ void softmax_backward_bf16(bf16* dx, const bf16* y, const bf16* dy, long long R, long long C, float scale)
-{
-    softmax_backward_body(dx, y, dy, R, C, scale);
-}
-
-extern "C" __global__ void softmax_backward_f16(f16* dx, const f16* y, const f16* dy, long long R, long long C, float scale)
-{
-    softmax_backward_body(dx, y, dy, R, C, scale);
-}
-
 // ---------------------------------------------------------------------------
 // Embedding                                       (F.embedding(idx, w))
 // ---------------------------------------------------------------------------
@@ -429,16 +349,6 @@ static __device__ void embedding_forward_body(T* y, const float* w, const long l
 }
 
 extern "C" __global__ void embedding_forward(float* y, const float* w, const long long* idx, long long R, long long C, long long V)
-{
-    embedding_forward_body(y, w, idx, R, C, V);
-}
-
-extern "C" __global__ void embedding_forward_bf16(bf16* y, const float* w, const long long* idx, long long R, long long C, long long V)
-{
-    embedding_forward_body(y, w, idx, R, C, V);
-}
-
-extern "C" __global__ void embedding_forward_f16(f16* y, const float* w, const long long* idx, long long R, long long C, long long V)
 {
     embedding_forward_body(y, w, idx, R, C, V);
 }
@@ -469,16 +379,6 @@ extern "C" __global__ void embedding_backward(float* dw, const float* dy, const 
     embedding_backward_body(dw, dy, idx, R, C, V, groups);
 }
 
-extern "C" __global__ void embedding_backward_bf16(float* dw, const bf16* dy, const long long* idx, long long R, long long C, long long V, long long groups)
-{
-    embedding_backward_body(dw, dy, idx, R, C, V, groups);
-}
-
-extern "C" __global__ void embedding_backward_f16(float* dw, const f16* dy, const long long* idx, long long R, long long C, long long V, long long groups)
-{
-    embedding_backward_body(dw, dy, idx, R, C, V, groups);
-}
-
 // ---------------------------------------------------------------------------
 // Position embedding                              (x + w[:T] for x of (B, T, C))
 // ---------------------------------------------------------------------------
@@ -493,16 +393,6 @@ static __device__ void position_embedding_forward_body(T* y, const T* x, const f
 }
 
 extern "C" __global__ void position_embedding_forward(float* y, const float* x, const float* w, long long B, long long TC)
-{
-    position_embedding_forward_body(y, x, w, B, TC);
-}
-
-extern "C" __global__ void position_embedding_forward_bf16(bf16* y, const bf16* x, const float* w, long long B, long long TC)
-{
-    position_embedding_forward_body(y, x, w, B, TC);
-}
-
-extern "C" __global__ void position_embedding_forward_f16(f16* y, const f16* x, const float* w, long long B, long long TC)
 {
     position_embedding_forward_body(y, x, w, B, TC);
 }
@@ -524,12 +414,82 @@ extern "C" __global__ void position_embedding_backward(float* dw, const float* d
     position_embedding_backward_body(dw, dy, B, TC);
 }
 
-extern "C" __global__ void position_embedding_backward_bf16(float* dw, const bf16* dy, long long B, long long TC)
+// ---------------------------------------------------------------------------
+// Half entry points, written once for both halves: HALF(name) is <name>_bf16
+// or <name>_f16 and half_t that storage, as kernel_specs.module_source
+// defines them before the text of a bf16 or fp16 run. A float32 run's text
+// leaves HALF undefined, so it compiles none of them.
+// ---------------------------------------------------------------------------
+#ifdef HALF
+
+extern "C" __global__ void HALF(layernorm_forward)(half_t* y, float* mean, float* rstd, const half_t* x,
+        const float* w, const float* b, long long R, long long C, float eps)
+{
+    layernorm_forward_body(y, mean, rstd, x, w, b, R, C, eps);
+}
+
+extern "C" __global__ void HALF(layernorm_forward_apply)(half_t* y, const half_t* x, const float* w, const float* b,
+        const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_forward_apply_body(y, x, w, b, mean, rstd, R, C);
+}
+
+extern "C" __global__ void HALF(layernorm_backward_dx)(half_t* dx, const half_t* x, const float* w,
+        const half_t* dy, const float* mean, const float* rstd, long long R, long long C)
+{
+    layernorm_backward_dx_body(dx, x, w, dy, mean, rstd, R, C);
+}
+
+extern "C" __global__ void HALF(layernorm_backward_partials)(double* pw, double* pb, const half_t* x,
+        const half_t* dy, const float* mean, const float* rstd, long long R, long long C, long long chunk)
+{
+    layernorm_backward_partials_body(pw, pb, x, dy, mean, rstd, R, C, chunk);
+}
+
+extern "C" __global__ void HALF(gelu_forward)(half_t* y, const half_t* x, long long n, int exact)
+{
+    gelu_forward_body(y, x, n, exact);
+}
+
+extern "C" __global__ void HALF(gelu_backward)(half_t* dx, const half_t* x, const half_t* dy, long long n,
+        int exact)
+{
+    gelu_backward_body(dx, x, dy, n, exact);
+}
+
+extern "C" __global__ void HALF(softmax_forward)(half_t* y, const half_t* x, long long R, long long C, float scale,
+        long long causal_t)
+{
+    softmax_forward_body(y, x, R, C, scale, causal_t);
+}
+
+extern "C" __global__ void HALF(softmax_backward)(half_t* dx, const half_t* y, const half_t* dy, long long R,
+        long long C, float scale)
+{
+    softmax_backward_body(dx, y, dy, R, C, scale);
+}
+
+extern "C" __global__ void HALF(embedding_forward)(half_t* y, const float* w, const long long* idx, long long R,
+        long long C, long long V)
+{
+    embedding_forward_body(y, w, idx, R, C, V);
+}
+
+extern "C" __global__ void HALF(embedding_backward)(float* dw, const half_t* dy, const long long* idx, long long R,
+        long long C, long long V, long long groups)
+{
+    embedding_backward_body(dw, dy, idx, R, C, V, groups);
+}
+
+extern "C" __global__ void HALF(position_embedding_forward)(half_t* y, const half_t* x, const float* w, long long B,
+        long long TC)
+{
+    position_embedding_forward_body(y, x, w, B, TC);
+}
+
+extern "C" __global__ void HALF(position_embedding_backward)(float* dw, const half_t* dy, long long B, long long TC)
 {
     position_embedding_backward_body(dw, dy, B, TC);
 }
 
-extern "C" __global__ void position_embedding_backward_f16(float* dw, const f16* dy, long long B, long long TC)
-{
-    position_embedding_backward_body(dw, dy, B, TC);
-}
+#endif  // HALF

@@ -13,6 +13,7 @@ import pytest
 
 from minidl.backend import get_backend
 from minidl.backend.cuda import cudnn_specs, halves, launches, norm, views
+from minidl.backend.cuda import kernel_specs as ks
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs, DeviceArena, GraphUnsupported
 from minidl.backend.mathmode import apply_math, backend_math
 from minidl.backend.precision import HALF_DTYPES, check_half_kernels
@@ -223,6 +224,41 @@ def test_prepare_graph_loads_the_modes_forms_of_the_graph_kernels(mode):
     suffix = {"fp32": "", "bf16": "_bf16", "fp16": "_f16"}[mode]
     halves_loaded = {f"dropout_forward_dev{suffix}", f"dropout_backward_dev{suffix}"} if suffix else set()
     assert set(loaded) == set(CUDABackend.GRAPH_KERNELS) | halves_loaded
+
+
+class _RecordingCupy:
+    """cupy's RawModule on the host: records each text it is asked to compile; a module's functions are names."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+
+    def RawModule(self, code):
+        self.texts.append(code)
+        return SimpleNamespace(get_function=lambda name: name)
+
+
+def test_a_run_compiles_its_modes_texts_only():
+    """fp32 compiles float32 texts (no half entry point); bf16 one text per file, its float32 kernels (the loss's
+    mean, a float32 gradient's accumulate) from it too; a switch to fp16 compiles that mode's text when a kernel
+    asks, and a kernel loaded before keeps its function; a file without half forms has one text in every mode."""
+    be = _half_backend("fp32")
+    cp = be.cp = _RecordingCupy()
+    be._modules, be._kernels = {}, {}
+    for name in ("relu_forward", "scale_copy", "sgd_update"):
+        be._kernel(name)
+    assert cp.texts == [ks.module_source("elementwise.cu"), ks.module_source("optim.cu")]
+    assert "#define HALF" not in cp.texts[0]
+    be.set_math("bf16")
+    for name in ("relu_forward_bf16", "accumulate", "softmax_xent_forward_bf16", "softmax_xent_mean", "adam_update"):
+        be._kernel(name)
+    assert cp.texts[2:] == [ks.module_source("elementwise.cu", "bf16"), ks.module_source("loss.cu", "bf16")]
+    be.set_math("fp16")
+    for name in ("relu_forward_f16", "relu_forward_bf16", "relu_forward", "softmax_xent_ignore_mean"):
+        be._kernel(name)
+    assert cp.texts[4:] == [ks.module_source("elementwise.cu", "fp16"), ks.module_source("loss.cu", "fp16")]
+    assert set(be._modules) == {("elementwise.cu", None), ("optim.cu", None), ("elementwise.cu", "bf16"),
+                                ("loss.cu", "bf16"), ("elementwise.cu", "fp16"), ("loss.cu", "fp16")}
+    assert len(set(cp.texts)) == len(cp.texts)   # cupy's disk cache is keyed by the text: each mode's apart
 
 
 # -- cuDNN graphs with half I/O and float32 compute

@@ -1,17 +1,18 @@
 """Host-side tests of the CUDA kernel sources and their Python description.
 
 No GPU is needed:
-  (a) every ``kernels/*.cu`` compiles with nvcc for sm_70 (sm_75 where nvcc
-      no longer builds sm_70) and sm_90 with all
+  (a) every text of every ``kernels/*.cu`` (float32, and with a half's entry
+      points: ``kernel_specs.module_source``) compiles with nvcc for sm_70
+      (sm_75 where nvcc no longer builds sm_70) and sm_90 with all
       warnings as errors (skipped, with the reason, when nvcc is absent), and
       with NVRTC, the compiler cupy.RawModule runs on the GPU, for compute_70
       and compute_90 (the ``nvidia-cuda-nvrtc-cu12`` wheel, no GPU needed;
       skipped, with the reason, where it is absent);
   (b) every kernel of ``minidl.backend.cuda.kernel_specs.KERNELS`` is an
       ``extern "C" __global__`` function of its file with exactly the
-      registered parameters, both in the source text and in the PTX nvcc
-      emits (unmangled ``.entry`` with matching parameter widths), and every
-      entry point of the files is registered;
+      registered parameters, both in the source text and in the PTX nvcc and
+      NVRTC emit (unmangled ``.entry`` with matching parameter widths), and
+      each text exports exactly the entry points of its half;
   (c) ``launch_config`` (pure host arithmetic);
   (d) the numpy reference of the dropout RNG (splitmix64) against pure-Python
       64-bit integer arithmetic, plus mask statistics and determinism.
@@ -53,7 +54,23 @@ def _strip_comments(src: str) -> str:
     return re.sub(r"//[^\n]*", "", src)
 
 
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(HALF\(\w+\)|\w+)\s*\(([^)]*)\)', re.S)
+#: (file, half) of every text the kernels are compiled as (None: float32).
+TEXTS = [(f, h) for f in CU_FILES for h in ks.file_halves(f)]
+TEXT_IDS = [f"{f}-{h or 'fp32'}" for f, h in TEXTS]
+
+
+def each_text_once(archs: tuple[str, str]) -> list[tuple[str, str | None, str]]:
+    """(file, half, arch) of the compiles of a compile test, `archs` (oldest, newest): each text once, for the oldest
+    GPU of its mode (bf16 tensor cores start with Ampere: the newest, the H100's; float32 and fp16 the oldest), a
+    file's only text for both. Every file and every float32 kernel compiles for both archs, for about the CPU time
+    of one all-forms text per arch."""
+    return [(f, h, arch) for f, h in TEXTS for arch in archs
+            if ks.file_halves(f) == (None,) or arch == archs[-1 if h == "bf16" else 0]]
+
+
+def _job_ids(jobs) -> list[str]:
+    return [f"{f}-{h or 'fp32'}-{a}" for f, h, a in jobs]
 
 
 def _normalize_param(param: str) -> tuple[str, str]:
@@ -65,9 +82,15 @@ def _normalize_param(param: str) -> tuple[str, str]:
     return m.group(2), ctype
 
 
-def _source_kernels(file: str) -> dict[str, list[tuple[str, str]]]:
-    """name -> [(param name, C type), ...] for every extern "C" kernel."""
-    src = _strip_comments((KERNEL_SRC_DIR / file).read_text())
+def _source_kernels(file: str, half: str | None = None) -> dict[str, list[tuple[str, str]]]:
+    """name -> [(param name, C type), ...] for every extern "C" kernel of `file`'s text for `half`: the file's
+    ``#ifdef HALF`` block left out (None: float32), or read with HALF(name) and half_t as module_source defines
+    them for that half."""
+    src, _, block = _strip_comments((KERNEL_SRC_DIR / file).read_text()).partition("#ifdef HALF")
+    if half is not None:
+        suffix, ctype = re.search(r"#define HALF\(name\) name##(\w+)\ntypedef (\w+) half_t;",
+                                  ks.module_source(file, half)).groups()
+        src += re.sub(r"\bhalf_t\b", ctype, re.sub(r"\bHALF\((\w+)\)", rf"\g<1>{suffix}", block))
     out = {}
     for name, params in _KERNEL_RE.findall(src):
         assert name not in out, f"{file}: kernel {name} defined twice"
@@ -155,27 +178,28 @@ def _oldest_arch() -> str:
 
 
 ARCHS = (_oldest_arch(), "sm_90")
+NVCC_JOBS = each_text_once(ARCHS)
 
 
 @pytest.fixture(scope="module")
 def nvcc_results():
-    """Compile every kernels/*.cu to a cubin for each arch, and to PTX for
-    the oldest, in parallel. -> {(file, target): CompletedProcess (+ .ptx)}."""
+    """Compile the NVCC_JOBS to cubins in parallel, keeping each one's PTX (-keep: no second front-end run).
+    -> {(file, half, arch): CompletedProcess with .ptx}."""
     nvcc = _find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): "
                     "cannot compile the CUDA kernels on this machine")
     tmp = tempfile.mkdtemp(prefix="minidl_kernels_")
-    jobs = {}
-    for f in CU_FILES:
-        stem = f[:-3]
-        src = Path(tmp, f)
-        src.write_text(ks.module_source(f))   # the text cupy compiles: the half storage before a file with halves
-        for arch in ARCHS:
-            jobs[(f, arch)] = [nvcc, f"-arch={arch}", "-cubin", *NVCC_WARNING_FLAGS,
-                               "-o", os.path.join(tmp, f"{stem}.{arch}.cubin"), str(src)]
-        jobs[(f, "ptx")] = [nvcc, f"-arch={ARCHS[0]}", "-ptx", *NVCC_WARNING_FLAGS,
-                            "-o", os.path.join(tmp, f"{stem}.ptx"), str(src)]
+    jobs, ptx_paths = {}, {}
+    for f, half, arch in NVCC_JOBS:
+        stem = f"{f[:-3]}.{half or 'fp32'}"
+        src = Path(tmp, f"{stem}.cu")
+        src.write_text(ks.module_source(f, half))   # the text cupy compiles
+        keep = Path(tmp, arch)
+        keep.mkdir(exist_ok=True)
+        ptx_paths[(f, half, arch)] = keep / f"{stem}.ptx"
+        jobs[(f, half, arch)] = [nvcc, f"-arch={arch}", "-cubin", *NVCC_WARNING_FLAGS, "-keep", "-keep-dir",
+                                 str(keep), "-o", str(keep / f"{stem}.cubin"), str(src)]
 
     def run(cmd):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -183,9 +207,8 @@ def nvcc_results():
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         futures = {k: pool.submit(run, cmd) for k, cmd in jobs.items()}
         results = {k: fut.result() for k, fut in futures.items()}
-    for f in CU_FILES:
-        ptx_path = Path(tmp, f"{f[:-3]}.ptx")
-        results[(f, "ptx")].ptx = ptx_path.read_text() if ptx_path.exists() else ""
+    for k, path in ptx_paths.items():
+        results[k].ptx = path.read_text() if path.exists() else ""
     yield results
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -196,13 +219,12 @@ def test_kernel_sources_exist():
     assert ks.KERNEL_DIR.resolve() == KERNEL_SRC_DIR.resolve()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("file", CU_FILES)
-def test_compiles_without_warnings(nvcc_results, file, arch):
-    r = nvcc_results[(file, arch)]
+@pytest.mark.parametrize("file, half, arch", NVCC_JOBS, ids=_job_ids(NVCC_JOBS))
+def test_compiles_without_warnings(nvcc_results, file, half, arch):
+    r = nvcc_results[(file, half, arch)]
     log = (r.stdout + r.stderr).strip()
-    assert r.returncode == 0, f"nvcc -arch={arch} {file} failed:\n{log}"
-    assert "warning" not in log.lower(), f"nvcc -arch={arch} {file} warned:\n{log}"
+    assert r.returncode == 0, f"nvcc -arch={arch} {file} ({half or 'fp32'}) failed:\n{log}"
+    assert "warning" not in log.lower(), f"nvcc -arch={arch} {file} ({half or 'fp32'}) warned:\n{log}"
 
 
 # NVRTC: what cupy.RawModule compiles the files with, driven through ctypes.
@@ -247,24 +269,29 @@ def nvrtc_compile(lib: ctypes.CDLL, source: str, name: str, arch: str) -> tuple[
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+NVRTC_JOBS = each_text_once(NVRTC_ARCHS)
+
+
 @pytest.fixture(scope="module")
 def nvrtc_results():
-    """{(file, arch): (rc, log, ptx)} for every kernels/*.cu."""
+    """{(file, half, arch): (rc, log, ptx)} for the NVRTC_JOBS, compiled in parallel (one program per thread;
+    ctypes releases the GIL)."""
     lib = _nvrtc_library()
     if lib is None:
         pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12, the test extra on Linux x86-64): "
                     "cannot compile the CUDA kernels as cupy does")
-    return {(f, arch): nvrtc_compile(lib, ks.module_source(f), f, arch)
-            for f in CU_FILES for arch in NVRTC_ARCHS}
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        compiled = pool.map(lambda k: nvrtc_compile(lib, ks.module_source(k[0], k[1]), k[0], k[2]), NVRTC_JOBS)
+        return dict(zip(NVRTC_JOBS, compiled))
 
 
-@pytest.mark.parametrize("arch", NVRTC_ARCHS)
-@pytest.mark.parametrize("file", CU_FILES)
-def test_compiles_with_nvrtc(nvrtc_results, file, arch):
-    rc, log, _ = nvrtc_results[(file, arch)]
-    assert rc == 0, f"NVRTC --gpu-architecture={arch} {file} failed (nvrtcResult {rc}):\n{log}"
+@pytest.mark.parametrize("file, half, arch", NVRTC_JOBS, ids=_job_ids(NVRTC_JOBS))
+def test_compiles_with_nvrtc(nvrtc_results, file, half, arch):
+    rc, log, _ = nvrtc_results[(file, half, arch)]
+    what = f"NVRTC --gpu-architecture={arch} {file} ({half or 'fp32'})"
+    assert rc == 0, f"{what} failed (nvrtcResult {rc}):\n{log}"
     warnings = [line for line in log.splitlines() if "warning" in line.lower() and NVRTC_ARCH_NOTICE not in line]
-    assert not warnings, f"NVRTC --gpu-architecture={arch} {file} warned:\n{log}"
+    assert not warnings, f"{what} warned:\n{log}"
 
 
 def test_the_cupy_kernels_bf16_rounding_compiles_with_nvrtc_as_the_files_store():
@@ -292,7 +319,7 @@ def test_the_cupy_kernels_bf16_rounding_compiles_with_nvrtc_as_the_files_store()
 @pytest.mark.parametrize("name", sorted(ks.KERNELS))
 def test_spec_matches_source(name):
     spec = ks.KERNELS[name]
-    found = _source_kernels(spec.file)
+    found = _source_kernels(spec.file, spec.half or None)
     assert name in found, f'{spec.file} has no extern "C" __global__ void {name}(...)'
     src_params = found[name]
     assert len(src_params) == spec.nargs, (
@@ -300,25 +327,41 @@ def test_spec_matches_source(name):
     assert src_params == [(a.name, a.ctype) for a in spec.args]
 
 
-@pytest.mark.parametrize("file", CU_FILES)
-def test_every_source_kernel_is_registered(file):
-    registered = {s.name for s in ks.kernels_in_file(file)}
-    assert set(_source_kernels(file)) == registered
+@pytest.mark.parametrize("file, half", TEXTS, ids=TEXT_IDS)
+def test_each_text_defines_the_registered_kernels_of_its_half(file, half):
+    """A float32 text defines the file's float32 kernels only; a half's text those and the half's forms."""
+    registered = {s.name for s in ks.kernels_in_file(file) if s.half in ("", half or "")}
+    assert set(_source_kernels(file, half)) == registered
 
 
 @pytest.mark.parametrize("file", CU_FILES)
 def test_every_global_is_extern_c(file):
     src = _strip_comments((KERNEL_SRC_DIR / file).read_text())
     n_global = len(re.findall(r"\b__global__\b", src))
-    assert n_global == len(_source_kernels(file)), (
+    assert n_global == len(_KERNEL_RE.findall(src)), (
         f'{file}: every __global__ must be written `extern "C" __global__ void name(...)`')
 
 
 @pytest.mark.parametrize("file", CU_FILES)
-def test_source_is_device_only_and_nvrtc_friendly(file):
+def test_half_entry_points_are_written_once_in_one_block_at_the_end(file):
+    """Each half form is one HALF(name) stub of the file's single `#ifdef HALF` block, which closes the file: no
+    stub spells out a half's name or storage, and the block's stubs are the file's kernels with half forms."""
+    src = _strip_comments((KERNEL_SRC_DIR / file).read_text())
+    names = [name for name, _ in _KERNEL_RE.findall(src)]
+    assert not [n for n in names if n.endswith(tuple(ks.HALF_SUFFIX.values()))], file
+    assert not re.search(r"\b(bf16|f16)\b", src), f"{file} names a half storage type: half_t is the text's"
+    head, sep, block = src.partition("#ifdef HALF")
+    with_halves = {s.base for s in ks.kernels_in_file(file) if s.half}
+    assert bool(sep) == bool(with_halves) and "#ifdef HALF" not in block and "HALF(" not in head, file
+    assert block.strip().endswith("#endif") or not sep, f"{file}: the HALF block must close the file"
+    assert sorted(n[5:-1] for n in names if n.startswith("HALF(")) == sorted(with_halves)
+
+
+@pytest.mark.parametrize("file, half", TEXTS, ids=TEXT_IDS)
+def test_source_is_device_only_and_nvrtc_friendly(file, half):
     """cupy.RawModule compiles with NVRTC: no standard headers, so no
     #include and no header-only macros/typedefs; and no host code (the half storage put before it included)."""
-    src = _strip_comments(ks.module_source(file))
+    src = _strip_comments(ks.module_source(file, half))
     assert not re.search(r"^\s*#\s*include", src, re.M), f"{file}: #include"
     banned = re.findall(r"\b(INFINITY|NAN|FLT_MAX|FLT_MIN|HUGE_VALF|u?int(?:8|16|32|64)_t"
                         r"|std::\w+|printf|__host__|main)\b", src)
@@ -328,30 +371,46 @@ def test_source_is_device_only_and_nvrtc_friendly(file):
             f"{file}: host function (neither __global__ nor __device__): {head}")
 
 
-def _check_ptx_entries(file: str, ptx: str) -> None:
-    """The compiled module exports every registered kernel under its plain
-    (unmangled) name with parameters of the registered widths, and nothing
-    else."""
+def _check_ptx_entries(file: str, half: str | None, ptx: str) -> None:
+    """The module compiled from `file`'s text for `half` exports every registered kernel of that half (float32's
+    and, with a half, its forms) under its plain (unmangled) name with parameters of the registered widths, and
+    nothing else."""
     entries = _ptx_entries(ptx)
-    specs = ks.kernels_in_file(file)
-    assert set(entries) == {s.name for s in specs}, f"{file}: PTX entries {sorted(entries)}"
+    specs = [s for s in ks.kernels_in_file(file) if s.half in ("", half or "")]
+    assert set(entries) == {s.name for s in specs}, f"{file} ({half or 'fp32'}): PTX entries {sorted(entries)}"
     for s in specs:
         assert len(entries[s.name]) == s.nargs, f"{s.name}: PTX has {len(entries[s.name])} params"
         assert entries[s.name] == [_ptx_param_type(a.ctype) for a in s.args], s.name
 
 
 def test_ptx_entries_match_specs(nvcc_results):
-    for file in CU_FILES:
-        r = nvcc_results[(file, "ptx")]
-        assert r.returncode == 0, f"nvcc -ptx {file} failed:\n{r.stderr}"
-        _check_ptx_entries(file, r.ptx)
+    for (file, half, arch), r in nvcc_results.items():
+        assert r.returncode == 0, f"nvcc -arch={arch} {file} ({half or 'fp32'}) failed:\n{r.stderr}"
+        _check_ptx_entries(file, half, r.ptx)
 
 
-@pytest.mark.parametrize("file", CU_FILES)
-def test_nvrtc_ptx_entries_match_specs(nvrtc_results, file):
-    rc, log, ptx = nvrtc_results[(file, NVRTC_ARCHS[0])]
+@pytest.mark.parametrize("file, half", TEXTS, ids=TEXT_IDS)
+def test_nvrtc_ptx_entries_match_specs(nvrtc_results, file, half):
+    rc, log, ptx = next(r for (f, h, _), r in nvrtc_results.items() if (f, h) == (file, half))
     assert rc == 0, log
-    _check_ptx_entries(file, ptx)
+    _check_ptx_entries(file, half, ptx)
+
+
+def test_every_kernel_is_in_the_texts_of_its_half_only():
+    """Over all the texts, every registered kernel is defined once per text of its half (a half form in its
+    half's text alone, a float32 kernel in each text of its file) and nothing else is: the registry lists each
+    entry point once."""
+    for name, spec in ks.KERNELS.items():
+        texts = {h for h in ks.file_halves(spec.file) if name in _source_kernels(spec.file, h)}
+        assert texts == ({spec.half} if spec.half else set(ks.file_halves(spec.file))), name
+    defined = {n for f, h in TEXTS for n in _source_kernels(f, h)}
+    assert defined == set(ks.KERNELS) and len(ks.KERNELS) == len({(s.file, s.name) for s in ks.KERNELS.values()})
+
+
+def test_a_file_without_half_forms_has_only_its_float32_text():
+    assert ks.file_halves("optim.cu") == (None,) and ks.file_halves("pool.cu") == (None, "bf16", "fp16")
+    with pytest.raises(ValueError, match="optim.cu has no bf16 text"):
+        ks.module_source("optim.cu", "bf16")
 
 
 def test_registry_shape():
@@ -394,9 +453,9 @@ def test_the_half_storage_is_one_text_put_before_each_file_with_halves():
     storage = (KERNEL_SRC_DIR / ks.HALF_STORAGE).read_text()
     with_halves = {s.file for s in ks.KERNELS.values() if s.half}
     assert with_halves == {"elementwise.cu", "loss.cu", "pool.cu", "seq.cu"}
-    for f in CU_FILES:
-        text = ks.module_source(f)
-        assert text.count(storage) == (f in with_halves), f
+    for f, half in TEXTS:
+        text = ks.module_source(f, half)
+        assert text.count(storage) == (f in with_halves), (f, half)
         assert "struct bf16" not in (KERNEL_SRC_DIR / f).read_text(), f
 
 

@@ -356,7 +356,7 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         self._handle = None
         self.fallbacks: dict[str, str] = {}     # graph op -> why it fell back
         self._unsupported: set[cudnn_specs.GraphKey] = set()
-        self._modules: dict[str, Any] = {}      # .cu file -> cupy.RawModule
+        self._modules: dict[tuple[str, str | None], Any] = {}   # (.cu file, its text's half) -> cupy.RawModule
         self._kernels: dict[str, Any] = {}      # kernel name -> RawKernel
         self._norm: _NormKernels | None = None
         self._host_scalars: dict[float, np.ndarray] = {}
@@ -581,10 +581,10 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         k = self._kernels.get(name)
         if k is None:
             with startup.phase("kernels"):
-                file = ks.KERNELS[name].file
-                mod = self._modules.get(file)
+                text = (ks.KERNELS[name].file, ks.module_half(name, self.filters.half))
+                mod = self._modules.get(text)
                 if mod is None:
-                    mod = self._modules[file] = self.cp.RawModule(code=ks.module_source(file))
+                    mod = self._modules[text] = self.cp.RawModule(code=ks.module_source(*text))
                 k = self._kernels[name] = mod.get_function(name)
         return k
 

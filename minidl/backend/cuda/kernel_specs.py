@@ -7,6 +7,10 @@ Kernel conventions (``kernels/elementwise.cu``): float32 data, int64 labels, out
 sizes, grid-stride loops (any grid is correct). A kernel with half forms has entry points ``<name>_bf16`` and
 ``<name>_f16`` beside it: its activation-like arguments in bf16 / fp16 storage (C types ``bf16*``, ``f16*``:
 16-bit values), everything else as in ``<name>``.
+Rules of the compiled texts (``module_source``): a file's half entry points are written once, in its ``#ifdef HALF``
+block; a file is compiled as its float32 text or as one half's text (float32 forms and that half's), and a kernel
+loads from its own half's text, a float32 kernel from the run's (``module_half``). cupy caches a compiled module
+on disk by its text, so each math mode's modules are cached apart.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ __all__ = [
     "kernels_in_file",
     "source_path",
     "module_source",
+    "module_half",
+    "file_halves",
     "scalar_type",
     "coerce_scalars",
     "launch_config",
@@ -530,13 +536,31 @@ def kernels_in_file(file: str) -> Tuple[KernelSpec, ...]:
 HALF_STORAGE = "half_storage.cuh"   # bf16/f16 storage types, load and store: put before a file with half forms
 
 
-def module_source(file: str) -> str:
-    """The text a ``.cu`` file is compiled from (by cupy.RawModule, NVRTC or nvcc): the half storage first where
-    the file has half forms (NVRTC takes no #include, so the text is joined here, once)."""
+def file_halves(file: str) -> Tuple[Union[str, None], ...]:
+    """The halves ``file`` is compiled for: None (its float32 text), and "bf16", "fp16" where it has half forms."""
+    return (None, *HALF_SUFFIX) if any(s.half for s in kernels_in_file(file)) else (None,)
+
+
+def module_source(file: str, half: Union[str, None] = None) -> str:
+    """The text a ``.cu`` file is compiled from (by cupy.RawModule, NVRTC or nvcc) for a run in `half` (None:
+    float32): the half storage first where the file has half forms (NVRTC takes no #include, so the text is joined
+    here), then with a half its ``HALF(name)`` (the entry point's name) and ``half_t`` (its storage)."""
+    if half not in file_halves(file):
+        raise ValueError(f"{file} has no {half} text: it is compiled for "
+                         f"{', '.join(h or 'fp32' for h in file_halves(file))}")
     text = (KERNEL_DIR / file).read_text()
-    if any(s.half for s in kernels_in_file(file)):
+    if half is not None:
+        text = f"#define HALF(name) name##{HALF_SUFFIX[half]}\ntypedef {_HALF_CTYPE[half]} half_t;\n" + text
+    if len(file_halves(file)) > 1:
         text = (KERNEL_DIR / HALF_STORAGE).read_text() + text
     return text
+
+
+def module_half(name: str, half: Union[str, None]) -> Union[str, None]:
+    """The half of the text kernel `name` loads from in a run in `half` (None: float32): a half form's own, a
+    float32 kernel's the run's where its file has half forms (one module per file and mode), else None."""
+    spec = KERNELS[name]
+    return spec.half or (half if half in file_halves(spec.file) else None)
 
 
 def source_path(file_or_kernel: str) -> Path:
