@@ -18,14 +18,14 @@
 //
 // Launch: the block kernels need blockDim.x == 256 (SZ_BLOCK) and grid-stride over blocks.
 
+// Put before this text when it is compiled (kernel_specs.module_source):
+// kernels/common.cuh (GRID_STRIDE_LOOP, neg_inf_f, nan_f, nan_max,
+// block_reduce).
+
 #define SZ_BLOCK 256
 #define SZ_WORDS 8            // 32-bit words per plane (SZ_BLOCK / 32)
 #define SZ_MAX_PLANES 64
 #define SZ_P_MAX 1099511627776.0   // 2^40
-
-#define GRID_STRIDE_LOOP(i, n)                                                 \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
-         i < (n); i += (long long)blockDim.x * gridDim.x)
 
 __device__ __forceinline__ float sz_dequant(long long p, double eb)
 {

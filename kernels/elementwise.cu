@@ -18,12 +18,9 @@
 // tests/backend/test_kernels.py checks that they agree.
 
 // Grid-stride loop over [0, n) with a 64-bit index.
-#define GRID_STRIDE_LOOP(i, n)                                                 \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
-         i < (n); i += (long long)blockDim.x * gridDim.x)
-
-// Half storage (the bf16 and f16 types, load, store): kernels/half_storage.cuh,
-// put before this text when it is compiled (kernel_specs.module_source).
+// Put before this text when it is compiled (kernel_specs.module_source):
+// kernels/common.cuh (GRID_STRIDE_LOOP, neg_inf_f, nan_f, nan_max,
+// block_reduce), then kernels/half_storage.cuh (bf16/f16 types, load, store).
 
 // ---------------------------------------------------------------------------
 // Basic element-wise ops

@@ -13,9 +13,9 @@
 // would be off by ~1e-5 relative for beta2 = 0.999 (1 - 0.999f != 0.001f).
 // The element-wise arithmetic itself is float32, as in PyTorch.
 
-#define GRID_STRIDE_LOOP(i, n)                                                 \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
-         i < (n); i += (long long)blockDim.x * gridDim.x)
+// Put before this text when it is compiled (kernel_specs.module_source):
+// kernels/common.cuh (GRID_STRIDE_LOOP, neg_inf_f, nan_f, nan_max,
+// block_reduce).
 
 // torch.optim.SGD step (maximize=False), for one parameter tensor:
 //     g = grad + weight_decay * param                  (if weight_decay != 0)

@@ -10,14 +10,9 @@
 //     OH = floor((H + 2*ph - dh*(kh-1) - 1) / sh) + 1      (ceil for ceil_mode)
 // Windows that hang over the padded border are clipped, as in PyTorch.
 
-#define GRID_STRIDE_LOOP(i, n)                                                 \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
-         i < (n); i += (long long)blockDim.x * gridDim.x)
-
-static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
-
-// Half storage (the bf16 and f16 types, load, store): kernels/half_storage.cuh,
-// put before this text when it is compiled (kernel_specs.module_source).
+// Put before this text when it is compiled (kernel_specs.module_source):
+// kernels/common.cuh (GRID_STRIDE_LOOP, neg_inf_f, nan_f, nan_max,
+// block_reduce), then kernels/half_storage.cuh (bf16/f16 types, load, store).
 
 // ---------------------------------------------------------------------------
 // Max pooling (torch.nn.functional.max_pool2d)

@@ -20,45 +20,9 @@
 
 #define SEQ_MAX_THREADS 1024
 
-#define GRID_STRIDE_LOOP(i, n)                                                 \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
-         i < (n); i += (long long)blockDim.x * gridDim.x)
-
-// Half storage (the bf16 and f16 types, load, store): kernels/half_storage.cuh,
-// put before this text when it is compiled (kernel_specs.module_source).
-
-static __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
-static __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
-
-// max that propagates NaN (fmaxf would drop it).
-static __device__ __forceinline__ float nan_max(float a, float b)
-{
-    return (a > b || a != a) ? a : b;
-}
-
-// Tree reduction over the block through `smem` (SEQ_MAX_THREADS floats), as
-// loss.cu's (NVRTC has no #include, so each file carries its own). Every
-// thread of the block must call it; every thread receives the result.
-template <bool IS_MAX>
-static __device__ float block_reduce(float v, float* smem)
-{
-    const unsigned int tid = threadIdx.x;
-    const unsigned int nt = blockDim.x;
-    smem[tid] = v;
-    __syncthreads();
-    unsigned int p = 1;  // smallest power of two >= nt
-    while (p < nt) p <<= 1;
-    for (unsigned int s = p >> 1; s > 0; s >>= 1) {
-        if (tid < s && tid + s < nt) {
-            smem[tid] = IS_MAX ? nan_max(smem[tid], smem[tid + s])
-                               : smem[tid] + smem[tid + s];
-        }
-        __syncthreads();
-    }
-    const float r = smem[0];
-    __syncthreads();  // smem is reused by the caller's next reduction
-    return r;
-}
+// Put before this text when it is compiled (kernel_specs.module_source):
+// kernels/common.cuh (GRID_STRIDE_LOOP, neg_inf_f, nan_f, nan_max,
+// block_reduce), then kernels/half_storage.cuh (bf16/f16 types, load, store).
 
 // ---------------------------------------------------------------------------
 // Layer norm over the last axis                   (F.layer_norm(x, (C,), w, b))

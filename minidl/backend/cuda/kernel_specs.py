@@ -533,6 +533,7 @@ def kernels_in_file(file: str) -> Tuple[KernelSpec, ...]:
     return tuple(s for s in _SPECS if s.file == file)
 
 
+COMMON = "common.cuh"               # the grid-stride loop, NaN-aware max, block reduction: put before every file
 HALF_STORAGE = "half_storage.cuh"   # bf16/f16 storage types, load and store: put before a file with half forms
 
 
@@ -543,8 +544,9 @@ def file_halves(file: str) -> Tuple[Union[str, None], ...]:
 
 def module_source(file: str, half: Union[str, None] = None) -> str:
     """The text a ``.cu`` file is compiled from (by cupy.RawModule, NVRTC or nvcc) for a run in `half` (None:
-    float32): the half storage first where the file has half forms (NVRTC takes no #include, so the text is joined
-    here), then with a half its ``HALF(name)`` (the entry point's name) and ``half_t`` (its storage)."""
+    float32): the shared device code, then the half storage where the file has half forms (NVRTC takes no
+    #include, so the text is joined here), then with a half its ``HALF(name)`` (the entry point's name) and
+    ``half_t`` (its storage)."""
     if half not in file_halves(file):
         raise ValueError(f"{file} has no {half} text: it is compiled for "
                          f"{', '.join(h or 'fp32' for h in file_halves(file))}")
@@ -553,7 +555,7 @@ def module_source(file: str, half: Union[str, None] = None) -> str:
         text = f"#define HALF(name) name##{HALF_SUFFIX[half]}\ntypedef {_HALF_CTYPE[half]} half_t;\n" + text
     if len(file_halves(file)) > 1:
         text = (KERNEL_DIR / HALF_STORAGE).read_text() + text
-    return text
+    return (KERNEL_DIR / COMMON).read_text() + text
 
 
 def module_half(name: str, half: Union[str, None]) -> Union[str, None]:
