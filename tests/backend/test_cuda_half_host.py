@@ -213,6 +213,12 @@ def test_half_kernels_are_the_union_of_the_three_lists():
     assert all(isinstance(k, frozenset) for k in (launches.HALF_KERNELS, cudnn_specs.HALF_KERNELS, norm.HALF_KERNELS))
 
 
+def test_every_batchnorm_kernel_has_the_fallbacks_half_forms():
+    from minidl import layers as L
+
+    assert norm.HALF_KERNELS == set(L.BatchNorm2d().kernels())
+
+
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16"])
 def test_prepare_graph_loads_the_modes_forms_of_the_graph_kernels(mode):
     """A captured step's dropout launches the mode's form: loaded before the capture, which may not load one."""

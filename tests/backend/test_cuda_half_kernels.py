@@ -3,9 +3,10 @@
 Host tests (no GPU): every half form's launch packing and grid, as tests/backend/test_cuda_host.py checks the float32
 ones, derived from its cases; the launchers' refusals; which entry point each backend op launches for float32,
 bf16 and fp16 arrays; `launches.HALF_KERNELS` holds exactly the layer kernels whose ops launch only half forms on
-half storage. gpu-marked: each op on the device in bf16 and fp16 against the CPU backend's half kernels, bits
-equal where both compute the same float32 elementwise, within two units of the half's last place elsewhere
-(benchmarks/gpu_check.py's correctness part runs them).
+half storage; batch norm's fallback kernels (emulated) against the CPU's half. gpu-marked: each op on the device in
+bf16 and fp16 against the CPU backend's half kernels, bits equal where both compute the same float32 elementwise,
+within two units of the half's last place elsewhere, and batch norm's fallback (benchmarks/gpu_check.py's
+correctness part runs them).
 """
 from __future__ import annotations
 

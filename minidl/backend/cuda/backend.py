@@ -618,8 +618,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         return self._norm
 
     def _graph(self, key: cudnn_specs.GraphKey, required: bool = False) -> BuiltGraph | None:
-        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`); `required`: there is
-        no fallback (half data), so GraphUnsupported instead of None."""
+        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`); `required`: the caller
+        has no fallback (a half data gradient with a fused add), so GraphUnsupported instead of None."""
         if key not in self._unsupported:
             try:
                 return self.graphs.get(key)
