@@ -475,6 +475,22 @@ def _refuses_bn(g):
     return _op_of(g).startswith("batchnorm")
 
 
+def _wide(a):
+    """A half device array's exact float32 values."""
+    return a.view(halves.host_dtype(a.dtype)).astype(np.float32)
+
+
+def _against_float32(be, dt, seed):
+    """`be` logging its norm kernels (the log), the float32 fallback backend to compare it with, and the seeded rng
+    after drawing x and dy, (4, 3, 5, 5) in half storage `dt`."""
+    log = []
+    be._norm_kernels = lambda: _LoggedNormKernels(log)
+    rng = np.random.default_rng(seed)
+    x = _as_device((rng.standard_normal((4, 3, 5, 5)) * 2 + 0.5).astype(np.float32), dt)
+    dy = _as_device(rng.standard_normal((4, 3, 5, 5)).astype(np.float32), dt)
+    return log, _host_backend(FakeCudnn(), use_cudnn_bn=False), rng, x, dy
+
+
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("cudnn", ["refuses", "off"])
 @pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
@@ -485,19 +501,13 @@ def test_half_batchnorm_without_cudnn_is_the_float32_fallback_on_the_exact_value
     be = _host_backend(FakeCudnn(unsupported=_refuses_bn) if cudnn == "refuses" else FakeCudnn(),
                        use_cudnn_bn=cudnn != "off")
     be.set_math(mode)
-    log = []
-    be._norm_kernels = lambda: _LoggedNormKernels(log)
-    f32 = _host_backend(FakeCudnn(), use_cudnn_bn=False)
-    rng = np.random.default_rng(5)
-    shape, c = (4, 3, 5, 5), 3
-    x = _as_device((rng.standard_normal(shape) * 2 + 0.5).astype(np.float32), dt)
-    dy = _as_device(rng.standard_normal(shape).astype(np.float32), dt)
+    log, f32, rng, x, dy = _against_float32(be, dt, seed=5)
+    shape, c = x.shape, x.shape[1]
     w = rng.uniform(0.5, 1.5, c).astype(np.float32) if affine else None
     b = rng.standard_normal(c).astype(np.float32) if affine else None
     rm0, rv0 = rng.standard_normal(c).astype(np.float32), rng.uniform(0.5, 2, c).astype(np.float32)
-    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
     outs = {}
-    for backend, xs, dys, d in ((be, x, dy, dt), (f32, wide(x), wide(dy), np.float32)):
+    for backend, xs, dys, d in ((be, x, dy, dt), (f32, _wide(x), _wide(dy), np.float32)):
         rm, rv, mean, inv = rm0.copy(), rv0.copy(), np.zeros(c, np.float32), np.zeros(c, np.float32)
         y, y2, y_eval = (np.zeros(shape, d) for _ in range(3))
         dx, dw, db = np.zeros(shape, d), np.zeros(c, np.float32), np.zeros(c, np.float32)
@@ -532,19 +542,13 @@ def test_half_batchnorm_backward_eval_is_the_float32_kernels_on_the_exact_values
     and dweight/dbias those of the float32 kernels on the widened values, dx their float32 dx rounded once; as the
     file's float32 fallback test, its C expressions evaluated with numpy."""
     be = _half_backend(mode, FakeCudnn())
-    log = []
-    be._norm_kernels = lambda: _LoggedNormKernels(log)
-    f32 = _host_backend(FakeCudnn(), use_cudnn_bn=False)
-    rng = np.random.default_rng(4)
-    shape, c = (4, 3, 5, 5), 3
-    x = _as_device((rng.standard_normal(shape) * 2 + 0.5).astype(np.float32), dt)
-    dy = _as_device(rng.standard_normal(shape).astype(np.float32), dt)
+    log, f32, rng, x, dy = _against_float32(be, dt, seed=4)
+    shape, c = x.shape, x.shape[1]
     dy.reshape(-1)[:2] = _as_device(np.float32([6e4, -6e4]), dt)     # dx = dy * 10 overflows fp16
     w = rng.uniform(0.5, 1.5, c).astype(np.float32) if affine else None
     rm, rv = rng.standard_normal(c).astype(np.float32), np.float32([0.01, 0.7, 1.9])
-    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
     outs = {}
-    for backend, xs, dys, d in ((be, x, dy, dt), (f32, wide(x), wide(dy), np.float32)):
+    for backend, xs, dys, d in ((be, x, dy, dt), (f32, _wide(x), _wide(dy), np.float32)):
         dx, dw, db = np.zeros(shape, d), np.zeros(c, np.float32), np.zeros(c, np.float32)
         with np.errstate(over="ignore"):
             backend.batchnorm_backward_eval(xs, w, dys, rm, rv, 1e-5, dx, dw if affine else None,
@@ -553,7 +557,7 @@ def test_half_batchnorm_backward_eval_is_the_float32_kernels_on_the_exact_values
     (dx, dw, db), (dx32, dw32, db32) = outs[True], outs[False]
     with np.errstate(over="ignore"):
         assert dx.view(halves.host_dtype(dt)).tobytes() == dx32.astype(halves.host_dtype(dt)).tobytes()
-    assert np.isinf(wide(dx)).any() == (mode == "fp16") and np.isfinite(dw).all() and np.isfinite(db).all()
+    assert np.isinf(_wide(dx)).any() == (mode == "fp16") and np.isfinite(dw).all() and np.isfinite(db).all()
     np.testing.assert_array_equal(dw, dw32)
     np.testing.assert_array_equal(db, db32)
     assert log == [halves.variant(k, mode) for k in ("sum", "dot", "scale")]
@@ -653,9 +657,8 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
     y = np.zeros((5, 4), dt)
     lib.register(x, w, b, y)
     be.linear_forward(x, w, b, y)
-    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
     with np.errstate(over="ignore"):
-        want = (wide(x).reshape(5, 6) @ wide(w).T + wide(b)).astype(halves.host_dtype(dt))   # one rounding
+        want = (_wide(x).reshape(5, 6) @ _wide(w).T + _wide(b)).astype(halves.host_dtype(dt))   # one rounding
     assert y.view(halves.host_dtype(dt)).tobytes() == want.tobytes()
     (call,) = lib.calls
     t = {np.dtype(np.uint16): 14, np.dtype(np.float16): 2}[dt]
@@ -676,10 +679,10 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
                            computeType=68, algo=-1, alpha=1.0, beta=0.0)    # float32 C: the weight gradient
     with np.errstate(over="ignore"):
         assert dx.view(halves.host_dtype(dt)).tobytes() == \
-            (wide(dy) @ wide(w)).astype(halves.host_dtype(dt)).reshape(x.shape).tobytes()
-    np.testing.assert_array_equal(dw, wide(dy).T @ wide(x).reshape(5, 6))
+            (_wide(dy) @ _wide(w)).astype(halves.host_dtype(dt)).reshape(x.shape).tobytes()
+    np.testing.assert_array_equal(dw, _wide(dy).T @ _wide(x).reshape(5, 6))
     assert log == [halves.variant("sum_f32", mode)]
-    np.testing.assert_array_equal(db, wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
+    np.testing.assert_array_equal(db, _wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
     with pytest.raises(TypeError, match=r"linear_backward: dw must be float32"):
         be.linear_backward(x, w, dy, dx, np.zeros((4, 6), dt), None)
     lib.capturing, y[...] = True, 0
