@@ -3,8 +3,8 @@ fallback when cuDNN has no engine or `use_cudnn_bn` is off) and LRN (kernels/ele
 
 A half batch norm (`--math bf16|fp16`) has half x, y, dx, dy and float32 scale, bias, statistics and parameter
 gradients, in the cuDNN graphs and in the fallback alike. The fallback's half forms read x and dy exactly as float32,
-then compute as the float32 kernels (sums in float64, the running statistics unchanged) and round y and dx once on
-store. The backward with the running statistics (no cuDNN op) always runs the fallback.
+then compute as the float32 kernels (sums in float64; the statistics' kernels are float32's own) and round y and dx
+once on store. The backward with the running statistics (no cuDNN op) always runs the fallback.
 """
 from __future__ import annotations
 
