@@ -213,6 +213,12 @@ def test_half_kernels_are_the_union_of_the_three_lists():
     assert all(isinstance(k, frozenset) for k in (launches.HALF_KERNELS, cudnn_specs.HALF_KERNELS, norm.HALF_KERNELS))
 
 
+def test_every_batchnorm_kernel_has_the_fallbacks_half_forms():
+    from minidl import layers as L
+
+    assert norm.HALF_KERNELS == set(L.BatchNorm2d().kernels())
+
+
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16"])
 def test_prepare_graph_loads_the_modes_forms_of_the_graph_kernels(mode):
     """A captured step's dropout launches the mode's form: loaded before the capture, which may not load one."""
@@ -376,11 +382,11 @@ def test_half_bn_and_relu_graphs_keep_float32_parameters_and_statistics(mode, dt
 # -- dispatch of half convolutions and batch norms
 
 class _LoggedNormKernels(EmulatedNormKernels):
-    """The emulated cupy kernels, recording which of batch norm's backward kernels ran."""
+    """The emulated cupy kernels, recording which of batch norm's kernels that read x or dy ran."""
 
     def __init__(self, log):
         super().__init__()
-        for base in ("sum", "dot", "scale"):
+        for base in ("sum", "sqdev", "affine", "dot", "dx", "scale"):
             for name in (base, f"{base}_bf16", f"{base}_f16"):
                 kernel = getattr(self, name)
                 setattr(self, name, lambda *a, _k=kernel, _n=name, **kw: log.append(_n) or _k(*a, **kw))
@@ -461,14 +467,72 @@ def test_half_batchnorm_dispatch_and_refusals(mode, dt, cudnn_dt):
     dx = np.zeros(x.shape, dt)
     dw, db = np.zeros(3, np.float32), np.zeros(3, np.float32)
     be.batchnorm_backward(x, w, y, mean, inv, dx, dw, db)
-    with pytest.raises(TypeError, match=rf"batchnorm_backward: --math {mode} needs dx"):
-        be.batchnorm_backward(x, w, y, mean, inv, None, dw, db)
     with pytest.raises(TypeError, match=r"batchnorm_forward_train: mean must be float32"):
         be.batchnorm_forward_train(x, w, b, rm, rv, y, mean.astype(dt), inv, momentum=0.1, eps=1e-5)
-    no_bn = _half_backend(mode, FakeCudnn(unsupported=lambda g: _op_of(g) == "batchnorm"))
-    refusal = rf"bn_train on {dt.name} data has no kernel but cuDNN's, which cannot run it here \(cuDNN cannot run "
-    with pytest.raises(GraphUnsupported, match=refusal + r"bn_train: .*no engine.*use --math fp32"):
-        no_bn.batchnorm_forward_train(x, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
+
+
+def _refuses_bn(g):
+    return _op_of(g).startswith("batchnorm")
+
+
+def _wide(a):
+    """A half device array's exact float32 values."""
+    return a.view(halves.host_dtype(a.dtype)).astype(np.float32)
+
+
+def _against_float32(be, dt, seed):
+    """`be` logging its norm kernels (the log), the float32 fallback backend to compare it with, and the seeded rng
+    after drawing x and dy, (4, 3, 5, 5) in half storage `dt`."""
+    log = []
+    be._norm_kernels = lambda: _LoggedNormKernels(log)
+    rng = np.random.default_rng(seed)
+    x = _as_device((rng.standard_normal((4, 3, 5, 5)) * 2 + 0.5).astype(np.float32), dt)
+    dy = _as_device(rng.standard_normal((4, 3, 5, 5)).astype(np.float32), dt)
+    return log, _host_backend(FakeCudnn(), use_cudnn_bn=False), rng, x, dy
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("cudnn", ["refuses", "off"])
+@pytest.mark.parametrize("mode,dt,cudnn_dt", HALVES)
+def test_half_batchnorm_without_cudnn_is_the_float32_fallback_on_the_exact_values(mode, dt, cudnn_dt, cudnn, affine):
+    """Where cuDNN refuses a half BN graph (or `use_cudnn_bn` is off) the cupy kernels' half forms run: x and dy
+    read exactly, statistics, running statistics and parameter gradients those of the float32 kernels on the
+    widened values, y and dx their float32 results rounded once; C expressions evaluated with numpy."""
+    be = _host_backend(FakeCudnn(unsupported=_refuses_bn) if cudnn == "refuses" else FakeCudnn(),
+                       use_cudnn_bn=cudnn != "off")
+    be.set_math(mode)
+    log, f32, rng, x, dy = _against_float32(be, dt, seed=5)
+    shape, c = x.shape, x.shape[1]
+    w = rng.uniform(0.5, 1.5, c).astype(np.float32) if affine else None
+    b = rng.standard_normal(c).astype(np.float32) if affine else None
+    rm0, rv0 = rng.standard_normal(c).astype(np.float32), rng.uniform(0.5, 2, c).astype(np.float32)
+    outs = {}
+    for backend, xs, dys, d in ((be, x, dy, dt), (f32, _wide(x), _wide(dy), np.float32)):
+        rm, rv, mean, inv = rm0.copy(), rv0.copy(), np.zeros(c, np.float32), np.zeros(c, np.float32)
+        y, y2, y_eval = (np.zeros(shape, d) for _ in range(3))
+        dx, dw, db = np.zeros(shape, d), np.zeros(c, np.float32), np.zeros(c, np.float32)
+        dw_only, db_only = np.zeros(c, np.float32), np.zeros(c, np.float32)
+        backend.batchnorm_forward_train(xs, w, b, rm, rv, y, mean, inv, momentum=0.1, eps=1e-5)
+        backend.batchnorm_forward_apply(xs, w, b, mean, inv, y2)               # a recomputation's call
+        backend.batchnorm_forward_eval(xs, w, b, rm, rv, y_eval, eps=1e-5)
+        backend.batchnorm_backward(xs, w, dys, mean, inv, dx, dw if affine else None, db if affine else None)
+        backend.batchnorm_backward(xs, w, dys, mean, inv, None, dw_only, db_only)   # no dx: sums only
+        outs[backend is be] = dict(y=y, y2=y2, y_eval=y_eval, dx=dx, rm=rm, rv=rv, mean=mean, inv=inv, dw=dw, db=db,
+                                   dw_only=dw_only, db_only=db_only)
+    half, ref = outs[True], outs[False]
+    for k in ("y", "y2", "y_eval", "dx"):
+        assert half[k].view(halves.host_dtype(dt)).tobytes() == ref[k].astype(halves.host_dtype(dt)).tobytes(), k
+    for k in ("rm", "rv", "mean", "inv", "dw", "db", "dw_only", "db_only"):
+        np.testing.assert_array_equal(half[k], ref[k], err_msg=k)
+    assert np.array_equal(half["y2"], half["y"]) and (half["dw_only"] != 0).all()
+    assert log == [halves.variant(k, mode) for k in ("sum", "sqdev", "affine", "affine", "affine", "sum", "dot", "dx",
+                                                     "sum", "dot")]
+    if cudnn == "refuses":
+        assert {"bn_train", "bn_infer", "bn_backward"} <= set(be.fallbacks)
+        assert all("no engine" in be.fallbacks[op] for op in ("bn_train", "bn_infer", "bn_backward"))
+        assert not be.graphs._cache                 # every BN graph was refused: none built
+    else:
+        assert not be.fallbacks and not be.graphs._cache     # cuDNN was never asked
 
 
 @pytest.mark.parametrize("affine", [True, False])
@@ -478,19 +542,13 @@ def test_half_batchnorm_backward_eval_is_the_float32_kernels_on_the_exact_values
     and dweight/dbias those of the float32 kernels on the widened values, dx their float32 dx rounded once; as the
     file's float32 fallback test, its C expressions evaluated with numpy."""
     be = _half_backend(mode, FakeCudnn())
-    log = []
-    be._norm_kernels = lambda: _LoggedNormKernels(log)
-    f32 = _host_backend(FakeCudnn(), use_cudnn_bn=False)
-    rng = np.random.default_rng(4)
-    shape, c = (4, 3, 5, 5), 3
-    x = _as_device((rng.standard_normal(shape) * 2 + 0.5).astype(np.float32), dt)
-    dy = _as_device(rng.standard_normal(shape).astype(np.float32), dt)
+    log, f32, rng, x, dy = _against_float32(be, dt, seed=4)
+    shape, c = x.shape, x.shape[1]
     dy.reshape(-1)[:2] = _as_device(np.float32([6e4, -6e4]), dt)     # dx = dy * 10 overflows fp16
     w = rng.uniform(0.5, 1.5, c).astype(np.float32) if affine else None
     rm, rv = rng.standard_normal(c).astype(np.float32), np.float32([0.01, 0.7, 1.9])
-    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
     outs = {}
-    for backend, xs, dys, d in ((be, x, dy, dt), (f32, wide(x), wide(dy), np.float32)):
+    for backend, xs, dys, d in ((be, x, dy, dt), (f32, _wide(x), _wide(dy), np.float32)):
         dx, dw, db = np.zeros(shape, d), np.zeros(c, np.float32), np.zeros(c, np.float32)
         with np.errstate(over="ignore"):
             backend.batchnorm_backward_eval(xs, w, dys, rm, rv, 1e-5, dx, dw if affine else None,
@@ -499,7 +557,7 @@ def test_half_batchnorm_backward_eval_is_the_float32_kernels_on_the_exact_values
     (dx, dw, db), (dx32, dw32, db32) = outs[True], outs[False]
     with np.errstate(over="ignore"):
         assert dx.view(halves.host_dtype(dt)).tobytes() == dx32.astype(halves.host_dtype(dt)).tobytes()
-    assert np.isinf(wide(dx)).any() == (mode == "fp16") and np.isfinite(dw).all() and np.isfinite(db).all()
+    assert np.isinf(_wide(dx)).any() == (mode == "fp16") and np.isfinite(dw).all() and np.isfinite(db).all()
     np.testing.assert_array_equal(dw, dw32)
     np.testing.assert_array_equal(db, db32)
     assert log == [halves.variant(k, mode) for k in ("sum", "dot", "scale")]
@@ -599,9 +657,8 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
     y = np.zeros((5, 4), dt)
     lib.register(x, w, b, y)
     be.linear_forward(x, w, b, y)
-    wide = lambda a: a.view(halves.host_dtype(a.dtype)).astype(np.float32)   # noqa: E731
     with np.errstate(over="ignore"):
-        want = (wide(x).reshape(5, 6) @ wide(w).T + wide(b)).astype(halves.host_dtype(dt))   # one rounding
+        want = (_wide(x).reshape(5, 6) @ _wide(w).T + _wide(b)).astype(halves.host_dtype(dt))   # one rounding
     assert y.view(halves.host_dtype(dt)).tobytes() == want.tobytes()
     (call,) = lib.calls
     t = {np.dtype(np.uint16): 14, np.dtype(np.float16): 2}[dt]
@@ -622,10 +679,10 @@ def test_half_linear_runs_gemm_ex_with_float32_accumulation(mode, dt, cudnn_dt):
                            computeType=68, algo=-1, alpha=1.0, beta=0.0)    # float32 C: the weight gradient
     with np.errstate(over="ignore"):
         assert dx.view(halves.host_dtype(dt)).tobytes() == \
-            (wide(dy) @ wide(w)).astype(halves.host_dtype(dt)).reshape(x.shape).tobytes()
-    np.testing.assert_array_equal(dw, wide(dy).T @ wide(x).reshape(5, 6))
+            (_wide(dy) @ _wide(w)).astype(halves.host_dtype(dt)).reshape(x.shape).tobytes()
+    np.testing.assert_array_equal(dw, _wide(dy).T @ _wide(x).reshape(5, 6))
     assert log == [halves.variant("sum_f32", mode)]
-    np.testing.assert_array_equal(db, wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
+    np.testing.assert_array_equal(db, _wide(dy).astype(np.float64).sum(axis=0).astype(np.float32))
     with pytest.raises(TypeError, match=r"linear_backward: dw must be float32"):
         be.linear_backward(x, w, dy, dx, np.zeros((4, 6), dt), None)
     lib.capturing, y[...] = True, 0

@@ -3,9 +3,10 @@
 Host tests (no GPU): every half form's launch packing and grid, as tests/backend/test_cuda_host.py checks the float32
 ones, derived from its cases; the launchers' refusals; which entry point each backend op launches for float32,
 bf16 and fp16 arrays; `launches.HALF_KERNELS` holds exactly the layer kernels whose ops launch only half forms on
-half storage. gpu-marked: each op on the device in bf16 and fp16 against the CPU backend's half kernels, bits
-equal where both compute the same float32 elementwise, within two units of the half's last place elsewhere
-(benchmarks/gpu_check.py's correctness part runs them).
+half storage; batch norm's fallback kernels (emulated) against the CPU's half. gpu-marked: each op on the device in
+bf16 and fp16 against the CPU backend's half kernels, bits equal where both compute the same float32 elementwise,
+within two units of the half's last place elsewhere, and batch norm's fallback (benchmarks/gpu_check.py's
+correctness part runs them).
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from minidl.backend.cpu.backend import CPUBackend
 from minidl.backend.cuda import cudnn_specs, halves, launches, norm
 from minidl.backend.cuda import kernel_specs as ks
 from minidl.backend.cuda.backend import CUDABackend, CudnnGraphs
-from tests.backend.test_cuda_half_host import FakeCublasLib, _PtrStream
+from tests.backend.test_cuda_half_host import FakeCublasLib, _PtrStream, _refuses_bn
 from tests.backend.test_cuda_host import (
     LAUNCH_CASES,
     LIMITS,
+    EmulatedNormKernels,
     FakeCudnn,
     HostEmulatedCUDA,
     _HostSide,
@@ -387,10 +389,10 @@ class _EmulatedHalf(CUDABackend):
             KERNEL_TWINS[launch.name](*_unpack(launch))
 
 
-def _emulated(half):
+def _emulated(half, unsupported=refuses_sdpa):
     from types import SimpleNamespace
 
-    fake = FakeCudnn(unsupported=refuses_sdpa)   # unkept scores: the kernels, not SDPA
+    fake = FakeCudnn(unsupported=unsupported)   # refuses_sdpa: unkept scores run the kernels, not SDPA
     cp = SimpleNamespace(ndarray=np.ndarray, copyto=np.copyto, matmul=np.matmul, broadcast_to=np.broadcast_to)
     be = _EmulatedHalf.from_parts(cupy=cp, cupyx=None, cudnn=fake, cublas=None, compute=_PtrStream(),
                                   transfer=_NullStream(), graphs=CudnnGraphs(fake, handle=5), side=_HostSide(),
@@ -439,6 +441,49 @@ def test_matmul_matches_the_cpu_half(half):
                                                   h(2, 3, 5, seed=2)], (2,))
     _both_halves(half, "matmul_backward", lambda: [h(2, 3, 4), h(2, 4, 5, seed=1), h(2, 3, 5, seed=2),
                                                    h(2, 3, 4, seed=3), h(2, 5, 4, seed=4).swapaxes(-1, -2)], (3, 4))
+
+
+def _bn_steps(be, half, store=lambda a: a, affine=True):
+    """Batch norm's training forward, recomputed apply, eval forward and backward on `be` with `half` data made
+    here (seeded), each half array passed as `store(a)`: the outputs by name, as float32."""
+    rng = np.random.default_rng(5)
+    shape, c = (8, 3, 7, 5), 3
+    x, dy = _data(half, *shape, seed=1, scale=2.0), _data(half, *shape, seed=2)
+    w = rng.uniform(0.5, 1.5, c).astype(F32) if affine else None
+    b = rng.standard_normal(c).astype(F32) if affine else None
+    rm, rv = rng.standard_normal(c).astype(F32), rng.uniform(0.5, 2, c).astype(F32)
+    mean, inv, dw, db = (np.zeros(c, F32) for _ in range(4))
+    y, y2, y_eval, dx = (np.zeros(shape, HOST[half]) for _ in range(4))
+    be.batchnorm_forward_train(store(x), w, b, rm, rv, store(y), mean, inv, 0.1, 1e-5)
+    be.batchnorm_forward_apply(store(x), w, b, mean, inv, store(y2))
+    be.batchnorm_forward_eval(store(x), w, b, rm, rv, store(y_eval), 1e-5)
+    be.batchnorm_backward(store(x), w, store(dy), mean, inv, store(dx), dw, db)
+    return {k: np.asarray(v, F32) for k, v in dict(y=y, y2=y2, y_eval=y_eval, dx=dx, mean=mean, invstd=inv,
+                                                     running_mean=rm, running_var=rv, dweight=dw, dbias=db).items()}
+
+
+def _same_bn(got, cpu, half):
+    """A half batch norm against the CPU's half: dbias bit-equal (both sum exactly in float64), the float32
+    statistics and dweight within a few float32 units (the fallback subtracts the mean in float32, the CPU in
+    float64), y and dx within two units of the half's last place (a float32 unit apart before rounding)."""
+    np.testing.assert_array_equal(got["dbias"], cpu["dbias"])
+    np.testing.assert_array_equal(got["y2"], got["y"])
+    for k in ("mean", "invstd", "running_mean", "running_var", "dweight"):
+        np.testing.assert_allclose(got[k], cpu[k], rtol=1e-6, err_msg=k)
+    for k in ("y", "y_eval", "dx"):
+        _same(got[k], cpu[k], False, half)
+
+
+@pytest.mark.parametrize("half", HALVES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batchnorm_fallback_matches_the_cpu_half(half, affine):
+    """cuDNN refuses every BN graph: the emulated cupy kernels' half forms against the CPU backend's half batch
+    norm."""
+    be = _emulated(half, unsupported=_refuses_bn)
+    be._norm_kernels = lambda: EmulatedNormKernels()
+    got = _bn_steps(be, half, lambda a: a.view(STORAGE[half]), affine)
+    assert {"bn_train", "bn_infer", "bn_backward"} <= set(be.fallbacks)
+    _same_bn(got, _bn_steps(CPUBackend(), half, affine=affine), half)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -565,3 +610,16 @@ def test_half_kernel_matches_the_cpu_half_kernel(device_half, kernel):
         for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
             assert np.dtype(y.dtype) == np.dtype(x.dtype), (kernel, k)
             _same(y, x, exact, half)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("affine", [True, False])
+def test_half_batchnorm_fallback_matches_the_cpu_half(device_half, affine):
+    """The cupy kernels' half forms (`use_cudnn_bn` off, as where cuDNN refuses a half BN graph) on the device."""
+    half, cuda = device_half
+    cuda.be.use_cudnn_bn = False
+    try:
+        got = _bn_steps(cuda, half, affine=affine)
+    finally:
+        cuda.be.use_cudnn_bn = True
+    _same_bn(got, _bn_steps(CPUBackend(), half, affine=affine), half)

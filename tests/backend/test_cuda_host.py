@@ -1206,13 +1206,14 @@ def _params(spec: str) -> list[tuple[str, str]]:
     return [(_CTYPES[t], n) for t, n in (p.split() for p in spec.split(","))]
 
 
-def _cupy_like_source(name: str, src) -> str:
+def _cupy_like_source(name: str, src, ctypes=_CTYPES) -> str:
     """The kernel as cupy generates it, reduced to what matters for compiling the user code: inputs bound as
     const values, outputs as references, the elementwise loop index `i`, and the reduction's REDUCE/POST_MAP
-    macros over `_type_reduce` operands."""
+    macros over `_type_reduce` operands; `ctypes`: the C type of each parameter type."""
     from minidl.backend.cuda.backend import ElementwiseSource
 
-    ins, outs = _params(src.in_params), _params(src.out_params)
+    ins = [(ctypes[t], n) for t, n in (p.split() for p in src.in_params.split(","))]
+    outs = [(ctypes[t], n) for t, n in (p.split() for p in src.out_params.split(","))]
     sig = ", ".join([f"const {t}* _raw_{n}" for t, n in ins] + [f"{t}* _raw_{n}" for t, n in outs]
                     + ["long long _n"])
     bind_in = " ".join(f"const {t} {n} = _raw_{n}[_j];" for t, n in ins)

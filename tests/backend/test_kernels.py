@@ -311,6 +311,42 @@ def test_the_cupy_kernels_bf16_rounding_compiles_with_nvrtc_as_the_files_store()
     assert body(BF16_ROUND).replace("return ", "p[i].bits = ") == body(stored)
 
 
+#: cupy's `float16` (cupy/_core/include/cupy/float16.cuh, a `__half` inside) as the fallback kernels use it:
+#: made from a float rounded to nearest, read as a float; NVRTC here has no cuda_fp16.h, so through PTX.
+CUPY_FLOAT16 = """
+class float16 {
+    unsigned short bits_;
+public:
+    __device__ float16() {}
+    __device__ float16(float v) { asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits_) : "f"(v)); }
+    __device__ operator float() const { float v; asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(bits_)); return v; }
+};
+"""
+
+
+def test_the_cupy_fallback_kernels_compile_with_nvrtc():
+    """`NORM_KERNELS` (batch norm's fallback, float32 and half forms), each as cupy generates it, compile with
+    NVRTC without a warning; each kernel batch norm's fallback launches has both half forms."""
+    from minidl.backend.cuda import halves
+    from minidl.backend.cuda.backend import NORM_KERNELS
+    from tests.backend.test_cuda_host import _CTYPES, _cupy_like_source
+
+    launched = ("sum", "sqdev", "affine", "dot", "dx", "scale")
+    assert {halves.variant(k, h) for k in launched for h in ("bf16", "fp16")} <= set(NORM_KERNELS)
+    lib = _nvrtc_library()
+    if lib is None:
+        pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12)")
+    ctypes_ = {**_CTYPES, "float16": "float16"}
+    src = CUPY_FLOAT16 + "".join(dict.fromkeys(getattr(k, "preamble", "") for k in NORM_KERNELS.values())) + \
+        "".join(_cupy_like_source(name, k, ctypes_) for name, k in NORM_KERNELS.items())
+    for arch in NVRTC_ARCHS:
+        rc, log, ptx = nvrtc_compile(lib, src, "norm_kernels.cu", arch)
+        assert rc == 0, f"NVRTC {arch} (nvrtcResult {rc}):\n{log}\n{src}"
+        warnings = [line for line in log.splitlines() if "warning" in line.lower() and NVRTC_ARCH_NOTICE not in line]
+        assert not warnings, log
+        assert set(_ptx_entries(ptx)) == {f"minidl_{name}" for name in NORM_KERNELS}
+
+
 # ---------------------------------------------------------------------------
 # (b) symbols and signatures
 # ---------------------------------------------------------------------------

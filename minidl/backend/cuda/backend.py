@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import weakref
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -194,30 +195,15 @@ __device__ __forceinline__ unsigned short minidl_bf16_bits(float v)
 }
 """
 
-#: Batch-norm fallback kernels: statistics in float64, mean then squared deviations (as the CPU backend); the
-#: channel sums of bias gradients.
-NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
+#: Batch-norm fallback kernels in float32: statistics in float64, mean then squared deviations (as the CPU
+#: backend); the channel sums of bias gradients.
+_NORM_F32: dict[str, ElementwiseSource | ReductionSource] = {
     "sum": ReductionSource("float32 x", "float64 s", "(double)x", "a + b", "s = a", "0", "double"),
     "sum_f32": ReductionSource("float32 x", "float32 s", "(double)x", "a + b", "s = (float)a", "0", "double"),
-    # its half forms (`halves.variant`): the bias gradients of half convolutions and products, read exactly
-    "sum_f32_bf16": ReductionSource("uint16 x", "float32 s", "(double)(__uint_as_float((unsigned int)x << 16))",
-                                    "a + b", "s = (float)a", "0", "double"),
-    "sum_f32_f16": ReductionSource("float16 x", "float32 s", "(double)((float)x)", "a + b", "s = (float)a", "0",
-                                   "double"),
-    # the half forms of sum, dot and scale: a half batch norm's backward with the running statistics
-    "sum_bf16": ReductionSource("uint16 x", "float64 s", "(double)(__uint_as_float((unsigned int)x << 16))", "a + b",
-                                "s = a", "0", "double"),
-    "sum_f16": ReductionSource("float16 x", "float64 s", "(double)((float)x)", "a + b", "s = a", "0", "double"),
     "sqdev": ReductionSource("float32 x, float32 m", "float64 s", "(double)(x - m) * (double)(x - m)", "a + b",
                              "s = a", "0", "double"),
     "dot": ReductionSource("float32 dy, float32 x, float32 m", "float64 s", "(double)dy * (double)(x - m)",
                            "a + b", "s = a", "0", "double"),
-    "dot_bf16": ReductionSource("uint16 dy, uint16 x, float32 m", "float64 s",
-                                "(double)(__uint_as_float((unsigned int)dy << 16)) * "
-                                "(double)(__uint_as_float((unsigned int)x << 16) - m)", "a + b", "s = a", "0",
-                                "double"),
-    "dot_f16": ReductionSource("float16 dy, float16 x, float32 m", "float64 s",
-                               "(double)((float)dy) * (double)((float)x - m)", "a + b", "s = a", "0", "double"),
     "mean": ElementwiseSource("float64 s, float64 inv_m", "float32 mean", "mean = (float)(s * inv_m)"),
     "invstd": ElementwiseSource("float64 ssq, float64 inv_m, float64 eps", "float32 invstd",
                                 "invstd = (float)(1.0 / sqrt(ssq * inv_m + eps))"),
@@ -238,10 +224,45 @@ NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
     "dx": ElementwiseSource("float32 x, float32 dy, float32 m, float32 k, float32 g, float32 s", "float32 dx",
                             "dx = (dy - ((x - m) * k + g)) * s"),
     "scale": ElementwiseSource("float32 dy, float32 s", "float32 dx", "dx = dy * s"),
-    "scale_bf16": ElementwiseSource("uint16 dy, float32 s", "uint16 dx",
-                                    "dx = minidl_bf16_bits(__uint_as_float((unsigned int)dy << 16) * s)", BF16_ROUND),
-    "scale_f16": ElementwiseSource("float16 dy, float32 s", "float16 dx", "dx = (float)dy * s"),
 }
+
+#: The float32 kernels with half forms (`halves.variant`), by the arguments those hold in half storage: a half
+#: batch norm's fallback, and the bias gradients of half convolutions and products (`sum_f32`).
+_NORM_HALF_ARGS: dict[str, tuple[str, ...]] = {
+    "sum": ("x",), "sum_f32": ("x",), "sqdev": ("x",), "dot": ("dy", "x"), "affine": ("x", "y"),
+    "dx": ("x", "dy", "dx"), "scale": ("dy", "dx")}
+#: A half argument's device type, its exact float32 value, and a float32 result stored into it, by half.
+_HALF_TYPE = {"bf16": "uint16", "fp16": "float16"}
+_HALF_READ = {"bf16": "(__uint_as_float((unsigned int){} << 16))", "fp16": "((float){})"}
+_HALF_STORE = {"bf16": "minidl_bf16_bits({})", "fp16": "{}"}
+
+
+def _half_form(src: ElementwiseSource | ReductionSource, half: str, names: tuple[str, ...]):
+    """`src` with `names` in `half` storage: each read is the half's exact float32 value and the float32 kernel's
+    arithmetic follows; each float32 result written to one is rounded once (cupy's float16 store, `BF16_ROUND`)."""
+    def retype(params: str) -> str:
+        return ", ".join(f"{_HALF_TYPE[half]} {n}" if n in names else f"{t} {n}"
+                         for t, n in (p.split() for p in params.split(",")))
+
+    def read(expr: str) -> str:
+        return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: _HALF_READ[half].format(m.group(1)), expr)
+
+    if isinstance(src, ReductionSource):
+        return replace(src, in_params=retype(src.in_params), map_expr=read(src.map_expr))
+    outs = {n for _, n in (p.split() for p in src.out_params.split(","))}
+    stmts = []
+    for stmt in (s.strip() for s in src.operation.split(";")):
+        target, expr = (t.strip() for t in stmt.split("=", 1))
+        stmts.append(f"{target} = " + (_HALF_STORE[half].format(read(expr)) if target in names and target in outs
+                                       else read(expr)))
+    return ElementwiseSource(retype(src.in_params), retype(src.out_params), "; ".join(stmts),
+                             BF16_ROUND if half == "bf16" and outs & set(names) else src.preamble)
+
+
+#: The batch-norm fallback kernels and their half forms, by entry point.
+NORM_KERNELS: dict[str, ElementwiseSource | ReductionSource] = {
+    **_NORM_F32, **{halves.variant(name, half): _half_form(_NORM_F32[name], half, names)
+                    for name, names in _NORM_HALF_ARGS.items() for half in ("bf16", "fp16")}}
 
 
 class _NormKernels:
@@ -597,8 +618,8 @@ class CUDABackend(ConvOps, DenseOps, NormOps, PointwiseOps, SequenceOps, UpdateO
         return self._norm
 
     def _graph(self, key: cudnn_specs.GraphKey, required: bool = False) -> BuiltGraph | None:
-        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`); `required`: there is
-        no fallback (half data), so GraphUnsupported instead of None."""
+        """The built graph, or None when cuDNN cannot run it (reason recorded in `fallbacks`); `required`: the caller
+        has no fallback (a half data gradient with a fused add), so GraphUnsupported instead of None."""
         if key not in self._unsupported:
             try:
                 return self.graphs.get(key)

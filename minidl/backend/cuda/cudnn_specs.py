@@ -125,8 +125,8 @@ def dtype_name(dtype) -> str:
 
 
 #: The layer kernels (`Layer.kernels()`) whose half forms run on cuDNN and cuBLAS (`Capabilities.half_kernels`):
-#: conv.py's, dense.py's and norm.py's graphs, sequence.py's batched products. BatchNorm2d's batchnorm_backward_eval
-#: and Conv2d's `accumulate` are kernels of their own (`norm.HALF_KERNELS`, `launches.HALF_KERNELS`).
+#: conv.py's, dense.py's and norm.py's graphs, sequence.py's batched products. All of BatchNorm2d's kernels also have
+#: the cupy fallback's half forms (`norm.HALF_KERNELS`), Conv2d's `accumulate` kernels of its own (`launches`).
 HALF_KERNELS: frozenset[str] = frozenset({
     "conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward", "matmul_forward", "matmul_backward",
     "batchnorm_forward_train", "batchnorm_forward_apply", "batchnorm_forward_eval", "batchnorm_backward"})

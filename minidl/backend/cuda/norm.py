@@ -1,10 +1,10 @@
 """The CUDA backend's normalizations: batch norm (cuDNN graphs, cupy kernels from `NORM_KERNELS` as the
-fallback when cuDNN has no engine) and LRN (kernels/elementwise.cu, float32 or half storage).
+fallback when cuDNN has no engine or `use_cudnn_bn` is off) and LRN (kernels/elementwise.cu, float32 or half storage).
 
-A half batch norm (`--math bf16|fp16`) runs the cuDNN graphs on half x, y, dx, dy with float32 scale, bias,
-statistics and parameter gradients; the fallback kernels are float32, so a half graph cuDNN refuses is an error.
-The backward with the running statistics (no cuDNN op) runs the fallback's half forms: x and dy read exactly,
-sums and parameter gradients as in float32, dx rounded once.
+A half batch norm (`--math bf16|fp16`) has half x, y, dx, dy and float32 scale, bias, statistics and parameter
+gradients, in the cuDNN graphs and in the fallback alike. The fallback's half forms read x and dy exactly as float32,
+then compute as the float32 kernels (sums in float64; the statistics' kernels are float32's own) and round y and dx
+once on store. The backward with the running statistics (no cuDNN op) always runs the fallback.
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .backend import BuiltGraph
 
 #: The layer kernels whose half forms are `NORM_KERNELS`' cupy kernels (`Capabilities.half_kernels`).
-HALF_KERNELS: frozenset[str] = frozenset({"batchnorm_backward_eval"})
+HALF_KERNELS: frozenset[str] = frozenset({"batchnorm_forward_train", "batchnorm_forward_apply",
+                                          "batchnorm_forward_eval", "batchnorm_backward",
+                                          "batchnorm_backward_eval"})
 
 
 class NormOps:
@@ -38,12 +40,10 @@ class NormOps:
 
     # -- batch normalization (cuDNN graphs, cupy kernels as the fallback)
     def _bn_graph(self, op: str, spec: cudnn_specs.BNSpec) -> BuiltGraph | None:
-        """The graph of `op`, or None for the fallback kernels; half data has only the graph (the fallback kernels
-        are float32), whatever `use_cudnn_bn` says, and raises GraphUnsupported where cuDNN cannot run it."""
-        half = spec.dtype != "float32"
-        if not (self.use_cudnn_bn or half):
+        """The graph of `op`, or None for the fallback kernels (`use_cudnn_bn` off, or cuDNN refuses: `fallbacks`)."""
+        if not self.use_cudnn_bn:
             return None
-        return self._graph(spec.key(op, self.filters), required=half)
+        return self._graph(spec.key(op, self.filters))
 
     def _affine(self, weight, bias, c: int):
         scale = weight if weight is not None else self._constant("ones", c, 1.0)
@@ -53,7 +53,7 @@ class NormOps:
     @on_compute
     def batchnorm_forward_train(self, x, weight, bias, running_mean, running_var, y, mean, invstd,
                                 momentum: float, eps: float, update_running: bool = True) -> None:
-        self._check_io("batchnorm_forward_train", x=x, y=y)
+        half = self._check_io("batchnorm_forward_train", x=x, y=y)
         self._check("batchnorm_forward_train", weight=weight, bias=bias, running_mean=running_mean,
                     running_var=running_var, mean=mean, invstd=invstd)
         spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
@@ -79,30 +79,30 @@ class NormOps:
             m = spec.count
             s = self.side.get("bn_sum", (c,), np.float64)
             ssq = self.side.get("bn_ssq", (c,), np.float64)
-            k.sum(x, axis=(0, 2, 3), out=s)
+            getattr(k, halves.variant("sum", half))(x, axis=(0, 2, 3), out=s)
             k.mean(s, 1.0 / m, mean)
-            k.sqdev(x, chan4(mean), axis=(0, 2, 3), out=ssq)
+            getattr(k, halves.variant("sqdev", half))(x, chan4(mean), axis=(0, 2, 3), out=ssq)
             k.invstd(ssq, 1.0 / m, float(eps), invstd)
             if update_running:
                 k.running(s, ssq, 1.0 / m, m / (m - 1), float(momentum), running_mean, running_var)
         self.batchnorm_forward_apply(x, weight, bias, mean, invstd, y)
 
-    def _bn_apply_fallback(self, x, weight, bias, mean, invstd, y) -> None:
+    def _bn_apply_fallback(self, x, weight, bias, mean, invstd, y, half) -> None:
         k = self._norm_kernels()
         c = x.shape[1]
         scale, shift = self._affine(weight, bias, c)
         a = self.side.get("bn_a", (c,), np.float32)
         b = self.side.get("bn_b", (c,), np.float32)
         k.coef(invstd, scale, mean, shift, a, b)
-        k.affine(x, chan4(a), chan4(b), y)
+        getattr(k, halves.variant("affine", half))(x, chan4(a), chan4(b), y)
 
     @on_compute
     def batchnorm_forward_apply(self, x, weight, bias, mean, invstd, y) -> None:
-        self._check_io("batchnorm_forward_apply", x=x, y=y)
+        half = self._check_io("batchnorm_forward_apply", x=x, y=y)
         self._check("batchnorm_forward_apply", weight=weight, bias=bias, mean=mean, invstd=invstd)
         built = self._bn_graph("bn_infer", cudnn_specs.BNSpec.from_shape(x.shape, x.dtype))
         if built is None:
-            self._bn_apply_fallback(x, weight, bias, mean, invstd, y)
+            self._bn_apply_fallback(x, weight, bias, mean, invstd, y, half)
             return
         scale, shift = self._affine(weight, bias, x.shape[1])
         self._run_graph(built, {"x": x, "y": y, "mean": mean, "invstd": invstd, "scale": scale, "bias": shift})
@@ -122,9 +122,6 @@ class NormOps:
         self._check("batchnorm_backward", weight=weight, mean=mean, invstd=invstd, dweight=dweight, dbias=dbias)
         spec = cudnn_specs.BNSpec.from_shape(x.shape, x.dtype)
         c = spec.channels
-        if dx is None and half:
-            raise TypeError(f"batchnorm_backward: --math {half} needs dx (cuDNN's graph writes it; the float32 "
-                            f"kernels that compute only dweight and dbias read float32 x and dy)")
         built = self._bn_graph("bn_backward", spec) if dx is not None else None
         if built is not None:
             scale, _ = self._affine(weight, None, c)
@@ -133,11 +130,11 @@ class NormOps:
             self._run_graph(built, {"x": x, "dy": dy, "dx": dx, "scale": scale, "mean": mean, "invstd": invstd,
                                     "dscale": dw, "dbias": db})
             return
-        self._bn_backward_fallback(x, weight, dy, mean, invstd, dx, dweight, dbias, spec)
+        self._bn_backward_fallback(x, weight, dy, mean, invstd, dx, dweight, dbias, spec, half=half)
 
     def _bn_backward_fallback(self, x, weight, dy, mean, invstd, dx, dweight, dbias, spec, batch_stats=True,
                               half=None):
-        """The cupy kernels' backward; `half` (x, dy, dx's storage) only with fixed statistics."""
+        """The cupy kernels' backward; `half`: x, dy and dx's storage (None: float32)."""
         k = self._norm_kernels()
         c, m = spec.channels, spec.count
         sdy = self.side.get("bn_sdy", (c,), np.float64)
@@ -154,7 +151,7 @@ class NormOps:
         if dx is None:
             return
         if batch_stats:
-            k.dx(x, dy, chan4(mean), chan4(kk), chan4(g), chan4(s), dx)
+            getattr(k, halves.variant("dx", half))(x, dy, chan4(mean), chan4(kk), chan4(g), chan4(s), dx)
         else:  # fixed statistics: a per-channel affine map, dx = dy * weight * invstd
             getattr(k, halves.variant("scale", half))(dy, chan4(s), dx)
 
