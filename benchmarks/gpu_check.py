@@ -15,7 +15,8 @@ its own under its cap (killed with everything it started when the cap is reached
   startup       `minidl train resnet --depth 50 --batch 64 --image-size 224 --backend cuda`, twice: cold (an empty
                 user cache folder) and warm; startup_s, its parts, what the caches held (goal: 10 s, then 3 s)
   speed         benchmarks/gpu_vs_torch.py's ResNet-50 rows, fp32 and tf32, against PyTorch on the same GPU
-  half          its bf16 rows (ResNet-50 b32 and b64, GPT-2 small) against PyTorch AMP (bf16 autocast, channels_last)
+  half          its bf16 rows (ResNet-50 b32 and b64, GPT-2 small with SDPA, then with kept scores) against PyTorch
+                AMP (bf16 autocast, channels_last)
   memory        ResNet-50 b64 under `--budget 3GB` (auto): the pool's peak, the device's own reading
                 (cudaMemGetInfo), beside the same network in PyTorch (max_memory_allocated and the device's reading)
   superneurons  SuperNeurons' headline on the device: ResNet-2500 at batch 16 planned in 12 GB (`window`: its plan
@@ -64,7 +65,7 @@ PARTS = [
     Part("correctness", 80, "pytest -m gpu: conformance, graph replay, exact policies under CUDA graphs"),
     Part("startup", 85, "minidl train ResNet-50 b64 224, cold then warm: startup_s and its parts"),
     Part("speed", 85, "gpu_vs_torch.py ResNet-50 rows, fp32 and tf32"),
-    Part("half", 60, "gpu_vs_torch.py bf16 rows: ResNet-50 b32/b64 and GPT-2 small against PyTorch AMP"),
+    Part("half", 60, "gpu_vs_torch.py bf16 rows: ResNet-50 b32/b64, GPT-2 small (SDPA, kept) against PyTorch AMP"),
     Part("memory", 40, "ResNet-50 b64 --budget 3GB: pool peak and the device's reading beside PyTorch's"),
     Part("superneurons", 55, "ResNet-2500 b16 in 12 GB (`window`) on the device, 2 steps"),
     Part("profile", 45, "gpu_profile.py: per layer kind and phase, minidl beside PyTorch"),
@@ -306,7 +307,7 @@ def part_startup(args) -> int:
 # -- speed --------------------------------------------------------------------------------------------------------
 #: part -> gpu_vs_torch.py's arguments for its rows (fp32/tf32 against plain PyTorch, bf16 against AMP)
 SPEED_ROWS = {"speed": ["--only", "resnet50", "--math", "fp32", "tf32"],
-              "half": ["--only", "resnet50", "gpt2", "--math", "bf16"]}
+              "half": ["--only", "resnet50", "gpt2", "gpt2_kept", "--math", "bf16"]}
 
 
 def _speed_rows(args, part: str) -> int:

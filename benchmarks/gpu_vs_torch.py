@@ -14,6 +14,7 @@ parameters, channels_last for the convolution nets, `torch.amp.GradScaler` in fp
   resnet50   224 px, batch 32 / 64, minidl `liveness`              vs PyTorch AMP
   gpt2       small, batch 8, 512 tokens, minidl `liveness`         vs PyTorch AMP (scores not kept: cuDNN's SDPA;
              the row's `extra.attention` says which attention ran)
+  gpt2_kept  the same with the scores kept (minidl's attention kernels): the other side of the layer's choice
 PyTorch runs the same network (`minidl.testing.torch_twin.TorchTwin`: one functional call per layer, the same initial
 weights) with SGD (momentum 0.9) and `cudnn.benchmark`; minidl runs its compiled step, as CUDA graphs where the
 plan can be captured (`minidl.runtime.capture`; the row's `minidl_runner` says how it ran), with convolution algorithms
@@ -59,13 +60,13 @@ OUT = Path(__file__).resolve().parent / "results"
 EXIT_NO_GPU = 2
 MATHS = ("fp32", "tf32", "bf16", "fp16")
 HALF_MATHS = ("bf16", "fp16")            # the modes PyTorch runs under autocast
-WORKLOADS = ("resnet50", "resnet2500", "gpt2")
+WORKLOADS = ("resnet50", "resnet2500", "gpt2", "gpt2_kept")
 GPT2_BATCH, GPT2_SEQ = 8, 512            # GPT-2 small's row: 4,096 tokens a step
 
 
 @dataclass(slots=True)
 class RowSpec:
-    workload: str          # resnet50 | resnet2500 | gpt2
+    workload: str          # resnet50 | resnet2500 | gpt2 | gpt2_kept
     batch: int
     math: str              # fp32 | tf32 | bf16 | fp16
     minidl: str            # "liveness" or the budget ("700MiB", "12GB")
@@ -99,7 +100,7 @@ def row_specs(only: list[str] | None, maths: list[str]) -> list[RowSpec]:
     for m in maths:
         if m in HALF_MATHS:
             rows += [RowSpec("resnet50", b, m, "liveness", "amp") for b in (32, 64)]
-            rows.append(RowSpec("gpt2", GPT2_BATCH, m, "liveness", "amp"))
+            rows += [RowSpec(w, GPT2_BATCH, m, "liveness", "amp") for w in ("gpt2", "gpt2_kept")]
             continue
         rows += [RowSpec("resnet50", b, m, "liveness", "plain") for b in (1, 32, 64)]
         rows.append(RowSpec("resnet50", 32, m, "700MiB", "plain"))
@@ -353,9 +354,11 @@ def workload(spec: RowSpec, **sizes):
     from minidl.models import build_model
 
     rng = np.random.default_rng(0)
-    if spec.workload == "gpt2":   # dropout off: its masks differ between the frameworks
-        # scores not kept: attention runs cuDNN's SDPA, as PyTorch AMP's runs flash attention (no score matrix)
-        kw = {"size": "small", "seq": GPT2_SEQ, "dropout": 0.0, "keep_scores": False} | sizes
+    if spec.workload.startswith("gpt2"):   # dropout off: its masks differ between the frameworks
+        # scores not kept: attention runs cuDNN's SDPA, as PyTorch AMP's runs flash attention (no score matrix);
+        # gpt2_kept keeps them (minidl's kernels), to measure what the layer's choice costs or saves
+        keep = spec.workload == "gpt2_kept"
+        kw = {"size": "small", "seq": GPT2_SEQ, "dropout": 0.0, "keep_scores": keep} | sizes
 
         def net():
             return build_model("gpt2", batch=spec.batch, **kw)
@@ -374,7 +377,7 @@ def workload(spec: RowSpec, **sizes):
 def _mine(m: MinidlStep, spec: RowSpec) -> tuple:
     """minidl's figures of a row, taken before its backend closes; the attention that ran for GPT-2."""
     return (m.peak_bytes(), m.hidden_fraction(), m.runner(), m.sim_s, m.device.note,
-            attention_ran(m.be) if spec.workload == "gpt2" else None)
+            attention_ran(m.be) if spec.workload.startswith("gpt2") else None)
 
 
 def run_row(spec: RowSpec, steps: int, warmup: int, rounds: int, segments: int | None, autotune: Path | None,

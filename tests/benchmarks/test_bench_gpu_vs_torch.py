@@ -96,8 +96,8 @@ def test_half_rows_run_against_pytorch_amp():
     rows = b.row_specs(None, ["bf16", "fp16"])
     assert {(r.workload, r.batch, r.minidl, r.peer) for r in rows} == {
         ("resnet50", 32, "liveness", "amp"), ("resnet50", 64, "liveness", "amp"),
-        ("gpt2", b.GPT2_BATCH, "liveness", "amp")}
-    assert {r.math for r in rows} == {"bf16", "fp16"} and len(rows) == 6
+        ("gpt2", b.GPT2_BATCH, "liveness", "amp"), ("gpt2_kept", b.GPT2_BATCH, "liveness", "amp")}
+    assert {r.math for r in rows} == {"bf16", "fp16"} and len(rows) == 8
     with pytest.raises(ValueError, match="'amp' runs in bf16 or fp16"):
         net = build_model("resnet", depth=20, batch=2, image_size=8, in_channels=3, num_classes=10)
         b.TorchStep(net, Session(net, SGD(lr=0.1), seed=0).executor.state_dict(), np.zeros((2, 3, 8, 8), np.float32),
@@ -172,6 +172,9 @@ def test_the_gpt2_row_drops_the_scores_and_says_which_attention_ran():
     net_of, _, _ = b.workload(b.RowSpec("gpt2", 2, "bf16", "liveness", "amp"), layers=1, heads=2, width=16, seq=8)
     attn = [n.layer for n in net_of().nodes if isinstance(n.layer, SelfAttention)]
     assert attn and not any(a.keep_scores for a in attn)
+    kept, _, _ = b.workload(b.RowSpec("gpt2_kept", 2, "bf16", "liveness", "amp"), layers=1, heads=2, width=16, seq=8)
+    kept_attn = [n.layer for n in kept().nodes if isinstance(n.layer, SelfAttention)]
+    assert kept_attn and all(a.keep_scores for a in kept_attn)
 
     def be(ops, fallbacks=None):
         return SimpleNamespace(fallbacks=fallbacks or {}, graphs=SimpleNamespace(ops=lambda: set(ops)))
