@@ -20,7 +20,7 @@ import numpy as np
 from ...core.vocab import WorkspaceOption
 from ..common import conv_output_hw
 from .halves import BF16_BITS, storage_dtype
-from .views import CUDA_MALLOC_ALIGNMENT, contiguous_strides, shape_tuple
+from .views import CUDA_MALLOC_ALIGNMENT, contiguous_strides, element_strides, shape_tuple
 
 _CUDNN_DTYPES = {
     np.dtype(np.float32): "FLOAT",
@@ -296,11 +296,6 @@ class PointwiseSpec:
 
 
 SDPA_OPS = ("sdpa_fwd", "sdpa_bwd")
-
-
-def element_strides(a) -> tuple[int, ...]:
-    """A device array's strides in elements (cuDNN's unit)."""
-    return tuple(int(s) // a.itemsize for s in a.strides)
 
 
 @dataclass(slots=True, frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 from ..precision import HALF_DTYPES
 from . import cudnn_specs, halves, launches
 from .ops import I64, on_compute
+from .views import element_strides
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cudnn_graphs import BuiltGraph
@@ -183,7 +184,7 @@ class SequenceOps:
                                             for name, x in (("a", a), ("b", b), ("c", c)))
         blas = self._blas()
         outer, count = c.shape[:-3], (c.shape[-3] if c.ndim > 2 else 1)
-        stride = lambda x: x.strides[-3] // x.itemsize if x.ndim > 2 else 0   # noqa: E731
+        stride = lambda x: element_strides(x)[-3] if x.ndim > 2 else 0   # noqa: E731
         for i in np.ndindex(*outer):          # row-major c = a b is column-major c^T = b^T a^T
             self._gemm_strided_ex(blas, opb, opa, n, m, k, b[i], ldb, stride(b), a[i], lda, stride(a), c[i], ldc,
                                   stride(c), count)
@@ -252,7 +253,7 @@ class SequenceOps:
         """o and the statistics again by the forward graph (o in dy's layout, which is y's: the same key, plan
         and bits as forward's y), then dq, dk, dv by the backward graph; False where cuDNN refuses the shape."""
         spec = cudnn_specs.SDPASpec.from_views(q, k, v, dy, scale, causal)
-        grads = {n: cudnn_specs.element_strides(a) for n, a in (("dq", dq), ("dk", dk), ("dv", dv))}
+        grads = {n: element_strides(a) for n, a in (("dq", dq), ("dk", dk), ("dv", dv))}
         if set(grads.values()) != {spec.qkv_stride}:
             raise ValueError(f"attention_backward: dq, dk and dv must have q's layout (element strides "
                              f"{spec.qkv_stride}), got {grads}")
@@ -268,7 +269,7 @@ class SequenceOps:
 
     def _side_like(self, name: str, a):
         """Side buffer `name` viewed with `a`'s shape, dtype and strides (positive)."""
-        span = 1 + sum((n - 1) * s for n, s in zip(a.shape, cudnn_specs.element_strides(a)))
+        span = 1 + sum((n - 1) * s for n, s in zip(a.shape, element_strides(a)))
         flat = self.side.get(name, (span,), a.dtype)
         return self.cp.lib.stride_tricks.as_strided(flat, shape=a.shape, strides=a.strides)
 
@@ -374,7 +375,7 @@ class SequenceOps:
 def _column_major(op: str, name: str, x) -> tuple[str, int]:
     """(cuBLAS op, leading dimension) of row-major matrix stack `x` read as column-major: 'N' with its rows'
     stride where its columns are contiguous (the column-major storage of x^T), 'T' where its rows are."""
-    rows, cols = x.strides[-2] // x.itemsize, x.strides[-1] // x.itemsize
+    rows, cols = element_strides(x)[-2:]
     if cols == 1 and rows >= max(x.shape[-1], 1):
         return "N", max(rows, 1)
     if rows == 1 and cols >= max(x.shape[-2], 1):

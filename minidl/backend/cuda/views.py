@@ -17,6 +17,11 @@ CUDA_MALLOC_ALIGNMENT = 256  # bytes cudaMalloc aligns to; the arena base must b
 VIEW_ALIGNMENT = 16  # bytes: a view's start (cuDNN's vectorized loads); the pool's 512 B offsets keep it
 
 
+def element_strides(a) -> tuple[int, ...]:
+    """An array's strides in elements (cuDNN's and cuBLAS's unit)."""
+    return tuple(int(st) // a.itemsize for st in a.strides)
+
+
 def contiguous_strides(shape: Sequence[int], itemsize: int = 1) -> tuple[int, ...]:
     """C-order strides of `shape`: in elements with itemsize=1 (cuDNN), else in bytes (numpy);
     any values for a zero-size shape."""
